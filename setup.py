@@ -1,0 +1,65 @@
+"""Build the Cython twins in ``wirekit/_fast``.
+
+``WIREKIT_PURE=1`` at install time builds nothing: wirekit then runs on its pure-Python
+path.  Otherwise a failed compile fails the install, naming that option, rather than
+silently installing a much slower wirekit.
+"""
+
+import importlib.util
+import os
+import sys
+from glob import glob
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _impl_module():
+    # Load wirekit/_impl.py by path: the package itself cannot be imported before it is built.
+    spec = importlib.util.spec_from_file_location(
+        "_wirekit_impl", os.path.join(HERE, "wirekit", "_impl.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class LoudBuildExt(build_ext):
+    """build_ext that turns a compile failure into an actionable message."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as exc:
+            sys.stderr.write(
+                "\nwirekit: building the Cython extensions failed "
+                f"({type(exc).__name__}: {exc}).\n"
+                "Install a C compiler and the Python headers, or install the pure-Python path "
+                "explicitly with WIREKIT_PURE=1 (much slower).\n\n"
+            )
+            raise
+
+
+def _extensions():
+    if _impl_module().pure_requested():
+        return []
+    import numpy
+    from Cython.Build import cythonize
+
+    sources = sorted(glob(os.path.join("wirekit", "_fast", "*.pyx")))
+    extensions = [
+        Extension(
+            "wirekit._fast." + os.path.splitext(os.path.basename(src))[0],
+            [src],
+            include_dirs=[numpy.get_include()],
+            define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+            extra_compile_args=["-O3"],
+        )
+        for src in sources
+    ]
+    return cythonize(extensions, language_level=3, quiet=True)
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": LoudBuildExt})

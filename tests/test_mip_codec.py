@@ -1,0 +1,313 @@
+"""MIP codec: golden vectors, properties against the construct spec, errors, streaming."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import mip_messages
+
+from wirekit import mip
+from wirekit.errors import DecodeError, EncodeError
+from wirekit.mip import _pure, spec
+
+VECTORS = Path(__file__).resolve().parent.parent / "specs" / "vectors" / "mip"
+GOLDEN = sorted(VECTORS.glob("*.bin"))
+
+
+def _outcome(codec, data):
+    """What decoding ``data`` gives: ("ok", message) or ("error", the DecodeError's args)."""
+    try:
+        return ("ok", codec.decode(data))
+    except DecodeError as exc:
+        return ("error", (str(exc), exc.field, exc.offset, exc.code))
+
+
+# --- golden vectors -------------------------------------------------------------------------
+
+
+def test_golden_vectors_exist():
+    assert len(GOLDEN) >= 8
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=lambda p: p.stem)
+def test_golden_vector(mip_codec, path):
+    data = path.read_bytes()
+    expected = json.loads(path.with_suffix(".json").read_text())
+    if "error" in expected:
+        with pytest.raises(DecodeError) as info:
+            mip_codec.decode(data)
+        err = expected["error"]
+        assert (info.value.field, info.value.offset) == (err["field"], err["offset"])
+        assert info.value.code == mip.ErrorCode[err["code"]]
+        return
+    msg = mip_codec.decode(data)
+    assert mip.messages.to_jsonable(msg) == expected
+    assert mip_codec.encode(msg) == data  # the vectors are canonical
+    assert _pure.from_container(spec.MESSAGE.parse(data)) == msg
+
+
+# --- properties: both twins equal the construct reference ----------------------------------
+
+
+@given(mip_messages)
+def test_encode_equals_construct_build(mip_codec, msg):
+    assert mip_codec.encode(msg) == spec.MESSAGE.build(_pure.to_container(msg))
+
+
+@given(mip_messages)
+def test_decode_equals_construct_parse_and_round_trips(mip_codec, msg):
+    wire = spec.MESSAGE.build(_pure.to_container(msg))
+    decoded = mip_codec.decode(wire)
+    assert decoded == _pure.from_container(spec.MESSAGE.parse(wire))
+    assert decoded == msg
+    assert mip_codec.encode(decoded) == wire
+
+
+@given(mip_messages, st.data())
+def test_malformed_input_same_outcome_from_both_twins(msg, data):
+    wire = bytearray(mip.encode(msg))
+    mutation = data.draw(st.sampled_from(["truncate", "flip", "extend", "byte"]))
+    if mutation == "truncate":
+        del wire[data.draw(st.integers(0, len(wire))) :]
+    elif mutation == "flip":
+        i = data.draw(st.integers(0, len(wire) - 1))
+        wire[i] ^= 1 << data.draw(st.integers(0, 7))
+    elif mutation == "extend":
+        wire += data.draw(st.binary(min_size=1, max_size=16))
+    else:
+        wire[data.draw(st.integers(0, len(wire) - 1))] = data.draw(st.integers(0, 255))
+    fast, pure = _outcome(_fast(), bytes(wire)), _outcome(_pure, bytes(wire))
+    assert fast == pure
+
+
+@given(st.binary(max_size=96))
+def test_random_bytes_same_outcome_from_both_twins(data):
+    assert _outcome(_fast(), data) == _outcome(_pure, data)
+
+
+@given(st.binary(min_size=8, max_size=8))
+def test_check_header_same_outcome_from_both_twins(header):
+    def run(codec):
+        try:
+            return codec.check_header(header)
+        except DecodeError as exc:
+            return str(exc), exc.code
+
+    assert run(_fast()) == run(_pure)
+
+
+def _fast():
+    from conftest import load_codec
+
+    return load_codec("mip", "fast")
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def _header(version=0, kind=2, subtype=0, reserved=0, remaining=0):
+    return struct.pack(">BBBBI", version, kind, subtype, reserved, remaining)
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "offset", "code"),
+    [
+        (b"\x00\x01", "header", 2, mip.ErrorCode.SHAPE),
+        (_header(version=1), "version", 0, mip.ErrorCode.PROTOCOL),
+        (_header(reserved=9), "reserved", 3, mip.ErrorCode.PROTOCOL),
+        (_header(kind=7), "kind", 1, mip.ErrorCode.METHOD),
+        (_header(kind=1, subtype=2), "subtype", 2, mip.ErrorCode.SUBTYPE),
+        (_header(kind=0, subtype=6), "subtype", 2, mip.ErrorCode.SUBTYPE),
+        (_header(kind=1, remaining=1) + b"x", "remaining", 4, mip.ErrorCode.SHAPE),
+        (_header(remaining=2) + b"\x01\x00", "inference header", 8, mip.ErrorCode.SHAPE),
+        (_header(remaining=100) + b"\x01\x00\x00\x01", "payload", 12, mip.ErrorCode.SHAPE),
+        # one item announced, none present
+        (_header(remaining=4) + b"\x01\x00\x00\x01", "items[0]", 12, mip.ErrorCode.SHAPE),
+        # item size larger than what is left: must not read or allocate past the payload
+        (
+            _header(remaining=12) + b"\x01\x00\x00\x01" + struct.pack(">II", 1, 2**32 - 1),
+            "items[0].data",
+            20,
+            mip.ErrorCode.SHAPE,
+        ),
+        # no items announced but bytes present
+        (_header(remaining=6) + b"\x00\x00\x00\x05zz", "payload", 12, mip.ErrorCode.SHAPE),
+        (mip.encode(mip.Ping()) + b"\x00", "message", 8, mip.ErrorCode.SHAPE),
+    ],
+)
+def test_decode_errors_name_field_offset_and_reply_code(mip_codec, data, field, offset, code):
+    with pytest.raises(DecodeError) as info:
+        mip_codec.decode(data)
+    err = info.value
+    assert (err.protocol, err.field, err.offset, err.code) == ("mip", field, offset, code)
+    assert isinstance(err, ValueError)
+    assert f"mip: {field} at byte {offset}: " in str(err)
+
+
+def test_huge_batch_header_allocates_nothing_before_checking(mip_codec):
+    # 255 inputs × 65535 samples announced in a 4-byte payload: fails at the first item.
+    data = _header(remaining=4) + b"\xff\x00\xff\xff"
+    with pytest.raises(DecodeError, match=r"items\[0\]"):
+        mip_codec.decode(data)
+
+
+@pytest.mark.parametrize(
+    ("msg", "field"),
+    [
+        (mip.ErrorReply(9), "code"),
+        (mip.Inference(False, 256, 0, 0, ()), "n_input"),
+        (mip.Inference(True, 0, 1, 70000, ()), "batch_size"),
+        (mip.Inference(False, 2, 0, 1, (mip.Item(1, b"a"),)), "items"),
+        (mip.Inference(False, 1, 0, 1, (mip.Item(-1, b"a"),)), "items[0].type"),
+        (mip.Inference(False, 1, 0, 1, (mip.Item(2**32, b"a"),)), "items[0].type"),
+        (mip.Inference(False, 1, 0, 1, (mip.Item(1, "text"),)), "items[0].data"),
+        (mip.Inference(False, 1, 0, 1, (mip.Item(1, memoryview(b"abcd")[::2]),)), "items[0].data"),
+        ("not a message", "message"),
+    ],
+)
+def test_encode_errors(mip_codec, msg, field):
+    with pytest.raises(EncodeError) as info:
+        mip_codec.encode(msg)
+    assert (info.value.protocol, info.value.field) == ("mip", field)
+    assert str(info.value).startswith(f"mip: cannot encode {field}: ")
+
+
+def test_encode_error_text_same_for_both_twins():
+    bad = mip.Inference(False, 2, 0, 1, (mip.Item(1, b"a"),))
+    messages = set()
+    for codec in (_fast(), _pure):
+        with pytest.raises(EncodeError) as info:
+            codec.encode(bad)
+        messages.add(str(info.value))
+    assert len(messages) == 1
+
+
+# --- buffers and zero copy ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_decode_accepts_any_bytes_like(mip_codec, kind):
+    msg = mip.Inference.request([[mip.Item.text("abc"), mip.Item.image(b"\x89PNG")]])
+    assert mip_codec.decode(kind(mip.encode(msg))) == msg
+
+
+def test_large_item_data_views_the_input_without_copying(mip_codec):
+    payload = bytes(range(256)) * 2
+    buf = bytearray(mip.encode(mip.Inference.request([[mip.Item.image(payload)]])))
+    msg = mip_codec.decode(buf)
+    data = msg.items[0].data
+    assert isinstance(data, memoryview) and bytes(data) == payload
+    buf[-1] = 0  # the view sees the caller's buffer
+    assert data[-1] == 0
+
+
+def test_small_item_data_is_copied_into_bytes(mip_codec):
+    buf = bytearray(mip.encode(mip.Inference.request([[mip.Item.text("abc")]])))
+    data = mip_codec.decode(buf).items[0].data
+    assert type(data) is bytes and data == b"abc"
+    buf[-1] = 0
+    assert data == b"abc"
+
+
+def test_encode_accepts_bytes_like_item_data(mip_codec):
+    import array
+
+    a = array.array("I", [1, 2])
+    msg = mip.Inference.request([[mip.Item(7, a), mip.Item(1, bytearray(b"x"))]])
+    decoded = mip_codec.decode(mip_codec.encode(msg))
+    assert bytes(decoded.items[0].data) == a.tobytes()
+
+
+def test_unknown_item_types_pass_through(mip_codec):
+    msg = mip.Inference.reply([[mip.Item(0xDEADBEEF, b"raw")]], n_input=1)
+    assert mip_codec.decode(mip_codec.encode(msg)).items[0].type == 0xDEADBEEF
+
+
+def test_decode_prefix_walks_a_concatenation(mip_codec):
+    msgs = [mip.Ping(), mip.Inference.request([[mip.Item.json({"a": [1, 2]})]]), mip.Ping(True)]
+    wire = b"".join(mip.encode(m) for m in msgs)
+    pos, out = 0, []
+    while pos < len(wire):
+        msg, pos = mip_codec.decode_prefix(wire, pos)
+        out.append(msg)
+    assert out == msgs
+
+
+def test_item_helpers():
+    item = mip.Item.json({"k": "v"})
+    assert item.type == mip.ItemType.JSON and item.as_json() == {"k": "v"}
+    assert mip.Item.text("é").as_text() == "é"
+    assert mip.Item(99, b"").type_name == "TYPE99"
+    with pytest.raises(EncodeError, match="sample 1 has 2 items"):
+        mip.Inference.request([[item], [item, item]])
+
+
+# --- streaming decoder ----------------------------------------------------------------------
+
+
+@given(st.lists(mip_messages, max_size=6), st.data())
+def test_stream_decoder_gives_same_messages_for_every_chunking(impl, msgs, data):
+    from conftest import load_codec
+
+    wire = b"".join(mip.encode(m) for m in msgs)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=10)))
+    decoder = mip.Decoder(codec=load_codec("mip", impl))
+    out = []
+    prev = 0
+    for cut in [*cuts, len(wire)]:
+        decoder.feed(wire[prev:cut])
+        prev = cut
+        out.extend(decoder)
+    assert out == msgs
+    assert decoder.buffered == 0
+
+
+def test_stream_decoder_rejects_oversize_from_the_header_alone(mip_codec):
+    decoder = mip.Decoder(max_message_size=1024, codec=mip_codec)
+    decoder.feed(mip.encode(mip.Ping()) + _header(remaining=2000))
+    assert next(iter(decoder)) == mip.Ping()
+    with pytest.raises(DecodeError) as info:
+        decoder.next_message()
+    assert info.value.code == mip.ErrorCode.MEMORY and info.value.offset == 12
+    assert decoder.broken and decoder.buffered == 8  # the payload was never buffered
+    with pytest.raises(DecodeError):
+        decoder.feed(b"x")
+
+
+def test_stream_decoder_skips_a_bad_payload_and_continues(mip_codec):
+    bad = _header(remaining=6) + b"\x00\x00\x00\x05zz"
+    decoder = mip.Decoder(codec=mip_codec)
+    decoder.feed(bad[:5])
+    assert decoder.next_message() is None
+    decoder.feed(bad[5:] + mip.encode(mip.Ping(True)))
+    with pytest.raises(DecodeError) as info:
+        decoder.next_message()
+    assert (info.value.field, info.value.offset, info.value.code) == ("payload", 12, 4)
+    assert decoder.next_message() == mip.Ping(True)
+    assert not decoder.broken
+
+
+def test_stream_decoder_skips_unknown_kind_without_buffering_its_payload(mip_codec):
+    decoder = mip.Decoder(codec=mip_codec)
+    decoder.feed(_header(kind=9, remaining=5) + b"ab")
+    with pytest.raises(DecodeError) as info:
+        decoder.next_message()
+    assert info.value.code == mip.ErrorCode.METHOD
+    decoder.feed(b"cde" + mip.encode(mip.Ping()))
+    assert list(decoder) == [mip.Ping()]
+    assert decoder.offset == 13 + 8
+
+
+def test_stream_decoder_bad_version_breaks_the_stream(mip_codec):
+    decoder = mip.Decoder(codec=mip_codec)
+    decoder.feed(b"\x05" + b"\x00" * 7)
+    with pytest.raises(DecodeError) as info:
+        decoder.next_message()
+    assert info.value.code == mip.ErrorCode.PROTOCOL and decoder.broken
+    with pytest.raises(DecodeError):
+        decoder.next_message()

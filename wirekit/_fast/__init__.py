@@ -1,0 +1,1 @@
+"""Cython twins of the pure codecs; import them through the protocol facades, not directly."""

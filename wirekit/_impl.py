@@ -1,0 +1,77 @@
+"""The one place that decides which implementation wirekit uses.
+
+``WIREKIT_PURE`` is read here and only here, by ``setup.py`` at build time (it loads this
+file directly, without importing the package) and by the protocol facades at import time.
+This module uses the standard library only, so the build can load it before anything is
+installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from collections.abc import Mapping
+from types import ModuleType
+
+ENV_VAR = "WIREKIT_PURE"
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def pure_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``WIREKIT_PURE`` asks for the pure-Python path (build nothing, load nothing)."""
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    return value.strip().lower() in _TRUE
+
+
+class FastPathMissing(RuntimeWarning):
+    """Warned once per module when a Cython twin is missing and the pure path is used."""
+
+
+_loaded: dict[str, ModuleType | None] = {}
+
+
+def load_fast(name: str) -> ModuleType | None:
+    """Import ``wirekit._fast.<name>``, or return None for the pure path.
+
+    None is returned silently when the pure path was requested, and with a
+    :class:`FastPathMissing` warning when the extension is simply not built.
+    """
+    if pure_requested():
+        return None
+    if name in _loaded:
+        return _loaded[name]
+    try:
+        module: ModuleType | None = importlib.import_module(f"wirekit._fast.{name}")
+    except ImportError as exc:
+        module = None
+        warnings.warn(
+            f"wirekit: compiled codec wirekit._fast.{name} is not available ({exc}); "
+            f"using the pure-Python path, which is much slower. "
+            f"Set {ENV_VAR}=1 to choose it explicitly.",
+            FastPathMissing,
+            stacklevel=3,
+        )
+    _loaded[name] = module
+    return module
+
+
+def lazy_codec(namespace: dict, protocol: str, pure: ModuleType, api: tuple[str, ...]):
+    """Return a module ``__getattr__`` that binds ``api`` from the active codec on first use.
+
+    A facade calls this instead of importing its Cython twin at import time: the twin imports
+    the facade's message types, so binding lazily keeps either import order working.  After
+    the first access the names are ordinary module globals (no per-call indirection).
+    ``IMPLEMENTATION`` ("fast" or "pure") is bound the same way.
+    """
+
+    def __getattr__(name: str):
+        if name not in api and name != "IMPLEMENTATION":
+            raise AttributeError(f"module {namespace['__name__']!r} has no attribute {name!r}")
+        codec = load_fast(protocol) or pure
+        for attr in api:
+            namespace[attr] = getattr(codec, attr)
+        namespace["IMPLEMENTATION"] = "pure" if codec is pure else "fast"
+        return namespace[name]
+
+    return __getattr__

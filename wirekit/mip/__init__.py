@@ -1,0 +1,70 @@
+"""MIP, the Model Invocation Protocol of KubeMo: messages, codec and streaming decoder.
+
+>>> from wirekit import mip
+>>> wire = mip.encode(mip.Inference.request([[mip.Item.text("hello")]]))
+>>> wire.hex()
+'000200000000000f010000010000000100000005' + '68656c6c6f'
+>>> mip.decode(wire).items[0].as_text()
+'hello'
+
+``encode``/``decode``/``decode_prefix``/``check_header`` come from the Cython twin unless
+``WIREKIT_PURE=1`` or it is not built; ``IMPLEMENTATION`` tells which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from wirekit._impl import lazy_codec
+
+from . import _pure
+from .decoder import DEFAULT_MAX_MESSAGE_SIZE, Decoder
+from .messages import (
+    HEADER_SIZE,
+    PROTOCOL,
+    VERSION,
+    Buffer,
+    ErrorCode,
+    ErrorReply,
+    Inference,
+    Item,
+    ItemType,
+    Kind,
+    Message,
+    Ping,
+    Subtype,
+)
+
+#: The codec functions, bound from the Cython twin (or the pure path) on first use.
+_API = ("encode", "decode", "decode_prefix", "check_header")
+__getattr__ = lazy_codec(globals(), "mip", _pure, _API)
+
+encode: Callable[[Message], bytes]
+decode: Callable[[Buffer], Message]
+decode_prefix: Callable[..., tuple[Message, int]]
+check_header: Callable[..., tuple[int, int, int]]
+#: ``"fast"`` (Cython) or ``"pure"`` (construct): which codec the functions come from.
+IMPLEMENTATION: str
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "HEADER_SIZE",
+    "IMPLEMENTATION",
+    "PROTOCOL",
+    "VERSION",
+    "Buffer",
+    "Decoder",
+    "ErrorCode",
+    "ErrorReply",
+    "Inference",
+    "Item",
+    "ItemType",
+    "Kind",
+    "Message",
+    "Ping",
+    "Subtype",
+    "check_header",
+    "decode",
+    "decode_prefix",
+    "encode",
+]

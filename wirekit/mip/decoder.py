@@ -1,0 +1,138 @@
+"""A sans-IO streaming MIP decoder: feed it bytes as they arrive, take complete messages out.
+
+No sockets here.  The size limit is enforced from the 8-byte header alone, before any payload
+is buffered, and the decoder reports which error a server should answer with.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from wirekit.errors import DecodeError
+
+from .messages import HEADER_SIZE, PROTOCOL, ErrorCode, Message
+
+DEFAULT_MAX_MESSAGE_SIZE = 64 * 1024 * 1024
+
+
+class Decoder:
+    """Incremental decoder for one direction of a MIP byte stream.
+
+    ``feed(data)`` buffers bytes; ``next_message()`` returns the next complete message, or None
+    when more bytes are needed; iterating yields every complete message.  A bad message raises
+    :class:`~wirekit.errors.DecodeError` whose ``code`` is the :class:`ErrorCode` to answer with.
+
+    After a payload error (SHAPE), or an unknown kind or subtype, the stream is still in step:
+    the bad message's bytes are skipped as they arrive and decoding goes on.  After a bad
+    version or reserved byte, or a message over ``max_message_size`` (MEMORY), the stream
+    cannot be trusted: ``broken`` becomes True and every later call raises the same error.
+    """
+
+    def __init__(
+        self,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        *,
+        codec: ModuleType | None = None,
+    ) -> None:
+        if codec is None:
+            from wirekit import mip as codec  # the active implementation
+        self._codec = codec
+        self.max_message_size = max_message_size
+        self._buf = bytearray()
+        self._pos = 0  # start of unconsumed data in _buf
+        self._consumed = 0  # stream offset of _buf[0]
+        self._skip = 0  # bytes of a rejected message still to drop
+        self._error: DecodeError | None = None
+
+    @property
+    def broken(self) -> bool:
+        """True once the stream can no longer be decoded."""
+        return self._error is not None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as a message."""
+        return len(self._buf) - self._pos
+
+    @property
+    def offset(self) -> int:
+        """Stream offset of the next byte to decode."""
+        return self._consumed + self._pos
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Append bytes received from the peer."""
+        if self._error is not None:
+            raise self._error
+        view = memoryview(data).cast("B")
+        if self._skip:
+            dropped = min(self._skip, len(view))
+            self._skip -= dropped
+            self._consumed += dropped
+            view = view[dropped:]
+        if self._pos and self._pos == len(self._buf):
+            self._consumed += self._pos
+            self._buf.clear()
+            self._pos = 0
+        self._buf += view
+
+    def next_message(self) -> Message | None:
+        """The next complete message, or None if more bytes are needed."""
+        if self._error is not None:
+            raise self._error
+        if self._skip:
+            return None
+        avail = len(self._buf) - self._pos
+        if avail < HEADER_SIZE:
+            return None
+        start = self._pos
+        at = self.offset  # stream offset of this message
+        header = bytes(self._buf[start : start + HEADER_SIZE])
+        try:
+            _kind, _subtype, remaining = self._codec.check_header(header)
+        except DecodeError as exc:
+            err = _shifted(exc, at)
+            if err.field in ("version", "reserved"):
+                self._error = err
+            else:
+                # Well framed: drop this message's bytes and keep going.
+                self._drop(HEADER_SIZE + int.from_bytes(header[4:], "big"))
+            raise err from None
+        size = HEADER_SIZE + remaining
+        if size > self.max_message_size:
+            self._error = DecodeError(
+                PROTOCOL,
+                "remaining",
+                at + 4,
+                f"message of {size} bytes exceeds the limit of {self.max_message_size}",
+                code=int(ErrorCode.MEMORY),
+            )
+            raise self._error
+        if avail < size:
+            return None
+        raw = bytes(self._buf[start : start + size])
+        self._drop(size)
+        try:
+            return self._codec.decode(raw)
+        except DecodeError as exc:
+            raise _shifted(exc, at) from None
+
+    def __iter__(self):
+        while (msg := self.next_message()) is not None:
+            yield msg
+
+    def _drop(self, n: int) -> None:
+        avail = len(self._buf) - self._pos
+        take = min(n, avail)
+        self._pos += take
+        self._skip = n - take
+        if self._pos >= 65536 and self._pos * 2 >= len(self._buf):
+            del self._buf[: self._pos]
+            self._consumed += self._pos
+            self._pos = 0
+
+
+def _shifted(exc: DecodeError, delta: int) -> DecodeError:
+    """The same error with its offset moved by ``delta`` (buffer offset to stream offset)."""
+    return DecodeError(
+        exc.protocol, exc.field, exc.offset + delta, exc.reason, code=exc.code, frame=exc.frame
+    )
