@@ -8,13 +8,12 @@ cannot pass as green; only an explicit ``WIREKIT_PURE=1`` skips it.
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from wirekit._impl import pure_requested
+from wirekit._impl import pure_requested, twin
 
 # Bounded property testing: CI has 2 cores and a time budget; no wall-clock deadlines.
 settings.register_profile(
@@ -30,12 +29,10 @@ IMPLEMENTATIONS = ("fast", "pure")
 
 
 def load_codec(protocol: str, impl: str):
-    """The ``impl`` ("fast" or "pure") codec module of ``protocol``."""
-    if impl == "pure":
-        return importlib.import_module(f"wirekit.{protocol}._pure")
-    if pure_requested():
+    """The ``impl`` ("fast" or "pure") codec module of ``protocol``, for fixtures."""
+    if impl == "fast" and pure_requested():
         pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
-    return importlib.import_module(f"wirekit._fast.{protocol}")
+    return twin(protocol, impl)
 
 
 @pytest.fixture(scope="session", params=IMPLEMENTATIONS)

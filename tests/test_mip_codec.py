@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from strategies import mip_messages
 
 from wirekit import mip
+from wirekit._impl import twin
 from wirekit.errors import DecodeError, EncodeError
 from wirekit.mip import _pure, spec
 
@@ -102,9 +103,7 @@ def test_check_header_same_outcome_from_both_twins(header):
 
 
 def _fast():
-    from conftest import load_codec
-
-    return load_codec("mip", "fast")
+    return twin("mip", "fast")
 
 
 # --- errors ---------------------------------------------------------------------------------
@@ -252,11 +251,9 @@ def test_item_helpers():
 
 @given(st.lists(mip_messages, max_size=6), st.data())
 def test_stream_decoder_gives_same_messages_for_every_chunking(impl, msgs, data):
-    from conftest import load_codec
-
     wire = b"".join(mip.encode(m) for m in msgs)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=10)))
-    decoder = mip.Decoder(codec=load_codec("mip", impl))
+    decoder = mip.Decoder(codec=twin("mip", impl))
     out = []
     prev = 0
     for cut in [*cuts, len(wire)]:

@@ -75,3 +75,15 @@ def lazy_codec(namespace: dict, protocol: str, pure: ModuleType, api: tuple[str,
         return namespace[name]
 
     return __getattr__
+
+
+def twin(protocol: str, impl: str) -> ModuleType:
+    """The ``"fast"`` (Cython) or ``"pure"`` codec module of ``protocol``, for tests/benchmarks.
+
+    Unlike the facades this never falls back: a missing extension raises ImportError.
+    """
+    if impl == "fast":
+        return importlib.import_module(f"wirekit._fast.{protocol}")
+    if impl == "pure":
+        return importlib.import_module(f"wirekit.{protocol}._pure")
+    raise ValueError(f"impl must be 'fast' or 'pure', not {impl!r}")

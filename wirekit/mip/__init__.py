@@ -2,8 +2,8 @@
 
 >>> from wirekit import mip
 >>> wire = mip.encode(mip.Inference.request([[mip.Item.text("hello")]]))
->>> wire.hex()
-'000200000000000f010000010000000100000005' + '68656c6c6f'
+>>> wire.hex(" ")
+'00 02 00 00 00 00 00 11 01 00 00 01 00 00 00 01 00 00 00 05 68 65 6c 6c 6f'
 >>> mip.decode(wire).items[0].as_text()
 'hello'
 

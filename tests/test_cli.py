@@ -1,0 +1,89 @@
+"""The ``wirekit`` command line, driven through ``main()`` and once as a real process."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from wirekit import mip
+from wirekit.cli import hex_excerpt, main
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "samples" / "mip-session.bin"
+
+
+def run(argv, stdin: bytes | None = None):
+    out, err = io.StringIO(), io.StringIO()
+    if stdin is not None:
+        real = sys.stdin
+        sys.stdin = io.TextIOWrapper(io.BytesIO(stdin))
+        try:
+            code = main(argv, out=out, err=err)
+        finally:
+            sys.stdin = real
+    else:
+        code = main(argv, out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_decode_mip_sample_human():
+    code, out, err = run(["decode", "--proto", "mip", str(SAMPLE)])
+    assert code == 0, err
+    assert out.splitlines()[0] == "@0 ping request"
+    assert "'the quick brown fox'" in out
+    assert "error SHAPE (4)" in out
+    assert out.rstrip().endswith(f"4 message(s), {SAMPLE.stat().st_size} bytes")
+
+
+def test_decode_mip_json_lines_carry_every_byte(tmp_path):
+    payload = bytes(range(256)) * 3
+    path = tmp_path / "one.bin"
+    path.write_bytes(mip.encode(mip.Inference.request([[mip.Item.image(payload)]])))
+    code, out, _ = run(["decode", "--proto", "mip", "--json", str(path)])
+    assert code == 0
+    (record,) = [json.loads(line) for line in out.splitlines()]
+    assert record["offset"] == 0 and record["kind"] == "inference"
+    assert bytes.fromhex(record["items"][0]["data_hex"]) == payload
+
+
+def test_decode_mip_from_stdin():
+    code, out, _ = run(["decode", "--proto", "mip", "-"], stdin=mip.encode(mip.Ping(True)))
+    assert code == 0 and out.startswith("@0 ping response")
+
+
+def test_decode_mip_malformed_prints_what_decoded_then_the_error(tmp_path):
+    data = SAMPLE.read_bytes()[:60]
+    path = tmp_path / "cut.bin"
+    path.write_bytes(data)
+    code, out, err = run(["decode", "--proto", "mip", str(path)])
+    assert code == 1
+    assert out == "@0 ping request\n"
+    assert "mip: payload at byte 60: truncated" in err
+    assert "[..end]" in err and "1 message(s) decoded before the error" in err
+
+
+def test_usage_errors_exit_2(tmp_path):
+    assert run(["decode", "--proto", "nope", "x"])[0] == 2
+    assert run([])[0] == 2
+    code, _, err = run(["decode", "--proto", "mip", str(tmp_path / "missing.bin")])
+    assert code == 2 and "cannot read" in err
+
+
+def test_hex_excerpt_marks_the_offset():
+    assert hex_excerpt(bytes(range(40)), 20, radius=2) == "  00000012: 12 13 [14] 15"
+
+
+def test_entry_point_runs_as_a_process():
+    exe = shutil.which("wirekit")
+    cmd = [exe] if exe else [sys.executable, "-m", "wirekit.cli"]
+    proc = subprocess.run(
+        [*cmd, "decode", "--proto", "mip", "--json", str(SAMPLE)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    kinds = [json.loads(line)["kind"] for line in proc.stdout.splitlines()]
+    assert kinds == ["ping", "inference", "inference", "error"]

@@ -1,0 +1,63 @@
+"""Which implementation is active, and how WIREKIT_PURE chooses it."""
+
+from __future__ import annotations
+
+import doctest
+import os
+import subprocess
+import sys
+
+import pytest
+
+import wirekit
+from wirekit import _impl, mip
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("1", True), ("true", True), (" YES ", True), ("on", True), ("0", False), ("", False),
+     ("no", False)],
+)
+def test_pure_requested_reads_one_variable(value, expected):
+    assert _impl.pure_requested({"WIREKIT_PURE": value}) is expected
+    assert _impl.pure_requested({}) is False
+
+
+def test_the_fast_path_is_active_in_this_run():
+    # A build that silently failed must not pass as green.
+    if _impl.pure_requested():
+        assert wirekit.IMPLEMENTATION == "pure"
+    else:
+        assert wirekit.IMPLEMENTATION == "fast"
+        assert mip.encode is _impl.twin("mip", "fast").encode
+
+
+def _implementation_in_subprocess(env_value: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "WIREKIT_PURE"}
+    if env_value is not None:
+        env["WIREKIT_PURE"] = env_value
+    code = "import wirekit, wirekit.mip as m; print(wirekit.IMPLEMENTATION, m.IMPLEMENTATION)"
+    out = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], env=env, capture_output=True, text=True,
+        timeout=60, check=True,
+    )
+    return out.stdout.strip()
+
+
+def test_wirekit_pure_forces_the_pure_path():
+    assert _implementation_in_subprocess("1") == "pure pure"
+
+
+def test_pure_path_decodes_like_the_fast_path():
+    wire = mip.encode(mip.Inference.request([[mip.Item.text("x")]]))
+    assert _impl.twin("mip", "pure").decode(wire) == _impl.twin("mip", "fast").decode(wire)
+
+
+def test_twin_rejects_unknown_implementation():
+    with pytest.raises(ValueError, match="impl must be"):
+        _impl.twin("mip", "turbo")
+
+
+def test_facade_docstring_examples_run():
+    failures, tried = doctest.testmod(mip, optionflags=doctest.ELLIPSIS)
+    assert tried > 0 and failures == 0
