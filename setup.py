@@ -26,6 +26,15 @@ def _impl_module():
     return module
 
 
+def _explain_failure(exc):
+    sys.stderr.write(
+        "\nwirekit: building the Cython extensions failed "
+        f"({type(exc).__name__}: {exc}).\n"
+        "Install a C compiler and the Python headers, or install the pure-Python path "
+        "explicitly with WIREKIT_PURE=1 (much slower).\n\n"
+    )
+
+
 class LoudBuildExt(build_ext):
     """build_ext that turns a compile failure into an actionable message."""
 
@@ -33,12 +42,7 @@ class LoudBuildExt(build_ext):
         try:
             super().run()
         except Exception as exc:
-            sys.stderr.write(
-                "\nwirekit: building the Cython extensions failed "
-                f"({type(exc).__name__}: {exc}).\n"
-                "Install a C compiler and the Python headers, or install the pure-Python path "
-                "explicitly with WIREKIT_PURE=1 (much slower).\n\n"
-            )
+            _explain_failure(exc)
             raise
 
 
@@ -59,7 +63,11 @@ def _extensions():
         )
         for src in sources
     ]
-    return cythonize(extensions, language_level=3, quiet=True)
+    try:
+        return cythonize(extensions, language_level=3, quiet=True)
+    except Exception as exc:
+        _explain_failure(exc)
+        raise
 
 
 setup(ext_modules=_extensions(), cmdclass={"build_ext": LoudBuildExt})
