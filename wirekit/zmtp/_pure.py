@@ -246,6 +246,35 @@ def decode_stream(buf: Any, max_frame_size: int | None = None) -> list[tuple[int
     return events
 
 
+def events_from_container(c: Any) -> list[tuple[int, Event]]:
+    """The events of a capture parsed by ``spec.STREAM`` (the test and benchmark oracle)."""
+    g = c.greeting
+    mech = g.mechanism.rstrip(b"\x00").decode("latin-1")
+    events: list[tuple[int, Event]] = [(0, Greeting(g.major, g.minor, mech, g.as_server == 1))]
+    pos = GREETING_SIZE
+    start = pos
+    frames: list[bytes] = []
+    for f in c.frames:
+        size = (9 if f.flags & FLAG_LONG else 2) + len(f.body)
+        if f.flags & FLAG_COMMAND:
+            cmd = spec.COMMAND.parse(f.body)
+            if cmd.name == "READY":
+                props = spec.PROPERTIES.parse(cmd.data).properties
+                event: Event = Ready(tuple((p.name, p.value) for p in props))
+            else:
+                event = Command(cmd.name, cmd.data)
+            events.append((pos, event))
+            start = pos + size
+        else:
+            frames.append(f.body)
+            if not f.flags & FLAG_MORE:
+                events.append((start, Message(tuple(frames))))
+                frames = []
+                start = pos + size
+        pos += size
+    return events
+
+
 # --- encoding -------------------------------------------------------------------------------
 
 
@@ -306,9 +335,7 @@ def _frame(flags: int, body: bytes) -> bytes:
 
 def encode_command(name: str, data: Any = b"") -> bytes:
     """One command frame: ``name`` (Latin-1, up to 255 bytes) and its raw ``data``."""
-    body = spec.COMMAND.build(
-        dict(name=_short_text(name, "name", 255), data=_bytes(data, "data"))
-    )
+    body = spec.COMMAND.build(dict(name=_short_text(name, "name", 255), data=_bytes(data, "data")))
     return _frame(FLAG_COMMAND, body)
 
 
