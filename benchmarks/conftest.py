@@ -12,3 +12,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+# pytest imports tests/conftest.py and this file both under the module name "conftest", and
+# the last one imported wins: tests that do `from conftest import load_codec` must find it
+# here too when the benchmarks are collected in the same run.
+import importlib.util
+
+_spec = importlib.util.spec_from_file_location(
+    "_wirekit_tests_conftest", Path(__file__).resolve().parent.parent / "tests" / "conftest.py"
+)
+_tests_conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_tests_conftest)
+load_codec = _tests_conftest.load_codec

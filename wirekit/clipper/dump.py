@@ -74,11 +74,14 @@ def walk(data: bytes, args: argparse.Namespace) -> Iterator[tuple[int, dict[str,
     messages = [(o, e) for o, e in events if isinstance(e, zmtp.Message)]
     for offset, event in events:
         if isinstance(event, zmtp.Greeting):
-            yield offset, {
-                "kind": "zmtp_greeting",
-                "version": f"{event.major}.{event.minor}",
-                "mechanism": event.mechanism,
-            }
+            yield (
+                offset,
+                {
+                    "kind": "zmtp_greeting",
+                    "version": f"{event.major}.{event.minor}",
+                    "mechanism": event.mechanism,
+                },
+            )
         elif isinstance(event, zmtp.Ready):
             socket_type = event.socket_type
             if socket_type not in SIDES:
@@ -91,13 +94,16 @@ def walk(data: bytes, args: argparse.Namespace) -> Iterator[tuple[int, dict[str,
                 )
             side, direction = SIDES[socket_type]
             generation = _generation(messages, direction, getattr(args, "dialect", None))
-            yield offset, {
-                "kind": "zmtp_ready",
-                "socket_type": socket_type,
-                "side": side,
-                "identity_hex": event.identity.hex(),
-                "generation": None if generation is None else generation.value,
-            }
+            yield (
+                offset,
+                {
+                    "kind": "zmtp_ready",
+                    "socket_type": socket_type,
+                    "side": side,
+                    "identity_hex": event.identity.hex(),
+                    "generation": None if generation is None else generation.value,
+                },
+            )
         elif isinstance(event, zmtp.Command):
             yield offset, {"kind": "zmtp_command", "name": event.name, "data_hex": event.data.hex()}
         else:
@@ -122,12 +128,15 @@ def walk(data: bytes, args: argparse.Namespace) -> Iterator[tuple[int, dict[str,
                     f"{exc.reason} ({where}the {generation.value} message at byte {offset})",
                 ) from None
             record = to_jsonable(msg, full_data=full)
-            yield offset, {
-                "side": side,
-                "generation": generation.value,
-                "frames": len(frames),
-                **record,
-            }
+            yield (
+                offset,
+                {
+                    "side": side,
+                    "generation": generation.value,
+                    "frames": len(frames),
+                    **record,
+                },
+            )
     if error is not None:
         raise error
 
@@ -169,8 +178,10 @@ def render(record: dict[str, Any]) -> str:
         return f"{head} msg_id={record['msg_id']} {len(outs)} output(s): [{shown}{more}]"
     # predict_request
     n = record["num_inputs"]
-    lines = [f"{head} msg_id={record['msg_id']} request_type={record['request_type']} "
-             f"{record['input_type_name']} × {n}"]
+    lines = [
+        f"{head} msg_id={record['msg_id']} request_type={record['request_type']} "
+        f"{record['input_type_name']} × {n}"
+    ]
     if record["input_type_name"] == "STRINGS":
         for k, s in enumerate(record["inputs"][:PREVIEW]):
             lines.append(f"    [{k}] str {s!r}")
@@ -178,9 +189,8 @@ def render(record: dict[str, Any]) -> str:
         shape = record.get("shape")
         lines[0] += f" dtype={record['dtype']}" + (f" shape={tuple(shape)}" if shape else "")
         for k, item in enumerate(record["inputs"][:PREVIEW]):
-            lines.append(
-                f"    [{k}] {record['dtype']}[{item['size']}] {_values(item['values'], item['size'])}"
-            )
+            preview = _values(item["values"], item["size"])
+            lines.append(f"    [{k}] {record['dtype']}[{item['size']}] {preview}")
     if n > PREVIEW:
         lines.append(f"    ... {n - PREVIEW} more input(s)")
     return "\n".join(lines)
