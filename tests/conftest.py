@@ -51,3 +51,8 @@ def mip_codec(impl):
 @pytest.fixture(scope="session")
 def zmtp_codec(impl):
     return load_codec("zmtp", impl)
+
+
+@pytest.fixture(scope="session")
+def clipper_codec(impl):
+    return load_codec("clipper", impl)
