@@ -17,9 +17,6 @@ from wirekit import clipper, zmtp
 from wirekit.cli import main
 from wirekit.clipper.messages import HeartbeatType, InputType
 
-# Until the clipper Cython twin is merged, wirekit.clipper warns that it uses its pure path.
-pytestmark = pytest.mark.filterwarnings("ignore::wirekit._impl.FastPathMissing")
-
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_CLIPPER = ROOT / "samples" / "clipper-v3-clipper.bin"
 SAMPLE_CONTAINER = ROOT / "samples" / "clipper-v3-container.bin"
