@@ -442,3 +442,13 @@ def test_reader_default_limit_and_socket_type(zmtp_codec):
     assert reader.socket_type is None or reader.socket_type == "ROUTER"
     list(reader)
     assert reader.socket_type == "ROUTER"
+
+
+@pytest.mark.parametrize(
+    ("kw", "exc"),
+    [({"pos": -1}, IndexError), ({"pos": 500}, IndexError), ({"max_frame_size": -1}, ValueError)],
+)
+def test_api_misuse_is_not_a_decode_error(zmtp_codec, kw, exc):
+    with pytest.raises(exc) as info:
+        zmtp_codec.decode_events(HEAD, **kw)
+    assert not isinstance(info.value, DecodeError)

@@ -147,6 +147,13 @@ def decode_events(
     size is read.  Bad input does not raise: decoding stops and ``error`` is the
     :class:`~wirekit.errors.DecodeError`, with the events before it still returned.
     """
+    if max_frame_size is not None and max_frame_size < 0:
+        raise ValueError("max_frame_size must be >= 0")
+    if pos < 0:
+        raise IndexError(f"position {pos} is negative")
+    size = memoryview(buf).nbytes
+    if pos > size:
+        raise IndexError(f"position {pos} outside a buffer of {size} bytes")
     events: list[tuple[int, Event]] = []
     state = [pos, phase]
     try:
