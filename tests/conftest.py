@@ -43,3 +43,13 @@ def impl(request) -> str:
 @pytest.fixture(scope="session")
 def mip_codec(impl):
     return load_codec("mip", impl)
+
+
+@pytest.fixture(scope="session")
+def zmtp_codec(impl):
+    return load_codec("zmtp", impl)
+
+
+@pytest.fixture(scope="session")
+def clipper_codec(impl):
+    return load_codec("clipper", impl)

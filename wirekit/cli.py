@@ -21,6 +21,7 @@ from wirekit.errors import DecodeError
 
 #: protocol name -> module with ``walk`` and ``render``
 DUMPERS = {
+    "clipper": "wirekit.clipper.dump",
     "mip": "wirekit.mip.dump",
 }
 

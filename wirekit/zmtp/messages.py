@@ -1,0 +1,105 @@
+"""ZMTP 3.x stream events, shared by the Cython twin and the pure path.
+
+Decoding a capture of one direction of a ZeroMQ TCP connection yields, in order, one
+:class:`Greeting`, the mechanism's handshake command (:class:`Ready` for NULL, or a
+:class:`Command` named ``ERROR``), then :class:`Message` and :class:`Command` events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROTOCOL = "zmtp"
+GREETING_SIZE = 64
+SIGNATURE_PADDING = b"\x00" * 7 + b"\x01"  # what libzmq sends; any 8 bytes are accepted
+MECHANISM_SIZE = 20
+FILLER_SIZE = 31
+MAJOR_VERSION = 3
+
+FLAG_MORE = 0x01
+FLAG_LONG = 0x02
+FLAG_COMMAND = 0x04
+FLAGS_RESERVED = 0xF8
+
+#: phases of a stream (the third value of ``decode_events``' result)
+PHASE_GREETING, PHASE_HANDSHAKE, PHASE_TRAFFIC = 0, 1, 2
+
+#: default ``max_frame_size`` of :class:`~wirekit.zmtp.StreamReader`
+DEFAULT_MAX_FRAME_SIZE = 64 * 1024 * 1024
+
+#: socket types whose READY carries an Identity property (what libzmq does)
+IDENTITY_SOCKETS = frozenset({"REQ", "DEALER", "ROUTER"})
+
+
+@dataclass(frozen=True, slots=True)
+class Greeting:
+    """The 64-byte greeting: version, security mechanism and the as-server flag."""
+
+    major: int = 3
+    minor: int = 1
+    mechanism: str = "NULL"
+    as_server: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The NULL mechanism's READY command: metadata properties in wire order."""
+
+    properties: tuple[tuple[str, bytes], ...] = ()
+
+    def get(self, name: str, default: bytes | None = None) -> bytes | None:
+        """The value of property ``name`` (names are case-insensitive)."""
+        folded = name.lower()
+        for key, value in self.properties:
+            if key.lower() == folded:
+                return value
+        return default
+
+    @property
+    def socket_type(self) -> str | None:
+        """The ``Socket-Type`` property as text (``"DEALER"``, ``"ROUTER"``, ...), or None."""
+        value = self.get("Socket-Type")
+        return None if value is None else value.decode("latin-1")
+
+    @property
+    def identity(self) -> bytes:
+        """The ``Identity`` property (empty when absent)."""
+        return self.get("Identity") or b""
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """Any other command frame (PING, PONG, SUBSCRIBE, CANCEL, ERROR, ...): name and data."""
+
+    name: str
+    data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A multipart message: the frames up to and including the first one without MORE."""
+
+    frames: tuple[bytes, ...]
+
+
+Event = Greeting | Ready | Command | Message
+
+
+def to_jsonable(event: Event) -> dict:
+    """A JSON-ready description of ``event`` (the golden vectors' form); bytes as hex."""
+    if isinstance(event, Greeting):
+        return {
+            "kind": "greeting",
+            "version": f"{event.major}.{event.minor}",
+            "mechanism": event.mechanism,
+            "as_server": event.as_server,
+        }
+    if isinstance(event, Ready):
+        return {
+            "kind": "ready",
+            "socket_type": event.socket_type,
+            "properties": [{"name": k, "value_hex": v.hex()} for k, v in event.properties],
+        }
+    if isinstance(event, Command):
+        return {"kind": "command", "name": event.name, "data_hex": event.data.hex()}
+    return {"kind": "message", "frames_hex": [bytes(f).hex() for f in event.frames]}

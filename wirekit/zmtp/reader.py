@@ -1,0 +1,105 @@
+"""A sans-IO incremental ZMTP reader: feed it bytes of one direction, take events out.
+
+No sockets here.  Frame sizes are checked against ``max_frame_size`` as soon as a frame's size
+field has arrived, before its body is buffered.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from types import ModuleType
+
+from wirekit.errors import DecodeError
+
+from .messages import DEFAULT_MAX_FRAME_SIZE, PHASE_GREETING, Event, Ready
+
+
+class StreamReader:
+    """Incremental reader for one direction of a ZMTP 3.x connection (NULL mechanism).
+
+    ``feed(data)`` decodes what it can at once and queues complete events; iterating (or
+    ``next_event()``) takes them out, each as an ``(offset, event)`` pair whose offset counts
+    from the first byte ever fed.  ``close()`` says the stream ended: a partial tail is then an
+    error.  A :class:`~wirekit.errors.DecodeError` breaks the reader (ZMTP cannot resync):
+    ``broken`` becomes True at once, the events decoded before the bad bytes are still handed
+    out, then ``next_event`` (and any later ``feed``) raises the error.
+    """
+
+    def __init__(
+        self,
+        max_frame_size: int | None = DEFAULT_MAX_FRAME_SIZE,
+        *,
+        codec: ModuleType | None = None,
+    ) -> None:
+        if codec is None:
+            from wirekit import zmtp as codec  # the active implementation
+        self._codec = codec
+        self.max_frame_size = max_frame_size
+        self._buf = bytearray()
+        self._consumed = 0  # stream offset of _buf[0]
+        self._phase = PHASE_GREETING
+        self._events: deque[tuple[int, Event]] = deque()
+        self._error: DecodeError | None = None
+        self.ready: Ready | None = None
+
+    @property
+    def broken(self) -> bool:
+        """True once the stream can no longer be decoded."""
+        return self._error is not None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received that are not yet part of a complete event."""
+        return len(self._buf)
+
+    @property
+    def socket_type(self) -> str | None:
+        """The peer's Socket-Type from its READY command, once that has arrived."""
+        return None if self.ready is None else self.ready.socket_type
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Append bytes received from the peer and decode every event they complete.
+
+        Raises only when the reader was already broken (nothing is buffered then); an error
+        found in these bytes comes out of ``next_event`` after the events before it.
+        """
+        if self._error is not None:
+            raise self._error
+        self._buf += memoryview(data).cast("B")
+        self._run(final=False)
+
+    def close(self) -> None:
+        """The stream has ended: a partial tail becomes an error (from ``next_event``)."""
+        if self._error is None:
+            self._run(final=True)
+
+    def next_event(self) -> tuple[int, Event] | None:
+        """The next complete ``(offset, event)``, or None when more bytes are needed."""
+        if self._events:
+            return self._events.popleft()
+        if self._error is not None:
+            raise self._error
+        return None
+
+    def __iter__(self) -> Iterator[tuple[int, Event]]:
+        while (item := self.next_event()) is not None:
+            yield item
+
+    def _run(self, final: bool) -> None:
+        events, pos, phase, error = self._codec.decode_events(
+            self._buf, 0, self._phase, final, self.max_frame_size
+        )
+        self._phase = phase
+        for offset, event in events:
+            if self.ready is None and isinstance(event, Ready):
+                self.ready = event
+            self._events.append((offset + self._consumed, event))
+        if error is not None:
+            self._error = DecodeError(
+                error.protocol, error.field, error.offset + self._consumed, error.reason
+            )
+            self._buf.clear()  # the stream cannot be resynchronised: hold nothing more
+        if pos:
+            del self._buf[:pos]
+            self._consumed += pos
