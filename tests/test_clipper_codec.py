@@ -282,7 +282,8 @@ def test_decode_errors_name_field_frame_and_offset(
     assert (err.protocol, err.field, err.frame, err.offset) == ("clipper", field, frame, offset)
     assert isinstance(err, ValueError)
     assert str(err).startswith(f"clipper: {field} at frame {frame}, byte {offset}: ")
-    assert _outcome(_pure, frames, gen, direction) == _outcome(_fast(), frames, gen, direction)
+    if not pure_requested():
+        assert _outcome(_pure, frames, gen, direction) == _outcome(_fast(), frames, gen, direction)
 
 
 def test_feedback_request_error_says_why(clipper_codec):
@@ -435,7 +436,7 @@ def test_bytes_inputs_are_uint8_and_response_outputs_float32(clipper_codec):
 )
 def test_encode_errors_same_from_both_twins(msg, gen, field):
     texts = set()
-    for codec in (_fast(), _pure):
+    for codec in (_pure,) if pure_requested() else (_fast(), _pure):
         with pytest.raises(EncodeError) as info:
             codec.encode(msg, gen)
         assert (info.value.protocol, info.value.field) == ("clipper", field)
