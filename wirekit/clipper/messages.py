@@ -276,7 +276,13 @@ def _cast(a: np.ndarray, dtype: np.dtype, field: str, what: str) -> np.ndarray:
             raise EncodeError(PROTOCOL, field, f"values out of range for {what} ({dtype.name})")
         return np.ascontiguousarray(a, dtype)
     if dtype.kind == "f" and kind in "iuf":
-        return np.ascontiguousarray(a, dtype)
+        with np.errstate(over="raise"):
+            try:
+                return np.ascontiguousarray(a, dtype)
+            except FloatingPointError:
+                raise EncodeError(
+                    PROTOCOL, field, f"values out of range for {what} ({dtype.name})"
+                ) from None
     raise EncodeError(PROTOCOL, field, f"cannot send {a.dtype.name} values as {what}")
 
 
