@@ -26,7 +26,9 @@ TIMEOUT = 10.0
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def png_bytes(width: int = 3, height: int = 2, color: tuple[int, int, int] = (200, 10, 30)) -> bytes:
+def png_bytes(
+    width: int = 3, height: int = 2, color: tuple[int, int, int] = (200, 10, 30)
+) -> bytes:
     """A small, valid PNG file."""
     buf = io.BytesIO()
     Image.new("RGB", (width, height), color).save(buf, format="PNG")

@@ -51,7 +51,7 @@ def kubemo_sample(k: int):
     )
 
 
-# --------------------------------------------------------------------------- KubeMo client -> wirekit
+# ------------------------------------------------------------------ KubeMo client -> wirekit
 
 
 @pytest.fixture(scope="module", params=["tcp", "unix"])
@@ -91,7 +91,7 @@ def test_kubemo_client_sees_wirekit_error_code(wirekit_server):
     assert kubemo.Client().inference(wirekit_server.address, (kubemo_sample(0),))[0][0].decode()
 
 
-# --------------------------------------------------------------------------- wirekit client -> KubeMo
+# ------------------------------------------------------------------ wirekit client -> KubeMo
 
 
 @pytest.fixture(scope="module", params=["tcp", "unix"])

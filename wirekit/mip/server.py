@@ -191,6 +191,11 @@ class Server:
             raise RuntimeError("the server is not listening yet: await start(...) first")
         return self._addresses[0]
 
+    @property
+    def connection_count(self) -> int:
+        """Connections open right now."""
+        return len(self._connections)
+
     async def serve_forever(self) -> None:
         """Wait until :meth:`shutdown` has finished."""
         if self._stopped is None:
