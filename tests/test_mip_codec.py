@@ -102,7 +102,7 @@ def test_check_header_same_outcome_from_both_twins(header):
 
 
 def _fast():
-    from conftest import load_codec
+    from twins import load_codec
 
     return load_codec("mip", "fast")
 
@@ -252,7 +252,7 @@ def test_item_helpers():
 
 @given(st.lists(mip_messages, max_size=6), st.data())
 def test_stream_decoder_gives_same_messages_for_every_chunking(impl, msgs, data):
-    from conftest import load_codec
+    from twins import load_codec
 
     wire = b"".join(mip.encode(m) for m in msgs)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=10)))
