@@ -56,6 +56,18 @@ def pack_arrays(layer: Any, is_weight: Any, index: Any, sign: Any) -> list[np.nd
     return arrays
 
 
+def check_pack_values(arrays: list[np.ndarray]) -> None:
+    """Raise the EncodeError of the first position holding an out-of-range value, if any."""
+    n = len(arrays[0])
+    if not n:
+        return
+    bad = np.zeros(n, dtype=bool)
+    for arr, (_name, top) in zip(arrays, PACK_FIELDS, strict=True):
+        bad |= (arr < 0) | (arr > top)
+    if bad.any():
+        raise pack_error(arrays, int(np.argmax(bad)))
+
+
 def pack_error(arrays: list[np.ndarray], i: int) -> EncodeError:
     """The error for position ``i``, the first one holding an out-of-range value."""
     for arr, (name, top) in zip(arrays, PACK_FIELDS, strict=True):

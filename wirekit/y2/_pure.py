@@ -214,13 +214,7 @@ def pack(layer: Any, is_weight: Any, index: Any, sign: Any) -> np.ndarray:
     there, the first bad field in the order layer, is_weight, index, sign).
     """
     arrays = _checks.pack_arrays(layer, is_weight, index, sign)
-    n = len(arrays[0])
-    if n:
-        bad = np.zeros(n, dtype=bool)
-        for arr, (_name, top) in zip(arrays, _checks.PACK_FIELDS, strict=True):
-            bad |= (arr < 0) | (arr > top)
-        if bad.any():
-            raise _checks.pack_error(arrays, int(np.argmax(bad)))
+    _checks.check_pack_values(arrays)
     lay, wgt, idx, sgn = (a.astype(np.uint32) for a in arrays)
     return (lay << 23) | (wgt << 22) | (idx << 1) | sgn
 
