@@ -34,3 +34,8 @@ def impl(request) -> str:
 @pytest.fixture(scope="session")
 def mip_codec(impl):
     return load_codec("mip", impl)
+
+
+@pytest.fixture(scope="session")
+def y2_codec(impl):
+    return load_codec("y2", impl)

@@ -32,3 +32,33 @@ mip_messages = st.one_of(
     st.builds(mip.ErrorReply, st.sampled_from(list(mip.ErrorCode))),
     mip_inference(),
 )
+
+
+# --- y2 -------------------------------------------------------------------------------------
+
+import numpy as np  # noqa: E402
+
+from wirekit import y2  # noqa: E402
+
+i32 = st.integers(-(2**31), 2**31 - 1)
+#: Delta words, edge values (layer 511, index 2**21-1, both signs) well represented.
+y2_words = st.one_of(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([0, 1, 2**32 - 1, 0xFF800000, 0x00400000, 0x003FFFFE, 0xFFFFFFFE]),
+)
+
+
+@st.composite
+def y2_node_index(draw):
+    count = draw(st.integers(1, 2**31 - 1))
+    return y2.NodeIndex(draw(st.integers(0, count - 1)), count)
+
+
+y2_messages = st.one_of(
+    y2_node_index(),
+    st.builds(
+        lambda ws: y2.Delta(np.array(ws, dtype=np.uint32)), st.lists(y2_words, max_size=40)
+    ),
+    st.builds(y2.Runtime, i32, i32, i32, i32, st.one_of(st.none(), i32)),
+    st.just(y2.Finished()),
+)

@@ -22,6 +22,7 @@ from wirekit.errors import DecodeError
 #: protocol name -> module with ``walk`` and ``render``
 DUMPERS = {
     "mip": "wirekit.mip.dump",
+    "y2": "wirekit.y2.dump",
 }
 
 #: modules with ``register(subparsers)`` adding ``wirekit <name> ...`` commands

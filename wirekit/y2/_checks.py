@@ -127,9 +127,7 @@ def model(params: Any, what: str) -> list[tuple[np.ndarray, np.ndarray]]:
         try:
             weights, biases = pair
         except (TypeError, ValueError):
-            raise TypeError(
-                f"{PROTOCOL}: {what}[{k}] must be a (weights, biases) pair"
-            ) from None
+            raise TypeError(f"{PROTOCOL}: {what}[{k}] must be a (weights, biases) pair") from None
         for name, arr in (("weights", weights), ("biases", biases)):
             if not isinstance(arr, np.ndarray) or arr.dtype.kind != "f":
                 got = arr.dtype if isinstance(arr, np.ndarray) else type(arr).__name__
@@ -148,9 +146,7 @@ def tau_value(tau: Any) -> float:
     try:
         value = float(tau)
     except (TypeError, ValueError):
-        raise EncodeError(
-            PROTOCOL, "tau", f"expected a number, got {type(tau).__name__}"
-        ) from None
+        raise EncodeError(PROTOCOL, "tau", f"expected a number, got {type(tau).__name__}") from None
     if not (math.isfinite(value) and value > 0):
         raise EncodeError(PROTOCOL, "tau", f"must be finite and > 0, got {value!r}")
     return value
@@ -177,8 +173,7 @@ def check_compressible(layers: list[tuple[np.ndarray, np.ndarray]], tau: float) 
                 raise EncodeError(
                     PROTOCOL,
                     "tau",
-                    f"{tau!r} is not a finite positive {arr.dtype} "
-                    f"(residuals[{k}].{name})",
+                    f"{tau!r} is not a finite positive {arr.dtype} (residuals[{k}].{name})",
                 )
 
 

@@ -60,9 +60,7 @@ def check_handshake(buf: Buffer, pos: int = 0) -> tuple[int, int]:
     view = _bytes_view(buf)
     have = len(view) - pos
     if have < HANDSHAKE_SIZE:
-        raise _fail(
-            "handshake", len(view), f"truncated: need {HANDSHAKE_SIZE} bytes, have {have}"
-        )
+        raise _fail("handshake", len(view), f"truncated: need {HANDSHAKE_SIZE} bytes, have {have}")
     h = spec.HANDSHAKE.parse(bytes(view[pos : pos + HANDSHAKE_SIZE]))
     if not 0 <= h.type <= MessageType.FINISHED:
         raise _fail("type", pos, f"unknown message type {h.type} (0..3)")
@@ -78,9 +76,7 @@ def check_handshake(buf: Buffer, pos: int = 0) -> tuple[int, int]:
     if kind == MessageType.FINISHED and h.size != 0:
         raise _fail("size", pos + 4, f"a finished message has no payload, got {h.size} bytes")
     if kind == MessageType.DELTA and h.size % 4:
-        raise _fail(
-            "size", pos + 4, f"a delta payload is whole 4-byte words, got {h.size} bytes"
-        )
+        raise _fail("size", pos + 4, f"a delta payload is whole 4-byte words, got {h.size} bytes")
     return h.type, h.size
 
 
@@ -104,9 +100,7 @@ def decode_prefix(buf: Buffer, pos: int = 0) -> tuple[Message, int]:
         if p.node_count < 1:
             raise _fail("node_count", start + 4, f"must be >= 1, got {p.node_count}")
         if not 0 <= p.node_id < p.node_count:
-            raise _fail(
-                "node_id", start, f"must be in 0..{p.node_count - 1}, got {p.node_id}"
-            )
+            raise _fail("node_id", start, f"must be in 0..{p.node_count - 1}, got {p.node_id}")
         return NodeIndex(p.node_id, p.node_count), end
     if kind == MessageType.DELTA:
         return Delta(from_wire(payload)), end
@@ -189,9 +183,7 @@ def from_container(c: Container) -> Message:
 def _delta_words(words: Any) -> np.ndarray:
     arr = _checks.word_array(words)
     if len(arr) > MAX_DELTA_WORDS:
-        raise EncodeError(
-            PROTOCOL, "words", f"{len(arr)} words do not fit an i32 payload size"
-        )
+        raise EncodeError(PROTOCOL, "words", f"{len(arr)} words do not fit an i32 payload size")
     return arr
 
 
