@@ -375,3 +375,10 @@ def test_cli_reports_bad_input_with_offset(tmp_path):
     assert status == 1
     assert "@0 finished" in out
     assert "y2: size at byte 12" in err and "1 message(s) decoded before the error" in err
+
+
+def test_facade_doctest_runs():
+    import doctest
+
+    result = doctest.testmod(y2)
+    assert result.attempted >= 8 and result.failed == 0
