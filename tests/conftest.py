@@ -1,7 +1,8 @@
 """Shared fixtures: every codec test runs against both twins (Cython and pure).
 
 Each protocol ``P`` has a pure codec ``wirekit.P._pure`` and a Cython twin ``wirekit._fast.P``
-exporting the same functions.  ``twin_codec("P")`` gives a fixture parametrized over both.
+exporting the same functions.  ``load_codec`` (in ``twins.py``) picks one; a ``<P>_codec``
+fixture is parametrized over both.
 The ``fast`` variant fails (it does not skip) when the extension is missing, so a broken build
 cannot pass as green; only an explicit ``WIREKIT_PURE=1`` skips it.
 """
@@ -12,8 +13,7 @@ import os
 
 import pytest
 from hypothesis import HealthCheck, settings
-
-from wirekit._impl import pure_requested, twin
+from twins import IMPLEMENTATIONS, load_codec
 
 # Bounded property testing: CI has 2 cores and a time budget; no wall-clock deadlines.
 settings.register_profile(
@@ -24,15 +24,6 @@ settings.register_profile(
     derandomize=bool(os.environ.get("CI")),
 )
 settings.load_profile("ci")
-
-IMPLEMENTATIONS = ("fast", "pure")
-
-
-def load_codec(protocol: str, impl: str):
-    """The ``impl`` ("fast" or "pure") codec module of ``protocol``, for fixtures."""
-    if impl == "fast" and pure_requested():
-        pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
-    return twin(protocol, impl)
 
 
 @pytest.fixture(scope="session", params=IMPLEMENTATIONS)
@@ -53,3 +44,8 @@ def zmtp_codec(impl):
 @pytest.fixture(scope="session")
 def clipper_codec(impl):
     return load_codec("clipper", impl)
+
+
+@pytest.fixture(scope="session")
+def y2_codec(impl):
+    return load_codec("y2", impl)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import strategies as st
 
-from wirekit import mip
+from wirekit import clipper, mip, y2
 
 item_types = st.one_of(st.sampled_from([1, 2, 3]), st.integers(0, 2**32 - 1))
 
@@ -73,9 +74,6 @@ def zmtp_encode(codec, stream) -> bytes:
 
 # --- Clipper ---------------------------------------------------------------------------------
 
-import numpy as np  # noqa: E402
-
-from wirekit import clipper  # noqa: E402
 
 clipper_generations = st.sampled_from(list(clipper.Generation))
 _u32s = st.integers(0, 2**32 - 1)
@@ -146,3 +144,28 @@ def clipper_direction(msg) -> clipper.Direction:
     if isinstance(msg, clipper.PredictRequest | clipper.HeartbeatReply):
         return clipper.Direction.TO_CONTAINER
     return clipper.Direction.TO_CLIPPER
+
+
+# --- y2 -------------------------------------------------------------------------------------
+
+
+i32 = st.integers(-(2**31), 2**31 - 1)
+#: Delta words, edge values (layer 511, index 2**21-1, both signs) well represented.
+y2_words = st.one_of(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([0, 1, 2**32 - 1, 0xFF800000, 0x00400000, 0x003FFFFE, 0xFFFFFFFE]),
+)
+
+
+@st.composite
+def y2_node_index(draw):
+    count = draw(st.integers(1, 2**31 - 1))
+    return y2.NodeIndex(draw(st.integers(0, count - 1)), count)
+
+
+y2_messages = st.one_of(
+    y2_node_index(),
+    st.builds(lambda ws: y2.Delta(np.array(ws, dtype=np.uint32)), st.lists(y2_words, max_size=40)),
+    st.builds(y2.Runtime, i32, i32, i32, i32, st.one_of(st.none(), i32)),
+    st.just(y2.Finished()),
+)

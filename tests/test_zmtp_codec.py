@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import zmtp_encode, zmtp_streams
+from twins import load_codec
 
 from wirekit import zmtp
 from wirekit.errors import DecodeError, EncodeError
@@ -25,8 +26,6 @@ HEAD = GREETING + READY  # a valid stream start: 64 + 43 bytes
 
 
 def _fast():
-    from wirekit._impl import twin as load_codec
-
     return load_codec("zmtp", "fast")
 
 
@@ -132,8 +131,6 @@ def test_random_greetings_same_outcome(data):
 
 @given(zmtp_streams(), st.data())
 def test_stream_reader_same_events_for_every_chunking(impl, stream, data):
-    from wirekit._impl import twin as load_codec
-
     codec = load_codec("zmtp", impl)
     wire = zmtp_encode(codec, stream)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=12)))
@@ -153,8 +150,6 @@ def test_stream_reader_same_events_for_every_chunking(impl, stream, data):
 @given(zmtp_streams(), st.data())
 def test_stream_reader_reports_the_one_shot_error(impl, stream, data):
     """Chunked or not, a broken capture gives the same events and then the same error."""
-    from wirekit._impl import twin as load_codec
-
     codec = load_codec("zmtp", impl)
     wire = bytearray(zmtp_encode(codec, stream))
     i = data.draw(st.integers(0, len(wire) - 1))

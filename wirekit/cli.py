@@ -23,6 +23,7 @@ from wirekit.errors import DecodeError
 DUMPERS = {
     "clipper": "wirekit.clipper.dump",
     "mip": "wirekit.mip.dump",
+    "y2": "wirekit.y2.dump",
 }
 
 #: modules with ``register(subparsers)`` adding ``wirekit <name> ...`` commands

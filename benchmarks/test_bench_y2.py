@@ -1,0 +1,117 @@
+"""y2: pack, unpack, to_wire on 1 M words; compress and apply on a 10 M-parameter model;
+Delta message decode.  "baseline" is wirekit's NumPy vectorized reference (``_pure``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wirekit._fast import y2 as fast
+from wirekit.y2 import _pure, spec
+from wirekit.y2.messages import Delta
+
+N_WORDS = 1_000_000
+#: 10 layers of 1000 × 1000 weights and 1000 biases, float32: 10.01 M parameters.
+LAYERS, ROWS, COLS = 10, 1000, 1000
+TAU = 2.5  # with N(0, 1) residuals about 1.2 % of the elements emit a word
+
+_rng = np.random.default_rng(2024)
+FIELDS = (
+    _rng.integers(0, 512, N_WORDS).astype(np.uint16),
+    _rng.integers(0, 2, N_WORDS).astype(np.bool_),
+    _rng.integers(0, 2**21, N_WORDS).astype(np.uint32),
+    _rng.integers(0, 2, N_WORDS).astype(np.uint8),
+)
+WORDS = _pure.pack(*FIELDS)
+WIRE = _pure.to_wire(WORDS)
+RESIDUALS = [
+    (
+        _rng.normal(0, 1, (ROWS, COLS)).astype(np.float32),
+        _rng.normal(0, 1, COLS).astype(np.float32),
+    )
+    for _ in range(LAYERS)
+]
+COMPRESSED = _pure.compress([tuple(a.copy() for a in p) for p in RESIDUALS], TAU)
+#: ~1 M words addressing the model, in compress order (as a node receives them).
+APPLY_WORDS = np.concatenate(
+    [COMPRESSED, _pure.compress([tuple(a.copy() for a in p) for p in RESIDUALS], 1.0)]
+)[:N_WORDS]
+MODEL = [(np.zeros((ROWS, COLS), np.float32), np.zeros(COLS, np.float32)) for _ in range(LAYERS)]
+SMALL_DELTA = _pure.encode(Delta(WORDS[:4096]))
+
+
+def _fresh_residuals():
+    return ([tuple(a.copy() for a in pair) for pair in RESIDUALS], TAU), {}
+
+
+@pytest.mark.benchmark(group="y2 pack 1M words")
+@pytest.mark.parametrize("who", ["fast", "baseline"])
+def test_pack(benchmark, who):
+    fn = {"fast": fast.pack, "baseline": _pure.pack}[who]
+    assert np.array_equal(benchmark(fn, *FIELDS), WORDS)
+
+
+@pytest.mark.benchmark(group="y2 unpack 1M words")
+@pytest.mark.parametrize("who", ["fast", "baseline"])
+def test_unpack(benchmark, who):
+    fn = {"fast": fast.unpack, "baseline": _pure.unpack}[who]
+    out = benchmark(fn, WORDS)
+    assert all(np.array_equal(a, b) for a, b in zip(out, FIELDS, strict=True))
+
+
+@pytest.mark.benchmark(group="y2 to_wire 1M words")
+@pytest.mark.parametrize("who", ["fast", "baseline"])
+def test_to_wire(benchmark, who):
+    fn = {"fast": fast.to_wire, "baseline": _pure.to_wire}[who]
+    assert benchmark(fn, WORDS) == WIRE
+
+
+@pytest.mark.benchmark(group="y2 from_wire 1M words")
+@pytest.mark.parametrize("who", ["fast", "baseline"])
+def test_from_wire(benchmark, who):
+    fn = {"fast": fast.from_wire, "baseline": _pure.from_wire}[who]
+    assert np.array_equal(benchmark(fn, WIRE), WORDS)
+
+
+@pytest.mark.benchmark(group="y2 compress 10M params f32")
+@pytest.mark.parametrize("who", ["fast", "fast-2threads", "baseline"])
+def test_compress(benchmark, who):
+    fn = {
+        "fast": fast.compress,
+        "fast-2threads": lambda residuals, tau: fast.compress(residuals, tau, threads=2),
+        "baseline": _pure.compress,
+    }[who]
+    # Every round starts from the same residuals (the copy is not timed).
+    words = benchmark.pedantic(fn, setup=_fresh_residuals, rounds=5, warmup_rounds=1)
+    assert np.array_equal(words, COMPRESSED)
+
+
+@pytest.mark.benchmark(group="y2 apply 1M words to 10M params")
+@pytest.mark.parametrize("who", ["fast", "baseline"])
+def test_apply(benchmark, who):
+    fn = {"fast": fast.apply, "baseline": _pure.apply}[who]
+    model = [tuple(a.copy() for a in pair) for pair in MODEL]
+    benchmark(fn, model, APPLY_WORDS, 0.01)
+    once = [tuple(a.copy() for a in pair) for pair in MODEL]
+    fn(once, APPLY_WORDS, 0.01)
+    expected = [tuple(a.copy() for a in pair) for pair in MODEL]
+    _pure.apply(expected, APPLY_WORDS, 0.01)
+    assert all(
+        np.array_equal(a, b)
+        for p, q in zip(once, expected, strict=True)
+        for a, b in zip(p, q, strict=True)
+    )
+
+
+@pytest.mark.benchmark(group="y2 delta message decode 4k words")
+@pytest.mark.parametrize("who", ["fast", "construct", "baseline"])
+def test_delta_decode(benchmark, who):
+    run = {
+        "fast": lambda: fast.decode(SMALL_DELTA).words,
+        "construct": lambda: spec.MESSAGE.parse(SMALL_DELTA).payload.words,
+        "baseline": lambda: _pure.decode(SMALL_DELTA).words,
+    }[who]
+    words = benchmark(run)
+    if who == "construct":
+        words = [(w.layer << 23) | (w.is_weight << 22) | (w.index << 1) | w.sign for w in words]
+    assert np.array_equal(np.asarray(words, dtype=np.uint32), WORDS[:4096])

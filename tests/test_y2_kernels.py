@@ -1,0 +1,435 @@
+"""y2 kernels: the Cython twin equals the NumPy reference (and the construct word spec) on
+generated words and models, edge values included; bad input raises and changes nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from strategies import y2_words
+from twins import load_codec
+
+from wirekit.errors import DecodeError, EncodeError
+from wirekit.y2 import _pure, spec
+
+INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+FLOAT_DTYPES = [np.float32, np.float64]
+
+
+def _fast():
+    return load_codec("y2", "fast")
+
+
+def _strided(arr: np.ndarray, data) -> np.ndarray:
+    """``arr`` as it is, or as a non-contiguous view holding the same values."""
+    if not data.draw(st.booleans(), label="non-contiguous"):
+        return arr
+    holder = np.zeros((len(arr), 2), dtype=arr.dtype)
+    holder[:, 0] = arr
+    return holder[:, 0]
+
+
+# --- pack / unpack / wire -------------------------------------------------------------------
+
+
+@st.composite
+def fields(draw):
+    n = draw(st.integers(0, 60))
+    edge = st.sampled_from
+    layer = draw(st.lists(st.one_of(st.integers(0, 511), edge([0, 511])), min_size=n, max_size=n))
+    weight = draw(st.lists(st.integers(0, 1), min_size=n, max_size=n))
+    index = draw(
+        st.lists(st.one_of(st.integers(0, 2**21 - 1), edge([0, 2**21 - 1])), min_size=n, max_size=n)
+    )
+    sign = draw(st.lists(st.integers(0, 1), min_size=n, max_size=n))
+    return layer, weight, index, sign
+
+
+@given(fields(), st.data())
+def test_pack_equals_reference_and_construct(y2_codec, f, data):
+    layer, weight, index, sign = f
+    arrays = []
+    for values, top in zip(f, (511, 1, 2**21 - 1, 1), strict=True):
+        dtypes = [d for d in INT_DTYPES if np.iinfo(d).max >= top]
+        if top == 1:
+            dtypes.append(np.bool_)
+        dtype = data.draw(st.sampled_from(dtypes))
+        arrays.append(_strided(np.array(values, dtype=dtype), data))
+    words = y2_codec.pack(*arrays)
+    assert words.dtype == np.uint32 and words.shape == (len(layer),)
+    assert np.array_equal(words, _pure.pack(layer, weight, index, sign))
+    built = b"".join(
+        spec.WORD.build(dict(layer=a, is_weight=bool(b), index=c, sign=d))
+        for a, b, c, d in zip(layer, weight, index, sign, strict=True)
+    )
+    assert y2_codec.to_wire(words) == built
+
+
+@given(st.lists(y2_words, max_size=80), st.data())
+def test_unpack_equals_reference_and_inverts_pack(y2_codec, values, data):
+    words = _strided(np.array(values, dtype=np.uint32), data)
+    got = y2_codec.unpack(words)
+    ref = _pure.unpack(words)
+    for a, b in zip(got, ref, strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert np.array_equal(y2_codec.pack(*got), words)
+    for k, w in enumerate(values):
+        c = spec.WORD.parse(int(w).to_bytes(4, "big"))
+        assert (c.layer, c.is_weight, c.index, c.sign) == tuple(int(x[k]) for x in got)
+
+
+@given(st.lists(y2_words, max_size=80), st.data())
+def test_wire_round_trip_equals_reference(y2_codec, values, data):
+    words = _strided(np.array(values, dtype=np.uint32), data)
+    wire = y2_codec.to_wire(words)
+    assert wire == _pure.to_wire(words) == np.array(values, dtype=">u4").tobytes()
+    back = y2_codec.from_wire(wire)
+    assert back.dtype == np.uint32 and back.dtype.isnative and np.array_equal(back, words)
+    # big-endian views are accepted as they are by every kernel
+    view = y2_codec.from_wire(wire, copy=False)
+    assert np.array_equal(view, words)
+    assert y2_codec.to_wire(view) == wire
+    for a, b in zip(y2_codec.unpack(view), _pure.unpack(words), strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_from_wire_without_copy_views_the_buffer(y2_codec):
+    buf = bytearray(np.array([7, 8], dtype=">u4").tobytes())
+    view = y2_codec.from_wire(buf, copy=False)
+    buf[7] = 9
+    assert view.tolist() == [7, 9]
+
+
+@pytest.mark.parametrize("n", [1, 5, 7])
+def test_from_wire_rejects_partial_words(y2_codec, n):
+    with pytest.raises(DecodeError) as info:
+        y2_codec.from_wire(bytes(n))
+    assert (info.value.field, info.value.offset) == ("words", n - n % 4)
+
+
+@pytest.mark.parametrize(
+    ("args", "field", "text"),
+    [
+        (([512], [0], [0], [0]), "layer[0]", "512 is out of range 0..511"),
+        (([0, -1], [0, 0], [0, 0], [0, 0]), "layer[1]", "-1 is out of range 0..511"),
+        (([0, 0, 1], [0, 0, 2], [0, 0, 0], [0, 0, 0]), "is_weight[2]", "2 is out of range 0..1"),
+        (([0, 0], [0, 0], [0, 2**21], [0, 0]), "index[1]", "2097152 is out of range 0..2097151"),
+        (([0], [0], [0], [255]), "sign[0]", "255 is out of range 0..1"),
+        # the first bad position wins, whatever field it is in
+        (([0, 600], [0, 0], [0, 0], [5, 0]), "sign[0]", "5 is out of range 0..1"),
+        (([1, 2], [0], [0, 0], [0, 0]), "is_weight", "length 1, but layer has length 2"),
+        (([0.5], [0], [0], [0]), "layer", "expected integers, got dtype float64"),
+        (([[0]], [[0]], [[0]], [[0]]), "layer", "expected a 1-D array, got 2 dimensions"),
+    ],
+)
+def test_pack_errors_same_from_both_twins(args, field, text):
+    for codec in (_fast(), _pure):
+        with pytest.raises(EncodeError) as info:
+            codec.pack(*args)
+        assert (info.value.field, info.value.reason) == (field, text)
+
+
+@given(st.integers(0, 200), st.sampled_from(range(4)), st.data())
+def test_pack_reports_first_bad_position_in_any_dtype(n, which, data):
+    arrays = [np.zeros(n + 1, dtype=data.draw(st.sampled_from(INT_DTYPES))) for _ in range(4)]
+    top = (511, 1, 2**21 - 1, 1)[which]
+    arr = arrays[which]
+    big = np.iinfo(arr.dtype).max
+    bad = data.draw(
+        st.sampled_from(
+            [v for v in (top + 1, big, -1) if v <= big and (v >= 0 or arr.dtype.kind == "i")]
+            or [big]
+        )
+    )
+    if bad <= top:  # the dtype cannot hold an out-of-range value: nothing to test
+        return
+    arr[n] = bad
+    results = set()
+    for codec in (_fast(), _pure):
+        with pytest.raises(EncodeError) as info:
+            codec.pack(*arrays)
+        results.add(str(info.value))
+    assert results == {
+        f"y2: cannot encode {('layer', 'is_weight', 'index', 'sign')[which]}[{n}]: "
+        f"{bad} is out of range 0..{top}"
+    }
+
+
+def test_pack_large_matches_reference():
+    rng = np.random.default_rng(5)
+    n = 100_003  # several blocks and a tail
+    f = [rng.integers(0, top + 1, n) for top in (511, 1, 2**21 - 1, 1)]
+    assert np.array_equal(_fast().pack(*f), _pure.pack(*f))
+    f[2][77_777] = 2**21
+    with pytest.raises(EncodeError, match=r"index\[77777\]"):
+        _fast().pack(*f)
+
+
+# --- models ---------------------------------------------------------------------------------
+
+
+@st.composite
+def models(draw, max_layers=4):
+    """A list of (weights, biases) float arrays; some N-d, some non-contiguous, some empty."""
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    elements = st.one_of(
+        st.floats(-3, 3, width=32),
+        st.sampled_from([0.0, -0.0, 0.5, -0.5, 1.0, -1.0, 2.5, float("nan"), float("inf")]),
+    )
+    layers = []
+    for _ in range(draw(st.integers(0, max_layers))):
+        pair = []
+        for shape in (
+            draw(hnp.array_shapes(min_dims=1, max_dims=2, min_side=0, max_side=9)),
+            (draw(st.integers(0, 9)),),
+        ):
+            arr = draw(hnp.arrays(dtype, shape, elements=elements))
+            layout = draw(st.sampled_from(["c", "fortran", "strided"]))
+            if layout == "fortran":
+                arr = np.asfortranarray(arr)
+            elif layout == "strided":
+                holder = np.zeros((*arr.shape[:-1], arr.shape[-1] * 2), dtype=dtype)
+                holder[..., ::2] = arr
+                arr = holder[..., ::2]
+            pair.append(arr)
+        layers.append(tuple(pair))
+    return layers
+
+
+def _copy(model):
+    """A deep copy keeping each array's memory layout."""
+    out = []
+    for pair in model:
+        copies = []
+        for a in pair:
+            if a.ndim and not a.flags.c_contiguous and not a.flags.f_contiguous:
+                holder = np.zeros((*a.shape[:-1], a.shape[-1] * 2), dtype=a.dtype)
+                holder[..., ::2] = a
+                copies.append(holder[..., ::2])
+            else:
+                copies.append(a.copy(order="A"))
+        out.append(tuple(copies))
+    return out
+
+
+def _same(m1, m2):
+    return all(
+        a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True)
+        for p1, p2 in zip(m1, m2, strict=True)
+        for a, b in zip(p1, p2, strict=True)
+    )
+
+
+# --- compress -------------------------------------------------------------------------------
+
+
+@given(models(), st.sampled_from([0.25, 0.5, 1.0, 2.5]))
+def test_compress_equals_reference(y2_codec, model, tau):
+    mine, ref = _copy(model), _copy(model)
+    words = y2_codec.compress(mine, tau)
+    assert words.dtype == np.uint32
+    assert np.array_equal(words, _pure.compress(ref, tau))
+    assert _same(mine, ref)
+
+
+@given(models(max_layers=3), st.sampled_from([0.25, 1.0]))
+def test_compress_semantics(model, tau):
+    before = _copy(model)
+    words = _pure.compress(model, tau)
+    # order: layer, then weights before biases, then index: the words sort as (layer, w, i)
+    layer, weight, index, _sign = _pure.unpack(words)
+    keys = list(zip(layer.tolist(), (1 - weight.astype(int)).tolist(), index.tolist(), strict=True))
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    hit = set(keys)
+    for k, pair in enumerate(before):
+        for kind, (old, new) in enumerate(zip(pair, model[k], strict=True)):
+            t = old.dtype.type(tau)
+            for i, (o, n) in enumerate(zip(old.reshape(-1), new.reshape(-1), strict=True)):
+                if (k, kind, i) in hit:
+                    assert abs(o) >= t and n == (o - t if o > 0 else o + t)
+                else:
+                    assert not abs(o) >= t and np.array_equal(o, n, equal_nan=True)
+
+
+def test_compress_threads_give_the_same_output():
+    rng = np.random.default_rng(11)
+    model = [
+        (rng.normal(0, 1, (700, 1000)).astype(np.float32), rng.normal(0, 1, 1000)) for _ in range(3)
+    ]
+    one, two, ref = _copy(model), _copy(model), _copy(model)
+    fast = _fast()
+    w1 = fast.compress(one, 2.0)
+    w2 = fast.compress(two, 2.0, threads=2)
+    assert np.array_equal(w1, w2) and _same(one, two)
+    assert np.array_equal(w1, _pure.compress(ref, 2.0)) and _same(one, ref)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.longdouble, ">f8", ">f4"])
+def test_compress_and_apply_other_float_dtypes(y2_codec, dtype):
+    rng = np.random.default_rng(3)
+    model = [(rng.normal(0, 1, (30, 40)).astype(dtype), rng.normal(0, 1, 40).astype(dtype))]
+    mine, ref = _copy(model), _copy(model)
+    words = y2_codec.compress(mine, 1.0)
+    assert np.array_equal(words, _pure.compress(ref, 1.0)) and _same(mine, ref)
+    y2_codec.apply(mine, words, 0.1)
+    _pure.apply(ref, words, 0.1)
+    assert _same(mine, ref)
+
+
+def test_compress_edge_addresses():
+    # layer 511 exists and its last weight (index 2**21 - 1) is addressable
+    model = [(np.zeros(0, np.float32), np.zeros(0, np.float32))] * 511
+    last = np.zeros(2**21, np.float32)
+    last[-1] = -5.0
+    model = [*model, (last, np.array([0.0, 3.0]))]
+    for codec in (_fast(), _pure):
+        words = codec.compress(_copy(model), 1.0)
+        assert [hex(w) for w in words.tolist()] == ["0xffffffff", "0xff800002"]
+
+
+@pytest.mark.parametrize(
+    ("model", "tau", "field"),
+    [
+        ([(np.zeros(1), np.zeros(1))] * 513, 1.0, "residuals"),
+        ([(np.zeros(2**21 + 1, np.float32), np.zeros(1))], 1.0, "residuals[0].weights"),
+        ([(np.zeros(1), np.zeros(1))], 0.0, "tau"),
+        ([(np.zeros(1), np.zeros(1))], float("nan"), "tau"),
+        ([(np.zeros(1), np.zeros(1))], "x", "tau"),
+        ([(np.zeros(1, np.float16), np.zeros(1))], 1e-9, "tau"),  # rounds to 0 in float16
+    ],
+)
+def test_compress_rejects_before_touching_anything(model, tau, field):
+    for codec in (_fast(), _pure):
+        mine = _copy(model[:3])
+        with pytest.raises(EncodeError) as info:
+            codec.compress(model[:-3] + mine if len(model) > 3 else mine, tau)
+        assert info.value.field == field
+        assert _same(mine, model[:3])
+
+
+@pytest.mark.parametrize(
+    ("model", "error"),
+    [
+        (5, TypeError),
+        ([(np.zeros(1),)], TypeError),
+        ([(np.zeros(1, np.int32), np.zeros(1))], TypeError),
+        ([(np.zeros(1), [0.0])], TypeError),
+        ([(np.zeros(1), np.zeros(1))[::-1]], None),
+    ],
+)
+def test_model_argument_checks_same_from_both_twins(model, error):
+    if error is None:
+        readonly = np.zeros(1)
+        readonly.flags.writeable = False
+        model, error = [(np.zeros(1), readonly)], ValueError
+    texts = set()
+    for codec in (_fast(), _pure):
+        for call in (
+            lambda c=codec: c.compress(model, 1.0),
+            lambda c=codec: c.apply(model, [0], 1.0),
+        ):
+            with pytest.raises(error) as info:
+                call()
+            texts.add(str(info.value).replace("params", "residuals"))
+    assert len(texts) == 1
+
+
+# --- apply ----------------------------------------------------------------------------------
+
+
+@st.composite
+def model_and_words(draw):
+    model = draw(models())
+    valid = []
+    for k, (weights, biases) in enumerate(model):
+        for is_weight, arr in ((1, weights), (0, biases)):
+            if arr.size:
+                valid.append((k, is_weight, arr.size))
+    words = []
+    if valid:
+        for _ in range(draw(st.integers(0, 40))):
+            k, is_weight, size = draw(st.sampled_from(valid))
+            i = draw(st.one_of(st.integers(0, size - 1), st.just(size - 1)))
+            words.append((k << 23) | (is_weight << 22) | (i << 1) | draw(st.integers(0, 1)))
+    return model, np.array(words, dtype=np.uint32)
+
+
+@given(model_and_words(), st.data())
+def test_apply_equals_reference(y2_codec, mw, data):
+    model, words = mw
+    mine, ref = _copy(model), _copy(model)
+    order = data.draw(st.sampled_from(["native", "big-endian", "strided", "list"]))
+    if order == "big-endian":
+        given_words = words.astype(">u4")
+    elif order == "strided":
+        given_words = _strided(words, data)
+    elif order == "list":
+        given_words = words.tolist()
+    else:
+        given_words = words
+    assert y2_codec.apply(mine, given_words, 0.25) is None
+    _pure.apply(ref, words, 0.25)
+    assert _same(mine, ref)
+
+
+@given(models(), st.sampled_from([0.5, 1.0]))
+def test_apply_of_compress_rebuilds_the_update(model, tau):
+    residual = _copy(model)
+    before = _copy(model)
+    fast = _fast()
+    words = fast.compress(residual, tau)
+    target = [tuple(np.zeros_like(a) for a in pair) for pair in model]
+    fast.apply(target, words, tau)
+    # target + residual == the original residual, element by element where a word was sent
+    for p_before, p_res, p_tgt in zip(before, residual, target, strict=True):
+        for b, r, t in zip(p_before, p_res, p_tgt, strict=True):
+            sent = t != 0
+            assert np.array_equal((r + t)[sent], b[sent])
+
+
+@given(model_and_words(), st.data())
+def test_bad_word_changes_nothing_and_raises_the_same_error(mw, data):
+    model, words = mw
+    n_layers = len(model)
+    bad_kind = data.draw(st.sampled_from(["layer", "index"]))
+    if bad_kind == "layer" or not n_layers:
+        bad = (data.draw(st.integers(n_layers, 511)) << 23) | 1
+    else:
+        k = data.draw(st.integers(0, n_layers - 1))
+        is_weight = data.draw(st.integers(0, 1))
+        size = model[k][1 - is_weight].size
+        i = data.draw(st.integers(size, 2**21 - 1))
+        bad = (k << 23) | (is_weight << 22) | (i << 1)
+    at = data.draw(st.integers(0, len(words)))
+    words = np.insert(words, at, np.uint32(bad))
+    errors = set()
+    for codec in (_fast(), _pure):
+        mine = _copy(model)
+        with pytest.raises(DecodeError) as info:
+            codec.apply(mine, words, 0.5)
+        assert _same(mine, model)  # nothing was touched
+        assert (info.value.field, info.value.offset) == (f"words[{at}]", 4 * at)
+        errors.add(str(info.value))
+    assert len(errors) == 1
+
+
+def test_apply_error_texts():
+    model = [(np.zeros((2, 3)), np.zeros(3))]
+    with pytest.raises(DecodeError, match=r"layer 2 does not exist \(the model has 1 layers\)"):
+        _fast().apply(model, [2 << 23], 1.0)
+    with pytest.raises(DecodeError, match=r"weight index 6 is out of range for layer 0 \(6 "):
+        _fast().apply(model, [(1 << 22) | (6 << 1)], 1.0)
+    with pytest.raises(EncodeError, match=r"words\[0\]"):
+        _fast().apply(model, [-1], 1.0)
+
+
+def test_apply_duplicate_words_add_in_order_in_the_array_dtype():
+    model = [(np.array([1e8], np.float32), np.zeros(0))]
+    words = np.full(3, 1 << 22, dtype=np.uint32)
+    ref = _copy(model)
+    _fast().apply(model, words, 3.0)
+    _pure.apply(ref, words, 3.0)
+    assert _same(model, ref)
+    assert model[0][0][0] == np.float32(1e8)  # each +3 rounds away in float32

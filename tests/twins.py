@@ -1,0 +1,19 @@
+"""``load_codec``: the one helper tests use to pick a protocol's fast or pure codec module.
+
+It lives outside ``conftest.py`` so that test modules can import it by a unique name.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from wirekit._impl import pure_requested, twin
+
+IMPLEMENTATIONS = ("fast", "pure")
+
+
+def load_codec(protocol: str, impl: str):
+    """The ``impl`` ("fast" or "pure") codec module; fast is skipped only under WIREKIT_PURE=1."""
+    if impl == "fast" and pure_requested():
+        pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
+    return twin(protocol, impl)

@@ -1,0 +1,207 @@
+"""Argument checks and error texts shared by both y2 twins.
+
+The Cython kernels and the NumPy reference both call these, so a bad argument gives the same
+exception with the same text from either.  Value checks that scan whole arrays are done by
+each twin itself (fast in C, vectorized in NumPy); only the message for the position they
+find is built here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from wirekit.errors import DecodeError, EncodeError
+
+from .messages import MAX_ARRAY_SIZE, MAX_INDEX, MAX_LAYER, MAX_LAYERS, PROTOCOL, U32_MAX
+
+#: The four word fields in the order pack() checks them, with their largest value.
+PACK_FIELDS = (("layer", MAX_LAYER), ("is_weight", 1), ("index", MAX_INDEX), ("sign", 1))
+
+
+def int_array(value: Any, field: str, *, keep_order: bool = False) -> np.ndarray:
+    """``value`` as a 1-D integer array (bools become uint8, no copy where possible).
+
+    Byte-swapped arrays become native unless ``keep_order``.
+    """
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise EncodeError(PROTOCOL, field, f"not an array of integers ({exc})") from None
+    if arr.ndim != 1:
+        raise EncodeError(PROTOCOL, field, f"expected a 1-D array, got {arr.ndim} dimensions")
+    if arr.dtype == np.bool_:
+        return arr.view(np.uint8)
+    if arr.dtype.kind not in "iu":
+        if arr.size == 0 and arr.dtype.kind == "f":  # np.asarray([]) is float64
+            return arr.astype(np.uint8)
+        raise EncodeError(PROTOCOL, field, f"expected integers, got dtype {arr.dtype}")
+    if not (keep_order or arr.dtype.isnative):
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return arr
+
+
+def pack_arrays(layer: Any, is_weight: Any, index: Any, sign: Any) -> list[np.ndarray]:
+    """The four pack() inputs as 1-D integer arrays of one length."""
+    arrays = [
+        int_array(value, name)
+        for value, (name, _top) in zip((layer, is_weight, index, sign), PACK_FIELDS, strict=True)
+    ]
+    n = len(arrays[0])
+    for arr, (name, _top) in zip(arrays, PACK_FIELDS, strict=True):
+        if len(arr) != n:
+            raise EncodeError(PROTOCOL, name, f"length {len(arr)}, but layer has length {n}")
+    return arrays
+
+
+def check_pack_values(arrays: list[np.ndarray]) -> None:
+    """Raise the EncodeError of the first position holding an out-of-range value, if any."""
+    n = len(arrays[0])
+    if not n:
+        return
+    bad = np.zeros(n, dtype=bool)
+    for arr, (_name, top) in zip(arrays, PACK_FIELDS, strict=True):
+        bad |= (arr < 0) | (arr > top)
+    if bad.any():
+        raise pack_error(arrays, int(np.argmax(bad)))
+
+
+def pack_error(arrays: list[np.ndarray], i: int) -> EncodeError:
+    """The error for position ``i``, the first one holding an out-of-range value."""
+    for arr, (name, top) in zip(arrays, PACK_FIELDS, strict=True):
+        value = int(arr[i])
+        if not 0 <= value <= top:
+            return EncodeError(PROTOCOL, f"{name}[{i}]", f"{value} is out of range 0..{top}")
+    raise AssertionError(f"position {i} holds no out-of-range value")  # pragma: no cover
+
+
+def word_array(words: Any, field: str = "words") -> np.ndarray:
+    """``words`` as a 1-D uint32 array; native or big-endian order, no copy when already so.
+
+    Other integer dtypes are accepted when every value fits 0..2**32-1 (then copied).
+    """
+    arr = int_array(words, field, keep_order=True)
+    if arr.dtype.itemsize == 4 and arr.dtype.kind == "u":
+        return arr
+    if arr.size and (arr.dtype.kind == "i" or arr.dtype.itemsize > 4):
+        bad = (arr < 0) | (arr > U32_MAX)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise EncodeError(
+                PROTOCOL, f"{field}[{i}]", f"{int(arr[i])} is out of range 0..{U32_MAX}"
+            )
+    return arr.astype(np.uint32)
+
+
+def native_words(words: Any, field: str = "words") -> np.ndarray:
+    """``words`` as a native-order uint32 array (a copy only if it was big-endian)."""
+    arr = word_array(words, field)
+    if not arr.dtype.isnative:
+        return arr.astype(np.uint32)
+    return arr
+
+
+def wire_size_error(nbytes: int) -> DecodeError:
+    """Raised by ``from_wire`` when the bytes are not whole words."""
+    return DecodeError(
+        PROTOCOL,
+        "words",
+        nbytes - nbytes % 4,
+        f"{nbytes} bytes is not a whole number of 4-byte words",
+    )
+
+
+def model(params: Any, what: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``params`` as a list of (weights, biases) pairs of writeable float arrays."""
+    try:
+        layers = list(params)
+    except TypeError:
+        raise TypeError(
+            f"{PROTOCOL}: {what} must be a sequence of (weights, biases) pairs, "
+            f"got {type(params).__name__}"
+        ) from None
+    out = []
+    for k, pair in enumerate(layers):
+        try:
+            weights, biases = pair
+        except (TypeError, ValueError):
+            raise TypeError(f"{PROTOCOL}: {what}[{k}] must be a (weights, biases) pair") from None
+        for name, arr in (("weights", weights), ("biases", biases)):
+            if not isinstance(arr, np.ndarray) or arr.dtype.kind != "f":
+                got = arr.dtype if isinstance(arr, np.ndarray) else type(arr).__name__
+                raise TypeError(
+                    f"{PROTOCOL}: {what}[{k}].{name} must be a floating-point numpy array, "
+                    f"got {got}"
+                )
+            if not arr.flags.writeable:
+                raise ValueError(f"{PROTOCOL}: {what}[{k}].{name} is read-only")
+        out.append((weights, biases))
+    return out
+
+
+def tau_value(tau: Any) -> float:
+    """``tau`` as a Python float; it must be finite and > 0."""
+    try:
+        value = float(tau)
+    except (TypeError, ValueError):
+        raise EncodeError(PROTOCOL, "tau", f"expected a number, got {type(tau).__name__}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise EncodeError(PROTOCOL, "tau", f"must be finite and > 0, got {value!r}")
+    return value
+
+
+def check_compressible(layers: list[tuple[np.ndarray, np.ndarray]], tau: float) -> None:
+    """Every element of every residual array must be addressable by a word; tau representable."""
+    if len(layers) > MAX_LAYERS:
+        raise EncodeError(
+            PROTOCOL,
+            "residuals",
+            f"{len(layers)} layers, but a word addresses at most {MAX_LAYERS}",
+        )
+    for k, pair in enumerate(layers):
+        for name, arr in zip(("weights", "biases"), pair, strict=True):
+            if arr.size > MAX_ARRAY_SIZE:
+                raise EncodeError(
+                    PROTOCOL,
+                    f"residuals[{k}].{name}",
+                    f"{arr.size} elements, but a word addresses at most {MAX_ARRAY_SIZE}",
+                )
+            t = arr.dtype.type(tau)
+            if not (np.isfinite(t) and t > 0):
+                raise EncodeError(
+                    PROTOCOL,
+                    "tau",
+                    f"{tau!r} is not a finite positive {arr.dtype} (residuals[{k}].{name})",
+                )
+
+
+def threads_value(threads: Any) -> int:
+    """``threads`` as an int >= 1."""
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ValueError(f"{PROTOCOL}: threads must be an int >= 1, got {threads!r}")
+    return threads
+
+
+def bad_word(i: int, word: int, layers: list[tuple[np.ndarray, np.ndarray]]) -> DecodeError:
+    """The error for delta word ``i`` (``word``), which does not address a parameter."""
+    layer = word >> 23
+    is_weight = (word >> 22) & 1
+    index = (word >> 1) & MAX_INDEX
+    if layer >= len(layers):
+        text = f"layer {layer} does not exist (the model has {len(layers)} layers)"
+    else:
+        kind = "weight" if is_weight else "bias"
+        size = layers[layer][0 if is_weight else 1].size
+        text = f"{kind} index {index} is out of range for layer {layer} ({size} {kind}s)"
+    return DecodeError(PROTOCOL, f"words[{i}]", 4 * i, f"0x{word:08x}: {text}")
+
+
+def size_table(layers: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Element count per (layer, kind): entry ``2 * layer + is_weight``; 0 past the model."""
+    table = np.zeros(2 * MAX_LAYERS, dtype=np.int64)
+    for k, (weights, biases) in enumerate(layers[:MAX_LAYERS]):
+        table[2 * k] = biases.size
+        table[2 * k + 1] = weights.size
+    return table

@@ -1,0 +1,318 @@
+"""The pure y2 codec: the construct spec for messages, plain vectorized NumPy for kernels.
+
+This is the reference the Cython twin (``wirekit/_fast/y2.pyx``) is tested against, and the
+path wirekit uses when the extension is not built.  Same functions, same results, same
+errors (field, offset and text) as the twin; keep the checks in one order in both.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+from construct import Container
+
+from wirekit.errors import DecodeError, EncodeError
+
+from . import _checks, spec
+from .messages import (
+    HANDSHAKE_SIZE,
+    I32_MAX,
+    I32_MIN,
+    MAX_DELTA_WORDS,
+    MAX_INDEX,
+    NODE_INDEX_SIZE,
+    PROTOCOL,
+    RUNTIME_SIZES,
+    Delta,
+    Finished,
+    Message,
+    MessageType,
+    NodeIndex,
+    Runtime,
+)
+
+Buffer = Any
+_NATIVE_BIG = sys.byteorder == "big"
+
+
+# --- messages -------------------------------------------------------------------------------
+
+
+def _fail(field: str, offset: int, text: str) -> DecodeError:
+    return DecodeError(PROTOCOL, field, offset, text)
+
+
+def _bytes_view(buf: Buffer) -> memoryview:
+    view = memoryview(buf)
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    return view
+
+
+def check_handshake(buf: Buffer, pos: int = 0) -> tuple[int, int]:
+    """Validate the handshake at ``pos``; return ``(type, size)``.
+
+    Only the 8 handshake bytes are read, so a stream reader can reject a bad message (or one
+    over its size limit) before any payload arrives.
+    """
+    view = _bytes_view(buf)
+    have = len(view) - pos
+    if have < HANDSHAKE_SIZE:
+        raise _fail("handshake", len(view), f"truncated: need {HANDSHAKE_SIZE} bytes, have {have}")
+    h = spec.HANDSHAKE.parse(bytes(view[pos : pos + HANDSHAKE_SIZE]))
+    if not 0 <= h.type <= MessageType.FINISHED:
+        raise _fail("type", pos, f"unknown message type {h.type} (0..3)")
+    if h.size < 0:
+        raise _fail("size", pos + 4, f"negative payload size {h.size}")
+    kind = MessageType(h.type)
+    if kind == MessageType.NODE_INDEX and h.size != NODE_INDEX_SIZE:
+        raise _fail(
+            "size", pos + 4, f"a node_index payload is {NODE_INDEX_SIZE} bytes, got {h.size}"
+        )
+    if kind == MessageType.RUNTIME and h.size not in RUNTIME_SIZES:
+        raise _fail("size", pos + 4, f"a runtime payload is 16 or 20 bytes, got {h.size}")
+    if kind == MessageType.FINISHED and h.size != 0:
+        raise _fail("size", pos + 4, f"a finished message has no payload, got {h.size} bytes")
+    if kind == MessageType.DELTA and h.size % 4:
+        raise _fail("size", pos + 4, f"a delta payload is whole 4-byte words, got {h.size} bytes")
+    return h.type, h.size
+
+
+def decode_prefix(buf: Buffer, pos: int = 0) -> tuple[Message, int]:
+    """Decode the message that starts at ``pos``; return it and the offset just past it."""
+    view = _bytes_view(buf)
+    if pos < 0 or pos > len(view):
+        raise IndexError(f"position {pos} outside a buffer of {len(view)} bytes")
+    kind, size = check_handshake(view, pos)
+    start = pos + HANDSHAKE_SIZE
+    end = start + size
+    if end > len(view):
+        raise _fail(
+            "payload",
+            len(view),
+            f"truncated: handshake announces {size} bytes, {len(view) - start} present",
+        )
+    payload = view[start:end]
+    if kind == MessageType.NODE_INDEX:
+        p = spec.NODE_INDEX.parse(bytes(payload))
+        if p.node_count < 1:
+            raise _fail("node_count", start + 4, f"must be >= 1, got {p.node_count}")
+        if not 0 <= p.node_id < p.node_count:
+            raise _fail("node_id", start, f"must be in 0..{p.node_count - 1}, got {p.node_id}")
+        return NodeIndex(p.node_id, p.node_count), end
+    if kind == MessageType.DELTA:
+        return Delta(from_wire(payload)), end
+    if kind == MessageType.RUNTIME:
+        r = spec.RUNTIME.parse(bytes(payload))
+        msg = Runtime(
+            r.sample_count, r.decompression_ms, r.training_ms, r.compression_ms, r.loss_milli
+        )
+        return msg, end
+    return Finished(), end
+
+
+def decode(buf: Buffer) -> Message:
+    """Decode exactly one complete message; trailing bytes are an error."""
+    msg, end = decode_prefix(buf, 0)
+    size = _bytes_view(buf).nbytes
+    if end != size:
+        raise _fail("message", end, f"{size - end} bytes after the end of the message")
+    return msg
+
+
+def _i32(value: Any, field: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise EncodeError(PROTOCOL, field, f"expected an int, got {type(value).__name__}")
+    if not I32_MIN <= value <= I32_MAX:
+        raise EncodeError(PROTOCOL, field, f"{value} is out of range {I32_MIN}..{I32_MAX}")
+    return value
+
+
+def to_container(msg: Message) -> dict:
+    """Validate ``msg`` and map it onto ``spec.MESSAGE``'s fields (encode and the tests)."""
+    if isinstance(msg, NodeIndex):
+        node_id = _i32(msg.node_id, "node_id")
+        count = _i32(msg.node_count, "node_count")
+        if count < 1:
+            raise EncodeError(PROTOCOL, "node_count", f"must be >= 1, got {count}")
+        if not 0 <= node_id < count:
+            raise EncodeError(PROTOCOL, "node_id", f"must be in 0..{count - 1}, got {node_id}")
+        return dict(type=0, payload=dict(node_id=node_id, node_count=count))
+    if isinstance(msg, Delta):
+        words = _delta_words(msg.words)
+        fields = [
+            dict(layer=w >> 23, is_weight=bool(w >> 22 & 1), index=w >> 1 & MAX_INDEX, sign=w & 1)
+            for w in words.tolist()
+        ]
+        return dict(type=1, payload=dict(words=fields))
+    if isinstance(msg, Runtime):
+        payload = dict(
+            sample_count=_i32(msg.sample_count, "sample_count"),
+            decompression_ms=_i32(msg.decompression_ms, "decompression_ms"),
+            training_ms=_i32(msg.training_ms, "training_ms"),
+            compression_ms=_i32(msg.compression_ms, "compression_ms"),
+            loss_milli=None if msg.loss_milli is None else _i32(msg.loss_milli, "loss_milli"),
+        )
+        return dict(type=2, payload=payload)
+    if isinstance(msg, Finished):
+        return dict(type=3, payload={})
+    raise EncodeError(PROTOCOL, "message", f"not a y2 message: {type(msg).__name__}")
+
+
+def from_container(c: Container) -> Message:
+    """Map a container parsed by ``spec.MESSAGE`` back to a message (test oracle)."""
+    p = c.payload
+    if c.type == MessageType.NODE_INDEX:
+        return NodeIndex(p.node_id, p.node_count)
+    if c.type == MessageType.DELTA:
+        return Delta(
+            np.array(
+                [(w.layer << 23) | (w.is_weight << 22) | (w.index << 1) | w.sign for w in p.words],
+                dtype=np.uint32,
+            )
+        )
+    if c.type == MessageType.RUNTIME:
+        return Runtime(
+            p.sample_count, p.decompression_ms, p.training_ms, p.compression_ms, p.loss_milli
+        )
+    return Finished()
+
+
+def _delta_words(words: Any) -> np.ndarray:
+    arr = _checks.word_array(words)
+    if len(arr) > MAX_DELTA_WORDS:
+        raise EncodeError(PROTOCOL, "words", f"{len(arr)} words do not fit an i32 payload size")
+    return arr
+
+
+def encode(msg: Message) -> bytes:
+    """Encode one message (handshake and payload) to bytes."""
+    if isinstance(msg, Delta):  # a construct list of 4-byte BitStructs would be very slow
+        words = _delta_words(msg.words)
+        head = spec.HANDSHAKE.build(dict(type=1, size=4 * len(words)))
+        return head + words.astype(">u4").tobytes()
+    return spec.MESSAGE.build(to_container(msg))
+
+
+# --- kernels (the NumPy reference) ----------------------------------------------------------
+
+
+def pack(layer: Any, is_weight: Any, index: Any, sign: Any) -> np.ndarray:
+    """Four equal-length integer arrays -> native uint32 delta words.
+
+    An out-of-range value raises :class:`EncodeError` naming the first bad position (and,
+    there, the first bad field in the order layer, is_weight, index, sign).
+    """
+    arrays = _checks.pack_arrays(layer, is_weight, index, sign)
+    _checks.check_pack_values(arrays)
+    lay, wgt, idx, sgn = (a.astype(np.uint32) for a in arrays)
+    return (lay << 23) | (wgt << 22) | (idx << 1) | sgn
+
+
+def unpack(words: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Delta words -> ``(layer uint16, is_weight bool, index uint32, sign uint8)``."""
+    w = _checks.native_words(words)
+    layer = (w >> 23).astype(np.uint16)
+    is_weight = ((w >> 22) & 1).astype(np.bool_)
+    index = ((w >> 1) & MAX_INDEX).astype(np.uint32)
+    sign = (w & 1).astype(np.uint8)
+    return layer, is_weight, index, sign
+
+
+def to_wire(words: Any) -> bytes:
+    """Delta words -> their big-endian bytes (a Delta message's payload)."""
+    return _checks.word_array(words).astype(">u4", copy=False).tobytes()
+
+
+def from_wire(buf: Buffer, *, copy: bool = True) -> np.ndarray:
+    """Big-endian bytes -> delta words.
+
+    ``copy=True``: a new native-order uint32 array.  ``copy=False``: a zero-copy ``>u4``
+    view of ``buf`` (read-only if ``buf`` is); every kernel accepts it as is.
+    """
+    view = _bytes_view(buf)
+    if len(view) % 4:
+        raise _checks.wire_size_error(len(view))
+    arr = np.frombuffer(view, dtype=">u4")
+    return arr.astype(np.uint32) if copy else arr
+
+
+def _flat_target(arr: np.ndarray) -> tuple[np.ndarray, bool]:
+    """A 1-D array sharing ``arr``'s memory, or a copy (then True: write it back)."""
+    if arr.ndim == 1:
+        return arr, False
+    if arr.flags.c_contiguous:
+        return arr.reshape(-1), False
+    return np.ascontiguousarray(arr).reshape(-1), True
+
+
+def apply_array(arr: np.ndarray, index: np.ndarray, negative: np.ndarray, tau: float) -> None:
+    """``arr.flat[index[k]] += -tau if negative[k] else +tau`` for each k, in order.
+
+    Each addition is done in ``arr``'s dtype with tau rounded to that dtype first.
+    """
+    t = arr.dtype.type(tau)
+    flat, copied = _flat_target(arr)
+    np.add.at(flat, index, np.where(negative, -t, t).astype(arr.dtype))
+    if copied:
+        arr[...] = flat.reshape(arr.shape)
+
+
+def apply(params: Any, words: Any, tau: float) -> None:
+    """Add +tau or -tau to the parameter each word addresses, in place.
+
+    ``params`` is a sequence of (weights, biases) float arrays per layer, indexed flat in C
+    order.  Every word is checked against the actual shapes first: a word addressing a
+    missing layer or an index past its array raises :class:`DecodeError` (field
+    ``words[i]``, offset ``4 * i``) and no parameter changes.
+    """
+    layers = _checks.model(params, "params")
+    tau = _checks.tau_value(tau)
+    w = _checks.native_words(words)
+    if not len(w):
+        return
+    key = (w >> 22).astype(np.int64)  # 2 * layer + is_weight
+    index = ((w >> 1) & MAX_INDEX).astype(np.int64)
+    table = _checks.size_table(layers)
+    bad = index >= table[key]
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise _checks.bad_word(i, int(w[i]), layers)
+    negative = (w & 1).astype(bool)
+    for k in np.unique(key).tolist():
+        sel = key == k
+        arr = layers[k >> 1][0 if k & 1 else 1]
+        apply_array(arr, index[sel], negative[sel], tau)
+
+
+def compress_array(arr: np.ndarray, base: int, tau: float) -> np.ndarray:
+    """Threshold-quantize one residual array in place; its words (``base`` holds layer, w)."""
+    t = arr.dtype.type(tau)
+    flat, copied = _flat_target(arr)
+    hit = np.flatnonzero((flat >= t) | (flat <= -t))
+    negative = flat[hit] < 0
+    flat[hit] -= np.where(negative, -t, t).astype(arr.dtype)
+    if copied:
+        arr[...] = flat.reshape(arr.shape)
+    return np.uint32(base) | (hit.astype(np.uint32) << 1) | negative.astype(np.uint32)
+
+
+def compress(residuals: Any, tau: float, *, threads: int = 1) -> np.ndarray:
+    """1-bit threshold quantization of a model's residuals, in place.
+
+    For every element with ``|r| >= tau`` a word is emitted and ``r`` moves toward zero by
+    tau (``r - tau`` if positive, word sign 0; ``r + tau`` if negative, sign 1).  Words are
+    ordered by layer, weights before biases, index ascending.  ``threads`` is accepted for
+    signature parity with the Cython twin (whose output does not depend on it).
+    """
+    layers = _checks.model(residuals, "residuals")
+    tau = _checks.tau_value(tau)
+    _checks.threads_value(threads)
+    _checks.check_compressible(layers, tau)
+    parts = [np.zeros(0, dtype=np.uint32)]
+    for k, (weights, biases) in enumerate(layers):
+        parts.append(compress_array(weights, (k << 23) | (1 << 22), tau))
+        parts.append(compress_array(biases, k << 23, tau))
+    return np.concatenate(parts)

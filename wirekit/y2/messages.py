@@ -1,0 +1,202 @@
+"""y2 message types and word layout, shared by the Cython twin and the pure path.
+
+A y2 *delta word* is one unsigned 32-bit integer (most significant bit first)::
+
+    bit 31 ........ 23 | 22 | 21 ................ 1 | 0
+        layer (9 bits) | w  | index (21 bits)       | sign
+
+``w`` is 1 for a weight, 0 for a bias; ``sign`` 0 means +tau, 1 means -tau.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+PROTOCOL = "y2"
+
+#: Bytes of the worker-link handshake that precedes every payload: type (i32), size (i32).
+HANDSHAKE_SIZE = 8
+WORD_SIZE = 4
+
+LAYER_BITS, INDEX_BITS = 9, 21
+LAYER_SHIFT, WEIGHT_SHIFT, INDEX_SHIFT = 23, 22, 1
+MAX_LAYER = (1 << LAYER_BITS) - 1  # 511
+MAX_INDEX = (1 << INDEX_BITS) - 1  # 2_097_151
+MAX_LAYERS = MAX_LAYER + 1
+MAX_ARRAY_SIZE = MAX_INDEX + 1
+
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+U32_MAX = 2**32 - 1
+
+NODE_INDEX_SIZE = 8
+RUNTIME_SIZES = (16, 20)
+#: Largest Delta a handshake can announce (its size is an i32).
+MAX_DELTA_WORDS = I32_MAX // WORD_SIZE
+
+
+class MessageType(IntEnum):
+    """The ``type`` field of the handshake."""
+
+    NODE_INDEX = 0
+    DELTA = 1
+    RUNTIME = 2
+    FINISHED = 3
+
+
+@dataclass(frozen=True, slots=True)
+class NodeIndex:
+    """Tells a worker which node it is and how many nodes train together."""
+
+    node_id: int
+    node_count: int
+
+    def partition(self, n: int) -> range:
+        """The sample indices of a training set of ``n`` samples this node trains on."""
+        return range(*partition(self.node_id, self.node_count, n))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Delta:
+    """A batch of delta words (a NumPy ``uint32`` array, or anything array-like of ints).
+
+    Decoding gives a fresh native-order ``uint32`` array.  Two deltas are equal when their
+    words are equal, whatever the array type holding them.
+    """
+
+    words: Any
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Delta):
+            return NotImplemented
+        a, b = np.asarray(self.words), np.asarray(other.words)
+        return a.shape == b.shape and bool(np.array_equal(a, b))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def __repr__(self) -> str:
+        words = np.asarray(self.words)
+        shown = ", ".join(f"0x{int(w):08x}" for w in words[:4])
+        more = ", ..." if len(words) > 4 else ""
+        return f"Delta({len(words)} words: [{shown}{more}])"
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """A worker's timing report for one round.
+
+    The first upstream version sends four fields (16 bytes); later ones append the epoch
+    loss × 1000 (20 bytes).  ``loss_milli`` is None for the four-field form.
+    """
+
+    sample_count: int
+    decompression_ms: int
+    training_ms: int
+    compression_ms: int
+    loss_milli: int | None = None
+
+    @property
+    def loss(self) -> float | None:
+        """The epoch loss (``loss_milli / 1000``), or None."""
+        return None if self.loss_milli is None else self.loss_milli / 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The worker has finished training.  No payload."""
+
+
+Message = NodeIndex | Delta | Runtime | Finished
+
+_TYPE_NAMES = {
+    MessageType.NODE_INDEX: "node_index",
+    MessageType.DELTA: "delta",
+    MessageType.RUNTIME: "runtime",
+    MessageType.FINISHED: "finished",
+}
+
+
+def partition(node_id: int, node_count: int, n: int) -> tuple[int, int]:
+    """``(start, stop)``: node ``node_id`` of ``node_count`` trains on samples start..stop-1.
+
+    start = floor(node_id / node_count × n), stop = floor((node_id + 1) / node_count × n),
+    computed with integers only (``node_id * n // node_count``), so it is exact for any size
+    and the nodes' ranges tile ``0..n`` with no gap and no overlap.
+    """
+    for name, value in (("node_id", node_id), ("node_count", node_count), ("n", n)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if node_count < 1:
+        raise ValueError(f"node_count must be >= 1, got {node_count}")
+    if not 0 <= node_id < node_count:
+        raise ValueError(f"node_id must be in 0..{node_count - 1}, got {node_id}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    return node_id * n // node_count, (node_id + 1) * n // node_count
+
+
+def word_fields(word: int) -> dict[str, int | bool]:
+    """The four fields of one delta word as a dict (``layer``, ``weight``, ``index``, ``sign``)."""
+    word = int(word)
+    return {
+        "layer": word >> LAYER_SHIFT,
+        "weight": bool((word >> WEIGHT_SHIFT) & 1),
+        "index": (word >> INDEX_SHIFT) & MAX_INDEX,
+        "sign": word & 1,
+    }
+
+
+def type_name(msg: Message) -> str:
+    """``node_index``, ``delta``, ``runtime`` or ``finished``."""
+    return _TYPE_NAMES[message_type(msg)]
+
+
+def message_type(msg: Message) -> MessageType:
+    """The handshake type of ``msg``."""
+    if isinstance(msg, NodeIndex):
+        return MessageType.NODE_INDEX
+    if isinstance(msg, Delta):
+        return MessageType.DELTA
+    if isinstance(msg, Runtime):
+        return MessageType.RUNTIME
+    if isinstance(msg, Finished):
+        return MessageType.FINISHED
+    from wirekit.errors import EncodeError
+
+    raise EncodeError(PROTOCOL, "message", f"not a y2 message: {type(msg).__name__}")
+
+
+def to_jsonable(msg: Message, *, max_words: int | None = None) -> dict[str, Any]:
+    """A JSON-ready description of ``msg`` (``wirekit decode --json``, the golden vectors).
+
+    A Delta lists its words decoded; ``max_words`` limits how many (None: all).
+    """
+    kind = type_name(msg)
+    if isinstance(msg, NodeIndex):
+        return {"type": kind, "node_id": msg.node_id, "node_count": msg.node_count}
+    if isinstance(msg, Runtime):
+        out: dict[str, Any] = {
+            "type": kind,
+            "sample_count": msg.sample_count,
+            "decompression_ms": msg.decompression_ms,
+            "training_ms": msg.training_ms,
+            "compression_ms": msg.compression_ms,
+        }
+        if msg.loss_milli is not None:
+            out["loss_milli"] = msg.loss_milli
+        return out
+    if isinstance(msg, Finished):
+        return {"type": kind}
+    words = np.asarray(msg.words)
+    shown = words if max_words is None else words[:max_words]
+    return {
+        "type": kind,
+        "word_count": len(words),
+        "words": [{"word": f"0x{int(w):08x}", **word_fields(w)} for w in shown.tolist()],
+    }
