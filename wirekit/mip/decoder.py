@@ -75,8 +75,13 @@ class Decoder:
             self._pos = 0
         self._buf += view
 
-    def next_message(self) -> Message | None:
-        """The next complete message, or None if more bytes are needed."""
+    def next_frame(self) -> bytes | None:
+        """The raw bytes of the next complete message (header checked, not decoded), or None.
+
+        For runtimes that want the message bytes themselves (to forward or to decode their
+        own way); ``next_message`` is ``decode(next_frame())``.  Header errors, MEMORY and
+        the ``broken`` state are the same as for ``next_message``.
+        """
         if self._error is not None:
             raise self._error
         if self._skip:
@@ -111,6 +116,14 @@ class Decoder:
             return None
         raw = bytes(self._buf[start : start + size])
         self._drop(size)
+        return raw
+
+    def next_message(self) -> Message | None:
+        """The next complete message, or None if more bytes are needed."""
+        at = self.offset
+        raw = self.next_frame()
+        if raw is None:
+            return None
         try:
             return self._codec.decode(raw)
         except DecodeError as exc:

@@ -1,0 +1,187 @@
+"""Helpers for the MIP network tests: KubeMo's real server in a thread, raw sockets, a PNG.
+
+Every blocking call has a timeout; every server and socket is closed by its context manager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import kubemo
+from PIL import Image
+
+from wirekit import mip
+from wirekit.mip.runtime import parse_address
+
+TIMEOUT = 10.0
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def png_bytes(
+    width: int = 3, height: int = 2, color: tuple[int, int, int] = (200, 10, 30)
+) -> bytes:
+    """A small, valid PNG file."""
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+class KubemoServer:
+    """KubeMo's own ``Server`` (from PyPI) serving ``model`` in a daemon thread.
+
+    It runs KubeMo's real ``serve()`` loop; ``close()`` shuts the listening socket down, which
+    makes the blocked ``accept`` fail and the loop end.
+    """
+
+    def __init__(self, model: Callable, network: str = "tcp") -> None:
+        self._tmp = None
+        if network == "tcp":
+            self.server = kubemo.Server("tcp", ("127.0.0.1", 0))
+            host, port = self.server.socket.getsockname()
+            self.address = f"tcp://{host}:{port}"
+        else:
+            self._tmp = tempfile.mkdtemp(prefix="wk-kubemo-")
+            path = os.path.join(self._tmp, "kubemo.sock")
+            self.server = kubemo.Server("unix", path)
+            self.address = f"unix://{path}"
+        self.server.handle(kubemo.InferenceHandler(model))
+        self.thread = threading.Thread(target=self._run, name="kubemo-server", daemon=True)
+
+    def _run(self) -> None:
+        with contextlib.suppress(OSError):
+            self.server.serve()
+
+    def __enter__(self) -> KubemoServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(OSError):
+            self.server.socket.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self.server.close()
+        self.thread.join(TIMEOUT)
+        assert not self.thread.is_alive(), "KubeMo's server thread did not stop"
+        if self._tmp:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._tmp)
+
+
+def kubemo_echo(*samples):
+    """A KubeMo model answering each sample with its inputs (re-encoded by KubeMo)."""
+    outputs = []
+    for sample in samples:
+        row = []
+        for value in sample:
+            data = value.encode()
+            kind = value.serial.kind
+            if kind == kubemo.IMAGE:
+                row.append(kubemo.Image(io.BytesIO(data)))
+            elif kind == kubemo.JSON:
+                row.append(kubemo.Json(io.BytesIO(data)))
+            else:
+                row.append(kubemo.Text(io.BytesIO(data)))
+        outputs.append(tuple(row))
+    return tuple(outputs)
+
+
+@contextlib.contextmanager
+def raw_connection(address: str, timeout: float = TIMEOUT) -> Iterator[socket.socket]:
+    """A plain socket to a ``tcp://`` or ``unix://`` address, closed on exit."""
+    family, target = parse_address(address)
+    if family == "tcp":
+        sock = socket.create_connection(target, timeout=timeout)
+    else:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        sock.connect(target)
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def read_message(sock: socket.socket) -> mip.Message:
+    """Read exactly one MIP message from a socket (fails on EOF)."""
+    decoder = mip.Decoder()
+    while True:
+        msg = decoder.next_message()
+        if msg is not None:
+            assert decoder.buffered == 0, "unexpected bytes after the reply"
+            return msg
+        data = sock.recv(65536)
+        assert data, "connection closed before a whole reply arrived"
+        decoder.feed(data)
+
+
+def read_eof(sock: socket.socket) -> bytes:
+    """Read until the peer closes; return what came."""
+    chunks = []
+    while True:
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+class CliServer:
+    """``wirekit mip serve`` in a subprocess; ``address`` is read from its first output line."""
+
+    def __init__(self, *args: str, handler: str = "wirekit.mip.runtime:echo") -> None:
+        self.args = [sys.executable, "-m", "wirekit.cli", "mip", "serve", "--handler", handler]
+        self.args += list(args) or ["--listen", "tcp://127.0.0.1:0"]
+        self.proc: subprocess.Popen | None = None
+        self.address = ""
+
+    def __enter__(self) -> CliServer:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
+        self.proc = subprocess.Popen(
+            self.args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        line = _readline_with_timeout(self.proc, TIMEOUT * 3)
+        if not line.startswith("listening on "):
+            self.proc.kill()
+            _out, err = self.proc.communicate(timeout=TIMEOUT)
+            raise AssertionError(f"wirekit mip serve did not start: {line!r} {err}")
+        self.address = line.split()[-1]
+        return self
+
+    def stop(self) -> tuple[int, str]:
+        """SIGTERM, then wait; return the exit status and everything logged."""
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            _out, err = self.proc.communicate(timeout=TIMEOUT * 3)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _out, err = self.proc.communicate(timeout=TIMEOUT)
+        return self.proc.returncode, err
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.stop()
+
+
+def _readline_with_timeout(proc: subprocess.Popen, timeout: float) -> str:
+    result: list[str] = []
+    reader = threading.Thread(target=lambda: result.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return result[0].strip() if result else ""

@@ -1,0 +1,77 @@
+"""``wirekit mip serve|ping|infer``: in-process for the clients, a subprocess for serve."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from mip_net import CliServer, png_bytes
+
+from wirekit.cli import main
+from wirekit.mip import Item
+from wirekit.mip.client import Client
+from wirekit.mip.server import ServerThread
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = main(list(argv), out, err)
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_ping_and_infer_commands(tmp_path):
+    image = tmp_path / "dot.png"
+    image.write_bytes(png_bytes())
+    with ServerThread(lambda batch: batch) as running:
+        status, out, _ = run("mip", "ping", running.address, "--count", "2")
+        assert status == 0 and out.count(f"pong from {running.address}") == 2
+        status, out, err = run(
+            "mip", "infer", running.address,
+            "--text", "héllo", "--json", '{"k": [1, 2]}', "--image", str(image),
+            "--item", "9:0a0b",
+        )  # fmt: skip
+        assert status == 0, err
+        lines = out.splitlines()
+        assert lines[:2] == ["[0][0] TEXT héllo", '[0][1] JSON {"k": [1, 2]}']
+        assert lines[2].startswith(f"[0][2] IMAGE {image.stat().st_size} bytes 89504e47")
+        assert lines[3] == "[0][3] TYPE9 2 bytes 0a0b"
+        status, out, _ = run(
+            "mip", "infer", running.address, "--json", "[1]", "--batch", "2", "--print-json"
+        )
+        assert status == 0
+        assert json.loads(out) == [[{"type": 2, "type_name": "JSON", "json": [1]}]] * 2
+
+
+def test_client_command_failures():
+    assert run("mip", "infer", "tcp://127.0.0.1:1")[0] == 2  # no inputs
+    assert run("mip", "infer", "tcp://127.0.0.1:1", "--json", "{nope")[0] == 2
+    status, _, err = run("mip", "ping", "tcp://127.0.0.1:1", "--timeout", "2")
+    assert status == 1 and "cannot connect" in err
+    status, _, err = run("mip", "ping", "ftp://x")
+    assert status == 1 and "scheme" in err
+    with ServerThread(lambda batch: 1 / 0) as running:
+        status, _, err = run("mip", "infer", running.address, "--text", "x")
+    assert status == 1 and "INTERNAL" in err
+
+
+def test_serve_command_serves_tcp_and_unix_and_stops_on_sigterm(tmp_path):
+    sock = tmp_path / "mip.sock"
+    with CliServer(
+        "--listen", "tcp://127.0.0.1:0", "--listen", f"unix://{sock}",
+        handler="mip_handlers:reverse_sync",
+    ) as server:  # fmt: skip
+        with Client(server.address) as client:
+            assert client.infer([["abc"]]) == [(Item.text("cba"),)]
+        with Client(f"unix://{sock}") as client:
+            assert client.ping() > 0
+        status, log = server.stop()
+    assert status == 0
+    assert f"listening on unix://{sock}" in log and "stopped" in log
+    assert not sock.exists()
+
+
+def test_serve_command_reports_a_bad_handler():
+    status, _, err = run("mip", "serve", "--handler", "no_such_module_xyz:fn")
+    assert status == 2 and "no_such_module_xyz" in err
+    status, _, err = run("mip", "serve", "--handler", "nocolon")
+    assert status == 2 and "package.module:function" in err

@@ -1,0 +1,255 @@
+"""``wirekit mip serve|ping|infer``: run a MIP server, or call one.
+
+    wirekit mip serve --listen tcp://127.0.0.1:5000 --handler package.module:function
+    wirekit mip ping tcp://127.0.0.1:5000 --count 3
+    wirekit mip infer tcp://127.0.0.1:5000 --text "hello" --json '{"k": 1}' --image cat.png
+
+``serve`` prints each bound address on standard output (``listening on ADDRESS``) once it
+accepts connections, logs to standard error, and shuts down gracefully on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import json
+import logging
+import signal
+import sys
+from typing import Any, TextIO
+
+from wirekit.errors import WirekitError
+
+from .decoder import DEFAULT_MAX_MESSAGE_SIZE
+from .messages import Item, ItemType
+from .runtime import item_value
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def load_handler(spec: str) -> Any:
+    """Import ``package.module:function`` (or ``module:object.attribute``)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--handler must look like package.module:function, not {spec!r}")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"{spec} is not callable")
+    return obj
+
+
+# --------------------------------------------------------------------------- serve
+
+
+async def _serve(args: argparse.Namespace, out: TextIO) -> None:
+    from .server import Server
+
+    server = Server(
+        load_handler(args.handler_spec),
+        max_message_size=args.max_message_size,
+        timeout=args.timeout or None,
+        idle_timeout=args.idle_timeout or None,
+        max_in_flight=args.max_in_flight,
+    )
+    await server.start(*(args.listen or ["tcp://127.0.0.1:5000"]))
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        # Not available off the main thread or on some platforms: then Ctrl-C just stops.
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    for address in server.addresses:
+        out.write(f"listening on {address}\n")
+    out.flush()
+    waiter = asyncio.ensure_future(server.serve_forever())
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([waiter, stopper], return_when=asyncio.FIRST_COMPLETED)
+    stopper.cancel()
+    logging.getLogger("wirekit.mip.server").info("shutting down")
+    await server.shutdown(grace=args.grace)
+    await waiter
+
+
+def _serve_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        stream=err,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        asyncio.run(_serve(args, out))
+    except (ImportError, AttributeError, ValueError) as exc:
+        err.write(f"wirekit mip serve: {exc}\n")
+        return EXIT_USAGE
+    except OSError as exc:
+        err.write(f"wirekit mip serve: cannot listen: {exc}\n")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- ping / infer
+
+
+def _ping_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .client import Client
+
+    try:
+        with Client(args.address, timeout=args.timeout) as client:
+            for _ in range(args.count):
+                rtt = client.ping()
+                out.write(f"pong from {args.address}: {rtt * 1e3:.3f} ms\n")
+    except (WirekitError, ValueError) as exc:
+        err.write(f"wirekit mip ping: {exc}\n")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+class _InputAction(argparse.Action):
+    """Collect --text/--json/--image/--item in the order given."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
+        inputs = getattr(namespace, "inputs", None) or []
+        inputs.append((self.dest, values))
+        namespace.inputs = inputs
+
+
+def _make_input(kind: str, value: str) -> Item:
+    if kind == "text":
+        return Item.text(value)
+    if kind == "json":
+        try:
+            return Item.json(json.loads(value))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--json {value!r} is not JSON: {exc}") from None
+    if kind == "image":
+        with open(value, "rb") as fh:
+            return Item.image(fh.read())
+    type_text, sep, hex_data = value.partition(":")
+    try:
+        return Item(int(type_text), bytes.fromhex(hex_data) if sep else b"")
+    except ValueError:
+        raise ValueError(f"--item {value!r}: expected TYPE:HEX, like 7:0a0b") from None
+
+
+def _describe(item: Item) -> str:
+    if item.type in (ItemType.TEXT, ItemType.JSON):
+        try:
+            value = item_value(item)
+        except ValueError:
+            pass
+        else:
+            shown = value if item.type == ItemType.TEXT else json.dumps(value)
+            return f"{item.type_name} {shown}"
+    data = item.as_bytes()
+    preview = data[:16].hex() + ("..." if len(data) > 16 else "")
+    return f"{item.type_name} {len(data)} bytes {preview}"
+
+
+def _jsonable(item: Item) -> dict[str, Any]:
+    entry: dict[str, Any] = {"type": int(item.type), "type_name": item.type_name}
+    if item.type == ItemType.TEXT:
+        entry["text"] = item.as_text()
+    elif item.type == ItemType.JSON:
+        entry["json"] = item.as_json()
+    else:
+        entry["size"] = len(item.data)
+        entry["data_hex"] = item.as_bytes().hex()
+    return entry
+
+
+def _infer_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .client import Client
+
+    try:
+        sample = [_make_input(kind, value) for kind, value in (getattr(args, "inputs", None) or [])]
+    except (OSError, ValueError) as exc:
+        err.write(f"wirekit mip infer: {exc}\n")
+        return EXIT_USAGE
+    if not sample:
+        err.write("wirekit mip infer: give at least one input (--text, --json, --image, --item)\n")
+        return EXIT_USAGE
+    try:
+        with Client(args.address, timeout=args.timeout) as client:
+            outputs = client.infer([sample] * args.batch)
+    except (WirekitError, ValueError) as exc:
+        err.write(f"wirekit mip infer: {exc}\n")
+        return EXIT_FAILED
+    if args.print_json:
+        out.write(json.dumps([[_jsonable(i) for i in sample] for sample in outputs]) + "\n")
+        return EXIT_OK
+    for k, sample_out in enumerate(outputs):
+        for n, item in enumerate(sample_out):
+            out.write(f"[{k}][{n}] {_describe(item)}\n")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def register(subparsers: Any) -> None:
+    """Add ``wirekit mip ...`` to the main parser."""
+    mip_parser = subparsers.add_parser(
+        "mip", help="run or call a MIP (KubeMo) model server", description=__doc__.split("\n")[0]
+    )
+    sub = mip_parser.add_subparsers(dest="mip_command", required=True, metavar="ACTION")
+
+    serve = sub.add_parser("serve", help="serve a handler over MIP")
+    serve.add_argument(
+        "--listen",
+        action="append",
+        metavar="ADDRESS",
+        help="tcp://host:port or unix:///path (repeatable; default tcp://127.0.0.1:5000)",
+    )
+    serve.add_argument(
+        "--handler",
+        dest="handler_spec",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="the model: fn(batch) -> outputs, sync (run in threads) or async; "
+        "wirekit.mip.runtime:echo echoes its inputs",
+    )
+    serve.add_argument("--max-message-size", type=int, default=DEFAULT_MAX_MESSAGE_SIZE)
+    serve.add_argument(
+        "--timeout", type=float, default=30.0, help="drop a client stalled mid-request (s)"
+    )
+    serve.add_argument("--idle-timeout", type=float, default=0, help="drop idle clients (s)")
+    serve.add_argument("--max-in-flight", type=int, default=64, help="per connection")
+    serve.add_argument("--grace", type=float, default=10.0, help="shutdown grace period (s)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=_serve_command)
+
+    ping = sub.add_parser("ping", help="ping a MIP server")
+    ping.add_argument("address")
+    ping.add_argument("-c", "--count", type=int, default=1)
+    ping.add_argument("--timeout", type=float, default=5.0)
+    ping.set_defaults(func=_ping_command)
+
+    infer = sub.add_parser("infer", help="send one sample and print the outputs")
+    infer.add_argument("address")
+    for name, text in (
+        ("text", "a TEXT input"),
+        ("json", "a JSON input (JSON text)"),
+        ("image", "an IMAGE input read from a file"),
+        ("item", "an input of any type, TYPE:HEX"),
+    ):
+        infer.add_argument(f"--{name}", dest=name, action=_InputAction, help=text)
+    infer.add_argument("--batch", type=int, default=1, help="send the sample N times")
+    infer.add_argument("--timeout", type=float, default=10.0)
+    infer.add_argument("--print-json", action="store_true", help="print the outputs as JSON")
+    infer.set_defaults(func=_infer_command)
+
+    mip_parser.set_defaults(handler=_dispatch)
+
+
+def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    return int(args.func(args, out, err))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from wirekit.cli import main as wirekit_main
+
+    return wirekit_main(["mip", *(argv if argv is not None else sys.argv[1:])])

@@ -1,0 +1,453 @@
+"""MIP clients: a blocking :class:`Client` and an ``asyncio`` :class:`AsyncClient`.
+
+>>> with Client("tcp://127.0.0.1:5000") as client:            # doctest: +SKIP
+...     client.ping()                                          # round trip, in seconds
+...     client.infer([["a text", {"a": "json"}, png_bytes]])   # one sample, three inputs
+[(Item(type=TEXT, ...), Item(type=JSON, ...), Item(type=IMAGE, ...))]
+
+Both keep one connection open and reuse it; when the server closed it after a reply (KubeMo's
+server does, after every reply) they reconnect and send again.  The async client pipelines:
+any number of concurrent calls share the connection and are answered in order.  Inputs are
+read, never consumed or modified.  Error replies raise :class:`ServerError` (with ``code``);
+timeouts raise :class:`ClientTimeout`; an unreachable server :class:`ConnectionLost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from wirekit import mip
+
+from .decoder import DEFAULT_MAX_MESSAGE_SIZE, Decoder
+from .messages import Inference, Item, Message, Ping
+from .runtime import (
+    ClientTimeout,
+    ConnectionLost,
+    ServerError,
+    UnexpectedReply,
+    build_request,
+    check_reply,
+    decode_reply,
+    parse_address,
+    samples_of,
+)
+
+_PING = mip.encode(Ping(False))
+_RECV_SIZE = 256 * 1024
+
+
+class _Unanswered(Exception):
+    """The connection closed before this request's reply (retryable or not)."""
+
+    def __init__(self, retryable: bool, cause: BaseException | None = None) -> None:
+        super().__init__(retryable, cause)
+        self.retryable = retryable
+        self.cause = cause
+
+
+def _connect_socket(address: str, timeout: float) -> socket.socket:
+    family, target = parse_address(address)
+    try:
+        if family == "tcp":
+            sock = socket.create_connection(target, timeout=timeout)  # type: ignore[arg-type]
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        else:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(timeout)
+                sock.connect(target)
+            except BaseException:
+                sock.close()
+                raise
+    except TimeoutError:
+        raise ClientTimeout(f"mip: connecting to {address} timed out after {timeout:g} s") from None
+    except OSError as exc:
+        raise ConnectionLost(f"mip: cannot connect to {address}: {exc.strerror or exc}") from exc
+    return sock
+
+
+class Client:
+    """A blocking MIP client for one server address (not thread-safe: one per thread).
+
+    ``timeout`` bounds each call (connect, send and the whole reply).  Replies larger than
+    ``max_message_size`` are refused.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 10.0,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> None:
+        parse_address(address)  # fail early on a bad address
+        self.address = address
+        self.timeout = timeout
+        self.max_message_size = max_message_size
+        self._sock: socket.socket | None = None
+        self._decoder: Decoder | None = None
+        self._used = False  # the current connection has answered a request already
+
+    # ------------------------------------------------------------------ public API
+
+    def ping(self) -> float:
+        """Send a ping; return the round-trip time in seconds."""
+        start = time.perf_counter()
+        check_reply(self._call(_PING), Ping, 0, self.address)
+        return time.perf_counter() - start
+
+    def infer(self, batch: Iterable[Any]) -> list[tuple[Item, ...]]:
+        """Run a batch: per sample, its inputs (str: TEXT, bytes: IMAGE, Item as is, else JSON).
+
+        Returns, per sample, its output items.
+        """
+        request = build_request(batch)
+        msg = check_reply(
+            self._call(mip.encode(request)), Inference, request.batch_size, self.address
+        )
+        return samples_of(msg)  # type: ignore[arg-type]
+
+    def infer_one(self, *inputs: Any) -> tuple[Item, ...]:
+        """Run one sample; return its outputs."""
+        return self.infer([inputs])[0]
+
+    def request(self, message: Message) -> Message:
+        """Send any message and return the server's reply as is (error replies included)."""
+        return self._call(mip.encode(message))
+
+    def close(self) -> None:
+        """Close the connection (the next call opens a new one)."""
+        sock, self._sock, self._decoder = self._sock, None, None
+        if sock is not None:
+            sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _call(self, wire: bytes) -> Message:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            reused = self._sock is not None and self._used
+            if self._sock is None:
+                self._sock = _connect_socket(self.address, self._left(deadline))
+                self._decoder = Decoder(self.max_message_size)
+                self._used = False
+            try:
+                frame = self._exchange(wire, deadline)
+            except _Unanswered as exc:
+                self.close()
+                if reused and exc.retryable:
+                    continue  # the server closed a kept-alive connection: send it again
+                raise ConnectionLost(
+                    f"mip: {self.address} closed the connection without replying"
+                ) from exc.cause
+            except TimeoutError:
+                self.close()
+                raise ClientTimeout(
+                    f"mip: no reply from {self.address} within {self.timeout:g} s"
+                ) from None
+            except BaseException:
+                self.close()
+                raise
+            self._used = True
+            try:
+                return decode_reply(mip, frame)
+            except BaseException:
+                self.close()  # out of step with the server: start afresh next time
+                raise
+
+    def _left(self, deadline: float) -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        return left
+
+    def _exchange(self, wire: bytes, deadline: float) -> bytes:
+        sock, decoder = self._sock, self._decoder
+        assert sock is not None and decoder is not None
+        try:
+            sock.settimeout(self._left(deadline))
+            sock.sendall(wire)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise _Unanswered(True, exc) from None
+        got = False
+        while True:
+            frame = decoder.next_frame()
+            if frame is not None:
+                return frame
+            if got:
+                sock.settimeout(self._left(deadline))
+            try:
+                data = sock.recv(_RECV_SIZE)
+            except ConnectionResetError as exc:
+                raise _Unanswered(not got, exc) from None
+            if not data:
+                raise _Unanswered(not got and not decoder.buffered)
+            got = True
+            decoder.feed(data)
+
+
+class _Pending:
+    __slots__ = ("future", "wire")
+
+    def __init__(self, wire: bytes, future: asyncio.Future[bytes]) -> None:
+        self.wire = wire
+        self.future = future
+
+
+class _ClientConnection(asyncio.Protocol):
+    """One pipelined connection: requests written in order, replies matched in order."""
+
+    def __init__(self, max_message_size: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.decoder = Decoder(max_message_size)
+        self.transport: asyncio.Transport | None = None
+        self.waiting: deque[_Pending] = deque()
+        self.answered = 0
+        self.closed = False
+        self.out: list[bytes] | None = None
+        self.error: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def send(self, pending: _Pending) -> None:
+        if self.out is not None:
+            self.out.append(pending.wire)
+        elif self.waiting:
+            # Calls made in the same loop iteration go out in one write.
+            self.out = [pending.wire]
+            self.loop.call_soon(self._flush)
+        else:
+            self.transport.write(pending.wire)  # type: ignore[union-attr]
+        self.waiting.append(pending)
+
+    def _flush(self) -> None:
+        out, self.out = self.out, None
+        if out and self.transport is not None and not self.closed:
+            self.transport.write(b"".join(out))
+
+    def data_received(self, data: bytes) -> None:
+        decoder = self.decoder
+        decoder.feed(data)
+        waiting = self.waiting
+        while True:
+            try:
+                frame = decoder.next_frame()
+            except Exception as exc:  # a reply we cannot frame: the stream is lost
+                self.error = exc
+                self.transport.abort()  # type: ignore[union-attr]
+                return
+            if frame is None:
+                return
+            if not waiting:
+                self.error = UnexpectedReply("mip: a reply arrived for no request")
+                self.transport.abort()  # type: ignore[union-attr]
+                return
+            self.answered += 1
+            fut = waiting.popleft().future
+            if not fut.done():  # a timed-out or cancelled call leaves its slot behind
+                fut.set_result(frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.transport = None
+        waiting, self.waiting = self.waiting, deque()
+        for n, pending in enumerate(waiting):
+            if pending.future.done():
+                continue
+            if self.error is not None and n == 0:
+                pending.future.set_exception(self.error)
+            else:
+                # Retry only when the server showed it closes kept-alive connections: it
+                # answered something on this connection first (KubeMo answers exactly one).
+                retryable = self.answered > 0 and (n > 0 or not self.decoder.buffered)
+                pending.future.set_exception(_Unanswered(retryable, exc))
+
+    def close(self) -> None:
+        """Close on the client's side: calls still waiting fail (no retry)."""
+        self.closed = True
+        waiting, self.waiting = self.waiting, deque()
+        for pending in waiting:
+            if not pending.future.done():
+                pending.future.set_exception(ConnectionLost("mip: the client was closed"))
+        if self.transport is not None:
+            self.transport.close()
+
+
+class AsyncClient:
+    """An ``asyncio`` MIP client; concurrent calls are pipelined on one connection.
+
+    ``timeout`` bounds each call; ``max_in_flight`` caps the requests awaiting replies (more
+    calls wait their turn).  Use ``async with AsyncClient(...) as client:`` or ``await
+    client.close()``.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout: float = 10.0,
+        max_in_flight: int = 128,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> None:
+        self._family, self._target = parse_address(address)
+        self.address = address
+        self.timeout = timeout
+        self.max_message_size = max_message_size
+        self.max_in_flight = max_in_flight
+        self._conn: _ClientConnection | None = None
+        self._connecting: asyncio.Future[_ClientConnection] | None = None
+        self._slots: asyncio.Semaphore | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    async def ping(self) -> float:
+        """Send a ping; return the round-trip time in seconds."""
+        start = time.perf_counter()
+        check_reply(await self._call(_PING), Ping, 0, self.address)
+        return time.perf_counter() - start
+
+    async def infer(self, batch: Iterable[Any]) -> list[tuple[Item, ...]]:
+        """Run a batch (see :meth:`Client.infer`); return, per sample, its output items."""
+        request = build_request(batch)
+        reply = await self._call(mip.encode(request))
+        msg = check_reply(reply, Inference, request.batch_size, self.address)
+        return samples_of(msg)  # type: ignore[arg-type]
+
+    async def infer_one(self, *inputs: Any) -> tuple[Item, ...]:
+        """Run one sample; return its outputs."""
+        return (await self.infer([inputs]))[0]
+
+    async def request(self, message: Message) -> Message:
+        """Send any message and return the server's reply as is (error replies included)."""
+        return await self._call(mip.encode(message))
+
+    async def connect(self) -> None:
+        """Open the connection now (calls open it on demand anyway)."""
+        await self._connection(asyncio.get_running_loop().time() + self.timeout)
+
+    async def close(self) -> None:
+        """Close the connection; calls still waiting fail with :class:`ConnectionLost`."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    async def _connection(self, deadline: float) -> _ClientConnection:
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            return conn
+        if self._connecting is None:
+            loop = asyncio.get_running_loop()
+            self._connecting = loop.create_future()
+            try:
+                conn = await asyncio.wait_for(self._open(), max(deadline - loop.time(), 0))
+            except BaseException as exc:
+                fut, self._connecting = self._connecting, None
+                err: BaseException = exc
+                if isinstance(exc, asyncio.TimeoutError):
+                    err = ClientTimeout(f"mip: connecting to {self.address} timed out")
+                elif isinstance(exc, OSError):
+                    err = ConnectionLost(
+                        f"mip: cannot connect to {self.address}: {exc.strerror or exc}"
+                    )
+                fut.set_exception(err)
+                fut.exception()  # retrieved: only the callers waiting on it re-raise
+                if err is exc:
+                    raise
+                raise err from exc
+            self._conn = conn
+            fut, self._connecting = self._connecting, None
+            fut.set_result(conn)
+            return conn
+        return await asyncio.shield(self._connecting)
+
+    async def _open(self) -> _ClientConnection:
+        loop = asyncio.get_running_loop()
+
+        def factory() -> _ClientConnection:
+            return _ClientConnection(self.max_message_size)
+
+        if self._family == "tcp":
+            host, port = self._target  # type: ignore[misc]
+            _t, conn = await loop.create_connection(factory, host, port)
+        else:
+            _t, conn = await loop.create_unix_connection(factory, str(self._target))
+        return conn
+
+    async def _call(self, wire: bytes) -> Message:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        slots = self._slots
+        if slots is None:
+            slots = self._slots = asyncio.Semaphore(self.max_in_flight)
+        if slots.locked():
+            try:
+                await asyncio.wait_for(slots.acquire(), max(deadline - loop.time(), 0))
+            except asyncio.TimeoutError:
+                raise ClientTimeout(
+                    f"mip: {self.max_in_flight} calls to {self.address} still in flight after "
+                    f"{self.timeout:g} s"
+                ) from None
+        else:
+            await slots.acquire()  # free: does not suspend
+        try:
+            return await self._send(wire, deadline)
+        finally:
+            slots.release()
+
+    async def _send(self, wire: bytes, deadline: float) -> Message:
+        loop = asyncio.get_running_loop()
+        while True:
+            conn = await self._connection(deadline)
+            fut: asyncio.Future[bytes] = loop.create_future()
+            conn.send(_Pending(wire, fut))
+            timer = loop.call_at(deadline, _expire, fut, self)
+            try:
+                frame = await fut
+            except _Unanswered as exc:
+                if self._conn is conn:
+                    self._conn = None
+                if exc.retryable and loop.time() < deadline:
+                    continue
+                raise ConnectionLost(
+                    f"mip: {self.address} closed the connection without replying"
+                ) from exc.cause
+            finally:
+                timer.cancel()
+            return decode_reply(mip, frame)
+
+
+def _expire(fut: asyncio.Future[bytes], client: AsyncClient) -> None:
+    if not fut.done():
+        fut.set_exception(
+            ClientTimeout(f"mip: no reply from {client.address} within {client.timeout:g} s")
+        )
+
+
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "ClientTimeout",
+    "ConnectionLost",
+    "ServerError",
+    "UnexpectedReply",
+]

@@ -1,0 +1,265 @@
+"""What the MIP server and clients share, without any I/O: addresses, value conversion,
+the runtime exceptions and the reply checks.
+
+Sockets and ``asyncio`` live in :mod:`wirekit.mip.server` and :mod:`wirekit.mip.client` only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from wirekit.errors import DecodeError, EncodeError, WirekitError
+
+from .messages import PROTOCOL, ErrorCode, ErrorReply, Inference, Item, ItemType, Message
+
+log = logging.getLogger("wirekit.mip")
+
+#: A batch as the server hands it to a handler and a client returns it: per sample, its items.
+Batch = tuple[tuple[Item, ...], ...]
+
+_BUFFERS = (bytes, bytearray, memoryview)
+
+
+# --------------------------------------------------------------------------- addresses
+
+
+def parse_address(address: str) -> tuple[str, tuple[str, int] | str]:
+    """``tcp://host:port`` -> ``("tcp", (host, port))``; ``unix:///path`` -> ``("unix", path)``.
+
+    IPv6 hosts go in brackets (``tcp://[::1]:5000``).  Port 0 asks the system for a free port.
+    """
+    if not isinstance(address, str):
+        raise TypeError(f"address must be a str like 'tcp://127.0.0.1:5000', not {address!r}")
+    parts = urlsplit(address)
+    if parts.scheme == "tcp":
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if not parts.hostname or port is None:
+            raise ValueError(f"bad MIP address {address!r}: expected tcp://host:port")
+        return "tcp", (parts.hostname, port)
+    if parts.scheme == "unix":
+        path = (parts.netloc or "") + parts.path  # unix:///abs/path or unix://rel/path
+        if not path:
+            raise ValueError(f"bad MIP address {address!r}: expected unix:///path/to/socket")
+        return "unix", path
+    raise ValueError(f"bad MIP address {address!r}: the scheme must be tcp:// or unix://")
+
+
+def format_address(family: str, sockname: Any) -> str:
+    """The ``tcp://``/``unix://`` form of a bound socket's name."""
+    if family == "unix":
+        return f"unix://{sockname}"
+    host, port = sockname[0], sockname[1]
+    if ":" in host:
+        host = f"[{host}]"
+    return f"tcp://{host}:{port}"
+
+
+# --------------------------------------------------------------------------- values
+
+
+def to_item(value: Any) -> Item:
+    """A typed item from a Python value.
+
+    An :class:`Item` is taken as is; ``str`` becomes TEXT; ``bytes``/``bytearray``/
+    ``memoryview`` become IMAGE (an encoded image file); anything else is serialised as JSON
+    (use ``Item.json("...")`` for a JSON string).  The value itself is never modified.
+    """
+    cls = type(value)
+    if cls is Item:
+        return value
+    if cls is str:
+        return Item(ItemType.TEXT, value.encode("utf-8"))
+    if isinstance(value, Item):
+        return Item(value.type, value.data)
+    if isinstance(value, _BUFFERS):
+        return Item(ItemType.IMAGE, value)
+    if isinstance(value, str):
+        return Item(ItemType.TEXT, str(value).encode("utf-8"))
+    try:
+        return Item.json(value)
+    except (TypeError, ValueError) as exc:
+        raise EncodeError(PROTOCOL, "item", f"cannot send {cls.__name__} as JSON: {exc}") from None
+
+
+def item_value(item: Item) -> Any:
+    """The Python value of an item: TEXT -> ``str``, JSON -> parsed, anything else -> ``bytes``."""
+    if item.type == ItemType.TEXT:
+        return item.as_text()
+    if item.type == ItemType.JSON:
+        return item.as_json()
+    return item.as_bytes()
+
+
+def _sample_items(sample: Any) -> tuple[Item, ...]:
+    """One sample's items: a sequence of values, or one bare value for a one-item sample."""
+    if isinstance(sample, (str, dict, Item, *_BUFFERS)):
+        return (to_item(sample),)
+    return tuple(map(to_item, sample))
+
+
+def build_request(batch: Iterable[Any]) -> Inference:
+    """An inference request from per-sample inputs (see :func:`to_item` for the values)."""
+    if isinstance(batch, (str, dict, Item, *_BUFFERS)):
+        raise TypeError("infer() takes a batch: a list of samples, each a list of inputs")
+    rows = [_sample_items(sample) for sample in batch]
+    if not rows:
+        return Inference(False, 0, 0, 0, ())
+    width = len(rows[0])
+    for k, row in enumerate(rows):
+        if len(row) != width:
+            raise EncodeError(
+                PROTOCOL, "n_input", f"sample {k} has {len(row)} inputs, sample 0 has {width}"
+            )
+    items = rows[0] if len(rows) == 1 else tuple(i for row in rows for i in row)
+    return Inference(False, width, 0, len(rows), items)
+
+
+class OutputShapeError(WirekitError):
+    """A handler's outputs do not match the batch it was given (answered with SHAPE)."""
+
+
+def build_reply(request: Inference, outputs: Any) -> Inference:
+    """The inference response for ``request`` from a handler's ``outputs``.
+
+    ``outputs`` holds one entry per sample of the request, in order; each entry is a
+    sequence of output values (or one bare value when the model has a single output), and
+    every sample must have the same number of outputs.
+    """
+    try:
+        rows = [_sample_items(sample) for sample in outputs]
+    except TypeError as exc:
+        raise OutputShapeError(f"outputs are not a sequence of samples: {exc}") from None
+    if len(rows) != request.batch_size:
+        raise OutputShapeError(f"{len(rows)} output samples for a batch of {request.batch_size}")
+    width = len(rows[0]) if rows else 0
+    for k, row in enumerate(rows):
+        if len(row) != width:
+            raise OutputShapeError(f"sample {k} has {len(row)} outputs, sample 0 has {width}")
+    if width > 255:
+        raise OutputShapeError(f"{width} outputs per sample (at most 255)")
+    items = rows[0] if len(rows) == 1 else tuple(i for row in rows for i in row)
+    return Inference(True, request.n_input, width, len(rows), items)
+
+
+def echo(batch: Batch) -> Batch:
+    """A handler answering every sample with its own inputs (for smoke tests and benchmarks)."""
+    return batch
+
+
+async def async_echo(batch: Batch) -> Batch:
+    """:func:`echo` as a coroutine function (served on the event loop, no thread hop)."""
+    return batch
+
+
+# --------------------------------------------------------------------------- client errors
+
+
+_MEANING = {
+    ErrorCode.PROTOCOL: "unsupported protocol version",
+    ErrorCode.SUBTYPE: "the message is not a request",
+    ErrorCode.METHOD: "method not implemented",
+    ErrorCode.MEMORY: "message too large for the server",
+    ErrorCode.SHAPE: "payload or outputs do not match the batch",
+    ErrorCode.INTERNAL: "the model failed",
+}
+
+
+class ServerError(WirekitError):
+    """The server answered with a MIP error reply; ``code`` is its :class:`ErrorCode`."""
+
+    def __init__(self, code: int, address: str = "") -> None:
+        self.code = ErrorCode(code)
+        self.address = address
+        where = f" {address}" if address else ""
+        meaning = _MEANING[self.code]
+        super().__init__(f"mip: server{where} answered {self.code.name} ({meaning})")
+
+    def __reduce__(self):
+        return (type(self), (int(self.code), self.address))
+
+
+class ClientTimeout(WirekitError, TimeoutError):
+    """No complete reply arrived in time (the connection is dropped)."""
+
+
+class ConnectionLost(WirekitError, ConnectionError):
+    """The server could not be reached, or closed the connection before replying."""
+
+
+class UnexpectedReply(WirekitError):
+    """A well-formed reply that does not answer the request (wrong kind or batch size)."""
+
+
+def decode_reply(codec: Any, frame: bytes) -> Message:
+    """Decode a reply frame, tolerating KubeMo's inference-response quirk.
+
+    KubeMo's server writes the request's input count as the response's ``n_output``.  When a
+    response does not decode with the ``n_output`` it announces, the one count with which its
+    items fill the payload exactly (there is at most one) is used instead.
+    """
+    try:
+        return codec.decode(frame)
+    except DecodeError as exc:
+        if exc.code != ErrorCode.SHAPE or len(frame) < 12 or frame[1] != 2 or frame[2] != 1:
+            raise
+        buf = bytearray(frame)
+        for width in range(256):
+            if width == frame[9]:
+                continue
+            buf[9] = width
+            try:
+                msg = codec.decode(buf)
+            except DecodeError:
+                continue
+            log.debug("inference reply announced n_output=%d, its items say %d", frame[9], width)
+            return msg
+        raise
+
+
+def check_reply(msg: Message, expected: type, batch_size: int, address: str) -> Message:
+    """Raise for an error reply or a reply that does not answer a request of that type."""
+    cls = type(msg)
+    if cls is ErrorReply:
+        raise ServerError(msg.code, address)
+    if cls is not expected or not msg.response:
+        raise UnexpectedReply(
+            f"mip: {address} answered a {expected.__name__.lower()} request with {msg!r}"
+        )
+    if cls is Inference and msg.batch_size != batch_size:
+        raise UnexpectedReply(
+            f"mip: {address} answered a batch of {batch_size} with {msg.batch_size} samples"
+        )
+    return msg
+
+
+def samples_of(msg: Inference) -> list[tuple[Item, ...]]:
+    """The reply's outputs per sample."""
+    w = msg.n_output
+    items = msg.items
+    if w == 1:
+        return [(it,) for it in items]
+    return [items[k * w : (k + 1) * w] for k in range(msg.batch_size)]
+
+
+__all__: Sequence[str] = (
+    "Batch",
+    "ClientTimeout",
+    "ConnectionLost",
+    "OutputShapeError",
+    "ServerError",
+    "UnexpectedReply",
+    "async_echo",
+    "build_reply",
+    "build_request",
+    "echo",
+    "format_address",
+    "item_value",
+    "parse_address",
+    "to_item",
+)

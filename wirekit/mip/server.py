@@ -1,0 +1,621 @@
+"""An ``asyncio`` MIP server: many connections, persistent or one-shot, answered in order.
+
+>>> async def handler(batch):            # per sample, its input items
+...     return [[item.as_text().upper()] for (item,) in batch]
+>>> server = Server(handler)
+>>> await server.start("tcp://127.0.0.1:5000")     # doctest: +SKIP
+>>> await server.serve_forever()                   # doctest: +SKIP
+
+The server only moves bytes: framing and decoding are the sans-IO :class:`~wirekit.mip.Decoder`
+and the codec's; the handler gets typed items and returns output values (see
+:func:`~wirekit.mip.runtime.build_reply`).  Sync handlers run in a thread pool, coroutine
+functions are awaited on the loop (and need no task when they finish without suspending).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import stat
+import threading
+from collections import deque
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from functools import partial
+from typing import Any
+
+from wirekit import mip
+from wirekit.errors import DecodeError, EncodeError
+
+from .decoder import DEFAULT_MAX_MESSAGE_SIZE, Decoder
+from .messages import ErrorCode, ErrorReply, Inference, Ping
+from .runtime import (
+    Batch,
+    OutputShapeError,
+    async_echo,
+    build_reply,
+    echo,
+    format_address,
+    parse_address,
+)
+
+log = logging.getLogger("wirekit.mip.server")
+
+#: ``handler(batch) -> outputs`` or ``async handler(batch) -> outputs``
+Handler = Callable[[Batch], Any] | Callable[[Batch], Awaitable[Any]]
+
+_READ_LIMIT_FACTOR = 2  # resume reading once the in-flight queue is below max_in_flight / 2
+#: After answering a request that broke the stream (PROTOCOL, MEMORY) the server half-closes
+#: and discards what the client still sends for this long, so the reply is not lost to a reset.
+LINGER = 2.0
+
+
+def _error_wire(code: ErrorCode) -> bytes:
+    return mip.encode(ErrorReply(int(code)))
+
+
+def _is_async(handler: Any) -> bool:
+    if inspect.iscoroutinefunction(handler):
+        return True
+    call = getattr(handler, "__call__", None)  # noqa: B004 - objects with async __call__
+    return inspect.iscoroutinefunction(call)
+
+
+class _Resume:
+    """Awaitable that carries on a coroutine already advanced by one ``send``.
+
+    The server starts a coroutine handler eagerly: most finish without suspending and need
+    no task.  One that does suspend is wrapped in this and handed to a task, which then
+    drives it exactly as if it had started it (values, results and cancellation pass through).
+    """
+
+    __slots__ = ("coro", "first")
+
+    def __init__(self, coro: Any, first: Any) -> None:
+        self.coro = coro
+        self.first = first
+
+    def __await__(self):
+        coro, value = self.coro, self.first
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:
+                try:
+                    value = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+async def _finish(resume: _Resume) -> Any:
+    return await resume
+
+
+class _Slot:
+    """A place in a connection's reply order; ``wire`` is set once the reply is ready."""
+
+    __slots__ = ("wire",)
+
+    def __init__(self, wire: bytes | None = None) -> None:
+        self.wire = wire
+
+
+class Server:
+    """A MIP server for one handler, listening on any number of TCP and Unix addresses.
+
+    ``max_message_size``: larger requests get MEMORY from their header, then the connection
+    is closed.  ``timeout``: seconds a half-received request may stall before the connection
+    is dropped.  ``idle_timeout``: seconds an idle connection is kept (None: forever).
+    ``max_in_flight``: requests per connection being handled at once; past it the server
+    stops reading that connection until replies go out.  ``executor``: where sync handlers
+    run (default: the loop's default thread pool).
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        timeout: float | None = 30.0,
+        idle_timeout: float | None = None,
+        max_in_flight: int = 64,
+        executor: Executor | None = None,
+        backlog: int = 1024,
+    ) -> None:
+        if not callable(handler):
+            raise TypeError(f"handler must be callable, not {handler!r}")
+        self.handler = handler
+        self.is_async = _is_async(handler)
+        self.max_message_size = max_message_size
+        self.timeout = timeout
+        self.idle_timeout = idle_timeout
+        self.max_in_flight = max(1, max_in_flight)
+        self.executor = executor
+        self.backlog = backlog
+        self._servers: list[asyncio.AbstractServer] = []
+        self._addresses: list[str] = []
+        self._unix_paths: list[str] = []
+        self._connections: set[_Connection] = set()
+        self._closing = False
+        self._stopped: asyncio.Event | None = None
+        self.requests_served = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, *listen: str) -> None:
+        """Bind and listen on each address (``tcp://host:port``, ``unix:///path``)."""
+        loop = asyncio.get_running_loop()
+        if self._stopped is None:
+            self._stopped = asyncio.Event()
+        if not listen:
+            raise ValueError("start() needs at least one address to listen on")
+        for address in listen:
+            family, target = parse_address(address)
+            if family == "tcp":
+                host, port = target  # type: ignore[misc]
+                srv = await loop.create_server(
+                    self._protocol, host, port, reuse_address=True, backlog=self.backlog
+                )
+                for sock in srv.sockets:
+                    self._addresses.append(format_address("tcp", sock.getsockname()))
+            else:
+                path = str(target)
+                _remove_stale_socket(path)
+                srv = await loop.create_unix_server(self._protocol, path, backlog=self.backlog)
+                self._unix_paths.append(path)
+                self._addresses.append(format_address("unix", path))
+            self._servers.append(srv)
+        for address in self._addresses:
+            log.info("listening on %s", address)
+
+    @property
+    def addresses(self) -> list[str]:
+        """Every bound address, with the port the system chose for port 0."""
+        return list(self._addresses)
+
+    @property
+    def address(self) -> str:
+        """The first bound address."""
+        if not self._addresses:
+            raise RuntimeError("the server is not listening yet: await start(...) first")
+        return self._addresses[0]
+
+    @property
+    def connection_count(self) -> int:
+        """Connections open right now."""
+        return len(self._connections)
+
+    async def serve_forever(self) -> None:
+        """Wait until :meth:`shutdown` has finished."""
+        if self._stopped is None:
+            raise RuntimeError("await start(...) before serve_forever()")
+        await self._stopped.wait()
+
+    async def shutdown(self, grace: float | None = 10.0) -> None:
+        """Stop accepting, finish the requests already received, then close every connection.
+
+        Connections still busy after ``grace`` seconds are aborted.
+        """
+        if self._closing:
+            if self._stopped is not None:
+                await self._stopped.wait()
+            return
+        self._closing = True
+        for srv in self._servers:
+            srv.close()
+        conns = list(self._connections)
+        for conn in conns:
+            conn.begin_shutdown()
+        waits = [conn.closed for conn in conns if not conn.closed.done()]
+        if waits:
+            _done, pending = await asyncio.wait(waits, timeout=grace)
+            if pending:
+                log.warning("aborting %d connection(s) still busy after %s s", len(pending), grace)
+                for conn in conns:
+                    conn.abort()
+                await asyncio.wait(pending, timeout=1.0)
+        for srv in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(srv.wait_closed(), 1.0)
+        for path in self._unix_paths:
+            _remove_stale_socket(path)
+        log.info("stopped")
+        if self._stopped is not None:
+            self._stopped.set()
+
+    async def __aenter__(self) -> Server:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    def _protocol(self) -> _Connection:
+        return _Connection(self)
+
+
+def _remove_stale_socket(path: str) -> None:
+    with contextlib.suppress(OSError):
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            os.remove(path)
+
+
+_PONG = mip.encode(Ping(True))
+_ERR = {code: _error_wire(code) for code in ErrorCode}
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: bytes in -> Decoder -> handler -> replies out, in order."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.decoder = Decoder(server.max_message_size)
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.queue: deque[_Slot] = deque()  # replies not yet written, in request order
+        self.out: list[bytes] | None = None  # replies collected while pumping
+        self.read_paused = False
+        self.write_paused = False
+        self.closing = False  # no more requests will be read
+        self.eof = False
+        self.lingering = False
+        self.last = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.closed: asyncio.Future[None] = self.loop.create_future()
+
+    # ------------------------------------------------------------------ transport events
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = format_address("tcp", peer) if isinstance(peer, tuple) else "unix peer"
+        if self.server._closing:
+            transport.close()
+            return
+        self.server._connections.add(self)
+        self.last = self.loop.time()
+        self._arm_timer()
+        log.debug("connection from %s", self.peer)
+
+    def data_received(self, data: bytes) -> None:
+        self.last = self.loop.time()
+        if self.closing:
+            return  # a broken stream's leftovers, or a shutdown in progress
+        self.decoder.feed(data)
+        self._pump()
+
+    def eof_received(self) -> bool:
+        # The peer sends no more: answer what was received, then close (one-shot clients).
+        self.eof = True
+        self.closing = True
+        if self.decoder.buffered and not self.decoder.broken:
+            log.debug(
+                "%s closed its side mid-request; dropping %d bytes",
+                self.peer,
+                self.decoder.buffered,
+            )
+        self._close_if_done()
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.transport = None
+        self.queue.clear()
+        if self.timer is not None:
+            self.timer.cancel()
+        self.server._connections.discard(self)
+        if not self.closed.done():
+            self.closed.set_result(None)
+        log.debug("connection from %s closed (%s)", self.peer, exc or "clean")
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._maybe_resume()
+
+    # ------------------------------------------------------------------ requests
+
+    def _pump(self) -> None:
+        """Dispatch every complete request in the decoder, as far as flow control allows."""
+        self.out = out = []
+        decoder = self.decoder
+        queue = self.queue
+        limit = self.server.max_in_flight
+        try:
+            while not decoder.broken:
+                if (len(queue) >= limit or self.write_paused) and not self.closing:
+                    self._pause_reading()
+                    break
+                try:
+                    frame = decoder.next_frame()
+                    if frame is None:
+                        break
+                    msg = mip.decode(frame)
+                except DecodeError as exc:
+                    self._bad_request(exc)
+                    if decoder.broken:
+                        self.closing = True
+                        break
+                    continue
+                self._dispatch(msg)
+        finally:
+            self.out = None
+            if out and self.transport is not None:
+                self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        self._close_if_done()
+
+    def _bad_request(self, exc: DecodeError) -> None:
+        code = ErrorCode(exc.code if exc.code is not None else ErrorCode.SHAPE)
+        log.warning("%s: bad request, answering %s: %s", self.peer, code.name, exc)
+        self._reply(_ERR[code])
+
+    def _dispatch(self, msg: Any) -> None:
+        cls = type(msg)
+        if cls is Inference and not msg.response:
+            self._infer(msg)
+        elif cls is Ping and not msg.response:
+            self._reply(_PONG)
+        elif cls is ErrorReply and msg.code == 0:
+            # Kind 0 with subtype 0: a "request" of the error kind, which no server implements.
+            self._reply(_ERR[ErrorCode.METHOD])
+        else:
+            log.warning(
+                "%s sent a %s that is not a request; answering SUBTYPE", self.peer, cls.__name__
+            )
+            self._reply(_ERR[ErrorCode.SUBTYPE])
+
+    def _infer(self, msg: Inference) -> None:
+        server = self.server
+        server.requests_served += 1
+        if msg.batch_size == 0:
+            self._reply(mip.encode(Inference(True, msg.n_input, 0, 0, ())))
+            return
+        batch = msg.samples if msg.n_input != 1 else tuple((it,) for it in msg.items)
+        if server.is_async:
+            try:
+                coro = server.handler(batch)
+                first = coro.send(None)
+            except StopIteration as stop:
+                self._reply(self._encode_reply(msg, stop.value))
+                return
+            except Exception:
+                log.exception("handler failed on a batch of %d from %s", msg.batch_size, self.peer)
+                self._reply(_ERR[ErrorCode.INTERNAL])
+                return
+            fut: asyncio.Future[Any] = self.loop.create_task(_finish(_Resume(coro, first)))
+        else:
+            fut = self.loop.run_in_executor(server.executor, server.handler, batch)
+        slot = _Slot()
+        self.queue.append(slot)
+        fut.add_done_callback(partial(self._handled, slot, msg))
+
+    def _handled(self, slot: _Slot, msg: Inference, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled():
+            slot.wire = _ERR[ErrorCode.INTERNAL]
+        elif (exc := fut.exception()) is not None:
+            log.error(
+                "handler failed on a batch of %d from %s", msg.batch_size, self.peer, exc_info=exc
+            )
+            slot.wire = _ERR[ErrorCode.INTERNAL]
+        else:
+            slot.wire = self._encode_reply(msg, fut.result())
+        if self.transport is None:
+            return  # the client went away; its replies go nowhere
+        queue = self.queue
+        ready = []
+        while queue and queue[0].wire is not None:
+            ready.append(queue.popleft().wire)
+        if ready:
+            self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))  # type: ignore[arg-type]
+            self.last = self.loop.time()
+        if self.read_paused:
+            self._maybe_resume()
+        else:
+            self._close_if_done()
+
+    def _encode_reply(self, msg: Inference, outputs: Any) -> bytes:
+        try:
+            return mip.encode(build_reply(msg, outputs))
+        except OutputShapeError as exc:
+            log.warning("handler outputs do not match the batch from %s: %s", self.peer, exc)
+            return _ERR[ErrorCode.SHAPE]
+        except (EncodeError, TypeError, ValueError):
+            log.exception("handler outputs for %s cannot be encoded", self.peer)
+            return _ERR[ErrorCode.INTERNAL]
+
+    def _reply(self, wire: bytes) -> None:
+        if self.queue:
+            self.queue.append(_Slot(wire))
+        elif self.out is not None:
+            self.out.append(wire)
+        elif self.transport is not None:
+            self.transport.write(wire)
+
+    # ------------------------------------------------------------------ flow control
+
+    def _pause_reading(self) -> None:
+        if not self.read_paused and self.transport is not None:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def _maybe_resume(self) -> None:
+        if self.transport is None or self.write_paused:
+            return
+        if len(self.queue) * _READ_LIMIT_FACTOR > self.server.max_in_flight:
+            return
+        if self.read_paused and not self.closing:
+            self.read_paused = False
+            self.transport.resume_reading()
+        self._pump()  # requests that arrived while paused
+
+    def _close_if_done(self) -> None:
+        transport = self.transport
+        if not self.closing or self.queue or transport is None:
+            return
+        if self.lingering:
+            if self.eof:
+                transport.close()
+            return
+        if self.decoder.broken and not self.eof and transport.can_write_eof():
+            # Half-close and drain: closing with unread input would reset the connection
+            # and could destroy the error reply before the client reads it.
+            self.lingering = True
+            transport.write_eof()
+            if self.read_paused:
+                self.read_paused = False
+                transport.resume_reading()
+            self.loop.call_later(LINGER, self.abort)
+        else:
+            transport.close()
+
+    def begin_shutdown(self) -> None:
+        """Server shutdown: answer the requests already received, then close."""
+        if self.transport is None:
+            return
+        self._pause_reading()
+        self.closing = True
+        self._pump()  # while closing, everything complete is dispatched (no in-flight limit)
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    # ------------------------------------------------------------------ timeouts
+
+    def _arm_timer(self) -> None:
+        limits = [t for t in (self.server.timeout, self.server.idle_timeout) if t]
+        if limits:
+            self.timer = self.loop.call_at(self.loop.time() + min(limits), self._check_timeout)
+
+    def _check_timeout(self) -> None:
+        self.timer = None
+        if self.transport is None:
+            return
+        server = self.server
+        if self.decoder.buffered and not self.read_paused:
+            limit, why = server.timeout, "stalled mid-request"
+        elif not self.queue and not self.decoder.buffered:
+            limit, why = server.idle_timeout, "idle"
+        else:
+            limit, why = None, ""
+        now = self.loop.time()
+        if limit is not None and now - self.last >= limit:
+            log.info("dropping %s: %s for %.1f s", self.peer, why, now - self.last)
+            self.closing = True
+            self.transport.abort()
+            return
+        step = (
+            limit
+            if limit is not None
+            else min(t for t in (server.timeout, server.idle_timeout) if t)
+        )
+        due = (self.last + step) if limit is not None else now + step
+        self.timer = self.loop.call_at(max(due, now + 0.001), self._check_timeout)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+async def serve(handler: Handler, *listen: str, **options: Any) -> None:
+    """Run a server until cancelled (then shut it down gracefully)."""
+    server = Server(handler, **options)
+    await server.start(*listen)
+    try:
+        await server.serve_forever()
+    finally:
+        await server.shutdown()
+
+
+class ServerThread:
+    """A server on its own event loop in a background thread (for blocking programs, tests).
+
+    >>> with ServerThread(echo, "tcp://127.0.0.1:0") as running:   # doctest: +SKIP
+    ...     Client(running.address).ping()
+    """
+
+    def __init__(self, handler: Handler, *listen: str, **options: Any) -> None:
+        self.server = Server(handler, **options)
+        self._listen = listen or ("tcp://127.0.0.1:0",)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    @property
+    def addresses(self) -> list[str]:
+        return self.server.addresses
+
+    def start(self, timeout: float = 10.0) -> ServerThread:
+        self._thread = threading.Thread(target=self._run, name="wirekit-mip-server", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("the MIP server thread did not start in time")
+        if self._error is not None:
+            self._thread.join(timeout)
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            try:
+                loop.run_until_complete(self.server.start(*self._listen))
+            except BaseException as exc:
+                self._error = exc
+                return
+            finally:
+                self._ready.set()
+            loop.run_until_complete(self.server.serve_forever())
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
+
+    def call(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
+        """Run ``fn()`` on the server's loop (a coroutine function is awaited) and return it."""
+        assert self._loop is not None
+
+        async def run() -> Any:
+            result = fn()
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def stop(self, grace: float | None = 10.0, timeout: float = 30.0) -> None:
+        """Shut the server down gracefully and join the thread."""
+        if self._loop is None or self._thread is None:
+            return
+        if self._thread.is_alive():
+            fut = asyncio.run_coroutine_threadsafe(self.server.shutdown(grace), self._loop)
+            fut.result(timeout)
+        self._thread.join(timeout)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["Handler", "Server", "ServerThread", "async_echo", "echo", "serve"]
