@@ -5,23 +5,20 @@ A backend that cannot be reached, drops the connection or sends bytes that are n
 :class:`BackendUnavailable`; the dispatcher then resubmits the request to another device and
 backs this one off.  A MIP error reply is an answer, returned like any other.
 
-* :class:`MipBackend` — a MIP server that keeps connections open (wirekit's): a pool of
-  connections, one request at a time on each.
-* :class:`KubeMoBackend` — KubeMo's server, which answers one message per connection.
+* :class:`MipBackend` — a MIP server (wirekit's, or anything speaking MIP), through the
+  pipelined asyncio client of :mod:`wirekit.mip.client`.
+* :func:`KubeMoBackend` — KubeMo's server, which answers one message per connection.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Protocol
 
-from wirekit import mip
 from wirekit.errors import DecodeError, WirekitError
+from wirekit.mip.client import AsyncClient
+from wirekit.mip.runtime import ClientTimeout, ConnectionLost, UnexpectedReply
 
 from .payload import Payload
-
-MAX_REPLY_SIZE = mip.DEFAULT_MAX_MESSAGE_SIZE
 
 
 class BackendUnavailable(WirekitError, ConnectionError):
@@ -36,93 +33,35 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-async def _read_reply(reader: asyncio.StreamReader, where: str) -> Payload:
-    try:
-        header = await reader.readexactly(mip.HEADER_SIZE)
-        _kind, _subtype, remaining = mip.check_header(header)
-        if mip.HEADER_SIZE + remaining > MAX_REPLY_SIZE:
-            raise BackendUnavailable(f"{where}: reply of {remaining} bytes is over the limit")
-        body = await reader.readexactly(remaining) if remaining else b""
-    except asyncio.IncompleteReadError:
-        raise BackendUnavailable(f"{where}: connection closed mid-reply") from None
-    except DecodeError as exc:
-        raise BackendUnavailable(f"{where}: bad reply: {exc}") from None
-    wire = header + body
-    try:
-        message = mip.decode(wire)
-    except DecodeError as exc:
-        raise BackendUnavailable(f"{where}: bad reply: {exc}") from None
-    return Payload(wire, message)
-
-
 class MipBackend:
-    """A pool of at most ``max_connections`` connections to one MIP server."""
+    """A MIP server, through wirekit's pipelined :class:`~wirekit.mip.client.AsyncClient`.
 
-    def __init__(self, host: str, port: int, *, max_connections: int = 16) -> None:
-        self.host = host
-        self.port = port
-        self.where = f"mip://{host}:{port}"
-        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-        self._slots = asyncio.Semaphore(max_connections)
-        self._closed = False
+    Requests are pipelined on one connection (at most ``max_in_flight`` at a time); a call
+    the dispatcher gives up on leaves its slot behind, so a late reply is dropped rather than
+    taken for the next one.  KubeMo's server, which answers one message per connection, is
+    the same thing with ``max_in_flight=1`` (the client reconnects after each answer).
+    """
 
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    def __init__(
+        self, host: str, port: int, *, max_in_flight: int = 128, timeout: float = 60.0
+    ) -> None:
+        host_part = f"[{host}]" if ":" in host else host
+        self.address = f"tcp://{host_part}:{port}"
+        self._client = AsyncClient(self.address, timeout=timeout, max_in_flight=max_in_flight)
+
+    async def infer(self, request: Payload) -> Payload:
         try:
-            return await asyncio.open_connection(self.host, self.port)
-        except OSError as exc:
-            raise BackendUnavailable(f"{self.where}: {exc.strerror or exc}") from None
-
-    async def infer(self, request: Payload) -> Payload:
-        async with self._slots:
-            conn = self._idle.pop() if self._idle else await self._connect()
-            reader, writer = conn
-            ok = False
-            try:
-                writer.write(request.wire)
-                reply = await _read_reply(reader, self.where)
-                ok = True
-                return reply
-            except OSError as exc:
-                raise BackendUnavailable(f"{self.where}: {exc.strerror or exc}") from None
-            finally:
-                # A connection whose exchange did not finish (timeout, error) is out of step:
-                # a late reply would be read as the answer to the next request.
-                if ok and not self._closed and not reader.at_eof():
-                    self._idle.append(conn)
-                else:
-                    writer.close()
+            reply = await self._client.request(request.message)
+        except ClientTimeout:
+            raise
+        except (ConnectionLost, UnexpectedReply, DecodeError, OSError) as exc:
+            raise BackendUnavailable(f"{self.address}: {exc}") from None
+        return Payload(None, reply)
 
     async def close(self) -> None:
-        self._closed = True
-        idle, self._idle = self._idle, []
-        for _reader, writer in idle:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+        await self._client.close()
 
 
-class KubeMoBackend:
-    """KubeMo's MIP server: a new connection per request, closed by the server after it."""
-
-    def __init__(self, host: str, port: int, *, max_connections: int = 16) -> None:
-        self.host = host
-        self.port = port
-        self.where = f"kubemo://{host}:{port}"
-        self._slots = asyncio.Semaphore(max_connections)
-
-    async def infer(self, request: Payload) -> Payload:
-        async with self._slots:
-            try:
-                reader, writer = await asyncio.open_connection(self.host, self.port)
-            except OSError as exc:
-                raise BackendUnavailable(f"{self.where}: {exc.strerror or exc}") from None
-            try:
-                writer.write(request.wire)
-                return await _read_reply(reader, self.where)
-            except OSError as exc:
-                raise BackendUnavailable(f"{self.where}: {exc.strerror or exc}") from None
-            finally:
-                writer.close()
-
-    async def close(self) -> None:
-        return None
+def KubeMoBackend(host: str, port: int, *, timeout: float = 60.0) -> MipBackend:
+    """KubeMo's MIP server: one request at a time, a connection per request."""
+    return MipBackend(host, port, max_in_flight=1, timeout=timeout)

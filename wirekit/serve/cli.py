@@ -79,7 +79,12 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         out.write(f"{name}:\n")
         probs = router.probabilities(name)
         for row in dep.rows_of(name):
-            where = "clipper" if row.port is None else f"{row.backend} {row.endpoint}:{row.port}"
+            if row.quota == 0:
+                where = "disabled"
+            elif row.port is None:
+                where = "clipper (the container connects)"
+            else:
+                where = f"{row.backend} {row.endpoint}:{row.port}"
             p = probs.get(row.key, 0.0)
             out.write(
                 f"  {row.key:<24} {row.device_type} quota {row.quota:<5g} P={p:.3f}  {where}\n"

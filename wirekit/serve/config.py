@@ -9,7 +9,7 @@ to the model (0 disables the pair, a GPU is 0 or 1)::
 
 reads: CPU 0 gives half to m1 and half to m2, GPU 1 is m1's, GPU 2 is m2's.  Where each
 (device, model) backend listens is ``endpoint`` (the node's host) and ``ports`` (a list
-parallel to ``quotas``; ``null`` where the quota is 0).  Clipper containers connect to the
+parallel to ``quotas``; ``null`` or 0 where the quota is 0).  Clipper containers connect to the
 dispatcher instead, so a Clipper model needs no ports.
 
 :func:`load_config` reads JSON or TOML (by file suffix) and :func:`parse_config` checks a
@@ -104,7 +104,7 @@ class Deployment:
     http_port: int | None = 0
     clipper_rpc_port: int | None = None
     backoff: float = 5.0  #: seconds a failing device stays out of rotation
-    connections: int = 16  #: pooled connections per MIP backend at most
+    connections: int = 128  #: requests in flight per MIP backend at most
     store: StoreConfig = field(default_factory=StoreConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     models: dict[str, ModelConfig] = field(default_factory=dict)
@@ -231,7 +231,7 @@ def parse_config(doc: Any) -> Deployment:
     http_port = _port(listen.get("http_port", 0), "listen.http_port")
     clipper_rpc_port = _port(listen.get("clipper_rpc_port"), "listen.clipper_rpc_port")
     backoff = _num(top.get("backoff", 5.0), "backoff", lo=0)
-    connections = _int(top.get("connections", 16), "connections", lo=1, hi=4096)
+    connections = _int(top.get("connections", 128), "connections", lo=1, hi=4096)
 
     st = _table(top.get("store", {}), "store", {"path", "payloads", "durable_ack", "batch_max"})
     store = StoreConfig(
@@ -377,7 +377,7 @@ def _node_rows(
                 )
             total += q
             backend = models[model].backend
-            port = _port(ports[k], f"{where}.ports[{k}]")
+            port = _port(ports[k], f"{where}.ports[{k}]") or None  # 0 is "none" (TOML)
             if backend == "clipper":
                 if port is not None:
                     raise ConfigError(

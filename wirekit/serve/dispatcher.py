@@ -153,7 +153,7 @@ class Dispatcher:
             backend = self.backends[row.key]
             try:
                 reply = await _infer_within(backend, request, cfg.timeout)
-            except asyncio.TimeoutError:
+            except (asyncio.TimeoutError, TimeoutError):
                 last = f"{row.key}: no answer within {cfg.timeout} s"
                 log.warning("request %s: %s", rid, last)
                 self.router.fail(row)

@@ -59,11 +59,13 @@ class Service:
         if row.key in self._given_backends:
             return self._given_backends[row.key]
         assert row.port is not None
+        timeout = self.deployment.models[row.model].timeout
         if row.backend == "kubemo":
-            return KubeMoBackend(row.endpoint, row.port, max_connections=1)
+            return KubeMoBackend(row.endpoint, row.port, timeout=timeout)
         if row.backend == "mip":
             return MipBackend(
-                row.endpoint, row.port, max_connections=self.deployment.connections
+                row.endpoint, row.port, max_in_flight=self.deployment.connections,
+                timeout=timeout,
             )
         raise NotImplementedError(f"{row.key}: the {row.backend} backend is not available")
 
