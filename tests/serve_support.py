@@ -51,15 +51,15 @@ async def start_backend(handler, **options: Any) -> tuple[Server, int]:
 
 
 def deployment(
-    store: Path,
+    store_path: Path,
     models: dict[str, dict[str, Any]],
     nodes: list[dict[str, Any]],
     **top: Any,
 ) -> dict[str, Any]:
-    """A deployment document listening on port 0 everywhere."""
+    """A deployment document listening on port 0 everywhere (``top`` keys replace)."""
     doc: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "http_port": 0},
-        "store": {"path": str(store)},
+        "store": {"path": str(store_path)},
         "models": {name: {"port": 0, **m} for name, m in models.items()},
         "nodes": nodes,
     }
@@ -95,7 +95,8 @@ class DispatcherProcess:
             raise AssertionError(f"wirekit serve did not start: {line!r} {err}")
         self.addresses = ready
         # Drain stderr so a chatty log can never block the dispatcher.
-        threading.Thread(target=self.proc.stderr.read, daemon=True).start()
+        self._drain = threading.Thread(target=self.proc.stderr.read, daemon=True)
+        self._drain.start()
         return self
 
     def mip_address(self, model: str) -> str:
@@ -124,8 +125,10 @@ class DispatcherProcess:
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
             self.stop()
-            with contextlib.suppress(Exception):
-                self.proc.stdout.close()
+            self._drain.join(TIMEOUT)
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                with contextlib.suppress(Exception):
+                    pipe.close()
 
 
 def _readline(proc: subprocess.Popen, timeout: float) -> str:
