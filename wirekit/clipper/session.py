@@ -553,12 +553,13 @@ class FrontendState:
 
     def tick(self, now: float) -> list[Frames]:
         """Expire silent containers, fail late batches, dispatch; return messages to send."""
+        out: list[Frames] = []
         if self.heartbeats and now >= self._next_check:
             self._next_check = now + self.check_interval
             for replica in list(self.replicas.values()):
                 silent = now - replica.last_seen
                 if silent > self.activity_timeout:
-                    self.remove(replica.identity, f"silent for {silent:.3g} s", now)
+                    out.extend(self.remove(replica.identity, f"silent for {silent:.3g} s", now))
         for msg_id, batch in list(self.in_flight.items()):
             if now >= batch.deadline:
                 del self.in_flight[msg_id]
@@ -575,7 +576,8 @@ class FrontendState:
                         keep.append(batch)
                 queue.clear()
                 queue.extend(keep)
-        return self.dispatch(now)
+        out.extend(self.dispatch(now))
+        return out
 
     def _timeout_error(self, batch: Batch) -> PredictionError:
         if batch.msg_id is not None and batch.replica is not None and not batch.lost:
