@@ -134,6 +134,7 @@ class ModelContainer:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._closed = False
+        self._wake_lock = threading.Lock()
         self._results: deque[tuple[int, Any, Any, BaseException | None]] = deque()
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
@@ -186,10 +187,11 @@ class ModelContainer:
         self.stop()
 
     def _wake(self) -> None:
-        if self._closed:
-            return
-        with contextlib.suppress(BlockingIOError):  # a full pipe: the loop is awake
-            os.write(self._wake_w, b"x")
+        with self._wake_lock:
+            if self._closed:
+                return
+            with contextlib.suppress(BlockingIOError):  # a full pipe: the loop is awake
+                os.write(self._wake_w, b"x")
 
     # -- the model thread --
 
@@ -234,9 +236,10 @@ class ModelContainer:
             if self._worker is not None:
                 self._work.put(None)
                 self._worker.join(timeout=1.0)
-            self._closed = True
-            for fd in (self._wake_r, self._wake_w):
-                os.close(fd)
+            with self._wake_lock:
+                self._closed = True
+                os.close(self._wake_r)
+                os.close(self._wake_w)
 
     def _serve_one_socket(self) -> bool:
         """One session on a new socket; False when the container should stop."""
@@ -338,8 +341,8 @@ class ModelContainer:
             log.error("clipper container: message %d: %s; nothing sent", request.msg_id, exc)
             return
         for action in actions:
-            send(action.frames)
             self.served += 1
+            send(action.frames)
 
 
 __all__ = [

@@ -97,6 +97,7 @@ class Frontend:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._closed = False
+        self._wake_lock = threading.Lock()
         self._sock: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
         self._query: zmq.Socket | None = None
@@ -149,10 +150,11 @@ class Frontend:
         sock.close(0)
 
     def _wake(self) -> None:
-        if self._closed:
-            return
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._wake_w, b"x")
+        with self._wake_lock:
+            if self._closed:
+                return
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._wake_w, b"x")
 
     # -- the public API (any thread) --
 
@@ -266,10 +268,11 @@ class Frontend:
             log.exception("clipper frontend: socket loop crashed")
         finally:
             self._fail_all("the frontend stopped")
-            self._closed = True
             self._close_sockets(sock)
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            with self._wake_lock:
+                self._closed = True
+                os.close(self._wake_r)
+                os.close(self._wake_w)
 
     def _drain_monitor(self, now: float, out: list) -> None:
         monitor = self._monitor
