@@ -10,7 +10,8 @@ to the model (0 disables the pair, a GPU is 0 or 1)::
 reads: CPU 0 gives half to m1 and half to m2, GPU 1 is m1's, GPU 2 is m2's.  Where each
 (device, model) backend listens is ``endpoint`` (the node's host) and ``ports`` (a list
 parallel to ``quotas``; ``null`` or 0 where the quota is 0).  Clipper containers connect to the
-dispatcher instead, so a Clipper model needs no ports.
+dispatcher's Clipper RPC port instead: for a Clipper model the ``ports`` entry is the model
+name the device's container registers under (``null``: the model's own name).
 
 :func:`load_config` reads JSON or TOML (by file suffix) and :func:`parse_config` checks a
 parsed document; both raise :class:`ConfigError` naming the file and the path of the bad
@@ -62,6 +63,7 @@ class DeviceRow:
     port: int | None  #: port of the backend (MIP kinds); None for Clipper
     quota: float  #: share of the device given to the model, 0..1
     backend: str  #: "mip", "kubemo" or "clipper"
+    clipper_name: str | None = None  #: the name its Clipper container registers under
 
     @property
     def key(self) -> str:
@@ -103,6 +105,7 @@ class Deployment:
     host: str = "127.0.0.1"
     http_port: int | None = 0
     clipper_rpc_port: int | None = None
+    clipper_generation: str = "v3"  #: Clipper RPC generation the containers speak
     backoff: float = 5.0  #: seconds a failing device stays out of rotation
     connections: int = 128  #: requests in flight per MIP backend at most
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -226,7 +229,16 @@ def parse_config(doc: Any) -> Deployment:
     top = _table(
         doc, "", {"listen", "store", "cache", "models", "nodes", "backoff", "connections"}
     )
-    listen = _table(top.get("listen", {}), "listen", {"host", "http_port", "clipper_rpc_port"})
+    listen = _table(
+        top.get("listen", {}),
+        "listen",
+        {"host", "http_port", "clipper_rpc_port", "clipper_generation"},
+    )
+    clipper_generation = listen.get("clipper_generation", "v3")
+    if clipper_generation not in ("2016", "2017", "v3"):
+        raise ConfigError(
+            "listen.clipper_generation", f"must be 2016, 2017 or v3, got {clipper_generation!r}"
+        )
     host = _str(listen.get("host", "127.0.0.1"), "listen.host")
     http_port = _port(listen.get("http_port", 0), "listen.http_port")
     clipper_rpc_port = _port(listen.get("clipper_rpc_port"), "listen.clipper_rpc_port")
@@ -309,8 +321,9 @@ def parse_config(doc: Any) -> Deployment:
 
     rows: list[DeviceRow] = []
     node_ids: set[str] = set()
+    clipper_names: dict[str, str] = {}
     for n, node in enumerate(nodes):
-        rows.extend(_node_rows(node, f"nodes[{n}]", models, node_ids))
+        rows.extend(_node_rows(node, f"nodes[{n}]", models, node_ids, clipper_names))
     if any(m.backend == "clipper" for m in models.values()) and clipper_rpc_port is None:
         clipper_rpc_port = 0
     for name in models:
@@ -320,6 +333,7 @@ def parse_config(doc: Any) -> Deployment:
         host=host,
         http_port=http_port,
         clipper_rpc_port=clipper_rpc_port,
+        clipper_generation=clipper_generation,
         backoff=backoff,
         connections=connections,
         store=store,
@@ -330,7 +344,11 @@ def parse_config(doc: Any) -> Deployment:
 
 
 def _node_rows(
-    node: Mapping[str, Any], where: str, models: dict[str, ModelConfig], node_ids: set[str]
+    node: Mapping[str, Any],
+    where: str,
+    models: dict[str, ModelConfig],
+    node_ids: set[str],
+    clipper_names: dict[str, str],
 ) -> list[DeviceRow]:
     node_id = _str(node.get("id"), f"{where}.id")
     if node_id in node_ids:
@@ -377,19 +395,37 @@ def _node_rows(
                 )
             total += q
             backend = models[model].backend
-            port = _port(ports[k], f"{where}.ports[{k}]") or None  # 0 is "none" (TOML)
+            clipper_name = None
             if backend == "clipper":
-                if port is not None:
+                # Containers connect to the dispatcher: the entry names the Clipper model
+                # the device's container registers as (default: the model's own name).
+                entry = ports[k]
+                if entry is not None and not isinstance(entry, str):
                     raise ConfigError(
                         f"{where}.ports[{k}]",
-                        "Clipper containers connect to the dispatcher: use null",
+                        "Clipper containers connect to the dispatcher: give the name the"
+                        " container registers as (a string), or null for the model's name",
                     )
-            elif q > 0 and not port:
+                port = None
+                clipper_name = entry or model
+                if q > 0:
+                    if clipper_name in clipper_names:
+                        raise ConfigError(
+                            f"{where}.ports[{k}]",
+                            f"Clipper name {clipper_name!r} is also {clipper_names[clipper_name]}"
+                            ": each device needs its own container name",
+                        )
+                    clipper_names[clipper_name] = f"{node_id}/{d}/{model}"
+            else:
+                port = _port(ports[k], f"{where}.ports[{k}]") or None  # 0 is "none" (TOML)
+            if backend != "clipper" and q > 0 and not port:
                 raise ConfigError(
                     f"{where}.ports[{k}]",
                     f"device {d} serves {model} (quota {q}): a backend port 1..65535 is needed",
                 )
-            rows.append(DeviceRow(model, node_id, d, dev, endpoint, port, q, backend))
+            rows.append(
+                DeviceRow(model, node_id, d, dev, endpoint, port, q, backend, clipper_name)
+            )
         if total > 1 + 1e-9:
             raise ConfigError(
                 f"{where}.quotas", f"device {d} ({dev}) is given {total:g} of itself (> 1)"

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .backends import Backend, KubeMoBackend, MipBackend
+from .backends import Backend, ClipperBackend, KubeMoBackend, MipBackend
 from .cache import ResponseCache
 from .config import Deployment, DeviceRow
 from .dispatcher import Dispatcher
@@ -58,8 +58,11 @@ class Service:
     def _backend_for(self, row: DeviceRow) -> Backend:
         if row.key in self._given_backends:
             return self._given_backends[row.key]
-        assert row.port is not None
         timeout = self.deployment.models[row.model].timeout
+        if row.backend == "clipper":
+            assert self.clipper is not None and row.clipper_name
+            return ClipperBackend(self.clipper, row.clipper_name, timeout=timeout)
+        assert row.port is not None
         if row.backend == "kubemo":
             return KubeMoBackend(row.endpoint, row.port, timeout=timeout)
         if row.backend == "mip":
@@ -78,13 +81,20 @@ class Service:
             self.metrics.load(reader)
         finally:
             reader.close()
-        backends = {r.key: self._backend_for(r) for r in dep.rows if r.quota > 0}
-        self.dispatcher = Dispatcher(
-            dep.models, self.router, backends, self.store, self.metrics, self.cache,
-            durable_ack=dep.store.durable_ack,
-        )
         loop = asyncio.get_running_loop()
         try:
+            if dep.clipper_rpc_port is not None:
+                from wirekit.clipper.frontend import Frontend
+
+                host = f"[{dep.host}]" if ":" in dep.host else dep.host
+                self.clipper = Frontend(
+                    f"tcp://{host}:{dep.clipper_rpc_port}", dep.clipper_generation
+                ).start()
+            backends = {r.key: self._backend_for(r) for r in dep.rows if r.quota > 0}
+            self.dispatcher = Dispatcher(
+                dep.models, self.router, backends, self.store, self.metrics, self.cache,
+                durable_ack=dep.store.durable_ack,
+            )
             for name, model in dep.models.items():
                 if model.mip_port is None:
                     continue
@@ -116,7 +126,9 @@ class Service:
             "mip": {
                 name: srv.sockets[0].getsockname()[1] for name, srv in self._mip_servers.items()
             },
-            "clipper_rpc": None,
+            "clipper_rpc": (
+                int(self.clipper.endpoint.rsplit(":", 1)[1]) if self.clipper else None
+            ),
         }
 
     def extra(self) -> dict[str, Any]:
@@ -149,4 +161,6 @@ class Service:
         self._mip_servers.clear()
         if self.dispatcher is not None:
             await self.dispatcher.close()
+        if self.clipper is not None:
+            self.clipper.stop()
         self.store.close()
