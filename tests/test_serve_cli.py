@@ -42,13 +42,15 @@ def test_stats_from_a_store_file(tmp_path):
     store = RequestStore(path)
     store.open()
 
+    def done(rid, model, t_in, device, t_out, status, attempts):
+        store.arrival(rid, model, "c", t_in, 20)
+        store.completion(rid, device, t_out, status, attempts,
+                         model=model, client="c", time_in=t_in, size=20)
+
     async def fill():
-        store.arrival("a", "m1", "c", 10.0, 20)
-        store.completion("a", "n/0/m1", 10.5, "ok", 1)
-        store.arrival("b", "m1", "c", 11.0, 20)
-        store.completion("b", "n/0/m1", 11.25, "ok", 2)
-        store.arrival("c", "m2", "c", 12.0, 20)
-        store.completion("c", None, 13.0, "failed", 3)
+        done("a", "m1", 10.0, "n/0/m1", 10.5, "ok", 1)
+        done("b", "m1", 11.0, "n/0/m1", 11.25, "ok", 2)
+        done("c", "m2", 12.0, None, 13.0, "failed", 3)
         store.arrival("d", "m2", "c", 14.0, 20)  # still queued
         await store.flush()
 
@@ -83,3 +85,32 @@ def test_stats_from_a_store_file(tmp_path):
     junk.write_bytes(b"this is not sqlite" * 100)
     code, _out, err = call("serve", "stats", "--store", str(junk))
     assert code == 1 and "not a requests store" in err
+
+
+def test_journal_replays_answered_requests_after_a_crash(tmp_path):
+    """Completions journaled but never handed to SQLite (the process died) are replayed."""
+    import asyncio
+
+    path = tmp_path / "j.db"
+    store = RequestStore(path, payloads=True, flush_interval=60)
+
+    async def crash_before_handoff():
+        store.open()
+        store.arrival("x", "m", "c", 1.0, 3, b"abc")
+        store.completion("x", "n/0/m", 1.5, "ok", 1, model="m", client="c", time_in=1.0,
+                         size=3, payload=b"abc")
+        store.arrival("y", "m", "c", 2.0, 3, b"def")  # never answered
+        # no flush, no close: the writer never saw these rows
+
+    asyncio.run(crash_before_handoff())
+    journals = list(tmp_path.glob("j.db.journal.*"))
+    assert len(journals) == 1 and journals[0].stat().st_size > 0
+    again = RequestStore(path)
+    again.open()
+    assert again.replayed_at_open == 1
+    again.close()
+    assert not list(tmp_path.glob("j.db.journal.*"))
+    conn = connect(path)
+    rows = conn.execute("SELECT id, status, time_in, time_out, payload FROM requests").fetchall()
+    conn.close()
+    assert rows == [("x", "ok", 1.0, 1.5, b"abc")]

@@ -6,11 +6,10 @@ import copy
 import json
 
 import pytest
+from serve_support import ROOT
 
 from wirekit.serve.config import ConfigError, load_config, parse_config
 from wirekit.serve.router import Router
-
-from serve_support import ROOT
 
 DESIGN = {
     "nodes": [

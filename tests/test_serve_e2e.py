@@ -161,7 +161,8 @@ def test_both_front_doors_to_wirekit_and_kubemo_backends(tmp_path):
         assert all(r.payload_size > 8 for r in rows)
         # --- Prometheus text carries the same numbers
         fams = {f.name: f for f in text_string_to_metric_families(prom)}
-        avg = {s.labels["model"]: s.value for s in fams["wirekit_serve_response_seconds_avg"].samples}
+        avg_family = fams["wirekit_serve_response_seconds_avg"]
+        avg = {s.labels["model"]: s.value for s in avg_family.samples}
         assert avg["m1"] == stats["models"]["m1"]["response_time"]["avg"]
         ok = {
             (s.labels["model"], s.labels["status"]): s.value

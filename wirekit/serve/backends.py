@@ -50,6 +50,10 @@ class MipBackend:
     ) -> None:
         host_part = f"[{host}]" if ":" in host else host
         self.address = f"tcp://{host_part}:{port}"
+        self.timeout = timeout
+        #: the client's own deadline bounds each call (raising a TimeoutError), so the
+        #: dispatcher need not arm a second timer for the same timeout
+        self.enforces_timeout = True
         self._client = AsyncClient(self.address, timeout=timeout, max_in_flight=max_in_flight)
 
     async def infer(self, request: Payload) -> Payload:

@@ -87,8 +87,9 @@ class ModelConfig:
 class StoreConfig:
     path: str = "requests.db"
     payloads: bool = False  #: also keep request payloads in the store
-    durable_ack: bool = True  #: answer only once the completion row is committed
+    journal: bool = True  #: journal each completion before answering (crash-safe)
     batch_max: int = 1024  #: rows per write transaction at most
+    flush_interval: float = 0.05  #: seconds between hand-overs to the writer thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,12 +246,19 @@ def parse_config(doc: Any) -> Deployment:
     backoff = _num(top.get("backoff", 5.0), "backoff", lo=0)
     connections = _int(top.get("connections", 128), "connections", lo=1, hi=4096)
 
-    st = _table(top.get("store", {}), "store", {"path", "payloads", "durable_ack", "batch_max"})
+    st = _table(
+        top.get("store", {}),
+        "store",
+        {"path", "payloads", "journal", "batch_max", "flush_interval"},
+    )
     store = StoreConfig(
         path=_str(st.get("path", "requests.db"), "store.path"),
         payloads=_bool(st.get("payloads", False), "store.payloads"),
-        durable_ack=_bool(st.get("durable_ack", True), "store.durable_ack"),
+        journal=_bool(st.get("journal", True), "store.journal"),
         batch_max=_int(st.get("batch_max", 1024), "store.batch_max", lo=1, hi=1_000_000),
+        flush_interval=_num(
+            st.get("flush_interval", 0.05), "store.flush_interval", lo=0, hi=60
+        ),
     )
     ca = _table(top.get("cache", {}), "cache", {"max_entries", "ttl", "max_bytes"})
     cache = CacheConfig(

@@ -7,8 +7,8 @@ For each request :meth:`Dispatcher.submit`:
 3. otherwise picks a device by quota and forwards the request; if the attempt times out or
    the device refuses, the device is backed off and the request goes to another one, up to
    the model's attempt limit;
-4. records the time out and status (and, with ``durable_ack``, waits for that row to be
-   committed) and returns exactly one :class:`Outcome`.
+4. records the time out and status (journaled before the answer, see
+   :mod:`wirekit.serve.store`) and returns exactly one :class:`Outcome`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ log = logging.getLogger("wirekit.serve")
 
 
 async def _infer_within(backend: Backend, request: Payload, timeout: float) -> Payload:
+    if getattr(backend, "timeout", None) == timeout and getattr(backend, "enforces_timeout", 0):
+        return await backend.infer(request)  # its own deadline raises TimeoutError
     if sys.version_info >= (3, 11):
         async with asyncio.timeout(timeout):
             return await backend.infer(request)
@@ -79,7 +81,6 @@ class Dispatcher:
         metrics: Metrics,
         cache: ResponseCache[Payload],
         *,
-        durable_ack: bool = True,
         clock=time.time,
     ) -> None:
         self.models = dict(models)
@@ -88,7 +89,6 @@ class Dispatcher:
         self.store = store
         self.metrics = metrics
         self.cache = cache
-        self.durable_ack = durable_ack
         self._clock = clock
         self._ids = itertools.count(1)
         self._prefix = f"{int(time.time()):x}{os.getpid():x}{os.urandom(2).hex()}-"
@@ -111,25 +111,19 @@ class Dispatcher:
             outcome = await self._answer(rid, cfg, request, wire)
         except BaseException:
             # Cancelled (the client went away, or shutdown): still close the row.
-            self._finish(model, rid, t_in, None, FAILED, 0, wait=False)
+            self._finish(model, rid, client, t_in, wire, None, FAILED, 0)
             raise
-        done = self._finish(
-            model, rid, t_in, outcome.device, outcome.status, outcome.attempts,
-            wait=self.durable_ack,
-        )
-        if done is not None:
-            try:
-                await done
-            except RuntimeError as exc:  # the store failed: the answer still stands
-                log.error("%s", exc)
+        self._finish(model, rid, client, t_in, wire, outcome.device, outcome.status,
+                     outcome.attempts)
         return outcome
 
-    def _finish(self, model, rid, t_in, device, status, attempts, *, wait: bool):
+    def _finish(self, model, rid, client, t_in, wire, device, status, attempts) -> None:
         t_out = self._clock()
         self.metrics.finished(model, status, t_out - t_in)
-        fut = asyncio.get_running_loop().create_future() if wait else None
-        self.store.completion(rid, device, t_out, status, attempts, fut)
-        return fut
+        self.store.completion(
+            rid, device, t_out, status, attempts,
+            model=model, client=client, time_in=t_in, size=len(wire), payload=wire,
+        )
 
     async def _answer(self, rid: str, cfg: ModelConfig, request: Payload, wire: bytes):
         cache = self.cache

@@ -47,6 +47,7 @@ class MipFrontDoor(asyncio.Protocol):
         self._skip = 0
         self._pending: deque[bytes | asyncio.Task] = deque()
         self._paused = False
+        self._flush_soon = False
         self._closing = False
         self.transport: asyncio.Transport | None = None
         self.client = "mip:?"
@@ -124,9 +125,12 @@ class MipFrontDoor(asyncio.Protocol):
 
     def _done(self, task: asyncio.Task) -> None:
         self.tasks.discard(task)
-        self._flush()
+        if not self._flush_soon:  # replies finished in one loop pass go out in one write
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
+        self._flush_soon = False
         pending = self._pending
         out = []
         while pending:

@@ -41,6 +41,8 @@ class Service:
             deployment.store.path,
             payloads=deployment.store.payloads,
             batch_max=deployment.store.batch_max,
+            journal=deployment.store.journal,
+            flush_interval=deployment.store.flush_interval,
         )
         self.metrics = Metrics(deployment.models)
         self.cache: ResponseCache[Payload] = ResponseCache(
@@ -93,7 +95,6 @@ class Service:
             backends = {r.key: self._backend_for(r) for r in dep.rows if r.quota > 0}
             self.dispatcher = Dispatcher(
                 dep.models, self.router, backends, self.store, self.metrics, self.cache,
-                durable_ack=dep.store.durable_ack,
             )
             for name, model in dep.models.items():
                 if model.mip_port is None:
