@@ -137,16 +137,15 @@ def read_eof(sock: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
-class CliServer:
-    """``wirekit mip serve`` in a subprocess; ``address`` is read from its first output line."""
+class SubprocessServer:
+    """A server in a subprocess that prints ``listening on ADDRESS`` first; stopped by SIGTERM."""
 
-    def __init__(self, *args: str, handler: str = "wirekit.mip.runtime:echo") -> None:
-        self.args = [sys.executable, "-m", "wirekit.cli", "mip", "serve", "--handler", handler]
-        self.args += list(args) or ["--listen", "tcp://127.0.0.1:0"]
+    def __init__(self, argv: list[str]) -> None:
+        self.args = argv
         self.proc: subprocess.Popen | None = None
         self.address = ""
 
-    def __enter__(self) -> CliServer:
+    def __enter__(self):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
         self.proc = subprocess.Popen(
             self.args,
@@ -159,7 +158,7 @@ class CliServer:
         if not line.startswith("listening on "):
             self.proc.kill()
             _out, err = self.proc.communicate(timeout=TIMEOUT)
-            raise AssertionError(f"wirekit mip serve did not start: {line!r} {err}")
+            raise AssertionError(f"{self.args} did not start: {line!r} {err}")
         self.address = line.split()[-1]
         return self
 
@@ -177,6 +176,49 @@ class CliServer:
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.stop()
+
+
+class CliServer(SubprocessServer):
+    """``wirekit mip serve`` in a subprocess."""
+
+    def __init__(self, *args: str, handler: str = "wirekit.mip.runtime:echo") -> None:
+        argv = [sys.executable, "-m", "wirekit.cli", "mip", "serve", "--handler", handler]
+        super().__init__(argv + (list(args) or ["--listen", "tcp://127.0.0.1:0"]))
+
+
+def python_server(function: str) -> SubprocessServer:
+    """``mip_net.<function>()`` in a subprocess (``kubemo_server_main``, ``echo_server_main``)."""
+    code = f"import mip_net; mip_net.{function}()"
+    return SubprocessServer([sys.executable, "-c", code])
+
+
+def kubemo_server_main() -> None:
+    """KubeMo's server with :func:`kubemo_echo`, on a free port, until killed."""
+    server = kubemo.Server("tcp", ("127.0.0.1", 0))
+    server.handle(kubemo.InferenceHandler(kubemo_echo))
+    host, port = server.socket.getsockname()
+    print(f"listening on tcp://{host}:{port}", flush=True)
+    server.serve()
+
+
+def echo_server_main() -> None:
+    """A raw asyncio echo server (bytes in, same bytes out), on a free port, until killed."""
+    import asyncio
+
+    class Echo(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.transport = transport
+
+        def data_received(self, data):
+            self.transport.write(data)
+
+    async def main():
+        server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", 0)
+        host, port = server.sockets[0].getsockname()
+        print(f"listening on tcp://{host}:{port}", flush=True)
+        await server.serve_forever()
+
+    asyncio.run(main())
 
 
 def _readline_with_timeout(proc: subprocess.Popen, timeout: float) -> str:

@@ -63,6 +63,10 @@ def format_address(family: str, sockname: Any) -> str:
 # --------------------------------------------------------------------------- values
 
 
+_TEXT, _JSON, _IMAGE = int(ItemType.TEXT), int(ItemType.JSON), int(ItemType.IMAGE)
+_new_item = tuple.__new__
+
+
 def to_item(value: Any) -> Item:
     """A typed item from a Python value.
 
@@ -74,13 +78,13 @@ def to_item(value: Any) -> Item:
     if cls is Item:
         return value
     if cls is str:
-        return Item(ItemType.TEXT, value.encode("utf-8"))
+        return _new_item(Item, (_TEXT, value.encode("utf-8")))
     if isinstance(value, Item):
         return Item(value.type, value.data)
     if isinstance(value, _BUFFERS):
-        return Item(ItemType.IMAGE, value)
+        return _new_item(Item, (_IMAGE, value))
     if isinstance(value, str):
-        return Item(ItemType.TEXT, str(value).encode("utf-8"))
+        return _new_item(Item, (_TEXT, str(value).encode("utf-8")))
     try:
         return Item.json(value)
     except (TypeError, ValueError) as exc:
@@ -96,28 +100,62 @@ def item_value(item: Item) -> Any:
     return item.as_bytes()
 
 
-def _sample_items(sample: Any) -> tuple[Item, ...]:
-    """One sample's items: a sequence of values, or one bare value for a one-item sample."""
-    if isinstance(sample, (str, dict, Item, *_BUFFERS)):
-        return (to_item(sample),)
-    return tuple(map(to_item, sample))
+_SINGLE = (str, dict, Item, *_BUFFERS)
+
+
+class _Ragged(Exception):
+    def __init__(self, sample: int, got: int, width: int) -> None:
+        self.sample, self.got, self.width = sample, got, width
+
+
+def _flatten(samples: Iterable[Any]) -> tuple[list[Item], int, int]:
+    """Items of every sample in order, items per sample, and the number of samples.
+
+    A sample is a list/tuple (or other iterable) of values, or one bare value (str, bytes,
+    dict, Item) for a one-item sample.  Raises ``_Ragged`` if the samples differ in width.
+    """
+    items: list[Item] = []
+    add = items.append
+    width = -1
+    n = 0
+    for sample in samples:
+        cls = type(sample)
+        if cls is list or cls is tuple:
+            values = sample
+        elif isinstance(sample, _SINGLE):
+            values = (sample,)
+        else:
+            values = tuple(sample)
+        w = len(values)
+        if w != width:
+            if width != -1:
+                raise _Ragged(n, w, width)
+            width = w
+        for v in values:
+            t = type(v)
+            if t is Item:
+                add(v)
+            elif t is str:
+                add(_new_item(Item, (_TEXT, v.encode("utf-8"))))
+            else:
+                add(to_item(v))
+        n += 1
+    return items, max(width, 0), n
 
 
 def build_request(batch: Iterable[Any]) -> Inference:
     """An inference request from per-sample inputs (see :func:`to_item` for the values)."""
-    if isinstance(batch, (str, dict, Item, *_BUFFERS)):
+    if isinstance(batch, _SINGLE):
         raise TypeError("infer() takes a batch: a list of samples, each a list of inputs")
-    rows = [_sample_items(sample) for sample in batch]
-    if not rows:
-        return Inference(False, 0, 0, 0, ())
-    width = len(rows[0])
-    for k, row in enumerate(rows):
-        if len(row) != width:
-            raise EncodeError(
-                PROTOCOL, "n_input", f"sample {k} has {len(row)} inputs, sample 0 has {width}"
-            )
-    items = rows[0] if len(rows) == 1 else tuple(i for row in rows for i in row)
-    return Inference(False, width, 0, len(rows), items)
+    try:
+        items, width, n = _flatten(batch)
+    except _Ragged as exc:
+        raise EncodeError(
+            PROTOCOL,
+            "n_input",
+            f"sample {exc.sample} has {exc.got} inputs, sample 0 has {exc.width}",
+        ) from None
+    return Inference(False, width, 0, n, tuple(items))
 
 
 class OutputShapeError(WirekitError):
@@ -132,19 +170,18 @@ def build_reply(request: Inference, outputs: Any) -> Inference:
     every sample must have the same number of outputs.
     """
     try:
-        rows = [_sample_items(sample) for sample in outputs]
+        items, width, n = _flatten(outputs)
+    except _Ragged as exc:
+        raise OutputShapeError(
+            f"sample {exc.sample} has {exc.got} outputs, sample 0 has {exc.width}"
+        ) from None
     except TypeError as exc:
         raise OutputShapeError(f"outputs are not a sequence of samples: {exc}") from None
-    if len(rows) != request.batch_size:
-        raise OutputShapeError(f"{len(rows)} output samples for a batch of {request.batch_size}")
-    width = len(rows[0]) if rows else 0
-    for k, row in enumerate(rows):
-        if len(row) != width:
-            raise OutputShapeError(f"sample {k} has {len(row)} outputs, sample 0 has {width}")
+    if n != request.batch_size:
+        raise OutputShapeError(f"{n} output samples for a batch of {request.batch_size}")
     if width > 255:
         raise OutputShapeError(f"{width} outputs per sample (at most 255)")
-    items = rows[0] if len(rows) == 1 else tuple(i for row in rows for i in row)
-    return Inference(True, request.n_input, width, len(rows), items)
+    return Inference(True, request.n_input, width, n, tuple(items))
 
 
 def echo(batch: Batch) -> Batch:
