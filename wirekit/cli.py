@@ -27,7 +27,7 @@ DUMPERS = {
 }
 
 #: modules with ``register(subparsers)`` adding ``wirekit <name> ...`` commands
-COMMAND_MODULES: list[str] = ["wirekit.mip.cli"]
+COMMAND_MODULES: list[str] = ["wirekit.mip.cli", "wirekit.clipper.commands", "wirekit.serve.cli"]
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_USAGE = 0, 1, 2
 

@@ -1,0 +1,137 @@
+"""``wirekit serve``: one MIP request (batch 1) through the dispatcher vs straight to the backend.
+
+Both contenders run in the same session against the same backend process (``wirekit mip
+serve`` with the echo handler); the dispatcher is ``wirekit serve`` in its own process, with
+its store on (SQLite plus the journal each completion is written to before the answer) and
+the cache off, so every request really goes to the backend.  The client is the blocking
+``wirekit.mip.client.Client``, one request at a time: the median is the latency, its inverse
+the requests per second of one client.  Results are checked; timings are never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from wirekit.mip.client import Client
+
+TIMEOUT = 30.0
+ECHO = "wirekit.mip.runtime:async_echo"
+
+
+def _readline(proc: subprocess.Popen, timeout: float) -> str:
+    got: list[str] = []
+    t = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
+    t.start()
+    t.join(timeout)
+    return got[0].strip() if got else ""
+
+
+def _spawn(args: list[str]) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wirekit.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    line = _readline(proc, TIMEOUT)
+    if not line:
+        proc.kill()
+        proc.wait(TIMEOUT)
+        raise RuntimeError(f"{args[:2]} did not start")
+    return proc, line
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(TIMEOUT)
+    proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def endpoints(tmp_path_factory):
+    """``{"direct": address, "dispatcher": address}`` for one backend and one dispatcher."""
+    tmp = tmp_path_factory.mktemp("serve-bench")
+    backend, line = _spawn(["mip", "serve", "--handler", ECHO, "--listen", "tcp://127.0.0.1:0",
+                            "--log-level", "warning"])
+    try:
+        direct = line.split()[-1]
+        port = int(direct.rsplit(":", 1)[1])
+        config = tmp / "deploy.json"
+        config.write_text(json.dumps({
+            "listen": {"host": "127.0.0.1", "http_port": None},
+            "store": {"path": str(tmp / "requests.db")},
+            "cache": {"max_entries": 0},
+            "models": {"echo": {"port": 0, "timeout": 10}},
+            "nodes": [{"id": "n", "devices": ["CPU"], "models": ["echo"], "quotas": [1],
+                       "ports": [port]}],
+        }))
+        dispatcher, line = _spawn(["serve", "--config", str(config)])
+        try:
+            ready = json.loads(line)
+            yield {"direct": direct,
+                   "dispatcher": f"tcp://127.0.0.1:{ready['mip']['echo']}"}
+        finally:
+            _stop(dispatcher)
+    finally:
+        _stop(backend)
+
+
+@pytest.mark.benchmark(group="serve mip batch 1")
+@pytest.mark.parametrize("who", ["dispatcher", "direct"])
+def test_request_latency(benchmark, endpoints, who):
+    with Client(endpoints[who], timeout=TIMEOUT) as client:
+        client.infer_one("warm-up")
+        counter = iter(range(10**9))
+
+        def one():
+            text = f"q{next(counter)}"
+            return text, client.infer_one(text)
+
+        text, (item,) = benchmark(one)
+        assert item.as_text() == text
+        median = benchmark.stats.stats.median
+        benchmark.extra_info["requests_per_s"] = round(1.0 / median, 1) if median else None
+
+
+IN_FLIGHT = 32
+ROUND = 256
+
+
+@pytest.mark.benchmark(group="serve mip batch 1, 32 in flight (per 256 requests)")
+@pytest.mark.parametrize("who", ["dispatcher", "direct"])
+def test_request_throughput(benchmark, endpoints, who):
+    """256 requests, 32 in flight on one pipelined connection: the round's time / 256 is the
+    cost of one request under load (its inverse the requests per second)."""
+    import asyncio
+
+    from wirekit.mip.client import AsyncClient
+
+    loop = asyncio.new_event_loop()
+    client = AsyncClient(endpoints[who], timeout=TIMEOUT, max_in_flight=IN_FLIGHT)
+    counter = iter(range(10**9))
+
+    async def burst():
+        base = next(counter) * ROUND
+        outs = await asyncio.gather(*(client.infer_one(f"t{base + k}") for k in range(ROUND)))
+        return base, outs
+
+    try:
+        loop.run_until_complete(burst())  # connect and warm up
+        base, outs = benchmark(lambda: loop.run_until_complete(burst()))
+        assert [o[0].as_text() for o in outs] == [f"t{base + k}" for k in range(ROUND)]
+        median = benchmark.stats.stats.median
+        benchmark.extra_info["requests_per_s"] = round(ROUND / median, 1) if median else None
+    finally:
+        loop.run_until_complete(client.close())
+        loop.close()

@@ -1,0 +1,144 @@
+"""Helpers for the ``wirekit serve`` tests: tagged model handlers, deployments on port 0,
+the dispatcher as a real subprocess, HTTP calls with timeouts.
+
+Every blocking call has a timeout; every server, subprocess and session is closed on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from wirekit.mip.server import Server
+
+TIMEOUT = 10.0
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tagged(tag: str, *, gate: asyncio.Event | None = None, delay: float = 0.0):
+    """A handler answering each sample ``"<tag>:<INPUT UPPERCASED>"`` (so a client can check
+    both the answer and which device gave it).  ``gate``: hold every request until set."""
+
+    async def handler(batch):
+        if gate is not None:
+            await gate.wait()
+        if delay:
+            await asyncio.sleep(delay)
+        return [[f"{tag}:{sample[0].as_text().upper()}"] for sample in batch]
+
+    return handler
+
+
+def answer_of(text: str) -> tuple[str, str]:
+    """``"tag:VALUE"`` -> ``(tag, "VALUE")``."""
+    tag, _, value = text.partition(":")
+    return tag, value
+
+
+async def start_backend(handler, **options: Any) -> tuple[Server, int]:
+    """A wirekit MIP server on 127.0.0.1, port 0, in the running loop."""
+    server = Server(handler, **options)
+    await server.start("tcp://127.0.0.1:0")
+    return server, int(server.address.rsplit(":", 1)[1])
+
+
+def deployment(
+    store_path: Path,
+    models: dict[str, dict[str, Any]],
+    nodes: list[dict[str, Any]],
+    **top: Any,
+) -> dict[str, Any]:
+    """A deployment document listening on port 0 everywhere (``top`` keys replace)."""
+    doc: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "http_port": 0},
+        "store": {"path": str(store_path)},
+        "models": {name: {"port": 0, **m} for name, m in models.items()},
+        "nodes": nodes,
+    }
+    doc.update(top)
+    return doc
+
+
+class DispatcherProcess:
+    """``wirekit serve --config FILE`` in a subprocess; ``addresses`` from its ready line."""
+
+    def __init__(self, config: Path) -> None:
+        self.config = config
+        self.proc: subprocess.Popen | None = None
+        self.addresses: dict[str, Any] = {}
+
+    def __enter__(self) -> DispatcherProcess:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "wirekit.cli", "serve", "--config", str(self.config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        line = _readline(self.proc, TIMEOUT * 3)
+        try:
+            ready = json.loads(line)
+        except ValueError:
+            ready = {}
+        if ready.get("event") != "ready":
+            self.proc.kill()
+            _out, err = self.proc.communicate(timeout=TIMEOUT)
+            raise AssertionError(f"wirekit serve did not start: {line!r} {err}")
+        self.addresses = ready
+        # Drain stderr so a chatty log can never block the dispatcher.
+        self._drain = threading.Thread(target=self.proc.stderr.read, daemon=True)
+        self._drain.start()
+        return self
+
+    def mip_address(self, model: str) -> str:
+        return f"tcp://127.0.0.1:{self.addresses['mip'][model]}"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.addresses['http']}"
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(TIMEOUT)
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(TIMEOUT * 3)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(TIMEOUT)
+        return self.proc.returncode
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.stop()
+            self._drain.join(TIMEOUT)
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                with contextlib.suppress(Exception):
+                    pipe.close()
+
+
+def _readline(proc: subprocess.Popen, timeout: float) -> str:
+    result: list[str] = []
+    reader = threading.Thread(target=lambda: result.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return result[0].strip() if result else ""
+
+
+def run(coro, timeout: float = 60.0):
+    """Run a test coroutine with an overall time bound."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))

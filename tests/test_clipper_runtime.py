@@ -1,0 +1,521 @@
+"""Clipper container ↔ frontend over real ZeroMQ on loopback, with small D/TO.
+
+Every socket has a timeout on every receive and is closed with linger 0; every container and
+frontend is stopped by the fixtures.  No wall-clock thresholds: timing is asserted in
+``test_clipper_session.py`` with a fake clock; here behaviour is asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import clipper_models as models  # tests/ is on sys.path (rootdir conftest)
+import numpy as np
+import pytest
+import zmq
+
+from wirekit import clipper
+from wirekit.clipper import (
+    Heartbeat,
+    HeartbeatReply,
+    HeartbeatType,
+    InputType,
+    NewContainer,
+    PredictRequest,
+    PredictResponse,
+)
+from wirekit.clipper.container import ModelContainer
+from wirekit.clipper.frontend import Frontend
+from wirekit.clipper.session import PredictionError, VersionMismatch
+
+D, TO = 0.05, 0.4  # heartbeat period and activity timeout used by these tests
+WAIT = 10.0  # generous bound on how long any step may take before the test fails
+TESTS = Path(__file__).resolve().parent
+GENS = ["2016", "2017", "v3"]
+
+
+@pytest.fixture
+def ctx():
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+@pytest.fixture
+def stack(ctx):
+    """Start frontends and containers; stop them all at the end."""
+    started = []
+
+    class Stack:
+        def frontend(self, gen, listen="tcp://127.0.0.1:0", **kw):
+            kw.setdefault("activity_timeout", TO)
+            kw.setdefault("check_interval", D)
+            fe = Frontend(listen, gen, context=ctx, **kw).start()
+            started.append(fe)
+            return fe
+
+        def container(self, fn, gen, address, itype="doubles", name="m", **kw):
+            kw.setdefault("poll_interval", D)
+            kw.setdefault("activity_timeout", TO)
+            c = ModelContainer(fn, name, "1", itype, address, generation=gen, context=ctx,
+                               **kw).start()
+            started.append(c)
+            return c
+
+    yield Stack()
+    for thing in reversed(started):
+        thing.stop()
+
+
+@pytest.fixture
+def raw(ctx):
+    """A bare socket: bound on a random port (address None) or connected to ``address``."""
+    opened = []
+
+    def make(kind, address=None):
+        sock = ctx.socket(kind)
+        opened.append(sock)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, int(WAIT * 1000))
+        if address is None:
+            port = sock.bind_to_random_port("tcp://127.0.0.1")
+            return sock, f"tcp://127.0.0.1:{port}"
+        sock.connect(address)
+        return sock, address
+
+    yield make
+    for sock in opened:
+        sock.close(0)
+
+
+def model_for(gen):
+    return models.total if gen == "2016" else models.describe
+
+
+INPUTS = {
+    InputType.BYTES: [b"\x01\x02", b"\xff"],
+    InputType.INTS: [[1, -2, 3], [4]],
+    InputType.FLOATS: [[0.5, 1.5], [2.5]],
+    InputType.DOUBLES: [[1.0, 2.0], [3.0]],
+    InputType.STRINGS: ["héllo", "x"],
+}
+
+
+def expected(gen, itype):
+    inputs = INPUTS[itype]
+    if gen == "2016":
+        return [float(len(x)) if isinstance(x, str) else float(np.sum(np.frombuffer(x, np.uint8))
+                if isinstance(x, bytes) else np.sum(x)) for x in inputs]
+    dtype = {InputType.BYTES: "u1", InputType.INTS: "i4", InputType.FLOATS: "f4",
+             InputType.DOUBLES: "f8"}.get(itype)
+    if dtype is None:
+        return [f"s:{x}" for x in inputs]
+    return models.describe(
+        [np.frombuffer(x, np.uint8) if isinstance(x, bytes) else np.array(x, dtype)
+         for x in inputs])
+
+
+# --- every generation × every input type, several replicas ---
+
+
+@pytest.mark.parametrize("gen", GENS)
+@pytest.mark.parametrize("itype", list(InputType), ids=lambda t: t.name.lower())
+def test_predict_every_generation_and_input_type(stack, gen, itype):
+    fe = stack.frontend(gen, max_in_flight=2)
+    containers = [stack.container(model_for(gen), gen, fe.endpoint, itype) for _ in range(3)]
+    fe.wait_for("m", 3, WAIT)
+    futures = [fe.submit("m", INPUTS[itype], WAIT) for _ in range(12)]
+    results = [f.result(WAIT) for f in futures]
+    want = expected(gen, itype)
+    for out in results:
+        assert list(out) == pytest.approx(want) if gen == "2016" else list(out) == want
+    assert sum(c.served for c in containers) == 12
+    assert sum(1 for c in containers if c.served) >= 2  # the load was spread
+
+
+def test_asyncio_predict(stack):
+    fe = stack.frontend("v3", max_in_flight=4)
+    stack.container(models.describe, "v3", fe.endpoint)
+    fe.wait_for("m", 1, WAIT)
+
+    async def many():
+        return await asyncio.gather(
+            *(fe.apredict("m", [[float(k)]], WAIT) for k in range(8))
+        )
+
+    assert asyncio.run(many()) == [[f"f8:{float(k)!r}"] for k in range(8)]
+
+
+def test_inputs_handed_to_the_model_are_never_overwritten(stack):
+    kept = []
+
+    def keep(inputs):
+        kept.append(inputs)
+        return ["ok"] * len(inputs)
+
+    fe = stack.frontend("v3")
+    stack.container(keep, "v3", fe.endpoint)
+    fe.wait_for("m", 1, WAIT)
+    for k in range(5):
+        fe.predict("m", np.full((2, 4), float(k)), WAIT)
+    assert [float(np.asarray(x).mean()) for x in kept] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_model_failures_are_logged_and_the_container_keeps_serving(stack, caplog):
+    def flaky(inputs):
+        first = float(np.asarray(inputs[0])[0])
+        if first == 1.0:
+            raise RuntimeError("boom")
+        if first == 2.0:
+            return ["only one"]  # wrong count for two inputs
+        return ["a"] * len(inputs)
+
+    fe = stack.frontend("v3")
+    c = stack.container(flaky, "v3", fe.endpoint)
+    fe.wait_for("m", 1, WAIT)
+    for bad in (1.0, 2.0):
+        with pytest.raises(PredictionError, match="no answer"):
+            fe.predict("m", [[bad], [0.0]], timeout=0.3)
+    assert fe.predict("m", [[3.0], [0.0]], WAIT) == ["a", "a"]
+    assert c.failures == 2 and c.error is None
+    assert "model failed on message 0: RuntimeError('boom')" in caplog.text
+    assert "message 1: the model returned 1 outputs for 2 inputs" in caplog.text
+
+
+def test_input_type_mismatch_is_a_clear_error(stack):
+    fe = stack.frontend("v3")
+    stack.container(models.describe, "v3", fe.endpoint, "ints")
+    fe.wait_for("m", 1, WAIT)
+    with pytest.raises(PredictionError, match="takes ints inputs; these inputs are strings"):
+        fe.predict("m", ["a"], WAIT)
+
+
+# --- faults ---
+
+
+@pytest.mark.parametrize("gen", GENS)
+def test_frontend_restarted_on_the_same_port(stack, gen):
+    fe = stack.frontend(gen)
+    port = int(fe.endpoint.rsplit(":", 1)[1])
+    c = stack.container(model_for(gen), gen, fe.endpoint)
+    fe.wait_for("m", 1, WAIT)
+    fe.predict("m", [[1.0]], WAIT)
+    fe.stop()
+    assert c.sessions == 1
+    deadline = time.monotonic() + WAIT
+    while True:  # the old socket's port is released by ZeroMQ's I/O thread, shortly
+        try:
+            fe2 = stack.frontend(gen, f"tcp://127.0.0.1:{port}")
+            break
+        except zmq.ZMQError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+    fe2.wait_for("m", 1, WAIT)
+    out = fe2.predict("m", [[2.0]], WAIT)
+    assert list(out) == ([2.0] if gen == "2016" else ["f8:2.0"])
+    assert c.sessions >= 2  # it came back on a new socket
+
+
+def _spawn_container(address, gen, fn, delay=None):
+    env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    if delay is not None:
+        env["WIREKIT_TEST_DELAY"] = str(delay)
+    return subprocess.Popen(
+        [sys.executable, "-m", "wirekit.cli", "clipper", "container", "--model",
+         f"clipper_models:{fn}", "--name", "m", "--model-version", "1", "--address", address,
+         "--generation", gen, "--poll-interval", str(D), "--activity-timeout", str(TO)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+@pytest.mark.parametrize("gen", GENS)
+def test_container_killed_with_a_batch_in_flight(stack, gen):
+    fe = stack.frontend(gen)
+    slow = "slow_total" if gen == "2016" else "slow_describe"
+    proc = _spawn_container(fe.endpoint, gen, slow, delay=30)
+    try:
+        fe.wait_for("m", 1, WAIT)
+        future = fe.submit("m", [[5.0]], WAIT)
+        deadline = time.monotonic() + WAIT
+        while not fe.state.in_flight and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert fe.state.in_flight  # the batch went to the slow replica
+        stack.container(model_for(gen), gen, fe.endpoint)
+        fe.wait_for("m", 2, WAIT)
+        proc.send_signal(signal.SIGKILL)
+        out = future.result(WAIT)
+        assert list(out) == ([5.0] if gen == "2016" else ["f8:5.0"])
+    finally:
+        proc.kill()
+        proc.wait(WAIT)
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("gen", ["2017", "v3"])
+def test_silent_peer_expires_and_its_batch_completes_elsewhere(stack, raw, gen):
+    """A peer that registers and then goes quiet without closing: expiry after TO."""
+    fe = stack.frontend(gen)
+    zombie, _ = raw(zmq.DEALER, fe.endpoint)
+    zombie.send_multipart(clipper.encode(NewContainer("m", "1", InputType.DOUBLES,
+                                                      3 if gen == "v3" else None), gen))
+    fe.wait_for("m", 1, WAIT)
+    future = fe.submit("m", [[7.0]], WAIT)
+    request = clipper.decode(zombie.recv_multipart(), gen, "to_container")
+    assert type(request) is PredictRequest
+    stack.container(models.describe, gen, fe.endpoint)
+    assert future.result(WAIT) == ["f8:7.0"]
+    assert all(r.identity != b"" for r in fe.replicas("m")) and len(fe.replicas("m")) == 1
+    zombie.close(0)
+
+
+@pytest.mark.parametrize("gen", ["2017", "v3"])
+def test_model_slower_than_the_activity_timeout(stack, gen):
+    def slow(inputs):
+        time.sleep(3 * TO)
+        return ["done"] * len(inputs)
+
+    fe = stack.frontend(gen)
+    c = stack.container(slow, gen, fe.endpoint)
+    (replica,) = fe.wait_for("m", 1, WAIT)
+    assert fe.predict("m", [[1.0]], WAIT) == ["done"]
+    assert fe.replicas("m") == [replica]  # never expired
+    assert c.sessions == 1
+
+
+@pytest.mark.parametrize("gen", GENS)
+def test_frontend_survives_malformed_and_out_of_order_frames(stack, raw, gen, caplog):
+    fe = stack.frontend(gen)
+    bad, _ = raw(zmq.DEALER, fe.endpoint)
+    bad.send_multipart([b"", b"\xff\xff"])  # garbage
+    bad.send_multipart([b"garbage without delimiter"])
+    bad.send_multipart(clipper.encode(PredictResponse(99, [1.0] if gen == "2016" else ["x"]),
+                                      gen)[:2])  # truncated
+    if gen != "2016":
+        bad.send_multipart(clipper.encode(PredictResponse(99, ["x"]), gen))  # before registering
+    stack.container(model_for(gen), gen, fe.endpoint)
+    fe.wait_for("m", 1, WAIT)
+    assert list(fe.predict("m", [[4.0]], WAIT)) == ([4.0] if gen == "2016" else ["f8:4.0"])
+    assert "malformed" in caplog.text
+    bad.close(0)
+
+
+@pytest.mark.parametrize("gen", ["2017", "v3"])
+def test_container_survives_malformed_and_out_of_order_frames(stack, raw, gen, caplog):
+    router, address = raw(zmq.ROUTER)
+    c = stack.container(models.describe, gen, address)
+    ident, *first = router.recv_multipart()
+    assert clipper.decode(first, gen, "to_clipper") == Heartbeat()
+    router.send_multipart([ident, b"", b"\x07"])  # garbage
+    router.send_multipart([ident, b"", b"\x03\x00\x00\x00", b"\x01\x00\x00\x00"])  # truncated
+    keep = clipper.encode(HeartbeatReply(HeartbeatType.KEEPALIVE), gen)
+    router.send_multipart([ident, *keep])  # keep-alive before registering: out of order
+    meta = clipper.encode(HeartbeatReply(HeartbeatType.REQUEST_CONTAINER_METADATA), gen)
+    router.send_multipart([ident, *meta])
+    req = clipper.encode(PredictRequest(41, InputType.DOUBLES, [[1.5]]), gen)
+    router.send_multipart([ident, *req])
+    seen = []
+    while not any(type(m) is PredictResponse for m in seen):
+        i, *frames = router.recv_multipart()
+        assert i == ident
+        seen.append(clipper.decode(frames, gen, "to_clipper"))
+    assert PredictResponse(41, ["f8:1.5"]) in seen
+    assert any(type(m) is NewContainer for m in seen)
+    assert c.sessions == 1 and c.error is None
+    assert "malformed" in caplog.text
+
+
+@pytest.mark.parametrize(("mine", "theirs"), [("v3", "2017"), ("2017", "v3")])
+def test_version_mismatch_is_a_clear_error(stack, mine, theirs, caplog):
+    fe = stack.frontend(theirs)
+    c = stack.container(models.describe, mine, fe.endpoint)
+    c._thread.join(WAIT)
+    assert isinstance(c.error, VersionMismatch)
+    assert f"peer speaks Clipper RPC {theirs}, this end speaks {mine}" in str(c.error)
+    assert fe.replicas() == []
+    assert "version mismatch" in caplog.text
+
+
+# --- golden vectors from the reference, through real sockets ---
+
+LE = struct.Struct
+D3 = struct.pack("<3d", 1.0, 2.0, 3.0)
+GOLDEN_REQUESTS = {  # msg id 0, doubles [1, 2], [3] as the container receives them
+    "2016": [b"", b"\0\0\0\0", b"\0\0\0\0", struct.pack("<3I", 3, 2, 2), D3],
+    "2017": [b"", struct.pack("<i", 1), b"\0\0\0\0", b"\0\0\0\0", struct.pack("<q", 12),
+             struct.pack("<3I", 3, 2, 2), struct.pack("<q", 24), D3],
+    "v3": [b"", struct.pack("<I", 3), struct.pack("<I", 1), b"\0\0\0\0", b"\0\0\0\0",
+           struct.pack("<q", 32), struct.pack("<4Q", 3, 2, 16, 8), D3[:16], D3[16:]],
+}
+GOLDEN_STRINGS = {  # "ab", "c"
+    "2016": [b"", b"\0\0\0\0", b"\0\0\0\0", struct.pack("<3I", 4, 2, 1), b"ab\0c\0"],
+    "2017": [b"", struct.pack("<i", 1), b"\0\0\0\0", b"\0\0\0\0", struct.pack("<q", 12),
+             struct.pack("<3I", 4, 2, 1), struct.pack("<q", 5), b"ab\0c\0"],
+    "v3": [b"", struct.pack("<I", 3), struct.pack("<I", 1), b"\0\0\0\0", b"\0\0\0\0",
+           struct.pack("<q", 32), struct.pack("<4Q", 4, 2, 2, 1), b"ab", b"c"],
+}
+
+
+def golden_response(gen, outputs):
+    if gen == "2016":
+        return [b"", b"\0\0\0\0", np.array(outputs, "<f4").tobytes()]
+    enc = [o.encode() for o in outputs]
+    if gen == "2017":
+        payload = struct.pack(f"<{len(enc) + 1}I", len(enc), *map(len, enc)) + b"".join(enc)
+        return [b"", struct.pack("<I", 1), b"\0\0\0\0", payload]
+    header = struct.pack(f"<{len(enc) + 1}Q", len(enc), *map(len, enc))
+    return [b"", struct.pack("<I", 1), b"\0\0\0\0", struct.pack("<Q", len(header)), header,
+            *enc]
+
+
+def golden_registration(gen, itype):
+    if gen == "2016":
+        return [b"", b"m", b"1", str(int(itype)).encode()]
+    frames = [b"", b"\0\0\0\0", b"m", b"1", str(int(itype)).encode()]
+    return [*frames, struct.pack("<I", 3)] if gen == "v3" else frames
+
+
+@pytest.mark.parametrize("gen", GENS)
+@pytest.mark.parametrize("kind", ["doubles", "strings"])
+def test_golden_vectors_frontend_to_raw_container(stack, raw, gen, kind):
+    """The frontend sends exactly the reference bytes; it accepts the reference answer."""
+    fe = stack.frontend(gen)
+    dealer, _ = raw(zmq.DEALER, fe.endpoint)
+    itype = InputType.DOUBLES if kind == "doubles" else InputType.STRINGS
+    if gen != "2016":
+        dealer.send_multipart([b"", struct.pack("<I", 2)])
+        assert dealer.recv_multipart() == (
+            [b"", b"\x03\0\0\0", b"\x02\0\0\0", b"\x01\0\0\0"] if gen == "v3"
+            else [b"", b"\x02\0\0\0", b"\x01\0\0\0"])
+    dealer.send_multipart(golden_registration(gen, itype))
+    fe.wait_for("m", 1, WAIT)
+    inputs = [[1.0, 2.0], [3.0]] if kind == "doubles" else ["ab", "c"]
+    future = fe.submit("m", inputs, WAIT)
+    want = GOLDEN_REQUESTS[gen] if kind == "doubles" else GOLDEN_STRINGS[gen]
+    assert dealer.recv_multipart() == want
+    outs = [0.5, 1.5] if gen == "2016" else ["yes", "n"]
+    dealer.send_multipart(golden_response(gen, outs))
+    assert list(future.result(WAIT)) == outs
+    dealer.close(0)
+
+
+@pytest.mark.parametrize("gen", GENS)
+@pytest.mark.parametrize("kind", ["doubles", "strings"])
+def test_golden_vectors_raw_clipper_to_container(stack, raw, gen, kind):
+    """The container decodes the reference bytes and answers with the reference bytes."""
+    router, address = raw(zmq.ROUTER)
+    itype = InputType.DOUBLES if kind == "doubles" else InputType.STRINGS
+    got = []
+
+    def model(inputs):
+        got.append([x if isinstance(x, str) else list(np.asarray(x)) for x in inputs])
+        return [0.5, 1.5] if gen == "2016" else ["yes", "n"]
+
+    stack.container(model, gen, address, itype)
+    ident, *frames = router.recv_multipart()
+    if gen != "2016":
+        assert frames == [b"", struct.pack("<I", 2)]
+        reply = [b"", b"\x02\0\0\0", b"\x01\0\0\0"]
+        router.send_multipart([ident, *([b"", b"\x03\0\0\0", *reply[1:]] if gen == "v3"
+                                        else reply)])
+        ident2, *frames = router.recv_multipart()
+        while frames == [b"", struct.pack("<I", 2)]:  # a heartbeat crossed the reply
+            ident2, *frames = router.recv_multipart()
+        assert ident2 == ident
+    assert frames == golden_registration(gen, itype)
+    request = GOLDEN_REQUESTS[gen] if kind == "doubles" else GOLDEN_STRINGS[gen]
+    router.send_multipart([ident, *request])
+    while True:
+        _, *frames = router.recv_multipart()
+        if frames != [b"", struct.pack("<I", 2)]:
+            break
+    assert frames == golden_response(gen, [0.5, 1.5] if gen == "2016" else ["yes", "n"])
+    assert got == ([[[1.0, 2.0], [3.0]]] if kind == "doubles" else [["ab", "c"]])
+
+
+# --- the command line ---
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cli_frontend_container_predict():
+    from wirekit.cli import main
+
+    rpc, q = _free_port(), _free_port()
+    env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               CLIPPER_MODEL_NAME="m", CLIPPER_MODEL_VERSION="7", CLIPPER_PORT=str(rpc),
+               CLIPPER_INPUT_TYPE="doubles")
+    fe = subprocess.Popen(
+        [sys.executable, "-m", "wirekit.cli", "clipper", "frontend", "--listen",
+         f"tcp://127.0.0.1:{rpc}", "--query", f"tcp://127.0.0.1:{q}", "--activity-timeout",
+         "5"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    con = subprocess.Popen(
+        [sys.executable, "-m", "wirekit.cli", "clipper", "container", "--model",
+         "clipper_models:describe", "--poll-interval", "0.1"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        import io
+
+        deadline = time.monotonic() + WAIT
+        while True:
+            out, err = io.StringIO(), io.StringIO()
+            code = main(["clipper", "predict", "--model", "m", "--frontend",
+                         f"tcp://127.0.0.1:{q}", "--doubles", "1,2", "--doubles", "3",
+                         "--timeout", "0.5"], out=out, err=err)
+            if code == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert code == 0, err.getvalue()
+        assert out.getvalue().splitlines() == ["f8:1.0,2.0", "f8:3.0"]
+        out, err = io.StringIO(), io.StringIO()
+        code = main(["clipper", "predict", "--model", "m", "--frontend",
+                     f"tcp://127.0.0.1:{q}", "--strings", "x", "--timeout", "1"],
+                    out=out, err=err)
+        assert code == 1 and "takes doubles inputs" in err.getvalue()
+    finally:
+        for p in (con, fe):
+            p.send_signal(signal.SIGTERM)
+        for p in (con, fe):
+            try:
+                p.wait(WAIT)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(WAIT)
+            p.stdout.close()
+            p.stderr.close()
+    assert con.returncode == 0 and fe.returncode == 0
+
+
+def test_cli_container_needs_a_model_name(monkeypatch):
+    import io
+
+    from wirekit.cli import main
+
+    monkeypatch.delenv("CLIPPER_MODEL_NAME", raising=False)
+    err = io.StringIO()
+    code = main(["clipper", "container", "--model", "clipper_models:describe",
+                 "--model-version", "1"], out=io.StringIO(), err=err)
+    assert code == 2 and "CLIPPER_MODEL_NAME is not set" in err.getvalue()
+
+
+def test_threads_do_not_leak(stack):
+    before = threading.active_count()
+    fe = stack.frontend("v3")
+    c = stack.container(models.describe, "v3", fe.endpoint)
+    fe.wait_for("m", 1, WAIT)
+    c.stop()
+    fe.stop()
+    assert threading.active_count() <= before

@@ -1,0 +1,95 @@
+"""End to end to Clipper containers: wirekit's Clipper containers connect to the dispatcher's
+own Clipper RPC port (the embedded frontend) and are routed to by quota like any device."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import aiohttp
+import numpy as np
+from serve_support import answer_of, deployment, run
+
+from wirekit.clipper.container import ModelContainer
+from wirekit.mip.client import AsyncClient
+from wirekit.serve.config import parse_config
+from wirekit.serve.service import Service
+from wirekit.serve.store import connect, read_rows
+
+WAIT = 10.0
+
+
+def tagger(tag):
+    def predict(inputs):
+        return [f"{tag}:{x.upper()}" for x in inputs]
+
+    return predict
+
+
+def summer(inputs):
+    return [repr(float(np.sum(x))) for x in inputs]
+
+
+def test_clipper_containers_behind_both_front_doors(tmp_path):
+    store = tmp_path / "c.db"
+    doc = deployment(
+        store,
+        {"words": {"backend": "clipper", "timeout": 5}, "sum": {"backend": "clipper"}},
+        [
+            {"id": "n1", "devices": ["CPU", "GPU"], "models": ["words", "sum"],
+             "quotas": [0.5, 0.5, 1, 0], "ports": ["words-cpu", None, "words-gpu", None]},
+        ],
+        cache={"max_entries": 0},
+    )
+    doc["listen"]["clipper_rpc_port"] = 0
+
+    async def main():
+        service = Service(parse_config(doc))
+        await service.start()
+        containers = []
+        try:
+            rpc = f"tcp://127.0.0.1:{service.addresses()['clipper_rpc']}"
+            for fn, name, itype in ((tagger("C"), "words-cpu", "strings"),
+                                    (tagger("G"), "words-gpu", "strings"),
+                                    (summer, "sum", "doubles")):
+                containers.append(
+                    ModelContainer(fn, name, "1", itype, rpc, poll_interval=0.05).start()
+                )
+            deadline = time.monotonic() + WAIT
+            while len(service.clipper.replicas()) < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert len(service.clipper.replicas()) == 3
+            address = f"tcp://127.0.0.1:{service.addresses()['mip']['words']}"
+            async with AsyncClient(address, timeout=10) as c:
+                outs = await asyncio.gather(*(c.infer_one(f"w{k}") for k in range(90)))
+            tags = Counter()
+            for k, (item,) in enumerate(outs):
+                tag, value = answer_of(item.as_text())
+                assert value == f"W{k}"
+                tags[tag] += 1
+            # quotas 0.5 (CPU) and 1 (GPU): both used, the GPU more often
+            assert set(tags) == {"C", "G"}
+            base = f"http://127.0.0.1:{service.addresses()['http']}"
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+                async with http.post(f"{base}/sum/predict", json={"input": [1.0, 2.5]}) as r:
+                    doc_ = await r.json()
+                assert doc_["default"] is False and float(doc_["output"]) == 3.5
+                async with http.post(f"{base}/v1/models/words:predict",
+                                     json={"instances": ["a", "b"]}) as r:
+                    outs_ = (await r.json())["outputs"]
+                assert [answer_of(o[0])[1] for o in outs_] == ["A", "B"]
+            await service.store.flush()
+            conn = connect(store, readonly=True)
+            try:
+                rows = list(read_rows(conn))
+            finally:
+                conn.close()
+            assert Counter(r.status for r in rows) == {"ok": 90 + 2}
+            assert {r.device for r in rows} == {"n1/0/words", "n1/1/words", "n1/0/sum"}
+        finally:
+            for c in containers:
+                c.stop()
+            await service.stop()
+
+    run(main())

@@ -1,0 +1,207 @@
+"""``wirekit clipper container|frontend|predict``: the Clipper runtimes on the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import threading
+from typing import TextIO
+
+from wirekit.errors import WirekitError
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+GENERATIONS = ("2016", "2017", "v3")
+
+
+def _setup_logging(verbose: bool, err: TextIO) -> None:
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger = logging.getLogger("wirekit.clipper")
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def _until_signal(stop: threading.Event) -> None:
+    """Wait for SIGINT/SIGTERM (when on the main thread) or ``stop``."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.2):
+        pass
+
+
+def _container(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .container import ModelContainer, address_from_env, load_function
+    from .session import VersionMismatch
+
+    _setup_logging(args.verbose, err)
+    try:
+        fn = load_function(args.model)
+        env = dict(os.environ)
+        if args.ip:
+            env["CLIPPER_IP"] = args.ip
+        if args.port:
+            env["CLIPPER_PORT"] = str(args.port)
+        container = ModelContainer.from_env(
+            fn,
+            env,
+            model_name=args.name,
+            model_version=args.model_version,
+            input_type=args.input_type,
+            address=args.address or address_from_env(env),
+            generation=args.generation,
+            poll_interval=args.poll_interval,
+            activity_timeout=args.activity_timeout,
+        )
+    except (ValueError, ImportError, AttributeError) as exc:
+        err.write(f"wirekit clipper container: {exc}\n")
+        return EXIT_USAGE
+    reg = container.registration
+    out.write(f"serving {reg.model_name}:{reg.model_version} ({reg.input_type.name.lower()}) "
+              f"to {container.address}, Clipper RPC {container.generation.value}\n")
+    out.flush()
+    stop = threading.Event()
+    container.start()
+    watcher = threading.Thread(target=lambda: (container._thread.join(), stop.set()),
+                               daemon=True)
+    watcher.start()
+    _until_signal(stop)
+    container.stop()
+    if isinstance(container.error, VersionMismatch):
+        err.write(f"wirekit clipper container: {container.error}\n")
+        return EXIT_FAIL
+    if container.error is not None:
+        err.write(f"wirekit clipper container: stopped: {container.error}\n")
+        return EXIT_FAIL
+    return EXIT_OK
+
+
+def _frontend(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    import zmq
+
+    from .frontend import Frontend
+
+    _setup_logging(args.verbose, err)
+    frontend = Frontend(
+        args.listen, args.generation, activity_timeout=args.activity_timeout,
+        max_in_flight=args.max_in_flight, query=args.query or None,
+    )
+    try:
+        frontend.start()
+    except zmq.ZMQError as exc:
+        err.write(f"wirekit clipper frontend: cannot bind: {exc}\n")
+        return EXIT_FAIL
+    out.write(f"Clipper RPC {frontend.generation.value} frontend on {frontend.endpoint}"
+              + (f", queries on {frontend.query_endpoint}" if frontend.query_endpoint else "")
+              + "\n")
+    out.flush()
+    stop = threading.Event()
+    _until_signal(stop)
+    frontend.stop()
+    return EXIT_OK
+
+
+def _predict(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .frontend import query
+
+    given = [(k, v) for k in ("doubles", "floats", "ints", "strings", "bytes_hex")
+             if (v := getattr(args, k))]
+    if len(given) != 1:
+        err.write("wirekit clipper predict: give inputs of one type (--doubles, --floats, "
+                  "--ints, --strings or --bytes-hex), each flag once per input\n")
+        return EXIT_USAGE
+    kind, raw = given[0]
+    try:
+        if kind in ("doubles", "floats"):
+            inputs: list = [[float(x) for x in item.split(",") if x.strip()] for item in raw]
+        elif kind == "ints":
+            inputs = [[int(x) for x in item.split(",") if x.strip()] for item in raw]
+        elif kind == "bytes_hex":
+            inputs = [bytes.fromhex(item) for item in raw]
+        else:
+            inputs = list(raw)
+    except ValueError as exc:
+        err.write(f"wirekit clipper predict: bad input: {exc}\n")
+        return EXIT_USAGE
+    itype = "bytes" if kind == "bytes_hex" else kind
+    try:
+        outputs = query(args.frontend, args.model, inputs, itype, timeout=args.timeout)
+    except WirekitError as exc:
+        err.write(f"wirekit clipper predict: {exc}\n")
+        return EXIT_FAIL
+    if args.json:
+        out.write(json.dumps(outputs) + "\n")
+    else:
+        for value in outputs:
+            out.write(f"{value}\n")
+    return EXIT_OK
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``wirekit clipper ...`` to the ``wirekit`` command line."""
+    clipper = subparsers.add_parser(
+        "clipper", help="Clipper model containers and a Clipper-side frontend",
+        description="Serve a Python model to Clipper, host Clipper containers, or query them.",
+    )
+    sub = clipper.add_subparsers(dest="clipper_command", required=True, metavar="ACTION")
+
+    con = sub.add_parser(
+        "container", help="serve a predict function as a Clipper model container",
+        description="Serve package.module:function to a Clipper (or wirekit frontend). "
+        "Defaults come from CLIPPER_MODEL_NAME, CLIPPER_MODEL_VERSION, CLIPPER_IP, "
+        "CLIPPER_PORT (7000) and CLIPPER_INPUT_TYPE (doubles).",
+    )
+    con.add_argument("--model", required=True, metavar="MODULE:FUNCTION",
+                     help="the predict function: gets the inputs, returns one output each")
+    con.add_argument("--name", help="model name (CLIPPER_MODEL_NAME)")
+    con.add_argument("--model-version", help="model version (CLIPPER_MODEL_VERSION)")
+    con.add_argument("--input-type", help="bytes, ints, floats, doubles or strings "
+                     "(CLIPPER_INPUT_TYPE, default doubles)")
+    con.add_argument("--address", help="tcp://HOST:PORT of Clipper (overrides --ip/--port)")
+    con.add_argument("--ip", help="Clipper's address (CLIPPER_IP, default 127.0.0.1)")
+    con.add_argument("--port", type=int, help="Clipper's RPC port (CLIPPER_PORT, default 7000)")
+    con.add_argument("--generation", choices=GENERATIONS, default="v3",
+                     help="Clipper RPC generation (default v3, the final release)")
+    con.add_argument("--poll-interval", type=float, default=5.0, metavar="D",
+                     help="heartbeat period in seconds (default 5)")
+    con.add_argument("--activity-timeout", type=float, default=30.0, metavar="TO",
+                     help="reconnect after this many silent seconds (default 30)")
+    con.add_argument("-v", "--verbose", action="store_true", help="log sessions and requests")
+    con.set_defaults(handler=_container)
+
+    fe = sub.add_parser(
+        "frontend", help="host Clipper model containers (the Clipper side of the RPC)",
+        description="Bind a ROUTER for model containers and a query socket for "
+        "`wirekit clipper predict`.",
+    )
+    fe.add_argument("--listen", default="tcp://127.0.0.1:7000",
+                    help="where containers connect (default tcp://127.0.0.1:7000)")
+    fe.add_argument("--query", default="tcp://127.0.0.1:7001",
+                    help="where `wirekit clipper predict` connects (default "
+                    "tcp://127.0.0.1:7001; empty to disable)")
+    fe.add_argument("--generation", choices=GENERATIONS, default="v3")
+    fe.add_argument("--activity-timeout", type=float, default=30.0, metavar="TO",
+                    help="drop containers silent this long (default 30 s)")
+    fe.add_argument("--max-in-flight", type=int, default=1,
+                    help="batches in flight per container (default 1, as Clipper)")
+    fe.add_argument("-v", "--verbose", action="store_true", help="log registrations")
+    fe.set_defaults(handler=_frontend)
+
+    pr = sub.add_parser(
+        "predict", help="ask a running `wirekit clipper frontend` for a prediction",
+        description="Send one batch to a model; repeat an input flag for several inputs.",
+    )
+    pr.add_argument("--model", required=True, help="the model name")
+    pr.add_argument("--frontend", default="tcp://127.0.0.1:7001",
+                    help="the frontend's query address (default tcp://127.0.0.1:7001)")
+    pr.add_argument("--doubles", action="append", metavar="X,Y,...", help="one input")
+    pr.add_argument("--floats", action="append", metavar="X,Y,...", help="one input")
+    pr.add_argument("--ints", action="append", metavar="X,Y,...", help="one input")
+    pr.add_argument("--strings", action="append", metavar="TEXT", help="one input")
+    pr.add_argument("--bytes-hex", action="append", metavar="HEX", help="one input")
+    pr.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    pr.add_argument("--json", action="store_true", help="print the outputs as a JSON list")
+    pr.set_defaults(handler=_predict)

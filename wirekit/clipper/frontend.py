@@ -1,0 +1,433 @@
+"""The Clipper side of the container RPC: a ROUTER that hosts model containers.
+
+>>> with Frontend("tcp://127.0.0.1:7000", "v3") as fe:        # doctest: +SKIP
+...     fe.wait_for("sum")
+...     fe.predict("sum", [[1.0, 2.0], [3.0]], timeout=5.0)
+['3.0', '3.0']
+
+One thread owns the ROUTER (and the optional query socket) and moves frames between them and
+a :class:`~wirekit.clipper.session.FrontendState`; callers hand work to it through a queue and
+get :class:`concurrent.futures.Future` results (``predict`` blocks on one, ``apredict``
+awaits one).  Containers that disconnect (seen through a socket monitor) or stay silent
+longer than the activity timeout are dropped and their batches sent to another replica.
+
+The optional query socket (``query=``) answers JSON requests from ``wirekit clipper predict``:
+``{"model": ..., "inputs": [...], "input_type": "doubles", "timeout": 5}`` ->
+``{"outputs": [...]}`` or ``{"error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import zmq
+import zmq.utils.monitor
+
+from wirekit.errors import WirekitError
+
+from .container import parse_input_type
+from .messages import Generation, InputType, as_generation
+from .session import (
+    DEFAULT_ACTIVITY_TIMEOUT,
+    Completed,
+    FrontendState,
+    PredictionError,
+    Replica,
+)
+
+log = logging.getLogger("wirekit.clipper.frontend")
+
+DEFAULT_LISTEN = "tcp://127.0.0.1:7000"
+DEFAULT_QUERY = "tcp://127.0.0.1:7001"
+_MAX_QUERY_BYTES = 64 << 20
+
+
+def _jsonable_outputs(outputs: Any) -> list:
+    if isinstance(outputs, np.ndarray):
+        return outputs.tolist()
+    return list(outputs)
+
+
+class Frontend:
+    """Bind a ROUTER at ``listen`` and host Clipper model containers of ``generation``.
+
+    ``max_in_flight`` batches are sent to each container before its answer (Clipper 2017
+    keeps one); ``activity_timeout`` (TO, Clipper's 30 s) drops heartbeating containers that
+    fall silent, checked every ``check_interval`` (TO/3).  ``start()`` binds (errors surface
+    there) and runs the socket thread; ``stop()`` ends it.
+    """
+
+    def __init__(
+        self,
+        listen: str = DEFAULT_LISTEN,
+        generation: Generation | str = Generation.V3,
+        *,
+        activity_timeout: float = DEFAULT_ACTIVITY_TIMEOUT,
+        check_interval: float | None = None,
+        max_in_flight: int = 1,
+        query: str | None = None,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self.listen = listen
+        self.generation = as_generation(generation)
+        self.state = FrontendState(
+            self.generation, activity_timeout=activity_timeout,
+            check_interval=check_interval, max_in_flight=max_in_flight,
+        )
+        self.query_address = query
+        self.context = context or zmq.Context.instance()
+        self.endpoint: str | None = None
+        self.query_endpoint: str | None = None
+        self._submissions: deque = deque()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._owner: int | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._closed = False
+        self._wake_lock = threading.Lock()
+        self._sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self._query: zmq.Socket | None = None
+        self._fd_of: dict[bytes, int] = {}
+
+    # -- lifecycle --
+
+    def start(self) -> Frontend:
+        """Bind the sockets and start the socket thread."""
+        sock = self.context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            sock.bind(self.listen)
+            self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            if self.query_address:
+                self._query = self.context.socket(zmq.ROUTER)
+                self._query.setsockopt(zmq.LINGER, 0)
+                self._query.setsockopt(zmq.MAXMSGSIZE, _MAX_QUERY_BYTES)
+                self._query.bind(self.query_address)
+                self.query_endpoint = self._query.getsockopt_string(zmq.LAST_ENDPOINT)
+        except BaseException:
+            self._close_sockets(sock)
+            raise
+        self._sock = sock
+        self._thread = threading.Thread(target=self._loop, name="clipper-frontend", daemon=True)
+        self._thread.start()
+        log.info("clipper frontend (%s) listening on %s", self.generation.value, self.endpoint)
+        return self
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """End the socket thread; unfinished predictions fail."""
+        self._stop.set()
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> Frontend:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _close_sockets(self, sock: zmq.Socket) -> None:
+        if self._monitor is not None:
+            sock.disable_monitor()
+            self._monitor.close(0)
+        if self._query is not None:
+            self._query.close(0)
+        sock.close(0)
+
+    def _wake(self) -> None:
+        with self._wake_lock:
+            if self._closed:
+                return
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._wake_w, b"x")
+
+    # -- the public API (any thread) --
+
+    def submit(
+        self,
+        model: str,
+        inputs: Any,
+        timeout: float = 5.0,
+        input_type: InputType | str | int | None = None,
+    ) -> concurrent.futures.Future:
+        """Queue one batch for ``model``; the future gets one output per input."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if input_type is not None:
+            input_type = parse_input_type(input_type)
+        if self._stop.is_set() or self._thread is None:
+            future.set_exception(PredictionError("the frontend is not running"))
+            return future
+        deadline = time.monotonic() + timeout
+        self._submissions.append((model, inputs, deadline, future, input_type))
+        if threading.get_ident() != self._owner:
+            self._wake()
+        return future
+
+    def predict(
+        self,
+        model: str,
+        inputs: Any,
+        timeout: float = 5.0,
+        input_type: InputType | str | int | None = None,
+    ) -> Any:
+        """Blocking prediction: the outputs, or :class:`PredictionError`."""
+        future = self.submit(model, inputs, timeout, input_type)
+        try:
+            return future.result(timeout + 1.0)
+        except concurrent.futures.TimeoutError:
+            raise PredictionError(f"model {model!r}: no answer within {timeout} s") from None
+
+    async def apredict(
+        self,
+        model: str,
+        inputs: Any,
+        timeout: float = 5.0,
+        input_type: InputType | str | int | None = None,
+    ) -> Any:
+        """``asyncio`` form of :meth:`predict`."""
+        return await asyncio.wrap_future(self.submit(model, inputs, timeout, input_type))
+
+    def replicas(self, model: str | None = None) -> list[Replica]:
+        """A snapshot of the registered replicas (of one model, or all)."""
+        found = list(self.state.replicas.values())
+        return [r for r in found if model is None or r.model_name == model]
+
+    def wait_for(self, model: str, count: int = 1, timeout: float = 10.0) -> list[Replica]:
+        """Block until ``count`` replicas of ``model`` are registered, else TimeoutError."""
+        end = time.monotonic() + timeout
+        while True:
+            found = self.replicas(model)
+            if len(found) >= count:
+                return found
+            if time.monotonic() >= end:
+                raise TimeoutError(
+                    f"{len(found)} of {count} replicas of {model!r} registered after {timeout} s"
+                )
+            time.sleep(0.005)
+
+    # -- the socket thread --
+
+    def _loop(self) -> None:
+        self._owner = threading.get_ident()
+        sock, monitor, query = self._sock, self._monitor, self._query
+        assert sock is not None and monitor is not None
+        state = self.state
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        if query is not None:
+            poller.register(query, zmq.POLLIN)
+        send = sock.send_multipart
+        try:
+            while not self._stop.is_set():
+                wait = state.deadline() - time.monotonic()
+                timeout = None if wait == float("inf") else max(0, int(wait * 1000) + 1)
+                events = dict(poller.poll(timeout))
+                now = time.monotonic()
+                out: list = []
+                if monitor in events:
+                    self._drain_monitor(now, out)
+                if sock in events:
+                    self._drain_router(sock, now, out)
+                if self._wake_r in events:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                if query is not None and query in events:
+                    self._drain_queries(query, now)
+                while True:
+                    if self._submissions:
+                        self._take_submissions(now)
+                        out.extend(state.dispatch(now))
+                    if now >= state.deadline():
+                        out.extend(state.tick(now))
+                    for frames in out:
+                        send(frames)
+                    out.clear()
+                    if not state.events:
+                        break
+                    self._resolve()
+                    if not self._submissions:
+                        break
+        except Exception:  # pragma: no cover - a bug; make it visible
+            log.exception("clipper frontend: socket loop crashed")
+        finally:
+            self._fail_all("the frontend stopped")
+            self._close_sockets(sock)
+            with self._wake_lock:
+                self._closed = True
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+
+    def _drain_monitor(self, now: float, out: list) -> None:
+        monitor = self._monitor
+        while True:
+            try:
+                event = zmq.utils.monitor.recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] != zmq.EVENT_DISCONNECTED:
+                continue
+            fd = event["value"]
+            for identity, known in list(self._fd_of.items()):
+                if known == fd:
+                    del self._fd_of[identity]
+                    out.extend(self.state.remove(identity, "disconnected", now))
+
+    def _drain_router(self, sock: zmq.Socket, now: float, out: list) -> None:
+        state = self.state
+        recv, recv_multipart = sock.recv, sock.recv_multipart
+        for _ in range(256):  # bounded, so timers and callers get their turn
+            try:
+                head = recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            identity = head.bytes
+            frames = recv_multipart() if head.more else []
+            known = identity in state.replicas
+            if not frames:
+                log.warning("clipper frontend: empty message from %s dropped", identity.hex())
+                continue
+            out.extend(state.receive(identity, frames, now))
+            if not known and identity in state.replicas:
+                fd = head.get(zmq.SRCFD)
+                for other, other_fd in list(self._fd_of.items()):
+                    if other_fd == fd:  # that connection is gone: its fd is reused
+                        del self._fd_of[other]
+                        out.extend(state.remove(other, "its connection was replaced", now))
+                self._fd_of[identity] = fd
+        for identity in [i for i in self._fd_of if i not in state.replicas]:
+            del self._fd_of[identity]
+
+    def _take_submissions(self, now: float) -> None:
+        submissions, state = self._submissions, self.state
+        while submissions:
+            model, inputs, deadline, token, input_type = submissions.popleft()
+            state.submit(model, inputs, deadline, token, input_type)
+
+    def _resolve(self) -> None:
+        events, self.state.events = self.state.events, []
+        for event in events:
+            token = event.token
+            if type(token) is tuple:
+                self._answer_query(token[1], event)
+                continue
+            if token.done():
+                continue
+            if type(event) is Completed:
+                token.set_result(event.outputs)
+            else:
+                token.set_exception(event.error)
+
+    def _fail_all(self, reason: str) -> None:
+        state = self.state
+        self._take_submissions(time.monotonic())
+        for batch in list(state.in_flight.values()):
+            state.events.append(_failed(batch.token, reason))
+        for queue in state.pending.values():
+            for batch in queue:
+                state.events.append(_failed(batch.token, reason))
+            queue.clear()
+        state.in_flight.clear()
+        try:
+            self._resolve()
+        except Exception:  # pragma: no cover
+            log.exception("clipper frontend: failing outstanding predictions")
+
+    # -- JSON queries (wirekit clipper predict) --
+
+    def _drain_queries(self, query: zmq.Socket, now: float) -> None:
+        for _ in range(64):
+            try:
+                frames = query.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 3 or frames[1]:
+                log.warning("clipper frontend: malformed query dropped")
+                continue
+            identity = frames[0]
+            try:
+                req = json.loads(frames[2])
+                model = req["model"]
+                inputs = req["inputs"]
+                timeout = float(req.get("timeout", 5.0))
+                itype = req.get("input_type")
+                itype = parse_input_type(itype) if itype is not None else None
+                if itype == InputType.BYTES:
+                    inputs = [bytes.fromhex(x) for x in inputs]
+                if not isinstance(model, str) or not isinstance(inputs, list):
+                    raise ValueError("model must be a string and inputs a list")
+            except (ValueError, KeyError, TypeError) as exc:
+                self._send_query(identity, {"error": f"bad query: {exc}"})
+                continue
+            self.state.submit(model, inputs, now + timeout, ("query", identity), itype)
+
+    def _answer_query(self, identity: bytes, event: Any) -> None:
+        if type(event) is Completed:
+            self._send_query(identity, {"outputs": _jsonable_outputs(event.outputs)})
+        else:
+            self._send_query(identity, {"error": str(event.error)})
+
+    def _send_query(self, identity: bytes, body: dict) -> None:
+        if self._query is not None:
+            self._query.send_multipart([identity, b"", json.dumps(body).encode()])
+
+
+def _failed(token: Any, reason: str):
+    from .session import Failed
+
+    return Failed(token, PredictionError(reason))
+
+
+def query(
+    address: str,
+    model: str,
+    inputs: Sequence[Any],
+    input_type: InputType | str | None = None,
+    timeout: float = 5.0,
+    context: zmq.Context | None = None,
+) -> list:
+    """Ask a running frontend's query socket for a prediction (``wirekit clipper predict``).
+
+    Returns the outputs; raises :class:`PredictionError` with the frontend's message.
+    """
+    ctx = context or zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(address)
+        body: dict = {"model": model, "inputs": list(inputs), "timeout": timeout}
+        if input_type is not None:
+            itype = parse_input_type(input_type)
+            body["input_type"] = itype.name.lower()
+            if itype == InputType.BYTES:
+                body["inputs"] = [bytes(x).hex() for x in inputs]
+        sock.send_multipart([b"", json.dumps(body).encode()])
+        if not sock.poll(int((timeout + 1.0) * 1000)):
+            raise PredictionError(f"no answer from the frontend at {address}")
+        frames = sock.recv_multipart()
+        reply = json.loads(frames[-1])
+    finally:
+        sock.close(0)
+    if "error" in reply:
+        raise PredictionError(reply["error"])
+    return reply["outputs"]
+
+
+__all__ = ["DEFAULT_LISTEN", "DEFAULT_QUERY", "Frontend", "PredictionError", "WirekitError",
+           "query"]

@@ -1,0 +1,650 @@
+"""Sans-IO state machines for both ends of a Clipper container connection.
+
+No sockets here: :class:`ContainerSession` (the model container, one DEALER socket's life)
+and :class:`FrontendState` (the Clipper side, one ROUTER) take frames and the current time
+and return what to send and what happened.  The runtimes in :mod:`wirekit.clipper.container`
+and :mod:`wirekit.clipper.frontend` only move frames between ZeroMQ sockets and these.
+
+Lifecycle per generation (see ``specs/clipper.md`` and the Clipper reference notes):
+
+* 2016: the container registers at once and serves; nothing is ever sent unasked, so there
+  are no heartbeats and no expiry (the runtimes watch the TCP connection instead).
+* 2017 and v3: the container heartbeats; the frontend answers ``REQUEST_CONTAINER_METADATA``
+  (type 1) to an unknown peer and ``KEEPALIVE`` (type 0) to a known one; the container
+  registers on type 1.  A container sends a heartbeat whenever it has sent nothing for
+  ``poll_interval`` (D) seconds, also while waiting for the first answer and while its model
+  runs; either side gives up on a peer silent for ``activity_timeout`` (TO) seconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wirekit.errors import DecodeError, EncodeError, WirekitError
+
+from . import candidates, decode, encode
+from .messages import (
+    DTYPES,
+    PROTOCOL,
+    Direction,
+    Generation,
+    Heartbeat,
+    HeartbeatReply,
+    HeartbeatType,
+    InputType,
+    NewContainer,
+    PredictRequest,
+    PredictResponse,
+    as_generation,
+    normalize_outputs,
+)
+
+log = logging.getLogger("wirekit.clipper")
+
+#: Clipper's defaults: poll (heartbeat) period D and activity timeout TO, in seconds.
+DEFAULT_POLL_INTERVAL = 5.0
+DEFAULT_ACTIVITY_TIMEOUT = 30.0
+#: Clipper v3 looks for silent containers every 10 s.
+DEFAULT_CHECK_INTERVAL = 10.0
+
+Frames = list[bytes]
+
+
+class VersionMismatch(WirekitError):
+    """The peer speaks another generation of the Clipper RPC than this end was told to."""
+
+    def __init__(self, expected: Generation, found: Sequence[Generation], error: DecodeError):
+        self.expected = expected
+        self.found = list(found)
+        self.error = error
+        spoken = " or ".join(g.value for g in self.found)
+        super().__init__(
+            f"clipper: version mismatch: the peer speaks Clipper RPC {spoken}, this end "
+            f"speaks {expected.value} (decoding as {expected.value} failed: {error})"
+        )
+
+
+class PredictionError(WirekitError):
+    """A prediction failed: no replica, timeout, type mismatch or a bad response."""
+
+
+class OutputError(WirekitError):
+    """The model's outputs cannot be sent (wrong count or type)."""
+
+
+def _classify(frames: Sequence[Any], generation: Generation, direction: Direction,
+              exc: DecodeError) -> VersionMismatch | None:
+    """A VersionMismatch when ``frames`` are valid in other generations only, else None."""
+    try:
+        others = [g for g in candidates(frames, direction) if g is not generation]
+    except Exception:  # pragma: no cover - candidates only raises on misuse
+        return None
+    return VersionMismatch(generation, others, exc) if others else None
+
+
+def check_outputs(outputs: Any, count: int, generation: Generation) -> Any:
+    """The model's ``outputs`` normalised for the wire, or :class:`OutputError`.
+
+    One output per input: float32-convertible numbers for 2016, ``str``/``bytes`` for 2017
+    and v3 (Clipper keeps them as strings).
+    """
+    if outputs is None:
+        raise OutputError("the model returned None (expected one output per input)")
+    try:
+        n = len(outputs)
+    except TypeError:
+        raise OutputError(
+            f"the model returned {type(outputs).__name__}, expected a sequence of {count} "
+            f"outputs"
+        ) from None
+    if n != count:
+        raise OutputError(f"the model returned {n} outputs for {count} inputs")
+    if generation is not Generation.G2016 and isinstance(outputs, np.ndarray) and (
+        outputs.dtype.kind not in "USO"
+    ):
+        raise OutputError(
+            f"{generation.value} outputs are strings; the model returned a "
+            f"{outputs.dtype.name} array (convert with str() or json.dumps())"
+        )
+    if generation is not Generation.G2016 and not isinstance(outputs, np.ndarray):
+        for i, out in enumerate(outputs):
+            if not isinstance(out, str | bytes):
+                raise OutputError(
+                    f"{generation.value} outputs are strings; output {i} is "
+                    f"{type(out).__name__}"
+                )
+    try:
+        return normalize_outputs(outputs, generation)
+    except EncodeError as exc:
+        raise OutputError(str(exc)) from None
+
+
+# --- the container ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send these frames (as the DEALER sees them) on the current socket."""
+
+    frames: Frames
+
+
+@dataclass(frozen=True, slots=True)
+class Predict:
+    """Run the model on this request (off the socket's thread), then call ``respond``."""
+
+    request: PredictRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnect:
+    """The session is over: close the socket and start a new session on a new one."""
+
+    reason: str
+
+
+class ContainerSession:
+    """One DEALER socket's life of a model container (sans-IO).
+
+    Call :meth:`start` once the socket is connected, :meth:`receive` with every inbound
+    message, :meth:`tick` when :meth:`deadline` passes (or whenever the loop wakes), and
+    :meth:`respond` with the model's outputs.  Each returns a list of actions:
+    :class:`Send`, :class:`Predict` or :class:`Reconnect`.  A :class:`VersionMismatch` is
+    raised by :meth:`receive` when the peer turns out to speak another generation.
+    """
+
+    def __init__(
+        self,
+        generation: Generation | str,
+        registration: NewContainer,
+        *,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        activity_timeout: float = DEFAULT_ACTIVITY_TIMEOUT,
+        now: float = 0.0,
+    ) -> None:
+        self.generation = as_generation(generation)
+        self.registration = registration
+        self.poll_interval = poll_interval
+        self.activity_timeout = activity_timeout
+        #: "waiting" (no answer yet), "registering" (metadata sent), "registered", "closed"
+        self.state = "waiting"
+        self.last_received = now
+        self.last_sent = now
+        self.requests = 0
+        self._heartbeat = (
+            None if self.generation is Generation.G2016 else encode(Heartbeat(), self.generation)
+        )
+
+    @property
+    def heartbeats(self) -> bool:
+        return self.generation is not Generation.G2016
+
+    def _send(self, frames: Frames, now: float) -> Send:
+        self.last_sent = now
+        return Send(frames)
+
+    def _register(self, now: float) -> Send:
+        self.state = "registered" if not self.heartbeats else "registering"
+        return self._send(encode(self.registration, self.generation), now)
+
+    def start(self, now: float) -> list[Send]:
+        """What to send first: 2016 registers at once, 2017/v3 send a heartbeat."""
+        self.last_received = self.last_sent = now
+        if not self.heartbeats:
+            return [self._register(now)]
+        return [self._send(self._heartbeat, now)]
+
+    def deadline(self) -> float:
+        """When :meth:`tick` next has something to do (``inf`` for 2016)."""
+        if not self.heartbeats or self.state == "closed":
+            return float("inf")
+        return min(self.last_sent + self.poll_interval,
+                   self.last_received + self.activity_timeout)
+
+    def tick(self, now: float) -> list[Send | Reconnect]:
+        """Heartbeat after D seconds without sending; end the session after TO of silence."""
+        if not self.heartbeats or self.state == "closed":
+            return []
+        if now - self.last_received >= self.activity_timeout:
+            self.state = "closed"
+            return [Reconnect(f"nothing received for {now - self.last_received:.3g} s")]
+        if now - self.last_sent >= self.poll_interval:
+            return [self._send(self._heartbeat, now)]
+        return []
+
+    def receive(self, frames: Sequence[Any], now: float) -> list[Send | Predict | Reconnect]:
+        """Handle one inbound message; malformed ones are logged and dropped."""
+        if self.state == "closed":
+            return []
+        try:
+            msg = decode(frames, self.generation, Direction.TO_CONTAINER)
+        except DecodeError as exc:
+            mismatch = _classify(frames, self.generation, Direction.TO_CONTAINER, exc)
+            if mismatch is not None:
+                raise mismatch from None
+            log.warning("clipper container: dropped a malformed message: %s", exc)
+            return []
+        self.last_received = now
+        if type(msg) is PredictRequest:
+            if self.state != "registered":
+                # The peer knows us (it routes work here): count that as registered.
+                self.state = "registered"
+            self.requests += 1
+            return [Predict(msg)]
+        if type(msg) is HeartbeatReply:
+            if msg.heartbeat_type == HeartbeatType.REQUEST_CONTAINER_METADATA:
+                if self.state == "registered":
+                    # The peer forgot us (restarted or expired us): start clean.
+                    self.state = "closed"
+                    return [Reconnect("the peer asked for metadata again (restarted?)")]
+                if self.state == "registering":
+                    log.warning(
+                        "clipper container: metadata requested again; the peer did not "
+                        "accept the registration of %s:%s (sending it again)",
+                        self.registration.model_name, self.registration.model_version,
+                    )
+                return [self._register(now)]
+            if self.state == "registering":
+                self.state = "registered"
+            elif self.state == "waiting":
+                log.warning("clipper container: keep-alive before registering; waiting")
+            return []
+        log.warning("clipper container: unexpected %s from the peer, ignored",
+                    type(msg).__name__)
+        return []
+
+    def respond(self, request: PredictRequest, outputs: Any, now: float) -> list[Send]:
+        """The response frames for ``request``; :class:`OutputError` if ``outputs`` are bad."""
+        checked = check_outputs(outputs, len(request.inputs), self.generation)
+        if self.state == "closed":
+            return []
+        if self.generation is not Generation.G2016:
+            checked = outputs.tolist() if isinstance(outputs, np.ndarray) else outputs
+        try:
+            frames = encode(PredictResponse(request.msg_id, checked), self.generation)
+        except EncodeError as exc:
+            raise OutputError(str(exc)) from None
+        return [self._send(frames, now)]
+
+
+# --- the frontend -------------------------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class Replica:
+    """A registered container as the frontend sees it."""
+
+    identity: bytes
+    model_name: str
+    model_version: str
+    input_type: InputType
+    replica_id: int
+    last_seen: float
+    in_flight: dict[int, Batch] = field(default_factory=dict)
+    alive: bool = True
+
+
+@dataclass(eq=False, slots=True)
+class Batch:
+    """One ``predict`` call: a batch of inputs for a model, waiting or in flight."""
+
+    model_name: str
+    inputs: Any
+    input_type: InputType | None
+    deadline: float
+    token: Any
+    count: int
+    msg_id: int | None = None
+    replica: Replica | None = None
+    attempts: int = 0
+    lost: str = ""
+
+
+#: Frontend events, handed back to the runtime to complete callers' futures.
+@dataclass(frozen=True, slots=True)
+class Completed:
+    token: Any
+    outputs: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    token: Any
+    error: Exception
+
+
+_KIND_OF_DTYPE = {np.dtype(v).kind + str(np.dtype(v).itemsize): k for k, v in DTYPES.items()}
+
+
+def infer_input_type(inputs: Any) -> InputType | None:
+    """The input type the caller's ``inputs`` say they are, or None when they do not say.
+
+    NumPy arrays say it by dtype; ``str`` inputs are strings, ``bytes`` are bytes; plain
+    lists of numbers are converted to whatever the container takes.
+    """
+    if isinstance(inputs, np.ndarray):
+        if inputs.dtype.kind in "USO":
+            return InputType.STRINGS if inputs.dtype.kind == "U" else None
+        return _KIND_OF_DTYPE.get(inputs.dtype.kind + str(inputs.dtype.itemsize))
+    first = next(iter(inputs), None)
+    if isinstance(first, str):
+        return InputType.STRINGS
+    if isinstance(first, bytes | bytearray | memoryview):
+        return InputType.BYTES
+    if isinstance(first, np.ndarray) and first.dtype.kind not in "USO":
+        return _KIND_OF_DTYPE.get(first.dtype.kind + str(first.dtype.itemsize))
+    return None
+
+
+class FrontendState:
+    """The Clipper side of many container connections (sans-IO).
+
+    ``receive(identity, frames, now)`` handles one message from a container and returns the
+    ROUTER frames to send (``[identity, "", ...]``).  ``submit`` queues a batch;
+    ``dispatch(now)`` sends queued batches to live replicas (least work in flight first,
+    at most ``max_in_flight`` each); ``tick(now)`` expires silent containers (heartbeating
+    generations), retries the batches they held and fails batches past their deadline.
+    Outcomes accumulate in :attr:`events` (:class:`Completed` / :class:`Failed`); the runtime
+    drains them.
+    """
+
+    def __init__(
+        self,
+        generation: Generation | str,
+        *,
+        activity_timeout: float = DEFAULT_ACTIVITY_TIMEOUT,
+        check_interval: float | None = None,
+        max_in_flight: int = 1,
+        on_register: Callable[[Replica], None] | None = None,
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        self.generation = as_generation(generation)
+        self.activity_timeout = activity_timeout
+        self.check_interval = (
+            activity_timeout / 3 if check_interval is None else check_interval
+        )
+        self.max_in_flight = max_in_flight
+        self.on_register = on_register
+        self.replicas: dict[bytes, Replica] = {}
+        self.models: dict[str, list[Replica]] = {}
+        self.pending: dict[str, deque[Batch]] = {}
+        self.in_flight: dict[int, Batch] = {}
+        self.events: list[Completed | Failed] = []
+        self.rejected: dict[bytes, VersionMismatch] = {}
+        self._replica_ids: dict[str, itertools.count] = {}
+        self._next_id = 0
+        self._next_check = 0.0
+        self._hb_type0 = self._hb_type1 = None
+        if self.generation is not Generation.G2016:
+            self._hb_type0 = encode(HeartbeatReply(HeartbeatType.KEEPALIVE), self.generation)
+            self._hb_type1 = encode(
+                HeartbeatReply(HeartbeatType.REQUEST_CONTAINER_METADATA), self.generation
+            )
+
+    @property
+    def heartbeats(self) -> bool:
+        return self.generation is not Generation.G2016
+
+    # -- inbound --
+
+    def receive(self, identity: bytes, frames: Sequence[Any], now: float) -> list[Frames]:
+        """Handle one message (frames after the identity); return ROUTER messages to send."""
+        replica = self.replicas.get(identity)
+        try:
+            msg = decode(frames, self.generation, Direction.TO_CLIPPER)
+        except DecodeError as exc:
+            mismatch = _classify(frames, self.generation, Direction.TO_CLIPPER, exc)
+            if mismatch is not None:
+                if identity not in self.rejected:
+                    log.error("clipper frontend: container %s: %s", identity.hex(), mismatch)
+                self.rejected[identity] = mismatch
+            else:
+                log.warning("clipper frontend: dropped a malformed message from %s: %s",
+                            identity.hex(), exc)
+            return []
+        if replica is not None:
+            replica.last_seen = now
+        kind = type(msg)
+        if kind is PredictResponse:
+            if replica is None:
+                log.warning("clipper frontend: response %d from unregistered peer %s dropped",
+                            msg.msg_id, identity.hex())
+                return []
+            self._response(replica, msg)
+            return self.dispatch(now)
+        if kind is Heartbeat:
+            if replica is None:
+                return [[identity, *self._hb_type1]]
+            return [[identity, *self._hb_type0]]
+        if kind is NewContainer:
+            if replica is not None:
+                log.info("clipper frontend: %s registered again; ignored", identity.hex())
+                return []
+            self._register(identity, msg, now)
+            return self.dispatch(now)
+        log.warning("clipper frontend: unexpected %s from %s", kind.__name__, identity.hex())
+        return []
+
+    def _register(self, identity: bytes, msg: NewContainer, now: float) -> None:
+        counter = self._replica_ids.setdefault(msg.model_name, itertools.count())
+        replica = Replica(identity, msg.model_name, msg.model_version,
+                          InputType(msg.input_type), next(counter), now)
+        self.replicas[identity] = replica
+        self.models.setdefault(msg.model_name, []).append(replica)
+        self.rejected.pop(identity, None)
+        log.info("clipper frontend: registered %s:%s replica %d (%s inputs) from %s",
+                 replica.model_name, replica.model_version, replica.replica_id,
+                 replica.input_type.name.lower(), identity.hex())
+        if self.on_register is not None:
+            self.on_register(replica)
+
+    def _response(self, replica: Replica, msg: PredictResponse) -> None:
+        batch = replica.in_flight.pop(msg.msg_id, None)
+        if batch is None:
+            log.warning("clipper frontend: response to unknown or expired message %d from "
+                        "%s dropped", msg.msg_id, replica.identity.hex())
+            return
+        del self.in_flight[msg.msg_id]
+        outputs = msg.outputs
+        if len(outputs) != batch.count:
+            self.events.append(Failed(batch.token, PredictionError(
+                f"model {batch.model_name!r} replica {replica.replica_id} answered "
+                f"{len(outputs)} outputs for {batch.count} inputs")))
+            return
+        self.events.append(Completed(batch.token, outputs))
+
+    # -- outbound --
+
+    def submit(self, model_name: str, inputs: Any, deadline: float, token: Any,
+               input_type: InputType | None = None) -> None:
+        """Queue a batch of ``inputs`` for ``model_name``; its outcome comes as an event."""
+        try:
+            count = len(inputs)
+        except TypeError:
+            self.events.append(Failed(token, PredictionError(
+                f"inputs must be a sequence (one item per input), got "
+                f"{type(inputs).__name__}")))
+            return
+        if count == 0:
+            self.events.append(Failed(token, PredictionError("no inputs")))
+            return
+        if input_type is None:
+            input_type = infer_input_type(inputs)
+        batch = Batch(model_name, inputs, input_type, deadline, token, count)
+        replicas = self.models.get(model_name)
+        if replicas and input_type is not None:
+            types = {r.input_type for r in replicas if r.alive}
+            if types and input_type not in types:
+                self.events.append(Failed(token, _type_error(model_name, types, input_type)))
+                return
+        self.pending.setdefault(model_name, deque()).append(batch)
+
+    def _pick(self, model_name: str, batch: Batch) -> Replica | None:
+        best = None
+        for r in self.models.get(model_name, ()):
+            if not r.alive or len(r.in_flight) >= self.max_in_flight:
+                continue
+            if batch.input_type is not None and r.input_type != batch.input_type:
+                continue
+            if best is None or len(r.in_flight) < len(best.in_flight):
+                best = r
+        return best
+
+    def _new_id(self) -> int:
+        while True:
+            msg_id = self._next_id
+            self._next_id = (msg_id + 1) & 0xFFFFFFFF
+            if msg_id not in self.in_flight:
+                return msg_id
+
+    def dispatch(self, now: float) -> list[Frames]:
+        """Send queued batches to replicas with room; return the ROUTER messages."""
+        out: list[Frames] = []
+        for model_name, queue in self.pending.items():
+            while queue:
+                batch = queue[0]
+                replica = self._pick(model_name, batch)
+                if replica is None:
+                    types = {r.input_type for r in self.models.get(model_name, ()) if r.alive}
+                    if types and batch.input_type is not None and batch.input_type not in types:
+                        queue.popleft()
+                        self.events.append(Failed(batch.token, _type_error(
+                            model_name, types, batch.input_type)))
+                        continue
+                    break
+                queue.popleft()
+                msg_id = self._new_id()
+                try:
+                    frames = encode(
+                        PredictRequest(msg_id, replica.input_type, batch.inputs),
+                        self.generation,
+                    )
+                except EncodeError as exc:
+                    self.events.append(Failed(batch.token, PredictionError(
+                        f"cannot send these inputs to model {model_name!r} "
+                        f"({replica.input_type.name.lower()} inputs): {exc}")))
+                    continue
+                batch.msg_id, batch.replica = msg_id, replica
+                batch.attempts += 1
+                replica.in_flight[msg_id] = batch
+                self.in_flight[msg_id] = batch
+                out.append([replica.identity, *frames])
+        return out
+
+    # -- time --
+
+    def deadline(self) -> float:
+        """The next time :meth:`tick` has work (expiry check or a batch deadline)."""
+        soonest = self._next_check if self.heartbeats else float("inf")
+        for queue in self.pending.values():
+            for batch in queue:
+                soonest = min(soonest, batch.deadline)
+        for batch in self.in_flight.values():
+            soonest = min(soonest, batch.deadline)
+        return soonest
+
+    def tick(self, now: float) -> list[Frames]:
+        """Expire silent containers, fail late batches, dispatch; return messages to send."""
+        out: list[Frames] = []
+        if self.heartbeats and now >= self._next_check:
+            self._next_check = now + self.check_interval
+            for replica in list(self.replicas.values()):
+                silent = now - replica.last_seen
+                if silent > self.activity_timeout:
+                    out.extend(self.remove(replica.identity, f"silent for {silent:.3g} s", now))
+        for msg_id, batch in list(self.in_flight.items()):
+            if now >= batch.deadline:
+                del self.in_flight[msg_id]
+                if batch.replica is not None:
+                    batch.replica.in_flight.pop(msg_id, None)
+                self.events.append(Failed(batch.token, self._timeout_error(batch)))
+        for queue in self.pending.values():
+            if any(now >= b.deadline for b in queue):
+                keep = deque()
+                for batch in queue:
+                    if now >= batch.deadline:
+                        self.events.append(Failed(batch.token, self._timeout_error(batch)))
+                    else:
+                        keep.append(batch)
+                queue.clear()
+                queue.extend(keep)
+        out.extend(self.dispatch(now))
+        return out
+
+    def _timeout_error(self, batch: Batch) -> PredictionError:
+        if batch.msg_id is not None and batch.replica is not None and not batch.lost:
+            return PredictionError(
+                f"model {batch.model_name!r}: no answer from replica "
+                f"{batch.replica.replica_id} before the timeout")
+        live = [r for r in self.models.get(batch.model_name, ()) if r.alive]
+        if batch.lost and not live:
+            return PredictionError(
+                f"model {batch.model_name!r}: {batch.lost}, and no other replica was left "
+                f"before the timeout")
+        if not live:
+            return PredictionError(
+                f"model {batch.model_name!r}: no live replica registered before the timeout")
+        return PredictionError(
+            f"model {batch.model_name!r}: no replica had room for the batch before the timeout")
+
+    def remove(self, identity: bytes, reason: str, now: float) -> list[Frames]:
+        """Drop a container (dead or silent); its batches go back to the queue's front."""
+        replica = self.replicas.pop(identity, None)
+        if replica is None:
+            return []
+        replica.alive = False
+        self.models[replica.model_name].remove(replica)
+        log.warning("clipper frontend: removed %s:%s replica %d (%s): %s",
+                    replica.model_name, replica.model_version, replica.replica_id,
+                    identity.hex(), reason)
+        queue = self.pending.setdefault(replica.model_name, deque())
+        for msg_id, batch in sorted(replica.in_flight.items(), reverse=True):
+            del self.in_flight[msg_id]
+            batch.msg_id = batch.replica = None
+            batch.lost = f"replica {replica.replica_id} was lost ({reason})"
+            queue.appendleft(batch)
+        replica.in_flight.clear()
+        return self.dispatch(now)
+
+    def live_replicas(self, model_name: str | None = None) -> list[Replica]:
+        """The registered replicas (of one model, or all)."""
+        if model_name is None:
+            return list(self.replicas.values())
+        return [r for r in self.models.get(model_name, ()) if r.alive]
+
+
+def _type_error(model_name: str, types: set[InputType], given: InputType) -> PredictionError:
+    takes = " or ".join(sorted(t.name.lower() for t in types))
+    return PredictionError(
+        f"model {model_name!r} takes {takes} inputs; these inputs are {given.name.lower()}"
+    )
+
+
+__all__ = [
+    "DEFAULT_ACTIVITY_TIMEOUT",
+    "DEFAULT_CHECK_INTERVAL",
+    "DEFAULT_POLL_INTERVAL",
+    "PROTOCOL",
+    "Batch",
+    "Completed",
+    "ContainerSession",
+    "Failed",
+    "FrontendState",
+    "OutputError",
+    "Predict",
+    "PredictionError",
+    "Reconnect",
+    "Replica",
+    "Send",
+    "VersionMismatch",
+    "check_outputs",
+    "infer_input_type",
+]

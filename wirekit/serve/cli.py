@@ -1,0 +1,129 @@
+"""``wirekit serve``: run the dispatcher, check a config, print the metrics of a store.
+
+    wirekit serve --config deployment.json      # run until SIGINT/SIGTERM
+    wirekit serve check --config deployment.toml
+    wirekit serve stats --store requests.db [--json]
+
+When the dispatcher is listening it prints one JSON line to standard output:
+``{"event": "ready", "host": ..., "http": port, "mip": {model: port}, "clipper_rpc": port}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sqlite3
+from pathlib import Path
+from typing import TextIO
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_USAGE = 0, 1, 2
+
+
+def register(subparsers) -> None:
+    """Add ``wirekit serve`` to the top-level parser."""
+    p = subparsers.add_parser(
+        "serve",
+        help="run the request dispatcher over MIP and Clipper backends",
+        description="Run the request dispatcher described by a deployment config.",
+    )
+    p.add_argument("--config", help="deployment config (.json or .toml)")
+    p.add_argument(
+        "--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    p.set_defaults(handler=_serve)
+    sub = p.add_subparsers(dest="serve_command", metavar="SUBCOMMAND")
+    st = sub.add_parser("stats", help="print the metrics of a requests store")
+    st.add_argument("--store", required=True, help="the SQLite store file")
+    st.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    st.set_defaults(handler=_stats)
+    ck = sub.add_parser("check", help="validate a deployment config and print its devices")
+    ck.add_argument("--config", required=True, dest="check_config", help="the config file")
+    ck.set_defaults(handler=_check)
+
+
+def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .metrics import render_stats, stats_from_store
+    from .store import connect
+
+    path = Path(args.store)
+    if not path.is_file():
+        err.write(f"wirekit: no store at {path}\n")
+        return EXIT_USAGE
+    try:
+        conn = connect(path, readonly=True)
+        try:
+            stats = stats_from_store(conn)
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        err.write(f"wirekit: {path} is not a requests store: {exc}\n")
+        return EXIT_BAD_INPUT
+    out.write((json.dumps(stats, indent=2) if args.json else render_stats(stats)) + "\n")
+    return EXIT_OK
+
+
+def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .config import ConfigError, load_config
+    from .router import Router
+
+    try:
+        dep = load_config(args.check_config)
+    except ConfigError as exc:
+        err.write(f"wirekit: {exc}\n")
+        return EXIT_BAD_INPUT
+    router = Router(dep.rows)
+    for name in dep.models:
+        out.write(f"{name}:\n")
+        probs = router.probabilities(name)
+        for row in dep.rows_of(name):
+            if row.quota == 0:
+                where = "disabled"
+            elif row.port is None:
+                where = "clipper (the container connects)"
+            else:
+                where = f"{row.backend} {row.endpoint}:{row.port}"
+            p = probs.get(row.key, 0.0)
+            out.write(
+                f"  {row.key:<24} {row.device_type} quota {row.quota:<5g} P={p:.3f}  {where}\n"
+            )
+    return EXIT_OK
+
+
+def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .config import ConfigError, load_config
+
+    if not args.config:
+        err.write("wirekit: serve needs --config FILE (or a subcommand: stats, check)\n")
+        return EXIT_USAGE
+    try:
+        dep = load_config(args.config)
+    except ConfigError as exc:
+        err.write(f"wirekit: {exc}\n")
+        return EXIT_BAD_INPUT
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
+    try:
+        return asyncio.run(_run(dep, out))
+    except OSError as exc:
+        err.write(f"wirekit: cannot listen: {exc.strerror or exc}\n")
+        return EXIT_BAD_INPUT
+
+
+async def _run(dep, out: TextIO) -> int:
+    from .service import Service
+
+    service = Service(dep)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await service.start()
+    try:
+        out.write(json.dumps({"event": "ready", **service.addresses()}) + "\n")
+        out.flush()
+        await stop.wait()
+    finally:
+        await service.stop()
+    return EXIT_OK

@@ -1,0 +1,441 @@
+"""The deployment config of ``wirekit serve``: nodes, devices, models, quotas, backends.
+
+The design's example is the core of it: each node lists its devices and the models it hosts,
+and ``quotas`` gives, per device and per model *in that order*, the share of the device given
+to the model (0 disables the pair, a GPU is 0 or 1)::
+
+    {"nodes": [{"id": "n1", "devices": ["CPU", "GPU", "GPU"], "models": ["m1", "m2"],
+                "quotas": [0.5, 0.5, 1, 0, 0, 1]}]}
+
+reads: CPU 0 gives half to m1 and half to m2, GPU 1 is m1's, GPU 2 is m2's.  Where each
+(device, model) backend listens is ``endpoint`` (the node's host) and ``ports`` (a list
+parallel to ``quotas``; ``null`` or 0 where the quota is 0).  Clipper containers connect to the
+dispatcher's Clipper RPC port instead: for a Clipper model the ``ports`` entry is the model
+name the device's container registers under (``null``: the model's own name).
+
+:func:`load_config` reads JSON or TOML (by file suffix) and :func:`parse_config` checks a
+parsed document; both raise :class:`ConfigError` naming the file and the path of the bad
+value (``nodes[0].quotas[3]``).  The result lists one :class:`DeviceRow` per (device, model)
+pair: the design's models metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from wirekit.errors import WirekitError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+BACKEND_KINDS = ("mip", "kubemo", "clipper")
+DEVICE_TYPES = ("CPU", "GPU")
+
+
+class ConfigError(WirekitError, ValueError):
+    """A deployment config that cannot be used: ``where`` is the path of the bad value."""
+
+    def __init__(self, where: str, message: str, source: str = "") -> None:
+        self.where = where
+        self.reason = message
+        self.source = source
+        prefix = f"{source}: " if source else ""
+        super().__init__(f"{prefix}{where or 'config'}: {message}")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRow:
+    """One row of the models metadata: a model on one device of one node."""
+
+    model: str
+    node: str
+    device: int  #: index of the device on its node
+    device_type: str  #: "CPU" or "GPU"
+    endpoint: str  #: host of the backend (MIP kinds)
+    port: int | None  #: port of the backend (MIP kinds); None for Clipper
+    quota: float  #: share of the device given to the model, 0..1
+    backend: str  #: "mip", "kubemo" or "clipper"
+    clipper_name: str | None = None  #: the name its Clipper container registers under
+
+    @property
+    def key(self) -> str:
+        """``node/device/model``: the name of this row in the store and the metrics."""
+        return f"{self.node}/{self.device}/{self.model}"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Per-model settings: the MIP front door port, the backend kind, resubmission."""
+
+    name: str
+    mip_port: int | None = 0  #: MIP front door (0: any free port, None: no MIP front door)
+    backend: str = "mip"
+    timeout: float = 5.0  #: seconds one attempt may take before it is resubmitted
+    attempts: int = 3  #: attempts per request, the first one included
+    apps: tuple[str, ...] = ()  #: extra names for Clipper's ``POST /{app}/predict``
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    path: str = "requests.db"
+    payloads: bool = False  #: also keep request payloads in the store
+    journal: bool = True  #: journal each completion before answering (crash-safe)
+    batch_max: int = 1024  #: rows per write transaction at most
+    flush_interval: float = 0.05  #: seconds between hand-overs to the writer thread
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    max_entries: int = 4096  #: 0 disables the cache
+    ttl: float = 60.0  #: seconds an entry stays valid
+    max_bytes: int = 64 * 1024 * 1024  #: total size of cached responses at most
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """A validated deployment: listeners, store, cache, models and the metadata rows."""
+
+    host: str = "127.0.0.1"
+    http_port: int | None = 0
+    clipper_rpc_port: int | None = None
+    clipper_generation: str = "v3"  #: Clipper RPC generation the containers speak
+    backoff: float = 5.0  #: seconds a failing device stays out of rotation
+    connections: int = 128  #: requests in flight per MIP backend at most
+    store: StoreConfig = field(default_factory=StoreConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    models: dict[str, ModelConfig] = field(default_factory=dict)
+    rows: tuple[DeviceRow, ...] = ()
+
+    def rows_of(self, model: str) -> list[DeviceRow]:
+        """The metadata rows of ``model`` (quota 0 included)."""
+        return [r for r in self.rows if r.model == model]
+
+    def app_models(self) -> dict[str, str]:
+        """Clipper application name -> model (each model is also an app of its own name)."""
+        apps = {name: name for name in self.models}
+        for m in self.models.values():
+            for app in m.apps:
+                apps[app] = m.name
+        return apps
+
+
+def load_config(path: str | Path) -> Deployment:
+    """Read and validate a deployment config (``.toml`` is TOML, anything else JSON)."""
+    path = Path(path)
+    source = str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError("", f"cannot read: {exc.strerror or exc}", source) from None
+    if path.suffix.lower() == ".toml":
+        try:
+            doc = tomllib.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError("", f"not valid TOML: {exc}", source) from None
+    else:
+        try:
+            doc = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError("", f"not valid JSON: {exc}", source) from None
+    try:
+        return parse_config(doc)
+    except ConfigError as exc:
+        raise ConfigError(exc.where, exc.reason, source) from None
+
+
+# --- validation helpers ----------------------------------------------------------------------
+
+
+def _table(doc: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
+    if not isinstance(doc, Mapping):
+        raise ConfigError(where, f"expected a table/object, got {_kind(doc)}")
+    unknown = sorted(set(doc) - allowed)
+    if unknown:
+        raise ConfigError(
+            _join(where, unknown[0]),
+            f"unknown key (allowed: {', '.join(sorted(allowed))})",
+        )
+    return doc
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", str: "a string", int: "an integer", float: "a number"}.get(
+        type(value), f"a {type(value).__name__}"
+    )
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(where, f"expected a non-empty string, got {_kind(value)}")
+    return value
+
+
+def _num(value: Any, where: str, *, lo: float, hi: float = math.inf, lo_open=False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(where, f"expected a number, got {_kind(value)}")
+    if value < lo or (lo_open and value == lo) or value > hi:
+        low = f"> {lo}" if lo_open else f">= {lo}"
+        high = "" if hi == math.inf else f" and <= {hi}"
+        raise ConfigError(where, f"must be {low}{high}, got {value}")
+    return float(value)
+
+
+def _int(value: Any, where: str, *, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(where, f"expected an integer, got {_kind(value)}")
+    if not lo <= value <= hi:
+        raise ConfigError(where, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _port(value: Any, where: str, *, allow_none: bool = True) -> int | None:
+    if value is None and allow_none:
+        return None
+    return _int(value, where, lo=0, hi=65535)
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(where, f"expected true or false, got {_kind(value)}")
+    return value
+
+
+def _list(value: Any, where: str, *, nonempty: bool = True) -> list[Any]:
+    if not isinstance(value, list):
+        raise ConfigError(where, f"expected a list, got {_kind(value)}")
+    if nonempty and not value:
+        raise ConfigError(where, "must not be empty")
+    return value
+
+
+# --- the document ----------------------------------------------------------------------------
+
+
+def parse_config(doc: Any) -> Deployment:
+    """Validate a parsed JSON/TOML document and build the :class:`Deployment`."""
+    top = _table(
+        doc, "", {"listen", "store", "cache", "models", "nodes", "backoff", "connections"}
+    )
+    listen = _table(
+        top.get("listen", {}),
+        "listen",
+        {"host", "http_port", "clipper_rpc_port", "clipper_generation"},
+    )
+    clipper_generation = listen.get("clipper_generation", "v3")
+    if clipper_generation not in ("2016", "2017", "v3"):
+        raise ConfigError(
+            "listen.clipper_generation", f"must be 2016, 2017 or v3, got {clipper_generation!r}"
+        )
+    host = _str(listen.get("host", "127.0.0.1"), "listen.host")
+    http_port = _port(listen.get("http_port", 0), "listen.http_port")
+    clipper_rpc_port = _port(listen.get("clipper_rpc_port"), "listen.clipper_rpc_port")
+    backoff = _num(top.get("backoff", 5.0), "backoff", lo=0)
+    connections = _int(top.get("connections", 128), "connections", lo=1, hi=4096)
+
+    st = _table(
+        top.get("store", {}),
+        "store",
+        {"path", "payloads", "journal", "batch_max", "flush_interval"},
+    )
+    store = StoreConfig(
+        path=_str(st.get("path", "requests.db"), "store.path"),
+        payloads=_bool(st.get("payloads", False), "store.payloads"),
+        journal=_bool(st.get("journal", True), "store.journal"),
+        batch_max=_int(st.get("batch_max", 1024), "store.batch_max", lo=1, hi=1_000_000),
+        flush_interval=_num(
+            st.get("flush_interval", 0.05), "store.flush_interval", lo=0, hi=60
+        ),
+    )
+    ca = _table(top.get("cache", {}), "cache", {"max_entries", "ttl", "max_bytes"})
+    cache = CacheConfig(
+        max_entries=_int(ca.get("max_entries", 4096), "cache.max_entries", lo=0, hi=10**9),
+        ttl=_num(ca.get("ttl", 60.0), "cache.ttl", lo=0, lo_open=True),
+        max_bytes=_int(ca.get("max_bytes", 64 << 20), "cache.max_bytes", lo=0, hi=1 << 40),
+    )
+
+    model_docs = _table(top.get("models", {}), "models", set(top.get("models", {}) or ()))
+    nodes = _list(top.get("nodes"), "nodes")
+
+    # First pass over the nodes: which models exist at all.
+    seen_models: list[str] = []
+    for n, node in enumerate(nodes):
+        where = f"nodes[{n}]"
+        node = _table(node, where, {"id", "endpoint", "devices", "models", "quotas", "ports"})
+        for m, name in enumerate(_list(node.get("models"), f"{where}.models")):
+            name = _str(name, f"{where}.models[{m}]")
+            if name not in seen_models:
+                seen_models.append(name)
+    for name in model_docs:
+        if name not in seen_models:
+            raise ConfigError(f"models.{name}", "no node serves this model")
+
+    models: dict[str, ModelConfig] = {}
+    used_ports: dict[int, str] = {}
+    for name in seen_models:
+        where = f"models.{name}"
+        md = _table(
+            model_docs.get(name, {}),
+            where,
+            {"port", "backend", "timeout", "attempts", "apps"},
+        )
+        backend = md.get("backend", "mip")
+        if backend not in BACKEND_KINDS:
+            raise ConfigError(
+                f"{where}.backend", f"must be one of {', '.join(BACKEND_KINDS)}, got {backend!r}"
+            )
+        port = _port(md.get("port", 0), f"{where}.port")
+        if port:
+            if port in used_ports:
+                raise ConfigError(f"{where}.port", f"port {port} is also {used_ports[port]}")
+            used_ports[port] = where
+        apps = tuple(
+            _str(a, f"{where}.apps[{k}]")
+            for k, a in enumerate(_list(md.get("apps", []), f"{where}.apps", nonempty=False))
+        )
+        models[name] = ModelConfig(
+            name=name,
+            mip_port=port,
+            backend=backend,
+            timeout=_num(md.get("timeout", 5.0), f"{where}.timeout", lo=0, lo_open=True),
+            attempts=_int(md.get("attempts", 3), f"{where}.attempts", lo=1, hi=100),
+            apps=apps,
+        )
+    for port_key in ("http_port", "clipper_rpc_port"):
+        port = {"http_port": http_port, "clipper_rpc_port": clipper_rpc_port}[port_key]
+        if port and port in used_ports:
+            raise ConfigError(f"listen.{port_key}", f"port {port} is also {used_ports[port]}")
+    app_names: dict[str, str] = {}
+    for m in models.values():
+        for app in (m.name, *m.apps):
+            if app in app_names and app_names[app] != m.name:
+                raise ConfigError(
+                    f"models.{m.name}.apps", f"app {app!r} already names {app_names[app]}"
+                )
+            app_names[app] = m.name
+
+    rows: list[DeviceRow] = []
+    node_ids: set[str] = set()
+    clipper_names: dict[str, str] = {}
+    for n, node in enumerate(nodes):
+        rows.extend(_node_rows(node, f"nodes[{n}]", models, node_ids, clipper_names))
+    if any(m.backend == "clipper" for m in models.values()) and clipper_rpc_port is None:
+        clipper_rpc_port = 0
+    for name in models:
+        if not any(r.quota > 0 for r in rows if r.model == name):
+            raise ConfigError(f"models.{name}", "no device has a quota > 0 for this model")
+    return Deployment(
+        host=host,
+        http_port=http_port,
+        clipper_rpc_port=clipper_rpc_port,
+        clipper_generation=clipper_generation,
+        backoff=backoff,
+        connections=connections,
+        store=store,
+        cache=cache,
+        models=models,
+        rows=tuple(rows),
+    )
+
+
+def _node_rows(
+    node: Mapping[str, Any],
+    where: str,
+    models: dict[str, ModelConfig],
+    node_ids: set[str],
+    clipper_names: dict[str, str],
+) -> list[DeviceRow]:
+    node_id = _str(node.get("id"), f"{where}.id")
+    if node_id in node_ids:
+        raise ConfigError(f"{where}.id", f"duplicate node id {node_id!r}")
+    node_ids.add(node_id)
+    endpoint = _str(node.get("endpoint", "127.0.0.1"), f"{where}.endpoint")
+    devices = []
+    for d, dev in enumerate(_list(node.get("devices"), f"{where}.devices")):
+        dev = _str(dev, f"{where}.devices[{d}]").upper()
+        if dev not in DEVICE_TYPES:
+            raise ConfigError(f"{where}.devices[{d}]", f"must be CPU or GPU, got {dev!r}")
+        devices.append(dev)
+    names = [str(m) for m in node["models"]]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}.models", "a model is listed twice")
+    quotas = _list(node.get("quotas"), f"{where}.quotas")
+    expected = len(devices) * len(names)
+    if len(quotas) != expected:
+        raise ConfigError(
+            f"{where}.quotas",
+            f"expected {expected} values ({len(devices)} devices × {len(names)} models, "
+            f"per device then per model), got {len(quotas)}",
+        )
+    needs_ports = any(models[m].backend != "clipper" for m in names)
+    ports_doc = node.get("ports")
+    if ports_doc is None and needs_ports:
+        raise ConfigError(
+            f"{where}.ports", "missing: a port per device and model, parallel to quotas"
+        )
+    ports = _list(ports_doc if ports_doc is not None else [None] * expected, f"{where}.ports")
+    if len(ports) != expected:
+        raise ConfigError(
+            f"{where}.ports", f"expected {expected} values (parallel to quotas), got {len(ports)}"
+        )
+    rows = []
+    for d, dev in enumerate(devices):
+        total = 0.0
+        for m, model in enumerate(names):
+            k = d * len(names) + m
+            q = _num(quotas[k], f"{where}.quotas[{k}]", lo=0, hi=1)
+            if dev == "GPU" and q not in (0.0, 1.0):
+                raise ConfigError(
+                    f"{where}.quotas[{k}]", f"a GPU is given 0 or 1 of itself, got {q}"
+                )
+            total += q
+            backend = models[model].backend
+            clipper_name = None
+            if backend == "clipper":
+                # Containers connect to the dispatcher: the entry names the Clipper model
+                # the device's container registers as (default: the model's own name).
+                entry = ports[k]
+                if entry is not None and not isinstance(entry, str):
+                    raise ConfigError(
+                        f"{where}.ports[{k}]",
+                        "Clipper containers connect to the dispatcher: give the name the"
+                        " container registers as (a string), or null for the model's name",
+                    )
+                port = None
+                clipper_name = entry or model
+                if q > 0:
+                    if clipper_name in clipper_names:
+                        raise ConfigError(
+                            f"{where}.ports[{k}]",
+                            f"Clipper name {clipper_name!r} is also {clipper_names[clipper_name]}"
+                            ": each device needs its own container name",
+                        )
+                    clipper_names[clipper_name] = f"{node_id}/{d}/{model}"
+            else:
+                port = _port(ports[k], f"{where}.ports[{k}]") or None  # 0 is "none" (TOML)
+            if backend != "clipper" and q > 0 and not port:
+                raise ConfigError(
+                    f"{where}.ports[{k}]",
+                    f"device {d} serves {model} (quota {q}): a backend port 1..65535 is needed",
+                )
+            rows.append(
+                DeviceRow(model, node_id, d, dev, endpoint, port, q, backend, clipper_name)
+            )
+        if total > 1 + 1e-9:
+            raise ConfigError(
+                f"{where}.quotas", f"device {d} ({dev}) is given {total:g} of itself (> 1)"
+            )
+    return rows

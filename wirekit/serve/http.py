@@ -1,0 +1,160 @@
+"""The HTTP/JSON front door (aiohttp): predictions, ``/metrics`` and ``/stats``.
+
+* ``POST /v1/models/{model}:predict`` with ``{"inputs": [[v, ...], ...]}`` (one list of values
+  per sample, one value per model input) or ``{"instances": [v, ...]}`` (one single-input
+  sample per value) answers ``{"id": ..., "outputs": [[v, ...], ...]}``.  A string value is a
+  TEXT item, ``{"b64": ..., "type": n}`` raw bytes, anything else a JSON item; outputs use
+  the same forms.
+* ``POST /{app}/predict`` is Clipper's query frontend: ``{"input": v}`` answers
+  ``{"query_id": n, "output": v, "default": false}``; ``{"input_batch": [v, ...]}`` answers
+  ``{"batch_predictions": [...]}``.  When no device answers, the answer is Clipper's default
+  form: ``"default": true`` with a ``default_explanation``.
+* ``GET /metrics`` (Prometheus text), ``GET /stats`` (JSON), ``GET /healthz``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from wirekit.mip import ErrorReply, Inference
+
+from .dispatcher import Dispatcher, Outcome
+from .payload import Payload, dumps, outputs_json, request_from_json
+
+MAX_BODY = 64 * 1024 * 1024
+
+
+def _json(doc: Any, status: int = 200) -> web.Response:
+    return web.Response(text=dumps(doc), status=status, content_type="application/json")
+
+
+def _error(status: int, message: str, **extra: Any) -> web.Response:
+    return _json({"error": message, **extra}, status)
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise web.HTTPBadRequest(
+            text=dumps({"error": f"body is not JSON: {exc}"}), content_type="application/json"
+        ) from None
+    if not isinstance(doc, dict):
+        raise web.HTTPBadRequest(
+            text=dumps({"error": "body must be a JSON object"}), content_type="application/json"
+        )
+    return doc
+
+
+def _client(request: web.Request) -> str:
+    return f"http:{request.remote or '?'}"
+
+
+def _outcome_error(outcome: Outcome) -> web.Response:
+    msg = outcome.response.message
+    if isinstance(msg, ErrorReply):
+        from wirekit.mip import ErrorCode
+
+        name = ErrorCode(msg.code).name if msg.code in ErrorCode._value2member_map_ else msg.code
+        status = 504 if outcome.status == "failed" else 502
+        return _error(
+            status, outcome.detail or f"backend error {name}", id=outcome.id, code=msg.code
+        )
+    return _error(502, f"unexpected backend answer: {msg}", id=outcome.id)
+
+
+def build_app(
+    dispatcher: Dispatcher,
+    app_models: dict[str, str],
+    stats: Callable[[], dict[str, Any]],
+    metrics_text: Callable[[], bytes],
+) -> web.Application:
+    """The aiohttp application of the front door."""
+    query_ids = itertools.count()
+
+    async def predict(request: web.Request) -> web.Response:
+        model = request.match_info["model"]
+        if model not in dispatcher.models:
+            return _error(404, f"unknown model {model!r}")
+        doc = await _body(request)
+        try:
+            if "inputs" in doc:
+                samples, multi = doc["inputs"], True
+            elif "instances" in doc:
+                samples, multi = doc["instances"], False
+            else:
+                return _error(400, 'the body needs "inputs" or "instances"')
+            if not isinstance(samples, list) or not samples:
+                return _error(400, "inputs/instances must be a non-empty list")
+            payload = Payload(None, request_from_json(samples, multi=multi))
+            payload.wire  # noqa: B018 - encode now: an EncodeError is the client's fault
+        except ValueError as exc:
+            return _error(400, str(exc))
+        outcome = await dispatcher.submit(model, payload, _client(request))
+        if not outcome.ok:
+            return _outcome_error(outcome)
+        msg = outcome.response.message
+        assert isinstance(msg, Inference)
+        return _json({"id": outcome.id, "outputs": outputs_json(msg)})
+
+    async def clipper_predict(request: web.Request) -> web.Response:
+        app = request.match_info["app"]
+        model = app_models.get(app)
+        if model is None:
+            return _error(404, f"unknown application {app!r}")
+        doc = await _body(request)
+        if "input" in doc:
+            values, batch = [doc["input"]], False
+        elif "input_batch" in doc and isinstance(doc["input_batch"], list) and doc["input_batch"]:
+            values, batch = doc["input_batch"], True
+        else:
+            return _error(400, 'the body needs "input" or a non-empty "input_batch"')
+        answers = []
+        for value in values:  # Clipper answers each query of a batch on its own
+            try:
+                payload = Payload(None, request_from_json([value], multi=False))
+                payload.wire  # noqa: B018
+            except ValueError as exc:
+                return _error(400, str(exc))
+            outcome = await dispatcher.submit(model, payload, _client(request))
+            qid = next(query_ids)
+            msg = outcome.response.message
+            if outcome.ok and isinstance(msg, Inference) and msg.batch_size == 1:
+                outs = outputs_json(msg)[0]
+                answers.append(
+                    {"query_id": qid, "output": outs[0] if len(outs) == 1 else outs,
+                     "default": False}
+                )
+            else:
+                answers.append(
+                    {"query_id": qid, "output": None, "default": True,
+                     "default_explanation": outcome.detail or f"backend answered {msg}"}
+                )
+        return _json({"batch_predictions": answers} if batch else answers[0])
+
+    async def get_stats(_request: web.Request) -> web.Response:
+        return _json(stats())
+
+    async def get_metrics(_request: web.Request) -> web.Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        resp = web.Response(body=metrics_text())
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return _json({"ok": True})
+
+    app = web.Application(client_max_size=MAX_BODY)
+    app.router.add_post("/v1/models/{model}:predict", predict)
+    app.router.add_get("/metrics", get_metrics)
+    app.router.add_get("/stats", get_stats)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_post("/{app}/predict", clipper_predict)
+    return app

@@ -1,0 +1,164 @@
+"""The MIP front door: one TCP listener per model, speaking MIP to clients.
+
+Clients may pipeline: requests on one connection are dispatched concurrently and answered in
+the order they came.  Malformed messages get the MIP error reply the codec names; after a bad
+version or reserved byte, or a message over the size limit, the connection is closed after
+the reply since the stream can no longer be trusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+
+from wirekit import mip
+from wirekit.errors import DecodeError
+from wirekit.mip import ErrorCode, ErrorReply, Inference, Ping
+
+from .dispatcher import Dispatcher
+from .payload import Payload
+
+log = logging.getLogger("wirekit.serve")
+
+_PING_REPLY = mip.encode(Ping(response=True))
+MAX_PIPELINED = 128  #: requests in flight per connection before reading pauses
+
+
+def _error(code: int) -> bytes:
+    return mip.encode(ErrorReply(int(code)))
+
+
+class MipFrontDoor(asyncio.Protocol):
+    """One client connection to the listener of ``model``."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        model: str,
+        tasks: set[asyncio.Task],
+        max_message_size: int = mip.DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.model = model
+        self.tasks = tasks
+        self.max_message_size = max_message_size
+        self._buf = bytearray()
+        self._skip = 0
+        self._pending: deque[bytes | asyncio.Task] = deque()
+        self._paused = False
+        self._flush_soon = False
+        self._closing = False
+        self.transport: asyncio.Transport | None = None
+        self.client = "mip:?"
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self.client = f"mip:{peer[0]}:{peer[1]}"
+
+    def connection_lost(self, exc) -> None:
+        self._closing = True
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        if self._skip:
+            drop = min(self._skip, len(data))
+            self._skip -= drop
+            data = data[drop:]
+        buf = self._buf
+        buf += data
+        pos = 0
+        n = len(buf)
+        while n - pos >= mip.HEADER_SIZE and not self._closing:
+            header = bytes(buf[pos : pos + mip.HEADER_SIZE])
+            try:
+                _kind, _sub, remaining = mip.check_header(header)
+            except DecodeError as exc:
+                code = exc.code if exc.code is not None else ErrorCode.SHAPE
+                self._pending.append(_error(code))
+                if exc.field in ("version", "reserved"):
+                    self._close_after_replies()
+                    break
+                size = mip.HEADER_SIZE + int.from_bytes(header[4:], "big")
+                take = min(size, n - pos)
+                pos += take
+                self._skip = size - take
+                continue
+            size = mip.HEADER_SIZE + remaining
+            if size > self.max_message_size:
+                self._pending.append(_error(ErrorCode.MEMORY))
+                self._close_after_replies()
+                break
+            if n - pos < size:
+                break
+            frame = bytes(buf[pos : pos + size])
+            pos += size
+            self._handle(frame)
+        del buf[:pos]
+        self._flush()
+        if len(self._pending) > MAX_PIPELINED and not self._paused and self.transport:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def _handle(self, frame: bytes) -> None:
+        try:
+            msg = mip.decode(frame)
+        except DecodeError as exc:
+            self._pending.append(_error(exc.code if exc.code is not None else ErrorCode.SHAPE))
+            return
+        if isinstance(msg, Ping):
+            self._pending.append(_PING_REPLY if not msg.response else _error(ErrorCode.SUBTYPE))
+            return
+        if not isinstance(msg, Inference) or msg.response:
+            self._pending.append(_error(ErrorCode.SUBTYPE))
+            return
+        task = asyncio.ensure_future(
+            self.dispatcher.submit(self.model, Payload(frame, msg), self.client)
+        )
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+        self._pending.append(task)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if not self._flush_soon:  # replies finished in one loop pass go out in one write
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_soon = False
+        pending = self._pending
+        out = []
+        while pending:
+            head = pending[0]
+            if isinstance(head, bytes):
+                out.append(head)
+            elif head.done():
+                if head.cancelled():
+                    out.append(_error(ErrorCode.INTERNAL))
+                elif head.exception() is not None:
+                    log.error("dispatch failed: %r", head.exception())
+                    out.append(_error(ErrorCode.INTERNAL))
+                else:
+                    out.append(head.result().response.wire)
+            else:
+                break
+            pending.popleft()
+        transport = self.transport
+        if transport is None:
+            return
+        if out:
+            transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if self._closing and not pending:
+            transport.close()
+        elif self._paused and len(pending) <= MAX_PIPELINED // 2:
+            self._paused = False
+            transport.resume_reading()
+
+    def _close_after_replies(self) -> None:
+        self._closing = True
+        self._buf.clear()

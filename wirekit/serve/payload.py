@@ -1,0 +1,101 @@
+"""What travels through the dispatcher: a MIP message held as wire bytes, decoded, or both.
+
+The MIP encoding is the canonical form of a request and of its answer: a MIP front door and
+a MIP backend pass the bytes through untouched, HTTP and Clipper decode or encode only when
+they need to, and the cache digests the request's bytes.  JSON conversion for the HTTP front
+door lives here too (:func:`to_item`, :func:`item_value`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from wirekit import mip
+from wirekit.mip import Inference, Item, ItemType, Message
+
+
+class Payload:
+    """A MIP message; ``wire`` and ``message`` are each computed once, on first use."""
+
+    __slots__ = ("_message", "_wire")
+
+    def __init__(self, wire: bytes | None = None, message: Message | None = None) -> None:
+        if wire is None and message is None:
+            raise ValueError("a payload needs its wire bytes or its message")
+        self._wire = wire
+        self._message = message
+
+    @property
+    def wire(self) -> bytes:
+        if self._wire is None:
+            self._wire = mip.encode(self._message)
+        return self._wire
+
+    @property
+    def message(self) -> Message:
+        if self._message is None:
+            self._message = mip.decode(self._wire)
+        return self._message
+
+    def __len__(self) -> int:
+        return len(self.wire)
+
+    def __repr__(self) -> str:
+        return f"Payload({self.message!r})"
+
+
+def to_item(value: Any) -> Item:
+    """A JSON value as one MIP item: a string is TEXT, ``{"b64": ..., "type": n}`` is raw
+    bytes of item type n (default IMAGE), anything else is a JSON item."""
+    if isinstance(value, str):
+        return Item.text(value)
+    if isinstance(value, dict) and "b64" in value and set(value) <= {"b64", "type"}:
+        kind = value.get("type", int(ItemType.IMAGE))
+        if isinstance(kind, bool) or not isinstance(kind, int) or not 0 <= kind < 1 << 32:
+            raise ValueError(f"item type must be an integer 0..2**32-1, got {kind!r}")
+        try:
+            data = base64.b64decode(value["b64"], validate=True)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"b64 is not valid base64: {exc}") from None
+        return Item(kind, data)
+    return Item.json(value)
+
+
+def item_value(item: Item) -> Any:
+    """The JSON form of a MIP item (the inverse of :func:`to_item`)."""
+    if item.type == ItemType.TEXT:
+        try:
+            return item.as_text()
+        except UnicodeDecodeError:
+            pass
+    elif item.type == ItemType.JSON:
+        try:
+            return item.as_json()
+        except ValueError:
+            pass
+    return {"type": int(item.type), "b64": base64.b64encode(item.as_bytes()).decode("ascii")}
+
+
+def request_from_json(samples: list[Any], *, multi: bool) -> Inference:
+    """A MIP request from JSON samples: each sample one value (``multi=False``) or a list
+    of values, one per model input (``multi=True``)."""
+    rows = []
+    for sample in samples:
+        if multi:
+            if not isinstance(sample, list):
+                raise ValueError("each entry of inputs must be a list of values (one per input)")
+            rows.append([to_item(v) for v in sample])
+        else:
+            rows.append([to_item(sample)])
+    return Inference.request(rows)
+
+
+def outputs_json(msg: Inference) -> list[list[Any]]:
+    """The outputs of a MIP response as JSON: one list of values per sample."""
+    return [[item_value(i) for i in sample] for sample in msg.samples]
+
+
+def dumps(doc: Any) -> str:
+    return json.dumps(doc, separators=(",", ":"))

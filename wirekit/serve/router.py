@@ -1,0 +1,100 @@
+"""Routing by quota: a request for model M goes to device i with probability P_i.
+
+P_i is proportional to the quota of (device i, M) over the devices with quota > 0 for M, so
+the P_i sum to 1; quota-0 rows are never chosen.  A device that timed out or refused a
+connection is taken out of rotation for a back-off period; while it is out, the others share
+its part in proportion to their quotas.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+import time
+from collections.abc import Callable, Collection, Iterable
+from itertools import accumulate
+
+from .config import DeviceRow
+
+
+class NoDevice(LookupError):
+    """No device can take a request for the model (unknown model or every device tried)."""
+
+
+class Router:
+    """Weighted choice of a device per model, with back-off of failing devices."""
+
+    def __init__(
+        self,
+        rows: Iterable[DeviceRow],
+        *,
+        backoff: float = 5.0,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._rows: dict[str, list[DeviceRow]] = {}
+        for row in rows:
+            if row.quota > 0:
+                self._rows.setdefault(row.model, []).append(row)
+        self._cum: dict[str, list[float]] = {
+            m: list(accumulate(r.quota for r in rs)) for m, rs in self._rows.items()
+        }
+        self.backoff = backoff
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._out_until: dict[str, float] = {}  # row key -> clock time it comes back
+
+    @property
+    def models(self) -> list[str]:
+        return list(self._rows)
+
+    def rows(self, model: str) -> list[DeviceRow]:
+        """The rows of ``model`` that can be chosen (quota > 0)."""
+        return list(self._rows.get(model, ()))
+
+    def probabilities(self, model: str) -> dict[str, float]:
+        """P_i per row key, with every device in rotation."""
+        rows = self._rows.get(model, [])
+        total = sum(r.quota for r in rows)
+        return {r.key: r.quota / total for r in rows}
+
+    def choose(self, model: str, exclude: Collection[str] = ()) -> DeviceRow:
+        """A device for one request: weighted by quota, skipping ``exclude`` and backed-off
+        devices.  If every device not excluded is backed off, the one coming back soonest is
+        used rather than failing.  Raises :class:`NoDevice` when nothing is left."""
+        rows = self._rows.get(model)
+        if rows is None:
+            raise NoDevice(f"unknown model {model!r}")
+        out = self._out_until
+        if not exclude and not out:  # the common case: one draw, no filtering
+            cum = self._cum[model]
+            return rows[bisect.bisect_right(cum, self._rng.random() * cum[-1])]
+        now = self._clock()
+        if out and min(out.values()) <= now:
+            for key in [k for k, t in out.items() if t <= now]:
+                del out[key]
+        candidates = [r for r in rows if r.key not in exclude]
+        if not candidates:
+            raise NoDevice(f"every device of {model!r} was tried")
+        live = [r for r in candidates if out.get(r.key, 0.0) <= now]
+        if not live:
+            return min(candidates, key=lambda r: out[r.key])
+        if len(live) == 1:
+            return live[0]
+        cum = list(accumulate(r.quota for r in live))
+        return live[bisect.bisect_right(cum, self._rng.random() * cum[-1])]
+
+    def fail(self, row: DeviceRow) -> None:
+        """Take ``row`` out of rotation for ``backoff`` seconds."""
+        self._out_until[row.key] = self._clock() + self.backoff
+
+    def succeed(self, row: DeviceRow) -> None:
+        """A device answered: it is back in rotation."""
+        self._out_until.pop(row.key, None)
+
+    def backed_off(self) -> list[str]:
+        """Keys of the rows out of rotation right now (expired entries are dropped)."""
+        now = self._clock()
+        for key in [k for k, t in self._out_until.items() if t <= now]:
+            del self._out_until[key]
+        return sorted(self._out_until)

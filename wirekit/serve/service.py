@@ -1,0 +1,167 @@
+"""The running service: builds the dispatcher from a :class:`Deployment` and opens its doors.
+
+>>> service = Service(load_config("deployment.json"))   # doctest: +SKIP
+>>> await service.start(); service.addresses()           # doctest: +SKIP
+{'http': 8080, 'mip': {'m1': 9001}, 'clipper_rpc': None}
+>>> await service.stop()                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+from aiohttp import web
+
+from .backends import Backend, ClipperBackend, KubeMoBackend, MipBackend
+from .cache import ResponseCache
+from .config import Deployment, DeviceRow
+from .dispatcher import Dispatcher
+from .http import build_app
+from .metrics import Metrics
+from .mipfront import MipFrontDoor
+from .payload import Payload
+from .router import Router
+from .store import RequestStore
+
+
+class Service:
+    """Everything ``wirekit serve`` runs, in one asyncio loop."""
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        *,
+        backends: dict[str, Backend] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.deployment = deployment
+        self.store = RequestStore(
+            deployment.store.path,
+            payloads=deployment.store.payloads,
+            batch_max=deployment.store.batch_max,
+            journal=deployment.store.journal,
+            flush_interval=deployment.store.flush_interval,
+        )
+        self.metrics = Metrics(deployment.models)
+        self.cache: ResponseCache[Payload] = ResponseCache(
+            deployment.cache.max_entries, deployment.cache.ttl, deployment.cache.max_bytes
+        )
+        self.router = Router(deployment.rows, backoff=deployment.backoff, rng=rng)
+        self._given_backends = backends or {}
+        self.dispatcher: Dispatcher | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._mip_servers: dict[str, asyncio.AbstractServer] = {}
+        self._runner: web.AppRunner | None = None
+        self._http_port: int | None = None
+        self.clipper = None  # the embedded Clipper RPC frontend, when a model uses Clipper
+
+    def _backend_for(self, row: DeviceRow) -> Backend:
+        if row.key in self._given_backends:
+            return self._given_backends[row.key]
+        timeout = self.deployment.models[row.model].timeout
+        if row.backend == "clipper":
+            assert self.clipper is not None and row.clipper_name
+            return ClipperBackend(self.clipper, row.clipper_name, timeout=timeout)
+        assert row.port is not None
+        if row.backend == "kubemo":
+            return KubeMoBackend(row.endpoint, row.port, timeout=timeout)
+        if row.backend == "mip":
+            return MipBackend(
+                row.endpoint, row.port, max_in_flight=self.deployment.connections,
+                timeout=timeout,
+            )
+        raise NotImplementedError(f"{row.key}: the {row.backend} backend is not available")
+
+    async def start(self) -> None:
+        """Open the store and every listener."""
+        dep = self.deployment
+        self.store.open()
+        reader = self.store.reader()
+        try:
+            self.metrics.load(reader)
+        finally:
+            reader.close()
+        loop = asyncio.get_running_loop()
+        try:
+            if dep.clipper_rpc_port is not None:
+                from wirekit.clipper.frontend import Frontend
+
+                host = f"[{dep.host}]" if ":" in dep.host else dep.host
+                self.clipper = Frontend(
+                    f"tcp://{host}:{dep.clipper_rpc_port}", dep.clipper_generation
+                ).start()
+            backends = {r.key: self._backend_for(r) for r in dep.rows if r.quota > 0}
+            self.dispatcher = Dispatcher(
+                dep.models, self.router, backends, self.store, self.metrics, self.cache,
+            )
+            for name, model in dep.models.items():
+                if model.mip_port is None:
+                    continue
+                self._mip_servers[name] = await loop.create_server(
+                    lambda name=name: MipFrontDoor(self.dispatcher, name, self._tasks),
+                    dep.host,
+                    model.mip_port,
+                )
+            if dep.http_port is not None:
+                app = build_app(
+                    self.dispatcher, dep.app_models(), self.stats, self.metrics_text
+                )
+                self._runner = web.AppRunner(app, access_log=None)
+                await self._runner.setup()
+                site = web.TCPSite(self._runner, dep.host, dep.http_port)
+                await site.start()
+                server = site._server
+                assert server is not None
+                self._http_port = server.sockets[0].getsockname()[1]
+        except BaseException:
+            await self.stop()
+            raise
+
+    def addresses(self) -> dict[str, Any]:
+        """The ports actually bound (useful when the config asked for port 0)."""
+        return {
+            "host": self.deployment.host,
+            "http": self._http_port,
+            "mip": {
+                name: srv.sockets[0].getsockname()[1] for name, srv in self._mip_servers.items()
+            },
+            "clipper_rpc": (
+                int(self.clipper.endpoint.rsplit(":", 1)[1]) if self.clipper else None
+            ),
+        }
+
+    def extra(self) -> dict[str, Any]:
+        return {"cache": self.cache.stats(), "backed_off": self.router.backed_off()}
+
+    def stats(self) -> dict[str, Any]:
+        """The ``/stats`` document."""
+        snap = self.metrics.snapshot()
+        snap.update(self.extra())
+        snap["resubmissions"] = self.dispatcher.resubmissions if self.dispatcher else 0
+        return snap
+
+    def metrics_text(self) -> bytes:
+        return self.metrics.prometheus(self.extra())
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Close the listeners, let requests in flight finish (up to ``grace`` seconds),
+        then close the backends and the store."""
+        for srv in self._mip_servers.values():
+            srv.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._tasks:
+            _done, pending = await asyncio.wait(set(self._tasks), timeout=grace)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=grace)
+        self._mip_servers.clear()
+        if self.dispatcher is not None:
+            await self.dispatcher.close()
+        if self.clipper is not None:
+            self.clipper.stop()
+        self.store.close()

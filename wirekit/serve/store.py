@@ -1,0 +1,353 @@
+"""The requests store: one SQLite (WAL) row per request, written in batches off the request path.
+
+The request path never touches SQLite.  Arrivals and completions are collected in a list on
+the event loop and handed to a writer thread every ``flush_interval`` seconds (or when
+``batch_max`` rows wait); the writer writes each hand-over in one transaction.
+
+Durability without the store on the request path: with ``journal`` on (the default) each
+completion is also appended to a journal file (``<store>.journal.<n>``, one JSON line, one
+``write`` system call) *before* the client is answered.  A ``kill -9`` cannot take back what
+was written to the kernel, so after a crash the next ``open()`` replays the journals into
+SQLite: every answered request is in the store.  Journals are deleted once the rows they hold
+are committed.  (A power loss can still take back the last moments; that needs fsync.)
+
+Statuses: ``queued`` (waiting or being processed), ``ok``, ``error`` (the backend answered
+with an error), ``failed`` (no device answered within the attempts), ``abandoned`` (the
+dispatcher stopped before answering; set at the next start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import queue
+import sqlite3
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS requests (
+    id            TEXT PRIMARY KEY,
+    model         TEXT NOT NULL,
+    client        TEXT NOT NULL,
+    device        TEXT,             -- node/device/model that answered; 'cache' for a cache hit
+    time_in       REAL NOT NULL,    -- unix time, seconds
+    time_out      REAL,             -- NULL while queued
+    status        TEXT NOT NULL,
+    payload_size  INTEGER NOT NULL, -- bytes of the request (its MIP encoding)
+    attempts      INTEGER NOT NULL DEFAULT 0,
+    payload       BLOB              -- the request itself, when store.payloads is on
+);
+CREATE INDEX IF NOT EXISTS requests_model_status ON requests (model, status);
+"""
+
+QUEUED, OK, ERROR, FAILED, ABANDONED = "queued", "ok", "error", "failed", "abandoned"
+
+_INSERT = (
+    "INSERT INTO requests (id, model, client, time_in, status, payload_size, payload)"
+    " VALUES (?, ?, ?, ?, 'queued', ?, ?)"
+)
+_UPDATE = "UPDATE requests SET device = ?, time_out = ?, status = ?, attempts = ? WHERE id = ?"
+
+_REPLAY = (
+    "INSERT INTO requests (id, model, client, device, time_in, time_out, status, payload_size,"
+    " attempts, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (id) DO UPDATE SET device = excluded.device, time_out = excluded.time_out,"
+    " status = excluded.status, attempts = excluded.attempts,"
+    " payload = COALESCE(excluded.payload, requests.payload)"
+)
+
+_ARRIVAL, _COMPLETION, _BATCH, _STOP = 0, 1, 2, 3
+
+
+def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
+    """A connection to a store file (created with the schema unless ``readonly``)."""
+    if readonly:
+        uri = Path(path).resolve().as_uri() + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        return conn
+    conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.executescript(SCHEMA)
+    return conn
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRow:
+    """One row of the store, as read back."""
+
+    id: str
+    model: str
+    client: str
+    device: str | None
+    time_in: float
+    time_out: float | None
+    status: str
+    payload_size: int
+    attempts: int
+
+    @property
+    def response_time(self) -> float | None:
+        return None if self.time_out is None else self.time_out - self.time_in
+
+
+def read_rows(conn: sqlite3.Connection) -> Iterator[RequestRow]:
+    """Every row of the store, oldest first."""
+    cur = conn.execute(
+        "SELECT id, model, client, device, time_in, time_out, status, payload_size, attempts"
+        " FROM requests ORDER BY time_in, rowid"
+    )
+    for row in cur:
+        yield RequestRow(*row)
+
+
+class RequestStore:
+    """The store with its writer thread.  ``open()`` before use, ``close()`` at the end.
+
+    ``arrival`` and ``completion`` are meant to be called from one thread (the event loop's);
+    they only append to a list (and, for a completion, to the journal).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        payloads: bool = False,
+        batch_max: int = 1024,
+        journal: bool = True,
+        flush_interval: float = 0.05,
+        journal_max: int = 4 << 20,
+    ) -> None:
+        self.path = Path(path)
+        self.payloads = payloads
+        self.batch_max = batch_max
+        self.journal = journal
+        self.flush_interval = flush_interval
+        self.journal_max = journal_max
+        self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._pending: list[tuple[int, tuple[Any, ...]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._thread: threading.Thread | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._jfd: int | None = None
+        self._jpath: Path | None = None
+        self._jsize = 0
+        self._jseq = 0
+        self.abandoned_at_open = 0
+        self.replayed_at_open = 0  #: completions recovered from journals by ``open()``
+        self.commits = 0  #: write transactions so far
+        self.rows_written = 0  #: inserts + updates so far
+        self.error: BaseException | None = None  #: the last write failure, if any
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Create or open the file, replay journals a crash left, mark the rows a previous
+        run left queued as abandoned, and start the writer."""
+        self._conn = connect(self.path)
+        self.replayed_at_open = self._replay()
+        cur = self._conn.execute(
+            "UPDATE requests SET status = ? WHERE status = ?", (ABANDONED, QUEUED)
+        )
+        self.abandoned_at_open = cur.rowcount
+        if self.journal:
+            self._new_journal()
+        self._thread = threading.Thread(target=self._run, name="wirekit-store", daemon=True)
+        self._thread.start()
+
+    def reader(self) -> sqlite3.Connection:
+        """A separate connection for reading (WAL lets it read while the writer writes)."""
+        return connect(self.path)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is waiting, stop the writer, remove the journal, close the file."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._thread is not None:
+            ops, self._pending = self._pending, []
+            self._queue.put((_BATCH, ops, self._retire_journal(), None))
+            self._queue.put((_STOP,))
+            self._thread.join(timeout)
+            self._thread = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- the request path: list appends and one journal write -----------------------------
+
+    def arrival(
+        self, rid: str, model: str, client: str, time_in: float, size: int, payload: Any = None
+    ) -> None:
+        """Record a new request (status ``queued``)."""
+        blob = bytes(payload) if self.payloads and payload is not None else None
+        self._add(_ARRIVAL, (rid, model, client, time_in, size, blob))
+
+    def completion(
+        self,
+        rid: str,
+        device: str | None,
+        time_out: float,
+        status: str,
+        attempts: int,
+        *,
+        model: str,
+        client: str,
+        time_in: float,
+        size: int,
+        payload: Any = None,
+    ) -> None:
+        """Record how a request ended.  With the journal on, this returns once the record
+        is written to the journal file (safe from a crash of this process)."""
+        if self._jfd is not None:
+            blob = None
+            if self.payloads and payload is not None:
+                blob = base64.b64encode(payload).decode("ascii")
+            line = json.dumps(
+                [rid, model, client, device, time_in, time_out, status, size, attempts, blob],
+                separators=(",", ":"),
+            ).encode("utf-8") + b"\n"
+            os.write(self._jfd, line)
+            self._jsize += len(line)
+        self._add(_COMPLETION, (device, time_out, status, attempts, rid))
+
+    async def flush(self) -> None:
+        """Hand everything over now and wait until it is committed."""
+        fut = asyncio.get_running_loop().create_future()
+        self._handoff(fut)
+        await fut
+
+    # -- hand-over to the writer -------------------------------------------------------
+
+    def _add(self, kind: int, row: tuple[Any, ...]) -> None:
+        self._pending.append((kind, row))
+        if len(self._pending) >= self.batch_max:
+            self._handoff()
+        elif self._timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop: hand over at once
+                self._handoff()
+                return
+            self._timer = loop.call_later(self.flush_interval, self._handoff)
+
+    def _handoff(self, fut: asyncio.Future[None] | None = None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        ops, self._pending = self._pending, []
+        retire = None
+        if self._jfd is not None and self._jsize >= self.journal_max:
+            retire = self._retire_journal()
+            self._new_journal()
+        if ops or retire or fut is not None:
+            self._queue.put((_BATCH, ops, retire, fut))
+
+    # -- journals ------------------------------------------------------------------------
+
+    def _journals(self) -> list[Path]:
+        found = []
+        for p in self.path.parent.glob(self.path.name + ".journal.*"):
+            suffix = p.name.rsplit(".", 1)[1]
+            if suffix.isdigit():
+                found.append((int(suffix), p))
+        return [p for _n, p in sorted(found)]
+
+    def _new_journal(self) -> None:
+        self._jseq += 1
+        self._jpath = self.path.with_name(f"{self.path.name}.journal.{self._jseq}")
+        self._jfd = os.open(self._jpath, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC)
+        self._jsize = 0
+
+    def _retire_journal(self) -> Path | None:
+        """Close the current journal; the writer deletes it once its rows are committed."""
+        if self._jfd is None:
+            return None
+        os.close(self._jfd)
+        self._jfd = None
+        return self._jpath
+
+    def _replay(self) -> int:
+        conn = self._conn
+        assert conn is not None
+        count = 0
+        journals = self._journals()
+        for path in journals:
+            rows = []
+            with open(path, "rb") as fh:
+                for line in fh:
+                    try:
+                        rec = json.loads(line)
+                        rid, model, client, device, t_in, t_out, status, size, att, blob = rec
+                    except ValueError:
+                        continue  # a line cut short by the crash: it was never answered
+                    payload = base64.b64decode(blob) if blob else None
+                    rows.append((rid, model, client, device, t_in, t_out, status, size, att,
+                                 payload))
+            conn.execute("BEGIN")
+            for row in rows:
+                # keep a stored payload when the journal line has none
+                conn.execute(_REPLAY, row)
+            conn.execute("COMMIT")
+            count += len(rows)
+        for path in journals:
+            path.unlink()
+        return count
+
+    # -- the writer thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        get = self._queue.get
+        while True:
+            item = get()
+            if item[0] == _STOP:
+                return
+            _kind, ops, retire, fut = item
+            try:
+                if ops:
+                    conn.execute("BEGIN")
+                    for kind, row in ops:
+                        conn.execute(_INSERT if kind == _ARRIVAL else _UPDATE, row)
+                    conn.execute("COMMIT")
+                    self.commits += 1
+                    self.rows_written += len(ops)
+                if retire is not None:
+                    with contextlib.suppress(OSError):
+                        retire.unlink()
+            except BaseException as exc:  # keep going: the journal still has completions
+                self.error = exc
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if fut is not None:
+                    _resolve([fut], exc)
+                continue
+            if fut is not None:
+                _resolve([fut], None)
+
+
+def _resolve(waiters: list[asyncio.Future[None]], exc: BaseException | None) -> None:
+    """Resolve futures from the writer thread, one loop callback per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+    for fut in waiters:
+        by_loop.setdefault(fut.get_loop(), []).append(fut)
+    for loop, futs in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            loop.call_soon_threadsafe(_settle, futs, exc)
+
+
+def _settle(futs: list[asyncio.Future[None]], exc: BaseException | None) -> None:
+    for fut in futs:
+        if not fut.done():
+            if exc is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(RuntimeError(f"request store write failed: {exc}"))
