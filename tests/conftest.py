@@ -43,3 +43,8 @@ def impl(request) -> str:
 @pytest.fixture(scope="session")
 def mip_codec(impl):
     return load_codec("mip", impl)
+
+
+@pytest.fixture(scope="session")
+def clipper_codec(impl):
+    return load_codec("clipper", impl)

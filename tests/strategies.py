@@ -32,3 +32,80 @@ mip_messages = st.one_of(
     st.builds(mip.ErrorReply, st.sampled_from(list(mip.ErrorCode))),
     mip_inference(),
 )
+
+
+# --- Clipper ---------------------------------------------------------------------------------
+
+import numpy as np  # noqa: E402
+
+from wirekit import clipper  # noqa: E402
+
+clipper_generations = st.sampled_from(list(clipper.Generation))
+_u32s = st.integers(0, 2**32 - 1)
+_CLIPPER_ELEMENTS = {
+    clipper.InputType.BYTES: st.integers(0, 255),
+    clipper.InputType.INTS: st.integers(-(2**31), 2**31 - 1),
+    clipper.InputType.FLOATS: st.floats(width=32, allow_nan=False),
+    clipper.InputType.DOUBLES: st.floats(allow_nan=False),
+}
+
+
+@st.composite
+def clipper_inputs(draw, itype: clipper.InputType, generation: clipper.Generation):
+    n = draw(st.integers(1, 5))
+    if itype == clipper.InputType.STRINGS:
+        alphabet = st.characters(exclude_characters="\0", exclude_categories=("Cs",))
+        text = st.text(alphabet, max_size=8) if generation != "v3" else st.text(max_size=8)
+        return draw(st.lists(text, min_size=n, max_size=n))
+    elements = _CLIPPER_ELEMENTS[itype]
+    dtype = clipper.DTYPES[itype]
+    if draw(st.booleans()):  # equal lengths, maybe as one 2-D array
+        width = draw(st.integers(0, 6))
+        rows = [draw(st.lists(elements, min_size=width, max_size=width)) for _ in range(n)]
+        if draw(st.booleans()):
+            return np.array(rows, dtype).reshape(n, width)
+        return rows
+    return [np.array(draw(st.lists(elements, max_size=6)), dtype) for _ in range(n)]
+
+
+@st.composite
+def clipper_messages(draw, generation: clipper.Generation):
+    """A valid message of ``generation`` (either direction)."""
+    kinds = ["new_container", "request", "response"]
+    if generation != clipper.Generation.G2016:
+        kinds += ["heartbeat", "heartbeat_reply"]
+    kind = draw(st.sampled_from(kinds))
+    itype = draw(st.sampled_from(list(clipper.InputType)))
+    if kind == "new_container":
+        if generation == clipper.Generation.G2016:
+            version = str(draw(st.integers(0, 10**6)))
+        else:
+            version = draw(st.text(max_size=8))
+        rpc = clipper.RPC_VERSION if generation == clipper.Generation.V3 else None
+        return clipper.NewContainer(draw(st.text(max_size=12)), version, itype, rpc)
+    if kind == "heartbeat":
+        return clipper.Heartbeat()
+    if kind == "heartbeat_reply":
+        return clipper.HeartbeatReply(draw(st.sampled_from(list(clipper.HeartbeatType))))
+    msg_id = draw(_u32s)
+    if kind == "request":
+        return clipper.PredictRequest(msg_id, itype, draw(clipper_inputs(itype, generation)))
+    if generation == clipper.Generation.G2016:
+        values = draw(st.lists(st.floats(width=32, allow_nan=False), min_size=1, max_size=5))
+        return clipper.PredictResponse(msg_id, np.array(values, np.float32))
+    return clipper.PredictResponse(
+        msg_id, draw(st.lists(st.text(max_size=8), min_size=1, max_size=5))
+    )
+
+
+@st.composite
+def clipper_generation_and_message(draw):
+    generation = draw(clipper_generations)
+    return generation, draw(clipper_messages(generation))
+
+
+def clipper_direction(msg) -> clipper.Direction:
+    """The direction ``msg`` travels in."""
+    if isinstance(msg, clipper.PredictRequest | clipper.HeartbeatReply):
+        return clipper.Direction.TO_CONTAINER
+    return clipper.Direction.TO_CLIPPER

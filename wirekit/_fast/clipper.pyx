@@ -112,19 +112,33 @@ cdef object _fail(str field, Py_ssize_t offset, str text, Py_ssize_t frame):
 # --- frames ----------------------------------------------------------------------------------
 
 
+cdef struct FrameRef:
+    const uint8_t* p
+    Py_ssize_t n
+    bint readonly
+
+
+DEF SMALL = 40
+
+
 cdef class _Frames:
-    """The frames of one message: a pointer and size for each, and the object owning it."""
+    """The frames of one message: a pointer and size for each, and the object owning it
+    (the frame itself for ``bytes``, else the memoryview taken of it)."""
 
     cdef Py_ssize_t n
-    cdef const uint8_t** ptr
-    cdef Py_ssize_t* size
-    cdef char* readonly
-    cdef list owners
+    cdef FrameRef* refs
+    cdef FrameRef small[SMALL]
+    cdef object frames
+    cdef list views
 
     def __dealloc__(self):
-        PyMem_Free(self.ptr)
-        PyMem_Free(self.size)
-        PyMem_Free(self.readonly)
+        if self.refs != self.small:
+            PyMem_Free(self.refs)
+
+    cdef inline object owner(self, Py_ssize_t i):
+        if self.views is not None and self.views[i] is not None:
+            return self.views[i]
+        return self.frames[i]
 
     cdef load(self, object frames):
         cdef Py_ssize_t i, n
@@ -133,18 +147,19 @@ cdef class _Frames:
             frames = list(frames)
         n = len(frames)
         self.n = n
-        self.ptr = <const uint8_t**>PyMem_Malloc((n + 1) * sizeof(uint8_t*))
-        self.size = <Py_ssize_t*>PyMem_Malloc((n + 1) * sizeof(Py_ssize_t))
-        self.readonly = <char*>PyMem_Malloc(n + 1)
-        if self.ptr == NULL or self.size == NULL or self.readonly == NULL:
-            raise MemoryError()
-        self.owners = PyList_New(n)
+        self.frames = frames
+        if n <= SMALL:
+            self.refs = self.small
+        else:
+            self.refs = <FrameRef*>PyMem_Malloc(n * sizeof(FrameRef))
+            if self.refs == NULL:
+                raise MemoryError()
         for i in range(n):
             f = frames[i]
             if type(f) is bytes:
-                self.ptr[i] = <const uint8_t*>PyBytes_AS_STRING(f)
-                self.size[i] = PyBytes_GET_SIZE(f)
-                self.readonly[i] = 1
+                self.refs[i].p = <const uint8_t*>PyBytes_AS_STRING(f)
+                self.refs[i].n = PyBytes_GET_SIZE(f)
+                self.refs[i].readonly = True
             else:
                 try:
                     mv = PyMemoryView_FromObject(f)
@@ -155,63 +170,66 @@ cdef class _Frames:
                 view = PyMemoryView_GET_BUFFER(mv)
                 if not PyBuffer_IsContiguous(view, b'C'):
                     raise TypeError(f"frame {i}: not a contiguous buffer")
-                self.ptr[i] = <const uint8_t*>view.buf
-                self.size[i] = view.len
-                self.readonly[i] = 1 if view.readonly else 0
-                f = mv
-            Py_INCREF(f)
-            PyList_SET_ITEM(self.owners, i, f)
+                self.refs[i].p = <const uint8_t*>view.buf
+                self.refs[i].n = view.len
+                self.refs[i].readonly = view.readonly != 0
+                if self.views is None:
+                    self.views = [None] * n
+                self.views[i] = mv
 
 
 cdef object _view(_Frames fr, Py_ssize_t i, Py_ssize_t start, int nd, cnp.npy_intp* dims,
                   int itype):
     """An array of ``dims`` over frame ``i`` from byte ``start``, owned by the frame."""
     cdef cnp.ndarray arr = cnp.PyArray_SimpleNewFromData(
-        nd, dims, _TYPENUM[itype], <void*>(fr.ptr[i] + start))
-    cnp.set_array_base(arr, fr.owners[i])
-    if fr.readonly[i]:
+        nd, dims, _TYPENUM[itype], <void*>(fr.refs[i].p + start))
+    cnp.set_array_base(arr, fr.owner(i))
+    if fr.refs[i].readonly:
         cnp.PyArray_CLEARFLAGS(arr, cnp.NPY_ARRAY_WRITEABLE)
     return arr
 
 
-cdef inline void _need(_Frames fr, Py_ssize_t count, str what) except *:
+cdef inline void _need(_Frames fr, Py_ssize_t count, str what, object arg=None) except *:
+    """Exactly ``count`` frames; ``what`` is formatted with ``arg`` only on error."""
     if fr.n != count:
+        what = what.format(arg)
         raise _fail("frames", 0, f"{what} has {count} frames, got {fr.n}", min(fr.n, count))
 
 
-cdef inline void _at_least(_Frames fr, Py_ssize_t count, str what) except *:
+cdef inline void _at_least(_Frames fr, Py_ssize_t count, str what, object arg=None) except *:
     if fr.n < count:
+        what = what.format(arg)
         raise _fail("frames", 0, f"{what} has at least {count} frames, got {fr.n}", fr.n)
 
 
 cdef uint32_t _u32(_Frames fr, Py_ssize_t i, str field) except? 0xFFFFFFFF:
-    cdef Py_ssize_t n = fr.size[i]
+    cdef Py_ssize_t n = fr.refs[i].n
     if n != 4:
         raise _fail(field, min(n, 4), f"expected 4 bytes, got {n}", i)
-    return _rd32(fr.ptr[i])
+    return _rd32(fr.refs[i].p)
 
 
 cdef uint64_t _u64(_Frames fr, Py_ssize_t i, str field) except? 0xFFFFFFFFFFFFFFFF:
-    cdef Py_ssize_t n = fr.size[i]
+    cdef Py_ssize_t n = fr.refs[i].n
     if n != 8:
         raise _fail(field, min(n, 8), f"expected 8 bytes, got {n}", i)
-    return _rd64(fr.ptr[i])
+    return _rd64(fr.refs[i].p)
 
 
 cdef int64_t _size_2017(_Frames fr, Py_ssize_t i, str field) except? -0x7FFFFFFFFFFFFFFF:
-    cdef Py_ssize_t n = fr.size[i]
+    cdef Py_ssize_t n = fr.refs[i].n
     if n == 8:
-        return <int64_t>_rd64(fr.ptr[i])
+        return <int64_t>_rd64(fr.refs[i].p)
     if n == 4:
-        return <int32_t>_rd32(fr.ptr[i])
+        return <int32_t>_rd32(fr.refs[i].p)
     raise _fail(field, min(n, 8), f"expected 8 bytes (or 4, as the markdown spec says), got {n}", i)
 
 
 cdef uint32_t _msg_id_2017(_Frames fr, Py_ssize_t i) except? 0xFFFFFFFF:
-    cdef Py_ssize_t n = fr.size[i]
+    cdef Py_ssize_t n = fr.refs[i].n
     cdef uint64_t value
     if n == 8:
-        value = _rd64(fr.ptr[i])
+        value = _rd64(fr.refs[i].p)
         if value > U32_MAX:
             raise _fail("msg_id", 4, f"8-byte id {value} does not fit 32 bits", i)
         return <uint32_t>value
@@ -220,7 +238,7 @@ cdef uint32_t _msg_id_2017(_Frames fr, Py_ssize_t i) except? 0xFFFFFFFF:
             "msg_id", min(n, 4),
             f"expected 4 bytes (or 8, as the JVM container sends), got {n}", i,
         )
-    return _rd32(fr.ptr[i])
+    return _rd32(fr.refs[i].p)
 
 
 cdef str _utf8(const uint8_t* p, Py_ssize_t n, str field, Py_ssize_t index, Py_ssize_t base,
@@ -252,8 +270,8 @@ cdef inline bint _is_ws(uint8_t c) noexcept nogil:
 
 
 cdef object _ascii_input_type(_Frames fr, Py_ssize_t i):
-    cdef const uint8_t* d = fr.ptr[i]
-    cdef Py_ssize_t n = fr.size[i], p = 0, start, digits
+    cdef const uint8_t* d = fr.refs[i].p
+    cdef Py_ssize_t n = fr.refs[i].n, p = 0, start, digits
     cdef bint negative = False, big = False
     cdef int value = 0
     while p < n and _is_ws(d[p]):
@@ -284,11 +302,11 @@ cdef object _ascii_input_type(_Frames fr, Py_ssize_t i):
 cdef object _new_container(_Frames fr, int gen):
     cdef Py_ssize_t k = 0 if gen == G16 else 1
     cdef uint32_t rpc
-    _need(fr, 4 + k + (1 if gen == V3 else 0), f"a {_GEN_NAMES[gen]} registration")
-    name = _utf8(fr.ptr[k + 1], fr.size[k + 1], "model_name", -1, 0, k + 1)
-    version = _utf8(fr.ptr[k + 2], fr.size[k + 2], "model_version", -1, 0, k + 2)
+    _need(fr, 4 + k + (1 if gen == V3 else 0), "a {} registration", _GEN_NAMES[gen])
+    name = _utf8(fr.refs[k + 1].p, fr.refs[k + 1].n, "model_name", -1, 0, k + 1)
+    version = _utf8(fr.refs[k + 2].p, fr.refs[k + 2].n, "model_version", -1, 0, k + 2)
     if gen == G16 and not _m.stoi_prefix(
-            PyBytes_FromStringAndSize(<const char*>fr.ptr[k + 2], fr.size[k + 2])):
+            PyBytes_FromStringAndSize(<const char*>fr.refs[k + 2].p, fr.refs[k + 2].n)):
         raise _fail(
             "model_version", 0,
             "2016 Clipper parses the version with std::stoi; it does not start with an integer",
@@ -322,7 +340,7 @@ cdef object _new_request(uint32_t msg_id, int itype, object inputs):
 
 cdef object _response_2016(_Frames fr):
     cdef uint32_t msg_id = _u32(fr, 1, "msg_id")
-    cdef Py_ssize_t n = fr.size[2]
+    cdef Py_ssize_t n = fr.refs[2].n
     cdef cnp.npy_intp dims[1]
     if n % 4:
         raise _fail("outputs", n - n % 4, f"{n} bytes is not a whole number of float32 values", 2)
@@ -339,8 +357,8 @@ cdef object _response_2017(_Frames fr):
     cdef const uint8_t* f
     _need(fr, 4, "a 2017 prediction response")
     msg_id = _msg_id_2017(fr, 2)
-    f = fr.ptr[3]
-    size = fr.size[3]
+    f = fr.refs[3].p
+    size = fr.refs[3].n
     if size < 4:
         raise _fail("payload", size, f"truncated: need 4 bytes for the output count, have {size}", 3)
     count = _rd32(f)
@@ -377,8 +395,8 @@ cdef object _response_v3(_Frames fr):
     _at_least(fr, 5, "a v3 prediction response")
     msg_id = _u32(fr, 2, "msg_id")
     announced = _u64(fr, 3, "header_size")
-    h = fr.ptr[4]
-    hl = fr.size[4]
+    h = fr.refs[4].p
+    hl = fr.refs[4].n
     if announced != <uint64_t>hl:
         raise _fail("header_size", 0, f"announces {announced} bytes, the header frame has {hl}", 3)
     if hl % 8:
@@ -392,16 +410,16 @@ cdef object _response_v3(_Frames fr):
         raise _fail(
             "header", 0, f"announces {count} outputs, the frame holds {hl // 8 - 1} lengths", 4
         )
-    _need(fr, 5 + <Py_ssize_t>count, f"a v3 prediction response with {count} outputs")
+    _need(fr, 5 + <Py_ssize_t>count, "a v3 prediction response with {} outputs", count)
     cdef list outputs = PyList_New(<Py_ssize_t>count)
     for i in range(<Py_ssize_t>count):
         length = _rd64(h + 8 + 8 * i)
-        if <uint64_t>fr.size[5 + i] != length:
+        if <uint64_t>fr.refs[5 + i].n != length:
             raise _fail(
                 f"lengths[{i}]", 8 + 8 * i,
-                f"announces {length} bytes, output frame {5 + i} has {fr.size[5 + i]}", 4,
+                f"announces {length} bytes, output frame {5 + i} has {fr.refs[5 + i].n}", 4,
             )
-        s = _utf8(fr.ptr[5 + i], fr.size[5 + i], "outputs", i, 0, 5 + i)
+        s = _utf8(fr.refs[5 + i].p, fr.refs[5 + i].n, "outputs", i, 0, 5 + i)
         Py_INCREF(s)
         PyList_SET_ITEM(outputs, i, s)
     return _new_response(msg_id, outputs)
@@ -409,8 +427,8 @@ cdef object _response_v3(_Frames fr):
 
 cdef int _header_u32(_Frames fr, Py_ssize_t hi, uint32_t* n_out) except -1:
     """Check the u32 header of a 2016/2017 request; return the input type, store n."""
-    cdef const uint8_t* h = fr.ptr[hi]
-    cdef Py_ssize_t hl = fr.size[hi]
+    cdef const uint8_t* h = fr.refs[hi].p
+    cdef Py_ssize_t hl = fr.refs[hi].n
     cdef uint32_t itype, n
     if hl % 4:
         raise _fail("header", hl - hl % 4, f"{hl} bytes is not a whole number of u32 values", hi)
@@ -433,8 +451,8 @@ cdef int _header_u32(_Frames fr, Py_ssize_t hi, uint32_t* n_out) except -1:
 
 
 cdef list _split_strings(_Frames fr, Py_ssize_t ci, Py_ssize_t n):
-    cdef const uint8_t* d = fr.ptr[ci]
-    cdef Py_ssize_t size = fr.size[ci], p = 0, i
+    cdef const uint8_t* d = fr.refs[ci].p
+    cdef Py_ssize_t size = fr.refs[ci].n, p = 0, i
     cdef const uint8_t* nul
     cdef list out = PyList_New(n)
     for i in range(n):
@@ -452,7 +470,7 @@ cdef list _split_strings(_Frames fr, Py_ssize_t ci, Py_ssize_t n):
 
 cdef object _content(_Frames fr, Py_ssize_t hi, Py_ssize_t ci, int itype, Py_ssize_t n):
     """Inputs of a 2016/2017 request: header frame ``hi``, content frame ``ci``."""
-    cdef const uint8_t* offs = fr.ptr[hi] + 8
+    cdef const uint8_t* offs = fr.refs[hi].p + 8
     cdef Py_ssize_t i, size, es, total, off, prev, width, start
     cdef bint equal = True
     cdef cnp.npy_intp dims[2]
@@ -465,7 +483,7 @@ cdef object _content(_Frames fr, Py_ssize_t hi, Py_ssize_t ci, int itype, Py_ssi
                     f"expected {i + 1} (Clipper counts each string as one element), got {off}", hi,
                 )
         return _split_strings(fr, ci, n)
-    size = fr.size[ci]
+    size = fr.refs[ci].n
     es = _ELEMENT_SIZE[itype]
     if size % es:
         raise _fail(
@@ -523,15 +541,15 @@ cdef object _request_2017(_Frames fr):
     msg_id = _u32(fr, 2, "msg_id")
     _request_type(fr, 3)
     announced = _size_2017(fr, 4, "header_size")
-    if announced != fr.size[5]:
+    if announced != fr.refs[5].n:
         raise _fail(
-            "header_size", 0, f"announces {announced} bytes, the header frame has {fr.size[5]}", 4
+            "header_size", 0, f"announces {announced} bytes, the header frame has {fr.refs[5].n}", 4
         )
     itype = _header_u32(fr, 5, &n)
     announced = _size_2017(fr, 6, "content_size")
-    if announced != fr.size[7]:
+    if announced != fr.refs[7].n:
         raise _fail(
-            "content_size", 0, f"announces {announced} bytes, the content frame has {fr.size[7]}",
+            "content_size", 0, f"announces {announced} bytes, the content frame has {fr.refs[7].n}",
             6,
         )
     return _new_request(msg_id, itype, _content(fr, 5, 7, itype, n))
@@ -551,8 +569,8 @@ cdef object _request_v3(_Frames fr):
     msg_id = _u32(fr, 3, "msg_id")
     _request_type(fr, 4)
     announced = _u64(fr, 5, "header_size")
-    h = fr.ptr[6]
-    hl = fr.size[6]
+    h = fr.refs[6].p
+    hl = fr.refs[6].n
     if announced != <uint64_t>hl:
         raise _fail("header_size", 0, f"announces {announced} bytes, the header frame has {hl}", 5)
     if hl % 8:
@@ -573,20 +591,22 @@ cdef object _request_v3(_Frames fr):
             "num_inputs", 8, f"{n64} inputs need {n64} sizes, the header holds {hl // 8 - 2}", 6
         )
     n = <Py_ssize_t>n64
-    _need(fr, 7 + n, f"a v3 prediction request with {n} inputs")
-    cdef list out = PyList_New(n)
-    if itype != 4:
+    _need(fr, 7 + n, "a v3 prediction request with {} inputs", n)
+    cdef list out = None
+    if itype == 4:
+        out = PyList_New(n)
+    else:
         es = _ELEMENT_SIZE[itype]
-    width = fr.size[7]
+    width = fr.refs[7].n
     for i in range(n):
         size = _rd64(h + 16 + 8 * i)
-        if <uint64_t>fr.size[7 + i] != size:
+        if <uint64_t>fr.refs[7 + i].n != size:
             raise _fail(
                 f"sizes[{i}]", 16 + 8 * i,
-                f"announces {size} bytes, input frame {7 + i} has {fr.size[7 + i]}", 6,
+                f"announces {size} bytes, input frame {7 + i} has {fr.refs[7 + i].n}", 6,
             )
         if itype == 4:
-            s = _utf8(fr.ptr[7 + i], fr.size[7 + i], "inputs", i, 0, 7 + i)
+            s = _utf8(fr.refs[7 + i].p, fr.refs[7 + i].n, "inputs", i, 0, 7 + i)
             Py_INCREF(s)
             PyList_SET_ITEM(out, i, s)
             continue
@@ -595,7 +615,7 @@ cdef object _request_v3(_Frames fr):
                 f"inputs[{i}]", size - size % es,
                 f"{size} bytes is not a whole number of {_TYPE_NAMES[itype]} values", 7 + i,
             )
-        if fr.size[7 + i] != width:
+        if fr.refs[7 + i].n != width:
             equal = False
     if itype == 4:
         return _new_request(msg_id, itype, out)
@@ -606,10 +626,11 @@ cdef object _request_v3(_Frames fr):
         batch = cnp.PyArray_EMPTY(2, dims, _TYPENUM[itype], 0)
         dst = <char*>cnp.PyArray_DATA(batch)
         for i in range(n):
-            memcpy(dst + i * width, fr.ptr[7 + i], width)
+            memcpy(dst + i * width, fr.refs[7 + i].p, width)
         return _new_request(msg_id, itype, batch)
+    out = PyList_New(n)
     for i in range(n):
-        dims[0] = fr.size[7 + i] // es
+        dims[0] = fr.refs[7 + i].n // es
         arr = _view(fr, 7 + i, 0, 1, dims, itype)
         Py_INCREF(arr)
         PyList_SET_ITEM(out, i, arr)
@@ -618,7 +639,7 @@ cdef object _request_v3(_Frames fr):
 
 cdef object _heartbeat_reply(_Frames fr, Py_ssize_t base, int gen):
     cdef uint32_t hb
-    _need(fr, base + 2, f"a {_GEN_NAMES[gen]} heartbeat reply")
+    _need(fr, base + 2, "a {} heartbeat reply", _GEN_NAMES[gen])
     hb = _u32(fr, base + 1, "heartbeat_type")
     if hb > 1:
         raise _fail(
@@ -664,9 +685,9 @@ def decode(frames, generation, direction):
     n = fr.n
     if n == 0:
         raise _fail("delimiter", 0, "no frames (expected an empty delimiter frame first)", 0)
-    if fr.size[0]:
+    if fr.refs[0].n:
         raise _fail(
-            "delimiter", 0, f"expected an empty frame, got {fr.size[0]} bytes (for a ROUTER-side "
+            "delimiter", 0, f"expected an empty frame, got {fr.refs[0].n} bytes (for a ROUTER-side "
             f"message, strip the identity with from_router first)", 0,
         )
     if gen == G16:
@@ -681,10 +702,10 @@ def decode(frames, generation, direction):
             f"(registration), got {n}", min(n, 4),
         )
     if out:
-        _at_least(fr, 2, f"a {_GEN_NAMES[gen]} message to Clipper")
+        _at_least(fr, 2, "a {} message to Clipper", _GEN_NAMES[gen])
         mtype = _u32(fr, 1, "msg_type")
         if mtype == 2:
-            _need(fr, 2, f"a {_GEN_NAMES[gen]} heartbeat")
+            _need(fr, 2, "a {} heartbeat", _GEN_NAMES[gen])
             return _HEARTBEAT
         if mtype == 0:
             return _new_container(fr, gen)
@@ -698,7 +719,7 @@ def decode(frames, generation, direction):
         if rpc != RPC_VERSION:
             raise _fail("rpc_version", 0, f"expected {RPC_VERSION}, got {rpc}", 1)
         base = 2
-    _at_least(fr, base + 1, f"a {_GEN_NAMES[gen]} message to the container")
+    _at_least(fr, base + 1, "a {} message to the container", _GEN_NAMES[gen])
     mtype = _u32(fr, base, "msg_type")
     if mtype == 2:
         return _heartbeat_reply(fr, base, gen)

@@ -91,8 +91,9 @@ def from_router(frames: Sequence[Any]) -> tuple[Any, list[Any]]:
     """Split a ROUTER-side message into ``(identity, frames as the container sees them)``."""
     frames = list(frames)
     if not frames:
-        raise DecodeError(PROTOCOL, "identity", 0, "no frames (expected a routing identity)",
-                          frame=0)
+        raise DecodeError(
+            PROTOCOL, "identity", 0, "no frames (expected a routing identity)", frame=0
+        )
     return frames[0], frames[1:]
 
 

@@ -103,7 +103,7 @@ def _u64(views: list, i: int, field: str) -> int:
 def _size_2017(views: list, i: int, field: str) -> int:
     f = views[i]
     if len(f) == 8:
-        return spec.SIZE_2017.parse(f.tobytes()).value
+        return spec.SIZE_2017_LONG.parse(f.tobytes()).value
     if len(f) == 4:
         return spec.SIZE_2017_MD.parse(f.tobytes()).value
     raise _fail(
@@ -123,8 +123,10 @@ def _msg_id_2017(views: list, i: int) -> int:
         return value
     if len(f) != 4:
         raise _fail(
-            "msg_id", min(len(f), 4), f"expected 4 bytes (or 8, as the JVM container sends), "
-            f"got {len(f)}", i
+            "msg_id",
+            min(len(f), 4),
+            f"expected 4 bytes (or 8, as the JVM container sends), got {len(f)}",
+            i,
         )
     return spec.U32.parse(f.tobytes()).value
 
@@ -213,7 +215,9 @@ def _response_2017(views: list) -> PredictResponse:
     f = views[3]
     size = len(f)
     if size < 4:
-        raise _fail("payload", size, f"truncated: need 4 bytes for the output count, have {size}", 3)
+        raise _fail(
+            "payload", size, f"truncated: need 4 bytes for the output count, have {size}", 3
+        )
     count = Int32ul.parse(f[:4].tobytes())
     if count == 0:
         raise _fail("payload", 0, "no outputs (a response has one per input)", 3)
@@ -262,8 +266,10 @@ def _response_v3(views: list) -> PredictResponse:
         f = views[5 + i]
         if len(f) != length:
             raise _fail(
-                f"lengths[{i}]", 8 + 8 * i,
-                f"announces {length} bytes, output frame {5 + i} has {len(f)}", 4,
+                f"lengths[{i}]",
+                8 + 8 * i,
+                f"announces {length} bytes, output frame {5 + i} has {len(f)}",
+                4,
             )
         outputs.append(_utf8(f, f"outputs[{i}]", 0, 5 + i))
     return PredictResponse(msg_id, outputs)
@@ -312,8 +318,10 @@ def _content(views: list, hi: int, ci: int, itype: int, n: int, offsets: list[in
         for i, off in enumerate(offsets):
             if off != i + 1:
                 raise _fail(
-                    f"offsets[{i}]", 8 + 4 * i,
-                    f"expected {i + 1} (Clipper counts each string as one element), got {off}", hi,
+                    f"offsets[{i}]",
+                    8 + 4 * i,
+                    f"expected {i + 1} (Clipper counts each string as one element), got {off}",
+                    hi,
                 )
         return _split_strings(views[ci], n, ci)
     f = views[ci]
@@ -322,8 +330,10 @@ def _content(views: list, hi: int, ci: int, itype: int, n: int, offsets: list[in
     es = dtype.itemsize
     if size % es:
         raise _fail(
-            "content", size - size % es,
-            f"{size} bytes is not a whole number of {_TYPE_NAMES[itype]} values", ci,
+            "content",
+            size - size % es,
+            f"{size} bytes is not a whole number of {_TYPE_NAMES[itype]} values",
+            ci,
         )
     total = size // es
     prev = 0
@@ -332,7 +342,9 @@ def _content(views: list, hi: int, ci: int, itype: int, n: int, offsets: list[in
             raise _fail(f"offsets[{i}]", 8 + 4 * i, f"{off} is less than the previous {prev}", hi)
         if off > total:
             raise _fail(
-                f"offsets[{i}]", 8 + 4 * i, f"{off} is past the {total} elements of the content",
+                f"offsets[{i}]",
+                8 + 4 * i,
+                f"{off} is past the {total} elements of the content",
                 hi,
             )
         prev = off
@@ -359,15 +371,19 @@ def _request_2017(views: list) -> PredictRequest:
     announced = _size_2017(views, 4, "header_size")
     if announced != len(views[5]):
         raise _fail(
-            "header_size", 0, f"announces {announced} bytes, the header frame has "
-            f"{len(views[5])}", 4
+            "header_size",
+            0,
+            f"announces {announced} bytes, the header frame has {len(views[5])}",
+            4,
         )
     itype, n, offsets = _header_u32(views, 5)
     announced = _size_2017(views, 6, "content_size")
     if announced != len(views[7]):
         raise _fail(
-            "content_size", 0, f"announces {announced} bytes, the content frame has "
-            f"{len(views[7])}", 6
+            "content_size",
+            0,
+            f"announces {announced} bytes, the content frame has {len(views[7])}",
+            6,
         )
     return PredictRequest(msg_id, InputType(itype), _content(views, 5, 7, itype, n, offsets))
 
@@ -405,16 +421,20 @@ def _request_v3(views: list) -> PredictRequest:
         f = views[7 + i]
         if len(f) != size:
             raise _fail(
-                f"sizes[{i}]", 16 + 8 * i,
-                f"announces {size} bytes, input frame {7 + i} has {len(f)}", 6,
+                f"sizes[{i}]",
+                16 + 8 * i,
+                f"announces {size} bytes, input frame {7 + i} has {len(f)}",
+                6,
             )
         if dtype is None:
             inputs.append(_utf8(f, f"inputs[{i}]", 0, 7 + i))
             continue
         if size % dtype.itemsize:
             raise _fail(
-                f"inputs[{i}]", size - size % dtype.itemsize,
-                f"{size} bytes is not a whole number of {_TYPE_NAMES[itype]} values", 7 + i,
+                f"inputs[{i}]",
+                size - size % dtype.itemsize,
+                f"{size} bytes is not a whole number of {_TYPE_NAMES[itype]} values",
+                7 + i,
             )
         inputs.append(np.frombuffer(f, dtype))
     if dtype is not None and all(len(x) == len(inputs[0]) for x in inputs):
@@ -431,7 +451,9 @@ def _heartbeat_reply(views: list, base: int, gen: Generation) -> HeartbeatReply:
     hb = _u32(views, base + 1, "heartbeat_type")
     if hb > 1:
         raise _fail(
-            "heartbeat_type", 0, f"unknown heartbeat type {hb} (0 keep-alive, 1 request metadata)",
+            "heartbeat_type",
+            0,
+            f"unknown heartbeat type {hb} (0 keep-alive, 1 request metadata)",
             base + 1,
         )
     return HeartbeatReply(HeartbeatType(hb))
@@ -439,7 +461,9 @@ def _heartbeat_reply(views: list, base: int, gen: Generation) -> HeartbeatReply:
 
 def _unknown_type(mtype: int, frame: int) -> DecodeError:
     return _fail(
-        "msg_type", 0, f"unknown message type {mtype} (0 new container, 1 content, 2 heartbeat)",
+        "msg_type",
+        0,
+        f"unknown message type {mtype} (0 new container, 1 content, 2 heartbeat)",
         frame,
     )
 
@@ -454,8 +478,11 @@ def decode(frames: Any, generation: Any, direction: Any) -> Message:
         raise _fail("delimiter", 0, "no frames (expected an empty delimiter frame first)", 0)
     if len(views[0]):
         raise _fail(
-            "delimiter", 0, f"expected an empty frame, got {len(views[0])} bytes (for a ROUTER-side "
-            f"message, strip the identity with from_router first)", 0,
+            "delimiter",
+            0,
+            f"expected an empty frame, got {len(views[0])} bytes (for a ROUTER-side "
+            f"message, strip the identity with from_router first)",
+            0,
         )
     if gen is G16:
         if d is IN:
@@ -465,8 +492,11 @@ def decode(frames: Any, generation: Any, direction: Any) -> Message:
         if n == 3:
             return _response_2016(views)
         raise _fail(
-            "frames", 0, f"a 2016 message to Clipper has 3 frames (prediction response) or 4 "
-            f"(registration), got {n}", min(n, 4),
+            "frames",
+            0,
+            f"a 2016 message to Clipper has 3 frames (prediction response) or 4 "
+            f"(registration), got {n}",
+            min(n, 4),
         )
     if d is OUT:
         _at_least(views, 2, f"a {gen.value} message to Clipper")
@@ -515,7 +545,7 @@ def to_container(msg: Message, generation: Any) -> tuple[dict, Direction]:
             "kind": "new_container",
             "model_name": _u(msg.model_name),
             "model_version": _u(msg.model_version),
-            "input_type": _u(str(itype).encode("ascii")),
+            "input_type": _u(itype),
         }
         if gen is not G16:
             c["msg_type"] = _u(0)
@@ -530,7 +560,8 @@ def to_container(msg: Message, generation: Any) -> tuple[dict, Direction]:
         hb = check_u32(msg.heartbeat_type, "heartbeat_type")
         if hb > 1:
             raise EncodeError(
-                PROTOCOL, "heartbeat_type",
+                PROTOCOL,
+                "heartbeat_type",
                 f"unknown heartbeat type {hb} (0 keep-alive, 1 request metadata)",
             )
         c = {"kind": "heartbeat_reply", "msg_type": _u(2), "heartbeat_type": _u(hb)}
@@ -573,7 +604,8 @@ def _request_container(msg: PredictRequest, gen: Generation) -> dict:
         for i, x in enumerate(items):
             if b"\0" in x:
                 raise EncodeError(
-                    PROTOCOL, f"inputs[{i}]",
+                    PROTOCOL,
+                    f"inputs[{i}]",
                     f"contains a NUL byte, which ends a string in {gen.value} content",
                 )
         offsets = list(range(1, n))
@@ -634,7 +666,7 @@ def from_container(c: Container, generation: Any) -> Message:
     if kind == "heartbeat_reply":
         return HeartbeatReply(HeartbeatType(c.heartbeat_type.value))
     if kind == "new_container":
-        itype = InputType(int(c.input_type.value.decode("ascii")))
+        itype = InputType(c.input_type.value)
         rpc = c.rpc_version.value if gen is V3 else None
         return NewContainer(c.model_name.value, c.model_version.value, itype, rpc)
     if kind == "predict_response":

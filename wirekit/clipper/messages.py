@@ -149,7 +149,8 @@ class PredictRequest:
 class PredictResponse:
     """The model's outputs for one request (container -> Clipper), one per input.
 
-    2016: a float32 array (or anything convertible); 2017 and v3: a list of ``str``.  ``msg_id`` echoes the request's.  Equality is wire equality.
+    2016: a float32 array (or anything convertible); 2017 and v3: a list of ``str``.
+    ``msg_id`` echoes the request's.  Equality is wire equality.
     """
 
     msg_id: int
@@ -235,8 +236,9 @@ def registration_fields(msg: NewContainer, generation: Generation) -> tuple[byte
     if generation is Generation.V3:
         if msg.rpc_version not in (None, RPC_VERSION):
             raise EncodeError(
-                PROTOCOL, "rpc_version", f"v3 peers accept only {RPC_VERSION}, got "
-                f"{msg.rpc_version!r}"
+                PROTOCOL,
+                "rpc_version",
+                f"v3 peers accept only {RPC_VERSION}, got {msg.rpc_version!r}",
             )
     elif msg.rpc_version is not None:
         raise EncodeError(
@@ -274,7 +276,13 @@ def _cast(a: np.ndarray, dtype: np.dtype, field: str, what: str) -> np.ndarray:
             raise EncodeError(PROTOCOL, field, f"values out of range for {what} ({dtype.name})")
         return np.ascontiguousarray(a, dtype)
     if dtype.kind == "f" and kind in "iuf":
-        return np.ascontiguousarray(a, dtype)
+        with np.errstate(over="raise"):
+            try:
+                return np.ascontiguousarray(a, dtype)
+            except FloatingPointError:
+                raise EncodeError(
+                    PROTOCOL, field, f"values out of range for {what} ({dtype.name})"
+                ) from None
     raise EncodeError(PROTOCOL, field, f"cannot send {a.dtype.name} values as {what}")
 
 
@@ -285,12 +293,12 @@ def _one_input(x: Any, itype: int, index: int) -> np.ndarray:
         view = memoryview(x)
         if not view.c_contiguous:
             raise EncodeError(PROTOCOL, field, "not a contiguous buffer")
-        return np.frombuffer(view.cast("B") if view.ndim != 1 or view.format != "B" else view,
-                             np.uint8)
+        return np.frombuffer(
+            view.cast("B") if view.ndim != 1 or view.format != "B" else view, np.uint8
+        )
     if isinstance(x, str | bytes | bytearray | memoryview):
         raise EncodeError(
-            PROTOCOL, field, f"expected numbers for {InputType(itype).name}, got "
-            f"{type(x).__name__}"
+            PROTOCOL, field, f"expected numbers for {InputType(itype).name}, got {type(x).__name__}"
         )
     try:
         a = np.asarray(x)

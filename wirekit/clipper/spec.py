@@ -43,12 +43,18 @@ twins and the "construct" contender of the benchmarks.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from construct import (
+    AdaptationError,
+    Adapter,
     Array,
     Bytes,
     Container,
+    CString,
+    Float32l,
+    Float64l,
     GreedyBytes,
     GreedyRange,
     GreedyString,
@@ -56,9 +62,7 @@ from construct import (
     Int32ul,
     Int64sl,
     Int64ul,
-    Float32l,
-    Float64l,
-    CString,
+    Select,
     StringEncoded,
     Struct,
     Terminated,
@@ -70,17 +74,40 @@ from .messages import Direction, Generation, InputType
 #: A 4-byte little-endian unsigned frame: message type, heartbeat type, msg_id, request type,
 #: RPC version.  (Clipper writes C++ ``int``s; identical below 2**31.)
 U32 = Struct("value" / Int32ul, Terminated)
-#: A 2017 size frame: C++ ``long`` (8 bytes) as Clipper sends it; the markdown says 32 bits.
-SIZE_2017 = Struct("value" / Int64sl, Terminated)
+#: A 2017 size frame: C++ ``long`` (8 bytes) as Clipper sends it; the markdown says 32 bits,
+#: so a 4-byte frame is read too.  Built as 8 bytes.
+SIZE_2017_LONG = Struct("value" / Int64sl, Terminated)
 SIZE_2017_MD = Struct("value" / Int32sl, Terminated)
+SIZE_2017 = Select(SIZE_2017_LONG, SIZE_2017_MD)
 #: A v3 size frame.
 U64 = Struct("value" / Int64ul, Terminated)
+#: A 2017 response's msg_id: 4 bytes, or 8 as the JVM container sends it (Clipper reads the
+#: low 4; wirekit requires the high 4 to be zero).  Built as 4 bytes.
+MSG_ID_2017 = Select(U32, U64)
 #: The empty delimiter frame.
 DELIMITER = Struct(Terminated)
 #: Model name / version: the whole frame as UTF-8 text.
 TEXT = Struct("value" / GreedyString("utf8"))
-#: Input type of a registration: decimal ASCII, parsed like ``std::stoi`` (see _pure).
-ASCII_INT = Struct("value" / GreedyBytes)
+
+
+class StoiInt(Adapter):
+    """Decimal ASCII read the way ``std::stoi`` reads it (leading whitespace, a sign, digits;
+    anything after is ignored); built as plain ``str(int)``."""
+
+    _NUMBER = re.compile(rb"[ \t\n\v\f\r]*([+-]?[0-9]+)")
+
+    def _decode(self, obj, context, path):
+        match = self._NUMBER.match(obj)
+        if match is None:
+            raise AdaptationError(f"no decimal integer in {obj!r}", path=path)
+        return int(match.group(1))
+
+    def _encode(self, obj, context, path):
+        return str(int(obj)).encode("ascii")
+
+
+#: Input type of a registration: decimal ASCII (the C++ container may add junk after it).
+ASCII_INT = Struct("value" / StoiInt(GreedyBytes))
 
 #: 2016/2017 request header: ``[input_type, num_inputs, offsets...]`` (n-1 offsets).
 HEADER_U32 = Struct(
@@ -138,31 +165,65 @@ OUT, IN = Direction.TO_CLIPPER, Direction.TO_CONTAINER
 #: Frames after the delimiter, per (generation, direction, kind).  ``"*"`` marks the
 #: repeated frames of v3 (one per input or output, count from the header).
 MESSAGES: dict[tuple[Generation, Direction, str], list[tuple[str, Any]]] = {
-    (G16, OUT, "new_container"): [("model_name", TEXT), ("model_version", TEXT),
-                                  ("input_type", ASCII_INT)],
+    (G16, OUT, "new_container"): [
+        ("model_name", TEXT),
+        ("model_version", TEXT),
+        ("input_type", ASCII_INT),
+    ],
     (G16, OUT, "predict_response"): [("msg_id", U32), ("outputs", RESPONSE_2016)],
-    (G16, IN, "predict_request"): [("msg_id", U32), ("request_type", U32),
-                                   ("header", HEADER_U32), ("content", CONTENT)],
+    (G16, IN, "predict_request"): [
+        ("msg_id", U32),
+        ("request_type", U32),
+        ("header", HEADER_U32),
+        ("content", CONTENT),
+    ],
     (G17, OUT, "heartbeat"): [("msg_type", U32)],
-    (G17, OUT, "new_container"): [("msg_type", U32), ("model_name", TEXT),
-                                  ("model_version", TEXT), ("input_type", ASCII_INT)],
-    (G17, OUT, "predict_response"): [("msg_type", U32), ("msg_id", U32),
-                                     ("payload", RESPONSE_2017)],
+    (G17, OUT, "new_container"): [
+        ("msg_type", U32),
+        ("model_name", TEXT),
+        ("model_version", TEXT),
+        ("input_type", ASCII_INT),
+    ],
+    (G17, OUT, "predict_response"): [
+        ("msg_type", U32),
+        ("msg_id", MSG_ID_2017),
+        ("payload", RESPONSE_2017),
+    ],
     (G17, IN, "heartbeat_reply"): [("msg_type", U32), ("heartbeat_type", U32)],
-    (G17, IN, "predict_request"): [("msg_type", U32), ("msg_id", U32), ("request_type", U32),
-                                   ("header_size", SIZE_2017), ("header", HEADER_U32),
-                                   ("content_size", SIZE_2017), ("content", CONTENT)],
+    (G17, IN, "predict_request"): [
+        ("msg_type", U32),
+        ("msg_id", U32),
+        ("request_type", U32),
+        ("header_size", SIZE_2017),
+        ("header", HEADER_U32),
+        ("content_size", SIZE_2017),
+        ("content", CONTENT),
+    ],
     (V3, OUT, "heartbeat"): [("msg_type", U32)],
-    (V3, OUT, "new_container"): [("msg_type", U32), ("model_name", TEXT),
-                                 ("model_version", TEXT), ("input_type", ASCII_INT),
-                                 ("rpc_version", U32)],
-    (V3, OUT, "predict_response"): [("msg_type", U32), ("msg_id", U32), ("header_size", U64),
-                                    ("header", RESPONSE_HEADER_U64), ("*outputs", TEXT)],
-    (V3, IN, "heartbeat_reply"): [("rpc_version", U32), ("msg_type", U32),
-                                  ("heartbeat_type", U32)],
-    (V3, IN, "predict_request"): [("rpc_version", U32), ("msg_type", U32), ("msg_id", U32),
-                                  ("request_type", U32), ("header_size", U64),
-                                  ("header", HEADER_U64), ("*inputs", INPUT_V3)],
+    (V3, OUT, "new_container"): [
+        ("msg_type", U32),
+        ("model_name", TEXT),
+        ("model_version", TEXT),
+        ("input_type", ASCII_INT),
+        ("rpc_version", U32),
+    ],
+    (V3, OUT, "predict_response"): [
+        ("msg_type", U32),
+        ("msg_id", U32),
+        ("header_size", U64),
+        ("header", RESPONSE_HEADER_U64),
+        ("*outputs", TEXT),
+    ],
+    (V3, IN, "heartbeat_reply"): [("rpc_version", U32), ("msg_type", U32), ("heartbeat_type", U32)],
+    (V3, IN, "predict_request"): [
+        ("rpc_version", U32),
+        ("msg_type", U32),
+        ("msg_id", U32),
+        ("request_type", U32),
+        ("header_size", U64),
+        ("header", HEADER_U64),
+        ("*inputs", INPUT_V3),
+    ],
 }
 
 
