@@ -209,8 +209,8 @@ def test_frontend_restarted_on_the_same_port(stack, gen):
     c = stack.container(model_for(gen), gen, fe.endpoint)
     fe.wait_for("m", 1, WAIT)
     fe.predict("m", [[1.0]], WAIT)
+    before = c.sessions
     fe.stop()
-    assert c.sessions == 1
     deadline = time.monotonic() + WAIT
     while True:  # the old socket's port is released by ZeroMQ's I/O thread, shortly
         try:
@@ -223,7 +223,7 @@ def test_frontend_restarted_on_the_same_port(stack, gen):
     fe2.wait_for("m", 1, WAIT)
     out = fe2.predict("m", [[2.0]], WAIT)
     assert list(out) == ([2.0] if gen == "2016" else ["f8:2.0"])
-    assert c.sessions >= 2  # it came back on a new socket
+    assert c.sessions > before  # it came back on a new socket
 
 
 def _spawn_container(address, gen, fn, delay=None):
@@ -474,7 +474,7 @@ def test_cli_frontend_container_predict():
             out, err = io.StringIO(), io.StringIO()
             code = main(["clipper", "predict", "--model", "m", "--frontend",
                          f"tcp://127.0.0.1:{q}", "--doubles", "1,2", "--doubles", "3",
-                         "--timeout", "0.5"], out=out, err=err)
+                         "--timeout", "2"], out=out, err=err)
             if code == 0 or time.monotonic() > deadline:
                 break
             time.sleep(0.05)

@@ -269,10 +269,9 @@ class ModelContainer:
                 now = time.monotonic()
                 if sock in events:
                     for _ in range(64):  # drain what is there, bounded
-                        try:
-                            frames = recv(zmq.NOBLOCK)
-                        except zmq.Again:
+                        if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                             break
+                        frames = recv()
                         for action in session.receive(frames, now):
                             if type(action) is Predict:
                                 self._dispatch(session_no, action.request, session, send)

@@ -292,11 +292,11 @@ class Frontend:
     def _drain_router(self, sock: zmq.Socket, now: float, out: list) -> None:
         state = self.state
         recv, recv_multipart = sock.recv, sock.recv_multipart
+        events = sock.getsockopt
         for _ in range(256):  # bounded, so timers and callers get their turn
-            try:
-                head = recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+            if not events(zmq.EVENTS) & zmq.POLLIN:
+                break
+            head = recv(copy=False)
             identity = head.bytes
             frames = recv_multipart() if head.more else []
             known = identity in state.replicas

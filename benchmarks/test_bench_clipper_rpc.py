@@ -1,0 +1,164 @@
+"""Clipper round trips: wirekit container ↔ wirekit frontend vs a bare pyzmq ROUTER/DEALER.
+
+Both contenders cross the same process boundary over TCP on 127.0.0.1 with the same frames:
+the frontend's caller and ROUTER in this process, the container (or a bare DEALER that
+answers with pre-encoded frames and parses nothing) in a child process.  Each round is
+``ROUND`` round trips with 1 or 16 requests in flight, inputs 1 × 10 or 32 × 10 doubles.
+"fast" is wirekit; "baseline" the bare pair, so ratios.py's "fast is" column is wirekit's
+share of the bare pair's speed.  Latencies (median, p99, µs) go to ``extra_info``;
+``python benchmarks/clipper_report.py bench.json`` prints them.  Timings are never asserted.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from wirekit import clipper
+from wirekit.clipper.frontend import Frontend
+
+HERE = Path(__file__).resolve().parent
+GEN = "v3"
+ROUND = 64
+SHAPES = {"1x10": np.arange(10.0).reshape(1, 10), "32x10": np.arange(320.0).reshape(32, 10)}
+
+
+def _child(args):
+    env = dict(os.environ, PYTHONPATH=f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    return subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL)
+
+
+def _end(proc):
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def wirekit_pair():
+    fe = Frontend("tcp://127.0.0.1:0", GEN, max_in_flight=16).start()
+    proc = _child(["-m", "wirekit.cli", "clipper", "container", "--model",
+                   "bench_clipper_peers:ok", "--name", "m", "--model-version", "1",
+                   "--address", fe.endpoint, "--generation", GEN])
+    try:
+        fe.wait_for("m", 1, 30)
+        yield fe
+    finally:
+        _end(proc)
+        fe.stop()
+
+
+@pytest.fixture(scope="module")
+def bare_pair():
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.RCVTIMEO, 30000)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    proc = _child([str(HERE / "bench_clipper_peers.py"), "echo", f"tcp://127.0.0.1:{port}",
+                   GEN])
+    try:
+        ident, _, _ = router.recv_multipart()
+        yield router, ident
+    finally:
+        router.send_multipart([ident, b"", b"stop"])
+        _end(proc)
+        router.close(0)
+        ctx.term()
+
+
+def wirekit_round(fe, inputs, in_flight, latencies):
+    n = len(inputs)
+    if in_flight == 1:
+        for _ in range(ROUND):
+            t0 = time.perf_counter()
+            out = fe.predict("m", inputs, 10.0)
+            latencies.append(time.perf_counter() - t0)
+        return len(out) == n
+    done = threading.Event()
+    state = {"sent": 0, "got": 0, "ok": True}
+    lock = threading.Lock()
+
+    def issue():
+        t0 = time.perf_counter()
+        fe.submit("m", inputs, 10.0).add_done_callback(lambda f: finished(f, t0))
+
+    def finished(future, t0):
+        latencies.append(time.perf_counter() - t0)
+        with lock:
+            state["ok"] &= len(future.result()) == n
+            state["got"] += 1
+            more = state["sent"] < ROUND
+            if more:
+                state["sent"] += 1
+            elif state["got"] == ROUND:
+                done.set()
+        if more:
+            issue()
+
+    with lock:
+        state["sent"] = in_flight
+    for _ in range(in_flight):
+        issue()
+    assert done.wait(30)
+    return state["ok"]
+
+
+def bare_round(router, ident, frames, in_flight, latencies):
+    send, recv = router.send_multipart, router.recv_multipart
+    msg = [ident, *frames]
+    if in_flight == 1:
+        for _ in range(ROUND):
+            t0 = time.perf_counter()
+            send(msg)
+            reply = recv()
+            latencies.append(time.perf_counter() - t0)
+        return len(reply) > 3
+    starts = []
+    for _ in range(in_flight):
+        starts.append(time.perf_counter())
+        send(msg)
+    for k in range(ROUND):
+        reply = recv()
+        latencies.append(time.perf_counter() - starts[k])
+        if k + in_flight < ROUND:
+            starts.append(time.perf_counter())
+            send(msg)
+    return len(reply) > 3
+
+
+def _record(benchmark, latencies):
+    lat = np.array(latencies) * 1e6
+    benchmark.extra_info["latency_median_us"] = float(np.median(lat))
+    benchmark.extra_info["latency_p99_us"] = float(np.percentile(lat, 99))
+    benchmark.extra_info["round_trips"] = ROUND
+
+
+@pytest.mark.parametrize("who", ["fast", "baseline"])
+@pytest.mark.parametrize("in_flight", [1, 16])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_clipper_round_trips(benchmark, request, who, in_flight, shape):
+    benchmark.group = f"clipper rt {GEN} {shape} doubles, {in_flight} in flight"
+    inputs = SHAPES[shape]
+    latencies: list[float] = []
+    if who == "fast":
+        fe = request.getfixturevalue("wirekit_pair")
+        ok = benchmark(wirekit_round, fe, inputs, in_flight, latencies)
+    else:
+        router, ident = request.getfixturevalue("bare_pair")
+        frames = clipper.encode(clipper.PredictRequest(0, clipper.InputType.DOUBLES, inputs),
+                                GEN)
+        ok = benchmark(bare_round, router, ident, frames, in_flight, latencies)
+    assert ok
+    _record(benchmark, latencies)
