@@ -1,40 +1,77 @@
-"""Print the ratio table of a pytest-benchmark JSON file.
+"""Print the comparison table of a pytest-benchmark JSON file.
 
-    python -m pytest benchmarks --benchmark-json=bench.json --benchmark-max-time=0.5
+    python -m pytest benchmarks --benchmark-max-time=0.5 --benchmark-min-rounds=20 \\
+        --benchmark-warmup=on --benchmark-json=bench.json
     python benchmarks/ratios.py bench.json
 
-For every group: each contender's median time and how many times faster "fast" is.
+Every benchmark is parametrized by ``who`` (its contender: fast, construct, baseline, kubemo,
+direct, dispatcher, ...); other parameters split a group into rows of like with like.  For each
+row: every contender's median time and how many times slower it is than wirekit's own
+contender ("fast", or "dispatcher" for the serve benchmarks).  Network benchmarks also record
+requests/s and latency percentiles in ``extra_info``; those are shown, with wirekit's
+requests/s as a share of each other contender's.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections import defaultdict
 
+OURS = ("fast", "dispatcher")
+
+
+def _rate(bench: dict) -> float | None:
+    info = bench.get("extra_info") or {}
+    if info.get("requests_per_s"):
+        return float(info["requests_per_s"])
+    if info.get("round_trips") and bench["stats"]["median"]:
+        return info["round_trips"] / bench["stats"]["median"]
+    return None
+
+
+def _latency(bench: dict) -> str:
+    info = bench.get("extra_info") or {}
+    p50 = info.get("p50_us", info.get("latency_median_us"))
+    p99 = info.get("p99_us", info.get("latency_p99_us"))
+    return f"{p50:.0f}/{p99:.0f} us" if p50 is not None and p99 is not None else ""
+
 
 def table(report: dict) -> str:
-    groups: dict[str, dict[str, float]] = defaultdict(dict)
+    rows: dict[str, dict[str, dict]] = defaultdict(dict)
     for bench in report["benchmarks"]:
-        match = re.search(r"\[(.+)\]$", bench["name"])
-        who = match.group(1) if match else bench["name"]
-        groups[bench["group"] or bench["name"]][who] = bench["stats"]["median"]
-    lines = [f"{'group':<40} {'contender':<14} {'median':>12} {'fast is':>10}"]
-    for group in sorted(groups):
-        times = groups[group]
-        base = times.get("fast")
-        for who, median in sorted(times.items(), key=lambda kv: kv[1]):
-            ratio = f"{median / base:.1f}x" if base and who != "fast" else ""
-            lines.append(f"{group:<40} {who:<14} {_fmt(median):>12} {ratio:>10}")
+        params = dict(bench.get("params") or {})
+        who = str(params.pop("who", bench["name"]))
+        extra = " ".join(f"{k}={v}" for k, v in sorted(params.items()))
+        key = f"{bench['group'] or bench['name']}{' ' + extra if extra else ''}"
+        rows[key][who] = bench
+    head = (f"{'group':<52} {'contender':<14} {'median':>10} {'vs ours':>8} "
+            f"{'req/s':>9} {'ours/it':>8} {'p50/p99':>16}")
+    lines = [head]
+    for key in sorted(rows):
+        benches = rows[key]
+        ours = next((benches[w] for w in OURS if w in benches), None)
+        for who, bench in sorted(benches.items(), key=lambda kv: kv[1]["stats"]["median"]):
+            median = bench["stats"]["median"]
+            slower = share = ""
+            rate = _rate(bench)
+            if ours is not None and bench is not ours:
+                slower = f"{median / ours['stats']['median']:.1f}x"
+                ours_rate = _rate(ours)
+                if rate and ours_rate:
+                    share = f"{100 * ours_rate / rate:.0f}%"
+            lines.append(
+                f"{key:<52} {who:<14} {_fmt(median):>10} {slower:>8} "
+                f"{(f'{rate:.0f}' if rate else ''):>9} {share:>8} {_latency(bench):>16}"
+            )
     return "\n".join(lines)
 
 
 def _fmt(seconds: float) -> str:
-    for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+    for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
         if seconds >= scale:
             return f"{seconds / scale:.2f} {unit}"
-    return f"{seconds / 1e-9:.2f} ns"
+    return f"{seconds / 1e-9:.1f} ns"
 
 
 def main(argv: list[str]) -> int:

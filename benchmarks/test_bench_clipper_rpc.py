@@ -6,7 +6,7 @@ answers with pre-encoded frames and parses nothing) in a child process.  Each ro
 ``ROUND`` round trips with 1 or 16 requests in flight, inputs 1 × 10 or 32 × 10 doubles.
 "fast" is wirekit; "baseline" the bare pair, so ratios.py's "fast is" column is wirekit's
 share of the bare pair's speed.  Latencies (median, p99, µs) go to ``extra_info``;
-``python benchmarks/clipper_report.py bench.json`` prints them.  Timings are never asserted.
+``python benchmarks/ratios.py bench.json`` prints them.  Timings are never asserted.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ same run, one request in flight (so requests/s = 1 / mean latency):
   floor any MIP runtime on asyncio sits on.
 
 Each round is one request; ``extra_info`` carries requests/s and the p50/p99 latency, which
-``benchmarks/net_report.py`` prints.  Results are checked equal; timings are never asserted.
+``benchmarks/ratios.py`` prints.  Results are checked equal; timings are never asserted.
 """
 
 from __future__ import annotations
