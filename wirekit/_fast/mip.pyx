@@ -15,6 +15,7 @@ cdef extern from "Python.h":
     void PyTuple_SET_ITEM(object p, Py_ssize_t pos, object o)
     object PyType_GenericAlloc(type t, Py_ssize_t n)
 
+from wirekit._encoding import checked_int, contiguous_bytes
 from wirekit.errors import DecodeError, EncodeError
 from wirekit.mip import _pure
 from wirekit.mip.messages import ErrorCode, ErrorReply, Inference, Item, Kind, Ping
@@ -247,11 +248,7 @@ cdef uint32_t _int_in(object value, str field, uint64_t top,
             return <uint32_t>v
     if field is None:
         field = f"items[{index}].type"
-    if not isinstance(value, int):
-        raise EncodeError("mip", field, f"expected an int, got {type(value).__name__}")
-    if not 0 <= value <= top:
-        raise EncodeError("mip", field, f"{value} is out of range 0..{top}")
-    return <uint32_t>value
+    return checked_int("mip", value, field, top)
 
 
 cdef bytes _encode_header_only(int kind, int subtype):
@@ -328,10 +325,8 @@ def encode(msg):
         try:
             PyObject_GetBuffer(data, view, PyBUF_SIMPLE)
         except (TypeError, BufferError):
-            raise EncodeError(
-                "mip", f"items[{i}].data",
-                f"expected a contiguous bytes-like object, got {type(data).__name__}",
-            ) from None
+            contiguous_bytes("mip", data, f"items[{i}].data")  # raises the shared error
+            raise
         held.held = i + 1
         if view.len > U32_MAX:
             raise EncodeError("mip", f"items[{i}].data", "longer than 4 GiB - 1")

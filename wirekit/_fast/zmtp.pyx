@@ -11,6 +11,7 @@ from libc.string cimport memcpy, memset
 cdef extern from "Python.h":
     object PyType_GenericAlloc(type t, Py_ssize_t n)
 
+from wirekit._encoding import checked_int, contiguous_bytes
 from wirekit.errors import DecodeError, EncodeError
 from wirekit.zmtp.messages import IDENTITY_SOCKETS, Command, Greeting, Message, Ready
 
@@ -248,15 +249,7 @@ def decode_stream(buf, max_frame_size=None):
 cdef bytes _as_bytes(object data, str field):
     if type(data) is bytes:
         return data
-    try:
-        view = memoryview(data)
-    except TypeError:
-        view = None
-    if view is None or not view.c_contiguous:
-        raise EncodeError(
-            "zmtp", field, f"expected a contiguous bytes-like object, got {type(data).__name__}"
-        )
-    return view.tobytes()
+    return contiguous_bytes("zmtp", data, field).tobytes()
 
 
 cdef bytes _short_text(object value, str field, Py_ssize_t top):
@@ -272,11 +265,7 @@ cdef bytes _short_text(object value, str field, Py_ssize_t top):
 
 
 cdef int _int_in(object value, str field, int top) except -1:
-    if not isinstance(value, int):
-        raise EncodeError("zmtp", field, f"expected an int, got {type(value).__name__}")
-    if not 0 <= value <= top:
-        raise EncodeError("zmtp", field, f"{value} is out of range 0..{top}")
-    return value
+    return checked_int("zmtp", value, field, top)
 
 
 def encode_greeting(mechanism="NULL", as_server=False, major=3, minor=1):

@@ -10,6 +10,7 @@ from typing import Any
 
 from construct import Container
 
+from wirekit._encoding import checked_int, contiguous_bytes
 from wirekit.errors import DecodeError, EncodeError
 
 from . import spec
@@ -160,23 +161,7 @@ def decode(buf: Any) -> Message:
 
 
 def _int_in(value: Any, field: str, top: int) -> int:
-    if not isinstance(value, int):
-        raise EncodeError(PROTOCOL, field, f"expected an int, got {type(value).__name__}")
-    if not 0 <= value <= top:
-        raise EncodeError(PROTOCOL, field, f"{value} is out of range 0..{top}")
-    return value
-
-
-def _payload_bytes(data: Any, field: str) -> memoryview:
-    try:
-        view = memoryview(data)
-    except TypeError:
-        view = None
-    if view is None or not view.c_contiguous:
-        raise EncodeError(
-            PROTOCOL, field, f"expected a contiguous bytes-like object, got {type(data).__name__}"
-        )
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    return checked_int(PROTOCOL, value, field, top)
 
 
 def to_container(msg: Message) -> dict:
@@ -208,7 +193,7 @@ def to_container(msg: Message) -> dict:
         if len(pair) != 2:
             raise EncodeError(PROTOCOL, f"items[{i}]", "expected a (type, data) pair")
         kind = _int_in(pair[0], f"items[{i}].type", _U32_MAX)
-        data = _payload_bytes(pair[1], f"items[{i}].data")
+        data = contiguous_bytes(PROTOCOL, pair[1], f"items[{i}].data")
         if data.nbytes > _U32_MAX:
             raise EncodeError(PROTOCOL, f"items[{i}].data", "longer than 4 GiB - 1")
         total += ITEM_HEADER_SIZE + data.nbytes

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from wirekit._encoding import checked_int, contiguous_bytes
 from wirekit.errors import DecodeError, EncodeError
 
 from . import spec
@@ -286,23 +287,11 @@ def events_from_container(c: Any) -> list[tuple[int, Event]]:
 
 
 def _int_in(value: Any, field: str, top: int) -> int:
-    if not isinstance(value, int):
-        raise EncodeError(PROTOCOL, field, f"expected an int, got {type(value).__name__}")
-    if not 0 <= value <= top:
-        raise EncodeError(PROTOCOL, field, f"{value} is out of range 0..{top}")
-    return value
+    return checked_int(PROTOCOL, value, field, top)
 
 
 def _bytes(data: Any, field: str) -> bytes:
-    try:
-        view = memoryview(data)
-    except TypeError:
-        view = None
-    if view is None or not view.c_contiguous:
-        raise EncodeError(
-            PROTOCOL, field, f"expected a contiguous bytes-like object, got {type(data).__name__}"
-        )
-    return view.tobytes()
+    return contiguous_bytes(PROTOCOL, data, field).tobytes()
 
 
 def _short_text(value: Any, field: str, top: int) -> str:
