@@ -16,7 +16,6 @@ generation.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
 import queue
@@ -28,6 +27,8 @@ from typing import Any
 
 import zmq
 import zmq.utils.monitor
+
+from wirekit._callables import load_callable
 
 from .messages import RPC_VERSION, Generation, InputType, NewContainer, as_generation
 from .session import (
@@ -69,16 +70,8 @@ def parse_input_type(value: str | int | InputType) -> InputType:
 
 
 def load_function(spec: str) -> PredictFn:
-    """Import ``package.module:function`` (``function`` may be dotted, e.g. ``Cls.method``)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"expected package.module:function, got {spec!r}")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"{spec} is not callable")
-    return obj
+    """Import the predict function named ``package.module:function``."""
+    return load_callable(spec)
 
 
 def address_from_env(environ: Mapping[str, str] | None = None) -> str:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import json
 import logging
 import signal
 import sys
 from typing import Any, TextIO
 
+from wirekit._callables import load_callable
 from wirekit.errors import WirekitError
 
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE
@@ -30,16 +30,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def load_handler(spec: str) -> Any:
-    """Import ``package.module:function`` (or ``module:object.attribute``)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"--handler must look like package.module:function, not {spec!r}")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"{spec} is not callable")
-    return obj
+    """Import the handler named ``package.module:function``."""
+    return load_callable(spec)
 
 
 # --------------------------------------------------------------------------- serve
