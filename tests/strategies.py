@@ -169,3 +169,22 @@ y2_messages = st.one_of(
     st.builds(y2.Runtime, i32, i32, i32, i32, st.one_of(st.none(), i32)),
     st.just(y2.Finished()),
 )
+
+
+# --- malformed input --------------------------------------------------------------------------
+
+
+@st.composite
+def mutated(draw, wire: bytes) -> bytes:
+    """``wire`` truncated, with a bit flipped, extended, or with one byte replaced."""
+    out = bytearray(wire)
+    mutation = draw(st.sampled_from(["truncate", "flip", "extend", "byte"]))
+    if mutation == "truncate":
+        del out[draw(st.integers(0, len(out))) :]
+    elif mutation == "extend" or not out:
+        out += draw(st.binary(min_size=1, max_size=16))
+    elif mutation == "flip":
+        out[draw(st.integers(0, len(out) - 1))] ^= 1 << draw(st.integers(0, 7))
+    else:
+        out[draw(st.integers(0, len(out) - 1))] = draw(st.integers(0, 255))
+    return bytes(out)
