@@ -42,6 +42,7 @@ from .session import (
 )
 
 log = logging.getLogger("wirekit.clipper.container")
+NOBLOCK = int(zmq.NOBLOCK)
 
 DEFAULT_PORT = 7000
 _INPUT_TYPE_NAMES = {t.name.lower(): t for t in InputType} | {
@@ -269,9 +270,10 @@ class ModelContainer:
                 now = time.monotonic()
                 if sock in events:
                     for _ in range(64):  # drain what is there, bounded
-                        if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        try:
+                            frames = recv(NOBLOCK)
+                        except zmq.Again:
                             break
-                        frames = recv()
                         for action in session.receive(frames, now):
                             if type(action) is Predict:
                                 self._dispatch(session_no, action.request, session, send)
