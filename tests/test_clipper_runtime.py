@@ -155,6 +155,33 @@ def test_asyncio_predict(stack):
     assert asyncio.run(many()) == [[f"f8:{float(k)!r}"] for k in range(8)]
 
 
+def test_blocking_callers_on_many_threads(stack):
+    """Blocking callers move the frames themselves; concurrent ones share the sockets (one
+    drives, the others' batches go out with it or are handed to the socket thread)."""
+    fe = stack.frontend("v3", max_in_flight=4)
+    for _ in range(2):
+        stack.container(models.describe, "v3", fe.endpoint)
+    fe.wait_for("m", 2, WAIT)
+    results: dict[int, list] = {}
+
+    def caller(k):
+        for j in range(10):
+            x = float(k * 100 + j)
+            if j % 3 == 2:  # mix in futures from the same threads
+                results[k * 100 + j] = fe.submit("m", [[x]], WAIT).result(WAIT)
+            else:
+                results[k * 100 + j] = fe.predict("m", [[x]], WAIT)
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT * 2)
+    assert not any(t.is_alive() for t in threads)
+    assert results == {n: [f"f8:{float(n)!r}"] for n in results}
+    assert len(results) == 60
+
+
 def test_inputs_handed_to_the_model_are_never_overwritten(stack):
     kept = []
 
