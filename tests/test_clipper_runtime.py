@@ -305,6 +305,24 @@ def test_silent_peer_expires_and_its_batch_completes_elsewhere(stack, raw, gen):
     zombie.close(0)
 
 
+def test_requests_arriving_while_a_slow_model_runs_are_all_served(stack):
+    """The standby thread holds the socket while the model runs; what it receives then is
+    served, in order, once the model returns."""
+    seen = []
+
+    def slow(inputs):
+        seen.append(float(inputs[0][0]))
+        time.sleep(4 * D)
+        return [f"{x[0]}" for x in inputs]
+
+    fe = stack.frontend("v3", max_in_flight=3)
+    c = stack.container(slow, "v3", fe.endpoint)
+    fe.wait_for("m", 1, WAIT)
+    futures = [fe.submit("m", [[float(k)]], WAIT) for k in range(3)]
+    assert [f.result(WAIT) for f in futures] == [["0.0"], ["1.0"], ["2.0"]]
+    assert seen == [0.0, 1.0, 2.0] and c.sessions == 1 and c.served == 3
+
+
 @pytest.mark.parametrize("gen", ["2017", "v3"])
 def test_model_slower_than_the_activity_timeout(stack, gen):
     def slow(inputs):
