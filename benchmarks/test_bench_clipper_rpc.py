@@ -2,8 +2,10 @@
 
 Both contenders cross the same process boundary over TCP on 127.0.0.1 with the same frames:
 the frontend's caller and ROUTER in this process, the container (or a bare DEALER that
-answers with pre-encoded frames and parses nothing) in a child process.  Each round is
-``ROUND`` round trips with 1 or 16 requests in flight, inputs 1 × 10 or 32 × 10 doubles.
+answers with pre-encoded frames carrying the request's id) in a child process; the bare
+ROUTER puts a fresh id in every request and matches every answer by id, the least a Clipper
+frontend must do.  Each round is ``ROUND`` round trips with 1 or 16 requests in flight,
+inputs 1 × 10 or 32 × 10 doubles.
 "fast" is wirekit; "baseline" the bare pair, so ratios.py's "fast is" column is wirekit's
 share of the bare pair's speed.  Latencies (median, p99, µs) go to ``extra_info``;
 ``python benchmarks/ratios.py bench.json`` prints them.  Timings are never asserted.
@@ -115,27 +117,36 @@ def wirekit_round(fe, inputs, in_flight, latencies):
     return state["ok"]
 
 
+#: Where the message id sits in a v3 request and response, as the ROUTER sees them.
+REQ_ID_AT, RESP_ID_AT = 4, 3
+
+
 def bare_round(router, ident, frames, in_flight, latencies):
+    """The minimal per-message work of a Clipper frontend: a fresh id in every request,
+    every response matched to its request by id."""
     send, recv = router.send_multipart, router.recv_multipart
     msg = [ident, *frames]
-    if in_flight == 1:
-        for _ in range(ROUND):
-            t0 = time.perf_counter()
-            send(msg)
-            reply = recv()
-            latencies.append(time.perf_counter() - t0)
-        return len(reply) > 3
-    starts = []
-    for _ in range(in_flight):
-        starts.append(time.perf_counter())
+    waiting: dict[bytes, float] = {}
+    ok = True
+
+    def issue(k):
+        msg[REQ_ID_AT] = msg_id = k.to_bytes(4, "little")
+        waiting[msg_id] = time.perf_counter()
         send(msg)
-    for k in range(ROUND):
+
+    def collect():
         reply = recv()
-        latencies.append(time.perf_counter() - starts[k])
+        t0 = waiting.pop(reply[RESP_ID_AT], None)
+        latencies.append(time.perf_counter() - t0)
+        return t0 is not None and len(reply) > 3
+
+    for k in range(min(in_flight, ROUND)):
+        issue(k)
+    for k in range(ROUND):
+        ok &= collect()
         if k + in_flight < ROUND:
-            starts.append(time.perf_counter())
-            send(msg)
-    return len(reply) > 3
+            issue(k + in_flight)
+    return ok and not waiting
 
 
 def _record(benchmark, latencies):

@@ -155,6 +155,33 @@ def test_asyncio_predict(stack):
     assert asyncio.run(many()) == [[f"f8:{float(k)!r}"] for k in range(8)]
 
 
+def test_blocking_callers_on_many_threads(stack):
+    """Blocking callers move the frames themselves; concurrent ones share the sockets (one
+    drives, the others' batches go out with it or are handed to the socket thread)."""
+    fe = stack.frontend("v3", max_in_flight=4)
+    for _ in range(2):
+        stack.container(models.describe, "v3", fe.endpoint)
+    fe.wait_for("m", 2, WAIT)
+    results: dict[int, list] = {}
+
+    def caller(k):
+        for j in range(10):
+            x = float(k * 100 + j)
+            if j % 3 == 2:  # mix in futures from the same threads
+                results[k * 100 + j] = fe.submit("m", [[x]], WAIT).result(WAIT)
+            else:
+                results[k * 100 + j] = fe.predict("m", [[x]], WAIT)
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT * 2)
+    assert not any(t.is_alive() for t in threads)
+    assert results == {n: [f"f8:{float(n)!r}"] for n in results}
+    assert len(results) == 60
+
+
 def test_inputs_handed_to_the_model_are_never_overwritten(stack):
     kept = []
 
@@ -276,6 +303,24 @@ def test_silent_peer_expires_and_its_batch_completes_elsewhere(stack, raw, gen):
     assert future.result(WAIT) == ["f8:7.0"]
     assert all(r.identity != b"" for r in fe.replicas("m")) and len(fe.replicas("m")) == 1
     zombie.close(0)
+
+
+def test_requests_arriving_while_a_slow_model_runs_are_all_served(stack):
+    """The standby thread holds the socket while the model runs; what it receives then is
+    served, in order, once the model returns."""
+    seen = []
+
+    def slow(inputs):
+        seen.append(float(inputs[0][0]))
+        time.sleep(4 * D)
+        return [f"{x[0]}" for x in inputs]
+
+    fe = stack.frontend("v3", max_in_flight=3)
+    c = stack.container(slow, "v3", fe.endpoint)
+    fe.wait_for("m", 1, WAIT)
+    futures = [fe.submit("m", [[float(k)]], WAIT) for k in range(3)]
+    assert [f.result(WAIT) for f in futures] == [["0.0"], ["1.0"], ["2.0"]]
+    assert seen == [0.0, 1.0, 2.0] and c.sessions == 1 and c.served == 3
 
 
 @pytest.mark.parametrize("gen", ["2017", "v3"])

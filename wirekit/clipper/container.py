@@ -4,9 +4,13 @@
 ...     return [str(x.sum()) for x in inputs]
 >>> ModelContainer(predict, "sum", "1", "doubles", "tcp://127.0.0.1:7000").run()  # +SKIP
 
-The socket thread owns the DEALER and only moves frames between it and a
-:class:`~wirekit.clipper.session.ContainerSession`; the model runs on its own thread, so
-heartbeats keep flowing while it works (a v3 Clipper expires containers silent for 30 s).
+The socket thread owns the DEALER and moves frames between it and a
+:class:`~wirekit.clipper.session.ContainerSession`.  It runs the model itself (no hop to
+another thread and back for fast models); when a call outlasts half the heartbeat period, a
+standby thread takes the socket over until the model returns, so heartbeats keep flowing
+while a slow model works (a v3 Clipper expires containers silent for 30 s).  The socket is
+used by one thread at a time, handed over under a lock (ZeroMQ sockets are not thread-safe,
+but may move between threads with a memory barrier).
 Malformed messages are logged and dropped; a model that raises or returns the wrong outputs
 is logged with the message id and the container keeps serving.  :meth:`ModelContainer.run`
 raises :class:`~wirekit.clipper.session.VersionMismatch` when the peer speaks another
@@ -18,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
 import threading
 import time
 from collections import deque
@@ -43,6 +46,7 @@ from .session import (
 )
 
 log = logging.getLogger("wirekit.clipper.container")
+NOBLOCK = int(zmq.NOBLOCK)
 
 DEFAULT_PORT = 7000
 _INPUT_TYPE_NAMES = {t.name.lower(): t for t in InputType} | {
@@ -88,8 +92,8 @@ class ModelContainer:
     ``predict`` gets the decoded inputs of one request (a 2-D array, a list of 1-D arrays or
     a list of ``str``) and returns one output per input: numbers for 2016, ``str`` for 2017
     and v3.  ``poll_interval`` (D) and ``activity_timeout`` (TO) are Clipper's 5 s and 30 s
-    by default.  ``threaded=False`` runs the model on the socket thread (no heartbeats while
-    it runs: only for models much faster than TO).
+    by default.  ``threaded=False`` turns the standby thread off (no heartbeats while the
+    model runs: only for models much faster than TO).
     """
 
     def __init__(
@@ -128,9 +132,16 @@ class ModelContainer:
         os.set_blocking(self._wake_w, False)
         self._closed = False
         self._wake_lock = threading.Lock()
-        self._results: deque[tuple[int, Any, Any, BaseException | None]] = deque()
-        self._work: queue.SimpleQueue = queue.SimpleQueue()
-        self._worker: threading.Thread | None = None
+        # The socket is used by whoever holds _sock_lock: the socket thread, or the standby
+        # thread while the model runs on the socket thread for longer than D/2.
+        self._sock_lock = threading.Lock()
+        self._model_started: float | None = None  # set while the model runs
+        self._standby_active = False
+        self._standby: threading.Thread | None = None
+        self._io: tuple | None = None  # (socket, session, poller, monitor) of this session
+        self._backlog: deque[Any] = deque()  # requests the standby took while the model ran
+        self._lost: str | None = None  # the standby saw the session end
+        self._lost_error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
@@ -186,16 +197,63 @@ class ModelContainer:
             with contextlib.suppress(BlockingIOError):  # a full pipe: the loop is awake
                 os.write(self._wake_w, b"x")
 
-    # -- the model thread --
+    # -- the standby thread --
 
-    def _model_loop(self) -> None:
-        while True:
-            item = self._work.get()
-            if item is None:
-                return
-            session_no, request = item
-            self._results.append((session_no, request, *self._call(request)))
-            self._wake()
+    def _standby_loop(self) -> None:
+        """Sleep; take the socket over while a model call outlasts D/2, until it returns."""
+        nap = max(self.poll_interval / 2, 0.001)
+        while not self._stop.wait(nap):
+            started = self._model_started
+            if started is None or time.monotonic() - started < nap:
+                continue
+            if not self._sock_lock.acquire(blocking=False):
+                continue
+            try:
+                self._standby_active = True
+                if self._model_started is not None and self._io is not None:
+                    self._keep_alive(*self._io)
+            except BaseException as exc:  # VersionMismatch: the socket thread re-raises it
+                self._lost_error = exc
+            finally:
+                self._standby_active = False
+                self._sock_lock.release()
+
+    def _keep_alive(self, sock: zmq.Socket, session: ContainerSession, poller: zmq.Poller,
+                    monitor: zmq.Socket | None) -> None:
+        """The socket loop while the model runs elsewhere: heartbeats, requests queued."""
+        recv, send = sock.recv_multipart, sock.send_multipart
+        while self._model_started is not None and not self._stop.is_set():
+            wait = session.deadline() - time.monotonic()
+            timeout = None if wait == float("inf") else max(0, int(wait * 1000) + 1)
+            events = dict(poller.poll(timeout))
+            now = time.monotonic()
+            if sock in events:
+                for _ in range(64):
+                    try:
+                        frames = recv(NOBLOCK)
+                    except zmq.Again:
+                        break
+                    for action in session.receive(frames, now):
+                        if type(action) is Predict:
+                            self._backlog.append(action.request)
+                        elif type(action) is Send:
+                            send(action.frames)
+                        else:
+                            self._lost = action.reason
+                            return
+            if self._wake_r in events:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+            if monitor is not None and monitor in events:
+                event = zmq.utils.monitor.recv_monitor_message(monitor)
+                if event["event"] == zmq.EVENT_DISCONNECTED:
+                    self._lost = "connection lost"
+                    return
+            for action in session.tick(now):
+                if type(action) is Reconnect:
+                    self._lost = action.reason
+                    return
+                send(action.frames)
 
     def _call(self, request: Any) -> tuple[Any, BaseException | None]:
         try:
@@ -218,17 +276,20 @@ class ModelContainer:
     def run(self) -> None:
         """Serve until :meth:`stop`; raises :class:`VersionMismatch` on a wrong peer."""
         if self.threaded:
-            self._worker = threading.Thread(target=self._model_loop, name="clipper-model",
-                                            daemon=True)
-            self._worker.start()
+            self._standby = threading.Thread(target=self._standby_loop,
+                                             name="clipper-standby", daemon=True)
+            self._standby.start()
+        self._sock_lock.acquire()
         try:
             while not self._stop.is_set():
                 if not self._serve_one_socket():
                     break
         finally:
-            if self._worker is not None:
-                self._work.put(None)
-                self._worker.join(timeout=1.0)
+            self._io = None
+            self._sock_lock.release()
+            if self._standby is not None:
+                self._stop.set()
+                self._standby.join(timeout=1.0)
             with self._wake_lock:
                 self._closed = True
                 os.close(self._wake_r)
@@ -252,6 +313,9 @@ class ModelContainer:
         if monitor is not None:
             poller.register(monitor, zmq.POLLIN)
         recv, send = sock.recv_multipart, sock.send_multipart
+        self._io = (sock, session, poller, monitor)
+        self._lost = self._lost_error = None
+        self._backlog.clear()
         try:
             for action in session.start(now):
                 send(action.frames)
@@ -262,12 +326,14 @@ class ModelContainer:
                 now = time.monotonic()
                 if sock in events:
                     for _ in range(64):  # drain what is there, bounded
-                        if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        try:
+                            frames = recv(NOBLOCK)
+                        except zmq.Again:
                             break
-                        frames = recv()
                         for action in session.receive(frames, now):
                             if type(action) is Predict:
-                                self._dispatch(session_no, action.request, session, send)
+                                if not self._serve_request(action.request, session, send):
+                                    return True
                             elif type(action) is Send:
                                 send(action.frames)
                             else:
@@ -277,8 +343,6 @@ class ModelContainer:
                 if self._wake_r in events:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
-                if self._results:
-                    self._flush_results(session_no, session, send, now)
                 if monitor is not None and monitor in events:
                     event = zmq.utils.monitor.recv_monitor_message(monitor)
                     if event["event"] == zmq.EVENT_DISCONNECTED:
@@ -294,37 +358,42 @@ class ModelContainer:
             self._stop.set()
             raise
         finally:
+            self._io = None
             if monitor is not None:
                 sock.disable_monitor()
                 monitor.close(0)
             sock.close(0)
 
-    def _dispatch(self, session_no: int, request: Any, session: ContainerSession,
-                  send: Callable) -> None:
-        if self.threaded:
-            self._work.put((session_no, request))
-            return
-        outputs, exc = self._call(request)
-        self._finish(session_no, session_no, request, outputs, exc, session, send,
-                     time.monotonic())
+    def _serve_request(self, request: Any, session: ContainerSession,
+                       send: Callable) -> bool:
+        """Run the model on ``request`` (and on any the standby queued meanwhile) and send
+        the answers; False when the session ended while the model ran."""
+        while True:
+            self._model_started = time.monotonic()
+            self._sock_lock.release()  # the standby may keep the session alive meanwhile
+            try:
+                outputs, exc = self._call(request)
+            finally:
+                self._model_started = None
+                if self._standby_active:
+                    self._wake()  # the standby serves the socket: make it hand it back
+                self._sock_lock.acquire()
+            if self._lost_error is not None:
+                raise self._lost_error
+            if self._lost is not None:
+                log.warning("clipper container: %s; reconnecting (answer to message %d "
+                            "dropped)", self._lost, request.msg_id)
+                return False
+            self._finish(request, outputs, exc, session, send, time.monotonic())
+            if not self._backlog:
+                return True
+            request = self._backlog.popleft()
 
-    def _flush_results(self, session_no: int, session: ContainerSession, send: Callable,
-                       now: float) -> None:
-        results = self._results
-        while results:
-            done_in, request, outputs, exc = results.popleft()
-            self._finish(session_no, done_in, request, outputs, exc, session, send, now)
-
-    def _finish(self, session_no: int, done_in: int, request: Any, outputs: Any,
-                exc: BaseException | None, session: ContainerSession, send: Callable,
-                now: float) -> None:
+    def _finish(self, request: Any, outputs: Any, exc: BaseException | None,
+                session: ContainerSession, send: Callable, now: float) -> None:
         if exc is not None:
             self.failures += 1
             log.error("clipper container: model failed on message %d: %r", request.msg_id, exc)
-            return
-        if done_in != session_no:
-            log.warning("clipper container: answer to message %d dropped: its session ended",
-                        request.msg_id)
             return
         try:
             actions = session.respond(request, outputs, now)

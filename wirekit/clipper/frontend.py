@@ -51,6 +51,8 @@ log = logging.getLogger("wirekit.clipper.frontend")
 DEFAULT_LISTEN = "tcp://127.0.0.1:7000"
 DEFAULT_QUERY = "tcp://127.0.0.1:7001"
 _MAX_QUERY_BYTES = 64 << 20
+#: How long the background thread sleeps while a blocking caller drives the sockets.
+_LOOK_AGAIN = 0.005
 
 
 def _jsonable_outputs(outputs: Any) -> list:
@@ -92,7 +94,8 @@ class Frontend:
         self._submissions: deque = deque()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._owner: int | None = None
+        self._owner: int | None = None  # the thread driving the sockets now, if any
+        self._bg_ident: int | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -102,6 +105,13 @@ class Frontend:
         self._monitor: zmq.Socket | None = None
         self._query: zmq.Socket | None = None
         self._fd_of: dict[bytes, int] = {}
+        #: held by the thread moving frames (the background thread, or a blocking caller)
+        self._io = threading.Lock()
+        self._want_lock = threading.Lock()
+        self._want = 0  # blocking callers waiting to drive the sockets themselves
+        self._kick = threading.Event()
+        self._sockets_closed = False
+        self._poller = zmq.Poller()
 
     # -- lifecycle --
 
@@ -123,6 +133,9 @@ class Frontend:
             self._close_sockets(sock)
             raise
         self._sock = sock
+        for polled in (sock, self._monitor, self._wake_r, self._query):
+            if polled is not None:
+                self._poller.register(polled, zmq.POLLIN)
         self._thread = threading.Thread(target=self._loop, name="clipper-frontend", daemon=True)
         self._thread.start()
         log.info("clipper frontend (%s) listening on %s", self.generation.value, self.endpoint)
@@ -132,6 +145,7 @@ class Frontend:
         """End the socket thread; unfinished predictions fail."""
         self._stop.set()
         self._wake()
+        self._kick.set()
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -166,6 +180,10 @@ class Frontend:
         input_type: InputType | str | int | None = None,
     ) -> concurrent.futures.Future:
         """Queue one batch for ``model``; the future gets one output per input."""
+        return self._submit(model, inputs, timeout, input_type, False)
+
+    def _submit(self, model: str, inputs: Any, timeout: float, input_type: Any,
+                will_drive: bool) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         if input_type is not None:
             input_type = parse_input_type(input_type)
@@ -174,7 +192,11 @@ class Frontend:
             return future
         deadline = time.monotonic() + timeout
         self._submissions.append((model, inputs, deadline, future, input_type))
-        if threading.get_ident() != self._owner:
+        owner = self._owner
+        if owner is None:
+            if not will_drive:
+                self._kick.set()  # nobody drives the sockets: the background thread will
+        elif owner != threading.get_ident() and not (will_drive and owner == self._bg_ident):
             self._wake()
         return future
 
@@ -185,8 +207,15 @@ class Frontend:
         timeout: float = 5.0,
         input_type: InputType | str | int | None = None,
     ) -> Any:
-        """Blocking prediction: the outputs, or :class:`PredictionError`."""
-        future = self.submit(model, inputs, timeout, input_type)
+        """Blocking prediction: the outputs, or :class:`PredictionError`.
+
+        The calling thread moves the frames itself when no other caller is doing so (no hop
+        to the socket thread and back).
+        """
+        me = threading.get_ident()
+        future = self._submit(model, inputs, timeout, input_type, me != self._owner)
+        if me != self._owner and not future.done():
+            self._run_as_caller(future)
         try:
             return future.result(timeout + 1.0)
         except concurrent.futures.TimeoutError:
@@ -220,59 +249,118 @@ class Frontend:
                 )
             time.sleep(0.005)
 
-    # -- the socket thread --
+    # -- the socket loop (run by whichever thread holds ``_io``) --
 
     def _loop(self) -> None:
-        self._owner = threading.get_ident()
-        sock, monitor, query = self._sock, self._monitor, self._query
-        assert sock is not None and monitor is not None
-        state = self.state
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
-        if query is not None:
-            poller.register(query, zmq.POLLIN)
-        send = sock.send_multipart
+        """The background thread: drives the sockets whenever no blocking caller does."""
+        me = self._bg_ident = threading.get_ident()
         try:
             while not self._stop.is_set():
-                wait = state.deadline() - time.monotonic()
-                timeout = None if wait == float("inf") else max(0, int(wait * 1000) + 1)
-                events = dict(poller.poll(timeout))
-                now = time.monotonic()
-                out: list = []
-                if monitor in events:
-                    self._drain_monitor(now, out)
-                if sock in events:
-                    self._drain_router(sock, now, out)
-                if self._wake_r in events:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
-                if query is not None and query in events:
-                    self._drain_queries(query, now)
-                while True:
-                    if self._submissions:
-                        self._take_submissions(now)
-                        out.extend(state.dispatch(now))
-                    if now >= state.deadline():
-                        out.extend(state.tick(now))
-                    for frames in out:
-                        send(frames)
-                    out.clear()
-                    if not state.events:
-                        break
-                    self._resolve()
-                    if not self._submissions:
-                        break
+                if not self._want and self._io.acquire(blocking=False):
+                    try:
+                        if not self._want:  # checked again now that we hold the sockets
+                            self._owner = me
+                            self._drive(None)
+                    finally:
+                        self._owner = None
+                        self._io.release()
+                if not self._stop.is_set():
+                    # A caller drives: wait for it to hand back work (or look again soon).
+                    self._kick.wait(_LOOK_AGAIN)
+                    self._kick.clear()
         except Exception:  # pragma: no cover - a bug; make it visible
             log.exception("clipper frontend: socket loop crashed")
         finally:
-            self._fail_all("the frontend stopped")
-            self._close_sockets(sock)
-            with self._wake_lock:
-                self._closed = True
-                os.close(self._wake_r)
-                os.close(self._wake_w)
+            with self._io:
+                self._owner = me
+                try:
+                    self._fail_all("the frontend stopped")
+                finally:
+                    self._owner = None
+                    self._sockets_closed = True
+                    self._close_sockets(self._sock)
+                    with self._wake_lock:
+                        self._closed = True
+                        os.close(self._wake_r)
+                        os.close(self._wake_w)
+
+    def _drive(self, future: concurrent.futures.Future | None) -> None:
+        """Move frames until ``future`` is done (a caller) or a caller wants the sockets (the
+        background thread, ``future`` None), or the frontend stops.  Hold ``_io``."""
+        state, poll = self.state, self._poller.poll
+        sock, monitor, query, wake_r = self._sock, self._monitor, self._query, self._wake_r
+        out: list = []
+        self._flush(time.monotonic(), out)
+        while not self._stop.is_set():
+            if future is None:
+                if self._want:
+                    return
+            elif future.done():
+                return
+            wait = state.deadline() - time.monotonic()
+            timeout = None if wait == float("inf") else max(0, int(wait * 1000) + 1)
+            events = dict(poll(timeout))
+            now = time.monotonic()
+            if monitor in events:
+                self._drain_monitor(now, out)
+            if sock in events:
+                self._drain_router(sock, now, out)
+            if wake_r in events:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 4096)
+            if query is not None and query in events:
+                self._drain_queries(query, now)
+            self._flush(now, out)
+
+    def _flush(self, now: float, out: list) -> None:
+        """Take submissions, dispatch, tick when due, send ``out``, resolve futures."""
+        state, send = self.state, self._sock.send_multipart
+        while True:
+            if self._submissions:
+                self._take_submissions(now)
+                out.extend(state.dispatch(now))
+            if now >= state.deadline():
+                out.extend(state.tick(now))
+            for frames in out:
+                send(frames)
+            out.clear()
+            if not state.events:
+                break
+            self._resolve()
+            if not self._submissions:
+                break
+
+    def _run_as_caller(self, future: concurrent.futures.Future) -> None:
+        """Drive the sockets on the caller's thread until ``future`` is done: no hop to the
+        socket thread and back.  When another caller drives them, it serves this batch too
+        (and hands it to the background thread if it leaves first)."""
+        if not self._io.acquire(blocking=False):
+            with self._want_lock:
+                self._want += 1
+            try:
+                self._wake()  # the background thread yields the sockets at its next turn
+                while True:
+                    if self._io.acquire(timeout=0.001):
+                        break
+                    if future.done() or self._owner not in (None, self._bg_ident):
+                        self._kick.set()  # in case that caller left before seeing our batch
+                        return
+            finally:
+                with self._want_lock:
+                    self._want -= 1
+        try:
+            if self._sockets_closed or future.done():
+                return
+            self._owner = threading.get_ident()
+            try:
+                self._drive(future)
+            finally:
+                self._owner = None
+        finally:
+            self._io.release()
+            state = self.state
+            if self._submissions or state.in_flight or any(state.pending.values()):
+                self._kick.set()  # others' work is outstanding: the background thread takes it
 
     def _drain_monitor(self, now: float, out: list) -> None:
         monitor = self._monitor

@@ -89,11 +89,13 @@ def _classify(frames: Sequence[Any], generation: Generation, direction: Directio
     return VersionMismatch(generation, others, exc) if others else None
 
 
-def check_outputs(outputs: Any, count: int, generation: Generation) -> Any:
+def check_outputs(outputs: Any, count: int, generation: Generation, *,
+                  normalize: bool = True) -> Any:
     """The model's ``outputs`` normalised for the wire, or :class:`OutputError`.
 
     One output per input: float32-convertible numbers for 2016, ``str``/``bytes`` for 2017
-    and v3 (Clipper keeps them as strings).
+    and v3 (Clipper keeps them as strings).  ``normalize=False`` checks count and types only
+    (2017/v3) and returns ``outputs`` as given: the encoder converts them once.
     """
     if outputs is None:
         raise OutputError("the model returned None (expected one output per input)")
@@ -120,6 +122,8 @@ def check_outputs(outputs: Any, count: int, generation: Generation) -> Any:
                     f"{generation.value} outputs are strings; output {i} is "
                     f"{type(out).__name__}"
                 )
+        if not normalize:
+            return outputs
     try:
         return normalize_outputs(outputs, generation)
     except EncodeError as exc:
@@ -262,7 +266,7 @@ class ContainerSession:
 
     def respond(self, request: PredictRequest, outputs: Any, now: float) -> list[Send]:
         """The response frames for ``request``; :class:`OutputError` if ``outputs`` are bad."""
-        checked = check_outputs(outputs, len(request.inputs), self.generation)
+        checked = check_outputs(outputs, len(request.inputs), self.generation, normalize=False)
         if self.state == "closed":
             return []
         if self.generation is not Generation.G2016:
