@@ -440,6 +440,47 @@ def test_async_client_timeout_keeps_the_connection_in_step():
         assert asyncio.run(main()) == [(Item.text("mine"),)]
 
 
+def test_async_client_honours_each_call_deadline_and_in_flight_limit():
+    # One timer per connection: a later call with a shorter timeout than the calls before
+    # it still times out on its own deadline; a call waiting for an in-flight slot times out
+    # too; and the slots are all given back (the client works afterwards).
+    release = asyncio.Event()
+    seen = {}
+
+    async def handler(batch):
+        if batch[0][0].as_text() == "slow":
+            seen["loop"] = asyncio.get_running_loop()
+            await release.wait()
+        return batch
+
+    with ServerThread(handler) as running:
+
+        async def main():
+            async with AsyncClient(running.address, timeout=60, max_in_flight=2) as client:
+                slow = asyncio.ensure_future(client.infer([["slow"]]))
+                await asyncio.sleep(0)
+                client.timeout = 0.2
+                with pytest.raises(ClientTimeout, match="no reply"):
+                    # bounded far above 0.2 s, far below the slow call's 60 s
+                    await asyncio.wait_for(client.infer([["behind"]]), 30)
+                client.timeout = 60
+                blocker = asyncio.ensure_future(client.infer([["slow"]]))
+                await asyncio.sleep(0.05)
+                client.timeout = 0.2  # both slots are taken: this one waits for a slot
+                with pytest.raises(ClientTimeout, match="still in flight"):
+                    await asyncio.wait_for(client.infer([["queued"]]), 30)
+                running.call(release.set)
+                client.timeout = TIMEOUT
+                first, second = await asyncio.gather(slow, blocker)
+                again = await client.infer([["again"]])
+                return first, second, again, client._in_flight
+
+        first, second, again, in_flight = asyncio.run(main())
+    assert first == second == [(Item.text("slow"),)]
+    assert again == [(Item.text("again"),)]
+    assert in_flight == 0
+
+
 def test_async_client_pipelines_many_calls(listen):
     async def main(address):
         async with AsyncClient(address, max_in_flight=16) as client:

@@ -92,6 +92,7 @@ class Client:
         self._sock: socket.socket | None = None
         self._decoder: Decoder | None = None
         self._used = False  # the current connection has answered a request already
+        self._sock_timeout = 0.0  # the socket's timeout now (settimeout is a system call)
 
     # ------------------------------------------------------------------ public API
 
@@ -139,7 +140,9 @@ class Client:
         while True:
             reused = self._sock is not None and self._used
             if self._sock is None:
-                self._sock = _connect_socket(self.address, self._left(deadline))
+                left = self._left(deadline)
+                self._sock = _connect_socket(self.address, left)
+                self._sock_timeout = left
                 self._decoder = Decoder(self.max_message_size)
                 self._used = False
             try:
@@ -172,11 +175,18 @@ class Client:
             raise TimeoutError
         return left
 
+    def _settimeout(self, sock: socket.socket, deadline: float) -> None:
+        left = self._left(deadline)
+        # Within 5 ms of what the socket has already: skip the system call.
+        if abs(self._sock_timeout - left) > 0.005:
+            sock.settimeout(left)
+            self._sock_timeout = left
+
     def _exchange(self, wire: bytes, deadline: float) -> bytes:
         sock, decoder = self._sock, self._decoder
         assert sock is not None and decoder is not None
         try:
-            sock.settimeout(self._left(deadline))
+            self._settimeout(sock, deadline)
             sock.sendall(wire)
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise _Unanswered(True, exc) from None
@@ -186,7 +196,7 @@ class Client:
             if frame is not None:
                 return frame
             if got:
-                sock.settimeout(self._left(deadline))
+                self._settimeout(sock, deadline)
             try:
                 data = sock.recv(_RECV_SIZE)
             except ConnectionResetError as exc:
@@ -198,25 +208,33 @@ class Client:
 
 
 class _Pending:
-    __slots__ = ("future", "wire")
+    __slots__ = ("deadline", "future", "timeout", "wire")
 
-    def __init__(self, wire: bytes, future: asyncio.Future[bytes]) -> None:
+    def __init__(
+        self, wire: bytes, future: asyncio.Future[bytes], deadline: float, timeout: float
+    ) -> None:
         self.wire = wire
         self.future = future
+        self.deadline = deadline  # loop time
+        self.timeout = timeout  # for the error message
 
 
 class _ClientConnection(asyncio.Protocol):
     """One pipelined connection: requests written in order, replies matched in order."""
 
-    def __init__(self, max_message_size: int) -> None:
+    def __init__(self, max_message_size: int, address: str = "") -> None:
         self.loop = asyncio.get_running_loop()
         self.decoder = Decoder(max_message_size)
+        self.address = address
         self.transport: asyncio.Transport | None = None
         self.waiting: deque[_Pending] = deque()
         self.answered = 0
         self.closed = False
         self.out: list[bytes] | None = None
         self.error: BaseException | None = None
+        # One timer for the whole connection (not one per call): due at the earliest
+        # deadline of a call waiting here, it fails the calls past their deadline.
+        self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -231,6 +249,31 @@ class _ClientConnection(asyncio.Protocol):
         else:
             self.transport.write(pending.wire)  # type: ignore[union-attr]
         self.waiting.append(pending)
+        timer = self.timer
+        if timer is None or pending.deadline < timer.when():
+            if timer is not None:
+                timer.cancel()
+            self.timer = self.loop.call_at(pending.deadline, self._expire)
+
+    def _expire(self) -> None:
+        self.timer = None
+        now = self.loop.time()
+        due = None
+        for pending in self.waiting:
+            fut = pending.future
+            if fut.done():
+                continue
+            if pending.deadline <= now:
+                # Its slot stays: the late reply, if any, is matched to it and dropped.
+                fut.set_exception(
+                    ClientTimeout(
+                        f"mip: no reply from {self.address} within {pending.timeout:g} s"
+                    )
+                )
+            elif due is None or pending.deadline < due:
+                due = pending.deadline
+        if due is not None and not self.closed:
+            self.timer = self.loop.call_at(due, self._expire)
 
     def _flush(self) -> None:
         out, self.out = self.out, None
@@ -262,6 +305,9 @@ class _ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.transport = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         waiting, self.waiting = self.waiting, deque()
         for n, pending in enumerate(waiting):
             if pending.future.done():
@@ -277,6 +323,9 @@ class _ClientConnection(asyncio.Protocol):
     def close(self) -> None:
         """Close on the client's side: calls still waiting fail (no retry)."""
         self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         waiting, self.waiting = self.waiting, deque()
         for pending in waiting:
             if not pending.future.done():
@@ -308,7 +357,8 @@ class AsyncClient:
         self.max_in_flight = max_in_flight
         self._conn: _ClientConnection | None = None
         self._connecting: asyncio.Future[_ClientConnection] | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self._in_flight = 0  # calls holding a slot (max_in_flight at most)
+        self._slot_waiters: deque[asyncio.Future[None]] = deque()
 
     # ------------------------------------------------------------------ public API
 
@@ -384,7 +434,7 @@ class AsyncClient:
         loop = asyncio.get_running_loop()
 
         def factory() -> _ClientConnection:
-            return _ClientConnection(self.max_message_size)
+            return _ClientConnection(self.max_message_size, self.address)
 
         if self._family == "tcp":
             host, port = self._target  # type: ignore[misc]
@@ -396,51 +446,57 @@ class AsyncClient:
     async def _call(self, wire: bytes) -> Message:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        slots = self._slots
-        if slots is None:
-            slots = self._slots = asyncio.Semaphore(self.max_in_flight)
-        if slots.locked():
-            try:
-                await asyncio.wait_for(slots.acquire(), max(deadline - loop.time(), 0))
-            except asyncio.TimeoutError:
+        if self._in_flight >= self.max_in_flight:
+            await self._wait_for_slot(loop, deadline)
+        else:
+            self._in_flight += 1
+        try:
+            while True:
+                conn = self._conn
+                if conn is None or conn.closed:
+                    conn = await self._connection(deadline)
+                fut: asyncio.Future[bytes] = loop.create_future()
+                conn.send(_Pending(wire, fut, deadline, self.timeout))
+                try:
+                    frame = await fut
+                except _Unanswered as exc:
+                    if self._conn is conn:
+                        self._conn = None
+                    if exc.retryable and loop.time() < deadline:
+                        continue
+                    raise ConnectionLost(
+                        f"mip: {self.address} closed the connection without replying"
+                    ) from exc.cause
+                return decode_reply(mip, frame)
+        finally:
+            self._release_slot()
+
+    async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """Wait until a call in flight finishes and hands its slot over (FIFO)."""
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._slot_waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, max(deadline - loop.time(), 0))
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self._release_slot()  # handed over, but this call is leaving
+            else:
+                waiter.cancel()
+            if isinstance(exc, asyncio.TimeoutError):
                 raise ClientTimeout(
                     f"mip: {self.max_in_flight} calls to {self.address} still in flight after "
                     f"{self.timeout:g} s"
                 ) from None
-        else:
-            await slots.acquire()  # free: does not suspend
-        try:
-            return await self._send(wire, deadline)
-        finally:
-            slots.release()
+            raise
 
-    async def _send(self, wire: bytes, deadline: float) -> Message:
-        loop = asyncio.get_running_loop()
-        while True:
-            conn = await self._connection(deadline)
-            fut: asyncio.Future[bytes] = loop.create_future()
-            conn.send(_Pending(wire, fut))
-            timer = loop.call_at(deadline, _expire, fut, self)
-            try:
-                frame = await fut
-            except _Unanswered as exc:
-                if self._conn is conn:
-                    self._conn = None
-                if exc.retryable and loop.time() < deadline:
-                    continue
-                raise ConnectionLost(
-                    f"mip: {self.address} closed the connection without replying"
-                ) from exc.cause
-            finally:
-                timer.cancel()
-            return decode_reply(mip, frame)
-
-
-def _expire(fut: asyncio.Future[bytes], client: AsyncClient) -> None:
-    if not fut.done():
-        fut.set_exception(
-            ClientTimeout(f"mip: no reply from {client.address} within {client.timeout:g} s")
-        )
+    def _release_slot(self) -> None:
+        waiters = self._slot_waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes on: the count stays
+                return
+        self._in_flight -= 1
 
 
 __all__ = [

@@ -35,6 +35,7 @@ from .messages import ErrorCode, ErrorReply, Inference, Ping
 from .runtime import (
     Batch,
     OutputShapeError,
+    _singles,
     async_echo,
     build_reply,
     echo,
@@ -384,7 +385,7 @@ class _Connection(asyncio.Protocol):
         if msg.batch_size == 0:
             self._reply(mip.encode(Inference(True, msg.n_input, 0, 0, ())))
             return
-        batch = msg.samples if msg.n_input != 1 else tuple((it,) for it in msg.items)
+        batch = msg.samples if msg.n_input != 1 else _singles(msg.items)
         if server.is_async:
             try:
                 coro = server.handler(batch)
