@@ -3,6 +3,9 @@ definitions in ``wirekit.mip.runtime``: same results, same exceptions, for any i
 
 from __future__ import annotations
 
+import asyncio
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -22,6 +25,7 @@ def test_the_compiled_helpers_are_the_ones_in_use():
     assert rt._flatten is accel.flatten
     assert rt._new_inference is accel.new_inference
     assert rt._singles is accel.singles
+    assert rt._start is accel.start
 
 
 class Odd:
@@ -93,3 +97,41 @@ def test_singles_agree(items):
     got = accel.singles(tuple(items))
     assert got == rt._singles_py(tuple(items))
     assert type(got) is tuple and all(type(s) is tuple and len(s) == 1 for s in got)
+
+
+async def _returns(value):
+    return value
+
+
+async def _suspends(value):
+    await asyncio.sleep(0)
+    return value
+
+
+async def _raises(value):
+    raise KeyError(value)
+
+
+@pytest.mark.parametrize("body", [_returns, _suspends, _raises])
+def test_start_agrees(body):
+    outcomes = []
+    for start in (accel.start, rt._start_py):
+        coro = body("v")
+        try:
+            done, value = start(coro)
+            outcomes.append((done, value))
+        except KeyError as exc:
+            outcomes.append(("raised", exc.args))
+        finally:
+            coro.close()
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0] == {_returns: (True, "v"), _suspends: (False, None),
+                           _raises: ("raised", ("v",))}[body]
+
+
+def test_start_keeps_reference_counts():
+    value = object()
+    before = sys.getrefcount(value)
+    for _ in range(1000):
+        assert accel.start(_returns(value)) == (True, value)
+    assert sys.getrefcount(value) == before

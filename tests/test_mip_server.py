@@ -104,6 +104,10 @@ def test_sync_handlers_run_off_the_loop_async_on_it():
             client.infer([["x"]])
             loop_thread = running._thread
         assert (seen[name] is loop_thread) == (name == "async")
+    # inline=True: a sync handler is called on the loop (no thread hop)
+    with ServerThread(sync_handler, inline=True) as running, Client(running.address) as client:
+        assert client.infer([["y"], ["z"]]) == [(Item.text("y"),), (Item.text("z"),)]
+        assert seen["sync"] is running._thread
 
 
 def test_replies_come_in_request_order_when_handlers_finish_out_of_order():
@@ -217,16 +221,17 @@ def test_memory_is_answered_from_the_header_then_closed():
     ],
     ids=["batch", "ragged", "scalar", "too-wide"],
 )
-def test_outputs_not_matching_the_batch_get_shape(outputs):
-    with ServerThread(outputs) as running, Client(running.address) as client:
+@pytest.mark.parametrize("inline", [False, True], ids=["pool", "inline"])
+def test_outputs_not_matching_the_batch_get_shape(outputs, inline):
+    with ServerThread(outputs, inline=inline) as running, Client(running.address) as client:
         with pytest.raises(ServerError) as info:
             client.infer([["a"], ["b"]])
         assert info.value.code == ErrorCode.SHAPE
         assert client.ping() > 0  # same connection, still in step
 
 
-@pytest.mark.parametrize("asynchronous", [False, True])
-def test_handler_exception_gets_internal_and_is_logged(caplog, asynchronous):
+@pytest.mark.parametrize("mode", ["pool", "inline", "async", "async-at-once"])
+def test_handler_exception_gets_internal_and_is_logged(caplog, mode):
     def fail(batch):
         if batch[0][0].as_text() == "boom":
             raise RuntimeError("model exploded")
@@ -236,8 +241,12 @@ def test_handler_exception_gets_internal_and_is_logged(caplog, asynchronous):
         await asyncio.sleep(0)
         return fail(batch)
 
+    async def afail_at_once(batch):  # raises before it ever suspends
+        return fail(batch)
+
+    handler = {"async": afail, "async-at-once": afail_at_once}.get(mode, fail)
     caplog.set_level(logging.ERROR, logger="wirekit.mip.server")
-    with ServerThread(afail if asynchronous else fail) as running, Client(running.address) as c:
+    with ServerThread(handler, inline=mode == "inline") as running, Client(running.address) as c:
         with pytest.raises(ServerError) as info:
             c.infer([["boom"]])
         assert info.value.code == ErrorCode.INTERNAL

@@ -6,8 +6,8 @@ its own pure-Python functions of the same names, which define the behaviour: sam
 same exceptions.  ``tests/test_mip_runtime_accel.py`` checks the two agree.
 """
 
-from cpython.object cimport PyObject_GenericSetAttr
-from cpython.ref cimport Py_INCREF
+from cpython.object cimport PyObject, PyObject_GenericSetAttr
+from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 
 
@@ -103,3 +103,26 @@ def singles(tuple items):
         Py_INCREF(one)
         PyTuple_SET_ITEM(out, i, one)
     return out
+
+
+cdef extern from "Python.h":
+    int PyIter_Send(object iter, object arg, PyObject** presult)
+
+
+cdef int _send_none(object coro, PyObject** out) except -1:
+    # PyIter_Send: 0 returned (PYGEN_RETURN), 1 suspended (PYGEN_NEXT), -1 raised (set).
+    cdef int r = PyIter_Send(coro, None, out)
+    if r == -1:
+        return -1
+    return r
+
+
+def start(coro):
+    """Run a coroutine to its first suspension without a StopIteration for a return:
+    ``(True, result)`` if it returned, ``(False, yielded)`` if it suspended; what it
+    raises propagates."""
+    cdef PyObject* result = NULL
+    cdef int r = _send_none(coro, &result)
+    value = <object>result
+    Py_DECREF(value)  # PyIter_Send gave a new reference; <object> took another
+    return r == 0, value

@@ -207,6 +207,10 @@ class Client:
             decoder.feed(data)
 
 
+_NEVER = float("inf")
+_Future = asyncio.Future
+
+
 class _Pending:
     __slots__ = ("deadline", "future", "timeout", "wire")
 
@@ -235,6 +239,7 @@ class _ClientConnection(asyncio.Protocol):
         # One timer for the whole connection (not one per call): due at the earliest
         # deadline of a call waiting here, it fails the calls past their deadline.
         self.timer: asyncio.TimerHandle | None = None
+        self.timer_due = _NEVER
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -249,14 +254,15 @@ class _ClientConnection(asyncio.Protocol):
         else:
             self.transport.write(pending.wire)  # type: ignore[union-attr]
         self.waiting.append(pending)
-        timer = self.timer
-        if timer is None or pending.deadline < timer.when():
-            if timer is not None:
-                timer.cancel()
+        if pending.deadline < self.timer_due:
+            if self.timer is not None:
+                self.timer.cancel()
             self.timer = self.loop.call_at(pending.deadline, self._expire)
+            self.timer_due = pending.deadline
 
     def _expire(self) -> None:
         self.timer = None
+        self.timer_due = _NEVER
         now = self.loop.time()
         due = None
         for pending in self.waiting:
@@ -274,6 +280,7 @@ class _ClientConnection(asyncio.Protocol):
                 due = pending.deadline
         if due is not None and not self.closed:
             self.timer = self.loop.call_at(due, self._expire)
+            self.timer_due = due
 
     def _flush(self) -> None:
         out, self.out = self.out, None
@@ -308,6 +315,7 @@ class _ClientConnection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+            self.timer_due = _NEVER
         waiting, self.waiting = self.waiting, deque()
         for n, pending in enumerate(waiting):
             if pending.future.done():
@@ -326,6 +334,7 @@ class _ClientConnection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+            self.timer_due = _NEVER
         waiting, self.waiting = self.waiting, deque()
         for pending in waiting:
             if not pending.future.done():
@@ -444,7 +453,10 @@ class AsyncClient:
         return conn
 
     async def _call(self, wire: bytes) -> Message:
-        loop = asyncio.get_running_loop()
+        conn = self._conn
+        # The connection's loop is the running one (a connection lives on one loop); asking
+        # asyncio costs a getpid() system call per call on Python 3.11.
+        loop = conn.loop if conn is not None else asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         if self._in_flight >= self.max_in_flight:
             await self._wait_for_slot(loop, deadline)
@@ -455,7 +467,7 @@ class AsyncClient:
                 conn = self._conn
                 if conn is None or conn.closed:
                     conn = await self._connection(deadline)
-                fut: asyncio.Future[bytes] = loop.create_future()
+                fut: asyncio.Future[bytes] = _Future(loop=loop)
                 conn.send(_Pending(wire, fut, deadline, self.timeout))
                 try:
                     frame = await fut

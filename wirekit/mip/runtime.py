@@ -154,13 +154,24 @@ def _singles_py(items: tuple[Item, ...]) -> Batch:
     return tuple([(it,) for it in items])
 
 
-# The compiled versions of the three helpers above (wirekit/_fast/mipnet.pyx), unless
-# WIREKIT_PURE is set or they are not built; tests/test_mip_runtime_accel.py checks they agree.
-_flatten, _new_inference, _singles = _flatten_py, _new_inference_py, _singles_py
+def _start_py(coro: Any) -> tuple[bool, Any]:
+    """Run a coroutine to its first suspension: ``(True, result)`` if it returned without
+    suspending, ``(False, yielded)`` if it suspended; what it raises propagates."""
+    try:
+        first = coro.send(None)
+    except StopIteration as stop:
+        return True, stop.value
+    return False, first
+
+
+# The compiled versions of the helpers above (wirekit/_fast/mipnet.pyx), unless WIREKIT_PURE
+# is set or they are not built; tests/test_mip_runtime_accel.py checks they agree.
+_flatten, _new_inference, _singles, _start = _flatten_py, _new_inference_py, _singles_py, _start_py
 _accel = load_fast("mipnet")
 if _accel is not None:
     _accel.bind(Item, Inference, to_item, _Ragged, _SINGLE, _TEXT)
     _flatten, _new_inference, _singles = _accel.flatten, _accel.new_inference, _accel.singles
+    _start = _accel.start
 
 
 def build_request(batch: Iterable[Any]) -> Inference:
