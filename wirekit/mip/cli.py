@@ -20,6 +20,7 @@ import signal
 import sys
 from typing import Any, TextIO
 
+from wirekit import _loop
 from wirekit.errors import WirekitError
 
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE
@@ -82,7 +83,7 @@ def _serve_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        asyncio.run(_serve(args, out))
+        _loop.run(_serve(args, out), args.loop)
     except (ImportError, AttributeError, ValueError) as exc:
         err.write(f"wirekit mip serve: {exc}\n")
         return EXIT_USAGE
@@ -219,6 +220,10 @@ def register(subparsers: Any) -> None:
     )
     serve.add_argument("--idle-timeout", type=float, default=0, help="drop idle clients (s)")
     serve.add_argument("--max-in-flight", type=int, default=64, help="per connection")
+    serve.add_argument(
+        "--loop", choices=_loop.CHOICES, default=None,
+        help="event loop (default: uvloop when installed, else asyncio; env WIREKIT_LOOP)",
+    )
     serve.add_argument(
         "--inline",
         action="store_true",

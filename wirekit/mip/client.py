@@ -392,6 +392,14 @@ class AsyncClient:
         """Send any message and return the server's reply as is (error replies included)."""
         return await self._call(mip.encode(message))
 
+    async def request_wire(self, wire: bytes) -> tuple[bytes, Message]:
+        """Send one already-encoded message; return the reply's bytes as received and its
+        decoded form (error replies included, as :meth:`request`).  For relays: the bytes
+        can be passed on without encoding again.  When the reply needed KubeMo's
+        ``n_output`` correction (see :func:`~wirekit.mip.runtime.decode_reply`), the bytes
+        returned are the corrected message's encoding."""
+        return await self._call(wire, raw=True)  # type: ignore[return-value]
+
     async def connect(self) -> None:
         """Open the connection now (calls open it on demand anyway)."""
         await self._connection(asyncio.get_running_loop().time() + self.timeout)
@@ -452,7 +460,7 @@ class AsyncClient:
             _t, conn = await loop.create_unix_connection(factory, str(self._target))
         return conn
 
-    async def _call(self, wire: bytes) -> Message:
+    async def _call(self, wire: bytes, raw: bool = False) -> Any:
         conn = self._conn
         # The connection's loop is the running one (a connection lives on one loop); asking
         # asyncio costs a getpid() system call per call on Python 3.11.
@@ -479,7 +487,12 @@ class AsyncClient:
                     raise ConnectionLost(
                         f"mip: {self.address} closed the connection without replying"
                     ) from exc.cause
-                return decode_reply(mip, frame)
+                msg = decode_reply(mip, frame)
+                if not raw:
+                    return msg
+                if type(msg) is Inference and msg.response and msg.n_output != frame[9]:
+                    frame = mip.encode(msg)  # the corrected reply, not the quirky bytes
+                return frame, msg
         finally:
             self._release_slot()
 

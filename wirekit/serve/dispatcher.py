@@ -97,8 +97,14 @@ class Dispatcher:
     def new_id(self) -> str:
         return f"{self._prefix}{next(self._ids):x}"
 
-    async def submit(self, model: str, request: Payload, client: str) -> Outcome:
-        """Answer one request (see the module docstring).  Raises :class:`UnknownModel`."""
+    async def submit(
+        self, model: str, request: Payload, client: str, *, defer_journal: bool = False
+    ) -> Outcome:
+        """Answer one request (see the module docstring).  Raises :class:`UnknownModel`.
+
+        ``defer_journal``: the completion record is not written to the journal yet; the
+        caller calls ``store.write_journal()`` before it answers (see
+        :meth:`RequestStore.completion`)."""
         cfg = self.models.get(model)
         if cfg is None:
             raise UnknownModel(model)
@@ -111,18 +117,19 @@ class Dispatcher:
             outcome = await self._answer(rid, cfg, request, wire)
         except BaseException:
             # Cancelled (the client went away, or shutdown): still close the row.
-            self._finish(model, rid, client, t_in, wire, None, FAILED, 0)
+            self._finish(model, rid, client, t_in, wire, None, FAILED, 0, False)
             raise
         self._finish(model, rid, client, t_in, wire, outcome.device, outcome.status,
-                     outcome.attempts)
+                     outcome.attempts, defer_journal)
         return outcome
 
-    def _finish(self, model, rid, client, t_in, wire, device, status, attempts) -> None:
+    def _finish(self, model, rid, client, t_in, wire, device, status, attempts, defer) -> None:
         t_out = self._clock()
         self.metrics.finished(model, status, t_out - t_in)
         self.store.completion(
             rid, device, t_out, status, attempts,
             model=model, client=client, time_in=t_in, size=len(wire), payload=wire,
+            defer=defer,
         )
 
     async def _answer(self, rid: str, cfg: ModelConfig, request: Payload, wire: bytes):

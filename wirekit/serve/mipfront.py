@@ -22,6 +22,7 @@ from .payload import Payload
 log = logging.getLogger("wirekit.serve")
 
 _PING_REPLY = mip.encode(Ping(response=True))
+_Task = asyncio.Task
 MAX_PIPELINED = 128  #: requests in flight per connection before reading pauses
 
 
@@ -40,6 +41,8 @@ class MipFrontDoor(asyncio.Protocol):
         max_message_size: int = mip.DEFAULT_MAX_MESSAGE_SIZE,
     ) -> None:
         self.dispatcher = dispatcher
+        self.store = dispatcher.store
+        self.loop = asyncio.get_running_loop()
         self.model = model
         self.tasks = tasks
         self.max_message_size = max_message_size
@@ -116,8 +119,13 @@ class MipFrontDoor(asyncio.Protocol):
         if not isinstance(msg, Inference) or msg.response:
             self._pending.append(_error(ErrorCode.SUBTYPE))
             return
-        task = asyncio.ensure_future(
-            self.dispatcher.submit(self.model, Payload(frame, msg), self.client)
+        # Its completion record waits for _flush, which writes the journal (all the
+        # records of this loop pass at once) before any answer goes out.
+        task = _Task(
+            self.dispatcher.submit(
+                self.model, Payload(frame, msg), self.client, defer_journal=True
+            ),
+            loop=self.loop,
         )
         self.tasks.add(task)
         task.add_done_callback(self._done)
@@ -127,10 +135,15 @@ class MipFrontDoor(asyncio.Protocol):
         self.tasks.discard(task)
         if not self._flush_soon:  # replies finished in one loop pass go out in one write
             self._flush_soon = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_soon = False
+        try:
+            self.store.write_journal()  # before any answer: what is answered is on record
+        except OSError as exc:
+            self.store.error = exc
+            log.error("cannot write the request journal: %s", exc)
         pending = self._pending
         out = []
         while pending:

@@ -64,6 +64,15 @@ _REPLAY = (
 )
 
 _ARRIVAL, _COMPLETION, _BATCH, _STOP = 0, 1, 2, 3
+_encode_json_str = json.encoder.encode_basestring_ascii  # '"..."', escaped, ASCII only
+
+
+def _json_num(value: Any) -> str:
+    """JSON text of a number, as ``json.dumps`` writes it (a fast path for finite floats)."""
+    cls = type(value)
+    if cls is int or (cls is float and value - value == 0):
+        return repr(value)
+    return json.dumps(value)
 
 
 def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
@@ -140,6 +149,8 @@ class RequestStore:
         self._jpath: Path | None = None
         self._jsize = 0
         self._jseq = 0
+        self._jbuf: list[str] = []  # journal records not written yet (deferred)
+        self._jmemo: dict[str, str] = {}
         self.abandoned_at_open = 0
         self.replayed_at_open = 0  #: completions recovered from journals by ``open()``
         self.commits = 0  #: write transactions so far
@@ -203,20 +214,50 @@ class RequestStore:
         time_in: float,
         size: int,
         payload: Any = None,
+        defer: bool = False,
     ) -> None:
         """Record how a request ended.  With the journal on, this returns once the record
-        is written to the journal file (safe from a crash of this process)."""
+        is written to the journal file (safe from a crash of this process) -- unless
+        ``defer``: then the record waits in memory, and the caller must call
+        :meth:`write_journal` before it answers the client (so that the completions of one
+        loop pass go out in one system call)."""
         if self._jfd is not None:
-            blob = None
+            js = self._json_str
+            blob = "null"
             if self.payloads and payload is not None:
-                blob = base64.b64encode(payload).decode("ascii")
-            line = json.dumps(
-                [rid, model, client, device, time_in, time_out, status, size, attempts, blob],
-                separators=(",", ":"),
-            ).encode("utf-8") + b"\n"
-            os.write(self._jfd, line)
+                blob = '"' + base64.b64encode(payload).decode("ascii") + '"'
+            line = (
+                f"[{js(rid)},{js(model)},{js(client)},{js(device)},{_json_num(time_in)},"
+                f"{_json_num(time_out)},{js(status)},{_json_num(size)},{_json_num(attempts)},"
+                f"{blob}]\n"
+            )
             self._jsize += len(line)
+            self._jbuf.append(line)
+            if not defer:
+                self.write_journal()
         self._add(_COMPLETION, (device, time_out, status, attempts, rid))
+
+    def write_journal(self) -> None:
+        """Write the deferred journal records (one system call); a no-op when none wait."""
+        buf = self._jbuf
+        if not buf or self._jfd is None:
+            return
+        data = memoryview(("".join(buf) if len(buf) > 1 else buf[0]).encode("ascii"))
+        buf.clear()
+        while data:
+            data = data[os.write(self._jfd, data) :]
+
+    def _json_str(self, value: str | None) -> str:
+        """JSON text of a string (memoised: models, clients and devices repeat)."""
+        if value is None:
+            return "null"
+        memo = self._jmemo
+        text = memo.get(value)
+        if text is None:
+            text = _encode_json_str(value)
+            if len(memo) < 4096:
+                memo[value] = text
+        return text
 
     async def flush(self) -> None:
         """Hand everything over now and wait until it is committed."""
@@ -270,6 +311,7 @@ class RequestStore:
         """Close the current journal; the writer deletes it once its rows are committed."""
         if self._jfd is None:
             return None
+        self.write_journal()
         os.close(self._jfd)
         self._jfd = None
         return self._jpath
