@@ -211,6 +211,35 @@ _NEVER = float("inf")
 _Future = asyncio.Future
 
 
+class _Callback:
+    """What a :class:`_Pending` settles instead of a future for :meth:`AsyncClient.send_nowait`:
+    gives the call's slot back and calls ``fn(frame, None)`` or ``fn(None, exc)``, once."""
+
+    __slots__ = ("client", "conn", "fn", "settled")
+
+    def __init__(self, client: AsyncClient, conn: _ClientConnection, fn: Any) -> None:
+        self.client = client
+        self.conn = conn
+        self.fn = fn
+        self.settled = False
+
+    def done(self) -> bool:
+        return self.settled
+
+    def set_result(self, frame: bytes) -> None:
+        self.settled = True
+        self.client._release_slot()
+        self.fn(frame, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.settled = True
+        client = self.client
+        client._release_slot()
+        if isinstance(exc, _Unanswered) and client._conn is self.conn:
+            client._conn = None
+        self.fn(None, exc)
+
+
 class _Pending:
     __slots__ = ("deadline", "future", "timeout", "wire")
 
@@ -400,6 +429,25 @@ class AsyncClient:
         returned are the corrected message's encoding."""
         return await self._call(wire, raw=True)  # type: ignore[return-value]
 
+    def send_nowait(self, wire: bytes, callback: Any) -> bool:
+        """Send an encoded message now, without a coroutine, if the connection is open and a
+        slot is free; then ``callback(frame, None)`` is called with the reply's bytes, or
+        ``callback(None, exc)`` on a timeout or a lost connection, exactly once, from the
+        loop.  Returns False (nothing sent) otherwise: use the coroutine calls then.
+
+        ``exc`` may be the private retryable-loss marker: check it with
+        :func:`unanswered_retryable`.  The reply is not decoded (see
+        :func:`~wirekit.mip.runtime.decode_reply`)."""
+        conn = self._conn
+        if conn is None or conn.closed or self._in_flight >= self.max_in_flight:
+            return False
+        self._in_flight += 1
+        conn.send(
+            _Pending(wire, _Callback(self, conn, callback), conn.loop.time() + self.timeout,
+                     self.timeout)
+        )
+        return True
+
     async def connect(self) -> None:
         """Open the connection now (calls open it on demand anyway)."""
         await self._connection(asyncio.get_running_loop().time() + self.timeout)
@@ -522,6 +570,13 @@ class AsyncClient:
                 waiter.set_result(None)  # the slot passes on: the count stays
                 return
         self._in_flight -= 1
+
+
+def unanswered_retryable(exc: BaseException) -> bool | None:
+    """For a ``send_nowait`` failure: None if it is not a lost connection, else whether the
+    request may be sent again (the server closed a kept-alive connection before reading it,
+    as KubeMo's does after each reply)."""
+    return exc.retryable if isinstance(exc, _Unanswered) else None
 
 
 __all__ = [

@@ -65,6 +65,10 @@ class MipBackend:
             raise BackendUnavailable(f"{self.address}: {exc}") from None
         return Payload(wire, reply)  # the bytes go back to a MIP client as they came
 
+    def send_nowait(self, wire: bytes, callback) -> bool:
+        """The dispatcher's fast path: see :meth:`AsyncClient.send_nowait`."""
+        return self._client.send_nowait(wire, callback)
+
     async def close(self) -> None:
         await self._client.close()
 

@@ -49,9 +49,9 @@ CREATE INDEX IF NOT EXISTS requests_model_status ON requests (model, status);
 
 QUEUED, OK, ERROR, FAILED, ABANDONED = "queued", "ok", "error", "failed", "abandoned"
 
-_INSERT = (
-    "INSERT INTO requests (id, model, client, time_in, status, payload_size, payload)"
-    " VALUES (?, ?, ?, ?, 'queued', ?, ?)"
+_INSERT_ROW = (
+    "INSERT INTO requests (id, model, client, time_in, payload_size, payload, device,"
+    " time_out, status, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _UPDATE = "UPDATE requests SET device = ?, time_out = ?, status = ?, attempts = ? WHERE id = ?"
 
@@ -356,9 +356,12 @@ class RequestStore:
             _kind, ops, retire, fut = item
             try:
                 if ops:
+                    inserts, updates = _merge(ops)
                     conn.execute("BEGIN")
-                    for kind, row in ops:
-                        conn.execute(_INSERT if kind == _ARRIVAL else _UPDATE, row)
+                    if inserts:
+                        conn.executemany(_INSERT_ROW, inserts)
+                    if updates:
+                        conn.executemany(_UPDATE, updates)
                     conn.execute("COMMIT")
                     self.commits += 1
                     self.rows_written += len(ops)
@@ -374,6 +377,25 @@ class RequestStore:
                 continue
             if fut is not None:
                 _resolve([fut], None)
+
+
+def _merge(ops: list[tuple[int, tuple[Any, ...]]]) -> tuple[list[tuple], list[tuple]]:
+    """One hand-over as statements: a request that arrived and finished within it becomes
+    one complete INSERT (not an INSERT and an UPDATE); other arrivals are inserted queued,
+    in arrival order; completions of earlier arrivals are UPDATEs."""
+    rows: dict[str, tuple] = {}
+    updates = []
+    for kind, row in ops:
+        if kind == _ARRIVAL:
+            rows[row[0]] = (*row, None, None, QUEUED, 0)
+        else:
+            device, time_out, status, attempts, rid = row
+            arrived = rows.get(rid)
+            if arrived is not None:
+                rows[rid] = (*arrived[:6], device, time_out, status, attempts)
+            else:
+                updates.append(row)
+    return list(rows.values()), updates
 
 
 def _resolve(waiters: list[asyncio.Future[None]], exc: BaseException | None) -> None:
