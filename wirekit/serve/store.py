@@ -67,6 +67,17 @@ _ARRIVAL, _COMPLETION, _BATCH, _STOP = 0, 1, 2, 3
 _encode_json_str = json.encoder.encode_basestring_ascii  # '"..."', escaped, ASCII only
 
 
+def _json_time(value: Any) -> str:
+    """A time for the journal: a finite float as its exact hex form in a JSON string."""
+    if type(value) is float and value - value == 0:
+        return f'"{value.hex()}"'
+    return _json_num(value)
+
+
+def _from_journal_time(value: Any) -> Any:
+    return float.fromhex(value) if isinstance(value, str) else value
+
+
 def _json_num(value: Any) -> str:
     """JSON text of a number, as ``json.dumps`` writes it (a fast path for finite floats)."""
     cls = type(value)
@@ -226,10 +237,13 @@ class RequestStore:
             blob = "null"
             if self.payloads and payload is not None:
                 blob = '"' + base64.b64encode(payload).decode("ascii") + '"'
+            # Times as exact hex floats ('"0x1.9a...p+30"': several times cheaper to write
+            # than repr), read back with float.fromhex by _replay.
             line = (
-                f"[{js(rid)},{js(model)},{js(client)},{js(device)},{_json_num(time_in)},"
-                f"{_json_num(time_out)},{js(status)},{_json_num(size)},{_json_num(attempts)},"
-                f"{blob}]\n"
+                f"[{_encode_json_str(rid)},{js(model)},{js(client)},{js(device)},"
+                f"{_json_time(time_in)},{_json_time(time_out)},{js(status)},"
+                f"{size if type(size) is int else _json_num(size)},"
+                f"{attempts if type(attempts) is int else _json_num(attempts)},{blob}]\n"
             )
             self._jsize += len(line)
             self._jbuf.append(line)
@@ -328,6 +342,7 @@ class RequestStore:
                     try:
                         rec = json.loads(line)
                         rid, model, client, device, t_in, t_out, status, size, att, blob = rec
+                        t_in, t_out = _from_journal_time(t_in), _from_journal_time(t_out)
                     except ValueError:
                         continue  # a line cut short by the crash: it was never answered
                     payload = base64.b64decode(blob) if blob else None
