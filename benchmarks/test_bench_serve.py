@@ -1,11 +1,20 @@
 """``wirekit serve``: one MIP request (batch 1) through the dispatcher vs straight to the backend.
 
-Both contenders run in the same session against the same backend process (``wirekit mip
+All contenders run in the same session against the same backend process (``wirekit mip
 serve`` with the echo handler); the dispatcher is ``wirekit serve`` in its own process, with
 its store on (SQLite plus the journal each completion is written to before the answer) and
-the cache off, so every request really goes to the backend.  The client is the blocking
-``wirekit.mip.client.Client``, one request at a time: the median is the latency, its inverse
-the requests per second of one client.  Results are checked; timings are never asserted.
+the cache off, so every request really goes to the backend.  Results are checked; timings are
+never asserted.
+
+* ``direct``: the client talks to the backend.
+* ``dispatcher``: through ``wirekit serve``.
+* ``relay``: through a raw asyncio byte relay (bytes in from the client, out to the backend,
+  and back; no parsing, no store): the floor of *any* process between client and backend.
+
+Two loads.  ``test_request_latency``: the blocking client, one request at a time -- through a
+middle process a request makes two round trips instead of one, so about 50% of direct is the
+physical bound there (see ``relay``).  ``test_request_throughput``: 32 requests in flight on
+one pipelined connection, where the middle process's work per request is what counts.
 """
 
 from __future__ import annotations
@@ -33,8 +42,12 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str:
 
 
 def _spawn(args: list[str]) -> tuple[subprocess.Popen, str]:
+    return _spawn_python(["-m", "wirekit.cli", *args])
+
+
+def _spawn_python(args: list[str]) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "wirekit.cli", *args],
+        [sys.executable, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -58,6 +71,56 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.stdout.close()
 
 
+RELAY = """
+import asyncio, sys
+
+HOST, PORT = sys.argv[1], int(sys.argv[2])
+
+
+class Backend(asyncio.Protocol):
+    def __init__(self, client):
+        self.client = client
+
+    def data_received(self, data):
+        self.client.write(data)
+
+    def connection_lost(self, exc):
+        self.client.close()
+
+
+class Client(asyncio.Protocol):
+    backend = None
+
+    def connection_made(self, transport):
+        self.transport = transport
+        transport.pause_reading()  # until the backend connection is open
+        asyncio.ensure_future(self.open())
+
+    async def open(self):
+        loop = asyncio.get_running_loop()
+        self.backend, _ = await loop.create_connection(
+            lambda: Backend(self.transport), HOST, PORT
+        )
+        self.transport.resume_reading()
+
+    def data_received(self, data):
+        self.backend.write(data)
+
+    def connection_lost(self, exc):
+        if self.backend is not None:
+            self.backend.close()
+
+
+async def main():
+    server = await asyncio.get_running_loop().create_server(Client, "127.0.0.1", 0)
+    print(f"listening on tcp://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
+    await server.serve_forever()
+
+
+asyncio.run(main())
+"""
+
+
 @pytest.fixture(scope="module")
 def endpoints(tmp_path_factory):
     """``{"direct": address, "dispatcher": address}`` for one backend and one dispatcher."""
@@ -78,9 +141,14 @@ def endpoints(tmp_path_factory):
         }))
         dispatcher, line = _spawn(["serve", "--config", str(config)])
         try:
-            ready = json.loads(line)
-            yield {"direct": direct,
-                   "dispatcher": f"tcp://127.0.0.1:{ready['mip']['echo']}"}
+            relay, relay_line = _spawn_python(["-c", RELAY, "127.0.0.1", str(port)])
+            try:
+                ready = json.loads(line)
+                yield {"direct": direct,
+                       "dispatcher": f"tcp://127.0.0.1:{ready['mip']['echo']}",
+                       "relay": relay_line.split()[-1]}
+            finally:
+                _stop(relay)
         finally:
             _stop(dispatcher)
     finally:
@@ -88,7 +156,7 @@ def endpoints(tmp_path_factory):
 
 
 @pytest.mark.benchmark(group="serve mip batch 1")
-@pytest.mark.parametrize("who", ["dispatcher", "direct"])
+@pytest.mark.parametrize("who", ["dispatcher", "relay", "direct"])
 def test_request_latency(benchmark, endpoints, who):
     with Client(endpoints[who], timeout=TIMEOUT) as client:
         client.infer_one("warm-up")
@@ -109,7 +177,7 @@ ROUND = 256
 
 
 @pytest.mark.benchmark(group="serve mip batch 1, 32 in flight (per 256 requests)")
-@pytest.mark.parametrize("who", ["dispatcher", "direct"])
+@pytest.mark.parametrize("who", ["dispatcher", "relay", "direct"])
 def test_request_throughput(benchmark, endpoints, who):
     """256 requests, 32 in flight on one pipelined connection: the round's time / 256 is the
     cost of one request under load (its inverse the requests per second)."""

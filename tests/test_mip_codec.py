@@ -254,6 +254,28 @@ def test_stream_decoder_gives_same_messages_for_every_chunking(mip_codec, msgs, 
     assert decoder.buffered == 0
 
 
+@given(st.lists(mip_messages, min_size=1, max_size=5), st.data())
+def test_stream_decoder_frames_offsets_and_buffered_for_any_feed_type(mip_codec, msgs, data):
+    # bytes chunks take the zero-copy path, bytearray/memoryview the buffered one: mixing
+    # them must not change the frames, the stream offset or the count of buffered bytes.
+    wires = [mip.encode(m) for m in msgs]
+    wire = b"".join(wires)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=8)))
+    kinds = data.draw(st.lists(st.sampled_from([bytes, bytearray, memoryview]),
+                               min_size=len(cuts) + 1, max_size=len(cuts) + 1))
+    decoder = mip.Decoder(codec=mip_codec)
+    frames = []
+    prev = 0
+    for cut, kind in zip([*cuts, len(wire)], kinds, strict=True):
+        decoder.feed(kind(wire[prev:cut]))
+        prev = cut
+        while (frame := decoder.next_frame()) is not None:
+            frames.append(bytes(frame))
+        assert decoder.offset == sum(map(len, frames))
+        assert decoder.buffered == prev - decoder.offset
+    assert frames == wires
+
+
 def test_stream_decoder_rejects_oversize_from_the_header_alone(mip_codec):
     decoder = mip.Decoder(max_message_size=1024, codec=mip_codec)
     decoder.feed(mip.encode(mip.Ping()) + _header(remaining=2000))

@@ -104,6 +104,10 @@ def test_sync_handlers_run_off_the_loop_async_on_it():
             client.infer([["x"]])
             loop_thread = running._thread
         assert (seen[name] is loop_thread) == (name == "async")
+    # inline=True: a sync handler is called on the loop (no thread hop)
+    with ServerThread(sync_handler, inline=True) as running, Client(running.address) as client:
+        assert client.infer([["y"], ["z"]]) == [(Item.text("y"),), (Item.text("z"),)]
+        assert seen["sync"] is running._thread
 
 
 def test_replies_come_in_request_order_when_handlers_finish_out_of_order():
@@ -217,16 +221,17 @@ def test_memory_is_answered_from_the_header_then_closed():
     ],
     ids=["batch", "ragged", "scalar", "too-wide"],
 )
-def test_outputs_not_matching_the_batch_get_shape(outputs):
-    with ServerThread(outputs) as running, Client(running.address) as client:
+@pytest.mark.parametrize("inline", [False, True], ids=["pool", "inline"])
+def test_outputs_not_matching_the_batch_get_shape(outputs, inline):
+    with ServerThread(outputs, inline=inline) as running, Client(running.address) as client:
         with pytest.raises(ServerError) as info:
             client.infer([["a"], ["b"]])
         assert info.value.code == ErrorCode.SHAPE
         assert client.ping() > 0  # same connection, still in step
 
 
-@pytest.mark.parametrize("asynchronous", [False, True])
-def test_handler_exception_gets_internal_and_is_logged(caplog, asynchronous):
+@pytest.mark.parametrize("mode", ["pool", "inline", "async", "async-at-once"])
+def test_handler_exception_gets_internal_and_is_logged(caplog, mode):
     def fail(batch):
         if batch[0][0].as_text() == "boom":
             raise RuntimeError("model exploded")
@@ -236,8 +241,12 @@ def test_handler_exception_gets_internal_and_is_logged(caplog, asynchronous):
         await asyncio.sleep(0)
         return fail(batch)
 
+    async def afail_at_once(batch):  # raises before it ever suspends
+        return fail(batch)
+
+    handler = {"async": afail, "async-at-once": afail_at_once}.get(mode, fail)
     caplog.set_level(logging.ERROR, logger="wirekit.mip.server")
-    with ServerThread(afail if asynchronous else fail) as running, Client(running.address) as c:
+    with ServerThread(handler, inline=mode == "inline") as running, Client(running.address) as c:
         with pytest.raises(ServerError) as info:
             c.infer([["boom"]])
         assert info.value.code == ErrorCode.INTERNAL
@@ -438,6 +447,47 @@ def test_async_client_timeout_keeps_the_connection_in_step():
                 return await client.infer([["mine"]])
 
         assert asyncio.run(main()) == [(Item.text("mine"),)]
+
+
+def test_async_client_honours_each_call_deadline_and_in_flight_limit():
+    # One timer per connection: a later call with a shorter timeout than the calls before
+    # it still times out on its own deadline; a call waiting for an in-flight slot times out
+    # too; and the slots are all given back (the client works afterwards).
+    release = asyncio.Event()
+    seen = {}
+
+    async def handler(batch):
+        if batch[0][0].as_text() == "slow":
+            seen["loop"] = asyncio.get_running_loop()
+            await release.wait()
+        return batch
+
+    with ServerThread(handler) as running:
+
+        async def main():
+            async with AsyncClient(running.address, timeout=60, max_in_flight=2) as client:
+                slow = asyncio.ensure_future(client.infer([["slow"]]))
+                await asyncio.sleep(0)
+                client.timeout = 0.2
+                with pytest.raises(ClientTimeout, match="no reply"):
+                    # bounded far above 0.2 s, far below the slow call's 60 s
+                    await asyncio.wait_for(client.infer([["behind"]]), 30)
+                client.timeout = 60
+                blocker = asyncio.ensure_future(client.infer([["slow"]]))
+                await asyncio.sleep(0.05)
+                client.timeout = 0.2  # both slots are taken: this one waits for a slot
+                with pytest.raises(ClientTimeout, match="still in flight"):
+                    await asyncio.wait_for(client.infer([["queued"]]), 30)
+                running.call(release.set)
+                client.timeout = TIMEOUT
+                first, second = await asyncio.gather(slow, blocker)
+                again = await client.infer([["again"]])
+                return first, second, again, client._in_flight
+
+        first, second, again, in_flight = asyncio.run(main())
+    assert first == second == [(Item.text("slow"),)]
+    assert again == [(Item.text("again"),)]
+    assert in_flight == 0
 
 
 def test_async_client_pipelines_many_calls(listen):

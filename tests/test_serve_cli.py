@@ -114,3 +114,33 @@ def test_journal_replays_answered_requests_after_a_crash(tmp_path):
     rows = conn.execute("SELECT id, status, time_in, time_out, payload FROM requests").fetchall()
     conn.close()
     assert rows == [("x", "ok", 1.0, 1.5, b"abc")]
+
+
+def test_journal_keeps_exact_times_and_odd_names(tmp_path):
+    """Journal records round-trip exactly: any float time, names needing JSON escapes,
+    deferred records written by write_journal()."""
+    import asyncio
+
+    path = tmp_path / "k.db"
+    store = RequestStore(path, flush_interval=60)
+    t_in, t_out = 1763789012.1234567, 1763789012.1234567 + (0.1 + 0.2)
+    model, client, device = 'm "quoted"\\ é', "mip:127.0.0.1:5\n", "n/0/m é"
+
+    async def crash_before_handoff():
+        store.open()
+        store.arrival("r1", model, client, t_in, 3)
+        store.completion("r1", device, t_out, "ok", 2, model=model, client=client,
+                         time_in=t_in, size=3, defer=True)
+        store.write_journal()
+
+    asyncio.run(crash_before_handoff())
+    again = RequestStore(path)
+    again.open()
+    assert again.replayed_at_open == 1
+    again.close()
+    conn = connect(path)
+    rows = conn.execute(
+        "SELECT id, model, client, device, time_in, time_out, status, attempts FROM requests"
+    ).fetchall()
+    conn.close()
+    assert rows == [("r1", model, client, device, t_in, t_out, "ok", 2)]

@@ -19,6 +19,7 @@ import signal
 import sys
 from typing import Any, TextIO
 
+from wirekit import _loop
 from wirekit._callables import load_callable
 from wirekit.errors import WirekitError
 
@@ -46,6 +47,7 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> None:
         timeout=args.timeout or None,
         idle_timeout=args.idle_timeout or None,
         max_in_flight=args.max_in_flight,
+        inline=args.inline,
     )
     await server.start(*(args.listen or ["tcp://127.0.0.1:5000"]))
     loop = asyncio.get_running_loop()
@@ -73,7 +75,7 @@ def _serve_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        asyncio.run(_serve(args, out))
+        _loop.run(_serve(args, out), args.loop)
     except (ImportError, AttributeError, ValueError) as exc:
         err.write(f"wirekit mip serve: {exc}\n")
         return EXIT_USAGE
@@ -210,6 +212,16 @@ def register(subparsers: Any) -> None:
     )
     serve.add_argument("--idle-timeout", type=float, default=0, help="drop idle clients (s)")
     serve.add_argument("--max-in-flight", type=int, default=64, help="per connection")
+    serve.add_argument(
+        "--loop", choices=_loop.CHOICES, default=None,
+        help="event loop (default: uvloop when installed, else asyncio; env WIREKIT_LOOP)",
+    )
+    serve.add_argument(
+        "--inline",
+        action="store_true",
+        help="call a sync handler on the event loop (no thread hop): only for handlers "
+        "that return at once",
+    )
     serve.add_argument("--grace", type=float, default=10.0, help="shutdown grace period (s)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_serve_command)

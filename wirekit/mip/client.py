@@ -92,6 +92,7 @@ class Client:
         self._sock: socket.socket | None = None
         self._decoder: Decoder | None = None
         self._used = False  # the current connection has answered a request already
+        self._sock_timeout = 0.0  # the socket's timeout now (settimeout is a system call)
 
     # ------------------------------------------------------------------ public API
 
@@ -139,7 +140,9 @@ class Client:
         while True:
             reused = self._sock is not None and self._used
             if self._sock is None:
-                self._sock = _connect_socket(self.address, self._left(deadline))
+                left = self._left(deadline)
+                self._sock = _connect_socket(self.address, left)
+                self._sock_timeout = left
                 self._decoder = Decoder(self.max_message_size)
                 self._used = False
             try:
@@ -172,11 +175,18 @@ class Client:
             raise TimeoutError
         return left
 
+    def _settimeout(self, sock: socket.socket, deadline: float) -> None:
+        left = self._left(deadline)
+        # Within 5 ms of what the socket has already: skip the system call.
+        if abs(self._sock_timeout - left) > 0.005:
+            sock.settimeout(left)
+            self._sock_timeout = left
+
     def _exchange(self, wire: bytes, deadline: float) -> bytes:
         sock, decoder = self._sock, self._decoder
         assert sock is not None and decoder is not None
         try:
-            sock.settimeout(self._left(deadline))
+            self._settimeout(sock, deadline)
             sock.sendall(wire)
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise _Unanswered(True, exc) from None
@@ -186,7 +196,7 @@ class Client:
             if frame is not None:
                 return frame
             if got:
-                sock.settimeout(self._left(deadline))
+                self._settimeout(sock, deadline)
             try:
                 data = sock.recv(_RECV_SIZE)
             except ConnectionResetError as exc:
@@ -197,26 +207,68 @@ class Client:
             decoder.feed(data)
 
 
-class _Pending:
-    __slots__ = ("future", "wire")
+_NEVER = float("inf")
+_Future = asyncio.Future
 
-    def __init__(self, wire: bytes, future: asyncio.Future[bytes]) -> None:
+
+class _Callback:
+    """What a :class:`_Pending` settles instead of a future for :meth:`AsyncClient.send_nowait`:
+    gives the call's slot back and calls ``fn(frame, None)`` or ``fn(None, exc)``, once."""
+
+    __slots__ = ("client", "conn", "fn", "settled")
+
+    def __init__(self, client: AsyncClient, conn: _ClientConnection, fn: Any) -> None:
+        self.client = client
+        self.conn = conn
+        self.fn = fn
+        self.settled = False
+
+    def done(self) -> bool:
+        return self.settled
+
+    def set_result(self, frame: bytes) -> None:
+        self.settled = True
+        self.client._release_slot()
+        self.fn(frame, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.settled = True
+        client = self.client
+        client._release_slot()
+        if isinstance(exc, _Unanswered) and client._conn is self.conn:
+            client._conn = None
+        self.fn(None, exc)
+
+
+class _Pending:
+    __slots__ = ("deadline", "future", "timeout", "wire")
+
+    def __init__(
+        self, wire: bytes, future: asyncio.Future[bytes], deadline: float, timeout: float
+    ) -> None:
         self.wire = wire
         self.future = future
+        self.deadline = deadline  # loop time
+        self.timeout = timeout  # for the error message
 
 
 class _ClientConnection(asyncio.Protocol):
     """One pipelined connection: requests written in order, replies matched in order."""
 
-    def __init__(self, max_message_size: int) -> None:
+    def __init__(self, max_message_size: int, address: str = "") -> None:
         self.loop = asyncio.get_running_loop()
         self.decoder = Decoder(max_message_size)
+        self.address = address
         self.transport: asyncio.Transport | None = None
         self.waiting: deque[_Pending] = deque()
         self.answered = 0
         self.closed = False
         self.out: list[bytes] | None = None
         self.error: BaseException | None = None
+        # One timer for the whole connection (not one per call): due at the earliest
+        # deadline of a call waiting here, it fails the calls past their deadline.
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_due = _NEVER
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -231,6 +283,33 @@ class _ClientConnection(asyncio.Protocol):
         else:
             self.transport.write(pending.wire)  # type: ignore[union-attr]
         self.waiting.append(pending)
+        if pending.deadline < self.timer_due:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = self.loop.call_at(pending.deadline, self._expire)
+            self.timer_due = pending.deadline
+
+    def _expire(self) -> None:
+        self.timer = None
+        self.timer_due = _NEVER
+        now = self.loop.time()
+        due = None
+        for pending in self.waiting:
+            fut = pending.future
+            if fut.done():
+                continue
+            if pending.deadline <= now:
+                # Its slot stays: the late reply, if any, is matched to it and dropped.
+                fut.set_exception(
+                    ClientTimeout(
+                        f"mip: no reply from {self.address} within {pending.timeout:g} s"
+                    )
+                )
+            elif due is None or pending.deadline < due:
+                due = pending.deadline
+        if due is not None and not self.closed:
+            self.timer = self.loop.call_at(due, self._expire)
+            self.timer_due = due
 
     def _flush(self) -> None:
         out, self.out = self.out, None
@@ -262,6 +341,10 @@ class _ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.transport = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+            self.timer_due = _NEVER
         waiting, self.waiting = self.waiting, deque()
         for n, pending in enumerate(waiting):
             if pending.future.done():
@@ -277,6 +360,10 @@ class _ClientConnection(asyncio.Protocol):
     def close(self) -> None:
         """Close on the client's side: calls still waiting fail (no retry)."""
         self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+            self.timer_due = _NEVER
         waiting, self.waiting = self.waiting, deque()
         for pending in waiting:
             if not pending.future.done():
@@ -308,7 +395,8 @@ class AsyncClient:
         self.max_in_flight = max_in_flight
         self._conn: _ClientConnection | None = None
         self._connecting: asyncio.Future[_ClientConnection] | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self._in_flight = 0  # calls holding a slot (max_in_flight at most)
+        self._slot_waiters: deque[asyncio.Future[None]] = deque()
 
     # ------------------------------------------------------------------ public API
 
@@ -332,6 +420,33 @@ class AsyncClient:
     async def request(self, message: Message) -> Message:
         """Send any message and return the server's reply as is (error replies included)."""
         return await self._call(mip.encode(message))
+
+    async def request_wire(self, wire: bytes) -> tuple[bytes, Message]:
+        """Send one already-encoded message; return the reply's bytes as received and its
+        decoded form (error replies included, as :meth:`request`).  For relays: the bytes
+        can be passed on without encoding again.  When the reply needed KubeMo's
+        ``n_output`` correction (see :func:`~wirekit.mip.runtime.decode_reply`), the bytes
+        returned are the corrected message's encoding."""
+        return await self._call(wire, raw=True)  # type: ignore[return-value]
+
+    def send_nowait(self, wire: bytes, callback: Any) -> bool:
+        """Send an encoded message now, without a coroutine, if the connection is open and a
+        slot is free; then ``callback(frame, None)`` is called with the reply's bytes, or
+        ``callback(None, exc)`` on a timeout or a lost connection, exactly once, from the
+        loop.  Returns False (nothing sent) otherwise: use the coroutine calls then.
+
+        ``exc`` may be the private retryable-loss marker: check it with
+        :func:`unanswered_retryable`.  The reply is not decoded (see
+        :func:`~wirekit.mip.runtime.decode_reply`)."""
+        conn = self._conn
+        if conn is None or conn.closed or self._in_flight >= self.max_in_flight:
+            return False
+        self._in_flight += 1
+        conn.send(
+            _Pending(wire, _Callback(self, conn, callback), conn.loop.time() + self.timeout,
+                     self.timeout)
+        )
+        return True
 
     async def connect(self) -> None:
         """Open the connection now (calls open it on demand anyway)."""
@@ -384,7 +499,7 @@ class AsyncClient:
         loop = asyncio.get_running_loop()
 
         def factory() -> _ClientConnection:
-            return _ClientConnection(self.max_message_size)
+            return _ClientConnection(self.max_message_size, self.address)
 
         if self._family == "tcp":
             host, port = self._target  # type: ignore[misc]
@@ -393,54 +508,75 @@ class AsyncClient:
             _t, conn = await loop.create_unix_connection(factory, str(self._target))
         return conn
 
-    async def _call(self, wire: bytes) -> Message:
-        loop = asyncio.get_running_loop()
+    async def _call(self, wire: bytes, raw: bool = False) -> Any:
+        conn = self._conn
+        # The connection's loop is the running one (a connection lives on one loop); asking
+        # asyncio costs a getpid() system call per call on Python 3.11.
+        loop = conn.loop if conn is not None else asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        slots = self._slots
-        if slots is None:
-            slots = self._slots = asyncio.Semaphore(self.max_in_flight)
-        if slots.locked():
-            try:
-                await asyncio.wait_for(slots.acquire(), max(deadline - loop.time(), 0))
-            except asyncio.TimeoutError:
+        if self._in_flight >= self.max_in_flight:
+            await self._wait_for_slot(loop, deadline)
+        else:
+            self._in_flight += 1
+        try:
+            while True:
+                conn = self._conn
+                if conn is None or conn.closed:
+                    conn = await self._connection(deadline)
+                fut: asyncio.Future[bytes] = _Future(loop=loop)
+                conn.send(_Pending(wire, fut, deadline, self.timeout))
+                try:
+                    frame = await fut
+                except _Unanswered as exc:
+                    if self._conn is conn:
+                        self._conn = None
+                    if exc.retryable and loop.time() < deadline:
+                        continue
+                    raise ConnectionLost(
+                        f"mip: {self.address} closed the connection without replying"
+                    ) from exc.cause
+                msg = decode_reply(mip, frame)
+                if not raw:
+                    return msg
+                if type(msg) is Inference and msg.response and msg.n_output != frame[9]:
+                    frame = mip.encode(msg)  # the corrected reply, not the quirky bytes
+                return frame, msg
+        finally:
+            self._release_slot()
+
+    async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """Wait until a call in flight finishes and hands its slot over (FIFO)."""
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._slot_waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, max(deadline - loop.time(), 0))
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self._release_slot()  # handed over, but this call is leaving
+            else:
+                waiter.cancel()
+            if isinstance(exc, asyncio.TimeoutError):
                 raise ClientTimeout(
                     f"mip: {self.max_in_flight} calls to {self.address} still in flight after "
                     f"{self.timeout:g} s"
                 ) from None
-        else:
-            await slots.acquire()  # free: does not suspend
-        try:
-            return await self._send(wire, deadline)
-        finally:
-            slots.release()
+            raise
 
-    async def _send(self, wire: bytes, deadline: float) -> Message:
-        loop = asyncio.get_running_loop()
-        while True:
-            conn = await self._connection(deadline)
-            fut: asyncio.Future[bytes] = loop.create_future()
-            conn.send(_Pending(wire, fut))
-            timer = loop.call_at(deadline, _expire, fut, self)
-            try:
-                frame = await fut
-            except _Unanswered as exc:
-                if self._conn is conn:
-                    self._conn = None
-                if exc.retryable and loop.time() < deadline:
-                    continue
-                raise ConnectionLost(
-                    f"mip: {self.address} closed the connection without replying"
-                ) from exc.cause
-            finally:
-                timer.cancel()
-            return decode_reply(mip, frame)
+    def _release_slot(self) -> None:
+        waiters = self._slot_waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes on: the count stays
+                return
+        self._in_flight -= 1
 
 
-def _expire(fut: asyncio.Future[bytes], client: AsyncClient) -> None:
-    if not fut.done():
-        fut.set_exception(
-            ClientTimeout(f"mip: no reply from {client.address} within {client.timeout:g} s")
-        )
+def unanswered_retryable(exc: BaseException) -> bool | None:
+    """For a ``send_nowait`` failure: None if it is not a lost connection, else whether the
+    request may be sent again (the server closed a kept-alive connection before reading it,
+    as KubeMo's does after each reply)."""
+    return exc.retryable if isinstance(exc, _Unanswered) else None
 
 
 __all__ = [

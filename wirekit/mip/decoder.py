@@ -43,6 +43,12 @@ class Decoder:
         self._consumed = 0  # stream offset of _buf[0]
         self._skip = 0  # bytes of a rejected message still to drop
         self._error: DecodeError | None = None
+        # Zero-copy path: a ``bytes`` chunk fed while nothing else is buffered is kept as is
+        # (not copied into _buf), and complete messages are sliced out of it -- the whole
+        # chunk itself when it holds exactly one.  Invariant: while _chunk is set, _buf holds
+        # no unconsumed bytes and _consumed is the stream offset of _chunk[0].
+        self._chunk: bytes | None = None
+        self._cpos = 0
 
     @property
     def broken(self) -> bool:
@@ -52,17 +58,30 @@ class Decoder:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as a message."""
+        if self._chunk is not None:
+            return len(self._chunk) - self._cpos
         return len(self._buf) - self._pos
 
     @property
     def offset(self) -> int:
         """Stream offset of the next byte to decode."""
-        return self._consumed + self._pos
+        return self._consumed + (self._cpos if self._chunk is not None else self._pos)
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append bytes received from the peer."""
         if self._error is not None:
             raise self._error
+        if self._chunk is not None:
+            self._spill()
+        if not self._skip and type(data) is bytes and self._pos == len(self._buf) and data:
+            # Nothing buffered: keep the chunk itself, no copy.
+            if self._pos:
+                self._consumed += self._pos
+                self._buf.clear()
+                self._pos = 0
+            self._chunk = data
+            self._cpos = 0
+            return
         view = memoryview(data).cast("B")
         if self._skip:
             dropped = min(self._skip, len(view))
@@ -75,6 +94,16 @@ class Decoder:
             self._pos = 0
         self._buf += view
 
+    def _spill(self) -> None:
+        """Move the unconsumed rest of the kept chunk into the buffer."""
+        chunk, cpos = self._chunk, self._cpos
+        self._chunk = None
+        self._consumed += cpos
+        if cpos:
+            self._buf += memoryview(chunk)[cpos:]  # type: ignore[index]
+        else:
+            self._buf += chunk  # type: ignore[operator]
+
     def next_frame(self) -> bytes | None:
         """The raw bytes of the next complete message (header checked, not decoded), or None.
 
@@ -82,6 +111,27 @@ class Decoder:
         own way); ``next_message`` is ``decode(next_frame())``.  Header errors, MEMORY and
         the ``broken`` state are the same as for ``next_message``.
         """
+        chunk = self._chunk
+        if chunk is not None:
+            # The common case: whole messages in the chunk, sliced out without a copy of
+            # the buffer.  Anything else (a partial message, a bad header, over the limit)
+            # takes the buffered path below, which reports it.
+            cpos = self._cpos
+            n = len(chunk)
+            if n - cpos >= HEADER_SIZE:
+                try:
+                    remaining = self._codec.check_header(chunk, cpos)[2]
+                except DecodeError:
+                    remaining = -1
+                end = cpos + HEADER_SIZE + remaining
+                if remaining >= 0 and end <= n and end - cpos <= self.max_message_size:
+                    if end == n:
+                        self._chunk = None
+                        self._consumed += n
+                        return chunk if cpos == 0 else chunk[cpos:]
+                    self._cpos = end
+                    return chunk[cpos:end]
+            self._spill()
         if self._error is not None:
             raise self._error
         if self._skip:

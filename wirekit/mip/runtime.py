@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from wirekit._impl import load_fast
 from wirekit.errors import DecodeError, EncodeError, WirekitError
 
 from .messages import PROTOCOL, ErrorCode, ErrorReply, Inference, Item, ItemType, Message
@@ -108,7 +109,7 @@ class _Ragged(Exception):
         self.sample, self.got, self.width = sample, got, width
 
 
-def _flatten(samples: Iterable[Any]) -> tuple[list[Item], int, int]:
+def _flatten_py(samples: Iterable[Any]) -> tuple[tuple[Item, ...], int, int]:
     """Items of every sample in order, items per sample, and the number of samples.
 
     A sample is a list/tuple (or other iterable) of values, or one bare value (str, bytes,
@@ -140,7 +141,37 @@ def _flatten(samples: Iterable[Any]) -> tuple[list[Item], int, int]:
             else:
                 add(to_item(v))
         n += 1
-    return items, max(width, 0), n
+    return tuple(items), max(width, 0), n
+
+
+def _new_inference_py(
+    response: bool, n_input: int, n_output: int, batch_size: int, items: tuple[Item, ...]
+) -> Inference:
+    return Inference(response, n_input, n_output, batch_size, items)
+
+
+def _singles_py(items: tuple[Item, ...]) -> Batch:
+    return tuple([(it,) for it in items])
+
+
+def _start_py(coro: Any) -> tuple[bool, Any]:
+    """Run a coroutine to its first suspension: ``(True, result)`` if it returned without
+    suspending, ``(False, yielded)`` if it suspended; what it raises propagates."""
+    try:
+        first = coro.send(None)
+    except StopIteration as stop:
+        return True, stop.value
+    return False, first
+
+
+# The compiled versions of the helpers above (wirekit/_fast/mipnet.pyx), unless WIREKIT_PURE
+# is set or they are not built; tests/test_mip_runtime_accel.py checks they agree.
+_flatten, _new_inference, _singles, _start = _flatten_py, _new_inference_py, _singles_py, _start_py
+_accel = load_fast("mipnet")
+if _accel is not None:
+    _accel.bind(Item, Inference, to_item, _Ragged, _SINGLE, _TEXT)
+    _flatten, _new_inference, _singles = _accel.flatten, _accel.new_inference, _accel.singles
+    _start = _accel.start
 
 
 def build_request(batch: Iterable[Any]) -> Inference:
@@ -155,7 +186,7 @@ def build_request(batch: Iterable[Any]) -> Inference:
             "n_input",
             f"sample {exc.sample} has {exc.got} inputs, sample 0 has {exc.width}",
         ) from None
-    return Inference(False, width, 0, n, tuple(items))
+    return _new_inference(False, width, 0, n, items)
 
 
 class OutputShapeError(WirekitError):
@@ -181,7 +212,7 @@ def build_reply(request: Inference, outputs: Any) -> Inference:
         raise OutputShapeError(f"{n} output samples for a batch of {request.batch_size}")
     if width > 255:
         raise OutputShapeError(f"{width} outputs per sample (at most 255)")
-    return Inference(True, request.n_input, width, n, tuple(items))
+    return _new_inference(True, request.n_input, width, n, items)
 
 
 def echo(batch: Batch) -> Batch:
@@ -280,7 +311,7 @@ def samples_of(msg: Inference) -> list[tuple[Item, ...]]:
     w = msg.n_output
     items = msg.items
     if w == 1:
-        return [(it,) for it in items]
+        return list(_singles(items))
     return [items[k * w : (k + 1) * w] for k in range(msg.batch_size)]
 
 

@@ -21,6 +21,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -35,6 +36,8 @@ from .messages import ErrorCode, ErrorReply, Inference, Ping
 from .runtime import (
     Batch,
     OutputShapeError,
+    _singles,
+    _start,
     async_echo,
     build_reply,
     echo,
@@ -47,6 +50,7 @@ log = logging.getLogger("wirekit.mip.server")
 #: ``handler(batch) -> outputs`` or ``async handler(batch) -> outputs``
 Handler = Callable[[Batch], Any] | Callable[[Batch], Awaitable[Any]]
 
+_ASYNC, _INLINE, _POOL = "async", "inline", "pool"  # how the handler is called
 _READ_LIMIT_FACTOR = 2  # resume reading once the in-flight queue is below max_in_flight / 2
 #: After answering a request that broke the stream (PROTOCOL, MEMORY) the server half-closes
 #: and discards what the client still sends for this long, so the reply is not lost to a reset.
@@ -119,7 +123,9 @@ class Server:
     is dropped.  ``idle_timeout``: seconds an idle connection is kept (None: forever).
     ``max_in_flight``: requests per connection being handled at once; past it the server
     stops reading that connection until replies go out.  ``executor``: where sync handlers
-    run (default: the loop's default thread pool).
+    run (default: the loop's default thread pool).  ``inline=True`` calls a sync handler on
+    the event loop instead, with no thread hop: for handlers that return at once (a lookup,
+    an echo), never for ones that compute or block, which would stall every connection.
     """
 
     def __init__(
@@ -132,11 +138,14 @@ class Server:
         max_in_flight: int = 64,
         executor: Executor | None = None,
         backlog: int = 1024,
+        inline: bool = False,
     ) -> None:
         if not callable(handler):
             raise TypeError(f"handler must be callable, not {handler!r}")
         self.handler = handler
         self.is_async = _is_async(handler)
+        self.inline = inline and not self.is_async
+        self._mode = _ASYNC if self.is_async else _INLINE if self.inline else _POOL
         self.max_message_size = max_message_size
         self.timeout = timeout
         self.idle_timeout = idle_timeout
@@ -259,7 +268,11 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, server: Server) -> None:
         self.server = server
-        self.loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
+        # loop.time() is time.monotonic() for asyncio's loops: call that directly
+        self._clock = (
+            time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
+        )
         self.decoder = Decoder(server.max_message_size)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -289,7 +302,7 @@ class _Connection(asyncio.Protocol):
         log.debug("connection from %s", self.peer)
 
     def data_received(self, data: bytes) -> None:
-        self.last = self.loop.time()
+        self.last = self._clock()
         if self.closing:
             return  # a broken stream's leftovers, or a shutdown in progress
         self.decoder.feed(data)
@@ -335,8 +348,9 @@ class _Connection(asyncio.Protocol):
         decoder = self.decoder
         queue = self.queue
         limit = self.server.max_in_flight
+        decode = mip.decode
         try:
-            while not decoder.broken:
+            while decoder._error is None:
                 if (len(queue) >= limit or self.write_paused) and not self.closing:
                     self._pause_reading()
                     break
@@ -344,19 +358,28 @@ class _Connection(asyncio.Protocol):
                     frame = decoder.next_frame()
                     if frame is None:
                         break
-                    msg = mip.decode(frame)
+                    msg = decode(frame)
                 except DecodeError as exc:
                     self._bad_request(exc)
                     if decoder.broken:
                         self.closing = True
                         break
                     continue
-                self._dispatch(msg)
+                if type(msg) is Inference and not msg.response:
+                    wire = self._infer(msg)
+                    if wire is not None:  # answered at once
+                        if queue:
+                            queue.append(_Slot(wire))
+                        else:
+                            out.append(wire)
+                else:
+                    self._dispatch(msg)
         finally:
             self.out = None
             if out and self.transport is not None:
                 self.transport.write(out[0] if len(out) == 1 else b"".join(out))
-        self._close_if_done()
+        if self.closing:
+            self._close_if_done()
 
     def _bad_request(self, exc: DecodeError) -> None:
         code = ErrorCode(exc.code if exc.code is not None else ErrorCode.SHAPE)
@@ -366,7 +389,9 @@ class _Connection(asyncio.Protocol):
     def _dispatch(self, msg: Any) -> None:
         cls = type(msg)
         if cls is Inference and not msg.response:
-            self._infer(msg)
+            wire = self._infer(msg)
+            if wire is not None:
+                self._reply(wire)
         elif cls is Ping and not msg.response:
             self._reply(_PONG)
         elif cls is ErrorReply and msg.code == 0:
@@ -378,30 +403,38 @@ class _Connection(asyncio.Protocol):
             )
             self._reply(_ERR[ErrorCode.SUBTYPE])
 
-    def _infer(self, msg: Inference) -> None:
+    def _infer(self, msg: Inference) -> bytes | None:
+        """Run the handler on a request: its reply if it is ready now, else None (the reply
+        then has its place in the queue and goes out when the handler is done)."""
         server = self.server
         server.requests_served += 1
         if msg.batch_size == 0:
-            self._reply(mip.encode(Inference(True, msg.n_input, 0, 0, ())))
-            return
-        batch = msg.samples if msg.n_input != 1 else tuple((it,) for it in msg.items)
-        if server.is_async:
+            return mip.encode(Inference(True, msg.n_input, 0, 0, ()))
+        batch = msg.samples if msg.n_input != 1 else _singles(msg.items)
+        mode = server._mode
+        if mode is _ASYNC:
             try:
                 coro = server.handler(batch)
-                first = coro.send(None)
-            except StopIteration as stop:
-                self._reply(self._encode_reply(msg, stop.value))
-                return
+                done, value = _start(coro)
             except Exception:
                 log.exception("handler failed on a batch of %d from %s", msg.batch_size, self.peer)
-                self._reply(_ERR[ErrorCode.INTERNAL])
-                return
-            fut: asyncio.Future[Any] = self.loop.create_task(_finish(_Resume(coro, first)))
+                return _ERR[ErrorCode.INTERNAL]
+            if done:
+                return self._encode_reply(msg, value)
+            fut: asyncio.Future[Any] = self.loop.create_task(_finish(_Resume(coro, value)))
+        elif mode is _INLINE:
+            try:
+                value = server.handler(batch)
+            except Exception:
+                log.exception("handler failed on a batch of %d from %s", msg.batch_size, self.peer)
+                return _ERR[ErrorCode.INTERNAL]
+            return self._encode_reply(msg, value)
         else:
             fut = self.loop.run_in_executor(server.executor, server.handler, batch)
         slot = _Slot()
         self.queue.append(slot)
         fut.add_done_callback(partial(self._handled, slot, msg))
+        return None
 
     def _handled(self, slot: _Slot, msg: Inference, fut: asyncio.Future[Any]) -> None:
         if fut.cancelled():

@@ -58,12 +58,16 @@ class MipBackend:
 
     async def infer(self, request: Payload) -> Payload:
         try:
-            reply = await self._client.request(request.message)
+            wire, reply = await self._client.request_wire(request.wire)
         except ClientTimeout:
             raise
         except (ConnectionLost, UnexpectedReply, DecodeError, OSError) as exc:
             raise BackendUnavailable(f"{self.address}: {exc}") from None
-        return Payload(None, reply)
+        return Payload(wire, reply)  # the bytes go back to a MIP client as they came
+
+    def send_nowait(self, wire: bytes, callback) -> bool:
+        """The dispatcher's fast path: see :meth:`AsyncClient.send_nowait`."""
+        return self._client.send_nowait(wire, callback)
 
     async def close(self) -> None:
         await self._client.close()

@@ -19,6 +19,8 @@ import sqlite3
 from pathlib import Path
 from typing import TextIO
 
+from wirekit import _loop
+
 EXIT_OK, EXIT_BAD_INPUT, EXIT_USAGE = 0, 1, 2
 
 
@@ -32,6 +34,10 @@ def register(subparsers) -> None:
     p.add_argument("--config", help="deployment config (.json or .toml)")
     p.add_argument(
         "--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    p.add_argument(
+        "--loop", choices=_loop.CHOICES, default=None,
+        help="event loop (default: uvloop when installed, else asyncio; env WIREKIT_LOOP)",
     )
     p.set_defaults(handler=_serve)
     sub = p.add_subparsers(dest="serve_command", metavar="SUBCOMMAND")
@@ -105,7 +111,12 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_BAD_INPUT
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
     try:
-        return asyncio.run(_run(dep, out))
+        _loop.resolve(args.loop)
+    except ValueError as exc:
+        err.write(f"wirekit: {exc}\n")
+        return EXIT_USAGE
+    try:
+        return _loop.run(_run(dep, out), args.loop)
     except OSError as exc:
         err.write(f"wirekit: cannot listen: {exc.strerror or exc}\n")
         return EXIT_BAD_INPUT

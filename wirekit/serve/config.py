@@ -64,11 +64,11 @@ class DeviceRow:
     quota: float  #: share of the device given to the model, 0..1
     backend: str  #: "mip", "kubemo" or "clipper"
     clipper_name: str | None = None  #: the name its Clipper container registers under
+    #: ``node/device/model``: the name of this row in the store and the metrics (derived)
+    key: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> str:
-        """``node/device/model``: the name of this row in the store and the metrics."""
-        return f"{self.node}/{self.device}/{self.model}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", f"{self.node}/{self.device}/{self.model}")
 
 
 @dataclass(frozen=True, slots=True)

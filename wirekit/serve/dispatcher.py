@@ -21,12 +21,17 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 
+from wirekit import mip
+from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply, Inference
+from wirekit.mip.client import unanswered_retryable
+from wirekit.mip.runtime import decode_reply
 
 from .backends import Backend, BackendUnavailable
 from .cache import ResponseCache, digest
-from .config import ModelConfig
+from .config import DeviceRow, ModelConfig
 from .metrics import Metrics
 from .payload import Payload
 from .router import NoDevice, Router
@@ -42,6 +47,25 @@ async def _infer_within(backend: Backend, request: Payload, timeout: float) -> P
         async with asyncio.timeout(timeout):
             return await backend.infer(request)
     return await asyncio.wait_for(backend.infer(request), timeout)  # pragma: no cover
+
+
+class Job:
+    """One request taken by :meth:`Dispatcher.start` (the MIP front door's way in)."""
+
+    __slots__ = ("cfg", "client", "error", "key", "model", "notify", "outcome", "request",
+                 "rid", "t_in")
+
+    def __init__(self, model: str, request: Payload, client: str, notify) -> None:
+        self.model = model
+        self.request = request
+        self.client = client
+        self.notify = notify  #: called with the job once it is answered
+        self.outcome: Outcome | None = None
+        self.error: BaseException | None = None  #: set instead when the loop was cancelled
+        self.rid = ""
+        self.cfg: ModelConfig | None = None
+        self.t_in = 0.0
+        self.key: bytes | None = None
 
 
 class UnknownModel(LookupError):
@@ -93,12 +117,21 @@ class Dispatcher:
         self._ids = itertools.count(1)
         self._prefix = f"{int(time.time()):x}{os.getpid():x}{os.urandom(2).hex()}-"
         self.resubmissions = 0
+        self.active = 0  #: requests started with :meth:`start` and not answered yet
+        self.closing = False
+        self.tasks: set[asyncio.Task] = set()  #: attempt loops of started requests
 
     def new_id(self) -> str:
         return f"{self._prefix}{next(self._ids):x}"
 
-    async def submit(self, model: str, request: Payload, client: str) -> Outcome:
-        """Answer one request (see the module docstring).  Raises :class:`UnknownModel`."""
+    async def submit(
+        self, model: str, request: Payload, client: str, *, defer_journal: bool = False
+    ) -> Outcome:
+        """Answer one request (see the module docstring).  Raises :class:`UnknownModel`.
+
+        ``defer_journal``: the completion record is not written to the journal yet; the
+        caller calls ``store.write_journal()`` before it answers (see
+        :meth:`RequestStore.completion`)."""
         cfg = self.models.get(model)
         if cfg is None:
             raise UnknownModel(model)
@@ -111,37 +144,59 @@ class Dispatcher:
             outcome = await self._answer(rid, cfg, request, wire)
         except BaseException:
             # Cancelled (the client went away, or shutdown): still close the row.
-            self._finish(model, rid, client, t_in, wire, None, FAILED, 0)
+            self._finish(model, rid, client, t_in, wire, None, FAILED, 0, False)
             raise
         self._finish(model, rid, client, t_in, wire, outcome.device, outcome.status,
-                     outcome.attempts)
+                     outcome.attempts, defer_journal)
         return outcome
 
-    def _finish(self, model, rid, client, t_in, wire, device, status, attempts) -> None:
+    def _finish(self, model, rid, client, t_in, wire, device, status, attempts, defer) -> None:
         t_out = self._clock()
         self.metrics.finished(model, status, t_out - t_in)
         self.store.completion(
             rid, device, t_out, status, attempts,
             model=model, client=client, time_in=t_in, size=len(wire), payload=wire,
+            defer=defer,
         )
 
-    async def _answer(self, rid: str, cfg: ModelConfig, request: Payload, wire: bytes):
+    async def _answer(
+        self,
+        rid: str,
+        cfg: ModelConfig,
+        request: Payload,
+        wire: bytes,
+        *,
+        checked: bool = False,
+        key: bytes | None = None,
+        tried: list[str] | None = None,
+        done: int = 0,
+        last: str = "",
+        first: DeviceRow | None = None,
+    ):
+        """The attempt loop.  A :class:`Job` whose fast first attempt failed continues here:
+        ``checked`` (the cache was looked up, ``key`` its key), ``tried``/``done``/``last``
+        (the attempts made so far), ``first`` (the device to try next instead of choosing)."""
         cache = self.cache
-        key = None
-        if cache.enabled:
+        if not checked and cache.enabled:
             key = digest(memoryview(wire)[8:])
             hit = cache.get(cfg.name, key)
             if hit is not None:
                 return Outcome(rid, OK, hit, "cache", 0)
-        tried: list[str] = []
-        last = ""
-        for attempt in range(1, cfg.attempts + 1):
-            try:
-                row = self.router.choose(cfg.name, tried)
-            except NoDevice as exc:
-                last = last or str(exc)
+        tried = [] if tried is None else tried
+        for attempt in range(done + 1, cfg.attempts + 1):
+            if self.closing:
+                last = last or "the dispatcher is shutting down"
                 break
-            tried.append(row.key)
+            if first is not None:
+                row, first = first, None
+            else:
+                try:
+                    row = self.router.choose(cfg.name, tried)
+                except NoDevice as exc:
+                    last = last or str(exc)
+                    break
+            if row.key not in tried:
+                tried.append(row.key)
             if attempt > 1:
                 self.resubmissions += 1
             backend = self.backends[row.key]
@@ -169,6 +224,119 @@ class Dispatcher:
             f"no device answered after {len(tried)} attempt(s): {last}",
         )
 
+    # ------------------------------------------------------------------ the fast path
+
+    def start(self, job: Job) -> None:
+        """Begin answering ``job`` without a task when possible: the first attempt goes to
+        a MIP backend's open connection at once and its reply is handled in a callback (one
+        loop pass per leg, no coroutine).  Anything else -- a cache hit aside -- and every
+        retry or resubmission runs the same attempt loop as :meth:`submit`, in a task.
+        ``job.notify(job)`` is called once, when ``job.outcome`` (or ``job.error``) is set,
+        possibly before this returns.  The completion record is deferred: the caller writes
+        the journal (``store.write_journal()``) before it answers.  Raises
+        :class:`UnknownModel`."""
+        cfg = self.models.get(job.model)
+        if cfg is None:
+            raise UnknownModel(job.model)
+        request = job.request
+        wire = request.wire
+        job.rid = rid = self.new_id()
+        job.cfg = cfg
+        job.t_in = self._clock()
+        self.store.arrival(rid, job.model, job.client, job.t_in, len(wire), wire)
+        self.metrics.arrived(job.model)
+        self.active += 1
+        cache = self.cache
+        if cache.enabled:
+            job.key = key = digest(memoryview(wire)[8:])
+            hit = cache.get(cfg.name, key)
+            if hit is not None:
+                self._settle(job, Outcome(rid, OK, hit, "cache", 0))
+                return
+        row = None
+        if not self.closing:
+            try:
+                row = self.router.choose(cfg.name, ())
+            except NoDevice:
+                row = None
+        if row is not None:
+            send = getattr(self.backends[row.key], "send_nowait", None)
+            if send is not None and send(wire, partial(self._fast_reply, job, row)):
+                return
+        self._spawn(job, first=row)
+
+    def _spawn(self, job: Job, **resume) -> None:
+        task = asyncio.get_running_loop().create_task(self._slow(job, **resume))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _slow(self, job: Job, **resume) -> None:
+        request = job.request
+        try:
+            outcome = await self._answer(
+                job.rid, job.cfg, request, request.wire, checked=True, key=job.key, **resume
+            )
+        except BaseException as exc:
+            # Cancelled (shutdown): still close the row, and answer.
+            self._finish(job.model, job.rid, job.client, job.t_in, request.wire, None, FAILED,
+                         0, True)
+            job.error = exc
+            self.active -= 1
+            job.notify(job)
+            raise
+        self._settle(job, outcome)
+
+    def _settle(self, job: Job, outcome: Outcome) -> None:
+        self._finish(job.model, job.rid, job.client, job.t_in, job.request.wire,
+                     outcome.device, outcome.status, outcome.attempts, True)
+        job.outcome = outcome
+        self.active -= 1
+        job.notify(job)
+
+    def _fast_reply(self, job: Job, row: DeviceRow, frame: bytes | None, exc) -> None:
+        """The first attempt's reply (or failure), from the backend connection's callback."""
+        cfg = job.cfg
+        if exc is None:
+            try:
+                msg = decode_reply(mip, frame)
+            except DecodeError as err:
+                exc = err
+            else:
+                self.router.succeed(row)
+                wire = frame
+                if type(msg) is Inference and msg.response:
+                    if msg.n_output != frame[9]:  # KubeMo's quirk, corrected
+                        wire = mip.encode(msg)
+                    reply = Payload(wire, msg)
+                    if job.key is not None:
+                        self.cache.put(cfg.name, job.key, reply, len(wire))
+                    outcome = Outcome(job.rid, OK, reply, row.key, 1)
+                else:
+                    outcome = Outcome(job.rid, ERROR, Payload(wire, msg), row.key, 1,
+                                      f"backend answered {msg}")
+                self._settle(job, outcome)
+                return
+        retryable = unanswered_retryable(exc)
+        if retryable:
+            # The server closed a kept-alive connection before reading this request (as
+            # KubeMo's does after every answer): the client would send it again, and so
+            # does the attempt loop, to the same device.
+            self._spawn(job, first=row)
+            return
+        if isinstance(exc, TimeoutError):
+            last = f"{row.key}: no answer within {cfg.timeout} s"
+        else:
+            address = getattr(self.backends[row.key], "address", "?")
+            text = (
+                f"mip: {address} closed the connection without replying"
+                if retryable is not None else str(exc)
+            )
+            last = f"{row.key}: {address}: {text}"
+        log.warning("request %s: %s", job.rid, last)
+        self.router.fail(row)
+        self._spawn(job, tried=[row.key], done=1, last=last)
+
     async def close(self) -> None:
+        self.closing = True
         for backend in self.backends.values():
             await backend.close()

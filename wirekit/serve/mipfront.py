@@ -16,7 +16,7 @@ from wirekit import mip
 from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply, Inference, Ping
 
-from .dispatcher import Dispatcher
+from .dispatcher import Dispatcher, Job
 from .payload import Payload
 
 log = logging.getLogger("wirekit.serve")
@@ -40,12 +40,14 @@ class MipFrontDoor(asyncio.Protocol):
         max_message_size: int = mip.DEFAULT_MAX_MESSAGE_SIZE,
     ) -> None:
         self.dispatcher = dispatcher
+        self.store = dispatcher.store
+        self.loop = asyncio.get_running_loop()
         self.model = model
         self.tasks = tasks
         self.max_message_size = max_message_size
         self._buf = bytearray()
         self._skip = 0
-        self._pending: deque[bytes | asyncio.Task] = deque()
+        self._pending: deque[bytes | Job] = deque()
         self._paused = False
         self._flush_soon = False
         self._closing = False
@@ -116,35 +118,42 @@ class MipFrontDoor(asyncio.Protocol):
         if not isinstance(msg, Inference) or msg.response:
             self._pending.append(_error(ErrorCode.SUBTYPE))
             return
-        task = asyncio.ensure_future(
-            self.dispatcher.submit(self.model, Payload(frame, msg), self.client)
-        )
-        self.tasks.add(task)
-        task.add_done_callback(self._done)
-        self._pending.append(task)
+        # Its completion record waits for _flush, which writes the journal (all the
+        # records of this loop pass at once) before any answer goes out.
+        job = Job(self.model, Payload(frame, msg), self.client, self._done)
+        self._pending.append(job)
+        try:
+            self.dispatcher.start(job)
+        except Exception as exc:  # answered INTERNAL, logged in _flush
+            job.error = exc
 
-    def _done(self, task: asyncio.Task) -> None:
-        self.tasks.discard(task)
-        if not self._flush_soon:  # replies finished in one loop pass go out in one write
+    def _done(self, job: Job) -> None:
+        pending = self._pending
+        if len(pending) == 1 and pending[0] is job and not self._flush_soon:
+            self._flush()  # the only request in flight: answer it now
+        elif not self._flush_soon:  # replies finished in one loop pass go out in one write
             self._flush_soon = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_soon = False
+        try:
+            self.store.write_journal()  # before any answer: what is answered is on record
+        except OSError as exc:
+            self.store.error = exc
+            log.error("cannot write the request journal: %s", exc)
         pending = self._pending
         out = []
         while pending:
             head = pending[0]
-            if isinstance(head, bytes):
+            if type(head) is bytes:
                 out.append(head)
-            elif head.done():
-                if head.cancelled():
-                    out.append(_error(ErrorCode.INTERNAL))
-                elif head.exception() is not None:
-                    log.error("dispatch failed: %r", head.exception())
-                    out.append(_error(ErrorCode.INTERNAL))
-                else:
-                    out.append(head.result().response.wire)
+            elif head.outcome is not None:
+                out.append(head.outcome.response.wire)
+            elif head.error is not None:
+                if not isinstance(head.error, asyncio.CancelledError):
+                    log.error("dispatch failed: %r", head.error)
+                out.append(_error(ErrorCode.INTERNAL))
             else:
                 break
             pending.popleft()

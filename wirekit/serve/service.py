@@ -153,7 +153,20 @@ class Service:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self._tasks:
+        dispatcher = self.dispatcher
+        if dispatcher is not None:
+            # Requests in flight: answered within the grace period, else cancelled.
+            loop = asyncio.get_running_loop()
+            until = loop.time() + grace
+            while dispatcher.active and loop.time() < until:
+                await asyncio.sleep(0.005)
+            dispatcher.closing = True  # attempt loops stop trying further devices
+            tasks = set(dispatcher.tasks) | set(self._tasks)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=grace)
+        elif self._tasks:
             _done, pending = await asyncio.wait(set(self._tasks), timeout=grace)
             for task in pending:
                 task.cancel()

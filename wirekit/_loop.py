@@ -1,0 +1,44 @@
+"""Which event loop the runtime commands (``wirekit mip serve``, ``wirekit serve``) run on.
+
+``asyncio`` always works.  ``uvloop`` (optional: ``pip install uvloop`` or the ``fast``
+extra) is a libuv-based drop-in loop that cuts the per-request cost of the event loop
+itself; ``auto`` (the default) uses it when it is installed.  ``WIREKIT_LOOP`` in the
+environment overrides the default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+CHOICES = ("auto", "asyncio", "uvloop")
+
+
+def resolve(choice: str | None = None) -> str:
+    """``"asyncio"`` or ``"uvloop"``: what ``choice`` (or ``WIREKIT_LOOP``, or auto) means
+    here.  Asking for uvloop when it is not installed raises ``ValueError``."""
+    choice = (choice or os.environ.get("WIREKIT_LOOP") or "auto").strip().lower()
+    if choice not in CHOICES:
+        raise ValueError(f"event loop must be one of {', '.join(CHOICES)}, not {choice!r}")
+    if choice == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if choice == "uvloop":
+            raise ValueError("the uvloop event loop was asked for but is not installed") from None
+        return "asyncio"
+    return "uvloop"
+
+
+def run(main: Coroutine[Any, Any, T], choice: str | None = None) -> T:
+    """``asyncio.run(main)`` on the chosen loop."""
+    if resolve(choice) == "uvloop":
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(main)
+    return asyncio.run(main)
