@@ -202,8 +202,14 @@ def kubemo_server_main() -> None:
 
 
 def echo_server_main() -> None:
-    """A raw asyncio echo server (bytes in, same bytes out), on a free port, until killed."""
+    """A raw asyncio echo server (bytes in, same bytes out), on a free port, until killed.
+
+    It runs on the same event loop as ``wirekit mip serve`` picks (``wirekit._loop``: uvloop
+    when installed, unless ``WIREKIT_LOOP`` says otherwise), so the comparison is like with
+    like."""
     import asyncio
+
+    from wirekit import _loop
 
     class Echo(asyncio.Protocol):
         def connection_made(self, transport):
@@ -218,7 +224,7 @@ def echo_server_main() -> None:
         print(f"listening on tcp://{host}:{port}", flush=True)
         await server.serve_forever()
 
-    asyncio.run(main())
+    _loop.run(main())
 
 
 def _readline_with_timeout(proc: subprocess.Popen, timeout: float) -> str:

@@ -276,6 +276,33 @@ def test_stream_decoder_frames_offsets_and_buffered_for_any_feed_type(mip_codec,
     assert frames == wires
 
 
+@given(st.lists(mip_messages, min_size=1, max_size=4), st.integers(0, 3), st.data())
+def test_take_whole_is_feed_plus_next_frame_for_exactly_one_message(mip_codec, msgs, lead, data):
+    # take_whole(data) either takes exactly one whole message (what feed + next_frame would
+    # give, offsets advanced the same) or changes nothing.
+    wires = [mip.encode(m) for m in msgs]
+    a, b = mip.Decoder(codec=mip_codec), mip.Decoder(codec=mip_codec)
+    for w in wires[:lead]:  # some history, so offsets are not 0
+        for d in (a, b):
+            d.feed(w)
+            assert d.next_frame() == w
+    chunk = data.draw(st.sampled_from([wires[-1], wires[-1][:-1], b"".join(wires),
+                                       wires[-1] + b"\x00", b"\x07" * 8]))
+    taken = a.take_whole(chunk)
+    if taken is None:
+        assert (a.offset, a.buffered) == (b.offset, b.buffered)
+        a.feed(chunk)
+    else:
+        assert taken == chunk and taken == wires[-1]
+    b.feed(chunk)
+    try:
+        expect = b.next_frame()
+    except DecodeError:
+        expect = "error"
+    if taken is not None:
+        assert expect == taken and a.offset == b.offset and a.buffered == b.buffered == 0
+
+
 def test_stream_decoder_rejects_oversize_from_the_header_alone(mip_codec):
     decoder = mip.Decoder(max_message_size=1024, codec=mip_codec)
     decoder.feed(mip.encode(mip.Ping()) + _header(remaining=2000))

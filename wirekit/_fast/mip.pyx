@@ -322,11 +322,18 @@ def encode(msg):
         held.types[i] = _int_in(<object>PyTuple_GET_ITEM(item, 0), None, U32_MAX, i)
         data = <object>PyTuple_GET_ITEM(item, 1)
         view = &held.views[i]
-        try:
-            PyObject_GetBuffer(data, view, PyBUF_SIMPLE)
-        except (TypeError, BufferError):
-            contiguous_bytes("mip", data, f"items[{i}].data")  # raises the shared error
-            raise
+        if type(data) is bytes:
+            # No buffer to acquire: ``items`` keeps the bytes alive until they are copied,
+            # and a view with obj NULL is a no-op for PyBuffer_Release.
+            memset(view, 0, sizeof(Py_buffer))  # obj NULL: nothing to release
+            view.buf = <void*>PyBytes_AS_STRING(data)
+            view.len = PyBytes_GET_SIZE(data)
+        else:
+            try:
+                PyObject_GetBuffer(data, view, PyBUF_SIMPLE)
+            except (TypeError, BufferError):
+                contiguous_bytes("mip", data, f"items[{i}].data")  # raises the shared error
+                raise
         held.held = i + 1
         if view.len > U32_MAX:
             raise EncodeError("mip", f"items[{i}].data", "longer than 4 GiB - 1")

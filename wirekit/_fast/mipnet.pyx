@@ -51,7 +51,7 @@ cdef inline object _text_item(str value):
 def flatten(samples):
     """Items of every sample in order, items per sample, and the number of samples."""
     cdef list items = []
-    cdef Py_ssize_t width = -1, w, n = 0
+    cdef Py_ssize_t width = -1, w, n = 0, j
     cdef object values, v
     cdef type cls
     for sample in samples:
@@ -67,14 +67,25 @@ def flatten(samples):
             if width != -1:
                 raise _ragged(n, w, width)
             width = w
-        for v in values:
-            cls = type(v)
-            if cls is _ITEM:
-                items.append(v)
-            elif cls is str:
-                items.append(_text_item(<str>v))
-            else:
-                items.append(_to_item(v))
+        if type(values) is tuple:  # no iterator: index the tuple
+            for j in range(w):
+                v = <object>PyTuple_GET_ITEM(values, j)
+                cls = type(v)
+                if cls is _ITEM:
+                    items.append(v)
+                elif cls is str:
+                    items.append(_text_item(<str>v))
+                else:
+                    items.append(_to_item(v))
+        else:
+            for v in values:
+                cls = type(v)
+                if cls is _ITEM:
+                    items.append(v)
+                elif cls is str:
+                    items.append(_text_item(<str>v))
+                else:
+                    items.append(_to_item(v))
         n += 1
     return tuple(items), (width if width > 0 else 0), n
 

@@ -191,10 +191,8 @@ class Client:
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise _Unanswered(True, exc) from None
         got = False
-        while True:
-            frame = decoder.next_frame()
-            if frame is not None:
-                return frame
+        frame = decoder.next_frame() if decoder.buffered else None
+        while frame is None:
             if got:
                 self._settimeout(sock, deadline)
             try:
@@ -203,8 +201,14 @@ class Client:
                 raise _Unanswered(not got, exc) from None
             if not data:
                 raise _Unanswered(not got and not decoder.buffered)
-            got = True
+            if not got:
+                frame = decoder.take_whole(data)  # the whole reply in one read
+                got = True
+                if frame is not None:
+                    return frame
             decoder.feed(data)
+            frame = decoder.next_frame()
+        return frame
 
 
 _NEVER = float("inf")

@@ -94,6 +94,34 @@ class Decoder:
             self._pos = 0
         self._buf += view
 
+    def take_whole(self, data: bytes) -> bytes | None:
+        """``data`` itself if nothing is buffered and it is exactly one complete message
+        with a valid header within the size limit (accounted as fed and taken: one call
+        instead of ``feed`` + ``next_frame`` for the common one-message read); else None
+        and nothing changes (then ``feed`` it as usual)."""
+        if (
+            type(data) is not bytes
+            or self._chunk is not None
+            or self._pos != len(self._buf)
+            or self._skip
+            or self._error is not None
+        ):
+            return None
+        n = len(data)
+        if n < HEADER_SIZE or n > self.max_message_size:
+            return None
+        try:
+            remaining = self._codec.check_header(data)[2]
+        except DecodeError:
+            return None
+        if HEADER_SIZE + remaining != n:
+            return None
+        self._consumed += self._pos + n
+        if self._pos:
+            self._buf.clear()
+            self._pos = 0
+        return data
+
     def _spill(self) -> None:
         """Move the unconsumed rest of the kept chunk into the buffer."""
         chunk, cpos = self._chunk, self._cpos

@@ -305,6 +305,28 @@ class _Connection(asyncio.Protocol):
         self.last = self._clock()
         if self.closing:
             return  # a broken stream's leftovers, or a shutdown in progress
+        if not self.queue and not self.write_paused:
+            # The common case, one whole request in one read, answered without the pump.
+            frame = self.decoder.take_whole(data)
+            if frame is not None:
+                self.out = out = []
+                try:
+                    try:
+                        msg = mip.decode(frame)
+                    except DecodeError as exc:
+                        self._bad_request(exc)
+                    else:
+                        if type(msg) is Inference and not msg.response:
+                            wire = self._infer(msg)
+                            if wire is not None:
+                                out.append(wire)
+                        else:
+                            self._dispatch(msg)
+                finally:
+                    self.out = None
+                if out and self.transport is not None:
+                    self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+                return
         self.decoder.feed(data)
         self._pump()
 
