@@ -315,6 +315,19 @@ def test_stream_decoder_delta_does_not_alias_its_buffer(y2_codec):
     assert np.array_equal(decoder.next_message().words, words[::-1])
 
 
+def test_stream_decoder_hands_out_raw_frames(y2_codec):
+    first, second = _pure.encode(y2.NodeIndex(1, 3)), _pure.encode(y2.Finished())
+    decoder = y2.Decoder(codec=y2_codec)
+    assert decoder.take_whole(first) is first  # exactly one message: no copy, no buffering
+    assert decoder.offset == len(first) and decoder.take_whole(first[:5]) is None
+    decoder.feed(bytearray(second + first[:3]))  # the buffered path
+    assert decoder.next_frame() == second
+    assert decoder.next_frame() is None and decoder.buffered == 3
+    decoder.feed(first[3:])
+    assert decoder.next_message() == y2.NodeIndex(1, 3)
+    assert decoder.offset == 2 * len(first) + len(second)
+
+
 # --- CLI ------------------------------------------------------------------------------------
 
 
