@@ -33,6 +33,7 @@ import zmq.utils.monitor
 
 from wirekit._callables import load_callable
 
+from ._zio import recv_frames, send_frames
 from .messages import RPC_VERSION, Generation, InputType, NewContainer, as_generation
 from .session import (
     DEFAULT_ACTIVITY_TIMEOUT,
@@ -221,7 +222,12 @@ class ModelContainer:
     def _keep_alive(self, sock: zmq.Socket, session: ContainerSession, poller: zmq.Poller,
                     monitor: zmq.Socket | None) -> None:
         """The socket loop while the model runs elsewhere: heartbeats, requests queued."""
-        recv, send = sock.recv_multipart, sock.send_multipart
+        def recv(flags: int) -> list:
+            return recv_frames(sock, flags)
+
+        def send(frames: Any) -> None:
+            send_frames(sock, frames)
+
         while self._model_started is not None and not self._stop.is_set():
             wait = session.deadline() - time.monotonic()
             timeout = None if wait == float("inf") else max(0, int(wait * 1000) + 1)
@@ -312,7 +318,12 @@ class ModelContainer:
         poller.register(self._wake_r, zmq.POLLIN)
         if monitor is not None:
             poller.register(monitor, zmq.POLLIN)
-        recv, send = sock.recv_multipart, sock.send_multipart
+        items = list(poller.sockets)
+        wake_r = self._wake_r
+
+        def send(frames: Any) -> None:
+            send_frames(sock, frames)
+
         self._io = (sock, session, poller, monitor)
         self._lost = self._lost_error = None
         self._backlog.clear()
@@ -321,15 +332,16 @@ class ModelContainer:
                 send(action.frames)
             while not self._stop.is_set():
                 wait = session.deadline() - time.monotonic()
-                timeout = None if wait == float("inf") else max(0, int(wait * 1000) + 1)
-                events = dict(poller.poll(timeout))
+                timeout = -1 if wait == float("inf") else max(0, int(wait * 1000) + 1)
+                ready = _zmq_poll(items, timeout)
                 now = time.monotonic()
-                if sock in events:
-                    for _ in range(64):  # drain what is there, bounded
+                for polled, _ in ready:
+                    if polled is sock:
+                        # One message per poll: the next poll sees any others at once.
                         try:
-                            frames = recv(NOBLOCK)
+                            frames = recv_frames(sock, NOBLOCK)
                         except zmq.Again:
-                            break
+                            continue
                         for action in session.receive(frames, now):
                             if type(action) is Predict:
                                 if not self._serve_request(action.request, session, send):
@@ -340,19 +352,20 @@ class ModelContainer:
                                 log.warning("clipper container: %s; reconnecting",
                                             action.reason)
                                 return True
-                if self._wake_r in events:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
-                if monitor is not None and monitor in events:
-                    event = zmq.utils.monitor.recv_monitor_message(monitor)
-                    if event["event"] == zmq.EVENT_DISCONNECTED:
-                        log.warning("clipper container: connection lost; reconnecting")
-                        return True
-                for action in session.tick(now):
-                    if type(action) is Reconnect:
-                        log.warning("clipper container: %s; reconnecting", action.reason)
-                        return True
-                    send(action.frames)
+                    elif polled == wake_r:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(wake_r, 4096)
+                    elif polled is monitor:
+                        event = zmq.utils.monitor.recv_monitor_message(monitor)
+                        if event["event"] == zmq.EVENT_DISCONNECTED:
+                            log.warning("clipper container: connection lost; reconnecting")
+                            return True
+                if session.deadline() <= now:
+                    for action in session.tick(now):
+                        if type(action) is Reconnect:
+                            log.warning("clipper container: %s; reconnecting", action.reason)
+                            return True
+                        send(action.frames)
             return False
         except VersionMismatch:
             self._stop.set()
@@ -405,6 +418,8 @@ class ModelContainer:
             self.served += 1
             send(action.frames)
 
+
+_zmq_poll = zmq.zmq_poll
 
 __all__ = [
     "DEFAULT_PORT",

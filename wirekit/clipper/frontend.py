@@ -36,6 +36,8 @@ import zmq.utils.monitor
 
 from wirekit.errors import WirekitError
 
+from ._zio import NOBLOCK, recv_frames, send_frames
+from ._zio import _recv as _zrecv
 from .container import parse_input_type
 from .messages import Generation, InputType, as_generation
 from .session import (
@@ -111,7 +113,7 @@ class Frontend:
         self._want = 0  # blocking callers waiting to drive the sockets themselves
         self._kick = threading.Event()
         self._sockets_closed = False
-        self._poller = zmq.Poller()
+        self._poll_items: list[tuple[Any, int]] = []
 
     # -- lifecycle --
 
@@ -133,9 +135,9 @@ class Frontend:
             self._close_sockets(sock)
             raise
         self._sock = sock
-        for polled in (sock, self._monitor, self._wake_r, self._query):
-            if polled is not None:
-                self._poller.register(polled, zmq.POLLIN)
+        self._poll_items = [(polled, zmq.POLLIN) for polled in
+                            (sock, self._monitor, self._wake_r, self._query)
+                            if polled is not None]
         self._thread = threading.Thread(target=self._loop, name="clipper-frontend", daemon=True)
         self._thread.start()
         log.info("clipper frontend (%s) listening on %s", self.generation.value, self.endpoint)
@@ -287,7 +289,7 @@ class Frontend:
     def _drive(self, future: concurrent.futures.Future | None) -> None:
         """Move frames until ``future`` is done (a caller) or a caller wants the sockets (the
         background thread, ``future`` None), or the frontend stops.  Hold ``_io``."""
-        state, poll = self.state, self._poller.poll
+        state, items = self.state, self._poll_items
         sock, monitor, query, wake_r = self._sock, self._monitor, self._query, self._wake_r
         out: list = []
         self._flush(time.monotonic(), out)
@@ -298,23 +300,24 @@ class Frontend:
             elif future.done():
                 return
             wait = state.deadline() - time.monotonic()
-            timeout = None if wait == float("inf") else max(0, int(wait * 1000) + 1)
-            events = dict(poll(timeout))
+            timeout = -1 if wait == float("inf") else max(0, int(wait * 1000) + 1)
+            ready = _zmq_poll(items, timeout)
             now = time.monotonic()
-            if monitor in events:
-                self._drain_monitor(now, out)
-            if sock in events:
-                self._drain_router(sock, now, out)
-            if wake_r in events:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(wake_r, 4096)
-            if query is not None and query in events:
-                self._drain_queries(query, now)
+            for polled, _ in ready:
+                if polled is sock:
+                    self._drain_router(sock, now, out)
+                elif polled is monitor:
+                    self._drain_monitor(now, out)
+                elif polled == wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wake_r, 4096)
+                elif polled is query:
+                    self._drain_queries(query, now)
             self._flush(now, out)
 
     def _flush(self, now: float, out: list) -> None:
         """Take submissions, dispatch, tick when due, send ``out``, resolve futures."""
-        state, send = self.state, self._sock.send_multipart
+        state, sock = self.state, self._sock
         while True:
             if self._submissions:
                 self._take_submissions(now)
@@ -322,7 +325,7 @@ class Frontend:
             if now >= state.deadline():
                 out.extend(state.tick(now))
             for frames in out:
-                send(frames)
+                send_frames(sock, frames)
             out.clear()
             if not state.events:
                 break
@@ -378,29 +381,37 @@ class Frontend:
                     out.extend(self.state.remove(identity, "disconnected", now))
 
     def _drain_router(self, sock: zmq.Socket, now: float, out: list) -> None:
+        """Handle the messages waiting on the ROUTER; stop early once one completes a batch
+        (its caller is woken first; the next poll sees the rest at once)."""
         state = self.state
-        recv, recv_multipart = sock.recv, sock.recv_multipart
-        events = sock.getsockopt
+        replicas = state.replicas
+        recv = _zrecv
         for _ in range(256):  # bounded, so timers and callers get their turn
-            if not events(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                head = recv(sock, NOBLOCK, False)
+            except zmq.Again:
                 break
-            head = recv(copy=False)
             identity = head.bytes
-            frames = recv_multipart() if head.more else []
-            known = identity in state.replicas
-            if not frames:
+            if not head.more:
                 log.warning("clipper frontend: empty message from %s dropped", identity.hex())
                 continue
-            out.extend(state.receive(identity, frames, now))
-            if not known and identity in state.replicas:
-                fd = head.get(zmq.SRCFD)
-                for other, other_fd in list(self._fd_of.items()):
-                    if other_fd == fd:  # that connection is gone: its fd is reused
-                        del self._fd_of[other]
-                        out.extend(state.remove(other, "its connection was replaced", now))
-                self._fd_of[identity] = fd
-        for identity in [i for i in self._fd_of if i not in state.replicas]:
-            del self._fd_of[identity]
+            frames = recv_frames(sock)
+            if identity in replicas:
+                out.extend(state.receive(identity, frames, now))
+            else:
+                out.extend(state.receive(identity, frames, now))
+                if identity in replicas:
+                    fd = head.get(zmq.SRCFD)
+                    for other, other_fd in list(self._fd_of.items()):
+                        if other_fd == fd:  # that connection is gone: its fd is reused
+                            del self._fd_of[other]
+                            out.extend(state.remove(other, "its connection was replaced", now))
+                    self._fd_of[identity] = fd
+            if state.events:
+                break
+        if len(self._fd_of) != len(replicas):
+            for identity in [i for i in self._fd_of if i not in replicas]:
+                del self._fd_of[identity]
 
     def _take_submissions(self, now: float) -> None:
         submissions, state = self._submissions, self.state
@@ -474,6 +485,9 @@ class Frontend:
     def _send_query(self, identity: bytes, body: dict) -> None:
         if self._query is not None:
             self._query.send_multipart([identity, b"", json.dumps(body).encode()])
+
+
+_zmq_poll = zmq.zmq_poll
 
 
 def _failed(token: Any, reason: str):
