@@ -57,6 +57,46 @@ _MAX_QUERY_BYTES = 64 << 20
 _LOOK_AGAIN = 0.005
 
 
+class _Call:
+    """The token of one blocking :meth:`Frontend.predict`: the part of a Future's interface
+    the socket loop uses, without a condition variable per call (the caller usually
+    completes it on its own thread; an event is made only when it has to wait)."""
+
+    __slots__ = ("_done", "_error", "_event", "_value")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._event: threading.Event | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, value: Any) -> None:
+        self._value = value
+        self._finish()
+
+    def set_exception(self, error: BaseException) -> None:
+        self._error = error
+        self._finish()
+
+    def _finish(self) -> None:
+        self._done = True
+        event = self._event  # read after _done is set: a waiter sets it before re-checking
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: float) -> bool:
+        if self._done:
+            return True
+        if self._event is None:
+            self._event = threading.Event()
+        if self._done:
+            return True
+        return self._event.wait(timeout)
+
+
 def _jsonable_outputs(outputs: Any) -> list:
     if isinstance(outputs, np.ndarray):
         return outputs.tolist()
@@ -182,25 +222,25 @@ class Frontend:
         input_type: InputType | str | int | None = None,
     ) -> concurrent.futures.Future:
         """Queue one batch for ``model``; the future gets one output per input."""
-        return self._submit(model, inputs, timeout, input_type, False)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._submit(model, inputs, timeout, input_type, False, future)
+        return future
 
     def _submit(self, model: str, inputs: Any, timeout: float, input_type: Any,
-                will_drive: bool) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
+                will_drive: bool, token: Any) -> None:
         if input_type is not None:
             input_type = parse_input_type(input_type)
         if self._stop.is_set() or self._thread is None:
-            future.set_exception(PredictionError("the frontend is not running"))
-            return future
+            token.set_exception(PredictionError("the frontend is not running"))
+            return
         deadline = time.monotonic() + timeout
-        self._submissions.append((model, inputs, deadline, future, input_type))
+        self._submissions.append((model, inputs, deadline, token, input_type))
         owner = self._owner
         if owner is None:
             if not will_drive:
                 self._kick.set()  # nobody drives the sockets: the background thread will
         elif owner != threading.get_ident() and not (will_drive and owner == self._bg_ident):
             self._wake()
-        return future
 
     def predict(
         self,
@@ -215,13 +255,16 @@ class Frontend:
         to the socket thread and back).
         """
         me = threading.get_ident()
-        future = self._submit(model, inputs, timeout, input_type, me != self._owner)
-        if me != self._owner and not future.done():
-            self._run_as_caller(future)
-        try:
-            return future.result(timeout + 1.0)
-        except concurrent.futures.TimeoutError:
-            raise PredictionError(f"model {model!r}: no answer within {timeout} s") from None
+        call = _Call()
+        drive = me != self._owner
+        self._submit(model, inputs, timeout, input_type, drive, call)
+        if drive and not call._done:
+            self._run_as_caller(call)
+        if not call.wait(timeout + 1.0):
+            raise PredictionError(f"model {model!r}: no answer within {timeout} s")
+        if call._error is not None:
+            raise call._error
+        return call._value
 
     async def apredict(
         self,
