@@ -55,6 +55,10 @@ DEFAULT_QUERY = "tcp://127.0.0.1:7001"
 _MAX_QUERY_BYTES = 64 << 20
 #: How long the background thread sleeps while a blocking caller drives the sockets.
 _LOOK_AGAIN = 0.005
+#: How long a caller's blocking receive waits before the full poll takes over (and how often
+#: the monitor, wake-up and query sockets are looked at while answers flow).
+_FAST_WAIT = 0.02
+_FAST_WAIT_MS = 20
 
 
 class _Call:
@@ -154,6 +158,7 @@ class Frontend:
         self._kick = threading.Event()
         self._sockets_closed = False
         self._poll_items: list[tuple[Any, int]] = []
+        self._rcvtimeo = -1
 
     # -- lifecycle --
 
@@ -333,30 +338,58 @@ class Frontend:
         """Move frames until ``future`` is done (a caller) or a caller wants the sockets (the
         background thread, ``future`` None), or the frontend stops.  Hold ``_io``."""
         state, items = self.state, self._poll_items
-        sock, monitor, query, wake_r = self._sock, self._monitor, self._query, self._wake_r
+        sock = self._sock
         out: list = []
         self._flush(time.monotonic(), out)
+        # A caller waiting for its answer does blocking receives on the ROUTER while answers
+        # keep coming (a zmq_poll over every socket costs several syscalls per message);
+        # the other sockets are looked at every _FAST_WAIT s, and after a receive waits that
+        # long the full poll takes over.
+        fast = future is not None
+        look_at = time.monotonic() + _FAST_WAIT
+        recv = _zrecv
         while not self._stop.is_set():
             if future is None:
                 if self._want:
                     return
             elif future.done():
                 return
-            wait = state.deadline() - time.monotonic()
-            timeout = -1 if wait == float("inf") else max(0, int(wait * 1000) + 1)
-            ready = _zmq_poll(items, timeout)
             now = time.monotonic()
-            for polled, _ in ready:
-                if polled is sock:
-                    self._drain_router(sock, now, out)
-                elif polled is monitor:
-                    self._drain_monitor(now, out)
-                elif polled == wake_r:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(wake_r, 4096)
-                elif polled is query:
-                    self._drain_queries(query, now)
-            self._flush(now, out)
+            wait = state.deadline() - now
+            if fast:
+                ms = _FAST_WAIT_MS if wait >= _FAST_WAIT else max(0, int(wait * 1000) + 1)
+                if ms != self._rcvtimeo:
+                    sock.setsockopt(zmq.RCVTIMEO, ms)
+                    self._rcvtimeo = ms
+                try:
+                    head = recv(sock, 0, False)
+                except zmq.Again:
+                    fast = False
+                    continue
+                now = time.monotonic()
+                self._handle(sock, head, now, out)
+                if now >= look_at:
+                    look_at = now + _FAST_WAIT
+                    self._look_around(_zmq_poll(items, 0), now, out)
+                self._flush(now, out)
+                continue
+            timeout = -1 if wait == float("inf") else max(0, int(wait * 1000) + 1)
+            self._look_around(_zmq_poll(items, timeout), time.monotonic(), out)
+            self._flush(time.monotonic(), out)
+
+    def _look_around(self, ready: list, now: float, out: list) -> None:
+        """Handle what ``zmq_poll`` found ready."""
+        sock, monitor, query, wake_r = self._sock, self._monitor, self._query, self._wake_r
+        for polled, _ in ready:
+            if polled is sock:
+                self._drain_router(sock, now, out)
+            elif polled is monitor:
+                self._drain_monitor(now, out)
+            elif polled == wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 4096)
+            elif polled is query:
+                self._drain_queries(query, now)
 
     def _flush(self, now: float, out: list) -> None:
         """Take submissions, dispatch, tick when due, send ``out``, resolve futures."""
@@ -427,34 +460,39 @@ class Frontend:
         """Handle the messages waiting on the ROUTER; stop early once one completes a batch
         (its caller is woken first; the next poll sees the rest at once)."""
         state = self.state
-        replicas = state.replicas
         recv = _zrecv
         for _ in range(256):  # bounded, so timers and callers get their turn
             try:
                 head = recv(sock, NOBLOCK, False)
             except zmq.Again:
                 break
-            identity = head.bytes
-            if not head.more:
-                log.warning("clipper frontend: empty message from %s dropped", identity.hex())
-                continue
-            frames = recv_frames(sock)
-            if identity in replicas:
-                out.extend(state.receive(identity, frames, now))
-            else:
-                out.extend(state.receive(identity, frames, now))
-                if identity in replicas:
-                    fd = head.get(zmq.SRCFD)
-                    for other, other_fd in list(self._fd_of.items()):
-                        if other_fd == fd:  # that connection is gone: its fd is reused
-                            del self._fd_of[other]
-                            out.extend(state.remove(other, "its connection was replaced", now))
-                    self._fd_of[identity] = fd
+            self._handle(sock, head, now, out)
             if state.events:
                 break
+
+    def _handle(self, sock: zmq.Socket, head: zmq.Frame, now: float, out: list) -> None:
+        """One message from a container, whose identity frame is ``head``."""
+        state = self.state
+        replicas = state.replicas
+        identity = head.bytes
+        if not head.more:
+            log.warning("clipper frontend: empty message from %s dropped", identity.hex())
+            return
+        frames = recv_frames(sock)
+        if identity in replicas:
+            out.extend(state.receive(identity, frames, now))
+            return
+        out.extend(state.receive(identity, frames, now))
+        if identity in replicas:
+            fd = head.get(zmq.SRCFD)
+            for other, other_fd in list(self._fd_of.items()):
+                if other_fd == fd:  # that connection is gone: its fd is reused
+                    del self._fd_of[other]
+                    out.extend(state.remove(other, "its connection was replaced", now))
+            self._fd_of[identity] = fd
         if len(self._fd_of) != len(replicas):
-            for identity in [i for i in self._fd_of if i not in replicas]:
-                del self._fd_of[identity]
+            for gone in [i for i in self._fd_of if i not in replicas]:
+                del self._fd_of[gone]
 
     def _take_submissions(self, now: float) -> None:
         submissions, state = self._submissions, self.state
