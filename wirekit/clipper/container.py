@@ -50,6 +50,9 @@ log = logging.getLogger("wirekit.clipper.container")
 NOBLOCK = int(zmq.NOBLOCK)
 
 DEFAULT_PORT = 7000
+#: How long a blocking receive waits while requests flow before the full poll takes over.
+_FAST_WAIT = 0.02
+_FAST_WAIT_MS = 20
 _INPUT_TYPE_NAMES = {t.name.lower(): t for t in InputType} | {
     "byte": InputType.BYTES, "int": InputType.INTS, "integers": InputType.INTS,
     "float": InputType.FLOATS, "double": InputType.DOUBLES, "string": InputType.STRINGS,
@@ -330,29 +333,52 @@ class ModelContainer:
         try:
             for action in session.start(now):
                 send(action.frames)
+            # While requests flow, blocking receives on the DEALER (a zmq_poll costs several
+            # syscalls per message); the wake-up pipe and the monitor are looked at every
+            # _FAST_WAIT s, and the full poll takes over once a receive waits that long.
+            fast, look_at, rcvtimeo = False, 0.0, -1
+            others = [item for item in items if item[0] is not sock]
             while not self._stop.is_set():
-                wait = session.deadline() - time.monotonic()
-                timeout = -1 if wait == float("inf") else max(0, int(wait * 1000) + 1)
-                ready = _zmq_poll(items, timeout)
-                now = time.monotonic()
+                deadline = session.deadline()
+                wait = deadline - time.monotonic()
+                frames = None
+                if fast:
+                    ms = _FAST_WAIT_MS if wait >= _FAST_WAIT else max(0, int(wait * 1000) + 1)
+                    if ms != rcvtimeo:
+                        sock.setsockopt(zmq.RCVTIMEO, ms)
+                        rcvtimeo = ms
+                    try:
+                        frames = recv_frames(sock)
+                    except zmq.Again:
+                        fast = False
+                    now = time.monotonic()
+                    ready: list = []
+                    if now >= look_at:
+                        look_at = now + _FAST_WAIT
+                        ready = _zmq_poll(others, 0)
+                else:
+                    timeout = -1 if wait == float("inf") else max(0, int(wait * 1000) + 1)
+                    ready = _zmq_poll(items, timeout)
+                    now = time.monotonic()
+                    for polled, _ in ready:
+                        if polled is sock:
+                            with contextlib.suppress(zmq.Again):
+                                frames = recv_frames(sock, NOBLOCK)
+                                fast, look_at = True, now + _FAST_WAIT
+                if frames is not None:
+                    for action in session.receive(frames, now):
+                        if type(action) is Predict:
+                            if not self._serve_request(action.request, session, send):
+                                return True
+                        elif type(action) is Send:
+                            send(action.frames)
+                        else:
+                            log.warning("clipper container: %s; reconnecting", action.reason)
+                            return True
                 for polled, _ in ready:
                     if polled is sock:
-                        # One message per poll: the next poll sees any others at once.
-                        try:
-                            frames = recv_frames(sock, NOBLOCK)
-                        except zmq.Again:
-                            continue
-                        for action in session.receive(frames, now):
-                            if type(action) is Predict:
-                                if not self._serve_request(action.request, session, send):
-                                    return True
-                            elif type(action) is Send:
-                                send(action.frames)
-                            else:
-                                log.warning("clipper container: %s; reconnecting",
-                                            action.reason)
-                                return True
-                    elif polled == wake_r:
+                        continue
+                    if polled == wake_r:
                         with contextlib.suppress(BlockingIOError):
                             os.read(wake_r, 4096)
                     elif polled is monitor:
@@ -360,7 +386,7 @@ class ModelContainer:
                         if event["event"] == zmq.EVENT_DISCONNECTED:
                             log.warning("clipper container: connection lost; reconnecting")
                             return True
-                if session.deadline() <= now:
+                if now >= deadline:
                     for action in session.tick(now):
                         if type(action) is Reconnect:
                             log.warning("clipper container: %s; reconnecting", action.reason)
