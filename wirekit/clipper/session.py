@@ -592,9 +592,13 @@ class FrontendState:
 
     def _timeout_error(self, batch: Batch) -> PredictionError:
         if batch.msg_id is not None and batch.replica is not None and not batch.lost:
+            replica = batch.replica
             return PredictionError(
-                f"model {batch.model_name!r}: no answer from replica "
-                f"{batch.replica.replica_id} before the timeout")
+                f"model {batch.model_name!r}: no answer to message {batch.msg_id} from replica "
+                f"{replica.replica_id} (container {replica.identity.hex()}, "
+                f"{replica.model_name}:{replica.model_version}) before the timeout; the "
+                f"Clipper RPC has no error response, so a container whose model raised or "
+                f"returned bad outputs stays silent: see that container's log")
         live = [r for r in self.models.get(batch.model_name, ()) if r.alive]
         if batch.lost and not live:
             return PredictionError(
