@@ -139,6 +139,7 @@ class Frontend:
         self.query_endpoint: str | None = None
         self._submissions: deque = deque()
         self._stop = threading.Event()
+        self._stopping = False  # the same as _stop.is_set(), read without a call
         self._thread: threading.Thread | None = None
         self._owner: int | None = None  # the thread driving the sockets now, if any
         self._bg_ident: int | None = None
@@ -190,6 +191,7 @@ class Frontend:
 
     def stop(self, timeout: float | None = 5.0) -> None:
         """End the socket thread; unfinished predictions fail."""
+        self._stopping = True
         self._stop.set()
         self._wake()
         self._kick.set()
@@ -334,7 +336,7 @@ class Frontend:
                         os.close(self._wake_r)
                         os.close(self._wake_w)
 
-    def _drive(self, future: concurrent.futures.Future | None) -> None:
+    def _drive(self, future: _Call | None) -> None:
         """Move frames until ``future`` is done (a caller) or a caller wants the sockets (the
         background thread, ``future`` None), or the frontend stops.  Hold ``_io``."""
         state, items = self.state, self._poll_items
@@ -348,14 +350,15 @@ class Frontend:
         fast = future is not None
         look_at = time.monotonic() + _FAST_WAIT
         recv = _zrecv
-        while not self._stop.is_set():
+        while not self._stopping:
             if future is None:
                 if self._want:
                     return
-            elif future.done():
+            elif future._done:
                 return
             now = time.monotonic()
-            wait = state.deadline() - now
+            due = state.deadline()
+            wait = due - now
             if fast:
                 ms = _FAST_WAIT_MS if wait >= _FAST_WAIT else max(0, int(wait * 1000) + 1)
                 if ms != self._rcvtimeo:
@@ -371,7 +374,7 @@ class Frontend:
                 if now >= look_at:
                     look_at = now + _FAST_WAIT
                     self._look_around(_zmq_poll(items, 0), now, out)
-                self._flush(now, out)
+                self._flush(now, out, due)
                 continue
             timeout = -1 if wait == float("inf") else max(0, int(wait * 1000) + 1)
             self._look_around(_zmq_poll(items, timeout), time.monotonic(), out)
@@ -391,15 +394,19 @@ class Frontend:
             elif polled is query:
                 self._drain_queries(query, now)
 
-    def _flush(self, now: float, out: list) -> None:
-        """Take submissions, dispatch, tick when due, send ``out``, resolve futures."""
+    def _flush(self, now: float, out: list, due: float | None = None) -> None:
+        """Take submissions, dispatch, tick when due, send ``out``, resolve futures.
+
+        ``due``: ``state.deadline()`` as computed a moment ago, if known (any batch added
+        since has a later deadline, or is looked at on the next turn)."""
         state, sock = self.state, self._sock
         while True:
             if self._submissions:
                 self._take_submissions(now)
                 out.extend(state.dispatch(now))
-            if now >= state.deadline():
+            if now >= (state.deadline() if due is None else due):
                 out.extend(state.tick(now))
+            due = None
             for frames in out:
                 send_frames(sock, frames)
             out.clear()
@@ -409,7 +416,7 @@ class Frontend:
             if not self._submissions:
                 break
 
-    def _run_as_caller(self, future: concurrent.futures.Future) -> None:
+    def _run_as_caller(self, future: _Call) -> None:
         """Drive the sockets on the caller's thread until ``future`` is done: no hop to the
         socket thread and back.  When another caller drives them, it serves this batch too
         (and hands it to the background thread if it leaves first)."""
