@@ -20,6 +20,7 @@ generation.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -131,6 +132,7 @@ class ModelContainer:
         self.failures = 0
         self.session: ContainerSession | None = None
         self._stop = threading.Event()
+        self._stopping = False  # the same as _stop.is_set(), read without a call
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -183,6 +185,7 @@ class ModelContainer:
 
     def stop(self, timeout: float | None = 5.0) -> None:
         """Ask the loop to end and wait for the background thread."""
+        self._stopping = True
         self._stop.set()
         self._wake()
         if self._thread is not None:
@@ -324,9 +327,7 @@ class ModelContainer:
         items = list(poller.sockets)
         wake_r = self._wake_r
 
-        def send(frames: Any) -> None:
-            send_frames(sock, frames)
-
+        send = functools.partial(send_frames, sock)
         self._io = (sock, session, poller, monitor)
         self._lost = self._lost_error = None
         self._backlog.clear()
@@ -338,7 +339,7 @@ class ModelContainer:
             # _FAST_WAIT s, and the full poll takes over once a receive waits that long.
             fast, look_at, rcvtimeo = False, 0.0, -1
             others = [item for item in items if item[0] is not sock]
-            while not self._stop.is_set():
+            while not self._stopping:
                 deadline = session.deadline()
                 wait = deadline - time.monotonic()
                 frames = None
