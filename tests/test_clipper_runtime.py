@@ -209,9 +209,13 @@ def test_model_failures_are_logged_and_the_container_keeps_serving(stack, caplog
     fe = stack.frontend("v3")
     c = stack.container(flaky, "v3", fe.endpoint)
     fe.wait_for("m", 1, WAIT)
+    ident = fe.replicas("m")[0].identity.hex()
     for bad in (1.0, 2.0):
-        with pytest.raises(PredictionError, match="no answer"):
+        with pytest.raises(PredictionError, match="no answer") as failed:
             fe.predict("m", [[bad], [0.0]], timeout=0.3)
+        # the error names the silent container and why it can be silent
+        assert f"container {ident}, m:1" in str(failed.value)
+        assert "no error response" in str(failed.value)
     assert fe.predict("m", [[3.0], [0.0]], WAIT) == ["a", "a"]
     assert c.failures == 2 and c.error is None
     assert "model failed on message 0: RuntimeError('boom')" in caplog.text

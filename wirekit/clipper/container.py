@@ -20,6 +20,7 @@ generation.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -33,6 +34,7 @@ import zmq.utils.monitor
 
 from wirekit._callables import load_callable
 
+from ._zio import recv_frames, send_frames
 from .messages import RPC_VERSION, Generation, InputType, NewContainer, as_generation
 from .session import (
     DEFAULT_ACTIVITY_TIMEOUT,
@@ -49,6 +51,9 @@ log = logging.getLogger("wirekit.clipper.container")
 NOBLOCK = int(zmq.NOBLOCK)
 
 DEFAULT_PORT = 7000
+#: How long a blocking receive waits while requests flow before the full poll takes over.
+_FAST_WAIT = 0.02
+_FAST_WAIT_MS = 20
 _INPUT_TYPE_NAMES = {t.name.lower(): t for t in InputType} | {
     "byte": InputType.BYTES, "int": InputType.INTS, "integers": InputType.INTS,
     "float": InputType.FLOATS, "double": InputType.DOUBLES, "string": InputType.STRINGS,
@@ -127,6 +132,7 @@ class ModelContainer:
         self.failures = 0
         self.session: ContainerSession | None = None
         self._stop = threading.Event()
+        self._stopping = False  # the same as _stop.is_set(), read without a call
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -179,6 +185,7 @@ class ModelContainer:
 
     def stop(self, timeout: float | None = 5.0) -> None:
         """Ask the loop to end and wait for the background thread."""
+        self._stopping = True
         self._stop.set()
         self._wake()
         if self._thread is not None:
@@ -221,7 +228,12 @@ class ModelContainer:
     def _keep_alive(self, sock: zmq.Socket, session: ContainerSession, poller: zmq.Poller,
                     monitor: zmq.Socket | None) -> None:
         """The socket loop while the model runs elsewhere: heartbeats, requests queued."""
-        recv, send = sock.recv_multipart, sock.send_multipart
+        def recv(flags: int) -> list:
+            return recv_frames(sock, flags)
+
+        def send(frames: Any) -> None:
+            send_frames(sock, frames)
+
         while self._model_started is not None and not self._stop.is_set():
             wait = session.deadline() - time.monotonic()
             timeout = None if wait == float("inf") else max(0, int(wait * 1000) + 1)
@@ -312,47 +324,75 @@ class ModelContainer:
         poller.register(self._wake_r, zmq.POLLIN)
         if monitor is not None:
             poller.register(monitor, zmq.POLLIN)
-        recv, send = sock.recv_multipart, sock.send_multipart
+        items = list(poller.sockets)
+        wake_r = self._wake_r
+
+        send = functools.partial(send_frames, sock)
         self._io = (sock, session, poller, monitor)
         self._lost = self._lost_error = None
         self._backlog.clear()
         try:
             for action in session.start(now):
                 send(action.frames)
-            while not self._stop.is_set():
-                wait = session.deadline() - time.monotonic()
-                timeout = None if wait == float("inf") else max(0, int(wait * 1000) + 1)
-                events = dict(poller.poll(timeout))
-                now = time.monotonic()
-                if sock in events:
-                    for _ in range(64):  # drain what is there, bounded
-                        try:
-                            frames = recv(NOBLOCK)
-                        except zmq.Again:
-                            break
-                        for action in session.receive(frames, now):
-                            if type(action) is Predict:
-                                if not self._serve_request(action.request, session, send):
-                                    return True
-                            elif type(action) is Send:
-                                send(action.frames)
-                            else:
-                                log.warning("clipper container: %s; reconnecting",
-                                            action.reason)
+            # While requests flow, blocking receives on the DEALER (a zmq_poll costs several
+            # syscalls per message); the wake-up pipe and the monitor are looked at every
+            # _FAST_WAIT s, and the full poll takes over once a receive waits that long.
+            fast, look_at, rcvtimeo = False, 0.0, -1
+            others = [item for item in items if item[0] is not sock]
+            while not self._stopping:
+                deadline = session.deadline()
+                wait = deadline - time.monotonic()
+                frames = None
+                if fast:
+                    ms = _FAST_WAIT_MS if wait >= _FAST_WAIT else max(0, int(wait * 1000) + 1)
+                    if ms != rcvtimeo:
+                        sock.setsockopt(zmq.RCVTIMEO, ms)
+                        rcvtimeo = ms
+                    try:
+                        frames = recv_frames(sock)
+                    except zmq.Again:
+                        fast = False
+                    now = time.monotonic()
+                    ready: list = []
+                    if now >= look_at:
+                        look_at = now + _FAST_WAIT
+                        ready = _zmq_poll(others, 0)
+                else:
+                    timeout = -1 if wait == float("inf") else max(0, int(wait * 1000) + 1)
+                    ready = _zmq_poll(items, timeout)
+                    now = time.monotonic()
+                    for polled, _ in ready:
+                        if polled is sock:
+                            with contextlib.suppress(zmq.Again):
+                                frames = recv_frames(sock, NOBLOCK)
+                                fast, look_at = True, now + _FAST_WAIT
+                if frames is not None:
+                    for action in session.receive(frames, now):
+                        if type(action) is Predict:
+                            if not self._serve_request(action.request, session, send):
                                 return True
-                if self._wake_r in events:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
-                if monitor is not None and monitor in events:
-                    event = zmq.utils.monitor.recv_monitor_message(monitor)
-                    if event["event"] == zmq.EVENT_DISCONNECTED:
-                        log.warning("clipper container: connection lost; reconnecting")
-                        return True
-                for action in session.tick(now):
-                    if type(action) is Reconnect:
-                        log.warning("clipper container: %s; reconnecting", action.reason)
-                        return True
-                    send(action.frames)
+                        elif type(action) is Send:
+                            send(action.frames)
+                        else:
+                            log.warning("clipper container: %s; reconnecting", action.reason)
+                            return True
+                for polled, _ in ready:
+                    if polled is sock:
+                        continue
+                    if polled == wake_r:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(wake_r, 4096)
+                    elif polled is monitor:
+                        event = zmq.utils.monitor.recv_monitor_message(monitor)
+                        if event["event"] == zmq.EVENT_DISCONNECTED:
+                            log.warning("clipper container: connection lost; reconnecting")
+                            return True
+                if now >= deadline:
+                    for action in session.tick(now):
+                        if type(action) is Reconnect:
+                            log.warning("clipper container: %s; reconnecting", action.reason)
+                            return True
+                        send(action.frames)
             return False
         except VersionMismatch:
             self._stop.set()
@@ -405,6 +445,8 @@ class ModelContainer:
             self.served += 1
             send(action.frames)
 
+
+_zmq_poll = zmq.zmq_poll
 
 __all__ = [
     "DEFAULT_PORT",

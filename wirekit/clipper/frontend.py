@@ -36,6 +36,8 @@ import zmq.utils.monitor
 
 from wirekit.errors import WirekitError
 
+from ._zio import NOBLOCK, recv_frames, send_frames
+from ._zio import _recv as _zrecv
 from .container import parse_input_type
 from .messages import Generation, InputType, as_generation
 from .session import (
@@ -53,6 +55,50 @@ DEFAULT_QUERY = "tcp://127.0.0.1:7001"
 _MAX_QUERY_BYTES = 64 << 20
 #: How long the background thread sleeps while a blocking caller drives the sockets.
 _LOOK_AGAIN = 0.005
+#: How long a caller's blocking receive waits before the full poll takes over (and how often
+#: the monitor, wake-up and query sockets are looked at while answers flow).
+_FAST_WAIT = 0.02
+_FAST_WAIT_MS = 20
+
+
+class _Call:
+    """The token of one blocking :meth:`Frontend.predict`: the part of a Future's interface
+    the socket loop uses, without a condition variable per call (the caller usually
+    completes it on its own thread; an event is made only when it has to wait)."""
+
+    __slots__ = ("_done", "_error", "_event", "_value")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._event: threading.Event | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, value: Any) -> None:
+        self._value = value
+        self._finish()
+
+    def set_exception(self, error: BaseException) -> None:
+        self._error = error
+        self._finish()
+
+    def _finish(self) -> None:
+        self._done = True
+        event = self._event  # read after _done is set: a waiter sets it before re-checking
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: float) -> bool:
+        if self._done:
+            return True
+        if self._event is None:
+            self._event = threading.Event()
+        if self._done:
+            return True
+        return self._event.wait(timeout)
 
 
 def _jsonable_outputs(outputs: Any) -> list:
@@ -93,6 +139,7 @@ class Frontend:
         self.query_endpoint: str | None = None
         self._submissions: deque = deque()
         self._stop = threading.Event()
+        self._stopping = False  # the same as _stop.is_set(), read without a call
         self._thread: threading.Thread | None = None
         self._owner: int | None = None  # the thread driving the sockets now, if any
         self._bg_ident: int | None = None
@@ -111,7 +158,8 @@ class Frontend:
         self._want = 0  # blocking callers waiting to drive the sockets themselves
         self._kick = threading.Event()
         self._sockets_closed = False
-        self._poller = zmq.Poller()
+        self._poll_items: list[tuple[Any, int]] = []
+        self._rcvtimeo = -1
 
     # -- lifecycle --
 
@@ -133,9 +181,9 @@ class Frontend:
             self._close_sockets(sock)
             raise
         self._sock = sock
-        for polled in (sock, self._monitor, self._wake_r, self._query):
-            if polled is not None:
-                self._poller.register(polled, zmq.POLLIN)
+        self._poll_items = [(polled, zmq.POLLIN) for polled in
+                            (sock, self._monitor, self._wake_r, self._query)
+                            if polled is not None]
         self._thread = threading.Thread(target=self._loop, name="clipper-frontend", daemon=True)
         self._thread.start()
         log.info("clipper frontend (%s) listening on %s", self.generation.value, self.endpoint)
@@ -143,6 +191,7 @@ class Frontend:
 
     def stop(self, timeout: float | None = 5.0) -> None:
         """End the socket thread; unfinished predictions fail."""
+        self._stopping = True
         self._stop.set()
         self._wake()
         self._kick.set()
@@ -180,25 +229,25 @@ class Frontend:
         input_type: InputType | str | int | None = None,
     ) -> concurrent.futures.Future:
         """Queue one batch for ``model``; the future gets one output per input."""
-        return self._submit(model, inputs, timeout, input_type, False)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._submit(model, inputs, timeout, input_type, False, future)
+        return future
 
     def _submit(self, model: str, inputs: Any, timeout: float, input_type: Any,
-                will_drive: bool) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
+                will_drive: bool, token: Any) -> None:
         if input_type is not None:
             input_type = parse_input_type(input_type)
         if self._stop.is_set() or self._thread is None:
-            future.set_exception(PredictionError("the frontend is not running"))
-            return future
+            token.set_exception(PredictionError("the frontend is not running"))
+            return
         deadline = time.monotonic() + timeout
-        self._submissions.append((model, inputs, deadline, future, input_type))
+        self._submissions.append((model, inputs, deadline, token, input_type))
         owner = self._owner
         if owner is None:
             if not will_drive:
                 self._kick.set()  # nobody drives the sockets: the background thread will
         elif owner != threading.get_ident() and not (will_drive and owner == self._bg_ident):
             self._wake()
-        return future
 
     def predict(
         self,
@@ -213,13 +262,16 @@ class Frontend:
         to the socket thread and back).
         """
         me = threading.get_ident()
-        future = self._submit(model, inputs, timeout, input_type, me != self._owner)
-        if me != self._owner and not future.done():
-            self._run_as_caller(future)
-        try:
-            return future.result(timeout + 1.0)
-        except concurrent.futures.TimeoutError:
-            raise PredictionError(f"model {model!r}: no answer within {timeout} s") from None
+        call = _Call()
+        drive = me != self._owner
+        self._submit(model, inputs, timeout, input_type, drive, call)
+        if drive and not call._done:
+            self._run_as_caller(call)
+        if not call.wait(timeout + 1.0):
+            raise PredictionError(f"model {model!r}: no answer within {timeout} s")
+        if call._error is not None:
+            raise call._error
+        return call._value
 
     async def apredict(
         self,
@@ -284,45 +336,79 @@ class Frontend:
                         os.close(self._wake_r)
                         os.close(self._wake_w)
 
-    def _drive(self, future: concurrent.futures.Future | None) -> None:
+    def _drive(self, future: _Call | None) -> None:
         """Move frames until ``future`` is done (a caller) or a caller wants the sockets (the
         background thread, ``future`` None), or the frontend stops.  Hold ``_io``."""
-        state, poll = self.state, self._poller.poll
-        sock, monitor, query, wake_r = self._sock, self._monitor, self._query, self._wake_r
+        state, items = self.state, self._poll_items
+        sock = self._sock
         out: list = []
         self._flush(time.monotonic(), out)
-        while not self._stop.is_set():
+        # A caller waiting for its answer does blocking receives on the ROUTER while answers
+        # keep coming (a zmq_poll over every socket costs several syscalls per message);
+        # the other sockets are looked at every _FAST_WAIT s, and after a receive waits that
+        # long the full poll takes over.
+        fast = future is not None
+        look_at = time.monotonic() + _FAST_WAIT
+        recv = _zrecv
+        while not self._stopping:
             if future is None:
                 if self._want:
                     return
-            elif future.done():
+            elif future._done:
                 return
-            wait = state.deadline() - time.monotonic()
-            timeout = None if wait == float("inf") else max(0, int(wait * 1000) + 1)
-            events = dict(poll(timeout))
             now = time.monotonic()
-            if monitor in events:
-                self._drain_monitor(now, out)
-            if sock in events:
+            due = state.deadline()
+            wait = due - now
+            if fast:
+                ms = _FAST_WAIT_MS if wait >= _FAST_WAIT else max(0, int(wait * 1000) + 1)
+                if ms != self._rcvtimeo:
+                    sock.setsockopt(zmq.RCVTIMEO, ms)
+                    self._rcvtimeo = ms
+                try:
+                    head = recv(sock, 0, False)
+                except zmq.Again:
+                    fast = False
+                    continue
+                now = time.monotonic()
+                self._handle(sock, head, now, out)
+                if now >= look_at:
+                    look_at = now + _FAST_WAIT
+                    self._look_around(_zmq_poll(items, 0), now, out)
+                self._flush(now, out, due)
+                continue
+            timeout = -1 if wait == float("inf") else max(0, int(wait * 1000) + 1)
+            self._look_around(_zmq_poll(items, timeout), time.monotonic(), out)
+            self._flush(time.monotonic(), out)
+
+    def _look_around(self, ready: list, now: float, out: list) -> None:
+        """Handle what ``zmq_poll`` found ready."""
+        sock, monitor, query, wake_r = self._sock, self._monitor, self._query, self._wake_r
+        for polled, _ in ready:
+            if polled is sock:
                 self._drain_router(sock, now, out)
-            if wake_r in events:
+            elif polled is monitor:
+                self._drain_monitor(now, out)
+            elif polled == wake_r:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
-            if query is not None and query in events:
+            elif polled is query:
                 self._drain_queries(query, now)
-            self._flush(now, out)
 
-    def _flush(self, now: float, out: list) -> None:
-        """Take submissions, dispatch, tick when due, send ``out``, resolve futures."""
-        state, send = self.state, self._sock.send_multipart
+    def _flush(self, now: float, out: list, due: float | None = None) -> None:
+        """Take submissions, dispatch, tick when due, send ``out``, resolve futures.
+
+        ``due``: ``state.deadline()`` as computed a moment ago, if known (any batch added
+        since has a later deadline, or is looked at on the next turn)."""
+        state, sock = self.state, self._sock
         while True:
             if self._submissions:
                 self._take_submissions(now)
                 out.extend(state.dispatch(now))
-            if now >= state.deadline():
+            if now >= (state.deadline() if due is None else due):
                 out.extend(state.tick(now))
+            due = None
             for frames in out:
-                send(frames)
+                send_frames(sock, frames)
             out.clear()
             if not state.events:
                 break
@@ -330,7 +416,7 @@ class Frontend:
             if not self._submissions:
                 break
 
-    def _run_as_caller(self, future: concurrent.futures.Future) -> None:
+    def _run_as_caller(self, future: _Call) -> None:
         """Drive the sockets on the caller's thread until ``future`` is done: no hop to the
         socket thread and back.  When another caller drives them, it serves this batch too
         (and hands it to the background thread if it leaves first)."""
@@ -378,29 +464,42 @@ class Frontend:
                     out.extend(self.state.remove(identity, "disconnected", now))
 
     def _drain_router(self, sock: zmq.Socket, now: float, out: list) -> None:
+        """Handle the messages waiting on the ROUTER; stop early once one completes a batch
+        (its caller is woken first; the next poll sees the rest at once)."""
         state = self.state
-        recv, recv_multipart = sock.recv, sock.recv_multipart
-        events = sock.getsockopt
+        recv = _zrecv
         for _ in range(256):  # bounded, so timers and callers get their turn
-            if not events(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                head = recv(sock, NOBLOCK, False)
+            except zmq.Again:
                 break
-            head = recv(copy=False)
-            identity = head.bytes
-            frames = recv_multipart() if head.more else []
-            known = identity in state.replicas
-            if not frames:
-                log.warning("clipper frontend: empty message from %s dropped", identity.hex())
-                continue
+            self._handle(sock, head, now, out)
+            if state.events:
+                break
+
+    def _handle(self, sock: zmq.Socket, head: zmq.Frame, now: float, out: list) -> None:
+        """One message from a container, whose identity frame is ``head``."""
+        state = self.state
+        replicas = state.replicas
+        identity = head.bytes
+        if not head.more:
+            log.warning("clipper frontend: empty message from %s dropped", identity.hex())
+            return
+        frames = recv_frames(sock)
+        if identity in replicas:
             out.extend(state.receive(identity, frames, now))
-            if not known and identity in state.replicas:
-                fd = head.get(zmq.SRCFD)
-                for other, other_fd in list(self._fd_of.items()):
-                    if other_fd == fd:  # that connection is gone: its fd is reused
-                        del self._fd_of[other]
-                        out.extend(state.remove(other, "its connection was replaced", now))
-                self._fd_of[identity] = fd
-        for identity in [i for i in self._fd_of if i not in state.replicas]:
-            del self._fd_of[identity]
+            return
+        out.extend(state.receive(identity, frames, now))
+        if identity in replicas:
+            fd = head.get(zmq.SRCFD)
+            for other, other_fd in list(self._fd_of.items()):
+                if other_fd == fd:  # that connection is gone: its fd is reused
+                    del self._fd_of[other]
+                    out.extend(state.remove(other, "its connection was replaced", now))
+            self._fd_of[identity] = fd
+        if len(self._fd_of) != len(replicas):
+            for gone in [i for i in self._fd_of if i not in replicas]:
+                del self._fd_of[gone]
 
     def _take_submissions(self, now: float) -> None:
         submissions, state = self._submissions, self.state
@@ -474,6 +573,9 @@ class Frontend:
     def _send_query(self, identity: bytes, body: dict) -> None:
         if self._query is not None:
             self._query.send_multipart([identity, b"", json.dumps(body).encode()])
+
+
+_zmq_poll = zmq.zmq_poll
 
 
 def _failed(token: Any, reason: str):

@@ -325,6 +325,8 @@ class Failed:
 
 
 _KIND_OF_DTYPE = {np.dtype(v).kind + str(np.dtype(v).itemsize): k for k, v in DTYPES.items()}
+#: The same for the dtypes as usually met (one dict lookup, no string building).
+_TYPE_OF_DTYPE = {np.dtype(v): k for k, v in DTYPES.items() if np.dtype(v).kind not in "USO"}
 
 
 def infer_input_type(inputs: Any) -> InputType | None:
@@ -334,6 +336,9 @@ def infer_input_type(inputs: Any) -> InputType | None:
     lists of numbers are converted to whatever the container takes.
     """
     if isinstance(inputs, np.ndarray):
+        known = _TYPE_OF_DTYPE.get(inputs.dtype)
+        if known is not None:
+            return known
         if inputs.dtype.kind in "USO":
             return InputType.STRINGS if inputs.dtype.kind == "U" else None
         return _KIND_OF_DTYPE.get(inputs.dtype.kind + str(inputs.dtype.itemsize))
@@ -484,9 +489,11 @@ class FrontendState:
             input_type = infer_input_type(inputs)
         batch = Batch(model_name, inputs, input_type, deadline, token, count)
         replicas = self.models.get(model_name)
-        if replicas and input_type is not None:
+        if replicas and input_type is not None and not any(
+            r.input_type == input_type and r.alive for r in replicas
+        ):
             types = {r.input_type for r in replicas if r.alive}
-            if types and input_type not in types:
+            if types:
                 self.events.append(Failed(token, _type_error(model_name, types, input_type)))
                 return
         self.pending.setdefault(model_name, deque()).append(batch)
@@ -547,7 +554,7 @@ class FrontendState:
 
     def deadline(self) -> float:
         """The next time :meth:`tick` has work (expiry check or a batch deadline)."""
-        soonest = self._next_check if self.heartbeats else float("inf")
+        soonest = self._next_check if self._hb_type0 is not None else float("inf")
         for queue in self.pending.values():
             for batch in queue:
                 soonest = min(soonest, batch.deadline)
@@ -585,9 +592,13 @@ class FrontendState:
 
     def _timeout_error(self, batch: Batch) -> PredictionError:
         if batch.msg_id is not None and batch.replica is not None and not batch.lost:
+            replica = batch.replica
             return PredictionError(
-                f"model {batch.model_name!r}: no answer from replica "
-                f"{batch.replica.replica_id} before the timeout")
+                f"model {batch.model_name!r}: no answer to message {batch.msg_id} from replica "
+                f"{replica.replica_id} (container {replica.identity.hex()}, "
+                f"{replica.model_name}:{replica.model_version}) before the timeout; the "
+                f"Clipper RPC has no error response, so a container whose model raised or "
+                f"returned bad outputs stays silent: see that container's log")
         live = [r for r in self.models.get(batch.model_name, ()) if r.alive]
         if batch.lost and not live:
             return PredictionError(
