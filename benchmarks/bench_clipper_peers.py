@@ -1,7 +1,9 @@
 """Peers for the Clipper round-trip benchmark, run as separate processes.
 
-``python bench_clipper_peers.py echo ADDRESS GEN``: a bare pyzmq DEALER that answers every
-request with pre-encoded response frames (no parsing), echoing the request's id frame.
+``python bench_clipper_peers.py echo ADDRESS GEN [lean]``: a bare pyzmq DEALER that answers
+every request with pre-encoded response frames (no parsing), echoing the request's id frame;
+with ``lean`` it moves frames with the lean per-frame calls wirekit's runtimes use
+(``wirekit.clipper._zio``) instead of pyzmq's ``send_multipart``/``recv_multipart``.
 ``ok`` is the model the wirekit container serves: one constant output per input.
 """
 
@@ -14,7 +16,7 @@ def ok(inputs):
     return ["1"] * len(inputs)
 
 
-def echo(address: str, gen: str) -> None:
+def echo(address: str, gen: str, lean: bool = False) -> None:
     import zmq
 
     from wirekit import clipper
@@ -29,6 +31,15 @@ def echo(address: str, gen: str) -> None:
     req_id_at = {"2016": 1, "2017": 2, "v3": 3}[gen]
     count_at = {"2016": 3, "2017": 5, "v3": 6}[gen]
     recv, send = sock.recv_multipart, sock.send_multipart
+    if lean:
+        from wirekit.clipper._zio import recv_frames, send_frames
+
+        def recv():
+            return recv_frames(sock)
+
+        def send(frames):
+            send_frames(sock, frames)
+
     while True:
         frames = recv()
         if frames[-1] == b"stop":
@@ -43,4 +54,4 @@ def echo(address: str, gen: str) -> None:
 
 
 if __name__ == "__main__":
-    echo(sys.argv[2], sys.argv[3])
+    echo(sys.argv[2], sys.argv[3], lean=sys.argv[4:] == ["lean"])

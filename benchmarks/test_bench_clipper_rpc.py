@@ -6,13 +6,17 @@ answers with pre-encoded frames carrying the request's id) in a child process; t
 ROUTER puts a fresh id in every request and matches every answer by id, the least a Clipper
 frontend must do.  Each round is ``ROUND`` round trips with 1 or 16 requests in flight,
 inputs 1 × 10 or 32 × 10 doubles.
-"fast" is wirekit; "baseline" the bare pair, so ratios.py's "fast is" column is wirekit's
-share of the bare pair's speed.  Latencies (median, p99, µs) go to ``extra_info``;
-``python benchmarks/ratios.py bench.json`` prints them.  Timings are never asserted.
+"fast" is wirekit; "baseline" the bare pair written the usual pyzmq way
+(``send_multipart``/``recv_multipart``); "baseline-lean" the same bare pair moving frames with
+the lean per-frame calls wirekit's runtimes use (``wirekit.clipper._zio``), the fastest bare
+pair we know how to write in Python.  ratios.py's share column is wirekit's share of each.
+Latencies (median, p99, µs) go to ``extra_info``; ``python benchmarks/ratios.py bench.json``
+prints them.  Timings are never asserted.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -25,6 +29,7 @@ import pytest
 import zmq
 
 from wirekit import clipper
+from wirekit.clipper._zio import recv_frames, send_frames
 from wirekit.clipper.frontend import Frontend
 
 HERE = Path(__file__).resolve().parent
@@ -61,23 +66,32 @@ def wirekit_pair():
         fe.stop()
 
 
-@pytest.fixture(scope="module")
-def bare_pair():
+def _bare_pair(lean: bool):
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     router.setsockopt(zmq.RCVTIMEO, 30000)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     proc = _child([str(HERE / "bench_clipper_peers.py"), "echo", f"tcp://127.0.0.1:{port}",
-                   GEN])
+                   GEN, *(["lean"] if lean else [])])
     try:
         ident, _, _ = router.recv_multipart()
-        yield router, ident
+        yield router, ident, lean
     finally:
         router.send_multipart([ident, b"", b"stop"])
         _end(proc)
         router.close(0)
         ctx.term()
+
+
+@pytest.fixture(scope="module")
+def bare_pair():
+    yield from _bare_pair(lean=False)
+
+
+@pytest.fixture(scope="module")
+def bare_lean_pair():
+    yield from _bare_pair(lean=True)
 
 
 def wirekit_round(fe, inputs, in_flight, latencies):
@@ -121,10 +135,13 @@ def wirekit_round(fe, inputs, in_flight, latencies):
 REQ_ID_AT, RESP_ID_AT = 4, 3
 
 
-def bare_round(router, ident, frames, in_flight, latencies):
+def bare_round(router, ident, lean, frames, in_flight, latencies):
     """The minimal per-message work of a Clipper frontend: a fresh id in every request,
     every response matched to its request by id."""
     send, recv = router.send_multipart, router.recv_multipart
+    if lean:
+        send = functools.partial(send_frames, router)
+        recv = functools.partial(recv_frames, router)
     msg = [ident, *frames]
     waiting: dict[bytes, float] = {}
     ok = True
@@ -156,7 +173,7 @@ def _record(benchmark, latencies):
     benchmark.extra_info["round_trips"] = ROUND
 
 
-@pytest.mark.parametrize("who", ["fast", "baseline"])
+@pytest.mark.parametrize("who", ["fast", "baseline", "baseline-lean"])
 @pytest.mark.parametrize("in_flight", [1, 16])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_clipper_round_trips(benchmark, request, who, in_flight, shape):
@@ -167,9 +184,9 @@ def test_clipper_round_trips(benchmark, request, who, in_flight, shape):
         fe = request.getfixturevalue("wirekit_pair")
         ok = benchmark(wirekit_round, fe, inputs, in_flight, latencies)
     else:
-        router, ident = request.getfixturevalue("bare_pair")
+        pair = request.getfixturevalue("bare_pair" if who == "baseline" else "bare_lean_pair")
         frames = clipper.encode(clipper.PredictRequest(0, clipper.InputType.DOUBLES, inputs),
                                 GEN)
-        ok = benchmark(bare_round, router, ident, frames, in_flight, latencies)
+        ok = benchmark(bare_round, *pair, frames, in_flight, latencies)
     assert ok
     _record(benchmark, latencies)
