@@ -177,10 +177,12 @@ def check_compressible(layers: list[tuple[np.ndarray, np.ndarray]], tau: float) 
                 )
 
 
-def threads_value(threads: Any) -> int:
-    """``threads`` as an int >= 1."""
+def threads_value(threads: Any) -> int | None:
+    """``threads`` as an int >= 1, or None (automatic)."""
+    if threads is None:
+        return None
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-        raise ValueError(f"{PROTOCOL}: threads must be an int >= 1, got {threads!r}")
+        raise ValueError(f"{PROTOCOL}: threads must be an int >= 1 or None, got {threads!r}")
     return threads
 
 
