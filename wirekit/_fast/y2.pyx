@@ -7,6 +7,7 @@ arrays (types, shapes, tau) and the texts of value errors come from ``wirekit.y2
 shared with the pure path, so both raise identical exceptions.
 """
 
+import itertools
 import os
 import sys
 import threading
@@ -737,44 +738,94 @@ def pack(layer, is_weight, index, sign):
     return out
 
 
-def unpack(words):
-    """Delta words -> ``(layer uint16, is_weight bool, index uint32, sign uint8)``."""
-    cdef bint swap
-    arr, swap = _words(words)
-    cdef const uint32_t[:] w = arr
-    cdef Py_ssize_t i, n = w.shape[0]
-    layer = np.empty(n, dtype=np.uint16)
-    is_weight = np.empty(n, dtype=np.bool_)
-    index = np.empty(n, dtype=np.uint32)
-    sign = np.empty(n, dtype=np.uint8)
-    cdef uint16_t[::1] lv = layer
-    cdef uint8_t[::1] wv = is_weight.view(np.uint8)
-    cdef uint32_t[::1] iv = index
-    cdef uint8_t[::1] sv = sign
-    cdef uint16_t* lp = &lv[0] if n else NULL
-    cdef uint8_t* wp = &wv[0] if n else NULL
-    cdef uint32_t* ip = &iv[0] if n else NULL
-    cdef uint8_t* sp = &sv[0] if n else NULL
-    cdef const uint32_t* src
+cdef void _unpack_range(const char* src, Py_ssize_t stride, bint swap, Py_ssize_t i0,
+                        Py_ssize_t i1, uint16_t* lp, uint8_t* wp, uint32_t* ip,
+                        uint8_t* sp) noexcept nogil:
+    cdef Py_ssize_t i
     cdef uint32_t x
-    with nogil:
-        if n and w.strides[0] == 4 and not swap:
-            y2_unpack(&w[0], n, lp, wp, ip, sp)
-        elif n and w.strides[0] == 4:
-            src = &w[0]
-            for i in range(n):
-                x = _bswap(src[i])
-                lp[i] = x >> 23
-                wp[i] = (x >> 22) & 1
-                ip[i] = (x >> 1) & INDEX_MASK
-                sp[i] = x & 1
-        else:
-            for i in range(n):
-                x = _bswap(w[i]) if swap else w[i]
-                lp[i] = x >> 23
-                wp[i] = (x >> 22) & 1
-                ip[i] = (x >> 1) & INDEX_MASK
-                sp[i] = x & 1
+    if stride == 4 and not swap:
+        y2_unpack(<const uint32_t*>src + i0, i1 - i0, lp + i0, wp + i0, ip + i0, sp + i0)
+        return
+    for i in range(i0, i1):
+        x = (<const uint32_t*>(src + i * stride))[0]
+        if swap:
+            x = _bswap(x)
+        lp[i] = x >> 23
+        wp[i] = (x >> 22) & 1
+        ip[i] = (x >> 1) & INDEX_MASK
+        sp[i] = x & 1
+
+
+cdef class _UnpackPart:
+    """One thread's share of an unpack call."""
+    cdef const char* src
+    cdef Py_ssize_t stride, i0, i1
+    cdef bint swap
+    cdef uint16_t* lp
+    cdef uint8_t* wp
+    cdef uint32_t* ip
+    cdef uint8_t* sp
+
+    def run(self):
+        with nogil:
+            _unpack_range(self.src, self.stride, self.swap, self.i0, self.i1, self.lp, self.wp,
+                          self.ip, self.sp)
+
+
+#: unpack with threads=N gives each thread at least this many words; threads=None at least
+#: UNPACK_AUTO_CHUNK (below that the hand-over costs more than it saves).
+UNPACK_MIN_CHUNK = 1 << 16
+UNPACK_AUTO_CHUNK = 1 << 18
+DEF UNPACK_PARTS = 4  # per thread
+
+
+def unpack(words, *, out=None, threads=None):
+    """Delta words -> ``(layer uint16, is_weight bool, index uint32, sign uint8)``.
+
+    ``out``: four arrays to write into (and return) instead of new ones; each 1-D,
+    contiguous, writeable, of the words' length and exactly those dtypes, sharing no memory
+    with the words or with one another.  ``threads``: as for :func:`compress` (``None``:
+    the available cores for large inputs); the result does not depend on it.
+    """
+    cdef bint swap
+    raw = _checks.word_array(words)
+    nthreads = _checks.threads_value(threads)
+    cdef Py_ssize_t n = len(raw), i0, step
+    if out is None:
+        layer = np.empty(n, dtype=np.uint16)
+        is_weight = np.empty(n, dtype=np.bool_)
+        index = np.empty(n, dtype=np.uint32)
+        sign = np.empty(n, dtype=np.uint8)
+    else:
+        layer, is_weight, index, sign = _checks.unpack_out(out, raw)
+    if n == 0:
+        return layer, is_weight, index, sign
+    swap = not raw.dtype.isnative
+    cdef const char* src = <const char*>cnp.PyArray_DATA(raw)
+    cdef Py_ssize_t stride = raw.strides[0]
+    cdef uint16_t* lp = <uint16_t*>cnp.PyArray_DATA(layer)
+    cdef uint8_t* wp = <uint8_t*>cnp.PyArray_DATA(is_weight)
+    cdef uint32_t* ip = <uint32_t*>cnp.PyArray_DATA(index)
+    cdef uint8_t* sp = <uint8_t*>cnp.PyArray_DATA(sign)
+    if nthreads is None:
+        nthreads = min(_cpus(), n // UNPACK_AUTO_CHUNK)
+    else:
+        nthreads = min(nthreads, n // UNPACK_MIN_CHUNK)
+    if nthreads <= 1:
+        with nogil:
+            _unpack_range(src, stride, swap, 0, n, lp, wp, ip, sp)
+        return layer, is_weight, index, sign
+    cdef _UnpackPart part
+    cdef list parts = []
+    # a few parts per thread, taken in turn: a thread slowed down by other work does less
+    step = (-(-n // (UNPACK_PARTS * nthreads)) + 63) & ~63  # whole cache lines of each output
+    for i0 in range(0, n, step):
+        part = _UnpackPart()
+        part.src, part.stride, part.swap = src, stride, swap
+        part.i0, part.i1 = i0, min(i0 + step, n)
+        part.lp, part.wp, part.ip, part.sp = lp, wp, ip, sp
+        parts.append(part)
+    _run_parts(parts, nthreads)
     return layer, is_weight, index, sign
 
 
@@ -1042,6 +1093,7 @@ cdef object _take_words(y2_buf* buf):
 MIN_CHUNK = 1 << 18
 #: ... and with threads=None at least this many (below it one thread is as fast).
 AUTO_CHUNK = 1 << 21
+DEF COMPRESS_PARTS = 8  # per thread
 
 _pool = None
 _pool_size = 0
@@ -1061,6 +1113,27 @@ def _executor(int workers):
             if old is not None:
                 old.shutdown(wait=False)
         return _pool
+
+
+def _run_parts(list parts, int nthreads):
+    """``part.run()`` for every part, on ``nthreads`` threads (the caller's is one), each
+    thread taking the next part when done with one."""
+    cdef Py_ssize_t n = len(parts)
+    counter = itertools.count()
+
+    def drain():
+        for k in counter:
+            if k >= n:
+                return
+            parts[k].run()
+
+    pool = _executor(nthreads - 1)
+    futures = [pool.submit(drain) for _ in range(nthreads - 1)]
+    try:
+        drain()
+    finally:
+        for f in futures:
+            f.result()
 
 
 def _cpus():
@@ -1088,12 +1161,12 @@ cdef bint _overlapping(list arrays):
     return False
 
 
-def compress(residuals, tau, *, threads=1):
+def compress(residuals, tau, *, threads=None):
     """1-bit threshold quantization of a model's residuals, in place; the emitted words.
 
     ``threads=N`` splits the elements into N runs quantized in parallel (the GIL is
-    released), each of at least ``MIN_CHUNK`` elements; ``threads=None`` uses the
-    available cores for models of at least ``AUTO_CHUNK`` elements per core.  The output
+    released), each of at least ``MIN_CHUNK`` elements; ``threads=None`` (the default) uses
+    the available cores, each given at least ``AUTO_CHUNK`` elements.  The output
     does not depend on ``threads``; arrays sharing memory are always done in one thread,
     in order.
     """
@@ -1102,21 +1175,15 @@ def compress(residuals, tau, *, threads=1):
     nthreads = _checks.threads_value(threads)
     _checks.check_compressible(layers, t)
     items = []  # (kind, array, base) in output order
-    writeback = []
     cdef Py_ssize_t total = 0
     for k, (weights, biases) in enumerate(layers):
         for a, base in ((weights, (k << 23) | (1 << 22)), (biases, k << 23)):
             if a.size == 0:
                 continue
             kind = _float_kind(a.dtype)
-            if kind == 3:
-                items.append((kind, a, base))
-                continue
-            flat, copied = _flat(a)
-            if copied:
-                writeback.append((a, flat))
-            items.append((kind, flat, base))
-            total += a.size
+            items.append((kind, a, base))
+            if kind != 3:
+                total += a.size
     if nthreads is None:
         nthreads = min(_cpus(), total // AUTO_CHUNK)
     else:
@@ -1124,38 +1191,42 @@ def compress(residuals, tau, *, threads=1):
     if nthreads > 1 and _overlapping([a for _kind, a, _base in items]):
         nthreads = 1
     if nthreads > 1:
-        words = _compress_parallel(items, t, nthreads, total)
-    else:
-        words = _compress_serial(items, t)
-    for a, flat in writeback:
-        a[...] = flat.reshape(a.shape)
-    return words
+        return _compress_parallel(items, t, nthreads, total)
+    return _compress_serial(items, t)
 
 
 cdef object _compress_serial(list items, double t):
-    """Item by item, in order (arrays may share memory)."""
+    """Item by item, in order, each written back before the next is read (arrays may share
+    memory, as the reference allows)."""
     cdef _Part part = _Part(1, t)
     for kind, a, base in items:
         part.count = 0
         part.keep.clear()
+        copied = False
         if kind == 3:
             words = _pure.compress_array(a, base, t)
             part.add(words, 5, 0, 0, len(words))
         else:
-            part.add(a, kind, base, 0, a.size)
+            flat, copied = _flat(a)
+            part.add(flat, kind, base, 0, a.size)
         part.run()
         if part.failed:
             raise MemoryError()
+        if copied:
+            a[...] = flat.reshape(a.shape)
     return _take_words(&part.buf)
 
 
 cdef object _compress_parallel(list items, double t, int nthreads, Py_ssize_t total):
-    """Split the elements into ``nthreads`` runs of about equal size (no array shares memory
-    with another: the order of the in-place updates does not matter)."""
-    cdef Py_ssize_t share = -(-total // nthreads), room, start, n
+    """Split the elements into runs of about equal size, a few per thread, done by
+    ``nthreads`` threads (no array shares memory with another: the order of the in-place
+    updates does not matter) and joined in order."""
+    cdef int nparts = COMPRESS_PARTS * nthreads
+    cdef Py_ssize_t share = -(-total // nparts), room, start, n
     cdef _Part part
-    cdef list parts = [_Part(len(items) + 1, t) for _ in range(nthreads)]
+    cdef list parts = [_Part(len(items) + 1, t) for _ in range(nparts)]
     cdef int p = 0
+    writeback = []
     part = parts[0]
     room = share
     for kind, a, base in items:
@@ -1163,24 +1234,24 @@ cdef object _compress_parallel(list items, double t, int nthreads, Py_ssize_t to
             words = _pure.compress_array(a, base, t)
             part.add(words, 5, 0, 0, len(words))
             continue
+        flat, copied = _flat(a)
+        if copied:
+            writeback.append((a, flat))
+        a = flat
         start = 0
         n = a.size
         while start < n:
-            if room == 0 and p + 1 < nthreads:
+            if room == 0 and p + 1 < nparts:
                 p += 1
                 part = parts[p]
                 room = share
-            take = min(n - start, room) if p + 1 < nthreads else n - start
+            take = min(n - start, room) if p + 1 < nparts else n - start
             part.add(a, kind, base, start, start + take)
             start += take
             room -= take
-    pool = _executor(nthreads - 1)
-    futures = [pool.submit(q.run) for q in parts[1:]]
-    try:
-        parts[0].run()
-    finally:
-        for f in futures:
-            f.result()
+    _run_parts(parts, nthreads)
+    for a, flat in writeback:
+        a[...] = flat.reshape(a.shape)
     cdef Py_ssize_t count = 0
     for q in parts:
         part = q
