@@ -144,7 +144,8 @@ def unpack_out(out: Any, words: np.ndarray) -> tuple[np.ndarray, ...]:
     for k, (arr, (name, _dtype)) in enumerate(zip(arrays, UNPACK_FIELDS, strict=True)):
         if np.shares_memory(arr, words):
             raise ValueError(f"{PROTOCOL}: out {name} shares memory with the words")
-        for other, (other_name, _dtype) in zip(arrays[k + 1 :], UNPACK_FIELDS[k + 1 :]):
+        later = zip(arrays[k + 1 :], UNPACK_FIELDS[k + 1 :], strict=True)
+        for other, (other_name, _dtype) in later:
             if np.shares_memory(arr, other):
                 raise ValueError(f"{PROTOCOL}: out {name} shares memory with out {other_name}")
     return arrays
