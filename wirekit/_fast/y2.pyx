@@ -776,7 +776,8 @@ cdef class _UnpackPart:
 #: UNPACK_AUTO_CHUNK (below that the hand-over costs more than it saves).
 UNPACK_MIN_CHUNK = 1 << 16
 UNPACK_AUTO_CHUNK = 1 << 18
-DEF UNPACK_PARTS = 4  # per thread
+#: Parts per thread (taken in turn, so that a thread slowed by other work does less).
+UNPACK_PARTS = 4
 
 
 def unpack(words, *, out=None, threads=None):
@@ -1093,7 +1094,7 @@ cdef object _take_words(y2_buf* buf):
 MIN_CHUNK = 1 << 18
 #: ... and with threads=None at least this many (below it one thread is as fast).
 AUTO_CHUNK = 1 << 21
-DEF COMPRESS_PARTS = 8  # per thread
+COMPRESS_PARTS = 8
 
 _pool = None
 _pool_size = 0
