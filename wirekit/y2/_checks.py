@@ -208,6 +208,7 @@ def check_compressible(layers: list[tuple[np.ndarray, np.ndarray]], tau: float) 
             "residuals",
             f"{len(layers)} layers, but a word addresses at most {MAX_LAYERS}",
         )
+    representable: dict[np.dtype, bool] = {}
     for k, pair in enumerate(layers):
         for name, arr in zip(("weights", "biases"), pair, strict=True):
             if arr.size > MAX_ARRAY_SIZE:
@@ -216,8 +217,11 @@ def check_compressible(layers: list[tuple[np.ndarray, np.ndarray]], tau: float) 
                     f"residuals[{k}].{name}",
                     f"{arr.size} elements, but a word addresses at most {MAX_ARRAY_SIZE}",
                 )
-            t = arr.dtype.type(tau)
-            if not (np.isfinite(t) and t > 0):
+            ok = representable.get(arr.dtype)
+            if ok is None:
+                t = arr.dtype.type(tau)
+                ok = representable[arr.dtype] = bool(np.isfinite(t) and t > 0)
+            if not ok:
                 raise EncodeError(
                     PROTOCOL,
                     "tau",
