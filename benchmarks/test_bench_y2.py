@@ -110,6 +110,19 @@ def test_compress(benchmark, who):
     assert np.array_equal(words, COMPRESSED)
 
 
+@pytest.mark.benchmark(group="y2 roofline: read the 10M params once (max)")
+@pytest.mark.parametrize("who", ["numpy-max"])
+def test_compress_roofline(benchmark, who):
+    """Not a contender: the time one NumPy pass needs just to read the residuals, from the
+    same fresh copies as the compress benchmark.  No single-threaded compress can beat it."""
+
+    def read_all(residuals, tau):
+        return max(max(float(w.max()), float(b.max())) for w, b in residuals)
+
+    top = benchmark.pedantic(read_all, setup=_fresh_residuals, rounds=20, warmup_rounds=2)
+    assert top == max(max(float(w.max()), float(b.max())) for w, b in RESIDUALS)
+
+
 @pytest.mark.benchmark(group="y2 apply 1M words to 10M params")
 @pytest.mark.parametrize("who", ["fast", "baseline"])
 def test_apply(benchmark, who):
