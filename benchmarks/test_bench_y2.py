@@ -51,11 +51,35 @@ def test_pack(benchmark, who):
     assert np.array_equal(benchmark(fn, *FIELDS), WORDS)
 
 
+def _unpack_out():
+    return tuple(np.empty(N_WORDS, f.dtype) for f in FIELDS)
+
+
+# "fast" is the default call (threads=None: the available cores for inputs this large);
+# "fast-1thread" pins one thread.  The baseline is single-threaded NumPy either way.
 @pytest.mark.benchmark(group="y2 unpack 1M words")
-@pytest.mark.parametrize("who", ["fast", "baseline"])
+@pytest.mark.parametrize("who", ["fast", "fast-1thread", "baseline"])
 def test_unpack(benchmark, who):
-    fn = {"fast": fast.unpack, "baseline": _pure.unpack}[who]
+    fn = {
+        "fast": fast.unpack,
+        "fast-1thread": lambda words: fast.unpack(words, threads=1),
+        "baseline": _pure.unpack,
+    }[who]
     out = benchmark(fn, WORDS)
+    assert all(np.array_equal(a, b) for a, b in zip(out, FIELDS, strict=True))
+
+
+@pytest.mark.benchmark(group="y2 unpack 1M words into out=")
+@pytest.mark.parametrize("who", ["fast", "fast-1thread", "baseline"])
+def test_unpack_out(benchmark, who):
+    fn = {
+        "fast": fast.unpack,
+        "fast-1thread": lambda words, out: fast.unpack(words, out=out, threads=1),
+        "baseline": _pure.unpack,
+    }[who]
+    out = _unpack_out()
+    got = benchmark(lambda: fn(WORDS, out=out))
+    assert all(a is b for a, b in zip(got, out, strict=True))
     assert all(np.array_equal(a, b) for a, b in zip(out, FIELDS, strict=True))
 
 
@@ -74,16 +98,29 @@ def test_from_wire(benchmark, who):
 
 
 @pytest.mark.benchmark(group="y2 compress 10M params f32")
-@pytest.mark.parametrize("who", ["fast", "fast-2threads", "baseline"])
+@pytest.mark.parametrize("who", ["fast", "fast-1thread", "baseline"])
 def test_compress(benchmark, who):
     fn = {
-        "fast": fast.compress,
-        "fast-2threads": lambda residuals, tau: fast.compress(residuals, tau, threads=2),
+        "fast": fast.compress,  # threads=None: the available cores
+        "fast-1thread": lambda residuals, tau: fast.compress(residuals, tau, threads=1),
         "baseline": _pure.compress,
     }[who]
     # Every round starts from the same residuals (the copy is not timed).
-    words = benchmark.pedantic(fn, setup=_fresh_residuals, rounds=5, warmup_rounds=1)
+    words = benchmark.pedantic(fn, setup=_fresh_residuals, rounds=20, warmup_rounds=2)
     assert np.array_equal(words, COMPRESSED)
+
+
+@pytest.mark.benchmark(group="y2 roofline: read the 10M params once (max)")
+@pytest.mark.parametrize("who", ["numpy-max"])
+def test_compress_roofline(benchmark, who):
+    """Not a contender: the time one NumPy pass needs just to read the residuals, from the
+    same fresh copies as the compress benchmark.  No single-threaded compress can beat it."""
+
+    def read_all(residuals, tau):
+        return max(max(float(w.max()), float(b.max())) for w, b in residuals)
+
+    top = benchmark.pedantic(read_all, setup=_fresh_residuals, rounds=20, warmup_rounds=2)
+    assert top == max(max(float(w.max()), float(b.max())) for w, b in RESIDUALS)
 
 
 @pytest.mark.benchmark(group="y2 apply 1M words to 10M params")

@@ -3,6 +3,8 @@ generated words and models, edge values included; bad input raises and changes n
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -433,3 +435,197 @@ def test_apply_duplicate_words_add_in_order_in_the_array_dtype():
     _pure.apply(ref, words, 3.0)
     assert _same(model, ref)
     assert model[0][0][0] == np.float32(1e8)  # each +3 rounds away in float32
+
+
+# --- vector loops, threads, unpack(out=) ----------------------------------------------------
+
+
+@contextlib.contextmanager
+def _avx2(on: bool):
+    """Run the fast twin with its AVX2 loops (where the CPU has AVX2) or without."""
+    fast = _fast()
+    old = fast._set_avx2(on)
+    try:
+        yield
+    finally:
+        fast._set_avx2(old)
+
+
+SPECIAL = [0.0, -0.0, 2.5, -2.5, float("nan"), float("inf"), float("-inf"), 1e-40, -3.0, 7.0]
+
+
+@given(
+    st.booleans(),
+    st.integers(0, 100),
+    st.integers(0, 3),
+    st.sampled_from(FLOAT_DTYPES),
+    st.lists(st.one_of(st.floats(-4, 4, width=32), st.sampled_from(SPECIAL)), max_size=40),
+)
+def test_compress_vector_loops_equal_reference(simd, n, offset, dtype, specials):
+    # lengths around the vector widths, misaligned starts, values at and next to tau
+    t = dtype(2.5)
+    pool = np.array([*SPECIAL, np.nextafter(t, 0), -np.nextafter(t, 0), np.nextafter(t, 9)])
+    rng = np.random.default_rng(n * 4 + offset)
+    holder = rng.normal(0, 2, n + offset).astype(dtype)
+    if n + offset:
+        holder[rng.integers(0, n + offset, len(specials))] = np.array(specials, dtype=dtype)
+        holder[rng.integers(0, n + offset, 6)] = rng.choice(pool, 6)
+    arr = holder[offset:]
+    model = [(arr, np.flip(holder.copy()))]
+    mine, ref = _copy(model), _copy(model)
+    with _avx2(simd):
+        words = _fast().compress(mine, 2.5, threads=1)
+    assert np.array_equal(words, _pure.compress(ref, 2.5))
+    assert _same(mine, ref)
+
+
+@pytest.mark.parametrize("simd", [True, False])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_compress_blocks_and_dense_hits(simd, dtype):
+    # several kernel blocks, a tail, and every element a hit (the word buffer grows fastest)
+    rng = np.random.default_rng(8)
+    model = [
+        (rng.normal(0, 1, (37, 301)).astype(dtype), np.full(5003, -9.0, dtype)),
+        (rng.normal(0, 3, 4099).astype(dtype), rng.normal(0, 1, 3).astype(dtype)),
+    ]
+    mine, ref = _copy(model), _copy(model)
+    with _avx2(simd):
+        words = _fast().compress(mine, 0.5, threads=1)
+    assert np.array_equal(words, _pure.compress(ref, 0.5))
+    assert _same(mine, ref)
+
+
+def _big_model(seed=12):
+    rng = np.random.default_rng(seed)
+    return [
+        (rng.normal(0, 1, (300, 1000)).astype(np.float32), rng.normal(0, 1, 1000))
+        for _ in range(2)
+    ] + [(rng.normal(0, 1, 300_001).astype(np.float16), rng.normal(0, 1, 7).astype(np.float32))]
+
+
+@pytest.mark.parametrize("threads", [None, 1, 2, 3, 7])
+def test_compress_output_does_not_depend_on_threads(threads):
+    model = _big_model()
+    mine, ref = _copy(model), _copy(model)
+    assert np.array_equal(_fast().compress(mine, 2.0, threads=threads), _pure.compress(ref, 2.0))
+    assert _same(mine, ref)
+
+
+def test_compress_threads_with_arrays_sharing_memory():
+    # tied weights (one array in two layers) and overlapping views: updates must happen in
+    # layer order, as in the reference, whatever the thread count
+    rng = np.random.default_rng(13)
+    tied = rng.normal(0, 2, (600, 1000)).astype(np.float32)
+    base = rng.normal(0, 2, 700_000)
+    model = [(tied, base[:400_000]), (tied, base[300_000:]), (tied[::2], np.zeros(3))]
+
+    def fresh():
+        t, b = tied.copy(), base.copy()
+        return [(t, b[:400_000]), (t, b[300_000:]), (t[::2], np.zeros(3))]
+
+    ref = fresh()
+    expected = _pure.compress(ref, 1.5)
+    for threads in (2, None):
+        mine = fresh()
+        assert np.array_equal(_fast().compress(mine, 1.5, threads=threads), expected)
+        assert _same(mine, ref)
+    assert len(model) == 3
+
+
+@pytest.mark.parametrize("threads", [0, -1, True, 2.0, "2"])
+def test_threads_argument_checked_by_both_twins(threads):
+    texts = set()
+    for codec in (_fast(), _pure):
+        for call in (
+            lambda c=codec: c.compress([(np.zeros(1), np.zeros(1))], 1.0, threads=threads),
+            lambda c=codec: c.unpack(np.zeros(3, np.uint32), threads=threads),
+        ):
+            with pytest.raises(ValueError) as info:
+                call()
+            texts.add(str(info.value))
+    assert texts == {f"y2: threads must be an int >= 1 or None, got {threads!r}"}
+
+
+def _unpack_out(n):
+    return (np.empty(n, np.uint16), np.empty(n, np.bool_), np.empty(n, np.uint32),
+            np.empty(n, np.uint8))
+
+
+@given(st.lists(y2_words, max_size=120), st.sampled_from(["=", ">", "strided"]), st.data())
+def test_unpack_out_and_vector_loops_equal_reference(y2_codec, values, layout, data):
+    native = np.array(values, dtype=np.uint32)
+    if layout == ">":
+        words = native.astype(">u4")
+    else:
+        words = _strided(native, data) if layout == "strided" else native
+    with _avx2(data.draw(st.booleans(), label="avx2")):
+        out = _unpack_out(len(values))
+        got = y2_codec.unpack(words, out=out)
+        plain = y2_codec.unpack(words)
+    assert all(a is b for a, b in zip(got, out, strict=True))
+    for a, b, c in zip(out, plain, _pure.unpack(native), strict=True):
+        assert a.dtype == b.dtype == c.dtype and np.array_equal(a, c) and np.array_equal(b, c)
+
+
+@pytest.mark.parametrize("threads", [None, 1, 2, 3])
+def test_unpack_threads_give_the_same_output(y2_codec, threads):
+    rng = np.random.default_rng(21)
+    words = rng.integers(0, 2**32, 400_037, dtype=np.uint64).astype(np.uint32)
+    expected = _pure.unpack(words)
+    for form in (words, words.astype(">u4")):
+        for got in (
+            y2_codec.unpack(form, threads=threads),
+            y2_codec.unpack(form, out=_unpack_out(len(words)), threads=threads),
+        ):
+            assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def _out_cases():
+    words = np.arange(6, dtype=np.uint32)
+    good = _unpack_out(6)
+    readonly = np.zeros(6, np.uint8)
+    readonly.flags.writeable = False
+    shared = np.zeros(6, np.uint32)
+    return words, [
+        (5, TypeError, "out must be a sequence of 4 arrays, got int"),
+        (good[:3], TypeError, "out must hold 4 arrays (layer, is_weight, index, sign), got 3"),
+        ((*good[:3], [0] * 6), TypeError, "out sign must be a numpy array, got list"),
+        ((good[0].astype(np.int16), *good[1:]), TypeError,
+         "out layer must have dtype uint16, got int16"),
+        ((good[0].astype(">u2"), *good[1:]), TypeError,
+         "out layer must have dtype uint16, got >u2"),
+        ((*good[:2], np.empty(7, np.uint32), good[3]), ValueError,
+         "out index must have shape (6,), got (7,)"),
+        ((*good[:2], np.empty((6, 1), np.uint32), good[3]), ValueError,
+         "out index must have shape (6,), got (6, 1)"),
+        ((*good[:2], np.empty(12, np.uint32)[::2], good[3]), ValueError,
+         "out index must be contiguous"),
+        ((*good[:3], readonly), ValueError, "out sign is read-only"),
+        ((good[0], good[1], words, good[3]), ValueError,
+         "out index shares memory with the words"),
+        ((good[0], shared[:6].view(np.bool_)[:6], shared, good[3]), ValueError,
+         "out is_weight shares memory with out index"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(11))
+def test_unpack_out_checked_by_both_twins_before_writing(case):
+    words, cases = _out_cases()
+    out, error, text = cases[case]
+    snapshot = [np.array(a, copy=True) for a in out] if isinstance(out, tuple) else None
+    for codec in (_fast(), _pure):
+        with pytest.raises(error) as info:
+            codec.unpack(words, out=out)
+        assert str(info.value) == f"y2: {text}"
+        if snapshot is not None:
+            assert all(np.array_equal(a, b) for a, b in zip(out, snapshot, strict=True))
+
+
+def test_unpack_out_empty_and_big_endian_view_of_the_same_bytes(y2_codec):
+    assert all(len(a) == 0 for a in y2_codec.unpack(np.zeros(0, np.uint32), out=_unpack_out(0)))
+    # a big-endian view of wire bytes: outputs elsewhere are fine, the bytes are untouched
+    wire = bytearray(np.array([0xFF800003, 5], dtype=">u4").tobytes())
+    view = y2_codec.from_wire(wire, copy=False)
+    layer, is_weight, index, sign = y2_codec.unpack(view, out=_unpack_out(2))
+    assert layer.tolist() == [511, 0] and index.tolist() == [1, 2] and sign.tolist() == [1, 1]
+    assert is_weight.tolist() == [False, False] and bytes(wire) == bytes.fromhex("ff80000300000005")

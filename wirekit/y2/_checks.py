@@ -103,6 +103,54 @@ def native_words(words: Any, field: str = "words") -> np.ndarray:
     return arr
 
 
+#: unpack's four results: name and dtype.
+UNPACK_FIELDS = (
+    ("layer", np.dtype(np.uint16)),
+    ("is_weight", np.dtype(np.bool_)),
+    ("index", np.dtype(np.uint32)),
+    ("sign", np.dtype(np.uint8)),
+)
+
+
+def unpack_out(out: Any, words: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Validate unpack's ``out`` for ``words`` (the array actually read): four writeable,
+    contiguous 1-D arrays of the words' length with the result dtypes, sharing no memory
+    with the words or with one another."""
+    try:
+        arrays = tuple(out)
+    except TypeError:
+        raise TypeError(
+            f"{PROTOCOL}: out must be a sequence of 4 arrays, got {type(out).__name__}"
+        ) from None
+    if len(arrays) != 4:
+        raise TypeError(
+            f"{PROTOCOL}: out must hold 4 arrays (layer, is_weight, index, sign), "
+            f"got {len(arrays)}"
+        )
+    n = len(words)
+    for arr, (name, dtype) in zip(arrays, UNPACK_FIELDS, strict=True):
+        if not isinstance(arr, np.ndarray):
+            raise TypeError(
+                f"{PROTOCOL}: out {name} must be a numpy array, got {type(arr).__name__}"
+            )
+        if arr.dtype != dtype:
+            raise TypeError(f"{PROTOCOL}: out {name} must have dtype {dtype}, got {arr.dtype}")
+        if arr.shape != (n,):
+            raise ValueError(f"{PROTOCOL}: out {name} must have shape ({n},), got {arr.shape}")
+        if not arr.flags.c_contiguous:
+            raise ValueError(f"{PROTOCOL}: out {name} must be contiguous")
+        if not arr.flags.writeable:
+            raise ValueError(f"{PROTOCOL}: out {name} is read-only")
+    for k, (arr, (name, _dtype)) in enumerate(zip(arrays, UNPACK_FIELDS, strict=True)):
+        if np.shares_memory(arr, words):
+            raise ValueError(f"{PROTOCOL}: out {name} shares memory with the words")
+        later = zip(arrays[k + 1 :], UNPACK_FIELDS[k + 1 :], strict=True)
+        for other, (other_name, _dtype) in later:
+            if np.shares_memory(arr, other):
+                raise ValueError(f"{PROTOCOL}: out {name} shares memory with out {other_name}")
+    return arrays
+
+
 def wire_size_error(nbytes: int) -> DecodeError:
     """Raised by ``from_wire`` when the bytes are not whole words."""
     return DecodeError(
@@ -160,6 +208,7 @@ def check_compressible(layers: list[tuple[np.ndarray, np.ndarray]], tau: float) 
             "residuals",
             f"{len(layers)} layers, but a word addresses at most {MAX_LAYERS}",
         )
+    representable: dict[np.dtype, bool] = {}
     for k, pair in enumerate(layers):
         for name, arr in zip(("weights", "biases"), pair, strict=True):
             if arr.size > MAX_ARRAY_SIZE:
@@ -168,8 +217,11 @@ def check_compressible(layers: list[tuple[np.ndarray, np.ndarray]], tau: float) 
                     f"residuals[{k}].{name}",
                     f"{arr.size} elements, but a word addresses at most {MAX_ARRAY_SIZE}",
                 )
-            t = arr.dtype.type(tau)
-            if not (np.isfinite(t) and t > 0):
+            ok = representable.get(arr.dtype)
+            if ok is None:
+                t = arr.dtype.type(tau)
+                ok = representable[arr.dtype] = bool(np.isfinite(t) and t > 0)
+            if not ok:
                 raise EncodeError(
                     PROTOCOL,
                     "tau",
@@ -177,10 +229,12 @@ def check_compressible(layers: list[tuple[np.ndarray, np.ndarray]], tau: float) 
                 )
 
 
-def threads_value(threads: Any) -> int:
-    """``threads`` as an int >= 1."""
+def threads_value(threads: Any) -> int | None:
+    """``threads`` as an int >= 1, or None (automatic)."""
+    if threads is None:
+        return None
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-        raise ValueError(f"{PROTOCOL}: threads must be an int >= 1, got {threads!r}")
+        raise ValueError(f"{PROTOCOL}: threads must be an int >= 1 or None, got {threads!r}")
     return threads
 
 

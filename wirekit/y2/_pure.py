@@ -211,13 +211,38 @@ def pack(layer: Any, is_weight: Any, index: Any, sign: Any) -> np.ndarray:
     return (lay << 23) | (wgt << 22) | (idx << 1) | sgn
 
 
-def unpack(words: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Delta words -> ``(layer uint16, is_weight bool, index uint32, sign uint8)``."""
-    w = _checks.native_words(words)
-    layer = (w >> 23).astype(np.uint16)
-    is_weight = ((w >> 22) & 1).astype(np.bool_)
-    index = ((w >> 1) & MAX_INDEX).astype(np.uint32)
-    sign = (w & 1).astype(np.uint8)
+def unpack(
+    words: Any, *, out: Any = None, threads: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Delta words -> ``(layer uint16, is_weight bool, index uint32, sign uint8)``.
+
+    ``out``: four arrays to write into (and return) instead of new ones; each 1-D,
+    contiguous, writeable, of the words' length and exactly those dtypes, sharing no memory
+    with the words or with one another.  ``threads`` is accepted for signature parity with
+    the Cython twin.
+    """
+    raw = _checks.word_array(words)
+    _checks.threads_value(threads)
+    if out is None:
+        n = len(raw)
+        out = (
+            np.empty(n, np.uint16),
+            np.empty(n, np.bool_),
+            np.empty(n, np.uint32),
+            np.empty(n, np.uint8),
+        )
+    else:
+        out = _checks.unpack_out(out, raw)
+    w = raw if raw.dtype.isnative else raw.astype(np.uint32)
+    layer, is_weight, index, sign = out
+    # ufuncs writing straight into the results: no temporaries (faster than astype chains)
+    np.right_shift(w, 23, out=layer, casting="unsafe")
+    flag = is_weight.view(np.uint8)
+    np.right_shift(w, 22, out=flag, casting="unsafe")  # the low 8 bits of (layer, w)
+    np.bitwise_and(flag, 1, out=flag)
+    np.right_shift(w, 1, out=index)
+    np.bitwise_and(index, MAX_INDEX, out=index)
+    np.bitwise_and(w, 1, out=sign, casting="unsafe")
     return layer, is_weight, index, sign
 
 
@@ -299,7 +324,7 @@ def compress_array(arr: np.ndarray, base: int, tau: float) -> np.ndarray:
     return np.uint32(base) | (hit.astype(np.uint32) << 1) | negative.astype(np.uint32)
 
 
-def compress(residuals: Any, tau: float, *, threads: int = 1) -> np.ndarray:
+def compress(residuals: Any, tau: float, *, threads: int | None = None) -> np.ndarray:
     """1-bit threshold quantization of a model's residuals, in place.
 
     For every element with ``|r| >= tau`` a word is emitted and ``r`` moves toward zero by
