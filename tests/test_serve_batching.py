@@ -232,3 +232,23 @@ def test_batches_to_kubemo_server(tmp_path):
         assert stats["models"]["km"]["statuses"] == {"ok": 20}
 
     run(main())
+
+
+def test_journal_line_made_ahead_equals_the_whole_line(tmp_path):
+    from wirekit.serve.store import RequestStore
+
+    store = RequestStore(tmp_path / "r.db")
+    store.open()
+    try:
+        t_in, t_out = 1763790000.123456, 1763790000.1237891
+        store.complete("id-1", "m", 'c"1', "n/0/m", t_in, t_out, "ok", 22, 1, None, True)
+        head = store.line_head("id-1", "m", 'c"1', "n/0/m", t_in, 22)
+        store.complete_head(head, "id-1", "n/0/m", t_out, "ok", 22, 1)
+        whole, ahead = store._jbuf
+        assert whole == ahead
+        store.write_journal()
+    finally:
+        store.close()
+    reopened = RequestStore(tmp_path / "r.db")
+    reopened.open()  # nothing left to replay: close() committed the rows
+    reopened.close()

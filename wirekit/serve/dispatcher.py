@@ -101,8 +101,8 @@ async def _infer_within(backend: Backend, request: Payload, timeout: float) -> P
 class Job:
     """One request taken by :meth:`Dispatcher.start` (the MIP front door's way in)."""
 
-    __slots__ = ("cfg", "client", "error", "key", "model", "notify", "outcome", "request",
-                 "rid", "t_in")
+    __slots__ = ("cfg", "client", "error", "head", "key", "model", "notify", "outcome",
+                 "request", "rid", "t_in")
 
     def __init__(self, model: str, request: Payload, client: str, notify) -> None:
         self.model = model
@@ -115,6 +115,7 @@ class Job:
         self.cfg: ModelConfig | None = None
         self.t_in = 0.0
         self.key: bytes | None = None
+        self.head: str | None = None  #: its journal line's start, made while it is sent
 
 
 class UnknownModel(LookupError):
@@ -289,30 +290,29 @@ class Dispatcher:
         cfg = self.models.get(job.model)
         if cfg is None:
             raise UnknownModel(job.model)
-        request = job.request
-        wire = request.wire
-        job.rid = rid = self.new_id()
         job.cfg = cfg
-        job.t_in = self._clock()
-        self.store.arrival(rid, job.model, job.client, job.t_in, len(wire), wire)
-        self.metrics.arrived(job.model)
+        if not job.t_in:
+            job.t_in = self._clock()
         self.active += 1
+        batching = cfg.max_batch > 1
         cache = self.cache
-        if cache.enabled:
-            job.key = key = digest(memoryview(wire)[8:])
-            hit = cache.get(cfg.name, key)
-            if hit is not None:
-                self._settle(job, Outcome(rid, OK, hit, "cache", 0))
-                return
+        if not batching or cache.enabled:
+            self._arrive(job)
+            if cache.enabled:
+                job.key = key = digest(memoryview(job.request.wire)[8:])
+                hit = cache.get(cfg.name, key)
+                if hit is not None:
+                    self._settle(job, Outcome(job.rid, OK, hit, "cache", 0))
+                    return
         row = None
         if not self.closing:
             try:
                 row = self.router.choose(cfg.name, ())
             except NoDevice:
                 row = None
-        if row is None:
-            self._spawn(job)
-        elif cfg.max_batch > 1 and getattr(self.backends[row.key], "batchable", False):
+        if batching and row is not None and getattr(self.backends[row.key], "batchable", False):
+            # Joined with the other requests for this device at the end of the loop pass;
+            # its arrival is recorded once the batch is on its way (while the backend works).
             waiting = self._waiting.get(row.key)
             if waiting is None:
                 self._waiting[row.key] = [job]
@@ -322,8 +322,20 @@ class Dispatcher:
                 loop.call_soon(self._send_waiting, row)
             else:
                 waiting.append(job)
+            return
+        if not job.rid:
+            self._arrive(job)
+        if row is None:
+            self._spawn(job)
         else:
             self._send_one(job, row)
+
+    def _arrive(self, job: Job) -> None:
+        """Give ``job`` its id and record its arrival (store row, metrics)."""
+        wire = job.request.wire
+        job.rid = rid = self.new_id()
+        self.store.arrival(rid, job.model, job.client, job.t_in, len(wire), wire)
+        self.metrics.arrived(job.model)
 
     def _send_one(self, job: Job, row: DeviceRow) -> None:
         """The first attempt of ``job`` to ``row``: at once on its open connection, with the
@@ -338,6 +350,18 @@ class Dispatcher:
         """Send the jobs waiting for ``row`` (end of a loop pass): runs of requests with the
         same inputs per sample are joined, up to the model's ``max_batch`` samples."""
         jobs = self._waiting.pop(row.key)
+        try:
+            self._send_jobs(jobs, row)
+        finally:
+            head = self.store.line_head
+            key = row.key
+            for job in jobs:
+                if not job.rid:
+                    self._arrive(job)
+                    job.head = head(job.rid, job.model, job.client, key, job.t_in,
+                                    len(job.request.wire))
+
+    def _send_jobs(self, jobs: list[Job], row: DeviceRow) -> None:
         if len(jobs) == 1:
             self._send_one(jobs[0], row)
             return
@@ -412,12 +436,22 @@ class Dispatcher:
                     for job in jobs:
                         self._send_one(job, row)
                     return
-                cache, key = self.cache, row.key
+                cache, key, clock = self.cache, row.key, self._clock
+                finished, complete = self.metrics.finished, self.store.complete_head
                 for job, wire in zip(jobs, parts, strict=True):
                     reply = Payload(wire)
                     if job.key is not None:
                         cache.put(job.cfg.name, job.key, reply, len(wire))
-                    self._settle(job, Outcome(job.rid, OK, reply, key, 1))
+                    outcome = Outcome(job.rid, OK, reply, key, 1)
+                    if job.head is None:
+                        self._settle(job, outcome)
+                        continue
+                    t_out = clock()
+                    finished(job.model, OK, t_out - job.t_in)
+                    complete(job.head, job.rid, key, t_out, OK, len(job.request.wire), 1)
+                    job.outcome = outcome
+                    self.active -= 1
+                    job.notify(job)
                 return
         for job in jobs:
             self._fast_reply(job, row, None, exc)

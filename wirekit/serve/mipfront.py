@@ -41,6 +41,8 @@ class MipFrontDoor(asyncio.Protocol):
     ) -> None:
         self.dispatcher = dispatcher
         self.store = dispatcher.store
+        self._clock = dispatcher._clock
+        self._now = 0.0
         self.loop = asyncio.get_running_loop()
         self.model = model
         self.tasks = tasks
@@ -74,6 +76,7 @@ class MipFrontDoor(asyncio.Protocol):
         buf = self._buf
         buf += data
         pos = 0
+        self._now = self._clock()  # the arrival time of the requests of this read
         n = len(buf)
         while n - pos >= mip.HEADER_SIZE and not self._closing:
             header = bytes(buf[pos : pos + mip.HEADER_SIZE])
@@ -121,6 +124,7 @@ class MipFrontDoor(asyncio.Protocol):
         # Its completion record waits for _flush, which writes the journal (all the
         # records of this loop pass at once) before any answer goes out.
         job = Job(self.model, Payload(frame, msg), self.client, self._done)
+        job.t_in = self._now
         self._pending.append(job)
         try:
             self.dispatcher.start(job)

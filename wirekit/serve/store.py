@@ -289,6 +289,39 @@ class RequestStore:
         if len(pending) >= self.batch_max or self._timer is None:
             self._added()
 
+    def line_head(
+        self, rid: str, model: str, client: str, device: str | None, time_in: float, size: int
+    ) -> str | None:
+        """The start of a completion's journal line, made ahead (while the request is with
+        its backend) for :meth:`complete_head`; None when that shortcut does not apply."""
+        if (
+            self._jfd is None or self.payloads or type(time_in) is not float
+            or type(size) is not int or time_in - time_in != 0
+        ):
+            return None
+        key = (model, client, device)
+        names = self._jmemo.get(key)
+        if names is None:
+            names = self._names(key)
+        return f'[{_encode_json_str(rid)},{names}"{time_in.hex()}",'
+
+    def complete_head(
+        self, head: str, rid: str, device: str | None, time_out: float, status: str,
+        size: int, attempts: int,
+    ) -> None:
+        """:meth:`complete` (deferred) with the journal line started by :meth:`line_head`
+        (same id, device, size; the journal still on)."""
+        line = (
+            f'{head}"{time_out.hex()}",{_STATUS_JSON.get(status) or _encode_json_str(status)},'
+            f"{size},{attempts},null]\n"
+        )
+        self._jsize += len(line)
+        self._jbuf.append(line)
+        pending = self._pending
+        pending.append((_COMPLETION, (device, time_out, status, attempts, rid)))
+        if len(pending) >= self.batch_max or self._timer is None:
+            self._added()
+
     def _names(self, key: tuple[str, str, str | None]) -> str:
         """The JSON text of model, client and device, each followed by a comma (memoised:
         they repeat)."""
