@@ -115,7 +115,8 @@ class Job:
         self.cfg: ModelConfig | None = None
         self.t_in = 0.0
         self.key: bytes | None = None
-        self.head: str | None = None  #: its journal line's start, made while it is sent
+        #: its journal line's start, made while it is sent ("" or None: none)
+        self.head: str | None = None
 
 
 class UnknownModel(LookupError):
@@ -296,14 +297,13 @@ class Dispatcher:
         self.active += 1
         batching = cfg.max_batch > 1
         cache = self.cache
-        if not batching or cache.enabled:
+        if cache.enabled:
             self._arrive(job)
-            if cache.enabled:
-                job.key = key = digest(memoryview(job.request.wire)[8:])
-                hit = cache.get(cfg.name, key)
-                if hit is not None:
-                    self._settle(job, Outcome(job.rid, OK, hit, "cache", 0))
-                    return
+            job.key = key = digest(memoryview(job.request.wire)[8:])
+            hit = cache.get(cfg.name, key)
+            if hit is not None:
+                self._settle(job, Outcome(job.rid, OK, hit, "cache", 0))
+                return
         row = None
         if not self.closing:
             try:
@@ -323,12 +323,21 @@ class Dispatcher:
             else:
                 waiting.append(job)
             return
-        if not job.rid:
-            self._arrive(job)
         if row is None:
+            if not job.rid:
+                self._arrive(job)
             self._spawn(job)
-        else:
+        elif job.rid:
             self._send_one(job, row)
+        else:
+            # On its way first, recorded after (the backend works meanwhile; its reply
+            # cannot be handled before this returns).
+            if self._send_one(job, row):
+                self._arrive(job)
+                job.head = self.store.line_head(job.rid, job.model, job.client, row.key,
+                                                job.t_in, len(job.request.wire))
+            else:
+                self._arrive(job)
 
     def _arrive(self, job: Job) -> None:
         """Give ``job`` its id and record its arrival (store row, metrics)."""
@@ -337,12 +346,15 @@ class Dispatcher:
         self.store.arrival(rid, job.model, job.client, job.t_in, len(wire), wire)
         self.metrics.arrived(job.model)
 
-    def _send_one(self, job: Job, row: DeviceRow) -> None:
+    def _send_one(self, job: Job, row: DeviceRow) -> bool:
         """The first attempt of ``job`` to ``row``: at once on its open connection, with the
-        reply handled in a callback, or else in the attempt loop (a task)."""
+        reply handled in a callback (True), or else in the attempt loop (a task, False).
+        ``job`` must have its id before the loop runs again."""
         send = getattr(self.backends[row.key], "send_nowait", None)
-        if send is None or not send(job.request.wire, partial(self._fast_reply, job, row)):
-            self._spawn(job, first=row)
+        if send is not None and send(job.request.wire, partial(self._fast_reply, job, row)):
+            return True
+        self._spawn(job, first=row)
+        return False
 
     # ------------------------------------------------------------------ adaptive batching
 
@@ -358,8 +370,9 @@ class Dispatcher:
             for job in jobs:
                 if not job.rid:
                     self._arrive(job)
-                    job.head = head(job.rid, job.model, job.client, key, job.t_in,
-                                    len(job.request.wire))
+                    if job.head is None:  # not handed to the attempt loop
+                        job.head = head(job.rid, job.model, job.client, key, job.t_in,
+                                        len(job.request.wire))
 
     def _send_jobs(self, jobs: list[Job], row: DeviceRow) -> None:
         if len(jobs) == 1:
@@ -436,27 +449,18 @@ class Dispatcher:
                     for job in jobs:
                         self._send_one(job, row)
                     return
-                cache, key, clock = self.cache, row.key, self._clock
-                finished, complete = self.metrics.finished, self.store.complete_head
+                cache, key = self.cache, row.key
                 for job, wire in zip(jobs, parts, strict=True):
                     reply = Payload(wire)
                     if job.key is not None:
                         cache.put(job.cfg.name, job.key, reply, len(wire))
-                    outcome = Outcome(job.rid, OK, reply, key, 1)
-                    if job.head is None:
-                        self._settle(job, outcome)
-                        continue
-                    t_out = clock()
-                    finished(job.model, OK, t_out - job.t_in)
-                    complete(job.head, job.rid, key, t_out, OK, len(job.request.wire), 1)
-                    job.outcome = outcome
-                    self.active -= 1
-                    job.notify(job)
+                    self._settle(job, Outcome(job.rid, OK, reply, key, 1))
                 return
         for job in jobs:
             self._fast_reply(job, row, None, exc)
 
     def _spawn(self, job: Job, **resume) -> None:
+        job.head = ""  # no line made ahead: the device that answers is not known yet
         task = asyncio.get_running_loop().create_task(self._slow(job, **resume))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -481,8 +485,15 @@ class Dispatcher:
         job.notify(job)
 
     def _settle(self, job: Job, outcome: Outcome) -> None:
-        self._finish(job.model, job.rid, job.client, job.t_in, job.request.wire,
-                     outcome.device, outcome.status, outcome.attempts, True)
+        head = job.head
+        if not head:
+            self._finish(job.model, job.rid, job.client, job.t_in, job.request.wire,
+                         outcome.device, outcome.status, outcome.attempts, True)
+        else:  # answered by the device its first attempt went to: the line is started
+            t_out = self._clock()
+            self.metrics.finished(job.model, outcome.status, t_out - job.t_in)
+            self.store.complete_head(head, job.rid, outcome.device, t_out, outcome.status,
+                                     len(job.request.wire), outcome.attempts)
         job.outcome = outcome
         self.active -= 1
         job.notify(job)

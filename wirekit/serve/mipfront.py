@@ -74,12 +74,16 @@ class MipFrontDoor(asyncio.Protocol):
             self._skip -= drop
             data = data[drop:]
         buf = self._buf
-        buf += data
+        if buf or type(data) is not bytes:
+            buf += data
+            src = buf
+        else:  # nothing buffered: frames are sliced from the read itself (one copy less)
+            src = data
         pos = 0
         self._now = self._clock()  # the arrival time of the requests of this read
-        n = len(buf)
+        n = len(src)
         while n - pos >= mip.HEADER_SIZE and not self._closing:
-            header = bytes(buf[pos : pos + mip.HEADER_SIZE])
+            header = bytes(src[pos : pos + mip.HEADER_SIZE])
             try:
                 _kind, _sub, remaining = mip.check_header(header)
             except DecodeError as exc:
@@ -100,10 +104,18 @@ class MipFrontDoor(asyncio.Protocol):
                 break
             if n - pos < size:
                 break
-            frame = bytes(buf[pos : pos + size])
+            if src is buf:
+                frame = bytes(buf[pos : pos + size])
+            elif size == n:
+                frame = data  # the read is exactly one message
+            else:
+                frame = data[pos : pos + size]
             pos += size
             self._handle(frame)
-        del buf[:pos]
+        if src is buf:
+            del buf[:pos]
+        elif pos < n and not self._closing:
+            buf += memoryview(data)[pos:]
         self._flush()
         if len(self._pending) > MAX_PIPELINED and not self._paused and self.transport:
             self._paused = True
