@@ -450,11 +450,12 @@ class Dispatcher:
                         self._send_one(job, row)
                     return
                 cache, key = self.cache, row.key
+                t_out = self._clock()  # answered together
                 for job, wire in zip(jobs, parts, strict=True):
                     reply = Payload(wire)
                     if job.key is not None:
                         cache.put(job.cfg.name, job.key, reply, len(wire))
-                    self._settle(job, Outcome(job.rid, OK, reply, key, 1))
+                    self._settle(job, Outcome(job.rid, OK, reply, key, 1), t_out)
                 return
         for job in jobs:
             self._fast_reply(job, row, None, exc)
@@ -484,13 +485,15 @@ class Dispatcher:
         self.active -= 1
         job.notify(job)
 
-    def _settle(self, job: Job, outcome: Outcome) -> None:
+    def _settle(self, job: Job, outcome: Outcome, t_out: float | None = None) -> None:
+        """Record how ``job`` ended and answer it (``t_out``: when, if already known)."""
         head = job.head
         if not head:
             self._finish(job.model, job.rid, job.client, job.t_in, job.request.wire,
                          outcome.device, outcome.status, outcome.attempts, True)
         else:  # answered by the device its first attempt went to: the line is started
-            t_out = self._clock()
+            if t_out is None:
+                t_out = self._clock()
             self.metrics.finished(job.model, outcome.status, t_out - job.t_in)
             self.store.complete_head(head, job.rid, outcome.device, t_out, outcome.status,
                                      len(job.request.wire), outcome.attempts)

@@ -162,6 +162,8 @@ class RequestStore:
         self._jsize = 0
         self._jseq = 0
         self._jbuf: list[str] = []  # journal records not written yet (deferred)
+        self._hex_of: float | None = None  # the last time written, and its text
+        self._hex = ""
         self._jmemo: dict[tuple[str, str, str | None], str] = {}
         self.abandoned_at_open = 0
         self.replayed_at_open = 0  #: completions recovered from journals by ``open()``
@@ -303,7 +305,9 @@ class RequestStore:
         names = self._jmemo.get(key)
         if names is None:
             names = self._names(key)
-        return f'[{_encode_json_str(rid)},{names}"{time_in.hex()}",'
+        if time_in is not self._hex_of:  # requests of one read share their time
+            self._hex_of, self._hex = time_in, time_in.hex()
+        return f'[{_encode_json_str(rid)},{names}"{self._hex}",'
 
     def complete_head(
         self, head: str, rid: str, device: str | None, time_out: float, status: str,
@@ -311,8 +315,10 @@ class RequestStore:
     ) -> None:
         """:meth:`complete` (deferred) with the journal line started by :meth:`line_head`
         (same id, device, size; the journal still on)."""
+        if time_out is not self._hex_of:  # the requests of one batch share their time
+            self._hex_of, self._hex = time_out, time_out.hex()
         line = (
-            f'{head}"{time_out.hex()}",{_STATUS_JSON.get(status) or _encode_json_str(status)},'
+            f'{head}"{self._hex}",{_STATUS_JSON.get(status) or _encode_json_str(status)},'
             f"{size},{attempts},null]\n"
         )
         self._jsize += len(line)
