@@ -252,3 +252,28 @@ def test_journal_line_made_ahead_equals_the_whole_line(tmp_path):
     reopened = RequestStore(tmp_path / "r.db")
     reopened.open()  # nothing left to replay: close() committed the rows
     reopened.close()
+
+
+def test_a_large_group_goes_as_two_batches(tmp_path):
+    sizes: list[int] = []
+
+    async def main():
+        backend, port = await start_backend(recording("A", sizes))
+        service = Service(parse_config(deployment(
+            tmp_path / "requests.db", {"m": {"max_batch": 64}},
+            [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [port]}],
+        )))
+        await service.start()
+        try:
+            address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
+            reqs = [text_request(f"h{k}") for k in range(32)]
+            replies = await asyncio.to_thread(one_read, address, reqs)
+        finally:
+            await service.stop()
+            await backend.shutdown()
+        assert [r.items[0].as_text() for r in replies] == [f"A:H{k}" for k in range(32)]
+        # one read of 32 requests: two batches of 16, so the first answers can go back
+        # while the backend works on the second
+        assert sizes == [16, 16]
+
+    run(main())

@@ -14,8 +14,10 @@ Adaptive batching (a model's ``max_batch`` > 1, MIP backends, requests from the 
 door): requests for the same device that arrive in one loop pass -- typically decoded from
 one read of a pipelining client -- are not sent one by one but joined into one MIP batch
 (their samples concatenated, up to ``max_batch`` samples and :data:`BATCH_BYTES` bytes; MIP
-samples are independent).  The reply is split back into one reply per request, byte for
-byte what the backend answers for the request alone.  A batch the backend answers with an
+samples are independent; 16 samples or more go as two batches of about half each, so that
+the first answers go back while the backend works on the second).  The reply is split
+back into one reply per request, byte for byte what the backend answers for the request
+alone.  A batch the backend answers with an
 error reply, or with a reply not shaped like the batch, is not taken as the answer of its
 requests: each is sent again on its own (so one bad request cannot fail the others).  A
 timeout or a lost connection fails every request of the batch the way it fails a single
@@ -53,6 +55,7 @@ from .store import ERROR, FAILED, OK, RequestStore
 log = logging.getLogger("wirekit.serve")
 
 BATCH_BYTES = 1 << 20  #: a joined batch stays under this many bytes (larger requests go alone)
+SPLIT_SAMPLES = 16  #: requests joined to this many samples or more go as two batches
 _HEAD = struct.Struct(">BBBBIBBH")  # MIP header + the inference counts
 
 
@@ -402,6 +405,21 @@ class Dispatcher:
             self._send_group(group, row, n_input, samples)
 
     def _send_group(self, jobs: list[Job], row: DeviceRow, n_input: int, samples: int) -> None:
+        if samples >= SPLIT_SAMPLES and len(jobs) > 1:
+            # Two batches rather than one: the answers to the first go back to the clients
+            # while the backend works on the second (client, dispatcher and backend overlap
+            # instead of taking turns).
+            half = k = 0
+            while 2 * half < samples:
+                half += jobs[k].request.message.batch_size
+                k += 1
+            if k < len(jobs):
+                self._send_batch(jobs[:k], row, n_input, half)
+                self._send_batch(jobs[k:], row, n_input, samples - half)
+                return
+        self._send_batch(jobs, row, n_input, samples)
+
+    def _send_batch(self, jobs: list[Job], row: DeviceRow, n_input: int, samples: int) -> None:
         if len(jobs) == 1:
             self._send_one(jobs[0], row)
             return
