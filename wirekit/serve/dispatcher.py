@@ -17,12 +17,11 @@ one read of a pipelining client -- are not sent one by one but joined into one M
 samples are independent; 16 samples or more go as two batches of about half each, so that
 the first answers go back while the backend works on the second).  The reply is split
 back into one reply per request, byte for byte what the backend answers for the request
-alone.  A batch the backend answers with an
-error reply, or with a reply not shaped like the batch, is not taken as the answer of its
-requests: each is sent again on its own (so one bad request cannot fail the others).  A
-timeout or a lost connection fails every request of the batch the way it fails a single
-one (resubmitted to another device).  Ids, store rows, metrics, the cache and the attempt
-count stay per request.
+alone.  A batch the backend answers with an error reply, or with a reply not shaped like
+the batch, is not taken as the answer of its requests: each is sent again on its own (so
+one bad request cannot fail the others).  A timeout or a lost connection fails every
+request of the batch the way it fails a single one (resubmitted to another device).  Ids,
+store rows, metrics, the cache and the attempt count stay per request.
 """
 
 from __future__ import annotations
