@@ -45,7 +45,7 @@ def table(report: dict) -> str:
         extra = " ".join(f"{k}={v}" for k, v in sorted(params.items()))
         key = f"{bench['group'] or bench['name']}{' ' + extra if extra else ''}"
         rows[key][who] = bench
-    head = (f"{'group':<52} {'contender':<14} {'median':>10} {'vs ours':>8} "
+    head = (f"{'group':<52} {'contender':<20} {'median':>10} {'vs ours':>8} "
             f"{'req/s':>9} {'ours/it':>8} {'p50/p99':>16}")
     lines = [head]
     for key in sorted(rows):
@@ -61,7 +61,7 @@ def table(report: dict) -> str:
                 if rate and ours_rate:
                     share = f"{100 * ours_rate / rate:.0f}%"
             lines.append(
-                f"{key:<52} {who:<14} {_fmt(median):>10} {slower:>8} "
+                f"{key:<52} {who:<20} {_fmt(median):>10} {slower:>8} "
                 f"{(f'{rate:.0f}' if rate else ''):>9} {share:>8} {_latency(bench):>16}"
             )
     return "\n".join(lines)

@@ -7,7 +7,10 @@ the cache off, so every request really goes to the backend.  Results are checked
 never asserted.
 
 * ``direct``: the client talks to the backend.
-* ``dispatcher``: through ``wirekit serve``.
+* ``dispatcher``: through ``wirekit serve``, every request sent to the backend on its own.
+* ``dispatcher-batching``: the same dispatcher process, a second model on the same backend
+  with adaptive batching on (``max_batch`` 32: requests to one device in one loop pass go out
+  as one MIP batch, the reply split back per request).
 * ``relay``: through a raw asyncio byte relay (bytes in from the client, out to the backend,
   and back; no parsing, no store): the floor of *any* process between client and backend.
 
@@ -135,9 +138,10 @@ def endpoints(tmp_path_factory):
             "listen": {"host": "127.0.0.1", "http_port": None},
             "store": {"path": str(tmp / "requests.db")},
             "cache": {"max_entries": 0},
-            "models": {"echo": {"port": 0, "timeout": 10}},
-            "nodes": [{"id": "n", "devices": ["CPU"], "models": ["echo"], "quotas": [1],
-                       "ports": [port]}],
+            "models": {"echo": {"port": 0, "timeout": 10},
+                       "echo-batching": {"port": 0, "timeout": 10, "max_batch": 32}},
+            "nodes": [{"id": "n", "devices": ["CPU"], "models": ["echo", "echo-batching"],
+                       "quotas": [0.5, 0.5], "ports": [port, port]}],
         }))
         dispatcher, line = _spawn(["serve", "--config", str(config)])
         try:
@@ -146,6 +150,8 @@ def endpoints(tmp_path_factory):
                 ready = json.loads(line)
                 yield {"direct": direct,
                        "dispatcher": f"tcp://127.0.0.1:{ready['mip']['echo']}",
+                       "dispatcher-batching":
+                           f"tcp://127.0.0.1:{ready['mip']['echo-batching']}",
                        "relay": relay_line.split()[-1]}
             finally:
                 _stop(relay)
@@ -177,7 +183,7 @@ ROUND = 256
 
 
 @pytest.mark.benchmark(group="serve mip batch 1, 32 in flight (per 256 requests)")
-@pytest.mark.parametrize("who", ["dispatcher", "relay", "direct"])
+@pytest.mark.parametrize("who", ["dispatcher", "dispatcher-batching", "relay", "direct"])
 def test_request_throughput(benchmark, endpoints, who):
     """256 requests, 32 in flight on one pipelined connection: the round's time / 256 is the
     cost of one request under load (its inverse the requests per second)."""

@@ -54,6 +54,8 @@ class MipBackend:
         #: the client's own deadline bounds each call (raising a TimeoutError), so the
         #: dispatcher need not arm a second timer for the same timeout
         self.enforces_timeout = True
+        #: a MIP server takes any batch: the dispatcher may join requests (``max_batch``)
+        self.batchable = True
         self._client = AsyncClient(self.address, timeout=timeout, max_in_flight=max_in_flight)
 
     async def infer(self, request: Payload) -> Payload:

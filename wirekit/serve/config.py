@@ -81,6 +81,10 @@ class ModelConfig:
     timeout: float = 5.0  #: seconds one attempt may take before it is resubmitted
     attempts: int = 3  #: attempts per request, the first one included
     apps: tuple[str, ...] = ()  #: extra names for Clipper's ``POST /{app}/predict``
+    #: adaptive batching to MIP backends: requests from the MIP front door waiting for the
+    #: same device in one loop pass go out as one MIP batch of at most this many samples
+    #: (1: off, every request is sent on its own)
+    max_batch: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +294,7 @@ def parse_config(doc: Any) -> Deployment:
         md = _table(
             model_docs.get(name, {}),
             where,
-            {"port", "backend", "timeout", "attempts", "apps"},
+            {"port", "backend", "timeout", "attempts", "apps", "max_batch"},
         )
         backend = md.get("backend", "mip")
         if backend not in BACKEND_KINDS:
@@ -313,6 +317,7 @@ def parse_config(doc: Any) -> Deployment:
             timeout=_num(md.get("timeout", 5.0), f"{where}.timeout", lo=0, lo_open=True),
             attempts=_int(md.get("attempts", 3), f"{where}.attempts", lo=1, hi=100),
             apps=apps,
+            max_batch=_int(md.get("max_batch", 1), f"{where}.max_batch", lo=1, hi=65535),
         )
     for port_key in ("http_port", "clipper_rpc_port"):
         port = {"http_port": http_port, "clipper_rpc_port": clipper_rpc_port}[port_key]

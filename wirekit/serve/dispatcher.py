@@ -9,6 +9,19 @@ For each request :meth:`Dispatcher.submit`:
    the model's attempt limit;
 4. records the time out and status (journaled before the answer, see
    :mod:`wirekit.serve.store`) and returns exactly one :class:`Outcome`.
+
+Adaptive batching (a model's ``max_batch`` > 1, MIP backends, requests from the MIP front
+door): requests for the same device that arrive in one loop pass -- typically decoded from
+one read of a pipelining client -- are not sent one by one but joined into one MIP batch
+(their samples concatenated, up to ``max_batch`` samples and :data:`BATCH_BYTES` bytes; MIP
+samples are independent; 16 samples or more go as two batches of about half each, so that
+the first answers go back while the backend works on the second).  The reply is split
+back into one reply per request, byte for byte what the backend answers for the request
+alone.  A batch the backend answers with an error reply, or with a reply not shaped like
+the batch, is not taken as the answer of its requests: each is sent again on its own (so
+one bad request cannot fail the others).  A timeout or a lost connection fails every
+request of the batch the way it fails a single one (resubmitted to another device).  Ids,
+store rows, metrics, the cache and the attempt count stay per request.
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ import asyncio
 import itertools
 import logging
 import os
+import struct
 import sys
 import time
 from collections.abc import Mapping
@@ -39,6 +53,43 @@ from .store import ERROR, FAILED, OK, RequestStore
 
 log = logging.getLogger("wirekit.serve")
 
+BATCH_BYTES = 1 << 20  #: a joined batch stays under this many bytes (larger requests go alone)
+SPLIT_SAMPLES = 16  #: requests joined to this many samples or more go as two batches
+_HEAD = struct.Struct(">BBBBIBBH")  # MIP header + the inference counts
+
+
+def join_requests(wires: list[bytes], n_input: int, samples: int) -> bytes:
+    """One MIP inference request holding the samples of every request in ``wires`` (each
+    an encoded inference request with ``n_input`` inputs per sample), in order."""
+    body = sum(len(w) for w in wires) - 12 * len(wires)
+    return b"".join([
+        _HEAD.pack(0, 2, 0, 0, 4 + body, n_input, 0, samples),
+        *[memoryview(w)[12:] for w in wires],
+    ])
+
+
+def split_reply(frame: bytes, msg: Inference, counts: list[int]) -> list[bytes] | None:
+    """Split the reply ``frame`` (decoded: ``msg``) to a joined request into one reply per
+    request of ``counts`` samples each; None when the reply does not have that shape."""
+    n_out = msg.n_output
+    items = msg.items
+    if msg.batch_size != sum(counts) or len(items) != msg.batch_size * n_out:
+        return None
+    n_in = frame[8]
+    view = memoryview(frame)
+    out = []
+    pos = 12
+    k = 0
+    pack = _HEAD.pack
+    for b in counts:
+        start = pos
+        end = k + b * n_out
+        while k < end:
+            pos += 8 + len(items[k][1])
+            k += 1
+        out.append(pack(0, 2, 1, 0, 4 + pos - start, n_in, n_out, b) + view[start:pos])
+    return out
+
 
 async def _infer_within(backend: Backend, request: Payload, timeout: float) -> Payload:
     if getattr(backend, "timeout", None) == timeout and getattr(backend, "enforces_timeout", 0):
@@ -52,8 +103,8 @@ async def _infer_within(backend: Backend, request: Payload, timeout: float) -> P
 class Job:
     """One request taken by :meth:`Dispatcher.start` (the MIP front door's way in)."""
 
-    __slots__ = ("cfg", "client", "error", "key", "model", "notify", "outcome", "request",
-                 "rid", "t_in")
+    __slots__ = ("cfg", "client", "error", "head", "key", "model", "notify", "outcome",
+                 "request", "rid", "t_in")
 
     def __init__(self, model: str, request: Payload, client: str, notify) -> None:
         self.model = model
@@ -66,15 +117,18 @@ class Job:
         self.cfg: ModelConfig | None = None
         self.t_in = 0.0
         self.key: bytes | None = None
+        #: its journal line's start, made while it is sent ("" or None: none)
+        self.head: str | None = None
 
 
 class UnknownModel(LookupError):
     """A request names a model the deployment does not serve."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Outcome:
-    """The one answer to a request."""
+    """The one answer to a request (not frozen: a frozen dataclass costs a microsecond more
+    to build, per request)."""
 
     id: str
     status: str  #: "ok", "error" (the backend answered with an error) or "failed"
@@ -120,6 +174,10 @@ class Dispatcher:
         self.active = 0  #: requests started with :meth:`start` and not answered yet
         self.closing = False
         self.tasks: set[asyncio.Task] = set()  #: attempt loops of started requests
+        self.batches = 0  #: joined batches sent to backends (adaptive batching)
+        self.batch_retries = 0  #: joined batches whose requests were sent again one by one
+        self._waiting: dict[str, list[Job]] = {}  # row key -> jobs to join this loop pass
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def new_id(self) -> str:
         return f"{self._prefix}{next(self._ids):x}"
@@ -153,11 +211,8 @@ class Dispatcher:
     def _finish(self, model, rid, client, t_in, wire, device, status, attempts, defer) -> None:
         t_out = self._clock()
         self.metrics.finished(model, status, t_out - t_in)
-        self.store.completion(
-            rid, device, t_out, status, attempts,
-            model=model, client=client, time_in=t_in, size=len(wire), payload=wire,
-            defer=defer,
-        )
+        self.store.complete(rid, model, client, device, t_in, t_out, status, len(wire),
+                            attempts, wire, defer)
 
     async def _answer(
         self,
@@ -238,20 +293,18 @@ class Dispatcher:
         cfg = self.models.get(job.model)
         if cfg is None:
             raise UnknownModel(job.model)
-        request = job.request
-        wire = request.wire
-        job.rid = rid = self.new_id()
         job.cfg = cfg
-        job.t_in = self._clock()
-        self.store.arrival(rid, job.model, job.client, job.t_in, len(wire), wire)
-        self.metrics.arrived(job.model)
+        if not job.t_in:
+            job.t_in = self._clock()
         self.active += 1
+        batching = cfg.max_batch > 1
         cache = self.cache
         if cache.enabled:
-            job.key = key = digest(memoryview(wire)[8:])
+            self._arrive(job)
+            job.key = key = digest(memoryview(job.request.wire)[8:])
             hit = cache.get(cfg.name, key)
             if hit is not None:
-                self._settle(job, Outcome(rid, OK, hit, "cache", 0))
+                self._settle(job, Outcome(job.rid, OK, hit, "cache", 0))
                 return
         row = None
         if not self.closing:
@@ -259,13 +312,173 @@ class Dispatcher:
                 row = self.router.choose(cfg.name, ())
             except NoDevice:
                 row = None
-        if row is not None:
-            send = getattr(self.backends[row.key], "send_nowait", None)
-            if send is not None and send(wire, partial(self._fast_reply, job, row)):
-                return
+        if batching and row is not None and getattr(self.backends[row.key], "batchable", False):
+            # Joined with the other requests for this device at the end of the loop pass;
+            # its arrival is recorded once the batch is on its way (while the backend works).
+            waiting = self._waiting.get(row.key)
+            if waiting is None:
+                self._waiting[row.key] = [job]
+                loop = self._loop
+                if loop is None:
+                    loop = self._loop = asyncio.get_running_loop()
+                loop.call_soon(self._send_waiting, row)
+            else:
+                waiting.append(job)
+            return
+        if row is None:
+            if not job.rid:
+                self._arrive(job)
+            self._spawn(job)
+        elif job.rid:
+            self._send_one(job, row)
+        else:
+            # On its way first, recorded after (the backend works meanwhile; its reply
+            # cannot be handled before this returns).
+            if self._send_one(job, row):
+                self._arrive(job)
+                job.head = self.store.line_head(job.rid, job.model, job.client, row.key,
+                                                job.t_in, len(job.request.wire))
+            else:
+                self._arrive(job)
+
+    def _arrive(self, job: Job) -> None:
+        """Give ``job`` its id and record its arrival (store row, metrics)."""
+        wire = job.request.wire
+        job.rid = rid = self.new_id()
+        self.store.arrival(rid, job.model, job.client, job.t_in, len(wire), wire)
+        self.metrics.arrived(job.model)
+
+    def _send_one(self, job: Job, row: DeviceRow) -> bool:
+        """The first attempt of ``job`` to ``row``: at once on its open connection, with the
+        reply handled in a callback (True), or else in the attempt loop (a task, False).
+        ``job`` must have its id before the loop runs again."""
+        send = getattr(self.backends[row.key], "send_nowait", None)
+        if send is not None and send(job.request.wire, partial(self._fast_reply, job, row)):
+            return True
         self._spawn(job, first=row)
+        return False
+
+    # ------------------------------------------------------------------ adaptive batching
+
+    def _send_waiting(self, row: DeviceRow) -> None:
+        """Send the jobs waiting for ``row`` (end of a loop pass): runs of requests with the
+        same inputs per sample are joined, up to the model's ``max_batch`` samples."""
+        jobs = self._waiting.pop(row.key)
+        try:
+            self._send_jobs(jobs, row)
+        finally:
+            head = self.store.line_head
+            key = row.key
+            for job in jobs:
+                if not job.rid:
+                    self._arrive(job)
+                    if job.head is None:  # not handed to the attempt loop
+                        job.head = head(job.rid, job.model, job.client, key, job.t_in,
+                                        len(job.request.wire))
+
+    def _send_jobs(self, jobs: list[Job], row: DeviceRow) -> None:
+        if len(jobs) == 1:
+            self._send_one(jobs[0], row)
+            return
+        limit = jobs[0].cfg.max_batch
+        group: list[Job] = []
+        n_input = samples = size = 0
+        for job in jobs:
+            msg = job.request.message
+            b = msg.batch_size
+            if not b:  # nothing to join: as it is, alone
+                self._send_one(job, row)
+                continue
+            n = len(job.request.wire)
+            if group and (
+                msg.n_input != n_input or samples + b > limit or size + n > BATCH_BYTES
+            ):
+                self._send_group(group, row, n_input, samples)
+                group = []
+            if not group:
+                n_input, samples, size = msg.n_input, 0, 12
+            group.append(job)
+            samples += b
+            size += n - 12
+        if group:
+            self._send_group(group, row, n_input, samples)
+
+    def _send_group(self, jobs: list[Job], row: DeviceRow, n_input: int, samples: int) -> None:
+        if samples >= SPLIT_SAMPLES and len(jobs) > 1:
+            # Two batches rather than one: the answers to the first go back to the clients
+            # while the backend works on the second (client, dispatcher and backend overlap
+            # instead of taking turns).
+            half = k = 0
+            while 2 * half < samples:
+                half += jobs[k].request.message.batch_size
+                k += 1
+            if k < len(jobs):
+                self._send_batch(jobs[:k], row, n_input, half)
+                self._send_batch(jobs[k:], row, n_input, samples - half)
+                return
+        self._send_batch(jobs, row, n_input, samples)
+
+    def _send_batch(self, jobs: list[Job], row: DeviceRow, n_input: int, samples: int) -> None:
+        if len(jobs) == 1:
+            self._send_one(jobs[0], row)
+            return
+        self.batches += 1
+        wire = join_requests([j.request.wire for j in jobs], n_input, samples)
+        backend = self.backends[row.key]
+        if backend.send_nowait(wire, partial(self._group_reply, jobs, row)):
+            return
+        task = asyncio.get_running_loop().create_task(self._group_slow(jobs, row, wire))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _group_slow(self, jobs: list[Job], row: DeviceRow, wire: bytes) -> None:
+        """A joined batch through the backend's coroutine call (no connection open yet, or
+        no free slot)."""
+        try:
+            reply = await _infer_within(self.backends[row.key], Payload(wire), jobs[0].cfg.timeout)
+        except Exception as exc:
+            self._group_reply(jobs, row, None, exc)
+            return
+        except BaseException as exc:
+            for job in jobs:
+                self._abort(job, exc)
+            raise
+        self._group_reply(jobs, row, reply.wire, None)
+
+    def _group_reply(self, jobs: list[Job], row: DeviceRow, frame: bytes | None, exc) -> None:
+        """The reply to a joined batch: split per request, or each request on its own."""
+        if exc is None:
+            try:
+                msg = decode_reply(mip, frame)
+            except DecodeError as err:
+                exc = err
+            else:
+                self.router.succeed(row)
+                parts = None
+                if type(msg) is Inference and msg.response:
+                    parts = split_reply(frame, msg, [j.request.message.batch_size for j in jobs])
+                if parts is None:
+                    # An error reply (or a reply not shaped like the batch) may be the fault
+                    # of one request: each is sent again alone and gets its own answer.
+                    self.batch_retries += 1
+                    log.info("a batch of %d requests to %s was answered %s: sending them"
+                             " one by one", len(jobs), row.key, msg)
+                    for job in jobs:
+                        self._send_one(job, row)
+                    return
+                cache, key = self.cache, row.key
+                t_out = self._clock()  # answered together
+                for job, wire in zip(jobs, parts, strict=True):
+                    reply = Payload(wire)
+                    if job.key is not None:
+                        cache.put(job.cfg.name, job.key, reply, len(wire))
+                    self._settle(job, Outcome(job.rid, OK, reply, key, 1), t_out)
+                return
+        for job in jobs:
+            self._fast_reply(job, row, None, exc)
 
     def _spawn(self, job: Job, **resume) -> None:
+        job.head = ""  # no line made ahead: the device that answers is not known yet
         task = asyncio.get_running_loop().create_task(self._slow(job, **resume))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -277,18 +490,30 @@ class Dispatcher:
                 job.rid, job.cfg, request, request.wire, checked=True, key=job.key, **resume
             )
         except BaseException as exc:
-            # Cancelled (shutdown): still close the row, and answer.
-            self._finish(job.model, job.rid, job.client, job.t_in, request.wire, None, FAILED,
-                         0, True)
-            job.error = exc
-            self.active -= 1
-            job.notify(job)
+            self._abort(job, exc)
             raise
         self._settle(job, outcome)
 
-    def _settle(self, job: Job, outcome: Outcome) -> None:
-        self._finish(job.model, job.rid, job.client, job.t_in, job.request.wire,
-                     outcome.device, outcome.status, outcome.attempts, True)
+    def _abort(self, job: Job, exc: BaseException) -> None:
+        """Cancelled (shutdown): still close the row, and answer."""
+        self._finish(job.model, job.rid, job.client, job.t_in, job.request.wire, None, FAILED,
+                     0, True)
+        job.error = exc
+        self.active -= 1
+        job.notify(job)
+
+    def _settle(self, job: Job, outcome: Outcome, t_out: float | None = None) -> None:
+        """Record how ``job`` ended and answer it (``t_out``: when, if already known)."""
+        head = job.head
+        if not head:
+            self._finish(job.model, job.rid, job.client, job.t_in, job.request.wire,
+                         outcome.device, outcome.status, outcome.attempts, True)
+        else:  # answered by the device its first attempt went to: the line is started
+            if t_out is None:
+                t_out = self._clock()
+            self.metrics.finished(job.model, outcome.status, t_out - job.t_in)
+            self.store.complete_head(head, job.rid, outcome.device, t_out, outcome.status,
+                                     len(job.request.wire), outcome.attempts)
         job.outcome = outcome
         self.active -= 1
         job.notify(job)

@@ -41,6 +41,8 @@ class MipFrontDoor(asyncio.Protocol):
     ) -> None:
         self.dispatcher = dispatcher
         self.store = dispatcher.store
+        self._clock = dispatcher._clock
+        self._now = 0.0
         self.loop = asyncio.get_running_loop()
         self.model = model
         self.tasks = tasks
@@ -72,11 +74,16 @@ class MipFrontDoor(asyncio.Protocol):
             self._skip -= drop
             data = data[drop:]
         buf = self._buf
-        buf += data
+        if buf or type(data) is not bytes:
+            buf += data
+            src = buf
+        else:  # nothing buffered: frames are sliced from the read itself (one copy less)
+            src = data
         pos = 0
-        n = len(buf)
+        self._now = self._clock()  # the arrival time of the requests of this read
+        n = len(src)
         while n - pos >= mip.HEADER_SIZE and not self._closing:
-            header = bytes(buf[pos : pos + mip.HEADER_SIZE])
+            header = bytes(src[pos : pos + mip.HEADER_SIZE])
             try:
                 _kind, _sub, remaining = mip.check_header(header)
             except DecodeError as exc:
@@ -97,10 +104,18 @@ class MipFrontDoor(asyncio.Protocol):
                 break
             if n - pos < size:
                 break
-            frame = bytes(buf[pos : pos + size])
+            if src is buf:
+                frame = bytes(buf[pos : pos + size])
+            elif size == n:
+                frame = data  # the read is exactly one message
+            else:
+                frame = data[pos : pos + size]
             pos += size
             self._handle(frame)
-        del buf[:pos]
+        if src is buf:
+            del buf[:pos]
+        elif pos < n and not self._closing:
+            buf += memoryview(data)[pos:]
         self._flush()
         if len(self._pending) > MAX_PIPELINED and not self._paused and self.transport:
             self._paused = True
@@ -121,6 +136,7 @@ class MipFrontDoor(asyncio.Protocol):
         # Its completion record waits for _flush, which writes the journal (all the
         # records of this loop pass at once) before any answer goes out.
         job = Job(self.model, Payload(frame, msg), self.client, self._done)
+        job.t_in = self._now
         self._pending.append(job)
         try:
             self.dispatcher.start(job)

@@ -39,6 +39,8 @@ class Router:
         self._cum: dict[str, list[float]] = {
             m: list(accumulate(r.quota for r in rs)) for m, rs in self._rows.items()
         }
+        #: models served by one device: no draw needed
+        self._single = {m: rs[0] for m, rs in self._rows.items() if len(rs) == 1}
         self.backoff = backoff
         self._rng = rng or random.Random()
         self._clock = clock
@@ -62,6 +64,11 @@ class Router:
         """A device for one request: weighted by quota, skipping ``exclude`` and backed-off
         devices.  If every device not excluded is backed off, the one coming back soonest is
         used rather than failing.  Raises :class:`NoDevice` when nothing is left."""
+        if not exclude:
+            # One device: it is used even while backed off (the one coming back soonest).
+            one = self._single.get(model)
+            if one is not None:
+                return one
         rows = self._rows.get(model)
         if rows is None:
             raise NoDevice(f"unknown model {model!r}")

@@ -139,7 +139,9 @@ class Service:
         """The ``/stats`` document."""
         snap = self.metrics.snapshot()
         snap.update(self.extra())
-        snap["resubmissions"] = self.dispatcher.resubmissions if self.dispatcher else 0
+        d = self.dispatcher
+        snap["resubmissions"] = d.resubmissions if d else 0
+        snap["batches"] = {"sent": d.batches if d else 0, "retried": d.batch_retries if d else 0}
         return snap
 
     def metrics_text(self) -> bytes:

@@ -65,6 +65,7 @@ _REPLAY = (
 
 _ARRIVAL, _COMPLETION, _BATCH, _STOP = 0, 1, 2, 3
 _encode_json_str = json.encoder.encode_basestring_ascii  # '"..."', escaped, ASCII only
+_STATUS_JSON = {v: _encode_json_str(v) for v in (QUEUED, OK, ERROR, FAILED, ABANDONED)}
 
 
 def _json_time(value: Any) -> str:
@@ -161,7 +162,9 @@ class RequestStore:
         self._jsize = 0
         self._jseq = 0
         self._jbuf: list[str] = []  # journal records not written yet (deferred)
-        self._jmemo: dict[str, str] = {}
+        self._hex_of: float | None = None  # the last time written, and its text
+        self._hex = ""
+        self._jmemo: dict[tuple[str, str, str | None], str] = {}
         self.abandoned_at_open = 0
         self.replayed_at_open = 0  #: completions recovered from journals by ``open()``
         self.commits = 0  #: write transactions so far
@@ -232,24 +235,107 @@ class RequestStore:
         ``defer``: then the record waits in memory, and the caller must call
         :meth:`write_journal` before it answers the client (so that the completions of one
         loop pass go out in one system call)."""
+        self.complete(rid, model, client, device, time_in, time_out, status, size, attempts,
+                      payload, defer)
+
+    def complete(
+        self,
+        rid: str,
+        model: str,
+        client: str,
+        device: str | None,
+        time_in: float,
+        time_out: float,
+        status: str,
+        size: int,
+        attempts: int,
+        payload: Any = None,
+        defer: bool = False,
+    ) -> None:
+        """:meth:`completion` with every argument positional, in the order of the journal
+        line (the dispatcher's per-request path)."""
         if self._jfd is not None:
-            js = self._json_str
-            blob = "null"
-            if self.payloads and payload is not None:
-                blob = '"' + base64.b64encode(payload).decode("ascii") + '"'
-            # Times as exact hex floats ('"0x1.9a...p+30"': several times cheaper to write
-            # than repr), read back with float.fromhex by _replay.
-            line = (
-                f"[{_encode_json_str(rid)},{js(model)},{js(client)},{js(device)},"
-                f"{_json_time(time_in)},{_json_time(time_out)},{js(status)},"
-                f"{size if type(size) is int else _json_num(size)},"
-                f"{attempts if type(attempts) is int else _json_num(attempts)},{blob}]\n"
-            )
+            # The line: [id, model, client, device, time in, time out, status, size,
+            # attempts, payload].  Times as exact hex floats ('"0x1.9a...p+30"': several
+            # times cheaper to write than repr), read back with float.fromhex by _replay.
+            key = (model, client, device)
+            names = self._jmemo.get(key)
+            if names is None:
+                names = self._names(key)
+            if (
+                type(time_in) is float and type(time_out) is float and type(size) is int
+                and type(attempts) is int and time_in - time_in == 0
+                and time_out - time_out == 0 and (payload is None or not self.payloads)
+            ):
+                line = (
+                    f'[{_encode_json_str(rid)},{names}"{time_in.hex()}","{time_out.hex()}",'
+                    f"{_STATUS_JSON.get(status) or _encode_json_str(status)},{size},"
+                    f"{attempts},null]\n"
+                )
+            else:
+                blob = "null"
+                if self.payloads and payload is not None:
+                    blob = '"' + base64.b64encode(payload).decode("ascii") + '"'
+                line = (
+                    f"[{_encode_json_str(rid)},{names}"
+                    f"{_json_time(time_in)},{_json_time(time_out)},{_encode_json_str(status)},"
+                    f"{size if type(size) is int else _json_num(size)},"
+                    f"{attempts if type(attempts) is int else _json_num(attempts)},{blob}]\n"
+                )
             self._jsize += len(line)
             self._jbuf.append(line)
             if not defer:
                 self.write_journal()
-        self._add(_COMPLETION, (device, time_out, status, attempts, rid))
+        pending = self._pending
+        pending.append((_COMPLETION, (device, time_out, status, attempts, rid)))
+        if len(pending) >= self.batch_max or self._timer is None:
+            self._added()
+
+    def line_head(
+        self, rid: str, model: str, client: str, device: str | None, time_in: float, size: int
+    ) -> str | None:
+        """The start of a completion's journal line, made ahead (while the request is with
+        its backend) for :meth:`complete_head`; None when that shortcut does not apply."""
+        if (
+            self._jfd is None or self.payloads or type(time_in) is not float
+            or type(size) is not int or time_in - time_in != 0
+        ):
+            return None
+        key = (model, client, device)
+        names = self._jmemo.get(key)
+        if names is None:
+            names = self._names(key)
+        if time_in is not self._hex_of:  # requests of one read share their time
+            self._hex_of, self._hex = time_in, time_in.hex()
+        return f'[{_encode_json_str(rid)},{names}"{self._hex}",'
+
+    def complete_head(
+        self, head: str, rid: str, device: str | None, time_out: float, status: str,
+        size: int, attempts: int,
+    ) -> None:
+        """:meth:`complete` (deferred) with the journal line started by :meth:`line_head`
+        (same id, device, size; the journal still on)."""
+        if time_out is not self._hex_of:  # the requests of one batch share their time
+            self._hex_of, self._hex = time_out, time_out.hex()
+        line = (
+            f'{head}"{self._hex}",{_STATUS_JSON.get(status) or _encode_json_str(status)},'
+            f"{size},{attempts},null]\n"
+        )
+        self._jsize += len(line)
+        self._jbuf.append(line)
+        pending = self._pending
+        pending.append((_COMPLETION, (device, time_out, status, attempts, rid)))
+        if len(pending) >= self.batch_max or self._timer is None:
+            self._added()
+
+    def _names(self, key: tuple[str, str, str | None]) -> str:
+        """The JSON text of model, client and device, each followed by a comma (memoised:
+        they repeat)."""
+        text = "".join(f"{self._json_str(v)}," for v in key)
+        memo = self._jmemo
+        if len(memo) < 4096:
+            memo[key] = text
+        return text
 
     def write_journal(self) -> None:
         """Write the deferred journal records (one system call); a no-op when none wait."""
@@ -262,16 +348,10 @@ class RequestStore:
             data = data[os.write(self._jfd, data) :]
 
     def _json_str(self, value: str | None) -> str:
-        """JSON text of a string (memoised: models, clients and devices repeat)."""
+        """JSON text of a string, or null."""
         if value is None:
             return "null"
-        memo = self._jmemo
-        text = memo.get(value)
-        if text is None:
-            text = _encode_json_str(value)
-            if len(memo) < 4096:
-                memo[value] = text
-        return text
+        return _encode_json_str(value)
 
     async def flush(self) -> None:
         """Hand everything over now and wait until it is committed."""
@@ -283,6 +363,11 @@ class RequestStore:
 
     def _add(self, kind: int, row: tuple[Any, ...]) -> None:
         self._pending.append((kind, row))
+        if len(self._pending) >= self.batch_max or self._timer is None:
+            self._added()
+
+    def _added(self) -> None:
+        """After an append: hand over a full batch, or arm the flush timer."""
         if len(self._pending) >= self.batch_max:
             self._handoff()
         elif self._timer is None:
