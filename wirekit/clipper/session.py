@@ -391,6 +391,9 @@ class FrontendState:
         self._replica_ids: dict[str, itertools.count] = {}
         self._next_id = 0
         self._next_check = 0.0
+        # Never later than the true next deadline (batches added since the last tick lower
+        # it; batches that finish do not raise it): deadline() without a scan per message.
+        self._due = 0.0 if self.generation is not Generation.G2016 else float("inf")
         self._hb_type0 = self._hb_type1 = None
         if self.generation is not Generation.G2016:
             self._hb_type0 = encode(HeartbeatReply(HeartbeatType.KEEPALIVE), self.generation)
@@ -497,6 +500,8 @@ class FrontendState:
                 self.events.append(Failed(token, _type_error(model_name, types, input_type)))
                 return
         self.pending.setdefault(model_name, deque()).append(batch)
+        if deadline < self._due:
+            self._due = deadline
 
     def _pick(self, model_name: str, batch: Batch) -> Replica | None:
         best = None
@@ -553,7 +558,11 @@ class FrontendState:
     # -- time --
 
     def deadline(self) -> float:
-        """The next time :meth:`tick` has work (expiry check or a batch deadline)."""
+        """When :meth:`tick` next may have work (expiry check or a batch deadline); never
+        later than the true time, at times earlier (a tick then finds nothing to do)."""
+        return self._due
+
+    def _soonest(self) -> float:
         soonest = self._next_check if self._hb_type0 is not None else float("inf")
         for queue in self.pending.values():
             for batch in queue:
@@ -588,6 +597,7 @@ class FrontendState:
                 queue.clear()
                 queue.extend(keep)
         out.extend(self.dispatch(now))
+        self._due = self._soonest()
         return out
 
     def _timeout_error(self, batch: Batch) -> PredictionError:
