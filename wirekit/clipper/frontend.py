@@ -79,12 +79,14 @@ class _Call:
         return self._done
 
     def set_result(self, value: Any) -> None:
-        self._value = value
-        self._finish()
+        if not self._done:
+            self._value = value
+            self._finish()
 
     def set_exception(self, error: BaseException) -> None:
-        self._error = error
-        self._finish()
+        if not self._done:
+            self._error = error
+            self._finish()
 
     def _finish(self) -> None:
         self._done = True
@@ -379,6 +381,11 @@ class Frontend:
                     continue
                 now = time.monotonic()
                 self._handle(sock, head, now, out)
+                if future is None and state.in_flight:
+                    # The background thread serves many callers: take every answer already
+                    # here before completing futures and sending what they submit (fewer
+                    # wake-ups on both ends, frames leave in bursts).
+                    self._drain_more(sock, now, out)
                 if now >= look_at:
                     look_at = now + _FAST_WAIT
                     self._look_around(_zmq_poll(items, 0), now, out)
@@ -487,6 +494,15 @@ class Frontend:
             if state.events:
                 break
 
+    def _drain_more(self, sock: zmq.Socket, now: float, out: list) -> None:
+        recv = _zrecv
+        for _ in range(255):  # bounded, so timers and callers get their turn
+            try:
+                head = recv(sock, NOBLOCK, False)
+            except zmq.Again:
+                return
+            self._handle(sock, head, now, out)
+
     def _handle(self, sock: zmq.Socket, head: zmq.Frame, now: float, out: list) -> None:
         """One message from a container, whose identity frame is ``head``."""
         state = self.state
@@ -528,12 +544,13 @@ class Frontend:
             if type(token) is tuple:
                 self._answer_query(token[1], event)
                 continue
-            if token.done():
-                continue
-            if type(event) is Completed:
-                token.set_result(event.outputs)
-            else:
-                token.set_exception(event.error)
+            try:  # a token already done (a cancelled future) refuses: nothing to do
+                if type(event) is Completed:
+                    token.set_result(event.outputs)
+                else:
+                    token.set_exception(event.error)
+            except concurrent.futures.InvalidStateError:
+                pass
 
     def _fail_all(self, reason: str) -> None:
         state = self.state
