@@ -207,7 +207,7 @@ class ContainerSession:
 
     def deadline(self) -> float:
         """When :meth:`tick` next has something to do (``inf`` for 2016)."""
-        if not self.heartbeats or self.state == "closed":
+        if self._heartbeat is None or self.state == "closed":
             return float("inf")
         return min(self.last_sent + self.poll_interval,
                    self.last_received + self.activity_timeout)
@@ -492,14 +492,20 @@ class FrontendState:
             input_type = infer_input_type(inputs)
         batch = Batch(model_name, inputs, input_type, deadline, token, count)
         replicas = self.models.get(model_name)
-        if replicas and input_type is not None and not any(
-            r.input_type == input_type and r.alive for r in replicas
-        ):
-            types = {r.input_type for r in replicas if r.alive}
-            if types:
-                self.events.append(Failed(token, _type_error(model_name, types, input_type)))
-                return
-        self.pending.setdefault(model_name, deque()).append(batch)
+        if replicas and input_type is not None:
+            for r in replicas:  # one live replica taking this type is enough
+                if r.input_type == input_type and r.alive:
+                    break
+            else:
+                types = {r.input_type for r in replicas if r.alive}
+                if types:
+                    self.events.append(Failed(token, _type_error(model_name, types,
+                                                                 input_type)))
+                    return
+        queue = self.pending.get(model_name)
+        if queue is None:
+            queue = self.pending[model_name] = deque()
+        queue.append(batch)
         if deadline < self._due:
             self._due = deadline
 
