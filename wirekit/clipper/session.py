@@ -431,7 +431,8 @@ class FrontendState:
                             msg.msg_id, identity.hex())
                 return []
             self._response(replica, msg)
-            return self.dispatch(now)
+            # Only this replica's model gained room: nothing to do unless it has a queue.
+            return self.dispatch(now) if self.pending.get(replica.model_name) else []
         if kind is Heartbeat:
             if replica is None:
                 return [[identity, *self._hb_type1]]
