@@ -247,6 +247,25 @@ def test_no_replica_before_the_timeout():
     assert "no live replica registered" in str(fe.events[0].error)
 
 
+
+def test_deadline_is_never_late_and_exact_after_a_tick():
+    fe = FrontendState("2017", activity_timeout=30.0)
+    register(fe, b"A", Generation.G2017)
+    fe.tick(0.0)  # the first expiry check: next one at 10 s
+    assert fe.deadline() == 10.0
+    fe.submit("m", [[1.0]], 4.0, "early")
+    fe.submit("m", [[2.0]], 7.0, "late")
+    assert fe.deadline() == 4.0  # the soonest batch, without a tick
+    ((_, msg),) = decode_out(fe.dispatch(1.0), Generation.G2017)
+    fe.receive(b"A", clipper.encode(PredictResponse(msg.msg_id, ["x"]), "2017"), 1.0)
+    assert [e.token for e in fe.events] == ["early"]
+    assert fe.deadline() <= 7.0  # a lower bound while the late batch waits
+    fe.tick(2.0)
+    assert fe.deadline() == 7.0  # made exact: the answered batch no longer counts
+    fe.tick(7.0)
+    assert fe.events[-1].token == "late" and "no answer" in str(fe.events[-1].error)
+    assert fe.deadline() == 10.0
+
 def test_frontend_logs_malformed_and_out_of_order_messages(caplog):
     fe = FrontendState("v3")
     assert fe.receive(b"A", [b"", b"\xff"], 0.0) == []

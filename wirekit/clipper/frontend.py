@@ -38,6 +38,7 @@ from wirekit.errors import WirekitError
 
 from ._zio import NOBLOCK, recv_frames, send_frames
 from ._zio import _recv as _zrecv
+from ._zio import _send as _zsend
 from .container import parse_input_type
 from .messages import Generation, InputType, as_generation
 from .session import (
@@ -78,12 +79,14 @@ class _Call:
         return self._done
 
     def set_result(self, value: Any) -> None:
-        self._value = value
-        self._finish()
+        if not self._done:
+            self._value = value
+            self._finish()
 
     def set_exception(self, error: BaseException) -> None:
-        self._error = error
-        self._finish()
+        if not self._done:
+            self._error = error
+            self._finish()
 
     def _finish(self) -> None:
         self._done = True
@@ -143,9 +146,10 @@ class Frontend:
         self._thread: threading.Thread | None = None
         self._owner: int | None = None  # the thread driving the sockets now, if any
         self._bg_ident: int | None = None
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        # Wake-ups travel as a message into the ROUTER itself (from a DEALER on inproc, used
+        # under _wake_lock): the thread driving the sockets sees them whether it polls or sits
+        # in a blocking receive on the ROUTER.
+        self._waker: zmq.Socket | None = None
         self._closed = False
         self._wake_lock = threading.Lock()
         self._sock: zmq.Socket | None = None
@@ -171,6 +175,12 @@ class Frontend:
             self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             sock.bind(self.listen)
             self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            wake_at = f"inproc://wirekit-clipper-wake-{os.getpid()}-{id(self):x}"
+            sock.bind(wake_at)
+            self._waker = self.context.socket(zmq.DEALER)
+            self._waker.setsockopt(zmq.LINGER, 0)
+            self._waker.setsockopt(zmq.ROUTING_ID, _WAKE_ID)
+            self._waker.connect(wake_at)
             if self.query_address:
                 self._query = self.context.socket(zmq.ROUTER)
                 self._query.setsockopt(zmq.LINGER, 0)
@@ -182,7 +192,7 @@ class Frontend:
             raise
         self._sock = sock
         self._poll_items = [(polled, zmq.POLLIN) for polled in
-                            (sock, self._monitor, self._wake_r, self._query)
+                            (sock, self._monitor, self._query)
                             if polled is not None]
         self._thread = threading.Thread(target=self._loop, name="clipper-frontend", daemon=True)
         self._thread.start()
@@ -205,6 +215,10 @@ class Frontend:
         self.stop()
 
     def _close_sockets(self, sock: zmq.Socket) -> None:
+        with self._wake_lock:
+            self._closed = True
+            if self._waker is not None:
+                self._waker.close(0)
         if self._monitor is not None:
             sock.disable_monitor()
             self._monitor.close(0)
@@ -216,8 +230,8 @@ class Frontend:
         with self._wake_lock:
             if self._closed:
                 return
-            with contextlib.suppress(BlockingIOError):
-                os.write(self._wake_w, b"x")
+            with contextlib.suppress(zmq.ZMQError):  # zmq.Again: wake-ups already queued
+                _zsend(self._waker, b"", NOBLOCK)
 
     # -- the public API (any thread) --
 
@@ -331,10 +345,6 @@ class Frontend:
                     self._owner = None
                     self._sockets_closed = True
                     self._close_sockets(self._sock)
-                    with self._wake_lock:
-                        self._closed = True
-                        os.close(self._wake_r)
-                        os.close(self._wake_w)
 
     def _drive(self, future: _Call | None) -> None:
         """Move frames until ``future`` is done (a caller) or a caller wants the sockets (the
@@ -343,10 +353,10 @@ class Frontend:
         sock = self._sock
         out: list = []
         self._flush(time.monotonic(), out)
-        # A caller waiting for its answer does blocking receives on the ROUTER while answers
-        # keep coming (a zmq_poll over every socket costs several syscalls per message);
-        # the other sockets are looked at every _FAST_WAIT s, and after a receive waits that
-        # long the full poll takes over.
+        # While messages keep coming, the driving thread does blocking receives on the ROUTER
+        # (a zmq_poll over every socket costs several syscalls per message; wake-ups arrive
+        # on the ROUTER too); the monitor and query sockets are looked at every _FAST_WAIT s,
+        # and after a receive waits that long the full poll takes over.
         fast = future is not None
         look_at = time.monotonic() + _FAST_WAIT
         recv = _zrecv
@@ -371,28 +381,35 @@ class Frontend:
                     continue
                 now = time.monotonic()
                 self._handle(sock, head, now, out)
+                if future is None and state.in_flight:
+                    # The background thread serves many callers: take every answer already
+                    # here before completing futures and sending what they submit (fewer
+                    # wake-ups on both ends, frames leave in bursts).
+                    self._drain_more(sock, now, out)
                 if now >= look_at:
                     look_at = now + _FAST_WAIT
                     self._look_around(_zmq_poll(items, 0), now, out)
                 self._flush(now, out, due)
                 continue
             timeout = -1 if wait == float("inf") else max(0, int(wait * 1000) + 1)
-            self._look_around(_zmq_poll(items, timeout), time.monotonic(), out)
+            if self._look_around(_zmq_poll(items, timeout), time.monotonic(), out):
+                fast = True
+                look_at = time.monotonic() + _FAST_WAIT
             self._flush(time.monotonic(), out)
 
-    def _look_around(self, ready: list, now: float, out: list) -> None:
-        """Handle what ``zmq_poll`` found ready."""
-        sock, monitor, query, wake_r = self._sock, self._monitor, self._query, self._wake_r
+    def _look_around(self, ready: list, now: float, out: list) -> bool:
+        """Handle what ``zmq_poll`` found ready; True when the ROUTER had messages."""
+        sock, monitor, query = self._sock, self._monitor, self._query
+        busy = False
         for polled, _ in ready:
             if polled is sock:
                 self._drain_router(sock, now, out)
+                busy = True
             elif polled is monitor:
                 self._drain_monitor(now, out)
-            elif polled == wake_r:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(wake_r, 4096)
             elif polled is query:
                 self._drain_queries(query, now)
+        return busy
 
     def _flush(self, now: float, out: list, due: float | None = None) -> None:
         """Take submissions, dispatch, tick when due, send ``out``, resolve futures.
@@ -477,11 +494,24 @@ class Frontend:
             if state.events:
                 break
 
+    def _drain_more(self, sock: zmq.Socket, now: float, out: list) -> None:
+        recv = _zrecv
+        for _ in range(255):  # bounded, so timers and callers get their turn
+            try:
+                head = recv(sock, NOBLOCK, False)
+            except zmq.Again:
+                return
+            self._handle(sock, head, now, out)
+
     def _handle(self, sock: zmq.Socket, head: zmq.Frame, now: float, out: list) -> None:
         """One message from a container, whose identity frame is ``head``."""
         state = self.state
         replicas = state.replicas
         identity = head.bytes
+        if identity == _WAKE_ID:  # a wake-up: it did its job by ending the receive
+            if head.more:
+                recv_frames(sock)
+            return
         if not head.more:
             log.warning("clipper frontend: empty message from %s dropped", identity.hex())
             return
@@ -514,12 +544,13 @@ class Frontend:
             if type(token) is tuple:
                 self._answer_query(token[1], event)
                 continue
-            if token.done():
-                continue
-            if type(event) is Completed:
-                token.set_result(event.outputs)
-            else:
-                token.set_exception(event.error)
+            try:  # a token already done (a cancelled future) refuses: nothing to do
+                if type(event) is Completed:
+                    token.set_result(event.outputs)
+                else:
+                    token.set_exception(event.error)
+            except concurrent.futures.InvalidStateError:
+                pass
 
     def _fail_all(self, reason: str) -> None:
         state = self.state
@@ -576,6 +607,9 @@ class Frontend:
 
 
 _zmq_poll = zmq.zmq_poll
+#: The routing id of the frontend's own wake-up socket (containers get 5-byte ids from the
+#: ROUTER, which start with a zero byte; an id set by a peer cannot).
+_WAKE_ID = b"\x00wirekit-wake"
 
 
 def _failed(token: Any, reason: str):

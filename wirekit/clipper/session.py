@@ -207,7 +207,7 @@ class ContainerSession:
 
     def deadline(self) -> float:
         """When :meth:`tick` next has something to do (``inf`` for 2016)."""
-        if not self.heartbeats or self.state == "closed":
+        if self._heartbeat is None or self.state == "closed":
             return float("inf")
         return min(self.last_sent + self.poll_interval,
                    self.last_received + self.activity_timeout)
@@ -391,6 +391,9 @@ class FrontendState:
         self._replica_ids: dict[str, itertools.count] = {}
         self._next_id = 0
         self._next_check = 0.0
+        # Never later than the true next deadline (batches added since the last tick lower
+        # it; batches that finish do not raise it): deadline() without a scan per message.
+        self._due = 0.0 if self.generation is not Generation.G2016 else float("inf")
         self._hb_type0 = self._hb_type1 = None
         if self.generation is not Generation.G2016:
             self._hb_type0 = encode(HeartbeatReply(HeartbeatType.KEEPALIVE), self.generation)
@@ -428,7 +431,8 @@ class FrontendState:
                             msg.msg_id, identity.hex())
                 return []
             self._response(replica, msg)
-            return self.dispatch(now)
+            # Only this replica's model gained room: nothing to do unless it has a queue.
+            return self.dispatch(now) if self.pending.get(replica.model_name) else []
         if kind is Heartbeat:
             if replica is None:
                 return [[identity, *self._hb_type1]]
@@ -489,14 +493,22 @@ class FrontendState:
             input_type = infer_input_type(inputs)
         batch = Batch(model_name, inputs, input_type, deadline, token, count)
         replicas = self.models.get(model_name)
-        if replicas and input_type is not None and not any(
-            r.input_type == input_type and r.alive for r in replicas
-        ):
-            types = {r.input_type for r in replicas if r.alive}
-            if types:
-                self.events.append(Failed(token, _type_error(model_name, types, input_type)))
-                return
-        self.pending.setdefault(model_name, deque()).append(batch)
+        if replicas and input_type is not None:
+            for r in replicas:  # one live replica taking this type is enough
+                if r.input_type == input_type and r.alive:
+                    break
+            else:
+                types = {r.input_type for r in replicas if r.alive}
+                if types:
+                    self.events.append(Failed(token, _type_error(model_name, types,
+                                                                 input_type)))
+                    return
+        queue = self.pending.get(model_name)
+        if queue is None:
+            queue = self.pending[model_name] = deque()
+        queue.append(batch)
+        if deadline < self._due:
+            self._due = deadline
 
     def _pick(self, model_name: str, batch: Batch) -> Replica | None:
         best = None
@@ -553,7 +565,11 @@ class FrontendState:
     # -- time --
 
     def deadline(self) -> float:
-        """The next time :meth:`tick` has work (expiry check or a batch deadline)."""
+        """When :meth:`tick` next may have work (expiry check or a batch deadline); never
+        later than the true time, at times earlier (a tick then finds nothing to do)."""
+        return self._due
+
+    def _soonest(self) -> float:
         soonest = self._next_check if self._hb_type0 is not None else float("inf")
         for queue in self.pending.values():
             for batch in queue:
@@ -588,6 +604,7 @@ class FrontendState:
                 queue.clear()
                 queue.extend(keep)
         out.extend(self.dispatch(now))
+        self._due = self._soonest()
         return out
 
     def _timeout_error(self, batch: Batch) -> PredictionError:
