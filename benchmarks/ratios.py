@@ -9,7 +9,8 @@ direct, dispatcher, ...); other parameters split a group into rows of like with 
 row: every contender's median time and how many times slower it is than wirekit's own
 contender ("fast", or "dispatcher" for the serve benchmarks).  Network benchmarks also record
 requests/s and latency percentiles in ``extra_info``; those are shown, with wirekit's
-requests/s as a share of each other contender's.
+requests/s as a share of each other contender's, and where a row has a ``direct`` contender
+(the serve benchmarks), every contender's requests/s as a share of direct's.
 """
 
 from __future__ import annotations
@@ -46,11 +47,12 @@ def table(report: dict) -> str:
         key = f"{bench['group'] or bench['name']}{' ' + extra if extra else ''}"
         rows[key][who] = bench
     head = (f"{'group':<52} {'contender':<20} {'median':>10} {'vs ours':>8} "
-            f"{'req/s':>9} {'ours/it':>8} {'p50/p99':>16}")
+            f"{'req/s':>9} {'ours/it':>8} {'p50/p99':>16} {'of direct':>9}")
     lines = [head]
     for key in sorted(rows):
         benches = rows[key]
         ours = next((benches[w] for w in OURS if w in benches), None)
+        direct_rate = _rate(benches["direct"]) if "direct" in benches else None
         for who, bench in sorted(benches.items(), key=lambda kv: kv[1]["stats"]["median"]):
             median = bench["stats"]["median"]
             slower = share = ""
@@ -60,9 +62,11 @@ def table(report: dict) -> str:
                 ours_rate = _rate(ours)
                 if rate and ours_rate:
                     share = f"{100 * ours_rate / rate:.0f}%"
+            of_direct = f"{100 * rate / direct_rate:.0f}%" if rate and direct_rate else ""
             lines.append(
                 f"{key:<52} {who:<20} {_fmt(median):>10} {slower:>8} "
-                f"{(f'{rate:.0f}' if rate else ''):>9} {share:>8} {_latency(bench):>16}"
+                f"{(f'{rate:.0f}' if rate else ''):>9} {share:>8} {_latency(bench):>16} "
+                f"{of_direct:>9}"
             )
     return "\n".join(lines)
 

@@ -1,0 +1,49 @@
+"""benchmarks/ratios.py: the comparison table printed from a pytest-benchmark report."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location(
+    "ratios", Path(__file__).resolve().parent.parent / "benchmarks" / "ratios.py"
+)
+ratios = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ratios)
+
+
+def _bench(group: str, who: str, median: float, rate: float | None = None) -> dict:
+    return {
+        "group": group,
+        "name": f"test[{who}]",
+        "params": {"who": who},
+        "stats": {"median": median},
+        "extra_info": {"requests_per_s": rate} if rate else {},
+    }
+
+
+def _row(table: str, who: str) -> list[str]:
+    return next(line.split() for line in table.splitlines() if f" {who} " in line)
+
+
+def test_shares_against_ours_and_against_direct():
+    report = {"benchmarks": [
+        _bench("serve", "direct", 1e-4, 10000.0),
+        _bench("serve", "dispatcher", 2e-4, 5000.0),
+        _bench("serve", "relay", 1.25e-4, 8000.0),
+    ]}
+    table = ratios.table(report)
+    assert _row(table, "relay")[-3:-1] == ["8000", "62%"]  # dispatcher's rate / relay's
+    assert _row(table, "relay")[-1] == "80%"  # relay's rate / direct's
+    assert _row(table, "dispatcher")[-1] == "50%"
+    assert _row(table, "direct")[-1] == "100%"
+
+
+def test_codec_rows_compare_with_fast_and_have_no_direct_column():
+    report = {"benchmarks": [
+        _bench("decode", "fast", 1e-6),
+        _bench("decode", "construct", 1e-4),
+    ]}
+    table = ratios.table(report)
+    assert _row(table, "construct")[-1] == "100.0x"
+    assert _row(table, "fast")[-1] == "us"  # nothing after the median: no ratios for ours
