@@ -448,6 +448,7 @@ cdef extern from *:
     int y2_reserve(y2_buf*, Py_ssize_t) noexcept nogil
     int y2_init() noexcept nogil
     int y2_set_avx2(int) noexcept nogil
+    int y2_avx2
     int y2_compress_f32(char*, Py_ssize_t, Py_ssize_t, Py_ssize_t, float, uint32_t,
                         y2_buf*) noexcept nogil
     int y2_compress_f64(char*, Py_ssize_t, Py_ssize_t, Py_ssize_t, double, uint32_t,
@@ -466,7 +467,8 @@ DEF INDEX_MASK = 0x1FFFFF
 DEF I32_MAX = 0x7FFFFFFF
 
 cdef bint _LITTLE = sys.byteorder == "little"
-#: True when the compress kernels use their AVX2 loops (chosen once, from the running CPU).
+#: True when the compress and unpack kernels use their AVX2 loops (chosen once, from the
+#: running CPU).
 AVX2 = bool(y2_init())
 
 
@@ -475,7 +477,7 @@ def _set_avx2(bint on):
     setting."""
     global AVX2
     cdef int old = y2_set_avx2(on)
-    AVX2 = bool(y2_set_avx2(on))
+    AVX2 = bool(y2_avx2)
     return bool(old)
 
 

@@ -26,6 +26,21 @@ except (ImportError, AttributeError):  # pragma: no cover - very old or unusual 
 
 SNDMORE = int(zmq.SNDMORE)
 NOBLOCK = int(zmq.NOBLOCK)
+#: While messages flow, the runtimes do blocking receives of at most this long on their main
+#: socket (a zmq_poll over every socket costs several syscalls per message) and look at their
+#: other sockets this often; once a receive waits this long, the full poll takes over.
+FAST_WAIT = 0.02
+zmq_poll = zmq.zmq_poll
+
+
+def timeout_ms(wait: float, cap: float | None = None) -> int:
+    """``wait`` seconds (until a deadline) as a ZeroMQ timeout in milliseconds, rounded up;
+    -1 (forever) for an infinite wait; at most ``cap`` seconds when given."""
+    if cap is not None and wait >= cap:
+        return int(cap * 1000)
+    if wait == float("inf"):
+        return -1
+    return max(0, int(wait * 1000) + 1)
 
 
 def send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None:
@@ -50,4 +65,6 @@ def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
     return parts
 
 
-__all__ = ["NOBLOCK", "SNDMORE", "recv_frames", "send_frames"]
+__all__ = [
+    "FAST_WAIT", "NOBLOCK", "SNDMORE", "recv_frames", "send_frames", "timeout_ms", "zmq_poll",
+]

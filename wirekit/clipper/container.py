@@ -34,7 +34,7 @@ import zmq.utils.monitor
 
 from wirekit._callables import load_callable
 
-from ._zio import recv_frames, send_frames
+from ._zio import FAST_WAIT, recv_frames, send_frames, timeout_ms, zmq_poll
 from .messages import RPC_VERSION, Generation, InputType, NewContainer, as_generation
 from .session import (
     DEFAULT_ACTIVITY_TIMEOUT,
@@ -51,9 +51,6 @@ log = logging.getLogger("wirekit.clipper.container")
 NOBLOCK = int(zmq.NOBLOCK)
 
 DEFAULT_PORT = 7000
-#: How long a blocking receive waits while requests flow before the full poll takes over.
-_FAST_WAIT = 0.02
-_FAST_WAIT_MS = 20
 _INPUT_TYPE_NAMES = {t.name.lower(): t for t in InputType} | {
     "byte": InputType.BYTES, "int": InputType.INTS, "integers": InputType.INTS,
     "float": InputType.FLOATS, "double": InputType.DOUBLES, "string": InputType.STRINGS,
@@ -336,7 +333,7 @@ class ModelContainer:
                 send(action.frames)
             # While requests flow, blocking receives on the DEALER (a zmq_poll costs several
             # syscalls per message); the wake-up pipe and the monitor are looked at every
-            # _FAST_WAIT s, and the full poll takes over once a receive waits that long.
+            # FAST_WAIT s, and the full poll takes over once a receive waits that long.
             fast, look_at, rcvtimeo = False, 0.0, -1
             others = [item for item in items if item[0] is not sock]
             while not self._stopping:
@@ -344,7 +341,7 @@ class ModelContainer:
                 wait = deadline - time.monotonic()
                 frames = None
                 if fast:
-                    ms = _FAST_WAIT_MS if wait >= _FAST_WAIT else max(0, int(wait * 1000) + 1)
+                    ms = timeout_ms(wait, FAST_WAIT)
                     if ms != rcvtimeo:
                         sock.setsockopt(zmq.RCVTIMEO, ms)
                         rcvtimeo = ms
@@ -355,17 +352,16 @@ class ModelContainer:
                     now = time.monotonic()
                     ready: list = []
                     if now >= look_at:
-                        look_at = now + _FAST_WAIT
-                        ready = _zmq_poll(others, 0)
+                        look_at = now + FAST_WAIT
+                        ready = zmq_poll(others, 0)
                 else:
-                    timeout = -1 if wait == float("inf") else max(0, int(wait * 1000) + 1)
-                    ready = _zmq_poll(items, timeout)
+                    ready = zmq_poll(items, timeout_ms(wait))
                     now = time.monotonic()
                     for polled, _ in ready:
                         if polled is sock:
                             with contextlib.suppress(zmq.Again):
                                 frames = recv_frames(sock, NOBLOCK)
-                                fast, look_at = True, now + _FAST_WAIT
+                                fast, look_at = True, now + FAST_WAIT
                 if frames is not None:
                     for action in session.receive(frames, now):
                         if type(action) is Predict:
@@ -445,8 +441,6 @@ class ModelContainer:
             self.served += 1
             send(action.frames)
 
-
-_zmq_poll = zmq.zmq_poll
 
 __all__ = [
     "DEFAULT_PORT",

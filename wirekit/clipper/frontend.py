@@ -36,7 +36,7 @@ import zmq.utils.monitor
 
 from wirekit.errors import WirekitError
 
-from ._zio import NOBLOCK, recv_frames, send_frames
+from ._zio import FAST_WAIT, NOBLOCK, recv_frames, send_frames, timeout_ms, zmq_poll
 from ._zio import _recv as _zrecv
 from ._zio import _send as _zsend
 from .container import parse_input_type
@@ -56,10 +56,6 @@ DEFAULT_QUERY = "tcp://127.0.0.1:7001"
 _MAX_QUERY_BYTES = 64 << 20
 #: How long the background thread sleeps while a blocking caller drives the sockets.
 _LOOK_AGAIN = 0.005
-#: How long a caller's blocking receive waits before the full poll takes over (and how often
-#: the monitor, wake-up and query sockets are looked at while answers flow).
-_FAST_WAIT = 0.02
-_FAST_WAIT_MS = 20
 
 
 class _Call:
@@ -355,10 +351,10 @@ class Frontend:
         self._flush(time.monotonic(), out)
         # While messages keep coming, the driving thread does blocking receives on the ROUTER
         # (a zmq_poll over every socket costs several syscalls per message; wake-ups arrive
-        # on the ROUTER too); the monitor and query sockets are looked at every _FAST_WAIT s,
+        # on the ROUTER too); the monitor and query sockets are looked at every FAST_WAIT s,
         # and after a receive waits that long the full poll takes over.
         fast = future is not None
-        look_at = time.monotonic() + _FAST_WAIT
+        look_at = time.monotonic() + FAST_WAIT
         recv = _zrecv
         while not self._stopping:
             if future is None:
@@ -370,7 +366,7 @@ class Frontend:
             due = state.deadline()
             wait = due - now
             if fast:
-                ms = _FAST_WAIT_MS if wait >= _FAST_WAIT else max(0, int(wait * 1000) + 1)
+                ms = timeout_ms(wait, FAST_WAIT)
                 if ms != self._rcvtimeo:
                     sock.setsockopt(zmq.RCVTIMEO, ms)
                     self._rcvtimeo = ms
@@ -385,16 +381,15 @@ class Frontend:
                     # The background thread serves many callers: take every answer already
                     # here before completing futures and sending what they submit (fewer
                     # wake-ups on both ends, frames leave in bursts).
-                    self._drain_more(sock, now, out)
+                    self._drain(sock, now, out, 255, until_event=False)
                 if now >= look_at:
-                    look_at = now + _FAST_WAIT
-                    self._look_around(_zmq_poll(items, 0), now, out)
+                    look_at = now + FAST_WAIT
+                    self._look_around(zmq_poll(items, 0), now, out)
                 self._flush(now, out, due)
                 continue
-            timeout = -1 if wait == float("inf") else max(0, int(wait * 1000) + 1)
-            if self._look_around(_zmq_poll(items, timeout), time.monotonic(), out):
+            if self._look_around(zmq_poll(items, timeout_ms(wait)), time.monotonic(), out):
                 fast = True
-                look_at = time.monotonic() + _FAST_WAIT
+                look_at = time.monotonic() + FAST_WAIT
             self._flush(time.monotonic(), out)
 
     def _look_around(self, ready: list, now: float, out: list) -> bool:
@@ -403,7 +398,7 @@ class Frontend:
         busy = False
         for polled, _ in ready:
             if polled is sock:
-                self._drain_router(sock, now, out)
+                self._drain(sock, now, out, 256, until_event=True)
                 busy = True
             elif polled is monitor:
                 self._drain_monitor(now, out)
@@ -480,28 +475,21 @@ class Frontend:
                     del self._fd_of[identity]
                     out.extend(self.state.remove(identity, "disconnected", now))
 
-    def _drain_router(self, sock: zmq.Socket, now: float, out: list) -> None:
-        """Handle the messages waiting on the ROUTER; stop early once one completes a batch
-        (its caller is woken first; the next poll sees the rest at once)."""
+    def _drain(self, sock: zmq.Socket, now: float, out: list, limit: int,
+               until_event: bool) -> None:
+        """Handle the messages waiting on the ROUTER (at most ``limit``, so timers and
+        callers get their turn); with ``until_event``, stop once one completes a batch (its
+        caller is woken first; the next poll sees the rest at once)."""
         state = self.state
         recv = _zrecv
-        for _ in range(256):  # bounded, so timers and callers get their turn
-            try:
-                head = recv(sock, NOBLOCK, False)
-            except zmq.Again:
-                break
-            self._handle(sock, head, now, out)
-            if state.events:
-                break
-
-    def _drain_more(self, sock: zmq.Socket, now: float, out: list) -> None:
-        recv = _zrecv
-        for _ in range(255):  # bounded, so timers and callers get their turn
+        for _ in range(limit):
             try:
                 head = recv(sock, NOBLOCK, False)
             except zmq.Again:
                 return
             self._handle(sock, head, now, out)
+            if until_event and state.events:
+                return
 
     def _handle(self, sock: zmq.Socket, head: zmq.Frame, now: float, out: list) -> None:
         """One message from a container, whose identity frame is ``head``."""
@@ -606,7 +594,6 @@ class Frontend:
             self._query.send_multipart([identity, b"", json.dumps(body).encode()])
 
 
-_zmq_poll = zmq.zmq_poll
 #: The routing id of the frontend's own wake-up socket (containers get 5-byte ids from the
 #: ROUTER, which start with a zero byte; an id set by a peer cannot).
 _WAKE_ID = b"\x00wirekit-wake"

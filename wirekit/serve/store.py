@@ -267,29 +267,25 @@ class RequestStore:
                 and type(attempts) is int and time_in - time_in == 0
                 and time_out - time_out == 0 and (payload is None or not self.payloads)
             ):
-                line = (
-                    f'[{_encode_json_str(rid)},{names}"{time_in.hex()}","{time_out.hex()}",'
-                    f"{_STATUS_JSON.get(status) or _encode_json_str(status)},{size},"
-                    f"{attempts},null]\n"
-                )
-            else:
-                blob = "null"
-                if self.payloads and payload is not None:
-                    blob = '"' + base64.b64encode(payload).decode("ascii") + '"'
-                line = (
-                    f"[{_encode_json_str(rid)},{names}"
-                    f"{_json_time(time_in)},{_json_time(time_out)},{_encode_json_str(status)},"
-                    f"{size if type(size) is int else _json_num(size)},"
-                    f"{attempts if type(attempts) is int else _json_num(attempts)},{blob}]\n"
-                )
+                self.complete_head(f'[{_encode_json_str(rid)},{names}"{time_in.hex()}",',
+                                   rid, device, time_out, status, size, attempts)
+                if not defer:
+                    self.write_journal()
+                return
+            blob = "null"
+            if self.payloads and payload is not None:
+                blob = '"' + base64.b64encode(payload).decode("ascii") + '"'
+            line = (
+                f"[{_encode_json_str(rid)},{names}"
+                f"{_json_time(time_in)},{_json_time(time_out)},{_encode_json_str(status)},"
+                f"{size if type(size) is int else _json_num(size)},"
+                f"{attempts if type(attempts) is int else _json_num(attempts)},{blob}]\n"
+            )
             self._jsize += len(line)
             self._jbuf.append(line)
             if not defer:
                 self.write_journal()
-        pending = self._pending
-        pending.append((_COMPLETION, (device, time_out, status, attempts, rid)))
-        if len(pending) >= self.batch_max or self._timer is None:
-            self._added()
+        self._add(_COMPLETION, (device, time_out, status, attempts, rid))
 
     def line_head(
         self, rid: str, model: str, client: str, device: str | None, time_in: float, size: int
@@ -323,10 +319,7 @@ class RequestStore:
         )
         self._jsize += len(line)
         self._jbuf.append(line)
-        pending = self._pending
-        pending.append((_COMPLETION, (device, time_out, status, attempts, rid)))
-        if len(pending) >= self.batch_max or self._timer is None:
-            self._added()
+        self._add(_COMPLETION, (device, time_out, status, attempts, rid))
 
     def _names(self, key: tuple[str, str, str | None]) -> str:
         """The JSON text of model, client and device, each followed by a comma (memoised:
@@ -362,13 +355,10 @@ class RequestStore:
     # -- hand-over to the writer -------------------------------------------------------
 
     def _add(self, kind: int, row: tuple[Any, ...]) -> None:
-        self._pending.append((kind, row))
-        if len(self._pending) >= self.batch_max or self._timer is None:
-            self._added()
-
-    def _added(self) -> None:
-        """After an append: hand over a full batch, or arm the flush timer."""
-        if len(self._pending) >= self.batch_max:
+        """Queue a row for the writer: hand over a full batch, or arm the flush timer."""
+        pending = self._pending
+        pending.append((kind, row))
+        if len(pending) >= self.batch_max:
             self._handoff()
         elif self._timer is None:
             try:
