@@ -237,10 +237,7 @@ class _Callback:
 
     def set_exception(self, exc: BaseException) -> None:
         self.settled = True
-        client = self.client
-        client._release_slot()
-        if isinstance(exc, _Unanswered) and client._conn is self.conn:
-            client._conn = None
+        self.client._call_failed(self.conn, exc)
         self.fn(None, exc)
 
 
@@ -288,10 +285,15 @@ class _ClientConnection(asyncio.Protocol):
             self.transport.write(pending.wire)  # type: ignore[union-attr]
         self.waiting.append(pending)
         if pending.deadline < self.timer_due:
-            if self.timer is not None:
-                self.timer.cancel()
-            self.timer = self.loop.call_at(pending.deadline, self._expire)
-            self.timer_due = pending.deadline
+            self.arm(pending.deadline)
+
+    def arm(self, deadline: float) -> None:
+        """Have the connection's timer go off at ``deadline`` (loop time; earlier than it
+        is due now)."""
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_at(deadline, self._expire)
+        self.timer_due = deadline
 
     def _expire(self) -> None:
         self.timer = None
@@ -565,6 +567,13 @@ class AsyncClient:
                     f"{self.timeout:g} s"
                 ) from None
             raise
+
+    def _call_failed(self, conn: _ClientConnection, exc: BaseException) -> None:
+        """A call sent without a coroutine (:meth:`send_nowait`, the dispatcher's MIP lane)
+        failed on ``conn``: its slot goes back; a lost connection is not used again."""
+        self._release_slot()
+        if isinstance(exc, _Unanswered) and self._conn is conn:
+            self._conn = None
 
     def _release_slot(self) -> None:
         waiters = self._slot_waiters

@@ -67,6 +67,12 @@ class MipBackend:
             raise BackendUnavailable(f"{self.address}: {exc}") from None
         return Payload(wire, reply)  # the bytes go back to a MIP client as they came
 
+    @property
+    def lane_client(self) -> AsyncClient | None:
+        """The pipelined client the dispatcher's MIP lane sends through (None for a
+        one-at-a-time server such as KubeMo's, which the lane does not serve)."""
+        return self._client if self._client.max_in_flight > 1 else None
+
     def send_nowait(self, wire: bytes, callback) -> bool:
         """The dispatcher's fast path: see :meth:`AsyncClient.send_nowait`."""
         return self._client.send_nowait(wire, callback)

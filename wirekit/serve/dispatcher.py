@@ -36,13 +36,16 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
+from types import ModuleType
 
 from wirekit import mip
+from wirekit._impl import load_fast
 from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply, Inference
 from wirekit.mip.client import unanswered_retryable
 from wirekit.mip.runtime import decode_reply
 
+from . import lane as pure_lane
 from .backends import Backend, BackendUnavailable
 from .cache import ResponseCache, digest
 from .config import DeviceRow, ModelConfig
@@ -160,8 +163,11 @@ class Dispatcher:
         cache: ResponseCache[Payload],
         *,
         clock=time.time,
+        lane: ModuleType | None = None,
     ) -> None:
         self.models = dict(models)
+        #: the MIP lane's twin (module): compiled unless WIREKIT_PURE or not built
+        self.lane = lane if lane is not None else (load_fast("servelane") or pure_lane)
         self.router = router
         self.backends = dict(backends)
         self.store = store
@@ -560,6 +566,38 @@ class Dispatcher:
         log.warning("request %s: %s", job.rid, last)
         self.router.fail(row)
         self._spawn(job, tried=[row.key], done=1, last=last)
+
+    # ------------------------------------------------------------------ the MIP lane
+
+    def lane_route(self, model: str):
+        """What the MIP lane (:mod:`wirekit.serve.lane`) of ``model`` sends through:
+        ``(config, device rows, {row key: pipelined AsyncClient})``, or None when the lane
+        does not serve it (an unknown model, adaptive batching or the cache on, a device
+        that is not a pipelined MIP backend)."""
+        cfg = self.models.get(model)
+        if cfg is None or cfg.max_batch > 1 or self.cache.enabled:
+            return None
+        rows = self.router.rows(model)
+        clients = {}
+        for row in rows:
+            client = getattr(self.backends.get(row.key), "lane_client", None)
+            if client is None:
+                return None
+            clients[row.key] = client
+        return (cfg, rows, clients) if rows else None
+
+    def lane_fallback(self, call, frame: bytes | None, exc: BaseException | None) -> None:
+        """A lane call the lane does not settle itself -- ``frame`` a reply that is not a
+        well-formed inference response, or ``exc`` a timeout or a lost connection -- goes on
+        as a :class:`Job` whose first attempt was ``call``: decoded, resubmitted, backed off,
+        recorded and answered exactly like one (``call.job_done`` is its ``notify``)."""
+        lane = call.lane
+        job = Job(lane.model, Payload(call.wire), lane.client, call.job_done)
+        job.rid = call.rid
+        job.cfg = self.models[lane.model]
+        job.t_in = call.t_in
+        job.head = ""
+        self._fast_reply(job, call.row, frame, exc)
 
     async def close(self) -> None:
         self.closing = True

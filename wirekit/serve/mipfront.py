@@ -55,12 +55,16 @@ class MipFrontDoor(asyncio.Protocol):
         self._closing = False
         self.transport: asyncio.Transport | None = None
         self.client = "mip:?"
+        self.lane = None
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         self.transport = transport
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             self.client = f"mip:{peer[0]}:{peer[1]}"
+        d = self.dispatcher
+        self.lane = d.lane.Lane(d, self.model, self.client, d.lane_route(self.model),
+                                self.max_message_size, self._pending, self._done)
 
     def connection_lost(self, exc) -> None:
         self._closing = True
@@ -82,7 +86,12 @@ class MipFrontDoor(asyncio.Protocol):
         pos = 0
         self._now = self._clock()  # the arrival time of the requests of this read
         n = len(src)
+        take = self.lane.take if self.lane.enabled else None
         while n - pos >= mip.HEADER_SIZE and not self._closing:
+            if take is not None:  # the well-formed requests, at once (wirekit.serve.lane)
+                pos = take(src, pos, n, self._now)
+                if n - pos < mip.HEADER_SIZE:
+                    break
             header = bytes(src[pos : pos + mip.HEADER_SIZE])
             try:
                 _kind, _sub, remaining = mip.check_header(header)
@@ -143,7 +152,7 @@ class MipFrontDoor(asyncio.Protocol):
         except Exception as exc:  # answered INTERNAL, logged in _flush
             job.error = exc
 
-    def _done(self, job: Job) -> None:
+    def _done(self, job) -> None:
         pending = self._pending
         if len(pending) == 1 and pending[0] is job and not self._flush_soon:
             self._flush()  # the only request in flight: answer it now
@@ -153,26 +162,13 @@ class MipFrontDoor(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_soon = False
+        pending = self._pending
+        out = self.lane.answers(pending)  # records the lane's answers
         try:
             self.store.write_journal()  # before any answer: what is answered is on record
         except OSError as exc:
             self.store.error = exc
             log.error("cannot write the request journal: %s", exc)
-        pending = self._pending
-        out = []
-        while pending:
-            head = pending[0]
-            if type(head) is bytes:
-                out.append(head)
-            elif head.outcome is not None:
-                out.append(head.outcome.response.wire)
-            elif head.error is not None:
-                if not isinstance(head.error, asyncio.CancelledError):
-                    log.error("dispatch failed: %r", head.error)
-                out.append(_error(ErrorCode.INTERNAL))
-            else:
-                break
-            pending.popleft()
         transport = self.transport
         if transport is None:
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from types import ModuleType
 from typing import Any
 
 from aiohttp import web
@@ -35,6 +36,7 @@ class Service:
         *,
         backends: dict[str, Backend] | None = None,
         rng: random.Random | None = None,
+        lane: ModuleType | None = None,
     ) -> None:
         self.deployment = deployment
         self.store = RequestStore(
@@ -50,6 +52,7 @@ class Service:
         )
         self.router = Router(deployment.rows, backoff=deployment.backoff, rng=rng)
         self._given_backends = backends or {}
+        self._lane = lane  # the MIP lane's twin (tests choose; default: the dispatcher's)
         self.dispatcher: Dispatcher | None = None
         self._tasks: set[asyncio.Task] = set()
         self._mip_servers: dict[str, asyncio.AbstractServer] = {}
@@ -95,6 +98,7 @@ class Service:
             backends = {r.key: self._backend_for(r) for r in dep.rows if r.quota > 0}
             self.dispatcher = Dispatcher(
                 dep.models, self.router, backends, self.store, self.metrics, self.cache,
+                lane=self._lane,
             )
             for name, model in dep.models.items():
                 if model.mip_port is None:

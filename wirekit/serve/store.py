@@ -321,6 +321,30 @@ class RequestStore:
         self._jbuf.append(line)
         self._add(_COMPLETION, (device, time_out, status, attempts, rid))
 
+    def lane_mode(self) -> int:
+        """How the dispatcher's MIP lane records an answer: 0 no journal (rows only), 1 its
+        journal line made by the lane (:meth:`extend`), 2 through :meth:`complete` (the
+        payload goes into the journal line too)."""
+        if self._jfd is None:
+            return 0
+        return 2 if self.payloads else 1
+
+    def journal_names(self, model: str, client: str, device: str | None) -> str:
+        """The journal text of model, client and device, each followed by a comma."""
+        key = (model, client, device)
+        names = self._jmemo.get(key)
+        return names if names is not None else self._names(key)
+
+    def extend(self, ops: list[tuple[int, tuple[Any, ...]]], lines: list[str] | None,
+               nbytes: int) -> None:
+        """Rows (``(kind, row)`` as :meth:`arrival` and :meth:`complete` queue them) and
+        deferred journal lines of ``nbytes`` characters, from the dispatcher's MIP lane."""
+        if lines:
+            self._jbuf.extend(lines)
+            self._jsize += nbytes
+        self._pending.extend(ops)
+        self._kick()
+
     def _names(self, key: tuple[str, str, str | None]) -> str:
         """The JSON text of model, client and device, each followed by a comma (memoised:
         they repeat)."""
@@ -356,9 +380,12 @@ class RequestStore:
 
     def _add(self, kind: int, row: tuple[Any, ...]) -> None:
         """Queue a row for the writer: hand over a full batch, or arm the flush timer."""
-        pending = self._pending
-        pending.append((kind, row))
-        if len(pending) >= self.batch_max:
+        self._pending.append((kind, row))
+        self._kick()
+
+    def _kick(self) -> None:
+        """Rows were queued: hand over a full batch, or arm the flush timer."""
+        if len(self._pending) >= self.batch_max:
             self._handoff()
         elif self._timer is None:
             try:

@@ -1,0 +1,298 @@
+"""The MIP lane: the dispatcher's per-request path from a MIP client to a MIP backend, with
+every request of one read handled in one call (the pure-Python twin; the compiled one is
+``wirekit/_fast/servelane.pyx``, used unless ``WIREKIT_PURE`` is set or it is not built).
+
+A MIP front-door connection of a model served only by pipelined MIP backends, with adaptive
+batching and the cache off, takes its requests through a :class:`Lane`:
+
+* :meth:`Lane.take` -- the well-formed inference requests at the start of a read, in one
+  call: each gets its id, its arrival row (batched, as :meth:`RequestStore.arrival` does),
+  a device by quota, and a slot on that backend's open connection; the requests for one
+  connection go out in one write, byte for byte as they came.  The first request the lane
+  cannot take (a ping, a malformed message, a partial frame, no open connection or no free
+  slot, the dispatcher closing) and everything after it in that read is left to the front
+  door's general path (:meth:`Dispatcher.start`).
+* :class:`LaneCall` -- one request on its way: it sits in the backend connection's queue as
+  its own pending call and future.  A well-formed inference reply is its answer (status
+  ``ok``, the bytes passed back as they came); anything else -- an error reply, a reply that
+  needs KubeMo's ``n_output`` correction, a timeout, a lost connection -- hands the request to
+  the dispatcher's attempt loop (:meth:`Dispatcher.lane_fallback`), which records and
+  answers it (resubmitted to another device, backed off, exactly once) as any request.
+* :meth:`Lane.answers` -- the answers ready at the head of the connection's queue, in
+  order, when the front door flushes: each lane answer is recorded then (time out, the
+  completion row, its journal line, metrics), so that the front door writes the journal
+  before it writes the answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any
+
+from wirekit import mip
+from wirekit.mip import ErrorCode, ErrorReply
+
+log = logging.getLogger("wirekit.serve")
+
+_ARRIVAL, _COMPLETION = 0, 1  # the store's row kinds (wirekit.serve.store)
+_INTERNAL = mip.encode(ErrorReply(int(ErrorCode.INTERNAL)))
+_OK = "ok"
+
+IN_FLIGHT, ANSWERED, HANDED_OVER = 0, 1, 2  #: LaneCall states
+NO_JOURNAL, LINES, COMPLETE = 0, 1, 2  #: how answers are recorded: RequestStore.lane_mode
+
+
+def inference_size(buf: Any, pos: int, end: int, subtype: int) -> int:
+    """The size of the MIP message at ``buf[pos:end]`` if it is complete and a well-formed
+    inference message of ``subtype`` (0 request, 1 response) -- one ``mip.decode`` takes
+    without an error -- else -1."""
+    if end - pos < 12:
+        return -1
+    if buf[pos] != 0 or buf[pos + 1] != 2 or buf[pos + 2] != subtype or buf[pos + 3] != 0:
+        return -1
+    stop = pos + 8 + int.from_bytes(buf[pos + 4 : pos + 8], "big")
+    if stop > end or stop - pos < 12:
+        return -1
+    width = buf[pos + 9] if subtype else buf[pos + 8]
+    count = width * ((buf[pos + 10] << 8) | buf[pos + 11])
+    p = pos + 12
+    for _ in range(count):
+        if stop - p < 8:
+            return -1
+        p += 8 + int.from_bytes(buf[p + 4 : p + 8], "big")
+        if p > stop:
+            return -1
+    return stop - pos if p == stop else -1
+
+
+class LaneCall:
+    """One request of a :class:`Lane` on its way to a backend: the backend connection's
+    pending call and its future at once (``future`` is the call itself)."""
+
+    __slots__ = ("client", "conn", "deadline", "job", "lane", "reply", "rid", "row", "state",
+                 "t_in", "timeout", "wire")
+
+    def __init__(self, lane: Lane, row: Any, client: Any, conn: Any, rid: str, wire: bytes,
+                 t_in: float, deadline: float) -> None:
+        self.lane = lane
+        self.row = row
+        self.client = client
+        self.conn = conn
+        self.rid = rid
+        self.wire = wire
+        self.t_in = t_in
+        self.deadline = deadline
+        self.timeout = client.timeout
+        self.state = IN_FLIGHT
+        self.reply: bytes | None = None
+        self.job: Any = None  #: the dispatcher's Job once handed over
+
+    @property
+    def future(self) -> LaneCall:
+        return self
+
+    def done(self) -> bool:
+        return self.state != IN_FLIGHT
+
+    def set_result(self, frame: bytes) -> None:
+        """The backend's reply (called once, by the backend connection)."""
+        self.client._release_slot()
+        if inference_size(frame, 0, len(frame), 1) != len(frame):
+            self.state = HANDED_OVER
+            self.lane.dispatcher.lane_fallback(self, frame, None)
+            return
+        self.state = ANSWERED
+        self.reply = frame
+        self.lane.wake(self)
+
+    def set_exception(self, exc: BaseException) -> None:
+        """No reply: a timeout or a lost connection (called at most once)."""
+        self.state = HANDED_OVER
+        self.client._call_failed(self.conn, exc)
+        self.lane.dispatcher.lane_fallback(self, None, exc)
+
+    def job_done(self, job: Any) -> None:
+        """The attempt loop answered the request (its ``notify``)."""
+        self.job = job
+        self.lane.wake(self)
+
+
+class Lane:
+    """The MIP lane of one front-door connection (see the module docstring).
+
+    ``route``: ``(model config, device rows, {row key: pipelined AsyncClient})`` from
+    :meth:`Dispatcher.lane_route`, or None (then :meth:`take` takes nothing).  ``pending``:
+    the front door's queue of answers to come; ``wake(call)`` is called when a call is
+    answered (the front door's ``_done``)."""
+
+    def __init__(self, dispatcher: Any, model: str, client: str, route: Any,
+                 max_size: int, pending: deque, wake: Any) -> None:
+        self.dispatcher = dispatcher
+        self.pending = pending
+        self.model = model
+        self.client = client
+        self.max_size = max_size
+        self.wake = wake
+        self.enabled = route is not None
+        self.store = dispatcher.store
+        self.stats = dispatcher.metrics._get(model)
+        self._clock = dispatcher._clock
+        self._names: dict[str, str] = {}  # row key -> its journal text of model, client, device
+        self._hex_of: float | None = None
+        self._hex = ""
+        if route is not None:
+            _cfg, rows, self.clients = route
+            self.single = rows[0] if len(rows) == 1 else None
+
+    def take(self, src: Any, pos: int, end: int, t_in: float) -> int:
+        """Send the well-formed inference requests at ``src[pos:end]`` (the front door's
+        read, or its buffer) that arrived at ``t_in``; return where the first one not taken
+        starts.  Each becomes a :class:`LaneCall` appended to the front door's queue."""
+        d = self.dispatcher
+        if not self.enabled or d.closing:
+            return pos
+        pending = self.pending
+        groups: dict[Any, tuple[Any, list[bytes], list[LaneCall]]] = {}
+        ops = []
+        single = self.single
+        model, client_name = self.model, self.client
+        payloads = self.store.payloads
+        prefix, ids = d._prefix, d._ids
+        whole = type(src) is bytes
+        while True:
+            size = inference_size(src, pos, end, 0)
+            if size < 0 or size > self.max_size:
+                break
+            row = single if single is not None else d.router.choose(model, ())
+            client = self.clients[row.key]
+            conn = client._conn
+            if conn is None or conn.closed or client._in_flight >= client.max_in_flight:
+                break
+            group = groups.get(conn)
+            if group is None:
+                group = groups[conn] = (conn.loop.time() + client.timeout, [], [])
+            # the read itself when it is exactly this request
+            frame = src if whole and size == end and pos == 0 else bytes(src[pos : pos + size])
+            rid = f"{prefix}{next(ids):x}"
+            call = LaneCall(self, row, client, conn, rid, frame, t_in, group[0])
+            client._in_flight += 1
+            pending.append(call)
+            group[1].append(frame)
+            group[2].append(call)
+            ops.append((_ARRIVAL, (rid, model, client_name, t_in, size,
+                                   frame if payloads else None)))
+            pos += size
+        if not ops:
+            return pos
+        for conn, (deadline, frames, calls) in groups.items():
+            conn.waiting.extend(calls)
+            if conn.out is not None:  # writes of this loop pass are being gathered
+                conn.out.extend(frames)
+            else:
+                conn.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+            if deadline < conn.timer_due:
+                conn.arm(deadline)
+        n = len(ops)
+        d.active += n
+        stats = self.stats
+        stats.requests += n
+        stats.queue += n
+        self.store.extend(ops, None, 0)
+        return pos
+
+    def answers(self, pending: deque) -> list[bytes]:
+        """Pop the answers ready at the head of ``pending`` (bytes, the dispatcher's jobs,
+        lane calls), in order, recording the lane's own; return them."""
+        out: list[bytes] = []
+        ops: list[tuple[int, tuple]] = []
+        lines: list[str] = []
+        nbytes = 0
+        t_out = 0.0
+        tout_hex = ""
+        store = self.store
+        mode = store.lane_mode()
+        stats = self.stats
+        n = 0
+        total = 0.0
+        lo = stats.min
+        hi = stats.max
+        succeeded = set()
+        while pending:
+            head = pending[0]
+            cls = type(head)
+            if cls is bytes:
+                out.append(head)
+            elif cls is LaneCall:
+                if head.state == ANSWERED:
+                    if not n:
+                        t_out = self._clock()
+                        tout_hex = t_out.hex()
+                    n += 1
+                    rt = t_out - head.t_in
+                    total += rt
+                    if rt < lo:
+                        lo = rt
+                    if rt > hi:
+                        hi = rt
+                    row = head.row
+                    succeeded.add(row)
+                    size = len(head.wire)
+                    if mode == COMPLETE:
+                        store.complete(head.rid, self.model, self.client, row.key, head.t_in,
+                                       t_out, _OK, size, 1, head.wire, True)
+                    else:
+                        if mode == LINES:
+                            line = (f'["{head.rid}",{self._names_of(row)}'
+                                    f'"{self._tin_hex(head.t_in)}","{tout_hex}","ok",{size},1,'
+                                    'null]\n')
+                            nbytes += len(line)
+                            lines.append(line)
+                        ops.append((_COMPLETION, (row.key, t_out, _OK, 1, head.rid)))
+                    out.append(head.reply)
+                elif head.job is not None:
+                    out.append(_job_answer(head.job))
+                else:
+                    break
+            elif head.outcome is not None or head.error is not None:
+                out.append(_job_answer(head))
+            else:
+                break
+            pending.popleft()
+        if n:
+            stats.queue -= n
+            stats.statuses[_OK] = stats.statuses.get(_OK, 0) + n
+            stats.count += n
+            stats.total += total
+            stats.min = lo
+            stats.max = hi
+            self.dispatcher.active -= n
+            router = self.dispatcher.router
+            for row in succeeded:
+                router.succeed(row)
+            if ops:
+                store.extend(ops, lines, nbytes)
+        return out
+
+    def _names_of(self, row: Any) -> str:
+        names = self._names.get(row.key)
+        if names is None:
+            names = self._names[row.key] = self.store.journal_names(self.model, self.client,
+                                                                    row.key)
+        return names
+
+    def _tin_hex(self, t_in: float) -> str:
+        if t_in != self._hex_of:  # the requests of one read share their time
+            self._hex_of, self._hex = t_in, t_in.hex()
+        return self._hex
+
+
+def _job_answer(job: Any) -> bytes:
+    """What a job of the dispatcher's general path answers (an INTERNAL error reply when it
+    was cancelled or failed)."""
+    if job.outcome is not None:
+        return job.outcome.response.wire
+    if not isinstance(job.error, asyncio.CancelledError):
+        log.error("dispatch failed: %r", job.error)
+    return _INTERNAL
