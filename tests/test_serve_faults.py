@@ -11,6 +11,7 @@ import time
 from collections import Counter
 
 import aiohttp
+import pytest
 from mip_net import CliServer
 from serve_support import (
     TIMEOUT,
@@ -184,7 +185,10 @@ def test_backend_killed_mid_run_loses_no_request(tmp_path):
     assert all(status == "ok" for status, _device, _t in stored.values())
 
 
-def test_dispatcher_kill9_keeps_every_completed_request(tmp_path):
+@pytest.mark.parametrize("payloads", [True, False], ids=["payloads", "journal-lines"])
+def test_dispatcher_kill9_keeps_every_completed_request(tmp_path, payloads):
+    """With payloads, each completed request is found by its text; without (the MIP
+    lane writes the journal lines itself), by the count of answered rows."""
     store = tmp_path / "crash.db"
     with CliServer(handler="serve_handlers:tag_fast") as backend:
         port = int(backend.address.rsplit(":", 1)[1])
@@ -193,7 +197,7 @@ def test_dispatcher_kill9_keeps_every_completed_request(tmp_path):
             store,
             {"m": {"timeout": 5}},
             [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [port]}],
-            store={"path": str(store), "payloads": True},
+            store={"path": str(store), "payloads": payloads},
             cache={"max_entries": 0},
         )))
         completed: list[str] = []
@@ -243,6 +247,10 @@ def test_dispatcher_kill9_keeps_every_completed_request(tmp_path):
             assert c.infer_one("after")[0].as_text() == "F:AFTER"
         rows = store_rows(store)
         assert not [r for r in rows if r.status == "queued"]
+        if not payloads:
+            answered = [r for r in rows if r.status == "ok" and r.time_out is not None]
+            assert len(answered) >= len(completed) + 1  # + "after"
+            return
         after = payload_inputs(store)
         assert after["after"][0] == "ok"
         for text in completed:

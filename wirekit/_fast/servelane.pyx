@@ -248,6 +248,7 @@ cdef class Lane:
             if g.deadline < conn.timer_due:
                 conn.arm(g.deadline)
         d.active += n
+        d.lane_requests += n
         stats = self.stats
         stats.requests += n
         stats.queue += n

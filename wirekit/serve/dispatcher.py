@@ -182,6 +182,7 @@ class Dispatcher:
         self.tasks: set[asyncio.Task] = set()  #: attempt loops of started requests
         self.batches = 0  #: joined batches sent to backends (adaptive batching)
         self.batch_retries = 0  #: joined batches whose requests were sent again one by one
+        self.lane_requests = 0  #: requests the MIP lane took (wirekit.serve.lane)
         self._waiting: dict[str, list[Job]] = {}  # row key -> jobs to join this loop pass
         self._loop: asyncio.AbstractEventLoop | None = None
 

@@ -196,6 +196,7 @@ class Lane:
                 conn.arm(deadline)
         n = len(ops)
         d.active += n
+        d.lane_requests += n
         stats = self.stats
         stats.requests += n
         stats.queue += n

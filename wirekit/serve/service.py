@@ -146,6 +146,7 @@ class Service:
         d = self.dispatcher
         snap["resubmissions"] = d.resubmissions if d else 0
         snap["batches"] = {"sent": d.batches if d else 0, "retried": d.batch_retries if d else 0}
+        snap["lane_requests"] = d.lane_requests if d else 0
         return snap
 
     def metrics_text(self) -> bytes:
