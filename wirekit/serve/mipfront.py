@@ -4,6 +4,10 @@ Clients may pipeline: requests on one connection are dispatched concurrently and
 the order they came.  Malformed messages get the MIP error reply the codec names; after a bad
 version or reserved byte, or a message over the size limit, the connection is closed after
 the reply since the stream can no longer be trusted.
+
+Well-formed inference requests of a model the MIP lane serves are taken a read at a time by
+:class:`wirekit.serve.lane.Lane` (or its compiled twin); the rest, one message at a time, by
+:meth:`Dispatcher.start`.  Either way the answers go back in order, after the journal write.
 """
 
 from __future__ import annotations
