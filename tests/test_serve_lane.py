@@ -319,3 +319,41 @@ def test_malformed_messages_between_lane_requests_are_answered_in_order(lane, tm
                      "A:G1", "A:G2"]
     assert taken == 3
     assert Counter(r.status for r in _rows(store)) == {"ok": 3}
+
+
+def test_the_cache_answers_repeats_in_the_lane(lane, tmp_path):
+    store = tmp_path / "r.db"
+    n = 100
+
+    async def main():
+        backend, port = await start_backend(tagged("A"))
+        doc = deployment(
+            store,
+            {"m": {"timeout": 5}},
+            [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [port]}],
+            cache={"max_entries": 1000, "ttl": 60},
+        )
+        service = Service(parse_config(doc), lane=lane)
+        await service.start()
+        try:
+            await _connect_backends(service)
+            address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
+            async with AsyncClient(address, timeout=10, max_in_flight=32) as c:
+                first = await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
+                again = await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
+            assert [o[0].as_text() for o in first] == [f"A:Q{k}" for k in range(n)]
+            assert again == first
+            stats = service.stats()
+            assert stats["lane_requests"] == 2 * n
+            assert (stats["cache"]["hits"], stats["cache"]["misses"]) == (n, n)
+            await service.store.flush()
+            _rows_now, direct = direct_stats(store)
+            assert_stats_match(service.metrics.snapshot(), direct)
+        finally:
+            await service.stop()
+            await backend.shutdown()
+
+    run(main())
+    rows = _rows(store)
+    assert Counter((r.device, r.attempts, r.status) for r in rows) == {
+        ("n/0/m", 1, "ok"): n, ("cache", 0, "ok"): n}

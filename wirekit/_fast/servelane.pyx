@@ -11,6 +11,8 @@ import logging
 
 from wirekit import mip
 from wirekit.mip import ErrorCode, ErrorReply
+from wirekit.serve.cache import digest
+from wirekit.serve.payload import Payload
 
 cdef object log = logging.getLogger("wirekit.serve")
 cdef object _CANCELLED = asyncio.CancelledError
@@ -18,6 +20,7 @@ cdef object _CANCELLED = asyncio.CancelledError
 cdef int _ARRIVAL = 0, _COMPLETION = 1
 cdef bytes _INTERNAL = mip.encode(ErrorReply(int(ErrorCode.INTERNAL)))
 cdef str _OK = "ok"
+cdef str _CACHE = "cache"
 
 IN_FLIGHT, ANSWERED, HANDED_OVER = 0, 1, 2
 NO_JOURNAL, LINES, COMPLETE = 0, 1, 2
@@ -75,7 +78,7 @@ cdef class LaneCall:
     pending call and its future at once."""
 
     cdef readonly Lane lane
-    cdef readonly object row, client, conn, job, reply
+    cdef readonly object row, client, conn, job, reply, key
     cdef readonly str rid
     cdef readonly bytes wire
     cdef readonly double t_in, deadline, timeout
@@ -98,7 +101,10 @@ cdef class LaneCall:
             return
         self.state = S_ANSWERED
         self.reply = frame
-        self.lane.wake(self)
+        cdef Lane lane = self.lane
+        if self.key is not None:
+            lane.cache.put(lane.model, self.key, Payload(frame), n)
+        lane.wake(self)
 
     def set_exception(self, exc):
         """No reply: a timeout or a lost connection (called at most once)."""
@@ -123,7 +129,7 @@ cdef class _Group:
 cdef class Lane:
     """The MIP lane of one front-door connection (see ``wirekit.serve.lane.Lane``)."""
 
-    cdef readonly object dispatcher, store, stats, wake, pending
+    cdef readonly object dispatcher, store, stats, wake, pending, cache
     cdef readonly str model, client
     cdef readonly bint enabled
     cdef Py_ssize_t max_size
@@ -143,6 +149,7 @@ cdef class Lane:
         self.wake = wake
         self.enabled = route is not None
         self.store = dispatcher.store
+        self.cache = dispatcher.cache if dispatcher.cache.enabled else None
         self.stats = dispatcher.metrics._get(model)
         self._clock = dispatcher._clock
         self._router = dispatcher.router
@@ -175,6 +182,7 @@ cdef class Lane:
         cdef list ops = []
         cdef object single = self._single
         cdef bint payloads = self.store.payloads
+        cdef object cache = self.cache, hit
         PyObject_GetBuffer(src, &view, PyBUF_SIMPLE)
         try:
             base = <const uint8_t*>view.buf
@@ -222,10 +230,19 @@ cdef class Lane:
                 call.deadline = group.deadline
                 call.timeout = group.timeout
                 call.state = S_IN_FLIGHT
-                group.in_flight += 1
                 self._append(call)
-                group.frames.append(frame)
-                group.calls.append(call)
+                if cache is not None:
+                    call.key = digest(memoryview(frame)[8:])
+                    hit = cache.get(model, call.key)
+                    if hit is not None:  # answered at once, nothing sent
+                        call.state = S_ANSWERED
+                        call.row = None
+                        call.reply = hit.wire
+                        call.key = None
+                if call.state == S_IN_FLIGHT:
+                    group.in_flight += 1
+                    group.frames.append(frame)
+                    group.calls.append(call)
                 ops.append((_ARRIVAL, (rid, model, client_name, t_obj, size,
                                        frame if payloads else None)))
                 n += 1
@@ -261,7 +278,8 @@ cdef class Lane:
         cdef list out = [], ops = [], lines = []
         cdef Py_ssize_t nbytes = 0, n = 0, size
         cdef double t_out = 0.0, rt, total = 0.0, lo, hi
-        cdef str tout_hex = "", line, names
+        cdef str tout_hex = "", line, names, device
+        cdef int attempts
         cdef object t_obj = None, head, cls, row, store = self.store, stats = self.stats
         cdef LaneCall call
         cdef int mode = store.lane_mode()
@@ -290,21 +308,27 @@ cdef class Lane:
                     if rt > hi:
                         hi = rt
                     row = call.row
-                    if row is not last:  # DeviceRow hashes its fields: once per run of a row
-                        succeeded.add(row)
-                        last = row
+                    if row is None:  # answered from the cache
+                        device = _CACHE
+                        attempts = 0
+                    else:
+                        device = row.key
+                        attempts = 1
+                        if row is not last:  # DeviceRow hashes its fields: once per run
+                            succeeded.add(row)
+                            last = row
                     size = PyBytes_GET_SIZE(call.wire)
                     if mode == M_COMPLETE:
-                        store.complete(call.rid, self.model, self.client, row.key, call.t_in,
-                                       t_obj, _OK, size, 1, call.wire, True)
+                        store.complete(call.rid, self.model, self.client, device, call.t_in,
+                                       t_obj, _OK, size, attempts, call.wire, True)
                     else:
                         if mode == M_LINES:
-                            names = self._names_of(row)
+                            names = self._names_of(device)
                             line = (f'["{call.rid}",{names}"{self._tin_hex(call.t_in)}",'
-                                    f'"{tout_hex}","ok",{size},1,null]\n')
+                                    f'"{tout_hex}","ok",{size},{attempts},null]\n')
                             nbytes += len(line)
                             lines.append(line)
-                        ops.append((_COMPLETION, (row.key, t_obj, _OK, 1, call.rid)))
+                        ops.append((_COMPLETION, (device, t_obj, _OK, attempts, call.rid)))
                     out.append(call.reply)
                 elif call.job is not None:
                     out.append(_job_answer(call.job))
@@ -331,11 +355,11 @@ cdef class Lane:
                 store.extend(ops, lines, nbytes)
         return out
 
-    cdef str _names_of(self, row):
-        key = row.key
-        names = self._names.get(key)
+    cdef str _names_of(self, str device):
+        names = self._names.get(device)
         if names is None:
-            names = self._names[key] = self.store.journal_names(self.model, self.client, key)
+            names = self._names[device] = self.store.journal_names(self.model, self.client,
+                                                                   device)
         return names
 
     cdef str _tin_hex(self, double t_in):

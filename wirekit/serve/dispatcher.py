@@ -573,10 +573,10 @@ class Dispatcher:
     def lane_route(self, model: str):
         """What the MIP lane (:mod:`wirekit.serve.lane`) of ``model`` sends through:
         ``(config, device rows, {row key: pipelined AsyncClient})``, or None when the lane
-        does not serve it (an unknown model, adaptive batching or the cache on, a device
-        that is not a pipelined MIP backend)."""
+        does not serve it (an unknown model, adaptive batching, a device that is not a
+        pipelined MIP backend)."""
         cfg = self.models.get(model)
-        if cfg is None or cfg.max_batch > 1 or self.cache.enabled:
+        if cfg is None or cfg.max_batch > 1:
             return None
         rows = self.router.rows(model)
         clients = {}
@@ -597,6 +597,7 @@ class Dispatcher:
         job.rid = call.rid
         job.cfg = self.models[lane.model]
         job.t_in = call.t_in
+        job.key = call.key  # the answer is cached as the lane would have
         job.head = ""
         self._fast_reply(job, call.row, frame, exc)
 

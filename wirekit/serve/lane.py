@@ -2,13 +2,15 @@
 every request of one read handled in one call (the pure-Python twin; the compiled one is
 ``wirekit/_fast/servelane.pyx``, used unless ``WIREKIT_PURE`` is set or it is not built).
 
-A MIP front-door connection of a model served only by pipelined MIP backends, with adaptive
-batching and the cache off, takes its requests through a :class:`Lane`:
+A MIP front-door connection of a model served only by pipelined MIP backends, without
+adaptive batching, takes its requests through a :class:`Lane`:
 
 * :meth:`Lane.take` -- the well-formed inference requests at the start of a read, in one
   call: each gets its id, its arrival row (batched, as :meth:`RequestStore.arrival` does),
   a device by quota, and a slot on that backend's open connection; the requests for one
-  connection go out in one write, byte for byte as they came.  The first request the lane
+  connection go out in one write, byte for byte as they came.  With the cache on, a request
+  answered recently is answered from the cache instead (device ``cache``, 0 attempts), and
+  a backend's answer is cached.  The first request the lane
   cannot take (a ping, a malformed message, a partial frame, no open connection or no free
   slot, the dispatcher closing) and everything after it in that read is left to the front
   door's general path (:meth:`Dispatcher.start`).
@@ -34,11 +36,15 @@ from typing import Any
 from wirekit import mip
 from wirekit.mip import ErrorCode, ErrorReply
 
+from .cache import digest
+from .payload import Payload
+
 log = logging.getLogger("wirekit.serve")
 
 _ARRIVAL, _COMPLETION = 0, 1  # the store's row kinds (wirekit.serve.store)
 _INTERNAL = mip.encode(ErrorReply(int(ErrorCode.INTERNAL)))
 _OK = "ok"
+_CACHE = "cache"  # the device of an answer from the cache
 
 IN_FLIGHT, ANSWERED, HANDED_OVER = 0, 1, 2  #: LaneCall states
 NO_JOURNAL, LINES, COMPLETE = 0, 1, 2  #: how answers are recorded: RequestStore.lane_mode
@@ -71,8 +77,8 @@ class LaneCall:
     """One request of a :class:`Lane` on its way to a backend: the backend connection's
     pending call and its future at once (``future`` is the call itself)."""
 
-    __slots__ = ("client", "conn", "deadline", "job", "lane", "reply", "rid", "row", "state",
-                 "t_in", "timeout", "wire")
+    __slots__ = ("client", "conn", "deadline", "job", "key", "lane", "reply", "rid", "row",
+                 "state", "t_in", "timeout", "wire")
 
     def __init__(self, lane: Lane, row: Any, client: Any, conn: Any, rid: str, wire: bytes,
                  t_in: float, deadline: float) -> None:
@@ -88,6 +94,7 @@ class LaneCall:
         self.state = IN_FLIGHT
         self.reply: bytes | None = None
         self.job: Any = None  #: the dispatcher's Job once handed over
+        self.key: bytes | None = None  #: its cache key (the cache on)
 
     @property
     def future(self) -> LaneCall:
@@ -105,7 +112,10 @@ class LaneCall:
             return
         self.state = ANSWERED
         self.reply = frame
-        self.lane.wake(self)
+        lane = self.lane
+        if self.key is not None:
+            lane.cache.put(lane.model, self.key, Payload(frame), len(frame))
+        lane.wake(self)
 
     def set_exception(self, exc: BaseException) -> None:
         """No reply: a timeout or a lost connection (called at most once)."""
@@ -137,9 +147,10 @@ class Lane:
         self.wake = wake
         self.enabled = route is not None
         self.store = dispatcher.store
+        self.cache = dispatcher.cache if dispatcher.cache.enabled else None
         self.stats = dispatcher.metrics._get(model)
         self._clock = dispatcher._clock
-        self._names: dict[str, str] = {}  # row key -> its journal text of model, client, device
+        self._names: dict[str, str] = {}  # device -> its journal text of model, client, device
         self._hex_of: float | None = None
         self._hex = ""
         if route is not None:
@@ -159,6 +170,7 @@ class Lane:
         single = self.single
         model, client_name = self.model, self.client
         payloads = self.store.payloads
+        cache = self.cache
         prefix, ids = d._prefix, d._ids
         whole = type(src) is bytes
         while True:
@@ -177,16 +189,27 @@ class Lane:
             frame = src if whole and size == end and pos == 0 else bytes(src[pos : pos + size])
             rid = f"{prefix}{next(ids):x}"
             call = LaneCall(self, row, client, conn, rid, frame, t_in, group[0])
-            client._in_flight += 1
             pending.append(call)
-            group[1].append(frame)
-            group[2].append(call)
+            if cache is not None:
+                call.key = digest(memoryview(frame)[8:])
+                hit = cache.get(model, call.key)
+                if hit is not None:  # answered at once, nothing sent
+                    call.state = ANSWERED
+                    call.row = None
+                    call.reply = hit.wire
+                    call.key = None
+            if call.state == IN_FLIGHT:
+                client._in_flight += 1
+                group[1].append(frame)
+                group[2].append(call)
             ops.append((_ARRIVAL, (rid, model, client_name, t_in, size,
                                    frame if payloads else None)))
             pos += size
         if not ops:
             return pos
         for conn, (deadline, frames, calls) in groups.items():
+            if not calls:
+                continue
             conn.waiting.extend(calls)
             if conn.out is not None:  # writes of this loop pass are being gathered
                 conn.out.extend(frames)
@@ -239,21 +262,25 @@ class Lane:
                     if rt > hi:
                         hi = rt
                     row = head.row
-                    if row is not last:  # DeviceRow hashes its fields: once per run of a row
-                        succeeded.add(row)
-                        last = row
+                    if row is None:  # answered from the cache
+                        device, attempts = _CACHE, 0
+                    else:
+                        device, attempts = row.key, 1
+                        if row is not last:  # DeviceRow hashes its fields: once per run
+                            succeeded.add(row)
+                            last = row
                     size = len(head.wire)
                     if mode == COMPLETE:
-                        store.complete(head.rid, self.model, self.client, row.key, head.t_in,
-                                       t_out, _OK, size, 1, head.wire, True)
+                        store.complete(head.rid, self.model, self.client, device, head.t_in,
+                                       t_out, _OK, size, attempts, head.wire, True)
                     else:
                         if mode == LINES:
-                            line = (f'["{head.rid}",{self._names_of(row)}'
-                                    f'"{self._tin_hex(head.t_in)}","{tout_hex}","ok",{size},1,'
-                                    'null]\n')
+                            line = (f'["{head.rid}",{self._names_of(device)}'
+                                    f'"{self._tin_hex(head.t_in)}","{tout_hex}","ok",{size},'
+                                    f'{attempts},null]\n')
                             nbytes += len(line)
                             lines.append(line)
-                        ops.append((_COMPLETION, (row.key, t_out, _OK, 1, head.rid)))
+                        ops.append((_COMPLETION, (device, t_out, _OK, attempts, head.rid)))
                     out.append(head.reply)
                 elif head.job is not None:
                     out.append(_job_answer(head.job))
@@ -279,11 +306,11 @@ class Lane:
                 store.extend(ops, lines, nbytes)
         return out
 
-    def _names_of(self, row: Any) -> str:
-        names = self._names.get(row.key)
+    def _names_of(self, device: str) -> str:
+        names = self._names.get(device)
         if names is None:
-            names = self._names[row.key] = self.store.journal_names(self.model, self.client,
-                                                                    row.key)
+            names = self._names[device] = self.store.journal_names(self.model, self.client,
+                                                                   device)
         return names
 
     def _tin_hex(self, t_in: float) -> str:
