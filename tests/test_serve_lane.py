@@ -6,6 +6,7 @@ stop writes, and timeouts, error replies and refused slots go through the attemp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import shutil
 from collections import Counter
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from serve_support import answer_of, deployment, run, start_backend, tagged
 from strategies import mip_messages, mutated
 from test_serve_e2e import assert_stats_match, direct_stats
+from test_serve_faults import store_rows
 
 from wirekit import mip
 from wirekit._impl import pure_requested
@@ -23,7 +25,7 @@ from wirekit.errors import DecodeError
 from wirekit.mip.client import AsyncClient
 from wirekit.serve.config import parse_config
 from wirekit.serve.service import Service
-from wirekit.serve.store import RequestStore, connect, read_rows
+from wirekit.serve.store import RequestStore, connect
 
 
 @pytest.fixture(scope="module", params=["fast", "pure"])
@@ -63,15 +65,30 @@ def test_frame_check_accepts_exactly_what_the_codec_decodes(lane, wire, before, 
         )
 
 
-def _two_devices(path, ports, **top):
-    return deployment(
+@contextlib.asynccontextmanager
+async def lane_service(lane, path, handlers, *, model=None, **top):
+    """A service with model ``m`` on one CPU device per handler (equal quotas), each a
+    wirekit MIP server, the cache off unless ``top`` says otherwise, and the lane twin
+    ``lane``; yields the service and the address of ``m``'s MIP front door."""
+    backends = [await start_backend(h) for h in handlers]
+    k = len(handlers)
+    top.setdefault("cache", {"max_entries": 0})
+    doc = deployment(
         path,
-        {"m": {"timeout": 5}},
-        [{"id": "n", "devices": ["CPU", "CPU"], "models": ["m"], "quotas": [0.5, 0.5],
-          "ports": ports}],
-        cache={"max_entries": 0},
+        {"m": model or {"timeout": 5}},
+        [{"id": "n", "devices": ["CPU"] * k, "models": ["m"], "quotas": [1 / k] * k,
+          "ports": [port for _server, port in backends]}],
         **top,
     )
+    service = Service(parse_config(doc), lane=lane)
+    try:
+        await service.start()
+        await _connect_backends(service)
+        yield service, f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
+    finally:
+        await service.stop()
+        for server, _port in backends:
+            await server.shutdown()
 
 
 async def _connect_backends(service):
@@ -80,29 +97,15 @@ async def _connect_backends(service):
         await backend.lane_client.connect()
 
 
-def _rows(path):
-    conn = connect(path, readonly=True)
-    try:
-        return list(read_rows(conn))
-    finally:
-        conn.close()
-
-
 @pytest.mark.parametrize("payloads", [False, True], ids=["journal-lines", "payloads"])
 def test_pipelined_requests_through_the_lane_are_answered_and_recorded(lane, tmp_path, payloads):
     store = tmp_path / "r.db"
     n = 300
 
     async def main():
-        a, a_port = await start_backend(tagged("A"))
-        b, b_port = await start_backend(tagged("B"))
-        doc = _two_devices(store, [a_port, b_port], store={"path": str(store),
-                                                           "payloads": payloads})
-        service = Service(parse_config(doc), lane=lane)
-        await service.start()
-        try:
-            await _connect_backends(service)
-            address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
+        async with lane_service(lane, store, [tagged("A"), tagged("B")],
+                                store={"path": str(store), "payloads": payloads}) as (
+                service, address):
             async with AsyncClient(address, timeout=10, max_in_flight=64) as c:
                 outs = await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
             answers = {f"q{k}": answer_of(o[0].as_text()) for k, o in enumerate(outs)}
@@ -113,14 +116,10 @@ def test_pipelined_requests_through_the_lane_are_answered_and_recorded(lane, tmp
             await service.store.flush()
             _rows_now, direct = direct_stats(store)
             assert_stats_match(service.metrics.snapshot(), direct)
-        finally:
-            await service.stop()
-            await a.shutdown()
-            await b.shutdown()
         return answers
 
     answers = run(main())
-    rows = _rows(store)
+    rows = store_rows(store)
     assert len(rows) == n and len({r.id for r in rows}) == n
     tag_of = {"n/0/m": "A", "n/1/m": "B"}
     request_size = len(mip.encode(mip.Inference.request([[mip.Item.text("q0")]])))
@@ -147,29 +146,19 @@ def test_a_crash_replays_exactly_the_rows_a_clean_stop_writes(lane, tmp_path):
     n = 120
 
     async def main():
-        a, a_port = await start_backend(tagged("A"))
-        b, b_port = await start_backend(tagged("B"))
         # nothing reaches SQLite before the stop: the journal alone holds the answers
-        doc = _two_devices(store, [a_port, b_port], store={
-            "path": str(store), "flush_interval": 60, "batch_max": 1_000_000})
-        service = Service(parse_config(doc), lane=lane)
-        await service.start()
-        try:
-            await _connect_backends(service)
-            address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
+        async with lane_service(lane, store, [tagged("A"), tagged("B")], store={
+                "path": str(store), "flush_interval": 60, "batch_max": 1_000_000}) as (
+                service, address):
             async with AsyncClient(address, timeout=10, max_in_flight=32) as c:
                 await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
             assert service.dispatcher.lane_requests == n
             # the state a kill -9 would leave now
             for path in tmp_path.glob("r.db*"):
                 shutil.copy(path, crashed / path.name)
-        finally:
-            await service.stop()
-            await a.shutdown()
-            await b.shutdown()
 
     run(main())
-    clean = _rows(store)
+    clean = store_rows(store)
     recovered = RequestStore(crashed / "r.db")
     recovered.open()
     try:
@@ -179,61 +168,44 @@ def test_a_crash_replays_exactly_the_rows_a_clean_stop_writes(lane, tmp_path):
         recovered.close()
     assert len(clean) == n
     by_id = {r.id: r for r in clean}
-    assert {r.id: r for r in _rows(crashed / "r.db")} == by_id  # exact times included
+    assert {r.id: r for r in store_rows(crashed / "r.db")} == by_id  # exact times included
 
 
 def test_timeouts_and_error_replies_leave_the_lane_for_the_attempt_loop(lane, tmp_path):
     store = tmp_path / "r.db"
     n = 40
+    release = asyncio.Event()
+
+    async def fussy(batch):
+        texts = [s[0].as_text() for s in batch]
+        if any(t.startswith("bad") for t in texts):
+            raise ValueError("a bad input")
+        return [[f"F:{t.upper()}"] for t in texts]
 
     async def main():
-        release = asyncio.Event()
-        slow, slow_port = await start_backend(tagged("S", gate=release))
-
-        async def fussy(batch):
-            texts = [s[0].as_text() for s in batch]
-            if any(t.startswith("bad") for t in texts):
-                raise ValueError("a bad input")
-            return [[f"F:{t.upper()}"] for t in texts]
-
-        fast, fast_port = await start_backend(fussy)
-        doc = deployment(
-            store,
-            {"m": {"timeout": 0.3, "attempts": 2}},
-            [{"id": "n", "devices": ["CPU", "CPU"], "models": ["m"], "quotas": [0.5, 0.5],
-              "ports": [slow_port, fast_port]}],
-            cache={"max_entries": 0},
-            backoff=60,
-        )
-        service = Service(parse_config(doc), lane=lane)
-        await service.start()
-        try:
-            await _connect_backends(service)
-            address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
-            async with AsyncClient(address, timeout=10, max_in_flight=64) as c:
-                outs = await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
-                assert [o[0].as_text() for o in outs] == [f"F:Q{k}" for k in range(n)]
-                bad = await c.request(mip.Inference.request([[mip.Item.text("bad1")]]))
-                assert bad == mip.ErrorReply(int(mip.ErrorCode.INTERNAL))
-                # the late replies of the slow device are dropped, never answered twice
+        async with lane_service(lane, store, [tagged("S", gate=release), fussy],
+                                model={"timeout": 0.3, "attempts": 2}, backoff=60) as (
+                service, address):
+            try:
+                async with AsyncClient(address, timeout=10, max_in_flight=64) as c:
+                    outs = await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
+                    assert [o[0].as_text() for o in outs] == [f"F:Q{k}" for k in range(n)]
+                    bad = await c.request(mip.Inference.request([[mip.Item.text("bad1")]]))
+                    assert bad == mip.ErrorReply(int(mip.ErrorCode.INTERNAL))
+                    # the late replies of the slow device are dropped, never answered twice
+                    release.set()
+                    await asyncio.sleep(0.1)
+                    again = await c.infer_one("after")
+                    assert again[0].as_text() == "F:AFTER"
+            finally:
                 release.set()
-                await asyncio.sleep(0.1)
-                again = await c.infer_one("after")
-                assert again[0].as_text() == "F:AFTER"
-            stats = service.stats()
-            assert stats["lane_requests"] >= n  # all of the first burst went by the lane
+            assert service.stats()["lane_requests"] >= n  # the whole first burst
             assert service.router.backed_off() == ["n/0/m"]
-            resubmitted = service.dispatcher.resubmissions
             await service.store.flush()
-        finally:
-            release.set()
-            await service.stop()
-            await slow.shutdown()
-            await fast.shutdown()
-        return resubmitted
+            return service.dispatcher.resubmissions
 
     resubmitted = run(main())
-    rows = _rows(store)
+    rows = store_rows(store)
     assert Counter(r.status for r in rows) == {"ok": n + 1, "error": 1}
     assert all(r.device == "n/1/m" for r in rows)
     assert resubmitted >= 1  # the quota sent some of the burst to the slow device
@@ -245,32 +217,18 @@ def test_no_free_slot_leaves_requests_to_the_general_path(lane, tmp_path):
     n = 50
 
     async def main():
-        backend, port = await start_backend(tagged("A"))
-        doc = deployment(
-            store,
-            {"m": {"timeout": 5}},
-            [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [port]}],
-            cache={"max_entries": 0},
-            connections=4,  # 4 requests in flight per backend: the rest wait for a slot
-        )
-        service = Service(parse_config(doc), lane=lane)
-        await service.start()
-        try:
-            await _connect_backends(service)
-            address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
+        # 4 requests in flight per backend: the rest wait for a slot
+        async with lane_service(lane, store, [tagged("A")], connections=4) as (
+                service, address):
             async with AsyncClient(address, timeout=10, max_in_flight=n) as c:
                 outs = await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
             assert [o[0].as_text() for o in outs] == [f"A:Q{k}" for k in range(n)]
-            taken = service.dispatcher.lane_requests
             await service.store.flush()
-        finally:
-            await service.stop()
-            await backend.shutdown()
-        return taken
+            return service.dispatcher.lane_requests
 
     taken = run(main())
     assert 4 <= taken < n
-    rows = _rows(store)
+    rows = store_rows(store)
     assert len(rows) == n and all(r.status == "ok" and r.attempts == 1 for r in rows)
 
 
@@ -281,19 +239,8 @@ def test_malformed_messages_between_lane_requests_are_answered_in_order(lane, tm
     bad_item[19] += 1  # the item announces a byte more than the payload holds
 
     async def main():
-        backend, port = await start_backend(tagged("A"))
-        doc = deployment(
-            store,
-            {"m": {"timeout": 5}},
-            [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [port]}],
-            cache={"max_entries": 0},
-        )
-        service = Service(parse_config(doc), lane=lane)
-        await service.start()
-        try:
-            await _connect_backends(service)
-            port_m = service.addresses()["mip"]["m"]
-            reader, writer = await asyncio.open_connection("127.0.0.1", port_m)
+        async with lane_service(lane, store, [tagged("A")]) as (service, address):
+            reader, writer = await asyncio.open_connection(*address[6:].split(":"))
             ping = mip.encode(mip.Ping(False))
             writer.write(good[0] + bytes(bad_item) + ping + good[1] + good[2][:5])
             await writer.drain()
@@ -306,19 +253,15 @@ def test_malformed_messages_between_lane_requests_are_answered_in_order(lane, tm
                     int.from_bytes(head[4:], "big"))))
             writer.close()
             await writer.wait_closed()
-            taken = service.dispatcher.lane_requests
             await service.store.flush()
-        finally:
-            await service.stop()
-            await backend.shutdown()
-        return replies, taken
+            return replies, service.dispatcher.lane_requests
 
     replies, taken = run(main())
     texts = [r.items[0].as_text() if type(r) is mip.Inference else r for r in replies]
     assert texts == ["A:G0", mip.ErrorReply(int(mip.ErrorCode.SHAPE)), mip.Ping(True),
                      "A:G1", "A:G2"]
     assert taken == 3
-    assert Counter(r.status for r in _rows(store)) == {"ok": 3}
+    assert Counter(r.status for r in store_rows(store)) == {"ok": 3}
 
 
 def test_the_cache_answers_repeats_in_the_lane(lane, tmp_path):
@@ -326,18 +269,8 @@ def test_the_cache_answers_repeats_in_the_lane(lane, tmp_path):
     n = 100
 
     async def main():
-        backend, port = await start_backend(tagged("A"))
-        doc = deployment(
-            store,
-            {"m": {"timeout": 5}},
-            [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [port]}],
-            cache={"max_entries": 1000, "ttl": 60},
-        )
-        service = Service(parse_config(doc), lane=lane)
-        await service.start()
-        try:
-            await _connect_backends(service)
-            address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
+        async with lane_service(lane, store, [tagged("A")],
+                                cache={"max_entries": 1000, "ttl": 60}) as (service, address):
             async with AsyncClient(address, timeout=10, max_in_flight=32) as c:
                 first = await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
                 again = await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
@@ -349,11 +282,8 @@ def test_the_cache_answers_repeats_in_the_lane(lane, tmp_path):
             await service.store.flush()
             _rows_now, direct = direct_stats(store)
             assert_stats_match(service.metrics.snapshot(), direct)
-        finally:
-            await service.stop()
-            await backend.shutdown()
 
     run(main())
-    rows = _rows(store)
+    rows = store_rows(store)
     assert Counter((r.device, r.attempts, r.status) for r in rows) == {
         ("n/0/m", 1, "ok"): n, ("cache", 0, "ok"): n}
