@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections import deque
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import mip_messages, mutated
 
+from wirekit import mip
 from wirekit._impl import load_fast, pure_requested
 from wirekit.mip import Inference, Item
 from wirekit.mip import runtime as rt
@@ -26,6 +29,7 @@ def test_the_compiled_helpers_are_the_ones_in_use():
     assert rt._new_inference is accel.new_inference
     assert rt._singles is accel.singles
     assert rt._start is accel.start
+    assert rt.deliver_replies is accel.deliver
 
 
 class Odd:
@@ -135,3 +139,50 @@ def test_start_keeps_reference_counts():
     for _ in range(1000):
         assert accel.start(_returns(value)) == (True, value)
     assert sys.getrefcount(value) == before
+
+
+class _Recorder:
+    """A pending call whose future records what it is given (``done`` from the start when
+    it stands for a call that timed out)."""
+
+    def __init__(self, log: list, done: bool) -> None:
+        self.future = self
+        self.log = log
+        self.settled = done
+
+    def done(self) -> bool:
+        return self.settled
+
+    def set_result(self, frame: bytes) -> None:
+        assert not self.settled
+        self.settled = True
+        self.log.append(bytes(frame))
+
+
+def _deliver_with(deliver, data, dones, max_size):
+    log: list = []
+    waiting = deque(_Recorder(log, d) for d in dones)
+    taken, used = deliver(data, waiting, max_size)
+    return taken, used, log, len(waiting)
+
+
+@given(
+    st.lists(st.one_of(mip_messages.map(mip.encode),
+                       mip_messages.map(mip.encode).flatmap(mutated)), max_size=5),
+    st.lists(st.booleans(), max_size=6),
+    st.sampled_from([12, 64, 1 << 20]),
+)
+def test_reply_delivery_agrees(messages, dones, max_size):
+    data = b"".join(messages)
+    pure = _deliver_with(rt._deliver_py, data, dones, max_size)
+    assert _deliver_with(accel.deliver, data, dones, max_size) == pure
+    taken, used, log, _left = pure
+    # what was taken is whole inference replies from the start, in order, each within the
+    # limit; the rest is left to the decoder
+    pos = 0
+    for _ in range(taken):
+        frame = data[pos : pos + 8 + int.from_bytes(data[pos + 4 : pos + 8], "big")]
+        assert frame[1] == 2 and len(frame) <= max_size
+        pos += len(frame)
+    assert pos == used
+    assert len(log) == sum(1 for d in dones[:taken] if not d)

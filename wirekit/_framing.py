@@ -95,6 +95,23 @@ class FramedStream:
             self._pos = 0
         self._buf += view
 
+    @property
+    def idle(self) -> bool:
+        """True when nothing is buffered, skipped or broken: bytes the caller frames itself
+        (then :meth:`taken`) need not go through :meth:`feed`."""
+        return (
+            self._chunk is None and self._pos == len(self._buf) and not self._skip
+            and self._error is None
+        )
+
+    def taken(self, n: int) -> None:
+        """Account ``n`` bytes framed by the caller while :attr:`idle` (stream offsets stay
+        right)."""
+        self._consumed += self._pos + n
+        if self._pos:
+            self._buf.clear()
+            self._pos = 0
+
     def take_whole(self, data: bytes) -> bytes | None:
         """``data`` itself if nothing is buffered and it is exactly one complete frame with a
         valid header within the size limit (accounted as fed and taken: one call instead of
@@ -117,10 +134,7 @@ class FramedStream:
             return None
         if HEADER_SIZE + size != n:
             return None
-        self._consumed += self._pos + n
-        if self._pos:
-            self._buf.clear()
-            self._pos = 0
+        self.taken(n)
         return data
 
     def next_frame(self) -> bytes | None:

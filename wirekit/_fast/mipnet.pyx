@@ -6,6 +6,7 @@ its own pure-Python functions of the same names, which define the behaviour: sam
 same exceptions.  ``tests/test_mip_runtime_accel.py`` checks the two agree.
 """
 
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.object cimport PyObject, PyObject_GenericSetAttr
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
@@ -137,3 +138,25 @@ def start(coro):
     value = <object>result
     Py_DECREF(value)  # PyIter_Send gave a new reference; <object> took another
     return r == 0, value
+
+
+def deliver(bytes data, waiting, Py_ssize_t max_size):
+    """The whole inference replies at the start of ``data``, each to the call at the head of
+    ``waiting``; returns (replies taken, bytes used).  See ``runtime._deliver_py``."""
+    cdef const unsigned char* b = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data), pos = 0, end, taken = 0
+    cdef object fut, popleft = waiting.popleft
+    while waiting and n - pos >= 8:
+        if b[pos] != 0 or b[pos + 1] != 2 or b[pos + 2] > 1 or b[pos + 3] != 0:
+            break
+        end = pos + 8 + ((<Py_ssize_t>b[pos + 4] << 24) | (<Py_ssize_t>b[pos + 5] << 16)
+                         | (<Py_ssize_t>b[pos + 6] << 8) | b[pos + 7])
+        if end > n or end - pos > max_size:
+            break
+        fut = popleft().future
+        taken += 1
+        if not fut.done():
+            fut.set_result(data if end - pos == n
+                           else PyBytes_FromStringAndSize(<const char*>b + pos, end - pos))
+        pos = end
+    return taken, pos

@@ -33,6 +33,7 @@ from .runtime import (
     build_request,
     check_reply,
     decode_reply,
+    deliver_replies,
     parse_address,
     samples_of,
 )
@@ -324,8 +325,16 @@ class _ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         decoder = self.decoder
-        decoder.feed(data)
         waiting = self.waiting
+        if type(data) is bytes and decoder.idle:
+            # The whole replies of this read, without the decoder (the rest goes through it)
+            answered, used = deliver_replies(data, waiting, decoder.max_message_size)
+            self.answered += answered
+            decoder.taken(used)
+            if used == len(data):
+                return
+            data = data[used:]
+        decoder.feed(data)
         while True:
             try:
                 frame = decoder.next_frame()

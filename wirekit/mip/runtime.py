@@ -164,14 +164,38 @@ def _start_py(coro: Any) -> tuple[bool, Any]:
     return False, first
 
 
+def _deliver_py(data: bytes, waiting: Any, max_size: int) -> tuple[int, int]:
+    """A client connection's fast path for the replies in one read: the whole inference
+    replies at the start of ``data`` (header checked, within ``max_size``), each taken by
+    the call at the head of ``waiting`` (``waiting.popleft().future.set_result(frame)``
+    unless that future is done), while calls wait.  Returns the replies taken and the bytes
+    they used; the rest of ``data`` -- anything else, a partial frame -- is the caller's."""
+    n = len(data)
+    pos = taken = 0
+    while waiting and n - pos >= 8:
+        if data[pos] != 0 or data[pos + 1] != 2 or data[pos + 2] > 1 or data[pos + 3] != 0:
+            break
+        end = pos + 8 + int.from_bytes(data[pos + 4 : pos + 8], "big")
+        if end > n or end - pos > max_size:
+            break
+        fut = waiting.popleft().future
+        taken += 1
+        if not fut.done():
+            fut.set_result(data if end - pos == n else data[pos:end])
+        pos = end
+    return taken, pos
+
+
 # The compiled versions of the helpers above (wirekit/_fast/mipnet.pyx), unless WIREKIT_PURE
 # is set or they are not built; tests/test_mip_runtime_accel.py checks they agree.
 _flatten, _new_inference, _singles, _start = _flatten_py, _new_inference_py, _singles_py, _start_py
+deliver_replies = _deliver_py
 _accel = load_fast("mipnet")
 if _accel is not None:
     _accel.bind(Item, Inference, to_item, _Ragged, _SINGLE, _TEXT)
     _flatten, _new_inference, _singles = _accel.flatten, _accel.new_inference, _accel.singles
     _start = _accel.start
+    deliver_replies = _accel.deliver
 
 
 def build_request(batch: Iterable[Any]) -> Inference:
