@@ -287,3 +287,26 @@ def test_the_cache_answers_repeats_in_the_lane(lane, tmp_path):
     rows = store_rows(store)
     assert Counter((r.device, r.attempts, r.status) for r in rows) == {
         ("n/0/m", 1, "ok"): n, ("cache", 0, "ok"): n}
+
+
+@pytest.mark.parametrize("count", [1, 31, 32, 70])
+def test_rows_inserted_many_per_statement_keep_their_order_and_values(tmp_path, count):
+    store = RequestStore(tmp_path / "r.db", flush_interval=60, batch_max=1_000_000)
+    store.open()
+    try:
+        for k in range(count):
+            store.arrival(f"id-{k}", "m", "c", 1000.0 + k / 7, k)
+        for k in range(0, count, 2):  # every other one answered in the same hand-over
+            store.complete(f"id-{k}", "m", "c", "n/0/m", 1000.0 + k / 7, 2000.0 + k / 3,
+                           "ok", k, 1)
+    finally:
+        store.close()
+    rows = store_rows(tmp_path / "r.db")
+    assert [r.id for r in rows] == [f"id-{k}" for k in range(count)]
+    for k, r in enumerate(rows):
+        assert (r.time_in, r.payload_size) == (1000.0 + k / 7, k)
+        end = (r.status, r.device, r.time_out, r.attempts)
+        if k % 2:  # not answered: queued until the next start calls it abandoned
+            assert end == ("queued", None, None, 0)
+        else:
+            assert end == ("ok", "n/0/m", 2000.0 + k / 3, 1)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import itertools
 import json
 import os
 import queue
@@ -53,6 +54,8 @@ _INSERT_ROW = (
     "INSERT INTO requests (id, model, client, time_in, payload_size, payload, device,"
     " time_out, status, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+_CHUNK = 32  # rows per INSERT statement (one statement, many rows: a quarter cheaper)
+_INSERT_CHUNK = _INSERT_ROW + ", (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" * (_CHUNK - 1)
 _UPDATE = "UPDATE requests SET device = ?, time_out = ?, status = ?, attempts = ? WHERE id = ?"
 
 _REPLAY = (
@@ -476,7 +479,7 @@ class RequestStore:
                     inserts, updates = _merge(ops)
                     conn.execute("BEGIN")
                     if inserts:
-                        conn.executemany(_INSERT_ROW, inserts)
+                        _insert(conn, inserts)
                     if updates:
                         conn.executemany(_UPDATE, updates)
                     conn.execute("COMMIT")
@@ -494,6 +497,18 @@ class RequestStore:
                 continue
             if fut is not None:
                 _resolve([fut], None)
+
+
+def _insert(conn: sqlite3.Connection, rows: list[tuple]) -> None:
+    """INSERT ``rows`` in order, :data:`_CHUNK` rows per statement."""
+    full = len(rows) - len(rows) % _CHUNK
+    if full:
+        conn.executemany(_INSERT_CHUNK, [
+            tuple(itertools.chain.from_iterable(rows[i : i + _CHUNK]))
+            for i in range(0, full, _CHUNK)
+        ])
+    if full < len(rows):
+        conn.executemany(_INSERT_ROW, rows[full:])
 
 
 def _merge(ops: list[tuple[int, tuple[Any, ...]]]) -> tuple[list[tuple], list[tuple]]:
