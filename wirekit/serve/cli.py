@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import signal
@@ -131,6 +132,10 @@ async def _run(dep, out: TextIO) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
+    # What start-up made (modules, the app, the listeners) lives as long as the process: out
+    # of the collector's way, a full collection walks only what requests make (a few ms
+    # less every few thousand requests, which would otherwise stall every answer in flight).
+    gc.freeze()
     try:
         out.write(json.dumps({"event": "ready", **service.addresses()}) + "\n")
         out.flush()
