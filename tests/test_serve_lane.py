@@ -310,3 +310,33 @@ def test_rows_inserted_many_per_statement_keep_their_order_and_values(tmp_path, 
             assert end == ("queued", None, None, 0)
         else:
             assert end == ("ok", "n/0/m", 2000.0 + k / 3, 1)
+
+
+ids = st.sampled_from([f"r{k}" for k in range(12)])
+arrivals = st.tuples(ids, st.just("m"), st.just("c"), st.floats(0, 10), st.integers(0, 99),
+                     st.none() | st.binary(max_size=3)).map(lambda row: (0, row))
+completions = st.tuples(st.none() | st.just("n/0/m"), st.floats(0, 10),
+                        st.sampled_from(["ok", "error", "failed"]), st.integers(0, 3),
+                        ids).map(lambda row: (1, row))
+
+
+@given(st.lists(arrivals | completions, max_size=40), st.sampled_from([1, 3, 32]))
+def test_compiled_merge_of_store_rows_agrees(ops, chunk):
+    if pure_requested():
+        pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
+    from wirekit._fast import servelane
+    from wirekit.serve import store
+
+    pure = store.merge_ops(ops, chunk)
+    assert servelane.merge_ops(ops, chunk) == pure
+    chunks, rest, updates = pure
+    assert all(len(c) == 10 * chunk for c in chunks) and len(rest) < chunk
+    seen: set = set()
+    late = []  # completions of requests that arrived in an earlier hand-over
+    for kind, row in ops:
+        if kind == 0:
+            seen.add(row[0])
+        elif row[4] not in seen:
+            late.append(row)
+    assert len(chunks) * chunk + len(rest) == len(seen)
+    assert updates == late

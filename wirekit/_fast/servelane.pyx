@@ -375,3 +375,35 @@ cdef object _job_answer(job):
     if not isinstance(job.error, _CANCELLED):
         log.error("dispatch failed: %r", job.error)
     return _INTERNAL
+
+
+cdef tuple _QUEUED_TAIL = (None, None, "queued", 0)
+
+
+def merge_ops(list ops, Py_ssize_t chunk):
+    """One hand-over of the store as statements (see ``wirekit.serve.store.merge_ops``):
+    the INSERT rows ``chunk`` at a time, flattened, the rows left over, the UPDATEs."""
+    cdef dict rows = {}
+    cdef list updates = [], inserts, chunks = [], flat
+    cdef tuple op, row, arrived
+    cdef Py_ssize_t i, j, k, full, width
+    cdef object rid, item
+    for op in ops:
+        row = <tuple>op[1]
+        if op[0] == _ARRIVAL:
+            rows[row[0]] = row + _QUEUED_TAIL
+        else:
+            rid = row[4]
+            arrived = rows.get(rid)
+            if arrived is not None:
+                rows[rid] = arrived[:6] + row[:4]
+            else:
+                updates.append(row)
+    inserts = list(rows.values())
+    full = len(inserts) - len(inserts) % chunk
+    for i in range(0, full, chunk):
+        flat = []
+        for j in range(i, i + chunk):
+            flat.extend(<tuple>inserts[j])
+        chunks.append(tuple(flat))
+    return chunks, inserts[full:], updates

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from wirekit._impl import load_fast
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
     id            TEXT PRIMARY KEY,
@@ -476,10 +478,9 @@ class RequestStore:
             _kind, ops, retire, fut = item
             try:
                 if ops:
-                    inserts, updates = _merge(ops)
+                    chunks, rest, updates = _merge_ops(ops, _CHUNK)
                     conn.execute("BEGIN")
-                    if inserts:
-                        _insert(conn, inserts)
+                    _insert(conn, chunks, rest)
                     if updates:
                         conn.executemany(_UPDATE, updates)
                     conn.execute("COMMIT")
@@ -499,22 +500,22 @@ class RequestStore:
                 _resolve([fut], None)
 
 
-def _insert(conn: sqlite3.Connection, rows: list[tuple]) -> None:
-    """INSERT ``rows`` in order, :data:`_CHUNK` rows per statement."""
-    full = len(rows) - len(rows) % _CHUNK
-    if full:
-        conn.executemany(_INSERT_CHUNK, [
-            tuple(itertools.chain.from_iterable(rows[i : i + _CHUNK]))
-            for i in range(0, full, _CHUNK)
-        ])
-    if full < len(rows):
-        conn.executemany(_INSERT_ROW, rows[full:])
+def _insert(conn: sqlite3.Connection, chunks: list[tuple], rest: list[tuple]) -> None:
+    """INSERT the rows :func:`merge_ops` made: :data:`_CHUNK` per statement, then the rest."""
+    if chunks:
+        conn.executemany(_INSERT_CHUNK, chunks)
+    if rest:
+        conn.executemany(_INSERT_ROW, rest)
 
 
-def _merge(ops: list[tuple[int, tuple[Any, ...]]]) -> tuple[list[tuple], list[tuple]]:
+def merge_ops(
+    ops: list[tuple[int, tuple[Any, ...]]], chunk: int
+) -> tuple[list[tuple], list[tuple], list[tuple]]:
     """One hand-over as statements: a request that arrived and finished within it becomes
-    one complete INSERT (not an INSERT and an UPDATE); other arrivals are inserted queued,
-    in arrival order; completions of earlier arrivals are UPDATEs."""
+    one complete INSERT row (not an INSERT and an UPDATE); other arrivals are inserted queued,
+    in arrival order; completions of earlier arrivals are UPDATEs.  Returns the INSERT rows
+    ``chunk`` at a time, flattened (one tuple per many-row statement), the rows left over,
+    and the UPDATEs.  (Compiled twin: ``wirekit._fast.servelane.merge_ops``.)"""
     rows: dict[str, tuple] = {}
     updates = []
     for kind, row in ops:
@@ -527,7 +528,15 @@ def _merge(ops: list[tuple[int, tuple[Any, ...]]]) -> tuple[list[tuple], list[tu
                 rows[rid] = (*arrived[:6], device, time_out, status, attempts)
             else:
                 updates.append(row)
-    return list(rows.values()), updates
+    inserts = list(rows.values())
+    full = len(inserts) - len(inserts) % chunk
+    chunks = [
+        tuple(itertools.chain.from_iterable(inserts[i : i + chunk])) for i in range(0, full, chunk)
+    ]
+    return chunks, inserts[full:], updates
+
+
+_merge_ops = merge_ops  # the compiled twin when built (bound at the end of the module)
 
 
 def _resolve(waiters: list[asyncio.Future[None]], exc: BaseException | None) -> None:
@@ -547,3 +556,8 @@ def _settle(futs: list[asyncio.Future[None]], exc: BaseException | None) -> None
                 fut.set_result(None)
             else:
                 fut.set_exception(RuntimeError(f"request store write failed: {exc}"))
+
+
+_fast = load_fast("servelane")
+if _fast is not None:
+    _merge_ops = _fast.merge_ops
