@@ -10,10 +10,10 @@ adaptive batching, takes its requests through a :class:`Lane`:
   a device by quota, and a slot on that backend's open connection; the requests for one
   connection go out in one write, byte for byte as they came.  With the cache on, a request
   answered recently is answered from the cache instead (device ``cache``, 0 attempts), and
-  a backend's answer is cached.  The first request the lane
-  cannot take (a ping, a malformed message, a partial frame, no open connection or no free
-  slot, the dispatcher closing) and everything after it in that read is left to the front
-  door's general path (:meth:`Dispatcher.start`).
+  a backend's answer is cached.  A message the lane does not take (a ping, a malformed
+  message, a partial frame, no open connection or no free slot, the dispatcher closing)
+  stops it: the front door handles that one message its general way
+  (:meth:`Dispatcher.start`) and hands the rest of the read back to the lane.
 * :class:`LaneCall` -- one request on its way: it sits in the backend connection's queue as
   its own pending call and future.  A well-formed inference reply is its answer (status
   ``ok``, the bytes passed back as they came); anything else -- an error reply, a reply that
