@@ -502,6 +502,7 @@ cdef extern from *:
         pthread_t threads[Y2_MAX_WORKERS];
     } y2_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
 
+    static long long y2_dbg[5]; static long long y2_first_claim;
     static long long y2_now_ns(void) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -548,7 +549,7 @@ cdef extern from *:
                            __ATOMIC_ACQUIRE)) {
                 }
                 if (seats > 0) {
-                    if (y2_generation() == g) y2_drain(g, fn, ctx, n);
+                    if (y2_generation() == g) { y2_first_claim = y2_now_ns(); y2_drain(g, fn, ctx, n); }
                     else __atomic_add_fetch(&y2_pool.seats, 1, __ATOMIC_RELEASE);  /* not ours */
                 }
                 idle_since = y2_now_ns();
@@ -600,16 +601,23 @@ cdef extern from *:
                 __atomic_store_n(&y2_pool.done, 0, __ATOMIC_RELAXED);
                 g++;
                 __atomic_store_n(&y2_pool.state, (uint64_t)g << 32, __ATOMIC_SEQ_CST);
+                long long tb = y2_now_ns();
                 pthread_mutex_lock(&y2_pool.lock);
                 pthread_cond_broadcast(&y2_pool.wake);
                 pthread_mutex_unlock(&y2_pool.lock);
+                long long t0 = y2_now_ns();
+                y2_dbg[2] = t0 - tb;
+                uint32_t before = __atomic_load_n(&y2_pool.done, __ATOMIC_ACQUIRE);
                 y2_drain(g, fn, ctx, (uint32_t)n);
+                long long t1 = y2_now_ns();
+                uint32_t mine = __atomic_load_n(&y2_pool.done, __ATOMIC_ACQUIRE);
                 /* chunks that workers took are running: wait for them (spinning, as they
                    are short; yielding the core if one takes long, e.g. preempted) */
                 while (__atomic_load_n(&y2_pool.done, __ATOMIC_ACQUIRE) < (uint32_t)n) {
                     if (++looks < 2000) Y2_RELAX();
                     else sched_yield();
                 }
+                y2_dbg[0] = t1 - t0; y2_dbg[1] = y2_now_ns() - t1; y2_dbg[3] = n; y2_dbg[4] = y2_first_claim ? y2_first_claim - t0 : -1; y2_first_claim = 0;
                 pthread_mutex_unlock(&y2_pool.owner);
                 return;
             }
@@ -681,6 +689,7 @@ cdef extern from *:
     int y2_pool_workers() noexcept nogil
     void y2_set_flag(int*) noexcept nogil
     long long y2_spin_ns
+    long long y2_dbg[5]
 
 
 DEF HANDSHAKE_SIZE = 8
@@ -927,6 +936,10 @@ def _pool_stop():
         y2_pool_stop()
 
 
+def _dbg():
+    return [y2_dbg[k] for k in range(5)]
+
+
 def _pool_workers():
     """How many worker threads the pool has started (in this process)."""
     return y2_pool_workers()
@@ -1070,6 +1083,41 @@ cdef void _unpack_chunk(void* ctx, Py_ssize_t chunk) noexcept nogil:
                   job.wp, job.ip, job.sp)
 
 
+cdef bint _disjoint_outputs(object out, object raw, Py_ssize_t n):
+    """Quick acceptance of unpack's ``out``: four plain arrays of the right dtypes and length,
+    contiguous, writeable, whose byte ranges and the words' are pairwise disjoint.  False
+    sends the case to ``_checks.unpack_out``, which decides exactly (and names the fault)."""
+    cdef int[4] codes = [cnp.NPY_UINT16, cnp.NPY_BOOL, cnp.NPY_UINT32, cnp.NPY_UINT8]
+    cdef Py_ssize_t[5] lo, hi
+    cdef Py_ssize_t k, j, step
+    cdef cnp.ndarray a
+    if type(out) is not tuple and type(out) is not list or len(out) != 4:
+        return False
+    for k in range(4):
+        if type(out[k]) is not np.ndarray:
+            return False
+        a = out[k]
+        if (cnp.PyArray_NDIM(a) != 1 or cnp.PyArray_DIM(a, 0) != n
+                or cnp.PyArray_TYPE(a) != codes[k] or not cnp.PyArray_ISNOTSWAPPED(a)
+                or not cnp.PyArray_ISCARRAY(a)):
+            return False
+        lo[k] = <Py_ssize_t>cnp.PyArray_DATA(a)
+        hi[k] = lo[k] + cnp.PyArray_NBYTES(a)
+    a = raw
+    step = cnp.PyArray_STRIDE(a, 0)
+    lo[4] = hi[4] = <Py_ssize_t>cnp.PyArray_DATA(a)
+    if step < 0:
+        lo[4] += step * (n - 1)
+    else:
+        hi[4] += step * (n - 1)
+    hi[4] += 4
+    for k in range(5):
+        for j in range(k + 1, 5):
+            if lo[k] < hi[j] and lo[j] < hi[k]:
+                return False
+    return True
+
+
 def unpack(words, *, out=None, threads=None):
     """Delta words -> ``(layer uint16, is_weight bool, index uint32, sign uint8)``.
 
@@ -1087,6 +1135,8 @@ def unpack(words, *, out=None, threads=None):
         is_weight = np.empty(n, dtype=np.bool_)
         index = np.empty(n, dtype=np.uint32)
         sign = np.empty(n, dtype=np.uint8)
+    elif n and _disjoint_outputs(out, raw, n):
+        layer, is_weight, index, sign = out
     else:
         layer, is_weight, index, sign = _checks.unpack_out(out, raw)
     if n == 0:
