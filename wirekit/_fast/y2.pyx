@@ -498,11 +498,12 @@ cdef extern from *:
         int seats;               /* workers that may still join this job (atomic) */
         uint32_t done;           /* chunks finished (atomic) */
         int stop;                /* workers exit (atomic) */
+        int sleeping;            /* workers waiting on `wake` (atomic; changed under lock) */
+        unsigned pokes;          /* wake-ups without a job (under lock) */
         int workers;             /* threads started */
         pthread_t threads[Y2_MAX_WORKERS];
     } y2_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
 
-    static long long y2_dbg[5]; static long long y2_first_claim;
     static long long y2_now_ns(void) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -528,6 +529,7 @@ cdef extern from *:
 
     static void *y2_worker(void *arg) {
         uint32_t seen = (uint32_t)(uintptr_t)arg, g, n;
+        unsigned pokes;
         long long idle_since = y2_now_ns();
         unsigned looks = 0;
         int seats;
@@ -549,7 +551,7 @@ cdef extern from *:
                            __ATOMIC_ACQUIRE)) {
                 }
                 if (seats > 0) {
-                    if (y2_generation() == g) { y2_first_claim = y2_now_ns(); y2_drain(g, fn, ctx, n); }
+                    if (y2_generation() == g) y2_drain(g, fn, ctx, n);
                     else __atomic_add_fetch(&y2_pool.seats, 1, __ATOMIC_RELEASE);  /* not ours */
                 }
                 idle_since = y2_now_ns();
@@ -563,9 +565,12 @@ cdef extern from *:
                 && y2_now_ns() - idle_since < __atomic_load_n(&y2_spin_ns, __ATOMIC_RELAXED))
                 continue;  /* (more workers than spare cores: sleep at once) */
             pthread_mutex_lock(&y2_pool.lock);
-            while (!__atomic_load_n(&y2_pool.stop, __ATOMIC_ACQUIRE)
+            pokes = y2_pool.pokes;
+            __atomic_add_fetch(&y2_pool.sleeping, 1, __ATOMIC_SEQ_CST);
+            while (!__atomic_load_n(&y2_pool.stop, __ATOMIC_SEQ_CST) && pokes == y2_pool.pokes
                    && ((g = y2_generation()) == seen || (g & 1u)))
                 pthread_cond_wait(&y2_pool.wake, &y2_pool.lock);
+            __atomic_sub_fetch(&y2_pool.sleeping, 1, __ATOMIC_SEQ_CST);
             pthread_mutex_unlock(&y2_pool.lock);
             idle_since = y2_now_ns();
         }
@@ -601,29 +606,33 @@ cdef extern from *:
                 __atomic_store_n(&y2_pool.done, 0, __ATOMIC_RELAXED);
                 g++;
                 __atomic_store_n(&y2_pool.state, (uint64_t)g << 32, __ATOMIC_SEQ_CST);
-                long long tb = y2_now_ns();
-                pthread_mutex_lock(&y2_pool.lock);
-                pthread_cond_broadcast(&y2_pool.wake);
-                pthread_mutex_unlock(&y2_pool.lock);
-                long long t0 = y2_now_ns();
-                y2_dbg[2] = t0 - tb;
-                uint32_t before = __atomic_load_n(&y2_pool.done, __ATOMIC_ACQUIRE);
+                if (__atomic_load_n(&y2_pool.sleeping, __ATOMIC_SEQ_CST)) {
+                    pthread_mutex_lock(&y2_pool.lock);
+                    pthread_cond_broadcast(&y2_pool.wake);
+                    pthread_mutex_unlock(&y2_pool.lock);
+                }
                 y2_drain(g, fn, ctx, (uint32_t)n);
-                long long t1 = y2_now_ns();
-                uint32_t mine = __atomic_load_n(&y2_pool.done, __ATOMIC_ACQUIRE);
                 /* chunks that workers took are running: wait for them (spinning, as they
                    are short; yielding the core if one takes long, e.g. preempted) */
                 while (__atomic_load_n(&y2_pool.done, __ATOMIC_ACQUIRE) < (uint32_t)n) {
                     if (++looks < 2000) Y2_RELAX();
                     else sched_yield();
                 }
-                y2_dbg[0] = t1 - t0; y2_dbg[1] = y2_now_ns() - t1; y2_dbg[3] = n; y2_dbg[4] = y2_first_claim ? y2_first_claim - t0 : -1; y2_first_claim = 0;
                 pthread_mutex_unlock(&y2_pool.owner);
                 return;
             }
             pthread_mutex_unlock(&y2_pool.owner);
         }
         y2_serial(fn, ctx, n);
+    }
+
+    /* Wake sleeping workers ahead of a job (they then watch for it as after one). */
+    static void y2_pool_poke(void) {
+        if (!__atomic_load_n(&y2_pool.sleeping, __ATOMIC_SEQ_CST)) return;
+        pthread_mutex_lock(&y2_pool.lock);
+        y2_pool.pokes++;
+        pthread_cond_broadcast(&y2_pool.wake);
+        pthread_mutex_unlock(&y2_pool.lock);
     }
 
     /* Stop and join the workers (at interpreter exit, or to test a fresh pool). */
@@ -649,6 +658,7 @@ cdef extern from *:
         y2_pool.stop = 0;
         y2_pool.state = 0;
         y2_pool.done = 0;
+        y2_pool.sleeping = 0;
     }
 
     static int y2_pool_init(int cores) {
@@ -659,6 +669,7 @@ cdef extern from *:
     #else
     static void y2_run(y2_task fn, void *ctx, Py_ssize_t n, int want) { y2_serial(fn, ctx, n); }
     static void y2_pool_stop(void) {}
+    static void y2_pool_poke(void) {}
     static int y2_pool_init(int cores) { return 0; }
     static int y2_pool_workers(void) { return 0; }
     #endif
@@ -685,11 +696,11 @@ cdef extern from *:
     ctypedef void (*y2_task)(void*, Py_ssize_t) noexcept nogil
     void y2_run(y2_task, void*, Py_ssize_t, int) nogil
     void y2_pool_stop() nogil
+    void y2_pool_poke() nogil
     int y2_pool_init(int) noexcept nogil
     int y2_pool_workers() noexcept nogil
     void y2_set_flag(int*) noexcept nogil
     long long y2_spin_ns
-    long long y2_dbg[5]
 
 
 DEF HANDSHAKE_SIZE = 8
@@ -930,14 +941,16 @@ y2_pool_init(_cpus())
 atexit.register(lambda: _pool_stop())  # join the workers before the interpreter goes
 
 
+cdef void _wake_workers():
+    """Wake sleeping workers ahead of a job, so that their wake-up overlaps its setup."""
+    with nogil:
+        y2_pool_poke()
+
+
 def _pool_stop():
     """Stop and join the pool's worker threads (the next threaded call starts new ones)."""
     with nogil:
         y2_pool_stop()
-
-
-def _dbg():
-    return [y2_dbg[k] for k in range(5)]
 
 
 def _pool_workers():
@@ -1023,6 +1036,10 @@ def pack(layer, is_weight, index, sign, *, threads=None):
     arrays = _checks.pack_arrays(layer, is_weight, index, sign)
     nthreads = _checks.threads_value(threads)
     cdef Py_ssize_t n = len(arrays[0])
+    cdef Py_ssize_t chunks = (n + WORDS_PER_CHUNK - 1) // WORDS_PER_CHUNK
+    cdef int want = _thread_count(nthreads, n, AUTO_WORDS, chunks)
+    if want > 1:
+        _wake_workers()
     cdef cnp.ndarray out = np.empty(n, dtype=_U32)
     if n == 0:
         return out
@@ -1038,8 +1055,6 @@ def pack(layer, is_weight, index, sign, *, threads=None):
     job.out = <uint32_t*>cnp.PyArray_DATA(out)
     job.n = n
     job.bad = 0
-    cdef Py_ssize_t chunks = (n + WORDS_PER_CHUNK - 1) // WORDS_PER_CHUNK
-    cdef int want = _thread_count(nthreads, n, AUTO_WORDS, chunks)
     with nogil:
         y2_run(_pack_chunk, &job, chunks, want)
     if job.bad:
@@ -1130,6 +1145,10 @@ def unpack(words, *, out=None, threads=None):
     raw = _checks.word_array(words)
     nthreads = _checks.threads_value(threads)
     cdef Py_ssize_t n = len(raw)
+    cdef Py_ssize_t chunks = (n + WORDS_PER_CHUNK - 1) // WORDS_PER_CHUNK
+    cdef int want = _thread_count(nthreads, n, AUTO_WORDS, chunks)
+    if want > 1:
+        _wake_workers()
     if out is None:
         layer = np.empty(n, dtype=np.uint16)
         is_weight = np.empty(n, dtype=np.bool_)
@@ -1150,8 +1169,6 @@ def unpack(words, *, out=None, threads=None):
     job.wp = <uint8_t*>cnp.PyArray_DATA(is_weight)
     job.ip = <uint32_t*>cnp.PyArray_DATA(index)
     job.sp = <uint8_t*>cnp.PyArray_DATA(sign)
-    cdef Py_ssize_t chunks = (n + WORDS_PER_CHUNK - 1) // WORDS_PER_CHUNK
-    cdef int want = _thread_count(nthreads, n, AUTO_WORDS, chunks)
     with nogil:
         y2_run(_unpack_chunk, &job, chunks, want)
     return layer, is_weight, index, sign
@@ -1348,12 +1365,25 @@ cdef struct CompressJob:
     Seg* segs
     y2_buf* bufs  # one per segment
     int* failed  # one per segment
+    Py_ssize_t* offsets  # one per segment (where its words go in the output)
     double tau
 
 
 cdef void _compress_chunk(void* ctx, Py_ssize_t k) noexcept nogil:
     cdef CompressJob* job = <CompressJob*>ctx
     job.failed[k] = _run_seg(&job.segs[k], job.tau, &job.bufs[k])
+
+
+cdef struct GatherJob:
+    y2_buf* bufs
+    Py_ssize_t* offsets  # where each buffer's words go in out
+    uint32_t* out
+
+
+cdef void _gather_chunk(void* ctx, Py_ssize_t k) noexcept nogil:
+    cdef GatherJob* job = <GatherJob*>ctx
+    if job.bufs[k].n:
+        memcpy(job.out + job.offsets[k], job.bufs[k].p, job.bufs[k].n * sizeof(uint32_t))
 
 
 cdef class _Segments:
@@ -1367,7 +1397,9 @@ cdef class _Segments:
         self.job.segs = <Seg*>malloc(capacity * sizeof(Seg))
         self.job.bufs = <y2_buf*>calloc(capacity, sizeof(y2_buf))
         self.job.failed = <int*>calloc(capacity, sizeof(int))
-        if self.job.segs == NULL or self.job.bufs == NULL or self.job.failed == NULL:
+        self.job.offsets = <Py_ssize_t*>calloc(capacity, sizeof(Py_ssize_t))
+        if (self.job.segs == NULL or self.job.bufs == NULL or self.job.failed == NULL
+                or self.job.offsets == NULL):
             raise MemoryError()
         self.job.tau = tau
         self.count = 0
@@ -1382,19 +1414,28 @@ cdef class _Segments:
         free(self.job.bufs)
         free(self.job.segs)
         free(self.job.failed)
+        free(self.job.offsets)
 
-    cdef Seg* add(self, object arr, int kind, uint32_t base, Py_ssize_t start,
-                  Py_ssize_t stop):
-        cdef Seg* seg = &self.job.segs[self.count]
+    cdef Seg* add(self, cnp.ndarray arr, int kind, uint32_t base, Py_ssize_t size,
+                  Py_ssize_t chunk):
+        """Segments of at most ``chunk`` elements over the 1-D ``arr`` (kind 5: its
+        ``size`` words, one segment); the first one."""
+        cdef Seg* first = &self.job.segs[self.count]
+        cdef Seg* seg
+        cdef Py_ssize_t start = 0
         self.keep.append(arr)
-        seg.data = <char*>cnp.PyArray_DATA(arr)
-        seg.stride = arr.strides[0] if kind != 5 else 4
-        seg.kind = kind
-        seg.base = base
-        seg.start = start
-        seg.stop = stop
-        self.count += 1
-        return seg
+        while True:
+            seg = &self.job.segs[self.count]
+            seg.data = <char*>cnp.PyArray_DATA(arr)
+            seg.stride = cnp.PyArray_STRIDE(arr, 0) if kind != 5 else 4
+            seg.kind = kind
+            seg.base = base
+            seg.start = start
+            seg.stop = size if kind == 5 else min(start + chunk, size)
+            self.count += 1
+            start = seg.stop
+            if start >= size:
+                return first
 
 
 cdef void _free_words(object capsule) noexcept:
@@ -1422,9 +1463,10 @@ cdef object _take_words(y2_buf* buf):
     return arr
 
 
+DEF ELEMENTS_PER_CHUNK = 131072
 #: compress splits each array into segments of at most this many elements, taken in turn by
 #: the threads ...
-ELEMENT_CHUNK = 1 << 17
+ELEMENT_CHUNK = ELEMENTS_PER_CHUNK
 #: ... and with ``threads=None`` uses the available cores from this many elements.
 AUTO_ELEMENTS = 1 << 20
 
@@ -1474,6 +1516,7 @@ def compress(residuals, tau, *, threads=None):
     if want > 1 and _overlapping([a for _kind, a, _base in items]):
         want = 1
     if want > 1:
+        _wake_workers()  # they wake while the segments are set up
         return _compress_parallel(items, t, want, chunks + len(items))
     return _compress_serial(items, t)
 
@@ -1491,10 +1534,10 @@ cdef object _compress_serial(list items, double t):
         copied = False
         if kind == 3:
             words = _pure.compress_array(a, base, t)
-            seg = segs.add(words, 5, 0, 0, len(words))
+            seg = segs.add(words, 5, 0, len(words), 0)
         else:
             flat, copied = _flat(a)
-            seg = segs.add(flat, kind, base, 0, a.size)
+            seg = segs.add(flat, kind, base, a.size, a.size)
         with nogil:
             failed = _run_seg(seg, t, buf)
         if failed:
@@ -1509,32 +1552,32 @@ cdef object _compress_parallel(list items, double t, int want, Py_ssize_t capaci
     (no array shares memory with another: the order of the in-place updates does not
     matter) and their words joined in order."""
     cdef _Segments segs = _Segments(capacity, t)
-    cdef Py_ssize_t start, n, k, count = 0
+    cdef Py_ssize_t k, count = 0
     writeback = []
     for kind, a, base in items:
         if kind == 3:  # float16 or byte-swapped: the NumPy path, here and now
             words = _pure.compress_array(a, base, t)
-            segs.add(words, 5, 0, 0, len(words))
+            segs.add(words, 5, 0, len(words), 0)
             continue
         flat, copied = _flat(a)
         if copied:
             writeback.append((a, flat))
-        n = flat.size
-        for start in range(0, n, ELEMENT_CHUNK):
-            segs.add(flat, kind, base, start, min(start + ELEMENT_CHUNK, n))
+        segs.add(flat, kind, base, flat.size, ELEMENTS_PER_CHUNK)
     with nogil:
         y2_run(_compress_chunk, &segs.job, segs.count, want)
     for a, flat in writeback:
         a[...] = flat.reshape(a.shape)
+    # the segments' words, in order, copied by the same threads
+    cdef GatherJob gather
+    gather.offsets = segs.job.offsets
     for k in range(segs.count):
         if segs.job.failed[k]:
             raise MemoryError()
+        gather.offsets[k] = count
         count += segs.job.bufs[k].n
     out = np.empty(count, dtype=_U32)
-    cdef uint32_t* o = <uint32_t*>cnp.PyArray_DATA(out)
+    gather.bufs = segs.job.bufs
+    gather.out = <uint32_t*>cnp.PyArray_DATA(out)
     with nogil:
-        for k in range(segs.count):
-            if segs.job.bufs[k].n:
-                memcpy(o, segs.job.bufs[k].p, segs.job.bufs[k].n * sizeof(uint32_t))
-                o += segs.job.bufs[k].n
+        y2_run(_gather_chunk, &gather, segs.count, want)
     return out
