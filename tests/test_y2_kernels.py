@@ -680,11 +680,11 @@ def test_pool_stops_and_starts_again():
     assert fast._pool_workers() >= 1
 
 
-@pytest.mark.parametrize("spin", [0.0, 0.05])
-def test_pool_with_sleeping_and_spinning_workers(spin):
-    # spin 0: every job wakes sleeping workers; 50 ms: every job finds them watching
+@pytest.mark.parametrize("idle", [(0.0, 0.0), (0.0, 0.05), (0.05, 0.05)])
+def test_pool_with_sleeping_napping_and_spinning_workers(idle):
+    # every job wakes sleeping workers / finds them napping / finds them watching
     fast = _fast()
-    old = fast._pool_spin(spin)
+    old = fast._pool_idle(*idle)
     try:
         words = np.random.default_rng(5).integers(0, 2**32, 200_000, dtype=np.uint64)
         words = words.astype(np.uint32)
@@ -693,7 +693,7 @@ def test_pool_with_sleeping_and_spinning_workers(spin):
             got = fast.unpack(words, threads=2)
             assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
     finally:
-        assert fast._pool_spin(old) == spin
+        assert fast._pool_idle(*old) == idle
 
 
 def test_pool_shared_by_concurrent_callers():
@@ -748,14 +748,14 @@ def test_pool_works_in_a_forked_child():
 
 
 def test_interpreter_exits_promptly_with_workers_alive():
-    # workers asleep and workers still watching for work: exit joins them, without a hang
+    # workers asleep and workers watching for work: exit joins them, without a hang
     code = (
         "import numpy as np\n"
         "from wirekit._fast import y2\n"
         "w = np.arange(300_000, dtype=np.uint32)\n"
-        "y2._pool_spin(0.0)\n"
+        "y2._pool_idle(0.0, 0.0)\n"
         "y2.unpack(w, threads=2)\n"
-        "y2._pool_spin(30.0)\n"
+        "y2._pool_idle(30.0, 30.0)\n"
         "y2.unpack(w, threads=2)\n"
         "print(y2._pool_workers())\n"
     )

@@ -456,6 +456,9 @@ cdef extern from *:
     #include <signal.h>
     #include <sched.h>
     #include <time.h>
+    #ifdef __linux__
+    #include <sys/prctl.h>
+    #endif
     #endif
 
     typedef void (*y2_task)(void *ctx, Py_ssize_t chunk);
@@ -470,7 +473,14 @@ cdef extern from *:
     }
 
     #define Y2_MAX_WORKERS 63
-    static long long y2_spin_ns = 250000;  /* how long an idle worker watches before sleeping */
+    /* An idle worker spins for y2_spin_ns after its last job, then naps in steps of
+       Y2_NAP_STEP_NS until y2_nap_ns after it (a nap ends on the worker's own timer: waking
+       it costs the caller nothing, while a condition-variable wake-up makes the caller's
+       core send an interrupt, which on virtual machines can stall the caller), then sleeps
+       until woken. */
+    static long long y2_spin_ns = 250000;
+    static long long y2_nap_ns = 20000000;
+    #define Y2_NAP_STEP_NS 50000
     static int y2_cores = 1;                /* cores available to the process */
 
     static void y2_serial(y2_task fn, void *ctx, Py_ssize_t n) {
@@ -532,9 +542,14 @@ cdef extern from *:
         unsigned pokes;
         long long idle_since = y2_now_ns();
         unsigned looks = 0;
+        long long idle;
+        struct timespec nap = {0, Y2_NAP_STEP_NS};
         int seats;
         y2_task fn;
         void *ctx;
+    #ifdef __linux__
+        prctl(PR_SET_TIMERSLACK, 5000UL, 0, 0, 0);  /* naps of 50 us, not up to 100 */
+    #endif
         for (;;) {
             if (__atomic_load_n(&y2_pool.stop, __ATOMIC_ACQUIRE)) return NULL;
             g = y2_generation();
@@ -561,9 +576,14 @@ cdef extern from *:
                 Y2_RELAX();
                 continue;
             }
-            if (y2_pool.workers < y2_cores
-                && y2_now_ns() - idle_since < __atomic_load_n(&y2_spin_ns, __ATOMIC_RELAXED))
-                continue;  /* (more workers than spare cores: sleep at once) */
+            if (y2_pool.workers < y2_cores) {  /* (more workers than spare cores: sleep) */
+                idle = y2_now_ns() - idle_since;
+                if (idle < __atomic_load_n(&y2_spin_ns, __ATOMIC_RELAXED)) continue;
+                if (idle < __atomic_load_n(&y2_nap_ns, __ATOMIC_RELAXED)) {
+                    nanosleep(&nap, NULL);
+                    continue;
+                }
+            }
             pthread_mutex_lock(&y2_pool.lock);
             pokes = y2_pool.pokes;
             __atomic_add_fetch(&y2_pool.sleeping, 1, __ATOMIC_SEQ_CST);
@@ -701,6 +721,7 @@ cdef extern from *:
     int y2_pool_workers() noexcept nogil
     void y2_set_flag(int*) noexcept nogil
     long long y2_spin_ns
+    long long y2_nap_ns
 
 
 DEF HANDSHAKE_SIZE = 8
@@ -958,11 +979,13 @@ def _pool_workers():
     return y2_pool_workers()
 
 
-def _pool_spin(double seconds):
-    """Set how long an idle worker watches for the next job before it sleeps; the old value."""
-    global y2_spin_ns
-    old = y2_spin_ns / 1e9
-    y2_spin_ns = <long long>(seconds * 1e9)
+def _pool_idle(double spin, double nap):
+    """Set how long an idle worker spins watching for the next job, and until when (from
+    the last job) it then naps in 50 us steps before it sleeps; the old ``(spin, nap)``."""
+    global y2_spin_ns, y2_nap_ns
+    old = (y2_spin_ns / 1e9, y2_nap_ns / 1e9)
+    y2_spin_ns = <long long>(spin * 1e9)
+    y2_nap_ns = <long long>(nap * 1e9)
     return old
 
 
