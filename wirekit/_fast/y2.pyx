@@ -444,11 +444,12 @@ cdef extern from *:
        threads.  Chunks are taken one at a time from a shared counter, so the caller starts
        at once and a worker that is slow to wake (its core asleep) simply takes fewer: a
        threaded call is never much slower than a one-thread call.  A worker that has just
-       finished a job watches for the next one for Y2_SPIN_NS (pause instruction between
-       looks), then sleeps on a condition variable.  The state word holds the job's
-       generation (odd while the caller is writing the job) and the next chunk; a chunk is
-       claimed by a compare-and-swap that also checks the generation, so a late worker can
-       never run a chunk of a job that has ended.  Workers never touch Python objects.
+       finished a job spins watching for the next one (pause instruction between looks),
+       then naps, then sleeps on a condition variable (y2_spin_ns below).  The state word
+       holds the job's generation (odd while the caller is writing the job) and the next
+       chunk; a chunk is claimed by a compare-and-swap that also checks the generation, so
+       a late worker can never run a chunk of a job that has ended.  Workers never touch
+       Python objects.
        One job at a time: a second caller that finds the pool busy runs its chunks alone. */
     #if (defined(__GNUC__) || defined(__clang__)) && !defined(_WIN32)
     #define Y2_POOL 1
