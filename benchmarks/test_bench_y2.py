@@ -1,10 +1,11 @@
 """y2: pack, unpack, to_wire on 1 M words; compress and apply on a 10 M-parameter model;
 Delta message decode.  "baseline" is wirekit's NumPy vectorized reference (``_pure``).
 
-Most rows time back-to-back calls.  The "after 2 ms pauses" rows sleep 2 ms (untimed) before
+Most rows time back-to-back calls.  The ``calls=2ms-apart`` rows sleep 2 ms (untimed) before
 every call, as a training loop leaves gaps between its calls: wirekit's worker threads have
-gone to sleep by then (they watch for work 0.25 ms after a call) and must be woken.  The
-compress rows copy the 40 MB model (untimed) before every call, which has the same effect.
+stopped spinning by then (they spin 0.25 ms after a call, then nap) and must notice the
+work.  The compress rows copy the 40 MB model (untimed) before every call, a gap of several
+ms too.
 """
 
 from __future__ import annotations
@@ -52,17 +53,35 @@ def _fresh_residuals():
     return ([tuple(a.copy() for a in pair) for pair in RESIDUALS], TAU), {}
 
 
+#: How the calls are spaced: back to back, or each after an untimed 2 ms sleep.
+CALLS = {"back-to-back": 0.0, "2ms-apart": 0.002}
+
+
+def _timed(benchmark, fn, args, calls):
+    """``benchmark(fn, *args)``, or with ``calls="2ms-apart"`` each call after a sleep."""
+    pause = CALLS[calls]
+    if not pause:
+        return benchmark(fn, *args)
+
+    def setup():
+        time.sleep(pause)
+        return args, {}
+
+    return benchmark.pedantic(fn, setup=setup, rounds=30, warmup_rounds=1)
+
+
 # "fast" is the default call (threads=None: the available cores for inputs this large);
 # "fast-1thread" pins one thread.  The baseline is single-threaded NumPy either way.
 @pytest.mark.benchmark(group="y2 pack 1M words")
+@pytest.mark.parametrize("calls", list(CALLS))
 @pytest.mark.parametrize("who", ["fast", "fast-1thread", "baseline"])
-def test_pack(benchmark, who):
+def test_pack(benchmark, who, calls):
     fn = {
         "fast": fast.pack,
         "fast-1thread": lambda *fields: fast.pack(*fields, threads=1),
         "baseline": _pure.pack,
     }[who]
-    assert np.array_equal(benchmark(fn, *FIELDS), WORDS)
+    assert np.array_equal(_timed(benchmark, fn, FIELDS, calls), WORDS)
 
 
 def _unpack_out():
@@ -82,54 +101,16 @@ def test_unpack(benchmark, who):
 
 
 @pytest.mark.benchmark(group="y2 unpack 1M words into out=")
+@pytest.mark.parametrize("calls", list(CALLS))
 @pytest.mark.parametrize("who", ["fast", "fast-1thread", "baseline"])
-def test_unpack_out(benchmark, who):
+def test_unpack_out(benchmark, who, calls):
     fn = {
         "fast": fast.unpack,
         "fast-1thread": lambda words, out: fast.unpack(words, out=out, threads=1),
         "baseline": _pure.unpack,
     }[who]
     out = _unpack_out()
-    got = benchmark(lambda: fn(WORDS, out=out))
-    assert all(a is b for a, b in zip(got, out, strict=True))
-    assert all(np.array_equal(a, b) for a, b in zip(out, FIELDS, strict=True))
-
-
-#: The gap before each call of the "after 2 ms pauses" rows.
-PAUSE = 0.002
-
-
-def _after_pause(*args):
-    def setup():
-        time.sleep(PAUSE)
-        return args, {}
-
-    return setup
-
-
-@pytest.mark.benchmark(group="y2 pack 1M words after 2 ms pauses")
-@pytest.mark.parametrize("who", ["fast", "fast-1thread", "baseline"])
-def test_pack_after_pause(benchmark, who):
-    fn = {
-        "fast": fast.pack,
-        "fast-1thread": lambda *fields: fast.pack(*fields, threads=1),
-        "baseline": _pure.pack,
-    }[who]
-    words = benchmark.pedantic(fn, setup=_after_pause(*FIELDS), rounds=30, warmup_rounds=1)
-    assert np.array_equal(words, WORDS)
-
-
-@pytest.mark.benchmark(group="y2 unpack 1M words into out= after 2 ms pauses")
-@pytest.mark.parametrize("who", ["fast", "fast-1thread", "baseline"])
-def test_unpack_out_after_pause(benchmark, who):
-    fn = {
-        "fast": fast.unpack,
-        "fast-1thread": lambda words, out: fast.unpack(words, out=out, threads=1),
-        "baseline": _pure.unpack,
-    }[who]
-    out = _unpack_out()
-    got = benchmark.pedantic(lambda words: fn(words, out=out), setup=_after_pause(WORDS),
-                             rounds=30, warmup_rounds=1)
+    got = _timed(benchmark, lambda words: fn(words, out=out), (WORDS,), calls)
     assert all(a is b for a, b in zip(got, out, strict=True))
     assert all(np.array_equal(a, b) for a, b in zip(out, FIELDS, strict=True))
 
