@@ -305,6 +305,8 @@ def test_compress_edge_addresses():
         ([(np.zeros(1), np.zeros(1))], float("nan"), "tau"),
         ([(np.zeros(1), np.zeros(1))], "x", "tau"),
         ([(np.zeros(1, np.float16), np.zeros(1))], 1e-9, "tau"),  # rounds to 0 in float16
+        ([(np.zeros(1, np.float32), np.zeros(1, np.float32))], 1e39, "tau"),  # inf in float32
+        ([(np.zeros(1, np.float32), np.zeros(1, np.float32))], 1e-46, "tau"),  # 0 in float32
     ],
 )
 def test_compress_rejects_before_touching_anything(model, tau, field):
@@ -314,6 +316,23 @@ def test_compress_rejects_before_touching_anything(model, tau, field):
             codec.compress(model[:-3] + mine if len(model) > 3 else mine, tau)
         assert info.value.field == field
         assert _same(mine, model[:3])
+
+
+@pytest.mark.parametrize(
+    "tau",
+    [float(np.finfo(np.float32).max), float(np.finfo(np.float32).max) + 5e30, 1e-45, 2.5],
+)
+def test_compress_model_forms_and_float32_tau_limits(tau):
+    # tuples or lists of pairs, mixed float32/float64, tau at the float32 limits (the last
+    # rounds to FLT_MAX): both twins agree
+    rng = np.random.default_rng(9)
+    pairs = [(rng.normal(0, 3, (7, 5)).astype(np.float32), rng.normal(0, 3, 5)),
+             (np.full(4, np.finfo(np.float32).max), np.zeros(0, np.float32))]
+    for form in (tuple, list):
+        mine = form(form(p) for p in _copy(pairs))
+        ref = _copy(pairs)
+        assert np.array_equal(_fast().compress(mine, tau), _pure.compress(ref, tau))
+        assert _same([tuple(p) for p in mine], ref)
 
 
 @pytest.mark.parametrize(

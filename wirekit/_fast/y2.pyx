@@ -19,6 +19,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.pycapsule cimport PyCapsule_Destructor, PyCapsule_GetPointer, PyCapsule_New
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdint cimport int8_t, int16_t
+from libc.float cimport FLT_MAX
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy
 
@@ -728,6 +729,8 @@ cdef extern from *:
 DEF HANDSHAKE_SIZE = 8
 DEF INDEX_MASK = 0x1FFFFF
 DEF I32_MAX = 0x7FFFFFFF
+DEF MAX_LAYERS = 512
+DEF MAX_ARRAY_SIZE = 0x200000
 
 cdef bint _LITTLE = sys.byteorder == "little"
 #: True when the compress and unpack kernels use their AVX2 loops (chosen once, from the
@@ -1513,6 +1516,45 @@ cdef bint _overlapping(list arrays):
     return False
 
 
+cdef list _plain_items(object residuals, Py_ssize_t* total, Py_ssize_t* chunks,
+                       bint* has_f32):
+    """The ``(kind, array, base)`` items of a common model, checked in C: a list or tuple of
+    at most MAX_LAYERS (weights, biases) tuples or lists of plain, writeable, native float32
+    or float64 arrays, each addressable by a word.  None for anything else: then the shared
+    checks decide (and name the fault).  Adds up the elements and segments."""
+    cdef list items = []
+    cdef cnp.ndarray a
+    cdef Py_ssize_t k, j, size
+    cdef int kind
+    if type(residuals) is not list and type(residuals) is not tuple:
+        return None
+    if len(residuals) > MAX_LAYERS:
+        return None
+    for k in range(len(residuals)):
+        pair = residuals[k]
+        if (type(pair) is not tuple and type(pair) is not list) or len(pair) != 2:
+            return None
+        for j in range(2):  # weights (is_weight 1) first
+            if type(pair[j]) is not np.ndarray:
+                return None
+            a = pair[j]
+            kind = cnp.PyArray_TYPE(a)
+            if kind != cnp.NPY_FLOAT32 and kind != cnp.NPY_FLOAT64:
+                return None
+            if not cnp.PyArray_ISNOTSWAPPED(a) or not cnp.PyArray_ISWRITEABLE(a):
+                return None
+            size = cnp.PyArray_SIZE(a)
+            if size > MAX_ARRAY_SIZE:
+                return None
+            if size == 0:
+                continue
+            has_f32[0] |= kind == cnp.NPY_FLOAT32
+            items.append((0 if kind == cnp.NPY_FLOAT32 else 1, a, (k << 23) | ((1 - j) << 22)))
+            total[0] += size
+            chunks[0] += (size + ELEMENTS_PER_CHUNK - 1) // ELEMENTS_PER_CHUNK
+    return items
+
+
 def compress(residuals, tau, *, threads=None):
     """1-bit threshold quantization of a model's residuals, in place; the emitted words.
 
@@ -1521,21 +1563,31 @@ def compress(residuals, tau, *, threads=None):
     for models of at least ``AUTO_ELEMENTS`` elements.  The output does not depend on
     ``threads``; arrays sharing memory are always done in one thread, in order.
     """
-    layers = _checks.model(residuals, "residuals")
-    cdef double t = _checks.tau_value(tau)
-    nthreads = _checks.threads_value(threads)
-    _checks.check_compressible(layers, t)
-    items = []  # (kind, array, base) in output order
+    cdef double t
     cdef Py_ssize_t total = 0, chunks = 0
-    for k, (weights, biases) in enumerate(layers):
-        for a, base in ((weights, (k << 23) | (1 << 22)), (biases, k << 23)):
-            if a.size == 0:
-                continue
-            kind = _float_kind(a.dtype)
-            items.append((kind, a, base))
-            if kind != 3:
-                total += a.size
-                chunks += (a.size + ELEMENT_CHUNK - 1) // ELEMENT_CHUNK
+    cdef bint has_f32 = False
+    items = _plain_items(residuals, &total, &chunks, &has_f32)
+    if items is not None:  # checked here; only tau is left
+        t = _checks.tau_value(tau)
+        nthreads = _checks.threads_value(threads)
+        if has_f32 and not (t <= FLT_MAX and <float>t > 0):
+            items = None  # the shared checks name the fault
+    if items is None:
+        layers = _checks.model(residuals, "residuals")
+        t = _checks.tau_value(tau)
+        nthreads = _checks.threads_value(threads)
+        _checks.check_compressible(layers, t)
+        items = []  # (kind, array, base) in output order
+        total = chunks = 0
+        for k, (weights, biases) in enumerate(layers):
+            for a, base in ((weights, (k << 23) | (1 << 22)), (biases, k << 23)):
+                if a.size == 0:
+                    continue
+                kind = _float_kind(a.dtype)
+                items.append((kind, a, base))
+                if kind != 3:
+                    total += a.size
+                    chunks += (a.size + ELEMENT_CHUNK - 1) // ELEMENT_CHUNK
     cdef int want = _thread_count(nthreads, total, AUTO_ELEMENTS, chunks)
     if want > 1 and _overlapping([a for _kind, a, _base in items]):
         want = 1
