@@ -578,7 +578,8 @@ cdef extern from *:
                 Y2_RELAX();
                 continue;
             }
-            if (y2_pool.workers < y2_cores) {  /* (more workers than spare cores: sleep) */
+            if (__atomic_load_n(&y2_pool.workers, __ATOMIC_RELAXED) < y2_cores) {
+                /* (with more workers than spare cores, sleep at once) */
                 idle = y2_now_ns() - idle_since;
                 if (idle < __atomic_load_n(&y2_spin_ns, __ATOMIC_RELAXED)) continue;
                 if (idle < __atomic_load_n(&y2_nap_ns, __ATOMIC_RELAXED)) {
@@ -608,7 +609,7 @@ cdef extern from *:
             if (pthread_create(&y2_pool.threads[y2_pool.workers], NULL, y2_worker,
                                (void *)(uintptr_t)y2_generation()))
                 break;
-            y2_pool.workers++;
+            __atomic_store_n(&y2_pool.workers, y2_pool.workers + 1, __ATOMIC_RELAXED);
         }
         pthread_sigmask(SIG_SETMASK, &old, NULL);
     }
@@ -620,7 +621,8 @@ cdef extern from *:
             y2_grow(want - 1);
             if (y2_pool.workers > 0) {
                 g = y2_generation() + 1;  /* odd: the job is being written */
-                __atomic_store_n(&y2_pool.state, (uint64_t)g << 32, __ATOMIC_RELEASE);
+                __atomic_store_n(&y2_pool.state, (uint64_t)g << 32, __ATOMIC_RELAXED);
+                __atomic_thread_fence(__ATOMIC_RELEASE);  /* odd before any field changes */
                 __atomic_store_n(&y2_pool.fn, fn, __ATOMIC_RELAXED);
                 __atomic_store_n(&y2_pool.ctx, ctx, __ATOMIC_RELAXED);
                 __atomic_store_n(&y2_pool.n, (uint32_t)n, __ATOMIC_RELAXED);
