@@ -1,7 +1,16 @@
 """y2: pack, unpack, to_wire on 1 M words; compress and apply on a 10 M-parameter model;
-Delta message decode.  "baseline" is wirekit's NumPy vectorized reference (``_pure``)."""
+Delta message decode.  "baseline" is wirekit's NumPy vectorized reference (``_pure``).
+
+Most rows time back-to-back calls.  The ``calls=2ms-apart`` rows sleep 2 ms (untimed) before
+every call, as a training loop leaves gaps between its calls: wirekit's worker threads have
+stopped spinning by then (they spin 0.25 ms after a call, then nap) and must notice the
+work.  The compress rows copy the 40 MB model (untimed) before every call, a gap of several
+ms too.
+"""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
@@ -44,19 +53,41 @@ def _fresh_residuals():
     return ([tuple(a.copy() for a in pair) for pair in RESIDUALS], TAU), {}
 
 
+#: How the calls are spaced: back to back, or each after an untimed 2 ms sleep.
+CALLS = {"back-to-back": 0.0, "2ms-apart": 0.002}
+
+
+def _timed(benchmark, fn, args, calls):
+    """``benchmark(fn, *args)``, or with ``calls="2ms-apart"`` each call after a sleep."""
+    pause = CALLS[calls]
+    if not pause:
+        return benchmark(fn, *args)
+
+    def setup():
+        time.sleep(pause)
+        return args, {}
+
+    return benchmark.pedantic(fn, setup=setup, rounds=30, warmup_rounds=1)
+
+
+# "fast" is the default call (threads=None: the available cores for inputs this large);
+# "fast-1thread" pins one thread.  The baseline is single-threaded NumPy either way.
 @pytest.mark.benchmark(group="y2 pack 1M words")
-@pytest.mark.parametrize("who", ["fast", "baseline"])
-def test_pack(benchmark, who):
-    fn = {"fast": fast.pack, "baseline": _pure.pack}[who]
-    assert np.array_equal(benchmark(fn, *FIELDS), WORDS)
+@pytest.mark.parametrize("calls", list(CALLS))
+@pytest.mark.parametrize("who", ["fast", "fast-1thread", "baseline"])
+def test_pack(benchmark, who, calls):
+    fn = {
+        "fast": fast.pack,
+        "fast-1thread": lambda *fields: fast.pack(*fields, threads=1),
+        "baseline": _pure.pack,
+    }[who]
+    assert np.array_equal(_timed(benchmark, fn, FIELDS, calls), WORDS)
 
 
 def _unpack_out():
     return tuple(np.empty(N_WORDS, f.dtype) for f in FIELDS)
 
 
-# "fast" is the default call (threads=None: the available cores for inputs this large);
-# "fast-1thread" pins one thread.  The baseline is single-threaded NumPy either way.
 @pytest.mark.benchmark(group="y2 unpack 1M words")
 @pytest.mark.parametrize("who", ["fast", "fast-1thread", "baseline"])
 def test_unpack(benchmark, who):
@@ -70,15 +101,16 @@ def test_unpack(benchmark, who):
 
 
 @pytest.mark.benchmark(group="y2 unpack 1M words into out=")
+@pytest.mark.parametrize("calls", list(CALLS))
 @pytest.mark.parametrize("who", ["fast", "fast-1thread", "baseline"])
-def test_unpack_out(benchmark, who):
+def test_unpack_out(benchmark, who, calls):
     fn = {
         "fast": fast.unpack,
         "fast-1thread": lambda words, out: fast.unpack(words, out=out, threads=1),
         "baseline": _pure.unpack,
     }[who]
     out = _unpack_out()
-    got = benchmark(lambda: fn(WORDS, out=out))
+    got = _timed(benchmark, lambda words: fn(words, out=out), (WORDS,), calls)
     assert all(a is b for a, b in zip(got, out, strict=True))
     assert all(np.array_equal(a, b) for a, b in zip(out, FIELDS, strict=True))
 

@@ -4,6 +4,11 @@ generated words and models, edge values included; bad input raises and changes n
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
+import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -300,6 +305,8 @@ def test_compress_edge_addresses():
         ([(np.zeros(1), np.zeros(1))], float("nan"), "tau"),
         ([(np.zeros(1), np.zeros(1))], "x", "tau"),
         ([(np.zeros(1, np.float16), np.zeros(1))], 1e-9, "tau"),  # rounds to 0 in float16
+        ([(np.zeros(1, np.float32), np.zeros(1, np.float32))], 1e39, "tau"),  # inf in float32
+        ([(np.zeros(1, np.float32), np.zeros(1, np.float32))], 1e-46, "tau"),  # 0 in float32
     ],
 )
 def test_compress_rejects_before_touching_anything(model, tau, field):
@@ -309,6 +316,23 @@ def test_compress_rejects_before_touching_anything(model, tau, field):
             codec.compress(model[:-3] + mine if len(model) > 3 else mine, tau)
         assert info.value.field == field
         assert _same(mine, model[:3])
+
+
+@pytest.mark.parametrize(
+    "tau",
+    [float(np.finfo(np.float32).max), float(np.finfo(np.float32).max) + 5e30, 1e-45, 2.5],
+)
+def test_compress_model_forms_and_float32_tau_limits(tau):
+    # tuples or lists of pairs, mixed float32/float64, tau at the float32 limits (the last
+    # rounds to FLT_MAX): both twins agree
+    rng = np.random.default_rng(9)
+    pairs = [(rng.normal(0, 3, (7, 5)).astype(np.float32), rng.normal(0, 3, 5)),
+             (np.full(4, np.finfo(np.float32).max), np.zeros(0, np.float32))]
+    for form in (tuple, list):
+        mine = form(form(p) for p in _copy(pairs))
+        ref = _copy(pairs)
+        assert np.array_equal(_fast().compress(mine, tau), _pure.compress(ref, tau))
+        assert _same([tuple(p) for p in mine], ref)
 
 
 @pytest.mark.parametrize(
@@ -539,6 +563,7 @@ def test_threads_argument_checked_by_both_twins(threads):
         for call in (
             lambda c=codec: c.compress([(np.zeros(1), np.zeros(1))], 1.0, threads=threads),
             lambda c=codec: c.unpack(np.zeros(3, np.uint32), threads=threads),
+            lambda c=codec: c.pack([1], [0], [2], [1], threads=threads),
         ):
             with pytest.raises(ValueError) as info:
                 call()
@@ -629,3 +654,131 @@ def test_unpack_out_empty_and_big_endian_view_of_the_same_bytes(y2_codec):
     layer, is_weight, index, sign = y2_codec.unpack(view, out=_unpack_out(2))
     assert layer.tolist() == [511, 0] and index.tolist() == [1, 2] and sign.tolist() == [1, 1]
     assert is_weight.tolist() == [False, False] and bytes(wire) == bytes.fromhex("ff80000300000005")
+
+
+# --- the worker pool ------------------------------------------------------------------------
+
+
+def _pack_fields(n, seed=31):
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, 512, n).astype(np.uint16), rng.integers(0, 2, n).astype(np.bool_),
+            rng.integers(0, 2**21, n).astype(np.uint32), rng.integers(0, 2, n).astype(np.uint8))
+
+
+@pytest.mark.parametrize("threads", [None, 1, 2, 3, 7])
+def test_pack_threads_give_the_same_output(y2_codec, threads):
+    fields = _pack_fields(300_011)  # ten chunks and a short one
+    expected = _pure.pack(*fields)
+    assert np.array_equal(y2_codec.pack(*fields, threads=threads), expected)
+    strided = [np.repeat(f, 2)[::2] for f in fields]  # the scalar loop, in chunks too
+    assert np.array_equal(y2_codec.pack(*strided, threads=threads), expected)
+
+
+@pytest.mark.parametrize("threads", [None, 2, 7])
+def test_pack_threads_report_the_first_bad_position(y2_codec, threads):
+    # bad values in two chunks (the later chunk may finish first): the first one is named
+    layer, is_weight, index, sign = (f.astype(np.int64) for f in _pack_fields(200_000))
+    index[190_001] = 2**21
+    layer[70_000] = -1
+    with pytest.raises(EncodeError) as info:
+        y2_codec.pack(layer, is_weight, index, sign, threads=threads)
+    assert info.value.field == "layer[70000]"
+
+
+def test_pool_stops_and_starts_again():
+    fast = _fast()
+    fields = _pack_fields(100_000)
+    expected = _pure.pack(*fields)
+    assert np.array_equal(fast.pack(*fields, threads=3), expected)
+    assert fast._pool_workers() >= 2
+    fast._pool_stop()
+    assert fast._pool_workers() == 0
+    assert np.array_equal(fast.pack(*fields, threads=1), expected)  # no thread needed
+    assert fast._pool_workers() == 0
+    assert np.array_equal(fast.pack(*fields, threads=2), expected)
+    assert fast._pool_workers() >= 1
+
+
+@pytest.mark.parametrize("idle", [(0.0, 0.0), (0.0, 0.05), (0.05, 0.05)])
+def test_pool_with_sleeping_napping_and_spinning_workers(idle):
+    # every job wakes sleeping workers / finds them napping / finds them watching
+    fast = _fast()
+    old = fast._pool_idle(*idle)
+    try:
+        words = np.random.default_rng(5).integers(0, 2**32, 200_000, dtype=np.uint64)
+        words = words.astype(np.uint32)
+        expected = _pure.unpack(words)
+        for _ in range(20):
+            got = fast.unpack(words, threads=2)
+            assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+    finally:
+        assert fast._pool_idle(*old)[:2] == idle
+
+
+def test_pool_shared_by_concurrent_callers():
+    # one caller gets the pool, the others run alone: every result is right
+    fast = _fast()
+    fields = _pack_fields(150_000)
+    expected = _pure.pack(*fields)
+    model = _big_model(14)
+    words = _pure.compress(_copy(model), 2.0)
+    failures = []
+
+    def work(k):
+        for _ in range(8):
+            if k % 2:
+                if not np.array_equal(fast.pack(*fields, threads=2), expected):
+                    failures.append(k)
+            elif not np.array_equal(fast.compress(_copy(model), 2.0, threads=3), words):
+                failures.append(k)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert failures == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_pool_works_in_a_forked_child():
+    # the child inherits no worker threads: its pool starts afresh, the parent's goes on
+    fast = _fast()
+    fields = _pack_fields(200_000)
+    expected = _pure.pack(*fields)
+    assert np.array_equal(fast.pack(*fields, threads=2), expected)  # the parent's workers run
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        ok = False
+        try:
+            ok = (fast._pool_workers() == 0
+                  and np.array_equal(fast.pack(*fields, threads=2), expected)
+                  and fast._pool_workers() >= 1
+                  and np.array_equal(fast.compress(_copy(_big_model(15)), 2.0, threads=2),
+                                     _pure.compress(_copy(_big_model(15)), 2.0)))
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert np.array_equal(fast.pack(*fields, threads=2), expected)
+
+
+def test_interpreter_exits_promptly_with_workers_alive():
+    # workers asleep and workers watching for work: exit joins them, without a hang
+    code = (
+        "import numpy as np\n"
+        "from wirekit._fast import y2\n"
+        "w = np.arange(300_000, dtype=np.uint32)\n"
+        "y2._pool_idle(0.0, 0.0)\n"
+        "y2.unpack(w, threads=2)\n"
+        "y2._pool_idle(30.0, 30.0)\n"
+        "y2.unpack(w, threads=2)\n"
+        "print(y2._pool_workers())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) == 1

@@ -219,7 +219,8 @@ def check_compressible(layers: list[tuple[np.ndarray, np.ndarray]], tau: float) 
                 )
             ok = representable.get(arr.dtype)
             if ok is None:
-                t = arr.dtype.type(tau)
+                with np.errstate(over="ignore", under="ignore"):  # inf or 0: not representable
+                    t = arr.dtype.type(tau)
                 ok = representable[arr.dtype] = bool(np.isfinite(t) and t > 0)
             if not ok:
                 raise EncodeError(

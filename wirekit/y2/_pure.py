@@ -199,13 +199,17 @@ def encode(msg: Message) -> bytes:
 # --- kernels (the NumPy reference) ----------------------------------------------------------
 
 
-def pack(layer: Any, is_weight: Any, index: Any, sign: Any) -> np.ndarray:
+def pack(
+    layer: Any, is_weight: Any, index: Any, sign: Any, *, threads: int | None = None
+) -> np.ndarray:
     """Four equal-length integer arrays -> native uint32 delta words.
 
     An out-of-range value raises :class:`EncodeError` naming the first bad position (and,
-    there, the first bad field in the order layer, is_weight, index, sign).
+    there, the first bad field in the order layer, is_weight, index, sign).  ``threads`` is
+    accepted for signature parity with the Cython twin.
     """
     arrays = _checks.pack_arrays(layer, is_weight, index, sign)
+    _checks.threads_value(threads)
     _checks.check_pack_values(arrays)
     lay, wgt, idx, sgn = (a.astype(np.uint32) for a in arrays)
     return (lay << 23) | (wgt << 22) | (idx << 1) | sgn
