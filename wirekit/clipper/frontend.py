@@ -36,9 +36,7 @@ import zmq.utils.monitor
 
 from wirekit.errors import WirekitError
 
-from ._zio import FAST_WAIT, NOBLOCK, recv_frames, send_frames, timeout_ms, zmq_poll
-from ._zio import _recv as _zrecv
-from ._zio import _send as _zsend
+from ._zio import FAST_WAIT, NOBLOCK, recv_message, send_frames, timeout_ms, zmq_poll
 from .container import parse_input_type
 from .messages import Generation, InputType, as_generation
 from .session import (
@@ -227,7 +225,7 @@ class Frontend:
             if self._closed:
                 return
             with contextlib.suppress(zmq.ZMQError):  # zmq.Again: wake-ups already queued
-                _zsend(self._waker, b"", NOBLOCK)
+                send_frames(self._waker, (b"",), NOBLOCK)
 
     # -- the public API (any thread) --
 
@@ -355,7 +353,7 @@ class Frontend:
         # and after a receive waits that long the full poll takes over.
         fast = future is not None
         look_at = time.monotonic() + FAST_WAIT
-        recv = _zrecv
+        recv = recv_message
         while not self._stopping:
             if future is None:
                 if self._want:
@@ -370,13 +368,12 @@ class Frontend:
                 if ms != self._rcvtimeo:
                     sock.setsockopt(zmq.RCVTIMEO, ms)
                     self._rcvtimeo = ms
-                try:
-                    head = recv(sock, 0, False)
-                except zmq.Again:
+                message = recv(sock)
+                if message is None:
                     fast = False
                     continue
                 now = time.monotonic()
-                self._handle(sock, head, now, out)
+                self._handle(message, now, out)
                 if future is None and state.in_flight:
                     # The background thread serves many callers: take every answer already
                     # here before completing futures and sending what they submit (fewer
@@ -481,35 +478,32 @@ class Frontend:
         callers get their turn); with ``until_event``, stop once one completes a batch (its
         caller is woken first; the next poll sees the rest at once)."""
         state = self.state
-        recv = _zrecv
+        recv = recv_message
         for _ in range(limit):
-            try:
-                head = recv(sock, NOBLOCK, False)
-            except zmq.Again:
+            message = recv(sock, False)
+            if message is None:
                 return
-            self._handle(sock, head, now, out)
+            self._handle(message, now, out)
             if until_event and state.events:
                 return
 
-    def _handle(self, sock: zmq.Socket, head: zmq.Frame, now: float, out: list) -> None:
-        """One message from a container, whose identity frame is ``head``."""
+    def _handle(self, message: tuple[list[bytes], int], now: float, out: list) -> None:
+        """One message from a container: ``(frames, source fd)``, the identity in front."""
         state = self.state
         replicas = state.replicas
-        identity = head.bytes
+        frames, fd = message
+        identity = frames[0]
         if identity == _WAKE_ID:  # a wake-up: it did its job by ending the receive
-            if head.more:
-                recv_frames(sock)
             return
-        if not head.more:
+        if len(frames) == 1:
             log.warning("clipper frontend: empty message from %s dropped", identity.hex())
             return
-        frames = recv_frames(sock)
+        del frames[0]
         if identity in replicas:
             out.extend(state.receive(identity, frames, now))
             return
         out.extend(state.receive(identity, frames, now))
         if identity in replicas:
-            fd = head.get(zmq.SRCFD)
             for other, other_fd in list(self._fd_of.items()):
                 if other_fd == fd:  # that connection is gone: its fd is reused
                     del self._fd_of[other]
