@@ -52,8 +52,12 @@ log = logging.getLogger("wirekit.clipper.frontend")
 DEFAULT_LISTEN = "tcp://127.0.0.1:7000"
 DEFAULT_QUERY = "tcp://127.0.0.1:7001"
 _MAX_QUERY_BYTES = 64 << 20
-#: How long the background thread sleeps while a blocking caller drives the sockets.
+#: How long the background thread sleeps while a blocking caller drives the sockets: at first
+#: _LOOK_AGAIN, twice as long after each look that found a caller still driving, at most
+#: _LOOK_LATEST (a caller that leaves work behind kicks it at once; each wake-up of a sleeping
+#: thread costs the caller's round trip tens of microseconds on a busy machine).
 _LOOK_AGAIN = 0.005
+_LOOK_LATEST = 0.1
 
 
 class _Call:
@@ -314,9 +318,11 @@ class Frontend:
     def _loop(self) -> None:
         """The background thread: drives the sockets whenever no blocking caller does."""
         me = self._bg_ident = threading.get_ident()
+        look = _LOOK_AGAIN
         try:
             while not self._stop.is_set():
                 if not self._want and self._io.acquire(blocking=False):
+                    look = _LOOK_AGAIN
                     try:
                         if not self._want:  # checked again now that we hold the sockets
                             self._owner = me
@@ -324,9 +330,12 @@ class Frontend:
                     finally:
                         self._owner = None
                         self._io.release()
+                else:
+                    look = min(look * 2, _LOOK_LATEST)
                 if not self._stop.is_set():
-                    # A caller drives: wait for it to hand back work (or look again soon).
-                    self._kick.wait(_LOOK_AGAIN)
+                    # A caller drives: wait for it to hand back work (or look again later).
+                    if self._kick.wait(look):
+                        look = _LOOK_AGAIN
                     self._kick.clear()
         except Exception:  # pragma: no cover - a bug; make it visible
             log.exception("clipper frontend: socket loop crashed")
