@@ -13,7 +13,12 @@ high-water mark).  Same frames on the wire, same blocking and timeout behaviour 
 :func:`bind` must succeed before anything else is used; the pure twin is used otherwise.
 """
 
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport (
+    PyBUF_SIMPLE,
+    PyBuffer_Release,
+    PyObject_CheckBuffer,
+    PyObject_GetBuffer,
+)
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport EAGAIN, EINTR
@@ -164,8 +169,9 @@ def recv_frames(sock, int flags=0):
 
 
 def recv_message(sock, bint block=True):
-    """``(frames, source fd)`` of one message, or None when none is waiting (``block``
-    false) or ``RCVTIMEO`` passed: no exception on the common empty outcome."""
+    """``(frames, source fd)`` of one message (fd -1 when there is none, as on inproc), or
+    None when none is waiting (``block`` false) or ``RCVTIMEO`` passed: no exception on the
+    common empty outcome."""
     return _recv(sock, block, True)
 
 
@@ -179,6 +185,9 @@ def send_frames(sock, frames, int flags=0):
     cdef bint block = not (flags & ZMQ_DONTWAIT)
     if n == 0:
         raise ValueError("no frames to send")
+    for i in range(n):  # every part must be bytes-like: never leave half a message queued
+        if not PyObject_CheckBuffer(frames[i]):
+            raise TypeError(f"frame {i} is {type(frames[i]).__name__}, not bytes-like")
     for i in range(n):
         PyObject_GetBuffer(frames[i], &view, PyBUF_SIMPLE)
         try:

@@ -17,6 +17,7 @@ Same frames on the wire, same blocking and timeout behaviour.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,8 +54,21 @@ def timeout_ms(wait: float, cap: float | None = None) -> int:
     return max(0, int(wait * 1000) + 1)
 
 
+def _is_buffer(obj: Any) -> bool:
+    try:
+        memoryview(obj)
+    except TypeError:
+        return False
+    return True
+
+
 def _send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None:
     """Send ``frames`` (bytes-like) as one multipart message."""
+    if not frames:
+        raise ValueError("no frames to send")
+    for i, frame in enumerate(frames):  # every part bytes-like: never leave half a message
+        if type(frame) is not bytes and not _is_buffer(frame):
+            raise TypeError(f"frame {i} is {type(frame).__name__}, not bytes-like")
     send = _send
     more = SNDMORE | flags
     last = len(frames) - 1
@@ -76,14 +90,17 @@ def _recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
 
 
 def _recv_message(sock: zmq.Socket, block: bool = True) -> tuple[list[bytes], int] | None:
-    """``(frames, source fd)`` of one message, or None when none is waiting (``block``
-    false) or ``RCVTIMEO`` passed."""
+    """``(frames, source fd)`` of one message (fd -1 when there is none, as on inproc), or
+    None when none is waiting (``block`` false) or ``RCVTIMEO`` passed."""
     recv = _recv
     try:
         frame = recv(sock, 0 if block else NOBLOCK, False)
     except zmq.Again:
         return None
-    fd = frame.get(_SRCFD)
+    try:
+        fd = frame.get(_SRCFD)
+    except zmq.ZMQError:  # no source fd (inproc): as the Cython twin, -1
+        fd = -1
     parts = [frame.bytes]
     while frame.more:
         frame = recv(sock, 0, False)
@@ -95,9 +112,9 @@ def _libzmq_path() -> str | None:
     """The file of the libzmq pyzmq loaded (Linux: from /proc/self/maps), if found."""
     with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
         for line in maps:
-            path = line.rstrip("\n").partition("/")[2]
-            if path and "/libzmq" in "/" + path:
-                return "/" + path
+            path = "/" + line.rstrip("\n").partition("/")[2]
+            if os.path.basename(path).startswith("libzmq"):
+                return path
     return None
 
 

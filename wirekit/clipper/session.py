@@ -89,6 +89,9 @@ def _classify(frames: Sequence[Any], generation: Generation, direction: Directio
     return VersionMismatch(generation, others, exc) if others else None
 
 
+_TEXT_TYPES = frozenset((str, bytes))
+
+
 def check_outputs(outputs: Any, count: int, generation: Generation, *,
                   normalize: bool = True) -> Any:
     """The model's ``outputs`` normalised for the wire, or :class:`OutputError`.
@@ -116,12 +119,14 @@ def check_outputs(outputs: Any, count: int, generation: Generation, *,
             f"{outputs.dtype.name} array (convert with str() or json.dumps())"
         )
     if generation is not Generation.G2016 and not isinstance(outputs, np.ndarray):
-        for i, out in enumerate(outputs):
-            if not isinstance(out, str | bytes):
-                raise OutputError(
-                    f"{generation.value} outputs are strings; output {i} is "
-                    f"{type(out).__name__}"
-                )
+        # The types present, in one C-level pass; a loop names the culprit when one is off.
+        if not set(map(type, outputs)) <= _TEXT_TYPES:
+            for i, out in enumerate(outputs):
+                if not isinstance(out, str | bytes):
+                    raise OutputError(
+                        f"{generation.value} outputs are strings; output {i} is "
+                        f"{type(out).__name__}"
+                    )
         if not normalize:
             return outputs
     try:
