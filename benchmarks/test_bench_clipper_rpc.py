@@ -8,8 +8,9 @@ frontend must do.  Each round is ``ROUND`` round trips with 1 or 16 requests in 
 inputs 1 × 10 or 32 × 10 doubles.
 "fast" is wirekit; "baseline" the bare pair written the usual pyzmq way
 (``send_multipart``/``recv_multipart``); "baseline-lean" the same bare pair moving frames with
-the lean per-frame calls wirekit's runtimes use (``wirekit.clipper._zio``), the fastest bare
-pair we know how to write in Python.  ratios.py's share column is wirekit's share of each.
+the multipart send/receive wirekit's runtimes use (``wirekit.clipper._zio``: with the Cython
+twin, whole messages straight on pyzmq's libzmq), the fastest bare pair we know how to write
+in Python.  ratios.py's share column is wirekit's share of each.
 Latencies (median, p99, µs) go to ``extra_info``; ``python benchmarks/ratios.py bench.json``
 prints them.  Timings are never asserted.
 """
