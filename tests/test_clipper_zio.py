@@ -7,6 +7,7 @@ behaviour, checked here on real ZeroMQ sockets over 127.0.0.1.
 
 from __future__ import annotations
 
+import threading
 import types
 
 import numpy as np
@@ -151,3 +152,19 @@ def test_inproc_messages_have_no_source_fd(zio):
         router.close(0)
         dealer.close(0)
         ctx.term()
+
+
+def test_spinning_receive_gets_what_comes_and_still_times_out(zio, pair):
+    router, dealer = pair
+    router.setsockopt(zmq.RCVTIMEO, 10)
+    assert zio.recv_message(router, True, 0.002) is None  # spin, then RCVTIMEO: nothing
+    assert zio.recv_message(router, False, 0.002) is None  # no spin without blocking
+    router.setsockopt(zmq.RCVTIMEO, 5000)
+    later = threading.Timer(0.001, zio.send_frames, (dealer, [b"late", b"x"]))
+    later.start()
+    frames, _ = zio.recv_message(router, True, 0.5)
+    later.join()
+    assert frames[1:] == [b"late", b"x"]
+    zio.send_frames(dealer, [b"queued"])
+    router.setsockopt(zmq.RCVTIMEO, 5000)
+    assert zio.recv_message(router, True, 0.0)[0][1:] == [b"queued"]

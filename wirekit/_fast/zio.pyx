@@ -23,6 +23,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport EAGAIN, EINTR
 from libc.string cimport memcpy
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from posix.dlfcn cimport RTLD_NOW, dlopen, dlsym
 
 import zmq
@@ -30,6 +31,9 @@ import zmq
 
 cdef extern from "<dlfcn.h>":
     int RTLD_NOLOAD
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
 
 
 ctypedef struct zmq_msg_t:
@@ -111,14 +115,35 @@ cdef int _raise(int err) except -1:
     return -1
 
 
-cdef int _recv_part(zmq_msg_t *msg, void *handle, bint block) except -2:
+cdef inline double _now() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef int _recv_part(zmq_msg_t *msg, void *handle, bint block, double spin=0.0) except -2:
     """Receive one part into ``msg``: 0, or -1 when nothing came (EAGAIN: nothing queued
-    without ``block``, RCVTIMEO passed with it)."""
+    without ``block``, RCVTIMEO passed with it).  With ``block`` and ``spin`` > 0, look again
+    for up to ``spin`` s (GIL released, the CPU yielded between looks) before sleeping."""
     cdef int rc = z_recv(msg, handle, ZMQ_DONTWAIT)
     cdef int err, flags = 0 if block else ZMQ_DONTWAIT
+    cdef double until
     if rc >= 0:
         return 0
     err = z_errno()
+    if err == EAGAIN and block and spin > 0:
+        with nogil:
+            until = _now() + spin
+            while True:
+                sched_yield()
+                rc = z_recv(msg, handle, ZMQ_DONTWAIT)
+                if rc >= 0:
+                    break
+                err = z_errno()
+                if err != EAGAIN or _now() >= until:
+                    break
+        if rc >= 0:
+            return 0
     while err == EAGAIN and block or err == EINTR:
         if err == EINTR:
             PyErr_CheckSignals()
@@ -135,7 +160,7 @@ cdef int _recv_part(zmq_msg_t *msg, void *handle, bint block) except -2:
     return -2
 
 
-cdef object _recv(sock, bint block, bint with_fd):
+cdef object _recv(sock, bint block, bint with_fd, double spin=0.0):
     """The parts of one message as a list of bytes (and the first part's source fd), or
     None when nothing came."""
     cdef void *handle = _handle(sock)
@@ -144,7 +169,7 @@ cdef object _recv(sock, bint block, bint with_fd):
     cdef int fd = -1
     z_init(&msg)
     try:
-        if _recv_part(&msg, handle, block) < 0:
+        if _recv_part(&msg, handle, block, spin) < 0:
             return None
         if with_fd:
             fd = z_get(&msg, ZMQ_SRCFD)
@@ -168,11 +193,13 @@ def recv_frames(sock, int flags=0):
     return parts
 
 
-def recv_message(sock, bint block=True):
+def recv_message(sock, bint block=True, double spin=0.0):
     """``(frames, source fd)`` of one message (fd -1 when there is none, as on inproc), or
     None when none is waiting (``block`` false) or ``RCVTIMEO`` passed: no exception on the
-    common empty outcome."""
-    return _recv(sock, block, True)
+    common empty outcome.  ``spin`` (s): when blocking, keep looking that long (GIL released,
+    yielding the CPU between looks) before going to sleep: an answer due within microseconds
+    then costs no wake-up of a sleeping thread."""
+    return _recv(sock, block, True, spin)
 
 
 def send_frames(sock, frames, int flags=0):

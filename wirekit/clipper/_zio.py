@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -89,12 +90,25 @@ def _recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
     return parts
 
 
-def _recv_message(sock: zmq.Socket, block: bool = True) -> tuple[list[bytes], int] | None:
+def _recv_message(sock: zmq.Socket, block: bool = True,
+                  spin: float = 0.0) -> tuple[list[bytes], int] | None:
     """``(frames, source fd)`` of one message (fd -1 when there is none, as on inproc), or
-    None when none is waiting (``block`` false) or ``RCVTIMEO`` passed."""
+    None when none is waiting (``block`` false) or ``RCVTIMEO`` passed.  ``spin`` (s): when
+    blocking, keep looking that long (yielding the CPU between looks) before sleeping."""
     recv = _recv
+    frame = None
+    if block and spin > 0:
+        until = time.monotonic() + spin
+        while frame is None:
+            try:
+                frame = recv(sock, NOBLOCK, False)
+            except zmq.Again:
+                if time.monotonic() >= until:
+                    break
+                os.sched_yield()
     try:
-        frame = recv(sock, 0 if block else NOBLOCK, False)
+        if frame is None:
+            frame = recv(sock, 0 if block else NOBLOCK, False)
     except zmq.Again:
         return None
     try:

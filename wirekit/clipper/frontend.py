@@ -58,6 +58,8 @@ _MAX_QUERY_BYTES = 64 << 20
 #: thread costs the caller's round trip tens of microseconds on a busy machine).
 _LOOK_AGAIN = 0.005
 _LOOK_LATEST = 0.1
+#: How long a blocking ``predict`` caller keeps looking for its answer before it sleeps.
+DEFAULT_SPIN = 0.0002
 
 
 class _Call:
@@ -113,8 +115,11 @@ class Frontend:
 
     ``max_in_flight`` batches are sent to each container before its answer (Clipper 2017
     keeps one); ``activity_timeout`` (TO, Clipper's 30 s) drops heartbeating containers that
-    fall silent, checked every ``check_interval`` (TO/3).  ``start()`` binds (errors surface
-    there) and runs the socket thread; ``stop()`` ends it.
+    fall silent, checked every ``check_interval`` (TO/3).  A blocking :meth:`predict` caller
+    that drives the sockets keeps looking for its answer for ``spin`` seconds (200 µs; the GIL
+    released and the CPU yielded between looks) before it sleeps: on virtual machines a
+    sleeping thread takes tens of microseconds to wake; ``spin=0`` turns this off.
+    ``start()`` binds (errors surface there) and runs the socket thread; ``stop()`` ends it.
     """
 
     def __init__(
@@ -127,8 +132,10 @@ class Frontend:
         max_in_flight: int = 1,
         query: str | None = None,
         context: zmq.Context | None = None,
+        spin: float = DEFAULT_SPIN,
     ) -> None:
         self.listen = listen
+        self.spin = spin
         self.generation = as_generation(generation)
         self.state = FrontendState(
             self.generation, activity_timeout=activity_timeout,
@@ -361,6 +368,9 @@ class Frontend:
         # on the ROUTER too); the monitor and query sockets are looked at every FAST_WAIT s,
         # and after a receive waits that long the full poll takes over.
         fast = future is not None
+        # A blocking caller keeps looking for its answer a moment before it sleeps (waking a
+        # sleeping thread costs tens of microseconds on a virtual machine).
+        spin = self.spin if future is not None else 0.0
         look_at = time.monotonic() + FAST_WAIT
         recv = recv_message
         while not self._stopping:
@@ -377,7 +387,7 @@ class Frontend:
                 if ms != self._rcvtimeo:
                     sock.setsockopt(zmq.RCVTIMEO, ms)
                     self._rcvtimeo = ms
-                message = recv(sock)
+                message = recv(sock, True, spin)
                 if message is None:
                     fast = False
                     continue
