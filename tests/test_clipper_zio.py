@@ -119,6 +119,10 @@ def test_bad_frames_are_refused_before_anything_is_sent(zio, pair):
     router, dealer = pair
     with pytest.raises(TypeError, match="frame 1"):
         zio.send_frames(dealer, [b"a", "text", b"c"])
+    with pytest.raises(ValueError, match="frame 2"):
+        zio.send_frames(dealer, [b"a", b"b", np.arange(10.0)[::2]])
+    with pytest.raises(ValueError, match="frame 1"):
+        zio.send_frames(dealer, [b"a", memoryview(b"abcdef")[::2]])
     with pytest.raises(ValueError):
         zio.send_frames(dealer, [])
     zio.send_frames(dealer, [b"whole"])

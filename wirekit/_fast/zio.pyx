@@ -213,8 +213,16 @@ def send_frames(sock, frames, int flags=0):
     if n == 0:
         raise ValueError("no frames to send")
     for i in range(n):  # every part must be bytes-like: never leave half a message queued
-        if not PyObject_CheckBuffer(frames[i]):
-            raise TypeError(f"frame {i} is {type(frames[i]).__name__}, not bytes-like")
+        frame = frames[i]
+        if type(frame) is bytes:
+            continue
+        if not PyObject_CheckBuffer(frame):
+            raise TypeError(f"frame {i} is {type(frame).__name__}, not bytes-like")
+        try:
+            PyObject_GetBuffer(frame, &view, PyBUF_SIMPLE)
+        except (BufferError, ValueError):
+            raise ValueError(f"frame {i} is not a C-contiguous buffer") from None
+        PyBuffer_Release(&view)
     for i in range(n):
         PyObject_GetBuffer(frames[i], &view, PyBUF_SIMPLE)
         try:

@@ -55,12 +55,14 @@ def timeout_ms(wait: float, cap: float | None = None) -> int:
     return max(0, int(wait * 1000) + 1)
 
 
-def _is_buffer(obj: Any) -> bool:
+def _check_buffer(index: int, frame: Any) -> None:
+    """TypeError unless ``frame`` is bytes-like, ValueError unless it is C-contiguous."""
     try:
-        memoryview(obj)
+        view = memoryview(frame)
     except TypeError:
-        return False
-    return True
+        raise TypeError(f"frame {index} is {type(frame).__name__}, not bytes-like") from None
+    if not view.c_contiguous:
+        raise ValueError(f"frame {index} is not a C-contiguous buffer")
 
 
 def _send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None:
@@ -68,8 +70,8 @@ def _send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> Non
     if not frames:
         raise ValueError("no frames to send")
     for i, frame in enumerate(frames):  # every part bytes-like: never leave half a message
-        if type(frame) is not bytes and not _is_buffer(frame):
-            raise TypeError(f"frame {i} is {type(frame).__name__}, not bytes-like")
+        if type(frame) is not bytes:
+            _check_buffer(i, frame)
     send = _send
     more = SNDMORE | flags
     last = len(frames) - 1
