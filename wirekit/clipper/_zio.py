@@ -42,6 +42,8 @@ _SRCFD = int(zmq.SRCFD)
 #: socket (a zmq_poll over every socket costs several syscalls per message) and look at their
 #: other sockets this often; once a receive waits this long, the full poll takes over.
 FAST_WAIT = 0.02
+#: FAST_WAIT as a ZeroMQ timeout (``timeout_ms(wait, FAST_WAIT)`` for any ``wait`` >= it).
+FAST_WAIT_MS = int(FAST_WAIT * 1000)
 zmq_poll = zmq.zmq_poll
 
 
@@ -159,6 +161,6 @@ recv_message: Callable[..., tuple[list[bytes], int] | None] = (
 
 
 __all__ = [
-    "FAST_WAIT", "IMPLEMENTATION", "NOBLOCK", "SNDMORE", "recv_frames", "recv_message",
-    "send_frames", "timeout_ms", "zmq_poll",
+    "FAST_WAIT", "FAST_WAIT_MS", "IMPLEMENTATION", "NOBLOCK", "SNDMORE", "recv_frames",
+    "recv_message", "send_frames", "timeout_ms", "zmq_poll",
 ]

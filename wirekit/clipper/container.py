@@ -34,7 +34,7 @@ import zmq.utils.monitor
 
 from wirekit._callables import load_callable
 
-from ._zio import FAST_WAIT, recv_message, send_frames, timeout_ms, zmq_poll
+from ._zio import FAST_WAIT, FAST_WAIT_MS, recv_message, send_frames, timeout_ms, zmq_poll
 from .messages import RPC_VERSION, Generation, InputType, NewContainer, as_generation
 from .session import (
     DEFAULT_ACTIVITY_TIMEOUT,
@@ -336,7 +336,7 @@ class ModelContainer:
                 wait = deadline - time.monotonic()
                 frames = None
                 if fast:
-                    ms = timeout_ms(wait, FAST_WAIT)
+                    ms = FAST_WAIT_MS if wait >= FAST_WAIT else timeout_ms(wait)
                     if ms != rcvtimeo:
                         sock.setsockopt(zmq.RCVTIMEO, ms)
                         rcvtimeo = ms

@@ -36,7 +36,7 @@ import zmq.utils.monitor
 
 from wirekit.errors import WirekitError
 
-from ._zio import FAST_WAIT, NOBLOCK, recv_message, send_frames, timeout_ms, zmq_poll
+from ._zio import FAST_WAIT, FAST_WAIT_MS, NOBLOCK, recv_message, send_frames, timeout_ms, zmq_poll
 from .container import parse_input_type
 from .messages import Generation, InputType, as_generation
 from .session import (
@@ -256,7 +256,7 @@ class Frontend:
                 will_drive: bool, token: Any) -> None:
         if input_type is not None:
             input_type = parse_input_type(input_type)
-        if self._stop.is_set() or self._thread is None:
+        if self._stopping or self._thread is None:
             token.set_exception(PredictionError("the frontend is not running"))
             return
         deadline = time.monotonic() + timeout
@@ -383,7 +383,7 @@ class Frontend:
             due = state.deadline()
             wait = due - now
             if fast:
-                ms = timeout_ms(wait, FAST_WAIT)
+                ms = FAST_WAIT_MS if wait >= FAST_WAIT else timeout_ms(wait)
                 if ms != self._rcvtimeo:
                     sock.setsockopt(zmq.RCVTIMEO, ms)
                     self._rcvtimeo = ms
