@@ -392,12 +392,11 @@ class Frontend:
                     fast = False
                     continue
                 now = time.monotonic()
+                # One answer at a time: its future is completed and the work that brings is
+                # sent before the next answer is taken, so the container gets work while
+                # this thread handles the rest (draining every waiting answer first sent
+                # frames in bursts and measured 5-15% fewer round trips at 16 in flight).
                 self._handle(message, now, out)
-                if future is None and state.in_flight:
-                    # The background thread serves many callers: take every answer already
-                    # here before completing futures and sending what they submit (fewer
-                    # wake-ups on both ends, frames leave in bursts).
-                    self._drain(sock, now, out, 255, until_event=False)
                 if now >= look_at:
                     look_at = now + FAST_WAIT
                     self._look_around(zmq_poll(items, 0), now, out)
