@@ -2,7 +2,7 @@
 
 ``python bench_clipper_peers.py echo ADDRESS GEN [lean]``: a bare pyzmq DEALER that answers
 every request with pre-encoded response frames (no parsing), echoing the request's id frame;
-with ``lean`` it moves frames with the lean per-frame calls wirekit's runtimes use
+with ``lean`` it moves frames with the multipart send/receive wirekit's runtimes use
 (``wirekit.clipper._zio``) instead of pyzmq's ``send_multipart``/``recv_multipart``.
 ``ok`` is the model the wirekit container serves: one constant output per input.
 """

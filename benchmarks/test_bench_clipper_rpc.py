@@ -8,8 +8,13 @@ frontend must do.  Each round is ``ROUND`` round trips with 1 or 16 requests in 
 inputs 1 × 10 or 32 × 10 doubles.
 "fast" is wirekit; "baseline" the bare pair written the usual pyzmq way
 (``send_multipart``/``recv_multipart``); "baseline-lean" the same bare pair moving frames with
-the lean per-frame calls wirekit's runtimes use (``wirekit.clipper._zio``), the fastest bare
-pair we know how to write in Python.  ratios.py's share column is wirekit's share of each.
+the multipart send/receive wirekit's runtimes use (``wirekit.clipper._zio``: with the Cython
+twin, whole messages straight on pyzmq's libzmq), the fastest bare pair we know how to write
+in Python.  ratios.py's share column is wirekit's share of each.  "fast-nospin" is wirekit
+with ``Frontend(spin=0)``: a blocking ``predict`` caller sleeps at once instead of looking for
+its answer for up to 200 µs first (the default); it shows what that look-ahead buys with 1
+request in flight (with 16, callers use ``submit`` and nothing spins: the two are the same
+code, and their difference is the run's noise).
 Latencies (median, p99, µs) go to ``extra_info``; ``python benchmarks/ratios.py bench.json``
 prints them.  Timings are never asserted.
 """
@@ -30,7 +35,7 @@ import zmq
 
 from wirekit import clipper
 from wirekit.clipper._zio import recv_frames, send_frames
-from wirekit.clipper.frontend import Frontend
+from wirekit.clipper.frontend import DEFAULT_SPIN, Frontend
 
 HERE = Path(__file__).resolve().parent
 GEN = "v3"
@@ -173,16 +178,20 @@ def _record(benchmark, latencies):
     benchmark.extra_info["round_trips"] = ROUND
 
 
-@pytest.mark.parametrize("who", ["fast", "baseline", "baseline-lean"])
+@pytest.mark.parametrize("who", ["fast", "fast-nospin", "baseline", "baseline-lean"])
 @pytest.mark.parametrize("in_flight", [1, 16])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_clipper_round_trips(benchmark, request, who, in_flight, shape):
     benchmark.group = f"clipper rt {GEN} {shape} doubles, {in_flight} in flight"
     inputs = SHAPES[shape]
     latencies: list[float] = []
-    if who == "fast":
+    if who.startswith("fast"):
         fe = request.getfixturevalue("wirekit_pair")
-        ok = benchmark(wirekit_round, fe, inputs, in_flight, latencies)
+        fe.spin = 0.0 if who == "fast-nospin" else DEFAULT_SPIN
+        try:
+            ok = benchmark(wirekit_round, fe, inputs, in_flight, latencies)
+        finally:
+            fe.spin = DEFAULT_SPIN
     else:
         pair = request.getfixturevalue("bare_pair" if who == "baseline" else "bare_lean_pair")
         frames = clipper.encode(clipper.PredictRequest(0, clipper.InputType.DOUBLES, inputs),

@@ -155,10 +155,12 @@ def test_asyncio_predict(stack):
     assert asyncio.run(many()) == [[f"f8:{float(k)!r}"] for k in range(8)]
 
 
-def test_blocking_callers_on_many_threads(stack):
+@pytest.mark.parametrize("spin", [0.0, 0.0002, 0.05])
+def test_blocking_callers_on_many_threads(stack, spin):
     """Blocking callers move the frames themselves; concurrent ones share the sockets (one
-    drives, the others' batches go out with it or are handed to the socket thread)."""
-    fe = stack.frontend("v3", max_in_flight=4)
+    drives, the others' batches go out with it or are handed to the socket thread); the
+    driver may look for answers a while before sleeping (``spin``), or not at all."""
+    fe = stack.frontend("v3", max_in_flight=4, spin=spin)
     for _ in range(2):
         stack.container(models.describe, "v3", fe.endpoint)
     fe.wait_for("m", 2, WAIT)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,7 @@ from wirekit.clipper import (
     NewContainer,
     PredictRequest,
     PredictResponse,
+    session,
 )
 from wirekit.clipper.session import (
     Completed,
@@ -146,6 +149,37 @@ def test_bad_outputs_are_refused_before_sending(gen, outputs, text):
 def test_good_outputs_pass():
     assert check_outputs(np.array(["a", "b"]), 2, Generation.V3) == [b"a", b"b"]
     assert check_outputs([1, 2.5], 2, Generation.G2016).dtype == np.float32
+    outputs = ["a", b"b"]
+    assert check_outputs(outputs, 2, Generation.V3, normalize=False) is outputs
+    assert check_outputs(("a", "b"), 2, Generation.G2017, normalize=False) == ("a", "b")
+
+
+def test_a_bad_output_after_good_ones_is_named():
+    with pytest.raises(OutputError, match="output 2 is float"):
+        check_outputs(["a", b"b", 1.5], 3, Generation.V3, normalize=False)
+
+
+@pytest.mark.parametrize(
+    ("make", "cls", "values"),
+    [
+        (session._new_send, Send, ([b"", b"x"],)),
+        (session._new_predict, Predict, (PredictRequest(3, InputType.INTS, [[1, 2]]),)),
+        (session._new_completed, Completed, ("token", ["out"])),
+        (session._new_request, PredictRequest, (7, InputType.DOUBLES, [[1.0]], 0)),
+        (session._new_response, PredictResponse, (7, ["a"])),
+    ],
+)
+def test_quick_constructors_build_the_same_frozen_objects(make, cls, values):
+    quick, usual = make(*values), cls(*values)
+    assert type(quick) is cls and quick == usual and repr(quick) == repr(usual)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(quick, cls.__slots__[0], None)
+
+
+def test_quick_constructors_refuse_other_field_counts():
+    with pytest.raises(TypeError, match="3 fields"):
+        session._quick_new(dataclasses.make_dataclass(
+            "Three", ["a", "b", "c"], frozen=True, slots=True))
 
 
 # --- frontend state ---

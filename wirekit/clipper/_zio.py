@@ -3,17 +3,28 @@
 pyzmq's ``send_multipart``/``recv_multipart`` cost several microseconds per frame in Python
 (argument checks, ``SNDMORE | flags`` through ``enum.Flag``, a ``getsockopt(RCVMORE)`` per
 frame), and a v3 Clipper message has one frame per input: most of a round trip's CPU went
-there.  These helpers call the backend socket's ``send``/``recv`` directly with plain int
-flags and read ``Frame.more`` instead of ``RCVMORE``: the same frames on the wire, same
-blocking behaviour, a fraction of the per-frame cost.
+there.  Two twins with the same behaviour:
+
+* the Cython twin (``wirekit._fast.zio``) calls the libzmq pyzmq loaded directly: a whole
+  message moves with the GIL held (released only to wait), no Frame object per part;
+* the pure twin (``WIREKIT_PURE=1``, or where the library cannot be found) calls the backend
+  socket's ``send``/``recv`` with plain int flags and reads ``Frame.more`` instead of
+  ``RCVMORE``.
+
+Same frames on the wire, same blocking and timeout behaviour.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
+
+from wirekit._impl import load_fast
 
 try:  # the backend class under pyzmq's sugar Socket (Cython or CFFI)
     from zmq.backend import Socket as _BackendSocket
@@ -26,10 +37,13 @@ except (ImportError, AttributeError):  # pragma: no cover - very old or unusual 
 
 SNDMORE = int(zmq.SNDMORE)
 NOBLOCK = int(zmq.NOBLOCK)
+_SRCFD = int(zmq.SRCFD)
 #: While messages flow, the runtimes do blocking receives of at most this long on their main
 #: socket (a zmq_poll over every socket costs several syscalls per message) and look at their
 #: other sockets this often; once a receive waits this long, the full poll takes over.
 FAST_WAIT = 0.02
+#: FAST_WAIT as a ZeroMQ timeout (``timeout_ms(wait, FAST_WAIT)`` for any ``wait`` >= it).
+FAST_WAIT_MS = int(FAST_WAIT * 1000)
 zmq_poll = zmq.zmq_poll
 
 
@@ -43,8 +57,23 @@ def timeout_ms(wait: float, cap: float | None = None) -> int:
     return max(0, int(wait * 1000) + 1)
 
 
-def send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None:
+def _check_buffer(index: int, frame: Any) -> None:
+    """TypeError unless ``frame`` is bytes-like, ValueError unless it is C-contiguous."""
+    try:
+        view = memoryview(frame)
+    except TypeError:
+        raise TypeError(f"frame {index} is {type(frame).__name__}, not bytes-like") from None
+    if not view.c_contiguous:
+        raise ValueError(f"frame {index} is not a C-contiguous buffer")
+
+
+def _send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None:
     """Send ``frames`` (bytes-like) as one multipart message."""
+    if not frames:
+        raise ValueError("no frames to send")
+    for i, frame in enumerate(frames):  # every part bytes-like: never leave half a message
+        if type(frame) is not bytes:
+            _check_buffer(i, frame)
     send = _send
     more = SNDMORE | flags
     last = len(frames) - 1
@@ -53,9 +82,9 @@ def send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None
     send(sock, frames[last], flags)
 
 
-def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
+def _recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
     """Receive one multipart message as a list of ``bytes`` (``zmq.Again`` with NOBLOCK
-    when none is waiting)."""
+    when none is waiting, or when ``RCVTIMEO`` passes)."""
     recv = _recv
     frame = recv(sock, flags, False)
     parts = [frame.bytes]
@@ -65,6 +94,73 @@ def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
     return parts
 
 
+def _recv_message(sock: zmq.Socket, block: bool = True,
+                  spin: float = 0.0) -> tuple[list[bytes], int] | None:
+    """``(frames, source fd)`` of one message (fd -1 when there is none, as on inproc), or
+    None when none is waiting (``block`` false) or ``RCVTIMEO`` passed.  ``spin`` (s): when
+    blocking, keep looking that long (yielding the CPU between looks) before sleeping."""
+    recv = _recv
+    frame = None
+    if block and spin > 0:
+        until = time.monotonic() + spin
+        while frame is None:
+            try:
+                frame = recv(sock, NOBLOCK, False)
+            except zmq.Again:
+                if time.monotonic() >= until:
+                    break
+                os.sched_yield()
+    try:
+        if frame is None:
+            frame = recv(sock, 0 if block else NOBLOCK, False)
+    except zmq.Again:
+        return None
+    try:
+        fd = frame.get(_SRCFD)
+    except zmq.ZMQError:  # no source fd (inproc): as the Cython twin, -1
+        fd = -1
+    parts = [frame.bytes]
+    while frame.more:
+        frame = recv(sock, 0, False)
+        parts.append(frame.bytes)
+    return parts, fd
+
+
+def _libzmq_path() -> str | None:
+    """The file of the libzmq pyzmq loaded (Linux: from /proc/self/maps), if found."""
+    with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
+        for line in maps:
+            path = "/" + line.rstrip("\n").partition("/")[2]
+            if os.path.basename(path).startswith("libzmq"):
+                return path
+    return None
+
+
+def _load_fast() -> Any:
+    fast = load_fast("zio")
+    if fast is None:
+        return None
+    path = _libzmq_path()
+    if path is None:
+        return None
+    try:
+        fast.bind(path)
+    except ImportError:
+        return None
+    return fast
+
+
+_fast = _load_fast()
+#: ``"fast"`` (Cython, straight on libzmq) or ``"pure"`` (pyzmq's backend calls).
+IMPLEMENTATION = "pure" if _fast is None else "fast"
+send_frames: Callable[..., None] = _send_frames if _fast is None else _fast.send_frames
+recv_frames: Callable[..., list[bytes]] = _recv_frames if _fast is None else _fast.recv_frames
+recv_message: Callable[..., tuple[list[bytes], int] | None] = (
+    _recv_message if _fast is None else _fast.recv_message
+)
+
+
 __all__ = [
-    "FAST_WAIT", "NOBLOCK", "SNDMORE", "recv_frames", "send_frames", "timeout_ms", "zmq_poll",
+    "FAST_WAIT", "FAST_WAIT_MS", "IMPLEMENTATION", "NOBLOCK", "SNDMORE", "recv_frames",
+    "recv_message", "send_frames", "timeout_ms", "zmq_poll",
 ]

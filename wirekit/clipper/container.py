@@ -34,7 +34,7 @@ import zmq.utils.monitor
 
 from wirekit._callables import load_callable
 
-from ._zio import FAST_WAIT, recv_frames, send_frames, timeout_ms, zmq_poll
+from ._zio import FAST_WAIT, FAST_WAIT_MS, recv_message, send_frames, timeout_ms, zmq_poll
 from .messages import RPC_VERSION, Generation, InputType, NewContainer, as_generation
 from .session import (
     DEFAULT_ACTIVITY_TIMEOUT,
@@ -48,7 +48,6 @@ from .session import (
 )
 
 log = logging.getLogger("wirekit.clipper.container")
-NOBLOCK = int(zmq.NOBLOCK)
 
 DEFAULT_PORT = 7000
 _INPUT_TYPE_NAMES = {t.name.lower(): t for t in InputType} | {
@@ -225,9 +224,6 @@ class ModelContainer:
     def _keep_alive(self, sock: zmq.Socket, session: ContainerSession, poller: zmq.Poller,
                     monitor: zmq.Socket | None) -> None:
         """The socket loop while the model runs elsewhere: heartbeats, requests queued."""
-        def recv(flags: int) -> list:
-            return recv_frames(sock, flags)
-
         def send(frames: Any) -> None:
             send_frames(sock, frames)
 
@@ -238,11 +234,10 @@ class ModelContainer:
             now = time.monotonic()
             if sock in events:
                 for _ in range(64):
-                    try:
-                        frames = recv(NOBLOCK)
-                    except zmq.Again:
+                    message = recv_message(sock, False)
+                    if message is None:
                         break
-                    for action in session.receive(frames, now):
+                    for action in session.receive(message[0], now):
                         if type(action) is Predict:
                             self._backlog.append(action.request)
                         elif type(action) is Send:
@@ -341,14 +336,15 @@ class ModelContainer:
                 wait = deadline - time.monotonic()
                 frames = None
                 if fast:
-                    ms = timeout_ms(wait, FAST_WAIT)
+                    ms = FAST_WAIT_MS if wait >= FAST_WAIT else timeout_ms(wait)
                     if ms != rcvtimeo:
                         sock.setsockopt(zmq.RCVTIMEO, ms)
                         rcvtimeo = ms
-                    try:
-                        frames = recv_frames(sock)
-                    except zmq.Again:
+                    message = recv_message(sock)
+                    if message is None:
                         fast = False
+                    else:
+                        frames = message[0]
                     now = time.monotonic()
                     ready: list = []
                     if now >= look_at:
@@ -359,8 +355,9 @@ class ModelContainer:
                     now = time.monotonic()
                     for polled, _ in ready:
                         if polled is sock:
-                            with contextlib.suppress(zmq.Again):
-                                frames = recv_frames(sock, NOBLOCK)
+                            message = recv_message(sock, False)
+                            if message is not None:
+                                frames = message[0]
                                 fast, look_at = True, now + FAST_WAIT
                 if frames is not None:
                     for action in session.receive(frames, now):

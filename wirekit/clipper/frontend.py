@@ -36,9 +36,7 @@ import zmq.utils.monitor
 
 from wirekit.errors import WirekitError
 
-from ._zio import FAST_WAIT, NOBLOCK, recv_frames, send_frames, timeout_ms, zmq_poll
-from ._zio import _recv as _zrecv
-from ._zio import _send as _zsend
+from ._zio import FAST_WAIT, FAST_WAIT_MS, NOBLOCK, recv_message, send_frames, timeout_ms, zmq_poll
 from .container import parse_input_type
 from .messages import Generation, InputType, as_generation
 from .session import (
@@ -54,8 +52,14 @@ log = logging.getLogger("wirekit.clipper.frontend")
 DEFAULT_LISTEN = "tcp://127.0.0.1:7000"
 DEFAULT_QUERY = "tcp://127.0.0.1:7001"
 _MAX_QUERY_BYTES = 64 << 20
-#: How long the background thread sleeps while a blocking caller drives the sockets.
+#: How long the background thread sleeps while a blocking caller drives the sockets: at first
+#: _LOOK_AGAIN, twice as long after each look that found a caller still driving, at most
+#: _LOOK_LATEST (a caller that leaves work behind kicks it at once; each wake-up of a sleeping
+#: thread costs the caller's round trip tens of microseconds on a busy machine).
 _LOOK_AGAIN = 0.005
+_LOOK_LATEST = 0.1
+#: How long a blocking ``predict`` caller keeps looking for its answer before it sleeps.
+DEFAULT_SPIN = 0.0002
 
 
 class _Call:
@@ -111,8 +115,11 @@ class Frontend:
 
     ``max_in_flight`` batches are sent to each container before its answer (Clipper 2017
     keeps one); ``activity_timeout`` (TO, Clipper's 30 s) drops heartbeating containers that
-    fall silent, checked every ``check_interval`` (TO/3).  ``start()`` binds (errors surface
-    there) and runs the socket thread; ``stop()`` ends it.
+    fall silent, checked every ``check_interval`` (TO/3).  A blocking :meth:`predict` caller
+    that drives the sockets keeps looking for its answer for ``spin`` seconds (200 µs; the GIL
+    released and the CPU yielded between looks) before it sleeps: on virtual machines a
+    sleeping thread takes tens of microseconds to wake; ``spin=0`` turns this off.
+    ``start()`` binds (errors surface there) and runs the socket thread; ``stop()`` ends it.
     """
 
     def __init__(
@@ -125,8 +132,10 @@ class Frontend:
         max_in_flight: int = 1,
         query: str | None = None,
         context: zmq.Context | None = None,
+        spin: float = DEFAULT_SPIN,
     ) -> None:
         self.listen = listen
+        self.spin = spin
         self.generation = as_generation(generation)
         self.state = FrontendState(
             self.generation, activity_timeout=activity_timeout,
@@ -227,7 +236,7 @@ class Frontend:
             if self._closed:
                 return
             with contextlib.suppress(zmq.ZMQError):  # zmq.Again: wake-ups already queued
-                _zsend(self._waker, b"", NOBLOCK)
+                send_frames(self._waker, (b"",), NOBLOCK)
 
     # -- the public API (any thread) --
 
@@ -247,7 +256,7 @@ class Frontend:
                 will_drive: bool, token: Any) -> None:
         if input_type is not None:
             input_type = parse_input_type(input_type)
-        if self._stop.is_set() or self._thread is None:
+        if self._stopping or self._thread is None:
             token.set_exception(PredictionError("the frontend is not running"))
             return
         deadline = time.monotonic() + timeout
@@ -316,9 +325,11 @@ class Frontend:
     def _loop(self) -> None:
         """The background thread: drives the sockets whenever no blocking caller does."""
         me = self._bg_ident = threading.get_ident()
+        look = _LOOK_AGAIN
         try:
             while not self._stop.is_set():
                 if not self._want and self._io.acquire(blocking=False):
+                    look = _LOOK_AGAIN
                     try:
                         if not self._want:  # checked again now that we hold the sockets
                             self._owner = me
@@ -326,9 +337,12 @@ class Frontend:
                     finally:
                         self._owner = None
                         self._io.release()
+                else:
+                    look = min(look * 2, _LOOK_LATEST)
                 if not self._stop.is_set():
-                    # A caller drives: wait for it to hand back work (or look again soon).
-                    self._kick.wait(_LOOK_AGAIN)
+                    # A caller drives: wait for it to hand back work (or look again later).
+                    if self._kick.wait(look):
+                        look = _LOOK_AGAIN
                     self._kick.clear()
         except Exception:  # pragma: no cover - a bug; make it visible
             log.exception("clipper frontend: socket loop crashed")
@@ -354,8 +368,11 @@ class Frontend:
         # on the ROUTER too); the monitor and query sockets are looked at every FAST_WAIT s,
         # and after a receive waits that long the full poll takes over.
         fast = future is not None
+        # A blocking caller keeps looking for its answer a moment before it sleeps (waking a
+        # sleeping thread costs tens of microseconds on a virtual machine).
+        spin = self.spin if future is not None else 0.0
         look_at = time.monotonic() + FAST_WAIT
-        recv = _zrecv
+        recv = recv_message
         while not self._stopping:
             if future is None:
                 if self._want:
@@ -366,22 +383,20 @@ class Frontend:
             due = state.deadline()
             wait = due - now
             if fast:
-                ms = timeout_ms(wait, FAST_WAIT)
+                ms = FAST_WAIT_MS if wait >= FAST_WAIT else timeout_ms(wait)
                 if ms != self._rcvtimeo:
                     sock.setsockopt(zmq.RCVTIMEO, ms)
                     self._rcvtimeo = ms
-                try:
-                    head = recv(sock, 0, False)
-                except zmq.Again:
+                message = recv(sock, True, spin)
+                if message is None:
                     fast = False
                     continue
                 now = time.monotonic()
-                self._handle(sock, head, now, out)
-                if future is None and state.in_flight:
-                    # The background thread serves many callers: take every answer already
-                    # here before completing futures and sending what they submit (fewer
-                    # wake-ups on both ends, frames leave in bursts).
-                    self._drain(sock, now, out, 255, until_event=False)
+                # One answer at a time: its future is completed and the work that brings is
+                # sent before the next answer is taken, so the container gets work while
+                # this thread handles the rest (draining every waiting answer first sent
+                # frames in bursts and measured 5-15% fewer round trips at 16 in flight).
+                self._handle(message, now, out)
                 if now >= look_at:
                     look_at = now + FAST_WAIT
                     self._look_around(zmq_poll(items, 0), now, out)
@@ -481,35 +496,32 @@ class Frontend:
         callers get their turn); with ``until_event``, stop once one completes a batch (its
         caller is woken first; the next poll sees the rest at once)."""
         state = self.state
-        recv = _zrecv
+        recv = recv_message
         for _ in range(limit):
-            try:
-                head = recv(sock, NOBLOCK, False)
-            except zmq.Again:
+            message = recv(sock, False)
+            if message is None:
                 return
-            self._handle(sock, head, now, out)
+            self._handle(message, now, out)
             if until_event and state.events:
                 return
 
-    def _handle(self, sock: zmq.Socket, head: zmq.Frame, now: float, out: list) -> None:
-        """One message from a container, whose identity frame is ``head``."""
+    def _handle(self, message: tuple[list[bytes], int], now: float, out: list) -> None:
+        """One message from a container: ``(frames, source fd)``, the identity in front."""
         state = self.state
         replicas = state.replicas
-        identity = head.bytes
+        frames, fd = message
+        identity = frames[0]
         if identity == _WAKE_ID:  # a wake-up: it did its job by ending the receive
-            if head.more:
-                recv_frames(sock)
             return
-        if not head.more:
+        if len(frames) == 1:
             log.warning("clipper frontend: empty message from %s dropped", identity.hex())
             return
-        frames = recv_frames(sock)
+        del frames[0]
         if identity in replicas:
             out.extend(state.receive(identity, frames, now))
             return
         out.extend(state.receive(identity, frames, now))
         if identity in replicas:
-            fd = head.get(zmq.SRCFD)
             for other, other_fd in list(self._fd_of.items()):
                 if other_fd == fd:  # that connection is gone: its fd is reused
                     del self._fd_of[other]
