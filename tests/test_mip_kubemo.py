@@ -167,3 +167,20 @@ def test_async_client_pipelines_against_one_shot_kubemo(kubemo_server):
     results, pong = asyncio.run(main())
     assert [r[0][0].as_text() for r in results] == [f"r{k}" for k in range(6)]
     assert pong > 0
+
+
+def test_async_client_goes_one_at_a_time_once_the_server_shows_it_is_one_shot(kubemo_server):
+    # KubeMo closes every connection after one reply (with unread requests behind it, which
+    # can reset the connection and lose that reply).  Once the client has seen that, it sends
+    # one request per connection: rounds of concurrent calls all come back, in order.
+    async def main():
+        async with AsyncClient(kubemo_server.address, timeout=TIMEOUT) as client:
+            rounds = []
+            for r in range(4):
+                calls = (client.infer([[f"{r}-{k}"]]) for k in range(12))
+                rounds.append(await asyncio.gather(*calls))
+        return rounds
+
+    rounds = asyncio.run(main())
+    for r, results in enumerate(rounds):
+        assert [x[0][0].as_text() for x in results] == [f"{r}-{k}" for k in range(12)]

@@ -412,6 +412,11 @@ class AsyncClient:
         self._connecting: asyncio.Future[_ClientConnection] | None = None
         self._in_flight = 0  # calls holding a slot (max_in_flight at most)
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
+        # Set once the server closed a kept-alive connection after answering on it (KubeMo
+        # answers one request per connection): from then on requests go one at a time, each
+        # on a fresh connection, since a request written behind an answered one is never read
+        # and may even cost the answer (the server's close can reset the connection).
+        self._one_shot: asyncio.Lock | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -534,7 +539,10 @@ class AsyncClient:
         else:
             self._in_flight += 1
         try:
-            while True:
+            while True:  # the pipelined connection (inline: the hot path)
+                if self._one_shot is not None:  # set now, or learnt while this call waited
+                    frame = await self._exchange_alone(wire, loop, deadline)
+                    break
                 conn = self._conn
                 if conn is None or conn.closed:
                     conn = await self._connection(deadline)
@@ -542,22 +550,57 @@ class AsyncClient:
                 conn.send(_Pending(wire, fut, deadline, self.timeout))
                 try:
                     frame = await fut
+                    break
                 except _Unanswered as exc:
                     if self._conn is conn:
                         self._conn = None
-                    if exc.retryable and loop.time() < deadline:
-                        continue
-                    raise ConnectionLost(
-                        f"mip: {self.address} closed the connection without replying"
-                    ) from exc.cause
-                msg = decode_reply(mip, frame)
-                if not raw:
-                    return msg
-                if type(msg) is Inference and msg.response and msg.n_output != frame[9]:
-                    frame = mip.encode(msg)  # the corrected reply, not the quirky bytes
-                return frame, msg
+                    if not (exc.retryable and loop.time() < deadline):
+                        raise ConnectionLost(
+                            f"mip: {self.address} closed the connection without replying"
+                        ) from exc.cause
+                    # retryable: the server answered on this connection, then closed it
+                    if self._one_shot is None:
+                        self._one_shot = asyncio.Lock()
+            msg = decode_reply(mip, frame)
+            if not raw:
+                return msg
+            if type(msg) is Inference and msg.response and msg.n_output != frame[9]:
+                frame = mip.encode(msg)  # the corrected reply, not the quirky bytes
+            return frame, msg
         finally:
             self._release_slot()
+
+    async def _exchange_alone(self, wire: bytes, loop: asyncio.AbstractEventLoop,
+                              deadline: float) -> bytes:
+        """Send ``wire`` as the only request of a fresh connection (a server that answers
+        one request per connection); return the reply's frame."""
+        lock = self._one_shot
+        assert lock is not None
+        try:
+            await asyncio.wait_for(lock.acquire(), max(deadline - loop.time(), 0))
+        except asyncio.TimeoutError:
+            raise ClientTimeout(
+                f"mip: no turn on {self.address} (one request per connection) within "
+                f"{self.timeout:g} s"
+            ) from None
+        try:
+            conn = self._conn
+            if conn is not None and not conn.closed and (conn.answered or conn.waiting):
+                self._conn = None  # spent: the server closes it after its answer
+                conn.transport.close()  # type: ignore[union-attr]
+            conn = await self._connection(deadline)
+            fut: asyncio.Future[bytes] = _Future(loop=loop)
+            conn.send(_Pending(wire, fut, deadline, self.timeout))
+            try:
+                return await fut
+            except _Unanswered as exc:
+                if self._conn is conn:
+                    self._conn = None
+                raise ConnectionLost(
+                    f"mip: {self.address} closed the connection without replying"
+                ) from exc.cause
+        finally:
+            lock.release()
 
     async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
         """Wait until a call in flight finishes and hands its slot over (FIFO)."""
