@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -34,8 +35,11 @@ import numpy as np
 import zmq
 import zmq.utils.monitor
 
+from wirekit._impl import load_fast
 from wirekit.errors import WirekitError
 
+from . import _frontlane
+from ._frontlane import ANSWERED_QUEUE_WAITS
 from ._zio import FAST_WAIT, FAST_WAIT_MS, NOBLOCK, recv_message, send_frames, timeout_ms, zmq_poll
 from .container import parse_input_type
 from .messages import Generation, InputType, as_generation
@@ -63,7 +67,7 @@ DEFAULT_SPIN = 0.0002
 #: At most this many more answers already waiting are handled before the work they bring is
 #: sent: the sends then go out together and wake the I/O thread once (each wake-up costs
 #: several microseconds of kernel time on a virtual machine).
-_BURST = 8
+_BURST = 4
 
 
 class _Call:
@@ -180,7 +184,8 @@ class Frontend:
         self.endpoint: str | None = None
         self.query_endpoint: str | None = None
         self._submissions: deque = deque()
-        self._submitted = False  # submitted to the state by the thread driving the sockets
+        # Set by the thread driving the sockets when the state has batches to dispatch.
+        self._submitted = False
         self._stop = threading.Event()
         self._stopping = False  # the same as _stop.is_set(), read without a call
         self._thread: threading.Thread | None = None
@@ -192,7 +197,9 @@ class Frontend:
         self._waker: zmq.Socket | None = None
         self._closed = False
         self._wake_lock = threading.Lock()
+        self._wake_pending = False  # a wake-up is on its way to the thread driving the sockets
         self._sock: zmq.Socket | None = None
+        self._lane: Any = None  # the per-message lane, made with the sockets
         self._monitor: zmq.Socket | None = None
         self._query: zmq.Socket | None = None
         self._fd_of: dict[bytes, int] = {}
@@ -231,6 +238,8 @@ class Frontend:
             self._close_sockets(sock)
             raise
         self._sock = sock
+        self._lane = _lane_module().FrontLane(
+            self.state, functools.partial(send_frames, sock), (_Callback, _Call))
         self._poll_items = [(polled, zmq.POLLIN) for polled in
                             (sock, self._monitor, self._query)
                             if polled is not None]
@@ -267,9 +276,15 @@ class Frontend:
         sock.close(0)
 
     def _wake(self) -> None:
+        # One wake-up in flight is enough: the thread driving the sockets clears the flag
+        # when it receives it, before it looks at the submissions (a burst of submits from
+        # another thread then costs one wake-up, not one each).
+        if self._wake_pending:
+            return
         with self._wake_lock:
             if self._closed:
                 return
+            self._wake_pending = True
             with contextlib.suppress(zmq.ZMQError):  # zmq.Again: wake-ups already queued
                 send_frames(self._waker, (b"",), NOBLOCK)
 
@@ -317,8 +332,9 @@ class Frontend:
         if owner is not None and owner == threading.get_ident():
             # This thread drives the sockets (a callback, or the socket loop): straight to
             # the state; the loop dispatches before it sends.
-            self.state.submit(model, inputs, deadline, token, input_type)
-            self._submitted = True
+            if not self._lane.submit(model, inputs, deadline, token, input_type):
+                self.state.submit(model, inputs, deadline, token, input_type)
+                self._submitted = True
             return
         self._submissions.append((model, inputs, deadline, token, input_type))
         if owner is None:
@@ -571,8 +587,14 @@ class Frontend:
         state = self.state
         replicas = state.replicas
         frames, fd = message
+        answered = self._lane.answer(frames, now)
+        if answered:
+            if answered == ANSWERED_QUEUE_WAITS:
+                self._submitted = True  # the replica has room again: dispatch the queue
+            return
         identity = frames[0]
         if identity == _WAKE_ID:  # a wake-up: it did its job by ending the receive
+            self._wake_pending = False
             return
         if len(frames) == 1:
             log.warning("clipper frontend: empty message from %s dropped", identity.hex())
@@ -665,6 +687,11 @@ class Frontend:
     def _send_query(self, identity: bytes, body: dict) -> None:
         if self._query is not None:
             self._query.send_multipart([identity, b"", json.dumps(body).encode()])
+
+
+def _lane_module() -> Any:
+    """The frontend lane's compiled twin, or the pure one."""
+    return load_fast("clipperfront") or _frontlane
 
 
 #: The routing id of the frontend's own wake-up socket (containers get 5-byte ids from the
