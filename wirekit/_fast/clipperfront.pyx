@@ -7,8 +7,12 @@ constructors, and the state's maps are read and written through the C API, so a 
 costs the frontend's thread no Python frame of wirekit's own.
 """
 
-from cpython.dict cimport PyDict_GetItem
+cimport numpy as cnp
+from cpython.dict cimport PyDict_Contains, PyDict_GetItem
 from cpython.object cimport PyObject, PyObject_GenericSetAttr
+
+cnp.import_array()
+
 
 cdef extern from "Python.h":
     object PyType_GenericAlloc(type t, Py_ssize_t n)
@@ -17,7 +21,7 @@ from wirekit.clipper import decode as _decode
 from wirekit.clipper import encode as _encode
 from wirekit.clipper._frontlane import ANSWERED, ANSWERED_QUEUE_WAITS, NOT_MINE
 from wirekit.clipper.messages import Direction, PredictRequest, PredictResponse
-from wirekit.clipper.session import Batch, Completed, infer_input_type
+from wirekit.clipper.session import _TYPE_OF_DTYPE, Batch, Completed, infer_input_type
 from wirekit.errors import DecodeError, EncodeError
 
 cdef object _TO_CLIPPER = Direction.TO_CLIPPER
@@ -27,6 +31,17 @@ cdef type _BATCH = Batch
 cdef type _COMPLETED = Completed
 cdef object _ZERO = 0, _ONE = 1
 cdef str _EMPTY = ""
+cdef dict _DTYPE_TYPES = _TYPE_OF_DTYPE
+
+
+cdef object _input_type_of(object inputs):
+    """``infer_input_type`` with the common case (an array of a wire dtype) in C."""
+    cdef PyObject *found
+    if type(inputs) is cnp.ndarray:
+        found = PyDict_GetItem(_DTYPE_TYPES, <object>cnp.PyArray_DESCR(<cnp.ndarray>inputs))
+        if found != NULL:
+            return <object>found
+    return infer_input_type(inputs)
 cdef int _NOT_MINE = NOT_MINE, _ANSWERED = ANSWERED, _QUEUE_WAITS = ANSWERED_QUEUE_WAITS
 
 
@@ -125,6 +140,16 @@ cdef class FrontLane:
             return _QUEUE_WAITS
         return _ANSWERED
 
+    cdef object _new_id(self):
+        """``FrontendState._new_id``: the next message id not in flight (ids wrap at 2**32)."""
+        cdef object state = self.state
+        cdef unsigned long long msg_id = state._next_id
+        while True:
+            state._next_id = (msg_id + 1) & 0xFFFFFFFF
+            if not PyDict_Contains(self.in_flight, msg_id):
+                return msg_id
+            msg_id = (msg_id + 1) & 0xFFFFFFFF
+
     def submit(self, str model_name, inputs, double deadline, token, input_type):
         """Send this batch now if nothing waits before it and a replica has room."""
         cdef PyObject *found
@@ -145,7 +170,7 @@ cdef class FrontLane:
         if count == 0:
             return False
         if input_type is None:
-            input_type = infer_input_type(inputs)
+            input_type = _input_type_of(inputs)
         limit = state.max_in_flight
         for r in replicas:  # FrontendState._pick: the least work in flight
             if not r.alive:
@@ -159,7 +184,7 @@ cdef class FrontLane:
                 best, least = r, load
         if best is None:
             return False
-        msg_id = state._new_id()
+        msg_id = self._new_id()
         try:
             frames = _encode(_new_request(msg_id, best.input_type, inputs), self.generation)
         except EncodeError:

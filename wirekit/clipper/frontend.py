@@ -318,7 +318,22 @@ class Frontend:
         The callback must be quick and must not block (it holds up every other answer); it
         may submit more work.  An exception it raises is logged and otherwise ignored.
         """
-        self._submit(model, inputs, timeout, input_type, False, _Callback(callback))
+        token = _Callback(callback)
+        if (input_type is None and self._owner == threading.get_ident()
+                and not self._stopping):
+            # A callback submitting the next batch: the _submit path without its checks.
+            self._submit_here(model, inputs, time.monotonic() + timeout, token, None)
+            return
+        self._submit(model, inputs, timeout, input_type, False, token)
+
+    def _submit_here(self, model: str, inputs: Any, deadline: float, token: Any,
+                     input_type: InputType | None) -> None:
+        """Submit on the thread driving the sockets: sent at once by the lane when nothing
+        waits and a replica has room, else queued in the state (dispatched before the next
+        sends)."""
+        if not self._lane.submit(model, inputs, deadline, token, input_type):
+            self.state.submit(model, inputs, deadline, token, input_type)
+            self._submitted = True
 
     def _submit(self, model: str, inputs: Any, timeout: float, input_type: Any,
                 will_drive: bool, token: Any) -> None:
@@ -330,11 +345,7 @@ class Frontend:
         deadline = time.monotonic() + timeout
         owner = self._owner
         if owner is not None and owner == threading.get_ident():
-            # This thread drives the sockets (a callback, or the socket loop): straight to
-            # the state; the loop dispatches before it sends.
-            if not self._lane.submit(model, inputs, deadline, token, input_type):
-                self.state.submit(model, inputs, deadline, token, input_type)
-                self._submitted = True
+            self._submit_here(model, inputs, deadline, token, input_type)
             return
         self._submissions.append((model, inputs, deadline, token, input_type))
         if owner is None:
