@@ -187,7 +187,8 @@ cdef class FrontLane:
         msg_id = self._new_id()
         try:
             frames = _encode(_new_request(msg_id, best.input_type, inputs), self.generation)
-        except EncodeError:
+        except EncodeError:  # the state reports it: give the id back
+            state._next_id = msg_id
             return False
         batch = _new_batch(model_name, inputs, input_type, deadline, token, count, msg_id, best)
         (<dict>best.in_flight)[msg_id] = batch

@@ -109,7 +109,8 @@ class FrontLane:
         msg_id = state._new_id()
         try:
             frames = encode(PredictRequest(msg_id, best.input_type, inputs, 0), self.generation)
-        except EncodeError:
+        except EncodeError:  # the state reports it: give the id back
+            state._next_id = msg_id
             return False
         batch = Batch(model_name, inputs, input_type, deadline, token, count, msg_id, best, 1)
         best.in_flight[msg_id] = batch

@@ -1,0 +1,219 @@
+"""The frontend lane (``wirekit.clipper._frontlane`` and its compiled twin
+``wirekit._fast.clipperfront``): for any mix of submissions, answers, heartbeats and junk,
+a frontend that tries the lane first sends the same frames, completes the same callers with
+the same outputs and ends in the same state as one that uses ``FrontendState`` alone; and
+what the lane does not take, it leaves untouched.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from wirekit import clipper
+from wirekit._impl import pure_requested
+from wirekit.clipper import Generation, Heartbeat, InputType, NewContainer, PredictResponse
+from wirekit.clipper.session import Completed, FrontendState
+
+NAMES = [b"\x00A", b"\x00B", b"\x00C"]
+
+
+@pytest.fixture(scope="module", params=["fast", "pure"])
+def twin(request):
+    """Each twin of the lane (the compiled one fails, not skips, when it is not built)."""
+    if request.param == "fast":
+        if pure_requested():
+            pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
+        return importlib.import_module("wirekit._fast.clipperfront")
+    return importlib.import_module("wirekit.clipper._frontlane")
+
+
+class Direct:
+    """A token completed at once (as ``submit_callback``'s and ``predict``'s are)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.outcome = None
+
+    def set_result(self, value) -> None:
+        assert self.outcome is None, "completed twice"
+        self.outcome = ("ok", normal(value))
+
+
+class Queued(Direct):
+    """A token completed through the state's events (as a Future is)."""
+
+
+def normal(outputs):
+    return [float(x) if not isinstance(x, str) else x for x in outputs]
+
+
+def registered(gen: Generation, itypes: list[InputType], max_in_flight: int) -> FrontendState:
+    state = FrontendState(gen, max_in_flight=max_in_flight)
+    for name, itype in zip(NAMES, itypes, strict=False):
+        rpc = 3 if gen is Generation.V3 else None
+        frames = clipper.encode(NewContainer("m", "1", itype, rpc), gen)
+        if gen is not Generation.G2016:
+            state.receive(name, clipper.encode(Heartbeat(), gen), 0.0)
+        state.receive(name, frames, 0.0)
+        assert name in state.replicas
+    return state
+
+
+class World:
+    """One frontend's sans-IO side, with or without the lane in front of the state."""
+
+    def __init__(self, gen, itypes, max_in_flight, lane_module=None):
+        self.state = registered(gen, itypes, max_in_flight)
+        self.sent: list[list[bytes]] = []
+        self.tokens: dict[int, Direct] = {}
+        self.lane = None
+        if lane_module is not None:
+            self.lane = lane_module.FrontLane(self.state, self.sent.append, (Direct,))
+
+    def submit(self, k, inputs, token_type, now):
+        token = self.tokens[k] = token_type(k)
+        state = self.state
+        if self.lane is None or not self.lane.submit("m", inputs, now + 100.0, token, None):
+            state.submit("m", inputs, now + 100.0, token, None)
+            self.sent.extend(state.dispatch(now))
+        self.settle()
+
+    def receive(self, identity, frames, now):
+        state = self.state
+        taken = 0 if self.lane is None else self.lane.answer([identity, *frames], now)
+        if not taken:
+            self.sent.extend(state.receive(identity, frames, now))
+        elif taken == 2:
+            self.sent.extend(state.dispatch(now))
+        self.settle()
+        return taken
+
+    def settle(self):
+        events, self.state.events = self.state.events, []
+        for event in events:
+            if type(event) is Completed:
+                event.token.set_result(event.outputs)
+            else:
+                event.token.outcome = ("error", str(event.error))
+
+    def snapshot(self):
+        state = self.state
+        return {
+            "sent": [[bytes(f) for f in m] for m in self.sent],
+            "tokens": {k: t.outcome for k, t in self.tokens.items()},
+            "in_flight": sorted(state.in_flight),
+            "held": {i: sorted(r.in_flight) for i, r in state.replicas.items()},
+            "batches": {i: (b.msg_id, b.replica.identity, b.attempts, b.count, b.lost)
+                        for i, b in state.in_flight.items()},
+            "pending": {m: [b.token.k for b in q] for m, q in state.pending.items() if q},
+            "last_seen": {i: r.last_seen for i, r in state.replicas.items()},
+            "next_id": state._next_id,
+            "due": state._due,
+        }
+
+
+def inputs_for(kind: str, rows: int):
+    if kind == "f64":
+        return np.arange(rows * 3, dtype=np.float64).reshape(rows, 3)
+    if kind == "f32":
+        return np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
+    if kind == "list":
+        return [[float(r), 1.0] for r in range(rows)]
+    if kind == "strings":
+        return [f"s{r}" for r in range(rows)]
+    return []  # empty: refused
+
+
+def answer_frames(gen, msg_id, count):
+    return clipper.encode(PredictResponse(msg_id, answer_frames_outputs(gen, count)), gen)
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("submit"), st.sampled_from(["f64", "f64", "list", "f32", "strings",
+                                                       "empty"]),
+                  st.integers(1, 3), st.booleans()),
+        st.tuples(st.just("answer"), st.integers(0, 2), st.integers(0, 3),
+                  st.sampled_from(["good", "good", "good", "short", "unknown-id"])),
+        st.tuples(st.just("heartbeat"), st.integers(0, 2)),
+        st.tuples(st.just("junk"), st.integers(0, 2), st.integers(1, 4)),
+    ),
+    max_size=40,
+)
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(gen=st.sampled_from(list(Generation)),
+       itypes=st.lists(st.sampled_from([InputType.DOUBLES, InputType.DOUBLES, InputType.FLOATS,
+                                        InputType.STRINGS]), min_size=1, max_size=3),
+       max_in_flight=st.integers(1, 3), ops=OPS)
+def test_the_lane_does_what_the_state_alone_does(twin, gen, itypes, max_in_flight, ops):
+    plain = World(gen, itypes, max_in_flight)
+    laned = World(gen, itypes, max_in_flight, twin)
+    now = 1.0
+    for k, op in enumerate(ops):
+        now += 0.01
+        if op[0] == "submit":
+            _, kind, rows, direct = op
+            token_type = Direct if direct else Queued
+            for world in (plain, laned):
+                world.submit(k, inputs_for(kind, rows), token_type, now)
+        elif op[0] == "answer":
+            _, who, pick, how = op
+            identity = NAMES[who % len(itypes)]
+            held = sorted(plain.state.replicas[identity].in_flight)
+            if held:
+                msg_id = held[pick % len(held)]
+                batch = plain.state.in_flight[msg_id]
+                count = batch.count - 1 if how == "short" else batch.count
+                count = count or 2  # one short of one: answer two instead
+                if how == "unknown-id":
+                    msg_id += 1000
+            else:
+                msg_id, count = 77, 1
+            frames = answer_frames(gen, msg_id, count)
+            taken = [world.receive(identity, frames, now) for world in (plain, laned)]
+            assert taken[0] == 0
+        elif op[0] == "heartbeat":
+            identity = NAMES[op[1] % len(itypes)]
+            hb = clipper.encode(Heartbeat(), Generation.V3)  # 2016 has none: junk there
+            assert [w.receive(identity, hb, now) for w in (plain, laned)] == [0, 0]
+        else:
+            identity = NAMES[op[1] % len(itypes)]
+            junk = [b"", b"\x01\x00\x00\x00", b"\xff" * op[2]][: 1 + op[2] % 3]
+            assert [w.receive(identity, junk, now) for w in (plain, laned)] == [0, 0]
+        assert laned.snapshot() == plain.snapshot(), op
+
+
+@pytest.mark.parametrize("gen", list(Generation))
+def test_the_lane_takes_the_common_case(twin, gen):
+    """A response to a held batch is the lane's; so is a submission with room: the state's
+    general path is not needed for a steady stream of work."""
+    world = World(gen, [InputType.DOUBLES], 2, twin)
+    inputs = np.ones((2, 3))
+    tokens = [Direct(k) for k in range(3)]
+    assert world.lane.submit("m", inputs, 100.0, tokens[0], None) is True
+    assert world.lane.submit("m", inputs, 100.0, tokens[1], None) is True
+    assert world.lane.submit("m", inputs, 100.0, tokens[2], None) is False  # no room
+    world.state.submit("m", inputs, 100.0, tokens[2], None)
+    assert len(world.sent) == 2
+    (identity, *request) = world.sent[0]
+    sent = clipper.decode(request, gen, "to_container")
+    assert sent.input_type is InputType.DOUBLES and np.array_equal(sent.inputs, inputs)
+    assert world.lane.answer([identity, *answer_frames(gen, sent.msg_id, 2)], 1.0) == 2
+    assert tokens[0].outcome == ("ok", normal(answer_frames_outputs(gen, 2)))
+    assert tokens[1].outcome is None and tokens[2].outcome is None
+    assert world.state.replicas[identity].last_seen == 1.0
+    assert sent.msg_id not in world.state.in_flight
+    assert world.state.events == []
+    # 2 says "a batch waits": dispatching now sends it to the freed replica.
+    assert [m[0] for m in world.state.dispatch(1.0)] == [identity]
+
+
+def answer_frames_outputs(gen, count):
+    return [1.5] * count if gen is Generation.G2016 else [f"o{i}" for i in range(count)]
