@@ -215,5 +215,28 @@ def test_the_lane_takes_the_common_case(twin, gen):
     assert [m[0] for m in world.state.dispatch(1.0)] == [identity]
 
 
+@pytest.mark.parametrize("gen", list(Generation))
+def test_a_callback_token_is_called_once_and_a_raising_callback_is_logged(twin, gen, caplog):
+    world = World(gen, [InputType.DOUBLES], 4, twin)
+    calls = []
+
+    def fn(outputs, error):
+        calls.append((normal(outputs), error))
+        raise RuntimeError("buggy")
+
+    token = twin.Callback(fn)
+    assert not token.done()
+    assert world.lane.submit("m", [[1.0], [2.0]], 100.0, token, None) is True
+    (identity, *request) = world.sent[0]
+    msg_id = clipper.decode(request, gen, "to_container").msg_id
+    assert world.lane.answer([identity, *answer_frames(gen, msg_id, 2)], 1.0) == 1
+    assert calls == [(normal(answer_frames_outputs(gen, 2)), None)]
+    assert token.done() and "submit_callback callback raised" in caplog.text
+    token.set_exception(RuntimeError("late"))  # already done: not called again
+    failing = twin.Callback(lambda out, err: calls.append((out, str(err))))
+    failing.set_exception(RuntimeError("no replica"))
+    assert calls[1:] == [(None, "no replica")]
+
+
 def answer_frames_outputs(gen, count):
     return [1.5] * count if gen is Generation.G2016 else [f"o{i}" for i in range(count)]

@@ -17,6 +17,8 @@ cnp.import_array()
 cdef extern from "Python.h":
     object PyType_GenericAlloc(type t, Py_ssize_t n)
 
+import logging
+
 from wirekit.clipper import decode as _decode
 from wirekit.clipper import encode as _encode
 from wirekit.clipper._frontlane import ANSWERED, ANSWERED_QUEUE_WAITS, NOT_MINE
@@ -25,6 +27,7 @@ from wirekit.clipper.session import _TYPE_OF_DTYPE, Batch, Completed, infer_inpu
 from wirekit.errors import DecodeError, EncodeError
 
 cdef object _TO_CLIPPER = Direction.TO_CLIPPER
+cdef object _log = logging.getLogger("wirekit.clipper.frontend")
 cdef type _RESPONSE = PredictResponse
 cdef type _REQUEST = PredictRequest
 cdef type _BATCH = Batch
@@ -83,6 +86,34 @@ cdef object _new_completed(object token, object outputs):
     return event
 
 
+cdef class Callback:
+    """The token of one ``Frontend.submit_callback`` (see ``wirekit.clipper._frontlane``)."""
+
+    cdef object _fn
+
+    def __init__(self, fn):
+        self._fn = fn
+
+    def done(self):
+        return self._fn is None
+
+    def set_result(self, value):
+        self._complete(value, None)
+
+    def set_exception(self, error):
+        self._complete(None, error)
+
+    cdef _complete(self, object value, object error):
+        cdef object fn = self._fn
+        if fn is None:
+            return
+        self._fn = None
+        try:
+            fn(value, error)
+        except Exception:
+            _log.exception("clipper frontend: a submit_callback callback raised")
+
+
 cdef class FrontLane:
     """The per-message lane of one frontend (see ``wirekit.clipper._frontlane``)."""
 
@@ -131,7 +162,9 @@ cdef class FrontLane:
         del self.in_flight[msg_id]
         replica.last_seen = now
         token = batch.token
-        if type(token) in self.direct:
+        if type(token) is Callback:
+            (<Callback>token)._complete(outputs, None)
+        elif type(token) in self.direct:
             token.set_result(outputs)
         else:
             self.state.events.append(_new_completed(token, outputs))

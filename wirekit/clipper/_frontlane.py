@@ -23,6 +23,8 @@ results), used unless ``WIREKIT_PURE=1`` or it is not built.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from wirekit.errors import DecodeError, EncodeError
@@ -35,14 +37,43 @@ from .session import Batch, Completed, FrontendState, infer_input_type
 NOT_MINE, ANSWERED, ANSWERED_QUEUE_WAITS = 0, 1, 2
 
 _TO_CLIPPER = Direction.TO_CLIPPER
+log = logging.getLogger("wirekit.clipper.frontend")
+
+
+class Callback:
+    """The token of one ``Frontend.submit_callback``: calls ``fn(outputs, None)`` or
+    ``fn(None, error)`` once (no lock, no condition variable: it is completed on the thread
+    that drives the sockets); an exception the callback raises is logged."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Callable[[Any, BaseException | None], Any]) -> None:
+        self._fn: Callable[[Any, BaseException | None], Any] | None = fn
+
+    def done(self) -> bool:
+        return self._fn is None
+
+    def set_result(self, value: Any) -> None:
+        self._complete(value, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._complete(None, error)
+
+    def _complete(self, value: Any, error: BaseException | None) -> None:
+        fn, self._fn = self._fn, None
+        if fn is not None:
+            try:
+                fn(value, error)
+            except Exception:
+                log.exception("clipper frontend: a submit_callback callback raised")
 
 
 class FrontLane:
     """The per-message lane of one frontend (see the module docstring).
 
-    ``send(frames)`` sends one ROUTER message; tokens whose type is in ``direct`` are
-    completed by calling their ``set_result`` at once (they never refuse a result), others
-    through ``state.events``.
+    ``send(frames)`` sends one ROUTER message; :class:`Callback` tokens, and tokens whose
+    type is in ``direct``, are completed at once (their ``set_result`` never refuses a
+    result), others through ``state.events``.
     """
 
     def __init__(self, state: FrontendState, send: Any, direct: tuple[type, ...]) -> None:
@@ -72,7 +103,9 @@ class FrontLane:
         del state.in_flight[msg.msg_id]
         replica.last_seen = now
         token = batch.token
-        if type(token) in self.direct:
+        if type(token) is Callback:
+            token._complete(outputs, None)
+        elif type(token) in self.direct:
             token.set_result(outputs)
         else:
             state.events.append(Completed(token, outputs))
@@ -121,4 +154,4 @@ class FrontLane:
         return True
 
 
-__all__ = ["ANSWERED", "ANSWERED_QUEUE_WAITS", "NOT_MINE", "FrontLane"]
+__all__ = ["ANSWERED", "ANSWERED_QUEUE_WAITS", "NOT_MINE", "Callback", "FrontLane"]

@@ -112,36 +112,6 @@ class _Call:
         return self._event.wait(timeout)
 
 
-class _Callback:
-    """The token of one :meth:`Frontend.submit_callback`: calls ``fn(outputs, error)`` once
-    (no lock, no condition variable: it is completed on the thread that drives the
-    sockets)."""
-
-    __slots__ = ("_fn",)
-
-    def __init__(self, fn: Callable[[Any, BaseException | None], Any]) -> None:
-        self._fn: Callable[[Any, BaseException | None], Any] | None = fn
-
-    def done(self) -> bool:
-        return self._fn is None
-
-    def set_result(self, value: Any) -> None:
-        fn, self._fn = self._fn, None
-        if fn is not None:
-            try:
-                fn(value, None)
-            except Exception:
-                log.exception("clipper frontend: a submit_callback callback raised")
-
-    def set_exception(self, error: BaseException) -> None:
-        fn, self._fn = self._fn, None
-        if fn is not None:
-            try:
-                fn(None, error)
-            except Exception:
-                log.exception("clipper frontend: a submit_callback callback raised")
-
-
 def _jsonable_outputs(outputs: Any) -> list:
     if isinstance(outputs, np.ndarray):
         return outputs.tolist()
@@ -238,8 +208,8 @@ class Frontend:
             self._close_sockets(sock)
             raise
         self._sock = sock
-        self._lane = _lane_module().FrontLane(
-            self.state, functools.partial(send_frames, sock), (_Callback, _Call))
+        self._lane = _LANE.FrontLane(
+            self.state, functools.partial(send_frames, sock), (_LANE.Callback, _Call))
         self._poll_items = [(polled, zmq.POLLIN) for polled in
                             (sock, self._monitor, self._query)
                             if polled is not None]
@@ -318,7 +288,7 @@ class Frontend:
         The callback must be quick and must not block (it holds up every other answer); it
         may submit more work.  An exception it raises is logged and otherwise ignored.
         """
-        token = _Callback(callback)
+        token = _LANE.Callback(callback)
         if (input_type is None and self._owner == threading.get_ident()
                 and not self._stopping):
             # A callback submitting the next batch: the _submit path without its checks.
@@ -700,9 +670,8 @@ class Frontend:
             self._query.send_multipart([identity, b"", json.dumps(body).encode()])
 
 
-def _lane_module() -> Any:
-    """The frontend lane's compiled twin, or the pure one."""
-    return load_fast("clipperfront") or _frontlane
+#: The frontend lane: its compiled twin, or the pure one.
+_LANE: Any = load_fast("clipperfront") or _frontlane
 
 
 #: The routing id of the frontend's own wake-up socket (containers get 5-byte ids from the
