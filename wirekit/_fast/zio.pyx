@@ -163,7 +163,11 @@ cdef int _recv_part(zmq_msg_t *msg, void *handle, bint block, double spin=0.0) e
 cdef object _recv(sock, bint block, bint with_fd, double spin=0.0):
     """The parts of one message as a list of bytes (and the first part's source fd), or
     None when nothing came."""
-    cdef void *handle = _handle(sock)
+    return _recv_on(_handle(sock), block, with_fd, spin)
+
+
+cdef object _recv_on(void *handle, bint block, bint with_fd, double spin):
+    """:func:`_recv` on a socket handle already checked by :func:`_handle`."""
     cdef zmq_msg_t msg
     cdef list parts
     cdef int fd = -1
@@ -204,7 +208,11 @@ def recv_message(sock, bint block=True, double spin=0.0):
 
 def send_frames(sock, frames, int flags=0):
     """Send ``frames`` (bytes-like) as one multipart message."""
-    cdef void *handle = _handle(sock)
+    _send_on(_handle(sock), frames, flags)
+
+
+cdef int _send_on(void *handle, object frames, int flags) except -1:
+    """:func:`send_frames` on a socket handle already checked by :func:`_handle`."""
     cdef Py_ssize_t n = len(frames), i
     cdef Py_buffer view
     cdef zmq_msg_t msg
@@ -252,3 +260,4 @@ def send_frames(sock, frames, int flags=0):
             if rc < 0:
                 z_close(&msg)
                 _raise(err)
+    return 0
