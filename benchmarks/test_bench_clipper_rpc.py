@@ -10,11 +10,12 @@ inputs 1 × 10 or 32 × 10 doubles.
 (``send_multipart``/``recv_multipart``); "baseline-lean" the same bare pair moving frames with
 the multipart send/receive wirekit's runtimes use (``wirekit.clipper._zio``: with the Cython
 twin, whole messages straight on pyzmq's libzmq), the fastest bare pair we know how to write
-in Python.  ratios.py's share column is wirekit's share of each.  "fast-nospin" is wirekit
-with ``Frontend(spin=0)``: a blocking ``predict`` caller sleeps at once instead of looking for
-its answer for up to 200 µs first (the default); it shows what that look-ahead buys with 1
-request in flight (with 16, callers use ``submit`` and nothing spins: the two are the same
-code, and their difference is the run's noise).
+in Python.  ratios.py's share column is wirekit's share of each.  With 1 request in flight,
+"fast" calls the blocking ``predict`` and "fast-nospin" does so with ``Frontend(spin=0)``: the
+caller sleeps at once instead of looking for its answer for up to 200 µs first (the default).
+With 16 in flight, "fast" keeps them going with ``submit_callback`` (each answer's callback
+submits the next) and "fast-futures" with ``submit`` (a ``concurrent.futures.Future`` and a
+done-callback per request): the price of the Future.
 Latencies (median, p99, µs) go to ``extra_info``; ``python benchmarks/ratios.py bench.json``
 prints them.  Timings are never asserted.
 """
@@ -22,6 +23,7 @@ prints them.  Timings are never asserted.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import subprocess
 import sys
@@ -100,6 +102,8 @@ def bare_lean_pair():
 
 
 def wirekit_round(fe, inputs, in_flight, latencies):
+    """``ROUND`` predictions: blocking ``predict`` calls with 1 in flight, else
+    ``submit_callback`` with ``in_flight`` outstanding (each answer submits the next)."""
     n = len(inputs)
     if in_flight == 1:
         for _ in range(ROUND):
@@ -107,6 +111,35 @@ def wirekit_round(fe, inputs, in_flight, latencies):
             out = fe.predict("m", inputs, 10.0)
             latencies.append(time.perf_counter() - t0)
         return len(out) == n
+    done = threading.Event()
+    issued = itertools.count(in_flight)  # next() is atomic: callbacks may run on two threads
+    answered = itertools.count(1)
+    wrong = []
+    clock, submit = time.perf_counter, fe.submit_callback
+
+    def issue():
+        t0 = clock()
+
+        def finished(outputs, error):
+            latencies.append(clock() - t0)
+            if error is not None or len(outputs) != n:
+                wrong.append(error)
+            if next(issued) < ROUND:
+                issue()
+            if next(answered) == ROUND:
+                done.set()
+
+        submit("m", inputs, finished, 10.0)
+
+    for _ in range(in_flight):
+        issue()
+    assert done.wait(30)
+    return not wrong
+
+
+def wirekit_round_futures(fe, inputs, in_flight, latencies):
+    """The same with ``submit``: a ``concurrent.futures.Future`` and a done-callback each."""
+    n = len(inputs)
     done = threading.Event()
     state = {"sent": 0, "got": 0, "ok": True}
     lock = threading.Lock()
@@ -178,8 +211,16 @@ def _record(benchmark, latencies):
     benchmark.extra_info["round_trips"] = ROUND
 
 
-@pytest.mark.parametrize("who", ["fast", "fast-nospin", "baseline", "baseline-lean"])
-@pytest.mark.parametrize("in_flight", [1, 16])
+#: The contenders of each load: wirekit's ways of keeping requests in flight, then the bare
+#: pairs.
+CONTENDERS = {
+    1: ["fast", "fast-nospin", "baseline", "baseline-lean"],
+    16: ["fast", "fast-futures", "baseline", "baseline-lean"],
+}
+
+
+@pytest.mark.parametrize(("in_flight", "who"),
+                         [(n, who) for n, names in CONTENDERS.items() for who in names])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_clipper_round_trips(benchmark, request, who, in_flight, shape):
     benchmark.group = f"clipper rt {GEN} {shape} doubles, {in_flight} in flight"
@@ -188,8 +229,9 @@ def test_clipper_round_trips(benchmark, request, who, in_flight, shape):
     if who.startswith("fast"):
         fe = request.getfixturevalue("wirekit_pair")
         fe.spin = 0.0 if who == "fast-nospin" else DEFAULT_SPIN
+        run = wirekit_round_futures if who == "fast-futures" else wirekit_round
         try:
-            ok = benchmark(wirekit_round, fe, inputs, in_flight, latencies)
+            ok = benchmark(run, fe, inputs, in_flight, latencies)
         finally:
             fe.spin = DEFAULT_SPIN
     else:

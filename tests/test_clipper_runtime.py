@@ -155,6 +155,61 @@ def test_asyncio_predict(stack):
     assert asyncio.run(many()) == [[f"f8:{float(k)!r}"] for k in range(8)]
 
 
+def test_submit_callback_chains_work_and_survives_a_raising_callback(stack, caplog):
+    """Each answer's callback submits the next request (on the socket thread, straight to
+    the state); every callback is called once with the right outputs; a callback that raises
+    is logged and the frontend keeps serving; errors come as ``(None, error)``."""
+    fe = stack.frontend("v3", max_in_flight=4)
+    for _ in range(2):
+        stack.container(models.describe, "v3", fe.endpoint)
+    fe.wait_for("m", 2, WAIT)
+    total, lanes = 40, 4
+    answers: dict[int, tuple] = {}
+    issued = iter(range(total))
+    all_done = threading.Event()
+    lock = threading.Lock()
+
+    def issue():
+        k = next(issued, None)
+        if k is None:
+            return
+
+        def finished(outputs, error):
+            with lock:
+                assert k not in answers  # exactly once
+                answers[k] = (outputs, error)
+                if len(answers) == total:
+                    all_done.set()
+            issue()
+            if k == 7:
+                raise RuntimeError("a buggy callback")
+
+        fe.submit_callback("m", [[float(k)]], finished, WAIT)
+
+    for _ in range(lanes):
+        issue()
+    assert all_done.wait(WAIT)
+    assert answers == {k: ([f"f8:{float(k)!r}"], None) for k in range(total)}
+    assert "submit_callback callback raised" in caplog.text
+    # Still serving after the raising callback; a failure comes as (None, error).
+    assert fe.predict("m", [[1.5]], WAIT) == ["f8:1.5"]
+    failed = []
+    got = threading.Event()
+    fe.submit_callback("nobody", [[1.0]], lambda out, err: (failed.append((out, err)),
+                                                             got.set()), 0.2)
+    assert got.wait(WAIT)
+    assert failed[0][0] is None and isinstance(failed[0][1], PredictionError)
+
+
+def test_submit_callback_on_a_stopped_frontend_calls_back_at_once(stack):
+    fe = stack.frontend("v3")
+    fe.stop()
+    seen = []
+    fe.submit_callback("m", [[1.0]], lambda out, err: seen.append((out, err)))
+    assert len(seen) == 1 and seen[0][0] is None
+    assert "not running" in str(seen[0][1])
+
+
 @pytest.mark.parametrize("spin", [0.0, 0.0002, 0.05])
 def test_blocking_callers_on_many_threads(stack, spin):
     """Blocking callers move the frames themselves; concurrent ones share the sockets (one
