@@ -36,20 +36,6 @@ cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
 
-ctypedef struct zmq_msg_t:
-    void *_[8]  # libzmq's zmq_msg_t: 64 opaque bytes, pointer-aligned
-
-ctypedef int (*msg_init_f)(zmq_msg_t *) noexcept nogil
-ctypedef int (*msg_init_size_f)(zmq_msg_t *, size_t) noexcept nogil
-ctypedef int (*msg_io_f)(zmq_msg_t *, void *, int) noexcept nogil
-ctypedef int (*msg_close_f)(zmq_msg_t *) noexcept nogil
-ctypedef void *(*msg_data_f)(zmq_msg_t *) noexcept nogil
-ctypedef size_t (*msg_size_f)(const zmq_msg_t *) noexcept nogil
-ctypedef int (*msg_more_f)(const zmq_msg_t *) noexcept nogil
-ctypedef int (*msg_get_f)(const zmq_msg_t *, int) noexcept nogil
-ctypedef int (*errno_f)() noexcept nogil
-ctypedef void (*version_f)(int *, int *, int *) noexcept nogil
-
 cdef msg_init_f z_init = NULL
 cdef msg_init_size_f z_init_size = NULL
 cdef msg_io_f z_recv = NULL
@@ -66,6 +52,7 @@ DEF ZMQ_SNDMORE = 2
 DEF ZMQ_SRCFD = 2
 
 cdef bint _bound = False
+cdef ZmqCalls _calls
 
 
 cdef void *_sym(void *lib, const char *name) except NULL:
@@ -99,7 +86,19 @@ def bind(str path):
     z_more = <msg_more_f>_sym(lib, b"zmq_msg_more")
     z_get = <msg_get_f>_sym(lib, b"zmq_msg_get")
     z_errno = <errno_f>_sym(lib, b"zmq_errno")
+    _calls.init = z_init
+    _calls.init_size = z_init_size
+    _calls.close = z_close
+    _calls.data = z_data
+    _calls.size = z_size
+    _calls.more = z_more
     _bound = True
+
+
+cdef const ZmqCalls *_zmq_calls() except NULL:
+    if not _bound:
+        raise RuntimeError("wirekit._fast.zio is not bound to libzmq")
+    return &_calls
 
 
 cdef void *_handle(sock) except NULL:
@@ -240,24 +239,33 @@ cdef int _send_on(void *handle, object frames, int flags) except -1:
         finally:
             PyBuffer_Release(&view)
         part_flags = ZMQ_SNDMORE if i < n - 1 else 0
-        rc = z_send(&msg, handle, part_flags | ZMQ_DONTWAIT)
-        if rc < 0:
-            err = z_errno()
-            # Only a message's first part can meet the high-water mark: wait there without
-            # the GIL (later parts always go at once).
-            while rc < 0 and (err == EAGAIN and (block or i > 0) or err == EINTR):
-                if err == EINTR:
-                    try:
-                        PyErr_CheckSignals()
-                    except BaseException:
-                        z_close(&msg)
-                        raise
-                with nogil:
-                    rc = z_send(&msg, handle, part_flags)
-                    err = z_errno() if rc < 0 else 0
-                if rc < 0 and err == EAGAIN:
-                    break
-            if rc < 0:
-                z_close(&msg)
-                _raise(err)
+        _send_msg(handle, &msg, part_flags, block or i > 0)
+    return 0
+
+
+cdef int _send_msg(void *handle, zmq_msg_t *msg, int part_flags, bint block) except -1:
+    """Send ``msg`` (a part; ``part_flags`` 0 or ZMQ_SNDMORE), which libzmq then owns.
+    With ``block``, wait (GIL released) while the high-water mark holds it back; a message's
+    later parts must always be sent with ``block`` (only its first part can meet the mark).
+    On an error ``msg`` is closed and the error raised."""
+    cdef int rc = z_send(msg, handle, part_flags | ZMQ_DONTWAIT)
+    cdef int err
+    if rc >= 0:
+        return 0
+    err = z_errno()
+    while rc < 0 and (err == EAGAIN and block or err == EINTR):
+        if err == EINTR:
+            try:
+                PyErr_CheckSignals()
+            except BaseException:
+                z_close(msg)
+                raise
+        with nogil:
+            rc = z_send(msg, handle, part_flags)
+            err = z_errno() if rc < 0 else 0
+        if rc < 0 and err == EAGAIN:
+            break
+    if rc < 0:
+        z_close(msg)
+        _raise(err)
     return 0
