@@ -21,13 +21,14 @@ cimport numpy as cnp
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.list cimport PyList_New
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
-from cpython.object cimport PyObject_GenericSetAttr
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_CheckExact
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
+from wirekit._fast.clipper cimport _new_request
+from wirekit._fast.littleendian cimport _put32, _put64, _rd32, _rd64
 from wirekit._fast.zio cimport (
     ZmqCalls,
     _handle,
@@ -41,27 +42,21 @@ cnp.import_array()
 
 
 cdef extern from "Python.h":
-    object PyType_GenericAlloc(type t, Py_ssize_t n)
     const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
     void PyList_SET_ITEM(object l, Py_ssize_t i, object o)
-    object PyLong_FromUnsignedLong(unsigned long v)
 
 import zmq
 
 from wirekit.clipper import decode as _decode
 from wirekit.clipper._lane import DUE, END, IDLE, LOOK, STOP
 from wirekit.clipper._zio import FAST_WAIT, FAST_WAIT_MS
-from wirekit.clipper.messages import Direction, Generation, InputType, PredictRequest
+from wirekit.clipper.messages import Direction, Generation, PredictRequest
 from wirekit.errors import DecodeError
 
 cdef object _TO_CONTAINER = Direction.TO_CONTAINER
-cdef object _G2016 = Generation.G2016, _G2017 = Generation.G2017, _V3 = Generation.V3
+cdef object _G2017 = Generation.G2017, _V3 = Generation.V3
 cdef type _REQUEST = PredictRequest
-cdef tuple _INPUT_TYPES = tuple(InputType)
 cdef str _CLOSED = "closed", _REGISTERED = "registered"
-cdef str _MSG_ID = "msg_id", _INPUT_TYPE = "input_type", _INPUTS = "inputs"
-cdef str _REQ_TYPE = "request_type"
-cdef object _ZERO = 0
 cdef double _FAST_WAIT = FAST_WAIT
 cdef int _FAST_WAIT_MS = FAST_WAIT_MS
 cdef int _IDLE = IDLE, _LOOK = LOOK, _DUE = DUE, _END = END, _STOP = STOP
@@ -84,36 +79,6 @@ cdef inline double _now() noexcept nogil:
 cdef inline int _timeout_ms(double wait) noexcept:
     # _zio.timeout_ms for a finite wait below FAST_WAIT
     return max(0, <int>(wait * 1000) + 1)
-
-
-cdef inline uint32_t _rd32(const uint8_t* p) noexcept nogil:
-    return <uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
-
-
-cdef inline uint64_t _rd64(const uint8_t* p) noexcept nogil:
-    return <uint64_t>_rd32(p) | (<uint64_t>_rd32(p + 4) << 32)
-
-
-cdef inline void _put32(uint8_t* p, uint32_t v) noexcept nogil:
-    p[0] = v & 0xFF
-    p[1] = (v >> 8) & 0xFF
-    p[2] = (v >> 16) & 0xFF
-    p[3] = v >> 24
-
-
-cdef inline void _put64(uint8_t* p, uint64_t v) noexcept nogil:
-    _put32(p, <uint32_t>v)
-    _put32(p + 4, <uint32_t>(v >> 32))
-
-
-cdef object _new_request(uint32_t msg_id, int itype, object inputs):
-    # PredictRequest(msg_id, InputType(itype), inputs, 0) without the frozen __setattr__
-    cdef object msg = PyType_GenericAlloc(_REQUEST, 0)
-    PyObject_GenericSetAttr(msg, _MSG_ID, PyLong_FromUnsignedLong(msg_id))
-    PyObject_GenericSetAttr(msg, _INPUT_TYPE, _INPUT_TYPES[itype])
-    PyObject_GenericSetAttr(msg, _INPUTS, inputs)
-    PyObject_GenericSetAttr(msg, _REQ_TYPE, _ZERO)
-    return msg
 
 
 cdef class Lane:

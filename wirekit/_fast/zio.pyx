@@ -66,7 +66,7 @@ def bind(str path):
     """Bind to the libzmq at ``path``, which must already be loaded (by pyzmq) and be the
     version pyzmq reports; ImportError otherwise."""
     global z_init, z_init_size, z_recv, z_send, z_close, z_data, z_size, z_more, z_get
-    global z_errno, _bound
+    global z_errno, _bound, _calls
     cdef bytes encoded = path.encode()
     cdef void *lib = dlopen(encoded, RTLD_NOW | RTLD_NOLOAD)
     if lib == NULL:
@@ -86,12 +86,8 @@ def bind(str path):
     z_more = <msg_more_f>_sym(lib, b"zmq_msg_more")
     z_get = <msg_get_f>_sym(lib, b"zmq_msg_get")
     z_errno = <errno_f>_sym(lib, b"zmq_errno")
-    _calls.init = z_init
-    _calls.init_size = z_init_size
-    _calls.close = z_close
-    _calls.data = z_data
-    _calls.size = z_size
-    _calls.more = z_more
+    _calls = ZmqCalls(init=z_init, init_size=z_init_size, close=z_close, data=z_data,
+                      size=z_size, more=z_more)
     _bound = True
 
 
