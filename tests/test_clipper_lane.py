@@ -297,14 +297,19 @@ def _v3_requests(draw):
     return request("v3", draw(st.integers(0, 2**32 - 1)), itype, inputs), itype
 
 
+def _listed(inputs):
+    """One output per input showing its values (no arithmetic: no warnings on inf)."""
+    return [repr(np.asarray(v).tolist()) for v in inputs]
+
+
 @settings(max_examples=40)
 @given(requests=st.lists(st.tuples(_v3_requests(), _mutations), min_size=1, max_size=3))
 def test_property_v3_requests_whole_or_damaged_are_served_alike(pair, requests):
     msgs = [_mutate(frames, mutation) for (frames, _), mutation in requests]
-    result = both(pair, "v3", lambda x: [str(np.sum(v)) for v in x], msgs)
+    result = both(pair, "v3", _listed, msgs)
     # every undamaged request was answered, as the codec encodes the answer
     for (frames, _), mutation in requests:
         if mutation is None:
             msg = clipper.decode(frames, "v3", "to_container")
-            answer = [str(np.sum(v)) for v in msg.inputs]
-            assert clipper.encode(PredictResponse(msg.msg_id, answer), "v3") in result["answers"]
+            answer = clipper.encode(PredictResponse(msg.msg_id, _listed(msg.inputs)), "v3")
+            assert answer in result["answers"]
