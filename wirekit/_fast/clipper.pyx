@@ -20,6 +20,8 @@ from cpython.unicode cimport PyUnicode_Check, PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memchr, memcpy
 
+from wirekit._fast.littleendian cimport _put32, _put64, _rd32, _rd64
+
 cnp.import_array()
 
 
@@ -68,26 +70,6 @@ cdef str _MSG_ID = "msg_id", _INPUT_TYPE = "input_type", _INPUTS = "inputs"
 cdef str _REQ_TYPE = "request_type", _OUTPUTS = "outputs"
 cdef object _ZERO = 0
 cdef bytes _EMPTY = b""
-
-
-cdef inline uint32_t _rd32(const uint8_t* p) noexcept nogil:
-    return <uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
-
-
-cdef inline uint64_t _rd64(const uint8_t* p) noexcept nogil:
-    return <uint64_t>_rd32(p) | (<uint64_t>_rd32(p + 4) << 32)
-
-
-cdef inline void _put32(uint8_t* p, uint32_t v) noexcept nogil:
-    p[0] = v & 0xFF
-    p[1] = (v >> 8) & 0xFF
-    p[2] = (v >> 16) & 0xFF
-    p[3] = v >> 24
-
-
-cdef inline void _put64(uint8_t* p, uint64_t v) noexcept nogil:
-    _put32(p, <uint32_t>v)
-    _put32(p + 4, <uint32_t>(v >> 32))
 
 
 cdef bytes _b32(uint32_t v):

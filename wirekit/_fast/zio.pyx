@@ -36,20 +36,6 @@ cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
 
-ctypedef struct zmq_msg_t:
-    void *_[8]  # libzmq's zmq_msg_t: 64 opaque bytes, pointer-aligned
-
-ctypedef int (*msg_init_f)(zmq_msg_t *) noexcept nogil
-ctypedef int (*msg_init_size_f)(zmq_msg_t *, size_t) noexcept nogil
-ctypedef int (*msg_io_f)(zmq_msg_t *, void *, int) noexcept nogil
-ctypedef int (*msg_close_f)(zmq_msg_t *) noexcept nogil
-ctypedef void *(*msg_data_f)(zmq_msg_t *) noexcept nogil
-ctypedef size_t (*msg_size_f)(const zmq_msg_t *) noexcept nogil
-ctypedef int (*msg_more_f)(const zmq_msg_t *) noexcept nogil
-ctypedef int (*msg_get_f)(const zmq_msg_t *, int) noexcept nogil
-ctypedef int (*errno_f)() noexcept nogil
-ctypedef void (*version_f)(int *, int *, int *) noexcept nogil
-
 cdef msg_init_f z_init = NULL
 cdef msg_init_size_f z_init_size = NULL
 cdef msg_io_f z_recv = NULL
@@ -66,6 +52,7 @@ DEF ZMQ_SNDMORE = 2
 DEF ZMQ_SRCFD = 2
 
 cdef bint _bound = False
+cdef ZmqCalls _calls
 
 
 cdef void *_sym(void *lib, const char *name) except NULL:
@@ -79,7 +66,7 @@ def bind(str path):
     """Bind to the libzmq at ``path``, which must already be loaded (by pyzmq) and be the
     version pyzmq reports; ImportError otherwise."""
     global z_init, z_init_size, z_recv, z_send, z_close, z_data, z_size, z_more, z_get
-    global z_errno, _bound
+    global z_errno, _bound, _calls
     cdef bytes encoded = path.encode()
     cdef void *lib = dlopen(encoded, RTLD_NOW | RTLD_NOLOAD)
     if lib == NULL:
@@ -99,7 +86,15 @@ def bind(str path):
     z_more = <msg_more_f>_sym(lib, b"zmq_msg_more")
     z_get = <msg_get_f>_sym(lib, b"zmq_msg_get")
     z_errno = <errno_f>_sym(lib, b"zmq_errno")
+    _calls = ZmqCalls(init=z_init, init_size=z_init_size, close=z_close, data=z_data,
+                      size=z_size, more=z_more)
     _bound = True
+
+
+cdef const ZmqCalls *_zmq_calls() except NULL:
+    if not _bound:
+        raise RuntimeError("wirekit._fast.zio is not bound to libzmq")
+    return &_calls
 
 
 cdef void *_handle(sock) except NULL:
@@ -163,7 +158,11 @@ cdef int _recv_part(zmq_msg_t *msg, void *handle, bint block, double spin=0.0) e
 cdef object _recv(sock, bint block, bint with_fd, double spin=0.0):
     """The parts of one message as a list of bytes (and the first part's source fd), or
     None when nothing came."""
-    cdef void *handle = _handle(sock)
+    return _recv_on(_handle(sock), block, with_fd, spin)
+
+
+cdef object _recv_on(void *handle, bint block, bint with_fd, double spin):
+    """:func:`_recv` on a socket handle already checked by :func:`_handle`."""
     cdef zmq_msg_t msg
     cdef list parts
     cdef int fd = -1
@@ -204,7 +203,11 @@ def recv_message(sock, bint block=True, double spin=0.0):
 
 def send_frames(sock, frames, int flags=0):
     """Send ``frames`` (bytes-like) as one multipart message."""
-    cdef void *handle = _handle(sock)
+    _send_on(_handle(sock), frames, flags)
+
+
+cdef int _send_on(void *handle, object frames, int flags) except -1:
+    """:func:`send_frames` on a socket handle already checked by :func:`_handle`."""
     cdef Py_ssize_t n = len(frames), i
     cdef Py_buffer view
     cdef zmq_msg_t msg
@@ -232,23 +235,33 @@ def send_frames(sock, frames, int flags=0):
         finally:
             PyBuffer_Release(&view)
         part_flags = ZMQ_SNDMORE if i < n - 1 else 0
-        rc = z_send(&msg, handle, part_flags | ZMQ_DONTWAIT)
-        if rc < 0:
-            err = z_errno()
-            # Only a message's first part can meet the high-water mark: wait there without
-            # the GIL (later parts always go at once).
-            while rc < 0 and (err == EAGAIN and (block or i > 0) or err == EINTR):
-                if err == EINTR:
-                    try:
-                        PyErr_CheckSignals()
-                    except BaseException:
-                        z_close(&msg)
-                        raise
-                with nogil:
-                    rc = z_send(&msg, handle, part_flags)
-                    err = z_errno() if rc < 0 else 0
-                if rc < 0 and err == EAGAIN:
-                    break
-            if rc < 0:
-                z_close(&msg)
-                _raise(err)
+        _send_msg(handle, &msg, part_flags, block or i > 0)
+    return 0
+
+
+cdef int _send_msg(void *handle, zmq_msg_t *msg, int part_flags, bint block) except -1:
+    """Send ``msg`` (a part; ``part_flags`` 0 or ZMQ_SNDMORE), which libzmq then owns.
+    With ``block``, wait (GIL released) while the high-water mark holds it back; a message's
+    later parts must always be sent with ``block`` (only its first part can meet the mark).
+    On an error ``msg`` is closed and the error raised."""
+    cdef int rc = z_send(msg, handle, part_flags | ZMQ_DONTWAIT)
+    cdef int err
+    if rc >= 0:
+        return 0
+    err = z_errno()
+    while rc < 0 and (err == EAGAIN and block or err == EINTR):
+        if err == EINTR:
+            try:
+                PyErr_CheckSignals()
+            except BaseException:
+                z_close(msg)
+                raise
+        with nogil:
+            rc = z_send(msg, handle, part_flags)
+            err = z_errno() if rc < 0 else 0
+        if rc < 0 and err == EAGAIN:
+            break
+    if rc < 0:
+        z_close(msg)
+        _raise(err)
+    return 0

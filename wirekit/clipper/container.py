@@ -34,7 +34,8 @@ import zmq.utils.monitor
 
 from wirekit._callables import load_callable
 
-from ._zio import FAST_WAIT, FAST_WAIT_MS, recv_message, send_frames, timeout_ms, zmq_poll
+from ._lane import END, IDLE, LOOK, Lane
+from ._zio import recv_message, send_frames, timeout_ms, zmq_poll
 from .messages import RPC_VERSION, Generation, InputType, NewContainer, as_generation
 from .session import (
     DEFAULT_ACTIVITY_TIMEOUT,
@@ -317,75 +318,44 @@ class ModelContainer:
         if monitor is not None:
             poller.register(monitor, zmq.POLLIN)
         items = list(poller.sockets)
-        wake_r = self._wake_r
+        others = [item for item in items if item[0] is not sock]
 
         send = functools.partial(send_frames, sock)
         self._io = (sock, session, poller, monitor)
         self._lost = self._lost_error = None
         self._backlog.clear()
+        lane = Lane(self, sock, session, send)
         try:
             for action in session.start(now):
                 send(action.frames)
-            # While requests flow, blocking receives on the DEALER (a zmq_poll costs several
-            # syscalls per message); the wake-up pipe and the monitor are looked at every
-            # FAST_WAIT s, and the full poll takes over once a receive waits that long.
-            fast, look_at, rcvtimeo = False, 0.0, -1
-            others = [item for item in items if item[0] is not sock]
+            # While requests flow, the lane serves them with blocking receives on the DEALER
+            # (a zmq_poll costs several syscalls per message) and comes back every FAST_WAIT s
+            # for the wake-up pipe and the monitor; the full poll takes over once a receive
+            # waits that long.
+            fast = False
             while not self._stopping:
-                deadline = session.deadline()
-                wait = deadline - time.monotonic()
-                frames = None
                 if fast:
-                    ms = FAST_WAIT_MS if wait >= FAST_WAIT else timeout_ms(wait)
-                    if ms != rcvtimeo:
-                        sock.setsockopt(zmq.RCVTIMEO, ms)
-                        rcvtimeo = ms
-                    message = recv_message(sock)
-                    if message is None:
-                        fast = False
-                    else:
-                        frames = message[0]
-                    now = time.monotonic()
-                    ready: list = []
-                    if now >= look_at:
-                        look_at = now + FAST_WAIT
-                        ready = zmq_poll(others, 0)
+                    outcome = lane.run()
+                    if outcome == END:
+                        return True
+                    fast = outcome != IDLE
+                    ready = zmq_poll(others, 0) if outcome == LOOK else []
                 else:
-                    ready = zmq_poll(items, timeout_ms(wait))
+                    ready = zmq_poll(items, timeout_ms(session.deadline() - time.monotonic()))
                     now = time.monotonic()
                     for polled, _ in ready:
                         if polled is sock:
                             message = recv_message(sock, False)
                             if message is not None:
-                                frames = message[0]
-                                fast, look_at = True, now + FAST_WAIT
-                if frames is not None:
-                    for action in session.receive(frames, now):
-                        if type(action) is Predict:
-                            if not self._serve_request(action.request, session, send):
-                                return True
-                        elif type(action) is Send:
-                            send(action.frames)
-                        else:
-                            log.warning("clipper container: %s; reconnecting", action.reason)
-                            return True
-                for polled, _ in ready:
-                    if polled is sock:
-                        continue
-                    if polled == wake_r:
-                        with contextlib.suppress(BlockingIOError):
-                            os.read(wake_r, 4096)
-                    elif polled is monitor:
-                        event = zmq.utils.monitor.recv_monitor_message(monitor)
-                        if event["event"] == zmq.EVENT_DISCONNECTED:
-                            log.warning("clipper container: connection lost; reconnecting")
-                            return True
-                if now >= deadline:
-                    for action in session.tick(now):
-                        if type(action) is Reconnect:
-                            log.warning("clipper container: %s; reconnecting", action.reason)
-                            return True
-                        send(action.frames)
+                                fast = True
+                                if not lane.handle(message[0], now):
+                                    return True
+                if ready and not self._look_at(ready, sock, monitor):
+                    return True
+                now = time.monotonic()
+                if now >= session.deadline() and not self._handle_actions(
+                        session.tick(now), session, send):
+                    return True
             return False
         except VersionMismatch:
             self._stop.set()
@@ -397,20 +367,60 @@ class ModelContainer:
                 monitor.close(0)
             sock.close(0)
 
+    def _look_at(self, ready: list, sock: zmq.Socket, monitor: zmq.Socket | None) -> bool:
+        """Drain the wake-up pipe and read the monitor; False when the connection is lost."""
+        for polled, _ in ready:
+            if polled is sock:
+                continue
+            if polled == self._wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+            elif polled is monitor:
+                event = zmq.utils.monitor.recv_monitor_message(monitor)
+                if event["event"] == zmq.EVENT_DISCONNECTED:
+                    log.warning("clipper container: connection lost; reconnecting")
+                    return False
+        return True
+
+    def _handle_actions(self, actions: list, session: ContainerSession,
+                        send: Callable) -> bool:
+        """Carry out the session's actions; False when the session is over (logged)."""
+        for action in actions:
+            kind = type(action)
+            if kind is Send:
+                send(action.frames)
+            elif kind is Predict:
+                if not self._serve_request(action.request, session, send):
+                    return False
+            else:
+                log.warning("clipper container: %s; reconnecting", action.reason)
+                return False
+        return True
+
+    def _run_model(self, request: Any) -> tuple[Any, BaseException | None]:
+        """The model on ``request``, the socket left to the standby thread meanwhile."""
+        self._model_started = time.monotonic()
+        self._sock_lock.release()  # the standby may keep the session alive meanwhile
+        try:
+            return self._call(request)
+        finally:
+            self._model_started = None
+            if self._standby_active:
+                self._wake()  # the standby serves the socket: make it hand it back
+            self._sock_lock.acquire()
+
     def _serve_request(self, request: Any, session: ContainerSession,
                        send: Callable) -> bool:
         """Run the model on ``request`` (and on any the standby queued meanwhile) and send
         the answers; False when the session ended while the model ran."""
+        outputs, exc = self._run_model(request)
+        return self._after_standby(request, outputs, exc, session, send)
+
+    def _after_standby(self, request: Any, outputs: Any, exc: BaseException | None,
+                       session: ContainerSession, send: Callable) -> bool:
+        """Once the model returned: answer ``request`` unless the session ended meanwhile
+        (False), then serve the requests the standby queued."""
         while True:
-            self._model_started = time.monotonic()
-            self._sock_lock.release()  # the standby may keep the session alive meanwhile
-            try:
-                outputs, exc = self._call(request)
-            finally:
-                self._model_started = None
-                if self._standby_active:
-                    self._wake()  # the standby serves the socket: make it hand it back
-                self._sock_lock.acquire()
             if self._lost_error is not None:
                 raise self._lost_error
             if self._lost is not None:
@@ -421,9 +431,11 @@ class ModelContainer:
             if not self._backlog:
                 return True
             request = self._backlog.popleft()
+            outputs, exc = self._run_model(request)
 
     def _finish(self, request: Any, outputs: Any, exc: BaseException | None,
                 session: ContainerSession, send: Callable, now: float) -> None:
+        """Send the answer to ``request``, or log why there is none."""
         if exc is not None:
             self.failures += 1
             log.error("clipper container: model failed on message %d: %r", request.msg_id, exc)

@@ -1,0 +1,32 @@
+# The socket-handle level of wirekit._fast.zio, for other Cython twins (the Clipper container
+# lane) that move messages without a Python call per message.  bind() must have succeeded
+# (_handle and _zmq_calls raise otherwise).
+
+ctypedef struct zmq_msg_t:
+    void *_[8]  # libzmq's zmq_msg_t: 64 opaque bytes, pointer-aligned
+
+ctypedef int (*msg_init_f)(zmq_msg_t *) noexcept nogil
+ctypedef int (*msg_init_size_f)(zmq_msg_t *, size_t) noexcept nogil
+ctypedef int (*msg_io_f)(zmq_msg_t *, void *, int) noexcept nogil
+ctypedef int (*msg_close_f)(zmq_msg_t *) noexcept nogil
+ctypedef void *(*msg_data_f)(zmq_msg_t *) noexcept nogil
+ctypedef size_t (*msg_size_f)(const zmq_msg_t *) noexcept nogil
+ctypedef int (*msg_more_f)(const zmq_msg_t *) noexcept nogil
+ctypedef int (*msg_get_f)(const zmq_msg_t *, int) noexcept nogil
+ctypedef int (*errno_f)() noexcept nogil
+ctypedef void (*version_f)(int *, int *, int *) noexcept nogil
+
+ctypedef struct ZmqCalls:
+    msg_init_f init
+    msg_init_size_f init_size
+    msg_close_f close
+    msg_data_f data
+    msg_size_f size
+    msg_more_f more
+
+cdef void *_handle(sock) except NULL
+cdef const ZmqCalls *_zmq_calls() except NULL
+cdef int _recv_part(zmq_msg_t *msg, void *handle, bint block, double spin=*) except -2
+cdef object _recv_on(void *handle, bint block, bint with_fd, double spin)
+cdef int _send_on(void *handle, object frames, int flags) except -1
+cdef int _send_msg(void *handle, zmq_msg_t *msg, int part_flags, bint block) except -1
