@@ -1,32 +1,51 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Cython twin of ``wirekit.clipper._frontlane``: the frontend's common answer and common
 submission in C (same class, same bookkeeping, same results; see that module).
 
 The per-message objects (batch, request, completion event) are built without their Python
-constructors, and the state's maps are read and written through the C API, so a round trip
-costs the frontend's thread no Python frame of wirekit's own.
+constructors, and the state's maps are read and written through the C API.  Given the ROUTER
+itself, the lane also moves the common v3 messages on libzmq directly (through
+``wirekit._fast.zio``; the GIL is released only to wait): an answer of one ``str`` per
+input is read from the received parts, and a request whose inputs are one C-contiguous 2-D
+array of the replica's dtype is written from the array into the parts sent.  Those messages
+never become ``bytes`` frames; everything else does, and takes the codec's path, so
+acceptance here is a subset of the codec's and every error still comes from the codec.
 """
 
 cimport numpy as cnp
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_Contains, PyDict_GetItem
+from cpython.list cimport PyList_New
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject, PyObject_GenericSetAttr
+from cpython.ref cimport Py_INCREF
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+from wirekit._fast.littleendian cimport _put32, _put64, _rd32, _rd64
+from wirekit._fast.zio cimport ZmqCalls, _handle, _recv_part, _send_msg, _zmq_calls, zmq_msg_t
 
 cnp.import_array()
 
 
 cdef extern from "Python.h":
     object PyType_GenericAlloc(type t, Py_ssize_t n)
+    void PyList_SET_ITEM(object l, Py_ssize_t i, object o)
+    object PyLong_FromUnsignedLong(unsigned long v)
 
 import logging
 
 from wirekit.clipper import decode as _decode
 from wirekit.clipper import encode as _encode
 from wirekit.clipper._frontlane import ANSWERED, ANSWERED_QUEUE_WAITS, NOT_MINE
-from wirekit.clipper.messages import Direction, PredictRequest, PredictResponse
+from wirekit.clipper.messages import Direction, Generation, PredictRequest, PredictResponse
 from wirekit.clipper.session import _TYPE_OF_DTYPE, Batch, Completed, infer_input_type
 from wirekit.errors import DecodeError, EncodeError
 
 cdef object _TO_CLIPPER = Direction.TO_CLIPPER
+cdef object _V3 = Generation.V3
 cdef object _log = logging.getLogger("wirekit.clipper.frontend")
 cdef type _RESPONSE = PredictResponse
 cdef type _REQUEST = PredictRequest
@@ -35,6 +54,20 @@ cdef type _COMPLETED = Completed
 cdef object _ZERO = 0, _ONE = 1
 cdef str _EMPTY = ""
 cdef dict _DTYPE_TYPES = _TYPE_OF_DTYPE
+cdef int _NOT_MINE = NOT_MINE, _ANSWERED = ANSWERED, _QUEUE_WAITS = ANSWERED_QUEUE_WAITS
+# The codec's numeric input types (bytes, ints, floats, doubles): NumPy type, element size.
+cdef int[4] _TYPENUM = [cnp.NPY_UINT8, cnp.NPY_INT32, cnp.NPY_FLOAT32, cnp.NPY_FLOAT64]
+cdef Py_ssize_t[4] _ELEMENT_SIZE = [1, 4, 4, 8]
+
+DEF ZMQ_SNDMORE = 2
+DEF ZMQ_SRCFD = 2
+DEF RPC_VERSION = 3
+
+
+cdef inline double _now() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
 cdef object _input_type_of(object inputs):
@@ -45,7 +78,17 @@ cdef object _input_type_of(object inputs):
         if found != NULL:
             return <object>found
     return infer_input_type(inputs)
-cdef int _NOT_MINE = NOT_MINE, _ANSWERED = ANSWERED, _QUEUE_WAITS = ANSWERED_QUEUE_WAITS
+
+
+cdef bint _plain_array(object x, int itype):
+    """True for a C-contiguous native 2-D array of numeric ``itype``'s exact dtype (what the
+    codec encodes row by row)."""
+    cdef cnp.ndarray arr
+    if itype > 3 or type(x) is not cnp.ndarray:
+        return False
+    arr = x
+    return (arr.ndim == 2 and cnp.PyArray_TYPE(arr) == _TYPENUM[itype]
+            and cnp.PyArray_ISNOTSWAPPED(arr) and cnp.PyArray_IS_C_CONTIGUOUS(arr))
 
 
 cdef inline void _set(object obj, str name, object value) except *:
@@ -120,23 +163,44 @@ cdef class FrontLane:
     cdef readonly object state, send, generation
     cdef readonly tuple direct
     cdef dict replicas, in_flight, pending, models
+    cdef bint v3
+    cdef void *sock_handle  # the ROUTER, when given: NULL otherwise
+    cdef const ZmqCalls *z
+    cdef zmq_msg_t *parts  # the message being read: ``count`` parts open, room for ``cap``
+    cdef Py_ssize_t count, cap
 
-    def __init__(self, state, send, tuple direct):
+    def __cinit__(self):
+        self.parts = NULL
+        self.count = self.cap = 0
+        self.sock_handle = NULL
+
+    def __init__(self, state, send, tuple direct, sock=None):
         self.state = state
         self.send = send
         self.direct = direct
         self.generation = state.generation
+        self.v3 = self.generation is _V3
         # The state keeps these maps for its whole life (it never rebinds them).
         self.replicas = state.replicas
         self.in_flight = state.in_flight
         self.pending = state.pending
         self.models = state.models
+        if sock is not None:
+            self.sock_handle = _handle(sock)  # the socket outlives the lane
+            self.z = _zmq_calls()
+            self._room(16)
+
+    def __dealloc__(self):
+        if self.parts != NULL:
+            self._close_parts()
+            PyMem_Free(self.parts)
+
+    # -- answers --
 
     def answer(self, list frames, double now):
         """Handle a ROUTER message (identity first) if it is a common answer."""
         cdef PyObject *found
-        cdef object replica, msg, msg_id, outputs, batch, token, queue
-        cdef dict held
+        cdef object replica, msg, batch
         if len(frames) < 2:
             return _NOT_MINE
         found = PyDict_GetItem(self.replicas, frames[0])
@@ -149,9 +213,14 @@ cdef class FrontLane:
             return _NOT_MINE
         if type(msg) is not _RESPONSE:
             return _NOT_MINE
-        msg_id = msg.msg_id
-        outputs = msg.outputs
-        held = replica.in_flight
+        return self._complete(replica, msg.msg_id, msg.outputs, now)
+
+    cdef int _complete(self, object replica, object msg_id, object outputs,
+                       double now) except -1:
+        """The batch ``msg_id`` that ``replica`` holds answered with ``outputs``; NOT_MINE
+        (nothing changed) unless it is held and the count is right."""
+        cdef PyObject *found
+        cdef dict held = replica.in_flight
         found = PyDict_GetItem(held, msg_id)
         if found == NULL:
             return _NOT_MINE
@@ -173,6 +242,111 @@ cdef class FrontLane:
             return _QUEUE_WAITS
         return _ANSWERED
 
+    def receive(self, bint block, double spin):
+        """Take the next message from the ROUTER given at construction: ANSWERED or
+        ANSWERED_QUEUE_WAITS when it was a common answer (handled), else ``(frames, source
+        fd)`` for the general path, or None when none came (nothing waiting without
+        ``block``, or RCVTIMEO passed).  With ``block`` and ``spin`` > 0, keep looking that
+        long before sleeping."""
+        cdef int taken
+        if self.sock_handle == NULL:
+            raise RuntimeError("this lane was made without a socket")
+        try:
+            if self._read(block, spin) < 0:
+                return None
+            taken = self._v3_answer() if self.v3 else _NOT_MINE
+            if taken:
+                return taken
+            return self._frames(), self.z.get(&self.parts[0], ZMQ_SRCFD)
+        finally:
+            self._close_parts()
+
+    cdef int _room(self, Py_ssize_t cap) except -1:
+        # libzmq's zmq_msg_t holds no pointer to itself: moving one is safe
+        cdef zmq_msg_t *grown = <zmq_msg_t *>PyMem_Realloc(self.parts, cap * sizeof(zmq_msg_t))
+        if grown == NULL:
+            raise MemoryError()
+        self.parts = grown
+        self.cap = cap
+        return 0
+
+    cdef void _close_parts(self) noexcept:
+        cdef Py_ssize_t i
+        for i in range(self.count):
+            self.z.close(&self.parts[i])
+        self.count = 0
+
+    cdef int _read(self, bint block, double spin) except -2:
+        """One message into ``parts``: 0, or -1 when none came."""
+        self._close_parts()
+        self.z.init(&self.parts[0])
+        self.count = 1
+        if _recv_part(&self.parts[0], self.sock_handle, block, spin) < 0:
+            return -1
+        while self.z.more(&self.parts[self.count - 1]):
+            if self.count == self.cap:
+                self._room(2 * self.cap)
+            self.z.init(&self.parts[self.count])
+            self.count += 1
+            _recv_part(&self.parts[self.count - 1], self.sock_handle, True)  # queued with it
+        return 0
+
+    cdef list _frames(self):
+        """The parts as ``bytes`` frames (the general path's input)."""
+        cdef Py_ssize_t i
+        cdef list frames = PyList_New(self.count)
+        for i in range(self.count):
+            f = PyBytes_FromStringAndSize(<char *>self.z.data(&self.parts[i]),
+                                          self.z.size(&self.parts[i]))
+            Py_INCREF(f)
+            PyList_SET_ITEM(frames, i, f)
+        return frames
+
+    cdef inline const uint8_t *_at(self, Py_ssize_t i) noexcept:
+        return <const uint8_t *>self.z.data(&self.parts[i])
+
+    cdef inline size_t _size(self, Py_ssize_t i) noexcept:
+        return self.z.size(&self.parts[i])
+
+    cdef int _v3_answer(self) except -1:
+        """The message in ``parts`` if it is a v3 answer of strings to a batch its sender
+        holds: [identity, "", 1, msg_id, u64 header size, header (u64 n, u64 sizes), output
+        per part], checked as the codec checks it."""
+        cdef Py_ssize_t i, c = self.count
+        cdef uint64_t n, hl
+        cdef const uint8_t *h
+        cdef PyObject *found
+        if c < 7 or self._size(1) != 0 or self._size(2) != 4 or _rd32(self._at(2)) != 1:
+            return _NOT_MINE
+        if self._size(3) != 4 or self._size(4) != 8:
+            return _NOT_MINE
+        hl = self._size(5)
+        h = self._at(5)
+        if _rd64(self._at(4)) != hl or hl % 8 or hl < 16:
+            return _NOT_MINE
+        n = _rd64(h)
+        if n != hl // 8 - 1 or <uint64_t>c != 6 + n:
+            return _NOT_MINE
+        for i in range(<Py_ssize_t>n):
+            if _rd64(h + 8 + 8 * i) != self._size(6 + i):
+                return _NOT_MINE
+        identity = PyBytes_FromStringAndSize(<char *>self._at(0), self._size(0))
+        found = PyDict_GetItem(self.replicas, identity)
+        if found == NULL:
+            return _NOT_MINE
+        cdef list outputs = PyList_New(<Py_ssize_t>n)
+        for i in range(<Py_ssize_t>n):
+            try:
+                s = PyUnicode_DecodeUTF8(<char *>self._at(6 + i), self._size(6 + i), NULL)
+            except UnicodeDecodeError:  # the codec names it
+                return _NOT_MINE
+            Py_INCREF(s)
+            PyList_SET_ITEM(outputs, i, s)
+        return self._complete(<object>found, PyLong_FromUnsignedLong(_rd32(self._at(3))),
+                              outputs, _now())
+
+    # -- submissions --
+
     cdef object _new_id(self):
         """``FrontendState._new_id``: the next message id not in flight (ids wrap at 2**32)."""
         cdef object state = self.state
@@ -189,6 +363,7 @@ cdef class FrontLane:
         cdef object state = self.state, best = None, r, msg_id, frames, batch
         cdef list replicas, message
         cdef Py_ssize_t count, limit, least = 0, load
+        cdef int itype
         found = PyDict_GetItem(self.pending, model_name)
         if found != NULL and len(<object>found):
             return False  # first come, first served
@@ -218,17 +393,64 @@ cdef class FrontLane:
         if best is None:
             return False
         msg_id = self._new_id()
-        try:
-            frames = _encode(_new_request(msg_id, best.input_type, inputs), self.generation)
-        except EncodeError:  # the state reports it: give the id back
-            state._next_id = msg_id
-            return False
+        itype = best.input_type
+        if self.sock_handle != NULL and self.v3 and _plain_array(inputs, itype):
+            self._send_v3_request(best.identity, <uint32_t>msg_id, itype, inputs)
+        else:
+            try:
+                frames = _encode(_new_request(msg_id, best.input_type, inputs), self.generation)
+            except EncodeError:  # the state reports it: give the id back
+                state._next_id = msg_id
+                return False
+            message = [best.identity]
+            message.extend(frames)
+            self.send(message)
         batch = _new_batch(model_name, inputs, input_type, deadline, token, count, msg_id, best)
         (<dict>best.in_flight)[msg_id] = batch
         self.in_flight[msg_id] = batch
         if deadline < <double>state._due:
             state._due = deadline
-        message = [best.identity]
-        message.extend(frames)
-        self.send(message)
         return True
+
+    cdef uint8_t *_part(self, zmq_msg_t *msg, size_t size) except NULL:
+        """``msg`` initialised with room for ``size`` bytes; where to write them."""
+        if self.z.init_size(msg, size) < 0:
+            raise MemoryError()
+        return <uint8_t *>self.z.data(msg) if size else <uint8_t *>msg
+
+    cdef int _put(self, zmq_msg_t *msg, bint more) except -1:
+        return _send_msg(self.sock_handle, msg, ZMQ_SNDMORE if more else 0, True)
+
+    cdef int _send_v3_request(self, bytes identity, uint32_t msg_id, int itype,
+                              cnp.ndarray inputs) except -1:
+        # [identity, "", 3, 1, msg_id, 0, u64 header size, header (u64 input type, u64 n,
+        #  u64 sizes), one row per part]: the frames encode(PredictRequest(...)) makes
+        cdef zmq_msg_t msg
+        cdef uint8_t *o
+        cdef Py_ssize_t i, n = cnp.PyArray_DIMS(inputs)[0]
+        cdef Py_ssize_t row = cnp.PyArray_DIMS(inputs)[1] * _ELEMENT_SIZE[itype]
+        cdef const char *data = <const char *>cnp.PyArray_DATA(inputs)
+        memcpy(self._part(&msg, len(identity)), <char *>identity, len(identity))
+        self._put(&msg, True)
+        self._part(&msg, 0)
+        self._put(&msg, True)
+        _put32(self._part(&msg, 4), RPC_VERSION)
+        self._put(&msg, True)
+        _put32(self._part(&msg, 4), 1)
+        self._put(&msg, True)
+        _put32(self._part(&msg, 4), msg_id)
+        self._put(&msg, True)
+        _put32(self._part(&msg, 4), 0)
+        self._put(&msg, True)
+        _put64(self._part(&msg, 8), 8 * (n + 2))
+        self._put(&msg, True)
+        o = self._part(&msg, 8 * (n + 2))
+        _put64(o, itype)
+        _put64(o + 8, n)
+        for i in range(n):
+            _put64(o + 16 + 8 * i, row)
+        self._put(&msg, True)
+        for i in range(n):
+            memcpy(self._part(&msg, row), data + i * row, row)
+            self._put(&msg, i < n - 1)
+        return 0

@@ -23,6 +23,7 @@ ctypedef struct ZmqCalls:
     msg_data_f data
     msg_size_f size
     msg_more_f more
+    msg_get_f get
 
 cdef void *_handle(sock) except NULL
 cdef const ZmqCalls *_zmq_calls() except NULL

@@ -87,7 +87,7 @@ def bind(str path):
     z_get = <msg_get_f>_sym(lib, b"zmq_msg_get")
     z_errno = <errno_f>_sym(lib, b"zmq_errno")
     _calls = ZmqCalls(init=z_init, init_size=z_init_size, close=z_close, data=z_data,
-                      size=z_size, more=z_more)
+                      size=z_size, more=z_more, get=z_get)
     _bound = True
 
 

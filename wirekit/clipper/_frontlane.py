@@ -13,6 +13,8 @@ everything else back to it untouched):
   once; a Future or a query through the state's events, as before).  Anything else (another
   message, a malformed one, an unknown id, a wrong output count) returns ``NOT_MINE`` with
   nothing changed, and the runtime gives it to ``FrontendState.receive``.
+* :meth:`FrontLane.receive` reads the next message from the ROUTER and answers it as
+  :meth:`FrontLane.answer` would, or hands it over as ``(frames, source fd)``.
 * :meth:`FrontLane.submit` sends a batch at once when its model has no queue and a live
   replica with room takes its input type; otherwise it returns False and the batch goes to
   ``FrontendState.submit`` (queues, type errors, encode errors are reported there).
@@ -24,12 +26,14 @@ results), used unless ``WIREKIT_PURE=1`` or it is not built.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from wirekit.errors import DecodeError, EncodeError
 
 from . import decode, encode
+from ._zio import recv_message
 from .messages import Direction, PredictRequest, PredictResponse
 from .session import Batch, Completed, FrontendState, infer_input_type
 
@@ -76,11 +80,26 @@ class FrontLane:
     result), others through ``state.events``.
     """
 
-    def __init__(self, state: FrontendState, send: Any, direct: tuple[type, ...]) -> None:
+    def __init__(self, state: FrontendState, send: Any, direct: tuple[type, ...],
+                 sock: Any = None) -> None:
         self.state = state
         self.send = send
         self.direct = direct
         self.generation = state.generation
+        self.sock = sock
+
+    def receive(self, block: bool, spin: float) -> int | tuple[list[bytes], int] | None:
+        """Take the next message from the ROUTER given at construction: ANSWERED or
+        ANSWERED_QUEUE_WAITS when it was a common answer (handled), else ``(frames, source
+        fd)`` for the general path, or None when none came (nothing waiting without
+        ``block``, or RCVTIMEO passed).  With ``block`` and ``spin`` > 0, keep looking that
+        long before sleeping."""
+        if self.sock is None:
+            raise RuntimeError("this lane was made without a socket")
+        message = recv_message(self.sock, block, spin)
+        if message is None:
+            return None
+        return self.answer(message[0], time.monotonic()) or message
 
     def answer(self, frames: list, now: float) -> int:
         """Handle a ROUTER message (identity first) if it is a common answer."""

@@ -209,7 +209,7 @@ class Frontend:
             raise
         self._sock = sock
         self._lane = _LANE.FrontLane(
-            self.state, functools.partial(send_frames, sock), (_LANE.Callback, _Call))
+            self.state, functools.partial(send_frames, sock), (_LANE.Callback, _Call), sock)
         self._poll_items = [(polled, zmq.POLLIN) for polled in
                             (sock, self._monitor, self._query)
                             if polled is not None]
@@ -428,7 +428,7 @@ class Frontend:
         # sleeping thread costs tens of microseconds on a virtual machine).
         spin = self.spin if future is not None else 0.0
         look_at = time.monotonic() + FAST_WAIT
-        recv = recv_message
+        receive = self._lane.receive  # common answers handled in it, the rest handed back
         while not self._stopping:
             if future is None:
                 if self._want:
@@ -443,17 +443,23 @@ class Frontend:
                 if ms != self._rcvtimeo:
                     sock.setsockopt(zmq.RCVTIMEO, ms)
                     self._rcvtimeo = ms
-                message = recv(sock, True, spin)
+                message = receive(True, spin)
                 if message is None:
                     fast = False
                     continue
                 now = time.monotonic()
-                self._handle(message, now, out)
-                for _ in range(_BURST):
-                    message = recv(sock, False)
+                taken = 0
+                while True:  # this message, and up to _BURST more already waiting
+                    if type(message) is tuple:
+                        self._handle(message, now, out)
+                    elif message == ANSWERED_QUEUE_WAITS:
+                        self._submitted = True  # the replica has room again: dispatch
+                    taken += 1
+                    if taken > _BURST:
+                        break
+                    message = receive(False, 0.0)
                     if message is None:
                         break
-                    self._handle(message, now, out)
                 if now >= look_at:
                     look_at = now + FAST_WAIT
                     self._look_around(zmq_poll(items, 0), now, out)
