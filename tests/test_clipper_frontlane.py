@@ -11,12 +11,21 @@ import importlib
 
 import numpy as np
 import pytest
+import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from wirekit import clipper
 from wirekit._impl import pure_requested
-from wirekit.clipper import Generation, Heartbeat, InputType, NewContainer, PredictResponse
+from wirekit.clipper import (
+    Generation,
+    Heartbeat,
+    InputType,
+    NewContainer,
+    PredictRequest,
+    PredictResponse,
+)
+from wirekit.clipper._zio import send_frames
 from wirekit.clipper.session import Completed, FrontendState
 
 NAMES = [b"\x00A", b"\x00B", b"\x00C"]
@@ -124,6 +133,8 @@ def inputs_for(kind: str, rows: int):
         return np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
     if kind == "list":
         return [[float(r), 1.0] for r in range(rows)]
+    if kind == "i32":
+        return np.arange(rows * 3, dtype=np.int32).reshape(rows, 3)
     if kind == "strings":
         return [f"s{r}" for r in range(rows)]
     return []  # empty: refused
@@ -240,3 +251,158 @@ def test_a_callback_token_is_called_once_and_a_raising_callback_is_logged(twin, 
 
 def answer_frames_outputs(gen, count):
     return [1.5] * count if gen is Generation.G2016 else [f"o{i}" for i in range(count)]
+
+
+# --- over a real ROUTER: the compiled twin's own receive and send paths ---
+
+
+class WireWorld(World):
+    """The lane given a real ROUTER (inproc), with one DEALER per replica: answers go in
+    through the socket, requests come out of it."""
+
+    def __init__(self, gen, itypes, max_in_flight, lane_module, ctx, tag):
+        self.state = FrontendState(gen, max_in_flight=max_in_flight)
+        self.sent = []
+        self.tokens = {}
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.RCVTIMEO, 5000)
+        self.router.bind(f"inproc://frontlane-{tag}")
+        self.dealers = {}
+        for name in NAMES[: len(itypes)]:
+            dealer = ctx.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.ROUTING_ID, name)
+            dealer.setsockopt(zmq.RCVTIMEO, 5000)
+            dealer.connect(f"inproc://frontlane-{tag}")
+            self.dealers[name] = dealer
+        self.lane = lane_module.FrontLane(
+            self.state, lambda m: send_frames(self.router, m), (Direct,), self.router)
+        for name, itype in zip(NAMES, itypes, strict=False):  # register over the wire
+            rpc = 3 if gen is Generation.V3 else None
+            if gen is not Generation.G2016:
+                self.receive(name, clipper.encode(Heartbeat(), gen), 0.0)
+            self.receive(name, clipper.encode(NewContainer("m", "1", itype, rpc), gen), 0.0)
+            assert name in self.state.replicas
+        self.collect()  # the heartbeat replies
+        self.sent.clear()
+
+    def send_out(self, messages):
+        for m in messages:
+            send_frames(self.router, m)
+
+    def submit(self, k, inputs, token_type, now):
+        token = self.tokens[k] = token_type(k)
+        if not self.lane.submit("m", inputs, now + 100.0, token, None):
+            self.state.submit("m", inputs, now + 100.0, token, None)
+            self.send_out(self.state.dispatch(now))
+        self.settle()
+
+    def receive(self, identity, frames, now):
+        send_frames(self.dealers[identity], frames)
+        got = self.lane.receive(True, 0.0)
+        assert got is not None, "the message did not arrive"
+        if type(got) is tuple:
+            (identity, *rest), _ = got
+            self.send_out(self.state.receive(identity, rest, now))
+            got = 0
+        elif got == 2:
+            self.send_out(self.state.dispatch(now))
+        self.settle()
+        return got
+
+    def collect(self):
+        """What the ROUTER sent, per replica, as ROUTER messages."""
+        for name, dealer in self.dealers.items():
+            while dealer.poll(0):
+                self.sent.append([name, *dealer.recv_multipart()])
+
+    def snapshot(self):
+        self.collect()
+        snap = super().snapshot()
+        del snap["last_seen"]  # the lane stamps answers with the real clock
+        snap["sent"] = sorted(snap["sent"], key=lambda m: m[0])  # in order per replica
+        return snap
+
+    def close(self):
+        for dealer in self.dealers.values():
+            dealer.close(0)
+        self.router.close(0)
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                HealthCheck.function_scoped_fixture])
+@given(gen=st.sampled_from([Generation.V3, Generation.V3, Generation.G2017, Generation.G2016]),
+       itypes=st.lists(st.sampled_from([InputType.DOUBLES, InputType.DOUBLES, InputType.INTS,
+                                        InputType.STRINGS]), min_size=1, max_size=3),
+       max_in_flight=st.integers(1, 3), ops=OPS)
+def test_over_a_router_the_lane_does_what_the_state_alone_does(twin, zmq_ctx, gen, itypes,
+                                                                max_in_flight, ops):
+    plain = World(gen, itypes, max_in_flight)
+    wire = WireWorld(gen, itypes, max_in_flight, twin, zmq_ctx, next(TAGS))
+    try:
+        now = 1.0
+        for k, op in enumerate(ops):
+            now += 0.01
+            if op[0] == "submit":
+                _, kind, rows, direct = op
+                inputs = inputs_for("i32" if kind == "f32" else kind, rows)
+                for world in (plain, wire):
+                    world.submit(k, inputs, Direct if direct else Queued, now)
+            elif op[0] == "answer":
+                _, who, pick, how = op
+                identity = NAMES[who % len(itypes)]
+                held = sorted(plain.state.replicas[identity].in_flight)
+                msg_id, count = 77, 1
+                if held:
+                    msg_id = held[pick % len(held)]
+                    count = plain.state.in_flight[msg_id].count - (how == "short") or 2
+                    msg_id += 1000 if how == "unknown-id" else 0
+                for world in (plain, wire):
+                    world.receive(identity, answer_frames(gen, msg_id, count), now)
+            else:
+                identity = NAMES[op[1] % len(itypes)]
+                frames = (clipper.encode(Heartbeat(), Generation.V3) if op[0] == "heartbeat"
+                          else [b"", b"\x01\x00\x00\x00", b"\xff" * op[2]][: 1 + op[2] % 3])
+                for world in (plain, wire):
+                    world.receive(identity, frames, now)
+            want = plain.snapshot()
+            del want["last_seen"]
+            want["sent"] = sorted(want["sent"], key=lambda m: m[0])
+            assert wire.snapshot() == want, op
+    finally:
+        wire.close()
+
+
+def test_v3_requests_sent_from_the_array_are_the_codecs_frames(twin, zmq_ctx):
+    """Every numeric input type, several shapes: the parts written from the array are the
+    bytes ``clipper.encode`` makes for the same request."""
+    for k, (itype, dtype) in enumerate([(InputType.BYTES, np.uint8), (InputType.INTS, np.int32),
+                                        (InputType.FLOATS, np.float32),
+                                        (InputType.DOUBLES, np.float64)]):
+        wire = WireWorld(Generation.V3, [itype], 8, twin, zmq_ctx, next(TAGS))
+        try:
+            for rows, width in [(1, 1), (3, 10), (32, 10), (2, 0)]:
+                inputs = (np.arange(rows * width) % 200).astype(dtype).reshape(rows, width)
+                token = Direct(k)
+                assert wire.lane.submit("m", inputs, 100.0, token, None) is True
+                frames = wire.dealers[NAMES[0]].recv_multipart()
+                msg_id = max(wire.state.replicas[NAMES[0]].in_flight)
+                want = clipper.encode(PredictRequest(msg_id, itype, inputs), Generation.V3)
+                assert frames == want
+                # The answer comes back through the lane's own receive.
+                send_frames(wire.dealers[NAMES[0]], answer_frames(Generation.V3, msg_id, rows))
+                assert wire.lane.receive(True, 0.0) == 1
+                assert token.outcome == ("ok", answer_frames_outputs(Generation.V3, rows))
+        finally:
+            wire.close()
+
+
+TAGS = iter(range(10**9))
+
+
+@pytest.fixture
+def zmq_ctx():
+    ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)

@@ -248,18 +248,25 @@ cdef class FrontLane:
         fd)`` for the general path, or None when none came (nothing waiting without
         ``block``, or RCVTIMEO passed).  With ``block`` and ``spin`` > 0, keep looking that
         long before sleeping."""
-        cdef int taken
+        cdef int taken, fd
         if self.sock_handle == NULL:
             raise RuntimeError("this lane was made without a socket")
         try:
             if self._read(block, spin) < 0:
                 return None
-            taken = self._v3_answer() if self.v3 else _NOT_MINE
-            if taken:
-                return taken
-            return self._frames(), self.z.get(&self.parts[0], ZMQ_SRCFD)
+            if self.v3:
+                taken = self._v3_answer()
+                if taken:
+                    return taken
+            frames = self._frames()
+            fd = self.z.get(&self.parts[0], ZMQ_SRCFD)
         finally:
             self._close_parts()
+        if not self.v3:  # 2016 and 2017 answers: through the codec
+            taken = self.answer(frames, _now())
+            if taken:
+                return taken
+        return frames, fd
 
     cdef int _room(self, Py_ssize_t cap) except -1:
         # libzmq's zmq_msg_t holds no pointer to itself: moving one is safe
