@@ -84,7 +84,7 @@ cdef inline int _timeout_ms(double wait) noexcept:
 cdef class Lane:
     """The per-message path of one container session (see ``wirekit.clipper._lane``)."""
 
-    cdef object container, sock, session, send, predict, generation, release, acquire
+    cdef object container, sock, session, send, generation, release, acquire
     cdef void *sock_handle
     cdef const ZmqCalls *z
     cdef zmq_msg_t *parts  # the message being read: ``count`` parts open, room for ``cap``
@@ -104,7 +104,6 @@ cdef class Lane:
         self.z = _zmq_calls()
         self.session = session
         self.send = send
-        self.predict = container.predict
         self.generation = session.generation
         self.threaded = container.threaded
         self.release = container._sock_lock.release
@@ -268,7 +267,7 @@ cdef class Lane:
             container._model_started = received
             self.release()
             try:
-                outputs = self.predict(inputs)
+                outputs = container.predict(inputs)
             except Exception as exc:
                 failure = exc
             finally:
@@ -285,7 +284,7 @@ cdef class Lane:
                                                 self.send)
         else:
             try:
-                outputs = self.predict(inputs)
+                outputs = container.predict(inputs)
             except Exception as exc:
                 failure = exc
         now = _now()

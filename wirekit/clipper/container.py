@@ -5,7 +5,10 @@
 >>> ModelContainer(predict, "sum", "1", "doubles", "tcp://127.0.0.1:7000").run()  # +SKIP
 
 The socket thread owns the DEALER and moves frames between it and a
-:class:`~wirekit.clipper.session.ContainerSession`.  It runs the model itself (no hop to
+:class:`~wirekit.clipper.session.ContainerSession`; requests take a lane
+(:mod:`wirekit.clipper._lane`) that decodes them, calls the model, checks and sends the
+answer (its Cython twin makes no Python object per message but the model's inputs and
+outputs).  The socket thread runs the model itself (no hop to
 another thread and back for fast models); when a call outlasts half the heartbeat period, a
 standby thread takes the socket over until the model returns, so heartbeats keep flowing
 while a slow model works (a v3 Clipper expires containers silent for 30 s).  The socket is
@@ -324,8 +327,8 @@ class ModelContainer:
         self._io = (sock, session, poller, monitor)
         self._lost = self._lost_error = None
         self._backlog.clear()
-        lane = Lane(self, sock, session, send)
         try:
+            lane = Lane(self, sock, session, send)
             for action in session.start(now):
                 send(action.frames)
             # While requests flow, the lane serves them with blocking receives on the DEALER
