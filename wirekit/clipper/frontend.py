@@ -463,7 +463,8 @@ class Frontend:
                 if now >= look_at:
                     look_at = now + FAST_WAIT
                     self._look_around(zmq_poll(items, 0), now, out)
-                self._flush(now, out, due)
+                if out or self._submitted or self._submissions or state.events or now >= due:
+                    self._flush(now, out, due)  # (the lane sent what the answers brought)
                 continue
             if self._look_around(zmq_poll(items, timeout_ms(wait)), time.monotonic(), out):
                 fast = True
