@@ -18,10 +18,7 @@ or returned bad outputs, a standby thread that took the socket over).
 """
 
 cimport numpy as cnp
-from cpython.bytes cimport PyBytes_FromStringAndSize
-from cpython.list cimport PyList_New
-from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
-from cpython.ref cimport Py_INCREF
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.unicode cimport PyUnicode_CheckExact
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
@@ -29,21 +26,13 @@ from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from wirekit._fast.clipper cimport _new_request
 from wirekit._fast.littleendian cimport _put32, _put64, _rd32, _rd64
-from wirekit._fast.zio cimport (
-    ZmqCalls,
-    _handle,
-    _recv_part,
-    _send_msg,
-    _zmq_calls,
-    zmq_msg_t,
-)
+from wirekit._fast.zio cimport Received, _handle, _new_part, _send_msg, zmq_msg_t
 
 cnp.import_array()
 
 
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
-    void PyList_SET_ITEM(object l, Py_ssize_t i, object o)
 
 import zmq
 
@@ -86,22 +75,16 @@ cdef class Lane:
 
     cdef object container, sock, session, send, generation, release, acquire
     cdef void *sock_handle
-    cdef const ZmqCalls *z
-    cdef zmq_msg_t *parts  # the message being read: ``count`` parts open, room for ``cap``
-    cdef Py_ssize_t count, cap
+    cdef Received msg  # the message being read
     cdef bint threaded, v3, g2017, heartbeats, synced
     cdef double poll_interval, activity_timeout, deadline
     cdef public int rcvtimeo
-
-    def __cinit__(self):
-        self.parts = NULL
-        self.count = self.cap = 0
 
     def __init__(self, container, sock, session, send):
         self.container = container
         self.sock = sock
         self.sock_handle = _handle(sock)  # the socket outlives the lane (closed after it)
-        self.z = _zmq_calls()
+        self.msg = Received()
         self.session = session
         self.send = send
         self.generation = session.generation
@@ -115,66 +98,21 @@ cdef class Lane:
         self.activity_timeout = session.activity_timeout
         self.synced = False
         self.rcvtimeo = -1
-        self._room(16)
-
-    def __dealloc__(self):
-        if self.parts != NULL:
-            self._close_parts()
-            PyMem_Free(self.parts)
-
-    cdef int _room(self, Py_ssize_t cap) except -1:
-        # libzmq's zmq_msg_t holds no pointer to itself: moving one is safe
-        cdef zmq_msg_t *grown = <zmq_msg_t *>PyMem_Realloc(self.parts, cap * sizeof(zmq_msg_t))
-        if grown == NULL:
-            raise MemoryError()
-        self.parts = grown
-        self.cap = cap
-        return 0
-
-    cdef void _close_parts(self) noexcept:
-        cdef Py_ssize_t i
-        for i in range(self.count):
-            self.z.close(&self.parts[i])
-        self.count = 0
 
     # -- receiving --
 
     cdef int _receive(self) except -2:
-        """Read one message into ``parts``: 0, or -1 when none came before RCVTIMEO."""
-        self._close_parts()
-        self.z.init(&self.parts[0])
-        self.count = 1
-        if _recv_part(&self.parts[0], self.sock_handle, True) < 0:
-            self._close_parts()
-            return -1
-        while self.z.more(&self.parts[self.count - 1]):
-            if self.count == self.cap:
-                self._room(2 * self.cap)
-            self.z.init(&self.parts[self.count])
-            self.count += 1
-            _recv_part(&self.parts[self.count - 1], self.sock_handle, True)  # queued with its head
-        return 0
-
-    cdef list _frames(self):
-        """The parts as ``bytes`` frames (the reference path's input)."""
-        cdef Py_ssize_t i
-        cdef list frames = PyList_New(self.count)
-        for i in range(self.count):
-            f = PyBytes_FromStringAndSize(<char *>self.z.data(&self.parts[i]),
-                                          self.z.size(&self.parts[i]))
-            Py_INCREF(f)
-            PyList_SET_ITEM(frames, i, f)
-        return frames
+        """Read one message into ``msg``: 0, or -1 when none came before RCVTIMEO."""
+        return self.msg.read(self.sock_handle, True, 0.0)
 
     cdef inline bint _u32_is(self, Py_ssize_t i, uint32_t value) noexcept:
-        return (self.z.size(&self.parts[i]) == 4
-                and _rd32(<const uint8_t *>self.z.data(&self.parts[i])) == value)
+        return self.msg.size(i) == 4 and _rd32(self.msg.data(i)) == value
 
     cdef object _v3_batch(self, uint32_t *msg_id, int *itype_out):
         """The inputs of a v3 request with numeric inputs of equal length, as one fresh 2-D
         array (``msg_id``, ``itype_out`` set), or None for anything else (the codec then
         decodes it, or names what is wrong)."""
-        cdef zmq_msg_t *p = self.parts
+        cdef Received m = self.msg
         cdef const uint8_t *h
         cdef size_t hl, width
         cdef uint64_t itype, n, i
@@ -182,34 +120,34 @@ cdef class Lane:
         cdef cnp.npy_intp dims[2]
         cdef cnp.ndarray batch
         cdef char *dst
-        if self.count < 8 or self.z.size(&p[0]) != 0:
+        if m.count < 8 or m.size(0) != 0:
             return None
         if not (self._u32_is(1, RPC_VERSION) and self._u32_is(2, 1) and self._u32_is(4, 0)):
             return None
-        if self.z.size(&p[3]) != 4 or self.z.size(&p[5]) != 8:
+        if m.size(3) != 4 or m.size(5) != 8:
             return None
-        hl = self.z.size(&p[6])
-        h = <const uint8_t *>self.z.data(&p[6])
-        if _rd64(<const uint8_t *>self.z.data(&p[5])) != hl or hl % 8 or hl < 16:
+        hl = m.size(6)
+        h = m.data(6)
+        if _rd64(m.data(5)) != hl or hl % 8 or hl < 16:
             return None
         itype = _rd64(h)
         n = _rd64(h + 8)
-        if itype > 3 or n == 0 or n != hl // 8 - 2 or <uint64_t>self.count != 7 + n:
+        if itype > 3 or n == 0 or n != hl // 8 - 2 or <uint64_t>m.count != 7 + n:
             return None
         es = _ELEMENT_SIZE[itype]
-        width = self.z.size(&p[7])
+        width = m.size(7)
         if width % es:
             return None
         for i in range(n):
-            if _rd64(h + 16 + 8 * i) != width or self.z.size(&p[7 + i]) != width:
+            if _rd64(h + 16 + 8 * i) != width or m.size(7 + i) != width:
                 return None
         dims[0] = <cnp.npy_intp>n
         dims[1] = <cnp.npy_intp>(width // es)
         batch = cnp.PyArray_EMPTY(2, dims, _TYPENUM[itype], 0)
         dst = <char *>cnp.PyArray_DATA(batch)
         for i in range(n):
-            memcpy(dst + i * width, self.z.data(&p[7 + i]), width)
-        msg_id[0] = _rd32(<const uint8_t *>self.z.data(&p[3]))
+            memcpy(dst + i * width, m.data(7 + i), width)
+        msg_id[0] = _rd32(m.data(3))
         itype_out[0] = <int>itype
         return batch
 
@@ -219,10 +157,10 @@ cdef class Lane:
         cdef int itype = 0
         batch = self._v3_batch(&msg_id, &itype) if self.v3 else None
         if batch is None:
-            frames = self._frames()
-            self._close_parts()
+            frames = self.msg.frames()
+            self.msg.close()
             return self._handle(frames, received)
-        self._close_parts()
+        self.msg.close()
         session = self.session
         if session.state == _CLOSED:
             return True
@@ -346,20 +284,14 @@ cdef class Lane:
                                 <double>session.last_received + self.activity_timeout)
         return True
 
-    cdef uint8_t *_part(self, zmq_msg_t *msg, size_t size) except NULL:
-        """``msg`` initialised with room for ``size`` bytes; where to write them."""
-        if self.z.init_size(msg, size) < 0:
-            raise MemoryError()
-        return <uint8_t *>self.z.data(msg) if size else <uint8_t *>msg
-
     cdef int _head(self, uint32_t msg_id) except -1:
         """The parts every 2017/v3 response starts with: "", message type 1, ``msg_id``."""
         cdef zmq_msg_t msg
-        self._part(&msg, 0)
+        _new_part(&msg, 0)
         _send_msg(self.sock_handle, &msg, ZMQ_SNDMORE, True)
-        _put32(self._part(&msg, 4), 1)
+        _put32(_new_part(&msg, 4), 1)
         _send_msg(self.sock_handle, &msg, ZMQ_SNDMORE, True)
-        _put32(self._part(&msg, 4), msg_id)
+        _put32(_new_part(&msg, 4), msg_id)
         _send_msg(self.sock_handle, &msg, ZMQ_SNDMORE, True)
         return 0
 
@@ -370,15 +302,15 @@ cdef class Lane:
         cdef uint8_t *o
         cdef Py_ssize_t i
         self._head(msg_id)
-        _put64(self._part(&msg, 8), 8 * (n + 1))
+        _put64(_new_part(&msg, 8), 8 * (n + 1))
         _send_msg(self.sock_handle, &msg, ZMQ_SNDMORE, True)
-        o = self._part(&msg, 8 * (n + 1))
+        o = _new_part(&msg, 8 * (n + 1))
         _put64(o, n)
         for i in range(n):
             _put64(o + 8 + 8 * i, size[i])
         _send_msg(self.sock_handle, &msg, ZMQ_SNDMORE, True)
         for i in range(n):
-            o = self._part(&msg, size[i])
+            o = _new_part(&msg, size[i])
             memcpy(o, ptr[i], size[i])
             _send_msg(self.sock_handle, &msg, ZMQ_SNDMORE if i < n - 1 else 0, True)
         return 0
@@ -392,7 +324,7 @@ cdef class Lane:
         for i in range(n):
             total += size[i]
         self._head(msg_id)
-        o = self._part(&msg, total)
+        o = _new_part(&msg, total)
         _put32(o, <uint32_t>n)
         at = 4 + 4 * n
         for i in range(n):

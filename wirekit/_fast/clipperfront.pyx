@@ -16,7 +16,6 @@ cimport numpy as cnp
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_Contains, PyDict_GetItem
 from cpython.list cimport PyList_New
-from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject, PyObject_GenericSetAttr
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
@@ -25,7 +24,7 @@ from libc.string cimport memcpy
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from wirekit._fast.littleendian cimport _put32, _put64, _rd32, _rd64
-from wirekit._fast.zio cimport ZmqCalls, _handle, _recv_part, _send_msg, _zmq_calls, zmq_msg_t
+from wirekit._fast.zio cimport Received, _handle, _new_part, _send_msg, zmq_msg_t
 
 cnp.import_array()
 
@@ -60,7 +59,6 @@ cdef int[4] _TYPENUM = [cnp.NPY_UINT8, cnp.NPY_INT32, cnp.NPY_FLOAT32, cnp.NPY_F
 cdef Py_ssize_t[4] _ELEMENT_SIZE = [1, 4, 4, 8]
 
 DEF ZMQ_SNDMORE = 2
-DEF ZMQ_SRCFD = 2
 DEF RPC_VERSION = 3
 
 
@@ -165,13 +163,9 @@ cdef class FrontLane:
     cdef dict replicas, in_flight, pending, models
     cdef bint v3
     cdef void *sock_handle  # the ROUTER, when given: NULL otherwise
-    cdef const ZmqCalls *z
-    cdef zmq_msg_t *parts  # the message being read: ``count`` parts open, room for ``cap``
-    cdef Py_ssize_t count, cap
+    cdef Received msg  # the message being read
 
     def __cinit__(self):
-        self.parts = NULL
-        self.count = self.cap = 0
         self.sock_handle = NULL
 
     def __init__(self, state, send, tuple direct, sock=None):
@@ -187,13 +181,7 @@ cdef class FrontLane:
         self.models = state.models
         if sock is not None:
             self.sock_handle = _handle(sock)  # the socket outlives the lane
-            self.z = _zmq_calls()
-            self._room(16)
-
-    def __dealloc__(self):
-        if self.parts != NULL:
-            self._close_parts()
-            PyMem_Free(self.parts)
+            self.msg = Received()
 
     # -- answers --
 
@@ -252,74 +240,33 @@ cdef class FrontLane:
         if self.sock_handle == NULL:
             raise RuntimeError("this lane was made without a socket")
         try:
-            if self._read(block, spin) < 0:
+            if self.msg.read(self.sock_handle, block, spin) < 0:
                 return None
             if self.v3:
                 taken = self._v3_answer()
                 if taken:
                     return taken
-            frames = self._frames()
-            fd = self.z.get(&self.parts[0], ZMQ_SRCFD)
+            frames = self.msg.frames()
+            fd = self.msg.source_fd()
         finally:
-            self._close_parts()
+            self.msg.close()
         if not self.v3:  # 2016 and 2017 answers: through the codec
             taken = self.answer(frames, _now())
             if taken:
                 return taken
         return frames, fd
 
-    cdef int _room(self, Py_ssize_t cap) except -1:
-        # libzmq's zmq_msg_t holds no pointer to itself: moving one is safe
-        cdef zmq_msg_t *grown = <zmq_msg_t *>PyMem_Realloc(self.parts, cap * sizeof(zmq_msg_t))
-        if grown == NULL:
-            raise MemoryError()
-        self.parts = grown
-        self.cap = cap
-        return 0
-
-    cdef void _close_parts(self) noexcept:
-        cdef Py_ssize_t i
-        for i in range(self.count):
-            self.z.close(&self.parts[i])
-        self.count = 0
-
-    cdef int _read(self, bint block, double spin) except -2:
-        """One message into ``parts``: 0, or -1 when none came."""
-        self._close_parts()
-        self.z.init(&self.parts[0])
-        self.count = 1
-        if _recv_part(&self.parts[0], self.sock_handle, block, spin) < 0:
-            return -1
-        while self.z.more(&self.parts[self.count - 1]):
-            if self.count == self.cap:
-                self._room(2 * self.cap)
-            self.z.init(&self.parts[self.count])
-            self.count += 1
-            _recv_part(&self.parts[self.count - 1], self.sock_handle, True)  # queued with it
-        return 0
-
-    cdef list _frames(self):
-        """The parts as ``bytes`` frames (the general path's input)."""
-        cdef Py_ssize_t i
-        cdef list frames = PyList_New(self.count)
-        for i in range(self.count):
-            f = PyBytes_FromStringAndSize(<char *>self.z.data(&self.parts[i]),
-                                          self.z.size(&self.parts[i]))
-            Py_INCREF(f)
-            PyList_SET_ITEM(frames, i, f)
-        return frames
-
     cdef inline const uint8_t *_at(self, Py_ssize_t i) noexcept:
-        return <const uint8_t *>self.z.data(&self.parts[i])
+        return self.msg.data(i)
 
     cdef inline size_t _size(self, Py_ssize_t i) noexcept:
-        return self.z.size(&self.parts[i])
+        return self.msg.size(i)
 
     cdef int _v3_answer(self) except -1:
         """The message in ``parts`` if it is a v3 answer of strings to a batch its sender
         holds: [identity, "", 1, msg_id, u64 header size, header (u64 n, u64 sizes), output
         per part], checked as the codec checks it."""
-        cdef Py_ssize_t i, c = self.count
+        cdef Py_ssize_t i, c = self.msg.count
         cdef uint64_t n, hl
         cdef const uint8_t *h
         cdef PyObject *found
@@ -419,12 +366,6 @@ cdef class FrontLane:
             state._due = deadline
         return True
 
-    cdef uint8_t *_part(self, zmq_msg_t *msg, size_t size) except NULL:
-        """``msg`` initialised with room for ``size`` bytes; where to write them."""
-        if self.z.init_size(msg, size) < 0:
-            raise MemoryError()
-        return <uint8_t *>self.z.data(msg) if size else <uint8_t *>msg
-
     cdef int _put(self, zmq_msg_t *msg, bint more) except -1:
         return _send_msg(self.sock_handle, msg, ZMQ_SNDMORE if more else 0, True)
 
@@ -437,27 +378,27 @@ cdef class FrontLane:
         cdef Py_ssize_t i, n = cnp.PyArray_DIMS(inputs)[0]
         cdef Py_ssize_t row = cnp.PyArray_DIMS(inputs)[1] * _ELEMENT_SIZE[itype]
         cdef const char *data = <const char *>cnp.PyArray_DATA(inputs)
-        memcpy(self._part(&msg, len(identity)), <char *>identity, len(identity))
+        memcpy(_new_part(&msg, len(identity)), <char *>identity, len(identity))
         self._put(&msg, True)
-        self._part(&msg, 0)
+        _new_part(&msg, 0)
         self._put(&msg, True)
-        _put32(self._part(&msg, 4), RPC_VERSION)
+        _put32(_new_part(&msg, 4), RPC_VERSION)
         self._put(&msg, True)
-        _put32(self._part(&msg, 4), 1)
+        _put32(_new_part(&msg, 4), 1)
         self._put(&msg, True)
-        _put32(self._part(&msg, 4), msg_id)
+        _put32(_new_part(&msg, 4), msg_id)
         self._put(&msg, True)
-        _put32(self._part(&msg, 4), 0)
+        _put32(_new_part(&msg, 4), 0)
         self._put(&msg, True)
-        _put64(self._part(&msg, 8), 8 * (n + 2))
+        _put64(_new_part(&msg, 8), 8 * (n + 2))
         self._put(&msg, True)
-        o = self._part(&msg, 8 * (n + 2))
+        o = _new_part(&msg, 8 * (n + 2))
         _put64(o, itype)
         _put64(o + 8, n)
         for i in range(n):
             _put64(o + 16 + 8 * i, row)
         self._put(&msg, True)
         for i in range(n):
-            memcpy(self._part(&msg, row), data + i * row, row)
+            memcpy(_new_part(&msg, row), data + i * row, row)
             self._put(&msg, i < n - 1)
         return 0

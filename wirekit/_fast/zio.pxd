@@ -31,3 +31,19 @@ cdef int _recv_part(zmq_msg_t *msg, void *handle, bint block, double spin=*) exc
 cdef object _recv_on(void *handle, bint block, bint with_fd, double spin)
 cdef int _send_on(void *handle, object frames, int flags) except -1
 cdef int _send_msg(void *handle, zmq_msg_t *msg, int part_flags, bint block) except -1
+
+
+cdef class Received:
+    # One multipart message as libzmq received it: ``count`` parts, kept as libzmq's (no
+    # ``bytes`` made) until ``close`` or the next ``read``.
+    cdef zmq_msg_t *parts
+    cdef Py_ssize_t count, cap
+    cdef int read(self, void *handle, bint block, double spin) except -2
+    cdef void close(self) noexcept
+    cdef const unsigned char *data(self, Py_ssize_t i) noexcept
+    cdef size_t size(self, Py_ssize_t i) noexcept
+    cdef list frames(self)
+    cdef int source_fd(self) noexcept
+
+
+cdef unsigned char *_new_part(zmq_msg_t *msg, size_t size) except NULL

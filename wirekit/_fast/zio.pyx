@@ -21,6 +21,7 @@ from cpython.buffer cimport (
 )
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.errno cimport EAGAIN, EINTR
 from libc.string cimport memcpy
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
@@ -89,6 +90,78 @@ def bind(str path):
     _calls = ZmqCalls(init=z_init, init_size=z_init_size, close=z_close, data=z_data,
                       size=z_size, more=z_more, get=z_get)
     _bound = True
+
+
+cdef unsigned char *_new_part(zmq_msg_t *msg, size_t size) except NULL:
+    """``msg`` initialised with room for ``size`` bytes; where to write them."""
+    if z_init_size(msg, size) < 0:
+        raise MemoryError()
+    return <unsigned char *>z_data(msg) if size else <unsigned char *>msg
+
+
+cdef class Received:
+    """One multipart message read in place, for the Cython twins that decode the common
+    messages straight from libzmq's parts (``part_data``/``part_size`` in ``zio.pxd``)."""
+
+    def __cinit__(self):
+        if not _bound:
+            raise RuntimeError("wirekit._fast.zio is not bound to libzmq")
+        self.count = 0
+        self.cap = 16
+        self.parts = <zmq_msg_t *>PyMem_Malloc(self.cap * sizeof(zmq_msg_t))
+        if self.parts == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        if self.parts != NULL:
+            self.close()
+            PyMem_Free(self.parts)
+
+    cdef void close(self) noexcept:
+        """Give the parts back to libzmq."""
+        cdef Py_ssize_t i
+        for i in range(self.count):
+            z_close(&self.parts[i])
+        self.count = 0
+
+    cdef int read(self, void *handle, bint block, double spin) except -2:
+        """Read the next message on the socket ``handle``: 0, or -1 when none came (nothing
+        waiting without ``block``, or RCVTIMEO passed; ``spin`` as in :func:`recv_message`)."""
+        cdef zmq_msg_t *grown
+        self.close()
+        z_init(&self.parts[0])
+        self.count = 1
+        if _recv_part(&self.parts[0], handle, block, spin) < 0:
+            self.close()
+            return -1
+        while z_more(&self.parts[self.count - 1]):
+            if self.count == self.cap:
+                # libzmq's zmq_msg_t holds no pointer to itself: moving one is safe
+                grown = <zmq_msg_t *>PyMem_Realloc(self.parts, 2 * self.cap * sizeof(zmq_msg_t))
+                if grown == NULL:
+                    raise MemoryError()
+                self.parts = grown
+                self.cap *= 2
+            z_init(&self.parts[self.count])
+            self.count += 1
+            _recv_part(&self.parts[self.count - 1], handle, True)  # queued with its head
+        return 0
+
+    cdef const unsigned char *data(self, Py_ssize_t i) noexcept:
+        return <const unsigned char *>z_data(&self.parts[i])
+
+    cdef size_t size(self, Py_ssize_t i) noexcept:
+        return z_size(&self.parts[i])
+
+    cdef list frames(self):
+        """The parts as ``bytes`` frames."""
+        cdef Py_ssize_t i
+        return [PyBytes_FromStringAndSize(<char *>z_data(&self.parts[i]), z_size(&self.parts[i]))
+                for i in range(self.count)]
+
+    cdef int source_fd(self) noexcept:
+        """The file descriptor the message came in on (-1 when there is none)."""
+        return z_get(&self.parts[0], ZMQ_SRCFD) if self.count else -1
 
 
 cdef const ZmqCalls *_zmq_calls() except NULL:
