@@ -26,7 +26,15 @@ from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from wirekit._fast.clipper cimport _new_request
 from wirekit._fast.littleendian cimport _put32, _put64, _rd32, _rd64
-from wirekit._fast.zio cimport Received, _handle, _new_part, _send_msg, zmq_msg_t
+from wirekit._fast.zio cimport (
+    Received,
+    _handle,
+    _new_part,
+    _send_msg,
+    part_data,
+    part_size,
+    zmq_msg_t,
+)
 
 cnp.import_array()
 
@@ -106,7 +114,7 @@ cdef class Lane:
         return self.msg.read(self.sock_handle, True, 0.0)
 
     cdef inline bint _u32_is(self, Py_ssize_t i, uint32_t value) noexcept:
-        return self.msg.size(i) == 4 and _rd32(self.msg.data(i)) == value
+        return part_size(self.msg, i) == 4 and _rd32(part_data(self.msg, i)) == value
 
     cdef object _v3_batch(self, uint32_t *msg_id, int *itype_out):
         """The inputs of a v3 request with numeric inputs of equal length, as one fresh 2-D
@@ -120,34 +128,34 @@ cdef class Lane:
         cdef cnp.npy_intp dims[2]
         cdef cnp.ndarray batch
         cdef char *dst
-        if m.count < 8 or m.size(0) != 0:
+        if m.count < 8 or part_size(m, 0) != 0:
             return None
         if not (self._u32_is(1, RPC_VERSION) and self._u32_is(2, 1) and self._u32_is(4, 0)):
             return None
-        if m.size(3) != 4 or m.size(5) != 8:
+        if part_size(m, 3) != 4 or part_size(m, 5) != 8:
             return None
-        hl = m.size(6)
-        h = m.data(6)
-        if _rd64(m.data(5)) != hl or hl % 8 or hl < 16:
+        hl = part_size(m, 6)
+        h = part_data(m, 6)
+        if _rd64(part_data(m, 5)) != hl or hl % 8 or hl < 16:
             return None
         itype = _rd64(h)
         n = _rd64(h + 8)
         if itype > 3 or n == 0 or n != hl // 8 - 2 or <uint64_t>m.count != 7 + n:
             return None
         es = _ELEMENT_SIZE[itype]
-        width = m.size(7)
+        width = part_size(m, 7)
         if width % es:
             return None
         for i in range(n):
-            if _rd64(h + 16 + 8 * i) != width or m.size(7 + i) != width:
+            if _rd64(h + 16 + 8 * i) != width or part_size(m, 7 + i) != width:
                 return None
         dims[0] = <cnp.npy_intp>n
         dims[1] = <cnp.npy_intp>(width // es)
         batch = cnp.PyArray_EMPTY(2, dims, _TYPENUM[itype], 0)
         dst = <char *>cnp.PyArray_DATA(batch)
         for i in range(n):
-            memcpy(dst + i * width, m.data(7 + i), width)
-        msg_id[0] = _rd32(m.data(3))
+            memcpy(dst + i * width, part_data(m, 7 + i), width)
+        msg_id[0] = _rd32(part_data(m, 3))
         itype_out[0] = <int>itype
         return batch
 

@@ -24,7 +24,15 @@ from libc.string cimport memcpy
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from wirekit._fast.littleendian cimport _put32, _put64, _rd32, _rd64
-from wirekit._fast.zio cimport Received, _handle, _new_part, _send_msg, zmq_msg_t
+from wirekit._fast.zio cimport (
+    Received,
+    _handle,
+    _new_part,
+    _send_msg,
+    part_data,
+    part_size,
+    zmq_msg_t,
+)
 
 cnp.import_array()
 
@@ -257,10 +265,10 @@ cdef class FrontLane:
         return frames, fd
 
     cdef inline const uint8_t *_at(self, Py_ssize_t i) noexcept:
-        return self.msg.data(i)
+        return part_data(self.msg, i)
 
     cdef inline size_t _size(self, Py_ssize_t i) noexcept:
-        return self.msg.size(i)
+        return part_size(self.msg, i)
 
     cdef int _v3_answer(self) except -1:
         """The message in ``parts`` if it is a v3 answer of strings to a batch its sender

@@ -38,12 +38,20 @@ cdef class Received:
     # ``bytes`` made) until ``close`` or the next ``read``.
     cdef zmq_msg_t *parts
     cdef Py_ssize_t count, cap
+    cdef const ZmqCalls *z
     cdef int read(self, void *handle, bint block, double spin) except -2
     cdef void close(self) noexcept
-    cdef const unsigned char *data(self, Py_ssize_t i) noexcept
-    cdef size_t size(self, Py_ssize_t i) noexcept
     cdef list frames(self)
     cdef int source_fd(self) noexcept
+
+
+cdef inline const unsigned char *part_data(Received m, Py_ssize_t i) noexcept:
+    """Where part ``i`` of ``m`` starts (valid until ``m`` is closed)."""
+    return <const unsigned char *>m.z.data(&m.parts[i])
+
+
+cdef inline size_t part_size(Received m, Py_ssize_t i) noexcept:
+    return m.z.size(&m.parts[i])
 
 
 cdef unsigned char *_new_part(zmq_msg_t *msg, size_t size) except NULL

@@ -101,11 +101,12 @@ cdef unsigned char *_new_part(zmq_msg_t *msg, size_t size) except NULL:
 
 cdef class Received:
     """One multipart message read in place, for the Cython twins that decode the common
-    messages straight from libzmq's parts (``part_data``/``part_size`` in ``zio.pxd``)."""
+    messages straight from libzmq's parts (read them with ``part_data``/``part_size`` from ``zio.pxd``)."""
 
     def __cinit__(self):
         if not _bound:
             raise RuntimeError("wirekit._fast.zio is not bound to libzmq")
+        self.z = &_calls
         self.count = 0
         self.cap = 16
         self.parts = <zmq_msg_t *>PyMem_Malloc(self.cap * sizeof(zmq_msg_t))
@@ -146,12 +147,6 @@ cdef class Received:
             self.count += 1
             _recv_part(&self.parts[self.count - 1], handle, True)  # queued with its head
         return 0
-
-    cdef const unsigned char *data(self, Py_ssize_t i) noexcept:
-        return <const unsigned char *>z_data(&self.parts[i])
-
-    cdef size_t size(self, Py_ssize_t i) noexcept:
-        return z_size(&self.parts[i])
 
     cdef list frames(self):
         """The parts as ``bytes`` frames."""
