@@ -38,7 +38,7 @@ import zmq.utils.monitor
 from wirekit._impl import load_fast
 from wirekit.errors import WirekitError
 
-from . import _frontlane
+from . import _frontlane, _zio
 from ._frontlane import ANSWERED_QUEUE_WAITS
 from ._zio import FAST_WAIT, FAST_WAIT_MS, NOBLOCK, recv_message, send_frames, timeout_ms, zmq_poll
 from .container import parse_input_type
@@ -677,8 +677,9 @@ class Frontend:
             self._query.send_multipart([identity, b"", json.dumps(body).encode()])
 
 
-#: The frontend lane: its compiled twin, or the pure one.
-_LANE: Any = load_fast("clipperfront") or _frontlane
+#: The frontend lane: its compiled twin (which moves frames with the Cython ``zio``, so only
+#: with it), or the pure one.
+_LANE: Any = (load_fast("clipperfront") if _zio.IMPLEMENTATION == "fast" else None) or _frontlane
 
 
 #: The routing id of the frontend's own wake-up socket (containers get 5-byte ids from the
