@@ -20,7 +20,8 @@ everything else back to it untouched):
   ``FrontendState.submit`` (queues, type errors, encode errors are reported there).
 
 This is the pure twin; ``wirekit._fast.clipperfront`` is the compiled one (same class, same
-results), used unless ``WIREKIT_PURE=1`` or it is not built.
+results), used unless ``WIREKIT_PURE=1``, it is not built, or the Cython ``zio`` twin is not
+in use (it reads and writes libzmq's message parts through it).
 """
 
 from __future__ import annotations
