@@ -22,13 +22,13 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.unicode cimport PyUnicode_CheckExact
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
-from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from wirekit._fast.clipper cimport _new_request
 from wirekit._fast.littleendian cimport _put32, _put64, _rd32, _rd64
 from wirekit._fast.zio cimport (
     Received,
     _handle,
+    _now,
     _new_part,
     _send_msg,
     part_data,
@@ -65,12 +65,6 @@ DEF ZMQ_SNDMORE = 2
 DEF RPC_VERSION = 3
 DEF U32_MAX = 0xFFFFFFFF
 DEF SMALL = 16  # outputs gathered without an allocation
-
-
-cdef inline double _now() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
 cdef inline int _timeout_ms(double wait) noexcept:

@@ -21,12 +21,13 @@ from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
-from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
+from wirekit._fast.clipper cimport _fast_array, _new_request
 from wirekit._fast.littleendian cimport _put32, _put64, _rd32, _rd64
 from wirekit._fast.zio cimport (
     Received,
     _handle,
+    _now,
     _new_part,
     _send_msg,
     part_data,
@@ -47,7 +48,7 @@ import logging
 from wirekit.clipper import decode as _decode
 from wirekit.clipper import encode as _encode
 from wirekit.clipper._frontlane import ANSWERED, ANSWERED_QUEUE_WAITS, NOT_MINE
-from wirekit.clipper.messages import Direction, Generation, PredictRequest, PredictResponse
+from wirekit.clipper.messages import Direction, Generation, PredictResponse
 from wirekit.clipper.session import _TYPE_OF_DTYPE, Batch, Completed, infer_input_type
 from wirekit.errors import DecodeError, EncodeError
 
@@ -55,25 +56,15 @@ cdef object _TO_CLIPPER = Direction.TO_CLIPPER
 cdef object _V3 = Generation.V3
 cdef object _log = logging.getLogger("wirekit.clipper.frontend")
 cdef type _RESPONSE = PredictResponse
-cdef type _REQUEST = PredictRequest
 cdef type _BATCH = Batch
 cdef type _COMPLETED = Completed
-cdef object _ZERO = 0, _ONE = 1
+cdef object _ONE = 1
 cdef str _EMPTY = ""
 cdef dict _DTYPE_TYPES = _TYPE_OF_DTYPE
 cdef int _NOT_MINE = NOT_MINE, _ANSWERED = ANSWERED, _QUEUE_WAITS = ANSWERED_QUEUE_WAITS
-# The codec's numeric input types (bytes, ints, floats, doubles): NumPy type, element size.
-cdef int[4] _TYPENUM = [cnp.NPY_UINT8, cnp.NPY_INT32, cnp.NPY_FLOAT32, cnp.NPY_FLOAT64]
-cdef Py_ssize_t[4] _ELEMENT_SIZE = [1, 4, 4, 8]
 
 DEF ZMQ_SNDMORE = 2
 DEF RPC_VERSION = 3
-
-
-cdef inline double _now() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
 cdef object _input_type_of(object inputs):
@@ -84,17 +75,6 @@ cdef object _input_type_of(object inputs):
         if found != NULL:
             return <object>found
     return infer_input_type(inputs)
-
-
-cdef bint _plain_array(object x, int itype):
-    """True for a C-contiguous native 2-D array of numeric ``itype``'s exact dtype (what the
-    codec encodes row by row)."""
-    cdef cnp.ndarray arr
-    if itype > 3 or type(x) is not cnp.ndarray:
-        return False
-    arr = x
-    return (arr.ndim == 2 and cnp.PyArray_TYPE(arr) == _TYPENUM[itype]
-            and cnp.PyArray_ISNOTSWAPPED(arr) and cnp.PyArray_IS_C_CONTIGUOUS(arr))
 
 
 cdef inline void _set(object obj, str name, object value) except *:
@@ -117,15 +97,6 @@ cdef object _new_batch(str model_name, object inputs, object input_type, double 
     _set(batch, "attempts", _ONE)
     _set(batch, "lost", _EMPTY)
     return batch
-
-
-cdef object _new_request(object msg_id, object input_type, object inputs):
-    cdef object msg = PyType_GenericAlloc(_REQUEST, 0)
-    _set(msg, "msg_id", msg_id)
-    _set(msg, "input_type", input_type)
-    _set(msg, "inputs", inputs)
-    _set(msg, "request_type", _ZERO)
-    return msg
 
 
 cdef object _new_completed(object token, object outputs):
@@ -356,11 +327,11 @@ cdef class FrontLane:
             return False
         msg_id = self._new_id()
         itype = best.input_type
-        if self.sock_handle != NULL and self.v3 and _plain_array(inputs, itype):
+        if self.sock_handle != NULL and self.v3 and itype != 4 and _fast_array(inputs, 2, itype):
             self._send_v3_request(best.identity, <uint32_t>msg_id, itype, inputs)
         else:
             try:
-                frames = _encode(_new_request(msg_id, best.input_type, inputs), self.generation)
+                frames = _encode(_new_request(<uint32_t>msg_id, itype, inputs), self.generation)
             except EncodeError:  # the state reports it: give the id back
                 state._next_id = msg_id
                 return False
@@ -384,7 +355,7 @@ cdef class FrontLane:
         cdef zmq_msg_t msg
         cdef uint8_t *o
         cdef Py_ssize_t i, n = cnp.PyArray_DIMS(inputs)[0]
-        cdef Py_ssize_t row = cnp.PyArray_DIMS(inputs)[1] * _ELEMENT_SIZE[itype]
+        cdef Py_ssize_t row = cnp.PyArray_DIMS(inputs)[1] * cnp.PyArray_ITEMSIZE(inputs)
         cdef const char *data = <const char *>cnp.PyArray_DATA(inputs)
         memcpy(_new_part(&msg, len(identity)), <char *>identity, len(identity))
         self._put(&msg, True)

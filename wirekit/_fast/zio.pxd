@@ -2,6 +2,16 @@
 # lane) that move messages without a Python call per message.  bind() must have succeeded
 # (_handle and _zmq_calls raise otherwise).
 
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+
+cdef inline double _now() noexcept nogil:
+    """The clock ``time.monotonic`` reads, in seconds."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
 ctypedef struct zmq_msg_t:
     void *_[8]  # libzmq's zmq_msg_t: 64 opaque bytes, pointer-aligned
 

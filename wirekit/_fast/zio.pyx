@@ -24,7 +24,6 @@ from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.errno cimport EAGAIN, EINTR
 from libc.string cimport memcpy
-from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from posix.dlfcn cimport RTLD_NOW, dlopen, dlsym
 
 import zmq
@@ -176,12 +175,6 @@ cdef void *_handle(sock) except NULL:
 cdef int _raise(int err) except -1:
     zmq.error._check_rc(-1, err)
     return -1
-
-
-cdef inline double _now() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
 cdef int _recv_part(zmq_msg_t *msg, void *handle, bint block, double spin=0.0) except -2:

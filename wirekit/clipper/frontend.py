@@ -451,7 +451,7 @@ class Frontend:
                 taken = 0
                 while True:  # this message, and up to _BURST more already waiting
                     if type(message) is tuple:
-                        self._handle(message, now, out)
+                        self._handle(message, now, out, True)
                     elif message == ANSWERED_QUEUE_WAITS:
                         self._submitted = True  # the replica has room again: dispatch
                     taken += 1
@@ -570,16 +570,19 @@ class Frontend:
             if until_event and state.events:
                 return
 
-    def _handle(self, message: tuple[list[bytes], int], now: float, out: list) -> None:
-        """One message from a container: ``(frames, source fd)``, the identity in front."""
+    def _handle(self, message: tuple[list[bytes], int], now: float, out: list,
+                lane_tried: bool = False) -> None:
+        """One message from a container: ``(frames, source fd)``, the identity in front
+        (``lane_tried``: it came from the lane's ``receive``, which already tried it)."""
         state = self.state
         replicas = state.replicas
         frames, fd = message
-        answered = self._lane.answer(frames, now)
-        if answered:
-            if answered == ANSWERED_QUEUE_WAITS:
-                self._submitted = True  # the replica has room again: dispatch the queue
-            return
+        if not lane_tried:
+            answered = self._lane.answer(frames, now)
+            if answered:
+                if answered == ANSWERED_QUEUE_WAITS:
+                    self._submitted = True  # the replica has room again: dispatch the queue
+                return
         identity = frames[0]
         if identity == _WAKE_ID:  # a wake-up: it did its job by ending the receive
             self._wake_pending = False
