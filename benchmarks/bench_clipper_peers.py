@@ -1,9 +1,11 @@
 """Peers for the Clipper round-trip benchmark, run as separate processes.
 
-``python bench_clipper_peers.py echo ADDRESS GEN [lean]``: a bare pyzmq DEALER that answers
-every request with pre-encoded response frames (no parsing), echoing the request's id frame;
-with ``lean`` it moves frames with the multipart send/receive wirekit's runtimes use
-(``wirekit.clipper._zio``) instead of pyzmq's ``send_multipart``/``recv_multipart``.
+``python bench_clipper_peers.py echo ADDRESS GEN [plain|lean]``: a bare pyzmq DEALER that
+answers every request with pre-encoded response frames (no parsing), echoing the request's id
+frame.  It moves frames with pyzmq's ``send_multipart``/``recv_multipart``; with ``plain``, with
+the pure-Python twin of ``wirekit.clipper._zio`` (pyzmq's backend socket calls, plain int
+flags); with ``lean``, with the multipart send/receive wirekit's runtimes use (``_zio``: its
+Cython twin, straight on libzmq).
 ``ok`` is the model the wirekit container serves: one constant output per input.
 """
 
@@ -16,7 +18,7 @@ def ok(inputs):
     return ["1"] * len(inputs)
 
 
-def echo(address: str, gen: str, lean: bool = False) -> None:
+def echo(address: str, gen: str, io: str = "usual") -> None:
     import zmq
 
     from wirekit import clipper
@@ -31,14 +33,17 @@ def echo(address: str, gen: str, lean: bool = False) -> None:
     req_id_at = {"2016": 1, "2017": 2, "v3": 3}[gen]
     count_at = {"2016": 3, "2017": 5, "v3": 6}[gen]
     recv, send = sock.recv_multipart, sock.send_multipart
-    if lean:
-        from wirekit.clipper._zio import recv_frames, send_frames
+    if io != "usual":
+        from wirekit.clipper import _zio
+
+        send_on, recv_on = ((_zio.send_frames, _zio.recv_frames) if io == "lean"
+                            else (_zio._send_frames, _zio._recv_frames))
 
         def recv():
-            return recv_frames(sock)
+            return recv_on(sock)
 
         def send(frames):
-            send_frames(sock, frames)
+            send_on(sock, frames)
 
     while True:
         frames = recv()
@@ -54,4 +59,4 @@ def echo(address: str, gen: str, lean: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    echo(sys.argv[2], sys.argv[3], lean=sys.argv[4:] == ["lean"])
+    echo(sys.argv[2], sys.argv[3], io=sys.argv[4] if len(sys.argv) > 4 else "usual")

@@ -7,12 +7,14 @@ ROUTER puts a fresh id in every request and matches every answer by id, the leas
 frontend must do.  Each round is ``ROUND`` round trips with 1 or 16 requests in flight,
 inputs 1 × 10 or 32 × 10 doubles.
 "fast" is wirekit; "baseline" the bare pair written the usual pyzmq way
-(``send_multipart``/``recv_multipart``); "baseline-lean" the same bare pair moving frames with
-the multipart send/receive wirekit's runtimes use (``wirekit.clipper._zio``: with the Cython
-twin, whole messages straight on pyzmq's libzmq), the fastest bare pair we know how to write
-in Python.  ratios.py's share column is wirekit's share of each.  With 1 request in flight,
-"fast" calls the blocking ``predict`` and "fast-nospin" does so with ``Frontend(spin=0)``: the
-caller sleeps at once instead of looking for its answer for up to 200 µs first (the default).
+(``send_multipart``/``recv_multipart``); "baseline-plain" the same bare pair moving frames with
+the pure-Python twin of ``wirekit.clipper._zio`` (pyzmq's backend socket calls with plain int
+flags: the fastest we know in plain Python); "baseline-lean" the same bare pair moving frames
+with the multipart send/receive wirekit's runtimes use (``_zio``: with its Cython twin, whole
+messages straight on pyzmq's libzmq), the fastest bare pair we know how to write.
+ratios.py's share column is wirekit's share of each.  With 1 request in flight, "fast" calls
+the blocking ``predict`` and "fast-nospin" does so with ``Frontend(spin=0)``: the caller
+sleeps at once instead of looking for its answer for up to 200 µs first (the default).
 With 16 in flight, "fast" keeps them going with ``submit_callback`` (each answer's callback
 submits the next) and "fast-futures" with ``submit`` (a ``concurrent.futures.Future`` and a
 done-callback per request): the price of the Future.
@@ -36,7 +38,7 @@ import pytest
 import zmq
 
 from wirekit import clipper
-from wirekit.clipper._zio import recv_frames, send_frames
+from wirekit.clipper import _zio
 from wirekit.clipper.frontend import DEFAULT_SPIN, Frontend
 
 #: Round trips vary a lot from round to round on a shared virtual machine, and a pair that has
@@ -79,17 +81,17 @@ def wirekit_pair():
         fe.stop()
 
 
-def _bare_pair(lean: bool):
+def _bare_pair(io: str):
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     router.setsockopt(zmq.RCVTIMEO, 30000)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     proc = _child([str(HERE / "bench_clipper_peers.py"), "echo", f"tcp://127.0.0.1:{port}",
-                   GEN, *(["lean"] if lean else [])])
+                   GEN, io])
     try:
         ident, _, _ = router.recv_multipart()
-        yield router, ident, lean
+        yield router, ident, io
     finally:
         router.send_multipart([ident, b"", b"stop"])
         _end(proc)
@@ -99,12 +101,17 @@ def _bare_pair(lean: bool):
 
 @pytest.fixture(scope="module")
 def bare_pair():
-    yield from _bare_pair(lean=False)
+    yield from _bare_pair("usual")
+
+
+@pytest.fixture(scope="module")
+def bare_plain_pair():
+    yield from _bare_pair("plain")
 
 
 @pytest.fixture(scope="module")
 def bare_lean_pair():
-    yield from _bare_pair(lean=True)
+    yield from _bare_pair("lean")
 
 
 def wirekit_round(fe, inputs, in_flight, latencies):
@@ -179,13 +186,21 @@ def wirekit_round_futures(fe, inputs, in_flight, latencies):
 REQ_ID_AT, RESP_ID_AT = 4, 3
 
 
-def bare_round(router, ident, lean, frames, in_flight, latencies):
+#: How each bare pair moves frames: pyzmq's usual calls, the pure-Python ``_zio`` twin, or
+#: the ``_zio`` wirekit's runtimes use (the Cython twin where it is built).
+BARE_IO = {
+    "usual": (zmq.Socket.send_multipart, zmq.Socket.recv_multipart),
+    "plain": (_zio._send_frames, _zio._recv_frames),
+    "lean": (_zio.send_frames, _zio.recv_frames),
+}
+
+
+def bare_round(router, ident, io, frames, in_flight, latencies):
     """The minimal per-message work of a Clipper frontend: a fresh id in every request,
     every response matched to its request by id."""
-    send, recv = router.send_multipart, router.recv_multipart
-    if lean:
-        send = functools.partial(send_frames, router)
-        recv = functools.partial(recv_frames, router)
+    send_on, recv_on = BARE_IO[io]
+    send = functools.partial(send_on, router)
+    recv = functools.partial(recv_on, router)
     msg = [ident, *frames]
     waiting: dict[bytes, float] = {}
     ok = True
@@ -220,8 +235,8 @@ def _record(benchmark, latencies):
 #: The contenders of each load: wirekit's ways of keeping requests in flight, then the bare
 #: pairs.
 CONTENDERS = {
-    1: ["fast", "fast-nospin", "baseline", "baseline-lean"],
-    16: ["fast", "fast-futures", "baseline", "baseline-lean"],
+    1: ["fast", "fast-nospin", "baseline", "baseline-plain", "baseline-lean"],
+    16: ["fast", "fast-futures", "baseline", "baseline-plain", "baseline-lean"],
 }
 
 
@@ -241,7 +256,9 @@ def test_clipper_round_trips(benchmark, request, who, in_flight, shape):
         finally:
             fe.spin = DEFAULT_SPIN
     else:
-        pair = request.getfixturevalue("bare_pair" if who == "baseline" else "bare_lean_pair")
+        pair = request.getfixturevalue(
+            {"baseline": "bare_pair", "baseline-plain": "bare_plain_pair",
+             "baseline-lean": "bare_lean_pair"}[who])
         frames = clipper.encode(clipper.PredictRequest(0, clipper.InputType.DOUBLES, inputs),
                                 GEN)
         ok = benchmark(bare_round, *pair, frames, in_flight, latencies)
