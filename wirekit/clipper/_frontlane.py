@@ -137,8 +137,7 @@ class FrontLane:
         state = self.state
         if state.pending.get(model_name):
             return False  # first come, first served
-        replicas = state.models.get(model_name)
-        if not replicas:
+        if not state.models.get(model_name):
             return False
         try:
             count = len(inputs)
@@ -148,15 +147,8 @@ class FrontLane:
             return False
         if input_type is None:
             input_type = infer_input_type(inputs)
-        limit = state.max_in_flight
-        best = None
-        for r in replicas:  # FrontendState._pick: the least work in flight
-            if not r.alive or len(r.in_flight) >= limit:
-                continue
-            if input_type is not None and r.input_type != input_type:
-                continue
-            if best is None or len(r.in_flight) < len(best.in_flight):
-                best = r
+        batch = Batch(model_name, inputs, input_type, deadline, token, count)
+        best = state._pick(model_name, batch)  # the least work in flight
         if best is None:
             return False
         msg_id = state._new_id()
@@ -165,7 +157,7 @@ class FrontLane:
         except EncodeError:  # the state reports it: give the id back
             state._next_id = msg_id
             return False
-        batch = Batch(model_name, inputs, input_type, deadline, token, count, msg_id, best, 1)
+        batch.msg_id, batch.replica, batch.attempts = msg_id, best, 1
         best.in_flight[msg_id] = batch
         state.in_flight[msg_id] = batch
         if deadline < state._due:
