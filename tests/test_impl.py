@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import doctest
+import importlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +32,28 @@ def test_the_fast_path_is_active_in_this_run():
     else:
         assert wirekit.IMPLEMENTATION == "fast"
         assert mip.encode is _impl.twin("mip", "fast").encode
+
+
+FAST_DIR = Path(wirekit.__file__).parent / "_fast"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in FAST_DIR.glob("*.pyx")))
+def test_every_compiled_twin_loads_in_a_compiled_run(name):
+    # Every .pyx must be built and importable: CI's compiled run may not pass on a pure path
+    # that a failed build or a missing library selected quietly.
+    if _impl.pure_requested():
+        assert _impl.load_fast(name) is None
+    else:
+        assert _impl.load_fast(name) is importlib.import_module(f"wirekit._fast.{name}")
+
+
+def test_runtimes_run_on_their_compiled_twins_in_a_compiled_run():
+    from wirekit import clipper, y2, zmtp
+    from wirekit.clipper import _lane, _zio
+
+    expected = "pure" if _impl.pure_requested() else "fast"
+    for module in (mip, clipper, y2, zmtp, _zio, _lane):
+        assert expected == module.IMPLEMENTATION, module.__name__
 
 
 def _implementation_in_subprocess(env_value: str | None) -> str:
