@@ -701,6 +701,7 @@ class Frontend:
                 self._send_query(identity, {"error": f"bad query: {_query_problem(exc)}"})
                 continue
             self.state.submit(model, inputs, now + timeout, ("query", identity), itype)
+            self._submitted = True  # dispatch it now, not at the next tick
 
     def _answer_query(self, identity: bytes, event: Any) -> None:
         if type(event) is Completed:
