@@ -17,7 +17,8 @@ but may move between threads with a memory barrier).
 Malformed messages are logged and dropped; a model that raises or returns the wrong outputs
 is logged with the message id and the container keeps serving.  :meth:`ModelContainer.run`
 raises :class:`~wirekit.clipper.session.VersionMismatch` when the peer speaks another
-generation.
+generation (its first messages read as another generation only; once it has spoken this one,
+such a message is malformed: logged and dropped).
 """
 
 from __future__ import annotations
