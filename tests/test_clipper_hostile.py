@@ -266,6 +266,68 @@ def test_a_peer_of_another_generation_from_the_start_is_a_version_mismatch(
     assert f"the peer speaks Clipper RPC {theirs}" in str(c.error)
 
 
+# --- a hostile replica against a frontend -------------------------------------------------------
+
+
+def _hostile_answers(good: list[bytes]) -> list[list[bytes]]:
+    """Malformed v3 answers built from ``good`` ([, 1, msg_id, H, header, outputs...])."""
+    h = good[4]
+    cut = [good[:k] for k in range(1, len(good))]
+    cut += [_with(good, i, good[i][:-1]) for i in range(1, len(good)) if good[i]]
+    huge = [
+        _with(good, 3, u64(2**63)),
+        _with(good, 4, u64(2**64 - 1) + h[8:]),
+        _with(good, 4, u64(2**32) + h[8:]),
+        _with(good, 4, h[:8] + u64(2**62) + h[16:]),
+        [*good[:3], u64(16), u64(1) + u64(2**40), b"x"],
+    ]
+    other = [clipper.encode(PredictResponse(1, ["a", "b"]), "2017"),
+             clipper.encode(PredictResponse(1, [1.0, 2.0]), "2016")]
+    return _garbage()[:4] + cut + huge + other + [_with(good, 5, b"\xff\xfe")]
+
+
+def test_a_frontend_survives_a_hostile_replica(ctx, started, front_lane, caplog):
+    fe = Frontend("tcp://127.0.0.1:0", "v3", context=ctx).start()
+    started.append(fe)
+    peer = ctx.socket(zmq.DEALER)
+    peer.setsockopt(zmq.LINGER, 0)
+    peer.setsockopt(zmq.RCVTIMEO, MS)
+    peer.connect(fe.endpoint)
+    try:
+        peer.send_multipart(clipper.encode(Heartbeat(), "v3"))
+        assert clipper.decode(peer.recv_multipart(), "v3", "to_container") == METADATA
+        peer.send_multipart(clipper.encode(NewContainer("m", "1", InputType.DOUBLES, 3), "v3"))
+        fe.wait_for("m", 1, WAIT)
+        future = fe.submit("m", [[1.0], [2.0]], timeout=WAIT)
+        request = clipper.decode(peer.recv_multipart(), "v3", "to_container")
+        good = clipper.encode(PredictResponse(request.msg_id, ["a", "b"]), "v3")
+        hostile = _hostile_answers(good)
+        sent = sum(len(f) for frames in hostile for f in frames)
+        caplog.clear()
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            with caplog.at_level(logging.WARNING, "wirekit.clipper"):
+                for frames in hostile:
+                    peer.send_multipart(frames)
+                peer.send_multipart(good)
+                outputs = future.result(WAIT)
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+    finally:
+        peer.close(0)
+    assert outputs == ["a", "b"]
+    assert [r.model_name for r in fe.replicas()] == ["m"] and fe.state.rejected == {}
+    dropped = [r.getMessage() for r in caplog.records
+               if r.getMessage().startswith("clipper frontend: dropped a malformed message")]
+    assert len(dropped) == len(hostile)
+    assert all("clipper: " in text and " at frame " in text for text in dropped)
+    assert peak < 3 * sent + (1 << 20), (peak, sent)
+    assert fe.error is None
+
+
 # --- hostile queries against a frontend ---------------------------------------------------------
 
 

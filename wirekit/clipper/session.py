@@ -446,9 +446,10 @@ class FrontendState:
     Outcomes accumulate in :attr:`events` (:class:`Completed` / :class:`Failed`); the runtime
     drains them.
 
-    :attr:`rejected` names the peers that spoke another generation (identity ->
+    :attr:`rejected` names the unregistered peers that spoke another generation (identity ->
     :class:`VersionMismatch`, kept without traceback or frames): at most ``max_rejected``
-    (:data:`DEFAULT_MAX_REJECTED`), the oldest forgotten first; a peer that registers leaves it.
+    (:data:`DEFAULT_MAX_REJECTED`), the oldest forgotten first; a peer that registers leaves
+    it.  A registered replica's message of another generation is malformed (logged, dropped).
     """
 
     def __init__(
@@ -505,8 +506,13 @@ class FrontendState:
             msg = decode(frames, self.generation, _TO_CLIPPER)
         except DecodeError as exc:
             mismatch = _classify(frames, self.generation, Direction.TO_CLIPPER, exc)
-            if mismatch is not None:
+            if mismatch is not None and replica is None:
                 self._reject(identity, mismatch)
+            elif mismatch is not None:  # it registered in this generation: malformed
+                log.warning("clipper frontend: dropped a malformed message from %s (it reads "
+                            "as Clipper RPC %s, but it registered in %s): %s", identity.hex(),
+                            " or ".join(g.value for g in mismatch.found),
+                            self.generation.value, exc)
             else:
                 log.warning("clipper frontend: dropped a malformed message from %s: %s",
                             identity.hex(), exc)
