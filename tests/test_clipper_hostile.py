@@ -15,12 +15,14 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
 import time
 import tracemalloc
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,7 +43,7 @@ from wirekit.clipper import (
 from wirekit.clipper import container as container_module
 from wirekit.clipper import frontend as frontend_module
 from wirekit.clipper._lane import PureLane
-from wirekit.clipper.container import ModelContainer
+from wirekit.clipper.container import ModelContainer, parse_input_type
 from wirekit.clipper.frontend import Frontend, query
 from wirekit.clipper.session import FrontendState, PredictionError, VersionMismatch
 
@@ -564,3 +566,32 @@ def test_the_frontend_command_exits_non_zero_when_its_socket_loop_crashes():
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" in proc.stderr and "RuntimeError: injected bug" in proc.stderr
     assert "wirekit clipper frontend: the socket loop crashed" in proc.stderr
+
+
+def test_the_container_command_exits_non_zero_with_the_traceback_of_a_crash(clipper_side):
+    _, address = clipper_side
+    script = textwrap.dedent("""
+        import sys
+        from wirekit.clipper.session import ContainerSession
+        def broken(self, now):
+            raise RuntimeError("injected bug")
+        ContainerSession.start = broken  # the first thing a session does
+        from wirekit.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "clipper", "container", "--model",
+         "clipper_models:describe", "--name", "m", "--model-version", "1", "--address",
+         address],
+        capture_output=True, text=True, timeout=3 * WAIT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])})
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" in proc.stderr and "RuntimeError: injected bug" in proc.stderr
+
+
+def test_input_type_names_from_a_peer_are_not_converted_with_int():
+    assert parse_input_type("0" * 5000 + "3") is InputType.DOUBLES
+    with pytest.raises(ValueError, match=r"unknown input type '9999") as info:
+        parse_input_type("9" * 5000)
+    assert len(str(info.value)) < 120
