@@ -595,3 +595,16 @@ def test_input_type_names_from_a_peer_are_not_converted_with_int():
     with pytest.raises(ValueError, match=r"unknown input type '9999") as info:
         parse_input_type("9" * 5000)
     assert len(str(info.value)) < 120
+
+
+@pytest.mark.parametrize(("flag", "text"), [("--max-rejected", "max_rejected must be at least 0"),
+                                            ("--max-in-flight", "max_in_flight must be")])
+def test_the_frontend_command_refuses_negative_limits(flag, text):
+    import io
+
+    from wirekit.cli import main
+
+    err = io.StringIO()
+    code = main(["clipper", "frontend", "--listen", "tcp://127.0.0.1:0", "--query", "", flag,
+                 "-1"], out=io.StringIO(), err=err)
+    assert code == 2 and text in err.getvalue()

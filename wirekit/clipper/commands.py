@@ -85,11 +85,15 @@ def _frontend(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .frontend import Frontend
 
     _setup_logging(args.verbose, err)
-    frontend = Frontend(
-        args.listen, args.generation, activity_timeout=args.activity_timeout,
-        max_in_flight=args.max_in_flight, query=args.query or None,
-        max_rejected=args.max_rejected,
-    )
+    try:
+        frontend = Frontend(
+            args.listen, args.generation, activity_timeout=args.activity_timeout,
+            max_in_flight=args.max_in_flight, query=args.query or None,
+            max_rejected=args.max_rejected,
+        )
+    except ValueError as exc:
+        err.write(f"wirekit clipper frontend: {exc}\n")
+        return EXIT_USAGE
     try:
         frontend.start()
     except zmq.ZMQError as exc:
