@@ -7,6 +7,7 @@ import json
 import struct
 from pathlib import Path
 
+import construct
 import numpy as np
 import pytest
 from hypothesis import given
@@ -332,6 +333,40 @@ def test_bad_input_types(clipper_codec, text):
     with pytest.raises(DecodeError) as info:
         clipper_codec.decode([b"", u32(0), b"m", b"1", text], G17, OUT)
     assert info.value.field == "input_type"
+
+
+# Wirekit issue 13: the pure twin read the input type with int(), which refuses more than
+# 4300 digits (ValueError, not DecodeError: one registration stopped the frontend's loop).
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [(b"0" * 4301 + b"1", 1), (b" -" + b"0" * 5000, 0), (b"0" * (1 << 20) + b"4x", 4)],
+    ids=["4301-zeros-then-1", "minus-5000-zeros", "1MiB-of-zeros-then-4"],
+)
+def test_input_type_of_thousands_of_digits_is_read_like_stoi(clipper_codec, text, expected):
+    msg = clipper_codec.decode([b"", u32(0), b"m", b"1", text, u32(3)], V3, OUT)
+    assert msg.input_type == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "start"),
+    [(b"0" * 4301 + b"7", 0), (b"9" * 5000, 0), (b"\t-" + b"0" * 4400 + b"1", 1),
+     (b"1" * (1 << 20), 0)],
+    ids=["4301-zeros-then-7", "5000-nines", "minus-4400-zeros-then-1", "1MiB-of-ones"],
+)
+def test_input_type_of_thousands_of_digits_fails_alike_in_both_twins(text, start):
+    frames = [b"", u32(0), b"m", b"1", text, u32(3)]
+    pure = _outcome(_pure, frames, V3, OUT)
+    assert pure == _outcome(_fast(), frames, V3, OUT)
+    shown = text[start : start + 20].decode()
+    assert pure == ("error", (
+        f"clipper: input_type at frame 4, byte {start}: unknown input type {shown}... (0..4)",
+        "input_type", 4, start))
+
+
+def test_the_spec_reads_thousands_of_digits_without_int_of_them():
+    assert spec.ASCII_INT.parse(b" 00" + b"0" * 5000 + b"3junk").value == 3
+    with pytest.raises(construct.ConstructError, match="5001-digit integer is out of range"):
+        spec.ASCII_INT.parse(b"-" + b"0" * 5000 + b"1" * 5001)
 
 
 def test_2017_size_frames_of_4_or_8_bytes(clipper_codec):

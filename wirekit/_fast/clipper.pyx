@@ -272,8 +272,11 @@ cdef object _ascii_input_type(_Frames fr, Py_ssize_t i):
     if p == digits:
         raise _fail("input_type", digits, "expected a decimal integer (read by std::stoi)", i)
     if big or value > 4 or (negative and value != 0):
-        text = (<bytes>PyBytes_FromStringAndSize(<const char*>d + start, p - start)).decode()
-        shown = text if len(text) <= 20 else text[:20] + "..."
+        # At most 20 bytes shown (and copied): the frame may hold millions of digits.
+        shown = (<bytes>PyBytes_FromStringAndSize(
+            <const char*>d + start, p - start if p - start <= 20 else 20)).decode()
+        if p - start > 20:
+            shown += "..."
         raise _fail("input_type", start, f"unknown input type {shown} (0..4)", i)
     return _INPUT_TYPES[value]
 

@@ -8,6 +8,7 @@ as both have been reached.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,7 @@ from .messages import (
 G16, G17, V3 = Generation.G2016, Generation.G2017, Generation.V3
 OUT, IN = Direction.TO_CLIPPER, Direction.TO_CONTAINER
 _WS = b" \t\n\v\f\r"
+_DIGITS = re.compile(rb"[0-9]*")
 _TYPE_NAMES = ("bytes", "int32", "float32", "float64", "string")
 
 
@@ -154,24 +156,29 @@ def _request_type(views: list, i: int) -> int:
 
 
 def _ascii_input_type(views: list, i: int) -> InputType:
-    """The registration's input type, read the way ``std::stoi`` reads it."""
+    """The registration's input type, read the way ``std::stoi`` reads it.
+
+    No ``int()`` of the peer's digits (a frame may hold millions): leading zeros are
+    skipped and any value past 4 is unknown, whatever its length (as the Cython twin).
+    """
     data = views[i].tobytes()
-    p = 0
-    while p < len(data) and data[p] in _WS:
-        p += 1
+    p = len(data) - len(data.lstrip(_WS))
     start = p
+    negative = p < len(data) and data[p] == 45  # "-"
     if p < len(data) and data[p] in b"+-":
         p += 1
     digits = p
-    while p < len(data) and 48 <= data[p] <= 57:
-        p += 1
+    run = _DIGITS.match(data, p)
+    p = run.end()
     if p == digits:
         raise _fail("input_type", digits, "expected a decimal integer (read by std::stoi)", i)
-    text = data[start:p].decode("ascii")
-    if int(text) not in range(5):
-        shown = text if len(text) <= 20 else text[:20] + "..."
+    value = run.group().lstrip(b"0")
+    if len(value) > 1 or value > b"4" or (negative and value):
+        shown = data[start : min(p, start + 20)].decode("ascii")
+        if p - start > 20:
+            shown += "..."
         raise _fail("input_type", start, f"unknown input type {shown} (0..4)", i)
-    return InputType(int(text))
+    return InputType(int(value or b"0"))
 
 
 # --- messages --------------------------------------------------------------------------------

@@ -85,10 +85,15 @@ def _frontend(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .frontend import Frontend
 
     _setup_logging(args.verbose, err)
-    frontend = Frontend(
-        args.listen, args.generation, activity_timeout=args.activity_timeout,
-        max_in_flight=args.max_in_flight, query=args.query or None,
-    )
+    try:
+        frontend = Frontend(
+            args.listen, args.generation, activity_timeout=args.activity_timeout,
+            max_in_flight=args.max_in_flight, query=args.query or None,
+            max_rejected=args.max_rejected,
+        )
+    except ValueError as exc:
+        err.write(f"wirekit clipper frontend: {exc}\n")
+        return EXIT_USAGE
     try:
         frontend.start()
     except zmq.ZMQError as exc:
@@ -99,8 +104,15 @@ def _frontend(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
               + "\n")
     out.flush()
     stop = threading.Event()
+    # A socket loop that crashes (a bug; its traceback is logged) ends the command.
+    watcher = threading.Thread(target=lambda: (frontend.wait(), stop.set()), daemon=True)
+    watcher.start()
     _until_signal(stop)
     frontend.stop()
+    if frontend.error is not None:
+        err.write(f"wirekit clipper frontend: the socket loop crashed: "
+                  f"{type(frontend.error).__name__}: {frontend.error}\n")
+        return EXIT_FAIL
     return EXIT_OK
 
 
@@ -187,6 +199,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="drop containers silent this long (default 30 s)")
     fe.add_argument("--max-in-flight", type=int, default=1,
                     help="batches in flight per container (default 1, as Clipper)")
+    fe.add_argument("--max-rejected", type=int, default=256, metavar="N",
+                    help="peers of another generation remembered (default 256; the oldest "
+                    "is forgotten first)")
     fe.add_argument("-v", "--verbose", action="store_true", help="log registrations")
     fe.set_defaults(handler=_frontend)
 

@@ -17,7 +17,8 @@ but may move between threads with a memory barrier).
 Malformed messages are logged and dropped; a model that raises or returns the wrong outputs
 is logged with the message id and the container keeps serving.  :meth:`ModelContainer.run`
 raises :class:`~wirekit.clipper.session.VersionMismatch` when the peer speaks another
-generation.
+generation (its first messages read as another generation only; once it has spoken this one,
+such a message is malformed: logged and dropped).
 """
 
 from __future__ import annotations
@@ -67,14 +68,18 @@ def parse_input_type(value: str | int | InputType) -> InputType:
     """An input type from its code (0..4) or name ("doubles", "strings", ...)."""
     if isinstance(value, InputType):
         return value
-    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
-        code = int(value)
-        if 0 <= code <= 4:
-            return InputType(code)
+    code = -1
+    if isinstance(value, int):
+        code = value
+    elif isinstance(value, str) and value.strip().isdecimal():
+        digits = value.strip().lstrip("0") or "0"
+        code = int(digits) if len(digits) == 1 else -1  # no int() of a peer's long string
     elif isinstance(value, str) and value.strip().lower() in _INPUT_TYPE_NAMES:
         return _INPUT_TYPE_NAMES[value.strip().lower()]
+    if 0 <= code <= 4:
+        return InputType(code)
     raise ValueError(
-        f"unknown input type {value!r} (bytes, ints, floats, doubles, strings or 0..4)"
+        f"unknown input type {value!r:.40} (bytes, ints, floats, doubles, strings or 0..4)"
     )
 
 
@@ -181,7 +186,10 @@ class ModelContainer:
             self.run()
         except BaseException as exc:  # reported through .error
             self.error = exc
-            log.error("clipper container stopped: %s", exc)
+            if isinstance(exc, VersionMismatch):
+                log.error("clipper container stopped: %s", exc)
+            else:  # a bug: the traceback says where
+                log.critical("clipper container stopped: %s", exc, exc_info=exc)
 
     def stop(self, timeout: float | None = 5.0) -> None:
         """Ask the loop to end and wait for the background thread."""

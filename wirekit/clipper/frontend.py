@@ -45,6 +45,7 @@ from .container import parse_input_type
 from .messages import Generation, InputType, as_generation
 from .session import (
     DEFAULT_ACTIVITY_TIMEOUT,
+    DEFAULT_MAX_REJECTED,
     Completed,
     FrontendState,
     PredictionError,
@@ -128,6 +129,13 @@ class Frontend:
     released and the CPU yielded between looks) before it sleeps: on virtual machines a
     sleeping thread takes tens of microseconds to wake; ``spin=0`` turns this off.
     ``start()`` binds (errors surface there) and runs the socket thread; ``stop()`` ends it.
+    ``max_rejected`` bounds how many peers of another generation are remembered
+    (:attr:`FrontendState.rejected <wirekit.clipper.session.FrontendState>`).
+
+    No input on any socket stops the socket loop.  Should it crash anyway (a bug), the
+    traceback is logged, :attr:`error` holds the exception, every outstanding prediction
+    fails with a :class:`PredictionError` saying so, every later one fails at once, and
+    :meth:`wait` returns (``wirekit clipper frontend`` then exits with status 1).
     """
 
     def __init__(
@@ -141,6 +149,7 @@ class Frontend:
         query: str | None = None,
         context: zmq.Context | None = None,
         spin: float = DEFAULT_SPIN,
+        max_rejected: int = DEFAULT_MAX_REJECTED,
     ) -> None:
         self.listen = listen
         self.spin = spin
@@ -148,7 +157,11 @@ class Frontend:
         self.state = FrontendState(
             self.generation, activity_timeout=activity_timeout,
             check_interval=check_interval, max_in_flight=max_in_flight,
+            max_rejected=max_rejected,
         )
+        #: the exception that crashed the socket loop (a bug), else None
+        self.error: BaseException | None = None
+        self._ended = threading.Event()  # the socket thread has ended
         self.query_address = query
         self.context = context or zmq.Context.instance()
         self.endpoint: str | None = None
@@ -226,6 +239,29 @@ class Frontend:
         self._kick.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the socket thread has ended (:meth:`stop`, or a crash: see
+        :attr:`error`); True when it has, False after ``timeout`` seconds."""
+        return self._ended.wait(timeout)
+
+    def _crashed(self, exc: BaseException) -> None:
+        """The socket loop hit a bug: log it and stop; the socket thread fails the
+        outstanding predictions, and every later one fails at once."""
+        if self.error is None:
+            self.error = exc
+            log.critical("clipper frontend: the socket loop crashed; stopping (every "
+                         "prediction now fails)", exc_info=exc)
+        self._stopping = True
+        self._stop.set()
+        self._kick.set()
+
+    def _stopped_reason(self) -> str:
+        error = self.error
+        if error is None:
+            return "the frontend stopped"
+        return (f"the frontend's socket loop crashed ({type(error).__name__}: {error}); "
+                f"it is stopped")
 
     def __enter__(self) -> Frontend:
         return self.start()
@@ -310,7 +346,8 @@ class Frontend:
         if input_type is not None:
             input_type = parse_input_type(input_type)
         if self._stopping or self._thread is None:
-            token.set_exception(PredictionError("the frontend is not running"))
+            token.set_exception(PredictionError(
+                "the frontend is not running" if self.error is None else self._stopped_reason()))
             return
         deadline = time.monotonic() + timeout
         owner = self._owner
@@ -400,17 +437,20 @@ class Frontend:
                     if self._kick.wait(look):
                         look = _LOOK_AGAIN
                     self._kick.clear()
-        except Exception:  # pragma: no cover - a bug; make it visible
-            log.exception("clipper frontend: socket loop crashed")
+        except Exception as exc:  # a bug: make it loud, fail every prediction
+            self._crashed(exc)
         finally:
-            with self._io:
-                self._owner = me
-                try:
-                    self._fail_all("the frontend stopped")
-                finally:
-                    self._owner = None
-                    self._sockets_closed = True
-                    self._close_sockets(self._sock)
+            try:
+                with self._io:
+                    self._owner = me
+                    try:
+                        self._fail_all(self._stopped_reason())
+                    finally:
+                        self._owner = None
+                        self._sockets_closed = True
+                        self._close_sockets(self._sock)
+            finally:
+                self._ended.set()
 
     def _drive(self, future: _Call | None) -> None:
         """Move frames until ``future`` is done (a caller) or a caller wants the sockets (the
@@ -532,6 +572,8 @@ class Frontend:
             self._owner = threading.get_ident()
             try:
                 self._drive(future)
+            except Exception as exc:  # a bug: the background thread fails every prediction
+                self._crashed(exc)
             finally:
                 self._owner = None
         finally:
@@ -654,20 +696,12 @@ class Frontend:
                 continue
             identity = frames[0]
             try:
-                req = json.loads(frames[2])
-                model = req["model"]
-                inputs = req["inputs"]
-                timeout = float(req.get("timeout", 5.0))
-                itype = req.get("input_type")
-                itype = parse_input_type(itype) if itype is not None else None
-                if itype == InputType.BYTES:
-                    inputs = [bytes.fromhex(x) for x in inputs]
-                if not isinstance(model, str) or not isinstance(inputs, list):
-                    raise ValueError("model must be a string and inputs a list")
-            except (ValueError, KeyError, TypeError) as exc:
-                self._send_query(identity, {"error": f"bad query: {exc}"})
+                model, inputs, timeout, itype = _parse_query(frames[2])
+            except _BAD_QUERY as exc:
+                self._send_query(identity, {"error": f"bad query: {_query_problem(exc)}"})
                 continue
             self.state.submit(model, inputs, now + timeout, ("query", identity), itype)
+            self._submitted = True  # dispatch it now, not at the next tick
 
     def _answer_query(self, identity: bytes, event: Any) -> None:
         if type(event) is Completed:
@@ -678,6 +712,39 @@ class Frontend:
     def _send_query(self, identity: bytes, body: dict) -> None:
         if self._query is not None:
             self._query.send_multipart([identity, b"", json.dumps(body).encode()])
+
+
+#: Everything :func:`_parse_query` raises for a query a peer can send (json.loads: ValueError
+#: and RecursionError for deep nesting; float(): OverflowError).
+_BAD_QUERY = (ValueError, KeyError, TypeError, OverflowError, RecursionError)
+
+
+def _parse_query(body: bytes) -> tuple[str, list, float, InputType | None]:
+    """``(model, inputs, timeout, input_type)`` of a JSON query, else one of _BAD_QUERY."""
+    req = json.loads(body)
+    if not isinstance(req, dict):
+        raise ValueError(f"expected a JSON object, got {type(req).__name__}")
+    model = req["model"]
+    inputs = req["inputs"]
+    if not isinstance(model, str) or not isinstance(inputs, list):
+        raise ValueError("model must be a string and inputs a list")
+    timeout = float(req.get("timeout", 5.0))
+    if not 0.0 <= timeout < float("inf"):
+        raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout}")
+    itype = req.get("input_type")
+    itype = parse_input_type(itype) if itype is not None else None
+    if itype == InputType.BYTES:
+        inputs = [bytes.fromhex(x) for x in inputs]
+    return model, inputs, timeout, itype
+
+
+def _query_problem(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "the JSON is nested too deeply"
+    if isinstance(exc, KeyError):
+        return f"missing {exc}"
+    text = str(exc)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 #: The frontend lane: its compiled twin (which moves frames with the Cython ``zio``, so only

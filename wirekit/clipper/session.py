@@ -53,6 +53,9 @@ DEFAULT_POLL_INTERVAL = 5.0
 DEFAULT_ACTIVITY_TIMEOUT = 30.0
 #: Clipper v3 looks for silent containers every 10 s.
 DEFAULT_CHECK_INTERVAL = 10.0
+#: Peers rejected for speaking another generation that the frontend remembers (the oldest is
+#: forgotten first); each costs one :class:`VersionMismatch` without traceback or payload.
+DEFAULT_MAX_REJECTED = 256
 
 Frames = list[bytes]
 
@@ -127,12 +130,24 @@ class OutputError(WirekitError):
 
 def _classify(frames: Sequence[Any], generation: Generation, direction: Direction,
               exc: DecodeError) -> VersionMismatch | None:
-    """A VersionMismatch when ``frames`` are valid in other generations only, else None."""
+    """A VersionMismatch when ``frames`` are valid in other generations only, else None.
+
+    The error it holds keeps no traceback: that would pin the frames (the whole message)
+    for as long as the mismatch is kept (``FrontendState.rejected``, a container's error).
+    """
     try:
         others = [g for g in candidates(frames, direction) if g is not generation]
     except Exception:  # pragma: no cover - candidates only raises on misuse
         return None
-    return VersionMismatch(generation, others, exc) if others else None
+    if not others:
+        return None
+    return VersionMismatch(generation, others, _detached(exc))
+
+
+def _detached(exc: DecodeError) -> DecodeError:
+    """A copy of ``exc`` with no traceback, cause or context (only its text and fields)."""
+    rebuild, args = exc.__reduce__()[:2]
+    return rebuild(*args)
 
 
 _TEXT_TYPES = frozenset((str, bytes))
@@ -212,7 +227,9 @@ class ContainerSession:
     message, :meth:`tick` when :meth:`deadline` passes (or whenever the loop wakes), and
     :meth:`respond` with the model's outputs.  Each returns a list of actions:
     :class:`Send`, :class:`Predict` or :class:`Reconnect`.  A :class:`VersionMismatch` is
-    raised by :meth:`receive` when the peer turns out to speak another generation.
+    raised by :meth:`receive` when the peer turns out to speak another generation: when its
+    first messages read as another generation only.  Once it has sent a valid message of this
+    one (:attr:`heard`, or a request), such a message is malformed: logged and dropped.
     """
 
     def __init__(
@@ -233,6 +250,8 @@ class ContainerSession:
         self.last_received = now
         self.last_sent = now
         self.requests = 0
+        #: the peer sent a valid message of this generation (requests count too)
+        self.heard = False
         self._heartbeat = (
             None if self.generation is _G2016 else encode(Heartbeat(), self.generation)
         )
@@ -282,10 +301,17 @@ class ContainerSession:
             msg = decode(frames, self.generation, _TO_CONTAINER)
         except DecodeError as exc:
             mismatch = _classify(frames, self.generation, Direction.TO_CONTAINER, exc)
-            if mismatch is not None:
+            if mismatch is not None and not (self.heard or self.requests):
                 raise mismatch from None
-            log.warning("clipper container: dropped a malformed message: %s", exc)
+            if mismatch is not None:
+                log.warning("clipper container: dropped a malformed message (it reads as "
+                            "Clipper RPC %s, but this peer spoke %s before): %s",
+                            " or ".join(g.value for g in mismatch.found),
+                            self.generation.value, exc)
+            else:
+                log.warning("clipper container: dropped a malformed message: %s", exc)
             return []
+        self.heard = True
         self.last_received = now
         if type(msg) is PredictRequest:
             if self.state != "registered":
@@ -419,6 +445,11 @@ class FrontendState:
     generations), retries the batches they held and fails batches past their deadline.
     Outcomes accumulate in :attr:`events` (:class:`Completed` / :class:`Failed`); the runtime
     drains them.
+
+    :attr:`rejected` names the unregistered peers that spoke another generation (identity ->
+    :class:`VersionMismatch`, kept without traceback or frames): at most ``max_rejected``
+    (:data:`DEFAULT_MAX_REJECTED`), the oldest forgotten first; a peer that registers leaves
+    it.  A registered replica's message of another generation is malformed (logged, dropped).
     """
 
     def __init__(
@@ -429,9 +460,13 @@ class FrontendState:
         check_interval: float | None = None,
         max_in_flight: int = 1,
         on_register: Callable[[Replica], None] | None = None,
+        max_rejected: int = DEFAULT_MAX_REJECTED,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
+        if max_rejected < 0:
+            raise ValueError("max_rejected must be at least 0")
+        self.max_rejected = max_rejected
         self.generation = as_generation(generation)
         self.activity_timeout = activity_timeout
         self.check_interval = (
@@ -471,10 +506,13 @@ class FrontendState:
             msg = decode(frames, self.generation, _TO_CLIPPER)
         except DecodeError as exc:
             mismatch = _classify(frames, self.generation, Direction.TO_CLIPPER, exc)
-            if mismatch is not None:
-                if identity not in self.rejected:
-                    log.error("clipper frontend: container %s: %s", identity.hex(), mismatch)
-                self.rejected[identity] = mismatch
+            if mismatch is not None and replica is None:
+                self._reject(identity, mismatch)
+            elif mismatch is not None:  # it registered in this generation: malformed
+                log.warning("clipper frontend: dropped a malformed message from %s (it reads "
+                            "as Clipper RPC %s, but it registered in %s): %s", identity.hex(),
+                            " or ".join(g.value for g in mismatch.found),
+                            self.generation.value, exc)
             else:
                 log.warning("clipper frontend: dropped a malformed message from %s: %s",
                             identity.hex(), exc)
@@ -502,6 +540,17 @@ class FrontendState:
             return self.dispatch(now)
         log.warning("clipper frontend: unexpected %s from %s", kind.__name__, identity.hex())
         return []
+
+    def _reject(self, identity: bytes, mismatch: VersionMismatch) -> None:
+        """Remember (and log once) a peer of another generation, within ``max_rejected``."""
+        rejected = self.rejected
+        if rejected.pop(identity, None) is None:
+            log.error("clipper frontend: container %s: %s", identity.hex(), mismatch)
+        if self.max_rejected == 0:
+            return
+        while len(rejected) >= self.max_rejected:
+            del rejected[next(iter(rejected))]  # the oldest (dicts keep insertion order)
+        rejected[identity] = mismatch
 
     def _register(self, identity: bytes, msg: NewContainer, now: float) -> None:
         counter = self._replica_ids.setdefault(msg.model_name, itertools.count())
@@ -720,6 +769,7 @@ def _type_error(model_name: str, types: set[InputType], given: InputType) -> Pre
 __all__ = [
     "DEFAULT_ACTIVITY_TIMEOUT",
     "DEFAULT_CHECK_INTERVAL",
+    "DEFAULT_MAX_REJECTED",
     "DEFAULT_POLL_INTERVAL",
     "PROTOCOL",
     "Batch",

@@ -94,13 +94,16 @@ class StoiInt(Adapter):
     """Decimal ASCII read the way ``std::stoi`` reads it (leading whitespace, a sign, digits;
     anything after is ignored); built as plain ``str(int)``."""
 
-    _NUMBER = re.compile(rb"[ \t\n\v\f\r]*([+-]?[0-9]+)")
+    _NUMBER = re.compile(rb"[ \t\n\v\f\r]*([+-]?)0*([0-9]+)")
 
     def _decode(self, obj, context, path):
         match = self._NUMBER.match(obj)
         if match is None:
-            raise AdaptationError(f"no decimal integer in {obj!r}", path=path)
-        return int(match.group(1))
+            raise AdaptationError(f"no decimal integer in {obj!r:.40}", path=path)
+        digits = match.group(2)
+        if len(digits) > 10:  # past any C int (std::stoi throws out_of_range); no int() of it
+            raise AdaptationError(f"a {len(digits)}-digit integer is out of range", path=path)
+        return int(match.group(1) + digits)
 
     def _encode(self, obj, context, path):
         return str(int(obj)).encode("ascii")
