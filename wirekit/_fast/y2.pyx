@@ -1010,7 +1010,7 @@ cdef int _thread_count(object nthreads, Py_ssize_t size, Py_ssize_t auto_size,
     if nthreads is None:
         want = _cpus() if size >= auto_size else 1
     else:
-        want = nthreads
+        want = min(nthreads, chunks)  # (a Python int, however large)
     return <int>max(1, min(want, chunks))
 
 
