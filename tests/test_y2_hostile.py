@@ -267,6 +267,10 @@ HOSTILE = {
     "pack big-endian": (lambda c: c.pack(np.arange(3, dtype=">i8"), [1, 0, 1], [7, 8, 9],
                                          np.array([0, 1, 0], ">u2")), "ok"),
     "pack one array four times": (lambda c: c.pack(*[np.ones(4, np.uint8)] * 4), "ok"),
+    "pack threads 2**70": (lambda c: c.pack([1], [0], [2], [1], threads=2**70), "ok"),
+    "unpack threads 2**70": (lambda c: c.unpack(np.arange(5, dtype=np.uint32), threads=2**70),
+                             "ok"),
+    "compress threads 2**70": (_compress(lambda: _model(np.ones(3)), threads=2**70), "ok"),
     "pack matrix": (lambda c: c.pack(np.matrix([[1, 2]]), [0, 0], [0, 0], [0, 0]), EncodeError),
     "pack subclass": (lambda c: c.pack(np.arange(4).view(_NdimLiar), [0] * 4, [0] * 4, [0] * 4),
                       "ok"),
@@ -317,6 +321,8 @@ HOSTILE = {
     "check_handshake position at the end": (
         lambda c: c.check_handshake(bytes(16), 16), DecodeError),
     "decode_prefix position -1": (lambda c: c.decode_prefix(bytes(16), -1), IndexError),
+    "check_handshake position 2**70": (lambda c: c.check_handshake(bytes(16), 2**70), IndexError),
+    "decode_prefix position -2**70": (lambda c: c.decode_prefix(bytes(16), -(2**70)), IndexError),
     # compress: model arrays
     "compress int array": (_compress(lambda: _model(np.ones(3, np.int32))), TypeError),
     "compress object array": (

@@ -800,7 +800,7 @@ cdef object _fail(str field, Py_ssize_t offset, str text):
 cdef int32_t _check_handshake(const uint8_t* base, Py_ssize_t size, Py_ssize_t pos,
                               int* kind_out) except? -1:
     if pos < 0 or pos > size:
-        raise IndexError(f"position {pos} outside a buffer of {size} bytes")
+        raise _checks.position_error(pos, size)
     cdef Py_ssize_t have = size - pos
     if have < HANDSHAKE_SIZE:
         raise _fail("handshake", size, f"truncated: need {HANDSHAKE_SIZE} bytes, have {have}")
@@ -821,14 +821,23 @@ cdef int32_t _check_handshake(const uint8_t* base, Py_ssize_t size, Py_ssize_t p
     return n
 
 
-def check_handshake(buf, Py_ssize_t pos=0):
+cdef Py_ssize_t _position(object pos, Py_ssize_t size) except? -1:
+    """``pos`` as a Py_ssize_t (an int too large for one is outside any buffer)."""
+    try:
+        return pos
+    except OverflowError:
+        raise _checks.position_error(pos, size) from None
+
+
+def check_handshake(buf, pos=0):
     """Validate the handshake at ``pos``; return ``(type, size)``."""
     cdef Py_buffer view
     cdef int kind = 0
     cdef int32_t n
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
-        n = _check_handshake(<const uint8_t*>view.buf, view.len, pos, &kind)
+        n = _check_handshake(<const uint8_t*>view.buf, view.len, _position(pos, view.len),
+                             &kind)
     finally:
         PyBuffer_Release(&view)
     return kind, n
@@ -876,13 +885,13 @@ cdef object _decode_at(object buf, const uint8_t* base, Py_ssize_t size, Py_ssiz
     return Finished()
 
 
-cdef object _decode(object buf, Py_ssize_t pos, bint whole):
+cdef object _decode(object buf, object pos, bint whole):
     cdef Py_buffer view
     cdef Py_ssize_t end = 0, size
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
         size = view.len
-        msg = _decode_at(buf, <const uint8_t*>view.buf, size, pos, &end)
+        msg = _decode_at(buf, <const uint8_t*>view.buf, size, _position(pos, size), &end)
     finally:
         PyBuffer_Release(&view)
     if whole:
@@ -892,7 +901,7 @@ cdef object _decode(object buf, Py_ssize_t pos, bint whole):
     return msg, end
 
 
-def decode_prefix(buf, Py_ssize_t pos=0):
+def decode_prefix(buf, pos=0):
     """Decode the message that starts at ``pos``; return it and the offset just past it."""
     return _decode(buf, pos, False)
 

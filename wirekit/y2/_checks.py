@@ -168,6 +168,11 @@ def plain_array(value: Any) -> np.ndarray | None:
     return np.asarray(value)  # C-level view: no method of the subclass is called
 
 
+def position_error(pos: int, size: int) -> IndexError:
+    """Raised by ``check_handshake`` and ``decode_prefix`` for a ``pos`` outside the buffer."""
+    return IndexError(f"position {pos} outside a buffer of {size} bytes")
+
+
 def wire_size_error(nbytes: int) -> DecodeError:
     """Raised by ``from_wire`` when the bytes are not whole words."""
     return DecodeError(

@@ -59,7 +59,7 @@ def check_handshake(buf: Buffer, pos: int = 0) -> tuple[int, int]:
     """
     view = _bytes_view(buf)
     if pos < 0 or pos > len(view):
-        raise IndexError(f"position {pos} outside a buffer of {len(view)} bytes")
+        raise _checks.position_error(pos, len(view))
     have = len(view) - pos
     if have < HANDSHAKE_SIZE:
         raise _fail("handshake", len(view), f"truncated: need {HANDSHAKE_SIZE} bytes, have {have}")
