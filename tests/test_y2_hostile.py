@@ -180,6 +180,14 @@ class _SizeLiar(np.ndarray):
         return np.zeros(2**21, self.dtype)
 
 
+class _NineLiar(np.ndarray):
+    """Claims the shape (9,), whatever it holds."""
+
+    @property
+    def shape(self):
+        return (9,)
+
+
 class _NdimLiar(np.ndarray):
     """A 2-D array claiming to be 1-D."""
 
@@ -291,6 +299,12 @@ HOSTILE = {
         lambda c: c.unpack(np.zeros(9, np.uint32), out=(
             np.empty(9, np.uint16), np.empty(9, bool), np.empty(9, np.uint32),
             np.empty(1, np.uint8).view(_SizeLiar))),
+        ValueError,
+    ),
+    "unpack out claiming the words' length": (
+        lambda c: c.unpack(np.full(9, 0xFFFFFFFF, np.uint32), out=(
+            np.empty(9, np.uint16), np.empty(1, bool).view(_NineLiar), np.empty(9, np.uint32),
+            np.empty(9, np.uint8))),
         ValueError,
     ),
     "unpack out claiming to be an array": (
