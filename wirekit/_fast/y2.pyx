@@ -1330,8 +1330,14 @@ cdef Py_ssize_t _first_bad_word(const uint32_t[:] w, bint swap,
     """The first word whose index is not below ``sizes[key]`` (``sizes``: KEYS entries)."""
     cdef Py_ssize_t i, n = w.shape[0]
     cdef uint32_t x
+    if swap:  # two loops: each stays tight, whatever the compiler makes of the caller
+        for i in range(n):
+            x = _bswap(w[i])
+            if <int64_t>((x >> 1) & INDEX_MASK) >= sizes[x >> 22]:
+                return i
+        return n
     for i in range(n):
-        x = _bswap(w[i]) if swap else w[i]
+        x = w[i]
         if <int64_t>((x >> 1) & INDEX_MASK) >= sizes[x >> 22]:
             return i
     return n
@@ -1358,24 +1364,24 @@ cdef object _point(Target* tg, object a, int64_t size):
 cdef void _add_words(const uint32_t[:] w, bint swap, const Target* targets,
                      double t) noexcept nogil:
     """``+= ±tau`` at each word's element, in order: words of kind 0..2 targets (checked to
-    be in range); other words are skipped."""
+    be in range); other words are skipped (their targets' data is NULL, stride 0)."""
     cdef Py_ssize_t i
     cdef uint32_t x
-    cdef const Target* tg
+    cdef int key
     cdef char* p
     cdef float tf = <float>t
     cdef long double tl = <long double>t
     for i in range(w.shape[0]):
-        x = _bswap(w[i]) if swap else w[i]
-        tg = &targets[x >> 22]
-        if tg.kind > 2:
-            continue
-        p = tg.data + <Py_ssize_t>((x >> 1) & INDEX_MASK) * tg.stride
-        if tg.kind == 0:
+        x = w[i]
+        if swap:
+            x = _bswap(x)
+        key = x >> 22
+        p = targets[key].data + <Py_ssize_t>((x >> 1) & INDEX_MASK) * targets[key].stride
+        if targets[key].kind == 0:
             (<float*>p)[0] += -tf if x & 1 else tf
-        elif tg.kind == 1:
+        elif targets[key].kind == 1:
             (<double*>p)[0] += -t if x & 1 else t
-        else:
+        elif targets[key].kind == 2:
             (<long double*>p)[0] += -tl if x & 1 else tl
 
 
