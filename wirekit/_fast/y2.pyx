@@ -799,6 +799,8 @@ cdef object _fail(str field, Py_ssize_t offset, str text):
 
 cdef int32_t _check_handshake(const uint8_t* base, Py_ssize_t size, Py_ssize_t pos,
                               int* kind_out) except? -1:
+    if pos < 0 or pos > size:
+        raise _checks.position_error(pos, size)
     cdef Py_ssize_t have = size - pos
     if have < HANDSHAKE_SIZE:
         raise _fail("handshake", size, f"truncated: need {HANDSHAKE_SIZE} bytes, have {have}")
@@ -819,14 +821,23 @@ cdef int32_t _check_handshake(const uint8_t* base, Py_ssize_t size, Py_ssize_t p
     return n
 
 
-def check_handshake(buf, Py_ssize_t pos=0):
+cdef Py_ssize_t _position(object pos, Py_ssize_t size) except? -1:
+    """``pos`` as a Py_ssize_t (an int too large for one is outside any buffer)."""
+    try:
+        return pos
+    except OverflowError:
+        raise _checks.position_error(pos, size) from None
+
+
+def check_handshake(buf, pos=0):
     """Validate the handshake at ``pos``; return ``(type, size)``."""
     cdef Py_buffer view
     cdef int kind = 0
     cdef int32_t n
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
-        n = _check_handshake(<const uint8_t*>view.buf, view.len, pos, &kind)
+        n = _check_handshake(<const uint8_t*>view.buf, view.len, _position(pos, view.len),
+                             &kind)
     finally:
         PyBuffer_Release(&view)
     return kind, n
@@ -846,9 +857,7 @@ cdef object _decode_at(object buf, const uint8_t* base, Py_ssize_t size, Py_ssiz
     cdef int kind = 0
     cdef int32_t n, node_id, count
     cdef Py_ssize_t start, end
-    if pos < 0 or pos > size:
-        raise IndexError(f"position {pos} outside a buffer of {size} bytes")
-    n = _check_handshake(base, size, pos, &kind)
+    n = _check_handshake(base, size, pos, &kind)  # IndexError for a pos outside the buffer
     start = pos + HANDSHAKE_SIZE
     end = start + n
     if end > size:
@@ -876,13 +885,13 @@ cdef object _decode_at(object buf, const uint8_t* base, Py_ssize_t size, Py_ssiz
     return Finished()
 
 
-cdef object _decode(object buf, Py_ssize_t pos, bint whole):
+cdef object _decode(object buf, object pos, bint whole):
     cdef Py_buffer view
     cdef Py_ssize_t end = 0, size
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
         size = view.len
-        msg = _decode_at(buf, <const uint8_t*>view.buf, size, pos, &end)
+        msg = _decode_at(buf, <const uint8_t*>view.buf, size, _position(pos, size), &end)
     finally:
         PyBuffer_Release(&view)
     if whole:
@@ -892,7 +901,7 @@ cdef object _decode(object buf, Py_ssize_t pos, bint whole):
     return msg, end
 
 
-def decode_prefix(buf, Py_ssize_t pos=0):
+def decode_prefix(buf, pos=0):
     """Decode the message that starts at ``pos``; return it and the offset just past it."""
     return _decode(buf, pos, False)
 
@@ -1010,7 +1019,7 @@ cdef int _thread_count(object nthreads, Py_ssize_t size, Py_ssize_t auto_size,
     if nthreads is None:
         want = _cpus() if size >= auto_size else 1
     else:
-        want = nthreads
+        want = min(nthreads, chunks)  # (a Python int, however large)
     return <int>max(1, min(want, chunks))
 
 
@@ -1259,6 +1268,9 @@ def from_wire(buf, *, copy=True):
 # --- apply ----------------------------------------------------------------------------------
 
 
+DEF KEYS = 2 * MAX_LAYERS  # a word's key, 2 * layer + is_weight: its top 10 bits, 0..1023
+
+
 cdef struct Target:
     char* data
     Py_ssize_t stride  # bytes
@@ -1275,94 +1287,204 @@ cdef int _float_kind(object dtype):
     return 3
 
 
-cdef tuple _flat(object arr):
-    """A 1-D array over ``arr``'s memory (or a contiguous copy: then True)."""
-    if arr.ndim == 1:
-        return arr, False
-    if arr.flags.c_contiguous:
-        return arr.reshape(-1), False
-    return np.ascontiguousarray(arr).reshape(-1), True
+cdef tuple _span(cnp.ndarray a):
+    """The bytes ``[lo, hi)`` that the elements of ``a`` (not empty) lie in."""
+    cdef Py_ssize_t lo, hi, k, n, st
+    lo = hi = <Py_ssize_t>cnp.PyArray_DATA(a)
+    for k in range(cnp.PyArray_NDIM(a)):
+        n = cnp.PyArray_DIM(a, k)
+        st = cnp.PyArray_STRIDE(a, k)
+        if st < 0:
+            lo += st * (n - 1)
+        else:
+            hi += st * (n - 1)
+    return lo, hi + cnp.PyArray_ITEMSIZE(a)
+
+
+cdef list _spans(list arrays):
+    """The sorted spans of the arrays that hold elements."""
+    return sorted([_span(a) for a in arrays if cnp.PyArray_SIZE(a)])
+
+
+cdef bint _overlapping(list arrays):
+    """Do any two of the arrays share memory (bounds test: tied weights, views)?"""
+    cdef list spans = _spans(arrays)
+    cdef Py_ssize_t k
+    for k in range(1, len(spans)):
+        if spans[k][0] < spans[k - 1][1]:
+            return True
+    return False
+
+
+cdef bint _overlaps_any(cnp.ndarray a, list arrays):
+    """Does ``a`` (not empty) share memory with any of the arrays (bounds test)?"""
+    lo, hi = _span(a)
+    for other_lo, other_hi in _spans(arrays):
+        if lo < other_hi and other_lo < hi:
+            return True
+    return False
 
 
 cdef Py_ssize_t _first_bad_word(const uint32_t[:] w, bint swap,
                                 const int64_t* sizes) noexcept nogil:
+    """The first word whose index is not below ``sizes[key]`` (``sizes``: KEYS entries)."""
     cdef Py_ssize_t i, n = w.shape[0]
     cdef uint32_t x
+    if swap:  # two loops: each stays tight, whatever the compiler makes of the caller
+        for i in range(n):
+            x = _bswap(w[i])
+            if <int64_t>((x >> 1) & INDEX_MASK) >= sizes[x >> 22]:
+                return i
+        return n
     for i in range(n):
-        x = _bswap(w[i]) if swap else w[i]
+        x = w[i]
         if <int64_t>((x >> 1) & INDEX_MASK) >= sizes[x >> 22]:
             return i
     return n
 
 
+cdef object _point(Target* tg, object a, int64_t size):
+    """Point ``tg`` (kind 4) at the ``size`` elements of ``a``, as its words were checked
+    against (kind 3: left to the NumPy path); the copy to write back into ``a``, or None."""
+    cdef cnp.ndarray flat
+    cdef int kind = _float_kind(a.dtype)
+    if kind == 3:
+        tg.kind = 3
+        return None
+    flat, copied = _pure.flat_target(a)
+    if (cnp.PyArray_NDIM(flat) != 1 or cnp.PyArray_DIM(flat, 0) != size
+            or _float_kind(flat.dtype) != kind):
+        raise RuntimeError(f"y2: apply cannot address {size} elements of {type(a).__name__}")
+    tg.data = <char*>cnp.PyArray_DATA(flat)
+    tg.stride = cnp.PyArray_STRIDE(flat, 0)
+    tg.kind = kind
+    return flat if copied else None
+
+
+cdef void _add_words(const uint32_t[:] w, bint swap, const Target* targets,
+                     double t) noexcept nogil:
+    """``+= ±tau`` at each word's element, in order: words of kind 0..2 targets (checked to
+    be in range); other words are skipped (their targets' data is NULL, stride 0)."""
+    cdef Py_ssize_t i
+    cdef uint32_t x
+    cdef int key
+    cdef char* p
+    cdef float tf = <float>t
+    cdef long double tl = <long double>t
+    for i in range(w.shape[0]):
+        x = w[i]
+        if swap:
+            x = _bswap(x)
+        key = x >> 22
+        p = targets[key].data + <Py_ssize_t>((x >> 1) & INDEX_MASK) * targets[key].stride
+        if targets[key].kind == 0:
+            (<float*>p)[0] += -tf if x & 1 else tf
+        elif targets[key].kind == 1:
+            (<double*>p)[0] += -t if x & 1 else t
+        elif targets[key].kind == 2:
+            (<long double*>p)[0] += -tl if x & 1 else tl
+
+
+cdef class _Targets:
+    """The per-key table of ``apply``: KEYS entries, all kind 4 (no array) at first."""
+    cdef Target* t
+
+    def __cinit__(self):
+        cdef Py_ssize_t key
+        self.t = <Target*>calloc(KEYS, sizeof(Target))
+        if self.t == NULL:
+            raise MemoryError()
+        for key in range(KEYS):
+            self.t[key].kind = 4
+
+    def __dealloc__(self):
+        free(self.t)
+
+
 def apply(params, words, tau):
-    """Add +tau or -tau to the parameter each word addresses, in place (all checked first)."""
+    """Add +tau or -tau to the parameter each word addresses, in place (all checked first).
+
+    Arrays sharing memory are updated one after another in key order, each written back
+    before the next is read, as the reference does.
+    """
     cdef bint swap
     layers = _checks.model(params, "params")
     cdef double t = _checks.tau_value(tau)
+    _checks.check_tau_fits(layers, t, "params")
     arr, swap = _words(words)
     cdef const uint32_t[:] w = arr
-    cdef Py_ssize_t i, n = w.shape[0], bad
+    cdef Py_ssize_t n = w.shape[0], bad
     if n == 0:
         return
     cdef cnp.ndarray table = _checks.size_table(layers)
+    if (cnp.PyArray_TYPE(table) != cnp.NPY_INT64 or cnp.PyArray_NDIM(table) != 1
+            or cnp.PyArray_DIM(table, 0) != KEYS or not cnp.PyArray_ISCARRAY_RO(table)):
+        raise RuntimeError(f"y2: the size table must be {KEYS} contiguous int64 entries")
     cdef const int64_t* sizes = <const int64_t*>cnp.PyArray_DATA(table)
     with nogil:
         bad = _first_bad_word(w, swap, sizes)
     if bad < n:
         raise _checks.bad_word(bad, _bswap(w[bad]) if swap else w[bad], layers)
-
-    cdef Target* targets = <Target*>malloc(1024 * sizeof(Target))
-    if targets == NULL:
-        raise MemoryError()
-    cdef int key
-    cdef uint32_t x
-    cdef char* p
-    cdef float tf = <float>t
-    cdef long double tl = <long double>t
-    cdef cnp.ndarray flat
+    # (key, array) for every array a word can address: layers past MAX_LAYERS cannot be
+    keyed = [
+        (2 * k + is_weight, pair[0 if is_weight else 1])
+        for k, pair in enumerate(layers[:MAX_LAYERS])
+        for is_weight in (0, 1)
+    ]
+    arrays = [a for _key, a in keyed]
+    if _overlaps_any(arr, arrays):  # the words are in a parameter: read them as they were
+        arr = arr.copy()
+        w = arr
+    cdef _Targets targets = _Targets()
+    if _overlapping(arrays):
+        _apply_by_key(targets.t, keyed, arr.byteswap() if swap else arr, t, sizes)
+        return
     writeback = []
     slow = []
-    try:
-        for key in range(1024):
-            targets[key].kind = 4
-        for k, pair in enumerate(layers):
-            for is_weight in (0, 1):
-                a = pair[0 if is_weight else 1]
-                key = 2 * k + is_weight
-                kind = _float_kind(a.dtype)
-                if kind == 3:
-                    slow.append((key, a))
-                    targets[key].kind = 3
-                    continue
-                flat, copied = _flat(a)
-                if copied:
-                    writeback.append((a, flat))
-                targets[key].data = <char*>cnp.PyArray_DATA(flat)
-                targets[key].stride = flat.strides[0]
-                targets[key].kind = kind
-        with nogil:
-            for i in range(n):
-                x = _bswap(w[i]) if swap else w[i]
-                key = x >> 22
-                p = targets[key].data + <Py_ssize_t>((x >> 1) & INDEX_MASK) * targets[key].stride
-                if targets[key].kind == 0:
-                    (<float*>p)[0] += -tf if x & 1 else tf
-                elif targets[key].kind == 1:
-                    (<double*>p)[0] += -t if x & 1 else t
-                elif targets[key].kind == 2:
-                    (<long double*>p)[0] += -tl if x & 1 else tl
-    finally:
-        free(targets)
+    for key, a in keyed:
+        copy = _point(&targets.t[key], a, sizes[key])
+        if copy is not None:
+            writeback.append((a, copy))
+        elif targets.t[key].kind == 3:
+            slow.append((key, a))
+    with nogil:
+        _add_words(w, swap, targets.t, t)
     for a, flat in writeback:
         a[...] = flat.reshape(a.shape)
     if slow:  # float16 and byte-swapped float arrays: the NumPy path, per array, in order
         native = arr.byteswap() if swap else arr
         keys = native >> 22
         for key, a in slow:
-            sel = keys == key
-            _pure.apply_array(a, ((native[sel] >> 1) & INDEX_MASK).astype(np.int64),
-                              (native[sel] & 1).astype(bool), t)
+            _apply_numpy(a, native[keys == key], t)
+
+
+cdef void _apply_numpy(object a, object words, double t) except *:
+    """The NumPy path: ``words`` (native) all address ``a``."""
+    _pure.apply_array(a, ((words >> 1) & INDEX_MASK).astype(np.int64),
+                      (words & 1).astype(bool), t)
+
+
+cdef void _apply_by_key(Target* targets, list keyed, object native, double t,
+                        const int64_t* sizes) except *:
+    """Array by array in key order (as the reference), each written back before the next is
+    read: for arrays that share memory.  ``native``: the words in native byte order."""
+    cdef const uint32_t[:] group
+    keys = native >> 22
+    present = set(np.unique(keys).tolist())
+    for key, a in keyed:
+        if key not in present:
+            continue
+        words = native[keys == key]
+        copy = _point(&targets[key], a, sizes[key])
+        if targets[key].kind == 3:
+            _apply_numpy(a, words, t)
+        else:
+            group = words
+            with nogil:
+                _add_words(group, False, targets, t)
+            if copy is not None:
+                a[...] = copy.reshape(a.shape)
+        targets[key].kind = 4
 
 
 # --- compress -------------------------------------------------------------------------------
@@ -1452,13 +1574,26 @@ cdef class _Segments:
         free(self.job.failed)
         free(self.job.offsets)
 
-    cdef Seg* add(self, cnp.ndarray arr, int kind, uint32_t base, Py_ssize_t size,
-                  Py_ssize_t chunk):
-        """Segments of at most ``chunk`` elements over the 1-D ``arr`` (kind 5: its
-        ``size`` words, one segment); the first one."""
-        cdef Seg* first = &self.job.segs[self.count]
+    cdef Seg* add(self, cnp.ndarray arr, int kind, uint32_t base, Py_ssize_t chunk) except NULL:
+        """Segments of at most ``chunk`` elements (0: one segment) over the 1-D ``arr`` of
+        the dtype ``kind`` says (kind 5: native uint32 words, contiguous); the first one.
+        Both, and room for the segments, are checked before any is written."""
+        cdef Seg* first
         cdef Seg* seg
-        cdef Py_ssize_t start = 0
+        cdef Py_ssize_t start = 0, size, need
+        cdef int dtype = (cnp.NPY_FLOAT32, cnp.NPY_FLOAT64, cnp.NPY_LONGDOUBLE, -1, -1,
+                          cnp.NPY_UINT32)[kind]
+        if (cnp.PyArray_NDIM(arr) != 1 or cnp.PyArray_TYPE(arr) != dtype
+                or not cnp.PyArray_ISNOTSWAPPED(arr)
+                or (kind == 5 and not cnp.PyArray_ISCARRAY_RO(arr))):
+            raise RuntimeError(f"y2: compress cannot take a {arr.dtype} array as kind {kind}")
+        size = cnp.PyArray_DIM(arr, 0)
+        need = 1 if chunk <= 0 or size == 0 else (size + chunk - 1) // chunk
+        if need > self.capacity - self.count:
+            raise RuntimeError(
+                f"y2: {need} more segments, {self.capacity - self.count} of {self.capacity} free"
+            )
+        first = &self.job.segs[self.count]
         self.keep.append(arr)
         while True:
             seg = &self.job.segs[self.count]
@@ -1467,7 +1602,7 @@ cdef class _Segments:
             seg.kind = kind
             seg.base = base
             seg.start = start
-            seg.stop = size if kind == 5 else min(start + chunk, size)
+            seg.stop = size if chunk <= 0 else min(start + chunk, size)
             self.count += 1
             start = seg.stop
             if start >= size:
@@ -1505,24 +1640,6 @@ DEF ELEMENTS_PER_CHUNK = 131072
 ELEMENT_CHUNK = ELEMENTS_PER_CHUNK
 #: ... and with ``threads=None`` uses the available cores from this many elements.
 AUTO_ELEMENTS = 1 << 20
-
-
-cdef bint _overlapping(list arrays):
-    """Do any two of the arrays share memory (bounds test: tied weights, views)?"""
-    cdef list spans = []
-    for a in arrays:
-        lo = hi = <Py_ssize_t>cnp.PyArray_DATA(a)
-        for n, st in zip(a.shape, a.strides):
-            if st < 0:
-                lo += st * (n - 1)
-            else:
-                hi += st * (n - 1)
-        spans.append((lo, hi + a.itemsize))
-    spans.sort()
-    for k in range(1, len(spans)):
-        if spans[k][0] < spans[k - 1][1]:
-            return True
-    return False
 
 
 cdef list _plain_items(object residuals, Py_ssize_t* total, Py_ssize_t* chunks,
@@ -1619,10 +1736,10 @@ cdef object _compress_serial(list items, double t):
         copied = False
         if kind == 3:
             words = _pure.compress_array(a, base, t)
-            seg = segs.add(words, 5, 0, len(words), 0)
+            seg = segs.add(words, 5, 0, 0)
         else:
-            flat, copied = _flat(a)
-            seg = segs.add(flat, kind, base, a.size, a.size)
+            flat, copied = _pure.flat_target(a)
+            seg = segs.add(flat, kind, base, 0)
         with nogil:
             failed = _run_seg(seg, t, buf)
         if failed:
@@ -1642,12 +1759,12 @@ cdef object _compress_parallel(list items, double t, int want, Py_ssize_t capaci
     for kind, a, base in items:
         if kind == 3:  # float16 or byte-swapped: the NumPy path, here and now
             words = _pure.compress_array(a, base, t)
-            segs.add(words, 5, 0, len(words), 0)
+            segs.add(words, 5, 0, 0)
             continue
-        flat, copied = _flat(a)
+        flat, copied = _pure.flat_target(a)
         if copied:
             writeback.append((a, flat))
-        segs.add(flat, kind, base, flat.size, ELEMENTS_PER_CHUNK)
+        segs.add(flat, kind, base, ELEMENTS_PER_CHUNK)
     with nogil:
         y2_run(_compress_chunk, &segs.job, segs.count, want)
     for a, flat in writeback:

@@ -128,10 +128,11 @@ def unpack_out(out: Any, words: np.ndarray) -> tuple[np.ndarray, ...]:
             f"got {len(arrays)}"
         )
     n = len(words)
-    for arr, (name, dtype) in zip(arrays, UNPACK_FIELDS, strict=True):
-        if not isinstance(arr, np.ndarray):
+    for given, (name, dtype) in zip(arrays, UNPACK_FIELDS, strict=True):
+        arr = plain_array(given)
+        if arr is None:
             raise TypeError(
-                f"{PROTOCOL}: out {name} must be a numpy array, got {type(arr).__name__}"
+                f"{PROTOCOL}: out {name} must be a numpy array, got {type(given).__name__}"
             )
         if arr.dtype != dtype:
             raise TypeError(f"{PROTOCOL}: out {name} must have dtype {dtype}, got {arr.dtype}")
@@ -141,14 +142,35 @@ def unpack_out(out: Any, words: np.ndarray) -> tuple[np.ndarray, ...]:
             raise ValueError(f"{PROTOCOL}: out {name} must be contiguous")
         if not arr.flags.writeable:
             raise ValueError(f"{PROTOCOL}: out {name} is read-only")
-    for k, (arr, (name, _dtype)) in enumerate(zip(arrays, UNPACK_FIELDS, strict=True)):
+    plain = [plain_array(arr) for arr in arrays]
+    for k, (arr, (name, _dtype)) in enumerate(zip(plain, UNPACK_FIELDS, strict=True)):
         if np.shares_memory(arr, words):
             raise ValueError(f"{PROTOCOL}: out {name} shares memory with the words")
-        later = zip(arrays[k + 1 :], UNPACK_FIELDS[k + 1 :], strict=True)
+        later = zip(plain[k + 1 :], UNPACK_FIELDS[k + 1 :], strict=True)
         for other, (other_name, _dtype) in later:
             if np.shares_memory(arr, other):
                 raise ValueError(f"{PROTOCOL}: out {name} shares memory with out {other_name}")
     return arrays
+
+
+def plain_array(value: Any) -> np.ndarray | None:
+    """A plain ``np.ndarray`` over the memory of ``value`` if it is a NumPy array (of any
+    subclass), else None.
+
+    Checks and kernels read shape, dtype, strides and flags from this view, never from the
+    subclass: an override (``size``, ``shape``, ``reshape``, ``np.matrix``'s 2-D rows) cannot
+    make them address memory outside the array.
+    """
+    if not issubclass(type(value), np.ndarray):  # not isinstance: __class__ can be faked
+        return None
+    if type(value) is np.ndarray:
+        return value
+    return np.asarray(value)  # C-level view: no method of the subclass is called
+
+
+def position_error(pos: int, size: int) -> IndexError:
+    """Raised by ``check_handshake`` and ``decode_prefix`` for a ``pos`` outside the buffer."""
+    return IndexError(f"position {pos} outside a buffer of {size} bytes")
 
 
 def wire_size_error(nbytes: int) -> DecodeError:
@@ -162,7 +184,11 @@ def wire_size_error(nbytes: int) -> DecodeError:
 
 
 def model(params: Any, what: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``params`` as a list of (weights, biases) pairs of writeable float arrays."""
+    """``params`` as a list of (weights, biases) pairs of writeable float arrays.
+
+    Arrays of NumPy subclasses become plain arrays over the same memory (see
+    :func:`plain_array`), so updates in place still reach the caller's arrays.
+    """
     try:
         layers = list(params)
     except TypeError:
@@ -176,16 +202,19 @@ def model(params: Any, what: str) -> list[tuple[np.ndarray, np.ndarray]]:
             weights, biases = pair
         except (TypeError, ValueError):
             raise TypeError(f"{PROTOCOL}: {what}[{k}] must be a (weights, biases) pair") from None
-        for name, arr in (("weights", weights), ("biases", biases)):
-            if not isinstance(arr, np.ndarray) or arr.dtype.kind != "f":
-                got = arr.dtype if isinstance(arr, np.ndarray) else type(arr).__name__
+        plain = []
+        for name, given in (("weights", weights), ("biases", biases)):
+            arr = plain_array(given)
+            if arr is None or arr.dtype.kind != "f":
+                got = type(given).__name__ if arr is None else arr.dtype
                 raise TypeError(
                     f"{PROTOCOL}: {what}[{k}].{name} must be a floating-point numpy array, "
                     f"got {got}"
                 )
             if not arr.flags.writeable:
                 raise ValueError(f"{PROTOCOL}: {what}[{k}].{name} is read-only")
-        out.append((weights, biases))
+            plain.append(arr)
+        out.append((plain[0], plain[1]))
     return out
 
 
@@ -208,7 +237,6 @@ def check_compressible(layers: list[tuple[np.ndarray, np.ndarray]], tau: float) 
             "residuals",
             f"{len(layers)} layers, but a word addresses at most {MAX_LAYERS}",
         )
-    representable: dict[np.dtype, bool] = {}
     for k, pair in enumerate(layers):
         for name, arr in zip(("weights", "biases"), pair, strict=True):
             if arr.size > MAX_ARRAY_SIZE:
@@ -217,6 +245,14 @@ def check_compressible(layers: list[tuple[np.ndarray, np.ndarray]], tau: float) 
                     f"residuals[{k}].{name}",
                     f"{arr.size} elements, but a word addresses at most {MAX_ARRAY_SIZE}",
                 )
+    check_tau_fits(layers, tau, "residuals")
+
+
+def check_tau_fits(layers: list[tuple[np.ndarray, np.ndarray]], tau: float, what: str) -> None:
+    """tau rounded to each array's dtype must stay finite and > 0 (not inf, not 0)."""
+    representable: dict[np.dtype, bool] = {}
+    for k, pair in enumerate(layers):
+        for name, arr in zip(("weights", "biases"), pair, strict=True):
             ok = representable.get(arr.dtype)
             if ok is None:
                 with np.errstate(over="ignore", under="ignore"):  # inf or 0: not representable
@@ -226,7 +262,7 @@ def check_compressible(layers: list[tuple[np.ndarray, np.ndarray]], tau: float) 
                 raise EncodeError(
                     PROTOCOL,
                     "tau",
-                    f"{tau!r} is not a finite positive {arr.dtype} (residuals[{k}].{name})",
+                    f"{tau!r} is not a finite positive {arr.dtype} ({what}[{k}].{name})",
                 )
 
 

@@ -58,6 +58,8 @@ def check_handshake(buf: Buffer, pos: int = 0) -> tuple[int, int]:
     over its size limit) before any payload arrives.
     """
     view = _bytes_view(buf)
+    if pos < 0 or pos > len(view):
+        raise _checks.position_error(pos, len(view))
     have = len(view) - pos
     if have < HANDSHAKE_SIZE:
         raise _fail("handshake", len(view), f"truncated: need {HANDSHAKE_SIZE} bytes, have {have}")
@@ -83,9 +85,7 @@ def check_handshake(buf: Buffer, pos: int = 0) -> tuple[int, int]:
 def decode_prefix(buf: Buffer, pos: int = 0) -> tuple[Message, int]:
     """Decode the message that starts at ``pos``; return it and the offset just past it."""
     view = _bytes_view(buf)
-    if pos < 0 or pos > len(view):
-        raise IndexError(f"position {pos} outside a buffer of {len(view)} bytes")
-    kind, size = check_handshake(view, pos)
+    kind, size = check_handshake(view, pos)  # IndexError for a pos outside the buffer
     start = pos + HANDSHAKE_SIZE
     end = start + size
     if end > len(view):
@@ -268,9 +268,14 @@ def from_wire(buf: Buffer, *, copy: bool = True) -> np.ndarray:
     return arr.astype(np.uint32) if copy else arr
 
 
-def _flat_target(arr: np.ndarray) -> tuple[np.ndarray, bool]:
-    """A 1-D array sharing ``arr``'s memory, or a copy (then True: write it back)."""
-    if arr.ndim == 1:
+def flat_target(arr: np.ndarray) -> tuple[np.ndarray, bool]:
+    """A 1-D array sharing ``arr``'s memory, or a contiguous copy (then True: write it back).
+
+    A 1-D array whose elements overlap one another (a stride shorter than an element, e.g.
+    0) is copied too: the kernels then see distinct elements, and the write-back leaves in
+    each memory location the value of the last element stored there.  Both twins use this.
+    """
+    if arr.ndim == 1 and (arr.size < 2 or abs(arr.strides[0]) >= arr.itemsize):
         return arr, False
     if arr.flags.c_contiguous:
         return arr.reshape(-1), False
@@ -283,7 +288,7 @@ def apply_array(arr: np.ndarray, index: np.ndarray, negative: np.ndarray, tau: f
     Each addition is done in ``arr``'s dtype with tau rounded to that dtype first.
     """
     t = arr.dtype.type(tau)
-    flat, copied = _flat_target(arr)
+    flat, copied = flat_target(arr)
     np.add.at(flat, index, np.where(negative, -t, t).astype(arr.dtype))
     if copied:
         arr[...] = flat.reshape(arr.shape)
@@ -295,10 +300,16 @@ def apply(params: Any, words: Any, tau: float) -> None:
     ``params`` is a sequence of (weights, biases) float arrays per layer, indexed flat in C
     order.  Every word is checked against the actual shapes first: a word addressing a
     missing layer or an index past its array raises :class:`DecodeError` (field
-    ``words[i]``, offset ``4 * i``) and no parameter changes.
+    ``words[i]``, offset ``4 * i``) and no parameter changes; so does a tau that is not a
+    finite positive number in some array's dtype (:class:`EncodeError`, field ``tau``).
+    The arrays are updated one after another in the order of their word key (``2 * layer +
+    is_weight``), each written back before the next is read, so arrays sharing memory (tied
+    weights, views) receive every update.  Only layers 0..511 can be addressed; a longer
+    model is accepted and its further layers are left alone.
     """
     layers = _checks.model(params, "params")
     tau = _checks.tau_value(tau)
+    _checks.check_tau_fits(layers, tau, "params")
     w = _checks.native_words(words)
     if not len(w):
         return
@@ -319,7 +330,7 @@ def apply(params: Any, words: Any, tau: float) -> None:
 def compress_array(arr: np.ndarray, base: int, tau: float) -> np.ndarray:
     """Threshold-quantize one residual array in place; its words (``base`` holds layer, w)."""
     t = arr.dtype.type(tau)
-    flat, copied = _flat_target(arr)
+    flat, copied = flat_target(arr)
     hit = np.flatnonzero((flat >= t) | (flat <= -t))
     negative = flat[hit] < 0
     flat[hit] -= np.where(negative, -t, t).astype(arr.dtype)
