@@ -555,6 +555,29 @@ def test_pure_reader_reads_each_frame_header_a_bounded_number_of_times(monkeypat
         assert parses["count"] == 2 * frames + 3
 
 
+@given(zmtp_streams(max_frames=8), st.data())
+def test_reader_breaks_on_the_feed_that_brings_the_bad_byte(impl, stream, data):
+    """Skipping codec calls while a body is incomplete delays no error: after every feed the
+    reader is broken exactly when decoding everything fed so far in one go finds an error."""
+    codec = load_codec("zmtp", impl)
+    wire = bytearray(zmtp_encode(codec, stream))
+    wire[data.draw(st.integers(0, len(wire) - 1))] = data.draw(st.integers(0, 255))
+    limits = {
+        "max_frame_size": data.draw(st.sampled_from([None, 280])),
+        "max_message_frames": data.draw(st.sampled_from([None, 2])),
+        "max_message_size": data.draw(st.sampled_from([None, 30])),
+    }
+    reader = zmtp.StreamReader(codec=codec, **limits)
+    prev = 0
+    for cut in data.draw(chunkings(len(wire))):
+        reader.feed(bytes(wire[prev:cut]))
+        prev = cut
+        error = codec.decode_events(bytes(wire[:cut]), final=False, **limits)[3]
+        assert reader.broken == (error is not None)
+        if error is not None:
+            break
+
+
 def test_reader_keeps_parsed_frames_and_counts_them_as_buffered(zmtp_codec):
     reader = zmtp.StreamReader(codec=zmtp_codec)
     reader.feed(HEAD + b"\x01\x01a\x01\x02bc")  # two frames of an unfinished message
