@@ -140,8 +140,12 @@ def _check_limit(name: str, value: int | None) -> None:
         raise ValueError(f"{name} must be >= 0")
 
 
-def _byte_view(buf: Any) -> memoryview:
-    """``buf`` as a flat memoryview of bytes (copied only if it is not contiguous)."""
+def _byte_view(buf: Any) -> bytes | memoryview:
+    """``buf`` itself if it is ``bytes``, else a flat memoryview of its bytes (copied only if
+    it is not contiguous).  Never a copy of a whole bytearray: a reader's buffer may hold a
+    large unfinished frame, and copying it on every call would be quadratic."""
+    if type(buf) is bytes:
+        return buf
     view = memoryview(buf)
     if not view.c_contiguous:
         return memoryview(view.tobytes())
@@ -181,7 +185,7 @@ def decode_events(
         raise IndexError(f"position {pos} is negative")
     view = _byte_view(buf)
     try:
-        size = view.nbytes
+        size = len(view)
         if pos > size:
             raise IndexError(f"position {pos} outside a buffer of {size} bytes")
         if pending is not None and pending.frames and phase != PHASE_TRAFFIC:
@@ -197,13 +201,14 @@ def decode_events(
             pending.need = need
         return events, state[0], state[1], None
     finally:
-        view.release()  # a bytearray being decoded can grow again at once
+        if isinstance(view, memoryview):
+            view.release()  # a bytearray being decoded can grow again at once
 
 
 def _decode_into(
     events: list[tuple[int, Event]],
     state: list[int],
-    view: memoryview,
+    view: bytes | memoryview,
     final: bool,
     limits: tuple[int | None, int | None, int | None],
     pending: Pending | None,
