@@ -60,7 +60,15 @@ class StreamReader:
         self.max_message_frames = max_message_frames
         self.max_message_size = max_message_size
         # the codec checks the limits (ValueError for a negative one) before it decodes
-        codec.decode_events(b"", 0, PHASE_GREETING, False, **self._limits())
+        codec.decode_events(
+            b"",
+            0,
+            PHASE_GREETING,
+            False,
+            max_frame_size,
+            max_message_frames=max_message_frames,
+            max_message_size=max_message_size,
+        )
         self._buf = bytearray()
         self._consumed = 0  # stream offset of _buf[0]
         self._phase = PHASE_GREETING
@@ -114,19 +122,19 @@ class StreamReader:
         while (item := self.next_event()) is not None:
             yield item
 
-    def _limits(self) -> dict[str, int | None]:
-        return {
-            "max_frame_size": self.max_frame_size,
-            "max_message_frames": self.max_message_frames,
-            "max_message_size": self.max_message_size,
-        }
-
     def _run(self, final: bool) -> None:
         pending = self._pending
         if not final and len(self._buf) < pending.need:
             return  # the codec would stop at the same header again
         events, pos, phase, error = self._codec.decode_events(
-            self._buf, 0, self._phase, final, pending=pending, **self._limits()
+            self._buf,
+            0,
+            self._phase,
+            final,
+            self.max_frame_size,
+            max_message_frames=self.max_message_frames,
+            max_message_size=self.max_message_size,
+            pending=pending,
         )
         self._phase = phase
         for offset, event in events:
