@@ -7,10 +7,12 @@
 Every benchmark is parametrized by ``who`` (its contender: fast, construct, baseline, kubemo,
 direct, dispatcher, ...); other parameters split a group into rows of like with like.  For each
 row: every contender's median time and how many times slower it is than wirekit's own
-contender ("fast", or "dispatcher" for the serve benchmarks).  Network benchmarks also record
-requests/s and latency percentiles in ``extra_info``; those are shown, with wirekit's
-requests/s as a share of each other contender's, and where a row has a ``direct`` contender
-(the serve benchmarks), every contender's requests/s as a share of direct's.
+contender ("fast", or "dispatcher" for the serve benchmarks; "whole" for the streaming
+benchmarks, whose contenders are ways of cutting one capture and feeding it).  Network
+benchmarks also record requests/s and latency percentiles in ``extra_info``; those are shown,
+with wirekit's requests/s as a share of each other contender's, and where a row has a
+``direct`` contender (the serve benchmarks), every contender's requests/s as a share of
+direct's.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 import sys
 from collections import defaultdict
 
-OURS = ("fast", "dispatcher")
+OURS = ("fast", "dispatcher", "whole")
 
 
 def _rate(bench: dict) -> float | None:

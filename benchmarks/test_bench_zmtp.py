@@ -1,4 +1,5 @@
-"""ZMTP: read a capture of 1,000 small multipart messages (3 frames each) into messages."""
+"""ZMTP: read a capture of 1,000 small multipart messages (3 frames each) into messages; feed
+one long multipart message to a StreamReader whole and cut up."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import struct
 import pytest
 
 from wirekit._fast import zmtp as fast
-from wirekit.zmtp import Message, _pure, spec
+from wirekit.zmtp import Message, StreamReader, _pure, spec
 
 FRAMES = [[b"", b"req-%04d" % k, struct.pack("<3d", k, k + 0.5, -k)] for k in range(1000)]
 WIRE = (
@@ -56,3 +57,41 @@ def test_read_stream(benchmark, who):
         "baseline": lambda: struct_loop(WIRE),
     }[who]
     assert _frames(who, benchmark(run)) == FRAMES
+
+
+# --- StreamReader: one long multipart message, cut up (wirekit issue 13, defect 6) ----------
+#
+# A message of N empty frames (2 bytes each), fed to a StreamReader whole, in TCP-segment-sized
+# chunks, in 64-byte chunks and byte by byte.  `ratios.py` shows each as a multiple of feeding
+# it whole.  The reader used to re-parse the unfinished message from its first frame on every
+# feed (O(N^2) byte by byte); now every cutting is linear, so the multiples stay put from 2,000
+# to 20,000 frames instead of growing tenfold.
+
+_CUTS = {"whole": None, "chunks-1460": 1460, "chunks-64": 64, "byte-by-byte": 1}
+
+
+def _long_message(frames: int) -> bytes:
+    return fast.encode_greeting() + fast.encode_ready("DEALER") + fast.encode_message(
+        [b""] * frames
+    )
+
+
+def _feed(codec, wire: bytes, step: int | None) -> int:
+    reader = StreamReader(codec=codec)
+    if step is None:
+        reader.feed(wire)
+    else:
+        for k in range(0, len(wire), step):
+            reader.feed(wire[k : k + step])
+    reader.close()
+    return len([e for _, e in reader][-1].frames)
+
+
+@pytest.mark.benchmark(group="zmtp StreamReader: one message of N empty frames")
+@pytest.mark.parametrize("frames", [2_000, 20_000])
+@pytest.mark.parametrize("impl", ["fast", "pure"])
+@pytest.mark.parametrize("who", list(_CUTS))
+def test_feed_long_message(benchmark, who, impl, frames):
+    codec = fast if impl == "fast" else _pure
+    wire = _long_message(frames)
+    assert benchmark(_feed, codec, wire, _CUTS[who]) == frames

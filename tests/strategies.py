@@ -40,24 +40,38 @@ mip_messages = st.one_of(
 #: frames short and long (> 255 bytes takes the 8-byte LONG size form), empty included
 zmtp_frames = st.one_of(st.binary(max_size=24), st.binary(min_size=250, max_size=300))
 zmtp_socket_types = st.sampled_from(["DEALER", "ROUTER", "REQ", "REP", "PUB", "SUB", "PAIR"])
-zmtp_items = st.one_of(
-    st.tuples(st.just("message"), st.lists(zmtp_frames, min_size=1, max_size=4)),
-    st.tuples(
-        st.just("command"),
-        st.sampled_from(["PING", "PONG", "SUBSCRIBE", "CANCEL"]),
-        st.one_of(st.binary(max_size=12), st.binary(min_size=260, max_size=270)),
-    ),
-)
+
+
+def zmtp_items(max_frames: int = 4):
+    """A message of 1..``max_frames`` frames, or a command."""
+    return st.one_of(
+        st.tuples(st.just("message"), st.lists(zmtp_frames, min_size=1, max_size=max_frames)),
+        st.tuples(
+            st.just("command"),
+            st.sampled_from(["PING", "PONG", "SUBSCRIBE", "CANCEL"]),
+            st.one_of(st.binary(max_size=12), st.binary(min_size=260, max_size=270)),
+        ),
+    )
 
 
 @st.composite
-def zmtp_streams(draw):
+def zmtp_streams(draw, max_frames: int = 4):
     """A capture description: (greeting kwargs, socket type, identity, items)."""
     greeting = {"minor": draw(st.integers(0, 1)), "as_server": draw(st.booleans())}
     socket_type = draw(zmtp_socket_types)
     identity = draw(st.one_of(st.just(b""), st.binary(min_size=1, max_size=8)))
-    items = draw(st.lists(zmtp_items, max_size=6))
+    items = draw(st.lists(zmtp_items(max_frames), max_size=6))
     return greeting, socket_type, identity, items
+
+
+@st.composite
+def chunkings(draw, size: int):
+    """Cut points (sorted, ending at ``size``) for feeding ``size`` bytes: random cuts, or
+    every ``k`` bytes (1: byte by byte)."""
+    if draw(st.booleans()):
+        step = draw(st.integers(1, 9))
+        return [*range(step, size, step), size]
+    return [*sorted(draw(st.lists(st.integers(0, size), max_size=12))), size]
 
 
 def zmtp_encode(codec, stream) -> bytes:

@@ -47,3 +47,11 @@ def test_codec_rows_compare_with_fast_and_have_no_direct_column():
     table = ratios.table(report)
     assert _row(table, "construct")[-1] == "100.0x"
     assert _row(table, "fast")[-1] == "us"  # nothing after the median: no ratios for ours
+
+
+def test_streaming_rows_compare_with_feeding_whole():
+    report = {"benchmarks": [
+        _bench("zmtp feed", "whole", 1e-3),
+        _bench("zmtp feed", "byte-by-byte", 2.5e-2),
+    ]}
+    assert "25.0x" in _row(ratios.table(report), "byte-by-byte")

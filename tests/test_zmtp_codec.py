@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import zmtp_encode, zmtp_streams
+from strategies import chunkings, zmtp_encode, zmtp_streams
 from twins import load_codec
 
 from wirekit import zmtp
@@ -112,8 +113,12 @@ def test_malformed_input_same_outcome_from_both_twins(stream, data):
     else:  # hit the frame region, where flags and sizes live
         wire[data.draw(st.integers(64, len(wire) - 1))] = data.draw(st.integers(0, 7))
     final = data.draw(st.booleans())
-    limit = data.draw(st.sampled_from([None, 0, 100, 300]))
-    kw = {"final": final, "max_frame_size": limit}
+    kw = {
+        "final": final,
+        "max_frame_size": data.draw(st.sampled_from([None, 0, 100, 300])),
+        "max_message_frames": data.draw(st.sampled_from([None, 0, 1, 2, 3])),
+        "max_message_size": data.draw(st.sampled_from([None, 0, 24, 280, 600])),
+    }
     assert _outcome(_fast(), bytes(wire), **kw) == _outcome(_pure, bytes(wire), **kw)
 
 
@@ -129,14 +134,13 @@ def test_random_greetings_same_outcome(data):
     assert _outcome(_fast(), data) == _outcome(_pure, data)
 
 
-@given(zmtp_streams(), st.data())
+@given(zmtp_streams(max_frames=12), st.data())
 def test_stream_reader_same_events_for_every_chunking(impl, stream, data):
     codec = load_codec("zmtp", impl)
     wire = zmtp_encode(codec, stream)
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=12)))
     reader = zmtp.StreamReader(codec=codec)
     out, prev = [], 0
-    for cut in [*cuts, len(wire)]:
+    for cut in data.draw(chunkings(len(wire))):
         reader.feed(wire[prev:cut])
         prev = cut
         out.extend(reader)
@@ -147,7 +151,7 @@ def test_stream_reader_same_events_for_every_chunking(impl, stream, data):
     assert reader.socket_type == stream[1]
 
 
-@given(zmtp_streams(), st.data())
+@given(zmtp_streams(max_frames=8), st.data())
 def test_stream_reader_reports_the_one_shot_error(impl, stream, data):
     """Chunked or not, a broken capture gives the same events and then the same error."""
     codec = load_codec("zmtp", impl)
@@ -157,12 +161,16 @@ def test_stream_reader_reports_the_one_shot_error(impl, stream, data):
     if data.draw(st.booleans()):
         del wire[data.draw(st.integers(0, len(wire))) :]
     wire = bytes(wire)
-    events, _pos, _phase, error = codec.decode_events(wire, max_frame_size=280)
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=8)))
-    reader = zmtp.StreamReader(max_frame_size=280, codec=codec)
+    limits = {
+        "max_frame_size": 280,
+        "max_message_frames": data.draw(st.sampled_from([None, 1, 2, 3])),
+        "max_message_size": data.draw(st.sampled_from([None, 10, 300, 600])),
+    }
+    events, _pos, _phase, error = codec.decode_events(wire, **limits)
+    reader = zmtp.StreamReader(codec=codec, **limits)
     out, prev, got = [], 0, None
     try:
-        for cut in [*cuts, len(wire)]:
+        for cut in data.draw(chunkings(len(wire))):
             reader.feed(wire[prev:cut])
             prev = cut
             out.extend(reader)
@@ -439,11 +447,252 @@ def test_reader_default_limit_and_socket_type(zmtp_codec):
     assert reader.socket_type == "ROUTER"
 
 
+def _pending_with_a_frame() -> zmtp.Pending:
+    pending = zmtp.Pending()
+    pending.frames.append(b"")
+    return pending
+
+
 @pytest.mark.parametrize(
     ("kw", "exc"),
-    [({"pos": -1}, IndexError), ({"pos": 500}, IndexError), ({"max_frame_size": -1}, ValueError)],
+    [
+        ({"pos": -1}, IndexError),
+        ({"pos": 500}, IndexError),
+        ({"max_frame_size": -1}, ValueError),
+        ({"max_message_frames": -1}, ValueError),
+        ({"max_message_size": -1}, ValueError),
+        ({"pending": _pending_with_a_frame()}, ValueError),  # a message before the greeting
+    ],
 )
 def test_api_misuse_is_not_a_decode_error(zmtp_codec, kw, exc):
-    with pytest.raises(exc) as info:
-        zmtp_codec.decode_events(HEAD, **kw)
-    assert not isinstance(info.value, DecodeError)
+    texts = set()
+    for codec in (zmtp_codec, _pure):
+        with pytest.raises(exc) as info:
+            codec.decode_events(HEAD, **kw)
+        assert not isinstance(info.value, DecodeError)
+        texts.add(str(info.value))
+    assert len(texts) == 1  # the same words from both twins
+
+
+@pytest.mark.parametrize("kw", [{"max_message_frames": -1}, {"max_message_size": -1}])
+def test_reader_rejects_a_negative_limit_at_once(zmtp_codec, kw):
+    with pytest.raises(ValueError, match="must be >= 0"):
+        zmtp.StreamReader(codec=zmtp_codec, **kw)
+
+
+# --- incremental decoding: linear work, Pending, multipart message limits --------------------
+
+
+def _many_frames(codec, count: int, body: bytes = b"") -> bytes:
+    """A stream start plus one message of ``count`` frames (defect 6's worst case)."""
+    return HEAD + codec.encode_message([body] * count)
+
+
+class _CountingCodec(SimpleNamespace):
+    """Wraps a codec for ``StreamReader(codec=...)`` and counts its ``decode_events`` calls
+    and the bytes each call is handed (from ``pos`` to the end of the buffer): a bound on what
+    one call can examine, since both twins walk the buffer once, forward."""
+
+    def __init__(self, codec):
+        super().__init__(calls=0, handed=0)
+        self._codec = codec
+
+    def decode_events(self, buf, pos=0, *args, **kw):
+        self.calls += 1
+        self.handed += len(buf) - pos
+        return self._codec.decode_events(buf, pos, *args, **kw)
+
+
+def _feed_counted(codec, wire: bytes, step: int) -> _CountingCodec:
+    counter = _CountingCodec(codec)
+    reader = zmtp.StreamReader(codec=counter)
+    for k in range(0, len(wire), step):
+        reader.feed(wire[k : k + step])
+    reader.close()
+    assert [type(e) for _, e in reader] == [zmtp.Greeting, zmtp.Ready, zmtp.Message]
+    assert not reader.broken and reader.buffered == 0
+    return counter
+
+
+@pytest.mark.parametrize("step", [1, 3])
+def test_reader_work_is_linear_in_the_bytes_fed(zmtp_codec, step):
+    """Defect 6: byte by byte, a multipart message of N empty frames cost O(N^2), because
+    every feed re-parsed the unfinished message from its first frame.  Now what the codec is
+    handed per byte fed is bounded, so 4x the frames is 4x the work (it was 16x)."""
+    small, large = (_many_frames(zmtp_codec, n) for n in (1_000, 4_000))
+    work_small = _feed_counted(zmtp_codec, small, step).handed
+    work_large = _feed_counted(zmtp_codec, large, step).handed
+    assert work_large / work_small < 4.5  # the work grows as the bytes do: ~4, not 16 ...
+    assert work_large <= 3 * len(large)  # ... a bounded number of looks at each byte
+
+
+def test_reader_does_not_call_the_codec_while_a_body_is_missing(zmtp_codec):
+    """A large frame fed byte by byte: the codec is called again only once the body is
+    complete (its header read at most once per call), not once per byte."""
+    body = bytes(range(256)) * 40  # 10,240 bytes: LONG form
+    wire = HEAD + zmtp_codec.encode_message([body])
+    counter = _feed_counted(zmtp_codec, wire, 1)
+    assert counter.calls <= 64 + 43 + 9 + 1  # greeting and READY bytes, 9 header bytes, body
+    assert counter.handed <= 2 * len(wire)
+
+
+def test_pure_reader_reads_each_frame_header_a_bounded_number_of_times(monkeypatch):
+    """The pure twin parses with construct: count the flag-byte parses directly."""
+    parses = {"count": 0}
+    flags_spec = spec.FRAME_FLAGS
+
+    class CountingFlags:
+        def parse(self, data):
+            parses["count"] += 1
+            return flags_spec.parse(data)
+
+    monkeypatch.setattr(spec, "FRAME_FLAGS", CountingFlags())
+    for frames in (1_000, 4_000):
+        parses["count"] = 0
+        _feed_counted(_pure, _many_frames(_pure, frames), 1)
+        # each empty frame: once when its flags byte arrives, once with its size byte;
+        # READY once more, when its body is complete (it was 16x from 1,000 to 4,000 frames)
+        assert parses["count"] == 2 * frames + 3
+
+
+@given(zmtp_streams(max_frames=8), st.data())
+def test_reader_breaks_on_the_feed_that_brings_the_bad_byte(impl, stream, data):
+    """Skipping codec calls while a body is incomplete delays no error: after every feed the
+    reader is broken exactly when decoding everything fed so far in one go finds an error."""
+    codec = load_codec("zmtp", impl)
+    wire = bytearray(zmtp_encode(codec, stream))
+    wire[data.draw(st.integers(0, len(wire) - 1))] = data.draw(st.integers(0, 255))
+    limits = {
+        "max_frame_size": data.draw(st.sampled_from([None, 280])),
+        "max_message_frames": data.draw(st.sampled_from([None, 2])),
+        "max_message_size": data.draw(st.sampled_from([None, 30])),
+    }
+    reader = zmtp.StreamReader(codec=codec, **limits)
+    prev = 0
+    for cut in data.draw(chunkings(len(wire))):
+        reader.feed(bytes(wire[prev:cut]))
+        prev = cut
+        error = codec.decode_events(bytes(wire[:cut]), final=False, **limits)[3]
+        assert reader.broken == (error is not None)
+        if error is not None:
+            break
+
+
+def test_reader_keeps_parsed_frames_and_counts_them_as_buffered(zmtp_codec):
+    reader = zmtp.StreamReader(codec=zmtp_codec)
+    reader.feed(HEAD + b"\x01\x01a\x01\x02bc")  # two frames of an unfinished message
+    assert len(list(reader)) == 2
+    assert reader.buffered == 7
+    reader.feed(b"\x00")  # half of the last frame's header
+    assert reader.buffered == 8 and list(reader) == []
+    reader.feed(b"\x01d")
+    assert list(reader) == [(len(HEAD), zmtp.Message((b"a", b"bc", b"d")))]
+    assert reader.buffered == 0
+
+
+@given(zmtp_streams(max_frames=8), st.data())
+def test_pending_decoding_same_for_both_twins(stream, data):
+    """Driving decode_events with a Pending by hand: both twins give the same events,
+    positions, errors and Pending contents after every chunk."""
+    wire = bytearray(zmtp_encode(_pure, stream))
+    if data.draw(st.booleans()):
+        wire[data.draw(st.integers(64, len(wire) - 1))] = data.draw(st.integers(0, 7))
+    limits = {
+        "max_frame_size": data.draw(st.sampled_from([None, 280])),
+        "max_message_frames": data.draw(st.sampled_from([None, 2, 5])),
+        "max_message_size": data.draw(st.sampled_from([None, 30, 600])),
+    }
+    cuts = data.draw(chunkings(len(wire)))
+    runs = []
+    for codec in (_fast(), _pure):
+        pending, buf, phase, prev, seen = zmtp.Pending(), bytearray(), 0, 0, []
+        for cut in cuts:
+            buf += wire[prev:cut]
+            prev = cut
+            events, pos, phase, error = codec.decode_events(
+                buf, 0, phase, cut == len(wire), pending=pending, **limits
+            )
+            err = None if error is None else (str(error), error.field, error.offset)
+            kept = (list(pending.frames), pending.start, pending.size) if pending.frames else ()
+            seen.append((events, pos, phase, err, kept, pending.need))
+            if error is not None:
+                break
+            del buf[:pos]
+            pending.dropped(pos)
+        runs.append(seen)
+    assert runs[0] == runs[1]
+
+
+def test_message_frame_limit_is_checked_from_the_flags_byte(zmtp_codec):
+    data = HEAD + b"\x01\x00" * 3 + b"\x01"  # the 4th frame: only its flags byte is here
+    error = zmtp_codec.decode_events(data, final=False, max_message_frames=3)[3]
+    assert (error.field, error.offset) == ("message", len(HEAD) + 6)
+    assert error.reason == "multipart message of more than 3 frames (the limit)"
+    assert zmtp_codec.decode_events(data, final=False, max_message_frames=4)[3] is None
+    # the frames of one message are counted, not those of the stream
+    two = HEAD + zmtp_codec.encode_message([b"a", b"b"]) * 3
+    assert len(zmtp_codec.decode_stream(two)) == 5
+    assert zmtp_codec.decode_events(two, max_message_frames=2)[3] is None
+
+
+def test_message_size_limit_is_checked_from_the_size_field(zmtp_codec):
+    data = HEAD + zmtp_codec.encode_message([b"x" * 100, b""])[:-2]  # 100 bytes, MORE
+    data += b"\x02" + struct.pack(">Q", 10_000)  # and a frame with no body present at all
+    error = zmtp_codec.decode_events(data, final=False, max_message_size=10_099)[3]
+    assert (error.field, error.offset) == ("size", len(HEAD) + 103)
+    assert error.reason == "multipart message of 10100 bytes exceeds the limit of 10099"
+    assert zmtp_codec.decode_events(data, final=False, max_message_size=10_100)[3] is None
+    # bodies are counted, headers are not; commands are not messages
+    ping = zmtp_codec.encode_command("PING", b"x" * 50)
+    assert zmtp_codec.decode_events(HEAD + ping, max_message_size=0)[3] is None
+    data = HEAD + zmtp_codec.encode_message([b"ab", b"cd"])
+    assert zmtp_codec.decode_events(data, max_message_size=4)[3] is None
+    assert zmtp_codec.decode_events(data, max_message_size=3)[3].offset == len(HEAD) + 5
+
+
+def test_reader_bounds_one_unfinished_message(zmtp_codec):
+    """A peer that sends MORE frames forever gets a DecodeError, not an ever longer list."""
+    reader = zmtp.StreamReader(max_message_frames=100, codec=zmtp_codec)
+    assert (reader.max_message_frames, reader.max_message_size) == (
+        100,
+        zmtp.DEFAULT_MAX_MESSAGE_SIZE,
+    )
+    reader.feed(HEAD)
+    for _ in range(100):
+        reader.feed(b"\x01\x00")
+    assert reader.buffered == 200 and len(list(reader)) == 2 and not reader.broken
+    reader.feed(b"\x01")
+    assert reader.broken and reader.buffered == 0
+    with pytest.raises(DecodeError) as info:
+        reader.next_event()
+    assert (info.value.protocol, info.value.field, info.value.offset) == (
+        "zmtp",
+        "message",
+        len(HEAD) + 200,
+    )
+    assert str(info.value) == (
+        f"zmtp: message at byte {len(HEAD) + 200}: "
+        "multipart message of more than 100 frames (the limit)"
+    )
+
+
+def test_reader_default_message_limits(zmtp_codec):
+    reader = zmtp.StreamReader(codec=zmtp_codec)
+    assert reader.max_message_frames == zmtp.DEFAULT_MAX_MESSAGE_FRAMES == 1 << 20
+    assert reader.max_message_size == zmtp.DEFAULT_MAX_MESSAGE_SIZE == 256 << 20
+    unlimited = zmtp.StreamReader(None, max_message_frames=None, max_message_size=None)
+    unlimited.feed(HEAD + b"\x01\x00" * 10 + b"\x00\x00")
+    assert len(list(unlimited)[-1][1].frames) == 11
+
+
+def test_decode_events_lets_go_of_a_bytearray(zmtp_codec):
+    """The reader grows its bytearray right after a call, even one that found an error (a
+    buffer export kept alive by the error's traceback would make that a BufferError)."""
+    buf = bytearray(HEAD + b"\x01\x00")
+    result = zmtp_codec.decode_events(buf, final=False, pending=zmtp.Pending())
+    buf += b"\x08\x00"
+    result = zmtp_codec.decode_events(buf, 0, 2, pending=zmtp.Pending())
+    assert result[3].field == "flags"
+    buf += b"more"
+    del buf[:4]
+    assert bytes(buf[-4:]) == b"more"

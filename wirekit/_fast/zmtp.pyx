@@ -8,8 +8,10 @@ from cpython.object cimport PyObject_GenericSetAttr
 from libc.stdint cimport uint8_t, uint64_t
 from libc.string cimport memcpy, memset
 
+
 cdef extern from "Python.h":
     object PyType_GenericAlloc(type t, Py_ssize_t n)
+    const Py_ssize_t PY_SSIZE_T_MAX
 
 from wirekit._encoding import checked_int, contiguous_bytes
 from wirekit.errors import DecodeError, EncodeError
@@ -122,117 +124,185 @@ cdef object _command(const uint8_t* b, Py_ssize_t size, Py_ssize_t at, int phase
     return Ready(tuple(props))
 
 
-cdef int _decode_into(list events, Py_ssize_t* state, const uint8_t* v, Py_ssize_t n,
-                      bint final, bint limited, uint64_t limit) except -1:
-    """Append complete events to ``events``; ``state`` = [pos, phase] after the last one."""
-    cdef Py_ssize_t pos = state[0], p, head, start, nframes
-    cdef int phase = <int>state[1]
+cdef struct Scan:
+    Py_ssize_t pos      # just past the last complete event, or the last frame kept pending
+    Py_ssize_t msg      # offset of the unfinished message's first frame (Pending.start)
+    Py_ssize_t need     # bytes from pos the next call needs (Pending.need)
+    uint64_t total      # body bytes of the unfinished message's frames (Pending.size)
+    int phase
+
+
+cdef struct Limits:
+    bint frame_limited, frames_limited, total_limited
+    uint64_t max_frame, max_total
+    Py_ssize_t max_frames
+
+
+cdef inline Py_ssize_t _need(Py_ssize_t have, uint64_t more) noexcept:
+    """``have + more``, at most PY_SSIZE_T_MAX (the pure twin's ``sys.maxsize``)."""
+    if more > <uint64_t>(PY_SSIZE_T_MAX - have):
+        return PY_SSIZE_T_MAX
+    return have + <Py_ssize_t>more
+
+
+cdef int _decode_into(list events, Scan* s, list frames, bint keep, const uint8_t* v,
+                      Py_ssize_t n, bint final, Limits* lim) except -1:
+    """Append complete events to ``events``; ``s.pos``/``s.phase`` after the last one (or
+    after the last frame kept in ``frames`` when ``keep``: the Pending's list)."""
+    cdef Py_ssize_t p, head, start, nframes, msg
+    cdef int phase
     cdef uint8_t flags
-    cdef uint64_t size
+    cdef uint64_t size, total
     cdef bint command
-    cdef list frames
-    cdef object frame, greeting
-    if phase == PHASE_GREETING:
-        greeting = _check_greeting(v, n, pos, final)
+    cdef object frame, greeting, whole
+    if s.phase == PHASE_GREETING:
+        greeting = _check_greeting(v, n, s.pos, final)
         if greeting is None:
+            s.need = n - s.pos + 1
             return 0
-        PyList_Append(events, (pos, greeting))
-        pos += GREETING_SIZE
-        phase = PHASE_HANDSHAKE
-        state[0] = pos
-        state[1] = phase
-    while pos < n:
-        frames = None
-        nframes = 0
-        p = pos
-        while True:
-            if p >= n:
-                if final:
-                    raise _fail("message", n,
-                                f"stream ends inside a multipart message: frame {nframes - 1} "
-                                "has MORE set")
-                return 0
-            flags = v[p]
-            if flags & FLAGS_RESERVED:
-                raise _fail("flags", p, f"reserved bits set in flags 0x{flags:02x}")
-            command = (flags & FLAG_COMMAND) != 0
-            if command:
-                if flags & FLAG_MORE:
-                    raise _fail("flags", p, "command frame with MORE set")
-                if nframes:
-                    raise _fail("flags", p, "command frame inside a multipart message")
-            elif phase == PHASE_HANDSHAKE:
-                raise _fail("flags", p, "expected the READY command, got a message frame")
-            head = 9 if flags & FLAG_LONG else 2
-            if n - p < head:
-                if final:
-                    raise _fail("frame", n,
-                                f"truncated: frame header needs {head} bytes, {n - p} present")
-                return 0
-            size = _be64(v + p + 1) if flags & FLAG_LONG else v[p + 1]
-            if limited and size > limit:
-                raise _fail("size", p + 1,
-                            f"frame of {size} bytes exceeds the limit of {limit}")
-            start = p + head
-            if size > <uint64_t>(n - start):
-                if final:
-                    raise _fail("frame", n,
-                                f"truncated: size announces {size} bytes, {n - start} present")
-                return 0
+        PyList_Append(events, (s.pos, greeting))
+        s.pos += GREETING_SIZE
+        s.phase = PHASE_HANDSHAKE
+    phase = s.phase
+    nframes = 0 if frames is None else len(frames)
+    msg = s.msg if nframes else s.pos
+    total = s.total if nframes else 0
+    p = s.pos
+    while True:
+        if p >= n:
+            if nframes and final:  # the previous frame had MORE set
+                raise _fail("message", n,
+                            f"stream ends inside a multipart message: frame {nframes - 1} "
+                            "has MORE set")
+            s.need = p - s.pos + 1
+            return 0
+        flags = v[p]
+        if flags & FLAGS_RESERVED:
+            raise _fail("flags", p, f"reserved bits set in flags 0x{flags:02x}")
+        command = (flags & FLAG_COMMAND) != 0
+        if command:
+            if flags & FLAG_MORE:
+                raise _fail("flags", p, "command frame with MORE set")
+            if nframes:
+                raise _fail("flags", p, "command frame inside a multipart message")
+        elif phase == PHASE_HANDSHAKE:
+            raise _fail("flags", p, "expected the READY command, got a message frame")
+        elif lim.frames_limited and nframes >= lim.max_frames:
+            raise _fail("message", p,
+                        f"multipart message of more than {lim.max_frames} frames (the limit)")
+        head = 9 if flags & FLAG_LONG else 2
+        if n - p < head:
+            if final:
+                raise _fail("frame", n,
+                            f"truncated: frame header needs {head} bytes, {n - p} present")
+            s.need = p - s.pos + head
+            return 0
+        size = _be64(v + p + 1) if flags & FLAG_LONG else v[p + 1]
+        if lim.frame_limited and size > lim.max_frame:
+            raise _fail("size", p + 1,
+                        f"frame of {size} bytes exceeds the limit of {lim.max_frame}")
+        if (not command and lim.total_limited
+                and (total > lim.max_total or size > lim.max_total - total)):
+            whole = <object>total + <object>size  # may not fit in 64 bits
+            raise _fail("size", p + 1,
+                        f"multipart message of {whole} bytes exceeds the limit of "
+                        f"{lim.max_total}")
+        start = p + head
+        if size > <uint64_t>(n - start):
+            if final:
+                raise _fail("frame", n,
+                            f"truncated: size announces {size} bytes, {n - start} present")
+            s.need = _need(p - s.pos + head, size)
+            return 0
+        if command:
+            PyList_Append(events, (p, _command(v + start, <Py_ssize_t>size, start, phase)))
             p = start + <Py_ssize_t>size
-            if command:
-                PyList_Append(events, (pos, _command(v + start, <Py_ssize_t>size, start, phase)))
-                phase = PHASE_TRAFFIC
-                pos = p
-                state[0] = pos
-                state[1] = phase
-                break
-            frame = PyBytes_FromStringAndSize(<const char*>v + start, <Py_ssize_t>size)
-            if not flags & FLAG_MORE:
-                if nframes == 0:
-                    PyList_Append(events, (pos, _new_message((frame,))))
-                else:
-                    frames.append(frame)
-                    PyList_Append(events, (pos, _new_message(tuple(frames))))
-                pos = p
-                state[0] = pos
-                break
-            if frames is None:
-                frames = [frame]
+            phase = PHASE_TRAFFIC
+            msg = p
+            s.pos = p
+            s.phase = phase
+            continue
+        frame = PyBytes_FromStringAndSize(<const char*>v + start, <Py_ssize_t>size)
+        p = start + <Py_ssize_t>size
+        if not flags & FLAG_MORE:
+            if nframes == 0:
+                PyList_Append(events, (msg, _new_message((frame,))))
             else:
                 frames.append(frame)
-            nframes += 1
+                PyList_Append(events, (msg, _new_message(tuple(frames))))
+                del frames[:]
+                nframes = 0
+                total = 0
+            msg = p
+            s.pos = p
+            continue
+        if frames is None:  # only without a Pending: a list for this call
+            frames = []
+        frames.append(frame)
+        nframes += 1
+        total += size
+        if keep:  # keep the frame: the next call resumes after it
+            s.msg = msg
+            s.total = total
+            s.pos = p
+
+
+cdef int _check_limit(str name, object value) except -1:
+    if value is not None and value < 0:
+        raise ValueError(f"{name} must be >= 0")
     return 0
 
 
 def decode_events(buf, Py_ssize_t pos=0, int phase=PHASE_GREETING, bint final=True,
-                  max_frame_size=None):
+                  max_frame_size=None, *, max_message_frames=None, max_message_size=None,
+                  pending=None):
     """Decode every complete event in ``buf`` from ``pos``: ``(events, pos, phase, error)``."""
     cdef Py_buffer view
-    cdef Py_ssize_t state[2]
+    cdef Scan s
+    cdef Limits lim
     cdef list events = []
-    cdef bint limited = max_frame_size is not None
-    cdef uint64_t limit = 0
+    cdef list frames = None
     cdef object error = None
-    if limited:
-        if max_frame_size < 0:
-            raise ValueError("max_frame_size must be >= 0")
-        limit = max_frame_size
+    _check_limit("max_frame_size", max_frame_size)
+    _check_limit("max_message_frames", max_message_frames)
+    _check_limit("max_message_size", max_message_size)
     if pos < 0:
         raise IndexError(f"position {pos} is negative")
-    state[0] = pos
-    state[1] = phase
+    lim.frame_limited = max_frame_size is not None
+    lim.max_frame = max_frame_size if lim.frame_limited else 0
+    lim.frames_limited = max_message_frames is not None
+    lim.max_frames = max_message_frames if lim.frames_limited else 0
+    lim.total_limited = max_message_size is not None
+    lim.max_total = max_message_size if lim.total_limited else 0
+    s.pos = pos
+    s.phase = phase
+    s.msg = 0
+    s.total = 0
+    s.need = 1
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
         if pos > view.len:
             raise IndexError(f"position {pos} outside a buffer of {view.len} bytes")
+        if pending is not None:
+            frames = pending.frames
+            if frames and phase != PHASE_TRAFFIC:
+                raise ValueError("a pending multipart message needs phase 2 (traffic)")
+            s.msg = pending.start
+            s.total = pending.size
+            s.need = pending.need
         try:
-            _decode_into(events, state, <const uint8_t*>view.buf, view.len, final, limited, limit)
+            _decode_into(events, &s, frames, pending is not None, <const uint8_t*>view.buf,
+                         view.len, final, &lim)
         except DecodeError as exc:
             error = exc
     finally:
         PyBuffer_Release(&view)
-    return events, state[0], <int>state[1], error
+    if pending is not None:
+        pending.start = s.msg
+        pending.size = s.total
+        if error is None:
+            pending.need = s.need
+    return events, s.pos, s.phase, error
 
 
 def decode_stream(buf, max_frame_size=None):

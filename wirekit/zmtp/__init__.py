@@ -25,6 +25,8 @@ from wirekit._impl import lazy_codec
 from . import _pure
 from .messages import (
     DEFAULT_MAX_FRAME_SIZE,
+    DEFAULT_MAX_MESSAGE_FRAMES,
+    DEFAULT_MAX_MESSAGE_SIZE,
     FLAG_COMMAND,
     FLAG_LONG,
     FLAG_MORE,
@@ -34,6 +36,7 @@ from .messages import (
     Event,
     Greeting,
     Message,
+    Pending,
     Ready,
 )
 from .reader import StreamReader
@@ -70,6 +73,8 @@ def is_zmtp(data: bytes | bytearray | memoryview) -> bool:
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
+    "DEFAULT_MAX_MESSAGE_FRAMES",
+    "DEFAULT_MAX_MESSAGE_SIZE",
     "FLAG_COMMAND",
     "FLAG_LONG",
     "FLAG_MORE",
@@ -80,6 +85,7 @@ __all__ = [
     "Event",
     "Greeting",
     "Message",
+    "Pending",
     "Ready",
     "StreamReader",
     "decode_events",

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,6 +31,7 @@ from .messages import (
     Event,
     Greeting,
     Message,
+    Pending,
     Ready,
 )
 
@@ -40,27 +42,28 @@ def _fail(field: str, offset: int, text: str) -> DecodeError:
     return DecodeError(PROTOCOL, field, offset, text)
 
 
-def _check_greeting(view: bytes, pos: int, final: bool) -> Greeting | None:
-    """Validate the greeting bytes present at ``pos``; the Greeting once all 64 are there."""
-    have = len(view) - pos
-    if have >= 1 and view[pos] != 0xFF:
+def _check_greeting(head: bytes, pos: int, final: bool) -> Greeting | None:
+    """Validate the greeting bytes present (``head``, up to 64, starting at buffer offset
+    ``pos``); the Greeting once all 64 are there."""
+    have = len(head)
+    if have >= 1 and head[0] != 0xFF:
         raise _fail(
-            "signature", pos, f"not a ZMTP greeting: byte 0 is 0x{view[pos]:02x}, expected 0xff"
+            "signature", pos, f"not a ZMTP greeting: byte 0 is 0x{head[0]:02x}, expected 0xff"
         )
-    if have >= 10 and view[pos + 9] != 0x7F:
+    if have >= 10 and head[9] != 0x7F:
         raise _fail(
             "signature",
             pos + 9,
-            f"not a ZMTP 3 greeting: byte 9 is 0x{view[pos + 9]:02x}, expected 0x7f",
+            f"not a ZMTP 3 greeting: byte 9 is 0x{head[9]:02x}, expected 0x7f",
         )
-    if have >= 11 and view[pos + 10] != MAJOR_VERSION:
+    if have >= 11 and head[10] != MAJOR_VERSION:
         raise _fail(
             "version",
             pos + 10,
-            f"unsupported ZMTP major version {view[pos + 10]}: only 3 (ZMTP 3.0/3.1) is supported",
+            f"unsupported ZMTP major version {head[10]}: only 3 (ZMTP 3.0/3.1) is supported",
         )
     if have >= 32:
-        mech = view[pos + 12 : pos + 32]
+        mech = head[12:32]
         name = mech.split(b"\x00", 1)[0]
         if name != b"NULL":
             raise _fail(
@@ -72,15 +75,15 @@ def _check_greeting(view: bytes, pos: int, final: bool) -> Greeting | None:
         for k in range(4, 20):
             if mech[k] != 0:
                 raise _fail("mechanism", pos + 12 + k, "bytes after the name must be NUL")
-    if have >= 33 and view[pos + 32] > 1:
-        raise _fail("as-server", pos + 32, f"must be 0 or 1, got {view[pos + 32]}")
+    if have >= 33 and head[32] > 1:
+        raise _fail("as-server", pos + 32, f"must be 0 or 1, got {head[32]}")
     if have < GREETING_SIZE:
         if final:
             raise _fail(
-                "greeting", len(view), f"truncated: need {GREETING_SIZE} bytes, have {have}"
+                "greeting", pos + have, f"truncated: need {GREETING_SIZE} bytes, have {have}"
             )
         return None
-    g = spec.GREETING.parse(view[pos : pos + GREETING_SIZE])
+    g = spec.GREETING.parse(head)
     return Greeting(g.major, g.minor, "NULL", g.as_server == 1)
 
 
@@ -132,114 +135,176 @@ def _command(body: bytes, at: int, phase: int) -> Event:
     return Ready(tuple(props))
 
 
+def _check_limit(name: str, value: int | None) -> None:
+    if value is not None and value < 0:
+        raise ValueError(f"{name} must be >= 0")
+
+
+def _byte_view(buf: Any) -> bytes | memoryview:
+    """``buf`` itself if it is ``bytes``, else a flat memoryview of its bytes (copied only if
+    it is not contiguous).  Never a copy of a whole bytearray: a reader's buffer may hold a
+    large unfinished frame, and copying it on every call would be quadratic."""
+    if type(buf) is bytes:
+        return buf
+    view = memoryview(buf)
+    if not view.c_contiguous:
+        return memoryview(view.tobytes())
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
 def decode_events(
     buf: Any,
     pos: int = 0,
     phase: int = PHASE_GREETING,
     final: bool = True,
     max_frame_size: int | None = None,
+    *,
+    max_message_frames: int | None = None,
+    max_message_size: int | None = None,
+    pending: Pending | None = None,
 ) -> tuple[list[tuple[int, Event]], int, int, DecodeError | None]:
     """Decode every complete event in ``buf`` from ``pos``: ``(events, pos, phase, error)``.
 
     ``events`` are ``(offset, event)`` pairs; the returned ``pos`` is just past the last
     complete event and ``phase`` where the stream stands there (0 greeting, 1 handshake,
     2 traffic).  With ``final`` False an incomplete tail is left for later; with ``final``
-    True it is an error.  A frame larger than ``max_frame_size`` is an error as soon as its
-    size is read.  Bad input does not raise: decoding stops and ``error`` is the
+    True it is an error.  A frame larger than ``max_frame_size``, a multipart message of more
+    than ``max_message_frames`` frames or of more than ``max_message_size`` body bytes is an
+    error as soon as the flags or size field that shows it is read (None: no limit).  Bad
+    input does not raise: decoding stops and ``error`` is the
     :class:`~wirekit.errors.DecodeError`, with the events before it still returned.
+
+    With a :class:`Pending` as ``pending``, the complete frames of an unfinished multipart
+    message are kept there and the returned ``pos`` is just past them instead of at the
+    message's start; pass the same ``Pending`` to the next call to resume (see its doc).
     """
-    if max_frame_size is not None and max_frame_size < 0:
-        raise ValueError("max_frame_size must be >= 0")
+    _check_limit("max_frame_size", max_frame_size)
+    _check_limit("max_message_frames", max_message_frames)
+    _check_limit("max_message_size", max_message_size)
     if pos < 0:
         raise IndexError(f"position {pos} is negative")
-    size = memoryview(buf).nbytes
-    if pos > size:
-        raise IndexError(f"position {pos} outside a buffer of {size} bytes")
-    events: list[tuple[int, Event]] = []
-    state = [pos, phase]
+    view = _byte_view(buf)
     try:
-        _decode_into(events, state, buf, final, max_frame_size)
-    except DecodeError as exc:
-        return events, state[0], state[1], exc
-    return events, state[0], state[1], None
+        size = len(view)
+        if pos > size:
+            raise IndexError(f"position {pos} outside a buffer of {size} bytes")
+        if pending is not None and pending.frames and phase != PHASE_TRAFFIC:
+            raise ValueError("a pending multipart message needs phase 2 (traffic)")
+        events: list[tuple[int, Event]] = []
+        state = [pos, phase]
+        limits = (max_frame_size, max_message_frames, max_message_size)
+        try:
+            need = _decode_into(events, state, view, final, limits, pending)
+        except DecodeError as exc:
+            return events, state[0], state[1], exc
+        if pending is not None:
+            pending.need = need
+        return events, state[0], state[1], None
+    finally:
+        if isinstance(view, memoryview):
+            view.release()  # a bytearray being decoded can grow again at once
 
 
 def _decode_into(
     events: list[tuple[int, Event]],
     state: list[int],
-    buf: Any,
+    view: bytes | memoryview,
     final: bool,
-    max_frame_size: int | None,
-) -> None:
+    limits: tuple[int | None, int | None, int | None],
+    pending: Pending | None,
+) -> int:
+    """Append complete events to ``events``; ``state`` = [pos, phase] after the last one (or
+    after the last frame kept in ``pending``).  Returns how many bytes from that position the
+    next call needs to get further."""
+    max_frame_size, max_frames, max_total = limits
     pos, phase = state
-    view = bytes(buf) if not isinstance(buf, bytes) else buf
     n = len(view)
     if phase == PHASE_GREETING:
-        greeting = _check_greeting(view, pos, final)
+        greeting = _check_greeting(bytes(view[pos : pos + GREETING_SIZE]), pos, final)
         if greeting is None:
-            return
+            return n - pos + 1
         events.append((pos, greeting))
         pos += GREETING_SIZE
         phase = PHASE_HANDSHAKE
         state[:] = pos, phase
-    while pos < n:
-        frames: list[bytes] = []
-        p = pos
-        while True:
-            if p >= n:  # the previous frame had MORE set
-                if final:
-                    raise _fail(
-                        "message",
-                        n,
-                        f"stream ends inside a multipart message: frame {len(frames) - 1} "
-                        "has MORE set",
-                    )
-                return
-            flags = spec.FRAME_FLAGS.parse(view[p : p + 1])
-            if flags & FLAGS_RESERVED:
-                raise _fail("flags", p, f"reserved bits set in flags 0x{flags:02x}")
-            command = flags & FLAG_COMMAND
-            if command:
-                if flags & FLAG_MORE:
-                    raise _fail("flags", p, "command frame with MORE set")
-                if frames:
-                    raise _fail("flags", p, "command frame inside a multipart message")
-            elif phase == PHASE_HANDSHAKE:
-                raise _fail("flags", p, "expected the READY command, got a message frame")
-            head = 9 if flags & FLAG_LONG else 2
-            if n - p < head:
-                if final:
-                    raise _fail(
-                        "frame", n, f"truncated: frame header needs {head} bytes, {n - p} present"
-                    )
-                return
-            size_spec = spec.LONG_SIZE if flags & FLAG_LONG else spec.SHORT_SIZE
-            size = size_spec.parse(view[p + 1 : p + head])
-            if max_frame_size is not None and size > max_frame_size:
+    frames: list[bytes] = [] if pending is None else pending.frames
+    msg = pending.start if frames else pos  # offset of the message being read
+    total = pending.size if frames else 0  # its body bytes so far
+    p = pos
+    while True:
+        if p >= n:
+            if frames and final:  # the previous frame had MORE set
                 raise _fail(
-                    "size", p + 1, f"frame of {size} bytes exceeds the limit of {max_frame_size}"
+                    "message",
+                    n,
+                    f"stream ends inside a multipart message: frame {len(frames) - 1} "
+                    "has MORE set",
                 )
-            start = p + head
-            if size > n - start:
-                if final:
-                    raise _fail(
-                        "frame", n, f"truncated: size announces {size} bytes, {n - start} present"
-                    )
-                return
-            body = view[start : start + size]
+            return p - state[0] + 1
+        flags = spec.FRAME_FLAGS.parse(bytes(view[p : p + 1]))
+        if flags & FLAGS_RESERVED:
+            raise _fail("flags", p, f"reserved bits set in flags 0x{flags:02x}")
+        command = flags & FLAG_COMMAND
+        if command:
+            if flags & FLAG_MORE:
+                raise _fail("flags", p, "command frame with MORE set")
+            if frames:
+                raise _fail("flags", p, "command frame inside a multipart message")
+        elif phase == PHASE_HANDSHAKE:
+            raise _fail("flags", p, "expected the READY command, got a message frame")
+        elif max_frames is not None and len(frames) >= max_frames:
+            raise _fail(
+                "message", p, f"multipart message of more than {max_frames} frames (the limit)"
+            )
+        head = 9 if flags & FLAG_LONG else 2
+        if n - p < head:
+            if final:
+                raise _fail(
+                    "frame", n, f"truncated: frame header needs {head} bytes, {n - p} present"
+                )
+            return p - state[0] + head
+        size_spec = spec.LONG_SIZE if flags & FLAG_LONG else spec.SHORT_SIZE
+        size = size_spec.parse(bytes(view[p + 1 : p + head]))
+        if max_frame_size is not None and size > max_frame_size:
+            raise _fail(
+                "size", p + 1, f"frame of {size} bytes exceeds the limit of {max_frame_size}"
+            )
+        if not command and max_total is not None and total + size > max_total:
+            raise _fail(
+                "size",
+                p + 1,
+                f"multipart message of {total + size} bytes exceeds the limit of {max_total}",
+            )
+        start = p + head
+        if size > n - start:
+            if final:
+                raise _fail(
+                    "frame", n, f"truncated: size announces {size} bytes, {n - start} present"
+                )
+            return min(p - state[0] + head + size, sys.maxsize)
+        body = bytes(view[start : start + size])
+        if command:
+            events.append((p, _command(body, start, phase)))
             p = start + size
-            if command:
-                events.append((pos, _command(body, start, phase)))
-                phase = PHASE_TRAFFIC
-                pos = p
-                state[:] = pos, phase
-                break
+            phase = PHASE_TRAFFIC
+            msg = p
+            state[:] = p, phase
+            continue
+        p = start + size
+        if not flags & FLAG_MORE:
             frames.append(body)
-            if not flags & FLAG_MORE:
-                events.append((pos, Message(tuple(frames))))
-                pos = p
-                state[0] = pos
-                break
+            events.append((msg, Message(tuple(frames))))
+            frames.clear()
+            total = 0
+            msg = p
+            state[0] = p
+            continue
+        frames.append(body)
+        total += size
+        if pending is not None:  # keep the frame: the next call resumes after it
+            pending.start = msg
+            pending.size = total
+            state[0] = p
 
 
 def decode_stream(buf: Any, max_frame_size: int | None = None) -> list[tuple[int, Event]]:

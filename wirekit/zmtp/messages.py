@@ -26,6 +26,13 @@ PHASE_GREETING, PHASE_HANDSHAKE, PHASE_TRAFFIC = 0, 1, 2
 
 #: default ``max_frame_size`` of :class:`~wirekit.zmtp.StreamReader`
 DEFAULT_MAX_FRAME_SIZE = 64 * 1024 * 1024
+#: default ``max_message_frames`` of :class:`~wirekit.zmtp.StreamReader`: frames in one
+#: multipart message.  Clipper sends one frame per input and wirekit batches up to 65535
+#: inputs; a million frames hold at most ~50 MB of Python objects, less than one largest frame.
+DEFAULT_MAX_MESSAGE_FRAMES = 1 << 20
+#: default ``max_message_size`` of :class:`~wirekit.zmtp.StreamReader`: body bytes of all
+#: the frames of one multipart message (four frames of the largest size).
+DEFAULT_MAX_MESSAGE_SIZE = 256 * 1024 * 1024
 
 #: socket types whose READY carries an Identity property (what libzmq does)
 IDENTITY_SOCKETS = frozenset({"REQ", "DEALER", "ROUTER"})
@@ -83,6 +90,43 @@ class Message:
 
 
 Event = Greeting | Ready | Command | Message
+
+
+class Pending:
+    """What ``decode_events(..., pending=p)`` left unfinished at the end of its buffer.
+
+    Without ``pending``, a multipart message whose last frame has not arrived is left whole
+    for the next call, which reads it again from its first frame.  With it, the complete
+    frames of that message are kept here and the returned position is just past them, so the
+    next call (on a buffer that starts at that position, or goes on from it) resumes at the
+    next frame: every byte is decoded once however the stream is cut.
+
+    ``frames``: the complete frames of the unfinished message (empty: none is unfinished).
+    ``start``: buffer offset of that message's first frame, the offset its event will get;
+    negative once the caller has dropped those bytes (call :meth:`dropped`).
+    ``size``: body bytes in ``frames``, counted against ``max_message_size``.
+    ``need``: the next call can get further only when the buffer holds at least this many
+    bytes from the returned position (until then it would only read the same header again).
+    After a decode error the content is meaningless: start over with a new ``Pending``.
+    """
+
+    __slots__ = ("frames", "need", "size", "start")
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.start = 0
+        self.size = 0
+        self.need = 1
+
+    def dropped(self, count: int) -> None:
+        """The caller removed ``count`` bytes from the front of the buffer."""
+        self.start -= count
+
+    def __repr__(self) -> str:
+        return (
+            f"Pending(frames={len(self.frames)}, start={self.start}, size={self.size}, "
+            f"need={self.need})"
+        )
 
 
 def to_jsonable(event: Event) -> dict:

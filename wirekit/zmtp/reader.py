@@ -1,7 +1,13 @@
 """A sans-IO incremental ZMTP reader: feed it bytes of one direction, take events out.
 
 No sockets here.  Frame sizes are checked against ``max_frame_size`` as soon as a frame's size
-field has arrived, before its body is buffered.
+field has arrived, before its body is buffered; a multipart message is bounded by
+``max_message_frames`` frames and ``max_message_size`` body bytes, checked the same way.
+
+Decoding is linear in the bytes fed, however they are cut: the complete frames of an
+unfinished multipart message are kept (in a :class:`~wirekit.zmtp.messages.Pending`) and never
+read again, and the codec is not called again until enough bytes have arrived to get past the
+header it last stopped at.
 """
 
 from __future__ import annotations
@@ -12,7 +18,15 @@ from types import ModuleType
 
 from wirekit.errors import DecodeError
 
-from .messages import DEFAULT_MAX_FRAME_SIZE, PHASE_GREETING, Event, Ready
+from .messages import (
+    DEFAULT_MAX_FRAME_SIZE,
+    DEFAULT_MAX_MESSAGE_FRAMES,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    PHASE_GREETING,
+    Event,
+    Pending,
+    Ready,
+)
 
 
 class StreamReader:
@@ -24,21 +38,41 @@ class StreamReader:
     error.  A :class:`~wirekit.errors.DecodeError` breaks the reader (ZMTP cannot resync):
     ``broken`` becomes True at once, the events decoded before the bad bytes are still handed
     out, then ``next_event`` (and any later ``feed``) raises the error.
+
+    Limits (None: none), each a ``size``/``message`` DecodeError as soon as the flags or size
+    field that breaks it arrives, before any body is buffered: ``max_frame_size`` bytes in one
+    frame; ``max_message_frames`` frames and ``max_message_size`` body bytes (all frames
+    together) in one multipart message.  A negative limit is a ValueError.
     """
 
     def __init__(
         self,
         max_frame_size: int | None = DEFAULT_MAX_FRAME_SIZE,
         *,
+        max_message_frames: int | None = DEFAULT_MAX_MESSAGE_FRAMES,
+        max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE,
         codec: ModuleType | None = None,
     ) -> None:
         if codec is None:
             from wirekit import zmtp as codec  # the active implementation
         self._codec = codec
         self.max_frame_size = max_frame_size
+        self.max_message_frames = max_message_frames
+        self.max_message_size = max_message_size
+        # the codec checks the limits (ValueError for a negative one) before it decodes
+        codec.decode_events(
+            b"",
+            0,
+            PHASE_GREETING,
+            False,
+            max_frame_size,
+            max_message_frames=max_message_frames,
+            max_message_size=max_message_size,
+        )
         self._buf = bytearray()
         self._consumed = 0  # stream offset of _buf[0]
         self._phase = PHASE_GREETING
+        self._pending = Pending()  # the unfinished multipart message, if any
         self._events: deque[tuple[int, Event]] = deque()
         self._error: DecodeError | None = None
         self.ready: Ready | None = None
@@ -51,7 +85,9 @@ class StreamReader:
     @property
     def buffered(self) -> int:
         """Bytes received that are not yet part of a complete event."""
-        return len(self._buf)
+        pending = self._pending
+        # the kept frames of an unfinished message count too: from its start on
+        return len(self._buf) - pending.start if pending.frames else len(self._buf)
 
     @property
     def socket_type(self) -> str | None:
@@ -87,8 +123,18 @@ class StreamReader:
             yield item
 
     def _run(self, final: bool) -> None:
+        pending = self._pending
+        if not final and len(self._buf) < pending.need:
+            return  # the codec would stop at the same header again
         events, pos, phase, error = self._codec.decode_events(
-            self._buf, 0, self._phase, final, self.max_frame_size
+            self._buf,
+            0,
+            self._phase,
+            final,
+            self.max_frame_size,
+            max_message_frames=self.max_message_frames,
+            max_message_size=self.max_message_size,
+            pending=pending,
         )
         self._phase = phase
         for offset, event in events:
@@ -99,7 +145,11 @@ class StreamReader:
             self._error = DecodeError(
                 error.protocol, error.field, error.offset + self._consumed, error.reason
             )
-            self._buf.clear()  # the stream cannot be resynchronised: hold nothing more
+            # the stream cannot be resynchronised: hold nothing more
+            self._buf.clear()
+            self._pending = Pending()
+            return
         if pos:
-            del self._buf[:pos]
+            del self._buf[:pos]  # O(1): a bytearray drops its head by moving its start
             self._consumed += pos
+            pending.dropped(pos)
