@@ -292,6 +292,60 @@ _PONG = mip.encode(Ping(True))
 _ERR = {code: _error_wire(code) for code in ErrorCode}
 
 
+class Watchdog:
+    """Runs a connection's :class:`~wirekit.mip.limits.Guard` on the event loop: one timer,
+    armed for ``guard.next_check``; when it fires the guard decides, given ``state()`` ->
+    ``(reading paused by the server, replies owed)``, and a reason to drop the connection
+    goes to ``drop(reason)``.  Both MIP front doors use it (this server and
+    :mod:`wirekit.serve.mipfront`); ``clock`` is the guard's clock (monotonic seconds)."""
+
+    __slots__ = ("clock", "drop", "due", "guard", "loop", "state", "timer")
+
+    def __init__(
+        self,
+        guard: Guard,
+        loop: asyncio.AbstractEventLoop,
+        clock: Callable[[], float],
+        state: Callable[[], tuple[bool, bool]],
+        drop: Callable[[str], None],
+    ) -> None:
+        self.guard = guard
+        self.loop = loop
+        self.clock = clock
+        self.state = state
+        self.drop = drop
+        self.timer: asyncio.TimerHandle | None = None
+        self.due = 0.0
+
+    def arm(self, now: float) -> None:
+        """Make sure the timer fires by the guard's next check (at the start, and whenever
+        ``guard.received`` says a request started)."""
+        due = self.guard.next_check(now)
+        if due is None:
+            return
+        if self.timer is not None:
+            if self.due <= due:
+                return
+            self.timer.cancel()
+        self.due = due
+        self.timer = self.loop.call_later(due - now, self._fire)
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _fire(self) -> None:
+        self.timer = None
+        now = self.clock()
+        paused, pending = self.state()
+        why = self.guard.expired(now, paused, pending)
+        if why is not None:
+            self.drop(why)
+        else:
+            self.arm(now)
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: bytes in -> Decoder -> handler -> replies out, in order."""
 
@@ -304,6 +358,7 @@ class _Connection(asyncio.Protocol):
         )
         self.decoder = Decoder(server.max_message_size, max_items=server.max_items)
         self.guard = Guard(server.limits, server.budget, self._clock())
+        self.watchdog = Watchdog(self.guard, loop, self._clock, self._state, self._drop)
         self.frames = 0  # messages taken from the decoder (complete or refused)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -314,7 +369,6 @@ class _Connection(asyncio.Protocol):
         self.closing = False  # no more requests will be read
         self.eof = False
         self.lingering = False
-        self.timer: asyncio.TimerHandle | None = None
         self.closed: asyncio.Future[None] = self.loop.create_future()
 
     # ------------------------------------------------------------------ transport events
@@ -327,8 +381,9 @@ class _Connection(asyncio.Protocol):
             transport.close()
             return
         self.server._connections.add(self)
-        self.guard.sent(self._clock())
-        self._arm_timer()
+        now = self._clock()
+        self.guard.sent(now)
+        self.watchdog.arm(now)
         log.debug("connection from %s", self.peer)
 
     def data_received(self, data: bytes) -> None:
@@ -372,11 +427,7 @@ class _Connection(asyncio.Protocol):
             self._refuse(exc)
             return
         if started:
-            due = self.guard.next_check(now)
-            if due is not None and (self.timer is None or self.timer.when() > due):
-                if self.timer is not None:
-                    self.timer.cancel()
-                self.timer = self.loop.call_at(due, self._check_timeout)
+            self.watchdog.arm(now)
 
     def _refuse(self, exc: OverBudget) -> None:
         """Over the server's buffer budget: answer MEMORY, drop what this connection holds,
@@ -409,8 +460,7 @@ class _Connection(asyncio.Protocol):
         self.transport = None
         self.queue.clear()
         self.guard.release()
-        if self.timer is not None:
-            self.timer.cancel()
+        self.watchdog.stop()
         self.server._connections.discard(self)
         if not self.closed.done():
             self.closed.set_result(None)
@@ -619,23 +669,14 @@ class _Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ timeouts
 
-    def _arm_timer(self) -> None:
-        due = self.guard.next_check(self._clock())
-        if due is not None:
-            self.timer = self.loop.call_at(due, self._check_timeout)
+    def _state(self) -> tuple[bool, bool]:
+        return self.read_paused, bool(self.queue)
 
-    def _check_timeout(self) -> None:
-        """The connection's timer: the guard (wirekit.mip.limits) says whether to drop it."""
-        self.timer = None
-        if self.transport is None:
-            return
-        why = self.guard.expired(self._clock(), self.read_paused, bool(self.queue))
-        if why is not None:
+    def _drop(self, why: str) -> None:
+        if self.transport is not None:
             log.info("dropping %s: %s", self.peer, why)
             self.closing = True
             self.transport.abort()
-            return
-        self._arm_timer()
 
 
 # --------------------------------------------------------------------------- helpers
@@ -729,4 +770,4 @@ class ServerThread:
         self.stop()
 
 
-__all__ = ["Handler", "Server", "ServerThread", "async_echo", "echo", "serve"]
+__all__ = ["Handler", "Server", "ServerThread", "Watchdog", "async_echo", "echo", "serve"]
