@@ -206,7 +206,8 @@ class FramedStream:
             raise self._error
         if avail < size:
             return None
-        raw = bytes(self._buf[start : start + size])
+        with memoryview(self._buf) as view:  # one copy, not a bytearray slice and then bytes
+            raw = bytes(view[start : start + size])
         self._drop(size)
         return raw
 

@@ -156,7 +156,8 @@ class MipFrontDoor(asyncio.Protocol):
             if n - pos < size:
                 break
             if src is buf:
-                frame = bytes(buf[pos : pos + size])
+                with memoryview(buf) as view:  # one copy (a bytearray slice would be two)
+                    frame = bytes(view[pos : pos + size])
             elif size == n:
                 frame = data  # the read is exactly one message
             else:
