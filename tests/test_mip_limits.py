@@ -20,6 +20,7 @@ import pytest
 from mip_net import TIMEOUT, CliServer, raw_connection, read_message
 
 from wirekit import mip
+from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply, Inference, Item, Ping
 from wirekit.mip.cli import main as mip_main
 from wirekit.mip.client import AsyncClient, Client
@@ -359,3 +360,24 @@ def test_bad_header_then_a_valid_request_in_one_write():
         error, reply = read_messages(sock, 2)
         assert error == ErrorReply(ErrorCode.METHOD)
         assert reply.items[0].as_text() == "OK"
+
+
+def test_clients_refuse_replies_over_their_item_limit():
+    """Replies decode with the same limit (a client's ``max_items``, default 65536)."""
+
+    def fan_out(batch):  # three outputs per input
+        return [[s[0], s[0], s[0]] for s in batch]
+
+    with ServerThread(fan_out, inline=True) as running:
+        with Client(running.address, max_items=5) as client:
+            assert len(client.infer([["a"]])[0]) == 3
+            with pytest.raises(DecodeError, match="6 items exceed the limit of 5"):
+                client.infer([["a"], ["b"]])
+
+        async def main():
+            async with AsyncClient(running.address, max_items=5) as client:
+                with pytest.raises(DecodeError, match="6 items exceed the limit of 5"):
+                    await client.infer([["a"], ["b"]])
+                return await client.infer([["c"]])
+
+        assert len(asyncio.run(main())[0]) == 3
