@@ -139,10 +139,57 @@ def test_decode_errors_name_field_offset_and_reply_code(mip_codec, data, field, 
 
 
 def test_huge_batch_header_allocates_nothing_before_checking(mip_codec):
-    # 255 inputs × 65535 samples announced in a 4-byte payload: fails at the first item.
+    # 255 inputs × 65535 samples announced in a 4-byte payload: refused from the count (over
+    # max_items), and with no item limit it fails at the first item.
     data = _header(remaining=4) + b"\xff\x00\xff\xff"
-    with pytest.raises(DecodeError, match=r"items\[0\]"):
+    with pytest.raises(DecodeError, match=r"batch_size at byte 10: 16711425 items exceed"):
         mip_codec.decode(data)
+    with pytest.raises(DecodeError, match=r"items\[0\]"):
+        mip_codec.decode(data, 1 << 30)
+
+
+def _empty_items(n_input: int, batch: int, response: bool = False) -> bytes:
+    count = n_input * batch
+    head = bytes([n_input, n_input if response else 0]) + batch.to_bytes(2, "big")
+    return _header(kind=2, subtype=int(response), remaining=4 + 8 * count) + head + (
+        b"\x00\x00\x00\x01\x00\x00\x00\x00" * count
+    )
+
+
+@pytest.mark.parametrize("response", [False, True])
+def test_max_items_refuses_with_memory_before_building_items(mip_codec, response):
+    """Issue 13 defect 7: a message of many empty items decodes to ~12x its size in objects;
+    more than max_items is refused, same error in both twins (field, offset, text, code)."""
+    data = _empty_items(3, 5, response)  # 15 items
+    assert len(mip_codec.decode(data, 15).items) == 15
+    with pytest.raises(DecodeError) as info:
+        mip_codec.decode(data, 14)
+    err = info.value
+    assert (err.field, err.offset, err.code) == ("batch_size", 10, mip.ErrorCode.MEMORY)
+    assert str(err) == "mip: batch_size at byte 10: 15 items exceed the limit of 14 per message"
+    with pytest.raises(DecodeError, match="15 items exceed the limit of 14") as info:
+        mip_codec.decode_prefix(b"xx" + data, 2, 14)
+    assert info.value.offset == 12
+
+
+def test_max_items_default_is_the_documented_one(mip_codec):
+    assert mip.DEFAULT_MAX_ITEMS == 65536
+    data = _empty_items(2, 32769)  # 65538 items
+    with pytest.raises(DecodeError, match="65538 items exceed the limit of 65536") as info:
+        mip_codec.decode(data)
+    assert info.value.code == mip.ErrorCode.MEMORY
+    assert len(mip_codec.decode(_empty_items(2, 32768)).items) == 65536
+
+
+def test_streaming_decoder_applies_max_items_and_stays_in_step():
+    dec = mip.Decoder(max_items=4)
+    ping = mip.encode(mip.Ping())
+    dec.feed(_empty_items(1, 5) + ping)
+    with pytest.raises(DecodeError, match="5 items exceed the limit of 4") as info:
+        dec.next_message()
+    assert info.value.code == mip.ErrorCode.MEMORY
+    assert not dec.broken
+    assert dec.next_message() == mip.Ping()
 
 
 @pytest.mark.parametrize(

@@ -38,10 +38,10 @@ def lane(request):
     return importlib.import_module("wirekit.serve.lane")
 
 
-def expected_size(buf: bytes, pos: int, end: int, subtype: int) -> int:
+def expected_size(buf: bytes, pos: int, end: int, subtype: int, max_items: int = 1 << 40) -> int:
     """The oracle: what the codec says about the message at ``buf[pos:end]``."""
     try:
-        msg, stop = mip.decode_prefix(buf[:end], pos)
+        msg, stop = mip.decode_prefix(buf[:end], pos, max_items)
     except (DecodeError, IndexError):
         return -1
     if type(msg) is mip.Inference and msg.response == bool(subtype):
@@ -63,6 +63,11 @@ def test_frame_check_accepts_exactly_what_the_codec_decodes(lane, wire, before, 
         assert lane.inference_size(bytearray(buf), len(before), len(buf), subtype) == (
             expected_size(buf, len(before), len(buf), subtype)
         )
+        # the front door's item limit (issue 13 defect 7): over it, the lane does not take
+        for max_items in (0, 2):
+            assert lane.inference_size(buf, len(before), len(buf), subtype, max_items) == (
+                expected_size(buf, len(before), len(buf), subtype, max_items)
+            )
 
 
 @contextlib.asynccontextmanager

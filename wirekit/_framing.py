@@ -95,6 +95,17 @@ class FramedStream:
             self._pos = 0
         self._buf += view
 
+    def fail(self, err: DecodeError) -> None:
+        """Give up on the stream (its reader refused it): drop every byte buffered or still
+        to skip; ``broken`` becomes True and every later call raises ``err``."""
+        self._consumed = self.offset
+        self._chunk = None
+        self._cpos = 0
+        self._buf = bytearray()
+        self._pos = 0
+        self._skip = 0
+        self._error = err
+
     @property
     def idle(self) -> bool:
         """True when nothing is buffered, skipped or broken: bytes the caller frames itself
@@ -195,7 +206,8 @@ class FramedStream:
             raise self._error
         if avail < size:
             return None
-        raw = bytes(self._buf[start : start + size])
+        with memoryview(self._buf) as view:  # one copy, not a bytearray slice and then bytes
+            raw = bytes(view[start : start + size])
         self._drop(size)
         return raw
 

@@ -18,7 +18,7 @@ cdef extern from "Python.h":
 from wirekit._encoding import checked_int, contiguous_bytes
 from wirekit.errors import DecodeError, EncodeError
 from wirekit.mip import _pure
-from wirekit.mip.messages import ErrorCode, ErrorReply, Inference, Item, Kind, Ping
+from wirekit.mip.messages import DEFAULT_MAX_ITEMS, ErrorCode, ErrorReply, Inference, Item, Kind, Ping
 
 DEF HEADER_SIZE = 8
 DEF INFERENCE_HEADER_SIZE = 4
@@ -124,7 +124,7 @@ def check_header(buf, Py_ssize_t pos=0):
 
 
 cdef object _decode_at(object buf, const uint8_t* base, Py_ssize_t size, Py_ssize_t pos,
-                       Py_ssize_t* end_out):
+                       Py_ssize_t max_items, Py_ssize_t* end_out):
     """Decode the message at ``base[pos:]`` (``buf`` owns the memory); store its end."""
     cdef int kind = 0, subtype = 0
     cdef uint32_t remaining, tl_type, tl_size
@@ -157,6 +157,11 @@ cdef object _decode_at(object buf, const uint8_t* base, Py_ssize_t size, Py_ssiz
     n_output = base[start + 1]
     batch = (base[start + 2] << 8) | base[start + 3]
     count = batch * (n_output if subtype == 1 else n_input)
+    if count > max_items:
+        raise _fail(
+            "batch_size", start + 2,
+            f"{count} items exceed the limit of {max_items} per message", 3,
+        )
     p = start + INFERENCE_HEADER_SIZE
     # Every item needs 8 bytes: only a count the payload can hold sizes an allocation.
     if count * ITEM_HEADER_SIZE <= end - p:
@@ -201,18 +206,19 @@ cdef object _decode_at(object buf, const uint8_t* base, Py_ssize_t size, Py_ssiz
     return _new_inference(subtype == 1, n_input, n_output, batch, items)
 
 
-cdef object _decode(object buf, Py_ssize_t pos, bint whole):
+cdef object _decode(object buf, Py_ssize_t pos, Py_ssize_t max_items, bint whole):
     cdef Py_buffer view
     cdef Py_ssize_t end = 0, size
     cdef object msg
     if type(buf) is bytes:
         size = PyBytes_GET_SIZE(buf)
-        msg = _decode_at(buf, <const uint8_t*>PyBytes_AS_STRING(buf), size, pos, &end)
+        msg = _decode_at(buf, <const uint8_t*>PyBytes_AS_STRING(buf), size, pos, max_items,
+                         &end)
     else:
         PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
         try:
             size = view.len
-            msg = _decode_at(buf, <const uint8_t*>view.buf, size, pos, &end)
+            msg = _decode_at(buf, <const uint8_t*>view.buf, size, pos, max_items, &end)
         finally:
             PyBuffer_Release(&view)
     if whole:
@@ -222,14 +228,14 @@ cdef object _decode(object buf, Py_ssize_t pos, bint whole):
     return msg, end
 
 
-def decode_prefix(buf, Py_ssize_t pos=0):
+def decode_prefix(buf, Py_ssize_t pos=0, Py_ssize_t max_items=DEFAULT_MAX_ITEMS):
     """Decode the message that starts at ``pos``; return it and the offset just past it."""
-    return _decode(buf, pos, False)
+    return _decode(buf, pos, max_items, False)
 
 
-def decode(buf):
+def decode(buf, Py_ssize_t max_items=DEFAULT_MAX_ITEMS):
     """Decode exactly one complete message; trailing bytes are an error."""
-    return _decode(buf, 0, True)
+    return _decode(buf, 0, max_items, True)
 
 
 cdef uint32_t _int_in(object value, str field, uint64_t top,

@@ -36,7 +36,7 @@ cdef inline uint32_t _be32(const uint8_t* p) noexcept nogil:
 
 
 cdef Py_ssize_t _size(const uint8_t* b, Py_ssize_t pos, Py_ssize_t end,
-                      int subtype) noexcept nogil:
+                      int subtype, Py_ssize_t max_items) noexcept nogil:
     cdef Py_ssize_t stop, p, count, i, width
     if end - pos < 12:
         return -1
@@ -47,6 +47,8 @@ cdef Py_ssize_t _size(const uint8_t* b, Py_ssize_t pos, Py_ssize_t end,
         return -1
     width = b[pos + 9] if subtype else b[pos + 8]
     count = width * ((b[pos + 10] << 8) | b[pos + 11])
+    if 0 <= max_items < count:
+        return -1
     p = pos + 12
     for i in range(count):
         if stop - p < 8:
@@ -57,15 +59,17 @@ cdef Py_ssize_t _size(const uint8_t* b, Py_ssize_t pos, Py_ssize_t end,
     return stop - pos if p == stop else -1
 
 
-def inference_size(buf, Py_ssize_t pos, Py_ssize_t end, int subtype):
+def inference_size(buf, Py_ssize_t pos, Py_ssize_t end, int subtype,
+                   Py_ssize_t max_items=-1):
     """The size of the MIP message at ``buf[pos:end]`` if it is complete and a well-formed
-    inference message of ``subtype`` (0 request, 1 response), else -1."""
+    inference message of ``subtype`` (0 request, 1 response) of at most ``max_items`` items
+    (-1: any number), else -1."""
     cdef Py_buffer view
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
         if pos < 0 or end > view.len or pos > end:
             return -1
-        return _size(<const uint8_t*>view.buf, pos, end, subtype)
+        return _size(<const uint8_t*>view.buf, pos, end, subtype, max_items)
     finally:
         PyBuffer_Release(&view)
 
@@ -95,7 +99,7 @@ cdef class LaneCall:
         """The backend's reply (called once, by the backend connection)."""
         cdef Py_ssize_t n = PyBytes_GET_SIZE(frame)
         self.client._release_slot()
-        if _size(<const uint8_t*>PyBytes_AS_STRING(frame), 0, n, 1) != n:
+        if _size(<const uint8_t*>PyBytes_AS_STRING(frame), 0, n, 1, -1) != n:
             self.state = S_HANDED_OVER
             self.lane.dispatcher.lane_fallback(self, frame, None)
             return
@@ -132,18 +136,19 @@ cdef class Lane:
     cdef readonly object dispatcher, store, stats, wake, pending, cache
     cdef readonly str model, client
     cdef readonly bint enabled
-    cdef Py_ssize_t max_size
+    cdef Py_ssize_t max_size, max_items
     cdef object _clock, _router, _single, _append
     cdef dict _clients, _names
     cdef double _hex_of
     cdef str _hex
 
     def __init__(self, dispatcher, str model, str client, route, Py_ssize_t max_size,
-                 pending, wake):
+                 Py_ssize_t max_items, pending, wake):
         self.dispatcher = dispatcher
         self.model = model
         self.client = client
         self.max_size = max_size
+        self.max_items = max_items
         self.pending = pending
         self._append = pending.append
         self.wake = wake
@@ -189,7 +194,7 @@ cdef class Lane:
             if end > view.len:
                 end = view.len
             while True:
-                size = _size(base, pos, end, 0)
+                size = _size(base, pos, end, 0, self.max_items)
                 if size < 0 or size > self.max_size:
                     break
                 row = single if single is not None else self._router.choose(model, ())

@@ -20,6 +20,7 @@ from wirekit._impl import lazy_codec
 from . import _pure
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE, Decoder
 from .messages import (
+    DEFAULT_MAX_ITEMS,
     HEADER_SIZE,
     PROTOCOL,
     VERSION,
@@ -40,13 +41,14 @@ _API = ("encode", "decode", "decode_prefix", "check_header")
 __getattr__ = lazy_codec(globals(), "mip", _pure, _API)
 
 encode: Callable[[Message], bytes]
-decode: Callable[[Buffer], Message]
+decode: Callable[..., Message]  #: ``decode(buf, max_items=DEFAULT_MAX_ITEMS)``
 decode_prefix: Callable[..., tuple[Message, int]]
 check_header: Callable[..., tuple[int, int, int]]
 #: ``"fast"`` (Cython) or ``"pure"`` (construct): which codec the functions come from.
 IMPLEMENTATION: str
 
 __all__ = [
+    "DEFAULT_MAX_ITEMS",
     "DEFAULT_MAX_MESSAGE_SIZE",
     "HEADER_SIZE",
     "IMPLEMENTATION",

@@ -15,6 +15,7 @@ from wirekit.errors import DecodeError, EncodeError
 
 from . import spec
 from .messages import (
+    DEFAULT_MAX_ITEMS,
     HEADER_SIZE,
     INFERENCE_HEADER_SIZE,
     ITEM_HEADER_SIZE,
@@ -88,11 +89,15 @@ def check_header(buf: Any, pos: int = 0) -> tuple[int, int, int]:
     return h.kind, h.subtype, h.remaining
 
 
-def decode_prefix(buf: Any, pos: int = 0) -> tuple[Message, int]:
+def decode_prefix(
+    buf: Any, pos: int = 0, max_items: int = DEFAULT_MAX_ITEMS
+) -> tuple[Message, int]:
     """Decode the message that starts at ``pos``; return it and the offset just past it.
 
     Offsets in errors are positions in ``buf``.  Item data of ``COPY_BELOW`` bytes or more are
-    memoryview slices of ``buf`` (no copy); shorter ones are ``bytes``.
+    memoryview slices of ``buf`` (no copy); shorter ones are ``bytes``.  An inference message
+    announcing more than ``max_items`` items is refused (MEMORY, field ``batch_size``) before
+    any item is built.
     """
     view = memoryview(buf).cast("B")
     kind, subtype, remaining = check_header(view, pos)
@@ -118,6 +123,13 @@ def decode_prefix(buf: Any, pos: int = 0) -> tuple[Message, int]:
         )
     head = spec.INFERENCE_HEAD.parse(bytes(view[start : start + INFERENCE_HEADER_SIZE]))
     count = head.batch_size * (head.n_output if subtype == 1 else head.n_input)
+    if count > max_items:
+        raise _fail(
+            "batch_size",
+            start + 2,
+            f"{count} items exceed the limit of {max_items} per message",
+            ErrorCode.MEMORY,
+        )
     p = start + INFERENCE_HEADER_SIZE
     items = []
     for i in range(count):
@@ -149,9 +161,9 @@ def decode_prefix(buf: Any, pos: int = 0) -> tuple[Message, int]:
     return msg, end
 
 
-def decode(buf: Any) -> Message:
+def decode(buf: Any, max_items: int = DEFAULT_MAX_ITEMS) -> Message:
     """Decode exactly one complete message; trailing bytes are an error."""
-    msg, end = decode_prefix(buf, 0)
+    msg, end = decode_prefix(buf, 0, max_items)
     size = memoryview(buf).nbytes
     if end != size:
         raise _fail(

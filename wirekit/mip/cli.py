@@ -24,7 +24,8 @@ from wirekit._callables import load_callable
 from wirekit.errors import WirekitError
 
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE
-from .messages import Item, ItemType
+from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_BUFFERED, DEFAULT_REQUEST_TIMEOUT
+from .messages import DEFAULT_MAX_ITEMS, Item, ItemType
 from .runtime import item_value
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -44,7 +45,9 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> None:
     server = Server(
         load_handler(args.handler_spec),
         max_message_size=args.max_message_size,
-        timeout=args.timeout or None,
+        max_items=args.max_items,
+        max_buffered=args.max_buffered,
+        timeout=args.request_timeout or None,
         idle_timeout=args.idle_timeout or None,
         max_in_flight=args.max_in_flight,
         inline=args.inline,
@@ -206,11 +209,32 @@ def register(subparsers: Any) -> None:
         help="the model: fn(batch) -> outputs, sync (run in threads) or async; "
         "wirekit.mip.runtime:echo echoes its inputs",
     )
-    serve.add_argument("--max-message-size", type=int, default=DEFAULT_MAX_MESSAGE_SIZE)
+    # The limits: wirekit.mip.limits has the table (the dispatcher's MIP front door takes the
+    # same ones from its config's "mip" table, under the same names).
     serve.add_argument(
-        "--timeout", type=float, default=30.0, help="drop a client stalled mid-request (s)"
+        "--max-message-size", type=int, default=DEFAULT_MAX_MESSAGE_SIZE,
+        help="bytes per request; larger ones get MEMORY and the connection is closed "
+        "(default %(default)s)",
     )
-    serve.add_argument("--idle-timeout", type=float, default=0, help="drop idle clients (s)")
+    serve.add_argument(
+        "--max-items", type=int, default=DEFAULT_MAX_ITEMS,
+        help="items per request; more get MEMORY (default %(default)s)",
+    )
+    serve.add_argument(
+        "--max-buffered", type=int, default=DEFAULT_MAX_BUFFERED,
+        help="bytes all connections together may hold; a connection that would exceed it "
+        "gets MEMORY and is closed (default %(default)s)",
+    )
+    serve.add_argument(
+        "--request-timeout", "--timeout", dest="request_timeout", type=float,
+        default=DEFAULT_REQUEST_TIMEOUT,
+        help="drop a client whose request is not complete this long after its first byte "
+        "(s, 0: off; default %(default)s)",
+    )
+    serve.add_argument(
+        "--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT,
+        help="drop a client idle this long (s, 0: off; default %(default)s)",
+    )
     serve.add_argument("--max-in-flight", type=int, default=64, help="per connection")
     serve.add_argument(
         "--loop", choices=_loop.CHOICES, default=None,

@@ -24,7 +24,7 @@ from typing import Any
 from wirekit import mip
 
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE, Decoder
-from .messages import Inference, Item, Message, Ping
+from .messages import DEFAULT_MAX_ITEMS, Inference, Item, Message, Ping
 from .runtime import (
     ClientTimeout,
     ConnectionLost,
@@ -76,7 +76,7 @@ class Client:
     """A blocking MIP client for one server address (not thread-safe: one per thread).
 
     ``timeout`` bounds each call (connect, send and the whole reply).  Replies larger than
-    ``max_message_size`` are refused.
+    ``max_message_size``, or of more than ``max_items`` items, are refused.
     """
 
     def __init__(
@@ -85,11 +85,13 @@ class Client:
         *,
         timeout: float = 10.0,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_items: int = DEFAULT_MAX_ITEMS,
     ) -> None:
         parse_address(address)  # fail early on a bad address
         self.address = address
         self.timeout = timeout
         self.max_message_size = max_message_size
+        self.max_items = max_items
         self._sock: socket.socket | None = None
         self._decoder: Decoder | None = None
         self._used = False  # the current connection has answered a request already
@@ -165,7 +167,7 @@ class Client:
                 raise
             self._used = True
             try:
-                return decode_reply(mip, frame)
+                return decode_reply(mip, frame, self.max_items)
             except BaseException:
                 self.close()  # out of step with the server: start afresh next time
                 raise
@@ -391,8 +393,9 @@ class AsyncClient:
     """An ``asyncio`` MIP client; concurrent calls are pipelined on one connection.
 
     ``timeout`` bounds each call; ``max_in_flight`` caps the requests awaiting replies (more
-    calls wait their turn).  Use ``async with AsyncClient(...) as client:`` or ``await
-    client.close()``.
+    calls wait their turn).  Replies larger than ``max_message_size``, or of more than
+    ``max_items`` items, are refused.  Use ``async with AsyncClient(...) as client:`` or
+    ``await client.close()``.
     """
 
     def __init__(
@@ -402,11 +405,13 @@ class AsyncClient:
         timeout: float = 10.0,
         max_in_flight: int = 128,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_items: int = DEFAULT_MAX_ITEMS,
     ) -> None:
         self._family, self._target = parse_address(address)
         self.address = address
         self.timeout = timeout
         self.max_message_size = max_message_size
+        self.max_items = max_items
         self.max_in_flight = max_in_flight
         self._conn: _ClientConnection | None = None
         self._connecting: asyncio.Future[_ClientConnection] | None = None
@@ -561,7 +566,7 @@ class AsyncClient:
                     # retryable: the server answered on this connection, then closed it
                     if self._one_shot is None:
                         self._one_shot = asyncio.Lock()
-            msg = decode_reply(mip, frame)
+            msg = decode_reply(mip, frame, self.max_items)
             if not raw:
                 return msg
             if type(msg) is Inference and msg.response and msg.n_output != frame[9]:

@@ -12,7 +12,7 @@ from types import ModuleType
 from wirekit._framing import FramedStream
 from wirekit.errors import DecodeError
 
-from .messages import PROTOCOL, ErrorCode, Message
+from .messages import DEFAULT_MAX_ITEMS, PROTOCOL, ErrorCode, Message
 
 DEFAULT_MAX_MESSAGE_SIZE = 64 * 1024 * 1024
 
@@ -29,6 +29,8 @@ class Decoder(FramedStream):
     the bad message's bytes are skipped as they arrive and decoding goes on.  After a bad
     version or reserved byte, or a message over ``max_message_size`` (MEMORY), the stream
     cannot be trusted: ``broken`` becomes True and every later call raises the same error.
+    A message of more than ``max_items`` items is refused (MEMORY) when it is decoded; the
+    stream stays in step.
     """
 
     protocol = PROTOCOL
@@ -39,11 +41,13 @@ class Decoder(FramedStream):
         self,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         *,
+        max_items: int = DEFAULT_MAX_ITEMS,
         codec: ModuleType | None = None,
     ) -> None:
         if codec is None:
             from wirekit import mip as codec  # the active implementation
         self._codec = codec
+        self.max_items = max_items
         super().__init__(max_message_size, codec.check_header)
 
     def fatal_header_error(self, err: DecodeError) -> bool:
@@ -52,7 +56,7 @@ class Decoder(FramedStream):
 
     def decode(self, raw: bytes) -> Message:
         """One complete message's bytes -> the message."""
-        return self._codec.decode(raw)
+        return self._codec.decode(raw, self.max_items)
 
     def next_message(self) -> Message | None:
         """The next complete message, or None if more bytes are needed."""

@@ -16,6 +16,11 @@ VERSION = 0
 HEADER_SIZE = 8
 INFERENCE_HEADER_SIZE = 4
 ITEM_HEADER_SIZE = 8
+#: Items one decoded message may hold (``batch_size`` × ``n_input``, or × ``n_output`` for a
+#: response).  Each decoded item costs about 100 bytes of Python objects whatever its size,
+#: so the limit bounds the memory a decode adds beyond the message bytes (about 6.5 MB);
+#: a message over it is refused with a MEMORY error before any item is built.
+DEFAULT_MAX_ITEMS = 65536
 
 
 class Kind(IntEnum):

@@ -14,7 +14,16 @@ from urllib.parse import urlsplit
 from wirekit._impl import load_fast
 from wirekit.errors import DecodeError, EncodeError, WirekitError
 
-from .messages import PROTOCOL, ErrorCode, ErrorReply, Inference, Item, ItemType, Message
+from .messages import (
+    DEFAULT_MAX_ITEMS,
+    PROTOCOL,
+    ErrorCode,
+    ErrorReply,
+    Inference,
+    Item,
+    ItemType,
+    Message,
+)
 
 log = logging.getLogger("wirekit.mip")
 
@@ -288,15 +297,17 @@ class UnexpectedReply(WirekitError):
     """A well-formed reply that does not answer the request (wrong kind or batch size)."""
 
 
-def decode_reply(codec: Any, frame: bytes) -> Message:
+def decode_reply(codec: Any, frame: bytes, max_items: int = DEFAULT_MAX_ITEMS) -> Message:
     """Decode a reply frame, tolerating KubeMo's inference-response quirk.
+
+    A reply of more than ``max_items`` items is refused (DecodeError, code MEMORY).
 
     KubeMo's server writes the request's input count as the response's ``n_output``.  When a
     response does not decode with the ``n_output`` it announces, the one count with which its
     items fill the payload exactly (there is at most one) is used instead.
     """
     try:
-        return codec.decode(frame)
+        return codec.decode(frame, max_items)
     except DecodeError as exc:
         if exc.code != ErrorCode.SHAPE or len(frame) < 12 or frame[1] != 2 or frame[2] != 1:
             raise
@@ -306,7 +317,7 @@ def decode_reply(codec: Any, frame: bytes) -> Message:
                 continue
             buf[9] = width
             try:
-                msg = codec.decode(buf)
+                msg = codec.decode(buf, max_items)
             except DecodeError:
                 continue
             log.debug("inference reply announced n_output=%d, its items say %d", frame[9], width)

@@ -32,7 +32,16 @@ from wirekit import mip
 from wirekit.errors import DecodeError, EncodeError
 
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE, Decoder
-from .messages import ErrorCode, ErrorReply, Inference, Ping
+from .limits import (
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_BUFFERED,
+    DEFAULT_REQUEST_TIMEOUT,
+    BufferBudget,
+    Guard,
+    Limits,
+    OverBudget,
+)
+from .messages import DEFAULT_MAX_ITEMS, PROTOCOL, ErrorCode, ErrorReply, Inference, Ping
 from .runtime import (
     Batch,
     OutputShapeError,
@@ -118,9 +127,13 @@ class _Slot:
 class Server:
     """A MIP server for one handler, listening on any number of TCP and Unix addresses.
 
-    ``max_message_size``: larger requests get MEMORY from their header, then the connection
-    is closed.  ``timeout``: seconds a half-received request may stall before the connection
-    is dropped.  ``idle_timeout``: seconds an idle connection is kept (None: forever).
+    The limits (:mod:`wirekit.mip.limits` has the full table): ``max_message_size``: larger
+    requests get MEMORY from their header, then the connection is closed.  ``max_items``:
+    requests of more items get MEMORY, and the connection goes on.  ``timeout``: seconds a
+    request may take to arrive, from its first byte, before the connection is dropped.
+    ``idle_timeout``: seconds a connection with nothing received, buffered or owed is kept.
+    ``max_buffered``: bytes all connections together may hold across reads; a connection
+    that would take the server past it gets MEMORY and is closed.  A timeout of None is off.
     ``max_in_flight``: requests per connection being handled at once; past it the server
     stops reading that connection until replies go out.  ``executor``: where sync handlers
     run (default: the loop's default thread pool).  ``inline=True`` calls a sync handler on
@@ -133,8 +146,10 @@ class Server:
         handler: Handler,
         *,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-        timeout: float | None = 30.0,
-        idle_timeout: float | None = None,
+        timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+        max_items: int = DEFAULT_MAX_ITEMS,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
         max_in_flight: int = 64,
         executor: Executor | None = None,
         backlog: int = 1024,
@@ -146,7 +161,16 @@ class Server:
         self.is_async = _is_async(handler)
         self.inline = inline and not self.is_async
         self._mode = _ASYNC if self.is_async else _INLINE if self.inline else _POOL
+        self.limits = Limits(
+            request_timeout=timeout,
+            idle_timeout=idle_timeout,
+            max_message_size=max_message_size,
+            max_items=max_items,
+            max_buffered=max_buffered,
+        )
+        self.budget = BufferBudget(max_buffered)
         self.max_message_size = max_message_size
+        self.max_items = max_items
         self.timeout = timeout
         self.idle_timeout = idle_timeout
         self.max_in_flight = max(1, max_in_flight)
@@ -204,6 +228,11 @@ class Server:
     def connection_count(self) -> int:
         """Connections open right now."""
         return len(self._connections)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes all connections hold across reads right now (at most ``max_buffered``)."""
+        return self.budget.total
 
     async def serve_forever(self) -> None:
         """Wait until :meth:`shutdown` has finished."""
@@ -263,6 +292,60 @@ _PONG = mip.encode(Ping(True))
 _ERR = {code: _error_wire(code) for code in ErrorCode}
 
 
+class Watchdog:
+    """Runs a connection's :class:`~wirekit.mip.limits.Guard` on the event loop: one timer,
+    armed for ``guard.next_check``; when it fires the guard decides, given ``state()`` ->
+    ``(reading paused by the server, replies owed)``, and a reason to drop the connection
+    goes to ``drop(reason)``.  Both MIP front doors use it (this server and
+    :mod:`wirekit.serve.mipfront`); ``clock`` is the guard's clock (monotonic seconds)."""
+
+    __slots__ = ("clock", "drop", "due", "guard", "loop", "state", "timer")
+
+    def __init__(
+        self,
+        guard: Guard,
+        loop: asyncio.AbstractEventLoop,
+        clock: Callable[[], float],
+        state: Callable[[], tuple[bool, bool]],
+        drop: Callable[[str], None],
+    ) -> None:
+        self.guard = guard
+        self.loop = loop
+        self.clock = clock
+        self.state = state
+        self.drop = drop
+        self.timer: asyncio.TimerHandle | None = None
+        self.due = 0.0
+
+    def arm(self, now: float) -> None:
+        """Make sure the timer fires by the guard's next check (at the start, and whenever
+        ``guard.received`` says a request started)."""
+        due = self.guard.next_check(now)
+        if due is None:
+            return
+        if self.timer is not None:
+            if self.due <= due:
+                return
+            self.timer.cancel()
+        self.due = due
+        self.timer = self.loop.call_later(due - now, self._fire)
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _fire(self) -> None:
+        self.timer = None
+        now = self.clock()
+        paused, pending = self.state()
+        why = self.guard.expired(now, paused, pending)
+        if why is not None:
+            self.drop(why)
+        else:
+            self.arm(now)
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: bytes in -> Decoder -> handler -> replies out, in order."""
 
@@ -273,7 +356,10 @@ class _Connection(asyncio.Protocol):
         self._clock = (
             time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
         )
-        self.decoder = Decoder(server.max_message_size)
+        self.decoder = Decoder(server.max_message_size, max_items=server.max_items)
+        self.guard = Guard(server.limits, server.budget, self._clock())
+        self.watchdog = Watchdog(self.guard, loop, self._clock, self._state, self._drop)
+        self.frames = 0  # messages taken from the decoder (complete or refused)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.queue: deque[_Slot] = deque()  # replies not yet written, in request order
@@ -283,8 +369,6 @@ class _Connection(asyncio.Protocol):
         self.closing = False  # no more requests will be read
         self.eof = False
         self.lingering = False
-        self.last = 0.0
-        self.timer: asyncio.TimerHandle | None = None
         self.closed: asyncio.Future[None] = self.loop.create_future()
 
     # ------------------------------------------------------------------ transport events
@@ -297,22 +381,24 @@ class _Connection(asyncio.Protocol):
             transport.close()
             return
         self.server._connections.add(self)
-        self.last = self.loop.time()
-        self._arm_timer()
+        now = self._clock()
+        self.guard.sent(now)
+        self.watchdog.arm(now)
         log.debug("connection from %s", self.peer)
 
     def data_received(self, data: bytes) -> None:
-        self.last = self._clock()
+        now = self._clock()
         if self.closing:
             return  # a broken stream's leftovers, or a shutdown in progress
         if not self.queue and not self.write_paused:
             # The common case, one whole request in one read, answered without the pump.
             frame = self.decoder.take_whole(data)
             if frame is not None:
+                self.guard.received(now, 0, False, True)
                 self.out = out = []
                 try:
                     try:
-                        msg = mip.decode(frame)
+                        msg = mip.decode(frame, self.server.max_items)
                     except DecodeError as exc:
                         self._bad_request(exc)
                     else:
@@ -327,8 +413,34 @@ class _Connection(asyncio.Protocol):
                 if out and self.transport is not None:
                     self.transport.write(out[0] if len(out) == 1 else b"".join(out))
                 return
+        frames = self.frames
         self.decoder.feed(data)
         self._pump()
+        if self.closing or self.transport is None:
+            return
+        decoder = self.decoder
+        try:
+            started = self.guard.received(
+                now, decoder.buffered, not decoder.idle, self.frames != frames
+            )
+        except OverBudget as exc:
+            self._refuse(exc)
+            return
+        if started:
+            self.watchdog.arm(now)
+
+    def _refuse(self, exc: OverBudget) -> None:
+        """Over the server's buffer budget: answer MEMORY, drop what this connection holds,
+        and close once the replies owed are out."""
+        log.warning("%s: refused, answering MEMORY: %s", self.peer, exc)
+        decoder = self.decoder
+        decoder.fail(
+            DecodeError(PROTOCOL, "buffer", decoder.offset, str(exc), code=int(ErrorCode.MEMORY))
+        )
+        self.guard.release()
+        self._reply(_ERR[ErrorCode.MEMORY])
+        self.closing = True
+        self._close_if_done()
 
     def eof_received(self) -> bool:
         # The peer sends no more: answer what was received, then close (one-shot clients).
@@ -347,8 +459,8 @@ class _Connection(asyncio.Protocol):
         self.closing = True
         self.transport = None
         self.queue.clear()
-        if self.timer is not None:
-            self.timer.cancel()
+        self.guard.release()
+        self.watchdog.stop()
         self.server._connections.discard(self)
         if not self.closed.done():
             self.closed.set_result(None)
@@ -370,18 +482,23 @@ class _Connection(asyncio.Protocol):
         decoder = self.decoder
         queue = self.queue
         limit = self.server.max_in_flight
+        max_items = self.server.max_items
         decode = mip.decode
         try:
             while decoder._error is None:
                 if (len(queue) >= limit or self.write_paused) and not self.closing:
                     self._pause_reading()
                     break
+                frame = None
                 try:
                     frame = decoder.next_frame()
                     if frame is None:
                         break
-                    msg = decode(frame)
+                    self.frames += 1
+                    msg = decode(frame, max_items)
                 except DecodeError as exc:
+                    if frame is None:  # a bad header: a message refused is taken all the same
+                        self.frames += 1
                     self._bad_request(exc)
                     if decoder.broken:
                         self.closing = True
@@ -476,7 +593,7 @@ class _Connection(asyncio.Protocol):
             ready.append(queue.popleft().wire)
         if ready:
             self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))  # type: ignore[arg-type]
-            self.last = self.loop.time()
+            self.guard.sent(self._clock())
         if self.read_paused:
             self._maybe_resume()
         else:
@@ -514,6 +631,7 @@ class _Connection(asyncio.Protocol):
             return
         if self.read_paused and not self.closing:
             self.read_paused = False
+            self.guard.resumed(self._clock())
             self.transport.resume_reading()
         self._pump()  # requests that arrived while paused
 
@@ -551,35 +669,14 @@ class _Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ timeouts
 
-    def _arm_timer(self) -> None:
-        limits = [t for t in (self.server.timeout, self.server.idle_timeout) if t]
-        if limits:
-            self.timer = self.loop.call_at(self.loop.time() + min(limits), self._check_timeout)
+    def _state(self) -> tuple[bool, bool]:
+        return self.read_paused, bool(self.queue)
 
-    def _check_timeout(self) -> None:
-        self.timer = None
-        if self.transport is None:
-            return
-        server = self.server
-        if self.decoder.buffered and not self.read_paused:
-            limit, why = server.timeout, "stalled mid-request"
-        elif not self.queue and not self.decoder.buffered:
-            limit, why = server.idle_timeout, "idle"
-        else:
-            limit, why = None, ""
-        now = self.loop.time()
-        if limit is not None and now - self.last >= limit:
-            log.info("dropping %s: %s for %.1f s", self.peer, why, now - self.last)
+    def _drop(self, why: str) -> None:
+        if self.transport is not None:
+            log.info("dropping %s: %s", self.peer, why)
             self.closing = True
             self.transport.abort()
-            return
-        step = (
-            limit
-            if limit is not None
-            else min(t for t in (server.timeout, server.idle_timeout) if t)
-        )
-        due = (self.last + step) if limit is not None else now + step
-        self.timer = self.loop.call_at(max(due, now + 0.001), self._check_timeout)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -673,4 +770,4 @@ class ServerThread:
         self.stop()
 
 
-__all__ = ["Handler", "Server", "ServerThread", "async_echo", "echo", "serve"]
+__all__ = ["Handler", "Server", "ServerThread", "Watchdog", "async_echo", "echo", "serve"]

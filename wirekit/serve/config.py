@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from wirekit.errors import WirekitError
+from wirekit.mip.limits import Limits
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -115,6 +116,9 @@ class Deployment:
     connections: int = 128  #: requests in flight per MIP backend at most
     store: StoreConfig = field(default_factory=StoreConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    #: the MIP front doors' limits (the ``mip`` table; the names and defaults of
+    #: ``wirekit mip serve``'s flags, see :mod:`wirekit.mip.limits`)
+    mip: Limits = field(default_factory=Limits)
     models: dict[str, ModelConfig] = field(default_factory=dict)
     rows: tuple[DeviceRow, ...] = ()
 
@@ -232,7 +236,7 @@ def _list(value: Any, where: str, *, nonempty: bool = True) -> list[Any]:
 def parse_config(doc: Any) -> Deployment:
     """Validate a parsed JSON/TOML document and build the :class:`Deployment`."""
     top = _table(
-        doc, "", {"listen", "store", "cache", "models", "nodes", "backoff", "connections"}
+        doc, "", {"listen", "store", "cache", "mip", "models", "nodes", "backoff", "connections"}
     )
     listen = _table(
         top.get("listen", {}),
@@ -270,6 +274,8 @@ def parse_config(doc: Any) -> Deployment:
         ttl=_num(ca.get("ttl", 60.0), "cache.ttl", lo=0, lo_open=True),
         max_bytes=_int(ca.get("max_bytes", 64 << 20), "cache.max_bytes", lo=0, hi=1 << 40),
     )
+
+    mip_limits = _mip_limits(top.get("mip", {}))
 
     model_docs = _table(top.get("models", {}), "models", set(top.get("models", {}) or ()))
     nodes = _list(top.get("nodes"), "nodes")
@@ -351,9 +357,29 @@ def parse_config(doc: Any) -> Deployment:
         connections=connections,
         store=store,
         cache=cache,
+        mip=mip_limits,
         models=models,
         rows=tuple(rows),
     )
+
+
+def _mip_limits(doc: Any) -> Limits:
+    """The ``mip`` table: the MIP front doors' limits (a timeout of 0 or null is off)."""
+    keys = ("request_timeout", "idle_timeout", "max_message_size", "max_items", "max_buffered")
+    t = _table(doc, "mip", set(keys))
+    default = Limits()
+    values: dict[str, Any] = {}
+    for key in keys[:2]:
+        value = t.get(key, getattr(default, key))
+        if value is not None:
+            value = _num(value, f"mip.{key}", lo=0) or None
+        values[key] = value
+    for key in keys[2:]:
+        values[key] = _int(t.get(key, getattr(default, key)), f"mip.{key}", lo=1, hi=1 << 40)
+    try:
+        return Limits(**values)
+    except ValueError as exc:
+        raise ConfigError("mip.max_buffered", str(exc)) from None
 
 
 def _node_rows(

@@ -50,10 +50,11 @@ IN_FLIGHT, ANSWERED, HANDED_OVER = 0, 1, 2  #: LaneCall states
 NO_JOURNAL, LINES, COMPLETE = 0, 1, 2  #: how answers are recorded: RequestStore.lane_mode
 
 
-def inference_size(buf: Any, pos: int, end: int, subtype: int) -> int:
+def inference_size(buf: Any, pos: int, end: int, subtype: int, max_items: int = -1) -> int:
     """The size of the MIP message at ``buf[pos:end]`` if it is complete and a well-formed
-    inference message of ``subtype`` (0 request, 1 response) -- one ``mip.decode`` takes
-    without an error -- else -1."""
+    inference message of ``subtype`` (0 request, 1 response) of at most ``max_items`` items
+    (-1: any number) -- one ``mip.decode(buf, max_items)`` takes without an error -- else
+    -1."""
     if end - pos < 12:
         return -1
     if buf[pos] != 0 or buf[pos + 1] != 2 or buf[pos + 2] != subtype or buf[pos + 3] != 0:
@@ -63,6 +64,8 @@ def inference_size(buf: Any, pos: int, end: int, subtype: int) -> int:
         return -1
     width = buf[pos + 9] if subtype else buf[pos + 8]
     count = width * ((buf[pos + 10] << 8) | buf[pos + 11])
+    if 0 <= max_items < count:
+        return -1
     p = pos + 12
     for _ in range(count):
         if stop - p < 8:
@@ -134,16 +137,18 @@ class Lane:
 
     ``route``: ``(model config, device rows, {row key: pipelined AsyncClient})`` from
     :meth:`Dispatcher.lane_route`, or None (then :meth:`take` takes nothing).  ``pending``:
-    the front door's queue of answers to come; ``wake(call)`` is called when a call is
-    answered (the front door's ``_done``)."""
+    the front door's queue of answers to come; ``max_size`` and ``max_items``: the front
+    door's limits (a request over them is not taken: the front door refuses it);
+    ``wake(call)`` is called when a call is answered (the front door's ``_done``)."""
 
     def __init__(self, dispatcher: Any, model: str, client: str, route: Any,
-                 max_size: int, pending: deque, wake: Any) -> None:
+                 max_size: int, max_items: int, pending: deque, wake: Any) -> None:
         self.dispatcher = dispatcher
         self.pending = pending
         self.model = model
         self.client = client
         self.max_size = max_size
+        self.max_items = max_items
         self.wake = wake
         self.enabled = route is not None
         self.store = dispatcher.store
@@ -174,7 +179,7 @@ class Lane:
         prefix, ids = d._prefix, d._ids
         whole = type(src) is bytes
         while True:
-            size = inference_size(src, pos, end, 0)
+            size = inference_size(src, pos, end, 0, self.max_items)
             if size < 0 or size > self.max_size:
                 break
             row = single if single is not None else d.router.choose(model, ())

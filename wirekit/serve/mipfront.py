@@ -5,6 +5,13 @@ the order they came.  Malformed messages get the MIP error reply the codec names
 version or reserved byte, or a message over the size limit, the connection is closed after
 the reply since the stream can no longer be trusted.
 
+The limits are :mod:`wirekit.mip.limits`' (the config's ``mip`` table), decided by the same
+:class:`~wirekit.mip.limits.Guard` and :class:`~wirekit.mip.server.Watchdog` as
+``wirekit mip serve``'s: a request must be complete ``request_timeout`` after its first byte,
+an idle connection is dropped after ``idle_timeout``, all front-door connections together hold
+at most ``max_buffered`` bytes across reads (a connection that would exceed it is answered
+MEMORY and closed), and a request of more than ``max_items`` items is answered MEMORY.
+
 Well-formed inference requests of a model the MIP lane serves are taken a read at a time by
 :class:`wirekit.serve.lane.Lane` (or its compiled twin); the rest, one message at a time, by
 :meth:`Dispatcher.start`.  Either way the answers go back in order, after the journal write.
@@ -14,11 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 
 from wirekit import mip
 from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply, Inference, Ping
+from wirekit.mip.limits import BufferBudget, Guard, Limits, OverBudget
+from wirekit.mip.server import Watchdog
 
 from .dispatcher import Dispatcher, Job
 from .payload import Payload
@@ -34,15 +44,20 @@ def _error(code: int) -> bytes:
 
 
 class MipFrontDoor(asyncio.Protocol):
-    """One client connection to the listener of ``model``."""
+    """One client connection to the listener of ``model``.
+
+    ``budget`` is shared by every front-door connection of the dispatcher (default: one of
+    this connection's own, of ``limits.max_buffered``)."""
 
     def __init__(
         self,
         dispatcher: Dispatcher,
         model: str,
         tasks: set[asyncio.Task],
-        max_message_size: int = mip.DEFAULT_MAX_MESSAGE_SIZE,
+        limits: Limits | None = None,
+        budget: BufferBudget | None = None,
     ) -> None:
+        limits = limits if limits is not None else Limits()
         self.dispatcher = dispatcher
         self.store = dispatcher.store
         self._clock = dispatcher._clock
@@ -50,7 +65,13 @@ class MipFrontDoor(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.model = model
         self.tasks = tasks
-        self.max_message_size = max_message_size
+        self.max_message_size = limits.max_message_size
+        self.max_items = limits.max_items
+        self.guard = Guard(
+            limits, budget if budget is not None else BufferBudget(limits.max_buffered),
+            time.monotonic(),
+        )
+        self.watchdog = Watchdog(self.guard, self.loop, time.monotonic, self._state, self._drop)
         self._buf = bytearray()
         self._skip = 0
         self._pending: deque[bytes | Job] = deque()
@@ -68,11 +89,27 @@ class MipFrontDoor(asyncio.Protocol):
             self.client = f"mip:{peer[0]}:{peer[1]}"
         d = self.dispatcher
         self.lane = d.lane.Lane(d, self.model, self.client, d.lane_route(self.model),
-                                self.max_message_size, self._pending, self._done)
+                                self.max_message_size, self.max_items, self._pending,
+                                self._done)
+        now = time.monotonic()
+        self.guard.sent(now)
+        self.watchdog.arm(now)
 
     def connection_lost(self, exc) -> None:
         self._closing = True
         self.transport = None
+        self._buf.clear()
+        self.guard.release()
+        self.watchdog.stop()
+
+    def _state(self) -> tuple[bool, bool]:
+        return self._paused, bool(self._pending)
+
+    def _drop(self, why: str) -> None:
+        if self.transport is not None:
+            log.info("dropping %s: %s", self.client, why)
+            self._close_after_replies()
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self._closing:
@@ -105,10 +142,11 @@ class MipFrontDoor(asyncio.Protocol):
                 if exc.field in ("version", "reserved"):
                     self._close_after_replies()
                     break
+                # Well framed: drop this message's bytes (those not here yet as they come).
                 size = mip.HEADER_SIZE + int.from_bytes(header[4:], "big")
-                take = min(size, n - pos)
-                pos += take
-                self._skip = size - take
+                here = min(size, n - pos)
+                pos += here
+                self._skip = size - here
                 continue
             size = mip.HEADER_SIZE + remaining
             if size > self.max_message_size:
@@ -118,7 +156,8 @@ class MipFrontDoor(asyncio.Protocol):
             if n - pos < size:
                 break
             if src is buf:
-                frame = bytes(buf[pos : pos + size])
+                with memoryview(buf) as view:  # one copy (a bytearray slice would be two)
+                    frame = bytes(view[pos : pos + size])
             elif size == n:
                 frame = data  # the read is exactly one message
             else:
@@ -129,6 +168,15 @@ class MipFrontDoor(asyncio.Protocol):
             del buf[:pos]
         elif pos < n and not self._closing:
             buf += memoryview(data)[pos:]
+        if not self._closing:
+            now = time.monotonic()
+            try:
+                if self.guard.received(now, len(buf), bool(buf or self._skip), pos > 0):
+                    self.watchdog.arm(now)
+            except OverBudget as exc:
+                log.warning("%s: refused, answering MEMORY: %s", self.client, exc)
+                self._pending.append(_error(ErrorCode.MEMORY))
+                self._close_after_replies()
         self._flush()
         if len(self._pending) > MAX_PIPELINED and not self._paused and self.transport:
             self._paused = True
@@ -136,7 +184,7 @@ class MipFrontDoor(asyncio.Protocol):
 
     def _handle(self, frame: bytes) -> None:
         try:
-            msg = mip.decode(frame)
+            msg = mip.decode(frame, self.max_items)
         except DecodeError as exc:
             self._pending.append(_error(exc.code if exc.code is not None else ErrorCode.SHAPE))
             return
@@ -178,12 +226,16 @@ class MipFrontDoor(asyncio.Protocol):
             return
         if out:
             transport.write(out[0] if len(out) == 1 else b"".join(out))
+            self.guard.sent(time.monotonic())
         if self._closing and not pending:
             transport.close()
         elif self._paused and len(pending) <= MAX_PIPELINED // 2:
             self._paused = False
+            self.guard.resumed(time.monotonic())
             transport.resume_reading()
 
     def _close_after_replies(self) -> None:
         self._closing = True
         self._buf.clear()
+        self._skip = 0
+        self.guard.release()

@@ -15,6 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
+from wirekit.mip.limits import BufferBudget
+
 from .backends import Backend, ClipperBackend, KubeMoBackend, MipBackend
 from .cache import ResponseCache
 from .config import Deployment, DeviceRow
@@ -56,6 +58,8 @@ class Service:
         self.dispatcher: Dispatcher | None = None
         self._tasks: set[asyncio.Task] = set()
         self._mip_servers: dict[str, asyncio.AbstractServer] = {}
+        #: the bytes every MIP front-door connection holds, against ``mip.max_buffered``
+        self.mip_budget = BufferBudget(deployment.mip.max_buffered)
         self._runner: web.AppRunner | None = None
         self._http_port: int | None = None
         self.clipper = None  # the embedded Clipper RPC frontend, when a model uses Clipper
@@ -104,7 +108,9 @@ class Service:
                 if model.mip_port is None:
                     continue
                 self._mip_servers[name] = await loop.create_server(
-                    lambda name=name: MipFrontDoor(self.dispatcher, name, self._tasks),
+                    lambda name=name: MipFrontDoor(
+                        self.dispatcher, name, self._tasks, dep.mip, self.mip_budget
+                    ),
                     dep.host,
                     model.mip_port,
                 )
