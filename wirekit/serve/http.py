@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from wirekit.mip import ErrorReply, Inference
+from wirekit.mip import DEFAULT_MAX_ITEMS, ErrorReply, Inference
 
 from .dispatcher import Dispatcher, Outcome
 from .payload import Payload, dumps, outputs_json, request_from_json
@@ -45,11 +45,27 @@ async def _body(request: web.Request) -> dict[str, Any]:
         raise web.HTTPBadRequest(
             text=dumps({"error": f"body is not JSON: {exc}"}), content_type="application/json"
         ) from None
+    except RecursionError:
+        raise web.HTTPBadRequest(
+            text=dumps({"error": "body is not JSON this server reads: nested too deeply"}),
+            content_type="application/json",
+        ) from None
     if not isinstance(doc, dict):
         raise web.HTTPBadRequest(
             text=dumps({"error": "body must be a JSON object"}), content_type="application/json"
         )
     return doc
+
+
+def _too_many_items(count: int, max_items: int) -> web.Response | None:
+    """The answer to a body of more MIP items than the front doors accept, or None.
+
+    Checked on the parsed JSON before any item is built, with the MIP front door's limit
+    (``mip.max_items``), so an HTTP body costs no more per item than a MIP message does.
+    """
+    if count <= max_items:
+        return None
+    return _error(413, f"{count} items exceed the limit of {max_items} per request (mip.max_items)")
 
 
 def _client(request: web.Request) -> str:
@@ -74,8 +90,10 @@ def build_app(
     app_models: dict[str, str],
     stats: Callable[[], dict[str, Any]],
     metrics_text: Callable[[], bytes],
+    max_items: int = DEFAULT_MAX_ITEMS,
 ) -> web.Application:
-    """The aiohttp application of the front door."""
+    """The aiohttp application of the front door; ``max_items`` bounds the MIP items one
+    body may ask for (the config's ``mip.max_items``)."""
     query_ids = itertools.count()
 
     async def predict(request: web.Request) -> web.Response:
@@ -92,10 +110,16 @@ def build_app(
                 return _error(400, 'the body needs "inputs" or "instances"')
             if not isinstance(samples, list) or not samples:
                 return _error(400, "inputs/instances must be a non-empty list")
+            count = sum(len(s) if multi and isinstance(s, list) else 1 for s in samples)
+            refusal = _too_many_items(count, max_items)
+            if refusal is not None:
+                return refusal
             payload = Payload(None, request_from_json(samples, multi=multi))
             payload.wire  # noqa: B018 - encode now: an EncodeError is the client's fault
         except ValueError as exc:
             return _error(400, str(exc))
+        except RecursionError:
+            return _error(400, "an input is nested too deeply to encode as JSON")
         outcome = await dispatcher.submit(model, payload, _client(request))
         if not outcome.ok:
             return _outcome_error(outcome)
@@ -115,6 +139,9 @@ def build_app(
             values, batch = doc["input_batch"], True
         else:
             return _error(400, 'the body needs "input" or a non-empty "input_batch"')
+        refusal = _too_many_items(len(values), max_items)
+        if refusal is not None:
+            return refusal
         answers = []
         for value in values:  # Clipper answers each query of a batch on its own
             try:
@@ -122,6 +149,8 @@ def build_app(
                 payload.wire  # noqa: B018
             except ValueError as exc:
                 return _error(400, str(exc))
+            except RecursionError:
+                return _error(400, "an input is nested too deeply to encode as JSON")
             outcome = await dispatcher.submit(model, payload, _client(request))
             qid = next(query_ids)
             msg = outcome.response.message

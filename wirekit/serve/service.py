@@ -116,7 +116,8 @@ class Service:
                 )
             if dep.http_port is not None:
                 app = build_app(
-                    self.dispatcher, dep.app_models(), self.stats, self.metrics_text
+                    self.dispatcher, dep.app_models(), self.stats, self.metrics_text,
+                    max_items=dep.mip.max_items,
                 )
                 self._runner = web.AppRunner(app, access_log=None)
                 await self._runner.setup()
