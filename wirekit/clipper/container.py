@@ -50,6 +50,7 @@ from .session import (
     Reconnect,
     Send,
     VersionMismatch,
+    check_seconds,
 )
 
 log = logging.getLogger("wirekit.clipper.container")
@@ -93,6 +94,8 @@ def address_from_env(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     ip = env.get("CLIPPER_IP", "127.0.0.1")
     port = int(env.get("CLIPPER_PORT", DEFAULT_PORT))
+    if not 0 < port < 65536:
+        raise ValueError(f"CLIPPER_PORT must be a TCP port (1 to 65535), got {port}")
     return f"tcp://{ip}:{port}"
 
 
@@ -127,8 +130,8 @@ class ModelContainer:
             RPC_VERSION if self.generation is Generation.V3 else None,
         )
         self.address = address
-        self.poll_interval = poll_interval
-        self.activity_timeout = activity_timeout
+        self.poll_interval = check_seconds("poll_interval", poll_interval)
+        self.activity_timeout = check_seconds("activity_timeout", activity_timeout)
         self.threaded = threaded
         self.context = context or zmq.Context.instance()
         #: sessions started so far (one per socket); ``served``: responses sent

@@ -202,7 +202,8 @@ class Frontend:
         sock = self.context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         try:
-            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            # Disconnections drop replicas; CLOSED tells stop() the port is free again.
+            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
             sock.bind(self.listen)
             self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
             wake_at = f"inproc://wirekit-clipper-wake-{os.getpid()}-{id(self):x}"
@@ -275,9 +276,16 @@ class Frontend:
             if self._waker is not None:
                 self._waker.close(0)
         if self._monitor is not None:
+            if self.endpoint is not None:
+                _release(sock, self.endpoint, self._monitor)
             sock.disable_monitor()
             self._monitor.close(0)
         if self._query is not None:
+            if self.query_endpoint is not None:
+                monitor = self._query.get_monitor_socket(zmq.EVENT_CLOSED)
+                _release(self._query, self.query_endpoint, monitor)
+                self._query.disable_monitor()
+                monitor.close(0)
             self._query.close(0)
         sock.close(0)
 
@@ -750,6 +758,33 @@ def _query_problem(exc: BaseException) -> str:
 #: The frontend lane: its compiled twin (which moves frames with the Cython ``zio``, so only
 #: with it), or the pure one.
 _LANE: Any = (load_fast("clipperfront") if _zio.IMPLEMENTATION == "fast" else None) or _frontlane
+
+
+#: How long stopping a frontend waits, per bound socket, for ZeroMQ to close its listening
+#: socket: ZeroMQ closes it on its I/O thread, after ``zmq_close``/``zmq_unbind`` return, so
+#: without the wait a frontend bound to the same address at once finds it still in use.
+_RELEASE_WAIT = 2.0
+
+
+def _release(sock: zmq.Socket, endpoint: str, monitor: zmq.Socket) -> bool:
+    """Unbind ``endpoint`` (bound by ``sock``) and wait, at most ``_RELEASE_WAIT`` s, until
+    ``monitor`` (``sock``'s, watching ``EVENT_CLOSED``) reports the listening socket closed;
+    False when it did not say so in time (logged)."""
+    try:
+        sock.unbind(endpoint)
+    except zmq.ZMQError:  # pragma: no cover - already unbound
+        return False
+    wanted = endpoint.encode()
+    end = time.monotonic() + _RELEASE_WAIT
+    while True:
+        left = end - time.monotonic()
+        if left <= 0 or not monitor.poll(max(1, int(left * 1000))):
+            log.warning("clipper frontend: %s was not released within %.3g s", endpoint,
+                        _RELEASE_WAIT)
+            return False
+        event = zmq.utils.monitor.recv_monitor_message(monitor)
+        if event["event"] == zmq.EVENT_CLOSED and event["endpoint"] == wanted:
+            return True
 
 
 #: The routing id of the frontend's own wake-up socket (containers get 5-byte ids from the

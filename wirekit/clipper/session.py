@@ -106,6 +106,19 @@ def _quick_new(cls: type) -> Callable[..., Any]:
     raise TypeError(f"{cls.__name__} has {len(setters)} fields (1, 2 or 4 supported)")
 
 
+def check_seconds(name: str, value: float) -> float:
+    """``value`` when it is a positive number of seconds (``inf``: never), else ValueError
+    naming ``name`` (a heartbeat period, timeout or check interval of 0 or less would spin
+    or expire every peer at once)."""
+    try:
+        positive = value > 0
+    except TypeError:
+        positive = False
+    if not positive:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return value
+
+
 class VersionMismatch(WirekitError):
     """The peer speaks another generation of the Clipper RPC than this end was told to."""
 
@@ -243,8 +256,8 @@ class ContainerSession:
     ) -> None:
         self.generation = as_generation(generation)
         self.registration = registration
-        self.poll_interval = poll_interval
-        self.activity_timeout = activity_timeout
+        self.poll_interval = check_seconds("poll_interval", poll_interval)
+        self.activity_timeout = check_seconds("activity_timeout", activity_timeout)
         #: "waiting" (no answer yet), "registering" (metadata sent), "registered", "closed"
         self.state = "waiting"
         self.last_received = now
@@ -468,9 +481,10 @@ class FrontendState:
             raise ValueError("max_rejected must be at least 0")
         self.max_rejected = max_rejected
         self.generation = as_generation(generation)
-        self.activity_timeout = activity_timeout
+        self.activity_timeout = check_seconds("activity_timeout", activity_timeout)
         self.check_interval = (
-            activity_timeout / 3 if check_interval is None else check_interval
+            activity_timeout / 3 if check_interval is None
+            else check_seconds("check_interval", check_interval)
         )
         self.max_in_flight = max_in_flight
         self.on_register = on_register
@@ -785,5 +799,6 @@ __all__ = [
     "Send",
     "VersionMismatch",
     "check_outputs",
+    "check_seconds",
     "infer_input_type",
 ]
