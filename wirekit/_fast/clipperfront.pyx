@@ -18,6 +18,7 @@
 Used unless ``WIREKIT_PURE=1``, it is not built, or the Cython ``zio`` twin is not in use.
 """
 
+cimport cython
 cimport numpy as cnp
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_Contains, PyDict_GetItem
@@ -139,8 +140,24 @@ cdef class Callback:
             _log.exception("clipper frontend: a submit_callback callback raised")
 
 
-cdef inline Py_ssize_t _load(object replica) except -1:
-    return len(<dict>replica.in_flight)
+cdef object _pick(dict models, str model_name, object input_type, Py_ssize_t limit):
+    """``FrontendState.pick`` (the compiled ``pick`` and ``try_send`` share it)."""
+    cdef PyObject *found = PyDict_GetItem(models, model_name)
+    if found == NULL:
+        return None
+    cdef Py_ssize_t least = 0, load
+    best = None
+    for r in <list>found:
+        if not r.alive:
+            continue
+        load = len(<dict>r.in_flight)
+        if load >= limit:
+            continue
+        if input_type is not None and r.input_type != input_type:
+            continue
+        if best is None or load < least:
+            best, least = r, load
+    return best
 
 
 class FrontendState(_session.FrontendState):
@@ -167,22 +184,7 @@ class FrontendState(_session.FrontendState):
 
     def pick(self, str model_name, input_type):
         """See ``FrontendState.pick``."""
-        cdef PyObject *found = PyDict_GetItem(self.models, model_name)
-        if found == NULL:
-            return None
-        cdef Py_ssize_t limit = self.max_in_flight, least = 0, load
-        best = None
-        for r in <list>found:
-            if not r.alive:
-                continue
-            load = _load(r)
-            if load >= limit:
-                continue
-            if input_type is not None and r.input_type != input_type:
-                continue
-            if best is None or load < least:
-                best, least = r, load
-        return best
+        return _pick(self.models, model_name, input_type, self.max_in_flight)
 
     def try_send(self, str model_name, inputs, double deadline, token, input_type=None):
         """See ``FrontendState.try_send``."""
@@ -193,7 +195,8 @@ class FrontendState(_session.FrontendState):
         found = PyDict_GetItem(self.pending, model_name)
         if found != NULL and len(<object>found):
             return None  # first come, first served
-        found = PyDict_GetItem(self.models, model_name)
+        cdef dict models = self.models
+        found = PyDict_GetItem(models, model_name)
         if found == NULL or not len(<list>found):
             return None
         try:
@@ -204,7 +207,7 @@ class FrontendState(_session.FrontendState):
             return None
         if input_type is None:
             input_type = _input_type_of(inputs)
-        best = self.pick(model_name, input_type)
+        best = _pick(models, model_name, input_type, self.max_in_flight)
         if best is None:
             return None
         msg_id = self._next_id
@@ -212,7 +215,7 @@ class FrontendState(_session.FrontendState):
             msg_id = (msg_id + 1) & 0xFFFFFFFF
         itype = best.input_type
         if self.generation is _V3 and itype != 4 and _fast_array(inputs, 2, itype):
-            message = ArrayRequest(best.identity, msg_id, itype, inputs)
+            message = _array_request(best.identity, msg_id, itype, inputs)
         else:
             try:
                 frames = _encode(_new_request(<uint32_t>msg_id, itype, inputs),
@@ -231,6 +234,17 @@ class FrontendState(_session.FrontendState):
         return message
 
 
+cdef ArrayRequest _array_request(bytes identity, unsigned long msg_id, int input_type,
+                                 cnp.ndarray inputs):
+    cdef ArrayRequest request = ArrayRequest.__new__(ArrayRequest)
+    request.identity = identity
+    request.msg_id = msg_id
+    request.input_type = input_type
+    request.inputs = inputs
+    return request
+
+
+@cython.freelist(16)
 cdef class ArrayRequest:
     """A v3 request whose inputs are one C-contiguous 2-D array of the replica's dtype, not
     yet encoded: :class:`Wire` writes it from the array; :meth:`frames` is the ROUTER
