@@ -8,10 +8,11 @@
 One thread owns the ROUTER (and the optional query socket) and moves frames between them and
 a :class:`~wirekit.clipper.session.FrontendState` (the only place that changes the frontend's
 state; its compiled twin, ``wirekit._fast.clipperfront``, compiles its per-message methods
-``try_send`` and ``complete``, and its ``Wire`` moves the common v3 messages on libzmq); callers hand work to it through a queue and
-get :class:`concurrent.futures.Future` results (``predict`` blocks on one, ``apredict``
-awaits one).  Containers that disconnect (seen through a socket monitor) or stay silent
-longer than the activity timeout are dropped and their batches sent to another replica.
+``try_send`` and ``complete``, and its ``Wire`` moves the common v3 messages on libzmq);
+callers hand work to it through a queue and get :class:`concurrent.futures.Future` results
+(``predict`` blocks on one, ``apredict`` awaits one).  Containers that disconnect (seen
+through a socket monitor) or stay silent longer than the activity timeout are dropped and
+their batches sent to another replica.
 
 The optional query socket (``query=``) answers JSON requests from ``wirekit clipper predict``:
 ``{"model": ..., "inputs": [...], "input_type": "doubles", "timeout": 5}`` ->
