@@ -1,13 +1,16 @@
-"""The frontend lane (``wirekit.clipper._frontlane`` and its compiled twin
-``wirekit._fast.clipperfront``): for any mix of submissions, answers, heartbeats and junk,
-a frontend that tries the lane first sends the same frames, completes the same callers with
-the same outputs and ends in the same state as one that uses ``FrontendState`` alone; and
-what the lane does not take, it leaves untouched.
+"""The frontend's per-message methods, ``FrontendState.try_send`` and
+``FrontendState.complete``, of each twin (the reference in ``wirekit.clipper.session``, and
+the compiled ``wirekit._fast.clipperfront.FrontendState`` with its ``Wire``): for any mix of
+submissions, answers, heartbeats and junk, a frontend that tries them first sends the same
+frames, completes the same callers with the same outputs and ends in the same state as one
+that uses ``FrontendState``'s general path (``submit``/``dispatch``/``receive``) alone; and
+what they do not take, they leave untouched.
 """
 
 from __future__ import annotations
 
 import importlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,21 +27,38 @@ from wirekit.clipper import (
     NewContainer,
     PredictRequest,
     PredictResponse,
+    frontend,
 )
-from wirekit.clipper._zio import send_frames
+from wirekit.clipper._zio import recv_message, send_frames
 from wirekit.clipper.session import Completed, FrontendState
 
 NAMES = [b"\x00A", b"\x00B", b"\x00C"]
 
 
+class PureWire:
+    """What the frontend does without the compiled ``Wire``: pyzmq (through ``_zio``) moves
+    the frames, every message takes ``FrontendState.receive``."""
+
+    def __init__(self, sock, direct, later):
+        self.sock = sock
+
+    def send(self, message):
+        send_frames(self.sock, message)
+
+    def receive(self, state, block, spin):
+        return recv_message(self.sock, block, spin)
+
+
 @pytest.fixture(scope="module", params=["fast", "pure"])
 def twin(request):
-    """Each twin of the lane (the compiled one fails, not skips, when it is not built)."""
+    """Each twin (the compiled one fails, not skips, when it is not built)."""
     if request.param == "fast":
         if pure_requested():
             pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
-        return importlib.import_module("wirekit._fast.clipperfront")
-    return importlib.import_module("wirekit.clipper._frontlane")
+        fast = importlib.import_module("wirekit._fast.clipperfront")
+        return SimpleNamespace(State=fast.FrontendState, Wire=fast.Wire,
+                               Callback=fast.Callback)
+    return SimpleNamespace(State=FrontendState, Wire=PureWire, Callback=frontend.Callback)
 
 
 class Direct:
@@ -61,8 +81,9 @@ def normal(outputs):
     return [float(x) if not isinstance(x, str) else x for x in outputs]
 
 
-def registered(gen: Generation, itypes: list[InputType], max_in_flight: int) -> FrontendState:
-    state = FrontendState(gen, max_in_flight=max_in_flight)
+def registered(gen: Generation, itypes: list[InputType], max_in_flight: int,
+               cls: type = FrontendState) -> FrontendState:
+    state = cls(gen, max_in_flight=max_in_flight)
     for name, itype in zip(NAMES, itypes, strict=False):
         rpc = 3 if gen is Generation.V3 else None
         frames = clipper.encode(NewContainer("m", "1", itype, rpc), gen)
@@ -73,34 +94,58 @@ def registered(gen: Generation, itypes: list[InputType], max_in_flight: int) -> 
     return state
 
 
-class World:
-    """One frontend's sans-IO side, with or without the lane in front of the state."""
+def frames_of(message):
+    """A ROUTER message as frames (the compiled ``try_send`` may return an ArrayRequest)."""
+    return message if type(message) is list else message.frames()
 
-    def __init__(self, gen, itypes, max_in_flight, lane_module=None):
-        self.state = registered(gen, itypes, max_in_flight)
+
+class World:
+    """One frontend's sans-IO side: with ``twin``, ``try_send`` and ``complete`` of its
+    state class tried first (as the frontend does); without, the general path alone."""
+
+    def __init__(self, gen, itypes, max_in_flight, twin=None):
+        self.state = registered(gen, itypes, max_in_flight,
+                                FrontendState if twin is None else twin.State)
         self.sent: list[list[bytes]] = []
         self.tokens: dict[int, Direct] = {}
-        self.lane = None
-        if lane_module is not None:
-            self.lane = lane_module.FrontLane(self.state, self.sent.append, (Direct,))
+        self.quick = twin is not None
 
     def submit(self, k, inputs, token_type, now):
         token = self.tokens[k] = token_type(k)
         state = self.state
-        if self.lane is None or not self.lane.submit("m", inputs, now + 100.0, token, None):
+        message = (state.try_send("m", inputs, now + 100.0, token, None) if self.quick
+                   else None)
+        if message is None:
             state.submit("m", inputs, now + 100.0, token, None)
             self.sent.extend(state.dispatch(now))
+        else:
+            self.sent.append(frames_of(message))
         self.settle()
 
     def receive(self, identity, frames, now):
         state = self.state
-        taken = 0 if self.lane is None else self.lane.answer([identity, *frames], now)
+        taken = self.complete(identity, frames, now) if self.quick else 0
         if not taken:
             self.sent.extend(state.receive(identity, frames, now))
         elif taken == 2:
             self.sent.extend(state.dispatch(now))
         self.settle()
         return taken
+
+    def complete(self, identity, frames, now):
+        """What the compiled Wire does with an answer it reads: ``state.complete``, then
+        the caller; 2 when a batch of the model waits, 1, or 0 when not taken."""
+        try:
+            msg = clipper.decode(frames, self.state.generation, "to_clipper")
+        except clipper.DecodeError:
+            return 0
+        if type(msg) is not PredictResponse:
+            return 0
+        batch = self.state.complete(identity, msg.msg_id, msg.outputs, now)
+        if batch is None:
+            return 0
+        batch.token.set_result(msg.outputs)
+        return 2 if self.state.pending.get(batch.model_name) else 1
 
     def settle(self):
         events, self.state.events = self.state.events, []
@@ -163,9 +208,9 @@ OPS = st.lists(
        itypes=st.lists(st.sampled_from([InputType.DOUBLES, InputType.DOUBLES, InputType.FLOATS,
                                         InputType.STRINGS]), min_size=1, max_size=3),
        max_in_flight=st.integers(1, 3), ops=OPS)
-def test_the_lane_does_what_the_state_alone_does(twin, gen, itypes, max_in_flight, ops):
+def test_try_send_and_complete_do_what_the_state_alone_does(twin, gen, itypes, max_in_flight, ops):
     plain = World(gen, itypes, max_in_flight)
-    laned = World(gen, itypes, max_in_flight, twin)
+    laned = World(gen, itypes, max_in_flight, twin)  # try_send and complete first
     now = 1.0
     for k, op in enumerate(ops):
         now += 0.01
@@ -202,28 +247,33 @@ def test_the_lane_does_what_the_state_alone_does(twin, gen, itypes, max_in_fligh
 
 
 @pytest.mark.parametrize("gen", list(Generation))
-def test_the_lane_takes_the_common_case(twin, gen):
-    """A response to a held batch is the lane's; so is a submission with room: the state's
-    general path is not needed for a steady stream of work."""
+def test_the_common_case_is_taken_whole(twin, gen):
+    """A response to a held batch is ``complete``'s; a submission with room is
+    ``try_send``'s: the state's general path is not needed for a steady stream of work."""
     world = World(gen, [InputType.DOUBLES], 2, twin)
+    state = world.state
     inputs = np.ones((2, 3))
     tokens = [Direct(k) for k in range(3)]
-    assert world.lane.submit("m", inputs, 100.0, tokens[0], None) is True
-    assert world.lane.submit("m", inputs, 100.0, tokens[1], None) is True
-    assert world.lane.submit("m", inputs, 100.0, tokens[2], None) is False  # no room
+    for token in tokens[:2]:
+        world.sent.append(frames_of(state.try_send("m", inputs, 100.0, token, None)))
+    assert state.try_send("m", inputs, 100.0, tokens[2], None) is None  # no room
     world.state.submit("m", inputs, 100.0, tokens[2], None)
     assert len(world.sent) == 2
     (identity, *request) = world.sent[0]
     sent = clipper.decode(request, gen, "to_container")
     assert sent.input_type is InputType.DOUBLES and np.array_equal(sent.inputs, inputs)
-    assert world.lane.answer([identity, *answer_frames(gen, sent.msg_id, 2)], 1.0) == 2
+    assert state.complete(b"\x00?", sent.msg_id, ["a", "b"], 1.0) is None  # not a replica
+    assert state.complete(identity, sent.msg_id, ["a"], 1.0) is None  # a wrong count
+    assert state.complete(identity, sent.msg_id + 7, ["a", "b"], 1.0) is None  # not held
+    assert sent.msg_id in world.state.in_flight  # ... and nothing changed
+    assert world.receive(identity, answer_frames(gen, sent.msg_id, 2), 1.0) == 2
     assert tokens[0].outcome == ("ok", normal(answer_frames_outputs(gen, 2)))
     assert tokens[1].outcome is None and tokens[2].outcome is None
     assert world.state.replicas[identity].last_seen == 1.0
     assert sent.msg_id not in world.state.in_flight
     assert world.state.events == []
-    # 2 says "a batch waits": dispatching now sends it to the freed replica.
-    assert [m[0] for m in world.state.dispatch(1.0)] == [identity]
+    # 2 says "a batch waits": the world dispatched it to the freed replica.
+    assert [m[0] for m in world.sent[2:]] == [identity]
 
 
 @pytest.mark.parametrize("gen", list(Generation))
@@ -237,10 +287,10 @@ def test_a_callback_token_is_called_once_and_a_raising_callback_is_logged(twin, 
 
     token = twin.Callback(fn)
     assert not token.done()
-    assert world.lane.submit("m", [[1.0], [2.0]], 100.0, token, None) is True
+    world.submit(0, [[1.0], [2.0]], lambda k: token, 1.0)
     (identity, *request) = world.sent[0]
     msg_id = clipper.decode(request, gen, "to_container").msg_id
-    assert world.lane.answer([identity, *answer_frames(gen, msg_id, 2)], 1.0) == 1
+    assert world.receive(identity, answer_frames(gen, msg_id, 2), 1.0) == 1
     assert calls == [(normal(answer_frames_outputs(gen, 2)), None)]
     assert token.done() and "submit_callback callback raised" in caplog.text
     token.set_exception(RuntimeError("late"))  # already done: not called again
@@ -257,11 +307,12 @@ def answer_frames_outputs(gen, count):
 
 
 class WireWorld(World):
-    """The lane given a real ROUTER (inproc), with one DEALER per replica: answers go in
-    through the socket, requests come out of it."""
+    """The twin's state and wire over a real ROUTER (inproc), with one DEALER per replica:
+    answers go in through the socket, requests come out of it."""
 
-    def __init__(self, gen, itypes, max_in_flight, lane_module, ctx, tag):
-        self.state = FrontendState(gen, max_in_flight=max_in_flight)
+    def __init__(self, gen, itypes, max_in_flight, twin, ctx, tag):
+        self.state = twin.State(gen, max_in_flight=max_in_flight)
+        self.later = []
         self.sent = []
         self.tokens = {}
         self.router = ctx.socket(zmq.ROUTER)
@@ -276,8 +327,7 @@ class WireWorld(World):
             dealer.setsockopt(zmq.RCVTIMEO, 5000)
             dealer.connect(f"inproc://frontlane-{tag}")
             self.dealers[name] = dealer
-        self.lane = lane_module.FrontLane(
-            self.state, lambda m: send_frames(self.router, m), (Direct,), self.router)
+        self.wire = twin.Wire(self.router, (Direct,), self.later)
         for name, itype in zip(NAMES, itypes, strict=False):  # register over the wire
             rpc = 3 if gen is Generation.V3 else None
             if gen is not Generation.G2016:
@@ -293,14 +343,23 @@ class WireWorld(World):
 
     def submit(self, k, inputs, token_type, now):
         token = self.tokens[k] = token_type(k)
-        if not self.lane.submit("m", inputs, now + 100.0, token, None):
+        message = self.state.try_send("m", inputs, now + 100.0, token, None)
+        if message is None:
             self.state.submit("m", inputs, now + 100.0, token, None)
             self.send_out(self.state.dispatch(now))
+        else:
+            self.wire.send(message)
         self.settle()
+
+    def settle(self):
+        while self.later:
+            token, outputs = self.later.pop(0)
+            token.set_result(outputs)
+        super().settle()
 
     def receive(self, identity, frames, now):
         send_frames(self.dealers[identity], frames)
-        got = self.lane.receive(True, 0.0)
+        got = self.wire.receive(self.state, True, 0.0)
         assert got is not None, "the message did not arrive"
         if type(got) is tuple:
             (identity, *rest), _ = got
@@ -320,7 +379,7 @@ class WireWorld(World):
     def snapshot(self):
         self.collect()
         snap = super().snapshot()
-        del snap["last_seen"]  # the lane stamps answers with the real clock
+        del snap["last_seen"]  # the Wire stamps answers with the real clock
         snap["sent"] = sorted(snap["sent"], key=lambda m: m[0])  # in order per replica
         return snap
 
@@ -336,7 +395,7 @@ class WireWorld(World):
        itypes=st.lists(st.sampled_from([InputType.DOUBLES, InputType.DOUBLES, InputType.INTS,
                                         InputType.STRINGS]), min_size=1, max_size=3),
        max_in_flight=st.integers(1, 3), ops=OPS)
-def test_over_a_router_the_lane_does_what_the_state_alone_does(twin, zmq_ctx, gen, itypes,
+def test_over_a_router_the_wire_and_state_do_what_the_state_alone_does(twin, zmq_ctx, gen, itypes,
                                                                 max_in_flight, ops):
     plain = World(gen, itypes, max_in_flight)
     wire = WireWorld(gen, itypes, max_in_flight, twin, zmq_ctx, next(TAGS))
@@ -385,14 +444,20 @@ def test_v3_requests_sent_from_the_array_are_the_codecs_frames(twin, zmq_ctx):
             for rows, width in [(1, 1), (3, 10), (32, 10), (2, 0)]:
                 inputs = (np.arange(rows * width) % 200).astype(dtype).reshape(rows, width)
                 token = Direct(k)
-                assert wire.lane.submit("m", inputs, 100.0, token, None) is True
+                wire.wire.send(wire.state.try_send("m", inputs, 100.0, token, None))
                 frames = wire.dealers[NAMES[0]].recv_multipart()
                 msg_id = max(wire.state.replicas[NAMES[0]].in_flight)
                 want = clipper.encode(PredictRequest(msg_id, itype, inputs), Generation.V3)
                 assert frames == want
-                # The answer comes back through the lane's own receive.
+                # The answer comes back through the wire.
                 send_frames(wire.dealers[NAMES[0]], answer_frames(Generation.V3, msg_id, rows))
-                assert wire.lane.receive(True, 0.0) == 1
+                got = wire.wire.receive(wire.state, True, 0.0)
+                if type(got) is tuple:  # the pure twin: the state's general path
+                    (identity, *rest), _ = got
+                    assert wire.state.receive(identity, rest, 1.0) == []
+                    wire.settle()
+                else:
+                    assert got == 1
                 assert token.outcome == ("ok", answer_frames_outputs(Generation.V3, rows))
         finally:
             wire.close()

@@ -95,10 +95,13 @@ def container_lane(request, monkeypatch):
 
 @pytest.fixture(params=["fast", "pure"])
 def front_lane(request, monkeypatch):
-    """Frontends started in this test use this twin of the lane."""
-    lane = (_fast_module("clipperfront") if request.param == "fast"
-            else frontend_module._frontlane)
-    monkeypatch.setattr(frontend_module, "_LANE", lane)
+    """Frontends started in this test use this twin of the per-message path."""
+    fast = _fast_module("clipperfront") if request.param == "fast" else None
+    monkeypatch.setattr(frontend_module, "_FAST", fast)
+    monkeypatch.setattr(frontend_module, "_STATE",
+                        FrontendState if fast is None else fast.FrontendState)
+    monkeypatch.setattr(frontend_module, "_CALLBACK",
+                        frontend_module.Callback if fast is None else fast.Callback)
     return request.param
 
 

@@ -8,6 +8,7 @@ frontend is stopped by the fixtures.  No wall-clock thresholds: timing is assert
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import signal
 import socket
@@ -34,7 +35,7 @@ from wirekit.clipper import (
     PredictResponse,
 )
 from wirekit.clipper.container import ModelContainer
-from wirekit.clipper.frontend import Frontend
+from wirekit.clipper.frontend import Frontend, query
 from wirekit.clipper.session import PredictionError, VersionMismatch
 
 D, TO = 0.05, 0.4  # heartbeat period and activity timeout used by these tests
@@ -573,7 +574,6 @@ def test_cli_frontend_container_predict():
          "clipper_models:describe", "--poll-interval", "0.1"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        import io
 
         deadline = time.monotonic() + WAIT
         while True:
@@ -606,7 +606,6 @@ def test_cli_frontend_container_predict():
 
 
 def test_cli_container_needs_a_model_name(monkeypatch):
-    import io
 
     from wirekit.cli import main
 
@@ -625,3 +624,152 @@ def test_threads_do_not_leak(stack):
     c.stop()
     fe.stop()
     assert threading.active_count() <= before
+
+
+# --- the command line, every process real (issue 15) ---
+
+
+def _cli_env():
+    return dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+
+
+def _stop_processes(*procs):
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(WAIT)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(WAIT)
+        for stream in (p.stdout, p.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _cli_predict(q, *args, timeout="1"):
+    """``wirekit clipper predict`` in its own process: (exit status, stdout, stderr)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "wirekit.cli", "clipper", "predict", "--model", "m",
+         "--frontend", f"tcp://127.0.0.1:{q}", "--timeout", timeout, *args],
+        env=_cli_env(), capture_output=True, text=True, timeout=WAIT)
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("gen", GENS)
+def test_cli_predict_through_frontend_and_container_processes(gen):
+    """``wirekit clipper frontend`` + ``container`` + ``predict``, each its own process, with
+    the frontend's default timers (a check every 10 s): every query is dispatched when it
+    comes, so each call is answered within its own 1 s timeout (queries that waited for the
+    next tick took 1-5 s, or failed with "no replica had room")."""
+    rpc, q = _free_port(), _free_port()
+    env = _cli_env()
+    fe = subprocess.Popen(
+        [sys.executable, "-m", "wirekit.cli", "clipper", "frontend", "--generation", gen,
+         "--listen", f"tcp://127.0.0.1:{rpc}", "--query", f"tcp://127.0.0.1:{q}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    con = subprocess.Popen(
+        [sys.executable, "-m", "wirekit.cli", "clipper", "container", "--generation", gen,
+         "--model", f"clipper_models:{model_for(gen).__name__}", "--name", "m",
+         "--model-version", "1", "--address", f"tcp://127.0.0.1:{rpc}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 2 * WAIT
+        while True:  # until the container has registered (each try has a 1 s timeout)
+            try:
+                first = query(f"tcp://127.0.0.1:{q}", "m", [[1.0]], "doubles", timeout=1.0)
+                break
+            except PredictionError:
+                if time.monotonic() > deadline or fe.poll() is not None:
+                    raise
+        assert list(first) == ([1.0] if gen == "2016" else ["f8:1.0"])
+        for i in range(8):  # the same query socket from this process, 1 s timeout each
+            out = query(f"tcp://127.0.0.1:{q}", "m", [[float(i)]], "doubles", timeout=1.0)
+            assert list(out) == ([float(i)] if gen == "2016" else [f"f8:{float(i)!r}"])
+        for values in ("-1.5,2", "-0.25", "3,-4e2"):
+            code, out, err = _cli_predict(q, "--doubles", values, "--doubles", "1")
+            assert code == 0, err
+            numbers = [float(x) for x in values.split(",")]
+            if gen == "2016":
+                assert out.splitlines() == [repr(float(sum(numbers))), "1.0"]
+            else:
+                assert out.splitlines() == [
+                    "f8:" + ",".join(repr(x) for x in numbers), "f8:1.0"]
+    finally:
+        _stop_processes(con, fe)
+    assert fe.returncode == 0 and con.returncode == 0
+
+
+def test_cli_negative_numbers_in_every_numeric_option(stack, capsys):
+    from wirekit.cli import build_parser, main
+
+    parser = build_parser()
+    args = parser.parse_args(["clipper", "predict", "--model", "m", "--ints", "-5,3", "--ints",
+                              "-1", "--timeout", "-1e3"])
+    assert args.ints == ["-5,3", "-1"] and args.timeout == -1000.0
+    args = parser.parse_args(["clipper", "predict", "--model", "m", "--doubles", "-1e-3,-2",
+                              "--floats", "-.5", "--strings", "-x"])
+    assert (args.doubles, args.floats, args.strings) == (["-1e-3,-2"], ["-.5"], ["-x"])
+    args = parser.parse_args(["clipper", "container", "--model", "a:b", "--port", "-5",
+                              "--poll-interval", "-1e3", "--activity-timeout", "-2"])
+    assert (args.port, args.poll_interval, args.activity_timeout) == (-5, -1000.0, -2.0)
+    args = parser.parse_args(["clipper", "frontend", "--activity-timeout", "-1e1",
+                              "--max-in-flight", "-2", "--max-rejected", "-3"])
+    assert (args.activity_timeout, args.max_in_flight, args.max_rejected) == (-10.0, -2, -3)
+    # ... and the commands refuse the ones that make no sense, as usage errors
+    for argv, message in [
+        (["predict", "--model", "m", "--ints", "1", "--timeout", "-1"], "--timeout must be"),
+        (["container", "--model", "clipper_models:describe", "--name", "m",
+          "--model-version", "1", "--port", "-5"], "CLIPPER_PORT must be a TCP port"),
+        (["container", "--model", "clipper_models:describe", "--name", "m",
+          "--model-version", "1", "--poll-interval", "-1e3"], "poll_interval must be"),
+        (["container", "--model", "clipper_models:describe", "--name", "m",
+          "--model-version", "1", "--activity-timeout", "-2"], "activity_timeout must be"),
+        (["frontend", "--activity-timeout", "-1e1"], "activity_timeout must be"),
+    ]:
+        out, err = io.StringIO(), io.StringIO()
+        assert main(["clipper", *argv], out=out, err=err) == 2, argv
+        assert message in err.getvalue()
+    # negative inputs reach the model
+    fe = stack.frontend("v3", query="tcp://127.0.0.1:0")
+    stack.container(models.describe, "v3", fe.endpoint, itype="ints")
+    fe.wait_for("m", 1, WAIT)
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["clipper", "predict", "--model", "m", "--frontend", fe.query_endpoint,
+                 "--ints", "-5,3", "--ints", "-1", "--timeout", str(WAIT)], out=out, err=err)
+    assert code == 0, err.getvalue()
+    assert out.getvalue().splitlines() == ["i4:-5,3", "i4:-1"]
+
+
+@pytest.mark.parametrize("gen", GENS)
+def test_frontend_rebound_at_once_in_the_same_process(ctx, gen):
+    """Stopping a frontend releases its addresses before ``stop`` returns: a new one binds
+    them at once, also when a peer was connected (it failed about half the time)."""
+    rpc, q = _free_port(), _free_port()
+    for _ in range(12):
+        fe = Frontend(f"tcp://127.0.0.1:{rpc}", gen, context=ctx,
+                      query=f"tcp://127.0.0.1:{q}").start()  # no retry: it must bind now
+        try:
+            peer = ctx.socket(zmq.DEALER)
+            peer.setsockopt(zmq.LINGER, 0)
+            peer.setsockopt(zmq.RCVTIMEO, int(WAIT * 1000))
+            asker = ctx.socket(zmq.DEALER)
+            asker.setsockopt(zmq.LINGER, 0)
+            asker.setsockopt(zmq.RCVTIMEO, int(WAIT * 1000))
+            try:
+                peer.connect(fe.endpoint)
+                asker.connect(fe.query_endpoint)
+                asker.send_multipart([b"", b"not json"])
+                assert b"bad query" in asker.recv_multipart()[-1]  # both are connected
+                if gen == "2016":
+                    peer.send_multipart(clipper.encode(
+                        NewContainer("m", "1", InputType.DOUBLES, None), gen))
+                    fe.wait_for("m", 1, WAIT)
+                else:
+                    peer.send_multipart(clipper.encode(Heartbeat(), gen))
+                    peer.recv_multipart()
+            finally:
+                peer.close(0)
+                asker.close(0)
+        finally:
+            fe.stop()

@@ -29,7 +29,7 @@ def zio(request):
         pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
     from wirekit._fast import zio as fast
 
-    fast.bind(_zio._libzmq_path())
+    fast.bind(_zio._backend_file())
     return fast
 
 
@@ -172,3 +172,44 @@ def test_spinning_receive_gets_what_comes_and_still_times_out(zio, pair):
     zio.send_frames(dealer, [b"queued"])
     router.setsockopt(zmq.RCVTIMEO, 5000)
     assert zio.recv_message(router, True, 0.0)[0][1:] == [b"queued"]
+
+
+# --- how the compiled twin reaches libzmq, and when it cannot (issue 15) ---
+
+
+def _compiled_zio():
+    if pure_requested():
+        pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
+    from wirekit._fast import zio as fast
+
+    return fast
+
+
+def test_the_compiled_twin_reaches_libzmq_through_pyzmqs_backend_module():
+    fast = _compiled_zio()
+    assert _zio.IMPLEMENTATION == "fast"
+    fast.bind(_zio._backend_file())  # again: the same functions, found the same way
+    with pytest.raises(ImportError, match="is not loaded"):
+        fast.bind("/nonexistent/libzmq.so")
+
+
+def test_a_compiled_twin_that_cannot_reach_libzmq_falls_back_loudly():
+    from wirekit import _impl
+
+    _compiled_zio()
+
+    def unreachable(module):
+        raise ImportError("pyzmq has no Cython backend module here")
+
+    with pytest.warns(_impl.FastPathMissing, match="no Cython backend module here"):
+        assert _impl.load_fast_bound("zio", unreachable) is None
+
+
+def test_a_message_of_many_parts_is_read_whole(zio, pair):
+    """More parts than a Received holds at first (16): they move to a bigger array."""
+    router, dealer = pair
+    router.setsockopt(zmq.RCVTIMEO, 5000)
+    parts = [bytes([i]) * (i % 7) for i in range(100)]
+    zio.send_frames(dealer, parts)
+    frames, _ = zio.recv_message(router)
+    assert frames[1:] == parts

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import ModuleType
 
 ENV_VAR = "WIREKIT_PURE"
@@ -53,6 +53,27 @@ def load_fast(name: str) -> ModuleType | None:
             stacklevel=3,
         )
     _loaded[name] = module
+    return module
+
+
+def load_fast_bound(name: str, bind: Callable[[ModuleType], object]) -> ModuleType | None:
+    """:func:`load_fast`, then ``bind(module)``: the twin's hookup at run time (to a C
+    library found while running).  When that fails (ImportError or OSError, saying why) the
+    pure path is used, with a :class:`FastPathMissing` warning giving the reason."""
+    module = load_fast(name)
+    if module is None:
+        return None
+    try:
+        bind(module)
+    except (ImportError, OSError) as exc:
+        warnings.warn(
+            f"wirekit: compiled twin wirekit._fast.{name} cannot be used here ({exc}); "
+            f"using the pure-Python path, which is much slower. "
+            f"Set {ENV_VAR}=1 to choose it explicitly.",
+            FastPathMissing,
+            stacklevel=3,
+        )
+        return None
     return module
 
 

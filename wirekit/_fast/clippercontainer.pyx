@@ -53,7 +53,7 @@ from wirekit.errors import DecodeError
 cdef object _TO_CONTAINER = Direction.TO_CONTAINER
 cdef object _G2017 = Generation.G2017, _V3 = Generation.V3
 cdef type _REQUEST = PredictRequest
-cdef str _CLOSED = "closed", _REGISTERED = "registered"
+cdef str _CLOSED = "closed"
 cdef double _FAST_WAIT = FAST_WAIT
 cdef int _FAST_WAIT_MS = FAST_WAIT_MS
 cdef int _IDLE = IDLE, _LOOK = LOOK, _DUE = DUE, _END = END, _STOP = STOP
@@ -75,7 +75,7 @@ cdef inline int _timeout_ms(double wait) noexcept:
 cdef class Lane:
     """The per-message path of one container session (see ``wirekit.clipper._lane``)."""
 
-    cdef object container, sock, session, send, generation, release, acquire
+    cdef object container, sock, session, send, generation
     cdef void *sock_handle
     cdef Received msg  # the message being read
     cdef bint threaded, v3, g2017, heartbeats, synced
@@ -91,8 +91,6 @@ cdef class Lane:
         self.send = send
         self.generation = session.generation
         self.threaded = container.threaded
-        self.release = container._sock_lock.release
-        self.acquire = container._sock_lock.acquire
         self.v3 = self.generation is _V3
         self.g2017 = self.generation is _G2017
         self.heartbeats = session.heartbeats
@@ -166,15 +164,8 @@ cdef class Lane:
         session = self.session
         if session.state == _CLOSED:
             return True
-        self._accept(session, received)
+        session.request_received(received)
         return self._serve(None, msg_id, itype, batch, received)
-
-    cdef inline void _accept(self, session, double received) except *:
-        # ContainerSession.receive's bookkeeping for a request
-        session.last_received = received
-        if session.state != _REGISTERED:
-            session.state = _REGISTERED
-        session.requests += 1
 
     def handle(self, frames, double now):
         """Handle one message received at ``now``; False when the session is over."""
@@ -188,9 +179,9 @@ cdef class Lane:
             msg = None
         if type(msg) is not _REQUEST or session.state == _CLOSED:
             self.synced = False
-            return self.container._handle_actions(session.receive(frames, now), session,
-                                                  self.send)
-        self._accept(session, now)
+            return self.container.handle_actions(session.receive(frames, now), session,
+                                                 self.send)
+        session.request_received(now)
         return self._serve(msg, msg.msg_id, 0, msg.inputs, now)
 
     # -- the model and the answer --
@@ -200,40 +191,22 @@ cdef class Lane:
         """Run the model on the inputs of message ``msg_id`` (``request``, or built from
         ``itype`` and ``inputs`` when None) and answer; False when the session ended."""
         cdef object container = self.container
-        cdef object outputs = None, failure = None
+        cdef object outputs, failure
         cdef double now
-        if self.threaded:
-            # The standby thread may take the socket while the model runs (see container.py).
-            container._model_started = received
-            self.release()
-            try:
-                outputs = container.predict(inputs)
-            except Exception as exc:
-                failure = exc
-            finally:
-                container._model_started = None
-                if container._standby_active:
-                    container._wake()
-                self.acquire()
-            if (container._lost is not None or container._lost_error is not None
-                    or container._backlog):
-                self.synced = False
-                if request is None:
-                    request = _new_request(msg_id, itype, inputs)
-                return container._after_standby(request, outputs, failure, self.session,
-                                                self.send)
-        else:
-            try:
-                outputs = container.predict(inputs)
-            except Exception as exc:
-                failure = exc
+        # The model runs with the socket left to the standby thread (when threaded).
+        outputs, failure = container.run_model(inputs)
+        if self.threaded and container.standby_intervened():
+            self.synced = False
+            if request is None:
+                request = _new_request(msg_id, itype, inputs)
+            return container.after_model(request, outputs, failure, self.session, self.send)
         now = _now()
         if failure is None and self._respond(msg_id, len(inputs), outputs, now):
             return True
         self.synced = False
         if request is None:
             request = _new_request(msg_id, itype, inputs)
-        container._finish(request, outputs, failure, self.session, self.send, now)
+        container.finish(request, outputs, failure, self.session, self.send, now)
         return True
 
     cdef bint _respond(self, uint32_t msg_id, Py_ssize_t count, outputs,
@@ -279,7 +252,7 @@ cdef class Lane:
             if n > SMALL:
                 PyMem_Free(ptr)
                 PyMem_Free(size)
-        session.last_sent = now
+        session.response_sent(now)
         self.container.served += 1
         if self.heartbeats:
             self.deadline = min(now + self.poll_interval,
@@ -346,7 +319,7 @@ cdef class Lane:
         cdef double look_at = now + _FAST_WAIT
         cdef int ms
         self.synced = False
-        while not container._stopping:
+        while not container.stopping:
             if not self.synced:
                 self.deadline = self.session.deadline()
                 self.synced = True

@@ -1,17 +1,24 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Cython twin of ``wirekit.clipper._frontlane``: the frontend's common answer and common
-submission in C (same class, same bookkeeping, same results; see that module).
+"""Compiled twin of the frontend's per-message path.
 
-The per-message objects (batch, request, completion event) are built without their Python
-constructors, and the state's maps are read and written through the C API.  Given the ROUTER
-itself, the lane also moves the common v3 messages on libzmq directly (through
-``wirekit._fast.zio``; the GIL is released only to wait): an answer of one ``str`` per
-input is read from the received parts, and a request whose inputs are one C-contiguous 2-D
-array of the replica's dtype is written from the array into the parts sent.  Those messages
-never become ``bytes`` frames; everything else does, and takes the codec's path, so
-acceptance here is a subset of the codec's and every error still comes from the codec.
+* :class:`FrontendState` is ``wirekit.clipper.session.FrontendState`` with its per-message
+  methods (``pick``, ``try_send``, ``complete``) compiled: the same class (a subclass), the
+  same bookkeeping, the same results; every other method is the reference's own.  Its
+  ``try_send`` returns, for a v3 request whose inputs are one C-contiguous 2-D array of the
+  replica's dtype, an :class:`ArrayRequest` (the message, unencoded) instead of frames.
+* :class:`Wire` is the runtime's frame mover for the ROUTER, on libzmq directly (through
+  ``wirekit._fast.zio``; the GIL is released only to wait): it writes an
+  :class:`ArrayRequest` from the array into the parts sent, and reads a v3 answer of one
+  ``str`` per input from the received parts, handing it to the state's ``complete``.  Those
+  messages never become ``bytes`` frames; everything else does and takes the codec's and the
+  state's general path, so acceptance here is a subset of the codec's and every error still
+  comes from the codec and the state.
+* :class:`Callback` is the token of ``Frontend.submit_callback``.
+
+Used unless ``WIREKIT_PURE=1``, it is not built, or the Cython ``zio`` twin is not in use.
 """
 
+cimport cython
 cimport numpy as cnp
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_Contains, PyDict_GetItem
@@ -30,6 +37,7 @@ from wirekit._fast.zio cimport (
     _now,
     _new_part,
     _send_msg,
+    _send_on,
     part_data,
     part_size,
     zmq_msg_t,
@@ -45,23 +53,27 @@ cdef extern from "Python.h":
 
 import logging
 
+import numpy as np
+
 from wirekit.clipper import decode as _decode
 from wirekit.clipper import encode as _encode
-from wirekit.clipper._frontlane import ANSWERED, ANSWERED_QUEUE_WAITS, NOT_MINE
-from wirekit.clipper.messages import Direction, Generation, PredictResponse
-from wirekit.clipper.session import _TYPE_OF_DTYPE, Batch, Completed, infer_input_type
-from wirekit.errors import DecodeError, EncodeError
+from wirekit.clipper import session as _session
+from wirekit.clipper.messages import Generation, InputType
+from wirekit.clipper.session import Batch, infer_input_type
+from wirekit.errors import EncodeError
 
-cdef object _TO_CLIPPER = Direction.TO_CLIPPER
 cdef object _V3 = Generation.V3
 cdef object _log = logging.getLogger("wirekit.clipper.frontend")
-cdef type _RESPONSE = PredictResponse
 cdef type _BATCH = Batch
-cdef type _COMPLETED = Completed
 cdef object _ONE = 1
 cdef str _EMPTY = ""
-cdef dict _DTYPE_TYPES = _TYPE_OF_DTYPE
-cdef int _NOT_MINE = NOT_MINE, _ANSWERED = ANSWERED, _QUEUE_WAITS = ANSWERED_QUEUE_WAITS
+# What infer_input_type says for arrays of the wire dtypes (one dict lookup).
+cdef dict _DTYPE_TYPES = {np.dtype(d): infer_input_type(np.empty((0, 1), d))
+                          for d in ("u1", "<i4", "<f4", "<f8")}
+#: :meth:`Wire.receive` results besides a message handed back: a common answer was handled
+#: (its batch completed); the same, and a batch of that model waits in the queue.
+ANSWERED, ANSWERED_QUEUE_WAITS = 1, 2
+cdef int _ANSWERED = ANSWERED, _QUEUE_WAITS = ANSWERED_QUEUE_WAITS
 
 DEF ZMQ_SNDMORE = 2
 DEF RPC_VERSION = 3
@@ -99,15 +111,9 @@ cdef object _new_batch(str model_name, object inputs, object input_type, double 
     return batch
 
 
-cdef object _new_completed(object token, object outputs):
-    cdef object event = PyType_GenericAlloc(_COMPLETED, 0)
-    _set(event, "token", token)
-    _set(event, "outputs", outputs)
-    return event
-
-
 cdef class Callback:
-    """The token of one ``Frontend.submit_callback`` (see ``wirekit.clipper._frontlane``)."""
+    """The token of one ``Frontend.submit_callback`` (compiled twin of
+    ``wirekit.clipper.frontend.Callback``)."""
 
     cdef object _fn
 
@@ -134,226 +140,174 @@ cdef class Callback:
             _log.exception("clipper frontend: a submit_callback callback raised")
 
 
-cdef class FrontLane:
-    """The per-message lane of one frontend (see ``wirekit.clipper._frontlane``)."""
+cdef object _pick(dict models, str model_name, object input_type, Py_ssize_t limit):
+    """``FrontendState.pick`` (the compiled ``pick`` and ``try_send`` share it)."""
+    cdef PyObject *found = PyDict_GetItem(models, model_name)
+    if found == NULL:
+        return None
+    cdef Py_ssize_t least = 0, load
+    best = None
+    for r in <list>found:
+        if not r.alive:
+            continue
+        load = len(<dict>r.in_flight)
+        if load >= limit:
+            continue
+        if input_type is not None and r.input_type != input_type:
+            continue
+        if best is None or load < least:
+            best, least = r, load
+    return best
 
-    cdef readonly object state, send, generation
-    cdef readonly tuple direct
-    cdef dict replicas, in_flight, pending, models
-    cdef bint v3
-    cdef void *sock_handle  # the ROUTER, when given: NULL otherwise
-    cdef Received msg  # the message being read
 
-    def __cinit__(self):
-        self.sock_handle = NULL
+class FrontendState(_session.FrontendState):
+    """``wirekit.clipper.session.FrontendState`` with ``pick``, ``try_send`` and ``complete``
+    compiled (see the module docstring); the same class in every other respect."""
 
-    def __init__(self, state, send, tuple direct, sock=None):
-        self.state = state
-        self.send = send
-        self.direct = direct
-        self.generation = state.generation
-        self.v3 = self.generation is _V3
-        # The state keeps these maps for its whole life (it never rebinds them).
-        self.replicas = state.replicas
-        self.in_flight = state.in_flight
-        self.pending = state.pending
-        self.models = state.models
-        if sock is not None:
-            self.sock_handle = _handle(sock)  # the socket outlives the lane
-            self.msg = Received()
-
-    # -- answers --
-
-    def answer(self, list frames, double now):
-        """Handle a ROUTER message (identity first) if it is a common answer."""
-        cdef PyObject *found
-        cdef object replica, msg, batch
-        if len(frames) < 2:
-            return _NOT_MINE
-        found = PyDict_GetItem(self.replicas, frames[0])
+    def complete(self, identity, msg_id, outputs, double now):
+        """See ``FrontendState.complete``."""
+        cdef PyObject *found = PyDict_GetItem(self.replicas, identity)
         if found == NULL:
-            return _NOT_MINE
+            return None
         replica = <object>found
-        try:
-            msg = _decode(frames[1:], self.generation, _TO_CLIPPER)
-        except DecodeError:
-            return _NOT_MINE
-        if type(msg) is not _RESPONSE:
-            return _NOT_MINE
-        return self._complete(replica, msg.msg_id, msg.outputs, now)
-
-    cdef int _complete(self, object replica, object msg_id, object outputs,
-                       double now) except -1:
-        """The batch ``msg_id`` that ``replica`` holds answered with ``outputs``; NOT_MINE
-        (nothing changed) unless it is held and the count is right."""
-        cdef PyObject *found
         cdef dict held = replica.in_flight
         found = PyDict_GetItem(held, msg_id)
         if found == NULL:
-            return _NOT_MINE
+            return None
         batch = <object>found
         if len(outputs) != <Py_ssize_t>batch.count:
-            return _NOT_MINE
+            return None
         del held[msg_id]
-        del self.in_flight[msg_id]
+        del (<dict>self.in_flight)[msg_id]
         replica.last_seen = now
-        token = batch.token
-        if type(token) is Callback:
-            (<Callback>token)._complete(outputs, None)
-        elif type(token) in self.direct:
-            token.set_result(outputs)
-        else:
-            self.state.events.append(_new_completed(token, outputs))
-        found = PyDict_GetItem(self.pending, replica.model_name)
-        if found != NULL and len(<object>found):
-            return _QUEUE_WAITS
-        return _ANSWERED
+        return batch
 
-    def receive(self, bint block, double spin):
-        """Take the next message from the ROUTER given at construction: ANSWERED or
-        ANSWERED_QUEUE_WAITS when it was a common answer (handled), else ``(frames, source
-        fd)`` for the general path, or None when none came (nothing waiting without
-        ``block``, or RCVTIMEO passed).  With ``block`` and ``spin`` > 0, keep looking that
-        long before sleeping."""
-        cdef int taken, fd
-        if self.sock_handle == NULL:
-            raise RuntimeError("this lane was made without a socket")
-        try:
-            if self.msg.read(self.sock_handle, block, spin) < 0:
-                return None
-            if self.v3:
-                taken = self._v3_answer()
-                if taken:
-                    return taken
-            frames = self.msg.frames()
-            fd = self.msg.source_fd()
-        finally:
-            self.msg.close()
-        if not self.v3:  # 2016 and 2017 answers: through the codec
-            taken = self.answer(frames, _now())
-            if taken:
-                return taken
-        return frames, fd
+    def pick(self, str model_name, input_type):
+        """See ``FrontendState.pick``."""
+        return _pick(self.models, model_name, input_type, self.max_in_flight)
 
-    cdef inline const uint8_t *_at(self, Py_ssize_t i) noexcept:
-        return part_data(self.msg, i)
-
-    cdef inline size_t _size(self, Py_ssize_t i) noexcept:
-        return part_size(self.msg, i)
-
-    cdef int _v3_answer(self) except -1:
-        """The message in ``parts`` if it is a v3 answer of strings to a batch its sender
-        holds: [identity, "", 1, msg_id, u64 header size, header (u64 n, u64 sizes), output
-        per part], checked as the codec checks it."""
-        cdef Py_ssize_t i, c = self.msg.count
-        cdef uint64_t n, hl
-        cdef const uint8_t *h
+    def try_send(self, str model_name, inputs, double deadline, token, input_type=None):
+        """See ``FrontendState.try_send``."""
         cdef PyObject *found
-        if c < 7 or self._size(1) != 0 or self._size(2) != 4 or _rd32(self._at(2)) != 1:
-            return _NOT_MINE
-        if self._size(3) != 4 or self._size(4) != 8:
-            return _NOT_MINE
-        hl = self._size(5)
-        h = self._at(5)
-        if _rd64(self._at(4)) != hl or hl % 8 or hl < 16:
-            return _NOT_MINE
-        n = _rd64(h)
-        if n != hl // 8 - 1 or <uint64_t>c != 6 + n:
-            return _NOT_MINE
-        for i in range(<Py_ssize_t>n):
-            if _rd64(h + 8 + 8 * i) != self._size(6 + i):
-                return _NOT_MINE
-        identity = PyBytes_FromStringAndSize(<char *>self._at(0), self._size(0))
-        found = PyDict_GetItem(self.replicas, identity)
-        if found == NULL:
-            return _NOT_MINE
-        cdef list outputs = PyList_New(<Py_ssize_t>n)
-        for i in range(<Py_ssize_t>n):
-            try:
-                s = PyUnicode_DecodeUTF8(<char *>self._at(6 + i), self._size(6 + i), NULL)
-            except UnicodeDecodeError:  # the codec names it
-                return _NOT_MINE
-            Py_INCREF(s)
-            PyList_SET_ITEM(outputs, i, s)
-        return self._complete(<object>found, PyLong_FromUnsignedLong(_rd32(self._at(3))),
-                              outputs, _now())
-
-    # -- submissions --
-
-    cdef object _new_id(self):
-        """``FrontendState._new_id``: the next message id not in flight (ids wrap at 2**32)."""
-        cdef object state = self.state
-        cdef unsigned long long msg_id = state._next_id
-        while True:
-            state._next_id = (msg_id + 1) & 0xFFFFFFFF
-            if not PyDict_Contains(self.in_flight, msg_id):
-                return msg_id
-            msg_id = (msg_id + 1) & 0xFFFFFFFF
-
-    def submit(self, str model_name, inputs, double deadline, token, input_type):
-        """Send this batch now if nothing waits before it and a replica has room."""
-        cdef PyObject *found
-        cdef object state = self.state, best = None, r, msg_id, frames, batch
-        cdef list replicas, message
-        cdef Py_ssize_t count, limit, least = 0, load
-        cdef int itype
+        cdef Py_ssize_t count
+        cdef unsigned long long msg_id
+        cdef dict in_flight = self.in_flight
         found = PyDict_GetItem(self.pending, model_name)
         if found != NULL and len(<object>found):
-            return False  # first come, first served
-        found = PyDict_GetItem(self.models, model_name)
-        if found == NULL:
-            return False
-        replicas = <list>found
+            return None  # first come, first served
+        cdef dict models = self.models
+        found = PyDict_GetItem(models, model_name)
+        if found == NULL or not len(<list>found):
+            return None
         try:
             count = len(inputs)
         except TypeError:
-            return False
+            return None
         if count == 0:
-            return False
+            return None
         if input_type is None:
             input_type = _input_type_of(inputs)
-        limit = state.max_in_flight
-        for r in replicas:  # FrontendState._pick: the least work in flight
-            if not r.alive:
-                continue
-            load = len(<dict>r.in_flight)
-            if load >= limit:
-                continue
-            if input_type is not None and r.input_type != input_type:
-                continue
-            if best is None or load < least:
-                best, least = r, load
+        best = _pick(models, model_name, input_type, self.max_in_flight)
         if best is None:
-            return False
-        msg_id = self._new_id()
+            return None
+        msg_id = self._next_id
+        while PyDict_Contains(in_flight, msg_id):
+            msg_id = (msg_id + 1) & 0xFFFFFFFF
         itype = best.input_type
-        if self.sock_handle != NULL and self.v3 and itype != 4 and _fast_array(inputs, 2, itype):
-            self._send_v3_request(best.identity, <uint32_t>msg_id, itype, inputs)
+        if self.generation is _V3 and itype != 4 and _fast_array(inputs, 2, itype):
+            message = _array_request(best.identity, msg_id, itype, inputs)
         else:
             try:
-                frames = _encode(_new_request(<uint32_t>msg_id, itype, inputs), self.generation)
-            except EncodeError:  # the state reports it: give the id back
-                state._next_id = msg_id
-                return False
+                frames = _encode(_new_request(<uint32_t>msg_id, itype, inputs),
+                                 self.generation)
+            except EncodeError:
+                return None
             message = [best.identity]
             message.extend(frames)
-            self.send(message)
-        batch = _new_batch(model_name, inputs, input_type, deadline, token, count, msg_id, best)
-        (<dict>best.in_flight)[msg_id] = batch
-        self.in_flight[msg_id] = batch
-        if deadline < <double>state._due:
-            state._due = deadline
-        return True
+        self._next_id = (msg_id + 1) & 0xFFFFFFFF
+        key = msg_id
+        batch = _new_batch(model_name, inputs, input_type, deadline, token, count, key, best)
+        (<dict>best.in_flight)[key] = batch
+        in_flight[key] = batch
+        if deadline < <double>self._due:
+            self._due = deadline
+        return message
+
+
+cdef ArrayRequest _array_request(bytes identity, unsigned long msg_id, int input_type,
+                                 cnp.ndarray inputs):
+    cdef ArrayRequest request = ArrayRequest.__new__(ArrayRequest)
+    request.identity = identity
+    request.msg_id = msg_id
+    request.input_type = input_type
+    request.inputs = inputs
+    return request
+
+
+@cython.freelist(16)
+cdef class ArrayRequest:
+    """A v3 request whose inputs are one C-contiguous 2-D array of the replica's dtype, not
+    yet encoded: :class:`Wire` writes it from the array; :meth:`frames` is the ROUTER
+    message ``[identity, *encode(PredictRequest(...))]`` it stands for."""
+
+    cdef readonly bytes identity
+    cdef readonly unsigned long msg_id
+    cdef readonly int input_type
+    cdef readonly cnp.ndarray inputs
+
+    def __init__(self, bytes identity, unsigned long msg_id, int input_type,
+                 cnp.ndarray inputs):
+        self.identity = identity
+        self.msg_id = msg_id
+        self.input_type = input_type
+        self.inputs = inputs
+
+    def frames(self):
+        message = [self.identity]
+        message.extend(_encode(_new_request(<uint32_t>self.msg_id, self.input_type,
+                                            self.inputs), _V3))
+        return message
+
+
+cdef class Wire:
+    """The frontend's ROUTER, moved on libzmq directly (see the module docstring).
+
+    ``direct`` are token types completed at once with ``set_result`` (besides
+    :class:`Callback`); others go to the runtime's list ``later``.
+    """
+
+    cdef readonly object sock
+    cdef readonly tuple direct
+    cdef void *sock_handle
+    cdef Received msg  # the message being read
+    cdef readonly list later  # (token, outputs) of answers the runtime completes
+
+    def __init__(self, sock, tuple direct, list later):
+        self.sock = sock
+        self.direct = direct
+        self.later = later
+        self.sock_handle = _handle(sock)  # the socket outlives the wire
+        self.msg = Received()
+
+    # -- sending --
+
+    def send(self, message):
+        """Send one ROUTER message: a list of frames, or an :class:`ArrayRequest`."""
+        if type(message) is ArrayRequest:
+            self._send_array(<ArrayRequest>message)
+        else:
+            _send_on(self.sock_handle, message, 0)
 
     cdef int _put(self, zmq_msg_t *msg, bint more) except -1:
         return _send_msg(self.sock_handle, msg, ZMQ_SNDMORE if more else 0, True)
 
-    cdef int _send_v3_request(self, bytes identity, uint32_t msg_id, int itype,
-                              cnp.ndarray inputs) except -1:
+    cdef int _send_array(self, ArrayRequest request) except -1:
         # [identity, "", 3, 1, msg_id, 0, u64 header size, header (u64 input type, u64 n,
         #  u64 sizes), one row per part]: the frames encode(PredictRequest(...)) makes
         cdef zmq_msg_t msg
         cdef uint8_t *o
+        cdef cnp.ndarray inputs = request.inputs
+        cdef bytes identity = request.identity
         cdef Py_ssize_t i, n = cnp.PyArray_DIMS(inputs)[0]
         cdef Py_ssize_t row = cnp.PyArray_DIMS(inputs)[1] * cnp.PyArray_ITEMSIZE(inputs)
         cdef const char *data = <const char *>cnp.PyArray_DATA(inputs)
@@ -365,14 +319,14 @@ cdef class FrontLane:
         self._put(&msg, True)
         _put32(_new_part(&msg, 4), 1)
         self._put(&msg, True)
-        _put32(_new_part(&msg, 4), msg_id)
+        _put32(_new_part(&msg, 4), <uint32_t>request.msg_id)
         self._put(&msg, True)
         _put32(_new_part(&msg, 4), 0)
         self._put(&msg, True)
         _put64(_new_part(&msg, 8), 8 * (n + 2))
         self._put(&msg, True)
         o = _new_part(&msg, 8 * (n + 2))
-        _put64(o, itype)
+        _put64(o, request.input_type)
         _put64(o + 8, n)
         for i in range(n):
             _put64(o + 16 + 8 * i, row)
@@ -381,3 +335,82 @@ cdef class FrontLane:
             memcpy(_new_part(&msg, row), data + i * row, row)
             self._put(&msg, i < n - 1)
         return 0
+
+    # -- receiving --
+
+    def receive(self, state, bint block, double spin):
+        """Take the next message from the ROUTER.  A v3 answer of one ``str`` per input goes
+        to ``state.complete``; when that takes it, its token is completed (a
+        :class:`Callback` or a ``direct`` type at once; any other is appended to
+        :attr:`later` as ``(token, outputs)``) and ANSWERED (or ANSWERED_QUEUE_WAITS: a
+        batch of that model waits) is returned.  Anything else comes back as ``(frames,
+        source fd)`` for the general path; None when no message came (nothing waiting
+        without ``block``, or RCVTIMEO passed).  With ``block`` and ``spin`` > 0, keep
+        looking that long before sleeping."""
+        cdef int taken, fd
+        try:
+            if self.msg.read(self.sock_handle, block, spin) < 0:
+                return None
+            taken = self._v3_answer(state)
+            if taken:
+                return taken
+            frames = self.msg.frames()
+            fd = self.msg.source_fd()
+        finally:
+            self.msg.close()
+        return frames, fd
+
+    cdef inline const uint8_t *_at(self, Py_ssize_t i) noexcept:
+        return part_data(self.msg, i)
+
+    cdef inline size_t _size(self, Py_ssize_t i) noexcept:
+        return part_size(self.msg, i)
+
+    cdef int _v3_answer(self, state) except -1:
+        """The message in ``msg`` if it is a v3 answer of strings that ``state.complete``
+        takes: [identity, "", 1, msg_id, u64 header size, header (u64 n, u64 sizes), output
+        per part], checked as the codec checks it."""
+        cdef Py_ssize_t i, c = self.msg.count
+        cdef uint64_t n, hl
+        cdef const uint8_t *h
+        cdef PyObject *found
+        if state.generation is not _V3:
+            return 0
+        if c < 7 or self._size(1) != 0 or self._size(2) != 4 or _rd32(self._at(2)) != 1:
+            return 0
+        if self._size(3) != 4 or self._size(4) != 8:
+            return 0
+        hl = self._size(5)
+        h = self._at(5)
+        if _rd64(self._at(4)) != hl or hl % 8 or hl < 16:
+            return 0
+        n = _rd64(h)
+        if n != hl // 8 - 1 or <uint64_t>c != 6 + n:
+            return 0
+        for i in range(<Py_ssize_t>n):
+            if _rd64(h + 8 + 8 * i) != self._size(6 + i):
+                return 0
+        identity = PyBytes_FromStringAndSize(<char *>self._at(0), self._size(0))
+        cdef list outputs = PyList_New(<Py_ssize_t>n)
+        for i in range(<Py_ssize_t>n):
+            try:
+                s = PyUnicode_DecodeUTF8(<char *>self._at(6 + i), self._size(6 + i), NULL)
+            except UnicodeDecodeError:  # the codec names it
+                return 0
+            Py_INCREF(s)
+            PyList_SET_ITEM(outputs, i, s)
+        batch = state.complete(identity, PyLong_FromUnsignedLong(_rd32(self._at(3))),
+                               outputs, _now())
+        if batch is None:
+            return 0
+        token = (<object>batch).token
+        if type(token) is Callback:
+            (<Callback>token)._complete(outputs, None)
+        elif type(token) in self.direct:
+            token.set_result(outputs)
+        else:
+            self.later.append((token, outputs))
+        found = PyDict_GetItem(state.pending, (<object>batch).model_name)
+        if found != NULL and len(<object>found):
+            return _QUEUE_WAITS
+        return _ANSWERED

@@ -19,6 +19,7 @@ ctypedef int (*msg_init_f)(zmq_msg_t *) noexcept nogil
 ctypedef int (*msg_init_size_f)(zmq_msg_t *, size_t) noexcept nogil
 ctypedef int (*msg_io_f)(zmq_msg_t *, void *, int) noexcept nogil
 ctypedef int (*msg_close_f)(zmq_msg_t *) noexcept nogil
+ctypedef int (*msg_move_f)(zmq_msg_t *, zmq_msg_t *) noexcept nogil
 ctypedef void *(*msg_data_f)(zmq_msg_t *) noexcept nogil
 ctypedef size_t (*msg_size_f)(const zmq_msg_t *) noexcept nogil
 ctypedef int (*msg_more_f)(const zmq_msg_t *) noexcept nogil

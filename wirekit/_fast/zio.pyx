@@ -4,13 +4,22 @@
 pyzmq releases the GIL around every ``zmq_msg_send``/``zmq_msg_recv`` and builds a Frame object
 per received part; for a Clipper message (one frame per input) that is most of a round trip's
 CPU, and every GIL release may hand the interpreter to another thread.  This module calls the
-very libzmq that pyzmq loaded (found with ``dlopen(RTLD_NOLOAD)``, so the socket handles are the
-same objects) through function pointers: a whole message moves with the GIL held, and the GIL
+very libzmq that pyzmq loaded, so the socket handles are the same objects, through function
+pointers looked up with ``dlsym`` through pyzmq's own compiled backend module (``dlopen`` of it
+with ``RTLD_NOLOAD``: the symbols of that module's libzmq, whatever file it is): a whole message moves with the GIL held, and the GIL
 is released only to *wait* (a blocking receive with nothing queued, a send held back by the
 high-water mark).  Same frames on the wire, same blocking and timeout behaviour (``RCVTIMEO``,
 ``SNDTIMEO``) as pyzmq's calls.
 
-:func:`bind` must succeed before anything else is used; the pure twin is used otherwise.
+:func:`bind` must succeed before anything else is used; the pure twin is used otherwise
+(``wirekit.clipper._zio`` says so with a ``FastPathMissing`` warning).
+
+Why not link against libzmq at build time, with pyzmq's ``libzmq.pxd``: the pyzmq wheels ship
+that ``.pxd`` but not ``zmq.h`` it includes (``zmq.get_includes()`` has no ``zmq.h``), and
+their libzmq is a private copy (``pyzmq.libs/libzmq-<hash>.so``) whose file name changes with
+every wheel: a build linked to it breaks when pyzmq is upgraded, and one linked to a system
+libzmq would be a second libzmq beside pyzmq's, which must not be handed pyzmq's sockets.
+Looking the functions up in the library pyzmq loaded serves every install of pyzmq.
 """
 
 from cpython.buffer cimport (
@@ -21,7 +30,7 @@ from cpython.buffer cimport (
 )
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_CheckSignals
-from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.errno cimport EAGAIN, EINTR
 from libc.string cimport memcpy
 from posix.dlfcn cimport RTLD_NOW, dlopen, dlsym
@@ -41,6 +50,7 @@ cdef msg_init_size_f z_init_size = NULL
 cdef msg_io_f z_recv = NULL
 cdef msg_io_f z_send = NULL
 cdef msg_close_f z_close = NULL
+cdef msg_move_f z_move = NULL
 cdef msg_data_f z_data = NULL
 cdef msg_size_f z_size = NULL
 cdef msg_more_f z_more = NULL
@@ -63,10 +73,11 @@ cdef void *_sym(void *lib, const char *name) except NULL:
 
 
 def bind(str path):
-    """Bind to the libzmq at ``path``, which must already be loaded (by pyzmq) and be the
-    version pyzmq reports; ImportError otherwise."""
-    global z_init, z_init_size, z_recv, z_send, z_close, z_data, z_size, z_more, z_get
-    global z_errno, _bound, _calls
+    """Bind to the libzmq of the shared object at ``path`` (pyzmq's compiled backend module,
+    or libzmq itself), which must already be loaded and link the libzmq version pyzmq
+    reports; ImportError otherwise (saying why)."""
+    global z_init, z_init_size, z_recv, z_send, z_close, z_move, z_data, z_size, z_more
+    global z_get, z_errno, _bound, _calls
     cdef bytes encoded = path.encode()
     cdef void *lib = dlopen(encoded, RTLD_NOW | RTLD_NOLOAD)
     if lib == NULL:
@@ -81,6 +92,7 @@ def bind(str path):
     z_recv = <msg_io_f>_sym(lib, b"zmq_msg_recv")
     z_send = <msg_io_f>_sym(lib, b"zmq_msg_send")
     z_close = <msg_close_f>_sym(lib, b"zmq_msg_close")
+    z_move = <msg_move_f>_sym(lib, b"zmq_msg_move")
     z_data = <msg_data_f>_sym(lib, b"zmq_msg_data")
     z_size = <msg_size_f>_sym(lib, b"zmq_msg_size")
     z_more = <msg_more_f>_sym(lib, b"zmq_msg_more")
@@ -128,6 +140,7 @@ cdef class Received:
         """Read the next message on the socket ``handle``: 0, or -1 when none came (nothing
         waiting without ``block``, or RCVTIMEO passed; ``spin`` as in :func:`recv_message`)."""
         cdef zmq_msg_t *grown
+        cdef Py_ssize_t i
         self.close()
         z_init(&self.parts[0])
         self.count = 1
@@ -136,10 +149,16 @@ cdef class Received:
             return -1
         while z_more(&self.parts[self.count - 1]):
             if self.count == self.cap:
-                # libzmq's zmq_msg_t holds no pointer to itself: moving one is safe
-                grown = <zmq_msg_t *>PyMem_Realloc(self.parts, 2 * self.cap * sizeof(zmq_msg_t))
+                # Parts move to a bigger array with zmq_msg_move (libzmq's own way), never
+                # by copying the opaque structs.
+                grown = <zmq_msg_t *>PyMem_Malloc(2 * self.cap * sizeof(zmq_msg_t))
                 if grown == NULL:
                     raise MemoryError()
+                for i in range(self.count):
+                    z_init(&grown[i])
+                    z_move(&grown[i], &self.parts[i])
+                    z_close(&self.parts[i])
+                PyMem_Free(self.parts)
                 self.parts = grown
                 self.cap *= 2
             z_init(&self.parts[self.count])

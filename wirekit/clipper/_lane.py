@@ -1,18 +1,18 @@
-"""The model container's per-message path: request frames in, response frames out.
+"""The model container's socket loop while requests flow: request frames in, answers out.
 
-:class:`Lane` serves the messages of one socket's session while they flow: receive, decode,
-run the model (handing the socket to the standby thread meanwhile), check the outputs,
-encode and send the answer.  Everything rarer (heartbeat replies, malformed frames, a model
-that failed, a standby that took the socket over) goes back to the
-:class:`~wirekit.clipper.container.ModelContainer` and its
-:class:`~wirekit.clipper.session.ContainerSession`, which stay the reference behaviour.
-Two twins with the same behaviour:
+:class:`Lane` serves the messages of one socket's session while they flow, with blocking
+receives on the DEALER, and hands back to the
+:class:`~wirekit.clipper.container.ModelContainer` when they stop (or it is time to look at
+its other sockets, or the session's deadline passed).  Two twins with the same behaviour:
 
-* the Cython twin (``wirekit._fast.clippercontainer``) keeps the whole loop in C: messages
-  move straight on libzmq (``wirekit._fast.zio``), no action objects, no ``time.monotonic``
-  call, no Python frame per message;
-* this pure twin (``WIREKIT_PURE=1``, or where the Cython ``zio`` twin is not in use) does
-  the same steps in Python.
+* the Cython twin (``wirekit._fast.clippercontainer``) keeps the whole loop in C: the common
+  v3 request and the common 2017/v3 answer move straight on libzmq
+  (``wirekit._fast.zio``), with the session's and the container's own public methods
+  (``ContainerSession.request_received``/``response_sent``, ``ModelContainer.run_model``
+  ...) keeping their state;
+* this pure twin (``WIREKIT_PURE=1``, or where the Cython ``zio`` twin is not in use) is just
+  the reference path in a loop: every message goes to ``ContainerSession.receive`` and its
+  actions to ``ModelContainer.handle_actions``.
 """
 
 from __future__ import annotations
@@ -24,26 +24,23 @@ from typing import Any
 import zmq
 
 from wirekit._impl import load_fast
-from wirekit.errors import DecodeError
 
-from . import _zio, decode
+from . import _zio
 from ._zio import FAST_WAIT, FAST_WAIT_MS, recv_message, timeout_ms
-from .messages import Direction, PredictRequest
 
 #: What :meth:`Lane.run` returns: a receive waited without a message (poll everything),
 #: time to look at the other sockets, the session's deadline passed (tick), the session
 #: ended (already logged), the container is stopping.
 IDLE, LOOK, DUE, END, STOP = range(5)
 
-_TO_CONTAINER = Direction.TO_CONTAINER
-
 
 class PureLane:
-    """The per-message path of one container session (pure twin of the Cython ``Lane``).
+    """The socket loop of one container session while requests flow (pure twin of the
+    Cython ``Lane``).
 
-    ``container`` is the :class:`~wirekit.clipper.container.ModelContainer` (its predict
-    function, counters, socket lock and fallbacks), ``sock`` the session's DEALER, ``send``
-    a function sending frames on it.
+    ``container`` is the :class:`~wirekit.clipper.container.ModelContainer`, ``sock`` the
+    session's DEALER, ``session`` its :class:`~wirekit.clipper.session.ContainerSession`,
+    ``send`` a function sending frames on it.
     """
 
     def __init__(self, container: Any, sock: zmq.Socket, session: Any,
@@ -56,20 +53,8 @@ class PureLane:
 
     def handle(self, frames: Any, now: float) -> bool:
         """Handle one message received at ``now``; False when the session is over."""
-        session = self.session
-        try:
-            msg = decode(frames, session.generation, _TO_CONTAINER)
-        except DecodeError:
-            msg = None
-        if type(msg) is not PredictRequest or session.state == "closed":
-            # Not a request (or not decodable): the session logs, answers or raises.
-            return self.container._handle_actions(session.receive(frames, now), session,
-                                                  self.send)
-        session.last_received = now
-        if session.state != "registered":
-            session.state = "registered"
-        session.requests += 1
-        return self.container._serve_request(msg, session, self.send)
+        return self.container.handle_actions(self.session.receive(frames, now), self.session,
+                                             self.send)
 
     def run(self) -> int:
         """Serve messages while each comes within ``FAST_WAIT`` of the last; return why it
@@ -77,7 +62,7 @@ class PureLane:
         container, session, sock = self.container, self.session, self.sock
         now = time.monotonic()
         look_at = now + FAST_WAIT
-        while not container._stopping:
+        while not container.stopping:
             wait = session.deadline() - now
             if wait <= 0:
                 return DUE

@@ -7,7 +7,8 @@ there.  Two twins with the same behaviour:
 
 * the Cython twin (``wirekit._fast.zio``) calls the libzmq pyzmq loaded directly: a whole
   message moves with the GIL held (released only to wait), no Frame object per part;
-* the pure twin (``WIREKIT_PURE=1``, or where the library cannot be found) calls the backend
+* the pure twin (``WIREKIT_PURE=1``, or where pyzmq's libzmq cannot be reached: then with a
+  ``FastPathMissing`` warning saying why) calls the backend
   socket's ``send``/``recv`` with plain int flags and reads ``Frame.more`` instead of
   ``RCVMORE``.
 
@@ -16,7 +17,6 @@ Same frames on the wire, same blocking and timeout behaviour.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +24,7 @@ from typing import Any
 
 import zmq
 
-from wirekit._impl import load_fast
+from wirekit._impl import load_fast_bound
 
 try:  # the backend class under pyzmq's sugar Socket (Cython or CFFI)
     from zmq.backend import Socket as _BackendSocket
@@ -126,28 +126,28 @@ def _recv_message(sock: zmq.Socket, block: bool = True,
     return parts, fd
 
 
-def _libzmq_path() -> str | None:
-    """The file of the libzmq pyzmq loaded (Linux: from /proc/self/maps), if found."""
-    with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
-        for line in maps:
-            path = "/" + line.rstrip("\n").partition("/")[2]
-            if os.path.basename(path).startswith("libzmq"):
-                return path
-    return None
+def _backend_file() -> str:
+    """The file of pyzmq's compiled backend module, through which the Cython twin reaches
+    the libzmq pyzmq loaded; ImportError (saying why) when there is none."""
+    try:
+        from zmq.backend.cython import _zmq
+    except ImportError as exc:
+        raise ImportError(f"pyzmq {zmq.__version__} has no Cython backend module here "
+                          f"({exc}), so its libzmq cannot be called from C") from None
+    path = getattr(_zmq, "__file__", None)
+    if not path:
+        raise ImportError("pyzmq's Cython backend module has no file")
+    return path
+
+
+def _bind(fast: Any) -> None:
+    fast.bind(_backend_file())
 
 
 def _load_fast() -> Any:
-    fast = load_fast("zio")
-    if fast is None:
-        return None
-    path = _libzmq_path()
-    if path is None:
-        return None
-    try:
-        fast.bind(path)
-    except ImportError:
-        return None
-    return fast
+    # Loud when the compiled twin is built but cannot reach pyzmq's libzmq (another pyzmq
+    # backend, a platform without dlopen/dlsym): the runtimes are then several times slower.
+    return load_fast_bound("zio", _bind)
 
 
 _fast = _load_fast()

@@ -16,6 +16,51 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 GENERATIONS = ("2016", "2017", "v3")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose numeric options take values starting with ``-``.
+
+    argparse reads ``--ints -5,3`` (or ``--timeout -1e3``) as an option with no value: a
+    word that starts with ``-`` is a value only when it is a plain negative number and no
+    option looks like one.  Each option added with :meth:`add_value` (the numeric ones, and
+    ``--strings``) gets the next word as its value whatever it starts with (``--ints=-5,3``
+    works with any option already).
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.numeric_options: set[str] = set()
+
+    def add_value(self, *flags: str, **kwargs) -> argparse.Action:
+        """``add_argument`` for an option whose value may start with ``-``."""
+        self.numeric_options.update(flags)
+        return self.add_argument(*flags, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        if args is not None and self.numeric_options:
+            args = _glue_values(list(args), self.numeric_options)
+        return super().parse_known_args(args, namespace)
+
+
+def _glue_values(args: list[str], options: set[str]) -> list[str]:
+    """``[..., "--ints", "-5,3", ...]`` -> ``[..., "--ints=-5,3", ...]`` for ``options``
+    (up to a ``--``)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if word == "--":
+            out.extend(args[i:])
+            break
+        if word in options and i + 1 < len(args) and args[i + 1].startswith("-") \
+                and args[i + 1] != "--":
+            out.append(f"{word}={args[i + 1]}")
+            i += 2
+            continue
+        out.append(word)
+        i += 1
+    return out
+
+
 def _setup_logging(verbose: bool, err: TextIO) -> None:
     handler = logging.StreamHandler(err)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -43,7 +88,7 @@ def _container(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         env = dict(os.environ)
         if args.ip:
             env["CLIPPER_IP"] = args.ip
-        if args.port:
+        if args.port is not None:
             env["CLIPPER_PORT"] = str(args.port)
         container = ModelContainer.from_env(
             fn,
@@ -139,6 +184,10 @@ def _predict(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"wirekit clipper predict: bad input: {exc}\n")
         return EXIT_USAGE
     itype = "bytes" if kind == "bytes_hex" else kind
+    if not 0 <= args.timeout < float("inf"):
+        err.write(f"wirekit clipper predict: --timeout must be a finite number of seconds "
+                  f">= 0, got {args.timeout}\n")
+        return EXIT_USAGE
     try:
         outputs = query(args.frontend, args.model, inputs, itype, timeout=args.timeout)
     except WirekitError as exc:
@@ -158,7 +207,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "clipper", help="Clipper model containers and a Clipper-side frontend",
         description="Serve a Python model to Clipper, host Clipper containers, or query them.",
     )
-    sub = clipper.add_subparsers(dest="clipper_command", required=True, metavar="ACTION")
+    sub = clipper.add_subparsers(dest="clipper_command", required=True, metavar="ACTION",
+                                 parser_class=_Parser)
 
     con = sub.add_parser(
         "container", help="serve a predict function as a Clipper model container",
@@ -174,12 +224,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "(CLIPPER_INPUT_TYPE, default doubles)")
     con.add_argument("--address", help="tcp://HOST:PORT of Clipper (overrides --ip/--port)")
     con.add_argument("--ip", help="Clipper's address (CLIPPER_IP, default 127.0.0.1)")
-    con.add_argument("--port", type=int, help="Clipper's RPC port (CLIPPER_PORT, default 7000)")
+    con.add_value("--port", type=int, help="Clipper's RPC port (CLIPPER_PORT, default 7000)")
     con.add_argument("--generation", choices=GENERATIONS, default="v3",
                      help="Clipper RPC generation (default v3, the final release)")
-    con.add_argument("--poll-interval", type=float, default=5.0, metavar="D",
+    con.add_value("--poll-interval", type=float, default=5.0, metavar="D",
                      help="heartbeat period in seconds (default 5)")
-    con.add_argument("--activity-timeout", type=float, default=30.0, metavar="TO",
+    con.add_value("--activity-timeout", type=float, default=30.0, metavar="TO",
                      help="reconnect after this many silent seconds (default 30)")
     con.add_argument("-v", "--verbose", action="store_true", help="log sessions and requests")
     con.set_defaults(handler=_container)
@@ -195,11 +245,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="where `wirekit clipper predict` connects (default "
                     "tcp://127.0.0.1:7001; empty to disable)")
     fe.add_argument("--generation", choices=GENERATIONS, default="v3")
-    fe.add_argument("--activity-timeout", type=float, default=30.0, metavar="TO",
+    fe.add_value("--activity-timeout", type=float, default=30.0, metavar="TO",
                     help="drop containers silent this long (default 30 s)")
-    fe.add_argument("--max-in-flight", type=int, default=1,
+    fe.add_value("--max-in-flight", type=int, default=1,
                     help="batches in flight per container (default 1, as Clipper)")
-    fe.add_argument("--max-rejected", type=int, default=256, metavar="N",
+    fe.add_value("--max-rejected", type=int, default=256, metavar="N",
                     help="peers of another generation remembered (default 256; the oldest "
                     "is forgotten first)")
     fe.add_argument("-v", "--verbose", action="store_true", help="log registrations")
@@ -212,11 +262,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pr.add_argument("--model", required=True, help="the model name")
     pr.add_argument("--frontend", default="tcp://127.0.0.1:7001",
                     help="the frontend's query address (default tcp://127.0.0.1:7001)")
-    pr.add_argument("--doubles", action="append", metavar="X,Y,...", help="one input")
-    pr.add_argument("--floats", action="append", metavar="X,Y,...", help="one input")
-    pr.add_argument("--ints", action="append", metavar="X,Y,...", help="one input")
-    pr.add_argument("--strings", action="append", metavar="TEXT", help="one input")
+    pr.add_value("--doubles", action="append", metavar="X,Y,...", help="one input")
+    pr.add_value("--floats", action="append", metavar="X,Y,...", help="one input")
+    pr.add_value("--ints", action="append", metavar="X,Y,...", help="one input")
+    pr.add_value("--strings", action="append", metavar="TEXT", help="one input")
     pr.add_argument("--bytes-hex", action="append", metavar="HEX", help="one input")
-    pr.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    pr.add_value("--timeout", type=float, default=5.0, help="seconds (default 5)")
     pr.add_argument("--json", action="store_true", help="print the outputs as a JSON list")
     pr.set_defaults(handler=_predict)

@@ -5,10 +5,11 @@
 >>> ModelContainer(predict, "sum", "1", "doubles", "tcp://127.0.0.1:7000").run()  # +SKIP
 
 The socket thread owns the DEALER and moves frames between it and a
-:class:`~wirekit.clipper.session.ContainerSession`; requests take a lane
-(:mod:`wirekit.clipper._lane`) that decodes them, calls the model, checks and sends the
-answer (its Cython twin makes no Python object per message but the model's inputs and
-outputs).  The socket thread runs the model itself (no hop to
+:class:`~wirekit.clipper.session.ContainerSession`, the only place that changes the session's
+state.  While requests flow, a loop (:mod:`wirekit.clipper._lane`) serves them: the pure twin
+hands every message to ``ContainerSession.receive``; the Cython twin decodes the common ones
+itself and keeps the session's state through its public methods (it makes no Python object
+per message but the model's inputs and outputs).  The socket thread runs the model itself (no hop to
 another thread and back for fast models); when a call outlasts half the heartbeat period, a
 standby thread takes the socket over until the model returns, so heartbeats keep flowing
 while a slow model works (a v3 Clipper expires containers silent for 30 s).  The socket is
@@ -50,6 +51,7 @@ from .session import (
     Reconnect,
     Send,
     VersionMismatch,
+    check_seconds,
 )
 
 log = logging.getLogger("wirekit.clipper.container")
@@ -93,6 +95,8 @@ def address_from_env(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     ip = env.get("CLIPPER_IP", "127.0.0.1")
     port = int(env.get("CLIPPER_PORT", DEFAULT_PORT))
+    if not 0 < port < 65536:
+        raise ValueError(f"CLIPPER_PORT must be a TCP port (1 to 65535), got {port}")
     return f"tcp://{ip}:{port}"
 
 
@@ -127,8 +131,8 @@ class ModelContainer:
             RPC_VERSION if self.generation is Generation.V3 else None,
         )
         self.address = address
-        self.poll_interval = poll_interval
-        self.activity_timeout = activity_timeout
+        self.poll_interval = check_seconds("poll_interval", poll_interval)
+        self.activity_timeout = check_seconds("activity_timeout", activity_timeout)
         self.threaded = threaded
         self.context = context or zmq.Context.instance()
         #: sessions started so far (one per socket); ``served``: responses sent
@@ -137,7 +141,8 @@ class ModelContainer:
         self.failures = 0
         self.session: ContainerSession | None = None
         self._stop = threading.Event()
-        self._stopping = False  # the same as _stop.is_set(), read without a call
+        #: True once :meth:`stop` was called (the same as an event, read without a call)
+        self.stopping = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -193,7 +198,7 @@ class ModelContainer:
 
     def stop(self, timeout: float | None = 5.0) -> None:
         """Ask the loop to end and wait for the background thread."""
-        self._stopping = True
+        self.stopping = True
         self._stop.set()
         self._wake()
         if self._thread is not None:
@@ -271,12 +276,6 @@ class ModelContainer:
                     return
                 send(action.frames)
 
-    def _call(self, request: Any) -> tuple[Any, BaseException | None]:
-        try:
-            return self.predict(request.inputs), None
-        except Exception as exc:
-            return None, exc
-
     # -- the socket thread --
 
     def _new_socket(self) -> tuple[zmq.Socket, zmq.Socket | None]:
@@ -344,7 +343,7 @@ class ModelContainer:
             # for the wake-up pipe and the monitor; the full poll takes over once a receive
             # waits that long.
             fast = False
-            while not self._stopping:
+            while not self.stopping:
                 if fast:
                     outcome = lane.run()
                     if outcome == END:
@@ -364,7 +363,7 @@ class ModelContainer:
                 if ready and not self._look_at(ready, sock, monitor):
                     return True
                 now = time.monotonic()
-                if now >= session.deadline() and not self._handle_actions(
+                if now >= session.deadline() and not self.handle_actions(
                         session.tick(now), session, send):
                     return True
             return False
@@ -393,7 +392,7 @@ class ModelContainer:
                     return False
         return True
 
-    def _handle_actions(self, actions: list, session: ContainerSession,
+    def handle_actions(self, actions: list, session: ContainerSession,
                         send: Callable) -> bool:
         """Carry out the session's actions; False when the session is over (logged)."""
         for action in actions:
@@ -401,33 +400,50 @@ class ModelContainer:
             if kind is Send:
                 send(action.frames)
             elif kind is Predict:
-                if not self._serve_request(action.request, session, send):
+                if not self.serve_request(action.request, session, send):
                     return False
             else:
                 log.warning("clipper container: %s; reconnecting", action.reason)
                 return False
         return True
 
-    def _run_model(self, request: Any) -> tuple[Any, BaseException | None]:
-        """The model on ``request``, the socket left to the standby thread meanwhile."""
+    # -- the per-message steps (also the compiled lane's: wirekit._fast.clippercontainer) --
+
+    def run_model(self, inputs: Any) -> tuple[Any, BaseException | None]:
+        """The model on ``inputs``: ``(outputs, None)`` or ``(None, the exception)``.  With
+        the standby thread (``threaded``), the socket is left to it meanwhile: call with the
+        socket lock held (as the socket thread always does), then see
+        :meth:`standby_intervened`."""
+        if not self.threaded:
+            try:
+                return self.predict(inputs), None
+            except Exception as exc:
+                return None, exc
         self._model_started = time.monotonic()
         self._sock_lock.release()  # the standby may keep the session alive meanwhile
         try:
-            return self._call(request)
+            return self.predict(inputs), None
+        except Exception as exc:
+            return None, exc
         finally:
             self._model_started = None
             if self._standby_active:
                 self._wake()  # the standby serves the socket: make it hand it back
             self._sock_lock.acquire()
 
-    def _serve_request(self, request: Any, session: ContainerSession,
+    def standby_intervened(self) -> bool:
+        """While the model ran, the standby thread saw the session end or queued requests:
+        the answer must go through :meth:`after_model`."""
+        return self._lost is not None or self._lost_error is not None or bool(self._backlog)
+
+    def serve_request(self, request: Any, session: ContainerSession,
                        send: Callable) -> bool:
         """Run the model on ``request`` (and on any the standby queued meanwhile) and send
         the answers; False when the session ended while the model ran."""
-        outputs, exc = self._run_model(request)
-        return self._after_standby(request, outputs, exc, session, send)
+        outputs, exc = self.run_model(request.inputs)
+        return self.after_model(request, outputs, exc, session, send)
 
-    def _after_standby(self, request: Any, outputs: Any, exc: BaseException | None,
+    def after_model(self, request: Any, outputs: Any, exc: BaseException | None,
                        session: ContainerSession, send: Callable) -> bool:
         """Once the model returned: answer ``request`` unless the session ended meanwhile
         (False), then serve the requests the standby queued."""
@@ -438,13 +454,13 @@ class ModelContainer:
                 log.warning("clipper container: %s; reconnecting (answer to message %d "
                             "dropped)", self._lost, request.msg_id)
                 return False
-            self._finish(request, outputs, exc, session, send, time.monotonic())
+            self.finish(request, outputs, exc, session, send, time.monotonic())
             if not self._backlog:
                 return True
             request = self._backlog.popleft()
-            outputs, exc = self._run_model(request)
+            outputs, exc = self.run_model(request.inputs)
 
-    def _finish(self, request: Any, outputs: Any, exc: BaseException | None,
+    def finish(self, request: Any, outputs: Any, exc: BaseException | None,
                 session: ContainerSession, send: Callable, now: float) -> None:
         """Send the answer to ``request``, or log why there is none."""
         if exc is not None:

@@ -6,10 +6,13 @@
 ['3.0', '3.0']
 
 One thread owns the ROUTER (and the optional query socket) and moves frames between them and
-a :class:`~wirekit.clipper.session.FrontendState`; callers hand work to it through a queue and
-get :class:`concurrent.futures.Future` results (``predict`` blocks on one, ``apredict``
-awaits one).  Containers that disconnect (seen through a socket monitor) or stay silent
-longer than the activity timeout are dropped and their batches sent to another replica.
+a :class:`~wirekit.clipper.session.FrontendState` (the only place that changes the frontend's
+state; its compiled twin, ``wirekit._fast.clipperfront``, compiles its per-message methods
+``try_send`` and ``complete``, and its ``Wire`` moves the common v3 messages on libzmq);
+callers hand work to it through a queue and get :class:`concurrent.futures.Future` results
+(``predict`` blocks on one, ``apredict`` awaits one).  Containers that disconnect (seen
+through a socket monitor) or stay silent longer than the activity timeout are dropped and
+their batches sent to another replica.
 
 The optional query socket (``query=``) answers JSON requests from ``wirekit clipper predict``:
 ``{"model": ..., "inputs": [...], "input_type": "doubles", "timeout": 5}`` ->
@@ -38,8 +41,7 @@ import zmq.utils.monitor
 from wirekit._impl import load_fast
 from wirekit.errors import WirekitError
 
-from . import _frontlane, _zio
-from ._frontlane import ANSWERED_QUEUE_WAITS
+from . import _zio
 from ._zio import FAST_WAIT, FAST_WAIT_MS, NOBLOCK, recv_message, send_frames, timeout_ms, zmq_poll
 from .container import parse_input_type
 from .messages import Generation, InputType, as_generation
@@ -69,6 +71,35 @@ DEFAULT_SPIN = 0.0002
 #: sent: the sends then go out together and wake the I/O thread once (each wake-up costs
 #: several microseconds of kernel time on a virtual machine).
 _BURST = 4
+
+
+class Callback:
+    """The token of one :meth:`Frontend.submit_callback`: calls ``fn(outputs, None)`` or
+    ``fn(None, error)`` once (no lock, no condition variable: it is completed on the thread
+    that drives the sockets); an exception the callback raises is logged.  (The compiled
+    ``wirekit._fast.clipperfront.Callback`` is its twin.)"""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Callable[[Any, BaseException | None], Any]) -> None:
+        self._fn: Callable[[Any, BaseException | None], Any] | None = fn
+
+    def done(self) -> bool:
+        return self._fn is None
+
+    def set_result(self, value: Any) -> None:
+        self._complete(value, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._complete(None, error)
+
+    def _complete(self, value: Any, error: BaseException | None) -> None:
+        fn, self._fn = self._fn, None
+        if fn is not None:
+            try:
+                fn(value, error)
+            except Exception:
+                log.exception("clipper frontend: a submit_callback callback raised")
 
 
 class _Call:
@@ -154,7 +185,7 @@ class Frontend:
         self.listen = listen
         self.spin = spin
         self.generation = as_generation(generation)
-        self.state = FrontendState(
+        self.state: FrontendState = _STATE(
             self.generation, activity_timeout=activity_timeout,
             check_interval=check_interval, max_in_flight=max_in_flight,
             max_rejected=max_rejected,
@@ -182,7 +213,12 @@ class Frontend:
         self._wake_lock = threading.Lock()
         self._wake_pending = False  # a wake-up is on its way to the thread driving the sockets
         self._sock: zmq.Socket | None = None
-        self._lane: Any = None  # the per-message lane, made with the sockets
+        # How ROUTER messages are sent and received (the compiled Wire's, or pyzmq's
+        # through _zio), made with the sockets; answers completed by the Wire whose callers
+        # are not completed at once wait in _later as (token, outputs).
+        self._send: Callable[[Any], None] = _unbound
+        self._receive: Callable[[bool, float], Any] = _unbound
+        self._later: list = []
         self._monitor: zmq.Socket | None = None
         self._query: zmq.Socket | None = None
         self._fd_of: dict[bytes, int] = {}
@@ -202,7 +238,8 @@ class Frontend:
         sock = self.context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         try:
-            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            # Disconnections drop replicas; CLOSED tells stop() the port is free again.
+            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
             sock.bind(self.listen)
             self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
             wake_at = f"inproc://wirekit-clipper-wake-{os.getpid()}-{id(self):x}"
@@ -221,8 +258,13 @@ class Frontend:
             self._close_sockets(sock)
             raise
         self._sock = sock
-        self._lane = _LANE.FrontLane(
-            self.state, functools.partial(send_frames, sock), (_LANE.Callback, _Call), sock)
+        if _FAST is not None:
+            wire = _FAST.Wire(sock, (_FAST.Callback, _Call), self._later)
+            self._send = wire.send
+            self._receive = functools.partial(wire.receive, self.state)
+        else:
+            self._send = functools.partial(send_frames, sock)
+            self._receive = functools.partial(recv_message, sock)
         self._poll_items = [(polled, zmq.POLLIN) for polled in
                             (sock, self._monitor, self._query)
                             if polled is not None]
@@ -275,9 +317,16 @@ class Frontend:
             if self._waker is not None:
                 self._waker.close(0)
         if self._monitor is not None:
+            if self.endpoint is not None:
+                _release(sock, self.endpoint, self._monitor)
             sock.disable_monitor()
             self._monitor.close(0)
         if self._query is not None:
+            if self.query_endpoint is not None:
+                monitor = self._query.get_monitor_socket(zmq.EVENT_CLOSED)
+                _release(self._query, self.query_endpoint, monitor)
+                self._query.disable_monitor()
+                monitor.close(0)
             self._query.close(0)
         sock.close(0)
 
@@ -324,7 +373,7 @@ class Frontend:
         The callback must be quick and must not block (it holds up every other answer); it
         may submit more work.  An exception it raises is logged and otherwise ignored.
         """
-        token = _LANE.Callback(callback)
+        token = _CALLBACK(callback)
         if (input_type is None and self._owner == threading.get_ident()
                 and not self._stopping):
             # A callback submitting the next batch: the _submit path without its checks.
@@ -334,12 +383,15 @@ class Frontend:
 
     def _submit_here(self, model: str, inputs: Any, deadline: float, token: Any,
                      input_type: InputType | None) -> None:
-        """Submit on the thread driving the sockets: sent at once by the lane when nothing
-        waits and a replica has room, else queued in the state (dispatched before the next
-        sends)."""
-        if not self._lane.submit(model, inputs, deadline, token, input_type):
+        """Submit on the thread driving the sockets: sent at once when nothing waits and a
+        replica has room (``FrontendState.try_send``), else queued in the state (dispatched
+        before the next sends)."""
+        message = self.state.try_send(model, inputs, deadline, token, input_type)
+        if message is None:
             self.state.submit(model, inputs, deadline, token, input_type)
             self._submitted = True
+        else:
+            self._send(message)
 
     def _submit(self, model: str, inputs: Any, timeout: float, input_type: Any,
                 will_drive: bool, token: Any) -> None:
@@ -468,7 +520,8 @@ class Frontend:
         # sleeping thread costs tens of microseconds on a virtual machine).
         spin = self.spin if future is not None else 0.0
         look_at = time.monotonic() + FAST_WAIT
-        receive = self._lane.receive  # common answers handled in it, the rest handed back
+        receive = self._receive  # the Wire handles common answers, hands back the rest
+        later = self._later
         while not self._stopping:
             if future is None:
                 if self._want:
@@ -491,8 +544,8 @@ class Frontend:
                 taken = 0
                 while True:  # this message, and up to _BURST more already waiting
                     if type(message) is tuple:
-                        self._handle(message, now, out, True)
-                    elif message == ANSWERED_QUEUE_WAITS:
+                        self._handle(message, now, out)
+                    elif message == _ANSWERED_QUEUE_WAITS:
                         self._submitted = True  # the replica has room again: dispatch
                     taken += 1
                     if taken > _BURST:
@@ -503,8 +556,9 @@ class Frontend:
                 if now >= look_at:
                     look_at = now + FAST_WAIT
                     self._look_around(zmq_poll(items, 0), now, out)
-                if out or self._submitted or self._submissions or state.events or now >= due:
-                    self._flush(now, out, due)  # (the lane sent what the answers brought)
+                if (out or self._submitted or self._submissions or state.events or later
+                        or now >= due):
+                    self._flush(now, out, due)
                 continue
             if self._look_around(zmq_poll(items, timeout_ms(wait)), time.monotonic(), out):
                 fast = True
@@ -542,7 +596,7 @@ class Frontend:
             for frames in out:
                 send_frames(sock, frames)
             out.clear()
-            if not state.events:
+            if not (state.events or self._later):
                 break
             self._resolve()
             if not (self._submissions or self._submitted):
@@ -612,19 +666,11 @@ class Frontend:
             if until_event and state.events:
                 return
 
-    def _handle(self, message: tuple[list[bytes], int], now: float, out: list,
-                lane_tried: bool = False) -> None:
-        """One message from a container: ``(frames, source fd)``, the identity in front
-        (``lane_tried``: it came from the lane's ``receive``, which already tried it)."""
+    def _handle(self, message: tuple[list[bytes], int], now: float, out: list) -> None:
+        """One message from a container: ``(frames, source fd)``, the identity in front."""
         state = self.state
         replicas = state.replicas
         frames, fd = message
-        if not lane_tried:
-            answered = self._lane.answer(frames, now)
-            if answered:
-                if answered == ANSWERED_QUEUE_WAITS:
-                    self._submitted = True  # the replica has room again: dispatch the queue
-                return
         identity = frames[0]
         if identity == _WAKE_ID:  # a wake-up: it did its job by ending the receive
             self._wake_pending = False
@@ -654,19 +700,28 @@ class Frontend:
             state.submit(model, inputs, deadline, token, input_type)
 
     def _resolve(self) -> None:
+        later = self._later
+        while later:  # answers the Wire matched, their callers not yet completed
+            token, outputs = later.pop(0)
+            self._complete(token, outputs, None)
         events, self.state.events = self.state.events, []
         for event in events:
-            token = event.token
-            if type(token) is tuple:
-                self._answer_query(token[1], event)
-                continue
-            try:  # a token already done (a cancelled future) refuses: nothing to do
-                if type(event) is Completed:
-                    token.set_result(event.outputs)
-                else:
-                    token.set_exception(event.error)
-            except concurrent.futures.InvalidStateError:
-                pass
+            if type(event) is Completed:
+                self._complete(event.token, event.outputs, None)
+            else:
+                self._complete(event.token, None, event.error)
+
+    def _complete(self, token: Any, outputs: Any, error: BaseException | None) -> None:
+        if type(token) is tuple:
+            self._answer_query(token[1], outputs, error)
+            return
+        try:  # a token already done (a cancelled future) refuses: nothing to do
+            if error is None:
+                token.set_result(outputs)
+            else:
+                token.set_exception(error)
+        except concurrent.futures.InvalidStateError:
+            pass
 
     def _fail_all(self, reason: str) -> None:
         state = self.state
@@ -703,11 +758,11 @@ class Frontend:
             self.state.submit(model, inputs, now + timeout, ("query", identity), itype)
             self._submitted = True  # dispatch it now, not at the next tick
 
-    def _answer_query(self, identity: bytes, event: Any) -> None:
-        if type(event) is Completed:
-            self._send_query(identity, {"outputs": _jsonable_outputs(event.outputs)})
+    def _answer_query(self, identity: bytes, outputs: Any, error: BaseException | None) -> None:
+        if error is None:
+            self._send_query(identity, {"outputs": _jsonable_outputs(outputs)})
         else:
-            self._send_query(identity, {"error": str(event.error)})
+            self._send_query(identity, {"error": str(error)})
 
     def _send_query(self, identity: bytes, body: dict) -> None:
         if self._query is not None:
@@ -747,9 +802,47 @@ def _query_problem(exc: BaseException) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-#: The frontend lane: its compiled twin (which moves frames with the Cython ``zio``, so only
-#: with it), or the pure one.
-_LANE: Any = (load_fast("clipperfront") if _zio.IMPLEMENTATION == "fast" else None) or _frontlane
+#: The compiled twin of the frontend's per-message path (``FrontendState`` with its
+#: per-message methods compiled, the ROUTER's ``Wire``, ``Callback``): it moves frames with
+#: the Cython ``zio``, so only with it; else None (the reference classes are used).
+_FAST: Any = load_fast("clipperfront") if _zio.IMPLEMENTATION == "fast" else None
+_STATE: type = FrontendState if _FAST is None else _FAST.FrontendState
+_CALLBACK: type = Callback if _FAST is None else _FAST.Callback
+#: ``"fast"`` (compiled) or ``"pure"``.
+IMPLEMENTATION = "pure" if _FAST is None else "fast"
+#: The compiled Wire's ``receive`` result for an answer handled whose model has a queue.
+_ANSWERED_QUEUE_WAITS = 2
+
+
+def _unbound(*args: Any) -> Any:
+    raise RuntimeError("the frontend has not been started")
+
+
+#: How long stopping a frontend waits, per bound socket, for ZeroMQ to close its listening
+#: socket: ZeroMQ closes it on its I/O thread, after ``zmq_close``/``zmq_unbind`` return, so
+#: without the wait a frontend bound to the same address at once finds it still in use.
+_RELEASE_WAIT = 2.0
+
+
+def _release(sock: zmq.Socket, endpoint: str, monitor: zmq.Socket) -> bool:
+    """Unbind ``endpoint`` (bound by ``sock``) and wait, at most ``_RELEASE_WAIT`` s, until
+    ``monitor`` (``sock``'s, watching ``EVENT_CLOSED``) reports the listening socket closed;
+    False when it did not say so in time (logged)."""
+    try:
+        sock.unbind(endpoint)
+    except zmq.ZMQError:  # pragma: no cover - already unbound
+        return False
+    wanted = endpoint.encode()
+    end = time.monotonic() + _RELEASE_WAIT
+    while True:
+        left = end - time.monotonic()
+        if left <= 0 or not monitor.poll(max(1, int(left * 1000))):
+            log.warning("clipper frontend: %s was not released within %.3g s", endpoint,
+                        _RELEASE_WAIT)
+            return False
+        event = zmq.utils.monitor.recv_monitor_message(monitor)
+        if event["event"] == zmq.EVENT_CLOSED and event["endpoint"] == wanted:
+            return True
 
 
 #: The routing id of the frontend's own wake-up socket (containers get 5-byte ids from the

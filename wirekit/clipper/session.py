@@ -106,6 +106,19 @@ def _quick_new(cls: type) -> Callable[..., Any]:
     raise TypeError(f"{cls.__name__} has {len(setters)} fields (1, 2 or 4 supported)")
 
 
+def check_seconds(name: str, value: float) -> float:
+    """``value`` when it is a positive number of seconds (``inf``: never), else ValueError
+    naming ``name`` (a heartbeat period, timeout or check interval of 0 or less would spin
+    or expire every peer at once)."""
+    try:
+        positive = value > 0
+    except TypeError:
+        positive = False
+    if not positive:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return value
+
+
 class VersionMismatch(WirekitError):
     """The peer speaks another generation of the Clipper RPC than this end was told to."""
 
@@ -243,8 +256,8 @@ class ContainerSession:
     ) -> None:
         self.generation = as_generation(generation)
         self.registration = registration
-        self.poll_interval = poll_interval
-        self.activity_timeout = activity_timeout
+        self.poll_interval = check_seconds("poll_interval", poll_interval)
+        self.activity_timeout = check_seconds("activity_timeout", activity_timeout)
         #: "waiting" (no answer yet), "registering" (metadata sent), "registered", "closed"
         self.state = "waiting"
         self.last_received = now
@@ -311,14 +324,11 @@ class ContainerSession:
             else:
                 log.warning("clipper container: dropped a malformed message: %s", exc)
             return []
+        if type(msg) is PredictRequest:
+            self.request_received(now)
+            return [_new_predict(msg)]
         self.heard = True
         self.last_received = now
-        if type(msg) is PredictRequest:
-            if self.state != "registered":
-                # The peer knows us (it routes work here): count that as registered.
-                self.state = "registered"
-            self.requests += 1
-            return [_new_predict(msg)]
         if type(msg) is HeartbeatReply:
             if msg.heartbeat_type == HeartbeatType.REQUEST_CONTAINER_METADATA:
                 if self.state == "registered":
@@ -340,6 +350,21 @@ class ContainerSession:
         log.warning("clipper container: unexpected %s from the peer, ignored",
                     type(msg).__name__)
         return []
+
+    def request_received(self, now: float) -> None:
+        """A request of this generation came at ``now`` (:meth:`receive` calls this; so does
+        a runtime that decoded the request itself, while the session is not closed)."""
+        self.heard = True
+        self.last_received = now
+        if self.state != "registered":
+            # The peer knows us (it routes work here): count that as registered.
+            self.state = "registered"
+        self.requests += 1
+
+    def response_sent(self, now: float) -> None:
+        """A response was sent at ``now`` by a runtime that encoded it itself (the frames
+        :meth:`respond` would return, for outputs it accepts)."""
+        self.last_sent = now
 
     def respond(self, request: PredictRequest, outputs: Any, now: float) -> list[Send]:
         """The response frames for ``request``; :class:`OutputError` if ``outputs`` are bad."""
@@ -468,9 +493,10 @@ class FrontendState:
             raise ValueError("max_rejected must be at least 0")
         self.max_rejected = max_rejected
         self.generation = as_generation(generation)
-        self.activity_timeout = activity_timeout
+        self.activity_timeout = check_seconds("activity_timeout", activity_timeout)
         self.check_interval = (
-            activity_timeout / 3 if check_interval is None else check_interval
+            activity_timeout / 3 if check_interval is None
+            else check_seconds("check_interval", check_interval)
         )
         self.max_in_flight = max_in_flight
         self.on_register = on_register
@@ -525,7 +551,11 @@ class FrontendState:
                 log.warning("clipper frontend: response %d from unregistered peer %s dropped",
                             msg.msg_id, identity.hex())
                 return []
-            self._response(replica, msg)
+            batch = self.complete(identity, msg.msg_id, msg.outputs, now)
+            if batch is not None:
+                self.events.append(_new_completed(batch.token, msg.outputs))
+            else:
+                self._response(replica, msg)  # unknown id or a wrong count: say so
             # Only this replica's model gained room: nothing to do unless it has a queue.
             return self.dispatch(now) if self.pending.get(replica.model_name) else []
         if kind is Heartbeat:
@@ -564,6 +594,25 @@ class FrontendState:
                  replica.input_type.name.lower(), identity.hex())
         if self.on_register is not None:
             self.on_register(replica)
+
+    def complete(self, identity: bytes, msg_id: int, outputs: Any,
+                 now: float) -> Batch | None:
+        """The common answer: replica ``identity`` answered batch ``msg_id``, which it holds,
+        with one output per input.  The batch leaves both in-flight maps and is returned;
+        its caller is the runtime's to complete (with ``outputs``).  Anything else (an
+        unregistered peer, an id it does not hold, a wrong count) returns None with nothing
+        changed: :meth:`receive` then reports it."""
+        replica = self.replicas.get(identity)
+        if replica is None:
+            return None
+        held = replica.in_flight
+        batch = held.get(msg_id)
+        if batch is None or len(outputs) != batch.count:
+            return None
+        del held[msg_id]
+        del self.in_flight[msg_id]
+        replica.last_seen = now
+        return batch
 
     def _response(self, replica: Replica, msg: PredictResponse) -> None:
         batch = replica.in_flight.pop(msg.msg_id, None)
@@ -616,23 +665,67 @@ class FrontendState:
         if deadline < self._due:
             self._due = deadline
 
-    def _pick(self, model_name: str, batch: Batch) -> Replica | None:
+    def try_send(self, model_name: str, inputs: Any, deadline: float, token: Any,
+                 input_type: InputType | None = None) -> Any:
+        """Send this batch now if nothing waits before it for its model and a live replica
+        with room takes its input type: the batch is in flight and the ROUTER message to
+        send is returned.  Otherwise None with nothing changed: :meth:`submit` then queues
+        the batch or reports what is wrong with it (type, count, encoding).
+
+        The message is a list of frames; the compiled twin may return an object its
+        sender writes straight from the input array (its ``frames()`` is that list)."""
+        if self.pending.get(model_name) or not self.models.get(model_name):
+            return None  # first come, first served
+        try:
+            count = len(inputs)
+        except TypeError:
+            return None
+        if count == 0:
+            return None
+        if input_type is None:
+            input_type = infer_input_type(inputs)
+        replica = self.pick(model_name, input_type)
+        if replica is None:
+            return None
+        msg_id = self._peek_id()
+        try:
+            frames = encode(_new_request(msg_id, replica.input_type, inputs, 0),
+                            self.generation)
+        except EncodeError:
+            return None
+        self._next_id = (msg_id + 1) & 0xFFFFFFFF
+        batch = Batch(model_name, inputs, input_type, deadline, token, count, msg_id,
+                      replica, 1)
+        replica.in_flight[msg_id] = batch
+        self.in_flight[msg_id] = batch
+        if deadline < self._due:
+            self._due = deadline
+        return [replica.identity, *frames]
+
+    def pick(self, model_name: str, input_type: InputType | None) -> Replica | None:
+        """The live replica of ``model_name`` with room that takes ``input_type`` (any, for
+        None) and has the least work in flight (the first registered of equals)."""
         best = None
         for r in self.models.get(model_name, ()):
             if not r.alive or len(r.in_flight) >= self.max_in_flight:
                 continue
-            if batch.input_type is not None and r.input_type != batch.input_type:
+            if input_type is not None and r.input_type != input_type:
                 continue
             if best is None or len(r.in_flight) < len(best.in_flight):
                 best = r
         return best
 
+    def _peek_id(self) -> int:
+        """The next message id not in flight (ids wrap at 2**32), not yet taken."""
+        msg_id = self._next_id
+        while msg_id in self.in_flight:
+            msg_id = (msg_id + 1) & 0xFFFFFFFF
+        return msg_id
+
     def _new_id(self) -> int:
-        while True:
-            msg_id = self._next_id
-            self._next_id = (msg_id + 1) & 0xFFFFFFFF
-            if msg_id not in self.in_flight:
-                return msg_id
+        msg_id = self._peek_id()
+        self._next_id = (msg_id + 1) & 0xFFFFFFFF
+        return msg_id
 
     def dispatch(self, now: float) -> list[Frames]:
         """Send queued batches to replicas with room; return the ROUTER messages."""
@@ -640,7 +733,7 @@ class FrontendState:
         for model_name, queue in self.pending.items():
             while queue:
                 batch = queue[0]
-                replica = self._pick(model_name, batch)
+                replica = self.pick(model_name, batch.input_type)
                 if replica is None:
                     types = {r.input_type for r in self.models.get(model_name, ()) if r.alive}
                     if types and batch.input_type is not None and batch.input_type not in types:
@@ -785,5 +878,6 @@ __all__ = [
     "Send",
     "VersionMismatch",
     "check_outputs",
+    "check_seconds",
     "infer_input_type",
 ]
