@@ -611,3 +611,73 @@ def test_the_frontend_command_refuses_negative_limits(flag, text):
     code = main(["clipper", "frontend", "--listen", "tcp://127.0.0.1:0", "--query", "", flag,
                  "-1"], out=io.StringIO(), err=err)
     assert code == 2 and text in err.getvalue()
+
+
+# --- frames larger than the runtime accepts ---------------------------------------------------
+
+
+def _disconnected(sock, monitor) -> bool:
+    """True once ``sock``'s monitor reports its connection dropped (within WAIT)."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        if monitor.poll(100) and (
+            recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+        ):
+            return True
+    return False
+
+
+def test_a_frame_over_the_frontends_limit_drops_only_that_peer(ctx, started, front_lane):
+    limit = 64 * 1024
+    fe = Frontend("tcp://127.0.0.1:0", "v3", context=ctx, max_frame_size=limit).start()
+    started.append(fe)
+    c = ModelContainer(describe, "m", "1", "doubles", fe.endpoint, context=ctx).start()
+    started.append(c)
+    fe.wait_for("m", 1, WAIT)
+    hostile = ctx.socket(zmq.DEALER)
+    hostile.setsockopt(zmq.LINGER, 0)
+    monitor = hostile.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    try:
+        hostile.connect(fe.endpoint)
+        hostile.send_multipart([b"", b"\x00" * (limit + 1)])
+        assert _disconnected(hostile, monitor)  # libzmq refused the frame from its header
+    finally:
+        hostile.disable_monitor()
+        monitor.close(0)
+        hostile.close(0)
+    assert fe.predict("m", [[1.0, 2.0]], timeout=WAIT) == ["f:1.0,2.0"]
+    assert fe.error is None
+
+
+def test_a_frame_over_the_containers_limit_is_refused_and_the_container_goes_on(
+    ctx, clipper_side, started, container_lane
+):
+    router, address = clipper_side
+    limit = 64 * 1024
+    c = ModelContainer(describe, "m", "1", "doubles", address, context=ctx, poll_interval=0.2,
+                       activity_timeout=1.0, max_frame_size=limit).start()
+    started.append(c)
+    ident = _handshake(router, "v3")
+    monitor = router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    try:
+        router.send_multipart([ident, *_good("v3", 1)[:-1], b"\x00" * (limit + 1)])
+        assert _disconnected(router, monitor)
+    finally:
+        router.disable_monitor()
+        monitor.close(0)
+    # libzmq ends a connection that broke the protocol for good (no reconnect): the container
+    # hears nothing for TO, starts over on a new socket, registers again and serves.
+    ident = _handshake(router, "v3")
+    assert list(_ask(router, ident, "v3", 2).outputs) == ["f:1.0,2.0", "f:3.0,4.0"]
+    assert c.error is None
+
+
+def test_max_frame_size_is_checked_and_zero_means_no_limit():
+    from wirekit.clipper.session import zmq_max_frame_size
+
+    assert zmq_max_frame_size(None) == zmq_max_frame_size(0) == -1
+    assert zmq_max_frame_size(1 << 20) == 1 << 20
+    with pytest.raises(ValueError, match="max_frame_size must be at least 0"):
+        Frontend("tcp://127.0.0.1:0", max_frame_size=-1)

@@ -12,6 +12,8 @@ from typing import TextIO
 
 from wirekit.errors import WirekitError
 
+from .session import DEFAULT_MAX_FRAME_SIZE
+
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 GENERATIONS = ("2016", "2017", "v3")
 
@@ -100,6 +102,7 @@ def _container(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             generation=args.generation,
             poll_interval=args.poll_interval,
             activity_timeout=args.activity_timeout,
+            max_frame_size=args.max_frame_size,
         )
     except (ValueError, ImportError, AttributeError) as exc:
         err.write(f"wirekit clipper container: {exc}\n")
@@ -134,7 +137,7 @@ def _frontend(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         frontend = Frontend(
             args.listen, args.generation, activity_timeout=args.activity_timeout,
             max_in_flight=args.max_in_flight, query=args.query or None,
-            max_rejected=args.max_rejected,
+            max_rejected=args.max_rejected, max_frame_size=args.max_frame_size,
         )
     except ValueError as exc:
         err.write(f"wirekit clipper frontend: {exc}\n")
@@ -231,6 +234,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="heartbeat period in seconds (default 5)")
     con.add_value("--activity-timeout", type=float, default=30.0, metavar="TO",
                      help="reconnect after this many silent seconds (default 30)")
+    con.add_value("--max-frame-size", type=int, default=DEFAULT_MAX_FRAME_SIZE, metavar="BYTES",
+                  help="largest frame Clipper may send; a peer announcing more is "
+                  "disconnected (default 256 MiB; 0: no limit)")
     con.add_argument("-v", "--verbose", action="store_true", help="log sessions and requests")
     con.set_defaults(handler=_container)
 
@@ -252,6 +258,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fe.add_value("--max-rejected", type=int, default=256, metavar="N",
                     help="peers of another generation remembered (default 256; the oldest "
                     "is forgotten first)")
+    fe.add_value("--max-frame-size", type=int, default=DEFAULT_MAX_FRAME_SIZE, metavar="BYTES",
+                 help="largest frame a container may send; a peer announcing more is "
+                 "disconnected (default 256 MiB; 0: no limit)")
     fe.add_argument("-v", "--verbose", action="store_true", help="log registrations")
     fe.set_defaults(handler=_frontend)
 

@@ -44,6 +44,7 @@ from ._zio import recv_message, send_frames, timeout_ms, zmq_poll
 from .messages import RPC_VERSION, Generation, InputType, NewContainer, as_generation
 from .session import (
     DEFAULT_ACTIVITY_TIMEOUT,
+    DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_POLL_INTERVAL,
     ContainerSession,
     OutputError,
@@ -52,6 +53,7 @@ from .session import (
     Send,
     VersionMismatch,
     check_seconds,
+    zmq_max_frame_size,
 )
 
 log = logging.getLogger("wirekit.clipper.container")
@@ -107,7 +109,9 @@ class ModelContainer:
     a list of ``str``) and returns one output per input: numbers for 2016, ``str`` for 2017
     and v3.  ``poll_interval`` (D) and ``activity_timeout`` (TO) are Clipper's 5 s and 30 s
     by default.  ``threaded=False`` turns the standby thread off (no heartbeats while the
-    model runs: only for models much faster than TO).
+    model runs: only for models much faster than TO).  ``max_frame_size`` (256 MiB; None or
+    0: no limit) is the largest frame Clipper may send: libzmq drops the connection of a
+    peer that announces a larger one before buffering it, and the container starts over.
     """
 
     def __init__(
@@ -123,8 +127,10 @@ class ModelContainer:
         activity_timeout: float = DEFAULT_ACTIVITY_TIMEOUT,
         threaded: bool = True,
         context: zmq.Context | None = None,
+        max_frame_size: int | None = DEFAULT_MAX_FRAME_SIZE,
     ) -> None:
         self.predict = predict
+        self._maxmsgsize = zmq_max_frame_size(max_frame_size)
         self.generation = as_generation(generation)
         self.registration = NewContainer(
             model_name, str(model_version), parse_input_type(input_type),
@@ -281,6 +287,11 @@ class ModelContainer:
     def _new_socket(self) -> tuple[zmq.Socket, zmq.Socket | None]:
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._maxmsgsize)
+        # A send that cannot leave for TO raises zmq.Again instead of blocking for ever: libzmq
+        # does not reconnect a connection that broke the protocol (a frame over max_frame_size,
+        # bytes that are not ZMTP), and a DEALER with no connection blocks in send.
+        sock.setsockopt(zmq.SNDTIMEO, timeout_ms(self.activity_timeout))
         monitor = None
         if self.generation is Generation.G2016:
             # 2016 Clipper never speaks first: watch the connection to notice it go away.
@@ -370,6 +381,10 @@ class ModelContainer:
         except VersionMismatch:
             self._stop.set()
             raise
+        except zmq.Again:
+            log.warning("clipper container: nothing could be sent for %s s (no connection to "
+                        "Clipper); reconnecting", self.activity_timeout)
+            return True
         finally:
             self._io = None
             if monitor is not None:

@@ -47,11 +47,13 @@ from .container import parse_input_type
 from .messages import Generation, InputType, as_generation
 from .session import (
     DEFAULT_ACTIVITY_TIMEOUT,
+    DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_REJECTED,
     Completed,
     FrontendState,
     PredictionError,
     Replica,
+    zmq_max_frame_size,
 )
 
 log = logging.getLogger("wirekit.clipper.frontend")
@@ -161,7 +163,9 @@ class Frontend:
     sleeping thread takes tens of microseconds to wake; ``spin=0`` turns this off.
     ``start()`` binds (errors surface there) and runs the socket thread; ``stop()`` ends it.
     ``max_rejected`` bounds how many peers of another generation are remembered
-    (:attr:`FrontendState.rejected <wirekit.clipper.session.FrontendState>`).
+    (:attr:`FrontendState.rejected <wirekit.clipper.session.FrontendState>`);
+    ``max_frame_size`` (256 MiB; None or 0: no limit) is the largest frame a container may
+    send: libzmq disconnects a peer that announces a larger one before buffering it.
 
     No input on any socket stops the socket loop.  Should it crash anyway (a bug), the
     traceback is logged, :attr:`error` holds the exception, every outstanding prediction
@@ -181,8 +185,10 @@ class Frontend:
         context: zmq.Context | None = None,
         spin: float = DEFAULT_SPIN,
         max_rejected: int = DEFAULT_MAX_REJECTED,
+        max_frame_size: int | None = DEFAULT_MAX_FRAME_SIZE,
     ) -> None:
         self.listen = listen
+        self._maxmsgsize = zmq_max_frame_size(max_frame_size)
         self.spin = spin
         self.generation = as_generation(generation)
         self.state: FrontendState = _STATE(
@@ -237,6 +243,7 @@ class Frontend:
         """Bind the sockets and start the socket thread."""
         sock = self.context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._maxmsgsize)
         try:
             # Disconnections drop replicas; CLOSED tells stop() the port is free again.
             self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)

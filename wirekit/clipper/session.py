@@ -56,6 +56,10 @@ DEFAULT_CHECK_INTERVAL = 10.0
 #: Peers rejected for speaking another generation that the frontend remembers (the oldest is
 #: forgotten first); each costs one :class:`VersionMismatch` without traceback or payload.
 DEFAULT_MAX_REJECTED = 256
+#: The largest frame a runtime's RPC socket accepts (ZeroMQ's ``MAXMSGSIZE``, per frame): a
+#: peer that announces a larger one is disconnected by libzmq before the frame is buffered.
+#: Clipper sets none; a batch of inputs travels in one frame (2016, 2017) or one per input (v3).
+DEFAULT_MAX_FRAME_SIZE = 256 * 1024 * 1024
 
 Frames = list[bytes]
 
@@ -104,6 +108,15 @@ def _quick_new(cls: type) -> Callable[..., Any]:
 
         return make4
     raise TypeError(f"{cls.__name__} has {len(setters)} fields (1, 2 or 4 supported)")
+
+
+def zmq_max_frame_size(max_frame_size: int | None) -> int:
+    """``max_frame_size`` (bytes, None or 0 for no limit) as ZeroMQ's ``MAXMSGSIZE`` value."""
+    if max_frame_size is None or max_frame_size == 0:
+        return -1
+    if max_frame_size < 0:
+        raise ValueError(f"max_frame_size must be at least 0 (0: no limit), not {max_frame_size}")
+    return int(max_frame_size)
 
 
 def check_seconds(name: str, value: float) -> float:
@@ -862,6 +875,7 @@ def _type_error(model_name: str, types: set[InputType], given: InputType) -> Pre
 __all__ = [
     "DEFAULT_ACTIVITY_TIMEOUT",
     "DEFAULT_CHECK_INTERVAL",
+    "DEFAULT_MAX_FRAME_SIZE",
     "DEFAULT_MAX_REJECTED",
     "DEFAULT_POLL_INTERVAL",
     "PROTOCOL",
@@ -880,4 +894,5 @@ __all__ = [
     "check_outputs",
     "check_seconds",
     "infer_input_type",
+    "zmq_max_frame_size",
 ]
