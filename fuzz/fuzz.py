@@ -1,0 +1,47 @@
+"""Run one differential fuzz target under atheris (libFuzzer).
+
+    python fuzz/fuzz.py TARGET [libFuzzer options] [CORPUS_DIR ...]
+    python fuzz/fuzz.py TARGET -runs=0 DIR ...      # replay every file in DIR once
+    python fuzz/fuzz.py --list                      # the target names
+
+Targets are the functions of fuzz/differential.py.  wirekit's Python code (the pure twins, the
+stream decoders) is instrumented for coverage here; the Cython twins are instrumented at
+compile time by fuzz/build.sh, so use the interpreter of its .fuzz-venv (fuzz/run.sh does).
+A disagreement between the twins raises AssertionError, which libFuzzer reports as a crash and
+saves (``-artifact_prefix``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import atheris
+
+with atheris.instrument_imports(include=["wirekit", "differential"]):
+    import differential as targets
+
+    from wirekit import clipper, mip, y2, zmtp  # noqa: F401
+    from wirekit._impl import twin
+
+    for _proto in ("mip", "clipper", "y2", "zmtp"):
+        twin(_proto, "pure")
+        twin(_proto, "fast")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 2 or argv[1] not in targets.TARGETS:
+        names = ", ".join(targets.TARGETS)
+        if len(argv) >= 2 and argv[1] == "--list":
+            print("\n".join(targets.TARGETS))
+            return
+        raise SystemExit(f"usage: python fuzz/fuzz.py TARGET [libFuzzer options]; TARGET: {names}")
+    target = targets.TARGETS[argv[1]]
+    atheris.Setup([argv[0], *argv[2:]], target)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main(sys.argv)
