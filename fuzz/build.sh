@@ -7,7 +7,8 @@
 #
 #   bash fuzz/build.sh            # needs clang (Debian: apt-get install clang)
 #
-# Environment: FUZZ_VENV (default .fuzz-venv), CLANG (default clang).
+# Environment: FUZZ_VENV (default .fuzz-venv), CLANG (default clang), ATHERIS_VERSION
+# (default 3.0.0, built from source).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -30,7 +31,7 @@ PY=$VENV/bin/python
 if ! (cd / && "$PY" -c 'import atheris, os, sys; sys.exit(not os.path.exists(
         os.path.join(atheris.path(), "asan_with_fuzzer.so")))' 2> /dev/null); then
     CLANG_BIN=$(command -v "$CLANG") "$PY" -m pip install --quiet --force-reinstall \
-        --no-binary atheris atheris
+        --no-binary atheris "atheris==${ATHERIS_VERSION:-3.0.0}"
 fi
 
 # A copy of the sources to build from, so the instrumented .c/.so never land in the work tree.

@@ -6,9 +6,9 @@
 
 Targets are the functions of fuzz/differential.py.  wirekit's Python code (the pure twins, the
 stream decoders) is instrumented for coverage here; the Cython twins are instrumented at
-compile time by fuzz/build.sh, so use the interpreter of its .fuzz-venv (fuzz/run.sh does).
-A disagreement between the twins raises AssertionError, which libFuzzer reports as a crash and
-saves (``-artifact_prefix``).
+compile time by fuzz/build.sh, so use the interpreter of its .fuzz-venv with atheris's ASan
+runtime preloaded (fuzz/run.sh does both).  A disagreement between the twins raises
+AssertionError, which libFuzzer reports as a crash and saves (``-artifact_prefix``).
 """
 
 from __future__ import annotations
@@ -18,28 +18,35 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import atheris
 
-with atheris.instrument_imports(include=["wirekit", "differential"]):
-    import differential as targets
+def _load(name: str):
+    """The target function, with wirekit's Python code instrumented for coverage."""
+    import atheris
 
-    from wirekit import clipper, mip, y2, zmtp  # noqa: F401
-    from wirekit._impl import twin
+    with atheris.instrument_imports(include=["wirekit", "differential"]):
+        import differential
 
-    for _proto in ("mip", "clipper", "y2", "zmtp"):
-        twin(_proto, "pure")
-        twin(_proto, "fast")
+        from wirekit import clipper, mip, y2, zmtp  # noqa: F401
+        from wirekit._impl import twin
+
+        for proto in ("mip", "clipper", "y2", "zmtp"):
+            twin(proto, "pure")
+            twin(proto, "fast")
+    return differential.TARGETS[name]
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) < 2 or argv[1] not in targets.TARGETS:
-        names = ", ".join(targets.TARGETS)
-        if len(argv) >= 2 and argv[1] == "--list":
-            print("\n".join(targets.TARGETS))
-            return
+    from differential import TARGETS  # (imports no twin: --list works without the ASan runtime)
+
+    if len(argv) >= 2 and argv[1] == "--list":
+        print("\n".join(TARGETS))
+        return
+    if len(argv) < 2 or argv[1] not in TARGETS:
+        names = ", ".join(TARGETS)
         raise SystemExit(f"usage: python fuzz/fuzz.py TARGET [libFuzzer options]; TARGET: {names}")
-    target = targets.TARGETS[argv[1]]
-    atheris.Setup([argv[0], *argv[2:]], target)
+    import atheris
+
+    atheris.Setup([argv[0], *argv[2:]], _load(argv[1]))
     atheris.Fuzz()
 
 

@@ -31,6 +31,7 @@ if [ $# -gt 0 ]; then
     TARGETS=("$@")
 else
     mapfile -t TARGETS < <("$PY" fuzz/fuzz.py --list)
+    [ ${#TARGETS[@]} -gt 0 ] || { echo "fuzz/run.sh: could not list the targets" >&2; exit 2; }
 fi
 
 max_len() {
