@@ -33,23 +33,19 @@ SEEDS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _needs_both_twins():
+@pytest.fixture
+def both_twins():
     if pure_requested():
         pytest.skip("WIREKIT_PURE=1: the differential check needs the Cython twin")
 
 
-def test_there_are_regression_inputs():
-    assert len(CASES) >= 1
-
-
 @pytest.mark.parametrize(("target", "data"), CASES)
-def test_regression_input_same_outcome_from_both_twins(target, data):
+def test_regression_input_same_outcome_from_both_twins(both_twins, target, data):
     differential.TARGETS[target](data)
 
 
 @pytest.mark.parametrize(("target", "data"), SEEDS)
-def test_seed_same_outcome_from_both_twins(target, data):
+def test_seed_same_outcome_from_both_twins(both_twins, target, data):
     differential.TARGETS[target](data)
 
 
@@ -71,7 +67,7 @@ def _with_fast(monkeypatch, protocol, **functions):
     monkeypatch.setattr(differential, "twin", fake)
 
 
-def test_a_different_value_is_a_disagreement(monkeypatch):
+def test_a_different_value_is_a_disagreement(both_twins, monkeypatch):
     pure = twin("y2", "pure")
     _with_fast(monkeypatch, "y2", decode=lambda buf: pure.decode(bytes(buf)[:-4] + b"\0" * 4))
     data = seeds.seeds("y2_decode")["delta-edge"]
@@ -79,7 +75,7 @@ def test_a_different_value_is_a_disagreement(monkeypatch):
         differential.y2_decode(data)
 
 
-def test_a_different_error_offset_is_a_disagreement(monkeypatch):
+def test_a_different_error_offset_is_a_disagreement(both_twins, monkeypatch):
     def decode(buf):
         raise DecodeError("mip", "version", 1, "unsupported version 1 (expected 0)")
 
@@ -88,7 +84,7 @@ def test_a_different_error_offset_is_a_disagreement(monkeypatch):
         differential.mip_decode(b"\x01\x01\x00\x00\x00\x00\x00\x00")
 
 
-def test_a_lost_stream_event_is_a_disagreement(monkeypatch):
+def test_a_lost_stream_event_is_a_disagreement(both_twins, monkeypatch):
     # A codec that consumes the bytes of its last event without handing the event out
     pure = twin("zmtp", "pure")
 
@@ -102,7 +98,7 @@ def test_a_lost_stream_event_is_a_disagreement(monkeypatch):
         differential.zmtp_stream(data)
 
 
-def test_an_unexpected_exception_is_a_crash_not_an_outcome(monkeypatch):
+def test_an_unexpected_exception_is_a_crash_not_an_outcome(both_twins, monkeypatch):
     def decode(frames, generation, direction):
         raise ValueError("Exceeds the limit (4300 digits) for integer string conversion")
 
