@@ -14,6 +14,7 @@ AssertionError, which libFuzzer reports as a crash and saves (``-artifact_prefix
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -46,7 +47,10 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"usage: python fuzz/fuzz.py TARGET [libFuzzer options]; TARGET: {names}")
     import atheris
 
-    atheris.Setup([argv[0], *argv[2:]], _load(argv[1]))
+    # libFuzzer starts children (-merge, -fork) by running argv[0] through the shell: make
+    # that this interpreter running this script on this target.
+    command = " ".join(shlex.quote(a) for a in (sys.executable, os.path.abspath(argv[0]), argv[1]))
+    atheris.Setup([command, *argv[2:]], _load(argv[1]))
     atheris.Fuzz()
 
 
