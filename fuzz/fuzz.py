@@ -1,0 +1,58 @@
+"""Run one differential fuzz target under atheris (libFuzzer).
+
+    python fuzz/fuzz.py TARGET [libFuzzer options] [CORPUS_DIR ...]
+    python fuzz/fuzz.py TARGET -runs=0 DIR ...      # replay every file in DIR once
+    python fuzz/fuzz.py --list                      # the target names
+
+Targets are the functions of fuzz/differential.py.  wirekit's Python code (the pure twins, the
+stream decoders) is instrumented for coverage here; the Cython twins are instrumented at
+compile time by fuzz/build.sh, so use the interpreter of its .fuzz-venv with atheris's ASan
+runtime preloaded (fuzz/run.sh does both).  A disagreement between the twins raises
+AssertionError, which libFuzzer reports as a crash and saves (``-artifact_prefix``).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(name: str):
+    """The target function, with wirekit's Python code instrumented for coverage."""
+    import atheris
+
+    with atheris.instrument_imports(include=["wirekit", "differential"]):
+        import differential
+
+        from wirekit import clipper, mip, y2, zmtp  # noqa: F401
+        from wirekit._impl import twin
+
+        for proto in ("mip", "clipper", "y2", "zmtp"):
+            twin(proto, "pure")
+            twin(proto, "fast")
+    return differential.TARGETS[name]
+
+
+def main(argv: list[str]) -> None:
+    from differential import TARGETS  # (imports no twin: --list works without the ASan runtime)
+
+    if len(argv) >= 2 and argv[1] == "--list":
+        print("\n".join(TARGETS))
+        return
+    if len(argv) < 2 or argv[1] not in TARGETS:
+        names = ", ".join(TARGETS)
+        raise SystemExit(f"usage: python fuzz/fuzz.py TARGET [libFuzzer options]; TARGET: {names}")
+    import atheris
+
+    # libFuzzer starts children (-merge, -fork) by running argv[0] through the shell: make
+    # that this interpreter running this script on this target.
+    command = " ".join(shlex.quote(a) for a in (sys.executable, os.path.abspath(argv[0]), argv[1]))
+    atheris.Setup([command, *argv[2:]], _load(argv[1]))
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,118 @@
+"""Seed inputs for every fuzz target, from the golden vectors (specs/vectors) and the samples.
+
+    python fuzz/seeds.py OUTDIR      # writes OUTDIR/<target>/<name> for every target
+
+Each seed is in the target's own input format (see fuzz/differential.py): a stream target's input
+starts with its chunking plan, a Clipper input spells frames, a ZMTP decode input starts with
+a control byte.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from differential import TARGETS, frames_input
+
+ROOT = Path(__file__).resolve().parent.parent
+VECTORS = ROOT / "specs" / "vectors"
+SAMPLES = ROOT / "samples"
+
+#: chunking plans put in front of a stream: whole, 1-byte chunks, mixed sizes and feed types
+_PLANS = (b"\x00", b"\x01\x00", b"\x03\x07\x42\x85")
+
+
+def _bins(proto: str) -> dict[str, bytes]:
+    return {p.stem: p.read_bytes() for p in sorted((VECTORS / proto).glob("*.bin"))}
+
+
+def _streams(messages: dict[str, bytes], sample: str) -> dict[str, bytes]:
+    """Stream seeds: every vector alone, all of them concatenated, and the sample capture."""
+    joined = b"".join(messages.values())
+    streams = {**messages, "all-vectors": joined}
+    path = SAMPLES / sample
+    if path.exists():
+        streams[path.stem] = path.read_bytes()
+    return {
+        f"{name}-plan{k}": plan + data
+        for name, data in streams.items()
+        for k, plan in enumerate(_PLANS)
+    }
+
+
+def _clipper() -> dict[str, bytes]:
+    out = {}
+    for path in sorted((VECTORS / "clipper").glob("*.json")):
+        frames = [bytes.fromhex(h) for h in json.loads(path.read_text())["frames_hex"]]
+        out[path.stem] = frames_input(frames)
+    return out
+
+
+def _zmtp_streams() -> dict[str, bytes]:
+    from wirekit.zmtp import _pure as z
+
+    handshake = z.encode_greeting() + z.encode_ready("DEALER", b"id")
+    out = {
+        "handshake": handshake,
+        "messages": handshake + z.encode_message([b"", b"hello"]) + z.encode_message([b"x" * 300]),
+        "command": handshake + z.encode_command("PING", b"\x00\x01"),
+        "server": z.encode_greeting(as_server=True) + z.encode_ready("ROUTER"),
+    }
+    for path in sorted(SAMPLES.glob("clipper-*.bin")):
+        out[path.stem] = path.read_bytes()[:4096]
+    return out
+
+
+def _y2_kernels() -> dict[str, bytes]:
+    vectors = json.loads((VECTORS / "y2" / "words.json").read_text())
+    values = [int(v["word"], 16) for v in vectors]
+    wire = np.array(values, dtype=">u4").tobytes()
+    n = len(values) % 48
+    model = bytes([3, 0x08, 0x10, 4, 1, 2, 3, 4, 0x11, 0x28, 6, 0x47, 1, 0x05, 2])
+    return {
+        "vector-words": bytes([0, n]) + wire[: 4 * n] + bytes(16 * n) + model,
+        "valid-words": bytes([0, 3]) + bytes(12) + bytes(48) + model + b"\x01",
+        "many-layers": bytes([0x80, 2]) + bytes(8) + bytes(32) + b"\x80\x05" + bytes(64),
+        "tied": bytes([0, 4]) + b"\x00\x00\x00\x02" * 4 + bytes(64)
+        + bytes([2, 0x00, 6, 1, 2, 3, 4, 5, 6, 0x07, 0x07, 0x00, 0x01]),
+    }
+
+
+def seeds(target: str) -> dict[str, bytes]:
+    mip = _bins("mip")
+    y2 = _bins("y2")
+    if target == "mip_decode":
+        return mip
+    if target == "mip_stream":
+        return _streams(mip, "mip-session.bin")
+    if target == "y2_decode":
+        return y2
+    if target == "y2_stream":
+        return _streams(y2, "y2-worker-link.bin")
+    if target == "y2_kernels":
+        return _y2_kernels()
+    if target == "clipper_decode":
+        return _clipper()
+    if target == "zmtp_decode":
+        return {f"{name}-c{c}": bytes([c]) + data for name, data in _zmtp_streams().items()
+                for c in (4, 0)}
+    if target == "zmtp_stream":
+        return {f"{name}-plan{k}": plan + data for name, data in _zmtp_streams().items()
+                for k, plan in enumerate(_PLANS)}
+    raise KeyError(target)
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[1])
+    for target in TARGETS:
+        folder = out / target
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, data in seeds(target).items():
+            (folder / name).write_bytes(data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
