@@ -6,9 +6,13 @@ import io
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import mip_messages, mutated
 
 from wirekit import capture, clipper, mip, y2, zmtp
 from wirekit.cli import main
+from wirekit.mip import dump as mip_dump
 
 C, S = ("127.0.0.1", 40000), ("127.0.0.1", 7000)
 
@@ -214,3 +218,52 @@ def test_reassembler_counts_every_byte_once(size):
             if isinstance(ev, capture.Chunk):
                 got += ev.data
     assert bytes(got) == data and r.stats.retransmitted == 3
+
+
+# --- the formatted runs: Cython twin against the pure one -----------------------------------
+
+
+
+def _fast_format_run():
+    from wirekit._impl import load_fast, pure_requested
+
+    if pure_requested():
+        pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
+    return load_fast("mipdump").format_run
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(mip_messages, max_size=6), st.booleans(), st.data())
+def test_format_run_twins_write_the_same_text(msgs, as_json, data):
+    fast = _fast_format_run()
+    wire = b"".join(mip.encode(m) for m in msgs)
+    if wire and data.draw(st.booleans()):
+        wire = data.draw(mutated(wire))  # a malformed message somewhere: both stop there
+    base = data.draw(st.integers(0, 10**9))
+    assert fast(wire, 0, len(wire), base, as_json) == mip_dump.format_run_pure(
+        wire, 0, len(wire), base, as_json
+    )
+
+
+@pytest.mark.parametrize("text", ["plain", "it's", 'say "hi"', "both ' and \"", "tab\there\n",
+                                  "ctl\x01\x7f", "back\\slash", "héllo wörld", "x" * 70])
+def test_format_run_text_items_match_repr_and_json(text):
+    fast = _fast_format_run()
+    wire = mip.encode(mip.Inference.request([[mip.Item.text(text), mip.Item.json(text)]]))
+    for as_json in (False, True):
+        out = fast(wire, 0, len(wire), 0, as_json)
+        assert out == mip_dump.format_run_pure(wire, 0, len(wire), 0, as_json)
+    record = json.loads(fast(wire, 0, len(wire), 0, True)[0])
+    assert record["items"][0]["text"] == text
+
+
+def test_plain_output_is_the_same_with_and_without_runs(tmp_path):
+    """The formatted runs (plain output) and per-message records (filters) agree."""
+    path = tmp_path / "k.bin"
+    path.write_bytes(b"".join(d for s, _, d in kubemo_session() if s == 0))
+    for form in ((), ("--json",)):
+        _, plain, _ = run(*form, path)
+        _, filtered, _ = run(*form, "--kind", "inference", "--kind", "ping", "--kind",
+                             "malformed", "--kind", "kind9", path)
+        strip = [ln for ln in plain.splitlines() if "message(s)" not in ln]
+        assert strip == [ln for ln in filtered.splitlines() if "message(s)" not in ln]

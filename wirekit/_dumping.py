@@ -41,6 +41,9 @@ def hex_excerpt(data: bytes, offset: int, radius: int = 16, base: int = 0) -> st
 class Record:
     """One decoded (or malformed) message, or a note about the stream (``kind`` ``note``).
 
+    A ``batch`` record stands for ``msg[1]`` well-formed messages already formatted as the
+    text ``msg[0]`` (see ``FramedStream.format_run``).
+
     ``offset`` and ``size`` place it in its direction's byte stream.  ``msg`` is the decoded
     message, ``error`` the :class:`DecodeError` of a malformed one (offsets in the stream),
     ``raw`` the first bytes of a malformed message and ``excerpt`` the hex around the error.
@@ -136,6 +139,12 @@ class FramedStream:
 
     HEADER = 8
     PROTOCOL = ""
+    #: ``format_run(buf, pos, stop, base, as_json) -> (text, pos, count)`` when the protocol
+    #: can format runs of well-formed messages in one go (see ``wirekit.mip.dump``); used
+    #: when ``fast`` is set ("human" or "json"): the records then come as one "batch"
+    #: record holding ``(text, count)``.
+    format_run = None
+    fast: str | None = None
 
     def __init__(self, max_message: int = DEFAULT_MAX_MESSAGE, synced: bool = True) -> None:
         self.max_message = max_message
@@ -192,7 +201,15 @@ class FramedStream:
         pos, n, head = 0, len(buf), self.HEADER
         base = self._base
         self._need = 0
+        run = self.format_run if self.fast is not None else None
         while n - pos >= head:
+            if run is not None and self.synced:
+                text, stop, count = run(buf, pos, n, base, self.fast == "json")
+                if count:
+                    out.append(Record(base + pos, stop - pos, "batch", (text, count)))
+                    pos = stop
+                    if n - pos < head:
+                        break
             if not self.synced:
                 start = pos
                 while n - pos >= head and not self.plausible(buf, pos):

@@ -237,9 +237,14 @@ class Analyser:
         self.filtering = bool(
             self.kinds or args.error is not None or args.model or args.msg_id is not None
         )
+        # One direction, every message shown as it is: runs of well-formed messages may be
+        # formatted in one go by the protocol (no per-message records).
+        self.plain = not (multi or self.filtering or self.stats or args.count or self.quiet)
         self.protos: dict[str, Proto] = {}
         self.conns: dict[int, Connection] = {}
         self._lines: list[str] = []
+        self._pending = 0
+        self._binary = getattr(out, "buffer", None)
 
     # -- protocols and connections --------------------------------------------------------
     def proto(self, name: str) -> Proto:
@@ -260,6 +265,8 @@ class Analyser:
             conn.proto.stream(side, synced, conn.shared),
             conn.proto.stream(None if side is None else 1, synced, conn.shared),
         ]
+        if self.plain and getattr(conn.streams[0], "format_run", None) is not None:
+            conn.streams[0].fast = "json" if self.json else "human"
         if self.multi and conn.client is not None and not self.json and not self.quiet:
             self._write(
                 f"== connection {conn.number}: {_ep(conn.client)} -> {_ep(conn.server)} "
@@ -329,6 +336,14 @@ class Analyser:
             rec.conn = conn.number
             rec.side = side
             rec.ts = ts
+            if rec.kind == "batch":  # formatted in one go: plain output only (see _start)
+                text, count = rec.msg
+                self.number += count
+                self.decoded += count
+                self.shown += count
+                if not self.quiet:
+                    self._write(text)
+                continue
             if rec.kind == "note":
                 self.troubles += 1
                 if not self.filtering and not self.quiet:
@@ -439,10 +454,22 @@ class Analyser:
         where = f"{rec.conn} {ARROW[rec.side]} @{rec.offset}" if self.multi else f"@{rec.offset}"
         self._write(f"{where} -- {rec.note}")
 
-    def _write(self, text: str) -> None:
-        lines = self._lines
-        lines.append(text)
-        if len(lines) >= 512:
+    def _write(self, text: str | bytes) -> None:
+        """Queue one line (or a run of lines); written out in blocks of about 256 KiB.
+
+        UTF-8 ``bytes`` (runs formatted by a protocol) go straight to the binary stream under
+        ``out`` when it has one.
+        """
+        if isinstance(text, bytes):
+            if self._binary is not None:
+                self.flush()
+                self.out.flush()
+                self._binary.write(text + b"\n")
+                return
+            text = text.decode("utf-8")
+        self._lines.append(text)
+        self._pending += len(text)
+        if self._pending >= 1 << 18:
             self.flush()
 
     def flush(self) -> None:
@@ -450,6 +477,7 @@ class Analyser:
             self._lines.append("")
             self.out.write("\n".join(self._lines))
             self._lines = []
+            self._pending = 0
 
     def finish(self, total_bytes: int) -> int:
         if self.stats is not None:

@@ -177,3 +177,48 @@ def json_body(rec: Record) -> str:
         f'"n_input":{msg.n_input},"n_output":{msg.n_output},"batch_size":{msg.batch_size},'
         f'"size":{rec.size},"items":[{items}]'
     )
+
+
+# --- runs of well-formed messages, formatted in one go -------------------------------------
+
+
+def format_run_pure(
+    buf: bytes, pos: int, stop: int, base: int, as_json: bool
+) -> tuple[bytes, int, int]:
+    """Format the well-formed messages of ``buf[pos:stop]`` one after another.
+
+    Returns ``(text, pos, count)``: the lines of ``count`` messages (``@offset`` human form,
+    or JSON objects with ``"offset"``, offsets counted from ``base``) joined by newlines as
+    UTF-8 (written to a binary output as they are), and
+    the position of the first message not formatted — incomplete, or not well-formed (the
+    caller decodes that one the slow way and shows its error).  The Cython twin
+    (``wirekit._fast.mipdump``) gives the same text.
+    """
+    lines = []
+    while stop - pos >= HEADER_SIZE:
+        end = pos + HEADER_SIZE + int.from_bytes(buf[pos + 4 : pos + 8], "big")
+        if end > stop:
+            break
+        try:
+            msg, end = mip.decode_prefix(buf, pos)
+        except DecodeError:
+            break
+        rec = Record(base + pos, end - pos, kind_of(msg), msg)
+        if as_json:
+            lines.append(f'{{"offset":{base + pos},{json_body(rec)}}}')
+        else:
+            lines.append(f"@{base + pos} {render(rec)}")
+        pos = end
+    return "\n".join(lines).encode("utf-8"), pos, len(lines)
+
+
+def _pick_format_run():
+    from wirekit._impl import load_fast
+
+    fast = load_fast("mipdump")
+    return format_run_pure if fast is None else fast.format_run
+
+
+#: ``format_run`` of the active implementation (Cython unless ``WIREKIT_PURE=1``).
+format_run = _pick_format_run()
+Stream.format_run = staticmethod(format_run)  # type: ignore[attr-defined]
