@@ -293,14 +293,13 @@ class Analyser:
     def _detect(self, conn: Connection, final: bool) -> None:
         for side in (0, 1):
             head = conn.head[side]
-            if len(head) >= DETECT_BYTES or (final and head) or (
-                len(head) >= 11 and not conn.mid_stream
-            ):
+            if len(head) >= 8 or (final and head):
                 name = detect(head, conn.mid_stream)
                 if name is not None:
                     self._start(conn, name)
                     return
-        if final or all(len(h) >= DETECT_BYTES for h in conn.head) or (
+        held = sum(len(d) for _, _, d in conn.waiting)
+        if final or held >= 2 * DETECT_BYTES or (
             not conn.mid_stream and all(len(h) >= 11 for h in conn.head)
         ):
             conn.undetected = True

@@ -40,6 +40,62 @@ decoded; 1 some message malformed or bytes missing/skipped; 2 bad usage or unrea
 """
 
 
+def _endpoint(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return (host.strip("[]") or default_host), int(port)
+
+
+def _record_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    import signal
+    import threading
+    import time
+
+    from wirekit.zmtp.record import RecordingProxy
+
+    try:
+        listen, target = _endpoint(args.listen), _endpoint(args.target)
+    except ValueError:
+        err.write("wirekit: --listen and --target take [HOST:]PORT\n")
+        return EXIT_USAGE
+    try:
+        fh = open(args.write, "wb")  # noqa: SIM115 - closed below, after the proxy
+    except OSError as exc:
+        err.write(f"wirekit: cannot write {args.write}: {exc.strerror or exc}\n")
+        return EXIT_USAGE
+    stop = threading.Event()
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        proxy = RecordingProxy(
+            target, listen[0], listen_port=listen[1], accept_timeout=None,
+            idle_timeout=args.idle_timeout, max_connections=args.connections, pcapng=fh,
+        )  # fmt: skip
+        with proxy:
+            out.write(f"recording {listen[0]}:{proxy.port} -> {target[0]}:{target[1]} "
+                      f"into {args.write}\n")  # fmt: skip
+            out.flush()
+            deadline = None if args.duration is None else time.monotonic() + args.duration
+            try:
+                while not stop.is_set() and not proxy.wait(0.1):
+                    if deadline is not None and time.monotonic() >= deadline:
+                        break
+            except KeyboardInterrupt:
+                pass
+        out.write(f"{proxy.connections} connection(s) recorded\n")
+        if proxy.error is not None and proxy.connections == 0 and args.connections:
+            err.write(f"wirekit: {proxy.error}\n")
+            return EXIT_BAD_INPUT
+        return EXIT_OK
+    except OSError as exc:
+        err.write(f"wirekit: cannot listen on {args.listen}: {exc.strerror or exc}\n")
+        return EXIT_USAGE
+    finally:
+        fh.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wirekit", description="Decode, serve and test ML wire protocols."
@@ -85,6 +141,25 @@ def build_parser() -> argparse.ArgumentParser:
         if hasattr(module, "add_arguments"):
             module.add_arguments(dec)
     dec.set_defaults(handler=analyse.run)
+    rec = sub.add_parser(
+        "record",
+        help="record a connection through a forwarding proxy into a pcapng file",
+        description="Listen, forward each connection to the real peer, and write both "
+        "directions, with timestamps, to a pcapng file that `wirekit decode` reads.  Stops "
+        "after --connections connections have closed, after --duration seconds, or on "
+        "Ctrl-C / SIGTERM (the file is complete in every case).",
+    )
+    rec.add_argument("--listen", required=True, metavar="[HOST:]PORT",
+                     help="where clients connect (port 0: any free port, printed)")
+    rec.add_argument("--target", required=True, metavar="HOST:PORT", help="the real peer")
+    rec.add_argument("-w", "--write", required=True, metavar="FILE", help="the pcapng to write")
+    rec.add_argument("--connections", type=int, metavar="N",
+                     help="stop once N connections have been recorded (default: no limit)")
+    rec.add_argument("--duration", type=float, metavar="SECONDS",
+                     help="stop after this long (default: no limit)")
+    rec.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
+                     help="close a connection idle this long (default: never)")
+    rec.set_defaults(handler=_record_command)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser
