@@ -53,6 +53,8 @@ def recorder(target: tuple[str, int], path: Path, *extra: str):
         assert line.startswith("recording 127.0.0.1:"), line + proc.stderr.read()
         yield int(line.split()[1].rsplit(":", 1)[1])
     finally:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(3)  # with --connections it stops by itself once they have closed
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
         try:
@@ -228,3 +230,14 @@ def test_tcpdump_capture_of_mip_traffic(tmp_path):
         ("C>S", "ping"), ("S>C", "ping"), ("C>S", "inference"), ("S>C", "inference")]
     assert recs[2]["items"][0]["text"] == "via tcpdump"
     assert recs[3]["reply_to"] == recs[2]["number"]
+
+
+def test_record_without_a_limit_stops_on_sigterm_with_a_complete_file(tmp_path):
+    cap = tmp_path / "open.pcapng"
+    with contextlib.ExitStack() as stack:
+        running = stack.enter_context(ServerThread(echo, "tcp://127.0.0.1:0"))
+        port = stack.enter_context(recorder(("127.0.0.1", _port(running.address)), cap))
+        with Client(f"tcp://127.0.0.1:{port}") as client:
+            client.ping()
+    code, recs, _ = decode_json(cap)
+    assert code == 0 and [r["kind"] for r in recs] == ["ping", "ping"]
