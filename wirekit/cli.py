@@ -96,6 +96,22 @@ def _record_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def _dissector_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from wirekit.dissector import GENERATORS
+
+    lua = GENERATORS[args.proto](args.port, args.max_message)
+    if args.output is None:
+        out.write(lua)
+        return EXIT_OK
+    try:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(lua)
+    except OSError as exc:
+        err.write(f"wirekit: cannot write {args.output}: {exc.strerror or exc}\n")
+        return EXIT_USAGE
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wirekit", description="Decode, serve and test ML wire protocols."
@@ -160,6 +176,20 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
                      help="close a connection idle this long (default: never)")
     rec.set_defaults(handler=_record_command)
+    dis = sub.add_parser(
+        "dissector",
+        help="write a Wireshark Lua dissector for MIP or the y2 worker link",
+        description="Write a Wireshark/tshark Lua dissector generated from wirekit's own "
+        "field definitions.  Use: tshark -X lua_script:FILE -r capture.pcapng -V.  It "
+        "registers a heuristic TCP dissector, and the given --port(s) in tcp.port.",
+    )
+    dis.add_argument("--proto", required=True, choices=["mip", "y2"])
+    dis.add_argument("--port", type=int, action="append", default=[], metavar="PORT",
+                     help="a TCP port the protocol runs on (repeatable)")
+    dis.add_argument("--max-message", type=int, default=DEFAULT_MAX_MESSAGE, metavar="BYTES",
+                     help="a larger announced size is shown as lost framing")
+    dis.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    dis.set_defaults(handler=_dissector_command)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser
