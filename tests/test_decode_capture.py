@@ -267,3 +267,33 @@ def test_plain_output_is_the_same_with_and_without_runs(tmp_path):
                              "malformed", "--kind", "kind9", path)
         strip = [ln for ln in plain.splitlines() if "message(s)" not in ln]
         assert strip == [ln for ln in filtered.splitlines() if "message(s)" not in ln]
+
+
+def test_streams_hold_at_most_one_message_whatever_the_input_size():
+    """Memory does not grow with the input: a stream keeps one partial message at most."""
+    big = mip.encode(mip.Inference.request([[mip.Item.image(bytes(300_000))]]))
+    small = mip.encode(mip.Ping())
+    wire = (small * 1000 + big) * 20
+    stream = mip_dump.Stream()
+    most, count = 0, 0
+    for k in range(0, len(wire), 65536):
+        count += len(stream.feed(wire[k : k + 65536]))
+        most = max(most, stream.buffered)
+    count += len(stream.close())
+    assert count == 20 * 1001
+    assert most <= len(big) + 65536 and stream.buffered == 0
+
+
+def test_pairing_keeps_a_bounded_number_of_waiting_requests():
+    from wirekit._dumping import Record
+    from wirekit.analyse import Pairer
+
+    pairer = Pairer(limit=3)
+    for n in range(1, 11):
+        rec = Record(0, 8, "ping")
+        rec.number = n
+        pairer.request(rec, None)
+        pairer.request(rec, n)
+    assert len(pairer.fifo) == 3 and len(pairer.keyed) == 3
+    assert pairer.response(None).number == 8 and pairer.response(10).number == 10
+    assert pairer.response(1) is None

@@ -64,7 +64,6 @@ class Record:
         "number",
         "offset",
         "raw",
-        "replied",
         "reply_to",
         "side",
         "size",
@@ -99,7 +98,6 @@ class Record:
         self.number = 0
         self.reply_to = 0
         self.latency: float | None = None
-        self.replied = False
 
     @property
     def malformed(self) -> bool:
@@ -172,6 +170,11 @@ class FramedStream:
         return "unknown", {}
 
     # -- the machinery --------------------------------------------------------------------
+    @property
+    def buffered(self) -> int:
+        """Bytes held waiting for the rest of a message (at most one message, or a header)."""
+        return len(self._buf) + self._have if self._parts else len(self._buf)
+
     def feed(self, data: bytes) -> list[Record]:
         if self._parts:
             self._parts.append(data)

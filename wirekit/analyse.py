@@ -23,7 +23,7 @@ import math
 import sys
 from collections import Counter, deque
 from collections.abc import Iterator
-from typing import Any, BinaryIO, TextIO
+from typing import Any, BinaryIO, NamedTuple, TextIO
 
 from wirekit import capture
 from wirekit._dumping import Record
@@ -93,20 +93,39 @@ def detect(head: bytes, mid_stream: bool = False) -> str | None:
     return None
 
 
+#: Requests a connection may hold waiting for their responses; past this the oldest is
+#: forgotten (its response is then shown unpaired).  Each is three numbers, not the message.
+MAX_WAITING = 65536
+
+
+class Waiting(NamedTuple):
+    """What pairing keeps of a request: its number, time and kind (not the message)."""
+
+    number: int
+    ts: float | None
+    kind: str
+
+
 class Pairer:
     """Requests waiting for their response: a FIFO (key None) or by key (message id)."""
 
-    def __init__(self) -> None:
-        self.fifo: deque[Record] = deque()
-        self.keyed: dict[Any, Record] = {}
+    def __init__(self, limit: int = MAX_WAITING) -> None:
+        self.limit = limit
+        self.fifo: deque[Waiting] = deque()
+        self.keyed: dict[Any, Waiting] = {}
 
     def request(self, rec: Record, key: Any) -> None:
+        waiting = Waiting(rec.number, rec.ts, rec.kind)
         if key is None:
-            self.fifo.append(rec)
+            if len(self.fifo) >= self.limit:
+                self.fifo.popleft()
+            self.fifo.append(waiting)
         else:
-            self.keyed[key] = rec
+            if len(self.keyed) >= self.limit:
+                del self.keyed[next(iter(self.keyed))]
+            self.keyed[key] = waiting
 
-    def response(self, key: Any) -> Record | None:
+    def response(self, key: Any) -> Waiting | None:
         if key is None:
             return self.fifo.popleft() if self.fifo else None
         return self.keyed.pop(key, None)
@@ -144,7 +163,7 @@ class Stats:
         self.batches: Counter[int] = Counter()
         self.latency: dict[str, list[float]] = {}
 
-    def add(self, rec: Record, fields: dict[str, Any], request: Record | None) -> None:
+    def add(self, rec: Record, fields: dict[str, Any], request: Waiting | None) -> None:
         kind = rec.kind
         self.kinds[kind] += 1
         if rec.error is not None:
@@ -367,7 +386,6 @@ class Analyser:
                         request = conn.pairer.response(r[1])
                         if request is not None:
                             rec.reply_to = request.number
-                            request.replied = True
                             if ts is not None and request.ts is not None:
                                 rec.latency = ts - request.ts
             fields = None
