@@ -15,7 +15,9 @@ items, ~75 MB for 200k messages), then times, in one run and on that one file:
 * with ``--python``, the same two commands run by another interpreter (an older checkout) to
   give before/after ratios.
 
-It prints seconds and messages per second, and the ratios.  No thresholds.
+Each is timed ``--repeat`` times (best kept).  It prints seconds, messages per second, the
+ratios, and the peak memory (RSS) of the new ``wirekit decode`` processes beside the file
+size.  No thresholds.
 """
 
 from __future__ import annotations
@@ -99,14 +101,32 @@ def timed(fn, *args) -> float:
     return time.perf_counter() - t0
 
 
+#: Runs ``wirekit decode`` and reports the process's peak RSS (VmHWM: this process image
+#: only, unlike ru_maxrss, which counts the benchmark's memory copied by fork).
+_WRAPPER = """
+import sys
+from wirekit.cli import main
+code = main(sys.argv[1:])
+with open("/proc/self/status") as fh:
+    hwm = [ln for ln in fh if ln.startswith("VmHWM:")]
+sys.stderr.write(hwm[0] if hwm else "VmHWM: 0 kB\\n")
+sys.exit(code)
+"""
+PEAK_RSS: list[int] = []
+
+
 def command(python: str, path: str, *extra: str) -> float:
     t0 = time.perf_counter()
     with open(os.devnull, "wb") as sink:
-        subprocess.run(
-            [python, "-m", "wirekit.cli", "decode", "--proto", "mip", *extra, path],
-            stdout=sink, check=False, cwd=tempfile.gettempdir(),
+        proc = subprocess.run(
+            [python, "-c", _WRAPPER, "decode", "--proto", "mip", *extra, path],
+            stdout=sink, stderr=subprocess.PIPE, check=False, cwd=tempfile.gettempdir(),
         )
-    return time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0
+    line = proc.stderr.decode().strip().splitlines()[-1:]
+    if line and line[0].startswith("VmHWM:"):
+        PEAK_RSS.append(int(line[0].split()[1]) * 1024)
+    return elapsed
 
 
 def main() -> None:
@@ -114,23 +134,33 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--python", help="another interpreter (an older wirekit) to compare")
     parser.add_argument("--keep", help="write the generated file here and keep it")
+    parser.add_argument("--repeat", type=int, default=3, help="best of N runs (default 3)")
     args = parser.parse_args()
     path = args.keep or os.path.join(tempfile.mkdtemp(), "mip-200k.bin")
     size = generate(path, args.messages)
     n = args.messages
+    def best(fn, *a):
+        return min(fn(*a) for _ in range(max(1, args.repeat)))
+
     rows = {
-        "codec": timed(codec_only, path),
-        "struct+json": timed(struct_json, path),
-        "decode human": command(sys.executable, path),
-        "decode --json": command(sys.executable, path, "--json"),
+        "codec": best(timed, codec_only, path),
+        "struct+json": best(timed, struct_json, path),
+        "decode human": best(command, sys.executable, path),
+        "decode --json": best(command, sys.executable, path, "--json"),
     }
+    rss = max(PEAK_RSS, default=0)  # the new decode only (the old ones come after)
+    PEAK_RSS.clear()
     if args.python:
-        rows["old decode human"] = command(args.python, path)
-        rows["old decode --json"] = command(args.python, path, "--json")
+        rows["old decode human"] = best(command, args.python, path)
+        rows["old decode --json"] = best(command, args.python, path, "--json")
     print(f"{n} messages, {size / 1e6:.1f} MB")
     for name, sec in rows.items():
         print(f"  {name:<18} {sec:7.2f} s  {n / sec / 1000:8.1f} k msg/s")
+    print(f"  peak RSS of wirekit decode: {rss / 1e6:.0f} MB for a {size / 1e6:.0f} MB file")
+    if args.python and PEAK_RSS:
+        print(f"  peak RSS of the old decode: {max(PEAK_RSS) / 1e6:.0f} MB")
     print(f"  codec share of decode --json: {rows['codec'] / rows['decode --json']:.0%}")
+    print(f"  codec share of decode human: {rows['codec'] / rows['decode human']:.0%}")
     print(f"  struct+json / decode --json: {rows['struct+json'] / rows['decode --json']:.2f}x")
     if args.python:
         for form in ("human", "--json"):
