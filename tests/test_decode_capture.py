@@ -114,8 +114,11 @@ def _segments(data: bytes, cut: int):
     return [(k, data[k : k + cut]) for k in range(0, len(data), cut)]
 
 
-def _raw_capture(path, packets, with_syn=True):
-    """packets: [(side, offset, bytes)] written in the given order (client seq 1001 + offset)."""
+def _raw_capture(path, packets, with_syn=True, client_fin_at=None):
+    """packets: [(side, offset, bytes)] written in the given order (client seq 1001 + offset).
+
+    ``client_fin_at``: the offset of a client FIN written last.
+    """
     import dpkt
 
     with open(path, "wb") as fh:
@@ -126,6 +129,8 @@ def _raw_capture(path, packets, with_syn=True):
         for k, (side, offset, data) in enumerate(packets):
             src, dst, isn = (C, S, 1001) if side == 0 else (S, C, 5001)
             w.packet(1.0 + k / 1000, src, dst, isn + offset, 0, dpkt.tcp.TH_ACK, data)
+        if client_fin_at is not None:
+            w.packet(2.0, C, S, 1001 + client_fin_at, 0, dpkt.tcp.TH_FIN | dpkt.tcp.TH_ACK)
     return path
 
 
@@ -297,3 +302,14 @@ def test_pairing_keeps_a_bounded_number_of_waiting_requests():
     assert len(pairer.fifo) == 3 and len(pairer.keyed) == 3
     assert pairer.response(None).number == 8 and pairer.response(10).number == 10
     assert pairer.response(1) is None
+
+
+def test_a_lost_tail_is_reported_from_the_fin(tmp_path):
+    """tcpdump -i any can drop a packet: the FIN's sequence number shows the bytes lost."""
+    _msgs, data = _stream(3)
+    cut = len(mip.encode(mip.Inference.request([[mip.Item.text("message 0" * 3)]])))
+    path = _raw_capture(tmp_path / "t.pcapng", [(0, 0, data[:cut])], client_fin_at=len(data))
+    code, out, _ = run(path)
+    assert code == 1
+    assert f"{len(data) - cut} bytes missing from the capture" in out
+    assert out.count("inference request") == 1

@@ -18,7 +18,9 @@ a debugging user needs to know.  The rules (sequence numbers modulo 2**32):
   counted in ``Stats.retransmitted``;
 * a segment beyond the expected sequence number waits in a per-direction queue; when the
   queue holds more than ``max_pending`` bytes, or at the end of the capture, the missing
-  range is given up: a :class:`Gap` event names its size and delivery goes on after it.
+  range is given up: a :class:`Gap` event names its size and delivery goes on after it;
+* at the end, bytes that the FIN (or else the peer's acknowledgements) shows were sent but
+  that the capture never saw are a :class:`Gap` too (capturing hosts drop packets).
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class Segment:
     fin: bool
     rst: bool
     payload: bytes
+    ack_seq: int = 0  #: the acknowledgement number (meaningful when ``ack``)
 
 
 def _ip_of(link: int, buf: bytes):
@@ -159,6 +162,7 @@ def read_packets(fh: BinaryIO) -> Iterator[Segment]:
                 bool(flags & dpkt.tcp.TH_FIN),
                 bool(flags & dpkt.tcp.TH_RST),
                 bytes(tcp.data),
+                tcp.ack,
             )
     except (dpkt.dpkt.NeedData, struct.error, ValueError) as exc:
         raise CaptureError(f"the {fmt} file is cut short or damaged: {exc}") from None
@@ -215,6 +219,8 @@ class _Direction:
     pending: dict[int, bytes] = field(default_factory=dict)
     pending_bytes: int = 0
     last_ts: float = 0.0
+    fin_seq: int | None = None  #: where the FIN says the data ends
+    acked: int | None = None  #: the highest acknowledgement the peer sent for it
 
 
 @dataclass(slots=True)
@@ -265,6 +271,12 @@ class Reassembler:
             if d.next_seq is None:
                 d.next_seq = (seq + 1) % _SEQ
             seq = (seq + 1) % _SEQ
+        if seg.fin:
+            d.fin_seq = (seq + len(seg.payload)) % _SEQ
+        if seg.ack:
+            peer = conn.dirs[1 - side]
+            if peer.acked is None or 0 < (seg.ack_seq - peer.acked) % _SEQ < _HALF:
+                peer.acked = seg.ack_seq
         if not seg.payload:
             return out
         if d.next_seq is None:
@@ -326,6 +338,16 @@ class Reassembler:
             for side, d in enumerate(conn.dirs):
                 while d.pending:
                     self._skip_gap(conn, side, d, d.last_ts, out)
+                # Bytes the FIN (or else the peer's acknowledgements) says were sent but the
+                # capture never saw: a tail lost by the capturing host.
+                end = d.fin_seq if d.fin_seq is not None else d.acked
+                if end is not None and d.next_seq is not None:
+                    missing = (end - d.next_seq) % _SEQ
+                    if 0 < missing < _HALF and (d.fin_seq is not None or missing > 1):
+                        self.stats.gaps += 1
+                        self.stats.gap_bytes += missing
+                        out.append(Gap(conn.number, side, d.last_ts, missing))
+                        d.next_seq = end
         return out
 
 
