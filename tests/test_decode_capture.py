@@ -313,3 +313,16 @@ def test_a_lost_tail_is_reported_from_the_fin(tmp_path):
     assert code == 1
     assert f"{len(data) - cut} bytes missing from the capture" in out
     assert out.count("inference request") == 1
+
+
+def test_capture_from_a_pipe(tmp_path):
+    import subprocess
+    import sys
+
+    path = pcapng(tmp_path / "k.pcapng", [(C, S, kubemo_session(), True)])
+    proc = subprocess.run(
+        [sys.executable, "-m", "wirekit.cli", "decode", "--json", "-"],
+        input=path.read_bytes(), capture_output=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert len(proc.stdout.decode().splitlines()) == 10

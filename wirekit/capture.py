@@ -123,8 +123,11 @@ def read_packets(fh: BinaryIO) -> Iterator[Segment]:
 
     import dpkt
 
-    head = fh.read(4)
-    fh.seek(0)
+    if hasattr(fh, "peek"):  # a pipe: look without consuming
+        head = fh.peek(4)[:4]
+    else:
+        head = fh.read(4)
+        fh.seek(0)
     fmt = capture_format(head)
     if fmt is None:
         raise CaptureError("not a pcap or pcapng file")
