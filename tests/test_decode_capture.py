@@ -326,3 +326,16 @@ def test_capture_from_a_pipe(tmp_path):
     )
     assert proc.returncode == 1, proc.stderr
     assert len(proc.stdout.decode().splitlines()) == 10
+
+
+def test_a_connection_without_data_is_not_an_error(tmp_path):
+    import dpkt
+
+    path = tmp_path / "empty.pcapng"
+    with open(path, "wb") as fh:
+        w = capture.PcapngWriter(fh)
+        w.packet(1.0, C, S, 1000, 0, dpkt.tcp.TH_SYN)
+        w.packet(1.1, C, S, 1001, 0, dpkt.tcp.TH_FIN | dpkt.tcp.TH_ACK)
+    code, out, err = run(path)
+    assert code == 0, err
+    assert out.strip() == "0 message(s), 0 bytes, 1 connection(s)"

@@ -337,6 +337,8 @@ class Analyser:
         self.emit(conn, side, ts, conn.streams[side].gap(size))
 
     def close(self, conn: Connection) -> None:
+        if conn.proto is None and not any(conn.bytes):
+            return  # a connection that carried no data: nothing to decode, nothing wrong
         if conn.proto is None and not conn.undetected:
             self._detect(conn, final=True)
         if conn.proto is None:
