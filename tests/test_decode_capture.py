@@ -339,3 +339,21 @@ def test_a_connection_without_data_is_not_an_error(tmp_path):
     code, out, err = run(path)
     assert code == 0, err
     assert out.strip() == "0 message(s), 0 bytes, 1 connection(s)"
+
+
+def test_in_order_pairing_restarts_after_lost_bytes(tmp_path):
+    """A lost request must not shift every later MIP response onto the wrong request."""
+    ping, pong = mip.encode(mip.Ping()), mip.encode(mip.Ping(True))
+    client = [(0, k * 8, ping) for k in range(4)]
+    del client[1]  # the second request never captured
+    server = [(1, k * 8, pong) for k in range(4)]
+    packets = [client[0], server[0], server[1], client[1], server[2], client[2], server[3]]
+    code, recs, _ = jrun(_raw_capture(tmp_path / "p.pcapng", packets))
+    assert code == 1
+    assert any(r["kind"] == "note" and "8 bytes missing" in r["note"] for r in recs)
+    recs = [r for r in recs if r["kind"] != "note"]
+    replies = [(r["number"], r.get("reply_to")) for r in recs if r["dir"] == "S>C"]
+    requests = [r["number"] for r in recs if r["dir"] == "C>S"]
+    assert replies[0][1] == requests[0]
+    for number, reply_to in replies[1:]:  # after the hole: never paired with a wrong one
+        assert reply_to is None or reply_to in requests[1:] and reply_to < number

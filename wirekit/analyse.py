@@ -334,6 +334,8 @@ class Analyser:
             conn.waiting.append((side, ts, b""))
             self.troubles += 1
             return
+        # In-order pairing cannot be trusted across lost bytes: start it afresh.
+        conn.pairer.fifo.clear()
         self.emit(conn, side, ts, conn.streams[side].gap(size))
 
     def close(self, conn: Connection) -> None:
