@@ -356,4 +356,4 @@ def test_in_order_pairing_restarts_after_lost_bytes(tmp_path):
     requests = [r["number"] for r in recs if r["dir"] == "C>S"]
     assert replies[0][1] == requests[0]
     for number, reply_to in replies[1:]:  # after the hole: never paired with a wrong one
-        assert reply_to is None or reply_to in requests[1:] and reply_to < number
+        assert reply_to is None or (reply_to in requests[1:] and reply_to < number)
