@@ -175,7 +175,10 @@ class FramedStream:
         """Bytes held waiting for the rest of a message (at most one message, or a header)."""
         return len(self._buf) + self._have if self._parts else len(self._buf)
 
-    def feed(self, data: bytes) -> list[Record]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Record]:
+        """Bytes of the stream, in order; returns the records they complete."""
+        if type(data) is not bytes:
+            data = bytes(data)
         if self._parts:
             self._parts.append(data)
             self._have += len(data)
