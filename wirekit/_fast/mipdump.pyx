@@ -367,6 +367,8 @@ def format_run(bytes buf, Py_ssize_t pos, Py_ssize_t stop, Py_ssize_t base, bint
     b.p = NULL
     b.n = 0
     b.cap = 0
+    # About the output's size up front (JSON: hex doubles the data), so few reallocations.
+    _grow(&b, (stop - pos) * (3 if as_json else 1) // (1 if as_json else 2) + 4096)
     try:
         while stop - pos >= 8:
             end = pos + 8 + <Py_ssize_t>_u32(d + pos + 4)
