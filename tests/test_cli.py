@@ -55,15 +55,18 @@ def test_decode_mip_from_stdin():
     assert code == 0 and out.startswith("@0 ping response")
 
 
-def test_decode_mip_malformed_prints_what_decoded_then_the_error(tmp_path):
+def test_decode_mip_truncated_tail_is_shown_malformed(tmp_path):
     data = SAMPLE.read_bytes()[:60]
     path = tmp_path / "cut.bin"
     path.write_bytes(data)
     code, out, err = run(["decode", "--proto", "mip", str(path)])
     assert code == 1
-    assert out == "@0 ping request\n"
-    assert "mip: payload at byte 60: truncated" in err
-    assert "[..end]" in err and "1 message(s) decoded before the error" in err
+    lines = out.splitlines()
+    assert lines[0] == "@0 ping request"
+    assert lines[1].startswith("@8 inference [Malformed]")
+    assert "! mip: payload at byte 60: truncated" in out and "[..end]" in out
+    assert lines[-1] == "2 message(s), 60 bytes, 1 malformed"
+    assert "1 malformed message(s)" in err
 
 
 def test_usage_errors_exit_2(tmp_path):

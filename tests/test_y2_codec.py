@@ -377,7 +377,12 @@ def test_cli_reports_bad_input_with_offset(tmp_path):
     status, out, err = _run("decode", "--proto", "y2", str(path))
     assert status == 1
     assert "@0 finished" in out
-    assert "y2: size at byte 12" in err and "1 message(s) decoded before the error" in err
+    assert "y2: size at byte 12" in err
+    assert "@8 delta [Malformed]" in out  # shown, and the framing (size 6) carried on
+    finished = _pure.encode(y2.Finished())
+    path.write_bytes(finished + _hs(1, 6) + b"abcdef" + finished)
+    status, out, err = _run("decode", "--proto", "y2", str(path))
+    assert status == 1 and "@22 finished" in out and "3 message(s)" in out
 
 
 def test_facade_doctest_runs():

@@ -11,68 +11,104 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from wirekit import __version__
-from wirekit.errors import DecodeError
-
-#: protocol name -> module with ``walk`` and ``render``
-DUMPERS = {
-    "clipper": "wirekit.clipper.dump",
-    "mip": "wirekit.mip.dump",
-    "y2": "wirekit.y2.dump",
-}
+from wirekit import __version__, analyse, capture
+from wirekit._dumping import DEFAULT_MAX_MESSAGE, hex_excerpt
+from wirekit.analyse import DUMPERS, EXIT_MALFORMED, EXIT_OK, EXIT_USAGE
 
 #: modules with ``register(subparsers)`` adding ``wirekit <name> ...`` commands
 COMMAND_MODULES: list[str] = ["wirekit.mip.cli", "wirekit.clipper.commands", "wirekit.serve.cli"]
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_USAGE = 0, 1, 2
+EXIT_BAD_INPUT = EXIT_MALFORMED
+__all__ = ["EXIT_BAD_INPUT", "EXIT_OK", "EXIT_USAGE", "build_parser", "hex_excerpt", "main"]
+
+DECODE_HELP = """\
+Decode MIP, Clipper (ZMTP) and y2 worker-link traffic.
+
+FILE is a pcap or pcapng capture (detected by its magic bytes; TCP connections are
+reassembled, both directions shown on one timeline, responses paired with their requests
+and given their latency) or a raw file of one direction's bytes as sent.  --client/--server
+give both directions of one connection as two raw files.  The protocol of each connection
+is detected unless --proto says.
+
+A malformed message is shown, marked [Malformed] with its error (field, offset), and
+decoding goes on with the next message wherever the framing allows.  Exit status: 0 all
+decoded; 1 some message malformed or bytes missing/skipped; 2 bad usage or unreadable input.
+"""
 
 
-def hex_excerpt(data: bytes, offset: int, radius: int = 16) -> str:
-    """Hex of the bytes around ``offset`` with the byte at ``offset`` in brackets."""
-    start = max(0, offset - radius)
-    stop = min(len(data), offset + radius)
-    parts = [f"{b:02x}" for b in data[start:stop]]
-    if offset < len(data):
-        parts[offset - start] = f"[{parts[offset - start]}]"
-    else:
-        parts.append("[..end]")
-    return f"  {start:08x}: " + " ".join(parts)
+def _endpoint(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return (host.strip("[]") or default_host), int(port)
 
 
-def _read_input(path: str) -> bytes:
-    if path == "-":
-        return sys.stdin.buffer.read()
-    with open(path, "rb") as fh:
-        return fh.read()
+def _record_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    import signal
+    import threading
+    import time
 
+    from wirekit.zmtp.record import RecordingProxy
 
-def _decode_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    dumper = importlib.import_module(DUMPERS[args.proto])
     try:
-        data = _read_input(args.file)
-    except OSError as exc:
-        err.write(f"wirekit: cannot read {args.file}: {exc.strerror or exc}\n")
+        listen, target = _endpoint(args.listen), _endpoint(args.target)
+    except ValueError:
+        err.write("wirekit: --listen and --target take [HOST:]PORT\n")
         return EXIT_USAGE
-    count = 0
     try:
-        for offset, record in dumper.walk(data, args):
-            count += 1
-            if args.json:
-                out.write(json.dumps({"offset": offset, **record}) + "\n")
-            else:
-                out.write(f"@{offset} {dumper.render(record)}\n")
-    except DecodeError as exc:
-        out.flush()
-        err.write(f"wirekit: {exc}\n{hex_excerpt(data, exc.offset)}\n")
-        err.write(f"wirekit: {count} message(s) decoded before the error\n")
-        return EXIT_BAD_INPUT
-    if not args.json:
-        out.write(f"{count} message(s), {len(data)} bytes\n")
+        fh = open(args.write, "wb")  # noqa: SIM115 - closed below, after the proxy
+    except OSError as exc:
+        err.write(f"wirekit: cannot write {args.write}: {exc.strerror or exc}\n")
+        return EXIT_USAGE
+    stop = threading.Event()
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        proxy = RecordingProxy(
+            target, listen[0], listen_port=listen[1], accept_timeout=None,
+            idle_timeout=args.idle_timeout, max_connections=args.connections, pcapng=fh,
+        )  # fmt: skip
+        with proxy:
+            out.write(f"recording {listen[0]}:{proxy.port} -> {target[0]}:{target[1]} "
+                      f"into {args.write}\n")  # fmt: skip
+            out.flush()
+            deadline = None if args.duration is None else time.monotonic() + args.duration
+            try:
+                while not stop.is_set() and not proxy.wait(0.1):
+                    if deadline is not None and time.monotonic() >= deadline:
+                        break
+            except KeyboardInterrupt:
+                pass
+        out.write(f"{proxy.connections} connection(s) recorded\n")
+        if proxy.error is not None and proxy.connections == 0 and args.connections:
+            err.write(f"wirekit: {proxy.error}\n")
+            return EXIT_BAD_INPUT
+        return EXIT_OK
+    except OSError as exc:
+        err.write(f"wirekit: cannot listen on {args.listen}: {exc.strerror or exc}\n")
+        return EXIT_USAGE
+    finally:
+        fh.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _dissector_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from wirekit.dissector import GENERATORS
+
+    lua = GENERATORS[args.proto](args.port, args.max_message)
+    if args.output is None:
+        out.write(lua)
+        return EXIT_OK
+    try:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(lua)
+    except OSError as exc:
+        err.write(f"wirekit: cannot write {args.output}: {exc.strerror or exc}\n")
+        return EXIT_USAGE
     return EXIT_OK
 
 
@@ -84,17 +120,76 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     dec = sub.add_parser(
         "decode",
-        help="decode a capture or dump file",
-        description="Decode a file of concatenated messages (one direction of a stream).",
+        help="decode a capture (pcap/pcapng) or a raw dump",
+        description=DECODE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    dec.add_argument("--proto", required=True, choices=sorted(DUMPERS), help="the protocol")
+    dec.add_argument("--proto", choices=sorted(DUMPERS), help="the protocol (default: detected)")
     dec.add_argument("--json", action="store_true", help="print one JSON object per message")
-    dec.add_argument("file", help="the file to decode, or - for standard input")
+    dec.add_argument("file", nargs="?", help="the file to decode, or - for standard input")
+    dec.add_argument("--client", metavar="FILE", help="raw bytes the client sent")
+    dec.add_argument("--server", metavar="FILE", help="raw bytes the server sent")
+    sel = dec.add_argument_group("selection and summary")
+    sel.add_argument("--kind", action="append", metavar="KIND",
+                     help="show only messages of this kind (repeatable; 'malformed' too)")
+    sel.add_argument("--error", nargs="?", const="", metavar="NAME",
+                     help="show only malformed messages and error replies (NAME: an error "
+                     "code such as SHAPE, or the malformed field)")
+    sel.add_argument("--model", help="show only messages of connections serving this model")
+    sel.add_argument("--msg-id", type=int, help="show only messages with this message id")
+    sel.add_argument("--conn", type=int, metavar="N", help="only connection N of a capture")
+    sel.add_argument("-c", "--count", type=int, metavar="N", help="stop after N messages shown")
+    sel.add_argument("--stats", action="store_true",
+                     help="print counts per kind and error, sizes, batch sizes and latency "
+                     "percentiles after the messages")
+    sel.add_argument("-q", "--quiet", action="store_true",
+                     help="do not print the messages (with --stats: the summary only)")
+    lim = dec.add_argument_group("limits")
+    lim.add_argument("--max-message", type=int, default=DEFAULT_MAX_MESSAGE, metavar="BYTES",
+                     help="a header announcing more is lost framing "
+                     f"(default {DEFAULT_MAX_MESSAGE})")
+    lim.add_argument("--max-pending", type=int, default=capture.DEFAULT_MAX_PENDING,
+                     metavar="BYTES",
+                     help="out-of-order bytes held per direction waiting for a missing "
+                     f"segment (default {capture.DEFAULT_MAX_PENDING})")
     for name in sorted(DUMPERS):
         module = importlib.import_module(DUMPERS[name])
         if hasattr(module, "add_arguments"):
             module.add_arguments(dec)
-    dec.set_defaults(handler=_decode_command)
+    dec.set_defaults(handler=analyse.run)
+    rec = sub.add_parser(
+        "record",
+        help="record a connection through a forwarding proxy into a pcapng file",
+        description="Listen, forward each connection to the real peer, and write both "
+        "directions, with timestamps, to a pcapng file that `wirekit decode` reads.  Stops "
+        "after --connections connections have closed, after --duration seconds, or on "
+        "Ctrl-C / SIGTERM (the file is complete in every case).",
+    )
+    rec.add_argument("--listen", required=True, metavar="[HOST:]PORT",
+                     help="where clients connect (port 0: any free port, printed)")
+    rec.add_argument("--target", required=True, metavar="HOST:PORT", help="the real peer")
+    rec.add_argument("-w", "--write", required=True, metavar="FILE", help="the pcapng to write")
+    rec.add_argument("--connections", type=int, metavar="N",
+                     help="stop once N connections have been recorded (default: no limit)")
+    rec.add_argument("--duration", type=float, metavar="SECONDS",
+                     help="stop after this long (default: no limit)")
+    rec.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
+                     help="close a connection idle this long (default: never)")
+    rec.set_defaults(handler=_record_command)
+    dis = sub.add_parser(
+        "dissector",
+        help="write a Wireshark Lua dissector for MIP or the y2 worker link",
+        description="Write a Wireshark/tshark Lua dissector generated from wirekit's own "
+        "field definitions.  Use: tshark -X lua_script:FILE -r capture.pcapng -V.  It "
+        "registers a heuristic TCP dissector, and the given --port(s) in tcp.port.",
+    )
+    dis.add_argument("--proto", required=True, choices=["mip", "y2"])
+    dis.add_argument("--port", type=int, action="append", default=[], metavar="PORT",
+                     help="a TCP port the protocol runs on (repeatable)")
+    dis.add_argument("--max-message", type=int, default=DEFAULT_MAX_MESSAGE, metavar="BYTES",
+                     help="a larger announced size is shown as lost framing")
+    dis.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    dis.set_defaults(handler=_dissector_command)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser
