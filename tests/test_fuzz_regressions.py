@@ -88,8 +88,10 @@ def test_a_lost_stream_event_is_a_disagreement(both_twins, monkeypatch):
     # A codec that consumes the bytes of its last event without handing the event out
     pure = twin("zmtp", "pure")
 
-    def decode_events(buf, pos=0, phase=0, final=True, max_frame_size=None):
-        events, end, phase, error = pure.decode_events(buf, pos, phase, final, max_frame_size)
+    def decode_events(buf, pos=0, phase=0, final=True, max_frame_size=None, **limits):
+        events, end, phase, error = pure.decode_events(
+            buf, pos, phase, final, max_frame_size, **limits
+        )
         return events[:-1], end, phase, error
 
     _with_fast(monkeypatch, "zmtp", decode_events=decode_events)
