@@ -197,6 +197,8 @@ cdef class Lane:
                 size = _size(base, pos, end, 0, self.max_items)
                 if size < 0 or size > self.max_size:
                     break
+                # the one draw for this request (wirekit.serve.router): sent to this device
+                # now, or waiting for it in the dispatcher's attempt loop
                 row = single if single is not None else self._router.choose(model, ())
                 key = row.key
                 if group is None or group.client is not self._clients[key]:
@@ -207,22 +209,25 @@ cdef class Lane:
                         group = _Group.__new__(_Group)
                         group.client = self._clients[key]
                         conn = group.client._conn
-                        if conn is None or conn.closed:
-                            break
-                        group.conn = conn
-                        group.in_flight = group.client._in_flight
-                        group.limit = group.client.max_in_flight
-                        group.timeout = group.client.timeout
-                        group.deadline = conn.loop.time() + group.timeout
                         group.frames = []
                         group.calls = []
                         groups[key] = group
-                if group.in_flight >= group.limit:
-                    break
+                        if conn is None or conn.closed:  # nothing can be sent: limit 0
+                            group.in_flight = group.limit = 0
+                        else:
+                            group.conn = conn
+                            group.in_flight = group.client._in_flight
+                            group.limit = group.client.max_in_flight
+                            group.timeout = group.client.timeout
+                            group.deadline = conn.loop.time() + group.timeout
                 if whole and pos == 0 and size == end:
                     frame = src
                 else:
                     frame = PyBytes_FromStringAndSize(<const char*>base + pos, size)
+                if group.in_flight >= group.limit:
+                    self._hand_over(frame, row, t_obj)
+                    pos += size
+                    continue
                 rid = f"{prefix}{next(ids):x}"
                 call = LaneCall.__new__(LaneCall)
                 call.lane = self
@@ -276,6 +281,17 @@ cdef class Lane:
         stats.queue += n
         self.store.extend(ops, None, 0)
         return pos
+
+    cdef _hand_over(self, frame, row, t_in):
+        """A request drawn for ``row`` that cannot be sent now: the dispatcher's job, on that
+        device (see ``wirekit.serve.lane.Lane._hand_over``)."""
+        d = self.dispatcher
+        job = d.new_job(self.model, frame, self.client, t_in, self.wake)
+        self._append(job)
+        try:
+            d.start(job, row)
+        except Exception as exc:
+            job.error = exc
 
     def answers(self, pending):
         """Pop the answers ready at the head of ``pending``, in order, recording the lane's

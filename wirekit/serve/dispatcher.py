@@ -288,7 +288,13 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ the fast path
 
-    def start(self, job: Job) -> None:
+    def new_job(self, model: str, wire: bytes, client: str, t_in: float, notify) -> Job:
+        """A :class:`Job` for the encoded request ``wire`` that arrived at ``t_in``."""
+        job = Job(model, Payload(wire), client, notify)
+        job.t_in = t_in
+        return job
+
+    def start(self, job: Job, row: DeviceRow | None = None) -> None:
         """Begin answering ``job`` without a task when possible: the first attempt goes to
         a MIP backend's open connection at once and its reply is handled in a callback (one
         loop pass per leg, no coroutine).  Anything else -- a cache hit aside -- and every
@@ -296,7 +302,11 @@ class Dispatcher:
         ``job.notify(job)`` is called once, when ``job.outcome`` (or ``job.error``) is set,
         possibly before this returns.  The completion record is deferred: the caller writes
         the journal (``store.write_journal()``) before it answers.  Raises
-        :class:`UnknownModel`."""
+        :class:`UnknownModel`.
+
+        ``row``: the device already drawn for ``job`` (by the MIP lane, which found no free
+        slot on it): the job goes there -- waiting for a slot -- instead of drawing again,
+        so that each request is drawn for exactly once (see :mod:`wirekit.serve.router`)."""
         cfg = self.models.get(job.model)
         if cfg is None:
             raise UnknownModel(job.model)
@@ -313,8 +323,9 @@ class Dispatcher:
             if hit is not None:
                 self._settle(job, Outcome(job.rid, OK, hit, "cache", 0))
                 return
-        row = None
-        if not self.closing:
+        if self.closing:
+            row = None
+        elif row is None:
             try:
                 row = self.router.choose(cfg.name, ())
             except NoDevice:

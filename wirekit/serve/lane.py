@@ -10,10 +10,13 @@ adaptive batching, takes its requests through a :class:`Lane`:
   a device by quota, and a slot on that backend's open connection; the requests for one
   connection go out in one write, byte for byte as they came.  With the cache on, a request
   answered recently is answered from the cache instead (device ``cache``, 0 attempts), and
-  a backend's answer is cached.  A message the lane does not take (a ping, a malformed
-  message, a partial frame, no open connection or no free slot, the dispatcher closing)
-  stops it: the front door handles that one message its general way
-  (:meth:`Dispatcher.start`) and hands the rest of the read back to the lane.
+  a backend's answer is cached.  A request whose device (drawn once, by
+  :meth:`Router.choose <wirekit.serve.router.Router.choose>`) has no open connection or no
+  free slot is handed to the dispatcher's attempt loop *with that device*
+  (:meth:`Dispatcher.start`), where it waits for a slot: the lane never draws twice, so the
+  quotas hold under load.  A message the lane does not take (a ping, a malformed message, a
+  partial frame, the dispatcher closing) stops it: the front door handles that one message
+  its general way and hands the rest of the read back to the lane.
 * :class:`LaneCall` -- one request on its way: it sits in the backend connection's queue as
   its own pending call and future.  A well-formed inference reply is its answer (status
   ``ok``, the bytes passed back as they came); anything else -- an error reply, a reply that
@@ -182,16 +185,20 @@ class Lane:
             size = inference_size(src, pos, end, 0, self.max_items)
             if size < 0 or size > self.max_size:
                 break
+            # The one draw for this request (wirekit.serve.router): it is sent to this
+            # device now, or waits for it in the dispatcher's attempt loop.
             row = single if single is not None else d.router.choose(model, ())
             client = self.clients[row.key]
+            # the read itself when it is exactly this request
+            frame = src if whole and size == end and pos == 0 else bytes(src[pos : pos + size])
             conn = client._conn
             if conn is None or conn.closed or client._in_flight >= client.max_in_flight:
-                break
+                self._hand_over(frame, row, t_in)
+                pos += size
+                continue
             group = groups.get(conn)
             if group is None:
                 group = groups[conn] = (conn.loop.time() + client.timeout, [], [])
-            # the read itself when it is exactly this request
-            frame = src if whole and size == end and pos == 0 else bytes(src[pos : pos + size])
             rid = f"{prefix}{next(ids):x}"
             call = LaneCall(self, row, client, conn, rid, frame, t_in, group[0])
             pending.append(call)
@@ -230,6 +237,18 @@ class Lane:
         stats.queue += n
         self.store.extend(ops, None, 0)
         return pos
+
+    def _hand_over(self, frame: bytes, row: Any, t_in: float) -> None:
+        """A request drawn for ``row`` that cannot be sent now (no open connection or no
+        free slot): it goes on as the dispatcher's job, on that device (it waits for a
+        slot there), in its place among the answers to come."""
+        d = self.dispatcher
+        job = d.new_job(self.model, frame, self.client, t_in, self.wake)
+        self.pending.append(job)
+        try:
+            d.start(job, row)
+        except Exception as exc:  # answered INTERNAL, logged when its turn comes
+            job.error = exc
 
     def answers(self, pending: deque) -> list[bytes]:
         """Pop the answers ready at the head of ``pending`` (bytes, the dispatcher's jobs,
