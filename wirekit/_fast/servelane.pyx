@@ -4,6 +4,7 @@ behaviour; ``tests/test_serve_lane.py`` runs both."""
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.math cimport INFINITY
 from libc.stdint cimport uint8_t, uint32_t
 
 import asyncio
@@ -98,7 +99,7 @@ cdef class LaneCall:
     def set_result(self, bytes frame):
         """The backend's reply (called once, by the backend connection)."""
         cdef Py_ssize_t n = PyBytes_GET_SIZE(frame)
-        self.client._release_slot()
+        self.client.release_slot()
         if _size(<const uint8_t*>PyBytes_AS_STRING(frame), 0, n, 1, -1) != n:
             self.state = S_HANDED_OVER
             self.lane.dispatcher.lane_fallback(self, frame, None)
@@ -113,7 +114,7 @@ cdef class LaneCall:
     def set_exception(self, exc):
         """No reply: a timeout or a lost connection (called at most once)."""
         self.state = S_HANDED_OVER
-        self.client._call_failed(self.conn, exc)
+        self.client.call_failed(self.conn, exc)
         self.lane.dispatcher.lane_fallback(self, None, exc)
 
     def job_done(self, job):
@@ -137,7 +138,7 @@ cdef class Lane:
     cdef readonly str model, client
     cdef readonly bint enabled
     cdef Py_ssize_t max_size, max_items
-    cdef object _clock, _router, _single, _append
+    cdef object _clock, _router, _single, _append, _new_id
     cdef dict _clients, _names
     cdef double _hex_of
     cdef str _hex
@@ -155,8 +156,9 @@ cdef class Lane:
         self.enabled = route is not None
         self.store = dispatcher.store
         self.cache = dispatcher.cache if dispatcher.cache.enabled else None
-        self.stats = dispatcher.metrics._get(model)
-        self._clock = dispatcher._clock
+        self.stats = dispatcher.metrics.stats(model)
+        self._clock = dispatcher.clock
+        self._new_id = dispatcher.new_id
         self._router = dispatcher.router
         self._names = {}
         self._hex_of = -1.0
@@ -179,12 +181,12 @@ cdef class Lane:
         cdef const uint8_t* base
         cdef Py_ssize_t size, n = 0
         cdef bint whole = type(src) is bytes
-        cdef object row, key, conn, frame, ids = d._ids, t_obj = t_in
-        cdef str rid, prefix = d._prefix, model = self.model, client_name = self.client
+        cdef object row, key, conn, frame, new_id = self._new_id, t_obj = t_in
+        cdef str rid, model = self.model, client_name = self.client
         cdef LaneCall call
         cdef _Group group = None, g
         cdef dict groups = None
-        cdef list ops = []
+        cdef list ops = [], handed = None
         cdef object single = self._single
         cdef bint payloads = self.store.payloads
         cdef object cache = self.cache, hit
@@ -208,27 +210,29 @@ cdef class Lane:
                     if group is None:
                         group = _Group.__new__(_Group)
                         group.client = self._clients[key]
-                        conn = group.client._conn
+                        conn = group.client.open_connection()
                         group.frames = []
                         group.calls = []
                         groups[key] = group
-                        if conn is None or conn.closed:  # nothing can be sent: limit 0
+                        if conn is None:  # nothing can be sent: limit 0
                             group.in_flight = group.limit = 0
                         else:
                             group.conn = conn
-                            group.in_flight = group.client._in_flight
+                            group.in_flight = group.client.in_flight
                             group.limit = group.client.max_in_flight
                             group.timeout = group.client.timeout
-                            group.deadline = conn.loop.time() + group.timeout
+                            group.deadline = group.client.call_deadline(conn)
                 if whole and pos == 0 and size == end:
                     frame = src
                 else:
                     frame = PyBytes_FromStringAndSize(<const char*>base + pos, size)
-                if group.in_flight >= group.limit:
-                    self._hand_over(frame, row, t_obj)
+                if group.in_flight >= group.limit:  # no open connection or no free slot
+                    if handed is None:
+                        handed = []
+                    handed.append((self._hand_over(frame, t_obj), row))
                     pos += size
                     continue
-                rid = f"{prefix}{next(ids):x}"
+                rid = new_id()
                 call = LaneCall.__new__(LaneCall)
                 call.lane = self
                 call.row = row
@@ -259,39 +263,33 @@ cdef class Lane:
                 pos += size
         finally:
             PyBuffer_Release(&view)
-        if not n:
-            return pos
-        for g in groups.values():
-            if not g.calls:
-                continue
-            g.client._in_flight = g.in_flight
-            conn = g.conn
-            conn.waiting.extend(g.calls)
-            out = conn.out
-            if out is not None:  # writes of this loop pass are being gathered
-                out.extend(g.frames)
-            else:
-                conn.transport.write(g.frames[0] if len(g.frames) == 1 else b"".join(g.frames))
-            if g.deadline < conn.timer_due:
-                conn.arm(g.deadline)
-        d.active += n
-        d.lane_requests += n
-        stats = self.stats
-        stats.requests += n
-        stats.queue += n
-        self.store.extend(ops, None, 0)
+        if n:
+            for g in groups.values():
+                if g.calls:
+                    g.client.send_calls(g.conn, g.frames, g.calls, g.deadline)
+            d.lane_started(n)
+            self.stats.arrive(n)
+            self.store.extend(ops, None, 0)
+        if handed is not None:
+            self._start(handed)
         return pos
 
-    cdef _hand_over(self, frame, row, t_in):
-        """A request drawn for ``row`` that cannot be sent now: the dispatcher's job, on that
-        device (see ``wirekit.serve.lane.Lane._hand_over``)."""
-        d = self.dispatcher
-        job = d.new_job(self.model, frame, self.client, t_in, self.wake)
+    cdef object _hand_over(self, frame, t_in):
+        """A request that cannot be sent now: the dispatcher's job, in its place among the
+        answers to come (see ``wirekit.serve.lane.Lane._hand_over``)."""
+        job = self.dispatcher.new_job(self.model, frame, self.client, t_in, self.wake)
         self._append(job)
-        try:
-            d.start(job, row)
-        except Exception as exc:
-            job.error = exc
+        return job
+
+    cdef _start(self, list handed):
+        """Start the handed-over jobs, each on the device drawn for it (see
+        ``wirekit.serve.lane.Lane._start``)."""
+        start = self.dispatcher.start
+        for job, row in handed:
+            try:
+                start(job, row)
+            except Exception as exc:
+                job.error = exc
 
     def answers(self, pending):
         """Pop the answers ready at the head of ``pending``, in order, recording the lane's
@@ -306,8 +304,8 @@ cdef class Lane:
         cdef int mode = store.lane_mode()
         cdef set succeeded = None
         cdef object last = None
-        lo = stats.min
-        hi = stats.max
+        lo = INFINITY
+        hi = -INFINITY
         while pending:
             head = pending[0]
             cls = type(head)
@@ -361,17 +359,8 @@ cdef class Lane:
                 break
             pending.popleft()
         if n:
-            stats.queue -= n
-            statuses = stats.statuses
-            statuses[_OK] = statuses.get(_OK, 0) + n
-            stats.count += n
-            stats.total += total
-            stats.min = lo
-            stats.max = hi
-            self.dispatcher.active -= n
-            router = self._router
-            for row in succeeded:
-                router.succeed(row)
+            stats.answered_ok(n, total, lo, hi)
+            self.dispatcher.lane_answered(n, succeeded)
             if ops:
                 store.extend(ops, lines, nbytes)
         return out

@@ -33,13 +33,13 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
 
 from wirekit import mip
-from wirekit._impl import load_fast
+from wirekit._impl import select
 from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply, Inference
 from wirekit.mip.client import unanswered_retryable
@@ -167,13 +167,15 @@ class Dispatcher:
     ) -> None:
         self.models = dict(models)
         #: the MIP lane's twin (module): compiled unless WIREKIT_PURE or not built
-        self.lane = lane if lane is not None else (load_fast("servelane") or pure_lane)
+        self.lane = lane if lane is not None else select("servelane", pure_lane)
         self.router = router
         self.backends = dict(backends)
         self.store = store
         self.metrics = metrics
         self.cache = cache
-        self._clock = clock
+        #: the clock of the store's times (time.time by default)
+        self.clock = clock
+        self._clock = clock  # kept for serve/mipfront.py until it uses ``clock``
         self._ids = itertools.count(1)
         self._prefix = f"{int(time.time()):x}{os.getpid():x}{os.urandom(2).hex()}-"
         self.resubmissions = 0
@@ -597,6 +599,19 @@ class Dispatcher:
                 return None
             clients[row.key] = client
         return (cfg, rows, clients) if rows else None
+
+    def lane_started(self, n: int) -> None:
+        """The MIP lane sent ``n`` requests (recorded as arrived by the lane)."""
+        self.active += n
+        self.lane_requests += n
+
+    def lane_answered(self, n: int, rows: Collection[DeviceRow]) -> None:
+        """The MIP lane answered ``n`` requests (recorded by the lane), the devices ``rows``
+        among those that answered them (back in rotation)."""
+        self.active -= n
+        succeed = self.router.succeed
+        for row in rows:
+            succeed(row)
 
     def lane_fallback(self, call, frame: bytes | None, exc: BaseException | None) -> None:
         """A lane call the lane does not settle itself -- ``frame`` a reply that is not a

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import deque
 from typing import Any
 
@@ -111,7 +112,7 @@ class LaneCall:
 
     def set_result(self, frame: bytes) -> None:
         """The backend's reply (called once, by the backend connection)."""
-        self.client._release_slot()
+        self.client.release_slot()
         if inference_size(frame, 0, len(frame), 1) != len(frame):
             self.state = HANDED_OVER
             self.lane.dispatcher.lane_fallback(self, frame, None)
@@ -126,7 +127,7 @@ class LaneCall:
     def set_exception(self, exc: BaseException) -> None:
         """No reply: a timeout or a lost connection (called at most once)."""
         self.state = HANDED_OVER
-        self.client._call_failed(self.conn, exc)
+        self.client.call_failed(self.conn, exc)
         self.lane.dispatcher.lane_fallback(self, None, exc)
 
     def job_done(self, job: Any) -> None:
@@ -156,8 +157,9 @@ class Lane:
         self.enabled = route is not None
         self.store = dispatcher.store
         self.cache = dispatcher.cache if dispatcher.cache.enabled else None
-        self.stats = dispatcher.metrics._get(model)
-        self._clock = dispatcher._clock
+        self.stats = dispatcher.metrics.stats(model)
+        self._clock = dispatcher.clock
+        self._new_id = dispatcher.new_id
         self._names: dict[str, str] = {}  # device -> its journal text of model, client, device
         self._hex_of: float | None = None
         self._hex = ""
@@ -173,13 +175,15 @@ class Lane:
         if not self.enabled or d.closing:
             return pos
         pending = self.pending
-        groups: dict[Any, tuple[Any, list[bytes], list[LaneCall]]] = {}
+        # row key -> [client, connection, deadline, free slots, frames, calls]
+        groups: dict[str, list[Any]] = {}
+        handed: list[tuple[Any, Any]] = []  # (job, row): for the dispatcher, after the sends
         ops = []
         single = self.single
         model, client_name = self.model, self.client
         payloads = self.store.payloads
         cache = self.cache
-        prefix, ids = d._prefix, d._ids
+        new_id = self._new_id
         whole = type(src) is bytes
         while True:
             size = inference_size(src, pos, end, 0, self.max_items)
@@ -191,16 +195,18 @@ class Lane:
             client = self.clients[row.key]
             # the read itself when it is exactly this request
             frame = src if whole and size == end and pos == 0 else bytes(src[pos : pos + size])
-            conn = client._conn
-            if conn is None or conn.closed or client._in_flight >= client.max_in_flight:
-                self._hand_over(frame, row, t_in)
+            group = groups.get(row.key)
+            if group is None:
+                conn = client.open_connection()
+                free = 0 if conn is None else client.max_in_flight - client.in_flight
+                deadline = 0.0 if conn is None else client.call_deadline(conn)
+                group = groups[row.key] = [client, conn, deadline, free, [], []]
+            if group[3] <= 0:  # no open connection or no free slot
+                handed.append((self._hand_over(frame, t_in), row))
                 pos += size
                 continue
-            group = groups.get(conn)
-            if group is None:
-                group = groups[conn] = (conn.loop.time() + client.timeout, [], [])
-            rid = f"{prefix}{next(ids):x}"
-            call = LaneCall(self, row, client, conn, rid, frame, t_in, group[0])
+            rid = new_id()
+            call = LaneCall(self, row, client, group[1], rid, frame, t_in, group[2])
             pending.append(call)
             if cache is not None:
                 call.key = digest(memoryview(frame)[8:])
@@ -211,44 +217,41 @@ class Lane:
                     call.reply = hit.wire
                     call.key = None
             if call.state == IN_FLIGHT:
-                client._in_flight += 1
-                group[1].append(frame)
-                group[2].append(call)
+                group[3] -= 1
+                group[4].append(frame)
+                group[5].append(call)
             ops.append((_ARRIVAL, (rid, model, client_name, t_in, size,
                                    frame if payloads else None)))
             pos += size
-        if not ops:
-            return pos
-        for conn, (deadline, frames, calls) in groups.items():
-            if not calls:
-                continue
-            conn.waiting.extend(calls)
-            if conn.out is not None:  # writes of this loop pass are being gathered
-                conn.out.extend(frames)
-            else:
-                conn.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
-            if deadline < conn.timer_due:
-                conn.arm(deadline)
-        n = len(ops)
-        d.active += n
-        d.lane_requests += n
-        stats = self.stats
-        stats.requests += n
-        stats.queue += n
-        self.store.extend(ops, None, 0)
+        if ops:
+            for client, conn, deadline, _free, frames, calls in groups.values():
+                if calls:
+                    client.send_calls(conn, frames, calls, deadline)
+            n = len(ops)
+            d.lane_started(n)
+            self.stats.arrive(n)
+            self.store.extend(ops, None, 0)
+        if handed:
+            self._start(handed)
         return pos
 
-    def _hand_over(self, frame: bytes, row: Any, t_in: float) -> None:
-        """A request drawn for ``row`` that cannot be sent now (no open connection or no
-        free slot): it goes on as the dispatcher's job, on that device (it waits for a
-        slot there), in its place among the answers to come."""
-        d = self.dispatcher
-        job = d.new_job(self.model, frame, self.client, t_in, self.wake)
+    def _hand_over(self, frame: bytes, t_in: float) -> Any:
+        """A request that cannot be sent now (no open connection or no free slot on the
+        device drawn for it): the dispatcher's job, in its place among the answers to come
+        (started by :meth:`_start`)."""
+        job = self.dispatcher.new_job(self.model, frame, self.client, t_in, self.wake)
         self.pending.append(job)
-        try:
-            d.start(job, row)
-        except Exception as exc:  # answered INTERNAL, logged when its turn comes
-            job.error = exc
+        return job
+
+    def _start(self, handed: list[tuple[Any, Any]]) -> None:
+        """Start the jobs of :meth:`_hand_over`, each on the device drawn for it (it waits
+        for a slot there), once the lane's own requests hold their slots."""
+        start = self.dispatcher.start
+        for job, row in handed:
+            try:
+                start(job, row)
+            except Exception as exc:  # answered INTERNAL, logged when its turn comes
+                job.error = exc
 
     def answers(self, pending: deque) -> list[bytes]:
         """Pop the answers ready at the head of ``pending`` (bytes, the dispatcher's jobs,
@@ -264,8 +267,8 @@ class Lane:
         stats = self.stats
         n = 0
         total = 0.0
-        lo = stats.min
-        hi = stats.max
+        lo = math.inf
+        hi = -math.inf
         succeeded = set()
         last = None
         while pending:
@@ -316,16 +319,8 @@ class Lane:
                 break
             pending.popleft()
         if n:
-            stats.queue -= n
-            stats.statuses[_OK] = stats.statuses.get(_OK, 0) + n
-            stats.count += n
-            stats.total += total
-            stats.min = lo
-            stats.max = hi
-            self.dispatcher.active -= n
-            router = self.dispatcher.router
-            for row in succeeded:
-                router.succeed(row)
+            stats.answered_ok(n, total, lo, hi)
+            self.dispatcher.lane_answered(n, succeeded)
             if ops:
                 store.extend(ops, lines, nbytes)
         return out
