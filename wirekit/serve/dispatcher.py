@@ -37,6 +37,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
+from typing import Any
 
 from wirekit import mip
 from wirekit._impl import select
@@ -103,6 +104,12 @@ async def _infer_within(backend: Backend, request: Payload, timeout: float) -> P
     return await asyncio.wait_for(backend.infer(request), timeout)  # pragma: no cover
 
 
+def _samples(job: Job) -> int:
+    """The samples of ``job``'s request (0 for a message that is not an inference)."""
+    msg = job.request.message
+    return msg.batch_size if type(msg) is Inference else 0
+
+
 class Job:
     """One request taken by :meth:`Dispatcher.start` (the MIP front door's way in)."""
 
@@ -117,7 +124,8 @@ class Job:
         self.outcome: Outcome | None = None
         self.error: BaseException | None = None  #: set instead when the loop was cancelled
         self.rid = ""
-        self.cfg: ModelConfig | None = None
+        #: set by Dispatcher.start (or lane_fallback) before any use
+        self.cfg: ModelConfig = None  # type: ignore[assignment]
         self.t_in = 0.0
         self.key: bytes | None = None
         #: its journal line's start, made while it is sent ("" or None: none)
@@ -405,10 +413,10 @@ class Dispatcher:
         n_input = samples = size = 0
         for job in jobs:
             msg = job.request.message
-            b = msg.batch_size
-            if not b:  # nothing to join: as it is, alone
+            if type(msg) is not Inference or not msg.batch_size:  # nothing to join: alone
                 self._send_one(job, row)
                 continue
+            b = msg.batch_size
             n = len(job.request.wire)
             if group and (
                 msg.n_input != n_input or samples + b > limit or size + n > BATCH_BYTES
@@ -430,7 +438,7 @@ class Dispatcher:
             # instead of taking turns).
             half = k = 0
             while 2 * half < samples:
-                half += jobs[k].request.message.batch_size
+                half += _samples(jobs[k])
                 k += 1
             if k < len(jobs):
                 self._send_batch(jobs[:k], row, n_input, half)
@@ -444,7 +452,7 @@ class Dispatcher:
             return
         self.batches += 1
         wire = join_requests([j.request.wire for j in jobs], n_input, samples)
-        backend = self.backends[row.key]
+        backend: Any = self.backends[row.key]  # batchable: a MipBackend
         if backend.send_nowait(wire, partial(self._group_reply, jobs, row)):
             return
         task = asyncio.get_running_loop().create_task(self._group_slow(jobs, row, wire))
@@ -468,6 +476,7 @@ class Dispatcher:
     def _group_reply(self, jobs: list[Job], row: DeviceRow, frame: bytes | None, exc) -> None:
         """The reply to a joined batch: split per request, or each request on its own."""
         if exc is None:
+            assert frame is not None  # a reply, or an exception
             try:
                 msg = decode_reply(mip, frame)
             except DecodeError as err:
@@ -476,7 +485,7 @@ class Dispatcher:
                 self.router.succeed(row)
                 parts = None
                 if type(msg) is Inference and msg.response:
-                    parts = split_reply(frame, msg, [j.request.message.batch_size for j in jobs])
+                    parts = split_reply(frame, msg, [_samples(j) for j in jobs])
                 if parts is None:
                     # An error reply (or a reply not shaped like the batch) may be the fault
                     # of one request: each is sent again alone and gets its own answer.
@@ -542,6 +551,7 @@ class Dispatcher:
         """The first attempt's reply (or failure), from the backend connection's callback."""
         cfg = job.cfg
         if exc is None:
+            assert frame is not None  # a reply, or an exception
             try:
                 msg = decode_reply(mip, frame)
             except DecodeError as err:
