@@ -20,16 +20,13 @@ cdef object _CANCELLED = asyncio.CancelledError
 
 cdef int _ARRIVAL = 0, _COMPLETION = 1
 cdef bytes _INTERNAL = mip.encode(ErrorReply(int(ErrorCode.INTERNAL)))
-cdef str _OK = "ok"
+cdef object _ZERO = 0, _ONE = 1
 cdef str _CACHE = "cache"
 
 IN_FLIGHT, ANSWERED, HANDED_OVER = 0, 1, 2
-NO_JOURNAL, LINES, COMPLETE = 0, 1, 2
 DEF S_IN_FLIGHT = 0
 DEF S_ANSWERED = 1
 DEF S_HANDED_OVER = 2
-DEF M_LINES = 1
-DEF M_COMPLETE = 2
 
 
 cdef inline uint32_t _be32(const uint8_t* p) noexcept nogil:
@@ -139,9 +136,7 @@ cdef class Lane:
     cdef readonly bint enabled
     cdef Py_ssize_t max_size, max_items
     cdef object _clock, _router, _single, _append, _new_id
-    cdef dict _clients, _names
-    cdef double _hex_of
-    cdef str _hex
+    cdef dict _clients
 
     def __init__(self, dispatcher, str model, str client, route, Py_ssize_t max_size,
                  Py_ssize_t max_items, pending, wake):
@@ -160,9 +155,6 @@ cdef class Lane:
         self._clock = dispatcher.clock
         self._new_id = dispatcher.new_id
         self._router = dispatcher.router
-        self._names = {}
-        self._hex_of = -1.0
-        self._hex = ""
         self._single = None
         self._clients = {}
         if route is not None:
@@ -186,9 +178,8 @@ cdef class Lane:
         cdef LaneCall call
         cdef _Group group = None, g
         cdef dict groups = None
-        cdef list ops = [], handed = None
+        cdef list arrived = [], handed = None
         cdef object single = self._single
-        cdef bint payloads = self.store.payloads
         cdef object cache = self.cache, hit
         PyObject_GetBuffer(src, &view, PyBUF_SIMPLE)
         try:
@@ -257,8 +248,7 @@ cdef class Lane:
                     group.in_flight += 1
                     group.frames.append(frame)
                     group.calls.append(call)
-                ops.append((_ARRIVAL, (rid, model, client_name, t_obj, size,
-                                       frame if payloads else None)))
+                arrived.append((rid, size, frame))
                 n += 1
                 pos += size
         finally:
@@ -269,7 +259,7 @@ cdef class Lane:
                     g.client.send_calls(g.conn, g.frames, g.calls, g.deadline)
             d.lane_started(n)
             self.stats.arrive(n)
-            self.store.extend(ops, None, 0)
+            self.store.arrivals(model, client_name, t_obj, arrived)
         if handed is not None:
             self._start(handed)
         return pos
@@ -294,18 +284,13 @@ cdef class Lane:
     def answers(self, pending):
         """Pop the answers ready at the head of ``pending``, in order, recording the lane's
         own; return them (see ``wirekit.serve.lane.Lane.answers``)."""
-        cdef list out = [], ops = [], lines = []
-        cdef Py_ssize_t nbytes = 0, n = 0, size
-        cdef double t_out = 0.0, rt, total = 0.0, lo, hi
-        cdef str tout_hex = "", line, names, device
-        cdef int attempts
-        cdef object t_obj = None, head, cls, row, store = self.store, stats = self.stats
+        cdef list out = [], done = []
+        cdef Py_ssize_t n = 0
+        cdef double t_out = 0.0, rt, total = 0.0, lo = INFINITY, hi = -INFINITY
+        cdef object t_obj = None, head, cls, row, device, attempts
         cdef LaneCall call
-        cdef int mode = store.lane_mode()
         cdef set succeeded = None
         cdef object last = None
-        lo = INFINITY
-        hi = -INFINITY
         while pending:
             head = pending[0]
             cls = type(head)
@@ -317,7 +302,6 @@ cdef class Lane:
                     if not n:
                         t_obj = self._clock()
                         t_out = t_obj
-                        tout_hex = t_obj.hex()
                         succeeded = set()
                     n += 1
                     rt = t_out - call.t_in
@@ -329,25 +313,15 @@ cdef class Lane:
                     row = call.row
                     if row is None:  # answered from the cache
                         device = _CACHE
-                        attempts = 0
+                        attempts = _ZERO
                     else:
                         device = row.key
-                        attempts = 1
+                        attempts = _ONE
                         if row is not last:  # DeviceRow hashes its fields: once per run
                             succeeded.add(row)
                             last = row
-                    size = PyBytes_GET_SIZE(call.wire)
-                    if mode == M_COMPLETE:
-                        store.complete(call.rid, self.model, self.client, device, call.t_in,
-                                       t_obj, _OK, size, attempts, call.wire, True)
-                    else:
-                        if mode == M_LINES:
-                            names = self._names_of(device)
-                            line = (f'["{call.rid}",{names}"{self._tin_hex(call.t_in)}",'
-                                    f'"{tout_hex}","ok",{size},{attempts},null]\n')
-                            nbytes += len(line)
-                            lines.append(line)
-                        ops.append((_COMPLETION, (device, t_obj, _OK, attempts, call.rid)))
+                    done.append((call.rid, device, call.t_in, PyBytes_GET_SIZE(call.wire),
+                                 attempts, call.wire))
                     out.append(call.reply)
                 elif call.job is not None:
                     out.append(_job_answer(call.job))
@@ -359,24 +333,10 @@ cdef class Lane:
                 break
             pending.popleft()
         if n:
-            stats.answered_ok(n, total, lo, hi)
+            self.stats.answered_ok(n, total, lo, hi)
             self.dispatcher.lane_answered(n, succeeded)
-            if ops:
-                store.extend(ops, lines, nbytes)
+            self.store.completions_ok(self.model, self.client, t_obj, done)
         return out
-
-    cdef str _names_of(self, str device):
-        names = self._names.get(device)
-        if names is None:
-            names = self._names[device] = self.store.journal_names(self.model, self.client,
-                                                                   device)
-        return names
-
-    cdef str _tin_hex(self, double t_in):
-        if t_in != self._hex_of:  # the requests of one read share their time
-            self._hex_of = t_in
-            self._hex = float(t_in).hex()
-        return self._hex
 
 
 cdef object _job_answer(job):

@@ -45,13 +45,10 @@ from .payload import Payload
 
 log = logging.getLogger("wirekit.serve")
 
-_ARRIVAL, _COMPLETION = 0, 1  # the store's row kinds (wirekit.serve.store)
 _INTERNAL = mip.encode(ErrorReply(int(ErrorCode.INTERNAL)))
-_OK = "ok"
 _CACHE = "cache"  # the device of an answer from the cache
 
 IN_FLIGHT, ANSWERED, HANDED_OVER = 0, 1, 2  #: LaneCall states
-NO_JOURNAL, LINES, COMPLETE = 0, 1, 2  #: how answers are recorded: RequestStore.lane_mode
 
 
 def inference_size(buf: Any, pos: int, end: int, subtype: int, max_items: int = -1) -> int:
@@ -120,7 +117,7 @@ class LaneCall:
         self.state = ANSWERED
         self.reply = frame
         lane = self.lane
-        if self.key is not None:
+        if self.key is not None and lane.cache is not None:  # a key only with the cache on
             lane.cache.put(lane.model, self.key, Payload(frame), len(frame))
         lane.wake(self)
 
@@ -160,9 +157,6 @@ class Lane:
         self.stats = dispatcher.metrics.stats(model)
         self._clock = dispatcher.clock
         self._new_id = dispatcher.new_id
-        self._names: dict[str, str] = {}  # device -> its journal text of model, client, device
-        self._hex_of: float | None = None
-        self._hex = ""
         if route is not None:
             _cfg, rows, self.clients = route
             self.single = rows[0] if len(rows) == 1 else None
@@ -178,10 +172,9 @@ class Lane:
         # row key -> [client, connection, deadline, free slots, frames, calls]
         groups: dict[str, list[Any]] = {}
         handed: list[tuple[Any, Any]] = []  # (job, row): for the dispatcher, after the sends
-        ops = []
+        arrived: list[tuple[str, int, bytes]] = []  # for the store
         single = self.single
         model, client_name = self.model, self.client
-        payloads = self.store.payloads
         cache = self.cache
         new_id = self._new_id
         whole = type(src) is bytes
@@ -220,17 +213,16 @@ class Lane:
                 group[3] -= 1
                 group[4].append(frame)
                 group[5].append(call)
-            ops.append((_ARRIVAL, (rid, model, client_name, t_in, size,
-                                   frame if payloads else None)))
+            arrived.append((rid, size, frame))
             pos += size
-        if ops:
+        if arrived:
             for client, conn, deadline, _free, frames, calls in groups.values():
                 if calls:
                     client.send_calls(conn, frames, calls, deadline)
-            n = len(ops)
+            n = len(arrived)
             d.lane_started(n)
             self.stats.arrive(n)
-            self.store.extend(ops, None, 0)
+            self.store.arrivals(model, client_name, t_in, arrived)
         if handed:
             self._start(handed)
         return pos
@@ -257,14 +249,8 @@ class Lane:
         """Pop the answers ready at the head of ``pending`` (bytes, the dispatcher's jobs,
         lane calls), in order, recording the lane's own; return them."""
         out: list[bytes] = []
-        ops: list[tuple[int, tuple]] = []
-        lines: list[str] = []
-        nbytes = 0
+        done: list[tuple[str, str, float, int, int, bytes]] = []  # for the store
         t_out = 0.0
-        tout_hex = ""
-        store = self.store
-        mode = store.lane_mode()
-        stats = self.stats
         n = 0
         total = 0.0
         lo = math.inf
@@ -280,7 +266,6 @@ class Lane:
                 if head.state == ANSWERED:
                     if not n:
                         t_out = self._clock()
-                        tout_hex = t_out.hex()
                     n += 1
                     rt = t_out - head.t_in
                     total += rt
@@ -296,18 +281,8 @@ class Lane:
                         if row is not last:  # DeviceRow hashes its fields: once per run
                             succeeded.add(row)
                             last = row
-                    size = len(head.wire)
-                    if mode == COMPLETE:
-                        store.complete(head.rid, self.model, self.client, device, head.t_in,
-                                       t_out, _OK, size, attempts, head.wire, True)
-                    else:
-                        if mode == LINES:
-                            line = (f'["{head.rid}",{self._names_of(device)}'
-                                    f'"{self._tin_hex(head.t_in)}","{tout_hex}","ok",{size},'
-                                    f'{attempts},null]\n')
-                            nbytes += len(line)
-                            lines.append(line)
-                        ops.append((_COMPLETION, (device, t_out, _OK, attempts, head.rid)))
+                    wire = head.wire
+                    done.append((head.rid, device, head.t_in, len(wire), attempts, wire))
                     out.append(head.reply)
                 elif head.job is not None:
                     out.append(_job_answer(head.job))
@@ -319,23 +294,10 @@ class Lane:
                 break
             pending.popleft()
         if n:
-            stats.answered_ok(n, total, lo, hi)
+            self.stats.answered_ok(n, total, lo, hi)
             self.dispatcher.lane_answered(n, succeeded)
-            if ops:
-                store.extend(ops, lines, nbytes)
+            self.store.completions_ok(self.model, self.client, t_out, done)
         return out
-
-    def _names_of(self, device: str) -> str:
-        names = self._names.get(device)
-        if names is None:
-            names = self._names[device] = self.store.journal_names(self.model, self.client,
-                                                                   device)
-        return names
-
-    def _tin_hex(self, t_in: float) -> str:
-        if t_in != self._hex_of:  # the requests of one read share their time
-            self._hex_of, self._hex = t_in, t_in.hex()
-        return self._hex
 
 
 def _job_answer(job: Any) -> bytes:
