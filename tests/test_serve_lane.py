@@ -398,3 +398,46 @@ def test_compiled_merge_of_store_rows_agrees(ops, chunk):
             late.append(row)
     assert len(chunks) * chunk + len(rest) == len(seen)
     assert updates == late
+
+
+texts = st.text(max_size=6)
+times = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-5, 5)
+answers = st.lists(st.tuples(texts, st.sampled_from(["n/0/m", "cache", 'n/"1"/m']),
+                             times, st.integers(0, 1 << 40), st.integers(0, 3),
+                             st.none() | st.binary(max_size=5)), max_size=12)
+
+
+@given(answers, times, st.booleans(), st.booleans())
+def test_compiled_store_records_agree_with_the_one_journal_encoder(done, t_out, journal,
+                                                                   payloads):
+    """The lane's batch records (RequestStore.arrivals / completions_ok): the compiled twin
+    writes exactly the lines and rows of the pure one, whose lines are the store's one
+    encoder (_line_head/_line_end), and each line reads back as what was answered."""
+    if pure_requested():
+        pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
+    import json
+
+    from wirekit._fast import servelane
+    from wirekit.serve import store
+
+    def names_of(device):
+        return "".join(f"{json.dumps(v)}," for v in ("m", 'c"1', device))
+
+    tout = store._json_time(t_out)
+    pure = store.ok_records(done, t_out, tout, names_of, journal, payloads)
+    assert servelane.ok_records(done, t_out, tout, names_of, journal, payloads) == pure
+    lines, nbytes, ops = pure
+    assert nbytes == sum(map(len, lines))
+    assert ops == [(1, (d, t_out, "ok", a, rid)) for rid, d, _t, _s, a, _w in done]
+    assert len(lines) == (len(done) if journal else 0)
+    for line, (rid, device, t_in, size, attempts, wire) in zip(lines, done, strict=False):
+        rec = json.loads(line)
+        assert rec[:4] == [rid, "m", 'c"1', device] and rec[6:9] == ["ok", size, attempts]
+        assert line == store._line_end(store._line_head(rid, names_of(device),
+                                                        store._json_time(t_in)),
+                                       tout, "ok", size, attempts,
+                                       store._json_blob(wire if payloads else None))
+    requests = [(rid, size, wire) for rid, _d, _t, size, _a, wire in done]
+    for flag in (False, True):
+        assert servelane.arrival_ops(requests, "m", "c", t_out, flag) == (
+            store.arrival_ops(requests, "m", "c", t_out, flag))

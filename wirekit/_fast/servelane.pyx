@@ -8,6 +8,7 @@ from libc.math cimport INFINITY
 from libc.stdint cimport uint8_t, uint32_t
 
 import asyncio
+import json
 import logging
 
 from wirekit import mip
@@ -135,7 +136,7 @@ cdef class Lane:
     cdef readonly str model, client
     cdef readonly bint enabled
     cdef Py_ssize_t max_size, max_items
-    cdef object _clock, _router, _single, _append, _new_id
+    cdef object _clock, _router, _single, _append
     cdef dict _clients
 
     def __init__(self, dispatcher, str model, str client, route, Py_ssize_t max_size,
@@ -153,7 +154,6 @@ cdef class Lane:
         self.cache = dispatcher.cache if dispatcher.cache.enabled else None
         self.stats = dispatcher.metrics.stats(model)
         self._clock = dispatcher.clock
-        self._new_id = dispatcher.new_id
         self._router = dispatcher.router
         self._single = None
         self._clients = {}
@@ -173,8 +173,8 @@ cdef class Lane:
         cdef const uint8_t* base
         cdef Py_ssize_t size, n = 0
         cdef bint whole = type(src) is bytes
-        cdef object row, key, conn, frame, new_id = self._new_id, t_obj = t_in
-        cdef str rid, model = self.model, client_name = self.client
+        cdef object row, key, conn, frame, t_obj = t_in
+        cdef str model = self.model, client_name = self.client
         cdef LaneCall call
         cdef _Group group = None, g
         cdef dict groups = None
@@ -201,18 +201,16 @@ cdef class Lane:
                     if group is None:
                         group = _Group.__new__(_Group)
                         group.client = self._clients[key]
-                        conn = group.client.open_connection()
+                        slots = group.client.free_slots()
                         group.frames = []
                         group.calls = []
                         groups[key] = group
-                        if conn is None:  # nothing can be sent: limit 0
-                            group.in_flight = group.limit = 0
+                        group.in_flight = 0
+                        if slots is None:  # nothing can be sent: limit 0
+                            group.limit = 0
                         else:
-                            group.conn = conn
-                            group.in_flight = group.client.in_flight
-                            group.limit = group.client.max_in_flight
+                            group.conn, group.limit, group.deadline = slots
                             group.timeout = group.client.timeout
-                            group.deadline = group.client.call_deadline(conn)
                 if whole and pos == 0 and size == end:
                     frame = src
                 else:
@@ -223,13 +221,11 @@ cdef class Lane:
                     handed.append((self._hand_over(frame, t_obj), row))
                     pos += size
                     continue
-                rid = new_id()
                 call = LaneCall.__new__(LaneCall)
                 call.lane = self
                 call.row = row
                 call.client = group.client
                 call.conn = group.conn
-                call.rid = rid
                 call.wire = frame
                 call.t_in = t_in
                 call.deadline = group.deadline
@@ -248,18 +244,24 @@ cdef class Lane:
                     group.in_flight += 1
                     group.frames.append(frame)
                     group.calls.append(call)
-                arrived.append((rid, size, frame))
+                arrived.append(call)
                 n += 1
                 pos += size
         finally:
             PyBuffer_Release(&view)
+        cdef list requests, rids
+        cdef Py_ssize_t i
         if n:
+            rids = d.new_ids(n)
+            requests = []
+            for i in range(n):
+                call = <LaneCall>arrived[i]
+                call.rid = <str>rids[i]
+                requests.append((call.rid, PyBytes_GET_SIZE(call.wire), call.wire))
             for g in groups.values():
                 if g.calls:
                     g.client.send_calls(g.conn, g.frames, g.calls, g.deadline)
-            d.lane_started(n)
-            self.stats.arrive(n)
-            self.store.arrivals(model, client_name, t_obj, arrived)
+            d.lane_arrived(self.stats, model, client_name, t_obj, requests)
         if handed is not None:
             self._start(handed)
         return pos
@@ -333,9 +335,8 @@ cdef class Lane:
                 break
             pending.popleft()
         if n:
-            self.stats.answered_ok(n, total, lo, hi)
-            self.dispatcher.lane_answered(n, succeeded)
-            self.store.completions_ok(self.model, self.client, t_obj, done)
+            self.dispatcher.lane_answered(self.stats, self.model, self.client, t_obj, total,
+                                          lo, hi, succeeded, done)
         return out
 
 
@@ -377,3 +378,74 @@ def merge_ops(list ops, Py_ssize_t chunk):
             flat.extend(<tuple>inserts[j])
         chunks.append(tuple(flat))
     return chunks, inserts[full:], updates
+
+
+# -- the store's batch records (compiled twins of wirekit.serve.store._arrival_ops and
+# -- _ok_records; the journal line is the one of store._line_head/_line_end) -------------
+
+cdef object _json_str = json.encoder.encode_basestring_ascii
+cdef object _json_time = None, _json_num = None, _json_blob = None
+cdef str _OK_JSON = '"ok"'
+
+
+def bind_store(json_time, json_num, json_blob):
+    """The store's field encoders, for the values the fast paths below do not write
+    themselves (non-float times, non-int counts, payloads)."""
+    global _json_time, _json_num, _json_blob
+    _json_time, _json_num, _json_blob = json_time, json_num, json_blob
+
+
+cdef inline str _time_text(object t):
+    cdef double v
+    if type(t) is float:
+        v = t
+        if v - v == 0:  # finite
+            return '"' + float.hex(t) + '"'
+    return _json_time(t)
+
+
+def arrival_ops(list requests, str model, str client, object time_in, bint payloads):
+    """The arrival rows of ``RequestStore.arrivals`` (see ``store._arrival_ops``)."""
+    cdef list ops = []
+    cdef tuple r
+    for r in requests:
+        wire = r[2]
+        if payloads and wire is not None:
+            wire = bytes(wire)
+        else:
+            wire = None
+        ops.append((_ARRIVAL, (r[0], model, client, time_in, r[1], wire)))
+    return ops
+
+
+def ok_records(list answers, object time_out, str tout, object names_of, bint journal,
+               bint payloads):
+    """The journal lines, their length and the completion rows of
+    ``RequestStore.completions_ok`` (see ``store._ok_records``)."""
+    cdef list lines = [], ops = []
+    cdef Py_ssize_t nbytes = 0
+    cdef dict names = {}
+    cdef object last = None, rid, device, t_in, size, attempts, wire
+    cdef str tin = "", text, line, blob
+    cdef tuple a
+    for a in answers:
+        rid, device, t_in, size, attempts, wire = a
+        if journal:
+            text = names.get(device)
+            if text is None:
+                text = names_of(device)
+                names[device] = text
+            if t_in is not last:  # the requests of one read share their time
+                last = t_in
+                tin = _time_text(t_in)
+            if payloads and wire is not None:
+                blob = _json_blob(wire)
+            else:
+                blob = "null"
+            line = (f"[{_json_str(rid)},{text}{tin},{tout},{_OK_JSON},"
+                    f"{size if type(size) is int else _json_num(size)},"
+                    f"{attempts if type(attempts) is int else _json_num(attempts)},{blob}]\n")
+            nbytes += len(line)
+            lines.append(line)
+        ops.append((_COMPLETION, (device, time_out, "ok", attempts, rid)))
+    return lines, nbytes, ops

@@ -627,28 +627,23 @@ class AsyncClient:
 
     # ------------------------------------------------ calls without a coroutine (relays)
 
-    def open_connection(self) -> _ClientConnection | None:
-        """The open pipelined connection, or None (not connected yet, or lost)."""
+    def free_slots(self) -> tuple[_ClientConnection, int, float] | None:
+        """For :meth:`send_calls`: the open pipelined connection, how many calls can be sent
+        on it now without waiting, and the deadline (its loop's time) of a call sent now;
+        None when no connection is open (not connected yet, or lost)."""
         conn = self._conn
-        return None if conn is None or conn.closed else conn
-
-    @property
-    def in_flight(self) -> int:
-        """Calls holding a slot (at most ``max_in_flight``)."""
-        return self._in_flight
-
-    def call_deadline(self, conn: _ClientConnection) -> float:
-        """The deadline (``conn``'s loop time) of a call sent on ``conn`` now."""
-        return conn.loop.time() + self.timeout
+        if conn is None or conn.closed:
+            return None
+        return conn, self.max_in_flight - self._in_flight, conn.loop.time() + self.timeout
 
     def send_calls(self, conn: _ClientConnection, frames: list[bytes], calls: list[Any],
                    deadline: float) -> None:
-        """Send the encoded ``frames`` on ``conn`` (from :meth:`open_connection`) in one
-        write, as the pending calls ``calls`` (one per frame, each with ``future``,
-        ``deadline`` -- at most ``deadline`` -- and ``timeout``, settled like
-        :meth:`send_nowait`'s), taking a slot each: the caller checked that
-        ``in_flight + len(calls) <= max_in_flight``.  Each call gives its slot back with
-        :meth:`release_slot` or :meth:`call_failed` when it is settled."""
+        """Send the encoded ``frames`` on ``conn`` (from :meth:`free_slots`) in one write,
+        as the pending calls ``calls`` (one per frame, each with ``future``, ``deadline`` --
+        at most ``deadline`` -- and ``timeout``, settled like :meth:`send_nowait`'s), taking
+        a slot each: the caller checked that there are that many free slots.  Each call
+        gives its slot back with :meth:`release_slot` or :meth:`call_failed` when it is
+        settled."""
         self._in_flight += len(calls)
         conn.waiting.extend(calls)
         if conn.out is not None:  # writes of this loop pass are being gathered

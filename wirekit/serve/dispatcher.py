@@ -50,7 +50,7 @@ from . import lane as pure_lane
 from .backends import Backend, BackendUnavailable
 from .cache import ResponseCache, digest
 from .config import DeviceRow, ModelConfig
-from .metrics import Metrics
+from .metrics import Metrics, ModelStats
 from .payload import Payload
 from .router import NoDevice, Router
 from .store import ERROR, FAILED, OK, RequestStore
@@ -197,7 +197,15 @@ class Dispatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def new_id(self) -> str:
+        """A new request id (unique to this dispatcher process)."""
         return f"{self._prefix}{next(self._ids):x}"
+
+    def new_ids(self, n: int) -> list[str]:
+        """``n`` new request ids at once (what ``n`` calls of :meth:`new_id` give)."""
+        prefix = self._prefix
+        if n == 1:  # the common case under load: one request per read
+            return [f"{prefix}{next(self._ids):x}"]
+        return [f"{prefix}{k:x}" for k in itertools.islice(self._ids, n)]
 
     async def submit(
         self, model: str, request: Payload, client: str, *, defer_journal: bool = False
@@ -610,18 +618,31 @@ class Dispatcher:
             clients[row.key] = client
         return (cfg, rows, clients) if rows else None
 
-    def lane_started(self, n: int) -> None:
-        """The MIP lane sent ``n`` requests (recorded as arrived by the lane)."""
+    def lane_arrived(self, stats: ModelStats, model: str, client: str, t_in: float,
+                     requests: list[tuple[str, int, Any]]) -> None:
+        """The MIP lane sent ``requests`` of ``model`` (``stats``: its live counters) from
+        ``client``, arrived at ``t_in``, each ``(id, size, request bytes)``: they are
+        active, counted and stored as arrived (:meth:`RequestStore.arrivals`)."""
+        n = len(requests)
         self.active += n
         self.lane_requests += n
+        stats.arrive(n)
+        self.store.arrivals(model, client, t_in, requests)
 
-    def lane_answered(self, n: int, rows: Collection[DeviceRow]) -> None:
-        """The MIP lane answered ``n`` requests (recorded by the lane), the devices ``rows``
-        among those that answered them (back in rotation)."""
+    def lane_answered(self, stats: ModelStats, model: str, client: str, t_out: float,
+                      total: float, lo: float, hi: float, rows: Collection[DeviceRow],
+                      answers: list[tuple[str, str, float, int, int, Any]]) -> None:
+        """The MIP lane answered ``answers`` (``ok``, at ``t_out``; their response times
+        summing to ``total``, from ``lo`` to ``hi``), from the devices ``rows`` (back in
+        rotation): counted and stored (:meth:`RequestStore.completions_ok`; the journal is
+        written before the answers go out)."""
+        n = len(answers)
         self.active -= n
+        stats.answered_ok(n, total, lo, hi)
         succeed = self.router.succeed
         for row in rows:
             succeed(row)
+        self.store.completions_ok(model, client, t_out, answers)
 
     def lane_fallback(self, call, frame: bytes | None, exc: BaseException | None) -> None:
         """A lane call the lane does not settle itself -- ``frame`` a reply that is not a

@@ -156,7 +156,6 @@ class Lane:
         self.cache = dispatcher.cache if dispatcher.cache.enabled else None
         self.stats = dispatcher.metrics.stats(model)
         self._clock = dispatcher.clock
-        self._new_id = dispatcher.new_id
         if route is not None:
             _cfg, rows, self.clients = route
             self.single = rows[0] if len(rows) == 1 else None
@@ -172,11 +171,10 @@ class Lane:
         # row key -> [client, connection, deadline, free slots, frames, calls]
         groups: dict[str, list[Any]] = {}
         handed: list[tuple[Any, Any]] = []  # (job, row): for the dispatcher, after the sends
-        arrived: list[tuple[str, int, bytes]] = []  # for the store
+        arrived: list[LaneCall] = []  # their ids are given at the end
         single = self.single
         model, client_name = self.model, self.client
         cache = self.cache
-        new_id = self._new_id
         whole = type(src) is bytes
         while True:
             size = inference_size(src, pos, end, 0, self.max_items)
@@ -190,16 +188,14 @@ class Lane:
             frame = src if whole and size == end and pos == 0 else bytes(src[pos : pos + size])
             group = groups.get(row.key)
             if group is None:
-                conn = client.open_connection()
-                free = 0 if conn is None else client.max_in_flight - client.in_flight
-                deadline = 0.0 if conn is None else client.call_deadline(conn)
+                slots = client.free_slots()
+                conn, free, deadline = (None, 0, 0.0) if slots is None else slots
                 group = groups[row.key] = [client, conn, deadline, free, [], []]
             if group[3] <= 0:  # no open connection or no free slot
                 handed.append((self._hand_over(frame, t_in), row))
                 pos += size
                 continue
-            rid = new_id()
-            call = LaneCall(self, row, client, group[1], rid, frame, t_in, group[2])
+            call = LaneCall(self, row, client, group[1], "", frame, t_in, group[2])
             pending.append(call)
             if cache is not None:
                 call.key = digest(memoryview(frame)[8:])
@@ -213,16 +209,17 @@ class Lane:
                 group[3] -= 1
                 group[4].append(frame)
                 group[5].append(call)
-            arrived.append((rid, size, frame))
+            arrived.append(call)
             pos += size
         if arrived:
+            requests = []
+            for call, rid in zip(arrived, d.new_ids(len(arrived)), strict=True):
+                call.rid = rid
+                requests.append((rid, len(call.wire), call.wire))
             for client, conn, deadline, _free, frames, calls in groups.values():
                 if calls:
                     client.send_calls(conn, frames, calls, deadline)
-            n = len(arrived)
-            d.lane_started(n)
-            self.stats.arrive(n)
-            self.store.arrivals(model, client_name, t_in, arrived)
+            d.lane_arrived(self.stats, model, client_name, t_in, requests)
         if handed:
             self._start(handed)
         return pos
@@ -294,9 +291,8 @@ class Lane:
                 break
             pending.popleft()
         if n:
-            self.stats.answered_ok(n, total, lo, hi)
-            self.dispatcher.lane_answered(n, succeeded)
-            self.store.completions_ok(self.model, self.client, t_out, done)
+            self.dispatcher.lane_answered(self.stats, self.model, self.client, t_out, total,
+                                          lo, hi, succeeded, done)
         return out
 
 

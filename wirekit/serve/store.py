@@ -29,6 +29,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -335,17 +336,7 @@ class RequestStore:
                  requests: list[tuple[str, int, Any]]) -> None:
         """:meth:`arrival` of requests of ``model`` from ``client`` that arrived together at
         ``time_in``, each ``(id, size, request bytes)``."""
-        if self.payloads:
-            self._pending.extend([
-                (_ARRIVAL, (rid, model, client, time_in, size,
-                            None if wire is None else bytes(wire)))
-                for rid, size, wire in requests
-            ])
-        else:
-            self._pending.extend([
-                (_ARRIVAL, (rid, model, client, time_in, size, None))
-                for rid, size, _wire in requests
-            ])
+        self._pending.extend(_arrival_ops(requests, model, client, time_in, self.payloads))
         self._kick()
 
     def completions_ok(self, model: str, client: str, time_out: float,
@@ -353,26 +344,22 @@ class RequestStore:
         """:meth:`complete` (deferred: :meth:`write_journal` before the answers go out) of
         requests of ``model`` from ``client`` answered ``ok`` at ``time_out``, each ``(id,
         device, time in, size, attempts, request bytes)``."""
-        if self._jfd is not None:
-            memo = self._jmemo
-            tout = self._time(time_out)
-            payloads = self.payloads
-            lines = []
-            nbytes = 0
-            for rid, device, t_in, size, attempts, wire in answers:
-                key = (model, client, device)
-                names = memo.get(key)
-                if names is None:
-                    names = self._names(key)
-                line = _line_end(_line_head(rid, names, self._time(t_in)), tout, OK, size,
-                                 attempts, _json_blob(wire) if payloads else "null")
-                nbytes += len(line)
-                lines.append(line)
+        journal = self._jfd is not None
+        lines, nbytes, ops = _ok_records(
+            answers, time_out, self._time(time_out) if journal else "",
+            partial(self._device_names, model, client), journal, self.payloads,
+        )
+        if lines:
             self._jbuf.extend(lines)
             self._jsize += nbytes
-        self._pending.extend([(_COMPLETION, (device, time_out, OK, attempts, rid))
-                              for rid, device, _t, _size, attempts, _wire in answers])
+        self._pending.extend(ops)
         self._kick()
+
+    def _device_names(self, model: str, client: str, device: str | None) -> str:
+        """:meth:`_names` of ``(model, client, device)``, memoised."""
+        key = (model, client, device)
+        names = self._jmemo.get(key)
+        return names if names is not None else self._names(key)
 
     def _time(self, value: Any) -> str:
         """:func:`_json_time`, remembering the last time (the requests of one read, and the
@@ -589,6 +576,52 @@ def _settle(futs: list[asyncio.Future[None]], exc: BaseException | None) -> None
                 fut.set_exception(RuntimeError(f"request store write failed: {exc}"))
 
 
+def arrival_ops(requests: list[tuple[str, int, Any]], model: str, client: str,
+                 time_in: float, payloads: bool) -> list[tuple[int, tuple[Any, ...]]]:
+    """The arrival rows of :meth:`RequestStore.arrivals` (its compiled twin:
+    ``wirekit._fast.servelane.arrival_ops``)."""
+    if payloads:
+        return [(_ARRIVAL, (rid, model, client, time_in, size,
+                            None if wire is None else bytes(wire)))
+                for rid, size, wire in requests]
+    return [(_ARRIVAL, (rid, model, client, time_in, size, None))
+            for rid, size, _wire in requests]
+
+
+def ok_records(
+    answers: list[tuple[str, str, float, int, int, Any]], time_out: float, tout: str,
+    names_of: Any, journal: bool, payloads: bool,
+) -> tuple[list[str], int, list[tuple[int, tuple[Any, ...]]]]:
+    """The journal lines (when ``journal``), their length and the completion rows of
+    :meth:`RequestStore.completions_ok` (``tout``: the journal text of ``time_out``;
+    ``names_of(device)``: the journal text of model, client and device).  Compiled twin:
+    ``wirekit._fast.servelane.ok_records``, which writes the same lines
+    (tests/test_serve_lane.py checks)."""
+    lines: list[str] = []
+    nbytes = 0
+    if journal:
+        names: dict[str, str] = {}
+        last: Any = None
+        tin = ""
+        for rid, device, t_in, size, attempts, wire in answers:
+            text = names.get(device)
+            if text is None:
+                text = names[device] = names_of(device)
+            if t_in is not last:  # the requests of one read share their time
+                last, tin = t_in, _json_time(t_in)
+            line = _line_end(_line_head(rid, text, tin), tout, OK, size, attempts,
+                             _json_blob(wire if payloads else None))
+            nbytes += len(line)
+            lines.append(line)
+    ops = [(_COMPLETION, (device, time_out, OK, attempts, rid))
+           for rid, device, _t, _size, attempts, _wire in answers]
+    return lines, nbytes, ops
+
+
+# the compiled twins when built
+_arrival_ops, _ok_records = arrival_ops, ok_records
 _fast = load_fast("servelane")
 if _fast is not None:
     _merge_ops = _fast.merge_ops
+    _fast.bind_store(_json_time, _json_num, _json_blob)
+    _arrival_ops, _ok_records = _fast.arrival_ops, _fast.ok_records
