@@ -7,6 +7,7 @@ import importlib
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,35 @@ def test_twin_rejects_unknown_implementation():
 def test_facade_docstring_examples_run():
     failures, tried = doctest.testmod(mip, optionflags=doctest.ELLIPSIS)
     assert tried > 0 and failures == 0
+
+
+def test_every_fallback_to_the_pure_path_warns(monkeypatch):
+    """Issue 14: one way to pick an implementation, and no silent pure path -- a twin that
+    is not built, or that a runtime cannot use, warns FastPathMissing (once per reason)."""
+    monkeypatch.delenv("WIREKIT_PURE", raising=False)
+    monkeypatch.setattr(_impl, "_loaded", {})
+    monkeypatch.setattr(_impl, "_warned", set())
+    with pytest.warns(_impl.FastPathMissing, match=r"wirekit\._fast\.nosuchtwin is not used"):
+        assert _impl.select("nosuchtwin", mip) is mip
+    with pytest.warns(_impl.FastPathMissing, match="libzmq not found"):
+        _impl.fallback("zio", "libzmq not found")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _impl.fallback("zio", "libzmq not found")  # the same fallback again: warned once
+        assert _impl.select("nosuchtwin", mip) is mip
+
+
+def test_select_declines_the_compiled_twin_silently_when_pure_is_asked(monkeypatch):
+    monkeypatch.setenv("WIREKIT_PURE", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _impl.select("servelane", mip) is mip
+
+
+def test_the_dispatcher_picks_its_lane_through_the_selector():
+    from wirekit.serve import lane as pure_lane
+    from wirekit.serve.dispatcher import Dispatcher
+
+    d = Dispatcher({}, None, {}, None, None, None)
+    assert d.lane is _impl.select("servelane", pure_lane)
+    assert d.lane is (pure_lane if _impl.pure_requested() else _impl.twin("servelane", "fast"))

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import math
+import random
 import shutil
 from collections import Counter
 
@@ -71,21 +73,21 @@ def test_frame_check_accepts_exactly_what_the_codec_decodes(lane, wire, before, 
 
 
 @contextlib.asynccontextmanager
-async def lane_service(lane, path, handlers, *, model=None, **top):
-    """A service with model ``m`` on one CPU device per handler (equal quotas), each a
-    wirekit MIP server, the cache off unless ``top`` says otherwise, and the lane twin
-    ``lane``; yields the service and the address of ``m``'s MIP front door."""
+async def lane_service(lane, path, handlers, *, model=None, quotas=None, rng=None, **top):
+    """A service with model ``m`` on one CPU device per handler (equal quotas unless
+    ``quotas``), each a wirekit MIP server, the cache off unless ``top`` says otherwise, and
+    the lane twin ``lane``; yields the service and the address of ``m``'s MIP front door."""
     backends = [await start_backend(h) for h in handlers]
     k = len(handlers)
     top.setdefault("cache", {"max_entries": 0})
     doc = deployment(
         path,
         {"m": model or {"timeout": 5}},
-        [{"id": "n", "devices": ["CPU"] * k, "models": ["m"], "quotas": [1 / k] * k,
-          "ports": [port for _server, port in backends]}],
+        [{"id": "n", "devices": ["CPU"] * k, "models": ["m"],
+          "quotas": quotas or [1 / k] * k, "ports": [port for _server, port in backends]}],
         **top,
     )
-    service = Service(parse_config(doc), lane=lane)
+    service = Service(parse_config(doc), lane=lane, rng=rng)
     try:
         await service.start()
         await _connect_backends(service)
@@ -237,6 +239,57 @@ def test_no_free_slot_leaves_requests_to_the_general_path(lane, tmp_path):
     assert len(rows) == n and all(r.status == "ok" and r.attempts == 1 for r in rows)
 
 
+def chi_square_p(counts: Counter, shares: dict[str, float]) -> float:
+    """The p-value of ``counts`` under the split ``shares`` (two categories: 1 degree of
+    freedom).  A chi-square variable of one degree of freedom is the square of a standard
+    normal one, so P(X > x) = P(|Z| > sqrt(x)) = erfc(sqrt(x / 2)): no scipy needed."""
+    assert len(shares) == 2
+    n = sum(counts.values())
+    stat = sum((counts[k] - n * p) ** 2 / (n * p) for k, p in shares.items())
+    return math.erfc(math.sqrt(stat / 2))
+
+
+@pytest.mark.parametrize("load", ["idle", "saturated"])
+def test_the_quota_split_holds_idle_and_saturated(lane, tmp_path, load):
+    """Issue 14 defect 1: quotas .6/.4 on two MIP devices.  Saturated (the issue's load: 8
+    clients pipelining 128 requests each, 128 slots per backend), a request whose device has
+    no free slot waits for that device (wirekit.serve.router): the split still follows the
+    quotas.  The draws come from a seeded generator, one per request, so the counts do not
+    depend on timing."""
+    store = tmp_path / "r.db"
+    saturated = load == "saturated"
+    clients, per_client = (8, 1000) if saturated else (1, 1000)
+    n = clients * per_client
+
+    async def one_client(address):
+        # saturated: 128 requests of each client in flight; idle: one at a time
+        async with AsyncClient(address, timeout=30, max_in_flight=128) as c:
+            if saturated:
+                return await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(per_client)))
+            return [await c.infer_one(f"q{k}") for k in range(per_client)]
+
+    async def main():
+        async with lane_service(lane, store, [tagged("A"), tagged("B")], quotas=[0.6, 0.4],
+                                rng=random.Random(14),
+                                model={"timeout": 30}) as (service, address):
+            outs = await asyncio.gather(*(one_client(address) for _ in range(clients)))
+            return [o[0].as_text() for out in outs for o in out], service.stats()
+
+    texts, stats = run(main(), 120)
+    assert len(texts) == n
+    counts = Counter(answer_of(t)[0] for t in texts)
+    assert chi_square_p(counts, {"A": 0.6, "B": 0.4}) > 0.001, counts
+    # the test has teeth: the same counts are far off an even split
+    assert chi_square_p(counts, {"A": 0.5, "B": 0.5}) < 1e-9, counts
+    if saturated:  # the slots really ran out: some requests waited for their device
+        assert stats["lane_requests"] < n
+    else:
+        assert stats["lane_requests"] == n
+    rows = store_rows(store)
+    assert len(rows) == n and all(r.status == "ok" and r.attempts == 1 for r in rows)
+    assert Counter(r.device for r in rows) == {"n/0/m": counts["A"], "n/1/m": counts["B"]}
+
+
 def test_malformed_messages_between_lane_requests_are_answered_in_order(lane, tmp_path):
     store = tmp_path / "r.db"
     good = [mip.encode(mip.Inference.request([[mip.Item.text(f"g{k}")]])) for k in range(3)]
@@ -345,3 +398,46 @@ def test_compiled_merge_of_store_rows_agrees(ops, chunk):
             late.append(row)
     assert len(chunks) * chunk + len(rest) == len(seen)
     assert updates == late
+
+
+texts = st.text(max_size=6)
+times = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-5, 5)
+answers = st.lists(st.tuples(texts, st.sampled_from(["n/0/m", "cache", 'n/"1"/m']),
+                             times, st.integers(0, 1 << 40), st.integers(0, 3),
+                             st.none() | st.binary(max_size=5)), max_size=12)
+
+
+@given(answers, times, st.booleans(), st.booleans())
+def test_compiled_store_records_agree_with_the_one_journal_encoder(done, t_out, journal,
+                                                                   payloads):
+    """The lane's batch records (RequestStore.arrivals / completions_ok): the compiled twin
+    writes exactly the lines and rows of the pure one, whose lines are the store's one
+    encoder (_line_head/_line_end), and each line reads back as what was answered."""
+    if pure_requested():
+        pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
+    import json
+
+    from wirekit._fast import servelane
+    from wirekit.serve import store
+
+    def names_of(device):
+        return "".join(f"{json.dumps(v)}," for v in ("m", 'c"1', device))
+
+    tout = store._json_time(t_out)
+    pure = store.ok_records(done, t_out, tout, names_of, journal, payloads)
+    assert servelane.ok_records(done, t_out, tout, names_of, journal, payloads) == pure
+    lines, nbytes, ops = pure
+    assert nbytes == sum(map(len, lines))
+    assert ops == [(1, (d, t_out, "ok", a, rid)) for rid, d, _t, _s, a, _w in done]
+    assert len(lines) == (len(done) if journal else 0)
+    for line, (rid, device, t_in, size, attempts, wire) in zip(lines, done, strict=False):
+        rec = json.loads(line)
+        assert rec[:4] == [rid, "m", 'c"1', device] and rec[6:9] == ["ok", size, attempts]
+        assert line == store._line_end(store._line_head(rid, names_of(device),
+                                                        store._json_time(t_in)),
+                                       tout, "ok", size, attempts,
+                                       store._json_blob(wire if payloads else None))
+    requests = [(rid, size, wire) for rid, _d, _t, size, _a, wire in done]
+    for flag in (False, True):
+        assert servelane.arrival_ops(requests, "m", "c", t_out, flag) == (
+            store.arrival_ops(requests, "m", "c", t_out, flag))

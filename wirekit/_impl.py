@@ -29,13 +29,32 @@ class FastPathMissing(RuntimeWarning):
 
 
 _loaded: dict[str, ModuleType | None] = {}
+_warned: set[tuple[str, str]] = set()
+
+
+def fallback(name: str, reason: str, *, stacklevel: int = 3) -> None:
+    """Warn (:class:`FastPathMissing`) that the pure path of ``wirekit._fast.<name>`` is
+    used although the compiled one was not declined (``WIREKIT_PURE`` unset), because of
+    ``reason``.  Every fallback goes through here: the extension is not built, or a runtime
+    cannot use it (for instance a library it binds to was not found).  Warned once per
+    name and reason."""
+    if (name, reason) in _warned:
+        return
+    _warned.add((name, reason))
+    warnings.warn(
+        f"wirekit: compiled twin wirekit._fast.{name} is not used ({reason}); "
+        f"using the pure-Python path, which is much slower. "
+        f"Set {ENV_VAR}=1 to choose it explicitly.",
+        FastPathMissing,
+        stacklevel=stacklevel,
+    )
 
 
 def load_fast(name: str) -> ModuleType | None:
     """Import ``wirekit._fast.<name>``, or return None for the pure path.
 
     None is returned silently when the pure path was requested, and with a
-    :class:`FastPathMissing` warning when the extension is simply not built.
+    :class:`FastPathMissing` warning (:func:`fallback`) when the extension is not built.
     """
     if pure_requested():
         return None
@@ -45,13 +64,7 @@ def load_fast(name: str) -> ModuleType | None:
         module: ModuleType | None = importlib.import_module(f"wirekit._fast.{name}")
     except ImportError as exc:
         module = None
-        warnings.warn(
-            f"wirekit: compiled codec wirekit._fast.{name} is not available ({exc}); "
-            f"using the pure-Python path, which is much slower. "
-            f"Set {ENV_VAR}=1 to choose it explicitly.",
-            FastPathMissing,
-            stacklevel=3,
-        )
+        fallback(name, f"not available: {exc}", stacklevel=4)
     _loaded[name] = module
     return module
 
@@ -59,22 +72,25 @@ def load_fast(name: str) -> ModuleType | None:
 def load_fast_bound(name: str, bind: Callable[[ModuleType], object]) -> ModuleType | None:
     """:func:`load_fast`, then ``bind(module)``: the twin's hookup at run time (to a C
     library found while running).  When that fails (ImportError or OSError, saying why) the
-    pure path is used, with a :class:`FastPathMissing` warning giving the reason."""
+    pure path is used, with a :class:`FastPathMissing` warning (:func:`fallback`) giving the
+    reason."""
     module = load_fast(name)
     if module is None:
         return None
     try:
         bind(module)
     except (ImportError, OSError) as exc:
-        warnings.warn(
-            f"wirekit: compiled twin wirekit._fast.{name} cannot be used here ({exc}); "
-            f"using the pure-Python path, which is much slower. "
-            f"Set {ENV_VAR}=1 to choose it explicitly.",
-            FastPathMissing,
-            stacklevel=3,
-        )
+        fallback(name, f"cannot be used here: {exc}", stacklevel=4)
         return None
     return module
+
+
+def select(name: str, pure: ModuleType) -> ModuleType:
+    """The module that implements ``pure``'s API: ``wirekit._fast.<name>`` unless
+    ``WIREKIT_PURE`` is set, else (or, with a warning, when it is not built) ``pure``.
+    Codecs (through :func:`lazy_codec`) and runtimes pick their twin with this."""
+    fast = load_fast(name)
+    return pure if fast is None else fast
 
 
 def lazy_codec(namespace: dict, protocol: str, pure: ModuleType, api: tuple[str, ...]):
@@ -89,7 +105,7 @@ def lazy_codec(namespace: dict, protocol: str, pure: ModuleType, api: tuple[str,
     def __getattr__(name: str):
         if name not in api and name != "IMPLEMENTATION":
             raise AttributeError(f"module {namespace['__name__']!r} has no attribute {name!r}")
-        codec = load_fast(protocol) or pure
+        codec = select(protocol, pure)
         for attr in api:
             namespace[attr] = getattr(codec, attr)
         namespace["IMPLEMENTATION"] = "pure" if codec is pure else "fast"

@@ -4,9 +4,11 @@ behaviour; ``tests/test_serve_lane.py`` runs both."""
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.math cimport INFINITY
 from libc.stdint cimport uint8_t, uint32_t
 
 import asyncio
+import json
 import logging
 
 from wirekit import mip
@@ -19,16 +21,13 @@ cdef object _CANCELLED = asyncio.CancelledError
 
 cdef int _ARRIVAL = 0, _COMPLETION = 1
 cdef bytes _INTERNAL = mip.encode(ErrorReply(int(ErrorCode.INTERNAL)))
-cdef str _OK = "ok"
+cdef object _ZERO = 0, _ONE = 1
 cdef str _CACHE = "cache"
 
 IN_FLIGHT, ANSWERED, HANDED_OVER = 0, 1, 2
-NO_JOURNAL, LINES, COMPLETE = 0, 1, 2
 DEF S_IN_FLIGHT = 0
 DEF S_ANSWERED = 1
 DEF S_HANDED_OVER = 2
-DEF M_LINES = 1
-DEF M_COMPLETE = 2
 
 
 cdef inline uint32_t _be32(const uint8_t* p) noexcept nogil:
@@ -98,7 +97,7 @@ cdef class LaneCall:
     def set_result(self, bytes frame):
         """The backend's reply (called once, by the backend connection)."""
         cdef Py_ssize_t n = PyBytes_GET_SIZE(frame)
-        self.client._release_slot()
+        self.client.release_slot()
         if _size(<const uint8_t*>PyBytes_AS_STRING(frame), 0, n, 1, -1) != n:
             self.state = S_HANDED_OVER
             self.lane.dispatcher.lane_fallback(self, frame, None)
@@ -113,7 +112,7 @@ cdef class LaneCall:
     def set_exception(self, exc):
         """No reply: a timeout or a lost connection (called at most once)."""
         self.state = S_HANDED_OVER
-        self.client._call_failed(self.conn, exc)
+        self.client.call_failed(self.conn, exc)
         self.lane.dispatcher.lane_fallback(self, None, exc)
 
     def job_done(self, job):
@@ -138,9 +137,7 @@ cdef class Lane:
     cdef readonly bint enabled
     cdef Py_ssize_t max_size, max_items
     cdef object _clock, _router, _single, _append
-    cdef dict _clients, _names
-    cdef double _hex_of
-    cdef str _hex
+    cdef dict _clients
 
     def __init__(self, dispatcher, str model, str client, route, Py_ssize_t max_size,
                  Py_ssize_t max_items, pending, wake):
@@ -155,12 +152,9 @@ cdef class Lane:
         self.enabled = route is not None
         self.store = dispatcher.store
         self.cache = dispatcher.cache if dispatcher.cache.enabled else None
-        self.stats = dispatcher.metrics._get(model)
-        self._clock = dispatcher._clock
+        self.stats = dispatcher.metrics.stats(model)
+        self._clock = dispatcher.clock
         self._router = dispatcher.router
-        self._names = {}
-        self._hex_of = -1.0
-        self._hex = ""
         self._single = None
         self._clients = {}
         if route is not None:
@@ -179,14 +173,13 @@ cdef class Lane:
         cdef const uint8_t* base
         cdef Py_ssize_t size, n = 0
         cdef bint whole = type(src) is bytes
-        cdef object row, key, conn, frame, ids = d._ids, t_obj = t_in
-        cdef str rid, prefix = d._prefix, model = self.model, client_name = self.client
+        cdef object row, key, conn, frame, t_obj = t_in
+        cdef str model = self.model, client_name = self.client
         cdef LaneCall call
         cdef _Group group = None, g
         cdef dict groups = None
-        cdef list ops = []
+        cdef list arrived = [], handed = None
         cdef object single = self._single
-        cdef bint payloads = self.store.payloads
         cdef object cache = self.cache, hit
         PyObject_GetBuffer(src, &view, PyBUF_SIMPLE)
         try:
@@ -197,6 +190,8 @@ cdef class Lane:
                 size = _size(base, pos, end, 0, self.max_items)
                 if size < 0 or size > self.max_size:
                     break
+                # the one draw for this request (wirekit.serve.router): sent to this device
+                # now, or waiting for it in the dispatcher's attempt loop
                 row = single if single is not None else self._router.choose(model, ())
                 key = row.key
                 if group is None or group.client is not self._clients[key]:
@@ -206,30 +201,31 @@ cdef class Lane:
                     if group is None:
                         group = _Group.__new__(_Group)
                         group.client = self._clients[key]
-                        conn = group.client._conn
-                        if conn is None or conn.closed:
-                            break
-                        group.conn = conn
-                        group.in_flight = group.client._in_flight
-                        group.limit = group.client.max_in_flight
-                        group.timeout = group.client.timeout
-                        group.deadline = conn.loop.time() + group.timeout
+                        slots = group.client.free_slots()
                         group.frames = []
                         group.calls = []
                         groups[key] = group
-                if group.in_flight >= group.limit:
-                    break
+                        group.in_flight = 0
+                        if slots is None:  # nothing can be sent: limit 0
+                            group.limit = 0
+                        else:
+                            group.conn, group.limit, group.deadline = slots
+                            group.timeout = group.client.timeout
                 if whole and pos == 0 and size == end:
                     frame = src
                 else:
                     frame = PyBytes_FromStringAndSize(<const char*>base + pos, size)
-                rid = f"{prefix}{next(ids):x}"
+                if group.in_flight >= group.limit:  # no open connection or no free slot
+                    if handed is None:
+                        handed = []
+                    handed.append((self._hand_over(frame, t_obj), row))
+                    pos += size
+                    continue
                 call = LaneCall.__new__(LaneCall)
                 call.lane = self
                 call.row = row
                 call.client = group.client
                 call.conn = group.conn
-                call.rid = rid
                 call.wire = frame
                 call.t_in = t_in
                 call.deadline = group.deadline
@@ -248,50 +244,56 @@ cdef class Lane:
                     group.in_flight += 1
                     group.frames.append(frame)
                     group.calls.append(call)
-                ops.append((_ARRIVAL, (rid, model, client_name, t_obj, size,
-                                       frame if payloads else None)))
+                arrived.append(call)
                 n += 1
                 pos += size
         finally:
             PyBuffer_Release(&view)
-        if not n:
-            return pos
-        for g in groups.values():
-            if not g.calls:
-                continue
-            g.client._in_flight = g.in_flight
-            conn = g.conn
-            conn.waiting.extend(g.calls)
-            out = conn.out
-            if out is not None:  # writes of this loop pass are being gathered
-                out.extend(g.frames)
-            else:
-                conn.transport.write(g.frames[0] if len(g.frames) == 1 else b"".join(g.frames))
-            if g.deadline < conn.timer_due:
-                conn.arm(g.deadline)
-        d.active += n
-        d.lane_requests += n
-        stats = self.stats
-        stats.requests += n
-        stats.queue += n
-        self.store.extend(ops, None, 0)
+        cdef list requests, rids
+        cdef Py_ssize_t i
+        if n:
+            rids = d.new_ids(n)
+            requests = []
+            for i in range(n):
+                call = <LaneCall>arrived[i]
+                call.rid = <str>rids[i]
+                requests.append((call.rid, PyBytes_GET_SIZE(call.wire), call.wire))
+            for g in groups.values():
+                if g.calls:
+                    g.client.send_calls(g.conn, g.frames, g.calls, g.deadline)
+            d.lane_arrived(self.stats, model, client_name, t_obj, requests)
+        if handed is not None:
+            self._start(handed)
         return pos
+
+    cdef object _hand_over(self, frame, t_in):
+        """A request that cannot be sent now: the dispatcher's job, in its place among the
+        answers to come (see ``wirekit.serve.lane.Lane._hand_over``)."""
+        job = self.dispatcher.new_job(self.model, frame, self.client, t_in, self.wake)
+        self._append(job)
+        return job
+
+    cdef _start(self, list handed):
+        """Start the handed-over jobs, each on the device drawn for it (see
+        ``wirekit.serve.lane.Lane._start``)."""
+        start = self.dispatcher.start
+        for job, row in handed:
+            try:
+                start(job, row)
+            except Exception as exc:
+                job.error = exc
 
     def answers(self, pending):
         """Pop the answers ready at the head of ``pending``, in order, recording the lane's
         own; return them (see ``wirekit.serve.lane.Lane.answers``)."""
-        cdef list out = [], ops = [], lines = []
-        cdef Py_ssize_t nbytes = 0, n = 0, size
-        cdef double t_out = 0.0, rt, total = 0.0, lo, hi
-        cdef str tout_hex = "", line, names, device
-        cdef int attempts
-        cdef object t_obj = None, head, cls, row, store = self.store, stats = self.stats
+        cdef list out = [], done = []
+        cdef Py_ssize_t n = 0
+        cdef double t_out = 0.0, rt, total = 0.0, lo = INFINITY, hi = -INFINITY
+        cdef object t_obj = None, head, cls, row, device, attempts, tin_obj = None
+        cdef double tin = -1.0
         cdef LaneCall call
-        cdef int mode = store.lane_mode()
         cdef set succeeded = None
         cdef object last = None
-        lo = stats.min
-        hi = stats.max
         while pending:
             head = pending[0]
             cls = type(head)
@@ -303,7 +305,6 @@ cdef class Lane:
                     if not n:
                         t_obj = self._clock()
                         t_out = t_obj
-                        tout_hex = t_obj.hex()
                         succeeded = set()
                     n += 1
                     rt = t_out - call.t_in
@@ -315,25 +316,18 @@ cdef class Lane:
                     row = call.row
                     if row is None:  # answered from the cache
                         device = _CACHE
-                        attempts = 0
+                        attempts = _ZERO
                     else:
                         device = row.key
-                        attempts = 1
+                        attempts = _ONE
                         if row is not last:  # DeviceRow hashes its fields: once per run
                             succeeded.add(row)
                             last = row
-                    size = PyBytes_GET_SIZE(call.wire)
-                    if mode == M_COMPLETE:
-                        store.complete(call.rid, self.model, self.client, device, call.t_in,
-                                       t_obj, _OK, size, attempts, call.wire, True)
-                    else:
-                        if mode == M_LINES:
-                            names = self._names_of(device)
-                            line = (f'["{call.rid}",{names}"{self._tin_hex(call.t_in)}",'
-                                    f'"{tout_hex}","ok",{size},{attempts},null]\n')
-                            nbytes += len(line)
-                            lines.append(line)
-                        ops.append((_COMPLETION, (device, t_obj, _OK, attempts, call.rid)))
+                    if tin_obj is None or call.t_in != tin:  # one read, one time object:
+                        tin = call.t_in                   # the store writes its text once
+                        tin_obj = tin
+                    done.append((call.rid, device, tin_obj, PyBytes_GET_SIZE(call.wire),
+                                 attempts, call.wire))
                     out.append(call.reply)
                 elif call.job is not None:
                     out.append(_job_answer(call.job))
@@ -345,33 +339,9 @@ cdef class Lane:
                 break
             pending.popleft()
         if n:
-            stats.queue -= n
-            statuses = stats.statuses
-            statuses[_OK] = statuses.get(_OK, 0) + n
-            stats.count += n
-            stats.total += total
-            stats.min = lo
-            stats.max = hi
-            self.dispatcher.active -= n
-            router = self._router
-            for row in succeeded:
-                router.succeed(row)
-            if ops:
-                store.extend(ops, lines, nbytes)
+            self.dispatcher.lane_answered(self.stats, self.model, self.client, t_obj, total,
+                                          lo, hi, succeeded, done)
         return out
-
-    cdef str _names_of(self, str device):
-        names = self._names.get(device)
-        if names is None:
-            names = self._names[device] = self.store.journal_names(self.model, self.client,
-                                                                   device)
-        return names
-
-    cdef str _tin_hex(self, double t_in):
-        if t_in != self._hex_of:  # the requests of one read share their time
-            self._hex_of = t_in
-            self._hex = float(t_in).hex()
-        return self._hex
 
 
 cdef object _job_answer(job):
@@ -412,3 +382,74 @@ def merge_ops(list ops, Py_ssize_t chunk):
             flat.extend(<tuple>inserts[j])
         chunks.append(tuple(flat))
     return chunks, inserts[full:], updates
+
+
+# -- the store's batch records (compiled twins of wirekit.serve.store._arrival_ops and
+# -- _ok_records; the journal line is the one of store._line_head/_line_end) -------------
+
+cdef object _json_str = json.encoder.encode_basestring_ascii
+cdef object _json_time = None, _json_num = None, _json_blob = None
+cdef str _OK_JSON = '"ok"'
+
+
+def bind_store(json_time, json_num, json_blob):
+    """The store's field encoders, for the values the fast paths below do not write
+    themselves (non-float times, non-int counts, payloads)."""
+    global _json_time, _json_num, _json_blob
+    _json_time, _json_num, _json_blob = json_time, json_num, json_blob
+
+
+cdef inline str _time_text(object t):
+    cdef double v
+    if type(t) is float:
+        v = t
+        if v - v == 0:  # finite
+            return '"' + float.hex(t) + '"'
+    return _json_time(t)
+
+
+def arrival_ops(list requests, str model, str client, object time_in, bint payloads):
+    """The arrival rows of ``RequestStore.arrivals`` (see ``store._arrival_ops``)."""
+    cdef list ops = []
+    cdef tuple r
+    for r in requests:
+        wire = r[2]
+        if payloads and wire is not None:
+            wire = bytes(wire)
+        else:
+            wire = None
+        ops.append((_ARRIVAL, (r[0], model, client, time_in, r[1], wire)))
+    return ops
+
+
+def ok_records(list answers, object time_out, str tout, object names_of, bint journal,
+               bint payloads):
+    """The journal lines, their length and the completion rows of
+    ``RequestStore.completions_ok`` (see ``store._ok_records``)."""
+    cdef list lines = [], ops = []
+    cdef Py_ssize_t nbytes = 0
+    cdef dict names = {}
+    cdef object last = None, rid, device, t_in, size, attempts, wire
+    cdef str tin = "", text, line, blob
+    cdef tuple a
+    for a in answers:
+        rid, device, t_in, size, attempts, wire = a
+        if journal:
+            text = names.get(device)
+            if text is None:
+                text = names_of(device)
+                names[device] = text
+            if t_in is not last:  # the requests of one read share their time
+                last = t_in
+                tin = _time_text(t_in)
+            if payloads and wire is not None:
+                blob = _json_blob(wire)
+            else:
+                blob = "null"
+            line = (f"[{_json_str(rid)},{text}{tin},{tout},{_OK_JSON},"
+                    f"{size if type(size) is int else _json_num(size)},"
+                    f"{attempts if type(attempts) is int else _json_num(attempts)},{blob}]\n")
+            nbytes += len(line)
+            lines.append(line)
+        ops.append((_COMPLETION, (device, time_out, "ok", attempts, rid)))
+    return lines, nbytes, ops

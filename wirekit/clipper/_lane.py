@@ -23,7 +23,7 @@ from typing import Any
 
 import zmq
 
-from wirekit._impl import load_fast
+from wirekit._impl import fallback, load_fast, pure_requested
 
 from . import _zio
 from ._zio import FAST_WAIT, FAST_WAIT_MS, recv_message, timeout_ms
@@ -84,6 +84,8 @@ class PureLane:
 
 def _load_fast() -> Any:
     if _zio.IMPLEMENTATION != "fast":  # the Cython lane moves frames with the Cython zio
+        if not pure_requested():
+            fallback("clippercontainer", "the compiled zio is not in use")
         return None
     return load_fast("clippercontainer")
 

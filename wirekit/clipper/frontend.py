@@ -38,7 +38,7 @@ import numpy as np
 import zmq
 import zmq.utils.monitor
 
-from wirekit._impl import load_fast
+from wirekit._impl import fallback, load_fast, pure_requested
 from wirekit.errors import WirekitError
 
 from . import _zio
@@ -812,7 +812,15 @@ def _query_problem(exc: BaseException) -> str:
 #: The compiled twin of the frontend's per-message path (``FrontendState`` with its
 #: per-message methods compiled, the ROUTER's ``Wire``, ``Callback``): it moves frames with
 #: the Cython ``zio``, so only with it; else None (the reference classes are used).
-_FAST: Any = load_fast("clipperfront") if _zio.IMPLEMENTATION == "fast" else None
+def _load_fast() -> Any:
+    if _zio.IMPLEMENTATION != "fast":  # the compiled Wire moves frames with the Cython zio
+        if not pure_requested():
+            fallback("clipperfront", "the compiled zio is not in use")
+        return None
+    return load_fast("clipperfront")
+
+
+_FAST: Any = _load_fast()
 _STATE: type = FrontendState if _FAST is None else _FAST.FrontendState
 _CALLBACK: type = Callback if _FAST is None else _FAST.Callback
 #: ``"fast"`` (compiled) or ``"pure"``.

@@ -235,12 +235,12 @@ class _Callback:
 
     def set_result(self, frame: bytes) -> None:
         self.settled = True
-        self.client._release_slot()
+        self.client.release_slot()
         self.fn(frame, None)
 
     def set_exception(self, exc: BaseException) -> None:
         self.settled = True
-        self.client._call_failed(self.conn, exc)
+        self.client.call_failed(self.conn, exc)
         self.fn(None, exc)
 
 
@@ -573,7 +573,7 @@ class AsyncClient:
                 frame = mip.encode(msg)  # the corrected reply, not the quirky bytes
             return frame, msg
         finally:
-            self._release_slot()
+            self.release_slot()
 
     async def _exchange_alone(self, wire: bytes, loop: asyncio.AbstractEventLoop,
                               deadline: float) -> bytes:
@@ -615,7 +615,7 @@ class AsyncClient:
             await asyncio.wait_for(waiter, max(deadline - loop.time(), 0))
         except BaseException as exc:
             if waiter.done() and not waiter.cancelled():
-                self._release_slot()  # handed over, but this call is leaving
+                self.release_slot()  # handed over, but this call is leaving
             else:
                 waiter.cancel()
             if isinstance(exc, asyncio.TimeoutError):
@@ -625,14 +625,45 @@ class AsyncClient:
                 ) from None
             raise
 
-    def _call_failed(self, conn: _ClientConnection, exc: BaseException) -> None:
-        """A call sent without a coroutine (:meth:`send_nowait`, the dispatcher's MIP lane)
-        failed on ``conn``: its slot goes back; a lost connection is not used again."""
-        self._release_slot()
+    # ------------------------------------------------ calls without a coroutine (relays)
+
+    def free_slots(self) -> tuple[_ClientConnection, int, float] | None:
+        """For :meth:`send_calls`: the open pipelined connection, how many calls can be sent
+        on it now without waiting, and the deadline (its loop's time) of a call sent now;
+        None when no connection is open (not connected yet, or lost)."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return None
+        return conn, self.max_in_flight - self._in_flight, conn.loop.time() + self.timeout
+
+    def send_calls(self, conn: _ClientConnection, frames: list[bytes], calls: list[Any],
+                   deadline: float) -> None:
+        """Send the encoded ``frames`` on ``conn`` (from :meth:`free_slots`) in one write,
+        as the pending calls ``calls`` (one per frame, each with ``future``, ``deadline`` --
+        at most ``deadline`` -- and ``timeout``, settled like :meth:`send_nowait`'s), taking
+        a slot each: the caller checked that there are that many free slots.  Each call
+        gives its slot back with :meth:`release_slot` or :meth:`call_failed` when it is
+        settled."""
+        self._in_flight += len(calls)
+        conn.waiting.extend(calls)
+        if conn.out is not None:  # writes of this loop pass are being gathered
+            conn.out.extend(frames)
+        else:
+            data = frames[0] if len(frames) == 1 else b"".join(frames)
+            conn.transport.write(data)  # type: ignore[union-attr]
+        if deadline < conn.timer_due:
+            conn.arm(deadline)
+
+    def call_failed(self, conn: _ClientConnection, exc: BaseException) -> None:
+        """A call sent without a coroutine (:meth:`send_nowait`, :meth:`send_calls`) failed
+        on ``conn``: its slot goes back; a lost connection is not used again."""
+        self.release_slot()
         if isinstance(exc, _Unanswered) and self._conn is conn:
             self._conn = None
 
-    def _release_slot(self) -> None:
+    def release_slot(self) -> None:
+        """A call sent without a coroutine got its reply: its slot goes back (to the first
+        call waiting for one, if any)."""
         waiters = self._slot_waiters
         while waiters:
             waiter = waiters.popleft()

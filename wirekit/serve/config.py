@@ -326,17 +326,19 @@ def parse_config(doc: Any) -> Deployment:
             max_batch=_int(md.get("max_batch", 1), f"{where}.max_batch", lo=1, hi=65535),
         )
     for port_key in ("http_port", "clipper_rpc_port"):
-        port = {"http_port": http_port, "clipper_rpc_port": clipper_rpc_port}[port_key]
-        if port and port in used_ports:
-            raise ConfigError(f"listen.{port_key}", f"port {port} is also {used_ports[port]}")
+        listen_port = {"http_port": http_port, "clipper_rpc_port": clipper_rpc_port}[port_key]
+        if listen_port and listen_port in used_ports:
+            raise ConfigError(
+                f"listen.{port_key}", f"port {listen_port} is also {used_ports[listen_port]}"
+            )
     app_names: dict[str, str] = {}
-    for m in models.values():
-        for app in (m.name, *m.apps):
-            if app in app_names and app_names[app] != m.name:
+    for mc in models.values():
+        for app in (mc.name, *mc.apps):
+            if app in app_names and app_names[app] != mc.name:
                 raise ConfigError(
-                    f"models.{m.name}.apps", f"app {app!r} already names {app_names[app]}"
+                    f"models.{mc.name}.apps", f"app {app!r} already names {app_names[app]}"
                 )
-            app_names[app] = m.name
+            app_names[app] = mc.name
 
     rows: list[DeviceRow] = []
     node_ids: set[str] = set()

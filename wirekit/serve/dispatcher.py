@@ -33,13 +33,14 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
+from typing import Any
 
 from wirekit import mip
-from wirekit._impl import load_fast
+from wirekit._impl import select
 from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply, Inference
 from wirekit.mip.client import unanswered_retryable
@@ -49,7 +50,7 @@ from . import lane as pure_lane
 from .backends import Backend, BackendUnavailable
 from .cache import ResponseCache, digest
 from .config import DeviceRow, ModelConfig
-from .metrics import Metrics
+from .metrics import Metrics, ModelStats
 from .payload import Payload
 from .router import NoDevice, Router
 from .store import ERROR, FAILED, OK, RequestStore
@@ -103,6 +104,12 @@ async def _infer_within(backend: Backend, request: Payload, timeout: float) -> P
     return await asyncio.wait_for(backend.infer(request), timeout)  # pragma: no cover
 
 
+def _samples(job: Job) -> int:
+    """The samples of ``job``'s request (0 for a message that is not an inference)."""
+    msg = job.request.message
+    return msg.batch_size if type(msg) is Inference else 0
+
+
 class Job:
     """One request taken by :meth:`Dispatcher.start` (the MIP front door's way in)."""
 
@@ -117,7 +124,8 @@ class Job:
         self.outcome: Outcome | None = None
         self.error: BaseException | None = None  #: set instead when the loop was cancelled
         self.rid = ""
-        self.cfg: ModelConfig | None = None
+        #: set by Dispatcher.start (or lane_fallback) before any use
+        self.cfg: ModelConfig = None  # type: ignore[assignment]
         self.t_in = 0.0
         self.key: bytes | None = None
         #: its journal line's start, made while it is sent ("" or None: none)
@@ -167,13 +175,15 @@ class Dispatcher:
     ) -> None:
         self.models = dict(models)
         #: the MIP lane's twin (module): compiled unless WIREKIT_PURE or not built
-        self.lane = lane if lane is not None else (load_fast("servelane") or pure_lane)
+        self.lane = lane if lane is not None else select("servelane", pure_lane)
         self.router = router
         self.backends = dict(backends)
         self.store = store
         self.metrics = metrics
         self.cache = cache
-        self._clock = clock
+        #: the clock of the store's times (time.time by default)
+        self.clock = clock
+        self._clock = clock  # kept for serve/mipfront.py until it uses ``clock``
         self._ids = itertools.count(1)
         self._prefix = f"{int(time.time()):x}{os.getpid():x}{os.urandom(2).hex()}-"
         self.resubmissions = 0
@@ -187,7 +197,15 @@ class Dispatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def new_id(self) -> str:
+        """A new request id (unique to this dispatcher process)."""
         return f"{self._prefix}{next(self._ids):x}"
+
+    def new_ids(self, n: int) -> list[str]:
+        """``n`` new request ids at once (what ``n`` calls of :meth:`new_id` give)."""
+        prefix = self._prefix
+        if n == 1:  # the common case under load: one request per read
+            return [f"{prefix}{next(self._ids):x}"]
+        return [f"{prefix}{k:x}" for k in itertools.islice(self._ids, n)]
 
     async def submit(
         self, model: str, request: Payload, client: str, *, defer_journal: bool = False
@@ -288,7 +306,13 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ the fast path
 
-    def start(self, job: Job) -> None:
+    def new_job(self, model: str, wire: bytes, client: str, t_in: float, notify) -> Job:
+        """A :class:`Job` for the encoded request ``wire`` that arrived at ``t_in``."""
+        job = Job(model, Payload(wire), client, notify)
+        job.t_in = t_in
+        return job
+
+    def start(self, job: Job, row: DeviceRow | None = None) -> None:
         """Begin answering ``job`` without a task when possible: the first attempt goes to
         a MIP backend's open connection at once and its reply is handled in a callback (one
         loop pass per leg, no coroutine).  Anything else -- a cache hit aside -- and every
@@ -296,7 +320,11 @@ class Dispatcher:
         ``job.notify(job)`` is called once, when ``job.outcome`` (or ``job.error``) is set,
         possibly before this returns.  The completion record is deferred: the caller writes
         the journal (``store.write_journal()``) before it answers.  Raises
-        :class:`UnknownModel`."""
+        :class:`UnknownModel`.
+
+        ``row``: the device already drawn for ``job`` (by the MIP lane, which found no free
+        slot on it): the job goes there -- waiting for a slot -- instead of drawing again,
+        so that each request is drawn for exactly once (see :mod:`wirekit.serve.router`)."""
         cfg = self.models.get(job.model)
         if cfg is None:
             raise UnknownModel(job.model)
@@ -313,8 +341,9 @@ class Dispatcher:
             if hit is not None:
                 self._settle(job, Outcome(job.rid, OK, hit, "cache", 0))
                 return
-        row = None
-        if not self.closing:
+        if self.closing:
+            row = None
+        elif row is None:
             try:
                 row = self.router.choose(cfg.name, ())
             except NoDevice:
@@ -392,10 +421,10 @@ class Dispatcher:
         n_input = samples = size = 0
         for job in jobs:
             msg = job.request.message
-            b = msg.batch_size
-            if not b:  # nothing to join: as it is, alone
+            if type(msg) is not Inference or not msg.batch_size:  # nothing to join: alone
                 self._send_one(job, row)
                 continue
+            b = msg.batch_size
             n = len(job.request.wire)
             if group and (
                 msg.n_input != n_input or samples + b > limit or size + n > BATCH_BYTES
@@ -417,7 +446,7 @@ class Dispatcher:
             # instead of taking turns).
             half = k = 0
             while 2 * half < samples:
-                half += jobs[k].request.message.batch_size
+                half += _samples(jobs[k])
                 k += 1
             if k < len(jobs):
                 self._send_batch(jobs[:k], row, n_input, half)
@@ -431,7 +460,7 @@ class Dispatcher:
             return
         self.batches += 1
         wire = join_requests([j.request.wire for j in jobs], n_input, samples)
-        backend = self.backends[row.key]
+        backend: Any = self.backends[row.key]  # batchable: a MipBackend
         if backend.send_nowait(wire, partial(self._group_reply, jobs, row)):
             return
         task = asyncio.get_running_loop().create_task(self._group_slow(jobs, row, wire))
@@ -455,6 +484,7 @@ class Dispatcher:
     def _group_reply(self, jobs: list[Job], row: DeviceRow, frame: bytes | None, exc) -> None:
         """The reply to a joined batch: split per request, or each request on its own."""
         if exc is None:
+            assert frame is not None  # a reply, or an exception
             try:
                 msg = decode_reply(mip, frame)
             except DecodeError as err:
@@ -463,7 +493,7 @@ class Dispatcher:
                 self.router.succeed(row)
                 parts = None
                 if type(msg) is Inference and msg.response:
-                    parts = split_reply(frame, msg, [j.request.message.batch_size for j in jobs])
+                    parts = split_reply(frame, msg, [_samples(j) for j in jobs])
                 if parts is None:
                     # An error reply (or a reply not shaped like the batch) may be the fault
                     # of one request: each is sent again alone and gets its own answer.
@@ -529,6 +559,7 @@ class Dispatcher:
         """The first attempt's reply (or failure), from the backend connection's callback."""
         cfg = job.cfg
         if exc is None:
+            assert frame is not None  # a reply, or an exception
             try:
                 msg = decode_reply(mip, frame)
             except DecodeError as err:
@@ -586,6 +617,32 @@ class Dispatcher:
                 return None
             clients[row.key] = client
         return (cfg, rows, clients) if rows else None
+
+    def lane_arrived(self, stats: ModelStats, model: str, client: str, t_in: float,
+                     requests: list[tuple[str, int, Any]]) -> None:
+        """The MIP lane sent ``requests`` of ``model`` (``stats``: its live counters) from
+        ``client``, arrived at ``t_in``, each ``(id, size, request bytes)``: they are
+        active, counted and stored as arrived (:meth:`RequestStore.arrivals`)."""
+        n = len(requests)
+        self.active += n
+        self.lane_requests += n
+        stats.arrive(n)
+        self.store.arrivals(model, client, t_in, requests)
+
+    def lane_answered(self, stats: ModelStats, model: str, client: str, t_out: float,
+                      total: float, lo: float, hi: float, rows: Collection[DeviceRow],
+                      answers: list[tuple[str, str, float, int, int, Any]]) -> None:
+        """The MIP lane answered ``answers`` (``ok``, at ``t_out``; their response times
+        summing to ``total``, from ``lo`` to ``hi``), from the devices ``rows`` (back in
+        rotation): counted and stored (:meth:`RequestStore.completions_ok`; the journal is
+        written before the answers go out)."""
+        n = len(answers)
+        self.active -= n
+        stats.answered_ok(n, total, lo, hi)
+        succeed = self.router.succeed
+        for row in rows:
+            succeed(row)
+        self.store.completions_ok(model, client, t_out, answers)
 
     def lane_fallback(self, call, frame: bytes | None, exc: BaseException | None) -> None:
         """A lane call the lane does not settle itself -- ``frame`` a reply that is not a

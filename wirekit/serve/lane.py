@@ -10,10 +10,13 @@ adaptive batching, takes its requests through a :class:`Lane`:
   a device by quota, and a slot on that backend's open connection; the requests for one
   connection go out in one write, byte for byte as they came.  With the cache on, a request
   answered recently is answered from the cache instead (device ``cache``, 0 attempts), and
-  a backend's answer is cached.  A message the lane does not take (a ping, a malformed
-  message, a partial frame, no open connection or no free slot, the dispatcher closing)
-  stops it: the front door handles that one message its general way
-  (:meth:`Dispatcher.start`) and hands the rest of the read back to the lane.
+  a backend's answer is cached.  A request whose device (drawn once, by
+  :meth:`Router.choose <wirekit.serve.router.Router.choose>`) has no open connection or no
+  free slot is handed to the dispatcher's attempt loop *with that device*
+  (:meth:`Dispatcher.start`), where it waits for a slot: the lane never draws twice, so the
+  quotas hold under load.  A message the lane does not take (a ping, a malformed message, a
+  partial frame, the dispatcher closing) stops it: the front door handles that one message
+  its general way and hands the rest of the read back to the lane.
 * :class:`LaneCall` -- one request on its way: it sits in the backend connection's queue as
   its own pending call and future.  A well-formed inference reply is its answer (status
   ``ok``, the bytes passed back as they came); anything else -- an error reply, a reply that
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import deque
 from typing import Any
 
@@ -41,13 +45,10 @@ from .payload import Payload
 
 log = logging.getLogger("wirekit.serve")
 
-_ARRIVAL, _COMPLETION = 0, 1  # the store's row kinds (wirekit.serve.store)
 _INTERNAL = mip.encode(ErrorReply(int(ErrorCode.INTERNAL)))
-_OK = "ok"
 _CACHE = "cache"  # the device of an answer from the cache
 
 IN_FLIGHT, ANSWERED, HANDED_OVER = 0, 1, 2  #: LaneCall states
-NO_JOURNAL, LINES, COMPLETE = 0, 1, 2  #: how answers are recorded: RequestStore.lane_mode
 
 
 def inference_size(buf: Any, pos: int, end: int, subtype: int, max_items: int = -1) -> int:
@@ -108,7 +109,7 @@ class LaneCall:
 
     def set_result(self, frame: bytes) -> None:
         """The backend's reply (called once, by the backend connection)."""
-        self.client._release_slot()
+        self.client.release_slot()
         if inference_size(frame, 0, len(frame), 1) != len(frame):
             self.state = HANDED_OVER
             self.lane.dispatcher.lane_fallback(self, frame, None)
@@ -116,14 +117,14 @@ class LaneCall:
         self.state = ANSWERED
         self.reply = frame
         lane = self.lane
-        if self.key is not None:
+        if self.key is not None and lane.cache is not None:  # a key only with the cache on
             lane.cache.put(lane.model, self.key, Payload(frame), len(frame))
         lane.wake(self)
 
     def set_exception(self, exc: BaseException) -> None:
         """No reply: a timeout or a lost connection (called at most once)."""
         self.state = HANDED_OVER
-        self.client._call_failed(self.conn, exc)
+        self.client.call_failed(self.conn, exc)
         self.lane.dispatcher.lane_fallback(self, None, exc)
 
     def job_done(self, job: Any) -> None:
@@ -153,11 +154,8 @@ class Lane:
         self.enabled = route is not None
         self.store = dispatcher.store
         self.cache = dispatcher.cache if dispatcher.cache.enabled else None
-        self.stats = dispatcher.metrics._get(model)
-        self._clock = dispatcher._clock
-        self._names: dict[str, str] = {}  # device -> its journal text of model, client, device
-        self._hex_of: float | None = None
-        self._hex = ""
+        self.stats = dispatcher.metrics.stats(model)
+        self._clock = dispatcher.clock
         if route is not None:
             _cfg, rows, self.clients = route
             self.single = rows[0] if len(rows) == 1 else None
@@ -170,30 +168,34 @@ class Lane:
         if not self.enabled or d.closing:
             return pos
         pending = self.pending
-        groups: dict[Any, tuple[Any, list[bytes], list[LaneCall]]] = {}
-        ops = []
+        # row key -> [client, connection, deadline, free slots, frames, calls]
+        groups: dict[str, list[Any]] = {}
+        handed: list[tuple[Any, Any]] = []  # (job, row): for the dispatcher, after the sends
+        arrived: list[LaneCall] = []  # their ids are given at the end
         single = self.single
         model, client_name = self.model, self.client
-        payloads = self.store.payloads
         cache = self.cache
-        prefix, ids = d._prefix, d._ids
         whole = type(src) is bytes
         while True:
             size = inference_size(src, pos, end, 0, self.max_items)
             if size < 0 or size > self.max_size:
                 break
+            # The one draw for this request (wirekit.serve.router): it is sent to this
+            # device now, or waits for it in the dispatcher's attempt loop.
             row = single if single is not None else d.router.choose(model, ())
             client = self.clients[row.key]
-            conn = client._conn
-            if conn is None or conn.closed or client._in_flight >= client.max_in_flight:
-                break
-            group = groups.get(conn)
-            if group is None:
-                group = groups[conn] = (conn.loop.time() + client.timeout, [], [])
             # the read itself when it is exactly this request
             frame = src if whole and size == end and pos == 0 else bytes(src[pos : pos + size])
-            rid = f"{prefix}{next(ids):x}"
-            call = LaneCall(self, row, client, conn, rid, frame, t_in, group[0])
+            group = groups.get(row.key)
+            if group is None:
+                slots = client.free_slots()
+                conn, free, deadline = (None, 0, 0.0) if slots is None else slots
+                group = groups[row.key] = [client, conn, deadline, free, [], []]
+            if group[3] <= 0:  # no open connection or no free slot
+                handed.append((self._hand_over(frame, t_in), row))
+                pos += size
+                continue
+            call = LaneCall(self, row, client, group[1], "", frame, t_in, group[2])
             pending.append(call)
             if cache is not None:
                 call.key = digest(memoryview(frame)[8:])
@@ -204,49 +206,52 @@ class Lane:
                     call.reply = hit.wire
                     call.key = None
             if call.state == IN_FLIGHT:
-                client._in_flight += 1
-                group[1].append(frame)
-                group[2].append(call)
-            ops.append((_ARRIVAL, (rid, model, client_name, t_in, size,
-                                   frame if payloads else None)))
+                group[3] -= 1
+                group[4].append(frame)
+                group[5].append(call)
+            arrived.append(call)
             pos += size
-        if not ops:
-            return pos
-        for conn, (deadline, frames, calls) in groups.items():
-            if not calls:
-                continue
-            conn.waiting.extend(calls)
-            if conn.out is not None:  # writes of this loop pass are being gathered
-                conn.out.extend(frames)
-            else:
-                conn.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
-            if deadline < conn.timer_due:
-                conn.arm(deadline)
-        n = len(ops)
-        d.active += n
-        d.lane_requests += n
-        stats = self.stats
-        stats.requests += n
-        stats.queue += n
-        self.store.extend(ops, None, 0)
+        if arrived:
+            requests = []
+            for call, rid in zip(arrived, d.new_ids(len(arrived)), strict=True):
+                call.rid = rid
+                requests.append((rid, len(call.wire), call.wire))
+            for client, conn, deadline, _free, frames, calls in groups.values():
+                if calls:
+                    client.send_calls(conn, frames, calls, deadline)
+            d.lane_arrived(self.stats, model, client_name, t_in, requests)
+        if handed:
+            self._start(handed)
         return pos
+
+    def _hand_over(self, frame: bytes, t_in: float) -> Any:
+        """A request that cannot be sent now (no open connection or no free slot on the
+        device drawn for it): the dispatcher's job, in its place among the answers to come
+        (started by :meth:`_start`)."""
+        job = self.dispatcher.new_job(self.model, frame, self.client, t_in, self.wake)
+        self.pending.append(job)
+        return job
+
+    def _start(self, handed: list[tuple[Any, Any]]) -> None:
+        """Start the jobs of :meth:`_hand_over`, each on the device drawn for it (it waits
+        for a slot there), once the lane's own requests hold their slots."""
+        start = self.dispatcher.start
+        for job, row in handed:
+            try:
+                start(job, row)
+            except Exception as exc:  # answered INTERNAL, logged when its turn comes
+                job.error = exc
 
     def answers(self, pending: deque) -> list[bytes]:
         """Pop the answers ready at the head of ``pending`` (bytes, the dispatcher's jobs,
         lane calls), in order, recording the lane's own; return them."""
         out: list[bytes] = []
-        ops: list[tuple[int, tuple]] = []
-        lines: list[str] = []
-        nbytes = 0
+        done: list[tuple[str, str, float, int, int, bytes]] = []  # for the store
         t_out = 0.0
-        tout_hex = ""
-        store = self.store
-        mode = store.lane_mode()
-        stats = self.stats
         n = 0
         total = 0.0
-        lo = stats.min
-        hi = stats.max
+        lo = math.inf
+        hi = -math.inf
         succeeded = set()
         last = None
         while pending:
@@ -258,7 +263,6 @@ class Lane:
                 if head.state == ANSWERED:
                     if not n:
                         t_out = self._clock()
-                        tout_hex = t_out.hex()
                     n += 1
                     rt = t_out - head.t_in
                     total += rt
@@ -274,18 +278,8 @@ class Lane:
                         if row is not last:  # DeviceRow hashes its fields: once per run
                             succeeded.add(row)
                             last = row
-                    size = len(head.wire)
-                    if mode == COMPLETE:
-                        store.complete(head.rid, self.model, self.client, device, head.t_in,
-                                       t_out, _OK, size, attempts, head.wire, True)
-                    else:
-                        if mode == LINES:
-                            line = (f'["{head.rid}",{self._names_of(device)}'
-                                    f'"{self._tin_hex(head.t_in)}","{tout_hex}","ok",{size},'
-                                    f'{attempts},null]\n')
-                            nbytes += len(line)
-                            lines.append(line)
-                        ops.append((_COMPLETION, (device, t_out, _OK, attempts, head.rid)))
+                    wire = head.wire
+                    done.append((head.rid, device, head.t_in, len(wire), attempts, wire))
                     out.append(head.reply)
                 elif head.job is not None:
                     out.append(_job_answer(head.job))
@@ -297,31 +291,9 @@ class Lane:
                 break
             pending.popleft()
         if n:
-            stats.queue -= n
-            stats.statuses[_OK] = stats.statuses.get(_OK, 0) + n
-            stats.count += n
-            stats.total += total
-            stats.min = lo
-            stats.max = hi
-            self.dispatcher.active -= n
-            router = self.dispatcher.router
-            for row in succeeded:
-                router.succeed(row)
-            if ops:
-                store.extend(ops, lines, nbytes)
+            self.dispatcher.lane_answered(self.stats, self.model, self.client, t_out, total,
+                                          lo, hi, succeeded, done)
         return out
-
-    def _names_of(self, device: str) -> str:
-        names = self._names.get(device)
-        if names is None:
-            names = self._names[device] = self.store.journal_names(self.model, self.client,
-                                                                   device)
-        return names
-
-    def _tin_hex(self, t_in: float) -> str:
-        if t_in != self._hex_of:  # the requests of one read share their time
-            self._hex_of, self._hex = t_in, t_in.hex()
-        return self._hex
 
 
 def _job_answer(job: Any) -> bytes:

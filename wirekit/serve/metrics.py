@@ -29,6 +29,23 @@ class ModelStats:
     max: float = -math.inf
     statuses: dict[str, int] = field(default_factory=dict)
 
+    def arrive(self, n: int = 1) -> None:
+        """``n`` requests arrived (they are in the queue until they finish)."""
+        self.requests += n
+        self.queue += n
+
+    def answered_ok(self, n: int, total: float, lo: float, hi: float) -> None:
+        """``n`` requests finished with status ok, their response times summing to
+        ``total``, the shortest ``lo`` and the longest ``hi``."""
+        self.queue -= n
+        self.statuses[OK] = self.statuses.get(OK, 0) + n
+        self.count += n
+        self.total += total
+        if lo < self.min:
+            self.min = lo
+        if hi > self.max:
+            self.max = hi
+
     def as_dict(self) -> dict[str, Any]:
         rt: dict[str, Any] = {"count": self.count, "avg": None, "min": None, "max": None}
         if self.count:
@@ -47,7 +64,8 @@ class Metrics:
     def __init__(self, models: Iterable[str] = ()) -> None:
         self.models: dict[str, ModelStats] = {m: ModelStats() for m in models}
 
-    def _get(self, model: str) -> ModelStats:
+    def stats(self, model: str) -> ModelStats:
+        """The live counters of ``model`` (created on first use)."""
         stats = self.models.get(model)
         if stats is None:
             stats = self.models[model] = ModelStats()
@@ -59,12 +77,12 @@ class Metrics:
             self.models[model] = s
 
     def arrived(self, model: str) -> None:
-        s = self._get(model)
+        s = self.stats(model)
         s.requests += 1
         s.queue += 1
 
     def finished(self, model: str, status: str, response_time: float) -> None:
-        s = self._get(model)
+        s = self.stats(model)
         s.queue -= 1
         s.statuses[status] = s.statuses.get(status, 0) + 1
         if status == OK:

@@ -29,9 +29,11 @@ class Payload:
 
     @property
     def wire(self) -> bytes:
-        if self._wire is None:
-            self._wire = mip.encode(self._message)
-        return self._wire
+        wire = self._wire
+        if wire is None:
+            assert self._message is not None  # one of the two is given
+            wire = self._wire = mip.encode(self._message)
+        return wire
 
     @property
     def message(self) -> Message:

@@ -4,6 +4,21 @@ P_i is proportional to the quota of (device i, M) over the devices with quota > 
 the P_i sum to 1; quota-0 rows are never chosen.  A device that timed out or refused a
 connection is taken out of rotation for a back-off period; while it is out, the others share
 its part in proportion to their quotas.
+
+What a quota means when a device is full.  The quota is the share of *requests*, not of
+capacity: each request is drawn for exactly once, by :meth:`Router.choose` (the
+dispatcher's only routing decision; the MIP lane and the general path both use it and never
+draw a second time for the same request).  When the device drawn has no free slot (its
+``connections`` requests are in flight) or no open connection yet, the request waits for a
+slot on *that* device, first come first served, within the model's ``timeout``; it is not
+moved to a device that has room.  Only a failure (a timeout, a refused or lost connection)
+moves a request elsewhere: it is resubmitted to a device drawn among those not tried yet,
+the failing one backed off.  So the split follows the quotas idle and saturated alike (a
+"draw among the devices that have room" rule would not: under saturation a slot frees on a
+device when it answers, so the split would follow the devices' speeds -- 50/50 for equal
+devices, whatever the quotas).  The price: when one device is slower than its quota asks
+for, its requests queue (and may time out) while another device idles; set the quotas to
+the devices' capacities, or lower the slow device's quota.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from functools import partial
 from types import ModuleType
 from typing import Any
 
@@ -57,12 +58,12 @@ class Service:
         self._lane = lane  # the MIP lane's twin (tests choose; default: the dispatcher's)
         self.dispatcher: Dispatcher | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._mip_servers: dict[str, asyncio.AbstractServer] = {}
+        self._mip_servers: dict[str, asyncio.Server] = {}
         #: the bytes every MIP front-door connection holds, against ``mip.max_buffered``
         self.mip_budget = BufferBudget(deployment.mip.max_buffered)
         self._runner: web.AppRunner | None = None
         self._http_port: int | None = None
-        self.clipper = None  # the embedded Clipper RPC frontend, when a model uses Clipper
+        self.clipper: Any = None  # the embedded Clipper RPC frontend, when a model uses Clipper
 
     def _backend_for(self, row: DeviceRow) -> Backend:
         if row.key in self._given_backends:
@@ -108,9 +109,8 @@ class Service:
                 if model.mip_port is None:
                     continue
                 self._mip_servers[name] = await loop.create_server(
-                    lambda name=name: MipFrontDoor(
-                        self.dispatcher, name, self._tasks, dep.mip, self.mip_budget
-                    ),
+                    partial(MipFrontDoor, self.dispatcher, name, self._tasks, dep.mip,
+                            self.mip_budget),
                     dep.host,
                     model.mip_port,
                 )
@@ -123,9 +123,7 @@ class Service:
                 await self._runner.setup()
                 site = web.TCPSite(self._runner, dep.host, dep.http_port)
                 await site.start()
-                server = site._server
-                assert server is not None
-                self._http_port = server.sockets[0].getsockname()[1]
+                self._http_port = self._runner.addresses[0][1]  # the port bound
         except BaseException:
             await self.stop()
             raise

@@ -29,6 +29,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,36 @@ def _json_time(value: Any) -> str:
     if type(value) is float and value - value == 0:
         return f'"{value.hex()}"'
     return _json_num(value)
+
+
+def _line_head(rid: str, names: str, time_in: str) -> str:
+    """The start of a completion's journal line, ``[id, model, client, device, time in,``
+    (``names`` from :meth:`RequestStore._names`, ``time_in`` from :func:`_json_time`).
+
+    With :func:`_line_end`, the one encoder of the journal line ``[id, model, client,
+    device, time in, time out, status, size, attempts, payload]``: times as exact hex floats
+    in JSON strings (``"0x1.9a...p+30"``: several times cheaper to write than repr), read
+    back with ``float.fromhex`` by :meth:`RequestStore._replay`; the payload base64 or null.
+    """
+    return f"[{_encode_json_str(rid)},{names}{time_in},"
+
+
+def _line_end(head: str, time_out: str, status: str, size: Any, attempts: Any,
+              blob: str) -> str:
+    """The whole journal line from its :func:`_line_head` (``time_out`` from
+    :func:`_json_time`, ``blob`` from :func:`_json_blob`)."""
+    return (
+        f"{head}{time_out},{_STATUS_JSON.get(status) or _encode_json_str(status)},"
+        f"{size if type(size) is int else _json_num(size)},"
+        f"{attempts if type(attempts) is int else _json_num(attempts)},{blob}]\n"
+    )
+
+
+def _json_blob(payload: Any) -> str:
+    """The journal's payload field: base64 in a JSON string, or null."""
+    if payload is None:
+        return "null"
+    return '"' + base64.b64encode(payload).decode("ascii") + '"'
 
 
 def _from_journal_time(value: Any) -> Any:
@@ -260,31 +291,13 @@ class RequestStore:
         """:meth:`completion` with every argument positional, in the order of the journal
         line (the dispatcher's per-request path)."""
         if self._jfd is not None:
-            # The line: [id, model, client, device, time in, time out, status, size,
-            # attempts, payload].  Times as exact hex floats ('"0x1.9a...p+30"': several
-            # times cheaper to write than repr), read back with float.fromhex by _replay.
             key = (model, client, device)
             names = self._jmemo.get(key)
             if names is None:
                 names = self._names(key)
-            if (
-                type(time_in) is float and type(time_out) is float and type(size) is int
-                and type(attempts) is int and time_in - time_in == 0
-                and time_out - time_out == 0 and (payload is None or not self.payloads)
-            ):
-                self.complete_head(f'[{_encode_json_str(rid)},{names}"{time_in.hex()}",',
-                                   rid, device, time_out, status, size, attempts)
-                if not defer:
-                    self.write_journal()
-                return
-            blob = "null"
-            if self.payloads and payload is not None:
-                blob = '"' + base64.b64encode(payload).decode("ascii") + '"'
-            line = (
-                f"[{_encode_json_str(rid)},{names}"
-                f"{_json_time(time_in)},{_json_time(time_out)},{_encode_json_str(status)},"
-                f"{size if type(size) is int else _json_num(size)},"
-                f"{attempts if type(attempts) is int else _json_num(attempts)},{blob}]\n"
+            line = _line_end(
+                _line_head(rid, names, self._time(time_in)), self._time(time_out), status,
+                size, attempts, _json_blob(payload if self.payloads else None),
             )
             self._jsize += len(line)
             self._jbuf.append(line)
@@ -297,18 +310,13 @@ class RequestStore:
     ) -> str | None:
         """The start of a completion's journal line, made ahead (while the request is with
         its backend) for :meth:`complete_head`; None when that shortcut does not apply."""
-        if (
-            self._jfd is None or self.payloads or type(time_in) is not float
-            or type(size) is not int or time_in - time_in != 0
-        ):
+        if self._jfd is None or self.payloads:
             return None
         key = (model, client, device)
         names = self._jmemo.get(key)
         if names is None:
             names = self._names(key)
-        if time_in is not self._hex_of:  # requests of one read share their time
-            self._hex_of, self._hex = time_in, time_in.hex()
-        return f'[{_encode_json_str(rid)},{names}"{self._hex}",'
+        return _line_head(rid, names, self._time(time_in))
 
     def complete_head(
         self, head: str, rid: str, device: str | None, time_out: float, status: str,
@@ -316,39 +324,49 @@ class RequestStore:
     ) -> None:
         """:meth:`complete` (deferred) with the journal line started by :meth:`line_head`
         (same id, device, size; the journal still on)."""
-        if time_out is not self._hex_of:  # the requests of one batch share their time
-            self._hex_of, self._hex = time_out, time_out.hex()
-        line = (
-            f'{head}"{self._hex}",{_STATUS_JSON.get(status) or _encode_json_str(status)},'
-            f"{size},{attempts},null]\n"
-        )
+        line = _line_end(head, self._time(time_out), status, size, attempts, "null")
         self._jsize += len(line)
         self._jbuf.append(line)
         self._add(_COMPLETION, (device, time_out, status, attempts, rid))
 
-    def lane_mode(self) -> int:
-        """How the dispatcher's MIP lane records an answer: 0 no journal (rows only), 1 its
-        journal line made by the lane (:meth:`extend`), 2 through :meth:`complete` (the
-        payload goes into the journal line too)."""
-        if self._jfd is None:
-            return 0
-        return 2 if self.payloads else 1
+    # -- the batch forms (the dispatcher's MIP lane: the requests of one read, the answers
+    # -- of one flush) ------------------------------------------------------------------
 
-    def journal_names(self, model: str, client: str, device: str | None) -> str:
-        """The journal text of model, client and device, each followed by a comma."""
-        key = (model, client, device)
-        names = self._jmemo.get(key)
-        return names if names is not None else self._names(key)
+    def arrivals(self, model: str, client: str, time_in: float,
+                 requests: list[tuple[str, int, Any]]) -> None:
+        """:meth:`arrival` of requests of ``model`` from ``client`` that arrived together at
+        ``time_in``, each ``(id, size, request bytes)``."""
+        self._pending.extend(_arrival_ops(requests, model, client, time_in, self.payloads))
+        self._kick()
 
-    def extend(self, ops: list[tuple[int, tuple[Any, ...]]], lines: list[str] | None,
-               nbytes: int) -> None:
-        """Rows (``(kind, row)`` as :meth:`arrival` and :meth:`complete` queue them) and
-        deferred journal lines of ``nbytes`` characters, from the dispatcher's MIP lane."""
+    def completions_ok(self, model: str, client: str, time_out: float,
+                       answers: list[tuple[str, str, float, int, int, Any]]) -> None:
+        """:meth:`complete` (deferred: :meth:`write_journal` before the answers go out) of
+        requests of ``model`` from ``client`` answered ``ok`` at ``time_out``, each ``(id,
+        device, time in, size, attempts, request bytes)``."""
+        journal = self._jfd is not None
+        lines, nbytes, ops = _ok_records(
+            answers, time_out, self._time(time_out) if journal else "",
+            partial(self._device_names, model, client), journal, self.payloads,
+        )
         if lines:
             self._jbuf.extend(lines)
             self._jsize += nbytes
         self._pending.extend(ops)
         self._kick()
+
+    def _device_names(self, model: str, client: str, device: str | None) -> str:
+        """:meth:`_names` of ``(model, client, device)``, memoised."""
+        key = (model, client, device)
+        names = self._jmemo.get(key)
+        return names if names is not None else self._names(key)
+
+    def _time(self, value: Any) -> str:
+        """:func:`_json_time`, remembering the last time (the requests of one read, and the
+        answers of one flush, share theirs)."""
+        if value is not self._hex_of:
+            self._hex_of, self._hex = value, _json_time(value)
+        return self._hex
 
     def _names(self, key: tuple[str, str, str | None]) -> str:
         """The JSON text of model, client and device, each followed by a comma (memoised:
@@ -558,6 +576,52 @@ def _settle(futs: list[asyncio.Future[None]], exc: BaseException | None) -> None
                 fut.set_exception(RuntimeError(f"request store write failed: {exc}"))
 
 
+def arrival_ops(requests: list[tuple[str, int, Any]], model: str, client: str,
+                 time_in: float, payloads: bool) -> list[tuple[int, tuple[Any, ...]]]:
+    """The arrival rows of :meth:`RequestStore.arrivals` (its compiled twin:
+    ``wirekit._fast.servelane.arrival_ops``)."""
+    if payloads:
+        return [(_ARRIVAL, (rid, model, client, time_in, size,
+                            None if wire is None else bytes(wire)))
+                for rid, size, wire in requests]
+    return [(_ARRIVAL, (rid, model, client, time_in, size, None))
+            for rid, size, _wire in requests]
+
+
+def ok_records(
+    answers: list[tuple[str, str, float, int, int, Any]], time_out: float, tout: str,
+    names_of: Any, journal: bool, payloads: bool,
+) -> tuple[list[str], int, list[tuple[int, tuple[Any, ...]]]]:
+    """The journal lines (when ``journal``), their length and the completion rows of
+    :meth:`RequestStore.completions_ok` (``tout``: the journal text of ``time_out``;
+    ``names_of(device)``: the journal text of model, client and device).  Compiled twin:
+    ``wirekit._fast.servelane.ok_records``, which writes the same lines
+    (tests/test_serve_lane.py checks)."""
+    lines: list[str] = []
+    nbytes = 0
+    if journal:
+        names: dict[str, str] = {}
+        last: Any = None
+        tin = ""
+        for rid, device, t_in, size, attempts, wire in answers:
+            text = names.get(device)
+            if text is None:
+                text = names[device] = names_of(device)
+            if t_in is not last:  # the requests of one read share their time
+                last, tin = t_in, _json_time(t_in)
+            line = _line_end(_line_head(rid, text, tin), tout, OK, size, attempts,
+                             _json_blob(wire if payloads else None))
+            nbytes += len(line)
+            lines.append(line)
+    ops = [(_COMPLETION, (device, time_out, OK, attempts, rid))
+           for rid, device, _t, _size, attempts, _wire in answers]
+    return lines, nbytes, ops
+
+
+# the compiled twins when built
+_arrival_ops, _ok_records = arrival_ops, ok_records
 _fast = load_fast("servelane")
 if _fast is not None:
     _merge_ops = _fast.merge_ops
+    _fast.bind_store(_json_time, _json_num, _json_blob)
+    _arrival_ops, _ok_records = _fast.arrival_ops, _fast.ok_records
