@@ -73,7 +73,14 @@ class Rejected:
     closing: bool
 
 
-Event = Request | Rejected
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A message the connection answered itself (a ping), its reply queued in order."""
+
+    message: Message
+
+
+Event = Request | Rejected | Answered
 
 
 class Slot:
@@ -209,17 +216,24 @@ class Connection:
 
     # ------------------------------------------------------------------ bytes in
 
-    def receive_data(self, data: bytes, now: float) -> Request | None:
-        """Bytes read from the peer at ``now``.
-
-        In the common case -- ``data`` is exactly one inference request, nothing is buffered
-        and nothing owed -- its :class:`Request` is returned at once (the read held nothing
-        else).  Otherwise None: take the events with :meth:`next_event`."""
+    def receive_data(self, data: bytes, now: float) -> None:
+        """Bytes read from the peer at ``now``; take the events with :meth:`next_event`."""
         if self._awaiting:
             raise LocalProtocolError("reply() or owe() the last Request before reading on")
         if self.closing:
-            return None  # a broken stream's leftovers, or a shutdown in progress
-        if not self.owed and not self.write_paused and not self._unsettled:
+            return  # a broken stream's leftovers, or a shutdown in progress
+        self._now = now
+        self._unsettled = True
+        self.decoder.feed(data)
+
+    def receive_request(self, data: bytes, now: float) -> Request | None:
+        """:meth:`receive_data` with the common case in one call: when ``data`` is exactly
+        one inference request, nothing is buffered and nothing owed, its :class:`Request`
+        (the read held nothing else: no :meth:`next_event` needed).  Otherwise None: take
+        the events with :meth:`next_event`."""
+        if not self.owed and not self.write_paused and not self._unsettled and not (
+            self.closing or self._awaiting
+        ):
             frame = self.decoder.take_whole(data)
             if frame is not None:
                 try:
@@ -232,11 +246,9 @@ class Connection:
                 if type(msg) is Inference and not msg.response:
                     self._awaiting = True
                     return Request(msg, frame)
-                self._answer(msg)
+                self._pending_events.append(self._answer(msg))
                 return None
-        self._now = now
-        self._unsettled = True
-        self.decoder.feed(data)
+        self.receive_data(data, now)
         return None
 
     def end_of_input(self) -> None:
@@ -292,7 +304,7 @@ class Connection:
             if type(msg) is Inference and not msg.response:
                 self._awaiting = True
                 return Request(msg, frame)
-            self._answer(msg)
+            return self._answer(msg)
         if self._unsettled:
             over = self._settle(self._now, self._completed)
             if over is not None:
@@ -349,11 +361,11 @@ class Connection:
 
     # ------------------------------------------------------------------ internals
 
-    def _answer(self, msg: Message) -> None:
+    def _answer(self, msg: Message) -> Answered | Rejected:
         cls = type(msg)
         if cls is Ping and not msg.response:  # type: ignore[union-attr]
             self.owed.append(_PONG)
-            return
+            return Answered(msg)
         if cls is ErrorReply and msg.code == 0:  # type: ignore[union-attr]
             # Kind 0 with subtype 0: a "request" of the error kind, which no server implements.
             code = ErrorCode.METHOD
@@ -361,11 +373,9 @@ class Connection:
         else:
             code = ErrorCode.SUBTYPE
             text = f"a {cls.__name__} response is not a request"
-        self._pending_events.append(
-            Rejected(code, DecodeError(PROTOCOL, "subtype", self.decoder.offset, text,
-                                       code=int(code)), False)
-        )
         self.owed.append(error_reply(code))
+        error = DecodeError(PROTOCOL, "subtype", self.decoder.offset, text, code=int(code))
+        return Rejected(code, error, False)
 
     def _reject(self, exc: DecodeError) -> Rejected:
         code = ErrorCode(exc.code if exc.code is not None else ErrorCode.SHAPE)
@@ -378,11 +388,14 @@ class Connection:
         self.closing = True
         self._closing_error = exc
         self.paused = False
+        self.guard.release()  # nothing buffered will be used
 
     def _settle(self, now: float, completed: bool) -> Rejected | None:
         """Account the read with the guard (once per read, when its events are taken)."""
         self._unsettled = False
         self._completed = False
+        if self._closing_error is not None:
+            return None
         decoder = self.decoder
         try:
             if self.guard.received(now, decoder.buffered, not decoder.idle, completed):
@@ -391,7 +404,6 @@ class Connection:
             err = DecodeError(PROTOCOL, "buffer", decoder.offset, str(exc),
                               code=int(ErrorCode.MEMORY))
             decoder.fail(err)
-            self.guard.release()
             self.owed.append(error_reply(ErrorCode.MEMORY))
             self._break(err)
             return Rejected(ErrorCode.MEMORY, err, True)
@@ -400,6 +412,7 @@ class Connection:
 
 __all__ = [
     "DEFAULT_MAX_IN_FLIGHT",
+    "Answered",
     "Connection",
     "Event",
     "LocalProtocolError",

@@ -31,7 +31,7 @@ from typing import Any
 from wirekit import mip
 from wirekit.errors import EncodeError
 
-from .connection import Connection, Request, Slot, error_reply
+from .connection import Connection, Rejected, Request, Slot, error_reply
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE
 from .limits import (
     DEFAULT_IDLE_TIMEOUT,
@@ -369,7 +369,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         now = self._clock()
         conn = self.conn
-        request = conn.receive_data(data, now)
+        request = conn.receive_request(data, now)
         if request is not None:
             # The common case, one whole request in one read, answered without the pump.
             wire = self._infer(request.message)
@@ -426,7 +426,7 @@ class _Connection(asyncio.Protocol):
                     wire = self._infer(event.message)
                     if wire is not None:
                         conn.reply(wire)
-                else:
+                elif type(event) is Rejected:
                     log.warning(
                         "%s: bad request, answering %s: %s", self.peer, event.code.name,
                         event.error,
