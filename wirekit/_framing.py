@@ -259,12 +259,14 @@ class FramedStream:
     def _spill(self) -> None:
         """Move the unconsumed rest of the kept chunk into the buffer."""
         chunk, cpos = self._chunk, self._cpos
+        if chunk is None:
+            return
         self._chunk = None
         self._consumed += cpos
         if cpos:
-            self._buf += memoryview(chunk)[cpos:]  # type: ignore[index]
+            self._buf += memoryview(chunk)[cpos:]
         else:
-            self._buf += chunk  # type: ignore[operator]
+            self._buf += chunk
 
     def _drop(self, n: int) -> None:
         avail = len(self._buf) - self._pos

@@ -179,7 +179,7 @@ class Connection:
         self.paused = False  #: reading stopped: too many answers owed
         self.write_paused = False  #: the runtime cannot write (its transport's flow control)
         self._closing_error: DecodeError | None = None
-        self._pending_events: deque[Rejected] = deque()
+        self._pending_events: deque[Event] = deque()
         self._now = now
         self._completed = False  # a message was completed since the read was accounted
         self._unsettled = False  # a read not yet accounted with the guard

@@ -332,13 +332,13 @@ def decode_reply(codec: Any, frame: bytes, max_items: int = DEFAULT_MAX_ITEMS) -
 def check_reply(msg: Message, expected: type, batch_size: int, address: str) -> Message:
     """Raise for an error reply or a reply that does not answer a request of that type."""
     cls = type(msg)
-    if cls is ErrorReply:
+    if isinstance(msg, ErrorReply):
         raise ServerError(msg.code, address)
     if cls is not expected or not msg.response:
         raise UnexpectedReply(
             f"mip: {address} answered a {expected.__name__.lower()} request with {msg!r}"
         )
-    if cls is Inference and msg.batch_size != batch_size:
+    if isinstance(msg, Inference) and msg.batch_size != batch_size:
         raise UnexpectedReply(
             f"mip: {address} answered a batch of {batch_size} with {msg.batch_size} samples"
         )

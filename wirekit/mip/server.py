@@ -182,7 +182,8 @@ class Server:
         for address in listen:
             family, target = parse_address(address)
             if family == "tcp":
-                host, port = target  # type: ignore[misc]
+                assert isinstance(target, tuple)
+                host, port = target
                 srv = await loop.create_server(
                     self._protocol, host, port, reuse_address=True, backlog=self.backlog
                 )
