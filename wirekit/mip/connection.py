@@ -20,9 +20,13 @@ alone decides
 
 >>> conn = Connection(Limits(), now=0.0)
 >>> conn.receive_data(bytes.fromhex("0001000000000000") + b"\\x00\\x09" + bytes(6), now=0.0)
->>> conn.next_event() is None       # a ping: the connection answers it itself
-False
->>> conn.send(now=0.0).hex(" ")     # the pong, and METHOD for the unknown kind 9
+>>> conn.next_event()               # a ping: the connection answers it itself
+Answered(message=Ping(response=False))
+>>> conn.next_event().code          # an unknown kind: the connection answers METHOD
+<ErrorCode.METHOD: 2>
+>>> conn.next_event() is None       # more bytes needed
+True
+>>> conn.send(now=0.0).hex(" ")     # the pong, then the METHOD error reply, in order
 '00 01 01 00 00 00 00 00 00 00 02 00 00 00 00 00'
 
 Errors are split as in h11: :class:`LocalProtocolError` when the runtime misuses the API
@@ -81,6 +85,18 @@ class Answered:
 
 
 Event = Request | Rejected | Answered
+
+_set_message = Request.__dict__["message"].__set__
+_set_frame = Request.__dict__["frame"].__set__
+
+
+def _request(message: Inference, frame: bytes) -> Request:
+    """``Request(message, frame)`` without the frozen dataclass ``__init__`` (per request)."""
+    event = Request.__new__(Request)
+    _set_message(event, message)
+    _set_frame(event, frame)
+    return event
+
 
 
 class Slot:
@@ -236,16 +252,17 @@ class Connection:
         ):
             frame = self.decoder.take_whole(data)
             if frame is not None:
+                # The read is accounted: nothing held, nothing partial (never over budget).
+                if self.guard.received(now, 0, False, True):
+                    self._timer = True
                 try:
                     msg = self._decode(frame, self.max_items)
                 except DecodeError as exc:
                     self._pending_events.append(self._reject(exc))
-                    self._settle(now, True)
                     return None
-                self._settle(now, True)
                 if type(msg) is Inference and not msg.response:
                     self._awaiting = True
-                    return Request(msg, frame)
+                    return _request(msg, frame)
                 self._pending_events.append(self._answer(msg))
                 return None
         self.receive_data(data, now)
@@ -303,7 +320,7 @@ class Connection:
                 return self._reject(exc)
             if type(msg) is Inference and not msg.response:
                 self._awaiting = True
-                return Request(msg, frame)
+                return _request(msg, frame)
             return self._answer(msg)
         if self._unsettled:
             over = self._settle(self._now, self._completed)
@@ -331,7 +348,11 @@ class Connection:
         entries and filled :class:`Slot` s).  Afterwards :attr:`reading` says whether to
         resume reading (then take :meth:`next_event` again: requests that arrived while
         paused) and :attr:`done` whether to close."""
-        out = (collect or _ready)(self.owed)
+        owed = self.owed
+        if collect is None and len(owed) == 1 and type(owed[0]) is bytes and not self.paused:
+            self.guard.sent(now)  # the common case: one answer, ready
+            return owed.popleft()  # type: ignore[no-any-return]
+        out = (collect or _ready)(owed)
         if out:
             self.guard.sent(now)
         if self.paused and len(self.owed) * _RESUME_FACTOR <= self.max_in_flight:
