@@ -245,3 +245,14 @@ def test_error_kind_request_gets_method_and_responses_subtype(mip_codec):
     assert [e[1] for e in events] == [ErrorCode.METHOD, ErrorCode.SUBTYPE, ErrorCode.SUBTYPE]
     assert out == b"".join(error_reply(c) for c in
                            (ErrorCode.METHOD, ErrorCode.SUBTYPE, ErrorCode.SUBTYPE))
+
+
+def test_no_request_is_taken_while_the_runtime_cannot_write(mip_codec):
+    conn = Connection(codec=mip_codec)
+    conn.writing(True, 0.0)
+    conn.receive_data(request("a") + request("b"), 0.0)
+    assert conn.next_event() is None and not conn.reading and not conn.paused
+    conn.writing(False, 1.0)
+    assert conn.reading
+    assert [conn.next_event().frame, conn.reply(b"a")][0] == request("a")
+    assert conn.next_event().frame == request("b")

@@ -304,9 +304,12 @@ class Connection:
         owed = self.owed
         limit = self.max_in_flight
         while not decoder.broken:
-            if (len(owed) >= limit or self.write_paused) and not self.closing:
-                self.paused = True
-                break
+            if not self.closing:
+                if self.write_paused:
+                    break  # the runtime cannot write: it reads on when it can
+                if len(owed) >= limit:
+                    self.paused = True
+                    break
             frame = None
             try:
                 frame = decoder.next_frame()
