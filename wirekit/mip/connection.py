@@ -168,6 +168,7 @@ class Connection:
         "max_items",
         "owed",
         "paused",
+        "ready",
         "write_paused",
     )
 
@@ -191,6 +192,9 @@ class Connection:
         self.guard = Guard(limits, budget, now)
         #: answers owed, in request order: ``bytes`` (ready) or placeholders (:meth:`owe`)
         self.owed: deque[Any] = deque()
+        #: answers ready to go out before everything in :attr:`owed` (queued while nothing
+        #: was owed: they wait only for :meth:`send`)
+        self.ready: list[bytes] = []
         self.closing = False  #: no more requests will be read
         self.paused = False  #: reading stopped: too many answers owed
         self.write_paused = False  #: the runtime cannot write (its transport's flow control)
@@ -217,7 +221,12 @@ class Connection:
     @property
     def done(self) -> bool:
         """Closing and nothing owed: the runtime closes the connection now."""
-        return self.closing and not self.owed
+        return self.closing and not self.owed and not self.ready
+
+    @property
+    def pending(self) -> bool:
+        """Answers are owed or waiting to be sent (the connection is not idle)."""
+        return bool(self.owed or self.ready)
 
     @property
     def buffered(self) -> int:
@@ -247,8 +256,9 @@ class Connection:
         one inference request, nothing is buffered and nothing owed, its :class:`Request`
         (the read held nothing else: no :meth:`next_event` needed).  Otherwise None: take
         the events with :meth:`next_event`."""
-        if not self.owed and not self.write_paused and not self._unsettled and not (
-            self.closing or self._awaiting
+        if not (
+            self.owed or self.ready or self.write_paused or self._unsettled or self.closing
+            or self._awaiting
         ):
             frame = self.decoder.take_whole(data)
             if frame is not None:
@@ -336,7 +346,10 @@ class Connection:
     def reply(self, wire: bytes) -> None:
         """The answer to the request just taken, ready now."""
         self._awaiting = False
-        self.owed.append(wire)
+        if self.owed:
+            self.owed.append(wire)
+        else:
+            self.ready.append(wire)
 
     def owe(self, entry: Any) -> None:
         """A placeholder for the answer to the request just taken (a :class:`Slot`, or what
@@ -352,19 +365,21 @@ class Connection:
         resume reading (then take :meth:`next_event` again: requests that arrived while
         paused) and :attr:`done` whether to close."""
         owed = self.owed
-        if collect is None and len(owed) == 1 and type(owed[0]) is bytes and not self.paused:
-            self.guard.sent(now)  # the common case: one answer, ready
-            return owed.popleft()  # type: ignore[no-any-return]
-        out = (collect or _ready)(owed)
-        if out:
-            self.guard.sent(now)
-        if self.paused and len(self.owed) * _RESUME_FACTOR <= self.max_in_flight:
+        out = self.ready
+        if owed:
+            more = (collect or _ready)(owed)
+            if more:
+                out += more
+        if self.paused and len(owed) * _RESUME_FACTOR <= self.max_in_flight:
             self.paused = False
             if not self.closing and not self.write_paused:
                 self.guard.resumed(now)
         if not out:
             return b""
-        return out[0] if len(out) == 1 else b"".join(out)
+        self.guard.sent(now)
+        wire = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        return wire
 
     def writing(self, paused: bool, now: float) -> None:
         """The runtime's transport stopped (True) or resumed (False) taking writes."""
@@ -374,21 +389,28 @@ class Connection:
 
     def expired(self, now: float) -> str | None:
         """Why the connection must be dropped now (a deadline passed), or None."""
-        return self.guard.expired(now, not self.reading, bool(self.owed))
+        return self.guard.expired(now, not self.reading, self.pending)
 
     def release(self) -> None:
         """The connection ended: give its buffered bytes back to the server's budget."""
         self.closing = True
         self._awaiting = False
         self.owed.clear()
+        self.ready.clear()
         self.guard.release()
 
     # ------------------------------------------------------------------ internals
 
+    def _queue(self, wire: bytes) -> None:
+        if self.owed:
+            self.owed.append(wire)
+        else:
+            self.ready.append(wire)
+
     def _answer(self, msg: Message) -> Answered | Rejected:
         cls = type(msg)
         if cls is Ping and not msg.response:  # type: ignore[union-attr]
-            self.owed.append(_PONG)
+            self._queue(_PONG)
             return Answered(msg)
         if cls is ErrorReply and msg.code == 0:  # type: ignore[union-attr]
             # Kind 0 with subtype 0: a "request" of the error kind, which no server implements.
@@ -397,13 +419,13 @@ class Connection:
         else:
             code = ErrorCode.SUBTYPE
             text = f"a {cls.__name__} response is not a request"
-        self.owed.append(error_reply(code))
+        self._queue(error_reply(code))
         error = DecodeError(PROTOCOL, "subtype", self.decoder.offset, text, code=int(code))
         return Rejected(code, error, False)
 
     def _reject(self, exc: DecodeError) -> Rejected:
         code = ErrorCode(exc.code if exc.code is not None else ErrorCode.SHAPE)
-        self.owed.append(error_reply(code))
+        self._queue(error_reply(code))
         if self.decoder.broken:
             self._break(exc)
         return Rejected(code, exc, self.closing)
@@ -428,7 +450,7 @@ class Connection:
             err = DecodeError(PROTOCOL, "buffer", decoder.offset, str(exc),
                               code=int(ErrorCode.MEMORY))
             decoder.fail(err)
-            self.owed.append(error_reply(ErrorCode.MEMORY))
+            self._queue(error_reply(ErrorCode.MEMORY))
             self._break(err)
             return Rejected(ErrorCode.MEMORY, err, True)
         return None

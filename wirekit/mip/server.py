@@ -554,7 +554,7 @@ class _Connection(asyncio.Protocol):
 
     def _state(self) -> tuple[bool, bool]:
         conn = self.conn
-        return conn.paused or conn.write_paused, bool(conn.owed)
+        return conn.paused or conn.write_paused, conn.pending
 
     def _drop(self, why: str) -> None:
         if self.transport is not None:

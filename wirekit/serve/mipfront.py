@@ -89,7 +89,7 @@ class MipFrontDoor(asyncio.Protocol):
         self.watchdog.stop()
 
     def _state(self) -> tuple[bool, bool]:
-        return self.conn.paused, bool(self.conn.owed)
+        return self.conn.paused, self.conn.pending
 
     def _drop(self, why: str) -> None:
         if self.transport is not None:
