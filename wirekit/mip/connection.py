@@ -310,31 +310,25 @@ class Connection:
             raise LocalProtocolError("reply() or owe() the last Request before the next event")
         if self._pending_events:
             return self._pending_events.popleft()
-        decoder = self.decoder
-        owed = self.owed
-        limit = self.max_in_flight
-        while not decoder.broken:
-            if not self.closing:
-                if self.write_paused:
-                    break  # the runtime cannot write: it reads on when it can
-                if len(owed) >= limit:
-                    self.paused = True
-                    break
-            frame = None
-            try:
-                frame = decoder.next_frame()
-                if frame is None:
-                    break
-                self._completed = True
-                msg = self._decode(frame, self.max_items)
-            except DecodeError as exc:
-                if frame is None:
+        if self._closing_error is None:  # (the decoder is broken only then)
+            if not self.closing and (self.write_paused or len(self.owed) >= self.max_in_flight):
+                # The runtime cannot write (it reads on when it can), or too much is owed.
+                self.paused = self.paused or not self.write_paused
+            else:
+                frame = None
+                try:
+                    frame = self.decoder.next_frame()
+                    if frame is not None:
+                        self._completed = True
+                        msg = self._decode(frame, self.max_items)
+                except DecodeError as exc:
                     self._completed = True  # a refused message is taken all the same
-                return self._reject(exc)
-            if type(msg) is Inference and not msg.response:
-                self._awaiting = True
-                return _request(msg, frame)
-            return self._answer(msg)
+                    return self._reject(exc)
+                if frame is not None:
+                    if type(msg) is Inference and not msg.response:
+                        self._awaiting = True
+                        return _request(msg, frame)
+                    return self._answer(msg)
         if self._unsettled:
             over = self._settle(self._now, self._completed)
             if over is not None:
