@@ -421,12 +421,13 @@ class _Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
+        next_event, reply, infer = conn.next_event, conn.reply, self._infer
         while True:
-            while (event := conn.next_event()) is not None:
+            while (event := next_event()) is not None:
                 if type(event) is Request:
-                    wire = self._infer(event.message)
+                    wire = infer(event.message)
                     if wire is not None:
-                        conn.reply(wire)
+                        reply(wire)
                 elif type(event) is Rejected:
                     log.warning(
                         "%s: bad request, answering %s: %s", self.peer, event.code.name,
