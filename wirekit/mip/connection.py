@@ -157,6 +157,7 @@ class Connection:
         "_closing_error",
         "_completed",
         "_decode",
+        "_next_frame",
         "_now",
         "_pending_events",
         "_timer",
@@ -187,6 +188,7 @@ class Connection:
         budget = budget if budget is not None else BufferBudget(limits.max_buffered)
         self.decoder = Decoder(limits.max_message_size, max_items=limits.max_items, codec=codec)
         self._decode = codec.decode
+        self._next_frame = self.decoder.next_frame
         self.max_items = limits.max_items
         self.max_in_flight = max(1, max_in_flight)
         self.guard = Guard(limits, budget, now)
@@ -306,9 +308,11 @@ class Connection:
     def next_event(self) -> Event | None:
         """The next event, or None: more bytes are needed, or reading is paused (see
         :attr:`reading`).  Pings and messages that are not requests are answered here."""
-        if self._awaiting:
-            raise LocalProtocolError("reply() or owe() the last Request before the next event")
-        if self._pending_events:
+        if self._awaiting or self._pending_events:
+            if self._awaiting:
+                raise LocalProtocolError(
+                    "reply() or owe() the last Request before the next event"
+                )
             return self._pending_events.popleft()
         if self._closing_error is None:  # (the decoder is broken only then)
             if not self.closing and (self.write_paused or len(self.owed) >= self.max_in_flight):
@@ -317,7 +321,7 @@ class Connection:
             else:
                 frame = None
                 try:
-                    frame = self.decoder.next_frame()
+                    frame = self._next_frame()
                     if frame is not None:
                         self._completed = True
                         msg = self._decode(frame, self.max_items)
