@@ -92,6 +92,40 @@ def test_check_header_same_outcome_from_both_twins(header):
     assert run(_fast()) == run(_pure)
 
 
+@given(
+    st.binary(max_size=40),
+    st.integers(-2, 42),
+    st.one_of(st.none(), st.integers(0, 64)),
+)
+def test_frame_size_same_outcome_from_both_twins(data, pos, max_size):
+    """``frame_size``: the one frame check; same size, None, or error (class, text, code)."""
+    wire = data if len(data) % 2 else bytearray(data)  # bytes and other buffers
+
+    def run(codec):
+        try:
+            return codec.frame_size(wire, pos, max_size)
+        except DecodeError as exc:
+            return "DecodeError", str(exc), exc.code
+        except (IndexError, ValueError) as exc:
+            return type(exc).__name__, str(exc)
+
+    assert run(_fast()) == run(_pure)
+
+
+def test_frame_size_checks_the_header_before_the_payload_is_here(mip_codec):
+    wire = mip.encode(mip.Inference.request([[mip.Item.text("hello")]]))
+    assert mip_codec.frame_size(wire) == len(wire)
+    assert mip_codec.frame_size(b"xx" + wire, 2) == len(wire)
+    assert mip_codec.frame_size(wire[:7]) is None  # no header yet
+    assert mip_codec.frame_size(wire[:12]) is None  # a good header, payload to come
+    with pytest.raises(DecodeError, match="kind at byte 1: unknown kind 9") as info:
+        mip_codec.frame_size(bytes.fromhex("0009000000000000"))
+    assert info.value.code == mip.ErrorCode.METHOD
+    with pytest.raises(DecodeError, match="exceeds the limit of 16") as info:
+        mip_codec.frame_size(wire[:8], 0, 16)
+    assert (info.value.field, info.value.code) == ("remaining", mip.ErrorCode.MEMORY)
+
+
 def _fast():
     return twin("mip", "fast")
 

@@ -198,6 +198,46 @@ def test_protocol_error_replies(name, wire, code, usable):
             assert client.ping() > 0
 
 
+@pytest.fixture
+def server_codec(mip_codec, monkeypatch):
+    """The server's connections decode with ``mip_codec`` (each twin in turn)."""
+    for name in ("encode", "decode", "decode_prefix", "check_header", "frame_size"):
+        monkeypatch.setattr(mip, name, getattr(mip_codec, name))
+    return mip_codec
+
+
+def read_messages(sock, n):
+    decoder = mip.Decoder()
+    got = []
+    while len(got) < n:
+        data = sock.recv(65536)
+        assert data, "the server closed the connection"
+        decoder.feed(data)
+        got.extend(decoder)
+    assert len(got) == n and decoder.buffered == 0
+    return got
+
+
+@pytest.mark.parametrize(
+    ("bad", "code"),
+    [
+        (bytes.fromhex("0009000000000000"), ErrorCode.METHOD),  # unknown kind
+        (HEADER.pack(0, 1, 0, 0, 2) + b"xx", ErrorCode.SHAPE),  # a ping with a payload
+    ],
+    ids=["unknown-kind", "ping-payload"],
+)
+def test_bad_header_then_a_valid_request_in_the_same_write(server_codec, bad, code):
+    """Issue 14 defect 2 against ``wirekit mip serve``: the error reply, then the valid
+    request's reply, and the connection goes on."""
+    with ServerThread(upper) as running, raw_connection(running.address) as sock:
+        sock.sendall(bad + mip.encode(Inference.request([[Item.text("valid")]])))
+        error, reply = read_messages(sock, 2)
+        assert error == ErrorReply(code)
+        assert reply.items[0].as_text() == "VALID"
+        sock.sendall(mip.encode(Ping()))
+        assert read_messages(sock, 1) == [Ping(True)]
+
+
 def test_memory_is_answered_from_the_header_then_closed():
     with ServerThread(upper, max_message_size=1024) as running:
         with raw_connection(running.address) as sock:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 
 from serve_support import ROOT
 
@@ -144,3 +147,38 @@ def test_journal_keeps_exact_times_and_odd_names(tmp_path):
     ).fetchall()
     conn.close()
     assert rows == [("r1", model, client, device, t_in, t_out, "ok", 2)]
+
+
+_WITHOUT_EXTRA = """
+import sys
+sys.modules["aiohttp"] = None  # as after `pip install .` without the serve extra
+from wirekit.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def without_serve_extra(*argv):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_EXTRA, *argv], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=ROOT)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_serve_without_the_serve_extra_names_it_in_one_line_and_exits_2(tmp_path):
+    """Issue 14 defect 3: the quick start's install died with a ModuleNotFoundError
+    traceback; now one line names the extra to install."""
+    config = str(ROOT / "samples/serve-deployment.json")
+    code, out, err = without_serve_extra("serve", "--config", config)
+    assert code == 2
+    assert err == ("wirekit: serve needs the 'serve' extra (aiohttp is not installed): "
+                   "pip install 'wirekit[serve]'\n")
+    assert out == ""
+    code, out, err = without_serve_extra("serve", "check", "--config", config)  # still works
+    assert code == 0, err
+    assert "n1/1/m1" in out
+    store = tmp_path / "s.db"
+    opened = RequestStore(store)
+    opened.open()
+    opened.close()
+    code, out, err = without_serve_extra("serve", "stats", "--store", str(store))
+    assert code == 0, err

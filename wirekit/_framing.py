@@ -148,6 +148,32 @@ class FramedStream:
         self.taken(n)
         return data
 
+    def take_frames(self, take: Callable[..., int], *args: Any) -> int:
+        """Let ``take(buf, pos, end, *args)`` consume whole frames at the head of the bytes
+        not yet taken (``buf[pos:end]``; a runtime's lane that frames with the codec's own
+        check); it returns where the first frame it left starts.  Nothing while a message is
+        being skipped or the stream is broken.  Returns the bytes taken."""
+        if self._error is not None or self._skip:
+            return 0
+        chunk = self._chunk
+        if chunk is not None:
+            cpos = self._cpos
+            n = len(chunk)
+            new = take(chunk, cpos, n, *args)
+            if new == n:
+                self._chunk = None
+                self._consumed += n
+            else:
+                self._cpos = new
+            return new - cpos
+        start = self._pos
+        if start == len(self._buf):
+            return 0
+        new = take(self._buf, start, len(self._buf), *args)
+        if new != start:
+            self._drop(new - start)
+        return new - start
+
     def next_frame(self) -> bytes | None:
         """The raw bytes of the next complete message (header checked, not decoded), or None.
 
@@ -233,12 +259,14 @@ class FramedStream:
     def _spill(self) -> None:
         """Move the unconsumed rest of the kept chunk into the buffer."""
         chunk, cpos = self._chunk, self._cpos
+        if chunk is None:
+            return
         self._chunk = None
         self._consumed += cpos
         if cpos:
-            self._buf += memoryview(chunk)[cpos:]  # type: ignore[index]
+            self._buf += memoryview(chunk)[cpos:]
         else:
-            self._buf += chunk  # type: ignore[operator]
+            self._buf += chunk
 
     def _drop(self, n: int) -> None:
         avail = len(self._buf) - self._pos

@@ -76,34 +76,86 @@ cdef object _fail(str field, Py_ssize_t offset, str text, int code):
     return DecodeError("mip", field, offset, text, code=code)
 
 
+cdef int _header_fault(const uint8_t* h) noexcept nogil:
+    """Which check the 8 header bytes at ``h`` fail (0: none) -- the one header rule, in the
+    order the errors are reported: 1 version, 2 reserved, 3 kind, 4 subtype, 5 remaining."""
+    if h[0] != 0:
+        return 1
+    if h[3] != 0:
+        return 2
+    if h[1] > 2:
+        return 3
+    if h[1] == 0:
+        if h[2] > 5:
+            return 4
+    elif h[2] > 1:
+        return 4
+    if h[1] != 2 and (h[4] | h[5] | h[6] | h[7]) != 0:
+        return 5
+    return 0
+
+
+cdef object _header_error(const uint8_t* h, Py_ssize_t pos, int fault):
+    cdef int kind = h[1], subtype = h[2]
+    if fault == 1:
+        return _fail("version", pos, f"unsupported version {h[0]} (expected 0)", 0)
+    if fault == 2:
+        return _fail("reserved", pos + 3, f"must be 0, got {h[3]}", 0)
+    if fault == 3:
+        return _fail("kind", pos + 1, f"unknown kind {kind}", 2)
+    if fault == 4:
+        if kind == 0:
+            return _fail("subtype", pos + 2, f"unknown error code {subtype}", 1)
+        return _fail("subtype", pos + 2, f"unknown subtype {subtype} (0 request, 1 response)", 1)
+    return _fail(
+        "remaining", pos + 4,
+        f"{_KIND_NAMES[kind]} message has no payload, header announces {_be32(h + 4)} bytes",
+        4,
+    )
+
+
 cdef uint32_t _check_header(const uint8_t* base, Py_ssize_t size, Py_ssize_t pos,
                             int* kind_out, int* subtype_out) except? 0xFFFFFFFF:
     cdef Py_ssize_t have = size - pos
     if have < HEADER_SIZE:
         raise _fail("header", size, f"truncated: need {HEADER_SIZE} bytes, have {have}", 4)
     cdef const uint8_t* h = base + pos
-    cdef int version = h[0], kind = h[1], subtype = h[2], reserved = h[3]
-    cdef uint32_t remaining = _be32(h + 4)
-    if version != 0:
-        raise _fail("version", pos, f"unsupported version {version} (expected 0)", 0)
-    if reserved != 0:
-        raise _fail("reserved", pos + 3, f"must be 0, got {reserved}", 0)
-    if kind > 2:
-        raise _fail("kind", pos + 1, f"unknown kind {kind}", 2)
-    if kind == 0:
-        if subtype > 5:
-            raise _fail("subtype", pos + 2, f"unknown error code {subtype}", 1)
-    elif subtype > 1:
-        raise _fail("subtype", pos + 2, f"unknown subtype {subtype} (0 request, 1 response)", 1)
-    if kind != 2 and remaining != 0:
-        raise _fail(
-            "remaining", pos + 4,
-            f"{_KIND_NAMES[kind]} message has no payload, header announces {remaining} bytes",
-            4,
-        )
-    kind_out[0] = kind
-    subtype_out[0] = subtype
-    return remaining
+    cdef int fault = _header_fault(h)
+    if fault:
+        raise _header_error(h, pos, fault)
+    kind_out[0] = h[1]
+    subtype_out[0] = h[2]
+    return _be32(h + 4)
+
+
+cdef Py_ssize_t _frame_ok(const uint8_t* base, Py_ssize_t size, Py_ssize_t pos,
+                          Py_ssize_t max_size) noexcept nogil:
+    """``frame_size`` without an exception, for the runtimes' compiled lanes: the size of the
+    complete message at ``base[pos:size]``, -1 while it is incomplete (its header, if here,
+    valid and within ``max_size``; -1: no limit), -2 if :func:`frame_size` would raise."""
+    cdef Py_ssize_t total
+    if size - pos < HEADER_SIZE:
+        return -1
+    if _header_fault(base + pos):
+        return -2
+    total = HEADER_SIZE + <Py_ssize_t>_be32(base + pos + 4)
+    if 0 <= max_size < total:
+        return -2
+    return total if size - pos >= total else -1
+
+
+cdef Py_ssize_t _frame_size(const uint8_t* base, Py_ssize_t size, Py_ssize_t pos,
+                            Py_ssize_t max_size) except -2:
+    cdef Py_ssize_t got = _frame_ok(base, size, pos, max_size)
+    cdef int fault
+    if got != -2:
+        return got
+    fault = _header_fault(base + pos)
+    if fault:
+        raise _header_error(base + pos, pos, fault)
+    got = HEADER_SIZE + <Py_ssize_t>_be32(base + pos + 4)
+    raise _fail("remaining", pos + 4,
+                f"message of {got} bytes exceeds the limit of {max_size}", 3)
 
 
 def check_header(buf, Py_ssize_t pos=0):
@@ -121,6 +173,31 @@ def check_header(buf, Py_ssize_t pos=0):
     finally:
         PyBuffer_Release(&view)
     return kind, subtype, remaining
+
+
+def frame_size(buf, Py_ssize_t pos=0, max_size=None):
+    """The size of the complete message at ``buf[pos:]``, or None while it is incomplete."""
+    cdef Py_buffer view
+    cdef Py_ssize_t limit = -1
+    cdef Py_ssize_t got
+    if max_size is not None:
+        if max_size < 0:
+            raise ValueError(f"max_size must be >= 0 or None, got {max_size!r}")
+        limit = max_size
+    if type(buf) is bytes:
+        if pos < 0 or pos > PyBytes_GET_SIZE(buf):
+            raise IndexError(f"position {pos} outside a buffer of {PyBytes_GET_SIZE(buf)} bytes")
+        got = _frame_size(<const uint8_t*>PyBytes_AS_STRING(buf), PyBytes_GET_SIZE(buf),
+                          pos, limit)
+        return None if got < 0 else got
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        if pos < 0 or pos > view.len:
+            raise IndexError(f"position {pos} outside a buffer of {view.len} bytes")
+        got = _frame_size(<const uint8_t*>view.buf, view.len, pos, limit)
+    finally:
+        PyBuffer_Release(&view)
+    return None if got < 0 else got
 
 
 cdef object _decode_at(object buf, const uint8_t* base, Py_ssize_t size, Py_ssize_t pos,

@@ -10,6 +10,9 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.object cimport PyObject, PyObject_GenericSetAttr
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from libc.stdint cimport uint8_t
+
+from wirekit._fast.mip cimport _frame_ok
 
 
 cdef extern from "Python.h":
@@ -143,16 +146,14 @@ def start(coro):
 def deliver(bytes data, waiting, Py_ssize_t max_size):
     """The whole inference replies at the start of ``data``, each to the call at the head of
     ``waiting``; returns (replies taken, bytes used).  See ``runtime._deliver_py``."""
-    cdef const unsigned char* b = <const unsigned char*>PyBytes_AS_STRING(data)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(data), pos = 0, end, taken = 0
+    cdef const uint8_t* b = <const uint8_t*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data), pos = 0, end, size, taken = 0
     cdef object fut, popleft = waiting.popleft
     while waiting and n - pos >= 8:
-        if b[pos] != 0 or b[pos + 1] != 2 or b[pos + 2] > 1 or b[pos + 3] != 0:
+        size = _frame_ok(b, n, pos, max_size)  # the codec's frame check
+        if size < 0 or b[pos + 1] != 2:
             break
-        end = pos + 8 + ((<Py_ssize_t>b[pos + 4] << 24) | (<Py_ssize_t>b[pos + 5] << 16)
-                         | (<Py_ssize_t>b[pos + 6] << 8) | b[pos + 7])
-        if end > n or end - pos > max_size:
-            break
+        end = pos + size
         fut = popleft().future
         taken += 1
         if not fut.done():

@@ -7,6 +7,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.math cimport INFINITY
 from libc.stdint cimport uint8_t, uint32_t
 
+from wirekit._fast.mip cimport _frame_ok
+
 import asyncio
 import json
 import logging
@@ -39,11 +41,10 @@ cdef Py_ssize_t _size(const uint8_t* b, Py_ssize_t pos, Py_ssize_t end,
     cdef Py_ssize_t stop, p, count, i, width
     if end - pos < 12:
         return -1
-    if b[pos] != 0 or b[pos + 1] != 2 or b[pos + 2] != subtype or b[pos + 3] != 0:
+    stop = _frame_ok(b, end, pos, -1)  # the codec's frame check: -1 incomplete, -2 bad
+    if stop < 12 or b[pos + 1] != 2 or b[pos + 2] != subtype:
         return -1
-    stop = pos + 8 + <Py_ssize_t>_be32(b + pos + 4)
-    if stop > end or stop - pos < 12:
-        return -1
+    stop += pos
     width = b[pos + 9] if subtype else b[pos + 8]
     count = width * ((b[pos + 10] << 8) | b[pos + 11])
     if 0 <= max_items < count:

@@ -7,8 +7,8 @@
 >>> mip.decode(wire).items[0].as_text()
 'hello'
 
-``encode``/``decode``/``decode_prefix``/``check_header`` come from the Cython twin unless
-``WIREKIT_PURE=1`` or it is not built; ``IMPLEMENTATION`` tells which.
+``encode``/``decode``/``decode_prefix``/``check_header``/``frame_size`` come from the Cython
+twin unless ``WIREKIT_PURE=1`` or it is not built; ``IMPLEMENTATION`` tells which.
 """
 
 from __future__ import annotations
@@ -37,13 +37,15 @@ from .messages import (
 )
 
 #: The codec functions, bound from the Cython twin (or the pure path) on first use.
-_API = ("encode", "decode", "decode_prefix", "check_header")
+_API = ("encode", "decode", "decode_prefix", "check_header", "frame_size")
 __getattr__ = lazy_codec(globals(), "mip", _pure, _API)
 
 encode: Callable[[Message], bytes]
 decode: Callable[..., Message]  #: ``decode(buf, max_items=DEFAULT_MAX_ITEMS)``
 decode_prefix: Callable[..., tuple[Message, int]]
 check_header: Callable[..., tuple[int, int, int]]
+#: ``frame_size(buf, pos=0, max_size=None)``: the complete message's size, None if incomplete
+frame_size: Callable[..., int | None]
 #: ``"fast"`` (Cython) or ``"pure"`` (construct): which codec the functions come from.
 IMPLEMENTATION: str
 
@@ -69,4 +71,5 @@ __all__ = [
     "decode",
     "decode_prefix",
     "encode",
+    "frame_size",
 ]

@@ -89,6 +89,34 @@ def check_header(buf: Any, pos: int = 0) -> tuple[int, int, int]:
     return h.kind, h.subtype, h.remaining
 
 
+def frame_size(buf: Any, pos: int = 0, max_size: int | None = None) -> int | None:
+    """The size of the complete message at ``buf[pos:]``, or None while it is incomplete.
+
+    The one frame check: its header is validated as soon as its 8 bytes are here (the error
+    :func:`check_header` raises), and a header announcing a message of more than
+    ``max_size`` bytes (None: no limit) is refused with MEMORY (field ``remaining``) before
+    any payload arrives.  The payload itself is not looked at.
+    """
+    view = memoryview(buf).cast("B") if not isinstance(buf, bytes) else buf
+    n = len(view)
+    if max_size is not None and max_size < 0:
+        raise ValueError(f"max_size must be >= 0 or None, got {max_size!r}")
+    if pos < 0 or pos > n:
+        raise IndexError(f"position {pos} outside a buffer of {n} bytes")
+    if n - pos < HEADER_SIZE:
+        return None
+    remaining = check_header(view, pos)[2]
+    size = HEADER_SIZE + remaining
+    if max_size is not None and size > max_size:
+        raise _fail(
+            "remaining",
+            pos + 4,
+            f"message of {size} bytes exceeds the limit of {max_size}",
+            ErrorCode.MEMORY,
+        )
+    return size if n - pos >= size else None
+
+
 def decode_prefix(
     buf: Any, pos: int = 0, max_items: int = DEFAULT_MAX_ITEMS
 ) -> tuple[Message, int]:

@@ -248,7 +248,7 @@ class _Pending:
     __slots__ = ("deadline", "future", "timeout", "wire")
 
     def __init__(
-        self, wire: bytes, future: asyncio.Future[bytes], deadline: float, timeout: float
+        self, wire: bytes, future: Any, deadline: float, timeout: float
     ) -> None:
         self.wire = wire
         self.future = future
@@ -527,7 +527,8 @@ class AsyncClient:
             return _ClientConnection(self.max_message_size, self.address)
 
         if self._family == "tcp":
-            host, port = self._target  # type: ignore[misc]
+            assert isinstance(self._target, tuple)
+            host, port = self._target
             _t, conn = await loop.create_connection(factory, host, port)
         else:
             _t, conn = await loop.create_unix_connection(factory, str(self._target))

@@ -8,6 +8,7 @@ bookkeeping is :class:`wirekit._framing.FramedStream`, shared with the y2 worker
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
 from wirekit._framing import FramedStream
 from wirekit.errors import DecodeError
@@ -45,8 +46,10 @@ class Decoder(FramedStream):
         codec: ModuleType | None = None,
     ) -> None:
         if codec is None:
-            from wirekit import mip as codec  # the active implementation
-        self._codec = codec
+            from wirekit import mip  # the active implementation
+
+            codec = mip
+        self._codec: Any = codec
         self.max_items = max_items
         super().__init__(max_message_size, codec.check_header)
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from wirekit import mip
 from wirekit._impl import load_fast
 from wirekit.errors import DecodeError, EncodeError, WirekitError
 
@@ -181,12 +182,15 @@ def _deliver_py(data: bytes, waiting: Any, max_size: int) -> tuple[int, int]:
     they used; the rest of ``data`` -- anything else, a partial frame -- is the caller's."""
     n = len(data)
     pos = taken = 0
+    frame_size = mip.frame_size
     while waiting and n - pos >= 8:
-        if data[pos] != 0 or data[pos + 1] != 2 or data[pos + 2] > 1 or data[pos + 3] != 0:
+        try:
+            size = frame_size(data, pos, max_size)  # the codec's frame check
+        except DecodeError:
             break
-        end = pos + 8 + int.from_bytes(data[pos + 4 : pos + 8], "big")
-        if end > n or end - pos > max_size:
+        if size is None or data[pos + 1] != 2:
             break
+        end = pos + size
         fut = waiting.popleft().future
         taken += 1
         if not fut.done():
@@ -328,13 +332,13 @@ def decode_reply(codec: Any, frame: bytes, max_items: int = DEFAULT_MAX_ITEMS) -
 def check_reply(msg: Message, expected: type, batch_size: int, address: str) -> Message:
     """Raise for an error reply or a reply that does not answer a request of that type."""
     cls = type(msg)
-    if cls is ErrorReply:
+    if isinstance(msg, ErrorReply):
         raise ServerError(msg.code, address)
     if cls is not expected or not msg.response:
         raise UnexpectedReply(
             f"mip: {address} answered a {expected.__name__.lower()} request with {msg!r}"
         )
-    if cls is Inference and msg.batch_size != batch_size:
+    if isinstance(msg, Inference) and msg.batch_size != batch_size:
         raise UnexpectedReply(
             f"mip: {address} answered a batch of {batch_size} with {msg.batch_size} samples"
         )

@@ -6,8 +6,9 @@
 >>> await server.start("tcp://127.0.0.1:5000")     # doctest: +SKIP
 >>> await server.serve_forever()                   # doctest: +SKIP
 
-The server only moves bytes: framing and decoding are the sans-IO :class:`~wirekit.mip.Decoder`
-and the codec's; the handler gets typed items and returns output values (see
+The server only moves bytes: framing, error replies, reply order and when to stop reading are
+decided by the sans-IO :class:`~wirekit.mip.connection.Connection`, decoding by the codec;
+the handler gets typed items and returns output values (see
 :func:`~wirekit.mip.runtime.build_reply`).  Sync handlers run in a thread pool, coroutine
 functions are awaited on the loop (and need no task when they finish without suspending).
 """
@@ -22,16 +23,16 @@ import os
 import stat
 import threading
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from functools import partial
 from typing import Any
 
 from wirekit import mip
-from wirekit.errors import DecodeError, EncodeError
+from wirekit.errors import EncodeError
 
-from .decoder import DEFAULT_MAX_MESSAGE_SIZE, Decoder
+from .connection import Connection, Rejected, Request, Slot, error_reply
+from .decoder import DEFAULT_MAX_MESSAGE_SIZE
 from .limits import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_BUFFERED,
@@ -39,9 +40,8 @@ from .limits import (
     BufferBudget,
     Guard,
     Limits,
-    OverBudget,
 )
-from .messages import DEFAULT_MAX_ITEMS, PROTOCOL, ErrorCode, ErrorReply, Inference, Ping
+from .messages import DEFAULT_MAX_ITEMS, ErrorCode, Inference
 from .runtime import (
     Batch,
     OutputShapeError,
@@ -60,14 +60,9 @@ log = logging.getLogger("wirekit.mip.server")
 Handler = Callable[[Batch], Any] | Callable[[Batch], Awaitable[Any]]
 
 _ASYNC, _INLINE, _POOL = "async", "inline", "pool"  # how the handler is called
-_READ_LIMIT_FACTOR = 2  # resume reading once the in-flight queue is below max_in_flight / 2
 #: After answering a request that broke the stream (PROTOCOL, MEMORY) the server half-closes
 #: and discards what the client still sends for this long, so the reply is not lost to a reset.
 LINGER = 2.0
-
-
-def _error_wire(code: ErrorCode) -> bytes:
-    return mip.encode(ErrorReply(int(code)))
 
 
 def _is_async(handler: Any) -> bool:
@@ -113,15 +108,6 @@ class _Resume:
 
 async def _finish(resume: _Resume) -> Any:
     return await resume
-
-
-class _Slot:
-    """A place in a connection's reply order; ``wire`` is set once the reply is ready."""
-
-    __slots__ = ("wire",)
-
-    def __init__(self, wire: bytes | None = None) -> None:
-        self.wire = wire
 
 
 class Server:
@@ -196,7 +182,8 @@ class Server:
         for address in listen:
             family, target = parse_address(address)
             if family == "tcp":
-                host, port = target  # type: ignore[misc]
+                assert isinstance(target, tuple)
+                host, port = target
                 srv = await loop.create_server(
                     self._protocol, host, port, reuse_address=True, backlog=self.backlog
                 )
@@ -288,8 +275,7 @@ def _remove_stale_socket(path: str) -> None:
             os.remove(path)
 
 
-_PONG = mip.encode(Ping(True))
-_ERR = {code: _error_wire(code) for code in ErrorCode}
+_ERR = {code: error_reply(code) for code in ErrorCode}
 
 
 class Watchdog:
@@ -347,7 +333,8 @@ class Watchdog:
 
 
 class _Connection(asyncio.Protocol):
-    """One client connection: bytes in -> Decoder -> handler -> replies out, in order."""
+    """One client connection: moves bytes between the transport and a sans-IO
+    :class:`~wirekit.mip.connection.Connection`, and runs the handler on its requests."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -356,17 +343,13 @@ class _Connection(asyncio.Protocol):
         self._clock = (
             time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
         )
-        self.decoder = Decoder(server.max_message_size, max_items=server.max_items)
-        self.guard = Guard(server.limits, server.budget, self._clock())
-        self.watchdog = Watchdog(self.guard, loop, self._clock, self._state, self._drop)
-        self.frames = 0  # messages taken from the decoder (complete or refused)
+        self.conn = conn = Connection(
+            server.limits, server.budget, self._clock(), max_in_flight=server.max_in_flight
+        )
+        self.watchdog = Watchdog(conn.guard, loop, self._clock, self._state, self._drop)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self.queue: deque[_Slot] = deque()  # replies not yet written, in request order
-        self.out: list[bytes] | None = None  # replies collected while pumping
-        self.read_paused = False
-        self.write_paused = False
-        self.closing = False  # no more requests will be read
+        self.read_paused = False  # the transport's reading, as last set
         self.eof = False
         self.lingering = False
         self.closed: asyncio.Future[None] = self.loop.create_future()
@@ -381,85 +364,40 @@ class _Connection(asyncio.Protocol):
             transport.close()
             return
         self.server._connections.add(self)
-        now = self._clock()
-        self.guard.sent(now)
-        self.watchdog.arm(now)
+        self.watchdog.arm(self._clock())
         log.debug("connection from %s", self.peer)
 
     def data_received(self, data: bytes) -> None:
         now = self._clock()
-        if self.closing:
-            return  # a broken stream's leftovers, or a shutdown in progress
-        if not self.queue and not self.write_paused:
+        conn = self.conn
+        request = conn.receive_request(data, now)
+        if request is not None:
             # The common case, one whole request in one read, answered without the pump.
-            frame = self.decoder.take_whole(data)
-            if frame is not None:
-                self.guard.received(now, 0, False, True)
-                self.out = out = []
-                try:
-                    try:
-                        msg = mip.decode(frame, self.server.max_items)
-                    except DecodeError as exc:
-                        self._bad_request(exc)
-                    else:
-                        if type(msg) is Inference and not msg.response:
-                            wire = self._infer(msg)
-                            if wire is not None:
-                                out.append(wire)
-                        else:
-                            self._dispatch(msg)
-                finally:
-                    self.out = None
-                if out and self.transport is not None:
-                    self.transport.write(out[0] if len(out) == 1 else b"".join(out))
-                return
-        frames = self.frames
-        self.decoder.feed(data)
-        self._pump()
-        if self.closing or self.transport is None:
+            wire = self._infer(request.message)
+            if wire is None:
+                return  # owed: it goes out when the handler is done
+            conn.reply(wire)
+            out = conn.send(now)
+            if self.transport is not None:
+                self.transport.write(out)
             return
-        decoder = self.decoder
-        try:
-            started = self.guard.received(
-                now, decoder.buffered, not decoder.idle, self.frames != frames
-            )
-        except OverBudget as exc:
-            self._refuse(exc)
-            return
-        if started:
+        self._pump(now)
+        if conn.timer_wanted():
             self.watchdog.arm(now)
-
-    def _refuse(self, exc: OverBudget) -> None:
-        """Over the server's buffer budget: answer MEMORY, drop what this connection holds,
-        and close once the replies owed are out."""
-        log.warning("%s: refused, answering MEMORY: %s", self.peer, exc)
-        decoder = self.decoder
-        decoder.fail(
-            DecodeError(PROTOCOL, "buffer", decoder.offset, str(exc), code=int(ErrorCode.MEMORY))
-        )
-        self.guard.release()
-        self._reply(_ERR[ErrorCode.MEMORY])
-        self.closing = True
-        self._close_if_done()
 
     def eof_received(self) -> bool:
         # The peer sends no more: answer what was received, then close (one-shot clients).
         self.eof = True
-        self.closing = True
-        if self.decoder.buffered and not self.decoder.broken:
-            log.debug(
-                "%s closed its side mid-request; dropping %d bytes",
-                self.peer,
-                self.decoder.buffered,
-            )
-        self._close_if_done()
+        conn = self.conn
+        if conn.buffered and not conn.broken:
+            log.debug("%s closed its side mid-request; dropping %d bytes", self.peer, conn.buffered)
+        conn.end_of_input()
+        self._pump(self._clock())
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closing = True
         self.transport = None
-        self.queue.clear()
-        self.guard.release()
+        self.conn.release()
         self.watchdog.stop()
         self.server._connections.discard(self)
         if not self.closed.done():
@@ -467,84 +405,47 @@ class _Connection(asyncio.Protocol):
         log.debug("connection from %s closed (%s)", self.peer, exc or "clean")
 
     def pause_writing(self) -> None:
-        self.write_paused = True
-        self._pause_reading()
+        self.conn.writing(True, self._clock())
+        self._sync_reading()
 
     def resume_writing(self) -> None:
-        self.write_paused = False
-        self._maybe_resume()
+        self.conn.writing(False, self._clock())
+        self._pump(self._clock())
 
     # ------------------------------------------------------------------ requests
 
-    def _pump(self) -> None:
-        """Dispatch every complete request in the decoder, as far as flow control allows."""
-        self.out = out = []
-        decoder = self.decoder
-        queue = self.queue
-        limit = self.server.max_in_flight
-        max_items = self.server.max_items
-        decode = mip.decode
-        try:
-            while decoder._error is None:
-                if (len(queue) >= limit or self.write_paused) and not self.closing:
-                    self._pause_reading()
-                    break
-                frame = None
-                try:
-                    frame = decoder.next_frame()
-                    if frame is None:
-                        break
-                    self.frames += 1
-                    msg = decode(frame, max_items)
-                except DecodeError as exc:
-                    if frame is None:  # a bad header: a message refused is taken all the same
-                        self.frames += 1
-                    self._bad_request(exc)
-                    if decoder.broken:
-                        self.closing = True
-                        break
-                    continue
-                if type(msg) is Inference and not msg.response:
-                    wire = self._infer(msg)
-                    if wire is not None:  # answered at once
-                        if queue:
-                            queue.append(_Slot(wire))
-                        else:
-                            out.append(wire)
-                else:
-                    self._dispatch(msg)
-        finally:
-            self.out = None
-            if out and self.transport is not None:
-                self.transport.write(out[0] if len(out) == 1 else b"".join(out))
-        if self.closing:
-            self._close_if_done()
-
-    def _bad_request(self, exc: DecodeError) -> None:
-        code = ErrorCode(exc.code if exc.code is not None else ErrorCode.SHAPE)
-        log.warning("%s: bad request, answering %s: %s", self.peer, code.name, exc)
-        self._reply(_ERR[code])
-
-    def _dispatch(self, msg: Any) -> None:
-        cls = type(msg)
-        if cls is Inference and not msg.response:
-            wire = self._infer(msg)
-            if wire is not None:
-                self._reply(wire)
-        elif cls is Ping and not msg.response:
-            self._reply(_PONG)
-        elif cls is ErrorReply and msg.code == 0:
-            # Kind 0 with subtype 0: a "request" of the error kind, which no server implements.
-            self._reply(_ERR[ErrorCode.METHOD])
-        else:
-            log.warning(
-                "%s sent a %s that is not a request; answering SUBTYPE", self.peer, cls.__name__
-            )
-            self._reply(_ERR[ErrorCode.SUBTYPE])
+    def _pump(self, now: float) -> None:
+        """Take every event the connection has, write the answers ready, follow its
+        decisions on reading and closing."""
+        conn = self.conn
+        transport = self.transport
+        if transport is None:
+            return
+        next_event, reply, infer = conn.next_event, conn.reply, self._infer
+        while True:
+            while (event := next_event()) is not None:
+                if type(event) is Request:
+                    wire = infer(event.message)
+                    if wire is not None:
+                        reply(wire)
+                elif type(event) is Rejected:
+                    log.warning(
+                        "%s: bad request, answering %s: %s", self.peer, event.code.name,
+                        event.error,
+                    )
+            was_paused = conn.paused
+            out = conn.send(now)
+            if out:
+                transport.write(out)
+            if not was_paused or conn.paused:
+                break  # else reading resumed: requests that arrived meanwhile are next
+        self._sync_reading()
+        if conn.done:
+            self._close()
 
     def _infer(self, msg: Inference) -> bytes | None:
         """Run the handler on a request: its reply if it is ready now, else None (the reply
-        then has its place in the queue and goes out when the handler is done)."""
+        then has its place in the order and goes out when the handler is done)."""
         server = self.server
         server.requests_served += 1
         if msg.batch_size == 0:
@@ -570,12 +471,12 @@ class _Connection(asyncio.Protocol):
             return self._encode_reply(msg, value)
         else:
             fut = self.loop.run_in_executor(server.executor, server.handler, batch)
-        slot = _Slot()
-        self.queue.append(slot)
+        slot = Slot()
+        self.conn.owe(slot)
         fut.add_done_callback(partial(self._handled, slot, msg))
         return None
 
-    def _handled(self, slot: _Slot, msg: Inference, fut: asyncio.Future[Any]) -> None:
+    def _handled(self, slot: Slot, msg: Inference, fut: asyncio.Future[Any]) -> None:
         if fut.cancelled():
             slot.wire = _ERR[ErrorCode.INTERNAL]
         elif (exc := fut.exception()) is not None:
@@ -587,17 +488,7 @@ class _Connection(asyncio.Protocol):
             slot.wire = self._encode_reply(msg, fut.result())
         if self.transport is None:
             return  # the client went away; its replies go nowhere
-        queue = self.queue
-        ready = []
-        while queue and queue[0].wire is not None:
-            ready.append(queue.popleft().wire)
-        if ready:
-            self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))  # type: ignore[arg-type]
-            self.guard.sent(self._clock())
-        if self.read_paused:
-            self._maybe_resume()
-        else:
-            self._close_if_done()
+        self._pump(self._clock())
 
     def _encode_reply(self, msg: Inference, outputs: Any) -> bytes:
         try:
@@ -609,41 +500,31 @@ class _Connection(asyncio.Protocol):
             log.exception("handler outputs for %s cannot be encoded", self.peer)
             return _ERR[ErrorCode.INTERNAL]
 
-    def _reply(self, wire: bytes) -> None:
-        if self.queue:
-            self.queue.append(_Slot(wire))
-        elif self.out is not None:
-            self.out.append(wire)
-        elif self.transport is not None:
-            self.transport.write(wire)
-
     # ------------------------------------------------------------------ flow control
 
-    def _pause_reading(self) -> None:
-        if not self.read_paused and self.transport is not None:
-            self.read_paused = True
-            self.transport.pause_reading()
-
-    def _maybe_resume(self) -> None:
-        if self.transport is None or self.write_paused:
-            return
-        if len(self.queue) * _READ_LIMIT_FACTOR > self.server.max_in_flight:
-            return
-        if self.read_paused and not self.closing:
-            self.read_paused = False
-            self.guard.resumed(self._clock())
-            self.transport.resume_reading()
-        self._pump()  # requests that arrived while paused
-
-    def _close_if_done(self) -> None:
+    def _sync_reading(self) -> None:
+        """Pause or resume the transport's reading as the connection says."""
         transport = self.transport
-        if not self.closing or self.queue or transport is None:
+        if transport is None or self.lingering:
+            return
+        conn = self.conn
+        if conn.paused or conn.write_paused:
+            if not self.read_paused:
+                self.read_paused = True
+                transport.pause_reading()
+        elif self.read_paused and not conn.closing:
+            self.read_paused = False
+            transport.resume_reading()
+
+    def _close(self) -> None:
+        transport = self.transport
+        if transport is None:
             return
         if self.lingering:
             if self.eof:
                 transport.close()
             return
-        if self.decoder.broken and not self.eof and transport.can_write_eof():
+        if self.conn.broken and not self.eof and transport.can_write_eof():
             # Half-close and drain: closing with unread input would reset the connection
             # and could destroy the error reply before the client reads it.
             self.lingering = True
@@ -657,11 +538,14 @@ class _Connection(asyncio.Protocol):
 
     def begin_shutdown(self) -> None:
         """Server shutdown: answer the requests already received, then close."""
-        if self.transport is None:
+        transport = self.transport
+        if transport is None:
             return
-        self._pause_reading()
-        self.closing = True
-        self._pump()  # while closing, everything complete is dispatched (no in-flight limit)
+        if not self.read_paused:
+            self.read_paused = True
+            transport.pause_reading()
+        self.conn.shutdown()
+        self._pump(self._clock())  # while closing, everything complete is dispatched
 
     def abort(self) -> None:
         if self.transport is not None:
@@ -670,12 +554,13 @@ class _Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ timeouts
 
     def _state(self) -> tuple[bool, bool]:
-        return self.read_paused, bool(self.queue)
+        conn = self.conn
+        return conn.paused or conn.write_paused, conn.pending
 
     def _drop(self, why: str) -> None:
         if self.transport is not None:
             log.info("dropping %s: %s", self.peer, why)
-            self.closing = True
+            self.conn.end_of_input()
             self.transport.abort()
 
 

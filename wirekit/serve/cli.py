@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib
 import json
 import logging
 import signal
@@ -105,6 +106,13 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not args.config:
         err.write("wirekit: serve needs --config FILE (or a subcommand: stats, check)\n")
         return EXIT_USAGE
+    missing = _missing_extra()
+    if missing is not None:
+        err.write(
+            f"wirekit: serve needs the 'serve' extra ({missing} is not installed): "
+            "pip install 'wirekit[serve]'\n"
+        )
+        return EXIT_USAGE
     try:
         dep = load_config(args.config)
     except ConfigError as exc:
@@ -121,6 +129,21 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except OSError as exc:
         err.write(f"wirekit: cannot listen: {exc.strerror or exc}\n")
         return EXIT_BAD_INPUT
+
+
+#: What the dispatcher imports beyond wirekit's own requirements (the ``serve`` extra);
+#: ``serve check`` and ``serve stats`` need none of it.
+SERVE_EXTRA = ("aiohttp", "prometheus_client")
+
+
+def _missing_extra() -> str | None:
+    """The first module of the ``serve`` extra that cannot be imported, or None."""
+    for name in SERVE_EXTRA:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            return name
+    return None
 
 
 async def _run(dep, out: TextIO) -> int:

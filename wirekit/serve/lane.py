@@ -38,6 +38,7 @@ from collections import deque
 from typing import Any
 
 from wirekit import mip
+from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply
 
 from .cache import digest
@@ -58,11 +59,13 @@ def inference_size(buf: Any, pos: int, end: int, subtype: int, max_items: int = 
     -1."""
     if end - pos < 12:
         return -1
-    if buf[pos] != 0 or buf[pos + 1] != 2 or buf[pos + 2] != subtype or buf[pos + 3] != 0:
+    try:  # the codec's frame check
+        stop = mip.frame_size(buf if end == len(buf) else memoryview(buf)[:end], pos)
+    except DecodeError:
         return -1
-    stop = pos + 8 + int.from_bytes(buf[pos + 4 : pos + 8], "big")
-    if stop > end or stop - pos < 12:
+    if stop is None or stop < 12 or buf[pos + 1] != 2 or buf[pos + 2] != subtype:
         return -1
+    stop += pos
     width = buf[pos + 9] if subtype else buf[pos + 8]
     count = width * ((buf[pos + 10] << 8) | buf[pos + 11])
     if 0 <= max_items < count:

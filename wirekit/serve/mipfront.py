@@ -22,12 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from typing import Any
 
-from wirekit import mip
-from wirekit.errors import DecodeError
-from wirekit.mip import ErrorCode, ErrorReply, Inference, Ping
-from wirekit.mip.limits import BufferBudget, Guard, Limits, OverBudget
+from wirekit.mip.connection import Connection, Rejected, Request
+from wirekit.mip.limits import BufferBudget, Limits
 from wirekit.mip.server import Watchdog
 
 from .dispatcher import Dispatcher, Job
@@ -35,16 +33,13 @@ from .payload import Payload
 
 log = logging.getLogger("wirekit.serve")
 
-_PING_REPLY = mip.encode(Ping(response=True))
-MAX_PIPELINED = 128  #: requests in flight per connection before reading pauses
-
-
-def _error(code: int) -> bytes:
-    return mip.encode(ErrorReply(int(code)))
+MAX_PIPELINED = 128  #: answers owed per connection before reading pauses
 
 
 class MipFrontDoor(asyncio.Protocol):
-    """One client connection to the listener of ``model``.
+    """One client connection to the listener of ``model``: moves bytes between the transport
+    and a sans-IO :class:`~wirekit.mip.connection.Connection` (framing, error replies, reply
+    order, pausing, limits), and hands its requests to the lane and the dispatcher.
 
     ``budget`` is shared by every front-door connection of the dispatcher (default: one of
     this connection's own, of ``limits.max_buffered``)."""
@@ -67,20 +62,15 @@ class MipFrontDoor(asyncio.Protocol):
         self.tasks = tasks
         self.max_message_size = limits.max_message_size
         self.max_items = limits.max_items
-        self.guard = Guard(
-            limits, budget if budget is not None else BufferBudget(limits.max_buffered),
-            time.monotonic(),
+        self.conn = Connection(limits, budget, time.monotonic(), max_in_flight=MAX_PIPELINED)
+        self.watchdog = Watchdog(
+            self.conn.guard, self.loop, time.monotonic, self._state, self._drop
         )
-        self.watchdog = Watchdog(self.guard, self.loop, time.monotonic, self._state, self._drop)
-        self._buf = bytearray()
-        self._skip = 0
-        self._pending: deque[bytes | Job] = deque()
-        self._paused = False
+        self._paused = False  # the transport's reading, as last set
         self._flush_soon = False
-        self._closing = False
         self.transport: asyncio.Transport | None = None
         self.client = "mip:?"
-        self.lane = None
+        self.lane: Any = None
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         self.transport = transport
@@ -89,124 +79,84 @@ class MipFrontDoor(asyncio.Protocol):
             self.client = f"mip:{peer[0]}:{peer[1]}"
         d = self.dispatcher
         self.lane = d.lane.Lane(d, self.model, self.client, d.lane_route(self.model),
-                                self.max_message_size, self.max_items, self._pending,
+                                self.max_message_size, self.max_items, self.conn.owed,
                                 self._done)
-        now = time.monotonic()
-        self.guard.sent(now)
-        self.watchdog.arm(now)
+        self.watchdog.arm(time.monotonic())
 
     def connection_lost(self, exc) -> None:
-        self._closing = True
         self.transport = None
-        self._buf.clear()
-        self.guard.release()
+        self.conn.release()
         self.watchdog.stop()
 
     def _state(self) -> tuple[bool, bool]:
-        return self._paused, bool(self._pending)
+        return self.conn.paused, self.conn.pending
 
     def _drop(self, why: str) -> None:
         if self.transport is not None:
             log.info("dropping %s: %s", self.client, why)
-            self._close_after_replies()
+            self.conn.release()
             self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
-        if self._closing:
-            return
-        if self._skip:
-            drop = min(self._skip, len(data))
-            self._skip -= drop
-            data = data[drop:]
-        buf = self._buf
-        if buf or type(data) is not bytes:
-            buf += data
-            src = buf
-        else:  # nothing buffered: frames are sliced from the read itself (one copy less)
-            src = data
-        pos = 0
+        conn = self.conn
+        now = time.monotonic()
         self._now = self._clock()  # the arrival time of the requests of this read
-        n = len(src)
-        take = self.lane.take if self.lane.enabled else None
-        while n - pos >= mip.HEADER_SIZE and not self._closing:
-            if take is not None:  # the well-formed requests, at once (wirekit.serve.lane)
-                pos = take(src, pos, n, self._now)
-                if n - pos < mip.HEADER_SIZE:
-                    break
-            header = bytes(src[pos : pos + mip.HEADER_SIZE])
-            try:
-                _kind, _sub, remaining = mip.check_header(header)
-            except DecodeError as exc:
-                code = exc.code if exc.code is not None else ErrorCode.SHAPE
-                self._pending.append(_error(code))
-                if exc.field in ("version", "reserved"):
-                    self._close_after_replies()
-                    break
-                # Well framed: drop this message's bytes (those not here yet as they come).
-                size = mip.HEADER_SIZE + int.from_bytes(header[4:], "big")
-                here = min(size, n - pos)
-                pos += here
-                self._skip = size - here
-                continue
-            size = mip.HEADER_SIZE + remaining
-            if size > self.max_message_size:
-                self._pending.append(_error(ErrorCode.MEMORY))
-                self._close_after_replies()
-                break
-            if n - pos < size:
-                break
-            if src is buf:
-                with memoryview(buf) as view:  # one copy (a bytearray slice would be two)
-                    frame = bytes(view[pos : pos + size])
-            elif size == n:
-                frame = data  # the read is exactly one message
-            else:
-                frame = data[pos : pos + size]
-            pos += size
-            self._handle(frame)
-        if src is buf:
-            del buf[:pos]
-        elif pos < n and not self._closing:
-            buf += memoryview(data)[pos:]
-        if not self._closing:
-            now = time.monotonic()
-            try:
-                if self.guard.received(now, len(buf), bool(buf or self._skip), pos > 0):
-                    self.watchdog.arm(now)
-            except OverBudget as exc:
-                log.warning("%s: refused, answering MEMORY: %s", self.client, exc)
-                self._pending.append(_error(ErrorCode.MEMORY))
-                self._close_after_replies()
-        self._flush()
-        if len(self._pending) > MAX_PIPELINED and not self._paused and self.transport:
-            self._paused = True
-            self.transport.pause_reading()
+        if self.lane.enabled:  # the lane frames the well-formed requests itself
+            conn.receive_data(data, now)
+        else:
+            request = conn.receive_request(data, now)
+            if request is not None:
+                self._handle(request)
+        self._pump()
+        if conn.timer_wanted():
+            self.watchdog.arm(now)
 
-    def _handle(self, frame: bytes) -> None:
-        try:
-            msg = mip.decode(frame, self.max_items)
-        except DecodeError as exc:
-            self._pending.append(_error(exc.code if exc.code is not None else ErrorCode.SHAPE))
+    def _pump(self) -> None:
+        """Take every event the connection has (the lane first: the well-formed requests
+        at once, wirekit.serve.lane), write the answers ready, pause or resume reading as
+        the connection says."""
+        conn = self.conn
+        take = self.lane.take if self.lane.enabled else None
+        while True:
+            while True:
+                if take is not None:
+                    conn.take_frames(take, self._now)
+                event = conn.next_event()
+                if event is None:
+                    break
+                if type(event) is Request:
+                    self._handle(event)
+                elif type(event) is Rejected:
+                    log.debug("%s: answering %s: %s", self.client, event.code.name, event.error)
+            was_paused = conn.paused
+            self._write()
+            if not was_paused or conn.paused:
+                break  # else reading resumed: requests that arrived meanwhile are next
+        transport = self.transport
+        if transport is None:
             return
-        if isinstance(msg, Ping):
-            self._pending.append(_PING_REPLY if not msg.response else _error(ErrorCode.SUBTYPE))
-            return
-        if not isinstance(msg, Inference) or msg.response:
-            self._pending.append(_error(ErrorCode.SUBTYPE))
-            return
-        # Its completion record waits for _flush, which writes the journal (all the
+        if conn.paused:
+            if not self._paused:
+                self._paused = True
+                transport.pause_reading()
+        elif self._paused and not conn.closing:
+            self._paused = False
+            transport.resume_reading()
+
+    def _handle(self, request: Request) -> None:
+        # Its completion record waits for _write, which writes the journal (all the
         # records of this loop pass at once) before any answer goes out.
-        job = Job(self.model, Payload(frame, msg), self.client, self._done)
+        job = Job(self.model, Payload(request.frame, request.message), self.client, self._done)
         job.t_in = self._now
-        self._pending.append(job)
+        self.conn.owe(job)
         try:
             self.dispatcher.start(job)
-        except Exception as exc:  # answered INTERNAL, logged in _flush
+        except Exception as exc:  # answered INTERNAL, logged in _write
             job.error = exc
 
     def _done(self, job) -> None:
-        pending = self._pending
-        if len(pending) == 1 and pending[0] is job and not self._flush_soon:
+        owed = self.conn.owed
+        if len(owed) == 1 and owed[0] is job and not self._flush_soon:
             self._flush()  # the only request in flight: answer it now
         elif not self._flush_soon:  # replies finished in one loop pass go out in one write
             self._flush_soon = True
@@ -214,8 +164,14 @@ class MipFrontDoor(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_soon = False
-        pending = self._pending
-        out = self.lane.answers(pending)  # records the lane's answers
+        if self.conn.paused:
+            self._pump()  # answers out may resume reading: take what waits in the buffer
+        else:
+            self._write()
+
+    def _write(self) -> None:
+        conn = self.conn
+        out = conn.send(time.monotonic(), self.lane.answers)  # records the lane's answers
         try:
             self.store.write_journal()  # before any answer: what is answered is on record
         except OSError as exc:
@@ -225,17 +181,6 @@ class MipFrontDoor(asyncio.Protocol):
         if transport is None:
             return
         if out:
-            transport.write(out[0] if len(out) == 1 else b"".join(out))
-            self.guard.sent(time.monotonic())
-        if self._closing and not pending:
+            transport.write(out)
+        if conn.done:
             transport.close()
-        elif self._paused and len(pending) <= MAX_PIPELINED // 2:
-            self._paused = False
-            self.guard.resumed(time.monotonic())
-            transport.resume_reading()
-
-    def _close_after_replies(self) -> None:
-        self._closing = True
-        self._buf.clear()
-        self._skip = 0
-        self.guard.release()

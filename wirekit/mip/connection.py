@@ -1,0 +1,467 @@
+"""The server side of one MIP connection, sans-IO: bytes in, events out, replies out in order.
+
+In the manner of h11: no sockets, no clock and no tasks here.  A runtime feeds what it reads
+(:meth:`Connection.receive_data`), takes the requests to answer (:meth:`Connection.next_event`),
+tells the connection where each answer goes in the reply order (:meth:`Connection.reply`,
+:meth:`Connection.owe`) and writes what :meth:`Connection.send` hands back.  The connection
+alone decides
+
+* framing (the codec's :func:`wirekit.mip.frame_size` through the
+  :class:`~wirekit.mip.Decoder`), which error reply a malformed message gets, and the
+  replies to pings and to messages that are not requests;
+* when the stream is broken (a bad version or reserved byte, a message over
+  ``max_message_size``, a read past the server's buffer budget): the error reply, then
+  close (:attr:`Connection.done`);
+* the order of answers to pipelined requests, whatever order they are ready in;
+* when to stop reading (:attr:`Connection.reading`): ``max_in_flight`` answers owed;
+  reading resumes when they are down to half;
+* the limits of :mod:`wirekit.mip.limits`, through its own :class:`~wirekit.mip.limits.Guard`
+  (the runtime passes the time and arms a timer when :meth:`Connection.timer_wanted` says).
+
+>>> conn = Connection(Limits(), now=0.0)
+>>> conn.receive_data(bytes.fromhex("0001000000000000") + b"\\x00\\x09" + bytes(6), now=0.0)
+>>> conn.next_event()               # a ping: the connection answers it itself
+Answered(message=Ping(response=False))
+>>> conn.next_event().code          # an unknown kind: the connection answers METHOD
+<ErrorCode.METHOD: 2>
+>>> conn.next_event() is None       # more bytes needed
+True
+>>> conn.send(now=0.0).hex(" ")     # the pong, then the METHOD error reply, in order
+'00 01 01 00 00 00 00 00 00 00 02 00 00 00 00 00'
+
+Errors are split as in h11: :class:`LocalProtocolError` when the runtime misuses the API
+(a subclass of ``RuntimeError``); a peer that breaks the protocol raises nothing -- it gets
+its error reply, and :meth:`Connection.next_event` reports it as a :class:`Rejected` event.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from wirekit.errors import DecodeError
+
+from .decoder import Decoder
+from .limits import BufferBudget, Guard, Limits, OverBudget
+from .messages import PROTOCOL, ErrorCode, ErrorReply, Inference, Message, Ping
+
+DEFAULT_MAX_IN_FLIGHT = 64
+_RESUME_FACTOR = 2  # reading resumes once the answers owed are at most max_in_flight / 2
+
+
+class LocalProtocolError(RuntimeError):
+    """The runtime used the connection wrongly (a bug in the caller, not in the peer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """An inference request to answer: its decoded ``message`` and its bytes (``frame``).
+
+    The runtime must give it its place in the reply order before it takes the next event:
+    :meth:`Connection.reply` with the answer, or :meth:`Connection.owe` with a placeholder."""
+
+    message: Inference
+    frame: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The peer sent something the connection answered with an error reply (already queued
+    in order): ``code`` and the codec's ``error``; ``closing`` if the stream is broken and
+    the connection closes once the replies owed are out."""
+
+    code: ErrorCode
+    error: DecodeError
+    closing: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A message the connection answered itself (a ping), its reply queued in order."""
+
+    message: Message
+
+
+Event = Request | Rejected | Answered
+
+_set_message = Request.__dict__["message"].__set__
+_set_frame = Request.__dict__["frame"].__set__
+
+
+def _request(message: Inference, frame: bytes) -> Request:
+    """``Request(message, frame)`` without the frozen dataclass ``__init__`` (per request)."""
+    event = Request.__new__(Request)
+    _set_message(event, message)
+    _set_frame(event, frame)
+    return event
+
+
+
+class Slot:
+    """A placeholder in the reply order for an answer not ready yet; set ``wire`` when it is
+    (then :meth:`Connection.send` hands it out in its turn)."""
+
+    __slots__ = ("wire",)
+
+    def __init__(self, wire: bytes | None = None) -> None:
+        self.wire = wire
+
+
+def _error_wire(code: ErrorCode) -> bytes:
+    from wirekit import mip
+
+    return mip.encode(ErrorReply(int(code)))
+
+
+_ERR: dict[ErrorCode, bytes] = {}
+_PONG = b"\x00\x01\x01\x00\x00\x00\x00\x00"
+
+
+def error_reply(code: ErrorCode) -> bytes:
+    """The wire bytes of the error reply ``code``."""
+    wire = _ERR.get(code)
+    if wire is None:
+        wire = _ERR[code] = _error_wire(code)
+    return wire
+
+
+def _ready(owed: deque) -> list[bytes]:
+    """The default collector: pop the answers ready at the head of ``owed`` (bytes, filled
+    :class:`Slot` s)."""
+    out: list[bytes] = []
+    while owed:
+        head = owed[0]
+        if type(head) is bytes:
+            out.append(head)
+        else:
+            wire = head.wire
+            if wire is None:
+                break
+            out.append(wire)
+        owed.popleft()
+    return out
+
+
+class Connection:
+    """One MIP connection as a server sees it (see the module docstring).
+
+    ``limits`` are the server's; ``budget`` the server's shared buffer budget (default: one of
+    this connection's own); ``now`` the time (monotonic seconds) it was opened; ``codec`` the
+    MIP codec module (default: the active one).
+    """
+
+    __slots__ = (
+        "_awaiting",
+        "_closing_error",
+        "_completed",
+        "_decode",
+        "_next_frame",
+        "_now",
+        "_pending_events",
+        "_timer",
+        "_unsettled",
+        "closing",
+        "decoder",
+        "guard",
+        "max_in_flight",
+        "max_items",
+        "owed",
+        "paused",
+        "ready",
+        "write_paused",
+    )
+
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        budget: BufferBudget | None = None,
+        now: float = 0.0,
+        *,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        codec: Any = None,
+    ) -> None:
+        limits = limits if limits is not None else Limits()
+        if codec is None:
+            from wirekit import mip as codec  # the active implementation
+        budget = budget if budget is not None else BufferBudget(limits.max_buffered)
+        self.decoder = Decoder(limits.max_message_size, max_items=limits.max_items, codec=codec)
+        self._decode = codec.decode
+        self._next_frame = self.decoder.next_frame
+        self.max_items = limits.max_items
+        self.max_in_flight = max(1, max_in_flight)
+        self.guard = Guard(limits, budget, now)
+        #: answers owed, in request order: ``bytes`` (ready) or placeholders (:meth:`owe`)
+        self.owed: deque[Any] = deque()
+        #: answers ready to go out before everything in :attr:`owed` (queued while nothing
+        #: was owed: they wait only for :meth:`send`)
+        self.ready: list[bytes] = []
+        self.closing = False  #: no more requests will be read
+        self.paused = False  #: reading stopped: too many answers owed
+        self.write_paused = False  #: the runtime cannot write (its transport's flow control)
+        self._closing_error: DecodeError | None = None
+        self._pending_events: deque[Event] = deque()
+        self._now = now
+        self._completed = False  # a message was completed since the read was accounted
+        self._unsettled = False  # a read not yet accounted with the guard
+        self._timer = False
+        self._awaiting = False  # a Request handed out, its place in the order not yet given
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def reading(self) -> bool:
+        """Whether the runtime should read from the peer now."""
+        return not (self.paused or self.write_paused or self.closing)
+
+    @property
+    def broken(self) -> bool:
+        """The stream broke: bytes the peer still sends are not requests."""
+        return self._closing_error is not None
+
+    @property
+    def done(self) -> bool:
+        """Closing and nothing owed: the runtime closes the connection now."""
+        return self.closing and not self.owed and not self.ready
+
+    @property
+    def pending(self) -> bool:
+        """Answers are owed or waiting to be sent (the connection is not idle)."""
+        return bool(self.owed or self.ready)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet taken as messages."""
+        return self.decoder.buffered
+
+    def timer_wanted(self) -> bool:
+        """True (once) when a request started since the last call: the runtime's timer must
+        then fire by ``guard.next_check(now)`` (:class:`~wirekit.mip.server.Watchdog`)."""
+        wanted, self._timer = self._timer, False
+        return wanted
+
+    # ------------------------------------------------------------------ bytes in
+
+    def receive_data(self, data: bytes, now: float) -> None:
+        """Bytes read from the peer at ``now``; take the events with :meth:`next_event`."""
+        if self._awaiting:
+            raise LocalProtocolError("reply() or owe() the last Request before reading on")
+        if self.closing:
+            return  # a broken stream's leftovers, or a shutdown in progress
+        self._now = now
+        self._unsettled = True
+        self.decoder.feed(data)
+
+    def receive_request(self, data: bytes, now: float) -> Request | None:
+        """:meth:`receive_data` with the common case in one call: when ``data`` is exactly
+        one inference request, nothing is buffered and nothing owed, its :class:`Request`
+        (the read held nothing else: no :meth:`next_event` needed).  Otherwise None: take
+        the events with :meth:`next_event`."""
+        if not (
+            self.owed or self.ready or self.write_paused or self._unsettled or self.closing
+            or self._awaiting
+        ):
+            frame = self.decoder.take_whole(data)
+            if frame is not None:
+                # The read is accounted: nothing held, nothing partial (never over budget).
+                if self.guard.received(now, 0, False, True):
+                    self._timer = True
+                try:
+                    msg = self._decode(frame, self.max_items)
+                except DecodeError as exc:
+                    self._pending_events.append(self._reject(exc))
+                    return None
+                if type(msg) is Inference and not msg.response:
+                    self._awaiting = True
+                    return _request(msg, frame)
+                self._pending_events.append(self._answer(msg))
+                return None
+        self.receive_data(data, now)
+        return None
+
+    def end_of_input(self) -> None:
+        """The peer sends no more: answer what was received, then close."""
+        self.closing = True
+
+    def shutdown(self) -> None:
+        """The server stops: the complete requests already received are still handed out
+        (whatever is owed), then the connection closes."""
+        self.closing = True
+        self.paused = False
+
+    def take_frames(self, take: Callable[..., int], *args: Any) -> int:
+        """Let a runtime's lane take whole well-formed requests straight from the buffer:
+        ``take(buf, pos, end, *args)`` returns where the first message it did not take
+        starts (it must take whole frames the codec's :func:`~wirekit.mip.frame_size`
+        accepts, and put their answers in :attr:`owed` itself, in order).  Only while
+        reading; returns the bytes taken."""
+        if self._awaiting:
+            raise LocalProtocolError("reply() or owe() the last Request before reading on")
+        if not self.reading or len(self.owed) >= self.max_in_flight:
+            return 0
+        n = self.decoder.take_frames(take, *args)
+        if n:
+            self._completed = True
+        return n
+
+    def next_event(self) -> Event | None:
+        """The next event, or None: more bytes are needed, or reading is paused (see
+        :attr:`reading`).  Pings and messages that are not requests are answered here."""
+        if self._awaiting or self._pending_events:
+            if self._awaiting:
+                raise LocalProtocolError(
+                    "reply() or owe() the last Request before the next event"
+                )
+            return self._pending_events.popleft()
+        if self._closing_error is None:  # (the decoder is broken only then)
+            if not self.closing and (self.write_paused or len(self.owed) >= self.max_in_flight):
+                # The runtime cannot write (it reads on when it can), or too much is owed.
+                self.paused = self.paused or not self.write_paused
+            else:
+                frame = None
+                try:
+                    frame = self._next_frame()
+                    if frame is not None:
+                        self._completed = True
+                        msg = self._decode(frame, self.max_items)
+                except DecodeError as exc:
+                    self._completed = True  # a refused message is taken all the same
+                    return self._reject(exc)
+                if frame is not None:
+                    if type(msg) is Inference and not msg.response:
+                        self._awaiting = True
+                        return _request(msg, frame)
+                    return self._answer(msg)
+        if self._unsettled:
+            over = self._settle(self._now, self._completed)
+            if over is not None:
+                return over
+        return None
+
+    # ------------------------------------------------------------------ answers
+
+    def reply(self, wire: bytes) -> None:
+        """The answer to the request just taken, ready now."""
+        self._awaiting = False
+        if self.owed:
+            self.owed.append(wire)
+        else:
+            self.ready.append(wire)
+
+    def owe(self, entry: Any) -> None:
+        """A placeholder for the answer to the request just taken (a :class:`Slot`, or what
+        the runtime's collector for :meth:`send` understands)."""
+        self._awaiting = False
+        self.owed.append(entry)
+
+    def send(self, now: float, collect: Callable[[deque], list[bytes]] | None = None) -> bytes:
+        """The answers ready at the head of the reply order, as one write (``b""``: none).
+
+        ``collect(owed)`` pops the ready ones and returns their bytes (default: ``bytes``
+        entries and filled :class:`Slot` s).  Afterwards :attr:`reading` says whether to
+        resume reading (then take :meth:`next_event` again: requests that arrived while
+        paused) and :attr:`done` whether to close."""
+        owed = self.owed
+        out = self.ready
+        if owed:
+            more = (collect or _ready)(owed)
+            if more:
+                out += more
+        if self.paused and len(owed) * _RESUME_FACTOR <= self.max_in_flight:
+            self.paused = False
+            if not self.closing and not self.write_paused:
+                self.guard.resumed(now)
+        if not out:
+            return b""
+        self.guard.sent(now)
+        wire = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        return wire
+
+    def writing(self, paused: bool, now: float) -> None:
+        """The runtime's transport stopped (True) or resumed (False) taking writes."""
+        self.write_paused = paused
+        if not paused and not self.paused and not self.closing:
+            self.guard.resumed(now)
+
+    def expired(self, now: float) -> str | None:
+        """Why the connection must be dropped now (a deadline passed), or None."""
+        return self.guard.expired(now, not self.reading, self.pending)
+
+    def release(self) -> None:
+        """The connection ended: give its buffered bytes back to the server's budget."""
+        self.closing = True
+        self._awaiting = False
+        self.owed.clear()
+        self.ready.clear()
+        self.guard.release()
+
+    # ------------------------------------------------------------------ internals
+
+    def _queue(self, wire: bytes) -> None:
+        if self.owed:
+            self.owed.append(wire)
+        else:
+            self.ready.append(wire)
+
+    def _answer(self, msg: Message) -> Answered | Rejected:
+        cls = type(msg)
+        if cls is Ping and not msg.response:  # type: ignore[union-attr]
+            self._queue(_PONG)
+            return Answered(msg)
+        if cls is ErrorReply and msg.code == 0:  # type: ignore[union-attr]
+            # Kind 0 with subtype 0: a "request" of the error kind, which no server implements.
+            code = ErrorCode.METHOD
+            text = "an error message is not a request"
+        else:
+            code = ErrorCode.SUBTYPE
+            text = f"a {cls.__name__} response is not a request"
+        self._queue(error_reply(code))
+        error = DecodeError(PROTOCOL, "subtype", self.decoder.offset, text, code=int(code))
+        return Rejected(code, error, False)
+
+    def _reject(self, exc: DecodeError) -> Rejected:
+        code = ErrorCode(exc.code if exc.code is not None else ErrorCode.SHAPE)
+        self._queue(error_reply(code))
+        if self.decoder.broken:
+            self._break(exc)
+        return Rejected(code, exc, self.closing)
+
+    def _break(self, exc: DecodeError) -> None:
+        self.closing = True
+        self._closing_error = exc
+        self.paused = False
+        self.guard.release()  # nothing buffered will be used
+
+    def _settle(self, now: float, completed: bool) -> Rejected | None:
+        """Account the read with the guard (once per read, when its events are taken)."""
+        self._unsettled = False
+        self._completed = False
+        if self._closing_error is not None:
+            return None
+        decoder = self.decoder
+        try:
+            if self.guard.received(now, decoder.buffered, not decoder.idle, completed):
+                self._timer = True
+        except OverBudget as exc:
+            err = DecodeError(PROTOCOL, "buffer", decoder.offset, str(exc),
+                              code=int(ErrorCode.MEMORY))
+            decoder.fail(err)
+            self._queue(error_reply(ErrorCode.MEMORY))
+            self._break(err)
+            return Rejected(ErrorCode.MEMORY, err, True)
+        return None
+
+
+__all__ = [
+    "DEFAULT_MAX_IN_FLIGHT",
+    "Answered",
+    "Connection",
+    "Event",
+    "LocalProtocolError",
+    "Rejected",
+    "Request",
+    "Slot",
+    "error_reply",
+]
