@@ -221,4 +221,4 @@ def _pick_format_run():
 
 #: ``format_run`` of the active implementation (Cython unless ``WIREKIT_PURE=1``).
 format_run = _pick_format_run()
-Stream.format_run = staticmethod(format_run)  # type: ignore[attr-defined]
+Stream.format_run = staticmethod(format_run)  # type: ignore[assignment]
