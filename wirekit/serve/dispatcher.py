@@ -183,7 +183,6 @@ class Dispatcher:
         self.cache = cache
         #: the clock of the store's times (time.time by default)
         self.clock = clock
-        self._clock = clock  # kept for serve/mipfront.py until it uses ``clock``
         self._ids = itertools.count(1)
         self._prefix = f"{int(time.time()):x}{os.getpid():x}{os.urandom(2).hex()}-"
         self.resubmissions = 0
@@ -220,7 +219,7 @@ class Dispatcher:
             raise UnknownModel(model)
         rid = self.new_id()
         wire = request.wire
-        t_in = self._clock()
+        t_in = self.clock()
         self.store.arrival(rid, model, client, t_in, len(wire), wire)
         self.metrics.arrived(model)
         try:
@@ -234,7 +233,7 @@ class Dispatcher:
         return outcome
 
     def _finish(self, model, rid, client, t_in, wire, device, status, attempts, defer) -> None:
-        t_out = self._clock()
+        t_out = self.clock()
         self.metrics.finished(model, status, t_out - t_in)
         self.store.complete(rid, model, client, device, t_in, t_out, status, len(wire),
                             attempts, wire, defer)
@@ -330,7 +329,7 @@ class Dispatcher:
             raise UnknownModel(job.model)
         job.cfg = cfg
         if not job.t_in:
-            job.t_in = self._clock()
+            job.t_in = self.clock()
         self.active += 1
         batching = cfg.max_batch > 1
         cache = self.cache
@@ -504,7 +503,7 @@ class Dispatcher:
                         self._send_one(job, row)
                     return
                 cache, key = self.cache, row.key
-                t_out = self._clock()  # answered together
+                t_out = self.clock()  # answered together
                 for job, wire in zip(jobs, parts, strict=True):
                     reply = Payload(wire)
                     if job.key is not None:
@@ -547,7 +546,7 @@ class Dispatcher:
                          outcome.device, outcome.status, outcome.attempts, True)
         else:  # answered by the device its first attempt went to: the line is started
             if t_out is None:
-                t_out = self._clock()
+                t_out = self.clock()
             self.metrics.finished(job.model, outcome.status, t_out - job.t_in)
             self.store.complete_head(head, job.rid, outcome.device, t_out, outcome.status,
                                      len(job.request.wire), outcome.attempts)

@@ -55,7 +55,7 @@ class MipFrontDoor(asyncio.Protocol):
         limits = limits if limits is not None else Limits()
         self.dispatcher = dispatcher
         self.store = dispatcher.store
-        self._clock = dispatcher._clock
+        self._clock = dispatcher.clock
         self._now = 0.0
         self.loop = asyncio.get_running_loop()
         self.model = model
