@@ -182,3 +182,44 @@ def test_tied_and_frozen_parameters_get_one_address():
 def test_state_checks_its_arguments(kwargs, text):
     with pytest.raises(ValueError, match=text):
         Y2HookState(torch.nn.Linear(2, 2), **kwargs)
+
+
+# --- training end to end (the example, under torchrun) --------------------------------------
+
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "y2_ddp_train.py")
+#: Seconds the 2-process training run (both trainings) may take.
+TRAIN_TIMEOUT = 300
+
+
+def test_training_with_the_hook_matches_allreduce_accuracy(tmp_path):
+    log = tmp_path / "run.y2"
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            "2", EXAMPLE, "--json", "--epochs", "3", "--y2-log", str(log),
+        ],
+        capture_output=True, text=True, timeout=TRAIN_TIMEOUT, env=env, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    plain, hooked = report["runs"]
+    assert (plain["hook"], hooked["hook"]) == ("allreduce", "y2")
+    assert plain["accuracy"] > 0.8  # the problem is learnt (Bayes: ~0.91)
+    assert abs(hooked["accuracy"] - plain["accuracy"]) <= 0.02
+    assert hooked["bytes_per_step"] * 10 <= plain["bytes_per_step"]
+    # rank 0's y2 log: NodeIndex per node, Runtime per node and epoch, Finished per node
+    messages = []
+    data = log.read_bytes()
+    pos = 0
+    while pos < len(data):
+        msg, pos = y2.decode_prefix(data, pos)
+        messages.append(msg)
+    assert messages[:2] == [y2.NodeIndex(0, 2), y2.NodeIndex(1, 2)]
+    runtimes = messages[2:-2]
+    assert len(runtimes) == 3 * 2 and all(isinstance(m, y2.Runtime) for m in runtimes)
+    assert [r.sample_count for r in runtimes] == [
+        len(range(*y2.partition(0, 2, 6000))) // 32 * 32
+    ] * 6
+    assert [m.loss_milli for m in runtimes] == [x for epoch in hooked["runtimes"] for x in epoch]
+    assert messages[-2:] == [y2.Finished(), y2.Finished()]

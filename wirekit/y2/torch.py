@@ -40,6 +40,7 @@ The kernels run on the CPU; CUDA gradients are copied to the host and back.
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations as objects.
 import math
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,7 +143,9 @@ class Y2HookState:
 
     Counters (this rank): ``steps`` (buckets hooked), ``words_sent``, ``bytes_sent``
     (what this rank puts on the wire in a ring all-gather: ``(world - 1) ×`` its padded
-    block, sizes included), ``elements`` (gradient elements seen).
+    block, sizes included), ``elements`` (gradient elements seen), and the seconds spent in
+    ``compress_seconds`` (residual update, tau, compress), ``exchange_seconds`` (the two
+    all-gathers) and ``apply_seconds`` (apply and average).
     """
 
     module: torch.nn.Module
@@ -154,6 +157,9 @@ class Y2HookState:
     words_sent: int = 0
     bytes_sent: int = 0
     elements: int = 0
+    compress_seconds: float = 0.0
+    exchange_seconds: float = 0.0
+    apply_seconds: float = 0.0
     last_words: dict[int, list[tuple[np.ndarray, float]]] = field(default_factory=dict)
     _layout: dict[int, list[Segment]] = field(init=False, repr=False)
     _residuals: dict[int, np.ndarray] = field(init=False, repr=False, default_factory=dict)
@@ -235,6 +241,7 @@ def y2_hook(state: Y2HookState, bucket: dist.GradBucket) -> torch.futures.Future
     world = dist.get_world_size(group)
     params = list(bucket.parameters())
     b = state._bucket(params, dtype)
+    t0 = time.perf_counter()
     grads = buffer.detach().cpu().numpy()
     n = grads.size
     for offset, _layer, seg in b.places:  # residual += gradient
@@ -242,6 +249,7 @@ def y2_hook(state: Y2HookState, bucket: dist.GradBucket) -> torch.futures.Future
         res += grads[offset + seg.start : offset + seg.stop]
     tau = state._tau_for(b, n)
     words = y2.compress(b.residual, tau)
+    t1 = time.perf_counter()
 
     device = buffer.device
     meta = torch.tensor([len(words), tau], dtype=torch.float64, device=device)
@@ -261,6 +269,7 @@ def y2_hook(state: Y2HookState, bucket: dist.GradBucket) -> torch.futures.Future
             for blk, size in zip(blocks, sizes, strict=True)
         ]
 
+    t2 = time.perf_counter()
     out = np.zeros(n, dtype)
     model = state._update_model(b, out)
     for rank_words, rank_tau in zip(received, taus, strict=True):
@@ -268,6 +277,9 @@ def y2_hook(state: Y2HookState, bucket: dist.GradBucket) -> torch.futures.Future
     out /= dtype(world)
     buffer.copy_(torch.from_numpy(out).to(device))
 
+    state.compress_seconds += t1 - t0
+    state.exchange_seconds += t2 - t1
+    state.apply_seconds += time.perf_counter() - t2
     state.steps += 1
     state.words_sent += len(words)
     state.bytes_sent += (world - 1) * (meta.numel() * 8 + longest * 4)
