@@ -223,3 +223,34 @@ def test_training_with_the_hook_matches_allreduce_accuracy(tmp_path):
     ] * 6
     assert [m.loss_milli for m in runtimes] == [x for epoch in hooked["runtimes"] for x in epoch]
     assert messages[-2:] == [y2.Finished(), y2.Finished()]
+
+
+# --- the cluster roles ----------------------------------------------------------------------
+
+
+def test_cluster_roles_on_two_gloo_processes(tmp_path):
+    log = tmp_path / "roles.y2"
+    n = 1001  # odd: the shards still tile 0..n
+    results = workers.run("cluster_roles", tmp_path, log_path=str(log), n=n)
+    assert [r["node"] for r in results] == [y2.NodeIndex(0, 2), y2.NodeIndex(1, 2)]
+    assert [r["shard"] for r in results] == [(0, 500), (500, 1001)]
+    expected = [
+        [y2.Runtime(500, 0, 100 * epoch, 7, 0), y2.Runtime(501, 1, 100 * epoch + 1, 7, -5)]
+        for epoch in range(2)
+    ]
+    assert results[0]["reports"] == expected  # gathered to rank 0 ...
+    assert results[1]["reports"] == [None, None]  # ... only
+    out = subprocess.run(
+        [sys.executable, "-m", "wirekit.cli", "decode", "--proto", "y2", "--json", str(log)],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    decoded = [json.loads(line) for line in out.splitlines()]
+    assert [d["type"] for d in decoded] == ["node_index"] * 2 + ["runtime"] * 4 + [
+        "delta",
+        "finished",
+        "finished",
+    ]
+    assert [(d["node_id"], d["node_count"]) for d in decoded[:2]] == [(0, 2), (1, 2)]
+    assert [d["training_ms"] for d in decoded[2:6]] == [0, 1, 100, 101]
+    assert [d["loss_milli"] for d in decoded[2:6]] == [0, -5, 0, -5]
+    assert [int(w["word"], 16) for w in decoded[6]["words"]] == [0x01C00055, 0]

@@ -129,3 +129,22 @@ def hook_steps(rank: int, world: int, tau: float | None, steps: int, bucket_cap_
         "words_sent": state.words_sent,
         "residuals": [state.residual(p).copy() for p in model.parameters()],
     }
+
+
+def cluster_roles(rank: int, world: int, log_path: str, n: int):
+    """Y2Cluster on its own: NodeIndex, shard, two epochs of Runtime, a Delta, Finished."""
+    import numpy as np
+
+    from wirekit import y2
+    from wirekit.y2.torch import Y2Cluster
+
+    with open(log_path, "wb") if rank == 0 else open(os.devnull, "wb") as log:
+        cluster = Y2Cluster(log=log)
+        shard = cluster.shard(n)
+        reports = [
+            cluster.report(y2.Runtime(len(shard), rank, 100 * epoch + rank, 7, -5 * rank))
+            for epoch in range(2)
+        ]
+        cluster.log_delta([np.array([0x01C00055, rank], np.uint32)])
+        cluster.finish()
+    return {"node": cluster.node, "shard": (shard.start, shard.stop), "reports": reports}
