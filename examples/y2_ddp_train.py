@@ -2,6 +2,7 @@
 communication hook, and print accuracy and bytes exchanged per step.
 
     torchrun --nproc-per-node 2 examples/y2_ddp_train.py
+    torchrun --nproc-per-node 2 examples/y2_ddp_train.py --hooks allreduce,fp16,powersgd,y2
     torchrun --nproc-per-node 2 examples/y2_ddp_train.py --density 0.05 --y2-log run.y2
     wirekit decode --proto y2 run.y2          # NodeIndex, Runtime per node and epoch, Finished
 
@@ -10,20 +11,25 @@ dimensions whose means are drawn from a fixed seed; the best possible accuracy i
 (the Bayes classifier knows the means).  Each node trains on its y2 partition of the
 training set (``Y2Cluster.shard``) and reports a y2 Runtime record to rank 0 every epoch.
 
+Hooks: ``allreduce`` (PyTorch's default hook: fp32 all-reduce of the averaged gradient),
+``fp16`` (its ``fp16_compress_hook``), ``powersgd`` (its PowerSGD hook, rank 2), ``y2``
+(``wirekit.y2.torch``), ``local`` (no exchange at all: each node's compute time alone).
+Bytes per step are counted, for every hook, as what one rank sends in ring collectives:
+``2 (W - 1) / W × size`` per all-reduce, ``(W - 1) × size`` per all-gather.
+
 ``--json`` prints one JSON line (rank 0) instead of the table, for tests and benchmarks.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: DDP checks a hook's annotations as objects.
 import argparse
 import json
-import math
 import os
 import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from wirekit import y2
@@ -48,17 +54,69 @@ def make_data(n_train: int, n_test: int, noise: float, seed: int = 7):
     return train, test, bayes
 
 
-def make_model(seed: int = 0) -> torch.nn.Module:
+def make_model(hidden: int = HIDDEN, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(
-        torch.nn.Linear(DIM, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, CLASSES)
+        torch.nn.Linear(DIM, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, CLASSES),
     )
 
 
-def allreduce_bytes(model: torch.nn.Module, world: int) -> int:
-    """Bytes one rank sends per step in a ring all-reduce of fp32 gradients."""
-    n = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return math.ceil(2 * (world - 1) / world * 4 * n)
+class ByteCounter:
+    """Counts what this rank sends through ``dist.all_reduce`` / ``dist.all_gather`` (the
+    collectives the hooks call), as a ring algorithm sends it."""
+
+    def __init__(self) -> None:
+        self.bytes = 0.0
+        self._reduce, self._gather = dist.all_reduce, dist.all_gather
+
+    def __enter__(self) -> "ByteCounter":
+        world = dist.get_world_size()
+
+        def all_reduce(tensor, *args, **kwargs):
+            self.bytes += 2 * (world - 1) / world * tensor.numel() * tensor.element_size()
+            return self._reduce(tensor, *args, **kwargs)
+
+        def all_gather(outputs, tensor, *args, **kwargs):
+            self.bytes += (world - 1) * tensor.numel() * tensor.element_size()
+            return self._gather(outputs, tensor, *args, **kwargs)
+
+        dist.all_reduce, dist.all_gather = all_reduce, all_gather
+        return self
+
+    def __exit__(self, *exc) -> None:
+        dist.all_reduce, dist.all_gather = self._reduce, self._gather
+
+
+def _local_hook(_state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def register(ddp: DDP, hook: str, density: float, tau: float | None):
+    """Register the named hook; the y2 state (or None)."""
+    if hook == "y2":
+        state = Y2HookState(ddp, tau=tau, density=density)
+        ddp.register_comm_hook(state, y2_hook)
+        return state
+    if hook == "allreduce":
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    elif hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "powersgd":
+        ps = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2
+        )
+        ddp.register_comm_hook(ps, powerSGD_hook.powerSGD_hook)
+    elif hook == "local":
+        ddp.register_comm_hook(None, _local_hook)
+    else:
+        raise SystemExit(f"unknown hook {hook!r}")
+    return None
 
 
 def train(
@@ -70,19 +128,18 @@ def train(
     density: float,
     tau: float | None,
     data,
+    hidden: int = HIDDEN,
     log=None,
 ) -> dict:
-    """Train once (``hook``: "allreduce" or "y2"); rank 0 gets the results."""
+    """Train once with ``hook``; rank 0 gets the results."""
     (x, y), (tx, ty), _bayes = data
     cluster = Y2Cluster(log=log)
     part = cluster.shard(len(x))
     x, y = x[part.start : part.stop], y[part.start : part.stop]
-    model = make_model()
+    model = make_model(hidden)
     ddp = DDP(model)
-    state = None
-    if hook == "y2":
-        state = Y2HookState(ddp, tau=tau, density=density)
-        ddp.register_comm_hook(state, y2_hook)
+    state = register(ddp, hook, density, tau)
+    counter = ByteCounter().__enter__()
     opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
     gen = torch.Generator().manual_seed(cluster.node.node_id)
     steps_per_epoch = len(x) // batch
@@ -110,17 +167,23 @@ def train(
             )
         )
     elapsed = time.perf_counter() - started
+    counter.__exit__()
     with torch.no_grad():
         accuracy = float((model(tx).argmax(1) == ty).float().mean())
     cluster.finish()
-    world = cluster.node.node_count
-    sent = state.bytes_sent / steps if state else allreduce_bytes(model, world)
+    per_step = {
+        f"{what}_ms_per_step": getattr(state, f"{what}_seconds") / steps * 1000
+        for what in ("compress", "exchange", "apply")
+        if state
+    }
     return {
         "hook": hook,
         "accuracy": accuracy,
-        "bytes_per_step": sent,
+        "bytes_per_step": counter.bytes / steps,
         "ms_per_step": elapsed / steps * 1000,
         "steps": steps,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        **per_step,
         "runtimes": [[r.loss_milli for r in epoch] for epoch in cluster.runtimes],
     }
 
@@ -133,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--density", type=float, default=0.02, help="y2 adaptive tau")
     parser.add_argument("--tau", type=float, default=None, help="y2 fixed tau")
+    parser.add_argument("--hidden", type=int, default=HIDDEN, help="hidden layer width")
     parser.add_argument("--train", type=int, default=6000)
     parser.add_argument("--noise", type=float, default=1.6)
     parser.add_argument("--y2-log", default=None, help="rank 0 writes y2 messages here")
@@ -156,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
                     density=args.density,
                     tau=args.tau,
                     data=data,
+                    hidden=args.hidden,
                     log=log if hook == "y2" else None,
                 )
             )
