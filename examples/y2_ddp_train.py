@@ -36,6 +36,7 @@ from wirekit import y2
 from wirekit.y2.torch import Y2Cluster, Y2HookState, y2_hook
 
 CLASSES, DIM, HIDDEN = 10, 32, 64
+BUCKET_CAP_MB = 1024
 
 
 def make_data(n_train: int, n_test: int, noise: float, seed: int = 7):
@@ -137,7 +138,9 @@ def train(
     part = cluster.shard(len(x))
     x, y = x[part.start : part.stop], y[part.start : part.stop]
     model = make_model(hidden)
-    ddp = DDP(model)
+    # One bucket for every hook (after DDP's first step): with several buckets PowerSGD's
+    # callbacks, which all-reduce from callback threads, hang on gloo here.
+    ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
     state = register(ddp, hook, density, tau)
     counter = ByteCounter().__enter__()
     opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
