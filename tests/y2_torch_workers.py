@@ -4,6 +4,7 @@ per-rank bodies (importable by spawned children: tests/ is on their sys.path).""
 from __future__ import annotations
 
 import copy
+import gc
 import multiprocessing
 import os
 import pickle
@@ -38,6 +39,7 @@ def _child(rank: int, world: int, port: int, body: str, out: str, kwargs: dict) 
             timeout=timedelta(seconds=60),
         )
         result = globals()[body](rank, world, **kwargs)
+        gc.collect()  # free the DDP wrappers (and their use of the group) before it goes
         dist.destroy_process_group()
         Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
     except BaseException:

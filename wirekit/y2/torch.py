@@ -171,6 +171,10 @@ class Y2HookState:
             raise ValueError(f"{PROTOCOL}: tau must be a finite positive number, got {self.tau}")
         if not 0 < self.density <= 1:
             raise ValueError(f"{PROTOCOL}: density must be in (0, 1], got {self.density}")
+        if isinstance(self.module, torch.nn.parallel.DistributedDataParallel):
+            # keep the model, not its wrapper: DDP holds this state (a cycle through the
+            # wrapper would keep its process group alive until a garbage collection)
+            self.module = self.module.module
         self._layout = y2_layout(self.module)
 
     def residual(self, param: torch.Tensor) -> np.ndarray | None:
