@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=1000)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--density", type=float, default=0.02)
+    parser.add_argument("--density", type=float, default=0.05)
     parser.add_argument("--timeout", type=float, default=1200, help="seconds for the run")
     parser.add_argument("--json", default=None, help="also write the raw results here")
     args = parser.parse_args(argv)

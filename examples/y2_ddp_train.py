@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batch", type=int, default=32, help="per node")
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--density", type=float, default=0.02, help="y2 adaptive tau")
+    parser.add_argument("--density", type=float, default=0.05, help="y2 adaptive tau")
     parser.add_argument("--tau", type=float, default=None, help="y2 fixed tau")
     parser.add_argument("--hidden", type=int, default=HIDDEN, help="hidden layer width")
     parser.add_argument("--train", type=int, default=6000)
