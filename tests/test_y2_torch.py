@@ -254,3 +254,17 @@ def test_cluster_roles_on_two_gloo_processes(tmp_path):
     assert [d["training_ms"] for d in decoded[2:6]] == [0, 1, 100, 101]
     assert [d["loss_milli"] for d in decoded[2:6]] == [0, -5, 0, -5]
     assert [int(w["word"], 16) for w in decoded[6]["words"]] == [0x01C00055, 0]
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "value", "text"),
+    [
+        (0, 1e12, "rank[1].words at byte 0: 1000000000000.0 words for a bucket of 39 elements"),
+        (0, 2.5, "rank[1].words at byte 0: 2.5 words"),
+        (1, float("nan"), "rank[1].tau at byte 8: nan is not a positive tau"),
+    ],
+)
+def test_a_peers_bad_sizes_are_refused_before_allocating(tmp_path, corrupt, value, text):
+    results = workers.run("bad_peer", tmp_path, corrupt=corrupt, value=value)
+    # DDP wraps the hook's exception in its own RuntimeError; the text is ours
+    assert all(r is not None and text in r for r in results), results

@@ -150,3 +150,33 @@ def cluster_roles(rank: int, world: int, log_path: str, n: int):
         cluster.log_delta([np.array([0x01C00055, rank], np.uint32)])
         cluster.finish()
     return {"node": cluster.node, "shard": (shard.start, shard.stop), "reports": reports}
+
+
+def bad_peer(rank: int, world: int, corrupt: int, value: float):
+    """Rank 1 announces a bad (word count, tau): field ``corrupt`` set to ``value``.  Every
+    rank's hook raises before the words are exchanged; the error text by rank."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from wirekit.y2.torch import Y2HookState, y2_hook
+
+    real = dist.all_gather
+
+    def all_gather(outputs, tensor, *args, **kwargs):
+        if rank == 1 and tensor.dtype == torch.float64:
+            tensor = tensor.clone()
+            tensor[corrupt] = value
+        return real(outputs, tensor, *args, **kwargs)
+
+    dist.all_gather = all_gather
+    model = small_model()
+    ddp = DDP(model)
+    ddp.register_comm_hook(Y2HookState(ddp, tau=0.5), y2_hook)
+    try:
+        ddp(torch.ones(2, 5)).sum().backward()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        dist.all_gather = real
+    return None

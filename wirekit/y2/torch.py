@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from wirekit import y2
+from wirekit.errors import DecodeError
 from wirekit.y2.messages import MAX_ARRAY_SIZE, MAX_LAYERS, PROTOCOL
 
 __all__ = [
@@ -233,6 +234,25 @@ class Y2HookState:
         return tau if math.isfinite(tau) and tau > tiny else tiny
 
 
+def _checked_metas(metas: list[torch.Tensor], n: int) -> tuple[list[int], list[float]]:
+    """Every rank's (word count, tau), checked before anything is allocated for them: a
+    count is a whole number from 0 to the bucket's element count (one word per element at
+    most), a tau a finite positive number.  :class:`DecodeError` (field ``rank[r].words`` at
+    byte 0 or ``rank[r].tau`` at byte 8 of that rank's 16 bytes) otherwise."""
+    sizes, taus = [], []
+    for r, meta in enumerate(metas):
+        count, tau = meta.tolist()
+        if not (math.isfinite(count) and count.is_integer() and 0 <= count <= n):
+            raise DecodeError(
+                PROTOCOL, f"rank[{r}].words", 0, f"{count!r} words for a bucket of {n} elements"
+            )
+        if not (math.isfinite(tau) and tau > 0):
+            raise DecodeError(PROTOCOL, f"rank[{r}].tau", 8, f"{tau!r} is not a positive tau")
+        sizes.append(int(count))
+        taus.append(tau)
+    return sizes, taus
+
+
 def y2_hook(state: Y2HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: y2 threshold compression with error feedback (see module doc).
 
@@ -261,8 +281,7 @@ def y2_hook(state: Y2HookState, bucket: dist.GradBucket) -> torch.futures.Future
     meta = torch.tensor([len(words), tau], dtype=torch.float64, device=device)
     metas = [torch.empty_like(meta) for _ in range(world)]
     dist.all_gather(metas, meta, group=group)
-    sizes = [int(m[0].item()) for m in metas]
-    taus = [float(m[1].item()) for m in metas]
+    sizes, taus = _checked_metas(metas, n)
     longest = max(sizes)
     received: list[np.ndarray] = [np.zeros(0, np.uint32)] * world
     if longest:
