@@ -59,7 +59,9 @@ def _reference_apply(update: list[np.ndarray], words: np.ndarray, tau: float) ->
         arr[(word >> 1) & (2**21 - 1)] += -t if word & 1 else t
 
 
-def _check_against_reference(results, world=2):
+def _check_against_reference(results, world=2, capacity=None):
+    """``capacity``: the adaptive tau's block size in words (None: fixed tau, two
+    all-gathers); words beyond it stay in the residual."""
     residuals = [[np.zeros(n, np.float32) for *_, n in SMALL_LAYOUT] for _ in range(world)]
     expected_bytes = 0
     for step in range(len(results[0]["steps"])):
@@ -73,6 +75,9 @@ def _check_against_reference(results, world=2):
             for res, grad in zip(residuals[r], per_rank[r]["local"], strict=True):
                 res += grad
             words = _reference_compress(residuals[r], tau)
+            if capacity is not None:  # not sent: back into the residual
+                _reference_apply(residuals[r], words[capacity:], tau)
+                words = words[:capacity]
             _reference_apply(update, words, tau)
             for other in range(world):  # every rank received exactly these words from r
                 sent = np.concatenate(
@@ -85,7 +90,8 @@ def _check_against_reference(results, world=2):
             for got, want in zip(per_rank[r]["averaged"], update, strict=True):
                 assert np.array_equal(got, want)
         for parts in per_rank[0]["exchange"].values():
-            expected_bytes += (world - 1) * (16 + 4 * max(len(w) for w, _t in parts))
+            longest = capacity if capacity is not None else max(len(w) for w, _t in parts)
+            expected_bytes += (world - 1) * (16 + 4 * longest)
     for r in range(world):
         for got, want in zip(results[r]["residuals"], residuals[r], strict=True):
             assert np.array_equal(got, want)
@@ -108,7 +114,21 @@ def test_hook_equals_numpy_reference_adaptive_tau(tmp_path):
     assert exchange[0][1] != exchange[1][1]  # each rank picked its own tau
     # density 0.25 of 39 elements: about 10 words per rank and step
     assert all(8 <= len(w) <= 12 for w, _t in exchange)
-    _check_against_reference(results)
+    assert results[0]["capacity"] == 29  # 1.25 × 0.25 × 39, rounded up, + 16
+    _check_against_reference(results, capacity=29)
+
+
+def test_adaptive_tau_words_beyond_the_block_stay_in_the_residual(tmp_path):
+    # a block of 3 words where about 10 are due: the first 3 (in word order) go
+    results = workers.run(
+        "hook_steps", tmp_path, tau=None, steps=3, bucket_cap_mb=25.0, capacity=(0.0, 3)
+    )
+    assert results[0]["capacity"] == 3
+    assert all(
+        len(w) == 3 for step in results[0]["steps"] for parts in step["exchange"].values()
+        for w, _t in parts
+    )  # fmt: skip
+    _check_against_reference(results, capacity=3)
 
 
 def test_a_steps_words_decode_as_y2_deltas(tmp_path):
@@ -257,14 +277,17 @@ def test_cluster_roles_on_two_gloo_processes(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("corrupt", "value", "text"),
+    ("tau", "corrupt", "value", "text"),
     [
-        (0, 1e12, "rank[1].words at byte 0: 1000000000000.0 words for a bucket of 39 elements"),
-        (0, 2.5, "rank[1].words at byte 0: 2.5 words"),
-        (1, float("nan"), "rank[1].tau at byte 8: nan is not a positive tau"),
+        (0.5, 0, 1e12, "rank[1].words at byte 0: 1000000000000.0 words for at most 39"),
+        (0.5, 0, 2.5, "rank[1].words at byte 0: 2.5 words"),
+        (0.5, 1, float("nan"), "rank[1].tau at byte 8: nan is not a positive tau"),
+        # the adaptive tau's one block (capacity 19 for 39 elements at density 0.05)
+        (None, 0, 20, "rank[1].words at byte 0: 20.0 words for at most 19"),
+        (None, 3, -1, "rank[1].tau at byte 8: nan is not a positive tau"),  # all-ones high half
     ],
 )
-def test_a_peers_bad_sizes_are_refused_before_allocating(tmp_path, corrupt, value, text):
-    results = workers.run("bad_peer", tmp_path, corrupt=corrupt, value=value)
+def test_a_peers_bad_sizes_are_refused_before_allocating(tmp_path, tau, corrupt, value, text):
+    results = workers.run("bad_peer", tmp_path, corrupt=corrupt, value=value, tau=tau)
     # DDP wraps the hook's exception in its own RuntimeError; the text is ours
     assert all(r is not None and text in r for r in results), results

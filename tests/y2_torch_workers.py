@@ -97,13 +97,25 @@ def small_model():
     )
 
 
-def hook_steps(rank: int, world: int, tau: float | None, steps: int, bucket_cap_mb: float):
+def hook_steps(
+    rank: int,
+    world: int,
+    tau: float | None,
+    steps: int,
+    bucket_cap_mb: float,
+    capacity: tuple[float, int] | None = None,
+):
     """A few backward passes with the y2 hook (weights fixed); per step the local gradients
-    (from an unwrapped copy), the hook's averaged gradients and every rank's words."""
+    (from an unwrapped copy), the hook's averaged gradients and every rank's words.
+    ``capacity``: (CAPACITY_SLACK, CAPACITY_MIN) to use instead of the defaults."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    import wirekit.y2.torch as y2_torch
     from wirekit.y2.torch import Y2HookState, y2_hook
+
+    if capacity is not None:
+        y2_torch.CAPACITY_SLACK, y2_torch.CAPACITY_MIN = capacity
 
     model = small_model()
     local = copy.deepcopy(model)
@@ -129,6 +141,7 @@ def hook_steps(rank: int, world: int, tau: float | None, steps: int, bucket_cap_
         "steps": record,
         "bytes_sent": state.bytes_sent,
         "words_sent": state.words_sent,
+        "capacity": state.capacity(39),
         "residuals": [state.residual(p).copy() for p in model.parameters()],
     }
 
@@ -152,7 +165,7 @@ def cluster_roles(rank: int, world: int, log_path: str, n: int):
     return {"node": cluster.node, "shard": (shard.start, shard.stop), "reports": reports}
 
 
-def bad_peer(rank: int, world: int, corrupt: int, value: float):
+def bad_peer(rank: int, world: int, corrupt: int, value: float, tau: float | None = 0.5):
     """Rank 1 announces a bad (word count, tau): field ``corrupt`` set to ``value``.  Every
     rank's hook raises before the words are exchanged; the error text by rank."""
     import torch
@@ -164,15 +177,18 @@ def bad_peer(rank: int, world: int, corrupt: int, value: float):
     real = dist.all_gather
 
     def all_gather(outputs, tensor, *args, **kwargs):
-        if rank == 1 and tensor.dtype == torch.float64:
+        if rank == 1 and tensor.dtype == torch.float64:  # (count, tau)
             tensor = tensor.clone()
             tensor[corrupt] = value
+        if rank == 1 and tensor.dtype == torch.int32 and tau is None:  # a one-block exchange
+            tensor = tensor.clone()
+            tensor[corrupt] = int(value)
         return real(outputs, tensor, *args, **kwargs)
 
     dist.all_gather = all_gather
     model = small_model()
     ddp = DDP(model)
-    ddp.register_comm_hook(Y2HookState(ddp, tau=0.5), y2_hook)
+    ddp.register_comm_hook(Y2HookState(ddp, tau=tau), y2_hook)
     try:
         ddp(torch.ones(2, 5)).sum().backward()
     except Exception as exc:

@@ -10,8 +10,15 @@ feedback, per DDP bucket:
    gradient's dtype, on the CPU);
 2. ``y2.compress`` the residuals with tau into delta words (every element with
    ``|r| >= tau`` sends one word of ±tau and keeps the rest; the others keep all of theirs);
-3. all-gather every rank's ``(word count, tau)`` (16 bytes), then its words, padded to the
-   longest (``all_gather`` works on gloo and NCCL);
+3. send every rank's words to every rank with ``all_gather`` (works on gloo and NCCL),
+   sizes first: with a fixed tau, an all-gather of ``(word count, tau)`` (16 bytes) then
+   one of the words padded to the longest; with the adaptive tau, *one* all-gather of a
+   fixed block per rank, ``(word count, tau)`` then room for ``capacity(n)`` words
+   (``CAPACITY_SLACK × density × n + CAPACITY_MIN``): one round trip instead of two, since
+   on a fast link the exchange is latency-bound.  Words beyond the block are not sent this
+   step: they are added back into the residual (sent later, nothing is lost).  Each rank
+   checks every peer's count (at most the bucket's elements, or the block) and tau (finite,
+   positive) before it allocates or reads anything for them (:class:`DecodeError`);
 4. ``y2.apply`` every rank's words (with that rank's tau) to a zero update and divide by the
    world size: the averaged update DDP then hands to the optimizer as the gradient.
 
@@ -56,6 +63,8 @@ from wirekit.errors import DecodeError
 from wirekit.y2.messages import MAX_ARRAY_SIZE, MAX_LAYERS, PROTOCOL
 
 __all__ = [
+    "CAPACITY_MIN",
+    "CAPACITY_SLACK",
     "TAU_SAMPLE",
     "Segment",
     "Y2Cluster",
@@ -66,6 +75,11 @@ __all__ = [
 
 #: The adaptive tau is estimated on at most this many elements of a bucket.
 TAU_SAMPLE = 65536
+#: With the adaptive tau a rank's block holds ``CAPACITY_SLACK × density ×`` the bucket's
+#: elements in words (plus ``CAPACITY_MIN``): the estimate is a sample's quantile.
+CAPACITY_SLACK = 1.25
+CAPACITY_MIN = 16
+_HEAD = 4  # int32s before the words in a block: count (int64), tau (float64)
 
 _NUMPY_DTYPES = {
     torch.float16: np.float16,
@@ -184,6 +198,10 @@ class Y2HookState:
         """The residual (flat, what was not sent yet) kept for ``param``, or None."""
         return self._residuals.get(id(param))
 
+    def capacity(self, n: int) -> int:
+        """Words a rank may send for a bucket of ``n`` elements with the adaptive tau."""
+        return min(n, math.ceil(CAPACITY_SLACK * self.density * n) + CAPACITY_MIN)
+
     def _bucket(self, params: list[torch.Tensor], dtype: Any) -> _Bucket:
         key = tuple(id(p) for p in params)
         cached = self._buckets.get(key)
@@ -234,17 +252,17 @@ class Y2HookState:
         return tau if math.isfinite(tau) and tau > tiny else tiny
 
 
-def _checked_metas(metas: list[torch.Tensor], n: int) -> tuple[list[int], list[float]]:
-    """Every rank's (word count, tau), checked before anything is allocated for them: a
-    count is a whole number from 0 to the bucket's element count (one word per element at
-    most), a tau a finite positive number.  :class:`DecodeError` (field ``rank[r].words`` at
-    byte 0 or ``rank[r].tau`` at byte 8 of that rank's 16 bytes) otherwise."""
+def _checked_metas(metas: list[tuple[float, float]], limit: int) -> tuple[list[int], list[float]]:
+    """Every rank's (word count, tau), checked before anything is allocated or read for
+    them: a count is a whole number from 0 to ``limit`` (the bucket's element count: one
+    word per element at most; or the block's capacity), a tau a finite positive number.
+    :class:`DecodeError` (field ``rank[r].words`` at byte 0 or ``rank[r].tau`` at byte 8 of
+    that rank's 16 bytes) otherwise."""
     sizes, taus = [], []
-    for r, meta in enumerate(metas):
-        count, tau = meta.tolist()
-        if not (math.isfinite(count) and count.is_integer() and 0 <= count <= n):
+    for r, (count, tau) in enumerate(metas):
+        if not (math.isfinite(count) and count.is_integer() and 0 <= count <= limit):
             raise DecodeError(
-                PROTOCOL, f"rank[{r}].words", 0, f"{count!r} words for a bucket of {n} elements"
+                PROTOCOL, f"rank[{r}].words", 0, f"{count!r} words for at most {limit}"
             )
         if not (math.isfinite(tau) and tau > 0):
             raise DecodeError(PROTOCOL, f"rank[{r}].tau", 8, f"{tau!r} is not a positive tau")
@@ -278,21 +296,41 @@ def y2_hook(state: Y2HookState, bucket: dist.GradBucket) -> torch.futures.Future
     t1 = time.perf_counter()
 
     device = buffer.device
-    meta = torch.tensor([len(words), tau], dtype=torch.float64, device=device)
-    metas = [torch.empty_like(meta) for _ in range(world)]
-    dist.all_gather(metas, meta, group=group)
-    sizes, taus = _checked_metas(metas, n)
-    longest = max(sizes)
-    received: list[np.ndarray] = [np.zeros(0, np.uint32)] * world
-    if longest:
-        block = torch.zeros(longest, dtype=torch.int32, device=device)
-        block[: len(words)] = torch.from_numpy(words.view(np.int32)).to(device)
+    if state.tau is None:  # one all-gather: (count, tau) and the words in a fixed block
+        capacity = state.capacity(n)
+        if len(words) > capacity:  # not sent this step: back into the residual
+            y2.apply(b.residual, words[capacity:], tau)
+            words = words[:capacity]
+        head = np.concatenate(
+            [np.array([len(words)], np.int64).view(np.int32), np.array([tau]).view(np.int32)]
+        )
+        block = torch.zeros(_HEAD + capacity, dtype=torch.int32, device=device)
+        block[:_HEAD] = torch.from_numpy(head)
+        block[_HEAD : _HEAD + len(words)] = torch.from_numpy(words.view(np.int32))
         blocks = [torch.empty_like(block) for _ in range(world)]
         dist.all_gather(blocks, block, group=group)
-        received = [
-            blk.cpu().numpy()[:size].view(np.uint32)
-            for blk, size in zip(blocks, sizes, strict=True)
-        ]
+        got = [blk.cpu().numpy() for blk in blocks]
+        metas = [(float(g[:2].view(np.int64)[0]), float(g[2:4].view(np.float64)[0])) for g in got]
+        sizes, taus = _checked_metas(metas, capacity)
+        received = [g[_HEAD : _HEAD + k].view(np.uint32) for g, k in zip(got, sizes, strict=True)]
+        sent_bytes = (world - 1) * 4 * (_HEAD + capacity)
+    else:  # fixed tau: (count, tau) first, then the words padded to the longest
+        meta = torch.tensor([len(words), tau], dtype=torch.float64, device=device)
+        meta_list = [torch.empty_like(meta) for _ in range(world)]
+        dist.all_gather(meta_list, meta, group=group)
+        sizes, taus = _checked_metas([tuple(m.tolist()) for m in meta_list], n)
+        longest = max(sizes)
+        received = [np.zeros(0, np.uint32)] * world
+        if longest:
+            block = torch.zeros(longest, dtype=torch.int32, device=device)
+            block[: len(words)] = torch.from_numpy(words.view(np.int32)).to(device)
+            blocks = [torch.empty_like(block) for _ in range(world)]
+            dist.all_gather(blocks, block, group=group)
+            received = [
+                blk.cpu().numpy()[:size].view(np.uint32)
+                for blk, size in zip(blocks, sizes, strict=True)
+            ]
+        sent_bytes = (world - 1) * (16 + 4 * longest)
 
     t2 = time.perf_counter()
     out = np.zeros(n, dtype)
@@ -307,7 +345,7 @@ def y2_hook(state: Y2HookState, bucket: dist.GradBucket) -> torch.futures.Future
     state.apply_seconds += time.perf_counter() - t2
     state.steps += 1
     state.words_sent += len(words)
-    state.bytes_sent += (world - 1) * (meta.numel() * 8 + longest * 4)
+    state.bytes_sent += sent_bytes
     state.elements += n
     if state.record:
         if state._step_done:  # the first bucket of a step: forget the last step's words
