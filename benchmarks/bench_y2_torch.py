@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         f"y2 per step: compress {y['compress_ms_per_step']:.2f} ms + apply "
         f"{y['apply_ms_per_step']:.2f} ms = {cost:.2f} ms, against {saved:.2f} ms of exchange "
         f"saved (all-reduce step - (y2 step - compress - apply)); cost/saved "
-        f"{cost / saved if saved > 0 else float('inf'):.2f}; y2's own exchange (two "
+        f"{cost / saved if saved > 0 else float('inf'):.2f}; y2's own exchange ("
         f"all-gathers, waiting for the other rank included) {y['exchange_ms_per_step']:.2f} "
         f"ms, all-reduce step - local step {base['ms_per_step'] - local['ms_per_step']:.2f} ms"
     )

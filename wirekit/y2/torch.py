@@ -41,8 +41,8 @@ every rank the same tau (as in y2, where it is a cluster constant), but the byte
 the gradients: a tau too small for them sends up to one word per element (as many bytes as
 fp32) and clips every step's move to ±tau; a tau too large sends almost nothing and the
 residuals grow until they cross it (slow, stale updates).  The density trades bytes for
-accuracy: on ``benchmarks/bench_y2_torch.py`` (1 M parameters, 2 ranks) 0.05 sent 20× fewer
-bytes than fp32 all-reduce at 0.55 points less accuracy, 0.02 sent 49× fewer at 1.6 less.
+accuracy: on ``benchmarks/bench_y2_torch.py`` (1 M parameters, 2 ranks) 0.05 sent 16× fewer
+bytes than fp32 all-reduce at 0.55 points less accuracy, 0.02 sent 40× fewer at 1.6 less.
 
 The kernels run on the CPU; CUDA gradients are copied to the host and back.
 """
