@@ -8,7 +8,6 @@ shared with the pure path, so both raise identical exceptions.
 """
 
 import atexit
-import os
 import sys
 
 import numpy as np
@@ -970,14 +969,7 @@ def encode(msg):
 # --- the worker pool ------------------------------------------------------------------------
 
 
-def _cpus():
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-y2_pool_init(_cpus())
+y2_pool_init(_checks.affinity_cores())
 atexit.register(lambda: _pool_stop())  # join the workers before the interpreter goes
 
 
@@ -1013,11 +1005,12 @@ def _pool_idle(double spin, double nap, double step=-1):
 
 cdef int _thread_count(object nthreads, Py_ssize_t size, Py_ssize_t auto_size,
                        Py_ssize_t chunks) except -1:
-    """Threads to use: ``threads=None`` gives the available cores once ``size`` reaches
-    ``auto_size`` (one thread below it); never more than there are chunks."""
+    """Threads to use: ``threads=None`` gives the idle cores (``_checks.default_threads``:
+    those of the process's affinity that the load average leaves free) once ``size`` reaches
+    ``auto_size``, one thread below it; never more than there are chunks."""
     cdef Py_ssize_t want
     if nthreads is None:
-        want = _cpus() if size >= auto_size else 1
+        want = _checks.default_threads() if size >= auto_size else 1
     else:
         want = min(nthreads, chunks)  # (a Python int, however large)
     return <int>max(1, min(want, chunks))

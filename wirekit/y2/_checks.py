@@ -9,6 +9,8 @@ find is built here.
 from __future__ import annotations
 
 import math
+import os
+import time
 from typing import Any
 
 import numpy as np
@@ -273,6 +275,56 @@ def threads_value(threads: Any) -> int | None:
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise ValueError(f"{PROTOCOL}: threads must be an int >= 1 or None, got {threads!r}")
     return threads
+
+
+def affinity_cores() -> int:
+    """How many cores this process may run on (its CPU affinity; the CPU count elsewhere)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+#: ``(when, value)`` of the last measured :func:`idle_cores` (the kernel updates the load
+#: average every 5 s; the affinity rarely changes): measured again after ``IDLE_CORES_TTL`` s.
+_idle: tuple[float, int] = (-math.inf, 1)
+IDLE_CORES_TTL = 1.0
+
+
+def default_threads() -> int:
+    """The thread count a kernel uses with ``threads=None`` for work above its break-even
+    size: :func:`idle_cores`, measured at most once per ``IDLE_CORES_TTL`` seconds (a
+    measurement costs a few µs, a call on small work may not)."""
+    global _idle
+    now = time.monotonic()
+    if now - _idle[0] >= IDLE_CORES_TTL:
+        _idle = (now, idle_cores())
+    return _idle[1]
+
+
+def idle_cores(
+    cores: int | None = None, total: int | None = None, load: float | None = None
+) -> int:
+    """The cores a kernel call may use by default: those it may run on that are not busy.
+
+    ``cores`` defaults to :func:`affinity_cores`, ``total`` to the machine's CPU count and
+    ``load`` to its one-minute load average (runnable threads, this one included).  Other
+    work keeps about ``load - 1`` of the ``total`` cores busy; the rest, rounded down, are
+    free.  The result is at most ``cores`` and at least 1.  On a machine whose cores are
+    shared with other work a second thread waits for a core and makes a call slower than one
+    thread, so the default then stays at one thread.
+    """
+    if cores is None:
+        cores = affinity_cores()
+    if total is None:
+        total = os.cpu_count() or cores
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # pragma: no cover - no load average
+            load = 0.0
+    free = int(total - max(0.0, load - 1.0))
+    return max(1, min(cores, free))
 
 
 def bad_word(i: int, word: int, layers: list[tuple[np.ndarray, np.ndarray]]) -> DecodeError:
