@@ -144,7 +144,11 @@ class FramedStream:
     format_run = None
     fast: str | None = None
 
-    def __init__(self, max_message: int = DEFAULT_MAX_MESSAGE, synced: bool = True) -> None:
+    def __init__(
+        self, side: int | None = None, max_message: int = DEFAULT_MAX_MESSAGE, synced: bool = True
+    ) -> None:
+        #: which direction this stream is (0 client to server, 1 back), when known
+        self.side = side
         self.max_message = max_message
         self._buf = b""
         self._parts: list[bytes] = []

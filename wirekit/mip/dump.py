@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from wirekit import mip
-from wirekit._dumping import DEFAULT_MAX_MESSAGE, FramedStream, Record
+from wirekit._dumping import FramedStream, Record
 from wirekit.errors import DecodeError
 from wirekit.mip.messages import (
     HEADER_SIZE,
@@ -45,12 +45,6 @@ class Stream(FramedStream):
 
     HEADER = HEADER_SIZE
     PROTOCOL = PROTOCOL
-
-    def __init__(
-        self, side: int | None = None, max_message: int = DEFAULT_MAX_MESSAGE, synced: bool = True
-    ) -> None:
-        super().__init__(max_message, synced)
-        self.side = side
 
     def frame_size(self, buf: bytes, pos: int) -> int | None:
         return HEADER_SIZE + int.from_bytes(buf[pos + 4 : pos + 8], "big")

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from wirekit import y2
-from wirekit._dumping import DEFAULT_MAX_MESSAGE, FramedStream, Record
+from wirekit._dumping import FramedStream, Record
 from wirekit.errors import DecodeError
 from wirekit.y2.messages import to_jsonable, type_name
 
@@ -40,12 +40,6 @@ class Stream(FramedStream):
 
     HEADER = HANDSHAKE
     PROTOCOL = PROTOCOL
-
-    def __init__(
-        self, side: int | None = None, max_message: int = DEFAULT_MAX_MESSAGE, synced: bool = True
-    ) -> None:
-        super().__init__(max_message, synced)
-        self.side = side
 
     def frame_size(self, buf: bytes, pos: int) -> int | None:
         size = int.from_bytes(buf[pos + 4 : pos + 8], "big", signed=True)
