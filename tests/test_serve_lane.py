@@ -219,7 +219,7 @@ def test_timeouts_and_error_replies_leave_the_lane_for_the_attempt_loop(lane, tm
     assert sum(r.attempts for r in rows if r.status == "ok") == n + 1 + resubmitted
 
 
-def test_no_free_slot_leaves_requests_to_the_general_path(lane, tmp_path):
+def test_requests_with_no_free_slot_wait_for_their_device_and_are_all_answered(lane, tmp_path):
     store = tmp_path / "r.db"
     n = 50
 
