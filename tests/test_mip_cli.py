@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
+
 from mip_net import CliServer, png_bytes
 
 from wirekit.cli import main
@@ -75,3 +77,43 @@ def test_serve_command_reports_a_bad_handler():
     assert status == 2 and "no_such_module_xyz" in err
     status, _, err = run("mip", "serve", "--handler", "nocolon")
     assert status == 2 and "package.module:function" in err
+
+
+def test_a_handler_module_in_the_current_directory_is_found(tmp_path):
+    # As uvicorn and gunicorn do: `--handler mymod:fn` finds ./mymod.py with no PYTHONPATH.
+    # The console script (not `python -m`, which would put the directory on the path itself).
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "shout_handler.py").write_text(
+        "def shout(batch):\n    return [[i.as_text().upper() for i in s] for s in batch]\n"
+    )
+    script = Path(sys.executable).with_name("wirekit")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen(
+        [str(script), "mip", "serve", "--handler", "shout_handler:shout",
+         "--listen", "tcp://127.0.0.1:0"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), (line, proc.stderr.read() if proc.poll() else "")
+        with Client(line.split()[-1], timeout=10) as client:
+            assert client.infer([["hi"]])[0][0].as_text() == "HI"
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
+def test_log_level_takes_either_case_in_both_servers():
+    from wirekit.cli import build_parser
+
+    parser = build_parser()
+    for argv in (["mip", "serve", "--handler", "m:f"], ["serve"]):
+        for level in ("INFO", "info", "Info"):
+            assert parser.parse_args([*argv, "--log-level", level]).log_level == "info"
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["serve", "--log-level", "loud"])
+    assert exc.value.code == 2

@@ -247,7 +247,10 @@ def register(subparsers: Any) -> None:
         "that return at once",
     )
     serve.add_argument("--grace", type=float, default=10.0, help="shutdown grace period (s)")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--log-level", default="info", type=str.lower,
+        choices=["debug", "info", "warning", "error"], help="any case (default info)",
+    )
     serve.set_defaults(func=_serve_command)
 
     ping = sub.add_parser("ping", help="ping a MIP server")

@@ -35,7 +35,8 @@ def register(subparsers) -> None:
     )
     p.add_argument("--config", help="deployment config (.json or .toml)")
     p.add_argument(
-        "--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+        "--log-level", default="warning", type=str.lower,
+        choices=["debug", "info", "warning", "error"], help="any case (default warning)",
     )
     p.add_argument(
         "--loop", choices=_loop.CHOICES, default=None,
@@ -118,7 +119,7 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except ConfigError as exc:
         err.write(f"wirekit: {exc}\n")
         return EXIT_BAD_INPUT
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         _loop.resolve(args.loop)
     except ValueError as exc:
