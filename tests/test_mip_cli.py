@@ -6,7 +6,6 @@ import io
 import json
 
 import pytest
-
 from mip_net import CliServer, png_bytes
 
 from wirekit.cli import main
