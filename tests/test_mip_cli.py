@@ -116,3 +116,24 @@ def test_log_level_takes_either_case_in_both_servers():
     with pytest.raises(SystemExit) as exc:
         parser.parse_args(["serve", "--log-level", "loud"])
     assert exc.value.code == 2
+
+
+def test_ping_ends_with_a_summary_and_counts_lost_pings():
+    import re
+    import socket
+
+    with ServerThread(lambda batch: batch) as running:
+        status, out, _ = run("mip", "ping", running.address, "--count", "3")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[-2] == f"--- {running.address} ping statistics ---"
+    assert re.fullmatch(
+        r"3 sent, 3 received, 0% loss, rtt min/avg/max = [\d.]+/[\d.]+/[\d.]+ ms", lines[-1]
+    ), lines[-1]
+    # A listener that accepts and never answers: every ping is lost, exit 1.
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        address = f"tcp://127.0.0.1:{silent.getsockname()[1]}"
+        status, out, err = run("mip", "ping", address, "--count", "2", "--timeout", "0.2")
+    assert status == 1
+    assert out.splitlines()[-1] == "2 sent, 0 received, 100% loss"
+    assert err.count("no pong") == 2

@@ -94,15 +94,28 @@ def _serve_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _ping_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .client import Client
 
+    rtts: list[float] = []
     try:
         with Client(args.address, timeout=args.timeout) as client:
             for _ in range(args.count):
-                rtt = client.ping()
+                try:
+                    rtt = client.ping()
+                except WirekitError as exc:  # lost: say so and go on, as ping does
+                    err.write(f"wirekit mip ping: no pong: {exc}\n")
+                    continue
+                rtts.append(rtt)
                 out.write(f"pong from {args.address}: {rtt * 1e3:.3f} ms\n")
     except (WirekitError, ValueError) as exc:
         err.write(f"wirekit mip ping: {exc}\n")
         return EXIT_FAILED
-    return EXIT_OK
+    out.write(f"--- {args.address} ping statistics ---\n")
+    loss = 100.0 * (args.count - len(rtts)) / args.count if args.count else 0.0
+    summary = f"{args.count} sent, {len(rtts)} received, {loss:.0f}% loss"
+    if rtts:
+        ms = [r * 1e3 for r in rtts]
+        summary += f", rtt min/avg/max = {min(ms):.3f}/{sum(ms) / len(ms):.3f}/{max(ms):.3f} ms"
+    out.write(summary + "\n")
+    return EXIT_OK if rtts or not args.count else EXIT_FAILED
 
 
 class _InputAction(argparse.Action):
@@ -255,7 +268,7 @@ def register(subparsers: Any) -> None:
 
     ping = sub.add_parser("ping", help="ping a MIP server")
     ping.add_argument("address")
-    ping.add_argument("-c", "--count", type=int, default=1)
+    ping.add_argument("-c", "--count", type=int, default=1, help="pings to send (default 1)")
     ping.add_argument("--timeout", type=float, default=5.0)
     ping.set_defaults(func=_ping_command)
 
