@@ -25,6 +25,11 @@ def test_check_prints_rows_and_probabilities():
     code, out, err = call("serve", "check", "--config", str(ROOT / "samples/serve-deployment.json"))
     assert code == 0, err
     assert "n1/1/m1" in out and "P=0.400" in out and "disabled" in out
+    # --config before the subcommand means the same (issue 21)
+    sample = str(ROOT / "samples/serve-deployment.json")
+    assert call("serve", "--config", sample, "check") == (code, out, err)
+    code, _, err = call("serve", "check")
+    assert code == 2 and "serve check needs --config FILE" in err
 
 
 def test_bad_config_exits_1_naming_the_value(tmp_path):

@@ -33,7 +33,7 @@ def register(subparsers) -> None:
         help="run the request dispatcher over MIP and Clipper backends",
         description="Run the request dispatcher described by a deployment config.",
     )
-    p.add_argument("--config", help="deployment config (.json or .toml)")
+    p.add_argument("--config", metavar="FILE", help="deployment config (.json or .toml)")
     p.add_argument(
         "--log-level", default="warning", type=str.lower,
         choices=["debug", "info", "warning", "error"], help="any case (default warning)",
@@ -49,7 +49,8 @@ def register(subparsers) -> None:
     st.add_argument("--json", action="store_true", help="print the metrics as JSON")
     st.set_defaults(handler=_stats)
     ck = sub.add_parser("check", help="validate a deployment config and print its devices")
-    ck.add_argument("--config", required=True, dest="check_config", help="the config file")
+    ck.add_argument("--config", dest="check_config", metavar="FILE",
+                    help="the config file (or give --config before `check`)")
     ck.set_defaults(handler=_check)
 
 
@@ -78,8 +79,12 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .config import ConfigError, load_config
     from .router import Router
 
+    path = args.check_config or args.config
+    if not path:
+        err.write("wirekit: serve check needs --config FILE\n")
+        return EXIT_USAGE
     try:
-        dep = load_config(args.check_config)
+        dep = load_config(path)
     except ConfigError as exc:
         err.write(f"wirekit: {exc}\n")
         return EXIT_BAD_INPUT
