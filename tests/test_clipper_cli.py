@@ -213,8 +213,14 @@ def test_not_a_zmtp_file(tmp_path):
     assert "not a ZMTP capture" in err and "capture at byte 0" in err
 
 
-def test_empty_file_is_not_zmtp(tmp_path):
-    code, _, err = run(write(tmp_path, "empty.bin", b""))
+def test_empty_file_has_no_messages_as_for_every_protocol(tmp_path):
+    # issue 21: an empty file exited 1 for clipper and 0 for mip and y2
+    empty = write(tmp_path, "empty.bin", b"")
+    for proto in ("clipper", "mip", "y2"):
+        out, err = io.StringIO(), io.StringIO()
+        assert main(["decode", "--proto", proto, str(empty)], out, err) == 0, err.getvalue()
+        assert out.getvalue() == "0 message(s), 0 bytes\n"
+    code, _, err = run(write(tmp_path, "two.bin", b"xx"))
     assert code == 1 and "not a ZMTP capture" in err
 
 

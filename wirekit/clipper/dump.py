@@ -106,6 +106,9 @@ class Stream:
             if len(self._head) < 11 and not final:
                 return []
             data, self._head = bytes(self._head), bytearray()
+            if not data:  # nothing at all (an empty file): no messages, as for MIP and y2
+                self._done = True
+                return []
             if not zmtp.is_zmtp(data[:11]):
                 self._done = True
                 if self._mid_stream:
