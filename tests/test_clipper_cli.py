@@ -173,10 +173,11 @@ def test_undecidable_generation_asks_for_dialect(tmp_path):
     code, out, err = run(path)
     assert code == 1
     assert "clipper: generation at byte 107: cannot tell the Clipper generation" in err
-    assert "--dialect" in err
+    assert "give --generation" in err
     assert "@107 [container → Clipper] unknown [Malformed]" in out  # shown, marked
-    code, out, _ = run("--dialect", "2017", path)
+    code, out, _ = run("--generation", "2017", path)
     assert code == 0 and "[container → Clipper, 2017] heartbeat" in out
+    assert run("--dialect", "2017", path)[:2] == (code, out)  # the old name still works
 
 
 def test_dialect_override_that_does_not_fit_fails_with_offset(tmp_path):

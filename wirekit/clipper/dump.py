@@ -2,7 +2,7 @@
 
 The stream is one direction of the TCP connection between Clipper (ZeroMQ ROUTER) and a
 model container (DEALER).  The READY command's Socket-Type says which side sent it; the
-Clipper generation is detected from the messages (or given with ``--dialect``) and shared by
+Clipper generation is detected from the messages (or given with ``--generation``) and shared by
 both directions of a connection.  A ZMTP message whose frames are not a valid Clipper message
 is shown with its error and decoding goes on with the next ZMTP message; a ZMTP framing error
 ends the direction (ZMTP has no marker to resynchronise on).
@@ -35,9 +35,12 @@ _WINDOW = 1 << 20
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "--generation",
         "--dialect",
+        dest="dialect",
         choices=[g.value for g in clipper.Generation],
-        help="clipper: the Clipper generation (default: detected from the messages)",
+        help="clipper: the Clipper RPC generation, as in `wirekit clipper` (default: detected "
+        "from the messages; --dialect is the old name)",
     )
 
 
@@ -214,7 +217,7 @@ class Stream:
     def _undecidable(self, offset: int, size: int) -> Record:
         exc = DecodeError(
             PROTOCOL, "generation", offset,
-            "cannot tell the Clipper generation from this capture; give --dialect",
+            "cannot tell the Clipper generation from this capture; give --generation",
         )  # fmt: skip
         return Record(offset, size, "unknown", error=exc, excerpt=self._excerpt(offset),
                       info={"side": self.peer})  # fmt: skip
