@@ -187,3 +187,31 @@ def test_serve_without_the_serve_extra_names_it_in_one_line_and_exits_2(tmp_path
     opened.close()
     code, out, err = without_serve_extra("serve", "stats", "--store", str(store))
     assert code == 0, err
+
+
+def test_serve_logs_its_shutdown(tmp_path):
+    # issue 21: the dispatcher says why it stops and that it stopped
+    import signal
+
+    from serve_support import deployment
+
+    config = tmp_path / "d.json"
+    config.write_text(json.dumps(deployment(
+        tmp_path / "r.db", {"m": {}},
+        [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [9]}],
+    )))  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wirekit.cli", "serve", "--config", str(config)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert json.loads(proc.stdout.readline())["event"] == "ready"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
+    assert "wirekit serve: SIGTERM received; stopping" in err
+    assert err.rstrip().endswith("wirekit serve: stopped")

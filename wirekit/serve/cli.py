@@ -24,6 +24,7 @@ from typing import TextIO
 from wirekit import _loop
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_USAGE = 0, 1, 2
+log = logging.getLogger("wirekit.serve")
 
 
 def register(subparsers) -> None:
@@ -158,8 +159,9 @@ async def _run(dep, out: TextIO) -> int:
     service = Service(dep)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    received: list[str] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, lambda sig=sig: (received.append(sig.name), stop.set()))
     await service.start()
     # What start-up made (modules, the app, the listeners) lives as long as the process: out
     # of the collector's way, a full collection walks only what requests make (a few ms
@@ -169,6 +171,9 @@ async def _run(dep, out: TextIO) -> int:
         out.write(json.dumps({"event": "ready", **service.addresses()}) + "\n")
         out.flush()
         await stop.wait()
+        log.warning("wirekit serve: %s received; stopping (requests in flight are answered)",
+                    received[0] if received else "stop")
     finally:
         await service.stop()
+    log.warning("wirekit serve: stopped")
     return EXIT_OK
