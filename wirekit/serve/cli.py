@@ -160,8 +160,13 @@ async def _run(dep, out: TextIO) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     received: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        received.append(sig.name)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda sig=sig: (received.append(sig.name), stop.set()))
+        loop.add_signal_handler(sig, on_signal, sig)
     await service.start()
     # What start-up made (modules, the app, the listeners) lives as long as the process: out
     # of the collector's way, a full collection walks only what requests make (a few ms
