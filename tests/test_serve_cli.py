@@ -213,5 +213,30 @@ def test_serve_logs_its_shutdown(tmp_path):
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0
+    # nothing listens on port 9 here: said at start
+    assert "wirekit serve: backend of n/0/m cannot be reached now" in err
     assert "wirekit serve: SIGTERM received; stopping" in err
     assert err.rstrip().endswith("wirekit serve: stopped")
+
+
+def test_check_probe_tries_every_backend(tmp_path):
+    import socket
+
+    from serve_support import deployment
+
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        free = socket.create_server(("127.0.0.1", 0))
+        closed_port = free.getsockname()[1]
+        free.close()  # nothing listens there any more
+        config = tmp_path / "d.json"
+        config.write_text(json.dumps(deployment(
+            tmp_path / "r.db", {"m": {}},
+            [{"id": "n", "devices": ["CPU", "CPU"], "models": ["m"], "quotas": [0.5, 0.5],
+              "ports": [listening.getsockname()[1], closed_port]}],
+        )))  # fmt: skip
+        code, out, err = call("serve", "check", "--config", str(config), "--probe")
+    assert code == 1, err
+    assert "probe n/0/m: reachable" in out
+    assert "probe n/1/m: UNREACHABLE: " in out
+    code, out, _ = call("serve", "check", "--config", str(config))
+    assert code == 0 and "probe" not in out

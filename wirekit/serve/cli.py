@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import importlib
 import json
@@ -52,6 +53,9 @@ def register(subparsers) -> None:
     ck = sub.add_parser("check", help="validate a deployment config and print its devices")
     ck.add_argument("--config", dest="check_config", metavar="FILE",
                     help="the config file (or give --config before `check`)")
+    ck.add_argument("--probe", action="store_true",
+                    help="also try a TCP connection to every MIP/KubeMo backend with quota > 0 "
+                    "(exit 1 if one cannot be reached)")
     ck.set_defaults(handler=_check)
 
 
@@ -104,7 +108,33 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             out.write(
                 f"  {row.key:<24} {row.device_type} quota {row.quota:<5g} P={p:.3f}  {where}\n"
             )
-    return EXIT_OK
+    if not args.probe:
+        return EXIT_OK
+    results = asyncio.run(probe(dep.rows))
+    for key, problem in results.items():
+        out.write(f"probe {key}: {'reachable' if problem is None else 'UNREACHABLE: ' + problem}\n")
+    return EXIT_OK if all(p is None for p in results.values()) else EXIT_BAD_INPUT
+
+
+async def probe(rows, timeout: float = 2.0) -> dict[str, str | None]:
+    """Try a TCP connection to the backend of every row that has one (quota > 0): row key →
+    None when it accepted, else why not."""
+
+    async def one(row) -> str | None:
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(row.endpoint, row.port), timeout
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            return str(exc) or type(exc).__name__
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return None
+
+    reachable = [row for row in rows if row.port is not None and row.quota > 0]
+    results = await asyncio.gather(*(one(row) for row in reachable))
+    return {row.key: result for row, result in zip(reachable, results, strict=True)}
 
 
 def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -175,6 +205,11 @@ async def _run(dep, out: TextIO) -> int:
     try:
         out.write(json.dumps({"event": "ready", **service.addresses()}) + "\n")
         out.flush()
+        # Said once at start (the dispatcher already serves meanwhile): a backend that
+        # cannot be reached now has its requests resubmitted elsewhere and is backed off.
+        for key, problem in (await probe(dep.rows)).items():
+            if problem is not None:
+                log.warning("wirekit serve: backend of %s cannot be reached now (%s)", key, problem)
         await stop.wait()
         log.warning("wirekit serve: %s received; stopping (requests in flight are answered)",
                     received[0] if received else "stop")
