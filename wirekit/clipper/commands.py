@@ -221,13 +221,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     con.add_argument("--model", required=True, metavar="MODULE:FUNCTION",
                      help="the predict function: gets the inputs, returns one output each")
-    con.add_argument("--name", help="model name (CLIPPER_MODEL_NAME)")
-    con.add_argument("--model-version", help="model version (CLIPPER_MODEL_VERSION)")
-    con.add_argument("--input-type", help="bytes, ints, floats, doubles or strings "
+    con.add_argument("--name", metavar="NAME", help="model name (CLIPPER_MODEL_NAME)")
+    con.add_argument("--model-version", metavar="VERSION", help="model version (CLIPPER_MODEL_VERSION)")
+    con.add_argument("--input-type", metavar="TYPE", help="bytes, ints, floats, doubles or strings "
                      "(CLIPPER_INPUT_TYPE, default doubles)")
-    con.add_argument("--address", help="tcp://HOST:PORT of Clipper (overrides --ip/--port)")
-    con.add_argument("--ip", help="Clipper's address (CLIPPER_IP, default 127.0.0.1)")
-    con.add_value("--port", type=int, help="Clipper's RPC port (CLIPPER_PORT, default 7000)")
+    con.add_argument("--address", metavar="ADDRESS", help="tcp://HOST:PORT of Clipper (overrides --ip/--port)")
+    con.add_argument("--ip", metavar="HOST", help="Clipper's address (CLIPPER_IP, default 127.0.0.1)")
+    con.add_value("--port", type=int, metavar="PORT", help="Clipper's RPC port (CLIPPER_PORT, default 7000)")
     con.add_argument("--generation", choices=GENERATIONS, default="v3",
                      help="Clipper RPC generation (default v3, the final release)")
     con.add_value("--poll-interval", type=float, default=5.0, metavar="D",
@@ -245,15 +245,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Bind a ROUTER for model containers and a query socket for "
         "`wirekit clipper predict`.",
     )
-    fe.add_argument("--listen", default="tcp://127.0.0.1:7000",
+    fe.add_argument("--listen", default="tcp://127.0.0.1:7000", metavar="ADDRESS",
                     help="where containers connect (default tcp://127.0.0.1:7000)")
-    fe.add_argument("--query", default="tcp://127.0.0.1:7001",
+    fe.add_argument("--query", default="tcp://127.0.0.1:7001", metavar="ADDRESS",
                     help="where `wirekit clipper predict` connects (default "
                     "tcp://127.0.0.1:7001; empty to disable)")
-    fe.add_argument("--generation", choices=GENERATIONS, default="v3")
+    fe.add_argument("--generation", choices=GENERATIONS, default="v3",
+                    help="Clipper RPC generation (default v3)")
     fe.add_value("--activity-timeout", type=float, default=30.0, metavar="TO",
                     help="drop containers silent this long (default 30 s)")
-    fe.add_value("--max-in-flight", type=int, default=1,
+    fe.add_value("--max-in-flight", type=int, default=1, metavar="N",
                     help="batches in flight per container (default 1, as Clipper)")
     fe.add_value("--max-rejected", type=int, default=256, metavar="N",
                     help="peers of another generation remembered (default 256; the oldest "
@@ -268,14 +269,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "predict", help="ask a running `wirekit clipper frontend` for a prediction",
         description="Send one batch to a model; repeat an input flag for several inputs.",
     )
-    pr.add_argument("--model", required=True, help="the model name")
-    pr.add_argument("--frontend", default="tcp://127.0.0.1:7001",
+    pr.add_argument("--model", required=True, metavar="NAME", help="the model name")
+    pr.add_argument("--frontend", default="tcp://127.0.0.1:7001", metavar="ADDRESS",
                     help="the frontend's query address (default tcp://127.0.0.1:7001)")
     pr.add_value("--doubles", action="append", metavar="X,Y,...", help="one input")
     pr.add_value("--floats", action="append", metavar="X,Y,...", help="one input")
     pr.add_value("--ints", action="append", metavar="X,Y,...", help="one input")
     pr.add_value("--strings", action="append", metavar="TEXT", help="one input")
     pr.add_argument("--bytes-hex", action="append", metavar="HEX", help="one input")
-    pr.add_value("--timeout", type=float, default=5.0, help="seconds (default 5)")
+    pr.add_value("--timeout", type=float, default=5.0, metavar="SECONDS",
+                 help="wait this long for the answer (default 5)")
     pr.add_argument("--json", action="store_true", help="print the outputs as a JSON list")
     pr.set_defaults(handler=_predict)
