@@ -222,12 +222,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     con.add_argument("--model", required=True, metavar="MODULE:FUNCTION",
                      help="the predict function: gets the inputs, returns one output each")
     con.add_argument("--name", metavar="NAME", help="model name (CLIPPER_MODEL_NAME)")
-    con.add_argument("--model-version", metavar="VERSION", help="model version (CLIPPER_MODEL_VERSION)")
-    con.add_argument("--input-type", metavar="TYPE", help="bytes, ints, floats, doubles or strings "
+    con.add_argument("--model-version", metavar="VERSION",
+                     help="model version (CLIPPER_MODEL_VERSION)")
+    con.add_argument("--input-type", metavar="TYPE",
+                     help="bytes, ints, floats, doubles or strings "
                      "(CLIPPER_INPUT_TYPE, default doubles)")
-    con.add_argument("--address", metavar="ADDRESS", help="tcp://HOST:PORT of Clipper (overrides --ip/--port)")
-    con.add_argument("--ip", metavar="HOST", help="Clipper's address (CLIPPER_IP, default 127.0.0.1)")
-    con.add_value("--port", type=int, metavar="PORT", help="Clipper's RPC port (CLIPPER_PORT, default 7000)")
+    con.add_argument("--address", metavar="ADDRESS",
+                     help="tcp://HOST:PORT of Clipper (overrides --ip/--port)")
+    con.add_argument("--ip", metavar="HOST",
+                     help="Clipper's address (CLIPPER_IP, default 127.0.0.1)")
+    con.add_value("--port", type=int, metavar="PORT",
+                  help="Clipper's RPC port (CLIPPER_PORT, default 7000)")
     con.add_argument("--generation", choices=GENERATIONS, default="v3",
                      help="Clipper RPC generation (default v3, the final release)")
     con.add_value("--poll-interval", type=float, default=5.0, metavar="D",
