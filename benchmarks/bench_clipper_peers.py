@@ -36,8 +36,11 @@ def echo(address: str, gen: str, io: str = "usual") -> None:
     if io != "usual":
         from wirekit.clipper import _zio
 
-        send_on, recv_on = ((_zio.send_frames, _zio.recv_frames) if io == "lean"
-                            else (_zio._send_frames, _zio._recv_frames))
+        send_on, recv_on = (
+            (_zio.send_frames, _zio.recv_frames)
+            if io == "lean"
+            else (_zio._send_frames, _zio._recv_frames)
+        )
 
         def recv():
             return recv_on(sock)
@@ -49,8 +52,9 @@ def echo(address: str, gen: str, io: str = "usual") -> None:
         frames = recv()
         if frames[-1] == b"stop":
             break
-        n = int.from_bytes(frames[count_at][4:8] if gen != "v3" else frames[count_at][8:16],
-                           "little")
+        n = int.from_bytes(
+            frames[count_at][4:8] if gen != "v3" else frames[count_at][8:16], "little"
+        )
         out = list(answers[n])
         out[id_at] = frames[req_id_at]
         send(out)

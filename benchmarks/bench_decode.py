@@ -120,7 +120,10 @@ def command(python: str, path: str, *extra: str) -> float:
     with open(os.devnull, "wb") as sink:
         proc = subprocess.run(
             [python, "-c", _WRAPPER, "decode", "--proto", "mip", *extra, path],
-            stdout=sink, stderr=subprocess.PIPE, check=False, cwd=tempfile.gettempdir(),
+            stdout=sink,
+            stderr=subprocess.PIPE,
+            check=False,
+            cwd=tempfile.gettempdir(),
         )
     elapsed = time.perf_counter() - t0
     line = proc.stderr.decode().strip().splitlines()[-1:]
@@ -139,6 +142,7 @@ def main() -> None:
     path = args.keep or os.path.join(tempfile.mkdtemp(), "mip-200k.bin")
     size = generate(path, args.messages)
     n = args.messages
+
     def best(fn, *a):
         return min(fn(*a) for _ in range(max(1, args.repeat)))
 

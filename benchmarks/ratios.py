@@ -48,8 +48,10 @@ def table(report: dict) -> str:
         extra = " ".join(f"{k}={v}" for k, v in sorted(params.items()))
         key = f"{bench['group'] or bench['name']}{' ' + extra if extra else ''}"
         rows[key][who] = bench
-    head = (f"{'group':<52} {'contender':<20} {'median':>10} {'vs ours':>8} "
-            f"{'req/s':>9} {'ours/it':>8} {'p50/p99':>16} {'of direct':>9}")
+    head = (
+        f"{'group':<52} {'contender':<20} {'median':>10} {'vs ours':>8} "
+        f"{'req/s':>9} {'ours/it':>8} {'p50/p99':>16} {'of direct':>9}"
+    )
     lines = [head]
     for key in sorted(rows):
         benches = rows[key]

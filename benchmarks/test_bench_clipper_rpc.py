@@ -70,9 +70,24 @@ def _end(proc):
 @pytest.fixture(scope="module")
 def wirekit_pair():
     fe = Frontend("tcp://127.0.0.1:0", GEN, max_in_flight=16).start()
-    proc = _child(["-m", "wirekit.cli", "clipper", "container", "--model",
-                   "bench_clipper_peers:ok", "--name", "m", "--model-version", "1",
-                   "--address", fe.endpoint, "--generation", GEN])
+    proc = _child(
+        [
+            "-m",
+            "wirekit.cli",
+            "clipper",
+            "container",
+            "--model",
+            "bench_clipper_peers:ok",
+            "--name",
+            "m",
+            "--model-version",
+            "1",
+            "--address",
+            fe.endpoint,
+            "--generation",
+            GEN,
+        ]
+    )
     try:
         fe.wait_for("m", 1, 30)
         yield fe
@@ -87,8 +102,9 @@ def _bare_pair(io: str):
     router.setsockopt(zmq.LINGER, 0)
     router.setsockopt(zmq.RCVTIMEO, 30000)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    proc = _child([str(HERE / "bench_clipper_peers.py"), "echo", f"tcp://127.0.0.1:{port}",
-                   GEN, io])
+    proc = _child(
+        [str(HERE / "bench_clipper_peers.py"), "echo", f"tcp://127.0.0.1:{port}", GEN, io]
+    )
     try:
         ident, _, _ = router.recv_multipart()
         yield router, ident, io
@@ -240,8 +256,9 @@ CONTENDERS = {
 }
 
 
-@pytest.mark.parametrize(("in_flight", "who"),
-                         [(n, who) for n, names in CONTENDERS.items() for who in names])
+@pytest.mark.parametrize(
+    ("in_flight", "who"), [(n, who) for n, names in CONTENDERS.items() for who in names]
+)
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_clipper_round_trips(benchmark, request, who, in_flight, shape):
     benchmark.group = f"clipper rt {GEN} {shape} doubles, {in_flight} in flight"
@@ -257,10 +274,13 @@ def test_clipper_round_trips(benchmark, request, who, in_flight, shape):
             fe.spin = DEFAULT_SPIN
     else:
         pair = request.getfixturevalue(
-            {"baseline": "bare_pair", "baseline-plain": "bare_plain_pair",
-             "baseline-lean": "bare_lean_pair"}[who])
-        frames = clipper.encode(clipper.PredictRequest(0, clipper.InputType.DOUBLES, inputs),
-                                GEN)
+            {
+                "baseline": "bare_pair",
+                "baseline-plain": "bare_plain_pair",
+                "baseline-lean": "bare_lean_pair",
+            }[who]
+        )
+        frames = clipper.encode(clipper.PredictRequest(0, clipper.InputType.DOUBLES, inputs), GEN)
         ok = benchmark(bare_round, *pair, frames, in_flight, latencies)
     assert ok
     _record(benchmark, latencies)

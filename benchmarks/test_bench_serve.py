@@ -128,31 +128,55 @@ asyncio.run(main())
 def endpoints(tmp_path_factory):
     """``{"direct": address, "dispatcher": address}`` for one backend and one dispatcher."""
     tmp = tmp_path_factory.mktemp("serve-bench")
-    backend, line = _spawn(["mip", "serve", "--handler", ECHO, "--listen", "tcp://127.0.0.1:0",
-                            "--log-level", "warning"])
+    backend, line = _spawn(
+        [
+            "mip",
+            "serve",
+            "--handler",
+            ECHO,
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--log-level",
+            "warning",
+        ]
+    )
     try:
         direct = line.split()[-1]
         port = int(direct.rsplit(":", 1)[1])
         config = tmp / "deploy.json"
-        config.write_text(json.dumps({
-            "listen": {"host": "127.0.0.1", "http_port": None},
-            "store": {"path": str(tmp / "requests.db")},
-            "cache": {"max_entries": 0},
-            "models": {"echo": {"port": 0, "timeout": 10},
-                       "echo-batching": {"port": 0, "timeout": 10, "max_batch": 32}},
-            "nodes": [{"id": "n", "devices": ["CPU"], "models": ["echo", "echo-batching"],
-                       "quotas": [0.5, 0.5], "ports": [port, port]}],
-        }))
+        config.write_text(
+            json.dumps(
+                {
+                    "listen": {"host": "127.0.0.1", "http_port": None},
+                    "store": {"path": str(tmp / "requests.db")},
+                    "cache": {"max_entries": 0},
+                    "models": {
+                        "echo": {"port": 0, "timeout": 10},
+                        "echo-batching": {"port": 0, "timeout": 10, "max_batch": 32},
+                    },
+                    "nodes": [
+                        {
+                            "id": "n",
+                            "devices": ["CPU"],
+                            "models": ["echo", "echo-batching"],
+                            "quotas": [0.5, 0.5],
+                            "ports": [port, port],
+                        }
+                    ],
+                }
+            )
+        )
         dispatcher, line = _spawn(["serve", "--config", str(config)])
         try:
             relay, relay_line = _spawn_python(["-c", RELAY, "127.0.0.1", str(port)])
             try:
                 ready = json.loads(line)
-                yield {"direct": direct,
-                       "dispatcher": f"tcp://127.0.0.1:{ready['mip']['echo']}",
-                       "dispatcher-batching":
-                           f"tcp://127.0.0.1:{ready['mip']['echo-batching']}",
-                       "relay": relay_line.split()[-1]}
+                yield {
+                    "direct": direct,
+                    "dispatcher": f"tcp://127.0.0.1:{ready['mip']['echo']}",
+                    "dispatcher-batching": f"tcp://127.0.0.1:{ready['mip']['echo-batching']}",
+                    "relay": relay_line.split()[-1],
+                }
             finally:
                 _stop(relay)
         finally:

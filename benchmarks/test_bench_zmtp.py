@@ -71,8 +71,8 @@ _CUTS = {"whole": None, "chunks-1460": 1460, "chunks-64": 64, "byte-by-byte": 1}
 
 
 def _long_message(frames: int) -> bytes:
-    return fast.encode_greeting() + fast.encode_ready("DEALER") + fast.encode_message(
-        [b""] * frames
+    return (
+        fast.encode_greeting() + fast.encode_ready("DEALER") + fast.encode_message([b""] * frames)
     )
 
 

@@ -327,8 +327,12 @@ def _model_snapshot(model: list[tuple[np.ndarray, np.ndarray]]) -> Any:
 
 def _valid_words(words: np.ndarray, model: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     """Map each word onto an address the model has (when it has any), keeping its sign."""
-    targets = [(k, w, a.size) for k, pair in enumerate(model) for w, a in ((1, pair[0]),
-               (0, pair[1])) if a.size]
+    targets = [
+        (k, w, a.size)
+        for k, pair in enumerate(model)
+        for w, a in ((1, pair[0]), (0, pair[1]))
+        if a.size
+    ]
     if not targets:
         return words
     out = []
@@ -351,16 +355,26 @@ def y2_kernels(data: bytes) -> None:
         return
     fast, pure = both("y2")
     words = pure.from_wire(raw)
-    for name, form in (("native", words), ("big-endian", fast.from_wire(raw, copy=False)),
-                       ("list", words.tolist())):
+    for name, form in (
+        ("native", words),
+        ("big-endian", fast.from_wire(raw, copy=False)),
+        ("list", words.tolist()),
+    ):
         differential(f"y2.to_wire({name})", "y2", lambda c, w=form: c.to_wire(w), _ARG_ERRORS)
         differential(f"y2.unpack({name})", "y2", lambda c, w=form: c.unpack(w), _ARG_ERRORS)
     fields = pure.unpack(words)
     differential("y2.pack(unpack)", "y2", lambda c: c.pack(*fields), _ARG_ERRORS)
     # pack with arbitrary (often out-of-range) fields of a chosen integer dtype
     dtype = (np.int8, np.int16, np.int32, np.int64, np.uint16, np.uint64)[(flags >> 3) % 6]
-    raw_fields = [np.frombuffer(r.take(n_words * np.dtype(dtype).itemsize).ljust(
-        n_words * np.dtype(dtype).itemsize, b"\0"), dtype) for _ in range(4)]
+    raw_fields = [
+        np.frombuffer(
+            r.take(n_words * np.dtype(dtype).itemsize).ljust(
+                n_words * np.dtype(dtype).itemsize, b"\0"
+            ),
+            dtype,
+        )
+        for _ in range(4)
+    ]
     differential("y2.pack(raw)", "y2", lambda c: c.pack(*raw_fields), _ARG_ERRORS)
 
     recipe = _model_recipe(r)

@@ -75,7 +75,9 @@ def _y2_kernels() -> dict[str, bytes]:
         "vector-words": bytes([0, n]) + wire[: 4 * n] + bytes(16 * n) + model,
         "valid-words": bytes([0, 3]) + bytes(12) + bytes(48) + model + b"\x01",
         "many-layers": bytes([0x80, 2]) + bytes(8) + bytes(32) + b"\x80\x05" + bytes(64),
-        "tied": bytes([0, 4]) + b"\x00\x00\x00\x02" * 4 + bytes(64)
+        "tied": bytes([0, 4])
+        + b"\x00\x00\x00\x02" * 4
+        + bytes(64)
         + bytes([2, 0x00, 6, 1, 2, 3, 4, 5, 6, 0x07, 0x07, 0x00, 0x01]),
     }
 
@@ -96,11 +98,17 @@ def seeds(target: str) -> dict[str, bytes]:
     if target == "clipper_decode":
         return _clipper()
     if target == "zmtp_decode":
-        return {f"{name}-c{c}": bytes([c]) + data for name, data in _zmtp_streams().items()
-                for c in (4, 0)}
+        return {
+            f"{name}-c{c}": bytes([c]) + data
+            for name, data in _zmtp_streams().items()
+            for c in (4, 0)
+        }
     if target == "zmtp_stream":
-        return {f"{name}-plan{k}": plan + data for name, data in _zmtp_streams().items()
-                for k, plan in enumerate(_PLANS)}
+        return {
+            f"{name}-plan{k}": plan + data
+            for name, data in _zmtp_streams().items()
+            for k, plan in enumerate(_PLANS)
+        }
     raise KeyError(target)
 
 

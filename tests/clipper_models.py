@@ -16,8 +16,7 @@ def describe(inputs):
             out.append("s:" + x)
         else:
             a = np.asarray(x)
-            out.append(f"{a.dtype.kind}{a.dtype.itemsize}:" + ",".join(repr(v) for v in
-                                                                     a.tolist()))
+            out.append(f"{a.dtype.kind}{a.dtype.itemsize}:" + ",".join(repr(v) for v in a.tolist()))
     return out
 
 

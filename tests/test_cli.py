@@ -85,7 +85,9 @@ def test_entry_point_runs_as_a_process():
     cmd = [exe] if exe else [sys.executable, "-m", "wirekit.cli"]
     proc = subprocess.run(
         [*cmd, "decode", "--proto", "mip", "--json", str(SAMPLE)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     kinds = [json.loads(line)["kind"] for line in proc.stdout.splitlines()]

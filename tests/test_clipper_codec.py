@@ -349,8 +349,12 @@ def test_input_type_of_thousands_of_digits_is_read_like_stoi(clipper_codec, text
 
 @pytest.mark.parametrize(
     ("text", "start"),
-    [(b"0" * 4301 + b"7", 0), (b"9" * 5000, 0), (b"\t-" + b"0" * 4400 + b"1", 1),
-     (b"1" * (1 << 20), 0)],
+    [
+        (b"0" * 4301 + b"7", 0),
+        (b"9" * 5000, 0),
+        (b"\t-" + b"0" * 4400 + b"1", 1),
+        (b"1" * (1 << 20), 0),
+    ],
     ids=["4301-zeros-then-7", "5000-nines", "minus-4400-zeros-then-1", "1MiB-of-ones"],
 )
 def test_input_type_of_thousands_of_digits_fails_alike_in_both_twins(text, start):
@@ -358,9 +362,15 @@ def test_input_type_of_thousands_of_digits_fails_alike_in_both_twins(text, start
     pure = _outcome(_pure, frames, V3, OUT)
     assert pure == _outcome(_fast(), frames, V3, OUT)
     shown = text[start : start + 20].decode()
-    assert pure == ("error", (
-        f"clipper: input_type at frame 4, byte {start}: unknown input type {shown}... (0..4)",
-        "input_type", 4, start))
+    assert pure == (
+        "error",
+        (
+            f"clipper: input_type at frame 4, byte {start}: unknown input type {shown}... (0..4)",
+            "input_type",
+            4,
+            start,
+        ),
+    )
 
 
 def test_the_spec_reads_thousands_of_digits_without_int_of_them():

@@ -56,8 +56,7 @@ def twin(request):
         if pure_requested():
             pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
         fast = importlib.import_module("wirekit._fast.clipperfront")
-        return SimpleNamespace(State=fast.FrontendState, Wire=fast.Wire,
-                               Callback=fast.Callback)
+        return SimpleNamespace(State=fast.FrontendState, Wire=fast.Wire, Callback=fast.Callback)
     return SimpleNamespace(State=FrontendState, Wire=PureWire, Callback=frontend.Callback)
 
 
@@ -81,8 +80,9 @@ def normal(outputs):
     return [float(x) if not isinstance(x, str) else x for x in outputs]
 
 
-def registered(gen: Generation, itypes: list[InputType], max_in_flight: int,
-               cls: type = FrontendState) -> FrontendState:
+def registered(
+    gen: Generation, itypes: list[InputType], max_in_flight: int, cls: type = FrontendState
+) -> FrontendState:
     state = cls(gen, max_in_flight=max_in_flight)
     for name, itype in zip(NAMES, itypes, strict=False):
         rpc = 3 if gen is Generation.V3 else None
@@ -104,8 +104,9 @@ class World:
     state class tried first (as the frontend does); without, the general path alone."""
 
     def __init__(self, gen, itypes, max_in_flight, twin=None):
-        self.state = registered(gen, itypes, max_in_flight,
-                                FrontendState if twin is None else twin.State)
+        self.state = registered(
+            gen, itypes, max_in_flight, FrontendState if twin is None else twin.State
+        )
         self.sent: list[list[bytes]] = []
         self.tokens: dict[int, Direct] = {}
         self.quick = twin is not None
@@ -113,8 +114,7 @@ class World:
     def submit(self, k, inputs, token_type, now):
         token = self.tokens[k] = token_type(k)
         state = self.state
-        message = (state.try_send("m", inputs, now + 100.0, token, None) if self.quick
-                   else None)
+        message = state.try_send("m", inputs, now + 100.0, token, None) if self.quick else None
         if message is None:
             state.submit("m", inputs, now + 100.0, token, None)
             self.sent.extend(state.dispatch(now))
@@ -162,8 +162,10 @@ class World:
             "tokens": {k: t.outcome for k, t in self.tokens.items()},
             "in_flight": sorted(state.in_flight),
             "held": {i: sorted(r.in_flight) for i, r in state.replicas.items()},
-            "batches": {i: (b.msg_id, b.replica.identity, b.attempts, b.count, b.lost)
-                        for i, b in state.in_flight.items()},
+            "batches": {
+                i: (b.msg_id, b.replica.identity, b.attempts, b.count, b.lost)
+                for i, b in state.in_flight.items()
+            },
             "pending": {m: [b.token.k for b in q] for m, q in state.pending.items() if q},
             "last_seen": {i: r.last_seen for i, r in state.replicas.items()},
             "next_id": state._next_id,
@@ -191,11 +193,18 @@ def answer_frames(gen, msg_id, count):
 
 OPS = st.lists(
     st.one_of(
-        st.tuples(st.just("submit"), st.sampled_from(["f64", "f64", "list", "f32", "strings",
-                                                       "empty"]),
-                  st.integers(1, 3), st.booleans()),
-        st.tuples(st.just("answer"), st.integers(0, 2), st.integers(0, 3),
-                  st.sampled_from(["good", "good", "good", "short", "unknown-id"])),
+        st.tuples(
+            st.just("submit"),
+            st.sampled_from(["f64", "f64", "list", "f32", "strings", "empty"]),
+            st.integers(1, 3),
+            st.booleans(),
+        ),
+        st.tuples(
+            st.just("answer"),
+            st.integers(0, 2),
+            st.integers(0, 3),
+            st.sampled_from(["good", "good", "good", "short", "unknown-id"]),
+        ),
         st.tuples(st.just("heartbeat"), st.integers(0, 2)),
         st.tuples(st.just("junk"), st.integers(0, 2), st.integers(1, 4)),
     ),
@@ -204,10 +213,18 @@ OPS = st.lists(
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(gen=st.sampled_from(list(Generation)),
-       itypes=st.lists(st.sampled_from([InputType.DOUBLES, InputType.DOUBLES, InputType.FLOATS,
-                                        InputType.STRINGS]), min_size=1, max_size=3),
-       max_in_flight=st.integers(1, 3), ops=OPS)
+@given(
+    gen=st.sampled_from(list(Generation)),
+    itypes=st.lists(
+        st.sampled_from(
+            [InputType.DOUBLES, InputType.DOUBLES, InputType.FLOATS, InputType.STRINGS]
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    max_in_flight=st.integers(1, 3),
+    ops=OPS,
+)
 def test_try_send_and_complete_do_what_the_state_alone_does(twin, gen, itypes, max_in_flight, ops):
     plain = World(gen, itypes, max_in_flight)
     laned = World(gen, itypes, max_in_flight, twin)  # try_send and complete first
@@ -389,14 +406,22 @@ class WireWorld(World):
         self.router.close(0)
 
 
-@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                HealthCheck.function_scoped_fixture])
-@given(gen=st.sampled_from([Generation.V3, Generation.V3, Generation.G2017, Generation.G2016]),
-       itypes=st.lists(st.sampled_from([InputType.DOUBLES, InputType.DOUBLES, InputType.INTS,
-                                        InputType.STRINGS]), min_size=1, max_size=3),
-       max_in_flight=st.integers(1, 3), ops=OPS)
-def test_over_a_router_the_wire_and_state_do_what_the_state_alone_does(twin, zmq_ctx, gen, itypes,
-                                                                max_in_flight, ops):
+@settings(
+    deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(
+    gen=st.sampled_from([Generation.V3, Generation.V3, Generation.G2017, Generation.G2016]),
+    itypes=st.lists(
+        st.sampled_from([InputType.DOUBLES, InputType.DOUBLES, InputType.INTS, InputType.STRINGS]),
+        min_size=1,
+        max_size=3,
+    ),
+    max_in_flight=st.integers(1, 3),
+    ops=OPS,
+)
+def test_over_a_router_the_wire_and_state_do_what_the_state_alone_does(
+    twin, zmq_ctx, gen, itypes, max_in_flight, ops
+):
     plain = World(gen, itypes, max_in_flight)
     wire = WireWorld(gen, itypes, max_in_flight, twin, zmq_ctx, next(TAGS))
     try:
@@ -421,8 +446,11 @@ def test_over_a_router_the_wire_and_state_do_what_the_state_alone_does(twin, zmq
                     world.receive(identity, answer_frames(gen, msg_id, count), now)
             else:
                 identity = NAMES[op[1] % len(itypes)]
-                frames = (clipper.encode(Heartbeat(), Generation.V3) if op[0] == "heartbeat"
-                          else [b"", b"\x01\x00\x00\x00", b"\xff" * op[2]][: 1 + op[2] % 3])
+                frames = (
+                    clipper.encode(Heartbeat(), Generation.V3)
+                    if op[0] == "heartbeat"
+                    else [b"", b"\x01\x00\x00\x00", b"\xff" * op[2]][: 1 + op[2] % 3]
+                )
                 for world in (plain, wire):
                     world.receive(identity, frames, now)
             want = plain.snapshot()
@@ -436,9 +464,14 @@ def test_over_a_router_the_wire_and_state_do_what_the_state_alone_does(twin, zmq
 def test_v3_requests_sent_from_the_array_are_the_codecs_frames(twin, zmq_ctx):
     """Every numeric input type, several shapes: the parts written from the array are the
     bytes ``clipper.encode`` makes for the same request."""
-    for k, (itype, dtype) in enumerate([(InputType.BYTES, np.uint8), (InputType.INTS, np.int32),
-                                        (InputType.FLOATS, np.float32),
-                                        (InputType.DOUBLES, np.float64)]):
+    for k, (itype, dtype) in enumerate(
+        [
+            (InputType.BYTES, np.uint8),
+            (InputType.INTS, np.int32),
+            (InputType.FLOATS, np.float32),
+            (InputType.DOUBLES, np.float64),
+        ]
+    ):
         wire = WireWorld(Generation.V3, [itype], 8, twin, zmq_ctx, next(TAGS))
         try:
             for rows, width in [(1, 1), (3, 10), (32, 10), (2, 0)]:

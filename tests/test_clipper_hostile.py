@@ -62,8 +62,9 @@ def u64(v: int) -> bytes:
 
 
 def describe(inputs):
-    return [f"{np.asarray(x).dtype.kind}:" + ",".join(map(repr, np.asarray(x).tolist()))
-            for x in inputs]
+    return [
+        f"{np.asarray(x).dtype.kind}:" + ",".join(map(repr, np.asarray(x).tolist())) for x in inputs
+    ]
 
 
 def total(inputs):  # 2016 outputs are float32
@@ -98,10 +99,12 @@ def front_lane(request, monkeypatch):
     """Frontends started in this test use this twin of the per-message path."""
     fast = _fast_module("clipperfront") if request.param == "fast" else None
     monkeypatch.setattr(frontend_module, "_FAST", fast)
-    monkeypatch.setattr(frontend_module, "_STATE",
-                        FrontendState if fast is None else fast.FrontendState)
-    monkeypatch.setattr(frontend_module, "_CALLBACK",
-                        frontend_module.Callback if fast is None else fast.Callback)
+    monkeypatch.setattr(
+        frontend_module, "_STATE", FrontendState if fast is None else fast.FrontendState
+    )
+    monkeypatch.setattr(
+        frontend_module, "_CALLBACK", frontend_module.Callback if fast is None else fast.Callback
+    )
     return request.param
 
 
@@ -129,8 +132,7 @@ def clipper_side(ctx):
 
 
 def _good(gen: str, msg_id: int) -> list[bytes]:
-    return clipper.encode(PredictRequest(msg_id, InputType.DOUBLES, [[1.0, 2.0], [3.0, 4.0]]),
-                          gen)
+    return clipper.encode(PredictRequest(msg_id, InputType.DOUBLES, [[1.0, 2.0], [3.0, 4.0]]), gen)
 
 
 def _with(frames: list[bytes], index: int, value: bytes) -> list[bytes]:
@@ -218,12 +220,21 @@ def _ask(router, ident: bytes, gen: str, msg_id: int) -> PredictResponse:
 
 
 @pytest.mark.parametrize("gen", GENS)
-def test_a_container_survives_a_hostile_clipper(ctx, clipper_side, started, container_lane,
-                                                gen, caplog):
+def test_a_container_survives_a_hostile_clipper(
+    ctx, clipper_side, started, container_lane, gen, caplog
+):
     router, address = clipper_side
-    c = ModelContainer(total if gen == "2016" else describe, "m", "1", "doubles", address,
-                       generation=gen, context=ctx, poll_interval=1.0,
-                       activity_timeout=60.0).start()
+    c = ModelContainer(
+        total if gen == "2016" else describe,
+        "m",
+        "1",
+        "doubles",
+        address,
+        generation=gen,
+        context=ctx,
+        poll_interval=1.0,
+        activity_timeout=60.0,
+    ).start()
     started.append(c)
     ident = _handshake(router, gen)
     expected = ["f:1.0,2.0", "f:3.0,4.0"] if gen != "2016" else [3.0, 7.0]
@@ -244,8 +255,11 @@ def test_a_container_survives_a_hostile_clipper(ctx, clipper_side, started, cont
         tracemalloc.stop()
     assert answer.msg_id == 2 and list(answer.outputs) == expected
     assert c.error is None and c.sessions == 1 and c.served == 2 and c.failures == 0
-    dropped = [r.getMessage() for r in caplog.records
-               if r.getMessage().startswith("clipper container: dropped a malformed message")]
+    dropped = [
+        r.getMessage()
+        for r in caplog.records
+        if r.getMessage().startswith("clipper container: dropped a malformed message")
+    ]
     assert len(dropped) == len(hostile)
     assert all("clipper: " in text and " at frame " in text for text in dropped)
     # What the messages announce (up to 2**64 - 1 inputs) was never allocated: at most a
@@ -255,12 +269,22 @@ def test_a_container_survives_a_hostile_clipper(ctx, clipper_side, started, cont
 
 @pytest.mark.parametrize(("mine", "theirs"), [("v3", "2017"), ("2017", "v3"), ("2016", "v3")])
 def test_a_peer_of_another_generation_from_the_start_is_a_version_mismatch(
-        ctx, clipper_side, started, container_lane, mine, theirs):
+    ctx, clipper_side, started, container_lane, mine, theirs
+):
     """The one input that ends a container, on purpose and loudly: a peer whose first
     messages are of another generation (a misconfiguration, reported as such)."""
     router, address = clipper_side
-    c = ModelContainer(describe, "m", "1", "doubles", address, generation=mine, context=ctx,
-                       poll_interval=1.0, activity_timeout=60.0).start()
+    c = ModelContainer(
+        describe,
+        "m",
+        "1",
+        "doubles",
+        address,
+        generation=mine,
+        context=ctx,
+        poll_interval=1.0,
+        activity_timeout=60.0,
+    ).start()
     started.append(c)
     ident, *_ = router.recv_multipart()
     router.send_multipart([ident, *_good(theirs, 1)])
@@ -286,8 +310,10 @@ def _hostile_answers(good: list[bytes]) -> list[list[bytes]]:
         _with(good, 4, h[:8] + u64(2**62) + h[16:]),
         [*good[:3], u64(16), u64(1) + u64(2**40), b"x"],
     ]
-    other = [clipper.encode(PredictResponse(1, ["a", "b"]), "2017"),
-             clipper.encode(PredictResponse(1, [1.0, 2.0]), "2016")]
+    other = [
+        clipper.encode(PredictResponse(1, ["a", "b"]), "2017"),
+        clipper.encode(PredictResponse(1, [1.0, 2.0]), "2016"),
+    ]
     return _garbage()[:4] + cut + huge + other + [_with(good, 5, b"\xff\xfe")]
 
 
@@ -325,8 +351,11 @@ def test_a_frontend_survives_a_hostile_replica(ctx, started, front_lane, caplog)
         peer.close(0)
     assert outputs == ["a", "b"]
     assert [r.model_name for r in fe.replicas()] == ["m"] and fe.state.rejected == {}
-    dropped = [r.getMessage() for r in caplog.records
-               if r.getMessage().startswith("clipper frontend: dropped a malformed message")]
+    dropped = [
+        r.getMessage()
+        for r in caplog.records
+        if r.getMessage().startswith("clipper frontend: dropped a malformed message")
+    ]
     assert len(dropped) == len(hostile)
     assert all("clipper: " in text and " at frame " in text for text in dropped)
     assert peak < 3 * sent + (1 << 20), (peak, sent)
@@ -351,8 +380,10 @@ HOSTILE_QUERIES = [
     (b'{"model": "m", "inputs": [[1]], "timeout": -1}', "finite"),
     (b'{"model": "m", "inputs": [[1]], "timeout": "soon"}', "bad query"),
     (b'{"model": "m", "inputs": [' + b"1" * 5000 + b"]}", "bad query"),
-    (b'{"model": "m", "inputs": [[1]], "input_type": "' + b"0" * 5000 + b'9"}',
-     "unknown input type"),
+    (
+        b'{"model": "m", "inputs": [[1]], "input_type": "' + b"0" * 5000 + b'9"}',
+        "unknown input type",
+    ),
     (b'{"model": "m", "inputs": [[1]], "input_type": ["doubles"]}', "unknown input type"),
     (b'{"model": "m", "inputs": ["zz"], "input_type": "bytes"}', "bad query"),
     (b'{"model": "m", "inputs": [1], "input_type": "bytes"}', "bad query"),
@@ -366,7 +397,8 @@ def _ask_raw(sock, body: bytes) -> dict:
 
 
 def test_every_hostile_query_is_answered_and_the_frontend_keeps_serving(
-        ctx, started, front_lane, container_lane):
+    ctx, started, front_lane, container_lane
+):
     fe = Frontend("tcp://127.0.0.1:0", "v3", context=ctx, query="tcp://127.0.0.1:0").start()
     started.append(fe)
     asker = ctx.socket(zmq.DEALER)
@@ -377,24 +409,31 @@ def test_every_hostile_query_is_answered_and_the_frontend_keeps_serving(
             reply = _ask_raw(asker, body)
             assert "bad query" in reply["error"] and text in reply["error"], (body[:40], reply)
             assert len(reply["error"]) < 300
-        started.append(ModelContainer(describe, "m", "1", "doubles", fe.endpoint,
-                                      context=ctx).start())
+        started.append(
+            ModelContainer(describe, "m", "1", "doubles", fe.endpoint, context=ctx).start()
+        )
         fe.wait_for("m", 1, WAIT)
         # Queries that parse but cannot be sent: answered too, by the state.
         nested = b'{"model": "m", "inputs": ' + b"[" * 900 + b"]" * 900 + b"}"
-        for body in (nested, b'{"model": "m", "inputs": [[1, "a"]]}',
-                     b'{"model": "m", "inputs": [{"a": 1}]}',
-                     b'{"model": "m", "inputs": [[99999999999999999999999999]]}'):
+        for body in (
+            nested,
+            b'{"model": "m", "inputs": [[1, "a"]]}',
+            b'{"model": "m", "inputs": [{"a": 1}]}',
+            b'{"model": "m", "inputs": [[99999999999999999999999999]]}',
+        ):
             assert "cannot send these inputs" in _ask_raw(asker, body)["error"]
     finally:
         asker.close(0)
-    assert query(fe.query_endpoint, "m", [[1.0], [2.0, 3.0]], timeout=WAIT,
-                 context=ctx) == ["f:1.0", "f:2.0,3.0"]
+    assert query(fe.query_endpoint, "m", [[1.0], [2.0, 3.0]], timeout=WAIT, context=ctx) == [
+        "f:1.0",
+        "f:2.0,3.0",
+    ]
     assert fe.error is None and not fe.wait(0)
 
 
 def test_a_registration_of_thousands_of_digits_does_not_stop_the_frontend(
-        ctx, started, front_lane, container_lane):
+    ctx, started, front_lane, container_lane
+):
     """Issue 13: with the pure codec, int() of the input type raised ValueError."""
     fe = Frontend("tcp://127.0.0.1:0", "v3", context=ctx).start()
     started.append(fe)
@@ -411,8 +450,7 @@ def test_a_registration_of_thousands_of_digits_does_not_stop_the_frontend(
     finally:
         bad.close(0)
     assert [(r.model_name, r.input_type) for r in fe.replicas()] == [("zeros", InputType.INTS)]
-    started.append(ModelContainer(describe, "m", "1", "doubles", fe.endpoint,
-                                  context=ctx).start())
+    started.append(ModelContainer(describe, "m", "1", "doubles", fe.endpoint, context=ctx).start())
     fe.wait_for("m", 1, WAIT)
     assert fe.predict("m", [[5.0]], WAIT) == ["f:5.0"]
 
@@ -477,7 +515,8 @@ def test_garbage_from_many_peers_leaves_bounded_memory(caplog):
 
 
 def test_a_live_frontend_keeps_no_payload_of_peers_that_never_register(
-        ctx, started, front_lane, caplog):
+    ctx, started, front_lane, caplog
+):
     caplog.set_level(logging.CRITICAL, "wirekit.clipper")
     fe = Frontend("tcp://127.0.0.1:0", "v3", context=ctx, max_rejected=4).start()
     started.append(fe)
@@ -540,8 +579,9 @@ def test_a_crashed_socket_loop_fails_every_prediction(ctx, front_lane, monkeypat
         fe.stop()
 
 
-def test_a_caller_driving_the_sockets_into_a_bug_gets_a_prediction_error(ctx, front_lane,
-                                                                        monkeypatch):
+def test_a_caller_driving_the_sockets_into_a_bug_gets_a_prediction_error(
+    ctx, front_lane, monkeypatch
+):
     fe = Frontend("tcp://127.0.0.1:0", "v3", context=ctx).start()
     try:
         monkeypatch.setattr(fe.state, "dispatch", _broken)
@@ -563,9 +603,21 @@ def test_the_frontend_command_exits_non_zero_when_its_socket_loop_crashes():
         sys.exit(main(sys.argv[1:]))
     """)
     proc = subprocess.run(
-        [sys.executable, "-c", script, "clipper", "frontend", "--listen",
-         "tcp://127.0.0.1:0", "--query", ""],
-        capture_output=True, text=True, timeout=3 * WAIT)
+        [
+            sys.executable,
+            "-c",
+            script,
+            "clipper",
+            "frontend",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--query",
+            "",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3 * WAIT,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" in proc.stderr and "RuntimeError: injected bug" in proc.stderr
     assert "wirekit clipper frontend: the socket loop crashed" in proc.stderr
@@ -583,12 +635,31 @@ def test_the_container_command_exits_non_zero_with_the_traceback_of_a_crash(clip
         sys.exit(main(sys.argv[1:]))
     """)
     proc = subprocess.run(
-        [sys.executable, "-c", script, "clipper", "container", "--model",
-         "clipper_models:describe", "--name", "m", "--model-version", "1", "--address",
-         address],
-        capture_output=True, text=True, timeout=3 * WAIT,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])})
+        [
+            sys.executable,
+            "-c",
+            script,
+            "clipper",
+            "container",
+            "--model",
+            "clipper_models:describe",
+            "--name",
+            "m",
+            "--model-version",
+            "1",
+            "--address",
+            address,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3 * WAIT,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
+            ),
+        },
+    )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" in proc.stderr and "RuntimeError: injected bug" in proc.stderr
 
@@ -600,16 +671,24 @@ def test_input_type_names_from_a_peer_are_not_converted_with_int():
     assert len(str(info.value)) < 120
 
 
-@pytest.mark.parametrize(("flag", "text"), [("--max-rejected", "max_rejected must be at least 0"),
-                                            ("--max-in-flight", "max_in_flight must be")])
+@pytest.mark.parametrize(
+    ("flag", "text"),
+    [
+        ("--max-rejected", "max_rejected must be at least 0"),
+        ("--max-in-flight", "max_in_flight must be"),
+    ],
+)
 def test_the_frontend_command_refuses_negative_limits(flag, text):
     import io
 
     from wirekit.cli import main
 
     err = io.StringIO()
-    code = main(["clipper", "frontend", "--listen", "tcp://127.0.0.1:0", "--query", "", flag,
-                 "-1"], out=io.StringIO(), err=err)
+    code = main(
+        ["clipper", "frontend", "--listen", "tcp://127.0.0.1:0", "--query", "", flag, "-1"],
+        out=io.StringIO(),
+        err=err,
+    )
     assert code == 2 and text in err.getvalue()
 
 
@@ -622,9 +701,7 @@ def _disconnected(sock, monitor) -> bool:
 
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
-        if monitor.poll(100) and (
-            recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
-        ):
+        if monitor.poll(100) and (recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED):
             return True
     return False
 
@@ -656,8 +733,17 @@ def test_a_frame_over_the_containers_limit_is_refused_and_the_container_goes_on(
 ):
     router, address = clipper_side
     limit = 64 * 1024
-    c = ModelContainer(describe, "m", "1", "doubles", address, context=ctx, poll_interval=0.2,
-                       activity_timeout=1.0, max_frame_size=limit).start()
+    c = ModelContainer(
+        describe,
+        "m",
+        "1",
+        "doubles",
+        address,
+        context=ctx,
+        poll_interval=0.2,
+        activity_timeout=1.0,
+        max_frame_size=limit,
+    ).start()
     started.append(c)
     ident = _handshake(router, "v3")
     monitor = router.get_monitor_socket(zmq.EVENT_DISCONNECTED)

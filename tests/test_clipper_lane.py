@@ -82,11 +82,21 @@ def serve(pair, impl, gen, answer, messages, *, threaded=True, itype="doubles"):
     """Send ``messages`` to a lane of ``impl``; return what was answered and observed."""
     router, dealer = pair
     model = Recorder(answer)
-    container = ModelContainer(model, "m", "1", itype, "inproc://unused", generation=gen,
-                               poll_interval=LONG, activity_timeout=LONG, threaded=threaded)
+    container = ModelContainer(
+        model,
+        "m",
+        "1",
+        itype,
+        "inproc://unused",
+        generation=gen,
+        poll_interval=LONG,
+        activity_timeout=LONG,
+        threaded=threaded,
+    )
     container._sock_lock.acquire()  # as the socket thread holds it in run()
-    session = ContainerSession(gen, container.registration, poll_interval=LONG,
-                               activity_timeout=LONG, now=time.monotonic())
+    session = ContainerSession(
+        gen, container.registration, poll_interval=LONG, activity_timeout=LONG, now=time.monotonic()
+    )
     lane = lane_class(impl)(container, dealer, session, functools.partial(send_frames, dealer))
     for frames in messages:
         router.send_multipart([b"lane", *frames])
@@ -104,16 +114,24 @@ def serve(pair, impl, gen, answer, messages, *, threaded=True, itype="doubles"):
     while router.poll(0):
         answers.append(router.recv_multipart()[1:])
     return {
-        "answers": answers, "seen": model.seen, "outcome": outcome,
-        "served": container.served, "failures": container.failures,
-        "requests": session.requests, "state": session.state,
+        "answers": answers,
+        "seen": model.seen,
+        "outcome": outcome,
+        "served": container.served,
+        "failures": container.failures,
+        "requests": session.requests,
+        "state": session.state,
     }
 
 
 def same_inputs(a, b) -> bool:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape
-                and a.tobytes() == b.tobytes())
+        return (
+            type(a) is type(b)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.tobytes() == b.tobytes()
+        )
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(same_inputs(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and a == b
@@ -158,8 +176,7 @@ NUMERIC_INPUTS = {
 def test_requests_of_every_type_are_answered_as_the_codec_encodes(pair, gen, itype):
     inputs = NUMERIC_INPUTS.get(itype, ["a", "bé", ""])
     answer = models_answer(gen)
-    result = both(pair, gen, answer, [request(gen, 7, itype, inputs)] * 3,
-                  itype=itype.name.lower())
+    result = both(pair, gen, answer, [request(gen, 7, itype, inputs)] * 3, itype=itype.name.lower())
     expected = clipper.encode(PredictResponse(7, answer(inputs)), gen)
     assert result["answers"] == [expected] * 3
     assert result["served"] == result["requests"] == 3
@@ -183,13 +200,16 @@ def test_inputs_are_fresh_arrays_per_request(pair):
 
 
 @pytest.mark.parametrize("gen", ["2017", "v3"])
-@pytest.mark.parametrize("outputs", [
-    pytest.param(lambda x: np.array(["a"] * len(x)), id="str-array"),
-    pytest.param(lambda x: tuple("t" for _ in x), id="tuple"),
-    pytest.param(lambda x: [type("Text", (str,), {})("sub")] * len(x), id="str-subclass"),
-    pytest.param(lambda x: [""] * len(x), id="empty-strings"),
-    pytest.param(lambda x: [f"long output {i} " * 40 for i in range(len(x))], id="long"),
-])
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        pytest.param(lambda x: np.array(["a"] * len(x)), id="str-array"),
+        pytest.param(lambda x: tuple("t" for _ in x), id="tuple"),
+        pytest.param(lambda x: [type("Text", (str,), {})("sub")] * len(x), id="str-subclass"),
+        pytest.param(lambda x: [""] * len(x), id="empty-strings"),
+        pytest.param(lambda x: [f"long output {i} " * 40 for i in range(len(x))], id="long"),
+    ],
+)
 def test_other_output_forms_are_answered_as_the_codec_encodes(pair, gen, outputs):
     inputs = np.arange(40.0).reshape(20, 2)  # 20 outputs: more than the lane gathers in place
     result = both(pair, gen, outputs, [request(gen, 3, InputType.DOUBLES, inputs)])
@@ -200,23 +220,28 @@ def test_other_output_forms_are_answered_as_the_codec_encodes(pair, gen, outputs
     assert result["served"] == 1 and result["failures"] == 0
 
 
-@pytest.mark.parametrize("bad", [
-    pytest.param(lambda x: ["one"] * (len(x) + 1), id="count"),
-    pytest.param(lambda x: [1.5] * len(x), id="numbers"),
-    pytest.param(lambda x: ["ok", 3], id="one-not-str"),
-    pytest.param(lambda x: None, id="none"),
-    pytest.param(lambda x: ["\ud800", "x"], id="surrogate"),
-    pytest.param(lambda x: [b"raw"] * len(x), id="bytes"),
-    pytest.param(lambda x: 1 / 0, id="raises"),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(lambda x: ["one"] * (len(x) + 1), id="count"),
+        pytest.param(lambda x: [1.5] * len(x), id="numbers"),
+        pytest.param(lambda x: ["ok", 3], id="one-not-str"),
+        pytest.param(lambda x: None, id="none"),
+        pytest.param(lambda x: ["\ud800", "x"], id="surrogate"),
+        pytest.param(lambda x: [b"raw"] * len(x), id="bytes"),
+        pytest.param(lambda x: 1 / 0, id="raises"),
+    ],
+)
 def test_bad_outputs_send_nothing_and_the_lane_keeps_serving(pair, bad, caplog):
     inputs = np.zeros((2, 3))
 
     def answer(x):
         return strings(x) if x[0, 0] == 1.0 else bad(x)
 
-    msgs = [request("v3", 11, InputType.DOUBLES, inputs),
-            request("v3", 12, InputType.DOUBLES, inputs + 1)]
+    msgs = [
+        request("v3", 11, InputType.DOUBLES, inputs),
+        request("v3", 12, InputType.DOUBLES, inputs + 1),
+    ]
     with caplog.at_level(logging.ERROR, "wirekit.clipper.container"):
         result = both(pair, "v3", answer, msgs)
     assert result["answers"] == [clipper.encode(PredictResponse(12, strings(inputs)), "v3")]
@@ -234,8 +259,11 @@ def test_without_the_standby_thread_the_lane_serves_the_same(pair, threaded):
 def test_unequal_lengths_strings_and_heartbeats_go_the_reference_way(pair):
     ragged = [np.arange(3.0), np.arange(5.0)]
     keepalive = clipper.encode(HeartbeatReply(HeartbeatType.KEEPALIVE), "v3")
-    msgs = [request("v3", 1, InputType.DOUBLES, ragged), keepalive,
-            request("v3", 2, InputType.DOUBLES, np.ones((2, 2)))]
+    msgs = [
+        request("v3", 1, InputType.DOUBLES, ragged),
+        keepalive,
+        request("v3", 2, InputType.DOUBLES, np.ones((2, 2))),
+    ]
     result = both(pair, "v3", strings, msgs)
     assert len(result["answers"]) == 2 and result["requests"] == 2
     assert isinstance(result["seen"][0], list) and isinstance(result["seen"][1], np.ndarray)

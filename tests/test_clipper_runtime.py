@@ -67,8 +67,9 @@ def stack(ctx):
         def container(self, fn, gen, address, itype="doubles", name="m", **kw):
             kw.setdefault("poll_interval", D)
             kw.setdefault("activity_timeout", TO)
-            c = ModelContainer(fn, name, "1", itype, address, generation=gen, context=ctx,
-                               **kw).start()
+            c = ModelContainer(
+                fn, name, "1", itype, address, generation=gen, context=ctx, **kw
+            ).start()
             started.append(c)
             return c
 
@@ -114,15 +115,23 @@ INPUTS = {
 def expected(gen, itype):
     inputs = INPUTS[itype]
     if gen == "2016":
-        return [float(len(x)) if isinstance(x, str) else float(np.sum(np.frombuffer(x, np.uint8))
-                if isinstance(x, bytes) else np.sum(x)) for x in inputs]
-    dtype = {InputType.BYTES: "u1", InputType.INTS: "i4", InputType.FLOATS: "f4",
-             InputType.DOUBLES: "f8"}.get(itype)
+        return [
+            float(len(x))
+            if isinstance(x, str)
+            else float(np.sum(np.frombuffer(x, np.uint8)) if isinstance(x, bytes) else np.sum(x))
+            for x in inputs
+        ]
+    dtype = {
+        InputType.BYTES: "u1",
+        InputType.INTS: "i4",
+        InputType.FLOATS: "f4",
+        InputType.DOUBLES: "f8",
+    }.get(itype)
     if dtype is None:
         return [f"s:{x}" for x in inputs]
     return models.describe(
-        [np.frombuffer(x, np.uint8) if isinstance(x, bytes) else np.array(x, dtype)
-         for x in inputs])
+        [np.frombuffer(x, np.uint8) if isinstance(x, bytes) else np.array(x, dtype) for x in inputs]
+    )
 
 
 # --- every generation × every input type, several replicas ---
@@ -149,9 +158,7 @@ def test_asyncio_predict(stack):
     fe.wait_for("m", 1, WAIT)
 
     async def many():
-        return await asyncio.gather(
-            *(fe.apredict("m", [[float(k)]], WAIT) for k in range(8))
-        )
+        return await asyncio.gather(*(fe.apredict("m", [[float(k)]], WAIT) for k in range(8)))
 
     assert asyncio.run(many()) == [[f"f8:{float(k)!r}"] for k in range(8)]
 
@@ -196,8 +203,9 @@ def test_submit_callback_chains_work_and_survives_a_raising_callback(stack, capl
     assert fe.predict("m", [[1.5]], WAIT) == ["f8:1.5"]
     failed = []
     got = threading.Event()
-    fe.submit_callback("nobody", [[1.0]], lambda out, err: (failed.append((out, err)),
-                                                             got.set()), 0.2)
+    fe.submit_callback(
+        "nobody", [[1.0]], lambda out, err: (failed.append((out, err)), got.set()), 0.2
+    )
     assert got.wait(WAIT)
     assert failed[0][0] is None and isinstance(failed[0][1], PredictionError)
 
@@ -320,10 +328,30 @@ def _spawn_container(address, gen, fn, delay=None):
     if delay is not None:
         env["WIREKIT_TEST_DELAY"] = str(delay)
     return subprocess.Popen(
-        [sys.executable, "-m", "wirekit.cli", "clipper", "container", "--model",
-         f"clipper_models:{fn}", "--name", "m", "--model-version", "1", "--address", address,
-         "--generation", gen, "--poll-interval", str(D), "--activity-timeout", str(TO)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "wirekit.cli",
+            "clipper",
+            "container",
+            "--model",
+            f"clipper_models:{fn}",
+            "--name",
+            "m",
+            "--model-version",
+            "1",
+            "--address",
+            address,
+            "--generation",
+            gen,
+            "--poll-interval",
+            str(D),
+            "--activity-timeout",
+            str(TO),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
 
 
@@ -355,8 +383,9 @@ def test_silent_peer_expires_and_its_batch_completes_elsewhere(stack, raw, gen):
     """A peer that registers and then goes quiet without closing: expiry after TO."""
     fe = stack.frontend(gen)
     zombie, _ = raw(zmq.DEALER, fe.endpoint)
-    zombie.send_multipart(clipper.encode(NewContainer("m", "1", InputType.DOUBLES,
-                                                      3 if gen == "v3" else None), gen))
+    zombie.send_multipart(
+        clipper.encode(NewContainer("m", "1", InputType.DOUBLES, 3 if gen == "v3" else None), gen)
+    )
     fe.wait_for("m", 1, WAIT)
     future = fe.submit("m", [[7.0]], WAIT)
     request = clipper.decode(zombie.recv_multipart(), gen, "to_container")
@@ -405,8 +434,9 @@ def test_frontend_survives_malformed_and_out_of_order_frames(stack, raw, gen, ca
     bad, _ = raw(zmq.DEALER, fe.endpoint)
     bad.send_multipart([b"", b"\xff\xff"])  # garbage
     bad.send_multipart([b"garbage without delimiter"])
-    bad.send_multipart(clipper.encode(PredictResponse(99, [1.0] if gen == "2016" else ["x"]),
-                                      gen)[:2])  # truncated
+    bad.send_multipart(
+        clipper.encode(PredictResponse(99, [1.0] if gen == "2016" else ["x"]), gen)[:2]
+    )  # truncated
     if gen != "2016":
         bad.send_multipart(clipper.encode(PredictResponse(99, ["x"]), gen))  # before registering
     stack.container(model_for(gen), gen, fe.endpoint)
@@ -458,17 +488,51 @@ LE = struct.Struct
 D3 = struct.pack("<3d", 1.0, 2.0, 3.0)
 GOLDEN_REQUESTS = {  # msg id 0, doubles [1, 2], [3] as the container receives them
     "2016": [b"", b"\0\0\0\0", b"\0\0\0\0", struct.pack("<3I", 3, 2, 2), D3],
-    "2017": [b"", struct.pack("<i", 1), b"\0\0\0\0", b"\0\0\0\0", struct.pack("<q", 12),
-             struct.pack("<3I", 3, 2, 2), struct.pack("<q", 24), D3],
-    "v3": [b"", struct.pack("<I", 3), struct.pack("<I", 1), b"\0\0\0\0", b"\0\0\0\0",
-           struct.pack("<q", 32), struct.pack("<4Q", 3, 2, 16, 8), D3[:16], D3[16:]],
+    "2017": [
+        b"",
+        struct.pack("<i", 1),
+        b"\0\0\0\0",
+        b"\0\0\0\0",
+        struct.pack("<q", 12),
+        struct.pack("<3I", 3, 2, 2),
+        struct.pack("<q", 24),
+        D3,
+    ],
+    "v3": [
+        b"",
+        struct.pack("<I", 3),
+        struct.pack("<I", 1),
+        b"\0\0\0\0",
+        b"\0\0\0\0",
+        struct.pack("<q", 32),
+        struct.pack("<4Q", 3, 2, 16, 8),
+        D3[:16],
+        D3[16:],
+    ],
 }
 GOLDEN_STRINGS = {  # "ab", "c"
     "2016": [b"", b"\0\0\0\0", b"\0\0\0\0", struct.pack("<3I", 4, 2, 1), b"ab\0c\0"],
-    "2017": [b"", struct.pack("<i", 1), b"\0\0\0\0", b"\0\0\0\0", struct.pack("<q", 12),
-             struct.pack("<3I", 4, 2, 1), struct.pack("<q", 5), b"ab\0c\0"],
-    "v3": [b"", struct.pack("<I", 3), struct.pack("<I", 1), b"\0\0\0\0", b"\0\0\0\0",
-           struct.pack("<q", 32), struct.pack("<4Q", 4, 2, 2, 1), b"ab", b"c"],
+    "2017": [
+        b"",
+        struct.pack("<i", 1),
+        b"\0\0\0\0",
+        b"\0\0\0\0",
+        struct.pack("<q", 12),
+        struct.pack("<3I", 4, 2, 1),
+        struct.pack("<q", 5),
+        b"ab\0c\0",
+    ],
+    "v3": [
+        b"",
+        struct.pack("<I", 3),
+        struct.pack("<I", 1),
+        b"\0\0\0\0",
+        b"\0\0\0\0",
+        struct.pack("<q", 32),
+        struct.pack("<4Q", 4, 2, 2, 1),
+        b"ab",
+        b"c",
+    ],
 }
 
 
@@ -480,8 +544,7 @@ def golden_response(gen, outputs):
         payload = struct.pack(f"<{len(enc) + 1}I", len(enc), *map(len, enc)) + b"".join(enc)
         return [b"", struct.pack("<I", 1), b"\0\0\0\0", payload]
     header = struct.pack(f"<{len(enc) + 1}Q", len(enc), *map(len, enc))
-    return [b"", struct.pack("<I", 1), b"\0\0\0\0", struct.pack("<Q", len(header)), header,
-            *enc]
+    return [b"", struct.pack("<I", 1), b"\0\0\0\0", struct.pack("<Q", len(header)), header, *enc]
 
 
 def golden_registration(gen, itype):
@@ -501,8 +564,10 @@ def test_golden_vectors_frontend_to_raw_container(stack, raw, gen, kind):
     if gen != "2016":
         dealer.send_multipart([b"", struct.pack("<I", 2)])
         assert dealer.recv_multipart() == (
-            [b"", b"\x03\0\0\0", b"\x02\0\0\0", b"\x01\0\0\0"] if gen == "v3"
-            else [b"", b"\x02\0\0\0", b"\x01\0\0\0"])
+            [b"", b"\x03\0\0\0", b"\x02\0\0\0", b"\x01\0\0\0"]
+            if gen == "v3"
+            else [b"", b"\x02\0\0\0", b"\x01\0\0\0"]
+        )
     dealer.send_multipart(golden_registration(gen, itype))
     fe.wait_for("m", 1, WAIT)
     inputs = [[1.0, 2.0], [3.0]] if kind == "doubles" else ["ab", "c"]
@@ -532,8 +597,9 @@ def test_golden_vectors_raw_clipper_to_container(stack, raw, gen, kind):
     if gen != "2016":
         assert frames == [b"", struct.pack("<I", 2)]
         reply = [b"", b"\x02\0\0\0", b"\x01\0\0\0"]
-        router.send_multipart([ident, *([b"", b"\x03\0\0\0", *reply[1:]] if gen == "v3"
-                                        else reply)])
+        router.send_multipart(
+            [ident, *([b"", b"\x03\0\0\0", *reply[1:]] if gen == "v3" else reply)]
+        )
         ident2, *frames = router.recv_multipart()
         while frames == [b"", struct.pack("<I", 2)]:  # a heartbeat crossed the reply
             ident2, *frames = router.recv_multipart()
@@ -562,34 +628,92 @@ def test_cli_frontend_container_predict():
     from wirekit.cli import main
 
     rpc, q = _free_port(), _free_port()
-    env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-               CLIPPER_MODEL_NAME="m", CLIPPER_MODEL_VERSION="7", CLIPPER_PORT=str(rpc),
-               CLIPPER_INPUT_TYPE="doubles")
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        CLIPPER_MODEL_NAME="m",
+        CLIPPER_MODEL_VERSION="7",
+        CLIPPER_PORT=str(rpc),
+        CLIPPER_INPUT_TYPE="doubles",
+    )
     fe = subprocess.Popen(
-        [sys.executable, "-m", "wirekit.cli", "clipper", "frontend", "--listen",
-         f"tcp://127.0.0.1:{rpc}", "--query", f"tcp://127.0.0.1:{q}", "--activity-timeout",
-         "5"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-m",
+            "wirekit.cli",
+            "clipper",
+            "frontend",
+            "--listen",
+            f"tcp://127.0.0.1:{rpc}",
+            "--query",
+            f"tcp://127.0.0.1:{q}",
+            "--activity-timeout",
+            "5",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     con = subprocess.Popen(
-        [sys.executable, "-m", "wirekit.cli", "clipper", "container", "--model",
-         "clipper_models:describe", "--poll-interval", "0.1"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-m",
+            "wirekit.cli",
+            "clipper",
+            "container",
+            "--model",
+            "clipper_models:describe",
+            "--poll-interval",
+            "0.1",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
-
         deadline = time.monotonic() + WAIT
         while True:
             out, err = io.StringIO(), io.StringIO()
-            code = main(["clipper", "predict", "--model", "m", "--frontend",
-                         f"tcp://127.0.0.1:{q}", "--doubles", "1,2", "--doubles", "3",
-                         "--timeout", "2"], out=out, err=err)
+            code = main(
+                [
+                    "clipper",
+                    "predict",
+                    "--model",
+                    "m",
+                    "--frontend",
+                    f"tcp://127.0.0.1:{q}",
+                    "--doubles",
+                    "1,2",
+                    "--doubles",
+                    "3",
+                    "--timeout",
+                    "2",
+                ],
+                out=out,
+                err=err,
+            )
             if code == 0 or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         assert code == 0, err.getvalue()
         assert out.getvalue().splitlines() == ["f8:1.0,2.0", "f8:3.0"]
         out, err = io.StringIO(), io.StringIO()
-        code = main(["clipper", "predict", "--model", "m", "--frontend",
-                     f"tcp://127.0.0.1:{q}", "--strings", "x", "--timeout", "1"],
-                    out=out, err=err)
+        code = main(
+            [
+                "clipper",
+                "predict",
+                "--model",
+                "m",
+                "--frontend",
+                f"tcp://127.0.0.1:{q}",
+                "--strings",
+                "x",
+                "--timeout",
+                "1",
+            ],
+            out=out,
+            err=err,
+        )
         assert code == 1 and "takes doubles inputs" in err.getvalue()
     finally:
         for p in (con, fe):
@@ -611,8 +735,11 @@ def test_cli_container_needs_a_model_name(monkeypatch):
 
     monkeypatch.delenv("CLIPPER_MODEL_NAME", raising=False)
     err = io.StringIO()
-    code = main(["clipper", "container", "--model", "clipper_models:describe",
-                 "--model-version", "1"], out=io.StringIO(), err=err)
+    code = main(
+        ["clipper", "container", "--model", "clipper_models:describe", "--model-version", "1"],
+        out=io.StringIO(),
+        err=err,
+    )
     assert code == 2 and "CLIPPER_MODEL_NAME is not set" in err.getvalue()
 
 
@@ -650,9 +777,25 @@ def _stop_processes(*procs):
 def _cli_predict(q, *args, timeout="1"):
     """``wirekit clipper predict`` in its own process: (exit status, stdout, stderr)."""
     done = subprocess.run(
-        [sys.executable, "-m", "wirekit.cli", "clipper", "predict", "--model", "m",
-         "--frontend", f"tcp://127.0.0.1:{q}", "--timeout", timeout, *args],
-        env=_cli_env(), capture_output=True, text=True, timeout=WAIT)
+        [
+            sys.executable,
+            "-m",
+            "wirekit.cli",
+            "clipper",
+            "predict",
+            "--model",
+            "m",
+            "--frontend",
+            f"tcp://127.0.0.1:{q}",
+            "--timeout",
+            timeout,
+            *args,
+        ],
+        env=_cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
     return done.returncode, done.stdout, done.stderr
 
 
@@ -665,14 +808,45 @@ def test_cli_predict_through_frontend_and_container_processes(gen):
     rpc, q = _free_port(), _free_port()
     env = _cli_env()
     fe = subprocess.Popen(
-        [sys.executable, "-m", "wirekit.cli", "clipper", "frontend", "--generation", gen,
-         "--listen", f"tcp://127.0.0.1:{rpc}", "--query", f"tcp://127.0.0.1:{q}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-m",
+            "wirekit.cli",
+            "clipper",
+            "frontend",
+            "--generation",
+            gen,
+            "--listen",
+            f"tcp://127.0.0.1:{rpc}",
+            "--query",
+            f"tcp://127.0.0.1:{q}",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     con = subprocess.Popen(
-        [sys.executable, "-m", "wirekit.cli", "clipper", "container", "--generation", gen,
-         "--model", f"clipper_models:{model_for(gen).__name__}", "--name", "m",
-         "--model-version", "1", "--address", f"tcp://127.0.0.1:{rpc}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-m",
+            "wirekit.cli",
+            "clipper",
+            "container",
+            "--generation",
+            gen,
+            "--model",
+            f"clipper_models:{model_for(gen).__name__}",
+            "--name",
+            "m",
+            "--model-version",
+            "1",
+            "--address",
+            f"tcp://127.0.0.1:{rpc}",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 2 * WAIT
         while True:  # until the container has registered (each try has a 1 s timeout)
@@ -693,8 +867,7 @@ def test_cli_predict_through_frontend_and_container_processes(gen):
             if gen == "2016":
                 assert out.splitlines() == [repr(float(sum(numbers))), "1.0"]
             else:
-                assert out.splitlines() == [
-                    "f8:" + ",".join(repr(x) for x in numbers), "f8:1.0"]
+                assert out.splitlines() == ["f8:" + ",".join(repr(x) for x in numbers), "f8:1.0"]
     finally:
         _stop_processes(con, fe)
     assert fe.returncode == 0 and con.returncode == 0
@@ -704,27 +877,109 @@ def test_cli_negative_numbers_in_every_numeric_option(stack, capsys):
     from wirekit.cli import build_parser, main
 
     parser = build_parser()
-    args = parser.parse_args(["clipper", "predict", "--model", "m", "--ints", "-5,3", "--ints",
-                              "-1", "--timeout", "-1e3"])
+    args = parser.parse_args(
+        [
+            "clipper",
+            "predict",
+            "--model",
+            "m",
+            "--ints",
+            "-5,3",
+            "--ints",
+            "-1",
+            "--timeout",
+            "-1e3",
+        ]
+    )
     assert args.ints == ["-5,3", "-1"] and args.timeout == -1000.0
-    args = parser.parse_args(["clipper", "predict", "--model", "m", "--doubles", "-1e-3,-2",
-                              "--floats", "-.5", "--strings", "-x"])
+    args = parser.parse_args(
+        [
+            "clipper",
+            "predict",
+            "--model",
+            "m",
+            "--doubles",
+            "-1e-3,-2",
+            "--floats",
+            "-.5",
+            "--strings",
+            "-x",
+        ]
+    )
     assert (args.doubles, args.floats, args.strings) == (["-1e-3,-2"], ["-.5"], ["-x"])
-    args = parser.parse_args(["clipper", "container", "--model", "a:b", "--port", "-5",
-                              "--poll-interval", "-1e3", "--activity-timeout", "-2"])
+    args = parser.parse_args(
+        [
+            "clipper",
+            "container",
+            "--model",
+            "a:b",
+            "--port",
+            "-5",
+            "--poll-interval",
+            "-1e3",
+            "--activity-timeout",
+            "-2",
+        ]
+    )
     assert (args.port, args.poll_interval, args.activity_timeout) == (-5, -1000.0, -2.0)
-    args = parser.parse_args(["clipper", "frontend", "--activity-timeout", "-1e1",
-                              "--max-in-flight", "-2", "--max-rejected", "-3"])
+    args = parser.parse_args(
+        [
+            "clipper",
+            "frontend",
+            "--activity-timeout",
+            "-1e1",
+            "--max-in-flight",
+            "-2",
+            "--max-rejected",
+            "-3",
+        ]
+    )
     assert (args.activity_timeout, args.max_in_flight, args.max_rejected) == (-10.0, -2, -3)
     # ... and the commands refuse the ones that make no sense, as usage errors
     for argv, message in [
         (["predict", "--model", "m", "--ints", "1", "--timeout", "-1"], "--timeout must be"),
-        (["container", "--model", "clipper_models:describe", "--name", "m",
-          "--model-version", "1", "--port", "-5"], "CLIPPER_PORT must be a TCP port"),
-        (["container", "--model", "clipper_models:describe", "--name", "m",
-          "--model-version", "1", "--poll-interval", "-1e3"], "poll_interval must be"),
-        (["container", "--model", "clipper_models:describe", "--name", "m",
-          "--model-version", "1", "--activity-timeout", "-2"], "activity_timeout must be"),
+        (
+            [
+                "container",
+                "--model",
+                "clipper_models:describe",
+                "--name",
+                "m",
+                "--model-version",
+                "1",
+                "--port",
+                "-5",
+            ],
+            "CLIPPER_PORT must be a TCP port",
+        ),
+        (
+            [
+                "container",
+                "--model",
+                "clipper_models:describe",
+                "--name",
+                "m",
+                "--model-version",
+                "1",
+                "--poll-interval",
+                "-1e3",
+            ],
+            "poll_interval must be",
+        ),
+        (
+            [
+                "container",
+                "--model",
+                "clipper_models:describe",
+                "--name",
+                "m",
+                "--model-version",
+                "1",
+                "--activity-timeout",
+                "-2",
+            ],
+            "activity_timeout must be",
+        ),
         (["frontend", "--activity-timeout", "-1e1"], "activity_timeout must be"),
     ]:
         out, err = io.StringIO(), io.StringIO()
@@ -735,8 +990,24 @@ def test_cli_negative_numbers_in_every_numeric_option(stack, capsys):
     stack.container(models.describe, "v3", fe.endpoint, itype="ints")
     fe.wait_for("m", 1, WAIT)
     out, err = io.StringIO(), io.StringIO()
-    code = main(["clipper", "predict", "--model", "m", "--frontend", fe.query_endpoint,
-                 "--ints", "-5,3", "--ints", "-1", "--timeout", str(WAIT)], out=out, err=err)
+    code = main(
+        [
+            "clipper",
+            "predict",
+            "--model",
+            "m",
+            "--frontend",
+            fe.query_endpoint,
+            "--ints",
+            "-5,3",
+            "--ints",
+            "-1",
+            "--timeout",
+            str(WAIT),
+        ],
+        out=out,
+        err=err,
+    )
     assert code == 0, err.getvalue()
     assert out.getvalue().splitlines() == ["i4:-5,3", "i4:-1"]
 
@@ -747,8 +1018,9 @@ def test_frontend_rebound_at_once_in_the_same_process(ctx, gen):
     them at once, also when a peer was connected (it failed about half the time)."""
     rpc, q = _free_port(), _free_port()
     for _ in range(12):
-        fe = Frontend(f"tcp://127.0.0.1:{rpc}", gen, context=ctx,
-                      query=f"tcp://127.0.0.1:{q}").start()  # no retry: it must bind now
+        fe = Frontend(
+            f"tcp://127.0.0.1:{rpc}", gen, context=ctx, query=f"tcp://127.0.0.1:{q}"
+        ).start()  # no retry: it must bind now
         try:
             peer = ctx.socket(zmq.DEALER)
             peer.setsockopt(zmq.LINGER, 0)
@@ -762,8 +1034,9 @@ def test_frontend_rebound_at_once_in_the_same_process(ctx, gen):
                 asker.send_multipart([b"", b"not json"])
                 assert b"bad query" in asker.recv_multipart()[-1]  # both are connected
                 if gen == "2016":
-                    peer.send_multipart(clipper.encode(
-                        NewContainer("m", "1", InputType.DOUBLES, None), gen))
+                    peer.send_multipart(
+                        clipper.encode(NewContainer("m", "1", InputType.DOUBLES, None), gen)
+                    )
                     fe.wait_for("m", 1, WAIT)
                 else:
                     peer.send_multipart(clipper.encode(Heartbeat(), gen))

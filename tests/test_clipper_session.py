@@ -178,8 +178,9 @@ def test_quick_constructors_build_the_same_frozen_objects(make, cls, values):
 
 def test_quick_constructors_refuse_other_field_counts():
     with pytest.raises(TypeError, match="3 fields"):
-        session._quick_new(dataclasses.make_dataclass(
-            "Three", ["a", "b", "c"], frozen=True, slots=True))
+        session._quick_new(
+            dataclasses.make_dataclass("Three", ["a", "b", "c"], frozen=True, slots=True)
+        )
 
 
 # --- frontend state ---
@@ -281,7 +282,6 @@ def test_no_replica_before_the_timeout():
     assert "no live replica registered" in str(fe.events[0].error)
 
 
-
 def test_deadline_is_never_late_and_exact_after_a_tick():
     fe = FrontendState("2017", activity_timeout=30.0)
     register(fe, b"A", Generation.G2017)
@@ -299,6 +299,7 @@ def test_deadline_is_never_late_and_exact_after_a_tick():
     fe.tick(7.0)
     assert fe.events[-1].token == "late" and "no answer" in str(fe.events[-1].error)
     assert fe.deadline() == 10.0
+
 
 def test_frontend_logs_malformed_and_out_of_order_messages(caplog):
     fe = FrontendState("v3")

@@ -22,9 +22,11 @@ from wirekit.clipper import _zio
 @pytest.fixture(scope="module", params=IMPLEMENTATIONS)
 def zio(request):
     if request.param == "pure":
-        return types.SimpleNamespace(send_frames=_zio._send_frames,
-                                     recv_frames=_zio._recv_frames,
-                                     recv_message=_zio._recv_message)
+        return types.SimpleNamespace(
+            send_frames=_zio._send_frames,
+            recv_frames=_zio._recv_frames,
+            recv_message=_zio._recv_message,
+        )
     if pure_requested():
         pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
     from wirekit._fast import zio as fast
@@ -57,8 +59,14 @@ def test_the_runtimes_use_the_cython_twin_unless_pure_was_asked_for():
 def test_multipart_round_trip_of_bytes_like_frames(zio, pair):
     router, dealer = pair
     big = bytes(range(256)) * 4096
-    frames = [b"", b"\x01\x00\x00\x00", bytearray(b"ab"), memoryview(b"xyz")[1:],
-              np.arange(3.0), big]
+    frames = [
+        b"",
+        b"\x01\x00\x00\x00",
+        bytearray(b"ab"),
+        memoryview(b"xyz")[1:],
+        np.arange(3.0),
+        big,
+    ]
     zio.send_frames(dealer, frames)
     got = zio.recv_frames(router)
     assert got[1:] == [b"", b"\x01\x00\x00\x00", b"ab", b"yz", np.arange(3.0).tobytes(), big]

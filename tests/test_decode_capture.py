@@ -56,8 +56,10 @@ def kubemo_session():
         sends += [(0, t, bad), (1, t + 0.002, mip.encode(mip.ErrorReply(code)))]
         t += 0.01
     req = mip.Inference.request([[mip.Item.text("hi"), mip.Item.json({"a": 1})]])
-    sends += [(0, t, mip.encode(req)),
-              (1, t + 0.003, mip.encode(mip.Inference.reply([[mip.Item.text("HI")]], 2)))]
+    sends += [
+        (0, t, mip.encode(req)),
+        (1, t + 0.003, mip.encode(mip.Inference.reply([[mip.Item.text("HI")]], 2))),
+    ]
     return sends
 
 
@@ -228,7 +230,6 @@ def test_reassembler_counts_every_byte_once(size):
 # --- the formatted runs: Cython twin against the pure one -----------------------------------
 
 
-
 def _fast_format_run():
     from wirekit._impl import load_fast, pure_requested
 
@@ -250,8 +251,20 @@ def test_format_run_twins_write_the_same_text(msgs, as_json, data):
     )
 
 
-@pytest.mark.parametrize("text", ["plain", "it's", 'say "hi"', "both ' and \"", "tab\there\n",
-                                  "ctl\x01\x7f", "back\\slash", "héllo wörld", "x" * 70])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain",
+        "it's",
+        'say "hi"',
+        "both ' and \"",
+        "tab\there\n",
+        "ctl\x01\x7f",
+        "back\\slash",
+        "héllo wörld",
+        "x" * 70,
+    ],
+)
 def test_format_run_text_items_match_repr_and_json(text):
     fast = _fast_format_run()
     wire = mip.encode(mip.Inference.request([[mip.Item.text(text), mip.Item.json(text)]]))
@@ -268,8 +281,18 @@ def test_plain_output_is_the_same_with_and_without_runs(tmp_path):
     path.write_bytes(b"".join(d for s, _, d in kubemo_session() if s == 0))
     for form in ((), ("--json",)):
         _, plain, _ = run(*form, path)
-        _, filtered, _ = run(*form, "--kind", "inference", "--kind", "ping", "--kind",
-                             "malformed", "--kind", "kind9", path)
+        _, filtered, _ = run(
+            *form,
+            "--kind",
+            "inference",
+            "--kind",
+            "ping",
+            "--kind",
+            "malformed",
+            "--kind",
+            "kind9",
+            path,
+        )
         strip = [ln for ln in plain.splitlines() if "message(s)" not in ln]
         assert strip == [ln for ln in filtered.splitlines() if "message(s)" not in ln]
 
@@ -322,7 +345,10 @@ def test_capture_from_a_pipe(tmp_path):
     path = pcapng(tmp_path / "k.pcapng", [(C, S, kubemo_session(), True)])
     proc = subprocess.run(
         [sys.executable, "-m", "wirekit.cli", "decode", "--json", "-"],
-        input=path.read_bytes(), capture_output=True, timeout=60, check=False,
+        input=path.read_bytes(),
+        capture_output=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 1, proc.stderr
     assert len(proc.stdout.decode().splitlines()) == 10

@@ -75,8 +75,12 @@ def test_mip_dissector_fields_match_decode_json(tmp_path):
                                                     pcapng=fh) as proxy:  # fmt: skip
             with Client(f"tcp://127.0.0.1:{proxy.port}") as client:
                 client.ping()
-                client.infer([[mip.Item.text("héllo"), mip.Item.json({"a": [1, 2]})],
-                              [mip.Item.image(bytes(range(256)) * 300), mip.Item.text("x")]])
+                client.infer(
+                    [
+                        [mip.Item.text("héllo"), mip.Item.json({"a": [1, 2]})],
+                        [mip.Item.image(bytes(range(256)) * 300), mip.Item.text("x")],
+                    ]
+                )
             assert proxy.wait(WAIT)
     lua = _lua(tmp_path, "mip", port)
     names = ["kind", "subtype", "remaining", "item.type", "item.size", "item.text"]
@@ -113,16 +117,26 @@ def test_mip_dissector_marks_malformed_and_goes_on(tmp_path):
         conv.send(0, 1.1, b"\x07\x01\x00\x00\x00\x00\x00\x00" + mip.encode(mip.Ping()))
         conv.close(1.2)
     lua = _lua(tmp_path, "mip", 7000)
-    proc = subprocess.run([tshark, "-X", f"lua_script:{lua}", "-r", str(cap), "-Y", "kubemo"],
-                          capture_output=True, text=True, timeout=WAIT, check=False)
+    proc = subprocess.run(
+        [tshark, "-X", f"lua_script:{lua}", "-r", str(cap), "-Y", "kubemo"],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
+    )
     assert "[Malformed], ping request" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_y2_dissector_fields_match_decode_json(tmp_path):
     tshark = _tshark()
     cap = tmp_path / "y2.pcapng"
-    msgs = [y2.NodeIndex(1, 4), y2.Runtime(6000, 12, 3400, 25, -1500), y2.Runtime(1, 2, 3, 4),
-            y2.Delta(y2.pack([3, 1], [True, False], [42, 7], [True, False])), y2.Finished()]
+    msgs = [
+        y2.NodeIndex(1, 4),
+        y2.Runtime(6000, 12, 3400, 25, -1500),
+        y2.Runtime(1, 2, 3, 4),
+        y2.Delta(y2.pack([3, 1], [True, False], [42, 7], [True, False])),
+        y2.Finished(),
+    ]
     with open(cap, "wb") as fh:
         conv = capture.TcpConversation(capture.PcapngWriter(fh), ("127.0.0.1", 41000),
                                        ("127.0.0.1", 7100))  # fmt: skip
@@ -132,8 +146,18 @@ def test_y2_dissector_fields_match_decode_json(tmp_path):
         conv.send(0, 1.2, wire[13:])
         conv.close(1.3)
     lua = _lua(tmp_path, "y2", 7100)
-    names = ["type", "size", "node_id", "node_count", "sample_count", "loss_milli",
-             "word.layer", "word.is_weight", "word.index", "word.sign"]
+    names = [
+        "type",
+        "size",
+        "node_id",
+        "node_count",
+        "sample_count",
+        "loss_milli",
+        "word.layer",
+        "word.is_weight",
+        "word.index",
+        "word.sign",
+    ]
     rows = _fields(tshark, lua, cap, "y2", names)
     seen = defaultdict(list)
     for _src, cols in rows:

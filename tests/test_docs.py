@@ -98,9 +98,7 @@ def run_block(path: str, line: int) -> int:
     block = next(b for b in python_blocks(Path(path).resolve()) if b.line == line)
     if block.is_doctest:
         test = doctest.DocTestParser().get_doctest(block.code, {}, block.name, path, line - 1)
-        runner = doctest.DocTestRunner(
-            optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
-        )
+        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
         runner.run(test)
         return 1 if runner.failures else 0
     exec(compile(block.code, f"{block.name}", "exec"), {"__name__": "__docs__"})

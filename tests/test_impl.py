@@ -18,8 +18,15 @@ from wirekit import _impl, mip
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("1", True), ("true", True), (" YES ", True), ("on", True), ("0", False), ("", False),
-     ("no", False)],
+    [
+        ("1", True),
+        ("true", True),
+        (" YES ", True),
+        ("on", True),
+        ("0", False),
+        ("", False),
+        ("no", False),
+    ],
 )
 def test_pure_requested_reads_one_variable(value, expected):
     assert _impl.pure_requested({"WIREKIT_PURE": value}) is expected
@@ -63,8 +70,12 @@ def _implementation_in_subprocess(env_value: str | None) -> str:
         env["WIREKIT_PURE"] = env_value
     code = "import wirekit, wirekit.mip as m; print(wirekit.IMPLEMENTATION, m.IMPLEMENTATION)"
     out = subprocess.run(
-        [sys.executable, "-W", "error", "-c", code], env=env, capture_output=True, text=True,
-        timeout=60, check=True,
+        [sys.executable, "-W", "error", "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     return out.stdout.strip()
 

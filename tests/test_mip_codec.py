@@ -185,8 +185,10 @@ def test_huge_batch_header_allocates_nothing_before_checking(mip_codec):
 def _empty_items(n_input: int, batch: int, response: bool = False) -> bytes:
     count = n_input * batch
     head = bytes([n_input, n_input if response else 0]) + batch.to_bytes(2, "big")
-    return _header(kind=2, subtype=int(response), remaining=4 + 8 * count) + head + (
-        b"\x00\x00\x00\x01\x00\x00\x00\x00" * count
+    return (
+        _header(kind=2, subtype=int(response), remaining=4 + 8 * count)
+        + head
+        + (b"\x00\x00\x00\x01\x00\x00\x00\x00" * count)
     )
 
 
@@ -342,8 +344,13 @@ def test_stream_decoder_frames_offsets_and_buffered_for_any_feed_type(mip_codec,
     wires = [mip.encode(m) for m in msgs]
     wire = b"".join(wires)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=8)))
-    kinds = data.draw(st.lists(st.sampled_from([bytes, bytearray, memoryview]),
-                               min_size=len(cuts) + 1, max_size=len(cuts) + 1))
+    kinds = data.draw(
+        st.lists(
+            st.sampled_from([bytes, bytearray, memoryview]),
+            min_size=len(cuts) + 1,
+            max_size=len(cuts) + 1,
+        )
+    )
     decoder = mip.Decoder(codec=mip_codec)
     frames = []
     prev = 0
@@ -367,8 +374,11 @@ def test_take_whole_is_feed_plus_next_frame_for_exactly_one_message(mip_codec, m
         for d in (a, b):
             d.feed(w)
             assert d.next_frame() == w
-    chunk = data.draw(st.sampled_from([wires[-1], wires[-1][:-1], b"".join(wires),
-                                       wires[-1] + b"\x00", b"\x07" * 8]))
+    chunk = data.draw(
+        st.sampled_from(
+            [wires[-1], wires[-1][:-1], b"".join(wires), wires[-1] + b"\x00", b"\x07" * 8]
+        )
+    )
     taken = a.take_whole(chunk)
     if taken is None:
         assert (a.offset, a.buffered) == (b.offset, b.buffered)

@@ -86,8 +86,11 @@ def chunked(draw, stream: bytes):
     return [stream[a:b] for a, b in pairwise(edges) if b > a]
 
 
-@given(st.lists(_MESSAGE, max_size=10).map(b"".join).flatmap(
-    lambda s: st.tuples(st.just(s), chunked(s))))
+@given(
+    st.lists(_MESSAGE, max_size=10)
+    .map(b"".join)
+    .flatmap(lambda s: st.tuples(st.just(s), chunked(s)))
+)
 def test_any_chunking_of_a_stream_gives_the_same_events_and_replies(mip_codec, case):
     stream, chunks = case
     whole_events, whole_out = drive(Connection(codec=mip_codec), [stream] if stream else [])
@@ -99,9 +102,7 @@ def test_any_chunking_of_a_stream_gives_the_same_events_and_replies(mip_codec, c
 
 
 @given(st.binary(max_size=200), st.data())
-def test_any_bytes_give_events_or_a_protocol_error_never_another_exception(
-    mip_codec, data, draw
-):
+def test_any_bytes_give_events_or_a_protocol_error_never_another_exception(mip_codec, data, draw):
     limits = Limits(max_message_size=64, max_items=4, max_buffered=128)
     conn = Connection(limits, codec=mip_codec)
     chunks = draw.draw(chunked(data))
@@ -244,8 +245,9 @@ def test_error_kind_request_gets_method_and_responses_subtype(mip_codec):
     conn = Connection(codec=mip_codec)
     events, out = drive(conn, [mip.encode(ErrorReply(0)), mip.encode(ErrorReply(3)), PONG])
     assert [e[1] for e in events] == [ErrorCode.METHOD, ErrorCode.SUBTYPE, ErrorCode.SUBTYPE]
-    assert out == b"".join(error_reply(c) for c in
-                           (ErrorCode.METHOD, ErrorCode.SUBTYPE, ErrorCode.SUBTYPE))
+    assert out == b"".join(
+        error_reply(c) for c in (ErrorCode.METHOD, ErrorCode.SUBTYPE, ErrorCode.SUBTYPE)
+    )
 
 
 def test_no_request_is_taken_while_the_runtime_cannot_write(mip_codec):

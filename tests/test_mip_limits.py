@@ -233,8 +233,17 @@ def test_cli_defaults_drop_idle_clients():
 
 def test_cli_rejects_a_buffer_cap_below_the_message_limit(capsys):
     code = mip_main(
-        ["serve", "--handler", "wirekit.mip.runtime:echo", "--listen", "tcp://127.0.0.1:0",
-         "--max-message-size", "2048", "--max-buffered", "1024"]
+        [
+            "serve",
+            "--handler",
+            "wirekit.mip.runtime:echo",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--max-message-size",
+            "2048",
+            "--max-buffered",
+            "1024",
+        ]
     )
     assert code == 2
     assert "max_buffered (1024) must be at least max_message_size" in capsys.readouterr().err
@@ -270,7 +279,9 @@ def test_many_connections_holding_partial_requests_stay_under_the_buffer_cap():
     cap, n = 64 * 1024, 200
     # A request of one 7988-byte item, its first 1008 bytes.
     partial = (
-        HEADER.pack(0, 2, 0, 0, 8000) + b"\x01\x00\x00\x01" + struct.pack(">II", 1, 7988)
+        HEADER.pack(0, 2, 0, 0, 8000)
+        + b"\x01\x00\x00\x01"
+        + struct.pack(">II", 1, 7988)
         + b"p" * 988
     )
     with ServerThread(upper, max_message_size=16 * 1024, max_buffered=cap) as running:
@@ -290,9 +301,7 @@ def test_many_connections_holding_partial_requests_stay_under_the_buffer_cap():
             holder.sendall(b"p" * (8000 - 1000))
             reply = read_message(holder)
             # answered; or refused if its rest came in pieces over the full budget
-            assert reply == ErrorReply(ErrorCode.MEMORY) or reply.items[0].as_text() == (
-                "P" * 7988
-            )
+            assert reply == ErrorReply(ErrorCode.MEMORY) or reply.items[0].as_text() == ("P" * 7988)
         finally:
             for sock in socks:
                 sock.close()

@@ -86,8 +86,13 @@ def test_flatten_of_a_non_iterable_raises_the_same():
     assert _outcome(accel.flatten, 5) == _outcome(rt._flatten_py, 5)
 
 
-@given(st.booleans(), st.integers(0, 255), st.integers(0, 255), st.integers(0, 65535),
-       st.lists(st.builds(Item, st.integers(0, 5), st.binary(max_size=4)), max_size=4))
+@given(
+    st.booleans(),
+    st.integers(0, 255),
+    st.integers(0, 255),
+    st.integers(0, 65535),
+    st.lists(st.builds(Item, st.integers(0, 5), st.binary(max_size=4)), max_size=4),
+)
 def test_new_inference_is_the_dataclass(response, n_in, n_out, batch, items):
     got = accel.new_inference(response, n_in, n_out, batch, tuple(items))
     want = Inference(response, n_in, n_out, batch, tuple(items))
@@ -129,8 +134,10 @@ def test_start_agrees(body):
         finally:
             coro.close()
     assert outcomes[0] == outcomes[1]
-    assert outcomes[0] == {_returns: (True, "v"), _suspends: (False, None),
-                           _raises: ("raised", ("v",))}[body]
+    assert (
+        outcomes[0]
+        == {_returns: (True, "v"), _suspends: (False, None), _raises: ("raised", ("v",))}[body]
+    )
 
 
 def test_start_keeps_reference_counts():
@@ -167,8 +174,10 @@ def _deliver_with(deliver, data, dones, max_size):
 
 
 @given(
-    st.lists(st.one_of(mip_messages.map(mip.encode),
-                       mip_messages.map(mip.encode).flatmap(mutated)), max_size=5),
+    st.lists(
+        st.one_of(mip_messages.map(mip.encode), mip_messages.map(mip.encode).flatmap(mutated)),
+        max_size=5,
+    ),
     st.lists(st.booleans(), max_size=6),
     st.sampled_from([12, 64, 1 << 20]),
 )

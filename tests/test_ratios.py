@@ -27,11 +27,13 @@ def _row(table: str, who: str) -> list[str]:
 
 
 def test_shares_against_ours_and_against_direct():
-    report = {"benchmarks": [
-        _bench("serve", "direct", 1e-4, 10000.0),
-        _bench("serve", "dispatcher", 2e-4, 5000.0),
-        _bench("serve", "relay", 1.25e-4, 8000.0),
-    ]}
+    report = {
+        "benchmarks": [
+            _bench("serve", "direct", 1e-4, 10000.0),
+            _bench("serve", "dispatcher", 2e-4, 5000.0),
+            _bench("serve", "relay", 1.25e-4, 8000.0),
+        ]
+    }
     table = ratios.table(report)
     assert _row(table, "relay")[-3:-1] == ["8000", "62%"]  # dispatcher's rate / relay's
     assert _row(table, "relay")[-1] == "80%"  # relay's rate / direct's
@@ -40,18 +42,22 @@ def test_shares_against_ours_and_against_direct():
 
 
 def test_codec_rows_compare_with_fast_and_have_no_direct_column():
-    report = {"benchmarks": [
-        _bench("decode", "fast", 1e-6),
-        _bench("decode", "construct", 1e-4),
-    ]}
+    report = {
+        "benchmarks": [
+            _bench("decode", "fast", 1e-6),
+            _bench("decode", "construct", 1e-4),
+        ]
+    }
     table = ratios.table(report)
     assert _row(table, "construct")[-1] == "100.0x"
     assert _row(table, "fast")[-1] == "us"  # nothing after the median: no ratios for ours
 
 
 def test_streaming_rows_compare_with_feeding_whole():
-    report = {"benchmarks": [
-        _bench("zmtp feed", "whole", 1e-3),
-        _bench("zmtp feed", "byte-by-byte", 2.5e-2),
-    ]}
+    report = {
+        "benchmarks": [
+            _bench("zmtp feed", "whole", 1e-3),
+            _bench("zmtp feed", "byte-by-byte", 2.5e-2),
+        ]
+    }
     assert "25.0x" in _row(ratios.table(report), "byte-by-byte")

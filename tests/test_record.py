@@ -140,8 +140,13 @@ def _free_port() -> int:
 def test_record_clipper_container_and_frontend(tmp_path):
     cap = tmp_path / "clipper.pcapng"
     rpc, query = _free_port(), _free_port()
-    env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-               CLIPPER_MODEL_NAME="m", CLIPPER_MODEL_VERSION="7", CLIPPER_INPUT_TYPE="doubles")
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        CLIPPER_MODEL_NAME="m",
+        CLIPPER_MODEL_VERSION="7",
+        CLIPPER_INPUT_TYPE="doubles",
+    )
     fe = subprocess.Popen(
         [sys.executable, "-m", "wirekit.cli", "clipper", "frontend", "--listen",
          f"tcp://127.0.0.1:{rpc}", "--query", f"tcp://127.0.0.1:{query}",
@@ -234,7 +239,11 @@ def test_tcpdump_capture_of_mip_traffic(tmp_path):
     last = max(r["conn"] for r in recs)  # the knocks before are connections without data
     recs = [r for r in recs if r["conn"] == last]
     assert [(r["dir"], r["kind"]) for r in recs] == [
-        ("C>S", "ping"), ("S>C", "ping"), ("C>S", "inference"), ("S>C", "inference")]
+        ("C>S", "ping"),
+        ("S>C", "ping"),
+        ("C>S", "inference"),
+        ("S>C", "inference"),
+    ]
     assert recs[2]["items"][0]["text"] == "via tcpdump"
     assert recs[3]["reply_to"] == recs[2]["number"]
 

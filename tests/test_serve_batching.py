@@ -61,9 +61,15 @@ def test_join_and_split_are_inverse_on_the_wire():
     reqs = [text_request("a"), text_request("bb", "c"), text_request("ddd")]
     joined = mip.decode(join_requests([mip.encode(r) for r in reqs], 1, 4))
     assert joined == text_request("a", "bb", "c", "ddd")
-    reply = Inference.reply([[Item.text("A"), Item.json([1])], [Item.text("B")] * 2,
-                             [Item.text("C")] * 2, [Item.text("D"), Item(7, b"\x00")]],
-                            n_input=1)
+    reply = Inference.reply(
+        [
+            [Item.text("A"), Item.json([1])],
+            [Item.text("B")] * 2,
+            [Item.text("C")] * 2,
+            [Item.text("D"), Item(7, b"\x00")],
+        ],
+        n_input=1,
+    )
     frame = mip.encode(reply)
     parts = split_reply(frame, reply, [1, 2, 1])
     assert [mip.decode(p) for p in parts] == [
@@ -75,9 +81,10 @@ def test_join_and_split_are_inverse_on_the_wire():
 
 
 def test_max_batch_is_validated():
-    doc = {"models": {"m": {"max_batch": 0}},
-           "nodes": [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1],
-                      "ports": [1]}]}
+    doc = {
+        "models": {"m": {"max_batch": 0}},
+        "nodes": [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [1]}],
+    }
     with pytest.raises(ConfigError, match=r"models\.m\.max_batch"):
         parse_config(doc)
     doc["models"]["m"]["max_batch"] = 16
@@ -92,11 +99,24 @@ def test_pipelined_requests_are_joined_and_answered_each(tmp_path):
 
     async def main():
         backend, port = await start_backend(recording("A", sizes))
-        service = Service(parse_config(deployment(
-            store, {"m": {"max_batch": 8}},
-            [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [port]}],
-            cache={"max_entries": 0},
-        )))
+        service = Service(
+            parse_config(
+                deployment(
+                    store,
+                    {"m": {"max_batch": 8}},
+                    [
+                        {
+                            "id": "n",
+                            "devices": ["CPU"],
+                            "models": ["m"],
+                            "quotas": [1],
+                            "ports": [port],
+                        }
+                    ],
+                    cache={"max_entries": 0},
+                )
+            )
+        )
         await service.start()
         try:
             address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
@@ -109,8 +129,10 @@ def test_pipelined_requests_are_joined_and_answered_each(tmp_path):
             assert service.dispatcher.batches >= 3
             assert max(sizes) == 8 and sum(sizes) == 31
             # Byte for byte what the backend answers to the request alone.
-            async with AsyncClient(address, timeout=IO_TIMEOUT) as via, \
-                    AsyncClient(backend.address, timeout=IO_TIMEOUT) as direct:
+            async with (
+                AsyncClient(address, timeout=IO_TIMEOUT) as via,
+                AsyncClient(backend.address, timeout=IO_TIMEOUT) as direct,
+            ):
                 wire = mip.encode(text_request("p", "q"))
                 outs = await asyncio.gather(*(via.request_wire(wire) for _ in range(10)))
                 alone, _msg = await direct.request_wire(wire)
@@ -139,10 +161,23 @@ def test_an_error_reply_to_a_batch_fails_only_the_bad_request(tmp_path):
 
     async def main():
         backend, port = await start_backend(recording("A", sizes, fail_on="boom"))
-        service = Service(parse_config(deployment(
-            store, {"m": {"max_batch": 32}},
-            [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [port]}],
-        )))
+        service = Service(
+            parse_config(
+                deployment(
+                    store,
+                    {"m": {"max_batch": 32}},
+                    [
+                        {
+                            "id": "n",
+                            "devices": ["CPU"],
+                            "models": ["m"],
+                            "quotas": [1],
+                            "ports": [port],
+                        }
+                    ],
+                )
+            )
+        )
         await service.start()
         try:
             address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
@@ -175,12 +210,25 @@ def test_a_batch_that_times_out_is_resubmitted_request_by_request(tmp_path):
         never = asyncio.Event()
         stuck, stuck_port = await start_backend(tagged("S", gate=never))
         good, good_port = await start_backend(tagged("G"))
-        service = Service(parse_config(deployment(
-            store, {"m": {"max_batch": 16, "timeout": 0.3, "attempts": 2}},
-            [{"id": "n", "devices": ["CPU", "CPU"], "models": ["m"], "quotas": [1, 1],
-              "ports": [stuck_port, good_port]}],
-            cache={"max_entries": 0}, backoff=60,
-        )))
+        service = Service(
+            parse_config(
+                deployment(
+                    store,
+                    {"m": {"max_batch": 16, "timeout": 0.3, "attempts": 2}},
+                    [
+                        {
+                            "id": "n",
+                            "devices": ["CPU", "CPU"],
+                            "models": ["m"],
+                            "quotas": [1, 1],
+                            "ports": [stuck_port, good_port],
+                        }
+                    ],
+                    cache={"max_entries": 0},
+                    backoff=60,
+                )
+            )
+        )
         await service.start()
         try:
             address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
@@ -211,16 +259,30 @@ def test_batches_to_kubemo_server(tmp_path):
     async def main():
         with KubemoServer(kubemo_echo) as km:
             port = int(km.address.rsplit(":", 1)[1])
-            service = Service(parse_config(deployment(
-                store, {"km": {"backend": "kubemo", "max_batch": 8}},
-                [{"id": "n", "devices": ["CPU"], "models": ["km"], "quotas": [1],
-                  "ports": [port]}],
-            )))
+            service = Service(
+                parse_config(
+                    deployment(
+                        store,
+                        {"km": {"backend": "kubemo", "max_batch": 8}},
+                        [
+                            {
+                                "id": "n",
+                                "devices": ["CPU"],
+                                "models": ["km"],
+                                "quotas": [1],
+                                "ports": [port],
+                            }
+                        ],
+                    )
+                )
+            )
             await service.start()
             try:
                 address = f"tcp://127.0.0.1:{service.addresses()['mip']['km']}"
-                reqs = [Inference.request([[Item.text(f"k{k}"), Item.json({"n": k})]])
-                        for k in range(20)]
+                reqs = [
+                    Inference.request([[Item.text(f"k{k}"), Item.json({"n": k})]])
+                    for k in range(20)
+                ]
                 replies = await asyncio.to_thread(one_read, address, reqs)
                 stats = service.stats()
             finally:
@@ -259,10 +321,23 @@ def test_a_large_group_goes_as_two_batches(tmp_path):
 
     async def main():
         backend, port = await start_backend(recording("A", sizes))
-        service = Service(parse_config(deployment(
-            tmp_path / "requests.db", {"m": {"max_batch": 64}},
-            [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [port]}],
-        )))
+        service = Service(
+            parse_config(
+                deployment(
+                    tmp_path / "requests.db",
+                    {"m": {"max_batch": 64}},
+                    [
+                        {
+                            "id": "n",
+                            "devices": ["CPU"],
+                            "models": ["m"],
+                            "quotas": [1],
+                            "ports": [port],
+                        }
+                    ],
+                )
+            )
+        )
         await service.start()
         try:
             address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"

@@ -34,8 +34,15 @@ def test_check_prints_rows_and_probabilities():
 
 def test_bad_config_exits_1_naming_the_value(tmp_path):
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"nodes": [{"id": "n", "devices": ["GPU"], "models": ["m"],
-                                          "quotas": [0.5], "ports": [1]}]}))
+    bad.write_text(
+        json.dumps(
+            {
+                "nodes": [
+                    {"id": "n", "devices": ["GPU"], "models": ["m"], "quotas": [0.5], "ports": [1]}
+                ]
+            }
+        )
+    )
     for argv in (("serve", "check", "--config", str(bad)), ("serve", "--config", str(bad))):
         code, _out, err = call(*argv)
         assert code == 1
@@ -52,8 +59,9 @@ def test_stats_from_a_store_file(tmp_path):
 
     def done(rid, model, t_in, device, t_out, status, attempts):
         store.arrival(rid, model, "c", t_in, 20)
-        store.completion(rid, device, t_out, status, attempts,
-                         model=model, client="c", time_in=t_in, size=20)
+        store.completion(
+            rid, device, t_out, status, attempts, model=model, client="c", time_in=t_in, size=20
+        )
 
     async def fill():
         done("a", "m1", 10.0, "n/0/m1", 10.5, "ok", 1)
@@ -105,8 +113,9 @@ def test_journal_replays_answered_requests_after_a_crash(tmp_path):
     async def crash_before_handoff():
         store.open()
         store.arrival("x", "m", "c", 1.0, 3, b"abc")
-        store.completion("x", "n/0/m", 1.5, "ok", 1, model="m", client="c", time_in=1.0,
-                         size=3, payload=b"abc")
+        store.completion(
+            "x", "n/0/m", 1.5, "ok", 1, model="m", client="c", time_in=1.0, size=3, payload=b"abc"
+        )
         store.arrival("y", "m", "c", 2.0, 3, b"def")  # never answered
         # no flush, no close: the writer never saw these rows
 
@@ -137,8 +146,18 @@ def test_journal_keeps_exact_times_and_odd_names(tmp_path):
     async def crash_before_handoff():
         store.open()
         store.arrival("r1", model, client, t_in, 3)
-        store.completion("r1", device, t_out, "ok", 2, model=model, client=client,
-                         time_in=t_in, size=3, defer=True)
+        store.completion(
+            "r1",
+            device,
+            t_out,
+            "ok",
+            2,
+            model=model,
+            client=client,
+            time_in=t_in,
+            size=3,
+            defer=True,
+        )
         store.write_journal()
 
     asyncio.run(crash_before_handoff())
@@ -164,8 +183,14 @@ sys.exit(main(sys.argv[1:]))
 
 def without_serve_extra(*argv):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", _WITHOUT_EXTRA, *argv], capture_output=True,
-                          text=True, timeout=60, env=env, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_EXTRA, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=ROOT,
+    )
     return done.returncode, done.stdout, done.stderr
 
 
@@ -175,8 +200,10 @@ def test_serve_without_the_serve_extra_names_it_in_one_line_and_exits_2(tmp_path
     config = str(ROOT / "samples/serve-deployment.json")
     code, out, err = without_serve_extra("serve", "--config", config)
     assert code == 2
-    assert err == ("wirekit: serve needs the 'serve' extra (aiohttp is not installed): "
-                   "pip install 'wirekit[serve]'\n")
+    assert err == (
+        "wirekit: serve needs the 'serve' extra (aiohttp is not installed): "
+        "pip install 'wirekit[serve]'\n"
+    )
     assert out == ""
     code, out, err = without_serve_extra("serve", "check", "--config", config)  # still works
     assert code == 0, err

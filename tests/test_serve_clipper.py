@@ -37,8 +37,13 @@ def test_clipper_containers_behind_both_front_doors(tmp_path):
         store,
         {"words": {"backend": "clipper", "timeout": 5}, "sum": {"backend": "clipper"}},
         [
-            {"id": "n1", "devices": ["CPU", "GPU"], "models": ["words", "sum"],
-             "quotas": [0.5, 0.5, 1, 0], "ports": ["words-cpu", None, "words-gpu", None]},
+            {
+                "id": "n1",
+                "devices": ["CPU", "GPU"],
+                "models": ["words", "sum"],
+                "quotas": [0.5, 0.5, 1, 0],
+                "ports": ["words-cpu", None, "words-gpu", None],
+            },
         ],
         cache={"max_entries": 0},
     )
@@ -50,9 +55,11 @@ def test_clipper_containers_behind_both_front_doors(tmp_path):
         containers = []
         try:
             rpc = f"tcp://127.0.0.1:{service.addresses()['clipper_rpc']}"
-            for fn, name, itype in ((tagger("C"), "words-cpu", "strings"),
-                                    (tagger("G"), "words-gpu", "strings"),
-                                    (summer, "sum", "doubles")):
+            for fn, name, itype in (
+                (tagger("C"), "words-cpu", "strings"),
+                (tagger("G"), "words-gpu", "strings"),
+                (summer, "sum", "doubles"),
+            ):
                 containers.append(
                     ModelContainer(fn, name, "1", itype, rpc, poll_interval=0.05).start()
                 )
@@ -75,8 +82,9 @@ def test_clipper_containers_behind_both_front_doors(tmp_path):
                 async with http.post(f"{base}/sum/predict", json={"input": [1.0, 2.5]}) as r:
                     doc_ = await r.json()
                 assert doc_["default"] is False and float(doc_["output"]) == 3.5
-                async with http.post(f"{base}/v1/models/words:predict",
-                                     json={"instances": ["a", "b"]}) as r:
+                async with http.post(
+                    f"{base}/v1/models/words:predict", json={"instances": ["a", "b"]}
+                ) as r:
                     outs_ = (await r.json())["outputs"]
                 assert [answer_of(o[0])[1] for o in outs_] == ["A", "B"]
             await service.store.flush()

@@ -68,10 +68,20 @@ def test_both_front_doors_to_wirekit_and_kubemo_backends(tmp_path):
                 store,
                 {"m1": {"timeout": 5}, "km": {"backend": "kubemo", "apps": ["echo-app"]}},
                 [
-                    {"id": "n1", "devices": ["CPU", "GPU"], "models": ["m1"],
-                     "quotas": [0.7, 1], "ports": [pa, pb]},
-                    {"id": "n2", "devices": ["CPU"], "models": ["km"], "quotas": [1],
-                     "ports": [kport]},
+                    {
+                        "id": "n1",
+                        "devices": ["CPU", "GPU"],
+                        "models": ["m1"],
+                        "quotas": [0.7, 1],
+                        "ports": [pa, pb],
+                    },
+                    {
+                        "id": "n2",
+                        "devices": ["CPU"],
+                        "models": ["km"],
+                        "quotas": [1],
+                        "ports": [kport],
+                    },
                 ],
             )
             service = Service(parse_config(doc))
@@ -106,21 +116,24 @@ def test_both_front_doors_to_wirekit_and_kubemo_backends(tmp_path):
         base = f"http://127.0.0.1:{ports['http']}"
         async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http:
             # --- HTTP: the model form
-            async with http.post(f"{base}/v1/models/m1:predict",
-                                 json={"inputs": [["hello"], ["world"]]}) as r:
+            async with http.post(
+                f"{base}/v1/models/m1:predict", json={"inputs": [["hello"], ["world"]]}
+            ) as r:
                 assert r.status == 200
                 doc = await r.json()
             assert [answer_of(o[0])[1] for o in doc["outputs"]] == ["HELLO", "WORLD"]
-            async with http.post(f"{base}/v1/models/km:predict",
-                                 json={"instances": [{"a": [1, 2]}, "t"]}) as r:
+            async with http.post(
+                f"{base}/v1/models/km:predict", json={"instances": [{"a": [1, 2]}, "t"]}
+            ) as r:
                 assert (await r.json())["outputs"] == [[{"a": [1, 2]}], ["t"]]
             # --- HTTP: Clipper's query frontend form, by model name and by app name
             async with http.post(f"{base}/m1/predict", json={"input": "clip"}) as r:
                 doc = await r.json()
             assert doc["default"] is False and answer_of(doc["output"])[1] == "CLIP"
             assert isinstance(doc["query_id"], int)
-            async with http.post(f"{base}/echo-app/predict",
-                                 json={"input_batch": [[1.5, 2.5], "s"]}) as r:
+            async with http.post(
+                f"{base}/echo-app/predict", json={"input_batch": [[1.5, 2.5], "s"]}
+            ) as r:
                 doc = await r.json()
             assert [p["output"] for p in doc["batch_predictions"]] == [[1.5, 2.5], "s"]
             # --- errors
@@ -133,8 +146,7 @@ def test_both_front_doors_to_wirekit_and_kubemo_backends(tmp_path):
             async with http.post(f"{base}/nope/predict", json={"input": 1}) as r:
                 assert r.status == 404
             # --- cache: the same input to the same model, through either door
-            async with http.post(f"{base}/v1/models/m1:predict",
-                                 json={"inputs": [["x7"]]}) as r:
+            async with http.post(f"{base}/v1/models/m1:predict", json={"inputs": [["x7"]]}) as r:
                 cached = (await r.json())["outputs"]
             assert answer_of(cached[0][0]) == (answer_of(outs[7][0].as_text())[0], "X7")
             assert service.cache.hits == 1
@@ -185,8 +197,15 @@ def test_queue_length_counts_waiting_and_running_requests(tmp_path):
         doc = deployment(
             store,
             {"slow": {"timeout": 10}, "other": {"timeout": 10}},
-            [{"id": "n", "devices": ["CPU"], "models": ["slow", "other"],
-              "quotas": [0.5, 0.5], "ports": [port, port]}],
+            [
+                {
+                    "id": "n",
+                    "devices": ["CPU"],
+                    "models": ["slow", "other"],
+                    "quotas": [0.5, 0.5],
+                    "ports": [port, port],
+                }
+            ],
             cache={"max_entries": 0},
         )
         service = Service(parse_config(doc))

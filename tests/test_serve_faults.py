@@ -73,10 +73,20 @@ def test_timeout_and_refusal_are_resubmitted_and_answered_once(tmp_path):
             store,
             {"m": {"timeout": 0.2, "attempts": 3}, "lonely": {"timeout": 0.2, "attempts": 3}},
             [
-                {"id": "n1", "devices": ["CPU", "CPU", "CPU"], "models": ["m"],
-                 "quotas": [0.4, 0.3, 0.3], "ports": [slow_port, closed_port(), fast_port]},
-                {"id": "n2", "devices": ["CPU"], "models": ["lonely"], "quotas": [1],
-                 "ports": [slow_port]},
+                {
+                    "id": "n1",
+                    "devices": ["CPU", "CPU", "CPU"],
+                    "models": ["m"],
+                    "quotas": [0.4, 0.3, 0.3],
+                    "ports": [slow_port, closed_port(), fast_port],
+                },
+                {
+                    "id": "n2",
+                    "devices": ["CPU"],
+                    "models": ["lonely"],
+                    "quotas": [1],
+                    "ports": [slow_port],
+                },
             ],
             backoff=60,
             cache={"max_entries": 0},
@@ -99,8 +109,9 @@ def test_timeout_and_refusal_are_resubmitted_and_answered_once(tmp_path):
                 base = f"http://127.0.0.1:{ports['http']}"
                 timeout = aiohttp.ClientTimeout(total=10)
                 async with aiohttp.ClientSession(timeout=timeout) as http:
-                    async with http.post(f"{base}/v1/models/lonely:predict",
-                                         json={"instances": ["z2"]}) as r:
+                    async with http.post(
+                        f"{base}/v1/models/lonely:predict", json={"instances": ["z2"]}
+                    ) as r:
                         assert r.status == 504
                         assert "no device answered" in (await r.json())["error"]
                     async with http.post(f"{base}/lonely/predict", json={"input": "z3"}) as r:
@@ -129,17 +140,27 @@ def test_backend_killed_mid_run_loses_no_request(tmp_path):
     store = tmp_path / "k.db"
     clients, per_client = 8, 60
 
-    with CliServer(handler="serve_handlers:tag_a") as a, CliServer(
-        handler="serve_handlers:tag_b"
-    ) as b:
+    with (
+        CliServer(handler="serve_handlers:tag_a") as a,
+        CliServer(handler="serve_handlers:tag_b") as b,
+    ):
 
         async def main():
             doc = deployment(
                 store,
                 {"m": {"timeout": 5, "attempts": 3}},
-                [{"id": "n", "devices": ["CPU", "CPU"], "models": ["m"], "quotas": [0.5, 0.5],
-                  "ports": [int(a.address.rsplit(":", 1)[1]),
-                            int(b.address.rsplit(":", 1)[1])]}],
+                [
+                    {
+                        "id": "n",
+                        "devices": ["CPU", "CPU"],
+                        "models": ["m"],
+                        "quotas": [0.5, 0.5],
+                        "ports": [
+                            int(a.address.rsplit(":", 1)[1]),
+                            int(b.address.rsplit(":", 1)[1]),
+                        ],
+                    }
+                ],
                 backoff=60,
                 cache={"max_entries": 0},
                 store={"path": str(store), "payloads": True},
@@ -193,13 +214,25 @@ def test_dispatcher_kill9_keeps_every_completed_request(tmp_path, payloads):
     with CliServer(handler="serve_handlers:tag_fast") as backend:
         port = int(backend.address.rsplit(":", 1)[1])
         config = tmp_path / "deploy.json"
-        config.write_text(json.dumps(deployment(
-            store,
-            {"m": {"timeout": 5}},
-            [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [port]}],
-            store={"path": str(store), "payloads": payloads},
-            cache={"max_entries": 0},
-        )))
+        config.write_text(
+            json.dumps(
+                deployment(
+                    store,
+                    {"m": {"timeout": 5}},
+                    [
+                        {
+                            "id": "n",
+                            "devices": ["CPU"],
+                            "models": ["m"],
+                            "quotas": [1],
+                            "ports": [port],
+                        }
+                    ],
+                    store={"path": str(store), "payloads": payloads},
+                    cache={"max_entries": 0},
+                )
+            )
+        )
         completed: list[str] = []
         lock = threading.Lock()
         stop = threading.Event()
@@ -241,9 +274,7 @@ def test_dispatcher_kill9_keeps_every_completed_request(tmp_path, payloads):
 
         # restart: the journal is replayed, rows the crash left queued become abandoned,
         # and the service works again
-        with DispatcherProcess(config) as proc, Client(
-            proc.mip_address("m"), timeout=TIMEOUT
-        ) as c:
+        with DispatcherProcess(config) as proc, Client(proc.mip_address("m"), timeout=TIMEOUT) as c:
             assert c.infer_one("after")[0].as_text() == "F:AFTER"
         rows = store_rows(store)
         assert not [r for r in rows if r.status == "queued"]

@@ -63,23 +63,40 @@ HOSTILE = [
     ("/v1/models/m:predict", b'"just a string"', 400, "JSON object"),
     ("/v1/models/m:predict", b'{"inputs": 5}', 400, "non-empty list"),
     ("/v1/models/m:predict", b'{"inputs": [5]}', 400, "list of values"),
-    ("/v1/models/m:predict", b'{"inputs": [' + b",".join([b"[1]"] * (MAX_ITEMS + 1)) + b"]}",
-     413, f"{MAX_ITEMS + 1} items exceed the limit of {MAX_ITEMS}"),
-    ("/v1/models/m:predict", b'{"inputs": [[' + b",".join([b"1"] * (MAX_ITEMS + 1)) + b"]]}",
-     413, "items exceed the limit"),
-    ("/v1/models/m:predict", b'{"instances": [' + b",".join([b"1"] * (MAX_ITEMS + 1)) + b"]}",
-     413, "items exceed the limit"),
-    ("/app/predict", b'{"input_batch": [' + b",".join([b"1"] * (MAX_ITEMS + 1)) + b"]}",
-     413, "items exceed the limit"),
+    (
+        "/v1/models/m:predict",
+        b'{"inputs": [' + b",".join([b"[1]"] * (MAX_ITEMS + 1)) + b"]}",
+        413,
+        f"{MAX_ITEMS + 1} items exceed the limit of {MAX_ITEMS}",
+    ),
+    (
+        "/v1/models/m:predict",
+        b'{"inputs": [[' + b",".join([b"1"] * (MAX_ITEMS + 1)) + b"]]}",
+        413,
+        "items exceed the limit",
+    ),
+    (
+        "/v1/models/m:predict",
+        b'{"instances": [' + b",".join([b"1"] * (MAX_ITEMS + 1)) + b"]}",
+        413,
+        "items exceed the limit",
+    ),
+    (
+        "/app/predict",
+        b'{"input_batch": [' + b",".join([b"1"] * (MAX_ITEMS + 1)) + b"]}",
+        413,
+        "items exceed the limit",
+    ),
     ("/app/predict", b'{"input_batch": 3}', 400, "input_batch"),
 ]
 
 
 def test_hostile_bodies_get_a_clear_answer_and_the_front_door_keeps_serving(tmp_path):
     async def main():
-        async with http_service(tmp_path) as base, aiohttp.ClientSession(
-            timeout=HTTP_TIMEOUT
-        ) as http:
+        async with (
+            http_service(tmp_path) as base,
+            aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http,
+        ):
             for path, body, status, words in HOSTILE:
                 got, doc = await _post(http, base + path, body)
                 assert (got, path) == (status, path), doc
@@ -99,9 +116,10 @@ def test_a_body_over_the_item_limit_builds_no_items(tmp_path, path):
     body = b'{"' + key + b'": [' + b",".join([sample] * n) + b"]}"
 
     async def main():
-        async with http_service(tmp_path) as base, aiohttp.ClientSession(
-            timeout=HTTP_TIMEOUT
-        ) as http:
+        async with (
+            http_service(tmp_path) as base,
+            aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http,
+        ):
             tracemalloc.start()
             try:
                 status, doc = await _post(http, base + path, body)

@@ -83,8 +83,15 @@ async def lane_service(lane, path, handlers, *, model=None, quotas=None, rng=Non
     doc = deployment(
         path,
         {"m": model or {"timeout": 5}},
-        [{"id": "n", "devices": ["CPU"] * k, "models": ["m"],
-          "quotas": quotas or [1 / k] * k, "ports": [port for _server, port in backends]}],
+        [
+            {
+                "id": "n",
+                "devices": ["CPU"] * k,
+                "models": ["m"],
+                "quotas": quotas or [1 / k] * k,
+                "ports": [port for _server, port in backends],
+            }
+        ],
         **top,
     )
     service = Service(parse_config(doc), lane=lane, rng=rng)
@@ -110,9 +117,12 @@ def test_pipelined_requests_through_the_lane_are_answered_and_recorded(lane, tmp
     n = 300
 
     async def main():
-        async with lane_service(lane, store, [tagged("A"), tagged("B")],
-                                store={"path": str(store), "payloads": payloads}) as (
-                service, address):
+        async with lane_service(
+            lane,
+            store,
+            [tagged("A"), tagged("B")],
+            store={"path": str(store), "payloads": payloads},
+        ) as (service, address):
             async with AsyncClient(address, timeout=10, max_in_flight=64) as c:
                 outs = await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
             answers = {f"q{k}": answer_of(o[0].as_text()) for k, o in enumerate(outs)}
@@ -154,9 +164,12 @@ def test_a_crash_replays_exactly_the_rows_a_clean_stop_writes(lane, tmp_path):
 
     async def main():
         # nothing reaches SQLite before the stop: the journal alone holds the answers
-        async with lane_service(lane, store, [tagged("A"), tagged("B")], store={
-                "path": str(store), "flush_interval": 60, "batch_max": 1_000_000}) as (
-                service, address):
+        async with lane_service(
+            lane,
+            store,
+            [tagged("A"), tagged("B")],
+            store={"path": str(store), "flush_interval": 60, "batch_max": 1_000_000},
+        ) as (service, address):
             async with AsyncClient(address, timeout=10, max_in_flight=32) as c:
                 await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
             assert service.dispatcher.lane_requests == n
@@ -190,9 +203,13 @@ def test_timeouts_and_error_replies_leave_the_lane_for_the_attempt_loop(lane, tm
         return [[f"F:{t.upper()}"] for t in texts]
 
     async def main():
-        async with lane_service(lane, store, [tagged("S", gate=release), fussy],
-                                model={"timeout": 0.3, "attempts": 2}, backoff=60) as (
-                service, address):
+        async with lane_service(
+            lane,
+            store,
+            [tagged("S", gate=release), fussy],
+            model={"timeout": 0.3, "attempts": 2},
+            backoff=60,
+        ) as (service, address):
             try:
                 async with AsyncClient(address, timeout=10, max_in_flight=64) as c:
                     outs = await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
@@ -225,8 +242,7 @@ def test_requests_with_no_free_slot_wait_for_their_device_and_are_all_answered(l
 
     async def main():
         # 4 requests in flight per backend: the rest wait for a slot
-        async with lane_service(lane, store, [tagged("A")], connections=4) as (
-                service, address):
+        async with lane_service(lane, store, [tagged("A")], connections=4) as (service, address):
             async with AsyncClient(address, timeout=10, max_in_flight=n) as c:
                 outs = await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
             assert [o[0].as_text() for o in outs] == [f"A:Q{k}" for k in range(n)]
@@ -269,9 +285,14 @@ def test_the_quota_split_holds_idle_and_saturated(lane, tmp_path, load):
             return [await c.infer_one(f"q{k}") for k in range(per_client)]
 
     async def main():
-        async with lane_service(lane, store, [tagged("A"), tagged("B")], quotas=[0.6, 0.4],
-                                rng=random.Random(14),
-                                model={"timeout": 30}) as (service, address):
+        async with lane_service(
+            lane,
+            store,
+            [tagged("A"), tagged("B")],
+            quotas=[0.6, 0.4],
+            rng=random.Random(14),
+            model={"timeout": 30},
+        ) as (service, address):
             outs = await asyncio.gather(*(one_client(address) for _ in range(clients)))
             return [o[0].as_text() for out in outs for o in out], service.stats()
 
@@ -307,8 +328,9 @@ def test_malformed_messages_between_lane_requests_are_answered_in_order(lane, tm
             replies = []
             for _ in range(5):
                 head = await reader.readexactly(8)
-                replies.append(mip.decode(head + await reader.readexactly(
-                    int.from_bytes(head[4:], "big"))))
+                replies.append(
+                    mip.decode(head + await reader.readexactly(int.from_bytes(head[4:], "big")))
+                )
             writer.close()
             await writer.wait_closed()
             await service.store.flush()
@@ -316,8 +338,13 @@ def test_malformed_messages_between_lane_requests_are_answered_in_order(lane, tm
 
     replies, taken = run(main())
     texts = [r.items[0].as_text() if type(r) is mip.Inference else r for r in replies]
-    assert texts == ["A:G0", mip.ErrorReply(int(mip.ErrorCode.SHAPE)), mip.Ping(True),
-                     "A:G1", "A:G2"]
+    assert texts == [
+        "A:G0",
+        mip.ErrorReply(int(mip.ErrorCode.SHAPE)),
+        mip.Ping(True),
+        "A:G1",
+        "A:G2",
+    ]
     assert taken == 3
     assert Counter(r.status for r in store_rows(store)) == {"ok": 3}
 
@@ -327,8 +354,9 @@ def test_the_cache_answers_repeats_in_the_lane(lane, tmp_path):
     n = 100
 
     async def main():
-        async with lane_service(lane, store, [tagged("A")],
-                                cache={"max_entries": 1000, "ttl": 60}) as (service, address):
+        async with lane_service(
+            lane, store, [tagged("A")], cache={"max_entries": 1000, "ttl": 60}
+        ) as (service, address):
             async with AsyncClient(address, timeout=10, max_in_flight=32) as c:
                 first = await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
                 again = await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
@@ -344,7 +372,9 @@ def test_the_cache_answers_repeats_in_the_lane(lane, tmp_path):
     run(main())
     rows = store_rows(store)
     assert Counter((r.device, r.attempts, r.status) for r in rows) == {
-        ("n/0/m", 1, "ok"): n, ("cache", 0, "ok"): n}
+        ("n/0/m", 1, "ok"): n,
+        ("cache", 0, "ok"): n,
+    }
 
 
 @pytest.mark.parametrize("count", [1, 31, 32, 70])
@@ -355,8 +385,7 @@ def test_rows_inserted_many_per_statement_keep_their_order_and_values(tmp_path, 
         for k in range(count):
             store.arrival(f"id-{k}", "m", "c", 1000.0 + k / 7, k)
         for k in range(0, count, 2):  # every other one answered in the same hand-over
-            store.complete(f"id-{k}", "m", "c", "n/0/m", 1000.0 + k / 7, 2000.0 + k / 3,
-                           "ok", k, 1)
+            store.complete(f"id-{k}", "m", "c", "n/0/m", 1000.0 + k / 7, 2000.0 + k / 3, "ok", k, 1)
     finally:
         store.close()
     rows = store_rows(tmp_path / "r.db")
@@ -371,11 +400,21 @@ def test_rows_inserted_many_per_statement_keep_their_order_and_values(tmp_path, 
 
 
 ids = st.sampled_from([f"r{k}" for k in range(12)])
-arrivals = st.tuples(ids, st.just("m"), st.just("c"), st.floats(0, 10), st.integers(0, 99),
-                     st.none() | st.binary(max_size=3)).map(lambda row: (0, row))
-completions = st.tuples(st.none() | st.just("n/0/m"), st.floats(0, 10),
-                        st.sampled_from(["ok", "error", "failed"]), st.integers(0, 3),
-                        ids).map(lambda row: (1, row))
+arrivals = st.tuples(
+    ids,
+    st.just("m"),
+    st.just("c"),
+    st.floats(0, 10),
+    st.integers(0, 99),
+    st.none() | st.binary(max_size=3),
+).map(lambda row: (0, row))
+completions = st.tuples(
+    st.none() | st.just("n/0/m"),
+    st.floats(0, 10),
+    st.sampled_from(["ok", "error", "failed"]),
+    st.integers(0, 3),
+    ids,
+).map(lambda row: (1, row))
 
 
 @given(st.lists(arrivals | completions, max_size=40), st.sampled_from([1, 3, 32]))
@@ -402,14 +441,21 @@ def test_compiled_merge_of_store_rows_agrees(ops, chunk):
 
 texts = st.text(max_size=6)
 times = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-5, 5)
-answers = st.lists(st.tuples(texts, st.sampled_from(["n/0/m", "cache", 'n/"1"/m']),
-                             times, st.integers(0, 1 << 40), st.integers(0, 3),
-                             st.none() | st.binary(max_size=5)), max_size=12)
+answers = st.lists(
+    st.tuples(
+        texts,
+        st.sampled_from(["n/0/m", "cache", 'n/"1"/m']),
+        times,
+        st.integers(0, 1 << 40),
+        st.integers(0, 3),
+        st.none() | st.binary(max_size=5),
+    ),
+    max_size=12,
+)
 
 
 @given(answers, times, st.booleans(), st.booleans())
-def test_compiled_store_records_agree_with_the_one_journal_encoder(done, t_out, journal,
-                                                                   payloads):
+def test_compiled_store_records_agree_with_the_one_journal_encoder(done, t_out, journal, payloads):
     """The lane's batch records (RequestStore.arrivals / completions_ok): the compiled twin
     writes exactly the lines and rows of the pure one, whose lines are the store's one
     encoder (_line_head/_line_end), and each line reads back as what was answered."""
@@ -433,11 +479,16 @@ def test_compiled_store_records_agree_with_the_one_journal_encoder(done, t_out, 
     for line, (rid, device, t_in, size, attempts, wire) in zip(lines, done, strict=False):
         rec = json.loads(line)
         assert rec[:4] == [rid, "m", 'c"1', device] and rec[6:9] == ["ok", size, attempts]
-        assert line == store._line_end(store._line_head(rid, names_of(device),
-                                                        store._json_time(t_in)),
-                                       tout, "ok", size, attempts,
-                                       store._json_blob(wire if payloads else None))
+        assert line == store._line_end(
+            store._line_head(rid, names_of(device), store._json_time(t_in)),
+            tout,
+            "ok",
+            size,
+            attempts,
+            store._json_blob(wire if payloads else None),
+        )
     requests = [(rid, size, wire) for rid, _d, _t, size, _a, wire in done]
     for flag in (False, True):
         assert servelane.arrival_ops(requests, "m", "c", t_out, flag) == (
-            store.arrival_ops(requests, "m", "c", t_out, flag))
+            store.arrival_ops(requests, "m", "c", t_out, flag)
+        )

@@ -107,7 +107,8 @@ async def served(address: tuple[str, int], text: str = "ok") -> str:
 
 def test_config_mip_table_has_the_limits_defaults_and_checks_them(tmp_path):
     doc = deployment(
-        tmp_path / "r.db", {"m": {}},
+        tmp_path / "r.db",
+        {"m": {}},
         [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [1]}],
     )
     dep = parse_config(doc)
@@ -191,7 +192,9 @@ def test_idle_connection_is_dropped(lane, tmp_path):
 def test_many_connections_holding_partial_requests_stay_under_the_buffer_cap(lane, tmp_path):
     n = 200
     partial = (  # the first 1008 bytes of a request of one 7988-byte item
-        HEADER.pack(0, 2, 0, 0, 8000) + b"\x01\x00\x00\x01" + struct.pack(">II", 1, 7988)
+        HEADER.pack(0, 2, 0, 0, 8000)
+        + b"\x01\x00\x00\x01"
+        + struct.pack(">II", 1, 7988)
         + b"p" * 988
     )
     memory = mip.encode(ErrorReply(ErrorCode.MEMORY))
@@ -236,7 +239,9 @@ def test_many_connections_holding_partial_requests_stay_under_the_buffer_cap(lan
 def test_request_over_max_items_is_answered_memory_and_the_connection_goes_on(lane, tmp_path):
     count = 101
     wire = (
-        HEADER.pack(0, 2, 0, 0, 4 + 8 * count) + bytes([1, 0]) + count.to_bytes(2, "big")
+        HEADER.pack(0, 2, 0, 0, 4 + 8 * count)
+        + bytes([1, 0])
+        + count.to_bytes(2, "big")
         + struct.pack(">II", 1, 0) * count
     )
 

@@ -51,14 +51,13 @@ def _outcome(run, codec):
     return "ok", _summary(result)
 
 
-
-
 def _run_both_in_subprocess(body: str) -> list:
     """Run ``body`` (which defines ``run(codec)``) once per twin in a fresh interpreter and
     return both summaries; a crash of the interpreter fails the test with its stderr."""
     _fast()  # skips under WIREKIT_PURE=1
-    code = textwrap.dedent(
-        """
+    code = (
+        textwrap.dedent(
+            """
         import json
         import numpy as np
         from wirekit._fast import y2 as fast
@@ -77,7 +76,10 @@ def _run_both_in_subprocess(body: str) -> list:
             except Exception as exc:
                 return [type(exc).__name__, str(exc)]
         """
-    ) + textwrap.dedent(body) + "\nprint(json.dumps([outcome(fast), outcome(_pure)]))\n"
+        )
+        + textwrap.dedent(body)
+        + "\nprint(json.dumps([outcome(fast), outcome(_pure)]))\n"
+    )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
@@ -238,23 +240,33 @@ HOSTILE = {
     "pack complex": (lambda c: c.pack([0], [0], np.array([1j]), [0]), EncodeError),
     "pack strings": (lambda c: c.pack(["1"], [0], [0], [0]), EncodeError),
     "pack datetime": (
-        lambda c: c.pack(np.array(["2020-01-01"], "datetime64[D]"), [0], [0], [0]), EncodeError),
+        lambda c: c.pack(np.array(["2020-01-01"], "datetime64[D]"), [0], [0], [0]),
+        EncodeError,
+    ),
     "pack ragged": (lambda c: c.pack([[1, 2], [1]], [0], [0], [0]), EncodeError),
     "pack 0-d": (lambda c: c.pack(np.array(3), [0], [0], [0]), EncodeError),
     "pack 2-d": (lambda c: c.pack(np.zeros((2, 2), int), [0], [0], [0]), EncodeError),
     "pack lengths": (lambda c: c.pack([0, 1], [0, 1], [0], [0, 1]), EncodeError),
     "pack empty": (lambda c: c.pack([], [], [], []), "ok"),
     "pack empty typed": (
-        lambda c: c.pack(*(np.zeros(0, d) for d in (np.int8, bool, np.uint64, np.int64))), "ok"),
+        lambda c: c.pack(*(np.zeros(0, d) for d in (np.int8, bool, np.uint64, np.int64))),
+        "ok",
+    ),
     "pack layer 512": (lambda c: c.pack([512], [0], [0], [0]), EncodeError),
     "pack layer 2**40": (lambda c: c.pack([2**40], [0], [0], [0]), EncodeError),
     "pack layer uint64 max": (
-        lambda c: c.pack(np.array([2**64 - 1], np.uint64), [0], [0], [0]), EncodeError),
+        lambda c: c.pack(np.array([2**64 - 1], np.uint64), [0], [0], [0]),
+        EncodeError,
+    ),
     "pack layer int64 min": (
-        lambda c: c.pack(np.array([-(2**63)], np.int64), [0], [0], [0]), EncodeError),
+        lambda c: c.pack(np.array([-(2**63)], np.int64), [0], [0], [0]),
+        EncodeError,
+    ),
     "pack index 2**21": (lambda c: c.pack([0], [0], [2**21], [0]), EncodeError),
     "pack index 2**32 + 1": (
-        lambda c: c.pack([0], [0], np.array([2**32 + 1], np.uint64), [0]), EncodeError),
+        lambda c: c.pack([0], [0], np.array([2**32 + 1], np.uint64), [0]),
+        EncodeError,
+    ),
     "pack sign 2": (lambda c: c.pack([0], [0], [0], [2]), EncodeError),
     "pack limits": (lambda c: c.pack([511, 0], [1, 0], [2**21 - 1, 0], [1, 0]), "ok"),
     "pack strided, reversed, zero stride, read-only": (
@@ -266,16 +278,24 @@ HOSTILE = {
         ),
         "ok",
     ),
-    "pack big-endian": (lambda c: c.pack(np.arange(3, dtype=">i8"), [1, 0, 1], [7, 8, 9],
-                                         np.array([0, 1, 0], ">u2")), "ok"),
+    "pack big-endian": (
+        lambda c: c.pack(
+            np.arange(3, dtype=">i8"), [1, 0, 1], [7, 8, 9], np.array([0, 1, 0], ">u2")
+        ),
+        "ok",
+    ),
     "pack one array four times": (lambda c: c.pack(*[np.ones(4, np.uint8)] * 4), "ok"),
     "pack threads 2**70": (lambda c: c.pack([1], [0], [2], [1], threads=2**70), "ok"),
-    "unpack threads 2**70": (lambda c: c.unpack(np.arange(5, dtype=np.uint32), threads=2**70),
-                             "ok"),
+    "unpack threads 2**70": (
+        lambda c: c.unpack(np.arange(5, dtype=np.uint32), threads=2**70),
+        "ok",
+    ),
     "compress threads 2**70": (_compress(lambda: _model(np.ones(3)), threads=2**70), "ok"),
     "pack matrix": (lambda c: c.pack(np.matrix([[1, 2]]), [0, 0], [0, 0], [0, 0]), EncodeError),
-    "pack subclass": (lambda c: c.pack(np.arange(4).view(_NdimLiar), [0] * 4, [0] * 4, [0] * 4),
-                      "ok"),
+    "pack subclass": (
+        lambda c: c.pack(np.arange(4).view(_NdimLiar), [0] * 4, [0] * 4, [0] * 4),
+        "ok",
+    ),
     # unpack / to_wire / from_wire
     "unpack float": (lambda c: c.unpack(np.zeros(2)), EncodeError),
     "unpack object": (lambda c: c.unpack(np.array([1, 2], dtype=object)), EncodeError),
@@ -283,39 +303,61 @@ HOSTILE = {
     "unpack past u32": (lambda c: c.unpack(np.array([2**32], np.uint64)), EncodeError),
     "unpack 2-d": (lambda c: c.unpack(np.zeros((2, 2), np.uint32)), EncodeError),
     "unpack empty": (lambda c: c.unpack(np.zeros(0, np.uint32)), "ok"),
-    "unpack every bit": (lambda c: c.unpack(np.array([0, 2**32 - 1, 0x80000001], np.uint32)),
-                         "ok"),
+    "unpack every bit": (lambda c: c.unpack(np.array([0, 2**32 - 1, 0x80000001], np.uint32)), "ok"),
     "unpack strided big-endian read-only": (
-        lambda c: c.unpack(_ro(np.arange(40, dtype=">u4")[::-3])), "ok"),
-    "unpack zero stride": (lambda c: c.unpack(np.broadcast_to(np.uint32(0xFFFFFFFF), (70,))),
-                           "ok"),
+        lambda c: c.unpack(_ro(np.arange(40, dtype=">u4")[::-3])),
+        "ok",
+    ),
+    "unpack zero stride": (lambda c: c.unpack(np.broadcast_to(np.uint32(0xFFFFFFFF), (70,))), "ok"),
     "unpack out lying about its shape": (
-        lambda c: c.unpack(np.zeros(9, np.uint32), out=(
-            np.empty(9, np.uint16), np.empty(9, bool), np.empty(9, np.uint32),
-            np.empty(1, np.uint8).view(_SizeLiar))),
+        lambda c: c.unpack(
+            np.zeros(9, np.uint32),
+            out=(
+                np.empty(9, np.uint16),
+                np.empty(9, bool),
+                np.empty(9, np.uint32),
+                np.empty(1, np.uint8).view(_SizeLiar),
+            ),
+        ),
         ValueError,
     ),
     "unpack out claiming the words' length": (
-        lambda c: c.unpack(np.full(9, 0xFFFFFFFF, np.uint32), out=(
-            np.empty(9, np.uint16), np.empty(1, bool).view(_NineLiar), np.empty(9, np.uint32),
-            np.empty(9, np.uint8))),
+        lambda c: c.unpack(
+            np.full(9, 0xFFFFFFFF, np.uint32),
+            out=(
+                np.empty(9, np.uint16),
+                np.empty(1, bool).view(_NineLiar),
+                np.empty(9, np.uint32),
+                np.empty(9, np.uint8),
+            ),
+        ),
         ValueError,
     ),
     "unpack out claiming to be an array": (
-        lambda c: c.unpack(np.zeros(4, np.uint32), out=(
-            np.empty(4, np.uint16), np.empty(4, bool), _ClassLiar(), np.empty(4, np.uint8))),
+        lambda c: c.unpack(
+            np.zeros(4, np.uint32),
+            out=(np.empty(4, np.uint16), np.empty(4, bool), _ClassLiar(), np.empty(4, np.uint8)),
+        ),
         TypeError,
     ),
     "unpack out is the words": (
-        lambda c: (lambda w: c.unpack(w, out=(
-            np.empty(4, np.uint16), np.empty(4, bool), w, np.empty(4, np.uint8))))(
-            np.zeros(4, np.uint32)),
+        lambda c: (
+            lambda w: c.unpack(
+                w, out=(np.empty(4, np.uint16), np.empty(4, bool), w, np.empty(4, np.uint8))
+            )
+        )(np.zeros(4, np.uint32)),
         ValueError,
     ),
     "unpack out matrix": (
-        lambda c: c.unpack(np.arange(3, dtype=np.uint32), out=(
-            np.empty(3, np.uint16), np.empty(3, bool), np.matrix(np.empty(3, np.uint32)),
-            np.empty(3, np.uint8))),
+        lambda c: c.unpack(
+            np.arange(3, dtype=np.uint32),
+            out=(
+                np.empty(3, np.uint16),
+                np.empty(3, bool),
+                np.matrix(np.empty(3, np.uint32)),
+                np.empty(3, np.uint8),
+            ),
+        ),
         ValueError,
     ),
     "to_wire object": (lambda c: c.to_wire(np.array([None])), EncodeError),
@@ -325,16 +367,22 @@ HOSTILE = {
     "from_wire read-only view": (lambda c: c.from_wire(memoryview(bytes(8)), copy=False), "ok"),
     "check_handshake position -4": (lambda c: c.check_handshake(bytes(16), -4), IndexError),
     "check_handshake position past the end": (
-        lambda c: c.check_handshake(bytes(16), 17), IndexError),
+        lambda c: c.check_handshake(bytes(16), 17),
+        IndexError,
+    ),
     "check_handshake position at the end": (
-        lambda c: c.check_handshake(bytes(16), 16), DecodeError),
+        lambda c: c.check_handshake(bytes(16), 16),
+        DecodeError,
+    ),
     "decode_prefix position -1": (lambda c: c.decode_prefix(bytes(16), -1), IndexError),
     "check_handshake position 2**70": (lambda c: c.check_handshake(bytes(16), 2**70), IndexError),
     "decode_prefix position -2**70": (lambda c: c.decode_prefix(bytes(16), -(2**70)), IndexError),
     # compress: model arrays
     "compress int array": (_compress(lambda: _model(np.ones(3, np.int32))), TypeError),
     "compress object array": (
-        _compress(lambda: _model(np.array([1.0, 2.0], dtype=object))), TypeError),
+        _compress(lambda: _model(np.array([1.0, 2.0], dtype=object))),
+        TypeError,
+    ),
     "compress complex array": (_compress(lambda: _model(np.ones(2, complex))), TypeError),
     "compress read-only": (_compress(lambda: _model(_ro(np.ones(3)))), ValueError),
     "compress not an array": (_compress(lambda: _model([1.0, 2.0])), TypeError),
@@ -342,116 +390,206 @@ HOSTILE = {
     "compress not pairs": (_compress(lambda: [(np.ones(2),)]), TypeError),
     "compress not a model": (_compress(lambda: 7), TypeError),
     "compress 513 layers": (
-        _compress(lambda: [(np.ones(1), np.ones(1)) for _ in range(513)]), EncodeError),
+        _compress(lambda: [(np.ones(1), np.ones(1)) for _ in range(513)]),
+        EncodeError,
+    ),
     "compress 2**21 + 1 elements": (
-        _compress(lambda: _model(np.ones(2**21 + 1, np.float32))), EncodeError),
-    "compress tau inf in float32": (_compress(lambda: _model(np.ones(2, np.float32)), 1e39),
-                                    EncodeError),
+        _compress(lambda: _model(np.ones(2**21 + 1, np.float32))),
+        EncodeError,
+    ),
+    "compress tau inf in float32": (
+        _compress(lambda: _model(np.ones(2, np.float32)), 1e39),
+        EncodeError,
+    ),
     "compress tau nan": (_compress(lambda: _model(np.ones(2)), float("nan")), EncodeError),
     "compress tau negative": (_compress(lambda: _model(np.ones(2)), -1.0), EncodeError),
     "compress tau None": (_compress(lambda: _model(np.ones(2)), None), EncodeError),
     "compress NaN and inf": (
-        _compress(lambda: _model(np.array([np.nan, np.inf, -np.inf, -np.nan, 0.5, -0.5, 1e-45],
-                                          np.float32))), "ok"),
+        _compress(
+            lambda: _model(
+                np.array([np.nan, np.inf, -np.inf, -np.nan, 0.5, -0.5, 1e-45], np.float32)
+            )
+        ),
+        "ok",
+    ),
     "compress NaN and inf float64, 2 threads": (
-        _compress(lambda: _model(np.tile(np.array([np.nan, np.inf, -np.inf, 3.0]), 70_000)),
-                  threads=2), "ok"),
+        _compress(
+            lambda: _model(np.tile(np.array([np.nan, np.inf, -np.inf, 3.0]), 70_000)), threads=2
+        ),
+        "ok",
+    ),
     "compress empty arrays": (
-        _compress(lambda: _model(np.zeros(0, np.float32), np.zeros((3, 0)),
-                                 bias=np.zeros(0, np.float16))), "ok"),
+        _compress(
+            lambda: _model(np.zeros(0, np.float32), np.zeros((3, 0)), bias=np.zeros(0, np.float16))
+        ),
+        "ok",
+    ),
     "compress empty model": (_compress(lambda: []), "ok"),
     "compress 0-d arrays": (_compress(lambda: _model(np.array(2.0), bias=np.array(-3.0))), "ok"),
     "compress fortran, strided, reversed": (
-        _compress(lambda: _model(np.asfortranarray(np.arange(12.0).reshape(3, 4)),
-                                 np.arange(20.0)[::3],
-                                 bias=np.arange(6.0, dtype=np.float32)[::-1])),
-        "ok"),
+        _compress(
+            lambda: _model(
+                np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+                np.arange(20.0)[::3],
+                bias=np.arange(6.0, dtype=np.float32)[::-1],
+            )
+        ),
+        "ok",
+    ),
     "compress float16, longdouble, big-endian": (
-        _compress(lambda: _model(np.arange(6, dtype=np.float16), np.arange(6, dtype=np.longdouble),
-                                 bias=np.arange(4, dtype=">f4"))), "ok"),
+        _compress(
+            lambda: _model(
+                np.arange(6, dtype=np.float16),
+                np.arange(6, dtype=np.longdouble),
+                bias=np.arange(4, dtype=">f4"),
+            )
+        ),
+        "ok",
+    ),
     "compress one array twice": (
-        _compress(lambda: (lambda a: _model(a, a))(np.arange(-3.0, 3.0))), "ok"),
+        _compress(lambda: (lambda a: _model(a, a))(np.arange(-3.0, 3.0))),
+        "ok",
+    ),
     "compress transposed twin": (
-        _compress(lambda: (lambda a: _model(a, a.T))(np.arange(-3.0, 3.0).reshape(2, 3))), "ok"),
+        _compress(lambda: (lambda a: _model(a, a.T))(np.arange(-3.0, 3.0).reshape(2, 3))),
+        "ok",
+    ),
     "compress overlapping slices": (
         _compress(lambda: (lambda a: _model(a[:5], a[3:], bias=a[::2]))(np.arange(-4.0, 4.0))),
-        "ok"),
+        "ok",
+    ),
     "compress float16 view of float32": (
         _compress(lambda: (lambda a: _model(a, a.view(np.float16)))(np.full(4, 2.0, np.float32))),
-        "ok"),
+        "ok",
+    ),
     "compress self-overlapping 1-d": (_compress(lambda: _model(_self_overlapping())), "ok"),
     "compress self-overlapping 2-d": (
-        _compress(lambda: _model(np.lib.stride_tricks.as_strided(
-            np.arange(4.0), (3, 3), (8, 8)))), "ok"),
+        _compress(lambda: _model(np.lib.stride_tricks.as_strided(np.arange(4.0), (3, 3), (8, 8)))),
+        "ok",
+    ),
     "compress matrix": (
         _compress(lambda: _model(np.matrix(np.arange(16.0, dtype=np.float32).reshape(4, 4)))),
-        "ok"),
+        "ok",
+    ),
     "compress size liar": (
-        _compress(lambda: _model(np.full(3, 2.0, np.float32).view(_SizeLiar))), "ok"),
-    "compress ndim liar": (
-        _compress(lambda: _model(np.full((4, 4), 2.0).view(_NdimLiar))), "ok"),
+        _compress(lambda: _model(np.full(3, 2.0, np.float32).view(_SizeLiar))),
+        "ok",
+    ),
+    "compress ndim liar": (_compress(lambda: _model(np.full((4, 4), 2.0).view(_NdimLiar))), "ok"),
     # apply: words
     "apply float words": (_apply(lambda: _model(np.zeros(4)), np.zeros(2)), EncodeError),
-    "apply object words": (_apply(lambda: _model(np.zeros(4)), np.array([0], dtype=object)),
-                           EncodeError),
+    "apply object words": (
+        _apply(lambda: _model(np.zeros(4)), np.array([0], dtype=object)),
+        EncodeError,
+    ),
     "apply negative words": (_apply(lambda: _model(np.zeros(4)), [-1]), EncodeError),
     "apply words past u32": (_apply(lambda: _model(np.zeros(4)), [2**32]), EncodeError),
-    "apply 2-d words": (_apply(lambda: _model(np.zeros(4)), np.zeros((1, 1), np.uint32)),
-                        EncodeError),
+    "apply 2-d words": (
+        _apply(lambda: _model(np.zeros(4)), np.zeros((1, 1), np.uint32)),
+        EncodeError,
+    ),
     "apply no words": (_apply(lambda: _model(np.zeros(4)), np.zeros(0, np.uint32)), "ok"),
     "apply words strided big-endian read-only": (
         _apply(lambda: _model(np.zeros(4)), lambda: _ro(np.repeat(W0, 2).astype(">u4")[::2])),
-        "ok"),
-    "apply word layer 511 of 1": (_apply(lambda: _model(np.zeros(4)), [0xFF800000]),
-                                  DecodeError),
+        "ok",
+    ),
+    "apply word layer 511 of 1": (_apply(lambda: _model(np.zeros(4)), [0xFF800000]), DecodeError),
     "apply word index 2**21 - 1": (
-        _apply(lambda: _model(np.zeros(4)), [(1 << 22) | (2**21 - 1) << 1]), DecodeError),
+        _apply(lambda: _model(np.zeros(4)), [(1 << 22) | (2**21 - 1) << 1]),
+        DecodeError,
+    ),
     "apply word of an empty array": (_apply(lambda: _model(np.zeros(0)), [1 << 22]), DecodeError),
     "apply every key, all bits set": (
-        _apply(lambda: _model(np.zeros(4)), np.arange(0, 2**32, 2**22, dtype=np.uint64)
-               .astype(np.uint32) | 0x3FFFFF), DecodeError),
+        _apply(
+            lambda: _model(np.zeros(4)),
+            np.arange(0, 2**32, 2**22, dtype=np.uint64).astype(np.uint32) | 0x3FFFFF,
+        ),
+        DecodeError,
+    ),
     # apply: model arrays and tau
     "apply int array": (_apply(lambda: _model(np.zeros(4, np.int64)), W0), TypeError),
     "apply object array": (_apply(lambda: _model(np.zeros(4, dtype=object)), W0), TypeError),
     "apply read-only": (_apply(lambda: _model(_ro(np.zeros(4))), W0), ValueError),
     "apply claims to be an array": (_apply(lambda: _model(_ClassLiar()), W0), TypeError),
-    "apply tau inf in float32": (_apply(lambda: _model(np.zeros(4, np.float32)), W0, 1e39),
-                                 EncodeError),
-    "apply tau 0 in float16": (_apply(lambda: _model(np.zeros(4, np.float16)), W0, 1e-9),
-                               EncodeError),
+    "apply tau inf in float32": (
+        _apply(lambda: _model(np.zeros(4, np.float32)), W0, 1e39),
+        EncodeError,
+    ),
+    "apply tau 0 in float16": (
+        _apply(lambda: _model(np.zeros(4, np.float16)), W0, 1e-9),
+        EncodeError,
+    ),
     "apply tau string": (_apply(lambda: _model(np.zeros(4)), W0, "x"), EncodeError),
     "apply NaN and inf": (
-        _apply(lambda: _model(np.array([np.nan, np.inf, -np.inf, -0.0], np.float32)), W0), "ok"),
+        _apply(lambda: _model(np.array([np.nan, np.inf, -np.inf, -0.0], np.float32)), W0),
+        "ok",
+    ),
     "apply 0-d, fortran, strided, reversed": (
-        _apply(lambda: [(np.asfortranarray(np.arange(8.0).reshape(2, 4)), np.arange(4.0)[::-2]),
-                        (np.array(1.0), np.zeros(0))],
-               _apply_words([0, 0, 1, 0], [1, 0, 1, 1], [5, 1, 0, 5], [0, 1, 1, 0])), "ok"),
+        _apply(
+            lambda: [
+                (np.asfortranarray(np.arange(8.0).reshape(2, 4)), np.arange(4.0)[::-2]),
+                (np.array(1.0), np.zeros(0)),
+            ],
+            _apply_words([0, 0, 1, 0], [1, 0, 1, 1], [5, 1, 0, 5], [0, 1, 1, 0]),
+        ),
+        "ok",
+    ),
     "apply float16, longdouble, big-endian": (
-        _apply(lambda: [(np.zeros(4, np.float16), np.zeros(2, np.longdouble)),
-                        (np.zeros(4, ">f8"), np.zeros(2, np.float32))],
-               _apply_words([0, 0, 1, 1, 1], [1, 0, 1, 0, 1], [3, 1, 3, 1, 3], [0, 1, 1, 0, 1])),
-        "ok"),
+        _apply(
+            lambda: [
+                (np.zeros(4, np.float16), np.zeros(2, np.longdouble)),
+                (np.zeros(4, ">f8"), np.zeros(2, np.float32)),
+            ],
+            _apply_words([0, 0, 1, 1, 1], [1, 0, 1, 0, 1], [3, 1, 3, 1, 3], [0, 1, 1, 0, 1]),
+        ),
+        "ok",
+    ),
     "apply one array twice": (
-        _apply(lambda: (lambda a: _model(a, a))(np.zeros(4, np.float32)),
-               _apply_words([0, 1, 1, 0], [1, 1, 1, 1], [2, 2, 2, 2], [0, 0, 1, 0])), "ok"),
+        _apply(
+            lambda: (lambda a: _model(a, a))(np.zeros(4, np.float32)),
+            _apply_words([0, 1, 1, 0], [1, 1, 1, 1], [2, 2, 2, 2], [0, 0, 1, 0]),
+        ),
+        "ok",
+    ),
     "apply transposed twin": (
-        _apply(lambda: (lambda a: _model(a, a.T, bias=a[0]))(np.zeros((2, 3))),
-               _apply_words([1, 0, 1, 0], [1, 1, 0, 0], [1, 3, 1, 0], [0, 0, 0, 1])), "ok"),
+        _apply(
+            lambda: (lambda a: _model(a, a.T, bias=a[0]))(np.zeros((2, 3))),
+            _apply_words([1, 0, 1, 0], [1, 1, 0, 0], [1, 3, 1, 0], [0, 0, 0, 1]),
+        ),
+        "ok",
+    ),
     "apply float16 view of float32": (
-        _apply(lambda: (lambda a: _model(a, a.view(np.float16)))(np.zeros(2, np.float32)),
-               _apply_words([1, 0, 1], [1, 1, 1], [1, 0, 3], [0, 0, 0])), "ok"),
+        _apply(
+            lambda: (lambda a: _model(a, a.view(np.float16)))(np.zeros(2, np.float32)),
+            _apply_words([1, 0, 1], [1, 1, 1], [1, 0, 3], [0, 0, 0]),
+        ),
+        "ok",
+    ),
     "apply self-overlapping 1-d": (
-        _apply(lambda: _model(_self_overlapping()),
-               _apply_words([0, 0, 0], [1, 1, 1], [0, 4, 2], [0, 0, 1])), "ok"),
+        _apply(
+            lambda: _model(_self_overlapping()),
+            _apply_words([0, 0, 0], [1, 1, 1], [0, 4, 2], [0, 0, 1]),
+        ),
+        "ok",
+    ),
     "apply matrix": (
-        _apply(lambda: _model(np.matrix(np.zeros((4, 4), np.float32))),
-               _apply_words([0, 0], [1, 1], [5, 15], [0, 1])), "ok"),
+        _apply(
+            lambda: _model(np.matrix(np.zeros((4, 4), np.float32))),
+            _apply_words([0, 0], [1, 1], [5, 15], [0, 1]),
+        ),
+        "ok",
+    ),
     "apply size liar, index past the array": (
-        _apply(lambda: _model(np.zeros(3, np.float32).view(_SizeLiar)),
-               _apply_words([0], [1], [2**20], [0])), DecodeError),
+        _apply(
+            lambda: _model(np.zeros(3, np.float32).view(_SizeLiar)),
+            _apply_words([0], [1], [2**20], [0]),
+        ),
+        DecodeError,
+    ),
     "apply ndim liar": (
-        _apply(lambda: _model(np.zeros((4, 4)).view(_NdimLiar)),
-               _apply_words([0], [1], [13], [0])), "ok"),
+        _apply(lambda: _model(np.zeros((4, 4)).view(_NdimLiar)), _apply_words([0], [1], [13], [0])),
+        "ok",
+    ),
 }
 
 
@@ -499,8 +637,9 @@ def shared_models(draw):
     bytes."""
     dtype = draw(st.sampled_from([np.float32, np.float64]))
     base = np.array(
-        draw(st.lists(st.sampled_from([0.0, 0.5, -1.5, 2.0, 3.25, -0.0]), min_size=24,
-                      max_size=24)),
+        draw(
+            st.lists(st.sampled_from([0.0, 0.5, -1.5, 2.0, 3.25, -0.0]), min_size=24, max_size=24)
+        ),
         dtype=dtype,
     )
     grid = base.reshape(4, 6)
@@ -522,8 +661,12 @@ def shared_models(draw):
 
 
 def _keys(layers):
-    return [(k, w, pair[1 - w].size) for k, pair in enumerate(layers) for w in (0, 1)
-            if pair[1 - w].size]
+    return [
+        (k, w, pair[1 - w].size)
+        for k, pair in enumerate(layers)
+        for w in (0, 1)
+        if pair[1 - w].size
+    ]
 
 
 @given(shared_models(), st.data())
@@ -532,7 +675,9 @@ def test_apply_on_shared_memory_equals_reference(shared, data):
     valid = _keys(layers)
     picks = data.draw(st.lists(st.sampled_from(valid), max_size=30))
     words = [
-        (k << 23) | (w << 22) | (data.draw(st.integers(0, size - 1)) << 1)
+        (k << 23)
+        | (w << 22)
+        | (data.draw(st.integers(0, size - 1)) << 1)
         | data.draw(st.integers(0, 1))
         for k, w, size in picks
     ]

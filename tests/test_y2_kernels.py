@@ -326,8 +326,10 @@ def test_compress_model_forms_and_float32_tau_limits(tau):
     # tuples or lists of pairs, mixed float32/float64, tau at the float32 limits (the last
     # rounds to FLT_MAX): both twins agree
     rng = np.random.default_rng(9)
-    pairs = [(rng.normal(0, 3, (7, 5)).astype(np.float32), rng.normal(0, 3, 5)),
-             (np.full(4, np.finfo(np.float32).max), np.zeros(0, np.float32))]
+    pairs = [
+        (rng.normal(0, 3, (7, 5)).astype(np.float32), rng.normal(0, 3, 5)),
+        (np.full(4, np.finfo(np.float32).max), np.zeros(0, np.float32)),
+    ]
     for form in (tuple, list):
         mine = form(form(p) for p in _copy(pairs))
         ref = _copy(pairs)
@@ -522,8 +524,7 @@ def test_compress_blocks_and_dense_hits(simd, dtype):
 def _big_model(seed=12):
     rng = np.random.default_rng(seed)
     return [
-        (rng.normal(0, 1, (300, 1000)).astype(np.float32), rng.normal(0, 1, 1000))
-        for _ in range(2)
+        (rng.normal(0, 1, (300, 1000)).astype(np.float32), rng.normal(0, 1, 1000)) for _ in range(2)
     ] + [(rng.normal(0, 1, 300_001).astype(np.float16), rng.normal(0, 1, 7).astype(np.float32))]
 
 
@@ -572,8 +573,12 @@ def test_threads_argument_checked_by_both_twins(threads):
 
 
 def _unpack_out(n):
-    return (np.empty(n, np.uint16), np.empty(n, np.bool_), np.empty(n, np.uint32),
-            np.empty(n, np.uint8))
+    return (
+        np.empty(n, np.uint16),
+        np.empty(n, np.bool_),
+        np.empty(n, np.uint32),
+        np.empty(n, np.uint8),
+    )
 
 
 @given(st.lists(y2_words, max_size=120), st.sampled_from(["=", ">", "strided"]), st.data())
@@ -615,21 +620,38 @@ def _out_cases():
         (5, TypeError, "out must be a sequence of 4 arrays, got int"),
         (good[:3], TypeError, "out must hold 4 arrays (layer, is_weight, index, sign), got 3"),
         ((*good[:3], [0] * 6), TypeError, "out sign must be a numpy array, got list"),
-        ((good[0].astype(np.int16), *good[1:]), TypeError,
-         "out layer must have dtype uint16, got int16"),
-        ((good[0].astype(">u2"), *good[1:]), TypeError,
-         "out layer must have dtype uint16, got >u2"),
-        ((*good[:2], np.empty(7, np.uint32), good[3]), ValueError,
-         "out index must have shape (6,), got (7,)"),
-        ((*good[:2], np.empty((6, 1), np.uint32), good[3]), ValueError,
-         "out index must have shape (6,), got (6, 1)"),
-        ((*good[:2], np.empty(12, np.uint32)[::2], good[3]), ValueError,
-         "out index must be contiguous"),
+        (
+            (good[0].astype(np.int16), *good[1:]),
+            TypeError,
+            "out layer must have dtype uint16, got int16",
+        ),
+        (
+            (good[0].astype(">u2"), *good[1:]),
+            TypeError,
+            "out layer must have dtype uint16, got >u2",
+        ),
+        (
+            (*good[:2], np.empty(7, np.uint32), good[3]),
+            ValueError,
+            "out index must have shape (6,), got (7,)",
+        ),
+        (
+            (*good[:2], np.empty((6, 1), np.uint32), good[3]),
+            ValueError,
+            "out index must have shape (6,), got (6, 1)",
+        ),
+        (
+            (*good[:2], np.empty(12, np.uint32)[::2], good[3]),
+            ValueError,
+            "out index must be contiguous",
+        ),
         ((*good[:3], readonly), ValueError, "out sign is read-only"),
-        ((good[0], good[1], words, good[3]), ValueError,
-         "out index shares memory with the words"),
-        ((good[0], shared[:6].view(np.bool_)[:6], shared, good[3]), ValueError,
-         "out is_weight shares memory with out index"),
+        ((good[0], good[1], words, good[3]), ValueError, "out index shares memory with the words"),
+        (
+            (good[0], shared[:6].view(np.bool_)[:6], shared, good[3]),
+            ValueError,
+            "out is_weight shares memory with out index",
+        ),
     ]
 
 
@@ -661,8 +683,12 @@ def test_unpack_out_empty_and_big_endian_view_of_the_same_bytes(y2_codec):
 
 def _pack_fields(n, seed=31):
     rng = np.random.default_rng(seed)
-    return (rng.integers(0, 512, n).astype(np.uint16), rng.integers(0, 2, n).astype(np.bool_),
-            rng.integers(0, 2**21, n).astype(np.uint32), rng.integers(0, 2, n).astype(np.uint8))
+    return (
+        rng.integers(0, 512, n).astype(np.uint16),
+        rng.integers(0, 2, n).astype(np.bool_),
+        rng.integers(0, 2**21, n).astype(np.uint32),
+        rng.integers(0, 2, n).astype(np.uint8),
+    )
 
 
 @pytest.mark.parametrize("threads", [None, 1, 2, 3, 7])
@@ -754,11 +780,15 @@ def test_pool_works_in_a_forked_child():
     if pid == 0:  # pragma: no cover - the child reports through its exit code
         ok = False
         try:
-            ok = (fast._pool_workers() == 0
-                  and np.array_equal(fast.pack(*fields, threads=2), expected)
-                  and fast._pool_workers() >= 1
-                  and np.array_equal(fast.compress(_copy(_big_model(15)), 2.0, threads=2),
-                                     _pure.compress(_copy(_big_model(15)), 2.0)))
+            ok = (
+                fast._pool_workers() == 0
+                and np.array_equal(fast.pack(*fields, threads=2), expected)
+                and fast._pool_workers() >= 1
+                and np.array_equal(
+                    fast.compress(_copy(_big_model(15)), 2.0, threads=2),
+                    _pure.compress(_copy(_big_model(15)), 2.0),
+                )
+            )
         finally:
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
@@ -778,8 +808,9 @@ def test_interpreter_exits_promptly_with_workers_alive():
         "y2.unpack(w, threads=2)\n"
         "print(y2._pool_workers())\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) == 1
 

@@ -118,8 +118,11 @@ def malformed(
     ``exc`` has offsets in ``buf``; the record's error has them in the stream.
     """
     err = DecodeError(exc.protocol, exc.field, exc.offset + base, exc.reason, code=exc.code)
-    excerpt = hex_excerpt(bytes(buf[max(pos, exc.offset - 16) : exc.offset + 16]), err.offset,
-                          base=base + max(pos, exc.offset - 16))
+    excerpt = hex_excerpt(
+        bytes(buf[max(pos, exc.offset - 16) : exc.offset + 16]),
+        err.offset,
+        base=base + max(pos, exc.offset - 16),
+    )
     raw = bytes(buf[pos : min(end, pos + MALFORMED_SHOWN)])
     return Record(base + pos, end - pos, kind, error=err, raw=raw, excerpt=excerpt, info=info)
 

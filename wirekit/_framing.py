@@ -111,7 +111,9 @@ class FramedStream:
         """True when nothing is buffered, skipped or broken: bytes the caller frames itself
         (then :meth:`taken`) need not go through :meth:`feed`."""
         return (
-            self._chunk is None and self._pos == len(self._buf) and not self._skip
+            self._chunk is None
+            and self._pos == len(self._buf)
+            and not self._skip
             and self._error is None
         )
 

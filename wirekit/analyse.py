@@ -318,8 +318,10 @@ class Analyser:
                     self._start(conn, name)
                     return
         held = sum(len(d) for _, _, d in conn.waiting)
-        if final or held >= 2 * DETECT_BYTES or (
-            not conn.mid_stream and all(len(h) >= 11 for h in conn.head)
+        if (
+            final
+            or held >= 2 * DETECT_BYTES
+            or (not conn.mid_stream and all(len(h) >= 11 for h in conn.head))
         ):
             conn.undetected = True
             conn.waiting = []
@@ -407,8 +409,10 @@ class Analyser:
 
     def _match(self, rec: Record, fields: dict[str, Any]) -> bool:
         a = self.args
-        if self.kinds and rec.kind not in self.kinds and not (
-            "malformed" in self.kinds and rec.error is not None
+        if (
+            self.kinds
+            and rec.kind not in self.kinds
+            and not ("malformed" in self.kinds and rec.error is not None)
         ):
             return False
         if a.error is not None:

@@ -255,9 +255,7 @@ class Reassembler:
         elif seg.syn:
             client, server = seg.src, seg.dst
         else:  # mid-stream: guess that the lower port is the server's (listening) port
-            client, server = (
-                (seg.src, seg.dst) if seg.src[1] >= seg.dst[1] else (seg.dst, seg.src)
-            )
+            client, server = (seg.src, seg.dst) if seg.src[1] >= seg.dst[1] else (seg.dst, seg.src)
         conn = _Connection(len(self._conns) // 2 + 1, client, server, (_Direction(), _Direction()))
         self._conns[(client, server)] = self._conns[(server, client)] = conn
         out.append(Opened(conn.number, seg.ts, client, server, not seg.syn))

@@ -130,28 +130,52 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--client", metavar="FILE", help="raw bytes the client sent")
     dec.add_argument("--server", metavar="FILE", help="raw bytes the server sent")
     sel = dec.add_argument_group("selection and summary")
-    sel.add_argument("--kind", action="append", metavar="KIND",
-                     help="show only messages of this kind (repeatable; 'malformed' too)")
-    sel.add_argument("--error", nargs="?", const="", metavar="NAME",
-                     help="show only malformed messages and error replies (NAME: an error "
-                     "code such as SHAPE, or the malformed field)")
+    sel.add_argument(
+        "--kind",
+        action="append",
+        metavar="KIND",
+        help="show only messages of this kind (repeatable; 'malformed' too)",
+    )
+    sel.add_argument(
+        "--error",
+        nargs="?",
+        const="",
+        metavar="NAME",
+        help="show only malformed messages and error replies (NAME: an error "
+        "code such as SHAPE, or the malformed field)",
+    )
     sel.add_argument("--model", help="show only messages of connections serving this model")
     sel.add_argument("--msg-id", type=int, help="show only messages with this message id")
     sel.add_argument("--conn", type=int, metavar="N", help="only connection N of a capture")
     sel.add_argument("-c", "--count", type=int, metavar="N", help="stop after N messages shown")
-    sel.add_argument("--stats", action="store_true",
-                     help="print counts per kind and error, sizes, batch sizes and latency "
-                     "percentiles after the messages")
-    sel.add_argument("-q", "--quiet", action="store_true",
-                     help="do not print the messages (with --stats: the summary only)")
+    sel.add_argument(
+        "--stats",
+        action="store_true",
+        help="print counts per kind and error, sizes, batch sizes and latency "
+        "percentiles after the messages",
+    )
+    sel.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="do not print the messages (with --stats: the summary only)",
+    )
     lim = dec.add_argument_group("limits")
-    lim.add_argument("--max-message", type=int, default=DEFAULT_MAX_MESSAGE, metavar="BYTES",
-                     help="a header announcing more is lost framing "
-                     f"(default {DEFAULT_MAX_MESSAGE})")
-    lim.add_argument("--max-pending", type=int, default=capture.DEFAULT_MAX_PENDING,
-                     metavar="BYTES",
-                     help="out-of-order bytes held per direction waiting for a missing "
-                     f"segment (default {capture.DEFAULT_MAX_PENDING})")
+    lim.add_argument(
+        "--max-message",
+        type=int,
+        default=DEFAULT_MAX_MESSAGE,
+        metavar="BYTES",
+        help=f"a header announcing more is lost framing (default {DEFAULT_MAX_MESSAGE})",
+    )
+    lim.add_argument(
+        "--max-pending",
+        type=int,
+        default=capture.DEFAULT_MAX_PENDING,
+        metavar="BYTES",
+        help="out-of-order bytes held per direction waiting for a missing "
+        f"segment (default {capture.DEFAULT_MAX_PENDING})",
+    )
     for name in sorted(DUMPERS):
         module = importlib.import_module(DUMPERS[name])
         if hasattr(module, "add_arguments"):
@@ -165,16 +189,30 @@ def build_parser() -> argparse.ArgumentParser:
         "after --connections connections have closed, after --duration seconds, or on "
         "Ctrl-C / SIGTERM (the file is complete in every case).",
     )
-    rec.add_argument("--listen", required=True, metavar="[HOST:]PORT",
-                     help="where clients connect (port 0: any free port, printed)")
+    rec.add_argument(
+        "--listen",
+        required=True,
+        metavar="[HOST:]PORT",
+        help="where clients connect (port 0: any free port, printed)",
+    )
     rec.add_argument("--target", required=True, metavar="HOST:PORT", help="the real peer")
     rec.add_argument("-w", "--write", required=True, metavar="FILE", help="the pcapng to write")
-    rec.add_argument("--connections", type=int, metavar="N",
-                     help="stop once N connections have been recorded (default: no limit)")
-    rec.add_argument("--duration", type=float, metavar="SECONDS",
-                     help="stop after this long (default: no limit)")
-    rec.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
-                     help="close a connection idle this long (default: never)")
+    rec.add_argument(
+        "--connections",
+        type=int,
+        metavar="N",
+        help="stop once N connections have been recorded (default: no limit)",
+    )
+    rec.add_argument(
+        "--duration", type=float, metavar="SECONDS", help="stop after this long (default: no limit)"
+    )
+    rec.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="close a connection idle this long (default: never)",
+    )
     rec.set_defaults(handler=_record_command)
     dis = sub.add_parser(
         "dissector",
@@ -184,10 +222,21 @@ def build_parser() -> argparse.ArgumentParser:
         "registers a heuristic TCP dissector, and the given --port(s) in tcp.port.",
     )
     dis.add_argument("--proto", required=True, choices=["mip", "y2"])
-    dis.add_argument("--port", type=int, action="append", default=[], metavar="PORT",
-                     help="a TCP port the protocol runs on (repeatable)")
-    dis.add_argument("--max-message", type=int, default=DEFAULT_MAX_MESSAGE, metavar="BYTES",
-                     help="a larger announced size is shown as lost framing")
+    dis.add_argument(
+        "--port",
+        type=int,
+        action="append",
+        default=[],
+        metavar="PORT",
+        help="a TCP port the protocol runs on (repeatable)",
+    )
+    dis.add_argument(
+        "--max-message",
+        type=int,
+        default=DEFAULT_MAX_MESSAGE,
+        metavar="BYTES",
+        help="a larger announced size is shown as lost framing",
+    )
     dis.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
     dis.set_defaults(handler=_dissector_command)
     for name in COMMAND_MODULES:

@@ -78,7 +78,7 @@ def _add_fields(var: str, prefix: str, fields: list[tuple[str, int, str]], at: s
     lines, off = [], 0
     for name, size, lua in fields:
         getter = "int" if lua.startswith("int") else "uint"
-        lines.append(f'local v_{name} = buf({at} + {off}, {size}):{getter}()')
+        lines.append(f"local v_{name} = buf({at} + {off}, {size}):{getter}()")
         lines.append(f'{var}:add(F["{prefix}{name}"], buf({at} + {off}, {size}))')
         off += size
     return lines
@@ -164,8 +164,12 @@ def mip_lua(ports: list[int], max_message: int) -> str:
     remaining_at = sum(s for n, s, _ in header[: [n for n, _, _ in header].index("remaining")])
     lines = [
         _COMMON.format(
-            version=__version__, proto="mip", name=MIP_NAME, title="KubeMo MIP",
-            header=head_size, max_message=max_message,
+            version=__version__,
+            proto="mip",
+            name=MIP_NAME,
+            title="KubeMo MIP",
+            header=head_size,
+            max_message=max_message,
         ),
         _table("KINDS", Kind, lower=True),
         _table("CODES", ErrorCode),
@@ -282,8 +286,12 @@ def y2_lua(ports: list[int], max_message: int) -> str:
     ]
     lines = [
         _COMMON.format(
-            version=__version__, proto="y2", name="y2", title="y2 worker link",
-            header=head_size, max_message=max_message,
+            version=__version__,
+            proto="y2",
+            name="y2",
+            title="y2 worker link",
+            header=head_size,
+            max_message=max_message,
         ),
         _table("TYPES", MessageType),
         *_field_defs("y2", "", handshake, {"type": "TYPES"}),

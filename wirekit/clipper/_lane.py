@@ -43,8 +43,9 @@ class PureLane:
     ``send`` a function sending frames on it.
     """
 
-    def __init__(self, container: Any, sock: zmq.Socket, session: Any,
-                 send: Callable[[Any], None]) -> None:
+    def __init__(
+        self, container: Any, sock: zmq.Socket, session: Any, send: Callable[[Any], None]
+    ) -> None:
         self.container = container
         self.sock = sock
         self.session = session
@@ -53,8 +54,9 @@ class PureLane:
 
     def handle(self, frames: Any, now: float) -> bool:
         """Handle one message received at ``now``; False when the session is over."""
-        return self.container.handle_actions(self.session.receive(frames, now), self.session,
-                                             self.send)
+        return self.container.handle_actions(
+            self.session.receive(frames, now), self.session, self.send
+        )
 
     def run(self) -> int:
         """Serve messages while each comes within ``FAST_WAIT`` of the last; return why it

@@ -94,8 +94,9 @@ def _recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
     return parts
 
 
-def _recv_message(sock: zmq.Socket, block: bool = True,
-                  spin: float = 0.0) -> tuple[list[bytes], int] | None:
+def _recv_message(
+    sock: zmq.Socket, block: bool = True, spin: float = 0.0
+) -> tuple[list[bytes], int] | None:
     """``(frames, source fd)`` of one message (fd -1 when there is none, as on inproc), or
     None when none is waiting (``block`` false) or ``RCVTIMEO`` passed.  ``spin`` (s): when
     blocking, keep looking that long (yielding the CPU between looks) before sleeping."""
@@ -132,8 +133,10 @@ def _backend_file() -> str:
     try:
         from zmq.backend.cython import _zmq
     except ImportError as exc:
-        raise ImportError(f"pyzmq {zmq.__version__} has no Cython backend module here "
-                          f"({exc}), so its libzmq cannot be called from C") from None
+        raise ImportError(
+            f"pyzmq {zmq.__version__} has no Cython backend module here "
+            f"({exc}), so its libzmq cannot be called from C"
+        ) from None
     path = getattr(_zmq, "__file__", None)
     if not path:
         raise ImportError("pyzmq's Cython backend module has no file")
@@ -161,6 +164,14 @@ recv_message: Callable[..., tuple[list[bytes], int] | None] = (
 
 
 __all__ = [
-    "FAST_WAIT", "FAST_WAIT_MS", "IMPLEMENTATION", "NOBLOCK", "SNDMORE", "recv_frames",
-    "recv_message", "send_frames", "timeout_ms", "zmq_poll",
+    "FAST_WAIT",
+    "FAST_WAIT_MS",
+    "IMPLEMENTATION",
+    "NOBLOCK",
+    "SNDMORE",
+    "recv_frames",
+    "recv_message",
+    "send_frames",
+    "timeout_ms",
+    "zmq_poll",
 ]

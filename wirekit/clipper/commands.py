@@ -53,8 +53,12 @@ def _glue_values(args: list[str], options: set[str]) -> list[str]:
         if word == "--":
             out.extend(args[i:])
             break
-        if word in options and i + 1 < len(args) and args[i + 1].startswith("-") \
-                and args[i + 1] != "--":
+        if (
+            word in options
+            and i + 1 < len(args)
+            and args[i + 1].startswith("-")
+            and args[i + 1] != "--"
+        ):
             out.append(f"{word}={args[i + 1]}")
             i += 2
             continue
@@ -108,13 +112,14 @@ def _container(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"wirekit clipper container: {exc}\n")
         return EXIT_USAGE
     reg = container.registration
-    out.write(f"serving {reg.model_name}:{reg.model_version} ({reg.input_type.name.lower()}) "
-              f"to {container.address}, Clipper RPC {container.generation.value}\n")
+    out.write(
+        f"serving {reg.model_name}:{reg.model_version} ({reg.input_type.name.lower()}) "
+        f"to {container.address}, Clipper RPC {container.generation.value}\n"
+    )
     out.flush()
     stop = threading.Event()
     container.start()
-    watcher = threading.Thread(target=lambda: (container._thread.join(), stop.set()),
-                               daemon=True)
+    watcher = threading.Thread(target=lambda: (container._thread.join(), stop.set()), daemon=True)
     watcher.start()
     _until_signal(stop)
     container.stop()
@@ -135,9 +140,13 @@ def _frontend(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     _setup_logging(args.verbose, err)
     try:
         frontend = Frontend(
-            args.listen, args.generation, activity_timeout=args.activity_timeout,
-            max_in_flight=args.max_in_flight, query=args.query or None,
-            max_rejected=args.max_rejected, max_frame_size=args.max_frame_size,
+            args.listen,
+            args.generation,
+            activity_timeout=args.activity_timeout,
+            max_in_flight=args.max_in_flight,
+            query=args.query or None,
+            max_rejected=args.max_rejected,
+            max_frame_size=args.max_frame_size,
         )
     except ValueError as exc:
         err.write(f"wirekit clipper frontend: {exc}\n")
@@ -147,9 +156,11 @@ def _frontend(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except zmq.ZMQError as exc:
         err.write(f"wirekit clipper frontend: cannot bind: {exc}\n")
         return EXIT_FAIL
-    out.write(f"Clipper RPC {frontend.generation.value} frontend on {frontend.endpoint}"
-              + (f", queries on {frontend.query_endpoint}" if frontend.query_endpoint else "")
-              + "\n")
+    out.write(
+        f"Clipper RPC {frontend.generation.value} frontend on {frontend.endpoint}"
+        + (f", queries on {frontend.query_endpoint}" if frontend.query_endpoint else "")
+        + "\n"
+    )
     out.flush()
     stop = threading.Event()
     # A socket loop that crashes (a bug; its traceback is logged) ends the command.
@@ -158,8 +169,10 @@ def _frontend(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     _until_signal(stop)
     frontend.stop()
     if frontend.error is not None:
-        err.write(f"wirekit clipper frontend: the socket loop crashed: "
-                  f"{type(frontend.error).__name__}: {frontend.error}\n")
+        err.write(
+            f"wirekit clipper frontend: the socket loop crashed: "
+            f"{type(frontend.error).__name__}: {frontend.error}\n"
+        )
         return EXIT_FAIL
     return EXIT_OK
 
@@ -167,11 +180,16 @@ def _frontend(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _predict(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .frontend import query
 
-    given = [(k, v) for k in ("doubles", "floats", "ints", "strings", "bytes_hex")
-             if (v := getattr(args, k))]
+    given = [
+        (k, v)
+        for k in ("doubles", "floats", "ints", "strings", "bytes_hex")
+        if (v := getattr(args, k))
+    ]
     if len(given) != 1:
-        err.write("wirekit clipper predict: give inputs of one type (--doubles, --floats, "
-                  "--ints, --strings or --bytes-hex), each flag once per input\n")
+        err.write(
+            "wirekit clipper predict: give inputs of one type (--doubles, --floats, "
+            "--ints, --strings or --bytes-hex), each flag once per input\n"
+        )
         return EXIT_USAGE
     kind, raw = given[0]
     try:
@@ -188,8 +206,10 @@ def _predict(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_USAGE
     itype = "bytes" if kind == "bytes_hex" else kind
     if not 0 <= args.timeout < float("inf"):
-        err.write(f"wirekit clipper predict: --timeout must be a finite number of seconds "
-                  f">= 0, got {args.timeout}\n")
+        err.write(
+            f"wirekit clipper predict: --timeout must be a finite number of seconds "
+            f">= 0, got {args.timeout}\n"
+        )
         return EXIT_USAGE
     try:
         outputs = query(args.frontend, args.model, inputs, itype, timeout=args.timeout)
@@ -207,82 +227,156 @@ def _predict(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``wirekit clipper ...`` to the ``wirekit`` command line."""
     clipper = subparsers.add_parser(
-        "clipper", help="Clipper model containers and a Clipper-side frontend",
+        "clipper",
+        help="Clipper model containers and a Clipper-side frontend",
         description="Serve a Python model to Clipper, host Clipper containers, or query them.",
     )
-    sub = clipper.add_subparsers(dest="clipper_command", required=True, metavar="ACTION",
-                                 parser_class=_Parser)
+    sub = clipper.add_subparsers(
+        dest="clipper_command", required=True, metavar="ACTION", parser_class=_Parser
+    )
 
     con = sub.add_parser(
-        "container", help="serve a predict function as a Clipper model container",
+        "container",
+        help="serve a predict function as a Clipper model container",
         description="Serve package.module:function to a Clipper (or wirekit frontend). "
         "Defaults come from CLIPPER_MODEL_NAME, CLIPPER_MODEL_VERSION, CLIPPER_IP, "
         "CLIPPER_PORT (7000) and CLIPPER_INPUT_TYPE (doubles).",
     )
-    con.add_argument("--model", required=True, metavar="MODULE:FUNCTION",
-                     help="the predict function: gets the inputs, returns one output each")
+    con.add_argument(
+        "--model",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="the predict function: gets the inputs, returns one output each",
+    )
     con.add_argument("--name", metavar="NAME", help="model name (CLIPPER_MODEL_NAME)")
-    con.add_argument("--model-version", metavar="VERSION",
-                     help="model version (CLIPPER_MODEL_VERSION)")
-    con.add_argument("--input-type", metavar="TYPE",
-                     help="bytes, ints, floats, doubles or strings "
-                     "(CLIPPER_INPUT_TYPE, default doubles)")
-    con.add_argument("--address", metavar="ADDRESS",
-                     help="tcp://HOST:PORT of Clipper (overrides --ip/--port)")
-    con.add_argument("--ip", metavar="HOST",
-                     help="Clipper's address (CLIPPER_IP, default 127.0.0.1)")
-    con.add_value("--port", type=int, metavar="PORT",
-                  help="Clipper's RPC port (CLIPPER_PORT, default 7000)")
-    con.add_argument("--generation", choices=GENERATIONS, default="v3",
-                     help="Clipper RPC generation (default v3, the final release)")
-    con.add_value("--poll-interval", type=float, default=5.0, metavar="D",
-                     help="heartbeat period in seconds (default 5)")
-    con.add_value("--activity-timeout", type=float, default=30.0, metavar="TO",
-                     help="reconnect after this many silent seconds (default 30)")
-    con.add_value("--max-frame-size", type=int, default=DEFAULT_MAX_FRAME_SIZE, metavar="BYTES",
-                  help="largest frame Clipper may send; a peer announcing more is "
-                  "disconnected (default 256 MiB; 0: no limit)")
+    con.add_argument(
+        "--model-version", metavar="VERSION", help="model version (CLIPPER_MODEL_VERSION)"
+    )
+    con.add_argument(
+        "--input-type",
+        metavar="TYPE",
+        help="bytes, ints, floats, doubles or strings (CLIPPER_INPUT_TYPE, default doubles)",
+    )
+    con.add_argument(
+        "--address", metavar="ADDRESS", help="tcp://HOST:PORT of Clipper (overrides --ip/--port)"
+    )
+    con.add_argument(
+        "--ip", metavar="HOST", help="Clipper's address (CLIPPER_IP, default 127.0.0.1)"
+    )
+    con.add_value(
+        "--port", type=int, metavar="PORT", help="Clipper's RPC port (CLIPPER_PORT, default 7000)"
+    )
+    con.add_argument(
+        "--generation",
+        choices=GENERATIONS,
+        default="v3",
+        help="Clipper RPC generation (default v3, the final release)",
+    )
+    con.add_value(
+        "--poll-interval",
+        type=float,
+        default=5.0,
+        metavar="D",
+        help="heartbeat period in seconds (default 5)",
+    )
+    con.add_value(
+        "--activity-timeout",
+        type=float,
+        default=30.0,
+        metavar="TO",
+        help="reconnect after this many silent seconds (default 30)",
+    )
+    con.add_value(
+        "--max-frame-size",
+        type=int,
+        default=DEFAULT_MAX_FRAME_SIZE,
+        metavar="BYTES",
+        help="largest frame Clipper may send; a peer announcing more is "
+        "disconnected (default 256 MiB; 0: no limit)",
+    )
     con.add_argument("-v", "--verbose", action="store_true", help="log sessions and requests")
     con.set_defaults(handler=_container)
 
     fe = sub.add_parser(
-        "frontend", help="host Clipper model containers (the Clipper side of the RPC)",
+        "frontend",
+        help="host Clipper model containers (the Clipper side of the RPC)",
         description="Bind a ROUTER for model containers and a query socket for "
         "`wirekit clipper predict`.",
     )
-    fe.add_argument("--listen", default="tcp://127.0.0.1:7000", metavar="ADDRESS",
-                    help="where containers connect (default tcp://127.0.0.1:7000)")
-    fe.add_argument("--query", default="tcp://127.0.0.1:7001", metavar="ADDRESS",
-                    help="where `wirekit clipper predict` connects (default "
-                    "tcp://127.0.0.1:7001; empty to disable)")
-    fe.add_argument("--generation", choices=GENERATIONS, default="v3",
-                    help="Clipper RPC generation (default v3)")
-    fe.add_value("--activity-timeout", type=float, default=30.0, metavar="TO",
-                    help="drop containers silent this long (default 30 s)")
-    fe.add_value("--max-in-flight", type=int, default=1, metavar="N",
-                    help="batches in flight per container (default 1, as Clipper)")
-    fe.add_value("--max-rejected", type=int, default=256, metavar="N",
-                    help="peers of another generation remembered (default 256; the oldest "
-                    "is forgotten first)")
-    fe.add_value("--max-frame-size", type=int, default=DEFAULT_MAX_FRAME_SIZE, metavar="BYTES",
-                 help="largest frame a container may send; a peer announcing more is "
-                 "disconnected (default 256 MiB; 0: no limit)")
+    fe.add_argument(
+        "--listen",
+        default="tcp://127.0.0.1:7000",
+        metavar="ADDRESS",
+        help="where containers connect (default tcp://127.0.0.1:7000)",
+    )
+    fe.add_argument(
+        "--query",
+        default="tcp://127.0.0.1:7001",
+        metavar="ADDRESS",
+        help="where `wirekit clipper predict` connects (default "
+        "tcp://127.0.0.1:7001; empty to disable)",
+    )
+    fe.add_argument(
+        "--generation",
+        choices=GENERATIONS,
+        default="v3",
+        help="Clipper RPC generation (default v3)",
+    )
+    fe.add_value(
+        "--activity-timeout",
+        type=float,
+        default=30.0,
+        metavar="TO",
+        help="drop containers silent this long (default 30 s)",
+    )
+    fe.add_value(
+        "--max-in-flight",
+        type=int,
+        default=1,
+        metavar="N",
+        help="batches in flight per container (default 1, as Clipper)",
+    )
+    fe.add_value(
+        "--max-rejected",
+        type=int,
+        default=256,
+        metavar="N",
+        help="peers of another generation remembered (default 256; the oldest is forgotten first)",
+    )
+    fe.add_value(
+        "--max-frame-size",
+        type=int,
+        default=DEFAULT_MAX_FRAME_SIZE,
+        metavar="BYTES",
+        help="largest frame a container may send; a peer announcing more is "
+        "disconnected (default 256 MiB; 0: no limit)",
+    )
     fe.add_argument("-v", "--verbose", action="store_true", help="log registrations")
     fe.set_defaults(handler=_frontend)
 
     pr = sub.add_parser(
-        "predict", help="ask a running `wirekit clipper frontend` for a prediction",
+        "predict",
+        help="ask a running `wirekit clipper frontend` for a prediction",
         description="Send one batch to a model; repeat an input flag for several inputs.",
     )
     pr.add_argument("--model", required=True, metavar="NAME", help="the model name")
-    pr.add_argument("--frontend", default="tcp://127.0.0.1:7001", metavar="ADDRESS",
-                    help="the frontend's query address (default tcp://127.0.0.1:7001)")
+    pr.add_argument(
+        "--frontend",
+        default="tcp://127.0.0.1:7001",
+        metavar="ADDRESS",
+        help="the frontend's query address (default tcp://127.0.0.1:7001)",
+    )
     pr.add_value("--doubles", action="append", metavar="X,Y,...", help="one input")
     pr.add_value("--floats", action="append", metavar="X,Y,...", help="one input")
     pr.add_value("--ints", action="append", metavar="X,Y,...", help="one input")
     pr.add_value("--strings", action="append", metavar="TEXT", help="one input")
     pr.add_argument("--bytes-hex", action="append", metavar="HEX", help="one input")
-    pr.add_value("--timeout", type=float, default=5.0, metavar="SECONDS",
-                 help="wait this long for the answer (default 5)")
+    pr.add_value(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="wait this long for the answer (default 5)",
+    )
     pr.add_argument("--json", action="store_true", help="print the outputs as a JSON list")
     pr.set_defaults(handler=_predict)

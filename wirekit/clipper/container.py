@@ -60,8 +60,12 @@ log = logging.getLogger("wirekit.clipper.container")
 
 DEFAULT_PORT = 7000
 _INPUT_TYPE_NAMES = {t.name.lower(): t for t in InputType} | {
-    "byte": InputType.BYTES, "int": InputType.INTS, "integers": InputType.INTS,
-    "float": InputType.FLOATS, "double": InputType.DOUBLES, "string": InputType.STRINGS,
+    "byte": InputType.BYTES,
+    "int": InputType.INTS,
+    "integers": InputType.INTS,
+    "float": InputType.FLOATS,
+    "double": InputType.DOUBLES,
+    "string": InputType.STRINGS,
     "str": InputType.STRINGS,
 }
 
@@ -133,7 +137,9 @@ class ModelContainer:
         self._maxmsgsize = zmq_max_frame_size(max_frame_size)
         self.generation = as_generation(generation)
         self.registration = NewContainer(
-            model_name, str(model_version), parse_input_type(input_type),
+            model_name,
+            str(model_version),
+            parse_input_type(input_type),
             RPC_VERSION if self.generation is Generation.V3 else None,
         )
         self.address = address
@@ -187,8 +193,9 @@ class ModelContainer:
 
     def start(self) -> ModelContainer:
         """Run in a background thread (see :meth:`stop`, :attr:`error`)."""
-        self._thread = threading.Thread(target=self._run_catching, name="clipper-container",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run_catching, name="clipper-container", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -244,9 +251,15 @@ class ModelContainer:
                 self._standby_active = False
                 self._sock_lock.release()
 
-    def _keep_alive(self, sock: zmq.Socket, session: ContainerSession, poller: zmq.Poller,
-                    monitor: zmq.Socket | None) -> None:
+    def _keep_alive(
+        self,
+        sock: zmq.Socket,
+        session: ContainerSession,
+        poller: zmq.Poller,
+        monitor: zmq.Socket | None,
+    ) -> None:
         """The socket loop while the model runs elsewhere: heartbeats, requests queued."""
+
         def send(frames: Any) -> None:
             send_frames(sock, frames)
 
@@ -302,8 +315,9 @@ class ModelContainer:
     def run(self) -> None:
         """Serve until :meth:`stop`; raises :class:`VersionMismatch` on a wrong peer."""
         if self.threaded:
-            self._standby = threading.Thread(target=self._standby_loop,
-                                             name="clipper-standby", daemon=True)
+            self._standby = threading.Thread(
+                target=self._standby_loop, name="clipper-standby", daemon=True
+            )
             self._standby.start()
         self._sock_lock.acquire()
         try:
@@ -328,11 +342,18 @@ class ModelContainer:
         session_no = self.sessions
         now = time.monotonic()
         session = self.session = ContainerSession(
-            self.generation, self.registration, poll_interval=self.poll_interval,
-            activity_timeout=self.activity_timeout, now=now,
+            self.generation,
+            self.registration,
+            poll_interval=self.poll_interval,
+            activity_timeout=self.activity_timeout,
+            now=now,
         )
-        log.info("clipper container: session %d to %s (%s)", session_no, self.address,
-                 self.generation.value)
+        log.info(
+            "clipper container: session %d to %s (%s)",
+            session_no,
+            self.address,
+            self.generation.value,
+        )
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
@@ -375,15 +396,19 @@ class ModelContainer:
                     return True
                 now = time.monotonic()
                 if now >= session.deadline() and not self.handle_actions(
-                        session.tick(now), session, send):
+                    session.tick(now), session, send
+                ):
                     return True
             return False
         except VersionMismatch:
             self._stop.set()
             raise
         except zmq.Again:
-            log.warning("clipper container: nothing could be sent for %s s (no connection to "
-                        "Clipper); reconnecting", self.activity_timeout)
+            log.warning(
+                "clipper container: nothing could be sent for %s s (no connection to "
+                "Clipper); reconnecting",
+                self.activity_timeout,
+            )
             return True
         finally:
             self._io = None
@@ -407,8 +432,7 @@ class ModelContainer:
                     return False
         return True
 
-    def handle_actions(self, actions: list, session: ContainerSession,
-                        send: Callable) -> bool:
+    def handle_actions(self, actions: list, session: ContainerSession, send: Callable) -> bool:
         """Carry out the session's actions; False when the session is over (logged)."""
         for action in actions:
             kind = type(action)
@@ -451,23 +475,31 @@ class ModelContainer:
         the answer must go through :meth:`after_model`."""
         return self._lost is not None or self._lost_error is not None or bool(self._backlog)
 
-    def serve_request(self, request: Any, session: ContainerSession,
-                       send: Callable) -> bool:
+    def serve_request(self, request: Any, session: ContainerSession, send: Callable) -> bool:
         """Run the model on ``request`` (and on any the standby queued meanwhile) and send
         the answers; False when the session ended while the model ran."""
         outputs, exc = self.run_model(request.inputs)
         return self.after_model(request, outputs, exc, session, send)
 
-    def after_model(self, request: Any, outputs: Any, exc: BaseException | None,
-                       session: ContainerSession, send: Callable) -> bool:
+    def after_model(
+        self,
+        request: Any,
+        outputs: Any,
+        exc: BaseException | None,
+        session: ContainerSession,
+        send: Callable,
+    ) -> bool:
         """Once the model returned: answer ``request`` unless the session ended meanwhile
         (False), then serve the requests the standby queued."""
         while True:
             if self._lost_error is not None:
                 raise self._lost_error
             if self._lost is not None:
-                log.warning("clipper container: %s; reconnecting (answer to message %d "
-                            "dropped)", self._lost, request.msg_id)
+                log.warning(
+                    "clipper container: %s; reconnecting (answer to message %d dropped)",
+                    self._lost,
+                    request.msg_id,
+                )
                 return False
             self.finish(request, outputs, exc, session, send, time.monotonic())
             if not self._backlog:
@@ -475,8 +507,15 @@ class ModelContainer:
             request = self._backlog.popleft()
             outputs, exc = self.run_model(request.inputs)
 
-    def finish(self, request: Any, outputs: Any, exc: BaseException | None,
-                session: ContainerSession, send: Callable, now: float) -> None:
+    def finish(
+        self,
+        request: Any,
+        outputs: Any,
+        exc: BaseException | None,
+        session: ContainerSession,
+        send: Callable,
+        now: float,
+    ) -> None:
         """Send the answer to ``request``, or log why there is none."""
         if exc is not None:
             self.failures += 1

@@ -74,9 +74,7 @@ class Stream:
         dialect: str | None = None,
         shared: dict | None = None,
     ) -> None:
-        self.reader = zmtp.StreamReader() if max_message is None else zmtp.StreamReader(
-            max_message
-        )
+        self.reader = zmtp.StreamReader() if max_message is None else zmtp.StreamReader(max_message)
         self.shared = shared if shared is not None else {}
         if dialect:
             self.shared["generation"] = clipper.Generation(dialect)
@@ -135,8 +133,15 @@ class Stream:
         if self._done:
             return []
         self._done = True
-        return [Record(self._fed, size, "note", note=f"{size} bytes missing from the capture; "
-                       "ZMTP cannot be resynchronised: the rest of this direction is skipped")]
+        return [
+            Record(
+                self._fed,
+                size,
+                "note",
+                note=f"{size} bytes missing from the capture; "
+                "ZMTP cannot be resynchronised: the rest of this direction is skipped",
+            )
+        ]
 
     def close(self) -> list[Record]:
         out: list[Record] = []

@@ -192,8 +192,10 @@ class Frontend:
         self.spin = spin
         self.generation = as_generation(generation)
         self.state: FrontendState = _STATE(
-            self.generation, activity_timeout=activity_timeout,
-            check_interval=check_interval, max_in_flight=max_in_flight,
+            self.generation,
+            activity_timeout=activity_timeout,
+            check_interval=check_interval,
+            max_in_flight=max_in_flight,
             max_rejected=max_rejected,
         )
         #: the exception that crashed the socket loop (a bug), else None
@@ -272,9 +274,11 @@ class Frontend:
         else:
             self._send = functools.partial(send_frames, sock)
             self._receive = functools.partial(recv_message, sock)
-        self._poll_items = [(polled, zmq.POLLIN) for polled in
-                            (sock, self._monitor, self._query)
-                            if polled is not None]
+        self._poll_items = [
+            (polled, zmq.POLLIN)
+            for polled in (sock, self._monitor, self._query)
+            if polled is not None
+        ]
         self._thread = threading.Thread(target=self._loop, name="clipper-frontend", daemon=True)
         self._thread.start()
         log.info("clipper frontend (%s) listening on %s", self.generation.value, self.endpoint)
@@ -299,8 +303,10 @@ class Frontend:
         outstanding predictions, and every later one fails at once."""
         if self.error is None:
             self.error = exc
-            log.critical("clipper frontend: the socket loop crashed; stopping (every "
-                         "prediction now fails)", exc_info=exc)
+            log.critical(
+                "clipper frontend: the socket loop crashed; stopping (every prediction now fails)",
+                exc_info=exc,
+            )
         self._stopping = True
         self._stop.set()
         self._kick.set()
@@ -309,8 +315,9 @@ class Frontend:
         error = self.error
         if error is None:
             return "the frontend stopped"
-        return (f"the frontend's socket loop crashed ({type(error).__name__}: {error}); "
-                f"it is stopped")
+        return (
+            f"the frontend's socket loop crashed ({type(error).__name__}: {error}); it is stopped"
+        )
 
     def __enter__(self) -> Frontend:
         return self.start()
@@ -381,15 +388,15 @@ class Frontend:
         may submit more work.  An exception it raises is logged and otherwise ignored.
         """
         token = _CALLBACK(callback)
-        if (input_type is None and self._owner == threading.get_ident()
-                and not self._stopping):
+        if input_type is None and self._owner == threading.get_ident() and not self._stopping:
             # A callback submitting the next batch: the _submit path without its checks.
             self._submit_here(model, inputs, time.monotonic() + timeout, token, None)
             return
         self._submit(model, inputs, timeout, input_type, False, token)
 
-    def _submit_here(self, model: str, inputs: Any, deadline: float, token: Any,
-                     input_type: InputType | None) -> None:
+    def _submit_here(
+        self, model: str, inputs: Any, deadline: float, token: Any, input_type: InputType | None
+    ) -> None:
         """Submit on the thread driving the sockets: sent at once when nothing waits and a
         replica has room (``FrontendState.try_send``), else queued in the state (dispatched
         before the next sends)."""
@@ -400,13 +407,17 @@ class Frontend:
         else:
             self._send(message)
 
-    def _submit(self, model: str, inputs: Any, timeout: float, input_type: Any,
-                will_drive: bool, token: Any) -> None:
+    def _submit(
+        self, model: str, inputs: Any, timeout: float, input_type: Any, will_drive: bool, token: Any
+    ) -> None:
         if input_type is not None:
             input_type = parse_input_type(input_type)
         if self._stopping or self._thread is None:
-            token.set_exception(PredictionError(
-                "the frontend is not running" if self.error is None else self._stopped_reason()))
+            token.set_exception(
+                PredictionError(
+                    "the frontend is not running" if self.error is None else self._stopped_reason()
+                )
+            )
             return
         deadline = time.monotonic() + timeout
         owner = self._owner
@@ -563,8 +574,14 @@ class Frontend:
                 if now >= look_at:
                     look_at = now + FAST_WAIT
                     self._look_around(zmq_poll(items, 0), now, out)
-                if (out or self._submitted or self._submissions or state.events or later
-                        or now >= due):
+                if (
+                    out
+                    or self._submitted
+                    or self._submissions
+                    or state.events
+                    or later
+                    or now >= due
+                ):
                     self._flush(now, out, due)
                 continue
             if self._look_around(zmq_poll(items, timeout_ms(wait)), time.monotonic(), out):
@@ -658,8 +675,9 @@ class Frontend:
                     del self._fd_of[identity]
                     out.extend(self.state.remove(identity, "disconnected", now))
 
-    def _drain(self, sock: zmq.Socket, now: float, out: list, limit: int,
-               until_event: bool) -> None:
+    def _drain(
+        self, sock: zmq.Socket, now: float, out: list, limit: int, until_event: bool
+    ) -> None:
         """Handle the messages waiting on the ROUTER (at most ``limit``, so timers and
         callers get their turn); with ``until_event``, stop once one completes a batch (its
         caller is woken first; the next poll sees the rest at once)."""
@@ -852,8 +870,9 @@ def _release(sock: zmq.Socket, endpoint: str, monitor: zmq.Socket) -> bool:
     while True:
         left = end - time.monotonic()
         if left <= 0 or not monitor.poll(max(1, int(left * 1000))):
-            log.warning("clipper frontend: %s was not released within %.3g s", endpoint,
-                        _RELEASE_WAIT)
+            log.warning(
+                "clipper frontend: %s was not released within %.3g s", endpoint, _RELEASE_WAIT
+            )
             return False
         event = zmq.utils.monitor.recv_monitor_message(monitor)
         if event["event"] == zmq.EVENT_CLOSED and event["endpoint"] == wanted:
@@ -906,5 +925,11 @@ def query(
     return reply["outputs"]
 
 
-__all__ = ["DEFAULT_LISTEN", "DEFAULT_QUERY", "Frontend", "PredictionError", "WirekitError",
-           "query"]
+__all__ = [
+    "DEFAULT_LISTEN",
+    "DEFAULT_QUERY",
+    "Frontend",
+    "PredictionError",
+    "WirekitError",
+    "query",
+]

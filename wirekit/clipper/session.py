@@ -154,8 +154,9 @@ class OutputError(WirekitError):
     """The model's outputs cannot be sent (wrong count or type)."""
 
 
-def _classify(frames: Sequence[Any], generation: Generation, direction: Direction,
-              exc: DecodeError) -> VersionMismatch | None:
+def _classify(
+    frames: Sequence[Any], generation: Generation, direction: Direction, exc: DecodeError
+) -> VersionMismatch | None:
     """A VersionMismatch when ``frames`` are valid in other generations only, else None.
 
     The error it holds keeps no traceback: that would pin the frames (the whole message)
@@ -179,8 +180,9 @@ def _detached(exc: DecodeError) -> DecodeError:
 _TEXT_TYPES = frozenset((str, bytes))
 
 
-def check_outputs(outputs: Any, count: int, generation: Generation, *,
-                  normalize: bool = True) -> Any:
+def check_outputs(
+    outputs: Any, count: int, generation: Generation, *, normalize: bool = True
+) -> Any:
     """The model's ``outputs`` normalised for the wire, or :class:`OutputError`.
 
     One output per input: float32-convertible numbers for 2016, ``str``/``bytes`` for 2017
@@ -193,8 +195,7 @@ def check_outputs(outputs: Any, count: int, generation: Generation, *,
         n = len(outputs)
     except TypeError:
         raise OutputError(
-            f"the model returned {type(outputs).__name__}, expected a sequence of {count} "
-            f"outputs"
+            f"the model returned {type(outputs).__name__}, expected a sequence of {count} outputs"
         ) from None
     if n != count:
         raise OutputError(f"the model returned {n} outputs for {count} inputs")
@@ -305,8 +306,7 @@ class ContainerSession:
         """When :meth:`tick` next has something to do (``inf`` for 2016)."""
         if self._heartbeat is None or self.state == "closed":
             return float("inf")
-        return min(self.last_sent + self.poll_interval,
-                   self.last_received + self.activity_timeout)
+        return min(self.last_sent + self.poll_interval, self.last_received + self.activity_timeout)
 
     def tick(self, now: float) -> list[Send | Reconnect]:
         """Heartbeat after D seconds without sending; end the session after TO of silence."""
@@ -330,10 +330,13 @@ class ContainerSession:
             if mismatch is not None and not (self.heard or self.requests):
                 raise mismatch from None
             if mismatch is not None:
-                log.warning("clipper container: dropped a malformed message (it reads as "
-                            "Clipper RPC %s, but this peer spoke %s before): %s",
-                            " or ".join(g.value for g in mismatch.found),
-                            self.generation.value, exc)
+                log.warning(
+                    "clipper container: dropped a malformed message (it reads as "
+                    "Clipper RPC %s, but this peer spoke %s before): %s",
+                    " or ".join(g.value for g in mismatch.found),
+                    self.generation.value,
+                    exc,
+                )
             else:
                 log.warning("clipper container: dropped a malformed message: %s", exc)
             return []
@@ -352,7 +355,8 @@ class ContainerSession:
                     log.warning(
                         "clipper container: metadata requested again; the peer did not "
                         "accept the registration of %s:%s (sending it again)",
-                        self.registration.model_name, self.registration.model_version,
+                        self.registration.model_name,
+                        self.registration.model_version,
                     )
                 return [self._register(now)]
             if self.state == "registering":
@@ -360,8 +364,7 @@ class ContainerSession:
             elif self.state == "waiting":
                 log.warning("clipper container: keep-alive before registering; waiting")
             return []
-        log.warning("clipper container: unexpected %s from the peer, ignored",
-                    type(msg).__name__)
+        log.warning("clipper container: unexpected %s from the peer, ignored", type(msg).__name__)
         return []
 
     def request_received(self, now: float) -> None:
@@ -508,7 +511,8 @@ class FrontendState:
         self.generation = as_generation(generation)
         self.activity_timeout = check_seconds("activity_timeout", activity_timeout)
         self.check_interval = (
-            activity_timeout / 3 if check_interval is None
+            activity_timeout / 3
+            if check_interval is None
             else check_seconds("check_interval", check_interval)
         )
         self.max_in_flight = max_in_flight
@@ -548,21 +552,29 @@ class FrontendState:
             if mismatch is not None and replica is None:
                 self._reject(identity, mismatch)
             elif mismatch is not None:  # it registered in this generation: malformed
-                log.warning("clipper frontend: dropped a malformed message from %s (it reads "
-                            "as Clipper RPC %s, but it registered in %s): %s", identity.hex(),
-                            " or ".join(g.value for g in mismatch.found),
-                            self.generation.value, exc)
+                log.warning(
+                    "clipper frontend: dropped a malformed message from %s (it reads "
+                    "as Clipper RPC %s, but it registered in %s): %s",
+                    identity.hex(),
+                    " or ".join(g.value for g in mismatch.found),
+                    self.generation.value,
+                    exc,
+                )
             else:
-                log.warning("clipper frontend: dropped a malformed message from %s: %s",
-                            identity.hex(), exc)
+                log.warning(
+                    "clipper frontend: dropped a malformed message from %s: %s", identity.hex(), exc
+                )
             return []
         if replica is not None:
             replica.last_seen = now
         kind = type(msg)
         if kind is PredictResponse:
             if replica is None:
-                log.warning("clipper frontend: response %d from unregistered peer %s dropped",
-                            msg.msg_id, identity.hex())
+                log.warning(
+                    "clipper frontend: response %d from unregistered peer %s dropped",
+                    msg.msg_id,
+                    identity.hex(),
+                )
                 return []
             batch = self.complete(identity, msg.msg_id, msg.outputs, now)
             if batch is not None:
@@ -597,19 +609,29 @@ class FrontendState:
 
     def _register(self, identity: bytes, msg: NewContainer, now: float) -> None:
         counter = self._replica_ids.setdefault(msg.model_name, itertools.count())
-        replica = Replica(identity, msg.model_name, msg.model_version,
-                          InputType(msg.input_type), next(counter), now)
+        replica = Replica(
+            identity,
+            msg.model_name,
+            msg.model_version,
+            InputType(msg.input_type),
+            next(counter),
+            now,
+        )
         self.replicas[identity] = replica
         self.models.setdefault(msg.model_name, []).append(replica)
         self.rejected.pop(identity, None)
-        log.info("clipper frontend: registered %s:%s replica %d (%s inputs) from %s",
-                 replica.model_name, replica.model_version, replica.replica_id,
-                 replica.input_type.name.lower(), identity.hex())
+        log.info(
+            "clipper frontend: registered %s:%s replica %d (%s inputs) from %s",
+            replica.model_name,
+            replica.model_version,
+            replica.replica_id,
+            replica.input_type.name.lower(),
+            identity.hex(),
+        )
         if self.on_register is not None:
             self.on_register(replica)
 
-    def complete(self, identity: bytes, msg_id: int, outputs: Any,
-                 now: float) -> Batch | None:
+    def complete(self, identity: bytes, msg_id: int, outputs: Any, now: float) -> Batch | None:
         """The common answer: replica ``identity`` answered batch ``msg_id``, which it holds,
         with one output per input.  The batch leaves both in-flight maps and is returned;
         its caller is the runtime's to complete (with ``outputs``).  Anything else (an
@@ -630,29 +652,50 @@ class FrontendState:
     def _response(self, replica: Replica, msg: PredictResponse) -> None:
         batch = replica.in_flight.pop(msg.msg_id, None)
         if batch is None:
-            log.warning("clipper frontend: response to unknown or expired message %d from "
-                        "%s dropped", msg.msg_id, replica.identity.hex())
+            log.warning(
+                "clipper frontend: response to unknown or expired message %d from %s dropped",
+                msg.msg_id,
+                replica.identity.hex(),
+            )
             return
         del self.in_flight[msg.msg_id]
         outputs = msg.outputs
         if len(outputs) != batch.count:
-            self.events.append(Failed(batch.token, PredictionError(
-                f"model {batch.model_name!r} replica {replica.replica_id} answered "
-                f"{len(outputs)} outputs for {batch.count} inputs")))
+            self.events.append(
+                Failed(
+                    batch.token,
+                    PredictionError(
+                        f"model {batch.model_name!r} replica {replica.replica_id} answered "
+                        f"{len(outputs)} outputs for {batch.count} inputs"
+                    ),
+                )
+            )
             return
         self.events.append(_new_completed(batch.token, outputs))
 
     # -- outbound --
 
-    def submit(self, model_name: str, inputs: Any, deadline: float, token: Any,
-               input_type: InputType | None = None) -> None:
+    def submit(
+        self,
+        model_name: str,
+        inputs: Any,
+        deadline: float,
+        token: Any,
+        input_type: InputType | None = None,
+    ) -> None:
         """Queue a batch of ``inputs`` for ``model_name``; its outcome comes as an event."""
         try:
             count = len(inputs)
         except TypeError:
-            self.events.append(Failed(token, PredictionError(
-                f"inputs must be a sequence (one item per input), got "
-                f"{type(inputs).__name__}")))
+            self.events.append(
+                Failed(
+                    token,
+                    PredictionError(
+                        f"inputs must be a sequence (one item per input), got "
+                        f"{type(inputs).__name__}"
+                    ),
+                )
+            )
             return
         if count == 0:
             self.events.append(Failed(token, PredictionError("no inputs")))
@@ -668,8 +711,7 @@ class FrontendState:
             else:
                 types = {r.input_type for r in replicas if r.alive}
                 if types:
-                    self.events.append(Failed(token, _type_error(model_name, types,
-                                                                 input_type)))
+                    self.events.append(Failed(token, _type_error(model_name, types, input_type)))
                     return
         queue = self.pending.get(model_name)
         if queue is None:
@@ -678,8 +720,14 @@ class FrontendState:
         if deadline < self._due:
             self._due = deadline
 
-    def try_send(self, model_name: str, inputs: Any, deadline: float, token: Any,
-                 input_type: InputType | None = None) -> Any:
+    def try_send(
+        self,
+        model_name: str,
+        inputs: Any,
+        deadline: float,
+        token: Any,
+        input_type: InputType | None = None,
+    ) -> Any:
         """Send this batch now if nothing waits before it for its model and a live replica
         with room takes its input type: the batch is in flight and the ROUTER message to
         send is returned.  Otherwise None with nothing changed: :meth:`submit` then queues
@@ -702,13 +750,11 @@ class FrontendState:
             return None
         msg_id = self._peek_id()
         try:
-            frames = encode(_new_request(msg_id, replica.input_type, inputs, 0),
-                            self.generation)
+            frames = encode(_new_request(msg_id, replica.input_type, inputs, 0), self.generation)
         except EncodeError:
             return None
         self._next_id = (msg_id + 1) & 0xFFFFFFFF
-        batch = Batch(model_name, inputs, input_type, deadline, token, count, msg_id,
-                      replica, 1)
+        batch = Batch(model_name, inputs, input_type, deadline, token, count, msg_id, replica, 1)
         replica.in_flight[msg_id] = batch
         self.in_flight[msg_id] = batch
         if deadline < self._due:
@@ -751,8 +797,9 @@ class FrontendState:
                     types = {r.input_type for r in self.models.get(model_name, ()) if r.alive}
                     if types and batch.input_type is not None and batch.input_type not in types:
                         queue.popleft()
-                        self.events.append(Failed(batch.token, _type_error(
-                            model_name, types, batch.input_type)))
+                        self.events.append(
+                            Failed(batch.token, _type_error(model_name, types, batch.input_type))
+                        )
                         continue
                     break
                 queue.popleft()
@@ -763,9 +810,15 @@ class FrontendState:
                         self.generation,
                     )
                 except EncodeError as exc:
-                    self.events.append(Failed(batch.token, PredictionError(
-                        f"cannot send these inputs to model {model_name!r} "
-                        f"({replica.input_type.name.lower()} inputs): {exc}")))
+                    self.events.append(
+                        Failed(
+                            batch.token,
+                            PredictionError(
+                                f"cannot send these inputs to model {model_name!r} "
+                                f"({replica.input_type.name.lower()} inputs): {exc}"
+                            ),
+                        )
+                    )
                     continue
                 batch.msg_id, batch.replica = msg_id, replica
                 batch.attempts += 1
@@ -827,17 +880,21 @@ class FrontendState:
                 f"{replica.replica_id} (container {replica.identity.hex()}, "
                 f"{replica.model_name}:{replica.model_version}) before the timeout; the "
                 f"Clipper RPC has no error response, so a container whose model raised or "
-                f"returned bad outputs stays silent: see that container's log")
+                f"returned bad outputs stays silent: see that container's log"
+            )
         live = [r for r in self.models.get(batch.model_name, ()) if r.alive]
         if batch.lost and not live:
             return PredictionError(
                 f"model {batch.model_name!r}: {batch.lost}, and no other replica was left "
-                f"before the timeout")
+                f"before the timeout"
+            )
         if not live:
             return PredictionError(
-                f"model {batch.model_name!r}: no live replica registered before the timeout")
+                f"model {batch.model_name!r}: no live replica registered before the timeout"
+            )
         return PredictionError(
-            f"model {batch.model_name!r}: no replica had room for the batch before the timeout")
+            f"model {batch.model_name!r}: no replica had room for the batch before the timeout"
+        )
 
     def remove(self, identity: bytes, reason: str, now: float) -> list[Frames]:
         """Drop a container (dead or silent); its batches go back to the queue's front."""
@@ -846,9 +903,14 @@ class FrontendState:
             return []
         replica.alive = False
         self.models[replica.model_name].remove(replica)
-        log.warning("clipper frontend: removed %s:%s replica %d (%s): %s",
-                    replica.model_name, replica.model_version, replica.replica_id,
-                    identity.hex(), reason)
+        log.warning(
+            "clipper frontend: removed %s:%s replica %d (%s): %s",
+            replica.model_name,
+            replica.model_version,
+            replica.replica_id,
+            identity.hex(),
+            reason,
+        )
         queue = self.pending.setdefault(replica.model_name, deque())
         for msg_id, batch in sorted(replica.in_flight.items(), reverse=True):
             del self.in_flight[msg_id]

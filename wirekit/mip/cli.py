@@ -225,35 +225,56 @@ def register(subparsers: Any) -> None:
     # The limits: wirekit.mip.limits has the table (the dispatcher's MIP front door takes the
     # same ones from its config's "mip" table, under the same names).
     serve.add_argument(
-        "--max-message-size", type=int, metavar="BYTES", default=DEFAULT_MAX_MESSAGE_SIZE,
+        "--max-message-size",
+        type=int,
+        metavar="BYTES",
+        default=DEFAULT_MAX_MESSAGE_SIZE,
         help="bytes per request; larger ones get MEMORY and the connection is closed "
         "(default %(default)s)",
     )
     serve.add_argument(
-        "--max-items", type=int, metavar="N", default=DEFAULT_MAX_ITEMS,
+        "--max-items",
+        type=int,
+        metavar="N",
+        default=DEFAULT_MAX_ITEMS,
         help="items per request; more get MEMORY (default %(default)s)",
     )
     serve.add_argument(
-        "--max-buffered", type=int, metavar="BYTES", default=DEFAULT_MAX_BUFFERED,
+        "--max-buffered",
+        type=int,
+        metavar="BYTES",
+        default=DEFAULT_MAX_BUFFERED,
         help="bytes all connections together may hold; a connection that would exceed it "
         "gets MEMORY and is closed (default %(default)s)",
     )
     serve.add_argument(
-        "--request-timeout", "--timeout", dest="request_timeout", type=float, metavar="SECONDS",
+        "--request-timeout",
+        "--timeout",
+        dest="request_timeout",
+        type=float,
+        metavar="SECONDS",
         default=DEFAULT_REQUEST_TIMEOUT,
         help="drop a client whose request is not complete this long after its first byte "
         "(s, 0: off; default %(default)s)",
     )
     serve.add_argument(
-        "--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT, metavar="SECONDS",
+        "--idle-timeout",
+        type=float,
+        default=DEFAULT_IDLE_TIMEOUT,
+        metavar="SECONDS",
         help="drop a client idle this long (s, 0: off; default %(default)s)",
     )
     serve.add_argument(
-        "--max-in-flight", type=int, default=64, metavar="N",
+        "--max-in-flight",
+        type=int,
+        default=64,
+        metavar="N",
         help="requests handled at once per connection; past it reading pauses (default 64)",
     )
     serve.add_argument(
-        "--loop", choices=_loop.CHOICES, default=None,
+        "--loop",
+        choices=_loop.CHOICES,
+        default=None,
         help="event loop (default: uvloop when installed, else asyncio; env WIREKIT_LOOP)",
     )
     serve.add_argument(
@@ -263,21 +284,33 @@ def register(subparsers: Any) -> None:
         "that return at once",
     )
     serve.add_argument(
-        "--grace", type=float, default=10.0, metavar="SECONDS",
+        "--grace",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
         help="on SIGINT/SIGTERM, how long requests in flight may take (default 10)",
     )
     serve.add_argument(
-        "--log-level", default="info", type=str.lower,
-        choices=["debug", "info", "warning", "error"], help="any case (default info)",
+        "--log-level",
+        default="info",
+        type=str.lower,
+        choices=["debug", "info", "warning", "error"],
+        help="any case (default info)",
     )
     serve.set_defaults(func=_serve_command)
 
     ping = sub.add_parser("ping", help="ping a MIP server")
     ping.add_argument("address", help="tcp://host:port or unix:///path of the server")
-    ping.add_argument("-c", "--count", type=int, default=1, metavar="N",
-                      help="pings to send (default 1)")
-    ping.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
-                      help="wait this long for each pong (default 5)")
+    ping.add_argument(
+        "-c", "--count", type=int, default=1, metavar="N", help="pings to send (default 1)"
+    )
+    ping.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="wait this long for each pong (default 5)",
+    )
     ping.set_defaults(func=_ping_command)
 
     infer = sub.add_parser("infer", help="send one sample and print the outputs")
@@ -289,10 +322,20 @@ def register(subparsers: Any) -> None:
         ("item", "an input of any type, TYPE:HEX"),
     ):
         infer.add_argument(f"--{name}", dest=name, action=_InputAction, help=text)
-    infer.add_argument("--batch", type=int, default=1, metavar="N",
-                       help="send the sample N times in one request (default 1)")
-    infer.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
-                       help="wait this long for the answer (default 10)")
+    infer.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        metavar="N",
+        help="send the sample N times in one request (default 1)",
+    )
+    infer.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="wait this long for the answer (default 10)",
+    )
     infer.add_argument("--print-json", action="store_true", help="print the outputs as JSON")
     infer.set_defaults(func=_infer_command)
 

@@ -247,9 +247,7 @@ class _Callback:
 class _Pending:
     __slots__ = ("deadline", "future", "timeout", "wire")
 
-    def __init__(
-        self, wire: bytes, future: Any, deadline: float, timeout: float
-    ) -> None:
+    def __init__(self, wire: bytes, future: Any, deadline: float, timeout: float) -> None:
         self.wire = wire
         self.future = future
         self.deadline = deadline  # loop time
@@ -310,9 +308,7 @@ class _ClientConnection(asyncio.Protocol):
             if pending.deadline <= now:
                 # Its slot stays: the late reply, if any, is matched to it and dropped.
                 fut.set_exception(
-                    ClientTimeout(
-                        f"mip: no reply from {self.address} within {pending.timeout:g} s"
-                    )
+                    ClientTimeout(f"mip: no reply from {self.address} within {pending.timeout:g} s")
                 )
             elif due is None or pending.deadline < due:
                 due = pending.deadline
@@ -468,8 +464,9 @@ class AsyncClient:
             return False
         self._in_flight += 1
         conn.send(
-            _Pending(wire, _Callback(self, conn, callback), conn.loop.time() + self.timeout,
-                     self.timeout)
+            _Pending(
+                wire, _Callback(self, conn, callback), conn.loop.time() + self.timeout, self.timeout
+            )
         )
         return True
 
@@ -576,8 +573,9 @@ class AsyncClient:
         finally:
             self.release_slot()
 
-    async def _exchange_alone(self, wire: bytes, loop: asyncio.AbstractEventLoop,
-                              deadline: float) -> bytes:
+    async def _exchange_alone(
+        self, wire: bytes, loop: asyncio.AbstractEventLoop, deadline: float
+    ) -> bytes:
         """Send ``wire`` as the only request of a fresh connection (a server that answers
         one request per connection); return the reply's frame."""
         lock = self._one_shot
@@ -637,8 +635,9 @@ class AsyncClient:
             return None
         return conn, self.max_in_flight - self._in_flight, conn.loop.time() + self.timeout
 
-    def send_calls(self, conn: _ClientConnection, frames: list[bytes], calls: list[Any],
-                   deadline: float) -> None:
+    def send_calls(
+        self, conn: _ClientConnection, frames: list[bytes], calls: list[Any], deadline: float
+    ) -> None:
         """Send the encoded ``frames`` on ``conn`` (from :meth:`free_slots`) in one write,
         as the pending calls ``calls`` (one per frame, each with ``future``, ``deadline`` --
         at most ``deadline`` -- and ``timeout``, settled like :meth:`send_nowait`'s), taking

@@ -98,7 +98,6 @@ def _request(message: Inference, frame: bytes) -> Request:
     return event
 
 
-
 class Slot:
     """A placeholder in the reply order for an answer not ready yet; set ``wire`` when it is
     (then :meth:`Connection.send` hands it out in its turn)."""
@@ -259,7 +258,11 @@ class Connection:
         (the read held nothing else: no :meth:`next_event` needed).  Otherwise None: take
         the events with :meth:`next_event`."""
         if not (
-            self.owed or self.ready or self.write_paused or self._unsettled or self.closing
+            self.owed
+            or self.ready
+            or self.write_paused
+            or self._unsettled
+            or self.closing
             or self._awaiting
         ):
             frame = self.decoder.take_whole(data)
@@ -310,9 +313,7 @@ class Connection:
         :attr:`reading`).  Pings and messages that are not requests are answered here."""
         if self._awaiting or self._pending_events:
             if self._awaiting:
-                raise LocalProtocolError(
-                    "reply() or owe() the last Request before the next event"
-                )
+                raise LocalProtocolError("reply() or owe() the last Request before the next event")
             return self._pending_events.popleft()
         if self._closing_error is None:  # (the decoder is broken only then)
             if not self.closing and (self.write_paused or len(self.owed) >= self.max_in_flight):
@@ -445,8 +446,9 @@ class Connection:
             if self.guard.received(now, decoder.buffered, not decoder.idle, completed):
                 self._timer = True
         except OverBudget as exc:
-            err = DecodeError(PROTOCOL, "buffer", decoder.offset, str(exc),
-                              code=int(ErrorCode.MEMORY))
+            err = DecodeError(
+                PROTOCOL, "buffer", decoder.offset, str(exc), code=int(ErrorCode.MEMORY)
+            )
             decoder.fail(err)
             self._queue(error_reply(ErrorCode.MEMORY))
             self._break(err)

@@ -340,9 +340,7 @@ class _Connection(asyncio.Protocol):
         self.server = server
         self.loop = loop = asyncio.get_running_loop()
         # loop.time() is time.monotonic() for asyncio's loops: call that directly
-        self._clock = (
-            time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
-        )
+        self._clock = time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
         self.conn = conn = Connection(
             server.limits, server.budget, self._clock(), max_in_flight=server.max_in_flight
         )
@@ -430,7 +428,9 @@ class _Connection(asyncio.Protocol):
                         reply(wire)
                 elif type(event) is Rejected:
                     log.warning(
-                        "%s: bad request, answering %s: %s", self.peer, event.code.name,
+                        "%s: bad request, answering %s: %s",
+                        self.peer,
+                        event.code.name,
                         event.error,
                     )
             was_paused = conn.paused

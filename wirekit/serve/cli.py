@@ -37,11 +37,16 @@ def register(subparsers) -> None:
     )
     p.add_argument("--config", metavar="FILE", help="deployment config (.json or .toml)")
     p.add_argument(
-        "--log-level", default="warning", type=str.lower,
-        choices=["debug", "info", "warning", "error"], help="any case (default warning)",
+        "--log-level",
+        default="warning",
+        type=str.lower,
+        choices=["debug", "info", "warning", "error"],
+        help="any case (default warning)",
     )
     p.add_argument(
-        "--loop", choices=_loop.CHOICES, default=None,
+        "--loop",
+        choices=_loop.CHOICES,
+        default=None,
         help="event loop (default: uvloop when installed, else asyncio; env WIREKIT_LOOP)",
     )
     p.set_defaults(handler=_serve)
@@ -51,11 +56,18 @@ def register(subparsers) -> None:
     st.add_argument("--json", action="store_true", help="print the metrics as JSON")
     st.set_defaults(handler=_stats)
     ck = sub.add_parser("check", help="validate a deployment config and print its devices")
-    ck.add_argument("--config", dest="check_config", metavar="FILE",
-                    help="the config file (or give --config before `check`)")
-    ck.add_argument("--probe", action="store_true",
-                    help="also try a TCP connection to every MIP/KubeMo backend with quota > 0 "
-                    "(exit 1 if one cannot be reached)")
+    ck.add_argument(
+        "--config",
+        dest="check_config",
+        metavar="FILE",
+        help="the config file (or give --config before `check`)",
+    )
+    ck.add_argument(
+        "--probe",
+        action="store_true",
+        help="also try a TCP connection to every MIP/KubeMo backend with quota > 0 "
+        "(exit 1 if one cannot be reached)",
+    )
     ck.set_defaults(handler=_check)
 
 
@@ -211,8 +223,10 @@ async def _run(dep, out: TextIO) -> int:
             if problem is not None:
                 log.warning("wirekit serve: backend of %s cannot be reached now (%s)", key, problem)
         await stop.wait()
-        log.warning("wirekit serve: %s received; stopping (requests in flight are answered)",
-                    received[0] if received else "stop")
+        log.warning(
+            "wirekit serve: %s received; stopping (requests in flight are answered)",
+            received[0] if received else "stop",
+        )
     finally:
         await service.stop()
     log.warning("wirekit serve: stopped")

@@ -264,9 +264,7 @@ def parse_config(doc: Any) -> Deployment:
         payloads=_bool(st.get("payloads", False), "store.payloads"),
         journal=_bool(st.get("journal", True), "store.journal"),
         batch_max=_int(st.get("batch_max", 1024), "store.batch_max", lo=1, hi=1_000_000),
-        flush_interval=_num(
-            st.get("flush_interval", 0.05), "store.flush_interval", lo=0, hi=60
-        ),
+        flush_interval=_num(st.get("flush_interval", 0.05), "store.flush_interval", lo=0, hi=60),
     )
     ca = _table(top.get("cache", {}), "cache", {"max_entries", "ttl", "max_bytes"})
     cache = CacheConfig(
@@ -464,9 +462,7 @@ def _node_rows(
                     f"{where}.ports[{k}]",
                     f"device {d} serves {model} (quota {q}): a backend port 1..65535 is needed",
                 )
-            rows.append(
-                DeviceRow(model, node_id, d, dev, endpoint, port, q, backend, clipper_name)
-            )
+            rows.append(DeviceRow(model, node_id, d, dev, endpoint, port, q, backend, clipper_name))
         if total > 1 + 1e-9:
             raise ConfigError(
                 f"{where}.quotas", f"device {d} ({dev}) is given {total:g} of itself (> 1)"

@@ -66,10 +66,12 @@ def join_requests(wires: list[bytes], n_input: int, samples: int) -> bytes:
     """One MIP inference request holding the samples of every request in ``wires`` (each
     an encoded inference request with ``n_input`` inputs per sample), in order."""
     body = sum(len(w) for w in wires) - 12 * len(wires)
-    return b"".join([
-        _HEAD.pack(0, 2, 0, 0, 4 + body, n_input, 0, samples),
-        *[memoryview(w)[12:] for w in wires],
-    ])
+    return b"".join(
+        [
+            _HEAD.pack(0, 2, 0, 0, 4 + body, n_input, 0, samples),
+            *[memoryview(w)[12:] for w in wires],
+        ]
+    )
 
 
 def split_reply(frame: bytes, msg: Inference, counts: list[int]) -> list[bytes] | None:
@@ -113,8 +115,19 @@ def _samples(job: Job) -> int:
 class Job:
     """One request taken by :meth:`Dispatcher.start` (the MIP front door's way in)."""
 
-    __slots__ = ("cfg", "client", "error", "head", "key", "model", "notify", "outcome",
-                 "request", "rid", "t_in")
+    __slots__ = (
+        "cfg",
+        "client",
+        "error",
+        "head",
+        "key",
+        "model",
+        "notify",
+        "outcome",
+        "request",
+        "rid",
+        "t_in",
+    )
 
     def __init__(self, model: str, request: Payload, client: str, notify) -> None:
         self.model = model
@@ -228,15 +241,25 @@ class Dispatcher:
             # Cancelled (the client went away, or shutdown): still close the row.
             self._finish(model, rid, client, t_in, wire, None, FAILED, 0, False)
             raise
-        self._finish(model, rid, client, t_in, wire, outcome.device, outcome.status,
-                     outcome.attempts, defer_journal)
+        self._finish(
+            model,
+            rid,
+            client,
+            t_in,
+            wire,
+            outcome.device,
+            outcome.status,
+            outcome.attempts,
+            defer_journal,
+        )
         return outcome
 
     def _finish(self, model, rid, client, t_in, wire, device, status, attempts, defer) -> None:
         t_out = self.clock()
         self.metrics.finished(model, status, t_out - t_in)
-        self.store.complete(rid, model, client, device, t_in, t_out, status, len(wire),
-                            attempts, wire, defer)
+        self.store.complete(
+            rid, model, client, device, t_in, t_out, status, len(wire), attempts, wire, defer
+        )
 
     async def _answer(
         self,
@@ -299,7 +322,11 @@ class Dispatcher:
                 return Outcome(rid, OK, reply, row.key, attempt)
             return Outcome(rid, ERROR, reply, row.key, attempt, f"backend answered {msg}")
         return Outcome(
-            rid, FAILED, _error_payload(ErrorCode.INTERNAL), None, len(tried),
+            rid,
+            FAILED,
+            _error_payload(ErrorCode.INTERNAL),
+            None,
+            len(tried),
             f"no device answered after {len(tried)} attempt(s): {last}",
         )
 
@@ -371,8 +398,9 @@ class Dispatcher:
             # cannot be handled before this returns).
             if self._send_one(job, row):
                 self._arrive(job)
-                job.head = self.store.line_head(job.rid, job.model, job.client, row.key,
-                                                job.t_in, len(job.request.wire))
+                job.head = self.store.line_head(
+                    job.rid, job.model, job.client, row.key, job.t_in, len(job.request.wire)
+                )
             else:
                 self._arrive(job)
 
@@ -408,8 +436,9 @@ class Dispatcher:
                 if not job.rid:
                     self._arrive(job)
                     if job.head is None:  # not handed to the attempt loop
-                        job.head = head(job.rid, job.model, job.client, key, job.t_in,
-                                        len(job.request.wire))
+                        job.head = head(
+                            job.rid, job.model, job.client, key, job.t_in, len(job.request.wire)
+                        )
 
     def _send_jobs(self, jobs: list[Job], row: DeviceRow) -> None:
         if len(jobs) == 1:
@@ -425,9 +454,7 @@ class Dispatcher:
                 continue
             b = msg.batch_size
             n = len(job.request.wire)
-            if group and (
-                msg.n_input != n_input or samples + b > limit or size + n > BATCH_BYTES
-            ):
+            if group and (msg.n_input != n_input or samples + b > limit or size + n > BATCH_BYTES):
                 self._send_group(group, row, n_input, samples)
                 group = []
             if not group:
@@ -497,8 +524,12 @@ class Dispatcher:
                     # An error reply (or a reply not shaped like the batch) may be the fault
                     # of one request: each is sent again alone and gets its own answer.
                     self.batch_retries += 1
-                    log.info("a batch of %d requests to %s was answered %s: sending them"
-                             " one by one", len(jobs), row.key, msg)
+                    log.info(
+                        "a batch of %d requests to %s was answered %s: sending them one by one",
+                        len(jobs),
+                        row.key,
+                        msg,
+                    )
                     for job in jobs:
                         self._send_one(job, row)
                     return
@@ -532,8 +563,9 @@ class Dispatcher:
 
     def _abort(self, job: Job, exc: BaseException) -> None:
         """Cancelled (shutdown): still close the row, and answer."""
-        self._finish(job.model, job.rid, job.client, job.t_in, job.request.wire, None, FAILED,
-                     0, True)
+        self._finish(
+            job.model, job.rid, job.client, job.t_in, job.request.wire, None, FAILED, 0, True
+        )
         job.error = exc
         self.active -= 1
         job.notify(job)
@@ -542,14 +574,30 @@ class Dispatcher:
         """Record how ``job`` ended and answer it (``t_out``: when, if already known)."""
         head = job.head
         if not head:
-            self._finish(job.model, job.rid, job.client, job.t_in, job.request.wire,
-                         outcome.device, outcome.status, outcome.attempts, True)
+            self._finish(
+                job.model,
+                job.rid,
+                job.client,
+                job.t_in,
+                job.request.wire,
+                outcome.device,
+                outcome.status,
+                outcome.attempts,
+                True,
+            )
         else:  # answered by the device its first attempt went to: the line is started
             if t_out is None:
                 t_out = self.clock()
             self.metrics.finished(job.model, outcome.status, t_out - job.t_in)
-            self.store.complete_head(head, job.rid, outcome.device, t_out, outcome.status,
-                                     len(job.request.wire), outcome.attempts)
+            self.store.complete_head(
+                head,
+                job.rid,
+                outcome.device,
+                t_out,
+                outcome.status,
+                len(job.request.wire),
+                outcome.attempts,
+            )
         job.outcome = outcome
         self.active -= 1
         job.notify(job)
@@ -574,8 +622,9 @@ class Dispatcher:
                         self.cache.put(cfg.name, job.key, reply, len(wire))
                     outcome = Outcome(job.rid, OK, reply, row.key, 1)
                 else:
-                    outcome = Outcome(job.rid, ERROR, Payload(wire, msg), row.key, 1,
-                                      f"backend answered {msg}")
+                    outcome = Outcome(
+                        job.rid, ERROR, Payload(wire, msg), row.key, 1, f"backend answered {msg}"
+                    )
                 self._settle(job, outcome)
                 return
         retryable = unanswered_retryable(exc)
@@ -591,7 +640,8 @@ class Dispatcher:
             address = getattr(self.backends[row.key], "address", "?")
             text = (
                 f"mip: {address} closed the connection without replying"
-                if retryable is not None else str(exc)
+                if retryable is not None
+                else str(exc)
             )
             last = f"{row.key}: {address}: {text}"
         log.warning("request %s: %s", job.rid, last)
@@ -617,8 +667,14 @@ class Dispatcher:
             clients[row.key] = client
         return (cfg, rows, clients) if rows else None
 
-    def lane_arrived(self, stats: ModelStats, model: str, client: str, t_in: float,
-                     requests: list[tuple[str, int, Any]]) -> None:
+    def lane_arrived(
+        self,
+        stats: ModelStats,
+        model: str,
+        client: str,
+        t_in: float,
+        requests: list[tuple[str, int, Any]],
+    ) -> None:
         """The MIP lane sent ``requests`` of ``model`` (``stats``: its live counters) from
         ``client``, arrived at ``t_in``, each ``(id, size, request bytes)``: they are
         active, counted and stored as arrived (:meth:`RequestStore.arrivals`)."""
@@ -628,9 +684,18 @@ class Dispatcher:
         stats.arrive(n)
         self.store.arrivals(model, client, t_in, requests)
 
-    def lane_answered(self, stats: ModelStats, model: str, client: str, t_out: float,
-                      total: float, lo: float, hi: float, rows: Collection[DeviceRow],
-                      answers: list[tuple[str, str, float, int, int, Any]]) -> None:
+    def lane_answered(
+        self,
+        stats: ModelStats,
+        model: str,
+        client: str,
+        t_out: float,
+        total: float,
+        lo: float,
+        hi: float,
+        rows: Collection[DeviceRow],
+        answers: list[tuple[str, str, float, int, int, Any]],
+    ) -> None:
         """The MIP lane answered ``answers`` (``ok``, at ``t_out``; their response times
         summing to ``total``, from ``lo`` to ``hi``), from the devices ``rows`` (back in
         rotation): counted and stored (:meth:`RequestStore.completions_ok`; the journal is

@@ -157,13 +157,20 @@ def build_app(
             if outcome.ok and isinstance(msg, Inference) and msg.batch_size == 1:
                 outs = outputs_json(msg)[0]
                 answers.append(
-                    {"query_id": qid, "output": outs[0] if len(outs) == 1 else outs,
-                     "default": False}
+                    {
+                        "query_id": qid,
+                        "output": outs[0] if len(outs) == 1 else outs,
+                        "default": False,
+                    }
                 )
             else:
                 answers.append(
-                    {"query_id": qid, "output": None, "default": True,
-                     "default_explanation": outcome.detail or f"backend answered {msg}"}
+                    {
+                        "query_id": qid,
+                        "output": None,
+                        "default": True,
+                        "default_explanation": outcome.detail or f"backend answered {msg}",
+                    }
                 )
         return _json({"batch_predictions": answers} if batch else answers[0])
 

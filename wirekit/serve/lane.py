@@ -84,11 +84,33 @@ class LaneCall:
     """One request of a :class:`Lane` on its way to a backend: the backend connection's
     pending call and its future at once (``future`` is the call itself)."""
 
-    __slots__ = ("client", "conn", "deadline", "job", "key", "lane", "reply", "rid", "row",
-                 "state", "t_in", "timeout", "wire")
+    __slots__ = (
+        "client",
+        "conn",
+        "deadline",
+        "job",
+        "key",
+        "lane",
+        "reply",
+        "rid",
+        "row",
+        "state",
+        "t_in",
+        "timeout",
+        "wire",
+    )
 
-    def __init__(self, lane: Lane, row: Any, client: Any, conn: Any, rid: str, wire: bytes,
-                 t_in: float, deadline: float) -> None:
+    def __init__(
+        self,
+        lane: Lane,
+        row: Any,
+        client: Any,
+        conn: Any,
+        rid: str,
+        wire: bytes,
+        t_in: float,
+        deadline: float,
+    ) -> None:
         self.lane = lane
         self.row = row
         self.client = client
@@ -145,8 +167,17 @@ class Lane:
     door's limits (a request over them is not taken: the front door refuses it);
     ``wake(call)`` is called when a call is answered (the front door's ``_done``)."""
 
-    def __init__(self, dispatcher: Any, model: str, client: str, route: Any,
-                 max_size: int, max_items: int, pending: deque, wake: Any) -> None:
+    def __init__(
+        self,
+        dispatcher: Any,
+        model: str,
+        client: str,
+        route: Any,
+        max_size: int,
+        max_items: int,
+        pending: deque,
+        wake: Any,
+    ) -> None:
         self.dispatcher = dispatcher
         self.pending = pending
         self.model = model
@@ -294,8 +325,9 @@ class Lane:
                 break
             pending.popleft()
         if n:
-            self.dispatcher.lane_answered(self.stats, self.model, self.client, t_out, total,
-                                          lo, hi, succeeded, done)
+            self.dispatcher.lane_answered(
+                self.stats, self.model, self.client, t_out, total, lo, hi, succeeded, done
+            )
         return out
 
 

@@ -129,7 +129,8 @@ class _Collector:
             "wirekit_serve_queue_length_total", "Requests waiting or being processed"
         )
         requests = CounterMetricFamily(
-            "wirekit_serve_requests", "Requests finished, per model and status",
+            "wirekit_serve_requests",
+            "Requests finished, per model and status",
             labels=["model", "status"],
         )
         rt = {

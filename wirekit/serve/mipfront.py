@@ -78,9 +78,16 @@ class MipFrontDoor(asyncio.Protocol):
         if isinstance(peer, tuple):
             self.client = f"mip:{peer[0]}:{peer[1]}"
         d = self.dispatcher
-        self.lane = d.lane.Lane(d, self.model, self.client, d.lane_route(self.model),
-                                self.max_message_size, self.max_items, self.conn.owed,
-                                self._done)
+        self.lane = d.lane.Lane(
+            d,
+            self.model,
+            self.client,
+            d.lane_route(self.model),
+            self.max_message_size,
+            self.max_items,
+            self.conn.owed,
+            self._done,
+        )
         self.watchdog.arm(time.monotonic())
 
     def connection_lost(self, exc) -> None:

@@ -77,7 +77,9 @@ class Service:
             return KubeMoBackend(row.endpoint, row.port, timeout=timeout)
         if row.backend == "mip":
             return MipBackend(
-                row.endpoint, row.port, max_in_flight=self.deployment.connections,
+                row.endpoint,
+                row.port,
+                max_in_flight=self.deployment.connections,
                 timeout=timeout,
             )
         raise NotImplementedError(f"{row.key}: the {row.backend} backend is not available")
@@ -102,21 +104,30 @@ class Service:
                 ).start()
             backends = {r.key: self._backend_for(r) for r in dep.rows if r.quota > 0}
             self.dispatcher = Dispatcher(
-                dep.models, self.router, backends, self.store, self.metrics, self.cache,
+                dep.models,
+                self.router,
+                backends,
+                self.store,
+                self.metrics,
+                self.cache,
                 lane=self._lane,
             )
             for name, model in dep.models.items():
                 if model.mip_port is None:
                     continue
                 self._mip_servers[name] = await loop.create_server(
-                    partial(MipFrontDoor, self.dispatcher, name, self._tasks, dep.mip,
-                            self.mip_budget),
+                    partial(
+                        MipFrontDoor, self.dispatcher, name, self._tasks, dep.mip, self.mip_budget
+                    ),
                     dep.host,
                     model.mip_port,
                 )
             if dep.http_port is not None:
                 app = build_app(
-                    self.dispatcher, dep.app_models(), self.stats, self.metrics_text,
+                    self.dispatcher,
+                    dep.app_models(),
+                    self.stats,
+                    self.metrics_text,
                     max_items=dep.mip.max_items,
                 )
                 self._runner = web.AppRunner(app, access_log=None)
@@ -136,9 +147,7 @@ class Service:
             "mip": {
                 name: srv.sockets[0].getsockname()[1] for name, srv in self._mip_servers.items()
             },
-            "clipper_rpc": (
-                int(self.clipper.endpoint.rsplit(":", 1)[1]) if self.clipper else None
-            ),
+            "clipper_rpc": (int(self.clipper.endpoint.rsplit(":", 1)[1]) if self.clipper else None),
         }
 
     def extra(self) -> dict[str, Any]:

@@ -93,8 +93,7 @@ def _line_head(rid: str, names: str, time_in: str) -> str:
     return f"[{_encode_json_str(rid)},{names}{time_in},"
 
 
-def _line_end(head: str, time_out: str, status: str, size: Any, attempts: Any,
-              blob: str) -> str:
+def _line_end(head: str, time_out: str, status: str, size: Any, attempts: Any, blob: str) -> str:
     """The whole journal line from its :func:`_line_head` (``time_out`` from
     :func:`_json_time`, ``blob`` from :func:`_json_blob`)."""
     return (
@@ -271,8 +270,9 @@ class RequestStore:
         ``defer``: then the record waits in memory, and the caller must call
         :meth:`write_journal` before it answers the client (so that the completions of one
         loop pass go out in one system call)."""
-        self.complete(rid, model, client, device, time_in, time_out, status, size, attempts,
-                      payload, defer)
+        self.complete(
+            rid, model, client, device, time_in, time_out, status, size, attempts, payload, defer
+        )
 
     def complete(
         self,
@@ -296,8 +296,12 @@ class RequestStore:
             if names is None:
                 names = self._names(key)
             line = _line_end(
-                _line_head(rid, names, self._time(time_in)), self._time(time_out), status,
-                size, attempts, _json_blob(payload if self.payloads else None),
+                _line_head(rid, names, self._time(time_in)),
+                self._time(time_out),
+                status,
+                size,
+                attempts,
+                _json_blob(payload if self.payloads else None),
             )
             self._jsize += len(line)
             self._jbuf.append(line)
@@ -319,8 +323,14 @@ class RequestStore:
         return _line_head(rid, names, self._time(time_in))
 
     def complete_head(
-        self, head: str, rid: str, device: str | None, time_out: float, status: str,
-        size: int, attempts: int,
+        self,
+        head: str,
+        rid: str,
+        device: str | None,
+        time_out: float,
+        status: str,
+        size: int,
+        attempts: int,
     ) -> None:
         """:meth:`complete` (deferred) with the journal line started by :meth:`line_head`
         (same id, device, size; the journal still on)."""
@@ -332,22 +342,32 @@ class RequestStore:
     # -- the batch forms (the dispatcher's MIP lane: the requests of one read, the answers
     # -- of one flush) ------------------------------------------------------------------
 
-    def arrivals(self, model: str, client: str, time_in: float,
-                 requests: list[tuple[str, int, Any]]) -> None:
+    def arrivals(
+        self, model: str, client: str, time_in: float, requests: list[tuple[str, int, Any]]
+    ) -> None:
         """:meth:`arrival` of requests of ``model`` from ``client`` that arrived together at
         ``time_in``, each ``(id, size, request bytes)``."""
         self._pending.extend(_arrival_ops(requests, model, client, time_in, self.payloads))
         self._kick()
 
-    def completions_ok(self, model: str, client: str, time_out: float,
-                       answers: list[tuple[str, str, float, int, int, Any]]) -> None:
+    def completions_ok(
+        self,
+        model: str,
+        client: str,
+        time_out: float,
+        answers: list[tuple[str, str, float, int, int, Any]],
+    ) -> None:
         """:meth:`complete` (deferred: :meth:`write_journal` before the answers go out) of
         requests of ``model`` from ``client`` answered ``ok`` at ``time_out``, each ``(id,
         device, time in, size, attempts, request bytes)``."""
         journal = self._jfd is not None
         lines, nbytes, ops = _ok_records(
-            answers, time_out, self._time(time_out) if journal else "",
-            partial(self._device_names, model, client), journal, self.payloads,
+            answers,
+            time_out,
+            self._time(time_out) if journal else "",
+            partial(self._device_names, model, client),
+            journal,
+            self.payloads,
         )
         if lines:
             self._jbuf.extend(lines)
@@ -471,8 +491,9 @@ class RequestStore:
                     except ValueError:
                         continue  # a line cut short by the crash: it was never answered
                     payload = base64.b64decode(blob) if blob else None
-                    rows.append((rid, model, client, device, t_in, t_out, status, size, att,
-                                 payload))
+                    rows.append(
+                        (rid, model, client, device, t_in, t_out, status, size, att, payload)
+                    )
             conn.execute("BEGIN")
             for row in rows:
                 # keep a stored payload when the journal line has none
@@ -576,21 +597,26 @@ def _settle(futs: list[asyncio.Future[None]], exc: BaseException | None) -> None
                 fut.set_exception(RuntimeError(f"request store write failed: {exc}"))
 
 
-def arrival_ops(requests: list[tuple[str, int, Any]], model: str, client: str,
-                 time_in: float, payloads: bool) -> list[tuple[int, tuple[Any, ...]]]:
+def arrival_ops(
+    requests: list[tuple[str, int, Any]], model: str, client: str, time_in: float, payloads: bool
+) -> list[tuple[int, tuple[Any, ...]]]:
     """The arrival rows of :meth:`RequestStore.arrivals` (its compiled twin:
     ``wirekit._fast.servelane.arrival_ops``)."""
     if payloads:
-        return [(_ARRIVAL, (rid, model, client, time_in, size,
-                            None if wire is None else bytes(wire)))
-                for rid, size, wire in requests]
-    return [(_ARRIVAL, (rid, model, client, time_in, size, None))
-            for rid, size, _wire in requests]
+        return [
+            (_ARRIVAL, (rid, model, client, time_in, size, None if wire is None else bytes(wire)))
+            for rid, size, wire in requests
+        ]
+    return [(_ARRIVAL, (rid, model, client, time_in, size, None)) for rid, size, _wire in requests]
 
 
 def ok_records(
-    answers: list[tuple[str, str, float, int, int, Any]], time_out: float, tout: str,
-    names_of: Any, journal: bool, payloads: bool,
+    answers: list[tuple[str, str, float, int, int, Any]],
+    time_out: float,
+    tout: str,
+    names_of: Any,
+    journal: bool,
+    payloads: bool,
 ) -> tuple[list[str], int, list[tuple[int, tuple[Any, ...]]]]:
     """The journal lines (when ``journal``), their length and the completion rows of
     :meth:`RequestStore.completions_ok` (``tout``: the journal text of ``time_out``;
@@ -609,12 +635,20 @@ def ok_records(
                 text = names[device] = names_of(device)
             if t_in is not last:  # the requests of one read share their time
                 last, tin = t_in, _json_time(t_in)
-            line = _line_end(_line_head(rid, text, tin), tout, OK, size, attempts,
-                             _json_blob(wire if payloads else None))
+            line = _line_end(
+                _line_head(rid, text, tin),
+                tout,
+                OK,
+                size,
+                attempts,
+                _json_blob(wire if payloads else None),
+            )
             nbytes += len(line)
             lines.append(line)
-    ops = [(_COMPLETION, (device, time_out, OK, attempts, rid))
-           for rid, device, _t, _size, attempts, _wire in answers]
+    ops = [
+        (_COMPLETION, (device, time_out, OK, attempts, rid))
+        for rid, device, _t, _size, attempts, _wire in answers
+    ]
     return lines, nbytes, ops
 
 

@@ -126,8 +126,7 @@ def unpack_out(out: Any, words: np.ndarray) -> tuple[np.ndarray, ...]:
         ) from None
     if len(arrays) != 4:
         raise TypeError(
-            f"{PROTOCOL}: out must hold 4 arrays (layer, is_weight, index, sign), "
-            f"got {len(arrays)}"
+            f"{PROTOCOL}: out must hold 4 arrays (layer, is_weight, index, sign), got {len(arrays)}"
         )
     n = len(words)
     for given, (name, dtype) in zip(arrays, UNPACK_FIELDS, strict=True):

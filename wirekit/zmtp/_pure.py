@@ -237,8 +237,7 @@ def _decode_into(
                 raise _fail(
                     "message",
                     n,
-                    f"stream ends inside a multipart message: frame {len(frames) - 1} "
-                    "has MORE set",
+                    f"stream ends inside a multipart message: frame {len(frames) - 1} has MORE set",
                 )
             return p - state[0] + 1
         flags = spec.FRAME_FLAGS.parse(bytes(view[p : p + 1]))
