@@ -49,3 +49,71 @@ def clipper_codec(impl):
 @pytest.fixture(scope="session")
 def y2_codec(impl):
     return load_codec("y2", impl)
+
+
+# -- PostgreSQL (issue 17) -------------------------------------------------------------------
+# One throwaway server per session (tests/pg_server.py), a fresh database per test.
+
+
+@pytest.fixture(scope="session")
+def pg_server_url():
+    """The URL of a PostgreSQL server for the tests: ``WIREKIT_PG_URL`` when set, else a
+    throwaway server started here; a skip without PostgreSQL, a failure under
+    ``WIREKIT_REQUIRE_PG=1``."""
+    url = os.environ.get("WIREKIT_PG_URL")
+    if url:
+        yield url
+        return
+    from pg_server import PgServer, pg_bindir
+
+    missing = None
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        missing = "psycopg is not installed (the 'pg' extra)"
+    bindir = pg_bindir()
+    if bindir is None:
+        missing = missing or "no PostgreSQL binaries (apt-get install postgresql)"
+    if missing is not None:
+        if os.environ.get("WIREKIT_REQUIRE_PG") == "1":
+            pytest.fail(f"WIREKIT_REQUIRE_PG=1 but {missing}")
+        pytest.skip(missing)
+    server = PgServer(bindir).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+_pg_dbs = iter(range(1, 1 << 30))
+
+
+@pytest.fixture
+def pg_url(pg_server_url):
+    """A URL to a new, empty database on the test server (dropped after the test)."""
+    import psycopg
+
+    name = f"wirekit_t{os.getpid()}_{next(_pg_dbs)}"
+    base, _, _db = pg_server_url.rpartition("/")
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(pg_server_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_kind(request) -> str:
+    """Parametrizes a store test over both store backends."""
+    return request.param
+
+
+@pytest.fixture
+def store_url(store_kind, tmp_path, request) -> str | None:
+    """None for the SQLite store (the path is the test's to choose), a fresh PostgreSQL
+    database URL for the PostgreSQL one."""
+    if store_kind == "sqlite":
+        return None
+    return request.getfixturevalue("pg_url")

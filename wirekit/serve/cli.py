@@ -3,6 +3,7 @@
     wirekit serve --config deployment.json      # run until SIGINT/SIGTERM
     wirekit serve check --config deployment.toml
     wirekit serve stats --store requests.db [--json]
+    wirekit serve stats --store-url postgresql://host/db [--json]
 
 When the dispatcher is listening it prints one JSON line to standard output:
 ``{"event": "ready", "host": ..., "http": port, "mip": {model: port}, "clipper_rpc": port}``.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import importlib
 import json
@@ -49,10 +51,17 @@ def register(subparsers) -> None:
         default=None,
         help="event loop (default: uvloop when installed, else asyncio; env WIREKIT_LOOP)",
     )
+    p.add_argument(
+        "--store-url",
+        metavar="URL",
+        help="a postgresql:// URL: the store several replicas share (replaces store.url)",
+    )
     p.set_defaults(handler=_serve)
     sub = p.add_subparsers(dest="serve_command", metavar="SUBCOMMAND")
     st = sub.add_parser("stats", help="print the metrics of a requests store")
-    st.add_argument("--store", required=True, help="the SQLite store file")
+    where = st.add_mutually_exclusive_group(required=True)
+    where.add_argument("--store", help="the SQLite store file")
+    where.add_argument("--store-url", dest="stats_url", metavar="URL", help="a postgresql:// store")
     st.add_argument("--json", action="store_true", help="print the metrics as JSON")
     st.set_defaults(handler=_stats)
     ck = sub.add_parser("check", help="validate a deployment config and print its devices")
@@ -75,6 +84,8 @@ def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .metrics import render_stats, stats_from_store
     from .store import connect
 
+    if args.stats_url:
+        return _stats_url(args.stats_url, args.json, out, err)
     path = Path(args.store)
     if not path.is_file():
         err.write(f"wirekit: no store at {path}\n")
@@ -89,6 +100,30 @@ def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"wirekit: {path} is not a requests store: {exc}\n")
         return EXIT_BAD_INPUT
     out.write((json.dumps(stats, indent=2) if args.json else render_stats(stats)) + "\n")
+    return EXIT_OK
+
+
+def _stats_url(url: str, as_json: bool, out: TextIO, err: TextIO) -> int:
+    """``serve stats --store-url``: the same figures from a PostgreSQL store."""
+    from .metrics import render_stats, stats_from_store
+    from .storedb import StoreUnavailable, is_url, open_db, redact
+
+    if not is_url(url):
+        err.write("wirekit: --store-url expects a postgresql:// URL\n")
+        return EXIT_USAGE
+    try:
+        db = open_db(url)
+    except StoreUnavailable as exc:  # cannot connect, or the pg extra is missing
+        err.write(f"wirekit: {exc}\n")
+        return EXIT_BAD_INPUT
+    try:
+        stats = stats_from_store(db)
+    except Exception as exc:  # psycopg.Error: no requests table
+        err.write(f"wirekit: {redact(url)} is not a requests store: {exc}\n")
+        return EXIT_BAD_INPUT
+    finally:
+        db.close()
+    out.write((json.dumps(stats, indent=2) if as_json else render_stats(stats)) + "\n")
     return EXIT_OK
 
 
@@ -167,16 +202,26 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except ConfigError as exc:
         err.write(f"wirekit: {exc}\n")
         return EXIT_BAD_INPUT
+    if args.store_url:
+        if not args.store_url.startswith(("postgresql://", "postgres://")):
+            err.write("wirekit: --store-url expects a postgresql:// URL\n")
+            return EXIT_USAGE
+        dep = dataclasses.replace(dep, store=dataclasses.replace(dep.store, url=args.store_url))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         _loop.resolve(args.loop)
     except ValueError as exc:
         err.write(f"wirekit: {exc}\n")
         return EXIT_USAGE
+    from .storedb import StoreUnavailable
+
     try:
         return _loop.run(_run(dep, out), args.loop)
     except OSError as exc:
         err.write(f"wirekit: cannot listen: {exc.strerror or exc}\n")
+        return EXIT_BAD_INPUT
+    except StoreUnavailable as exc:
+        err.write(f"wirekit: {exc}\n")
         return EXIT_BAD_INPUT
 
 

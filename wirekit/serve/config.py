@@ -90,7 +90,12 @@ class ModelConfig:
 
 @dataclass(frozen=True, slots=True)
 class StoreConfig:
+    #: the SQLite file; with ``url``, the base name of this replica's local journal files
     path: str = "requests.db"
+    #: a ``postgresql://`` URL: the store several replicas share (None: the SQLite file)
+    url: str | None = None
+    #: this replica's name in the shared store (default ``<host>:<absolute path>``)
+    replica: str = ""
     payloads: bool = False  #: also keep request payloads in the store
     journal: bool = True  #: journal each completion before answering (crash-safe)
     batch_max: int = 1024  #: rows per write transaction at most
@@ -257,10 +262,17 @@ def parse_config(doc: Any) -> Deployment:
     st = _table(
         top.get("store", {}),
         "store",
-        {"path", "payloads", "journal", "batch_max", "flush_interval"},
+        {"path", "url", "replica", "payloads", "journal", "batch_max", "flush_interval"},
     )
+    url = st.get("url")
+    if url is not None:
+        url = _str(url, "store.url")
+        if not url.startswith(("postgresql://", "postgres://")):
+            raise ConfigError("store.url", "expected a postgresql:// URL")
     store = StoreConfig(
         path=_str(st.get("path", "requests.db"), "store.path"),
+        url=url,
+        replica=_str(st["replica"], "store.replica") if "replica" in st else "",
         payloads=_bool(st.get("payloads", False), "store.payloads"),
         journal=_bool(st.get("journal", True), "store.journal"),
         batch_max=_int(st.get("batch_max", 1024), "store.batch_max", lo=1, hi=1_000_000),

@@ -239,7 +239,9 @@ class Dispatcher:
             outcome = await self._answer(rid, cfg, request, wire)
         except BaseException:
             # Cancelled (the client went away, or shutdown): still close the row.
-            self._finish(model, rid, client, t_in, wire, None, FAILED, 0, False)
+            self._finish(
+                model, rid, client, t_in, wire, None, FAILED, 0, False, "cancelled before an answer"
+            )
             raise
         self._finish(
             model,
@@ -251,14 +253,28 @@ class Dispatcher:
             outcome.status,
             outcome.attempts,
             defer_journal,
+            outcome.detail,
         )
         return outcome
 
-    def _finish(self, model, rid, client, t_in, wire, device, status, attempts, defer) -> None:
+    def _finish(
+        self, model, rid, client, t_in, wire, device, status, attempts, defer, reason=""
+    ) -> None:
         t_out = self.clock()
         self.metrics.finished(model, status, t_out - t_in)
         self.store.complete(
-            rid, model, client, device, t_in, t_out, status, len(wire), attempts, wire, defer
+            rid,
+            model,
+            client,
+            device,
+            t_in,
+            t_out,
+            status,
+            len(wire),
+            attempts,
+            wire,
+            defer,
+            reason if status != OK else None,
         )
 
     async def _answer(
@@ -564,7 +580,16 @@ class Dispatcher:
     def _abort(self, job: Job, exc: BaseException) -> None:
         """Cancelled (shutdown): still close the row, and answer."""
         self._finish(
-            job.model, job.rid, job.client, job.t_in, job.request.wire, None, FAILED, 0, True
+            job.model,
+            job.rid,
+            job.client,
+            job.t_in,
+            job.request.wire,
+            None,
+            FAILED,
+            0,
+            True,
+            "cancelled before an answer",
         )
         job.error = exc
         self.active -= 1
@@ -584,6 +609,7 @@ class Dispatcher:
                 outcome.status,
                 outcome.attempts,
                 True,
+                outcome.detail,
             )
         else:  # answered by the device its first attempt went to: the line is started
             if t_out is None:
@@ -597,6 +623,7 @@ class Dispatcher:
                 outcome.status,
                 len(job.request.wire),
                 outcome.attempts,
+                outcome.detail if outcome.status != OK else None,
             )
         job.outcome = outcome
         self.active -= 1

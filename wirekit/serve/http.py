@@ -14,9 +14,10 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -88,8 +89,8 @@ def _outcome_error(outcome: Outcome) -> web.Response:
 def build_app(
     dispatcher: Dispatcher,
     app_models: dict[str, str],
-    stats: Callable[[], dict[str, Any]],
-    metrics_text: Callable[[], bytes],
+    stats: Callable[[], dict[str, Any] | Awaitable[dict[str, Any]]],
+    metrics_text: Callable[[], bytes | Awaitable[bytes]],
     max_items: int = DEFAULT_MAX_ITEMS,
 ) -> web.Application:
     """The aiohttp application of the front door; ``max_items`` bounds the MIP items one
@@ -175,12 +176,14 @@ def build_app(
         return _json({"batch_predictions": answers} if batch else answers[0])
 
     async def get_stats(_request: web.Request) -> web.Response:
-        return _json(stats())
+        doc = stats()
+        return _json(await doc if inspect.isawaitable(doc) else doc)
 
     async def get_metrics(_request: web.Request) -> web.Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        resp = web.Response(body=metrics_text())
+        text = metrics_text()
+        resp = web.Response(body=await text if inspect.isawaitable(text) else text)
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
 

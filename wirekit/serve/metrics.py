@@ -4,8 +4,11 @@ hits and misses.
 
 :class:`Metrics` keeps them live in memory (started from the store at start-up, so they always
 describe the whole store) and :func:`stats_from_store` computes the same figures with SQL from
-a store file: the two agree, which the tests check.  ``snapshot()`` is the JSON of ``/stats``;
-:meth:`Metrics.prometheus` is the text of ``/metrics``.
+a store: the two agree, which the tests check.  On a shared PostgreSQL store (several
+replicas), ``/stats`` and ``/metrics`` report the figures computed from the store -- the same
+on every replica -- and each replica's live counters only as its process-local figures
+(``"local"`` in ``/stats``, ``wirekit_serve_local_*`` in ``/metrics``).  ``snapshot()`` is
+the JSON of ``/stats``; :meth:`Metrics.prometheus` is the text of ``/metrics``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .store import OK, QUEUED
+from .storedb import OK, QUEUED, StoreDB, as_db
 
 
 @dataclass(slots=True)
@@ -71,9 +74,9 @@ class Metrics:
             stats = self.models[model] = ModelStats()
         return stats
 
-    def load(self, conn: sqlite3.Connection) -> None:
+    def load(self, conn: sqlite3.Connection | StoreDB) -> None:
         """Start from what a store already holds."""
-        for model, s in _model_stats(conn).items():
+        for model, s in model_stats(conn).items():
             self.models[model] = s
 
     def arrived(self, model: str) -> None:
@@ -99,44 +102,65 @@ class Metrics:
 
     def snapshot(self) -> dict[str, Any]:
         """``{"queue": total, "models": {model: {...}}}``."""
-        return _snapshot(self.models)
+        return snapshot_of(self.models)
 
-    def prometheus(self, extra: dict[str, Any] | None = None) -> bytes:
+    def prometheus(
+        self,
+        extra: dict[str, Any] | None = None,
+        shared: dict[str, ModelStats] | None = None,
+    ) -> bytes:
         """The Prometheus text exposition of these metrics (and of ``extra``: cache
-        hits/misses/entries, devices backed off)."""
+        hits/misses/entries, devices backed off).  ``shared``: the figures of a shared
+        store (:func:`model_stats`) -- reported under the usual names, and these live
+        counters then as ``wirekit_serve_local_*``."""
         from prometheus_client import CollectorRegistry, generate_latest
 
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Collector(self, extra or {}))
+        if shared is None:
+            registry.register(_Collector(self.models, extra or {}))
+        else:
+            registry.register(_Collector(shared, extra or {}))
+            registry.register(
+                _Collector(self.models, {}, "wirekit_serve_local_", " (this replica)")
+            )
         return generate_latest(registry)
 
 
 class _Collector:
-    def __init__(self, metrics: Metrics, extra: dict[str, Any]) -> None:
-        self.metrics = metrics
+    def __init__(
+        self,
+        models: dict[str, ModelStats],
+        extra: dict[str, Any],
+        prefix: str = "wirekit_serve_",
+        scope: str = "",
+    ) -> None:
+        self.models = models
         self.extra = extra
+        self.prefix = prefix
+        self.scope = scope
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        models = self.metrics.models
+        models = self.models
+        p, scope = self.prefix, self.scope
         queue = GaugeMetricFamily(
-            "wirekit_serve_queue_length",
-            "Requests waiting or being processed, per model",
+            f"{p}queue_length",
+            f"Requests waiting or being processed, per model{scope}",
             labels=["model"],
         )
         total = GaugeMetricFamily(
-            "wirekit_serve_queue_length_total", "Requests waiting or being processed"
+            f"{p}queue_length_total", f"Requests waiting or being processed{scope}"
         )
         requests = CounterMetricFamily(
-            "wirekit_serve_requests",
-            "Requests finished, per model and status",
+            f"{p}requests",
+            f"Requests finished, per model and status{scope}",
             labels=["model", "status"],
         )
         rt = {
             k: GaugeMetricFamily(
-                f"wirekit_serve_response_seconds_{k}",
-                f"{label} response time of the requests answered ok, per model",
+                f"{p}response_seconds_{k}",
+                f"{label} response time of the requests answered ok, per model{scope}",
                 labels=["model"],
             )
             for k, label in (("avg", "Average"), ("min", "Minimum"), ("max", "Maximum"))
@@ -168,37 +192,34 @@ class _Collector:
             yield g
 
 
-def _model_stats(conn: sqlite3.Connection) -> dict[str, ModelStats]:
+def model_stats(source: sqlite3.Connection | StoreDB) -> dict[str, ModelStats]:
+    """The figures of every model, computed with SQL over a store."""
+    db = as_db(source)
     out: dict[str, ModelStats] = {}
-    for model, status, n in conn.execute(
-        "SELECT model, status, COUNT(*) FROM requests GROUP BY model, status"
-    ):
+    for model, status, n in db.status_counts():
         s = out.setdefault(model, ModelStats())
         s.requests += n
         if status == QUEUED:
             s.queue += n
         else:
             s.statuses[status] = n
-    for model, n, total, lo, hi in conn.execute(
-        "SELECT model, COUNT(*), SUM(time_out - time_in), MIN(time_out - time_in),"
-        " MAX(time_out - time_in) FROM requests WHERE status = ? GROUP BY model",
-        (OK,),
-    ):
+    for model, n, total, lo, hi in db.ok_times():
         s = out.setdefault(model, ModelStats())
         s.count, s.total, s.min, s.max = n, total, lo, hi
     return out
 
 
-def _snapshot(models: dict[str, ModelStats]) -> dict[str, Any]:
+def snapshot_of(models: dict[str, ModelStats]) -> dict[str, Any]:
+    """``{"queue": total, "models": {model: {...}}}`` of per-model figures."""
     return {
         "queue": sum(s.queue for s in models.values()),
         "models": {m: s.as_dict() for m, s in sorted(models.items())},
     }
 
 
-def stats_from_store(conn: sqlite3.Connection) -> dict[str, Any]:
+def stats_from_store(source: sqlite3.Connection | StoreDB) -> dict[str, Any]:
     """The metrics computed with SQL over a store (the ``wirekit serve stats`` figures)."""
-    return _snapshot(_model_stats(conn))
+    return snapshot_of(model_stats(source))
 
 
 def render_stats(stats: dict[str, Any]) -> str:

@@ -23,11 +23,12 @@ from .cache import ResponseCache
 from .config import Deployment, DeviceRow
 from .dispatcher import Dispatcher
 from .http import build_app
-from .metrics import Metrics
+from .metrics import Metrics, ModelStats, model_stats, snapshot_of
 from .mipfront import MipFrontDoor
 from .payload import Payload
 from .router import Router
 from .store import RequestStore
+from .storedb import StoreDB
 
 
 class Service:
@@ -44,6 +45,8 @@ class Service:
         self.deployment = deployment
         self.store = RequestStore(
             deployment.store.path,
+            url=deployment.store.url,
+            replica=deployment.store.replica,
             payloads=deployment.store.payloads,
             batch_max=deployment.store.batch_max,
             journal=deployment.store.journal,
@@ -64,6 +67,8 @@ class Service:
         self._runner: web.AppRunner | None = None
         self._http_port: int | None = None
         self.clipper: Any = None  # the embedded Clipper RPC frontend, when a model uses Clipper
+        #: on a shared store: the connection ``/stats`` and ``/metrics`` query
+        self._shared_db: StoreDB | None = None
 
     def _backend_for(self, row: DeviceRow) -> Backend:
         if row.key in self._given_backends:
@@ -92,7 +97,10 @@ class Service:
         try:
             self.metrics.load(reader)
         finally:
-            reader.close()
+            if self.store.kind == "postgresql":
+                self._shared_db = reader  # kept for the shared figures
+            else:
+                reader.close()
         loop = asyncio.get_running_loop()
         try:
             if dep.clipper_rpc_port is not None:
@@ -126,8 +134,8 @@ class Service:
                 app = build_app(
                     self.dispatcher,
                     dep.app_models(),
-                    self.stats,
-                    self.metrics_text,
+                    self.http_stats,
+                    self.http_metrics,
                     max_items=dep.mip.max_items,
                 )
                 self._runner = web.AppRunner(app, access_log=None)
@@ -164,7 +172,36 @@ class Service:
         return snap
 
     def metrics_text(self) -> bytes:
+        """The ``/metrics`` text of this process's live counters."""
         return self.metrics.prometheus(self.extra())
+
+    async def shared_stats(self) -> dict[str, ModelStats] | None:
+        """The per-model figures computed from a shared (PostgreSQL) store, the same on
+        every replica; None on the embedded store, whose live counters already describe the
+        whole store.  Queried in a worker thread: the loop never waits on the database."""
+        db = self._shared_db
+        if db is None:
+            return None
+        return await asyncio.to_thread(model_stats, db)
+
+    async def http_stats(self) -> dict[str, Any]:
+        """``/stats``: on a shared store, the store's figures, with this replica's own under
+        ``"local"``."""
+        snap = self.stats()
+        shared = await self.shared_stats()
+        if shared is not None:
+            local = {"queue": snap["queue"], "models": snap["models"]}
+            snap.update(snapshot_of(shared))
+            snap["local"] = local
+            snap["replica"] = self.store.replica
+        snap["store"] = self.store.kind
+        return snap
+
+    async def http_metrics(self) -> bytes:
+        """``/metrics``: on a shared store, the store's figures under the usual names and
+        this replica's as ``wirekit_serve_local_*``."""
+        shared = await self.shared_stats()
+        return self.metrics.prometheus(self.extra(), shared)
 
     async def stop(self, grace: float = 5.0) -> None:
         """Close the listeners, let requests in flight finish (up to ``grace`` seconds),
@@ -199,3 +236,6 @@ class Service:
         if self.clipper is not None:
             self.clipper.stop()
         self.store.close()
+        if self._shared_db is not None:
+            self._shared_db.close()
+            self._shared_db = None

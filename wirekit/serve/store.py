@@ -1,6 +1,9 @@
-"""The requests store: one SQLite (WAL) row per request, written in batches off the request path.
+"""The requests store: one row per request, written in batches off the request path.
 
-The request path never touches SQLite.  Arrivals and completions are collected in a list on
+The rows go to a SQLite (WAL) file -- the embedded default -- or, with a ``postgresql://``
+URL, to a PostgreSQL database that several ``wirekit serve`` replicas share (issue 17); the
+database is behind :class:`~wirekit.serve.storedb.StoreDB`.  The request path never touches
+the database.  Arrivals and completions are collected in a list on
 the event loop and handed to a writer thread every ``flush_interval`` seconds (or when
 ``batch_max`` rows wait); the writer writes each hand-over in one transaction.
 
@@ -8,12 +11,17 @@ Durability without the store on the request path: with ``journal`` on (the defau
 completion is also appended to a journal file (``<store>.journal.<n>``, one JSON line, one
 ``write`` system call) *before* the client is answered.  A ``kill -9`` cannot take back what
 was written to the kernel, so after a crash the next ``open()`` replays the journals into
-SQLite: every answered request is in the store.  Journals are deleted once the rows they hold
-are committed.  (A power loss can still take back the last moments; that needs fsync.)
+the database (by request id: nothing counted twice): every answered request is in the store.
+Journals are deleted once the rows they hold are committed (kept after a failed write, for
+the next start to replay).  The journals are local files even when the rows go to
+PostgreSQL: a replica that restarts with the same ``path`` replays its own.  (A power loss
+can still take back the last moments; that needs fsync.)
+
+A failed or errored request's row records why (``reason``).
 
 Statuses: ``queued`` (waiting or being processed), ``ok``, ``error`` (the backend answered
 with an error), ``failed`` (no device answered within the attempts), ``abandoned`` (the
-dispatcher stopped before answering; set at the next start).
+dispatcher stopped before answering; set at the next start of the same replica).
 """
 
 from __future__ import annotations
@@ -21,54 +29,52 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import fcntl
 import itertools
 import json
 import os
 import queue
+import socket
 import sqlite3
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from wirekit._impl import load_fast
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS requests (
-    id            TEXT PRIMARY KEY,
-    model         TEXT NOT NULL,
-    client        TEXT NOT NULL,
-    device        TEXT,             -- node/device/model that answered; 'cache' for a cache hit
-    time_in       REAL NOT NULL,    -- unix time, seconds
-    time_out      REAL,             -- NULL while queued
-    status        TEXT NOT NULL,
-    payload_size  INTEGER NOT NULL, -- bytes of the request (its MIP encoding)
-    attempts      INTEGER NOT NULL DEFAULT 0,
-    payload       BLOB              -- the request itself, when store.payloads is on
-);
-CREATE INDEX IF NOT EXISTS requests_model_status ON requests (model, status);
-"""
-
-QUEUED, OK, ERROR, FAILED, ABANDONED = "queued", "ok", "error", "failed", "abandoned"
-
-_INSERT_ROW = (
-    "INSERT INTO requests (id, model, client, time_in, payload_size, payload, device,"
-    " time_out, status, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+from .storedb import (
+    ABANDONED,
+    ERROR,
+    FAILED,
+    OK,
+    QUEUED,
+    RequestRow,
+    StoreDB,
+    StoreUnavailable,
+    as_db,
+    connect_sqlite,
+    open_db,
+    redact,
+    replay_rows,
 )
+
+__all__ = [
+    "ABANDONED",
+    "ERROR",
+    "FAILED",
+    "OK",
+    "QUEUED",
+    "RequestRow",
+    "RequestStore",
+    "StoreDB",
+    "StoreUnavailable",
+    "connect",
+    "read_rows",
+]
+
 _CHUNK = 32  # rows per INSERT statement (one statement, many rows: a quarter cheaper)
-_INSERT_CHUNK = _INSERT_ROW + ", (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)" * (_CHUNK - 1)
-_UPDATE = "UPDATE requests SET device = ?, time_out = ?, status = ?, attempts = ? WHERE id = ?"
-
-_REPLAY = (
-    "INSERT INTO requests (id, model, client, device, time_in, time_out, status, payload_size,"
-    " attempts, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (id) DO UPDATE SET device = excluded.device, time_out = excluded.time_out,"
-    " status = excluded.status, attempts = excluded.attempts,"
-    " payload = COALESCE(excluded.payload, requests.payload)"
-)
-
 _ARRIVAL, _COMPLETION, _BATCH, _STOP = 0, 1, 2, 3
 _encode_json_str = json.encoder.encode_basestring_ascii  # '"..."', escaped, ASCII only
 _STATUS_JSON = {v: _encode_json_str(v) for v in (QUEUED, OK, ERROR, FAILED, ABANDONED)}
@@ -123,45 +129,14 @@ def _json_num(value: Any) -> str:
 
 
 def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
-    """A connection to a store file (created with the schema unless ``readonly``)."""
-    if readonly:
-        uri = Path(path).resolve().as_uri() + "?mode=ro"
-        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
-        return conn
-    conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    conn.executescript(SCHEMA)
-    return conn
+    """A connection to a SQLite store file (created and migrated to the newest schema
+    unless ``readonly``)."""
+    return connect_sqlite(path, readonly=readonly)
 
 
-@dataclass(frozen=True, slots=True)
-class RequestRow:
-    """One row of the store, as read back."""
-
-    id: str
-    model: str
-    client: str
-    device: str | None
-    time_in: float
-    time_out: float | None
-    status: str
-    payload_size: int
-    attempts: int
-
-    @property
-    def response_time(self) -> float | None:
-        return None if self.time_out is None else self.time_out - self.time_in
-
-
-def read_rows(conn: sqlite3.Connection) -> Iterator[RequestRow]:
+def read_rows(conn: sqlite3.Connection | StoreDB) -> Iterator[RequestRow]:
     """Every row of the store, oldest first."""
-    cur = conn.execute(
-        "SELECT id, model, client, device, time_in, time_out, status, payload_size, attempts"
-        " FROM requests ORDER BY time_in, rowid"
-    )
-    for row in cur:
-        yield RequestRow(*row)
+    return as_db(conn).rows()
 
 
 class RequestStore:
@@ -175,13 +150,21 @@ class RequestStore:
         self,
         path: str | Path,
         *,
+        url: str | None = None,
+        replica: str = "",
         payloads: bool = False,
         batch_max: int = 1024,
         journal: bool = True,
         flush_interval: float = 0.05,
         journal_max: int = 4 << 20,
     ) -> None:
+        #: the SQLite file; with ``url``, the base name of this replica's local journals
         self.path = Path(path)
+        #: a ``postgresql://`` URL: the rows go to that shared store instead of the file
+        self.url = url
+        #: this replica's name in the rows it writes (a restart abandons only its own
+        #: unanswered rows); default ``<host>:<absolute path>``
+        self.replica = replica or f"{socket.gethostname()}:{self.path.resolve()}"
         self.payloads = payloads
         self.batch_max = batch_max
         self.journal = journal
@@ -189,9 +172,11 @@ class RequestStore:
         self.journal_max = journal_max
         self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._pending: list[tuple[int, tuple[Any, ...]]] = []
+        self._reasons: list[tuple[str, str]] = []  # (why, id) of failed rows
         self._timer: asyncio.TimerHandle | None = None
         self._thread: threading.Thread | None = None
-        self._conn: sqlite3.Connection | None = None
+        self._db: StoreDB | None = None
+        self._lockfd: int | None = None
         self._jfd: int | None = None
         self._jpath: Path | None = None
         self._jsize = 0
@@ -206,40 +191,79 @@ class RequestStore:
         self.rows_written = 0  #: inserts + updates so far
         self.error: BaseException | None = None  #: the last write failure, if any
 
+    @property
+    def kind(self) -> str:
+        """``"postgresql"`` for a shared store, ``"sqlite"`` for the embedded one."""
+        return "postgresql" if self.url else "sqlite"
+
+    @property
+    def target(self) -> str:
+        """Where the rows go, for messages (a URL without its password)."""
+        return redact(self.url) if self.url else str(self.path)
+
     # -- life cycle ---------------------------------------------------------------------
 
     def open(self) -> None:
-        """Create or open the file, replay journals a crash left, mark the rows a previous
-        run left queued as abandoned, and start the writer."""
-        self._conn = connect(self.path)
-        self.replayed_at_open = self._replay()
-        cur = self._conn.execute(
-            "UPDATE requests SET status = ? WHERE status = ?", (ABANDONED, QUEUED)
-        )
-        self.abandoned_at_open = cur.rowcount
+        """Open the database (migrated to the newest schema), replay the journals a crash
+        left, mark the rows a previous run of this replica left queued as abandoned, and
+        start the writer."""
+        if self.url:
+            self._lock_journals()
+        self._db = db = self._open_db()
+        try:
+            db.migrate()
+            self.replayed_at_open = self._replay()
+            self.abandoned_at_open = db.abandon()
+        except BaseException:
+            self.close()
+            raise
         if self.journal:
             self._new_journal()
         self._thread = threading.Thread(target=self._run, name="wirekit-store", daemon=True)
         self._thread.start()
 
-    def reader(self) -> sqlite3.Connection:
-        """A separate connection for reading (WAL lets it read while the writer writes)."""
-        return connect(self.path)
+    def _open_db(self) -> StoreDB:
+        return open_db(self.url or self.path, replica=self.replica, chunk=_CHUNK)
+
+    def _lock_journals(self) -> None:
+        """One replica per journal name: a second one with the same ``path`` would replay
+        (and delete) the first one's journals.  An exclusive lock on ``<path>.lock``, held
+        while open; the kernel drops it when the process dies."""
+        lock = self.path.with_name(self.path.name + ".lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise StoreUnavailable(
+                f"another wirekit serve replica uses the journal {self.path} "
+                "(give each replica its own store.path)"
+            ) from None
+        self._lockfd = fd
+
+    def reader(self) -> StoreDB:
+        """A separate connection for reading (the metrics' queries; WAL lets SQLite read
+        while the writer writes).  The caller closes it."""
+        return self._open_db()
 
     def close(self, timeout: float = 10.0) -> None:
-        """Write what is waiting, stop the writer, remove the journal, close the file."""
+        """Write what is waiting, stop the writer, remove the journal, close the database."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self._thread is not None:
             ops, self._pending = self._pending, []
-            self._queue.put((_BATCH, ops, self._retire_journal(), None))
+            reasons, self._reasons = self._reasons, []
+            self._queue.put((_BATCH, ops, reasons, self._retire_journal(), None))
             self._queue.put((_STOP,))
             self._thread.join(timeout)
             self._thread = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        if self._lockfd is not None:
+            os.close(self._lockfd)
+            self._lockfd = None
 
     # -- the request path: list appends and one journal write -----------------------------
 
@@ -264,14 +288,27 @@ class RequestStore:
         size: int,
         payload: Any = None,
         defer: bool = False,
+        reason: str | None = None,
     ) -> None:
-        """Record how a request ended.  With the journal on, this returns once the record
-        is written to the journal file (safe from a crash of this process) -- unless
+        """Record how a request ended (``reason``: why, when it did not end ``ok``).  With
+        the journal on, this returns once the record is written to the journal file (safe
+        from a crash of this process) -- unless
         ``defer``: then the record waits in memory, and the caller must call
         :meth:`write_journal` before it answers the client (so that the completions of one
         loop pass go out in one system call)."""
         self.complete(
-            rid, model, client, device, time_in, time_out, status, size, attempts, payload, defer
+            rid,
+            model,
+            client,
+            device,
+            time_in,
+            time_out,
+            status,
+            size,
+            attempts,
+            payload,
+            defer,
+            reason,
         )
 
     def complete(
@@ -287,6 +324,7 @@ class RequestStore:
         attempts: int,
         payload: Any = None,
         defer: bool = False,
+        reason: str | None = None,
     ) -> None:
         """:meth:`completion` with every argument positional, in the order of the journal
         line (the dispatcher's per-request path)."""
@@ -303,10 +341,14 @@ class RequestStore:
                 attempts,
                 _json_blob(payload if self.payloads else None),
             )
+            if reason:
+                line = _with_reason(line, reason)
             self._jsize += len(line)
             self._jbuf.append(line)
             if not defer:
                 self.write_journal()
+        if reason:
+            self._reasons.append((reason, rid))
         self._add(_COMPLETION, (device, time_out, status, attempts, rid))
 
     def line_head(
@@ -331,10 +373,14 @@ class RequestStore:
         status: str,
         size: int,
         attempts: int,
+        reason: str | None = None,
     ) -> None:
         """:meth:`complete` (deferred) with the journal line started by :meth:`line_head`
         (same id, device, size; the journal still on)."""
         line = _line_end(head, self._time(time_out), status, size, attempts, "null")
+        if reason:
+            line = _with_reason(line, reason)
+            self._reasons.append((reason, rid))
         self._jsize += len(line)
         self._jbuf.append(line)
         self._add(_COMPLETION, (device, time_out, status, attempts, rid))
@@ -443,12 +489,13 @@ class RequestStore:
             self._timer.cancel()
             self._timer = None
         ops, self._pending = self._pending, []
+        reasons, self._reasons = self._reasons, []
         retire = None
         if self._jfd is not None and self._jsize >= self.journal_max:
             retire = self._retire_journal()
             self._new_journal()
         if ops or retire or fut is not None:
-            self._queue.put((_BATCH, ops, retire, fut))
+            self._queue.put((_BATCH, ops, reasons, retire, fut))
 
     # -- journals ------------------------------------------------------------------------
 
@@ -476,8 +523,8 @@ class RequestStore:
         return self._jpath
 
     def _replay(self) -> int:
-        conn = self._conn
-        assert conn is not None
+        db = self._db
+        assert db is not None
         count = 0
         journals = self._journals()
         for path in journals:
@@ -486,19 +533,31 @@ class RequestStore:
                 for line in fh:
                     try:
                         rec = json.loads(line)
-                        rid, model, client, device, t_in, t_out, status, size, att, blob = rec
+                        rid, model, client, device, t_in, t_out, status, size, att, blob = rec[:10]
+                        reason = rec[10] if len(rec) > 10 else None
                         t_in, t_out = _from_journal_time(t_in), _from_journal_time(t_out)
-                    except ValueError:
+                    except (ValueError, TypeError):
                         continue  # a line cut short by the crash: it was never answered
                     payload = base64.b64decode(blob) if blob else None
                     rows.append(
-                        (rid, model, client, device, t_in, t_out, status, size, att, payload)
+                        (
+                            rid,
+                            model,
+                            client,
+                            device,
+                            t_in,
+                            t_out,
+                            status,
+                            size,
+                            att,
+                            payload,
+                            reason,
+                        )
                     )
-            conn.execute("BEGIN")
-            for row in rows:
-                # keep a stored payload when the journal line has none
-                conn.execute(_REPLAY, row)
-            conn.execute("COMMIT")
+            if rows:
+                # keep a stored payload when the journal line has none; by id: a journal
+                # replayed twice (a crash during the replay) counts nothing twice
+                db.replay(replay_rows(rows))
             count += len(rows)
         for path in journals:
             path.unlink()
@@ -507,31 +566,29 @@ class RequestStore:
     # -- the writer thread --------------------------------------------------------------
 
     def _run(self) -> None:
-        conn = self._conn
-        assert conn is not None
+        db = self._db
+        assert db is not None
         get = self._queue.get
         while True:
             item = get()
             if item[0] == _STOP:
                 return
-            _kind, ops, retire, fut = item
+            _kind, ops, reasons, retire, fut = item
             try:
-                if ops:
+                if ops or reasons:
                     chunks, rest, updates = _merge_ops(ops, _CHUNK)
-                    conn.execute("BEGIN")
-                    _insert(conn, chunks, rest)
-                    if updates:
-                        conn.executemany(_UPDATE, updates)
-                    conn.execute("COMMIT")
+                    try:
+                        db.write(chunks, rest, updates, reasons)
+                    except Exception:  # once more: a shared store's connection may be reset
+                        db.write(chunks, rest, updates, reasons)
                     self.commits += 1
                     self.rows_written += len(ops)
-                if retire is not None:
+                if retire is not None and self.error is None:
                     with contextlib.suppress(OSError):
                         retire.unlink()
             except BaseException as exc:  # keep going: the journal still has completions
+                # (and is kept from now on: the next start replays it)
                 self.error = exc
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
                 if fut is not None:
                     _resolve([fut], exc)
                 continue
@@ -539,12 +596,9 @@ class RequestStore:
                 _resolve([fut], None)
 
 
-def _insert(conn: sqlite3.Connection, chunks: list[tuple], rest: list[tuple]) -> None:
-    """INSERT the rows :func:`merge_ops` made: :data:`_CHUNK` per statement, then the rest."""
-    if chunks:
-        conn.executemany(_INSERT_CHUNK, chunks)
-    if rest:
-        conn.executemany(_INSERT_ROW, rest)
+def _with_reason(line: str, reason: str) -> str:
+    """A journal line (``[...]\n``) with ``reason`` as its 11th field."""
+    return f"{line[:-2]},{_encode_json_str(reason)}]\n"
 
 
 def merge_ops(

@@ -1,0 +1,289 @@
+"""The requests store on both backends (issue 17): SQLite file and PostgreSQL, one suite.
+
+Every test here takes ``store_url`` (tests/conftest.py): None for SQLite, a fresh database
+on the session's throwaway PostgreSQL server otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+
+import pytest
+from serve_support import ROOT
+
+from wirekit.cli import main
+from wirekit.serve.metrics import Metrics, stats_from_store
+from wirekit.serve.store import RequestStore, StoreUnavailable
+from wirekit.serve.storedb import MIGRATIONS_PG, MIGRATIONS_SQLITE, open_db
+
+
+def call(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def new_store(tmp_path, store_url, name="s.db", **kw) -> RequestStore:
+    return RequestStore(tmp_path / name, url=store_url, **kw)
+
+
+def stats_args(store: RequestStore) -> list[str]:
+    if store.url:
+        return ["serve", "stats", "--store-url", store.url, "--json"]
+    return ["serve", "stats", "--store", str(store.path), "--json"]
+
+
+def db_rows(store: RequestStore, columns: str = "id, status") -> list[tuple]:
+    """Rows straight from the database, by id."""
+    if store.url:
+        import psycopg
+
+        with psycopg.connect(store.url) as conn:
+            return conn.execute(f"SELECT {columns} FROM requests ORDER BY id").fetchall()
+    conn = sqlite3.connect(store.path)
+    try:
+        return conn.execute(f"SELECT {columns} FROM requests ORDER BY id").fetchall()
+    finally:
+        conn.close()
+
+
+_CRASH = """
+import asyncio, os, sys
+from wirekit.serve.store import RequestStore
+
+store = RequestStore(sys.argv[1], url=sys.argv[2] or None, payloads=True, flush_interval=60)
+
+async def crash_before_handoff():
+    store.open()
+    store.arrival("x", "m", "c", 1.0, 3, b"abc")
+    store.completion(
+        "x", "n/0/m", 1.5, "ok", 1, model="m", client="c", time_in=1.0, size=3, payload=b"abc"
+    )
+    store.arrival("z", "m", "c", 1.0, 3, b"ghi")
+    store.completion(
+        "z", "n/0/m", 1.7, "error", 1, model="m", client="c", time_in=1.0, size=3,
+        reason="backend answered ErrorReply(code=3)",
+    )
+    store.arrival("y", "m", "c", 2.0, 3, b"def")  # never answered
+    os._exit(0)  # no flush, no close: the writer never saw these rows
+
+asyncio.run(crash_before_handoff())
+"""
+
+
+def crash_in_a_process(path, store_url) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-c", _CRASH, str(path), store_url or ""],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_stats_from_the_store_on_both_backends(tmp_path, store_url):
+    store = new_store(tmp_path, store_url)
+    store.open()
+
+    def done(rid, model, t_in, device, t_out, status, attempts, reason=None):
+        store.arrival(rid, model, "c", t_in, 20)
+        store.completion(
+            rid,
+            device,
+            t_out,
+            status,
+            attempts,
+            model=model,
+            client="c",
+            time_in=t_in,
+            size=20,
+            reason=reason,
+        )
+
+    async def fill():
+        done("a", "m1", 10.0, "n/0/m1", 10.5, "ok", 1)
+        done("b", "m1", 11.0, "n/0/m1", 11.25, "ok", 2)
+        done("c", "m2", 12.0, None, 13.0, "failed", 3, "no device answered after 3 attempt(s)")
+        store.arrival("d", "m2", "c", 14.0, 20)  # still queued
+        await store.flush()
+
+    asyncio.run(fill())
+    store.close()
+    code, out, err = call(*stats_args(store))
+    assert code == 0, err
+    stats = json.loads(out)
+    assert stats["queue"] == 1
+    m1 = stats["models"]["m1"]
+    assert m1["response_time"] == {"count": 2, "avg": 0.375, "min": 0.25, "max": 0.5}
+    assert stats["models"]["m2"]["statuses"] == {"failed": 1}
+    # the live counters loaded from the store agree with the SQL figures
+    reader = store.reader()
+    try:
+        live = Metrics()
+        live.load(reader)
+        assert live.snapshot() == stats_from_store(reader)
+        assert [r.id for r in reader.rows()] == ["a", "b", "c", "d"]
+    finally:
+        reader.close()
+    # a failed row records why (issue 21)
+    assert db_rows(store, "id, reason") == [
+        ("a", None),
+        ("b", None),
+        ("c", "no device answered after 3 attempt(s)"),
+        ("d", None),
+    ]
+    # reopening (the same replica) marks the row it left queued as abandoned
+    store = new_store(tmp_path, store_url)
+    store.open()
+    assert store.abandoned_at_open == 1
+    store.close()
+    stats = json.loads(call(*stats_args(store))[1])
+    assert stats["queue"] == 0 and stats["models"]["m2"]["statuses"]["abandoned"] == 1
+
+
+def test_journal_replays_answered_requests_after_a_crash(tmp_path, store_url):
+    """Completions journaled but never handed to the database (the process died) are
+    replayed at the next start, with their reason; replaying twice counts nothing twice."""
+    store = new_store(tmp_path, store_url, "j.db")
+    crash_in_a_process(tmp_path / "j.db", store_url)
+    journals = list(tmp_path.glob("j.db.journal.*"))
+    assert len(journals) == 1 and journals[0].stat().st_size > 0
+    saved = journals[0].read_bytes()
+    again = new_store(tmp_path, store_url, "j.db")
+    again.open()
+    assert again.replayed_at_open == 2
+    again.close()
+    assert not list(tmp_path.glob("j.db.journal.*"))
+    # the same journal once more (a crash during a replay): by id, nothing doubles
+    journals[0].write_bytes(saved)
+    again = new_store(tmp_path, store_url, "j.db")
+    again.open()
+    again.close()
+    rows = db_rows(store, "id, status, time_in, time_out, payload, reason")
+    assert [tuple(bytes(v) if isinstance(v, memoryview) else v for v in r) for r in rows] == [
+        ("x", "ok", 1.0, 1.5, b"abc", None),
+        ("z", "error", 1.0, 1.7, None, "backend answered ErrorReply(code=3)"),
+    ]
+
+
+def test_migrations_are_versioned_and_idempotent(tmp_path, store_url):
+    store = new_store(tmp_path, store_url)
+    for _ in range(2):
+        db = open_db(store_url or store.path)
+        try:
+            newest = len(MIGRATIONS_PG if store_url else MIGRATIONS_SQLITE)
+            assert db.migrate() == newest
+            assert db.migrate() == newest
+        finally:
+            db.close()
+    if store_url:
+        import psycopg
+
+        with psycopg.connect(store_url) as conn:
+            versions = conn.execute("SELECT version FROM wirekit_schema ORDER BY 1").fetchall()
+        assert versions == [(n + 1,) for n in range(len(MIGRATIONS_PG))]
+
+
+def test_a_store_file_from_before_versioning_is_upgraded(tmp_path):
+    """A file made by wirekit 0.1 (no reason/replica columns, user_version 0) keeps its
+    rows and gains the new columns."""
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(MIGRATIONS_SQLITE[0])
+    conn.execute(
+        "INSERT INTO requests (id, model, client, time_in, status, payload_size)"
+        " VALUES ('old', 'm', 'c', 1.0, 'queued', 3)"
+    )
+    conn.commit()
+    conn.close()
+    store = RequestStore(path)
+    store.open()
+    store.close()
+    assert store.abandoned_at_open == 1
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS_SQLITE)
+    assert conn.execute("SELECT id, status, reason FROM requests").fetchall() == [
+        ("old", "abandoned", None)
+    ]
+    conn.close()
+
+
+def test_replicas_starting_at_once_migrate_once(tmp_path, pg_url):
+    """Eight stores opening one fresh PostgreSQL database at the same moment: every one
+    opens, each migration is applied exactly once (the advisory lock)."""
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def start(n: int) -> None:
+        store = RequestStore(tmp_path / f"r{n}.db", url=pg_url, replica=f"r{n}")
+        barrier.wait(30)
+        try:
+            store.open()
+            store.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    import psycopg
+
+    with psycopg.connect(pg_url) as conn:
+        versions = conn.execute("SELECT version FROM wirekit_schema ORDER BY 1").fetchall()
+    assert versions == [(n + 1,) for n in range(len(MIGRATIONS_PG))]
+
+
+def test_a_restart_abandons_only_its_own_queued_rows(tmp_path, pg_url):
+    """Two replicas on one store: one restarting must not abandon the other's requests
+    in flight."""
+    a = RequestStore(tmp_path / "a.db", url=pg_url, replica="a")
+    b = RequestStore(tmp_path / "b.db", url=pg_url, replica="b")
+
+    async def both():
+        a.open()
+        b.open()
+        a.arrival("a1", "m", "c", 1.0, 3)
+        b.arrival("b1", "m", "c", 1.0, 3)
+        await a.flush()
+        await b.flush()
+
+    asyncio.run(both())
+    a.close()
+    a = RequestStore(tmp_path / "a.db", url=pg_url, replica="a")
+    a.open()
+    assert a.abandoned_at_open == 1
+    a.close()
+    b.close()
+    assert db_rows(a) == [("a1", "abandoned"), ("b1", "queued")]
+
+
+def test_two_replicas_cannot_share_one_journal(tmp_path, pg_url):
+    first = RequestStore(tmp_path / "same.db", url=pg_url)
+    first.open()
+    try:
+        with pytest.raises(StoreUnavailable, match="another wirekit serve replica"):
+            RequestStore(tmp_path / "same.db", url=pg_url).open()
+    finally:
+        first.close()
+
+
+def test_an_unreachable_store_is_one_clear_line(tmp_path):
+    url = "postgresql://nobody@127.0.0.1:1/none"
+    code, _out, err = call("serve", "stats", "--store-url", url)
+    assert code == 1 and err.startswith("wirekit: cannot reach the store at") and "\n" == err[-1]
+    with pytest.raises(StoreUnavailable, match="cannot reach the store"):
+        RequestStore(tmp_path / "x.db", url=url).open()
+    code, _out, err = call("serve", "stats", "--store-url", "mysql://x")
+    assert code == 2 and "postgresql://" in err

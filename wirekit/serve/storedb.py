@@ -1,0 +1,487 @@
+"""The database under the requests store: one interface, a SQLite and a PostgreSQL backend.
+
+:class:`~wirekit.serve.store.RequestStore` owns the request path (a list of pending rows and
+the journal); everything it asks of a database goes through :class:`StoreDB`:
+
+* :meth:`StoreDB.migrate` -- the versioned schema (``MIGRATIONS_*`` below), applied on open,
+  idempotent; on PostgreSQL under an advisory transaction lock, so replicas that start at
+  once apply each migration exactly once;
+* :meth:`StoreDB.write` -- one hand-over of the writer thread in one transaction;
+* :meth:`StoreDB.replay` -- completions read back from a journal after a crash, inserted or
+  updated by request id (idempotent: replaying twice counts nothing twice);
+* :meth:`StoreDB.abandon` -- rows this replica left ``queued`` when it stopped;
+* :meth:`StoreDB.status_counts`, :meth:`StoreDB.ok_times`, :meth:`StoreDB.rows` -- what the
+  metrics (:mod:`wirekit.serve.metrics`) and ``wirekit serve stats`` read.
+
+A store is a file path (SQLite, the embedded default) or a ``postgresql://`` URL (several
+``wirekit serve`` replicas sharing one store, issue 17).  Driver: psycopg 3 -- synchronous
+connections suit the writer *thread* the store already has (asyncpg is asyncio-only and would
+put the database on the event loop), ``COPY`` makes batched inserts cheap, and its
+``executemany`` pipelines the updates in one round trip; ``psycopg_pool`` keeps the readers'
+connections.  Each replica's rows carry its name (``replica``) so that a replica that
+restarts abandons only its own unanswered rows, never a peer's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+QUEUED, OK, ERROR, FAILED, ABANDONED = "queued", "ok", "error", "failed", "abandoned"
+
+#: the PostgreSQL advisory lock key under which migrations run ("wirekit" in ASCII, as int)
+MIGRATION_LOCK = 0x7769726B6974
+
+#: columns of an INSERT row, in the order :func:`wirekit.serve.store.merge_ops` makes them
+INSERT_COLUMNS = (
+    "id",
+    "model",
+    "client",
+    "time_in",
+    "payload_size",
+    "payload",
+    "device",
+    "time_out",
+    "status",
+    "attempts",
+)
+#: columns of a replayed journal row (the journal line's order)
+REPLAY_COLUMNS = (
+    "id",
+    "model",
+    "client",
+    "device",
+    "time_in",
+    "time_out",
+    "status",
+    "payload_size",
+    "attempts",
+    "payload",
+    "reason",
+)
+
+# -- the schema, one list per backend: version n is MIGRATIONS[n - 1] ---------------------
+
+MIGRATIONS_SQLITE: tuple[str, ...] = (
+    # 1: the requests table (the schema of wirekit 0.1; IF NOT EXISTS: files made before
+    # versioning existed start at version 0 and pass through it unchanged)
+    """
+    CREATE TABLE IF NOT EXISTS requests (
+        id            TEXT PRIMARY KEY,
+        model         TEXT NOT NULL,
+        client        TEXT NOT NULL,
+        device        TEXT,
+        time_in       REAL NOT NULL,
+        time_out      REAL,
+        status        TEXT NOT NULL,
+        payload_size  INTEGER NOT NULL,
+        attempts      INTEGER NOT NULL DEFAULT 0,
+        payload       BLOB
+    );
+    CREATE INDEX IF NOT EXISTS requests_model_status ON requests (model, status);
+    """,
+    # 2: why a request failed (issue 21), which replica wrote the row (issue 17)
+    """
+    ALTER TABLE requests ADD COLUMN reason TEXT;
+    ALTER TABLE requests ADD COLUMN replica TEXT;
+    """,
+)
+
+MIGRATIONS_PG: tuple[str, ...] = (
+    """
+    CREATE TABLE IF NOT EXISTS requests (
+        id            TEXT PRIMARY KEY,
+        model         TEXT NOT NULL,
+        client        TEXT NOT NULL,
+        device        TEXT,
+        time_in       DOUBLE PRECISION NOT NULL,
+        time_out      DOUBLE PRECISION,
+        status        TEXT NOT NULL,
+        payload_size  BIGINT NOT NULL,
+        attempts      INTEGER NOT NULL DEFAULT 0,
+        payload       BYTEA
+    );
+    CREATE INDEX IF NOT EXISTS requests_model_status ON requests (model, status);
+    """,
+    """
+    ALTER TABLE requests ADD COLUMN IF NOT EXISTS reason TEXT;
+    ALTER TABLE requests ADD COLUMN IF NOT EXISTS replica TEXT;
+    CREATE INDEX IF NOT EXISTS requests_replica_queued ON requests (replica)
+        WHERE status = 'queued';
+    """,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRow:
+    """One row of the store, as read back."""
+
+    id: str
+    model: str
+    client: str
+    device: str | None
+    time_in: float
+    time_out: float | None
+    status: str
+    payload_size: int
+    attempts: int
+
+    @property
+    def response_time(self) -> float | None:
+        return None if self.time_out is None else self.time_out - self.time_in
+
+
+class StoreDB(Protocol):
+    """What the store, the metrics and the CLI need of a database (see the module doc)."""
+
+    kind: str  #: "sqlite" or "postgresql"
+
+    def migrate(self) -> int:
+        """Bring the schema to the newest version; returns it."""
+        ...
+
+    def write(
+        self,
+        chunks: list[tuple],
+        rest: list[tuple],
+        updates: list[tuple],
+        reasons: list[tuple[str, str]],
+    ) -> None:
+        """One hand-over in one transaction: the INSERT rows of
+        :func:`~wirekit.serve.store.merge_ops` (``chunks``: many rows flattened per tuple,
+        ``rest``: one row per tuple), the UPDATEs ``(device, time_out, status, attempts,
+        id)``, then the ``(reason, id)`` of failed rows."""
+        ...
+
+    def replay(self, rows: list[tuple]) -> None:
+        """Insert or update journal rows (:data:`REPLAY_COLUMNS`) by id, in one
+        transaction; a stored payload is kept when the row has none."""
+        ...
+
+    def abandon(self) -> int:
+        """Mark the rows this replica left ``queued`` as ``abandoned``; returns how many."""
+        ...
+
+    def status_counts(self) -> list[tuple[str, str, int]]:
+        """``(model, status, rows)`` for every model and status."""
+        ...
+
+    def ok_times(self) -> list[tuple[str, int, float, float, float]]:
+        """``(model, count, sum, min, max)`` of the response times of the ``ok`` rows."""
+        ...
+
+    def rows(self) -> Iterator[RequestRow]:
+        """Every row, oldest first."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class StoreUnavailable(RuntimeError):
+    """The store cannot be opened (a database that cannot be reached, a journal in use)."""
+
+
+def is_url(target: str | Path | None) -> bool:
+    """Whether a store target names a PostgreSQL database rather than a SQLite file."""
+    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+
+
+def open_db(
+    target: str | Path, *, replica: str = "", readonly: bool = False, chunk: int = 32
+) -> StoreDB:
+    """A connection to a store: a ``postgresql://`` URL, else a SQLite file path (created
+    unless ``readonly``).  Does not migrate: :meth:`StoreDB.migrate` does."""
+    if is_url(target):
+        return PostgresDB(str(target), replica=replica)
+    return SqliteDB(target, readonly=readonly, replica=replica, chunk=chunk)
+
+
+def redact(url: str) -> str:
+    """A URL without its password (for messages and logs)."""
+    head, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    cred, _, host = rest.rpartition("@")
+    user = cred.split(":", 1)[0]
+    return f"{head}://{user}:***@{host}" if ":" in cred else url
+
+
+# -- SQLite --------------------------------------------------------------------------------
+
+
+def connect_sqlite(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
+    """A connection to a store file (WAL; migrated to the newest schema unless
+    ``readonly``)."""
+    if readonly:
+        uri = Path(path).resolve().as_uri() + "?mode=ro"
+        return sqlite3.connect(uri, uri=True, check_same_thread=False)
+    conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    _migrate_sqlite(conn)
+    return conn
+
+
+def _migrate_sqlite(conn: sqlite3.Connection) -> int:
+    """Apply the migrations a file lacks (``PRAGMA user_version`` is its version), each in
+    a write transaction (``BEGIN IMMEDIATE``: one process at a time)."""
+    newest = len(MIGRATIONS_SQLITE)
+    if conn.execute("PRAGMA user_version").fetchone()[0] >= newest:
+        return newest
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        for n in range(version, newest):
+            for statement in MIGRATIONS_SQLITE[n].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {max(version, newest)}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return newest
+
+
+_SQLITE_REPLAY = (
+    f"INSERT INTO requests ({', '.join(REPLAY_COLUMNS)}, replica)"
+    f" VALUES ({', '.join('?' * (len(REPLAY_COLUMNS) + 1))})"
+    " ON CONFLICT (id) DO UPDATE SET device = excluded.device, time_out = excluded.time_out,"
+    " status = excluded.status, attempts = excluded.attempts,"
+    " reason = COALESCE(excluded.reason, requests.reason),"
+    " payload = COALESCE(excluded.payload, requests.payload)"
+)
+_UPDATE = "UPDATE requests SET device = ?, time_out = ?, status = ?, attempts = ? WHERE id = ?"
+_REASON = "UPDATE requests SET reason = ? WHERE id = ?"
+_COUNTS = "SELECT model, status, COUNT(*) FROM requests GROUP BY model, status"
+_OK_TIMES = (
+    "SELECT model, COUNT(*), SUM(time_out - time_in), MIN(time_out - time_in),"
+    " MAX(time_out - time_in) FROM requests WHERE status = 'ok' GROUP BY model"
+)
+_ROWS = (
+    "SELECT id, model, client, device, time_in, time_out, status, payload_size, attempts"
+    " FROM requests"
+)
+
+
+class SqliteDB:
+    """The embedded store: one SQLite file in WAL mode (one writer, readers alongside)."""
+
+    kind = "sqlite"
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        readonly: bool = False,
+        replica: str = "",
+        chunk: int = 32,
+        conn: sqlite3.Connection | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.replica = replica
+        self.conn = conn if conn is not None else connect_sqlite(path, readonly=readonly)
+        cols = ", ".join(INSERT_COLUMNS)
+        one = "(" + ", ".join("?" * len(INSERT_COLUMNS)) + ")"
+        self._insert_row = f"INSERT INTO requests ({cols}) VALUES {one}"
+        self._insert_chunk = f"INSERT INTO requests ({cols}) VALUES " + ", ".join([one] * chunk)
+
+    def migrate(self) -> int:
+        return _migrate_sqlite(self.conn)
+
+    def write(self, chunks, rest, updates, reasons) -> None:
+        conn = self.conn
+        conn.execute("BEGIN")
+        try:
+            if chunks:
+                conn.executemany(self._insert_chunk, chunks)
+            if rest:
+                conn.executemany(self._insert_row, rest)
+            if updates:
+                conn.executemany(_UPDATE, updates)
+            if reasons:
+                conn.executemany(_REASON, reasons)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def replay(self, rows: list[tuple]) -> None:
+        conn = self.conn
+        conn.execute("BEGIN")
+        try:
+            conn.executemany(_SQLITE_REPLAY, [(*r, self.replica or None) for r in rows])
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def abandon(self) -> int:
+        # one file, one dispatcher: every queued row is this one's
+        cur = self.conn.execute(
+            "UPDATE requests SET status = ? WHERE status = ?", (ABANDONED, QUEUED)
+        )
+        return cur.rowcount
+
+    def status_counts(self) -> list[tuple[str, str, int]]:
+        return list(self.conn.execute(_COUNTS))
+
+    def ok_times(self) -> list[tuple[str, int, float, float, float]]:
+        return list(self.conn.execute(_OK_TIMES))
+
+    def rows(self) -> Iterator[RequestRow]:
+        for row in self.conn.execute(_ROWS + " ORDER BY time_in, rowid"):
+            yield RequestRow(*row)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:  # pragma: no cover - the pg extra is missing
+        raise StoreUnavailable(
+            "a postgresql:// store needs the 'pg' extra: pip install 'wirekit[pg]'"
+        ) from exc
+    return psycopg
+
+
+class PostgresDB:
+    """A shared store on PostgreSQL: one connection (the writer thread's, or a reader's).
+
+    Writes: arrivals and completed rows by ``COPY`` (one stream per hand-over), the
+    completions of earlier arrivals by a pipelined ``executemany``; one transaction.  A
+    broken connection is reopened at the next hand-over.
+    """
+
+    kind = "postgresql"
+
+    def __init__(self, url: str, *, replica: str = "", connect_timeout: float = 10.0) -> None:
+        self.url = url
+        self.replica = replica
+        self.connect_timeout = connect_timeout
+        self._lock = threading.Lock()  # readers may share one PostgresDB across threads
+        self.conn = self._connect()
+
+    def _connect(self) -> Any:
+        psycopg = _psycopg()
+        try:
+            return psycopg.connect(
+                self.url, autocommit=True, connect_timeout=max(1, int(self.connect_timeout))
+            )
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"cannot reach the store at {redact(self.url)}: {exc}") from None
+
+    def _live(self) -> Any:
+        """The connection, reopened if it broke."""
+        if self.conn.closed or self.conn.broken:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+            self.conn = self._connect()
+        return self.conn
+
+    def migrate(self) -> int:
+        conn = self._live()
+        with self._lock, conn.transaction():
+            # every replica takes this lock first: the one that gets it migrates, the others
+            # then find the versions applied
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS wirekit_schema ("
+                " version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+            )
+            row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM wirekit_schema").fetchone()
+            version = int(row[0])
+            for n in range(version, len(MIGRATIONS_PG)):
+                conn.execute(MIGRATIONS_PG[n])
+                conn.execute("INSERT INTO wirekit_schema (version) VALUES (%s)", (n + 1,))
+        return max(version, len(MIGRATIONS_PG))
+
+    def write(self, chunks, rest, updates, reasons) -> None:
+        conn = self._live()
+        width = len(INSERT_COLUMNS)
+        replica = self.replica or None
+        with self._lock, conn.transaction(), conn.cursor() as cur:
+            if chunks or rest:
+                cols = ", ".join((*INSERT_COLUMNS, "replica"))
+                with cur.copy(f"COPY requests ({cols}) FROM STDIN") as copy:
+                    for flat in chunks:
+                        for i in range(0, len(flat), width):
+                            copy.write_row((*flat[i : i + width], replica))
+                    for row in rest:
+                        copy.write_row((*row, replica))
+            if updates:
+                cur.executemany(
+                    "UPDATE requests SET device = %s, time_out = %s, status = %s,"
+                    " attempts = %s WHERE id = %s",
+                    updates,
+                )
+            if reasons:
+                cur.executemany("UPDATE requests SET reason = %s WHERE id = %s", reasons)
+
+    def replay(self, rows: list[tuple]) -> None:
+        conn = self._live()
+        cols = ", ".join((*REPLAY_COLUMNS, "replica"))
+        marks = ", ".join(["%s"] * (len(REPLAY_COLUMNS) + 1))
+        sql = (
+            f"INSERT INTO requests ({cols}) VALUES ({marks})"
+            " ON CONFLICT (id) DO UPDATE SET device = excluded.device,"
+            " time_out = excluded.time_out, status = excluded.status,"
+            " attempts = excluded.attempts,"
+            " reason = COALESCE(excluded.reason, requests.reason),"
+            " payload = COALESCE(excluded.payload, requests.payload)"
+        )
+        replica = self.replica or None
+        with self._lock, conn.transaction(), conn.cursor() as cur:
+            cur.executemany(sql, [(*r, replica) for r in rows])
+
+    def abandon(self) -> int:
+        conn = self._live()
+        with self._lock:
+            cur = conn.execute(
+                "UPDATE requests SET status = %s WHERE status = %s AND replica = %s",
+                (ABANDONED, QUEUED, self.replica),
+            )
+            return cur.rowcount
+
+    def _query(self, sql: str) -> list[Any]:
+        with self._lock:
+            return self._live().execute(sql).fetchall()
+
+    def status_counts(self) -> list[tuple[str, str, int]]:
+        return [(m, s, int(n)) for m, s, n in self._query(_COUNTS)]
+
+    def ok_times(self) -> list[tuple[str, int, float, float, float]]:
+        return [(m, int(n), t, lo, hi) for m, n, t, lo, hi in self._query(_OK_TIMES)]
+
+    def rows(self) -> Iterator[RequestRow]:
+        for row in self._query(_ROWS + " ORDER BY time_in, id"):
+            yield RequestRow(*row)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+
+def as_db(source: StoreDB | sqlite3.Connection) -> StoreDB:
+    """A :class:`StoreDB` for a SQLite connection (what older callers hold), else as is."""
+    if isinstance(source, sqlite3.Connection):
+        return SqliteDB("", conn=source)
+    return source
+
+
+def replay_rows(records: Iterable[tuple]) -> list[tuple]:
+    """Journal records padded to :data:`REPLAY_COLUMNS` (a line without a reason: None)."""
+    width = len(REPLAY_COLUMNS)
+    return [r if len(r) == width else (*r, *([None] * (width - len(r)))) for r in records]
