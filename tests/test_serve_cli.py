@@ -11,7 +11,6 @@ import sys
 from serve_support import ROOT
 
 from wirekit.cli import main
-from wirekit.serve.metrics import Metrics, stats_from_store
 from wirekit.serve.store import RequestStore, connect
 
 
@@ -48,89 +47,6 @@ def test_bad_config_exits_1_naming_the_value(tmp_path):
         assert code == 1
         assert "bad.json: nodes[0].quotas[0]: a GPU is given 0 or 1 of itself, got 0.5" in err
     assert call("serve")[0] == 2
-
-
-def test_stats_from_a_store_file(tmp_path):
-    import asyncio
-
-    path = tmp_path / "s.db"
-    store = RequestStore(path)
-    store.open()
-
-    def done(rid, model, t_in, device, t_out, status, attempts):
-        store.arrival(rid, model, "c", t_in, 20)
-        store.completion(
-            rid, device, t_out, status, attempts, model=model, client="c", time_in=t_in, size=20
-        )
-
-    async def fill():
-        done("a", "m1", 10.0, "n/0/m1", 10.5, "ok", 1)
-        done("b", "m1", 11.0, "n/0/m1", 11.25, "ok", 2)
-        done("c", "m2", 12.0, None, 13.0, "failed", 3)
-        store.arrival("d", "m2", "c", 14.0, 20)  # still queued
-        await store.flush()
-
-    asyncio.run(fill())
-    store.close()
-    code, out, err = call("serve", "stats", "--store", str(path), "--json")
-    assert code == 0, err
-    stats = json.loads(out)
-    assert stats["queue"] == 1
-    m1 = stats["models"]["m1"]
-    assert m1["response_time"] == {"count": 2, "avg": 0.375, "min": 0.25, "max": 0.5}
-    assert stats["models"]["m2"]["statuses"] == {"failed": 1}
-    assert stats["models"]["m2"]["queue"] == 1
-    code, out, _ = call("serve", "stats", "--store", str(path))
-    assert code == 0 and "m1" in out and "375.000" in out and "queue total: 1" in out
-    # live metrics loaded from the store agree with the SQL computation
-    conn = connect(path)
-    live = Metrics()
-    live.load(conn)
-    assert live.snapshot() == stats_from_store(conn)
-    conn.close()
-    # reopening marks the row left queued as abandoned
-    store = RequestStore(path)
-    store.open()
-    assert store.abandoned_at_open == 1
-    store.close()
-    stats = json.loads(call("serve", "stats", "--store", str(path), "--json")[1])
-    assert stats["queue"] == 0 and stats["models"]["m2"]["statuses"]["abandoned"] == 1
-    code, _out, err = call("serve", "stats", "--store", str(tmp_path / "none.db"))
-    assert code == 2 and "no store" in err
-    junk = tmp_path / "junk.db"
-    junk.write_bytes(b"this is not sqlite" * 100)
-    code, _out, err = call("serve", "stats", "--store", str(junk))
-    assert code == 1 and "not a requests store" in err
-
-
-def test_journal_replays_answered_requests_after_a_crash(tmp_path):
-    """Completions journaled but never handed to SQLite (the process died) are replayed."""
-    import asyncio
-
-    path = tmp_path / "j.db"
-    store = RequestStore(path, payloads=True, flush_interval=60)
-
-    async def crash_before_handoff():
-        store.open()
-        store.arrival("x", "m", "c", 1.0, 3, b"abc")
-        store.completion(
-            "x", "n/0/m", 1.5, "ok", 1, model="m", client="c", time_in=1.0, size=3, payload=b"abc"
-        )
-        store.arrival("y", "m", "c", 2.0, 3, b"def")  # never answered
-        # no flush, no close: the writer never saw these rows
-
-    asyncio.run(crash_before_handoff())
-    journals = list(tmp_path.glob("j.db.journal.*"))
-    assert len(journals) == 1 and journals[0].stat().st_size > 0
-    again = RequestStore(path)
-    again.open()
-    assert again.replayed_at_open == 1
-    again.close()
-    assert not list(tmp_path.glob("j.db.journal.*"))
-    conn = connect(path)
-    rows = conn.execute("SELECT id, status, time_in, time_out, payload FROM requests").fetchall()
-    conn.close()
-    assert rows == [("x", "ok", 1.0, 1.5, b"abc")]
 
 
 def test_journal_keeps_exact_times_and_odd_names(tmp_path):

@@ -148,6 +148,19 @@ def test_stats_from_the_store_on_both_backends(tmp_path, store_url):
     store.close()
     stats = json.loads(call(*stats_args(store))[1])
     assert stats["queue"] == 0 and stats["models"]["m2"]["statuses"]["abandoned"] == 1
+    code, out, _ = call(*stats_args(store)[:-1])  # the table
+    assert code == 0 and "m1" in out and "375.000" in out and "queue total: 0" in out
+
+
+def test_stats_of_no_store_or_not_a_store(tmp_path, pg_url):
+    code, _out, err = call("serve", "stats", "--store", str(tmp_path / "none.db"))
+    assert code == 2 and "no store" in err
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite" * 100)
+    code, _out, err = call("serve", "stats", "--store", str(junk))
+    assert code == 1 and "not a requests store" in err
+    code, _out, err = call("serve", "stats", "--store-url", pg_url)  # an empty database
+    assert code == 1 and "is not a requests store" in err and err.count("\n") == 1
 
 
 def test_journal_replays_answered_requests_after_a_crash(tmp_path, store_url):

@@ -119,7 +119,8 @@ def _stats_url(url: str, as_json: bool, out: TextIO, err: TextIO) -> int:
     try:
         stats = stats_from_store(db)
     except Exception as exc:  # psycopg.Error: no requests table
-        err.write(f"wirekit: {redact(url)} is not a requests store: {exc}\n")
+        why = (str(exc).splitlines() or [type(exc).__name__])[0]
+        err.write(f"wirekit: {redact(url)} is not a requests store: {why}\n")
         return EXIT_BAD_INPUT
     finally:
         db.close()

@@ -381,7 +381,8 @@ class PostgresDB:
                 self.url, autocommit=True, connect_timeout=max(1, int(self.connect_timeout))
             )
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(f"cannot reach the store at {redact(self.url)}: {exc}") from None
+            why = " ".join(str(exc).split())  # one line
+            raise StoreUnavailable(f"cannot reach the store at {redact(self.url)}: {why}") from None
 
     def _live(self) -> Any:
         """The connection, reopened if it broke."""

@@ -1,0 +1,209 @@
+"""Several ``wirekit serve`` replicas on one PostgreSQL store (issue 17), as real processes.
+
+* requests through both replicas: per-model figures in ``/stats`` and ``/metrics`` equal on
+  both, and equal to SQL over the store;
+* ``kill -9`` of one replica mid-load: the other keeps serving; after the killed one
+  restarts, every request either answered is in the store, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import aiohttp
+from mip_net import CliServer
+from serve_support import TIMEOUT, DispatcherProcess, deployment
+
+from wirekit import mip
+from wirekit.mip.client import Client
+from wirekit.mip.runtime import ConnectionLost
+from wirekit.serve.metrics import stats_from_store
+from wirekit.serve.storedb import open_db
+
+
+def replica_config(tmp_path, name: str, url: str, port: int, **store) -> object:
+    """The config of replica ``name``: its own journal, the shared store."""
+    config = tmp_path / f"{name}.json"
+    config.write_text(
+        json.dumps(
+            deployment(
+                tmp_path / f"{name}.db",
+                {"m": {"timeout": 5}, "k": {"timeout": 5}},
+                [
+                    {
+                        "id": "n",
+                        "devices": ["CPU"],
+                        "models": ["m", "k"],
+                        "quotas": [0.5, 0.5],
+                        "ports": [port, port],
+                    }
+                ],
+                store={"path": str(tmp_path / f"{name}.db"), "url": url, **store},
+                cache={"max_entries": 0},
+            )
+        )
+    )
+    return config
+
+
+async def http_get(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as resp:
+        return resp.status, await resp.text()
+
+
+async def predict(session: aiohttp.ClientSession, base: str, model: str, text: str) -> str:
+    body = {"instances": [text]}
+    async with session.post(
+        f"{base}/v1/models/{model}:predict", json=body, timeout=aiohttp.ClientTimeout(TIMEOUT)
+    ) as resp:
+        assert resp.status == 200, await resp.text()
+        return (await resp.json())["outputs"][0][0]
+
+
+def shared_lines(metrics_text: str) -> list[str]:
+    """The per-model lines of the shared figures (not the ``_local_`` ones, no comments)."""
+    return sorted(
+        line
+        for line in metrics_text.splitlines()
+        if line.startswith("wirekit_serve_")
+        and not line.startswith("wirekit_serve_local_")
+        and "model=" in line
+    )
+
+
+def test_two_replicas_report_the_same_figures_as_sql_over_the_store(tmp_path, pg_url):
+    with CliServer(handler="serve_handlers:tag_fast") as backend:
+        port = int(backend.address.rsplit(":", 1)[1])
+        a_cfg = replica_config(tmp_path, "a", pg_url, port)
+        b_cfg = replica_config(tmp_path, "b", pg_url, port)
+        with DispatcherProcess(a_cfg) as a, DispatcherProcess(b_cfg) as b:
+            # MIP through a (model m), HTTP through b (both models)
+            with Client(a.mip_address("m"), timeout=TIMEOUT) as c:
+                for k in range(40):
+                    assert c.infer_one(f"a{k}")[0].as_text() == f"F:A{k}"
+
+            async def load_and_read():
+                async with aiohttp.ClientSession() as s:
+                    for k in range(25):
+                        assert await predict(s, b.http, "m", f"b{k}") == f"F:B{k}"
+                        assert await predict(s, b.http, "k", f"k{k}") == f"F:K{k}"
+                    # the writers hand over every flush_interval: wait for the store to
+                    # hold every request (bounded), then read both replicas at once
+                    deadline = time.monotonic() + 3 * TIMEOUT
+                    while True:
+                        _st, text = await http_get(s, f"{a.http}/stats")
+                        stats = json.loads(text)
+                        total = sum(m["requests"] for m in stats["models"].values())
+                        if (total == 90 and stats["queue"] == 0) or time.monotonic() > deadline:
+                            break
+                        await asyncio.sleep(0.05)
+                    return await asyncio.gather(
+                        http_get(s, f"{a.http}/stats"),
+                        http_get(s, f"{b.http}/stats"),
+                        http_get(s, f"{a.http}/metrics"),
+                        http_get(s, f"{b.http}/metrics"),
+                    )
+
+            (sa, ta), (sb, tb), (ma, mta), (mb, mtb) = asyncio.run(load_and_read())
+            assert (sa, sb, ma, mb) == (200, 200, 200, 200)
+            stats_a, stats_b = json.loads(ta), json.loads(tb)
+            db = open_db(pg_url)
+            try:
+                sql = stats_from_store(db)
+            finally:
+                db.close()
+            assert sql["models"]["m"]["requests"] == 65
+            assert sql["models"]["k"]["requests"] == 25
+            assert sql["queue"] == 0
+            for stats in (stats_a, stats_b):
+                assert stats["store"] == "postgresql"
+                assert stats["models"] == sql["models"]
+                assert stats["queue"] == sql["queue"]
+            # each replica's own figures, labelled as such
+            assert stats_a["local"]["models"]["m"]["requests"] == 40
+            assert stats_b["local"]["models"]["m"]["requests"] == 25
+            assert stats_a["replica"] != stats_b["replica"]
+            assert shared_lines(mta) == shared_lines(mtb)
+            assert 'wirekit_serve_requests_total{model="m",status="ok"} 65.0' in mta
+            assert 'wirekit_serve_local_requests_total{model="m",status="ok"} 40.0' in mta
+            assert 'wirekit_serve_local_requests_total{model="m",status="ok"} 25.0' in mtb
+
+
+def stored_texts(url: str) -> dict[str, list[str]]:
+    """request text -> the statuses of every row holding it (from the stored payloads)."""
+    import psycopg
+
+    out: dict[str, list[str]] = {}
+    with psycopg.connect(url) as conn:
+        for payload, status in conn.execute("SELECT payload, status FROM requests"):
+            text = mip.decode(bytes(payload)).items[0].as_text()
+            out.setdefault(text, []).append(status)
+    return out
+
+
+def test_a_replica_killed_mid_load_loses_nothing_and_counts_nothing_twice(tmp_path, pg_url):
+    with CliServer(handler="serve_handlers:tag_fast") as backend:
+        port = int(backend.address.rsplit(":", 1)[1])
+        a_cfg = replica_config(tmp_path, "a", pg_url, port, payloads=True)
+        b_cfg = replica_config(tmp_path, "b", pg_url, port, payloads=True)
+        completed: dict[str, list[str]] = {"a": [], "b": []}
+        lock = threading.Lock()
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def client(name: str, address: str, n: int) -> None:
+            with Client(address, timeout=TIMEOUT) as c:
+                for k in range(1_000_000):
+                    if stop.is_set():
+                        return
+                    text = f"{name}{n}-{k}"
+                    try:
+                        (item,) = c.infer_one(text)
+                    except (ConnectionLost, OSError):
+                        if name == "b":
+                            errors.append(AssertionError("replica b stopped serving"))
+                        return  # replica a is gone
+                    except BaseException as exc:
+                        errors.append(exc)
+                        return
+                    assert item.as_text() == f"F:{text.upper()}"
+                    with lock:
+                        completed[name].append(text)
+
+        with DispatcherProcess(b_cfg) as b:
+            with DispatcherProcess(a_cfg) as a:
+                threads = [
+                    threading.Thread(target=client, args=(name, proc.mip_address("m"), n))
+                    for name, proc in (("a", a), ("b", b))
+                    for n in range(2)
+                ]
+                for t in threads:
+                    t.start()
+                deadline = time.monotonic() + 30
+                while len(completed["a"]) < 300 and time.monotonic() < deadline and not errors:
+                    time.sleep(0.01)
+                a.kill9()
+                # b keeps serving after its peer died
+                served_at_kill = len(completed["b"])
+                deadline = time.monotonic() + 30
+                while len(completed["b"]) < served_at_kill + 200 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                stop.set()
+                for t in threads:
+                    t.join(TIMEOUT)
+                assert not any(t.is_alive() for t in threads)
+            assert not errors, errors
+            assert len(completed["a"]) >= 300
+            assert len(completed["b"]) >= served_at_kill + 200
+            # a restarts: its journal is replayed, what it left queued becomes abandoned
+            with DispatcherProcess(a_cfg) as a, Client(a.mip_address("m"), timeout=TIMEOUT) as c:
+                assert c.infer_one("after")[0].as_text() == "F:AFTER"
+        stored = stored_texts(pg_url)
+        assert stored["after"] == ["ok"]
+        for text in completed["a"] + completed["b"]:
+            assert stored.get(text) == ["ok"], text  # there, once, answered
+        assert all(len(statuses) == 1 for statuses in stored.values())
+        assert not [t for t, s in stored.items() if s == ["queued"]]
