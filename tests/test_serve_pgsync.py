@@ -1,0 +1,148 @@
+"""Leader election and change notification among replicas on one PostgreSQL (issue 17):
+:mod:`wirekit.serve.pgsync`, against a real server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+from serve_support import ROOT, TIMEOUT
+
+from wirekit.serve.pgsync import LeaderLock, Listener, NotLeader, notify
+
+DECISIONS = "CREATE TABLE decisions (n SERIAL PRIMARY KEY, who TEXT NOT NULL)"
+
+
+def polls_until(predicate, lock: LeaderLock, limit: int = 200) -> int:
+    """Poll ``lock`` (every ``lock.retry`` seconds) until ``predicate()``; how many polls
+    it took (``limit`` at most)."""
+    stop = threading.Event()
+    for n in range(1, limit + 1):
+        lock.poll()
+        if predicate():
+            return n
+        stop.wait(lock.retry)
+    return limit + 1
+
+
+def test_one_leader_and_only_the_leader_records(pg_url):
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(DECISIONS)
+    a, b = LeaderLock(pg_url, retry=0.05), LeaderLock(pg_url, retry=0.05)
+    try:
+        assert a.poll() is True
+        assert b.poll() is False
+        assert a.poll() is True  # still leading
+        a.execute("INSERT INTO decisions (who) VALUES (%s)", ("a",))
+        with pytest.raises(NotLeader):
+            b.execute("INSERT INTO decisions (who) VALUES (%s)", ("b",))
+        a.release()
+        assert polls_until(lambda: b.leader, b) <= 2  # free at once: the next poll takes it
+        b.execute("INSERT INTO decisions (who) VALUES (%s)", ("b",))
+        assert a.poll() is False
+    finally:
+        a.close()
+        b.close()
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT who FROM decisions ORDER BY n").fetchall() == [("a",), ("b",)]
+
+
+def test_a_leader_whose_session_died_cannot_record(pg_url):
+    """The leader's session is killed under it (as a network partition would): another
+    replica takes over, and the old leader's next decision fails and writes nothing."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(DECISIONS)
+    a, b = LeaderLock(pg_url, retry=0.05), LeaderLock(pg_url, retry=0.05)
+    try:
+        assert a.poll() and not b.poll()
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (a.backend_pid(),))
+        assert polls_until(lambda: b.leader, b) <= 200
+        assert a.leader  # it does not know yet...
+        with pytest.raises(NotLeader):
+            a.execute("INSERT INTO decisions (who) VALUES (%s)", ("a",))
+        assert not a.leader  # ...and now it does
+        b.execute("INSERT INTO decisions (who) VALUES (%s)", ("b",))
+    finally:
+        a.close()
+        b.close()
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT who FROM decisions").fetchall() == [("b",)]
+
+
+_HOLD = """
+import sys, time
+from wirekit.serve.pgsync import LeaderLock
+lock = LeaderLock(sys.argv[1])
+assert lock.poll()
+print("leading", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_leader_process_killed_another_takes_over(pg_url):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, pg_url], stdout=subprocess.PIPE, text=True, env=env
+    )
+    b = LeaderLock(pg_url, retry=0.05)
+    try:
+        assert proc.stdout.readline().strip() == "leading"
+        assert b.poll() is False
+        proc.kill()
+        proc.wait(TIMEOUT)
+        polls = polls_until(lambda: b.leader, b)
+        assert polls <= 200, "the lock of a dead session was not released"
+        assert b.terms == 1
+    finally:
+        b.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(TIMEOUT)
+        proc.stdout.close()
+
+
+def test_listener_gets_every_notification_and_survives_a_reset(pg_url):
+    import psycopg
+
+    got: list[str] = []
+    arrived = threading.Condition()
+    reconnects: list[int] = []
+
+    def on_note(payload: str) -> None:
+        with arrived:
+            got.append(payload)
+            arrived.notify_all()
+
+    def wait_for(n: int) -> bool:
+        with arrived:
+            return arrived.wait_for(lambda: len(got) >= n, TIMEOUT)
+
+    listener = Listener(
+        pg_url, "wirekit_test", on_note, on_reconnect=lambda: reconnects.append(1), retry=0.05
+    ).start()
+    try:
+        assert listener.ready.wait(TIMEOUT)
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            for k in range(5):
+                notify(conn, "wirekit_test", f"change {k}")
+            assert wait_for(5)
+            assert got == [f"change {k}" for k in range(5)]
+            # the listening session is killed: it listens again and says so
+            listener.ready.clear()
+            conn.execute("SELECT pg_terminate_backend(%s)", (listener.backend_pid(),))
+            assert listener.ready.wait(TIMEOUT)
+            assert reconnects == [1]
+            notify(conn, "wirekit_test", "after")
+            assert wait_for(6) and got[-1] == "after"
+    finally:
+        listener.stop()
+    with pytest.raises(ValueError, match="channel name"):
+        Listener(pg_url, 'x"; DROP TABLE requests; --', on_note)
