@@ -94,12 +94,14 @@ class Service:
         dep = self.deployment
         self.store.open()
         reader = self.store.reader()
-        try:
-            self.metrics.load(reader)
-        finally:
-            if self.store.kind == "postgresql":
-                self._shared_db = reader  # kept for the shared figures
-            else:
+        if self.store.kind == "postgresql":
+            # the store's figures are queried when asked for; the live counters stay this
+            # replica's own (they start empty)
+            self._shared_db = reader
+        else:
+            try:
+                self.metrics.load(reader)  # the live counters describe the whole file
+            finally:
                 reader.close()
         loop = asyncio.get_running_loop()
         try:
