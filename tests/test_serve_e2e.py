@@ -16,18 +16,20 @@ from wirekit.mip.client import AsyncClient
 from wirekit.serve.config import parse_config
 from wirekit.serve.metrics import stats_from_store
 from wirekit.serve.service import Service
-from wirekit.serve.store import connect, read_rows
+from wirekit.serve.store import read_rows
+from wirekit.serve.storedb import open_db
 
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=10)
 
 
-def direct_stats(path):
-    """The metrics computed straight from the rows, in Python (no SQL aggregates)."""
-    conn = connect(path, readonly=True)
+def direct_stats(path, url=None):
+    """The metrics computed straight from the rows, in Python (no SQL aggregates); from the
+    PostgreSQL store at ``url`` when given."""
+    db = open_db(url or path, readonly=True)
     try:
-        rows = list(read_rows(conn))
+        rows = list(read_rows(db))
     finally:
-        conn.close()
+        db.close()
     out = {}
     for r in rows:
         s = out.setdefault(r.model, {"requests": 0, "queue": 0, "rts": [], "statuses": Counter()})
@@ -56,7 +58,12 @@ def assert_stats_match(stats, direct):
             assert abs(rt["avg"] - sum(d["rts"]) / len(d["rts"])) <= 1e-12 * max(1.0, rt["max"])
 
 
-def test_both_front_doors_to_wirekit_and_kubemo_backends(tmp_path):
+def store_doc(path, url):
+    """The ``store`` table of a deployment: the SQLite file, or a PostgreSQL URL."""
+    return {"path": str(path), "url": url} if url else {"path": str(path)}
+
+
+def test_both_front_doors_to_wirekit_and_kubemo_backends(tmp_path, store_url):
     store = tmp_path / "requests.db"
 
     async def main():
@@ -83,6 +90,7 @@ def test_both_front_doors_to_wirekit_and_kubemo_backends(tmp_path):
                         "ports": [kport],
                     },
                 ],
+                store=store_doc(store, store_url),
             )
             service = Service(parse_config(doc))
             await service.start()
@@ -157,13 +165,13 @@ def test_both_front_doors_to_wirekit_and_kubemo_backends(tmp_path):
             async with http.get(f"{base}/metrics") as r:
                 assert r.headers["Content-Type"].startswith("text/plain")
                 prom = await r.text()
-        rows, direct = direct_stats(store)
+        rows, direct = direct_stats(store, store_url)
         assert_stats_match(stats, direct)
-        conn = connect(store, readonly=True)
+        db = open_db(store_url or store, readonly=True)
         try:
-            sql = stats_from_store(conn)
+            sql = stats_from_store(db)
         finally:
-            conn.close()
+            db.close()
         assert sql["models"] == stats["models"] and sql["queue"] == stats["queue"]
         assert stats["cache"]["hits"] == 1 and stats["cache"]["misses"] >= 200
         hit = [r for r in rows if r.device == "cache"]
@@ -188,7 +196,7 @@ def test_both_front_doors_to_wirekit_and_kubemo_backends(tmp_path):
     run(main())
 
 
-def test_queue_length_counts_waiting_and_running_requests(tmp_path):
+def test_queue_length_counts_waiting_and_running_requests(tmp_path, store_url):
     store = tmp_path / "q.db"
 
     async def main():
@@ -207,6 +215,7 @@ def test_queue_length_counts_waiting_and_running_requests(tmp_path):
                 }
             ],
             cache={"max_entries": 0},
+            store=store_doc(store, store_url),
         )
         service = Service(parse_config(doc))
         await service.start()
@@ -219,8 +228,8 @@ def test_queue_length_counts_waiting_and_running_requests(tmp_path):
                         break
                     await asyncio.sleep(0.01)
                 await service.store.flush()
-                stats = service.stats()
-                _rows, direct = direct_stats(store)
+                stats = await service.http_stats()  # the store's figures on PostgreSQL
+                _rows, direct = direct_stats(store, store_url)
                 assert stats["queue"] == 7 and stats["models"]["slow"]["queue"] == 7
                 assert stats["models"]["other"]["queue"] == 0
                 assert_stats_match(stats, direct)
@@ -228,9 +237,9 @@ def test_queue_length_counts_waiting_and_running_requests(tmp_path):
                 outs = await asyncio.gather(*calls)
                 assert [o[0].as_text() for o in outs] == [f"G:Q{k}" for k in range(7)]
             await service.store.flush()
-            _rows, direct = direct_stats(store)
-            assert service.stats()["queue"] == 0
-            assert_stats_match(service.stats(), direct)
+            _rows, direct = direct_stats(store, store_url)
+            assert service.stats()["queue"] == 0  # the live counters
+            assert_stats_match(await service.http_stats(), direct)
         finally:
             gate.set()
             await service.stop()

@@ -184,7 +184,10 @@ class Service:
         db = self._shared_db
         if db is None:
             return None
-        return await asyncio.to_thread(model_stats, db)
+        stored = await asyncio.to_thread(model_stats, db)
+        # every model served is reported, with zeros before its first request (as the live
+        # counters do)
+        return {**{m: ModelStats() for m in self.metrics.models}, **stored}
 
     async def http_stats(self) -> dict[str, Any]:
         """``/stats``: on a shared store, the store's figures, with this replica's own under
