@@ -300,3 +300,53 @@ def test_an_unreachable_store_is_one_clear_line(tmp_path):
         RequestStore(tmp_path / "x.db", url=url).open()
     code, _out, err = call("serve", "stats", "--store-url", "mysql://x")
     assert code == 2 and "postgresql://" in err
+
+
+def test_a_failed_request_row_records_why(tmp_path, store_url):
+    """Issue 21: the dispatcher stores the reason of a failed request (every device
+    refused) and of an error answer, on both backends."""
+    import socket
+
+    from serve_support import deployment, run
+
+    from wirekit.mip.client import AsyncClient
+    from wirekit.serve.config import parse_config
+    from wirekit.serve.service import Service
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    path = tmp_path / "f.db"
+    store = {"path": str(path), "url": store_url} if store_url else {"path": str(path)}
+    doc = deployment(
+        path,
+        {"m": {"timeout": 2, "attempts": 2}},
+        [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [closed]}],
+        store=store,
+        cache={"max_entries": 0},
+        backoff=0,
+    )
+
+    async def main():
+        service = Service(parse_config(doc))
+        await service.start()
+        try:
+            address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
+            async with AsyncClient(address, timeout=10) as c:
+                reply = await c.request(_request("x"))
+            assert type(reply).__name__ == "ErrorReply"
+            await service.store.flush()
+        finally:
+            await service.stop()
+
+    run(main())
+    checked = RequestStore(path, url=store_url)
+    (row,) = db_rows(checked, "status, reason")
+    assert row[0] == "failed"
+    assert row[1].startswith("no device answered after 1 attempt(s): n/0/m: ")
+
+
+def _request(text: str):
+    from wirekit.mip import Inference, Item
+
+    return Inference.request([[Item.text(text)]])
