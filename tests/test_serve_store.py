@@ -350,3 +350,46 @@ def _request(text: str):
     from wirekit.mip import Inference, Item
 
     return Inference.request([[Item.text(text)]])
+
+
+def test_answers_given_while_the_database_was_away_reach_it_when_it_is_back(tmp_path, store_url):
+    """The writes fail (the table is renamed away, as a database that is down would make
+    them): the requests are still answered and journaled; once the database is back, the
+    next journal rotation replays what the failed writes lost -- no restart needed."""
+    store = new_store(tmp_path, store_url, "h.db", journal_max=1)  # rotate every hand-over
+
+    def rename(old: str, new: str) -> None:
+        if store_url:
+            import psycopg
+
+            with psycopg.connect(store_url, autocommit=True) as conn:
+                conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
+        else:
+            conn = sqlite3.connect(tmp_path / "h.db")
+            conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
+            conn.commit()
+            conn.close()
+
+    def answer(rid: str) -> None:
+        store.arrival(rid, "m", "c", 1.0, 3)
+        store.completion(rid, "n/0/m", 1.5, "ok", 1, model="m", client="c", time_in=1.0, size=3)
+
+    async def main():
+        store.open()
+        answer("before")
+        await store.flush()
+        rename("requests", "requests_away")
+        answer("during")
+        with pytest.raises(RuntimeError, match="request store write failed"):
+            await store.flush()
+        assert store.error is not None
+        rename("requests_away", "requests")
+        answer("after")
+        await store.flush()  # retires the journal that holds "during": replayed
+        await store.flush()
+
+    asyncio.run(main())
+    store.close()
+    assert store.healed >= 1
+    assert db_rows(store) == [("after", "ok"), ("before", "ok"), ("during", "ok")]
+    assert not list(tmp_path.glob("h.db.journal.*"))

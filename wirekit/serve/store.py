@@ -12,8 +12,9 @@ completion is also appended to a journal file (``<store>.journal.<n>``, one JSON
 ``write`` system call) *before* the client is answered.  A ``kill -9`` cannot take back what
 was written to the kernel, so after a crash the next ``open()`` replays the journals into
 the database (by request id: nothing counted twice): every answered request is in the store.
-Journals are deleted once the rows they hold are committed (kept after a failed write, for
-the next start to replay).  The journals are local files even when the rows go to
+Journals are deleted once the rows they hold are committed; after a failed write (the
+database away), each journal is replayed when it is retired, and kept for the next start if
+that fails too.  The journals are local files even when the rows go to
 PostgreSQL: a replica that restarts with the same ``path`` replays its own.  (A power loss
 can still take back the last moments; that needs fsync.)
 
@@ -57,7 +58,6 @@ from .storedb import (
     connect_sqlite,
     open_db,
     redact,
-    replay_rows,
 )
 
 __all__ = [
@@ -190,6 +190,9 @@ class RequestStore:
         self.commits = 0  #: write transactions so far
         self.rows_written = 0  #: inserts + updates so far
         self.error: BaseException | None = None  #: the last write failure, if any
+        self.healed = 0  #: completions replayed from journals after a failed write
+        self._dirty_upto = 0  # journals up to this number hold rows a failed write lost
+        self._held: list[Path] = []  # retired journals not replayed yet (the writer's)
 
     @property
     def kind(self) -> str:
@@ -528,40 +531,38 @@ class RequestStore:
         count = 0
         journals = self._journals()
         for path in journals:
-            rows = []
-            with open(path, "rb") as fh:
-                for line in fh:
-                    try:
-                        rec = json.loads(line)
-                        rid, model, client, device, t_in, t_out, status, size, att, blob = rec[:10]
-                        reason = rec[10] if len(rec) > 10 else None
-                        t_in, t_out = _from_journal_time(t_in), _from_journal_time(t_out)
-                    except (ValueError, TypeError):
-                        continue  # a line cut short by the crash: it was never answered
-                    payload = base64.b64decode(blob) if blob else None
-                    rows.append(
-                        (
-                            rid,
-                            model,
-                            client,
-                            device,
-                            t_in,
-                            t_out,
-                            status,
-                            size,
-                            att,
-                            payload,
-                            reason,
-                        )
-                    )
+            rows = _read_journal(path)
             if rows:
                 # keep a stored payload when the journal line has none; by id: a journal
                 # replayed twice (a crash during the replay) counts nothing twice
-                db.replay(replay_rows(rows))
+                db.replay(rows)
             count += len(rows)
         for path in journals:
             path.unlink()
         return count
+
+    def _settle_journal(self, db: StoreDB, path: Path) -> None:
+        """A retired journal whose rows are committed: delete it.  When a write failed
+        while it was open (the database was away), replay it first (by id: idempotent), so
+        that what was answered meanwhile reaches the store once the database is back.  A
+        journal whose replay fails too is held, and tried again at the next retirement
+        (or replayed by the next start)."""
+        self._held.append(path)
+        while self._held:
+            held = self._held[0]
+            try:
+                if int(held.name.rsplit(".", 1)[1]) <= self._dirty_upto:
+                    rows = _read_journal(held)
+                    if rows:
+                        db.replay(rows)
+                    self.healed += len(rows)
+                held.unlink()
+            except FileNotFoundError:
+                pass
+            except Exception as exc:
+                self.error = exc
+                return
+            self._held.pop(0)
 
     # -- the writer thread --------------------------------------------------------------
 
@@ -574,26 +575,44 @@ class RequestStore:
             if item[0] == _STOP:
                 return
             _kind, ops, reasons, retire, fut = item
-            try:
-                if ops or reasons:
-                    chunks, rest, updates = _merge_ops(ops, _CHUNK)
+            failed: BaseException | None = None
+            if ops or reasons:
+                chunks, rest, updates = _merge_ops(ops, _CHUNK)
+                try:
                     try:
                         db.write(chunks, rest, updates, reasons)
                     except Exception:  # once more: a shared store's connection may be reset
                         db.write(chunks, rest, updates, reasons)
                     self.commits += 1
                     self.rows_written += len(ops)
-                if retire is not None and self.error is None:
-                    with contextlib.suppress(OSError):
-                        retire.unlink()
-            except BaseException as exc:  # keep going: the journal still has completions
-                # (and is kept from now on: the next start replays it)
-                self.error = exc
-                if fut is not None:
-                    _resolve([fut], exc)
-                continue
+                except BaseException as exc:  # keep going: the journal has the completions
+                    self.error = failed = exc
+                    # the journals open until now hold completions that are not stored
+                    self._dirty_upto = self._jseq
+            if retire is not None:
+                self._settle_journal(db, retire)
             if fut is not None:
-                _resolve([fut], None)
+                _resolve([fut], failed)
+
+
+def _read_journal(path: Path) -> list[tuple]:
+    """The completions of a journal file, as :data:`~wirekit.serve.storedb.REPLAY_COLUMNS`
+    rows (a line cut short by a crash is skipped: it was never answered)."""
+    rows = []
+    with open(path, "rb") as fh:
+        for line in fh:
+            try:
+                rec = json.loads(line)
+                rid, model, client, device, t_in, t_out, status, size, att, blob = rec[:10]
+                reason = rec[10] if len(rec) > 10 else None
+                t_in, t_out = _from_journal_time(t_in), _from_journal_time(t_out)
+                payload = base64.b64decode(blob) if blob else None
+            except (ValueError, TypeError):
+                continue
+            rows.append(
+                (rid, model, client, device, t_in, t_out, status, size, att, payload, reason)
+            )
+    return rows
 
 
 def _with_reason(line: str, reason: str) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -480,9 +480,3 @@ def as_db(source: StoreDB | sqlite3.Connection) -> StoreDB:
     if isinstance(source, sqlite3.Connection):
         return SqliteDB("", conn=source)
     return source
-
-
-def replay_rows(records: Iterable[tuple]) -> list[tuple]:
-    """Journal records padded to :data:`REPLAY_COLUMNS` (a line without a reason: None)."""
-    width = len(REPLAY_COLUMNS)
-    return [r if len(r) == width else (*r, *([None] * (width - len(r)))) for r in records]
