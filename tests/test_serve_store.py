@@ -393,3 +393,22 @@ def test_answers_given_while_the_database_was_away_reach_it_when_it_is_back(tmp_
     assert store.healed >= 1
     assert db_rows(store) == [("after", "ok"), ("before", "ok"), ("during", "ok")]
     assert not list(tmp_path.glob("h.db.journal.*"))
+
+
+def test_decisions_are_stored_and_read_back_on_both_backends(tmp_path, store_url):
+    db = open_db(store_url or tmp_path / "d.db")
+    try:
+        db.migrate()
+        for k in range(3):
+            db.record_decision(
+                (100.0 + k, "n", 0, "CPU", "m", 0.5, 0.6, "applied", f"slow {k}", None, "{}", "r1")
+            )
+        last = db.decisions(2)
+    finally:
+        db.close()
+    assert [d["reason"] for d in last] == ["slow 1", "slow 2"]
+    assert last[-1] == {
+        "time": 102.0, "node": "n", "device": 0, "device_type": "CPU", "model": "m",
+        "old": 0.5, "new": 0.6, "status": "applied", "reason": "slow 2", "error": None,
+        "metrics": "{}", "replica": "r1",
+    }  # fmt: skip

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -65,6 +65,23 @@ REPLAY_COLUMNS = (
     "reason",
 )
 
+#: columns of a controller decision (``metrics``: JSON text of what the policy saw;
+#: ``replica``: the replica that decided)
+DECISION_COLUMNS = (
+    "time",
+    "node",
+    "device",
+    "device_type",
+    "model",
+    "old",
+    "new",
+    "status",
+    "reason",
+    "error",
+    "metrics",
+    "replica",
+)
+
 # -- the schema, one list per backend: version n is MIGRATIONS[n - 1] ---------------------
 
 MIGRATIONS_SQLITE: tuple[str, ...] = (
@@ -90,6 +107,25 @@ MIGRATIONS_SQLITE: tuple[str, ...] = (
     ALTER TABLE requests ADD COLUMN reason TEXT;
     ALTER TABLE requests ADD COLUMN replica TEXT;
     """,
+    # 3: the controller's decisions (issue 16; the columns its first version created, plus
+    # who decided)
+    """
+    CREATE TABLE IF NOT EXISTS decisions (
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+        time         REAL NOT NULL,
+        node         TEXT NOT NULL,
+        device       INTEGER NOT NULL,
+        device_type  TEXT NOT NULL,
+        model        TEXT NOT NULL,
+        old          REAL NOT NULL,
+        new          REAL NOT NULL,
+        status       TEXT NOT NULL,
+        reason       TEXT NOT NULL,
+        error        TEXT,
+        metrics      TEXT NOT NULL
+    );
+    ALTER TABLE decisions ADD COLUMN replica TEXT;
+    """,
 )
 
 MIGRATIONS_PG: tuple[str, ...] = (
@@ -113,6 +149,23 @@ MIGRATIONS_PG: tuple[str, ...] = (
     ALTER TABLE requests ADD COLUMN IF NOT EXISTS replica TEXT;
     CREATE INDEX IF NOT EXISTS requests_replica_queued ON requests (replica)
         WHERE status = 'queued';
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS decisions (
+        id           BIGSERIAL PRIMARY KEY,
+        time         DOUBLE PRECISION NOT NULL,
+        node         TEXT NOT NULL,
+        device       INTEGER NOT NULL,
+        device_type  TEXT NOT NULL,
+        model        TEXT NOT NULL,
+        old          DOUBLE PRECISION NOT NULL,
+        new          DOUBLE PRECISION NOT NULL,
+        status       TEXT NOT NULL,
+        reason       TEXT NOT NULL,
+        error        TEXT,
+        metrics      TEXT NOT NULL,
+        replica      TEXT
+    );
     """,
 )
 
@@ -177,6 +230,16 @@ class StoreDB(Protocol):
 
     def rows(self) -> Iterator[RequestRow]:
         """Every row, oldest first."""
+        ...
+
+    def record_decision(self, values: Sequence[Any]) -> None:
+        """Store one controller decision (:data:`DECISION_COLUMNS`), in its own
+        transaction."""
+        ...
+
+    def decisions(self, limit: int) -> list[dict[str, Any]]:
+        """The last ``limit`` decisions, oldest first, as dicts of
+        :data:`DECISION_COLUMNS` (``metrics`` still JSON text)."""
         ...
 
     def close(self) -> None: ...
@@ -340,6 +403,20 @@ class SqliteDB:
         for row in self.conn.execute(_ROWS + " ORDER BY time_in, rowid"):
             yield RequestRow(*row)
 
+    def record_decision(self, values: Sequence[Any]) -> None:
+        marks = ", ".join("?" * len(DECISION_COLUMNS))
+        self.conn.execute(
+            f"INSERT INTO decisions ({', '.join(DECISION_COLUMNS)}) VALUES ({marks})",
+            tuple(values),
+        )
+
+    def decisions(self, limit: int) -> list[dict[str, Any]]:
+        cur = self.conn.execute(
+            f"SELECT {', '.join(DECISION_COLUMNS)} FROM decisions ORDER BY id DESC LIMIT ?",
+            (limit,),
+        )
+        return [dict(zip(DECISION_COLUMNS, row, strict=True)) for row in cur][::-1]
+
     def close(self) -> None:
         self.conn.close()
 
@@ -469,6 +546,27 @@ class PostgresDB:
     def rows(self) -> Iterator[RequestRow]:
         for row in self._query(_ROWS + " ORDER BY time_in, id"):
             yield RequestRow(*row)
+
+    def record_decision(self, values: Sequence[Any]) -> None:
+        marks = ", ".join(["%s"] * len(DECISION_COLUMNS))
+        with self._lock:
+            self._live().execute(
+                f"INSERT INTO decisions ({', '.join(DECISION_COLUMNS)}) VALUES ({marks})",
+                tuple(values),
+            )
+
+    def decisions(self, limit: int) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = (
+                self._live()
+                .execute(
+                    f"SELECT {', '.join(DECISION_COLUMNS)} FROM decisions"
+                    " ORDER BY id DESC LIMIT %s",
+                    (limit,),
+                )
+                .fetchall()
+            )
+        return [dict(zip(DECISION_COLUMNS, row, strict=True)) for row in rows][::-1]
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
