@@ -146,3 +146,65 @@ def test_listener_gets_every_notification_and_survives_a_reset(pg_url):
         listener.stop()
     with pytest.raises(ValueError, match="channel name"):
         Listener(pg_url, 'x"; DROP TABLE requests; --', on_note)
+
+
+def migrated(url: str) -> None:
+    from wirekit.serve.storedb import open_db
+
+    db = open_db(url)
+    try:
+        db.migrate()
+    finally:
+        db.close()
+
+
+def test_change_log_hands_each_replica_the_others_changes_in_order(pg_url):
+    from wirekit.serve.pgsync import ChangeLog
+
+    migrated(pg_url)
+    a, b = ChangeLog(pg_url, "a"), ChangeLog(pg_url, "b")
+    early = a.append("quota", {"model": "m", "share": 0.1})  # before b follows: not lost
+    seen: dict[str, list] = {"a": [], "b": []}
+    arrived = threading.Condition()
+
+    def into(name):
+        def apply(changes):
+            with arrived:
+                seen[name].extend((c.seq, c.origin, c.kind, c.doc) for c in changes)
+                arrived.notify_all()
+
+        return apply
+
+    def wait_for(name, n):
+        with arrived:
+            return arrived.wait_for(lambda: len(seen[name]) >= n, TIMEOUT)
+
+    try:
+        b.follow(into("b"))
+        a.follow(into("a"), after=a.last())
+        assert wait_for("b", 1)
+        seqs = [a.append("quota", {"model": "m", "share": s / 10}) for s in range(2, 5)]
+        mine = b.append("remove", {"model": "k"})
+        assert wait_for("b", 4) and wait_for("a", 1)
+        assert seen["b"] == [(early, "a", "quota", {"model": "m", "share": 0.1})] + [
+            (q, "a", "quota", {"model": "m", "share": s / 10})
+            for q, s in zip(seqs, range(2, 5), strict=True)
+        ]
+        assert seen["a"] == [(mine, "b", "remove", {"model": "k"})]  # never its own
+        # a change the leader makes goes through the lock's session: without the lead,
+        # nothing is logged
+        lock = LeaderLock(pg_url, retry=0.05)
+        try:
+            assert lock.poll()
+            via = a.append("quota", {"model": "m", "share": 0.9}, via=lock)
+            lock.release()
+            with pytest.raises(NotLeader):
+                a.append("quota", {"model": "m", "share": 1.0}, via=lock)
+        finally:
+            lock.close()
+        assert wait_for("b", 5)
+        assert [c[0] for c in seen["b"]][-1] == via
+        assert a.last() == via
+    finally:
+        a.close()
+        b.close()

@@ -11,8 +11,13 @@
   without knowing cannot record a decision, so no decision is taken twice.
 * :class:`Listener` -- ``LISTEN`` on a channel in a thread of its own, a callback per
   notification (``NOTIFY`` is delivered to every listening session within milliseconds,
-  on commit); :func:`notify` sends one.  The models metadata's changes reach every
-  replica's routing this way.
+  on commit); :func:`notify` sends one.
+* :class:`ChangeLog` -- the models metadata's changes as an ordered table
+  (``catalog_changes``); :meth:`ChangeLog.append` inserts one and notifies in the same
+  transaction (on the leader's session when the controller decides), and
+  :meth:`ChangeLog.follow` hands every replica the changes of the others, in order, on each
+  notification -- and after a reconnect, so a notification missed while disconnected loses
+  nothing.
 
 Both use one dedicated connection each (psycopg 3, autocommit) and never the event loop.
 """
@@ -20,10 +25,12 @@ Both use one dedicated connection each (psycopg 3, autocommit) and never the eve
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .storedb import StoreUnavailable, redact
@@ -155,7 +162,8 @@ class Listener:
     """``LISTEN channel`` on a connection of its own; ``callback(payload)`` in the listener
     thread for every notification.  Reconnects (after ``retry`` seconds) when the
     connection breaks; ``on_reconnect()`` is then called, for the owner to reload what it
-    may have missed.  ``ready`` is set once listening."""
+    may have missed.  ``on_listen()`` is called (in that thread) each time listening
+    starts, the first time included.  ``ready`` is set once listening."""
 
     def __init__(
         self,
@@ -164,6 +172,7 @@ class Listener:
         callback: Callable[[str], None],
         *,
         on_reconnect: Callable[[], None] | None = None,
+        on_listen: Callable[[], None] | None = None,
         retry: float = 0.5,
     ) -> None:
         if not channel.replace("_", "").isalnum() or not channel.isascii():
@@ -172,6 +181,7 @@ class Listener:
         self.channel = channel
         self.callback = callback
         self.on_reconnect = on_reconnect
+        self.on_listen = on_listen
         self.retry = retry
         self.ready = threading.Event()
         self.received = 0  #: notifications handled
@@ -198,6 +208,8 @@ class Listener:
                 if not first and self.on_reconnect is not None:
                     self.on_reconnect()
                 first = False
+                if self.on_listen is not None:
+                    self.on_listen()
                 self.ready.set()
                 while not self._stop.is_set():
                     for note in conn.notifies(timeout=0.2, stop_after=64):
@@ -222,3 +234,100 @@ class Listener:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change of the models metadata, as logged."""
+
+    seq: int
+    origin: str  #: the replica that made it
+    kind: str  #: "quota", "add", "remove" (the catalog's kinds)
+    doc: dict[str, Any]
+
+
+_APPEND = (
+    "WITH c AS (INSERT INTO catalog_changes (origin, kind, doc) VALUES (%s, %s, %s)"
+    " RETURNING seq) SELECT seq, pg_notify(%s, seq::text) FROM c"
+)
+
+
+class ChangeLog:
+    """The ordered log of the models metadata's changes (see the module docstring).  The
+    table comes with the store's migrations (``RequestStore.open`` applies them)."""
+
+    def __init__(self, url: str, origin: str, channel: str = CATALOG_CHANNEL) -> None:
+        self.url = url
+        self.origin = origin
+        self.channel = channel
+        self._conn: Any = None
+        self._lock = threading.Lock()
+        self._listener: Listener | None = None
+        self.applied = 0  #: the last seq handed to the follower
+
+    def _session(self) -> Any:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = _connect(self.url, 5.0)
+        return self._conn
+
+    def append(self, kind: str, doc: dict[str, Any], *, via: LeaderLock | None = None) -> int:
+        """Log a change made here and tell the others; returns its seq.  ``via``: on the
+        leader's session (raises :class:`NotLeader`, logging nothing, without the lead)."""
+        params = (self.origin, kind, json.dumps(doc, sort_keys=True), self.channel)
+        if via is not None:
+            return int(via.execute(_APPEND, params)[0][0])
+        with self._lock:
+            conn = self._session()
+            with conn.transaction():
+                return int(conn.execute(_APPEND, params).fetchone()[0])
+
+    def last(self) -> int:
+        """The seq of the newest change logged (0 for none)."""
+        with self._lock:
+            row = self._session().execute("SELECT COALESCE(MAX(seq), 0) FROM catalog_changes")
+            return int(row.fetchone()[0])
+
+    def since(self, seq: int) -> list[Change]:
+        """The changes after ``seq``, oldest first (every origin)."""
+        with self._lock:
+            rows = (
+                self._session()
+                .execute(
+                    "SELECT seq, origin, kind, doc FROM catalog_changes WHERE seq > %s"
+                    " ORDER BY seq",
+                    (seq,),
+                )
+                .fetchall()
+            )
+        return [Change(int(q), o, k, json.loads(d)) for q, o, k, d in rows]
+
+    def follow(self, apply: Callable[[list[Change]], None], *, after: int = 0) -> Listener:
+        """Call ``apply(changes)`` (in the listener's thread) with the other replicas'
+        changes after seq ``after``, in order, whenever some are logged.  Returns the
+        started :class:`Listener` (``ready`` once listening)."""
+        self.applied = after
+
+        def catch_up(_payload: str = "") -> None:
+            changes = self.since(self.applied)
+            if not changes:
+                return
+            self.applied = changes[-1].seq
+            theirs = [c for c in changes if c.origin != self.origin]
+            if theirs:
+                apply(theirs)
+
+        # every call in the listener's thread: on each notification, and each time the
+        # LISTEN starts (what was logged before it, or while disconnected)
+        listener = Listener(self.url, self.channel, catch_up, on_listen=catch_up)
+        self._listener = listener.start()
+        return listener
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.stop()
+            self._listener = None
+        with self._lock:
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+                self._conn = None

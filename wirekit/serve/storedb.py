@@ -167,6 +167,17 @@ MIGRATIONS_PG: tuple[str, ...] = (
         replica      TEXT
     );
     """,
+    # 4: the models metadata's changes, in order (wirekit.serve.pgsync.ChangeLog): every
+    # replica applies the changes of the others; NOTIFY only says that there are new ones
+    """
+    CREATE TABLE IF NOT EXISTS catalog_changes (
+        seq     BIGSERIAL PRIMARY KEY,
+        time    TIMESTAMPTZ NOT NULL DEFAULT now(),
+        origin  TEXT NOT NULL,
+        kind    TEXT NOT NULL,
+        doc     TEXT NOT NULL
+    );
+    """,
 )
 
 
