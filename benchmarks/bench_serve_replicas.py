@@ -14,6 +14,11 @@ the same load (``--clients`` pipelined MIP connections, 32 requests in flight ea
    hands them over -- a request that arrives and finishes within one hand-over is one
    INSERT --, timed from the first hand-over to the last commit).
 
+4. a change of the models metadata logged by one replica (:class:`ChangeLog`) until the
+   other's follower has it: milliseconds, median and max of 50;
+5. the controller's lead: a leader process killed (``kill -9``) until another
+   :class:`LeaderLock` (polling every 0.5 s) leads: milliseconds.
+
 Prints the figures and their ratios (never thresholds).  On a machine with few cores the
 replicas, the clients, the backend and PostgreSQL share them: the ratio of (2) to (1) then
 says what sharing the store costs, not what a second machine would add.
@@ -106,6 +111,65 @@ async def writer_rate(path: Path, url: str | None, rows: int) -> float:
     return rows / elapsed
 
 
+def change_latency(url: str, n: int = 50) -> list[float]:
+    """Milliseconds from :meth:`ChangeLog.append` on one replica to the other's follower."""
+    import threading
+
+    from wirekit.serve.pgsync import ChangeLog
+    from wirekit.serve.storedb import open_db
+
+    db = open_db(url)
+    db.migrate()
+    db.close()
+    got = threading.Event()
+    a, b = ChangeLog(url, "a"), ChangeLog(url, "b")
+    b.follow(lambda _changes: got.set(), after=b.last()).ready.wait(30)
+    out = []
+    try:
+        for k in range(n):
+            got.clear()
+            start = time.perf_counter()
+            a.append("quota", {"k": k})
+            got.wait(10)
+            out.append((time.perf_counter() - start) * 1000)
+    finally:
+        a.close()
+        b.close()
+    return sorted(out)
+
+
+def takeover_ms(url: str) -> float:
+    """Milliseconds from ``kill -9`` of the leader's process until another leads."""
+    import subprocess
+
+    from wirekit.serve.pgsync import LeaderLock
+
+    code = (
+        "import sys, time\nfrom wirekit.serve.pgsync import LeaderLock\n"
+        "lock = LeaderLock(sys.argv[1]); assert lock.poll(); print('leading', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, url], stdout=subprocess.PIPE, text=True, env=env
+    )
+    other = LeaderLock(url, retry=0.5)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "leading"
+        assert not other.poll()
+        start = time.perf_counter()
+        proc.kill()
+        while not other.poll():
+            time.sleep(other.retry)
+        return (time.perf_counter() - start) * 1000
+    finally:
+        other.close()
+        proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=5.0)
@@ -149,11 +213,15 @@ def main() -> int:
             results["PostgreSQL writer (requests/s)"] = asyncio.run(
                 writer_rate(tmp / "wpg.db", url, args.rows)
             )
+            lat = change_latency(url)
+            results["catalog change, median (ms)"] = lat[len(lat) // 2]
+            results["catalog change, max (ms)"] = lat[-1]
+            results["leader killed -> new leader (ms)"] = takeover_ms(url)
     finally:
         if server is not None:
             server.stop()
     for name, value in results.items():
-        print(f"{name:<34} {value:>12,.0f}")
+        print(f"{name:<34} {value:>12,.1f}" if value < 100 else f"{name:<34} {value:>12,.0f}")
     two, one = results["2 replicas, PostgreSQL (req/s)"], results["1 replica, SQLite (req/s)"]
     pg_w, lite_w = results["PostgreSQL writer (requests/s)"], results["SQLite writer (requests/s)"]
     print(f"{'2 replicas on PG / 1 on SQLite':<34} {two / one:>12.2f}")
