@@ -412,3 +412,28 @@ def test_decisions_are_stored_and_read_back_on_both_backends(tmp_path, store_url
         "old": 0.5, "new": 0.6, "status": "applied", "reason": "slow 2", "error": None,
         "metrics": "{}", "replica": "r1",
     }  # fmt: skip
+
+
+def test_serve_store_url_flag_replaces_the_config(tmp_path):
+    """``wirekit serve --store-url`` puts the store on PostgreSQL whatever the file says:
+    an unreachable one stops the start with one line, exit 1; not a postgresql:// URL,
+    exit 2."""
+    from serve_support import deployment
+
+    config = tmp_path / "d.json"
+    config.write_text(
+        json.dumps(
+            deployment(
+                tmp_path / "x.db",
+                {"m": {}},
+                [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [1]}],
+            )
+        )
+    )
+    url = "postgresql://someone:secret@127.0.0.1:1/none"
+    code, _out, err = call("serve", "--config", str(config), "--store-url", url)
+    assert code == 1 and err.startswith("wirekit: cannot reach the store at postgresql://")
+    assert "secret" not in err and "someone:***@" in err and err.count("\n") == 1
+    code, _out, err = call("serve", "--config", str(config), "--store-url", "sqlite:///x")
+    assert code == 2 and "postgresql://" in err
+    assert not (tmp_path / "x.db").exists()  # the SQLite file of the config was not made
