@@ -159,6 +159,10 @@ class Catalog:
                     " (add the model with a row there)"
                 )
             share = self._check_share(row, share, self._used(node, device, skip=model))
+            if share > 0 and row.backend != "clipper" and not row.port:
+                raise CatalogError(
+                    f"{row.key}: no backend port for this device (add the model with one)"
+                )
             old = row.quota
             if share == old:
                 return

@@ -178,6 +178,9 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except OSError as exc:
         err.write(f"wirekit: cannot listen: {exc.strerror or exc}\n")
         return EXIT_BAD_INPUT
+    except ConfigError as exc:  # found at start-up (the admin API without its token)
+        err.write(f"wirekit: {args.config}: {exc}\n")
+        return EXIT_BAD_INPUT
 
 
 #: What the dispatcher imports beyond wirekit's own requirements (the ``serve`` extra);
