@@ -6,6 +6,8 @@ released), and the admin API's bearer token."""
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 from collections import Counter
 
 import aiohttp
@@ -14,8 +16,9 @@ from serve_support import answer_of, deployment, run, start_backend, tagged
 from test_serve_lane import lane, lane_service  # noqa: F401 - the twin fixture
 
 from wirekit import mip
+from wirekit.cli import main as wirekit_main
 from wirekit.mip.client import AsyncClient
-from wirekit.serve.config import ConfigError, parse_config
+from wirekit.serve.config import ConfigError, parse_config, parse_model
 from wirekit.serve.service import ADMIN_TOKEN_ENV, Service, admin_token
 
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=10)
@@ -277,3 +280,168 @@ def test_admin_api_beyond_loopback_needs_a_token(tmp_path):
     assert admin_token(parse_config({**doc, "admin": {"token": "t"}}), {}) == "t"
     doc["listen"]["host"] = "::1"
     assert admin_token(parse_config(doc), {}) is None  # loopback: no token needed
+
+
+KNOWN = {("n1", 0): "CPU", ("n1", 1): "GPU"}
+
+
+def test_parse_model_long_form_fills_known_nodes() -> None:
+    model, rows = parse_model(
+        {
+            "models": {"m2": {"port": None, "timeout": 2}},
+            "nodes": [{"id": "n1", "models": ["m2"], "quotas": [0.25, 1], "ports": [7, 8]}],
+        },
+        KNOWN,
+        {"n1": "10.0.0.5"},
+    )
+    assert (model.name, model.mip_port, model.timeout) == ("m2", None, 2.0)
+    assert [(r.key, r.device_type, r.endpoint, r.port, r.quota) for r in rows] == [
+        ("n1/0/m2", "CPU", "10.0.0.5", 7, 0.25),
+        ("n1/1/m2", "GPU", "10.0.0.5", 8, 1.0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("doc", "where", "message"),
+    [
+        (
+            {"name": "m", "placements": [{"node": "n9", "device": 0, "quota": 1, "port": 1}]},
+            "placements[0].node",
+            "unknown node 'n9' (known: n1; a new node needs the long form, with its devices)",
+        ),
+        (
+            {"name": "m", "placements": [{"node": "n1", "device": 2, "quota": 1, "port": 1}]},
+            "placements[0].device",
+            "must be between 0 and 1, got 2",
+        ),
+        (
+            {
+                "name": "m",
+                "placements": [
+                    {"node": "n1", "device": 0, "quota": 0.1, "port": 1},
+                    {"node": "n1", "device": 0, "quota": 0.2, "port": 2},
+                ],
+            },
+            "placements[1].device",
+            "device 0 of 'n1' is placed twice",
+        ),
+        (
+            {"name": "m", "placements": [{"node": "n1", "device": 1, "quota": 0.5, "port": 1}]},
+            "nodes[0].quotas[1]",
+            "a GPU is given 0 or 1 of itself, got 0.5",
+        ),
+        (
+            {"name": "m", "placements": [{"node": "n1", "device": 0, "quota": 0.5}]},
+            "nodes[0].ports[0]",
+            "device 0 serves m (quota 0.5): a backend port 1..65535 is needed",
+        ),
+        ({"name": "m", "placements": [], "x": 1}, "x", "unknown key"),
+        ({"models": {}, "nodes": [], "listen": {}}, "listen", "unknown key"),
+        (
+            {
+                "nodes": [
+                    {
+                        "id": "n1",
+                        "models": ["a", "b"],
+                        "quotas": [1, 0, 0, 1],
+                        "ports": [1, 2, 3, 4],
+                    }
+                ]
+            },
+            "nodes",
+            "one model at a time, got 2",
+        ),
+    ],
+)
+def test_parse_model_refusals(doc, where, message) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_model(doc, KNOWN)
+    assert info.value.where == where
+    assert info.value.reason.startswith(message)
+
+
+def cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = wirekit_main(["serve", "models", *argv], out, err)
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_models_command_with_a_toml_file(tmp_path):
+    async def main():
+        service, servers = await admin_service(tmp_path)
+        url = ["--url", f"http://127.0.0.1:{service.addresses()['http']}"]
+        try:
+            model = tmp_path / "m2.toml"
+            model.write_text(
+                "[models.m2]\nport = 0\n\n[[nodes]]\nid = 'n1'\nmodels = ['m2']\n"
+                f"quotas = [0.5, 0]\nports = [{servers[1][1]}, 0]\n"
+            )
+            status, out, err = await asyncio.to_thread(cli, "add", str(model), *url)
+            assert status == 0, err
+            port = json.loads(out)["added"]["mip_port"]
+            async with AsyncClient(f"tcp://127.0.0.1:{port}", timeout=10) as c:
+                assert await tags_of(c, 10) == Counter(N=10)
+            status, out, err = await asyncio.to_thread(cli, "list", *url)
+            assert status == 0
+            assert out.splitlines() == [
+                f"m1: mip, MIP port {service.addresses()['mip']['m1']}",
+                f"  n1/0    CPU quota 0.5    127.0.0.1:{servers[0][1]}",
+                "  n1/1    GPU quota 0      -",
+                f"m2: mip, MIP port {port}",
+                f"  n1/0    CPU quota 0.5    127.0.0.1:{servers[1][1]}",
+                "  n1/1    GPU quota 0      -",
+                "devices:",
+                "  n1/0    CPU free 0",
+                "  n1/1    GPU free 1",
+            ]
+            status, out, err = await asyncio.to_thread(cli, "add", str(model), *url)
+            assert status == 1 and "HTTP 409" in err and "already exists" in err
+            status, out, err = await asyncio.to_thread(cli, "remove", "m2", *url)
+            assert status == 0 and json.loads(out)["removed"] == "m2"
+            status, out, err = await asyncio.to_thread(cli, "remove", "m2", *url)
+            assert (status, err) == (
+                1,
+                "wirekit: DELETE /admin/models/m2: HTTP 404: unknown model 'm2'\n",
+            )
+        finally:
+            await stop_all(service, servers)
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["list"], "give the dispatcher's --url (or WIREKIT_ADMIN_URL)"),
+        (["list", "--url", "ftp://x"], "--url must start with http:// or https://"),
+        (
+            ["add", "--url", "http://127.0.0.1:9"],
+            "models add needs FILE, or --name and at least one --place",
+        ),
+        (
+            ["add", "--url", "http://x", "--name", "m", "--place", "n1:0"],
+            "expected NODE:DEVICE:QUOTA[:PORT]",
+        ),
+        (["add", "--url", "http://x", "--name", "m", "--place", "n1:a:1"], "DEVICE is an integer"),
+        (
+            ["add", "f.json", "--name", "m", "--url", "http://x"],
+            "give FILE or --name/--place, not both",
+        ),
+    ],
+)
+def test_models_command_usage(argv, message, monkeypatch) -> None:
+    monkeypatch.delenv("WIREKIT_ADMIN_URL", raising=False)
+    status, out, err = cli(*argv)
+    assert status == 2 and out == ""
+    assert message in err
+
+
+def test_models_command_unreachable_or_bad_file(tmp_path) -> None:
+    status, _out, err = cli("list", "--url", "http://127.0.0.1:1", "--timeout", "5")
+    assert status == 1 and "cannot reach the dispatcher at http://127.0.0.1:1" in err
+    bad = tmp_path / "m.json"
+    bad.write_text("{nope")
+    status, _out, err = cli("add", str(bad), "--url", "http://127.0.0.1:1")
+    assert status == 1 and "not valid JSON/TOML" in err
+    status, _out, err = cli("add", str(tmp_path / "missing.json"), "--url", "http://127.0.0.1:1")
+    assert status == 1 and "cannot read" in err

@@ -366,7 +366,8 @@ def _render_models(doc: dict) -> str:
         state = " (being removed)" if m.get("removing") else ""
         lines.append(f"{name}: {m['backend']}{door}{state}")
         for r in m["rows"]:
-            where = f"{r['endpoint']}:{r['port']}" if isinstance(r["port"], int) else r["port"]
+            port = r["port"]  # None: no backend on that device; a string: a Clipper name
+            where = f"{r['endpoint']}:{port}" if isinstance(port, int) else (port or "-")
             lines.append(
                 f"  {r['node']}/{r['device']:<4} {r['device_type']} quota {r['quota']:<6g} {where}"
             )
