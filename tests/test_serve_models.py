@@ -204,11 +204,16 @@ def test_removal_drains_requests_in_flight(tmp_path):
             address = f"tcp://127.0.0.1:{service.addresses()['mip']['m2']}"
             async with AsyncClient(address, timeout=10) as c:
                 in_flight = [asyncio.ensure_future(c.infer_one(f"f{k}")) for k in range(20)]
-                while service.metrics.in_flight("m2") < 20:
+                http = aiohttp.ClientSession(timeout=HTTP_TIMEOUT)
+                base = f"http://127.0.0.1:{service.addresses()['http']}"
+                over_http = asyncio.ensure_future(
+                    http.post(f"{base}/v1/models/m2:predict", json={"inputs": [["web"]]})
+                )
+                while service.metrics.in_flight("m2") < 21:
                     await asyncio.sleep(0.005)
                 removal = asyncio.ensure_future(service.remove_model("m2"))
                 await asyncio.sleep(0.05)
-                assert not removal.done()  # draining: waits for the 20 in flight
+                assert not removal.done()  # draining: waits for the 21 in flight
                 # answered in order on the connection: after the 20, once the gate opens
                 late = asyncio.ensure_future(
                     c.request(mip.Inference.request([[mip.Item.text("late")]]))
@@ -220,6 +225,10 @@ def test_removal_drains_requests_in_flight(tmp_path):
                     ("H", f"F{k}") for k in range(20)
                 ]
                 assert await late == mip.ErrorReply(int(mip.ErrorCode.METHOD))
+                async with await over_http as r:
+                    assert r.status == 200
+                    assert (await r.json())["outputs"] == [["H:WEB"]]
+                await http.close()
                 assert await asyncio.wait_for(removal, 10) == {
                     "removed": "m2",
                     "drained": True,
@@ -231,7 +240,7 @@ def test_removal_drains_requests_in_flight(tmp_path):
             assert service.catalog.free_share("n1", 0) == 0.5
             assert "n1/0/m2" not in service.dispatcher.backends
             statuses = service.metrics.snapshot()["models"]["m2"]["statuses"]
-            assert statuses == {"ok": 20}
+            assert statuses == {"ok": 21}
         finally:
             await stop_all(service, servers)
             await held.shutdown()
