@@ -22,3 +22,8 @@ async def tag_b(batch):
 
 async def tag_fast(batch):
     return _answer("F", batch)
+
+
+async def tag_slow(batch):
+    await asyncio.sleep(0.2)  # requests stay in flight while a removal drains them
+    return _answer("S", batch)

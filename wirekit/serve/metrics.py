@@ -66,6 +66,9 @@ class Metrics:
 
     def __init__(self, models: Iterable[str] = ()) -> None:
         self.models: dict[str, ModelStats] = {m: ModelStats() for m in models}
+        #: requests the store held as queued at start (a previous run's, never answered):
+        #: part of ``queue``, not in flight in this process
+        self._stale: dict[str, int] = {}
 
     def stats(self, model: str) -> ModelStats:
         """The live counters of ``model`` (created on first use)."""
@@ -78,6 +81,12 @@ class Metrics:
         """Start from what a store already holds."""
         for model, s in model_stats(conn).items():
             self.models[model] = s
+            self._stale[model] = s.queue
+
+    def in_flight(self, model: str) -> int:
+        """Requests of ``model`` this process took and has not answered yet."""
+        s = self.models.get(model)
+        return 0 if s is None else s.queue - self._stale.get(model, 0)
 
     def arrived(self, model: str) -> None:
         s = self.stats(model)
