@@ -207,3 +207,88 @@ def test_a_replica_killed_mid_load_loses_nothing_and_counts_nothing_twice(tmp_pa
             assert stored.get(text) == ["ok"], text  # there, once, answered
         assert all(len(statuses) == 1 for statuses in stored.values())
         assert not [t for t, s in stored.items() if s == ["queued"]]
+
+
+def poll(predicate, limit: int = 400, pause: float = 0.025) -> int:
+    """Call ``predicate()`` until true; how many calls it took (``limit`` + 1: never)."""
+    for n in range(1, limit + 1):
+        if predicate():
+            return n
+        time.sleep(pause)
+    return limit + 1
+
+
+def test_models_added_and_removed_through_one_replica_reach_the_other(tmp_path, pg_url):
+    """A model added / removed through one replica's admin API is served / refused by the
+    other (the change log, LISTEN/NOTIFY); a replica started afterwards replays the log."""
+    import urllib.error
+    import urllib.request
+
+    def http(method: str, url: str, body: dict | None = None) -> tuple[int, dict]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            url, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
+                return resp.status, json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    with CliServer(handler="serve_handlers:tag_fast") as backend:
+        port = int(backend.address.rsplit(":", 1)[1])
+        configs = {}
+        for name in ("A", "B", "C"):
+            path = tmp_path / f"{name}.json"
+            path.write_text(
+                json.dumps(
+                    deployment(
+                        tmp_path / f"{name}.db",
+                        {"a": {"timeout": 5}},
+                        [
+                            {
+                                "id": "n",
+                                "devices": ["CPU"],
+                                "models": ["a"],
+                                "quotas": [0.5],
+                                "ports": [port],
+                            }
+                        ],
+                        store={
+                            "path": str(tmp_path / f"{name}.db"),
+                            "url": pg_url,
+                            "replica": name,
+                        },
+                        cache={"max_entries": 0},
+                    )
+                )
+            )
+            configs[name] = path
+        with DispatcherProcess(configs["A"]) as a, DispatcherProcess(configs["B"]) as b:
+            # --- a model added through A: served by B; removed through A: refused by B
+            body = {
+                "name": "k",
+                # no MIP front door: the replicas share this machine, and a model's MIP port
+                # is opened by every replica
+                "model": {"port": None},
+                "placements": [{"node": "n", "device": 0, "quota": 0.25, "port": port}],
+            }
+            status, added = http("POST", f"{a.http}/admin/models", body)
+            assert status == 201, added
+
+            def served_by_b() -> bool:
+                status, doc = http("POST", f"{b.http}/v1/models/k:predict", {"inputs": [["q"]]})
+                return status == 200 and doc["outputs"] == [["F:Q"]]
+
+            assert poll(served_by_b) <= 400
+            status, _doc = http("DELETE", f"{a.http}/admin/models/k")
+            assert status == 200
+            assert poll(lambda: not served_by_b()) <= 400
+            status, _doc = http("POST", f"{b.http}/v1/models/k:predict", {"inputs": [["q"]]})
+            assert status in (404, 410)
+            # --- a replica started now replays the log: k added and removed, k2 added
+            status, added = http("POST", f"{a.http}/admin/models", {**body, "name": "k2"})
+            assert status == 201, added
+            with DispatcherProcess(configs["C"]) as c:
+                status, doc = http("GET", f"{c.http}/admin/models")
+                assert status == 200 and sorted(doc["models"]) == ["a", "k2"]

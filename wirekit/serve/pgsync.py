@@ -43,7 +43,7 @@ LEADER_KEY = 0x776B6C6561646572 & 0x7FFFFFFFFFFFFFFF
 CATALOG_CHANNEL = "wirekit_catalog"
 
 
-def _connect(url: str, keepalive: float) -> Any:
+def _connect(url: str, keepalive: float, name: str = "wirekit") -> Any:
     try:
         import psycopg
     except ImportError as exc:  # pragma: no cover - the pg extra is missing
@@ -60,6 +60,7 @@ def _connect(url: str, keepalive: float) -> Any:
             keepalives_idle=idle,
             keepalives_interval=idle,
             keepalives_count=3,
+            application_name=name[:63],
         )
     except psycopg.OperationalError as exc:
         why = " ".join(str(exc).split())
@@ -74,9 +75,16 @@ class LeaderLock:
     leads now.  ``release()`` gives the lead up (``close()`` too)."""
 
     def __init__(
-        self, url: str, key: int = LEADER_KEY, *, retry: float = 0.5, keepalive: float = 5.0
+        self,
+        url: str,
+        key: int = LEADER_KEY,
+        *,
+        retry: float = 0.5,
+        keepalive: float = 5.0,
+        name: str = "wirekit",
     ) -> None:
         self.url = url
+        self.name = name  #: the session's application_name (who leads, in pg_stat_activity)
         self.key = key
         self.retry = retry  #: seconds between two polls of a replica that does not lead
         self.keepalive = keepalive  #: seconds of TCP silence before the server is probed
@@ -88,7 +96,7 @@ class LeaderLock:
     def _session(self) -> Any:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._drop()
-            self._conn = _connect(self.url, self.keepalive)
+            self._conn = _connect(self.url, self.keepalive, self.name)
         return self._conn
 
     def _drop(self) -> None:

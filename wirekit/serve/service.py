@@ -16,7 +16,7 @@ import random
 import weakref
 from collections.abc import Iterable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -34,6 +34,9 @@ from .payload import Payload
 from .router import Router
 from .store import RequestStore
 from .storedb import StoreDB
+
+if TYPE_CHECKING:
+    from .replicas import ReplicaSync
 
 log = logging.getLogger("wirekit.serve")
 
@@ -120,6 +123,8 @@ class Service:
         self.clipper: Any = None  # the embedded Clipper RPC frontend, when a model uses Clipper
         #: on a shared store: the connection ``/stats`` and ``/metrics`` query
         self._shared_db: StoreDB | None = None
+        #: on a shared store: the models metadata shared with the other replicas
+        self.replicas: ReplicaSync | None = None
 
     def _backend_for(self, row: DeviceRow) -> Backend:
         if row.key in self._given_backends:
@@ -192,6 +197,12 @@ class Service:
                 site = web.TCPSite(self._runner, dep.host, dep.http_port)
                 await site.start()
                 self._http_port = self._runner.addresses[0][1]  # the port bound
+            if self.store.url is not None:
+                # several replicas on one store: one models metadata (and one controller)
+                from .replicas import ReplicaSync
+
+                self.replicas = ReplicaSync(self, self.store.url, self.store.replica)
+                await self.replicas.start()
         except BaseException:
             await self.stop()
             raise
@@ -434,6 +445,9 @@ class Service:
     async def stop(self, grace: float = 5.0) -> None:
         """Close the listeners, let requests in flight finish (up to ``grace`` seconds),
         then close the backends and the store."""
+        if self.replicas is not None:
+            await self.replicas.close()
+            self.replicas = None
         for srv in self._mip_servers.values():
             srv.close()
         if self._runner is not None:
