@@ -437,3 +437,38 @@ def test_serve_store_url_flag_replaces_the_config(tmp_path):
     code, _out, err = call("serve", "--config", str(config), "--store-url", "sqlite:///x")
     assert code == 2 and "postgresql://" in err
     assert not (tmp_path / "x.db").exists()  # the SQLite file of the config was not made
+
+
+def test_recent_window_of_every_replica_on_postgresql(tmp_path, pg_url):
+    """The figures a leader's controller reads: every replica's requests since a time."""
+    from wirekit.serve.storedb import PostgresDB
+
+    stores = [RequestStore(tmp_path / f"r{n}.db", url=pg_url, replica=f"r{n}") for n in (1, 2)]
+
+    async def fill():
+        for n, store in enumerate(stores):
+            store.open()
+            for k in range(10):  # response times 0.1 .. 1.0 s, answered at 100 + ...
+                rid = f"{n}-{k}"
+                t_in = 100.0 + k
+                store.arrival(rid, "m", "c", t_in, 3)
+                store.complete(rid, "m", "c", "n/0/m", t_in, t_in + (k + 1) / 10, "ok", 3, 1)
+            store.arrival(f"{n}-old", "m", "c", 1.0, 3)  # long ago, and failed
+            store.complete(f"{n}-old", "m", "c", None, 1.0, 2.0, "failed", 3, 1, None, False, "x")
+            store.arrival(f"{n}-q", "m", "c", 109.5, 3)  # still queued
+            await store.flush()
+
+    asyncio.run(fill())
+    db = PostgresDB(pg_url)
+    try:
+        got = db.recent(since=105.0)  # the last five of each replica arrived since then
+    finally:
+        db.close()
+        for store in stores:
+            store.close()
+    m = got["m"]
+    # arrived since 105: k = 5..9 and the queued one; answered since 105: k = 5..9 (k = 4
+    # was answered at 104.5), response times 0.6 .. 1.0 s; the old failure is outside
+    assert (m["requests"], m["ok"], m["errors"], m["queue"]) == (2 * 6, 2 * 5, 0, 2)
+    assert m["max"] == 1.0 and abs(m["avg"] - 0.8) < 1e-9 and abs(m["p50"] - 0.8) < 1e-9
+    assert 0.9 <= m["p95"] <= m["p99"] <= 1.0

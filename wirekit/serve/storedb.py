@@ -178,6 +178,11 @@ MIGRATIONS_PG: tuple[str, ...] = (
         doc     TEXT NOT NULL
     );
     """,
+    # 5: the recent window of every replica's requests (PostgresDB.recent: the leader's
+    # controller sees the load of all replicas)
+    """
+    CREATE INDEX IF NOT EXISTS requests_time_out ON requests (time_out);
+    """,
 )
 
 
@@ -557,6 +562,38 @@ class PostgresDB:
     def rows(self) -> Iterator[RequestRow]:
         for row in self._query(_ROWS + " ORDER BY time_in, id"):
             yield RequestRow(*row)
+
+    def recent(self, since: float) -> dict[str, dict[str, Any]]:
+        """Per model, the figures of the requests of every replica since ``since`` (unix
+        time): ``requests`` arrived, ``ok`` and ``errors`` (error or failed) finished,
+        ``queue`` waiting or being processed now, and the response times of the ``ok``
+        ones: ``avg``, ``p50``, ``p95``, ``p99`` (continuous percentiles), ``max`` (None
+        when none was answered)."""
+        ok = "status = 'ok' AND time_out >= %(since)s"
+        rt = "time_out - time_in"
+        sql = (
+            "SELECT model,"
+            " COUNT(*) FILTER (WHERE time_in >= %(since)s),"
+            f" COUNT(*) FILTER (WHERE {ok}),"
+            " COUNT(*) FILTER (WHERE status IN ('error', 'failed') AND time_out >= %(since)s),"
+            " COUNT(*) FILTER (WHERE status = 'queued'),"
+            f" AVG({rt}) FILTER (WHERE {ok}),"
+            f" percentile_cont(0.5) WITHIN GROUP (ORDER BY {rt}) FILTER (WHERE {ok}),"
+            f" percentile_cont(0.95) WITHIN GROUP (ORDER BY {rt}) FILTER (WHERE {ok}),"
+            f" percentile_cont(0.99) WITHIN GROUP (ORDER BY {rt}) FILTER (WHERE {ok}),"
+            f" MAX({rt}) FILTER (WHERE {ok})"
+            " FROM requests WHERE time_out >= %(since)s OR status = 'queued' GROUP BY model"
+        )
+        with self._lock:
+            rows = self._live().execute(sql, {"since": since}).fetchall()
+        names = ("requests", "ok", "errors", "queue", "avg", "p50", "p95", "p99", "max")
+        return {
+            row[0]: {
+                k: (int(v) if i < 4 else (None if v is None else float(v)))
+                for i, (k, v) in enumerate(zip(names, row[1:], strict=True))
+            }
+            for row in rows
+        }
 
     def record_decision(self, values: Sequence[Any]) -> None:
         marks = ", ".join(["%s"] * len(DECISION_COLUMNS))
