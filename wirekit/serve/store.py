@@ -577,7 +577,7 @@ class RequestStore:
             _kind, ops, reasons, retire, fut = item
             failed: BaseException | None = None
             if ops or reasons:
-                chunks, rest, updates = _merge_ops(ops, _CHUNK)
+                chunks, rest, updates = _merge_ops(ops, db.chunk)
                 try:
                     try:
                         db.write(chunks, rest, updates, reasons)

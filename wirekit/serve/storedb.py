@@ -209,6 +209,7 @@ class StoreDB(Protocol):
     """What the store, the metrics and the CLI need of a database (see the module doc)."""
 
     kind: str  #: "sqlite" or "postgresql"
+    chunk: int  #: rows per INSERT statement that :meth:`write` wants flattened together
 
     def migrate(self) -> int:
         """Bring the schema to the newest version; returns it."""
@@ -364,6 +365,7 @@ class SqliteDB:
     ) -> None:
         self.path = Path(path)
         self.replica = replica
+        self.chunk = chunk  #: rows per many-row INSERT statement
         self.conn = conn if conn is not None else connect_sqlite(path, readonly=readonly)
         cols = ", ".join(INSERT_COLUMNS)
         one = "(" + ", ".join("?" * len(INSERT_COLUMNS)) + ")"
@@ -450,6 +452,22 @@ def _psycopg() -> Any:
     return psycopg
 
 
+#: the PostgreSQL types of :data:`INSERT_COLUMNS` and ``replica``, for a binary COPY
+_COPY_TYPES = (
+    "text",
+    "text",
+    "text",
+    "float8",
+    "int8",
+    "bytea",
+    "text",
+    "float8",
+    "text",
+    "int4",
+    "text",
+)
+
+
 class PostgresDB:
     """A shared store on PostgreSQL: one connection (the writer thread's, or a reader's).
 
@@ -459,6 +477,9 @@ class PostgresDB:
     """
 
     kind = "postgresql"
+    #: rows per INSERT statement of :func:`~wirekit.serve.store.merge_ops`: COPY takes them
+    #: one by one, so none are flattened into chunks
+    chunk = 1 << 30
 
     def __init__(self, url: str, *, replica: str = "", connect_timeout: float = 10.0) -> None:
         self.url = url
@@ -509,12 +530,14 @@ class PostgresDB:
         with self._lock, conn.transaction(), conn.cursor() as cur:
             if chunks or rest:
                 cols = ", ".join((*INSERT_COLUMNS, "replica"))
-                with cur.copy(f"COPY requests ({cols}) FROM STDIN") as copy:
+                with cur.copy(f"COPY requests ({cols}) FROM STDIN (FORMAT BINARY)") as copy:
+                    copy.set_types(_COPY_TYPES)
+                    write_row = copy.write_row
                     for flat in chunks:
                         for i in range(0, len(flat), width):
-                            copy.write_row((*flat[i : i + width], replica))
+                            write_row((*flat[i : i + width], replica))
                     for row in rest:
-                        copy.write_row((*row, replica))
+                        write_row((*row, replica))
             if updates:
                 cur.executemany(
                     "UPDATE requests SET device = %s, time_out = %s, status = %s,"
