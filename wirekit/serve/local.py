@@ -1,0 +1,218 @@
+"""The backends of a deployment, started on this machine (``wirekit serve --with-backends``).
+
+For every MIP/KubeMo device of the config with a quota > 0, one ``wirekit mip serve`` process
+listens on the device's ``endpoint:port`` and serves its model's ``handler`` (the built-in
+echo when the config names none); the config file's directory is put on the processes'
+``PYTHONPATH``, so a handler module beside the config is found.  Each process learns its
+row from ``WIREKIT_ROW`` (``node/device/model``; several, comma-separated, when rows share
+one backend).
+
+:meth:`LocalBackends.start` returns once every backend prints that it listens (or stops
+the ones it started and raises :class:`BackendStartError`); :meth:`LocalBackends.stop` sends
+SIGTERM (the backends finish their requests in flight) and, past ``grace``, SIGKILL.  The
+backends run in their own session, so Ctrl-C in a terminal reaches the dispatcher alone,
+which stops its front doors first and its backends after; on Linux each backend also gets
+SIGTERM when the dispatcher's process dies, however it dies: no backend outlives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import ConfigError, Deployment
+
+#: seconds one backend may take to print that it listens
+DEFAULT_START_TIMEOUT = 30.0
+#: seconds the backends get to finish on SIGTERM before SIGKILL
+DEFAULT_GRACE = 10.0
+
+
+class BackendStartError(RuntimeError):
+    """A backend did not come up: it exited, or did not listen in time."""
+
+
+@dataclass(frozen=True, slots=True)
+class LocalBackend:
+    """One backend process to run: where it listens and what it serves."""
+
+    rows: tuple[str, ...]  #: the ``node/device/model`` keys it serves
+    host: str
+    port: int
+    handler: str
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{self.port}"
+
+
+def is_local(host: str) -> bool:
+    """Whether ``host`` names this machine (``localhost`` or a loopback/unspecified IP)."""
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_unspecified
+
+
+def plan(dep: Deployment) -> list[LocalBackend]:
+    """The backend processes ``dep`` needs on this machine; :class:`ConfigError` for a
+    device this command cannot start (a Clipper model, a remote endpoint)."""
+    backends: dict[tuple[str, int], LocalBackend] = {}
+    for row in dep.rows:
+        if row.quota == 0:
+            continue
+        where = f"{row.key}"
+        if row.backend == "clipper":
+            raise ConfigError(
+                where,
+                "--with-backends starts MIP backends; Clipper containers connect to the "
+                "dispatcher on their own (wirekit clipper container)",
+            )
+        if not is_local(row.endpoint):
+            raise ConfigError(
+                where,
+                f"--with-backends starts backends on this machine, and {row.endpoint!r} "
+                "is not a loopback address",
+            )
+        assert row.port is not None  # MIP rows with a quota have a port (config.py)
+        handler = dep.models[row.model].handler
+        key = (row.endpoint, row.port)
+        same = backends.get(key)
+        if same is None:
+            backends[key] = LocalBackend((row.key,), row.endpoint, row.port, handler)
+        elif same.handler != handler:
+            raise ConfigError(
+                where,
+                f"port {row.port} is also {same.rows[0]}, whose model has another handler",
+            )
+        else:
+            backends[key] = LocalBackend((*same.rows, row.key), row.endpoint, row.port, handler)
+    return list(backends.values())
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child, between fork and exec
+    """Linux: SIGTERM this process when the process that started it dies."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class LocalBackends:
+    """The backend processes of a deployment; a context manager (start, then stop)."""
+
+    def __init__(
+        self,
+        dep: Deployment,
+        *,
+        path: str | Path | None = None,
+        start_timeout: float = DEFAULT_START_TIMEOUT,
+        grace: float = DEFAULT_GRACE,
+    ) -> None:
+        self.backends = plan(dep)
+        self.path = None if path is None else str(path)
+        self.start_timeout = start_timeout
+        self.grace = grace
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def addresses(self) -> dict[str, str]:
+        """Row key -> the address of its backend."""
+        return {key: b.address for b in self.backends for key in b.rows}
+
+    def _command(self, backend: LocalBackend) -> list[str]:
+        return [
+            sys.executable, "-m", "wirekit", "mip", "serve", "--listen", backend.address,
+            "--handler", backend.handler, "--log-level", "warning",
+        ]  # fmt: skip
+
+    def _env(self, backend: LocalBackend) -> dict[str, str]:
+        env = dict(os.environ, WIREKIT_ROW=",".join(backend.rows))
+        if self.path is not None:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (self.path, env.get("PYTHONPATH")) if p)
+        return env
+
+    def start(self) -> None:
+        """Start every backend and wait until each listens (all in parallel)."""
+        try:
+            for backend in self.backends:
+                self.processes.append(
+                    subprocess.Popen(
+                        self._command(backend),
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        env=self._env(backend),
+                        start_new_session=True,
+                        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                    )
+                )
+            self._wait_listening()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_listening(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        waiting: dict[int, tuple[LocalBackend, subprocess.Popen[bytes]]] = {}
+        with selectors.DefaultSelector() as sel:
+            for backend, proc in zip(self.backends, self.processes, strict=True):
+                assert proc.stdout is not None
+                sel.register(proc.stdout, selectors.EVENT_READ, backend)
+                waiting[proc.stdout.fileno()] = (backend, proc)
+            while waiting:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    backend, _ = next(iter(waiting.values()))
+                    raise BackendStartError(
+                        f"backend {backend.address} ({', '.join(backend.rows)}) did not "
+                        f"listen within {self.start_timeout:g} s"
+                    )
+                for key, _ in sel.select(left):
+                    backend, proc = waiting[key.fd]
+                    line = key.fileobj.readline()  # type: ignore[union-attr]
+                    if line.startswith(b"listening on"):
+                        sel.unregister(key.fileobj)
+                        del waiting[key.fd]
+                    elif not line:  # it exited
+                        code = proc.wait()
+                        raise BackendStartError(
+                            f"backend {backend.address} ({', '.join(backend.rows)}) exited "
+                            f"with status {code} before listening (its error is above)"
+                        )
+
+    def stop(self) -> None:
+        """SIGTERM every backend, SIGKILL those still running after ``grace``; reap all."""
+        for proc in self.processes:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        for proc in self.processes:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        self.processes.clear()
+
+    def __enter__(self) -> LocalBackends:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
