@@ -266,3 +266,22 @@ def test_model_names_that_collide_as_kubernetes_names():
     }  # fmt: skip
     with pytest.raises(ConfigError, match="both become 'cpu0-a-b'"):
         manifests(doc, K8sOptions())
+
+
+def test_a_resize_patch_names_the_container_the_manifests_made():
+    from wirekit.serve.config import read_document
+    from wirekit.serve.k8s import cpu_quantity, node_name, resize_patch
+
+    opts = K8sOptions(cpu_cores=2)
+    got = by_kind(manifests(read_document(SAMPLE), opts))
+    cpu_rows = [r for r in load_config(SAMPLE).rows if r.quota > 0 and r.device_type == "CPU"]
+    assert len(cpu_rows) == 3
+    for row in cpu_rows:
+        (change,) = resize_patch(row, 0.25, opts)["spec"]["containers"]
+        assert change["resources"] == {"requests": {"cpu": "500m"}, "limits": {"cpu": "500m"}}
+        node = got["StatefulSet", node_name(row.node, opts)]
+        container = containers(node)[change["name"]]
+        assert container["resources"]["limits"]["cpu"] == cpu_quantity(row.quota, opts)
+        container["resources"] = change["resources"]  # as the resize leaves it
+        validate_all([node])
+    assert cpu_quantity(0) == "1m"  # a share of 0: the container stays, throttled

@@ -149,7 +149,7 @@ def _node_names(dep: Deployment, opts: K8sOptions) -> dict[str, str]:
                 f"node id {node_id!r} must be the node's {NODE_LABEL} label value "
                 "(letters, digits, '-', '_', '.'; 63 at most)",
             )
-        name = _fits(f"{opts.name}-node-{_dns(node_id, where, 'node id')}", where, "node name")
+        name = _fits(node_name(node_id, opts, where), where, "node name")
         for other, taken in names.items():
             if taken == name:
                 raise ConfigError(where, f"nodes {other!r} and {node_id!r} both become {name!r}")
@@ -157,9 +157,40 @@ def _node_names(dep: Deployment, opts: K8sOptions) -> dict[str, str]:
     return names
 
 
-def _container_name(row: DeviceRow, where: str) -> str:
+def node_name(node_id: str, options: K8sOptions | None = None, where: str = "node") -> str:
+    """The name of a node's StatefulSet and Service; its pod is this + ``-0``."""
+    opts = options or K8sOptions()
+    return f"{opts.name}-node-{_dns(node_id, where, 'node id')}"
+
+
+def container_name(row: DeviceRow, where: str = "model") -> str:
+    """The name of a row's container in its node's pod: ``cpu<device>-<model>`` or
+    ``gpu<device>-<model>``."""
     kind = "cpu" if row.device_type == "CPU" else "gpu"
     return _fits(f"{kind}{row.device}-{_dns(row.model, where, 'model')}", where, "container")
+
+
+def cpu_quantity(share: float, options: K8sOptions | None = None) -> str:
+    """A CPU share of one device as a Kubernetes quantity (millicores, 1m at least)."""
+    opts = options or K8sOptions()
+    return f"{max(1, round(share * opts.cpu_cores * 1000))}m"
+
+
+def resize_patch(row: DeviceRow, share: float, options: K8sOptions | None = None) -> dict[str, Any]:
+    """The patch that gives ``row``'s container ``share`` of its CPU device in place: the body
+    of ``PATCH pods/<node_name(row.node)>-0/resize`` (``kubectl patch pod ... --subresource
+    resize -p ...``); what a Kubernetes actuator's ``set_cpu_share`` sends."""
+    cpu = cpu_quantity(share, options)
+    return {
+        "spec": {
+            "containers": [
+                {
+                    "name": container_name(row),
+                    "resources": {"requests": {"cpu": cpu}, "limits": {"cpu": cpu}},
+                }
+            ]
+        }
+    }
 
 
 # --- objects ---------------------------------------------------------------------------------
@@ -228,10 +259,6 @@ def _cluster_config(doc: Mapping[str, Any], dep: Deployment, nodes: dict[str, st
     cluster["listen"] = {**cluster.get("listen", {}), "host": "0.0.0.0"}
     cluster["nodes"] = [{**node, "endpoint": nodes[node["id"]]} for node in cluster["nodes"]]
     return cluster
-
-
-def _millicores(share: float, opts: K8sOptions) -> str:
-    return f"{max(1, round(share * opts.cpu_cores * 1000))}m"
 
 
 def _node_objects(
@@ -306,7 +333,7 @@ def _backend_container(
     else:
         args = ["mip", "serve", "--listen", f"tcp://0.0.0.0:{row.port}", "--handler", handler]
     container: dict[str, Any] = {
-        "name": _container_name(row, where),
+        "name": container_name(row, where),
         "image": opts.image,
         "command": ["wirekit"],
         "args": args,
@@ -316,7 +343,7 @@ def _backend_container(
         ],
     }
     if row.device_type == "CPU":
-        cpu = _millicores(row.quota, opts)
+        cpu = cpu_quantity(row.quota, opts)
         container["resources"] = {"requests": {"cpu": cpu}, "limits": {"cpu": cpu}}
         container["resizePolicy"] = [{"resourceName": "cpu", "restartPolicy": "NotRequired"}]
     else:
