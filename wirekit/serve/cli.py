@@ -35,7 +35,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve",
         help="run the request dispatcher over MIP and Clipper backends",
-        description="Run the request dispatcher described by a deployment config.",
+        description="Run the request dispatcher described by a deployment config. To try "
+        "it, from the checkout: wirekit serve --config samples/serve-deployment.json "
+        "--with-backends (samples/tiny_model.py says what to curl).",
     )
     p.add_argument("--config", metavar="FILE", help="deployment config (.json or .toml)")
     p.add_argument(
@@ -54,9 +56,9 @@ def register(subparsers) -> None:
     p.add_argument(
         "--with-backends",
         action="store_true",
-        help="also start every MIP backend of the config on this machine (wirekit mip serve, "
-        "serving its model's handler; the config's directory is on their PYTHONPATH); "
-        "SIGINT/SIGTERM stops them after the dispatcher",
+        help="also start every MIP backend of the config on this machine (wirekit mip serve "
+        "with its model's handler, default the built-in echo; the config's directory is on "
+        "their PYTHONPATH); SIGINT/SIGTERM stops them after the dispatcher",
     )
     p.set_defaults(handler=_serve)
     sub = p.add_subparsers(dest="serve_command", metavar="SUBCOMMAND")

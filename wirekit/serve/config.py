@@ -11,7 +11,9 @@ reads: CPU 0 gives half to m1 and half to m2, GPU 1 is m1's, GPU 2 is m2's.  Whe
 (device, model) backend listens is ``endpoint`` (the node's host) and ``ports`` (a list
 parallel to ``quotas``; ``null`` or 0 where the quota is 0).  Clipper containers connect to the
 dispatcher's Clipper RPC port instead: for a Clipper model the ``ports`` entry is the model
-name the device's container registers under (``null``: the model's own name).
+name the device's container registers under (``null``: the model's own name).  A model's
+``handler`` (``module:function``) names the code its backends run: the dispatcher does not
+use it, ``wirekit serve --with-backends`` and ``wirekit serve k8s`` start backends with it.
 
 :func:`load_config` reads JSON or TOML (by file suffix) and :func:`parse_config` checks a
 parsed document; both raise :class:`ConfigError` naming the file and the path of the bad
