@@ -224,6 +224,41 @@ def test_a_backend_that_cannot_listen_stops_the_command_and_the_others(tmp_path)
         taken.close()
 
 
+CHATTY = """
+def handler(batch):
+    print("chatty: " + "x" * 100_000)  # more than a pipe holds, at every request
+    print("chatty: no newline at the end", end="")
+    return batch
+"""
+
+
+def test_a_handler_that_prints_beside_the_config_keeps_answering(tmp_path):
+    # A backend's standard output is read for as long as it runs (and passed on to the
+    # dispatcher's stderr): a handler printing more than a pipe holds does not block.
+    (tmp_path / "chatty.py").write_text(CHATTY)  # found: the config's directory is on the path
+    config = tmp_path / "d.json"
+    config.write_text(json.dumps({
+        "listen": {"http_port": 0},
+        "store": {"path": str(tmp_path / "r.db")},
+        "models": {"m": {"port": 0, "handler": "chatty:handler"}},
+        "nodes": [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1],
+                   "ports": [free_port()]}],
+    }))  # fmt: skip
+    demo = Demo(config, cwd=ROOT)
+    try:
+        assert demo.ready.get("event") == "ready", "".join(demo.err)
+        http = f"http://127.0.0.1:{demo.ready['http']}"
+        for i in range(3):
+            answer = post(f"{http}/v1/models/m:predict", {"inputs": [[f"hello {i}"]]})
+            assert answer["outputs"] == [[f"hello {i}"]]
+        assert demo.stop() == 0
+        log = "".join(demo.err)
+        assert log.count("chatty: " + "x" * 100_000 + "\n") == 3
+        assert "chatty: no newline at the end" in log
+    finally:
+        demo.close()
+
+
 def _doc(**node) -> dict:
     base = {"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [9101]}
     return {"models": {"m": {}}, "nodes": [{**base, **node}]}

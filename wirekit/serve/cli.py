@@ -190,7 +190,7 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         from .local import BackendStartError, LocalBackends
 
         try:
-            backends = LocalBackends(dep, path=Path(args.config).resolve().parent)
+            backends = LocalBackends(dep, path=Path(args.config).resolve().parent, output=err)
             backends.start()
         except ConfigError as exc:
             err.write(f"wirekit: {args.config}: {exc}\n")

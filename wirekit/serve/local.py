@@ -24,9 +24,11 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from .config import ConfigError, Deployment
 
@@ -122,12 +124,18 @@ class LocalBackends:
         path: str | Path | None = None,
         start_timeout: float = DEFAULT_START_TIMEOUT,
         grace: float = DEFAULT_GRACE,
+        output: TextIO | None = None,
     ) -> None:
         self.backends = plan(dep)
+        self.output = output if output is not None else sys.stderr  #: their other output
         self.path = None if path is None else str(path)
         self.start_timeout = start_timeout
         self.grace = grace
         self.processes: list[subprocess.Popen[bytes]] = []
+        self._relay: threading.Thread | None = None
+        self._changed = threading.Condition()
+        self._ready: set[int] = set()  # indices of the backends that listen
+        self._ended: set[int] = set()  # indices of those whose output ended
 
     def addresses(self) -> dict[str, str]:
         """Row key -> the address of its backend."""
@@ -159,39 +167,75 @@ class LocalBackends:
                         preexec_fn=_die_with_parent if sys.platform == "linux" else None,
                     )
                 )
+            self._relay = threading.Thread(
+                target=self._relay_output, name="wirekit-backends-output", daemon=True
+            )
+            self._relay.start()
             self._wait_listening()
         except BaseException:
             self.stop()
             raise
 
+    def _relay_output(self) -> None:
+        """Read the backends' standard output for as long as they run: the first
+        ``listening on`` line of each says it is ready, any other line goes to ``output``
+        (so a handler that prints never blocks on a full pipe)."""
+        pipes: dict[int, int] = {}  # fd -> index of its backend
+        for i, proc in enumerate(self.processes):
+            assert proc.stdout is not None
+            pipes[proc.stdout.fileno()] = i
+        pending = dict.fromkeys(pipes, b"")
+        with selectors.DefaultSelector() as sel:
+            for fd in pipes:
+                sel.register(fd, selectors.EVENT_READ)
+            while pipes:
+                for key, _ in sel.select():
+                    fd = key.fd
+                    try:
+                        data = os.read(fd, 65536)
+                    except OSError:
+                        data = b""
+                    lines = (pending[fd] + data).split(b"\n")
+                    pending[fd] = lines.pop() if data else b""
+                    for line in lines:
+                        if pipes[fd] not in self._ready and line.startswith(b"listening on"):
+                            with self._changed:
+                                self._ready.add(pipes[fd])
+                                self._changed.notify_all()
+                        elif line:
+                            self._print(line)
+                    if not data:  # the backend ended (or closed its output)
+                        sel.unregister(fd)
+                        with self._changed:
+                            self._ended.add(pipes.pop(fd))
+                            self._changed.notify_all()
+
+    def _print(self, line: bytes) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a closed output: lines are dropped
+            self.output.write(line.decode("utf-8", "replace") + "\n")
+            self.output.flush()
+
     def _wait_listening(self) -> None:
         deadline = time.monotonic() + self.start_timeout
-        waiting: dict[int, tuple[LocalBackend, subprocess.Popen[bytes]]] = {}
-        with selectors.DefaultSelector() as sel:
-            for backend, proc in zip(self.backends, self.processes, strict=True):
-                assert proc.stdout is not None
-                sel.register(proc.stdout, selectors.EVENT_READ, backend)
-                waiting[proc.stdout.fileno()] = (backend, proc)
-            while waiting:
+        with self._changed:
+            while len(self._ready) < len(self.processes):
+                for i, (backend, proc) in enumerate(
+                    zip(self.backends, self.processes, strict=True)
+                ):
+                    if i not in self._ready and (i in self._ended or proc.poll() is not None):
+                        raise BackendStartError(
+                            f"backend {backend.address} ({', '.join(backend.rows)}) exited "
+                            f"with status {proc.wait()} before listening (its error is above)"
+                        )
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    backend, _ = next(iter(waiting.values()))
+                    i = min(set(range(len(self.processes))) - self._ready)
+                    backend = self.backends[i]
                     raise BackendStartError(
                         f"backend {backend.address} ({', '.join(backend.rows)}) did not "
                         f"listen within {self.start_timeout:g} s"
                     )
-                for key, _ in sel.select(left):
-                    backend, proc = waiting[key.fd]
-                    line = key.fileobj.readline()  # type: ignore[union-attr]
-                    if line.startswith(b"listening on"):
-                        sel.unregister(key.fileobj)
-                        del waiting[key.fd]
-                    elif not line:  # it exited
-                        code = proc.wait()
-                        raise BackendStartError(
-                            f"backend {backend.address} ({', '.join(backend.rows)}) exited "
-                            f"with status {code} before listening (its error is above)"
-                        )
+                self._changed.wait(min(left, 0.1))
 
     def stop(self) -> None:
         """SIGTERM every backend, SIGKILL those still running after ``grace``; reap all."""
@@ -206,6 +250,11 @@ class LocalBackends:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self._relay is not None:
+            # their output ends with them (unless a process they started holds it open)
+            self._relay.join(self.grace)
+            self._relay = None
+        for proc in self.processes:
             if proc.stdout is not None:
                 proc.stdout.close()
         self.processes.clear()
