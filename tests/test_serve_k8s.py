@@ -20,7 +20,8 @@ from wirekit.serve.k8s import K8sOptions, manifests
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "samples" / "serve-deployment.json"
-K8S_VERSION = kubernetes_validate.latest_version()
+#: the oldest Kubernetes whose schema has ``resizePolicy`` (specs/k8s.md), and the newest known
+K8S_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
 
 
 def wirekit(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -32,9 +33,10 @@ def wirekit(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 
 
 def validate_all(objects: list[dict]) -> None:
-    for obj in objects:
-        # raises kubernetes_validate.ValidationError naming the bad field
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    for version in K8S_VERSIONS:
+        for obj in objects:
+            # raises kubernetes_validate.ValidationError naming the bad field
+            kubernetes_validate.validate(obj, version, strict=True)
 
 
 def by_kind(objects: list[dict]) -> dict[tuple[str, str], dict]:

@@ -8,7 +8,9 @@ row from ``WIREKIT_ROW`` (``node/device/model``; several, comma-separated, when 
 one backend).
 
 :meth:`LocalBackends.start` returns once every backend prints that it listens (or stops
-the ones it started and raises :class:`BackendStartError`); :meth:`LocalBackends.stop` sends
+the ones it started and raises :class:`BackendStartError`); what else the backends print
+(a handler's ``print``) is passed on to ``output`` (the dispatcher's stderr), read for as long
+as they run so that none blocks on a full pipe.  :meth:`LocalBackends.stop` sends
 SIGTERM (the backends finish their requests in flight) and, past ``grace``, SIGKILL.  The
 backends run in their own session, so Ctrl-C in a terminal reaches the dispatcher alone,
 which stops its front doors first and its backends after; on Linux each backend also gets
