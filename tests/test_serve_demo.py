@@ -23,7 +23,7 @@ import pytest
 from wirekit import mip
 from wirekit.mip.client import Client
 from wirekit.serve.config import DEFAULT_HANDLER, ConfigError, load_config, parse_config
-from wirekit.serve.local import MAX_LINE, LocalBackends, is_local, plan
+from wirekit.serve.local import LocalBackends, is_local, plan
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "samples" / "serve-deployment.json"
@@ -254,9 +254,8 @@ def test_a_handler_that_prints_beside_the_config_keeps_answering(tmp_path):
             assert answer["outputs"] == [[f"hello {i}"]]
         assert demo.stop() == 0
         log = "".join(demo.err)
-        # all of it, a line longer than MAX_LINE in pieces
+        # all of it (a line longer than MAX_LINE may come in pieces)
         assert sum(len(run) for run in re.findall("x{1000,}", log)) == 3 * 100_000
-        assert max(len(run) for run in re.findall("x+", log)) <= MAX_LINE
         assert "chatty: no newline at the end" in log
     finally:
         demo.close()

@@ -38,7 +38,8 @@ from .config import ConfigError, Deployment
 DEFAULT_START_TIMEOUT = 30.0
 #: seconds the backends get to finish on SIGTERM before SIGKILL
 DEFAULT_GRACE = 10.0
-#: bytes of a backend's output line held at most; a longer one is passed on in pieces
+#: bytes of a backend's unfinished output line held between reads at most (plus one read,
+#: 64 KiB); a longer line is passed on in pieces
 MAX_LINE = 64 * 1024
 
 
@@ -201,7 +202,7 @@ class LocalBackends:
                         data = b""
                     lines = (pending[fd] + data).split(b"\n")
                     pending[fd] = lines.pop() if data else b""
-                    if len(pending[fd]) > MAX_LINE:  # a long line goes on in pieces
+                    if len(pending[fd]) >= MAX_LINE:  # a long line goes on in pieces
                         lines.append(pending[fd])
                         pending[fd] = b""
                     for line in lines:
