@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
@@ -194,6 +195,62 @@ def test_no_backend_outlives_a_killed_dispatcher(tmp_path):
         assert not [pid for pid in backends if alive(pid)]
     finally:
         demo.close()
+
+
+def _can_unshare() -> bool:
+    if not shutil.which("unshare"):
+        return False
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=30
+    )
+    return done.returncode == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PID namespaces are Linux's")
+def test_the_dispatcher_as_pid_1_of_a_container(tmp_path):
+    # In a container the dispatcher is PID 1: its backends' parent is then PID 1 from the
+    # start, which the parent-death check took for "the parent has died" (they stopped
+    # themselves before listening).
+    if not _can_unshare():
+        pytest.skip("cannot create a PID namespace here (unshare)")
+    config = tmp_path / "d.json"
+    config.write_text(json.dumps({
+        "listen": {"http_port": 0},
+        "store": {"path": str(tmp_path / "r.db")},
+        "models": {"m": {"port": 0}},
+        "nodes": [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1],
+                   "ports": [free_port()]}],
+    }))  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM",
+         sys.executable, "-m", "wirekit", "serve", "--config", str(config), "--with-backends"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()))
+        reader.daemon = True
+        reader.start()
+        reader.join(TIMEOUT * 2)
+        ready = json.loads(line[0]) if line and line[0] else {}
+        if ready.get("event") != "ready":
+            proc.kill()
+            pytest.fail(f"not ready: {proc.communicate(timeout=TIMEOUT)[1]}")
+        http = f"http://127.0.0.1:{ready['http']}"
+        assert post(f"{http}/v1/models/m:predict", {"inputs": [["pid 1"]]}) == {
+            "id": ANY, "outputs": [["pid 1"]],
+        }  # fmt: skip
+        # unshare ignores SIGTERM while it waits; when it dies, --kill-child sends SIGTERM to
+        # the dispatcher, which stops its backends (its stderr ends when it has exited)
+        proc.kill()
+        _, err = proc.communicate(timeout=TIMEOUT)
+        assert "SIGTERM received" in err
+        assert "backends stopped" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=TIMEOUT)
 
 
 def test_a_backend_that_cannot_listen_stops_the_command_and_the_others(tmp_path):

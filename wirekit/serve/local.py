@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -80,7 +81,7 @@ def plan(dep: Deployment) -> list[LocalBackend]:
     for row in dep.rows:
         if row.quota == 0:
             continue
-        where = f"{row.key}"
+        where = row.key
         if row.backend == "clipper":
             raise ConfigError(
                 where,
@@ -109,14 +110,22 @@ def plan(dep: Deployment) -> list[LocalBackend]:
     return list(backends.values())
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child, between fork and exec
-    """Linux: SIGTERM this process when the process that started it dies."""
+def _parent_death_signal() -> Callable[[], None] | None:
+    """Linux: what the child runs between fork and exec so that it gets SIGTERM when the
+    process that started it dies (``PR_SET_PDEATHSIG``); elsewhere None."""
+    if sys.platform != "linux":
+        return None
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the child
+    parent = os.getpid()
+
+    def in_child() -> None:  # pragma: no cover - runs in the child
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
 
 
 class LocalBackends:
@@ -160,6 +169,7 @@ class LocalBackends:
 
     def start(self) -> None:
         """Start every backend and wait until each listens (all in parallel)."""
+        in_child = _parent_death_signal()
         try:
             for backend in self.backends:
                 self.processes.append(
@@ -169,7 +179,7 @@ class LocalBackends:
                         stdout=subprocess.PIPE,
                         env=self._env(backend),
                         start_new_session=True,
-                        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                        preexec_fn=in_child,
                     )
                 )
             self._relay = threading.Thread(
