@@ -7,7 +7,8 @@
     wirekit serve k8s --config deployment.json [-o DIR]      # Kubernetes manifests
 
 When the dispatcher is listening it prints one JSON line to standard output:
-``{"event": "ready", "host": ..., "http": port, "mip": {model: port}, "clipper_rpc": port}``.
+``{"event": "ready", "host": ..., "http": port, "mip": {model: port}, "clipper_rpc": port}``
+(with ``--with-backends`` also ``"backends": {"node/device/model": "tcp://host:port"}``).
 """
 
 from __future__ import annotations
