@@ -40,6 +40,22 @@ def _latency(bench: dict) -> str:
     return f"{p50:.0f}/{p99:.0f} us" if p50 is not None and p99 is not None else ""
 
 
+def measured(report: dict) -> str:
+    """What the run measured: the compiled twins, or -- loudly -- the pure path or an
+    unknown build (a report written without benchmarks/conftest.py)."""
+    info = (report.get("machine_info") or {}).get("wirekit")
+    if not info:
+        return "wirekit: UNKNOWN which twins were measured (no machine_info.wirekit in the report)"
+    if info.get("twins") == "compiled":
+        return (
+            f"wirekit: compiled twins ({len(info.get('loaded', []))} loaded) from {info['package']}"
+        )
+    return (
+        f"wirekit: PURE-PYTHON PATH measured ({info['package']}), not the compiled twins: "
+        "these are not wirekit's figures"
+    )
+
+
 def table(report: dict) -> str:
     rows: dict[str, dict[str, dict]] = defaultdict(dict)
     for bench in report["benchmarks"]:
@@ -87,7 +103,9 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     with open(argv[0]) as fh:
-        print(table(json.load(fh)))
+        report = json.load(fh)
+    print(measured(report))
+    print(table(report))
     return 0
 
 

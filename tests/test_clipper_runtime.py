@@ -702,10 +702,9 @@ def test_cli_frontend_container_predict():
             [
                 "clipper",
                 "predict",
+                f"tcp://127.0.0.1:{q}",  # the address as positional, as in `wirekit mip`
                 "--model",
                 "m",
-                "--frontend",
-                f"tcp://127.0.0.1:{q}",
                 "--strings",
                 "x",
                 "--timeout",
@@ -938,6 +937,19 @@ def test_cli_negative_numbers_in_every_numeric_option(stack, capsys):
     # ... and the commands refuse the ones that make no sense, as usage errors
     for argv, message in [
         (["predict", "--model", "m", "--ints", "1", "--timeout", "-1"], "--timeout must be"),
+        (
+            [
+                "predict",
+                "tcp://127.0.0.1:1",
+                "--frontend",
+                "tcp://127.0.0.1:2",
+                "--model",
+                "m",
+                "--ints",
+                "1",
+            ],
+            "differ",
+        ),
         (
             [
                 "container",

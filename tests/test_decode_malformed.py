@@ -56,11 +56,11 @@ def test_y2_bad_vector_is_shown_then_decoding_goes_on(name, tmp_path):
     code, recs = decode(data, tmp_path, "--proto", "y2")
     assert code == 1
     shown = [r for r in recs if r.get("kind") != "note"]
-    assert shown[0]["type"] == "finished"
+    assert shown[0]["kind"] == "finished"
     assert shown[1]["malformed"]["field"] == error["field"]
     assert shown[1]["malformed"]["offset"] == 8 + error["offset"]
     if not truncated:
-        assert shown[-1]["type"] == "finished" and shown[-1]["offset"] == 8 + len(bad)
+        assert shown[-1]["kind"] == "finished" and shown[-1]["offset"] == 8 + len(bad)
     if name == "bad-negative-size":  # no size to skip by: framing lost, then resynchronised
         assert "framing lost" in shown[1]["note"]
 

@@ -165,7 +165,7 @@ def test_y2_dissector_fields_match_decode_json(tmp_path):
             seen[name] += values
     recs = _decoded(cap)
     types = {"node_index": 0, "delta": 1, "runtime": 2, "finished": 3}
-    assert seen["type"] == [str(types[r["type"]]) for r in recs]
+    assert seen["type"] == [str(types[r["kind"]]) for r in recs]
     assert seen["size"] == [str(r["size"] - 8) for r in recs]
     assert seen["node_id"] == ["1"] and seen["node_count"] == ["4"]
     assert seen["sample_count"] == [str(r["sample_count"]) for r in recs if "sample_count" in r]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import importlib
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -103,6 +104,7 @@ def test_every_fallback_to_the_pure_path_warns(monkeypatch):
     """Issue 14: one way to pick an implementation, and no silent pure path -- a twin that
     is not built, or that a runtime cannot use, warns FastPathMissing (once per reason)."""
     monkeypatch.delenv("WIREKIT_PURE", raising=False)
+    monkeypatch.delenv(_impl.REQUIRE_ENV_VAR, raising=False)
     monkeypatch.setattr(_impl, "_loaded", {})
     monkeypatch.setattr(_impl, "_warned", set())
     with pytest.warns(_impl.FastPathMissing, match=r"wirekit\._fast\.nosuchtwin is not used"):
@@ -129,3 +131,27 @@ def test_the_dispatcher_picks_its_lane_through_the_selector():
     d = Dispatcher({}, None, {}, None, None, None)
     assert d.lane is _impl.select("servelane", pure_lane)
     assert d.lane is (pure_lane if _impl.pure_requested() else _impl.twin("servelane", "fast"))
+
+
+def test_a_fallback_raises_where_the_compiled_twins_are_required(monkeypatch, tmp_path):
+    """Issue 21: a benchmark run (which sets WIREKIT_REQUIRE_FAST for itself and every process
+    it starts) cannot silently measure the pure path of an uncompiled source tree."""
+    monkeypatch.delenv("WIREKIT_PURE", raising=False)
+    monkeypatch.setenv(_impl.REQUIRE_ENV_VAR, "1")
+    monkeypatch.setattr(_impl, "_loaded", {})
+    with pytest.raises(_impl.FastPathRequired, match="nosuchtwin is not used"):
+        _impl.select("nosuchtwin", mip)
+    # ... and in a process started from an uncompiled copy of the package
+    tree = tmp_path / "checkout"
+    shutil.copytree(Path(wirekit.__file__).parent, tree / "wirekit",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))  # fmt: skip
+    code = "from wirekit import mip; mip.encode"
+    env = {**os.environ, _impl.REQUIRE_ENV_VAR: "1"}
+    env.pop("WIREKIT_PURE", None)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode != 0 and "FastPathRequired" in proc.stderr
+    env.pop(_impl.REQUIRE_ENV_VAR)
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode != 0 and "FastPathMissing" in proc.stderr  # loud even without it

@@ -28,7 +28,7 @@ def test_ping_and_infer_commands(tmp_path):
         assert status == 0 and out.count(f"pong from {running.address}") == 2
         status, out, err = run(
             "mip", "infer", running.address,
-            "--text", "héllo", "--json", '{"k": [1, 2]}', "--image", str(image),
+            "--text", "héllo", "--json-item", '{"k": [1, 2]}', "--image", str(image),
             "--item", "9:0a0b",
         )  # fmt: skip
         assert status == 0, err
@@ -37,15 +37,37 @@ def test_ping_and_infer_commands(tmp_path):
         assert lines[2].startswith(f"[0][2] IMAGE {image.stat().st_size} bytes 89504e47")
         assert lines[3] == "[0][3] TYPE9 2 bytes 0a0b"
         status, out, _ = run(
-            "mip", "infer", running.address, "--json", "[1]", "--batch", "2", "--print-json"
+            "mip", "infer", running.address, "--json-item", "[1]", "--batch", "2", "--json"
         )
         assert status == 0
         assert json.loads(out) == [[{"type": 2, "type_name": "JSON", "json": [1]}]] * 2
+        # the old name of --json still works; --json no longer takes an input (exit 2, loud)
+        old = run("mip", "infer", running.address, "--json-item", "[1]", "--print-json")
+        assert old[0] == 0
+        assert json.loads(old[1]) == [[{"type": 2, "type_name": "JSON", "json": [1]}]]
+        assert run("mip", "infer", running.address, "--json", '{"k": 1}')[0] == 2
+
+
+def test_infer_and_decode_label_items_alike(tmp_path):
+    # one vocabulary: [sample][item] in `mip infer` and in `decode`
+    with ServerThread(lambda batch: batch) as running:
+        status, out, _ = run("mip", "infer", running.address, "--text", "a", "--text", "b",
+                             "--batch", "2")  # fmt: skip
+    assert status == 0
+    infer_labels = [line.split()[0] for line in out.splitlines()]
+    assert infer_labels == ["[0][0]", "[0][1]", "[1][0]", "[1][1]"]
+    from wirekit.mip import Inference, Item, encode
+
+    wire = encode(Inference.request([[Item.text("a"), Item.text("b")]] * 2))
+    (tmp_path / "m.bin").write_bytes(wire)
+    status, out, _ = run("decode", "--proto", "mip", str(tmp_path / "m.bin"))
+    assert status == 0
+    assert [ln.split()[0] for ln in out.splitlines() if ln.startswith("    [")] == infer_labels
 
 
 def test_client_command_failures():
     assert run("mip", "infer", "tcp://127.0.0.1:1")[0] == 2  # no inputs
-    assert run("mip", "infer", "tcp://127.0.0.1:1", "--json", "{nope")[0] == 2
+    assert run("mip", "infer", "tcp://127.0.0.1:1", "--json-item", "{nope")[0] == 2
     status, _, err = run("mip", "ping", "tcp://127.0.0.1:1", "--timeout", "2")
     assert status == 1 and "cannot connect" in err
     status, _, err = run("mip", "ping", "ftp://x")

@@ -61,3 +61,11 @@ def test_streaming_rows_compare_with_feeding_whole():
         ]
     }
     assert "25.0x" in _row(ratios.table(report), "byte-by-byte")
+
+
+def test_the_table_says_what_was_measured():
+    compiled = {"twins": "compiled", "package": "/x/wirekit", "loaded": ["mip", "y2"]}
+    pure = {"twins": "pure", "package": "/x/wirekit", "loaded": []}
+    assert "compiled twins (2 loaded)" in ratios.measured({"machine_info": {"wirekit": compiled}})
+    assert "PURE-PYTHON" in ratios.measured({"machine_info": {"wirekit": pure}})
+    assert "UNKNOWN" in ratios.measured({"benchmarks": []})

@@ -350,7 +350,7 @@ def test_cli_json_lists_every_word():
     status, out, _ = _run("decode", "--proto", "y2", "--json", str(SAMPLE))
     assert status == 0
     records = [json.loads(line) for line in out.splitlines()]
-    assert [r["type"] for r in records] == [
+    assert [r["kind"] for r in records] == [
         "node_index",
         "delta",
         "runtime",

@@ -144,7 +144,7 @@ def test_a_steps_words_decode_as_y2_deltas(tmp_path):
         check=True,
     ).stdout
     decoded = [json.loads(line) for line in out.splitlines()]
-    assert [d["type"] for d in decoded] == ["delta", "delta"]
+    assert [d["kind"] for d in decoded] == ["delta", "delta"]
     for d, (w, _t) in zip(decoded, exchange, strict=True):
         assert [int(x["word"], 16) for x in d["words"]] == w.tolist()
         assert {(x["layer"], x["weight"]) for x in d["words"]} <= {
@@ -265,7 +265,7 @@ def test_cluster_roles_on_two_gloo_processes(tmp_path):
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     decoded = [json.loads(line) for line in out.splitlines()]
-    assert [d["type"] for d in decoded] == ["node_index"] * 2 + ["runtime"] * 4 + [
+    assert [d["kind"] for d in decoded] == ["node_index"] * 2 + ["runtime"] * 4 + [
         "delta",
         "finished",
         "finished",

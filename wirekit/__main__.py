@@ -1,6 +1,7 @@
-"""``python -m wirekit ...``: the ``wirekit`` command line."""
+"""``python -m wirekit``: the ``wirekit`` command, for a Python whose scripts are not on PATH."""
+
+import sys
 
 from wirekit.cli import main
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+sys.exit(main())

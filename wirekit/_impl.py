@@ -15,6 +15,10 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 
 ENV_VAR = "WIREKIT_PURE"
+#: Set (to 1) where a pure fallback would make results wrong rather than slow -- the
+#: benchmarks set it for themselves and every process they start: a compiled twin that does
+#: not load then raises :class:`FastPathRequired` instead of warning.
+REQUIRE_ENV_VAR = "WIREKIT_REQUIRE_FAST"
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -24,8 +28,18 @@ def pure_requested(environ: Mapping[str, str] | None = None) -> bool:
     return value.strip().lower() in _TRUE
 
 
+def fast_required(environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``WIREKIT_REQUIRE_FAST`` forbids falling back to the pure path."""
+    value = (os.environ if environ is None else environ).get(REQUIRE_ENV_VAR, "")
+    return value.strip().lower() in _TRUE
+
+
 class FastPathMissing(RuntimeWarning):
     """Warned once per module when a Cython twin is missing and the pure path is used."""
+
+
+class FastPathRequired(ImportError):
+    """A compiled twin did not load while ``WIREKIT_REQUIRE_FAST`` was set."""
 
 
 _loaded: dict[str, ModuleType | None] = {}
@@ -37,7 +51,15 @@ def fallback(name: str, reason: str, *, stacklevel: int = 3) -> None:
     used although the compiled one was not declined (``WIREKIT_PURE`` unset), because of
     ``reason``.  Every fallback goes through here: the extension is not built, or a runtime
     cannot use it (for instance a library it binds to was not found).  Warned once per
-    name and reason."""
+    name and reason; raised as :class:`FastPathRequired` when ``WIREKIT_REQUIRE_FAST`` is
+    set."""
+    if fast_required():
+        raise FastPathRequired(
+            f"wirekit: compiled twin wirekit._fast.{name} is not used ({reason}), and "
+            f"{REQUIRE_ENV_VAR} is set. Is the imported wirekit "
+            f"({os.path.dirname(__file__)}) an uncompiled source tree? Build it "
+            "(pip install -e .) or run from another directory."
+        )
     if (name, reason) in _warned:
         return
     _warned.add((name, reason))

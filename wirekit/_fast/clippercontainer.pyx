@@ -243,7 +243,10 @@ cdef class Lane:
             session = self.session
             if session.state == _CLOSED:
                 return False
-            # ``outputs`` keeps the strings (and their UTF-8) alive until sent
+            # ``outputs`` keeps the strings (and their UTF-8) alive until sent.  Counted
+            # before the send, as the pure path does: once the peer has the answer, so
+            # does ``served``.
+            self.container.served += 1
             if self.v3:
                 self._send_v3(msg_id, n, ptr, size)
             else:
@@ -253,7 +256,6 @@ cdef class Lane:
                 PyMem_Free(ptr)
                 PyMem_Free(size)
         session.response_sent(now)
-        self.container.served += 1
         if self.heartbeats:
             self.deadline = min(now + self.poll_interval,
                                 <double>session.last_received + self.activity_timeout)

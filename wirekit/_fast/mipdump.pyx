@@ -261,7 +261,7 @@ cdef int _human(Buf* b, const unsigned char* d, Py_ssize_t size) except -1:
         start = b.n
         _puts(b, b"[")
         _putu(b, k // width)
-        _puts(b, b".")
+        _puts(b, b"][")
         _putu(b, k % width)
         _puts(b, b"]")
         _pad(b, b.n - start, 9)

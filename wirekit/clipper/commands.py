@@ -205,6 +205,10 @@ def _predict(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"wirekit clipper predict: bad input: {exc}\n")
         return EXIT_USAGE
     itype = "bytes" if kind == "bytes_hex" else kind
+    if args.address and args.frontend and args.address != args.frontend:
+        err.write("wirekit clipper predict: ADDRESS and --frontend differ; give one\n")
+        return EXIT_USAGE
+    address = args.address or args.frontend or "tcp://127.0.0.1:7001"
     if not 0 <= args.timeout < float("inf"):
         err.write(
             f"wirekit clipper predict: --timeout must be a finite number of seconds "
@@ -212,7 +216,7 @@ def _predict(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         )
         return EXIT_USAGE
     try:
-        outputs = query(args.frontend, args.model, inputs, itype, timeout=args.timeout)
+        outputs = query(address, args.model, inputs, itype, timeout=args.timeout)
     except WirekitError as exc:
         err.write(f"wirekit clipper predict: {exc}\n")
         return EXIT_FAIL
@@ -359,13 +363,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="ask a running `wirekit clipper frontend` for a prediction",
         description="Send one batch to a model; repeat an input flag for several inputs.",
     )
-    pr.add_argument("--model", required=True, metavar="NAME", help="the model name")
+    # The address is positional, as in `wirekit mip ping|infer`; --frontend is its old name.
     pr.add_argument(
-        "--frontend",
-        default="tcp://127.0.0.1:7001",
+        "address",
+        nargs="?",
         metavar="ADDRESS",
         help="the frontend's query address (default tcp://127.0.0.1:7001)",
     )
+    pr.add_argument("--model", required=True, metavar="NAME", help="the model name")
+    pr.add_argument("--frontend", metavar="ADDRESS", help="the same as ADDRESS")
     pr.add_value("--doubles", action="append", metavar="X,Y,...", help="one input")
     pr.add_value("--floats", action="append", metavar="X,Y,...", help="one input")
     pr.add_value("--ints", action="append", metavar="X,Y,...", help="one input")

@@ -341,4 +341,4 @@ def render(rec: Record, shared: dict | None = None) -> str:
 
 
 def json_body(rec: Record) -> str:
-    return json.dumps(jsonable(rec))[1:-1]
+    return json.dumps(jsonable(rec), separators=(",", ":"))[1:-1]

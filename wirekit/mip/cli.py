@@ -2,7 +2,7 @@
 
     wirekit mip serve --listen tcp://127.0.0.1:5000 --handler package.module:function
     wirekit mip ping tcp://127.0.0.1:5000 --count 3
-    wirekit mip infer tcp://127.0.0.1:5000 --text "hello" --json '{"k": 1}' --image cat.png
+    wirekit mip infer tcp://127.0.0.1:5000 --text "hello" --json-item '{"k": 1}' --image cat.png
 
 ``serve`` prints each bound address on standard output (``listening on ADDRESS``) once it
 accepts connections, logs to standard error, and shuts down gracefully on SIGINT/SIGTERM.
@@ -119,7 +119,7 @@ def _ping_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 class _InputAction(argparse.Action):
-    """Collect --text/--json/--image/--item in the order given."""
+    """Collect --text/--json-item/--image/--item in the order given."""
 
     def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
         inputs = getattr(namespace, "inputs", None) or []
@@ -134,7 +134,7 @@ def _make_input(kind: str, value: str) -> Item:
         try:
             return Item.json(json.loads(value))
         except json.JSONDecodeError as exc:
-            raise ValueError(f"--json {value!r} is not JSON: {exc}") from None
+            raise ValueError(f"--json-item {value!r} is not JSON: {exc}") from None
     if kind == "image":
         with open(value, "rb") as fh:
             return Item.image(fh.read())
@@ -180,7 +180,9 @@ def _infer_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"wirekit mip infer: {exc}\n")
         return EXIT_USAGE
     if not sample:
-        err.write("wirekit mip infer: give at least one input (--text, --json, --image, --item)\n")
+        err.write(
+            "wirekit mip infer: give at least one input (--text, --json-item, --image, --item)\n"
+        )
         return EXIT_USAGE
     try:
         with Client(args.address, timeout=args.timeout) as client:
@@ -188,7 +190,7 @@ def _infer_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except (WirekitError, ValueError) as exc:
         err.write(f"wirekit mip infer: {exc}\n")
         return EXIT_FAILED
-    if args.print_json:
+    if args.json:
         out.write(json.dumps([[_jsonable(i) for i in sample] for sample in outputs]) + "\n")
         return EXIT_OK
     for k, sample_out in enumerate(outputs):
@@ -315,13 +317,15 @@ def register(subparsers: Any) -> None:
 
     infer = sub.add_parser("infer", help="send one sample and print the outputs")
     infer.add_argument("address", help="tcp://host:port or unix:///path of the server")
-    for name, text in (
-        ("text", "a TEXT input"),
-        ("json", "a JSON input (JSON text)"),
-        ("image", "an IMAGE input read from a file"),
-        ("item", "an input of any type, TYPE:HEX"),
+    # Inputs are items named after their MIP type; --json is the JSON *output* switch, as in
+    # every other command, so a JSON input is --json-item.
+    for flag, kind, metavar, text in (
+        ("--text", "text", "TEXT", "a TEXT input"),
+        ("--json-item", "json", "JSON", "a JSON input (JSON text)"),
+        ("--image", "image", "FILE", "an IMAGE input read from FILE"),
+        ("--item", "item", "TYPE:HEX", "an input of any MIP type, e.g. 7:0a0b"),
     ):
-        infer.add_argument(f"--{name}", dest=name, action=_InputAction, help=text)
+        infer.add_argument(flag, dest=kind, metavar=metavar, action=_InputAction, help=text)
     infer.add_argument(
         "--batch",
         type=int,
@@ -336,7 +340,9 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help="wait this long for the answer (default 10)",
     )
-    infer.add_argument("--print-json", action="store_true", help="print the outputs as JSON")
+    infer.add_argument("--json", action="store_true", help="print the outputs as JSON")
+    # the old name of --json, kept working for scripts written against 0.1
+    infer.add_argument("--print-json", dest="json", action="store_true", help=argparse.SUPPRESS)
     infer.set_defaults(func=_infer_command)
 
     mip_parser.set_defaults(handler=_dispatch)

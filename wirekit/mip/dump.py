@@ -132,7 +132,7 @@ def render(rec: Record) -> str:
     append = lines.append
     types = _TYPE_NAMES
     for k, (item_type, data) in enumerate(msg.items):
-        label = f"[{k // width}.{k % width}]" if width else f"[{k}]"
+        label = f"[{k // width}][{k % width}]" if width else f"[{k}]"
         name = types.get(item_type) or f"TYPE{item_type}"
         append(f"    {label:<9} {name:<6} {len(data):>7} B  {_preview(item_type, data)}")
     return "\n".join(lines)

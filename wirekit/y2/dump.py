@@ -73,7 +73,7 @@ def fields(rec: Record) -> dict[str, Any]:
 
 def jsonable(rec: Record, max_words: int | None = None) -> dict[str, Any]:
     if rec.error is not None:
-        return {"type": rec.kind, "handshake": rec.info, "size": rec.size}
+        return {"kind": rec.kind, "handshake": rec.info, "size": rec.size}
     record = to_jsonable(rec.msg, max_words=max_words)
     record["size"] = rec.size
     return record
@@ -91,7 +91,7 @@ def render(rec: Record, shown: int = DEFAULT_SHOWN) -> str:
         i = rec.info
         return f"{rec.kind} [Malformed] handshake type={i.get('type')} size={i.get('size')}"
     record = jsonable(rec, max(0, shown))
-    kind = record["type"]
+    kind = record["kind"]
     if kind == "node_index":
         return f"node_index  node {record['node_id']} of {record['node_count']}"
     if kind == "finished":
@@ -113,4 +113,4 @@ def render(rec: Record, shown: int = DEFAULT_SHOWN) -> str:
 
 
 def json_body(rec: Record) -> str:
-    return json.dumps(jsonable(rec))[1:-1]
+    return json.dumps(jsonable(rec), separators=(",", ":"))[1:-1]

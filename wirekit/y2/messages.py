@@ -179,10 +179,10 @@ def to_jsonable(msg: Message, *, max_words: int | None = None) -> dict[str, Any]
     """
     kind = type_name(msg)
     if isinstance(msg, NodeIndex):
-        return {"type": kind, "node_id": msg.node_id, "node_count": msg.node_count}
+        return {"kind": kind, "node_id": msg.node_id, "node_count": msg.node_count}
     if isinstance(msg, Runtime):
         out: dict[str, Any] = {
-            "type": kind,
+            "kind": kind,
             "sample_count": msg.sample_count,
             "decompression_ms": msg.decompression_ms,
             "training_ms": msg.training_ms,
@@ -192,11 +192,11 @@ def to_jsonable(msg: Message, *, max_words: int | None = None) -> dict[str, Any]
             out["loss_milli"] = msg.loss_milli
         return out
     if isinstance(msg, Finished):
-        return {"type": kind}
+        return {"kind": kind}
     words = np.asarray(msg.words)
     shown = words if max_words is None else words[:max_words]
     return {
-        "type": kind,
+        "kind": kind,
         "word_count": len(words),
         "words": [{"word": f"0x{int(w):08x}", **word_fields(w)} for w in shown.tolist()],
     }
