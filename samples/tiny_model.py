@@ -15,7 +15,7 @@ dispatcher spread requests by quota.  Then, in another terminal::
     curl -d '{"inputs": [["what a great day"]]}' localhost:8080/v1/models/m2:predict
     curl -d '{"input": "I love it"}' localhost:8080/sentiment/predict   # Clipper's query form
     wirekit mip ping tcp://127.0.0.1:9001 --count 3                     # m1's MIP front door
-    wirekit mip infer tcp://127.0.0.1:9002 --text "a bad day" --print-json
+    wirekit mip infer tcp://127.0.0.1:9002 --text "a bad day" --json
     curl localhost:8080/stats                                           # metrics as JSON
     wirekit serve stats --store requests.db                             # the requests store
 
