@@ -11,7 +11,9 @@ reads: CPU 0 gives half to m1 and half to m2, GPU 1 is m1's, GPU 2 is m2's.  Whe
 (device, model) backend listens is ``endpoint`` (the node's host) and ``ports`` (a list
 parallel to ``quotas``; ``null`` or 0 where the quota is 0).  Clipper containers connect to the
 dispatcher's Clipper RPC port instead: for a Clipper model the ``ports`` entry is the model
-name the device's container registers under (``null``: the model's own name).
+name the device's container registers under (``null``: the model's own name).  A model's
+``handler`` (``module:function``) names the code its backends run: the dispatcher does not
+use it, ``wirekit serve --with-backends`` and ``wirekit serve k8s`` start backends with it.
 
 :func:`load_config` reads JSON or TOML (by file suffix) and :func:`parse_config` checks a
 parsed document; both raise :class:`ConfigError` naming the file and the path of the bad
@@ -38,6 +40,8 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 BACKEND_KINDS = ("mip", "kubemo", "clipper")
+#: what a model's backends run when its config names no ``handler``
+DEFAULT_HANDLER = "wirekit.mip.runtime:echo"
 DEVICE_TYPES = ("CPU", "GPU")
 
 
@@ -86,6 +90,10 @@ class ModelConfig:
     #: same device in one loop pass go out as one MIP batch of at most this many samples
     #: (1: off, every request is sent on its own)
     max_batch: int = 1
+    #: the code a backend of this model runs (``module:function``); the dispatcher does not
+    #: use it: ``wirekit serve --with-backends`` and ``wirekit serve k8s`` start backends
+    #: with it (default: the built-in echo)
+    handler: str = DEFAULT_HANDLER
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +156,16 @@ class Deployment:
 
 def load_config(path: str | Path) -> Deployment:
     """Read and validate a deployment config (``.toml`` is TOML, anything else JSON)."""
+    doc = read_document(path)
+    try:
+        return parse_config(doc)
+    except ConfigError as exc:
+        raise ConfigError(exc.where, exc.reason, str(path)) from None
+
+
+def read_document(path: str | Path) -> Any:
+    """The parsed, not yet validated document of a config file (``.toml`` is TOML, anything
+    else JSON); :class:`ConfigError` naming the file if it cannot be read or parsed."""
     path = Path(path)
     source = str(path)
     try:
@@ -164,10 +182,7 @@ def load_config(path: str | Path) -> Deployment:
             doc = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError("", f"not valid JSON: {exc}", source) from None
-    try:
-        return parse_config(doc)
-    except ConfigError as exc:
-        raise ConfigError(exc.where, exc.reason, source) from None
+    return doc
 
 
 # --- validation helpers ----------------------------------------------------------------------
@@ -225,6 +240,15 @@ def _port(value: Any, where: str, *, allow_none: bool = True) -> int | None:
     if value is None and allow_none:
         return None
     return _int(value, where, lo=0, hi=65535)
+
+
+def _handler(value: Any, where: str) -> str:
+    if value is None:
+        return DEFAULT_HANDLER
+    module, sep, function = _str(value, where).partition(":")
+    if not sep or not module or not function:
+        raise ConfigError(where, f"expected module:function, got {value!r}")
+    return value
 
 
 def _bool(value: Any, where: str) -> bool:
@@ -318,7 +342,7 @@ def parse_config(doc: Any) -> Deployment:
         md = _table(
             model_docs.get(name, {}),
             where,
-            {"port", "backend", "timeout", "attempts", "apps", "max_batch"},
+            {"port", "backend", "timeout", "attempts", "apps", "max_batch", "handler"},
         )
         backend = md.get("backend", "mip")
         if backend not in BACKEND_KINDS:
@@ -342,6 +366,7 @@ def parse_config(doc: Any) -> Deployment:
             attempts=_int(md.get("attempts", 3), f"{where}.attempts", lo=1, hi=100),
             apps=apps,
             max_batch=_int(md.get("max_batch", 1), f"{where}.max_batch", lo=1, hi=65535),
+            handler=_handler(md.get("handler"), f"{where}.handler"),
         )
     for port_key in ("http_port", "clipper_rpc_port"):
         listen_port = {"http_port": http_port, "clipper_rpc_port": clipper_rpc_port}[port_key]
