@@ -1,0 +1,532 @@
+"""The controller of ``wirekit serve``: metrics → policy → decisions → catalog and actuator.
+
+Every ``controller.period`` seconds the :class:`Controller` takes a :class:`Snapshot` (each
+model's figures over the recent window, from :meth:`Metrics.recent
+<wirekit.serve.metrics.Metrics.recent>`, and every row of the catalog with its quota), asks the
+policy for :class:`Decision` s and applies them one by one:
+
+1. ``catalog.set_quota(node, device, model, new)`` -- routing follows at once through the
+   catalog's subscribers (the Router, hence the MIP lane and the compiled paths, which call
+   ``Router.choose``).  A change the catalog refuses is recorded as ``refused``.
+2. the node's actuator -- ``set_cpu_share(node, model, share)`` for a CPU row (``share``: the
+   model's CPU share on that node after the change) or ``set_gpus(node, model, count)`` for a
+   GPU row -- in a worker thread, so a slow command never stalls the event loop, within the
+   actuator's timeout.
+3. When the actuator fails (raises, or runs out of time) the quota is **rolled back** to the
+   old value: the catalog keeps describing what the node really has.  The decision is
+   recorded as ``failed`` with the error.
+4. The decision, its reason and the metrics it saw go into the store's ``decisions`` table,
+   the log (``wirekit.serve.controller``), the list :meth:`Controller.state` returns (the JSON
+   of ``GET /controller``).
+
+A policy that raises is logged and the period skipped: nothing a policy or an actuator does
+stops the loop or the dispatcher.
+
+The built-in policy, :class:`TargetPolicy`, is described in its docstring; another one is named
+``module:Class`` in ``controller.policy`` and implements :class:`Policy`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from .actuators import Actuator
+from .config import ControllerConfig
+from .metrics import RecentStats
+
+log = logging.getLogger("wirekit.serve.controller")
+
+#: decisions kept for ``GET /controller`` (the store keeps them all)
+LAST_DECISIONS = 100
+_EPS = 1e-9
+
+
+# --- what a policy sees and says ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RowQuota:
+    """One row of the catalog as the policy sees it: a model on a device of a node."""
+
+    node: str
+    device: int
+    device_type: str  #: "CPU" or "GPU"
+    model: str
+    quota: float
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the policy decides on: the time (the controller's clock, seconds), each model's
+    figures over the window, and every row of the catalog (quota 0 included)."""
+
+    time: float
+    models: Mapping[str, RecentStats]
+    rows: tuple[RowQuota, ...]
+
+    def device_total(self, node: str, device: int) -> float:
+        """The sum of the quotas on one device."""
+        return sum(r.quota for r in self.rows if r.node == node and r.device == device)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Set the quota of ``model`` on ``device`` of ``node`` from ``old`` to ``new``, because
+    of ``reason``; ``metrics`` is what the policy saw (stored with the decision)."""
+
+    node: str
+    device: int
+    device_type: str
+    model: str
+    old: float
+    new: float
+    reason: str
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A control policy: ``controller.policy = "module:Class"``.
+
+    The class is built once as ``Class(config)`` (the :class:`ControllerConfig`; its
+    ``options`` holds the ``controller.options`` table, free for a custom policy) and asked
+    once per period.  It returns the changes it wants; an empty list is "leave everything".
+    It may keep state between periods (the built-in one keeps its recommendations and the
+    time of each row's last change).  The controller checks nothing a policy says beyond what
+    the catalog refuses (a share outside 0..1, CPU shares above 1 on a device, a GPU share
+    other than 0 or 1), so a policy also owns its steps, floors and flapping.
+    """
+
+    def decide(self, snapshot: Snapshot) -> list[Decision]: ...
+
+
+# --- the built-in policy --------------------------------------------------------------------
+
+
+class TargetPolicy:
+    """Hold each model's response time to its target (``controller.targets``), without flapping.
+
+    Per period, per model with a target: ``value`` is its ``metric`` (``p95`` by default:
+    the 95th percentile of the response times of the requests answered ok in the window) and
+    ``ratio = value / target``.  A model answered fewer than ``min_requests`` times in the
+    window has no figure: it is *idle*.  A model is **over** when ``ratio > 1 + tolerance``,
+    **under** when ``ratio < 1 - tolerance`` or idle, **in band** otherwise.  Models without
+    a target are never changed.
+
+    CPU rows (per device, the shares of the models on it never sum above 1):
+
+    * an over model is recommended ``share × ratio`` (what would bring it to target if time
+      scales with the inverse of the share), at most ``max_step`` more than now;
+    * the extra comes from the device's free share first, then from under models on the same
+      device (each recommended at most ``max_step`` less, never below ``min_share``);
+    * when no model on a device is over, an under model above its *home* share (its quota
+      when the controller first saw the row, i.e. the config's) is recommended ``max_step``
+      closer to home, and a model below home gets back up to home from the free share: with
+      the load gone, the shares drift back to the config's;
+    * rows at quota 0 stay 0 (the config disabled the pair).
+
+    GPU rows move whole: an over model gets a GPU of its rows at quota 0 when nobody holds
+    that GPU; an under model releases a GPU it holds beyond its home count.
+
+    Against flapping, what Kubernetes' HorizontalPodAutoscaler does and more:
+
+    * a **tolerance band** (HPA: 0.1) -- no change while the ratio is within 1 ± tolerance;
+    * a **scale-down stabilization window** (HPA: 300 s by default) -- a decrease goes only
+      as low as the *highest* recommendation for that row in the last ``stabilization``
+      seconds, so one quiet period never takes share away;
+    * a **cooldown** per row after every change, up or down (the HPA has none for scale-up
+      by default: its scale-up follows every period) -- the effect of a change is measured
+      before the next one;
+    * **bounded steps** (``max_step`` of a device per decision; HPA's scaling policies);
+    * a **minimum sample** (``min_requests``) below which a model's figure is not trusted
+      (HPA ignores pods without metrics);
+    * a shortfall is only taken from models that are themselves under target, so two loaded
+      models never trade share back and forth.
+    """
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.targets = dict(config.targets)
+        self._home: dict[tuple[str, int, str], float] = {}
+        self._changed: dict[tuple[str, int, str], float] = {}  # row -> time of last change
+        #: row -> (time, recommended share) over the stabilization window
+        self._recs: dict[tuple[str, int, str], deque[tuple[float, float]]] = {}
+        self._first_seen: dict[tuple[str, int, str], float] = {}
+
+    # the state of a model this period: ("over" | "under" | "band", ratio or None)
+    def _state(self, stats: RecentStats | None, target: float) -> tuple[str, float | None]:
+        cfg = self.config
+        if stats is None or stats.ok < cfg.min_requests:
+            return "under", None
+        value = getattr(stats, cfg.metric)
+        if value is None:
+            return "under", None
+        ratio = value / target
+        if ratio > 1 + cfg.tolerance:
+            return "over", ratio
+        if ratio < 1 - cfg.tolerance:
+            return "under", ratio
+        return "band", ratio
+
+    def _stable(self, key: tuple[str, int, str], now: float, rec: float, current: float) -> float:
+        """Record ``rec`` and return the share it may move to now: an increase at once, a
+        decrease only to the highest recommendation of the stabilization window."""
+        recs = self._recs.setdefault(key, deque())
+        recs.append((now, rec))
+        horizon = now - self.config.stabilization
+        while recs and recs[0][0] < horizon - _EPS:
+            recs.popleft()
+        if rec >= current:
+            return rec
+        if now - self._first_seen.get(key, now) < self.config.stabilization - _EPS:
+            return current  # not watched for a whole window yet
+        return min(current, max(r for _, r in recs))
+
+    def _cooling(self, key: tuple[str, int, str], now: float) -> bool:
+        changed = self._changed.get(key)
+        return changed is not None and now - changed < self.config.cooldown - _EPS
+
+    def decide(self, snapshot: Snapshot) -> list[Decision]:
+        now = snapshot.time
+        states: dict[str, tuple[str, float | None]] = {}
+        for model, target in self.targets.items():
+            states[model] = self._state(snapshot.models.get(model), target)
+        for r in snapshot.rows:
+            key = (r.node, r.device, r.model)
+            self._home.setdefault(key, r.quota)
+            self._first_seen.setdefault(key, now)
+        decisions: list[Decision] = []
+        devices: dict[tuple[str, int], list[RowQuota]] = {}
+        for r in snapshot.rows:
+            devices.setdefault((r.node, r.device), []).append(r)
+        for (node, device), rows in sorted(devices.items()):
+            if rows[0].device_type == "GPU":
+                decisions.extend(self._gpu(node, device, rows, states, snapshot))
+            else:
+                decisions.extend(self._cpu(node, device, rows, states, snapshot))
+        for d in decisions:
+            self._changed[(d.node, d.device, d.model)] = now
+        return decisions
+
+    def _metrics(self, snapshot: Snapshot, model: str, ratio: float | None) -> dict[str, Any]:
+        stats = snapshot.models.get(model)
+        return {
+            "metric": self.config.metric,
+            "target": self.targets.get(model),
+            "ratio": ratio,
+            "window": stats.as_dict() if stats is not None else None,
+        }
+
+    def _cpu(self, node, device, rows, states, snapshot) -> list[Decision]:
+        cfg = self.config
+        now = snapshot.time
+        live = [r for r in rows if r.model in self.targets and r.quota > 0]
+        free = 1.0 - sum(r.quota for r in rows)
+        over = sorted(
+            (r for r in live if states[r.model][0] == "over"),
+            key=lambda r: -(states[r.model][1] or 0.0),
+        )
+        # What the over models ask for, beyond what is free.
+        want = {}
+        for r in over:
+            ratio = states[r.model][1] or 1.0
+            up = min(cfg.max_step, max(r.quota * (ratio - 1), 0.01), 1.0 - r.quota)
+            want[r.model] = max(up, 0.0)
+        shortfall = max(0.0, sum(want.values()) - max(free, 0.0))
+        recs: dict[str, tuple[float, str]] = {}
+        for r in live:
+            state, ratio = states[r.model]
+            home = self._home[(node, device, r.model)]
+            if state == "over":
+                recs[r.model] = (r.quota + want[r.model], "over target")
+            elif state == "under" and over and shortfall > _EPS:
+                give = min(cfg.max_step, r.quota - cfg.min_share)
+                recs[r.model] = (r.quota - max(give, 0.0), "under target, share given")
+            elif state == "under" and not over and r.quota > home + _EPS:
+                recs[r.model] = (max(home, r.quota - cfg.max_step), "back toward home share")
+            elif state != "over" and not over and r.quota < home - _EPS:
+                recs[r.model] = (min(home, r.quota + cfg.max_step), "back toward home share")
+            else:
+                recs[r.model] = (r.quota, "")
+        # Decreases first (stabilized, cooled down), then increases from what is free.
+        out: list[Decision] = []
+        moves: dict[str, float] = {}
+        for r in live:
+            rec, _why = recs[r.model]
+            key = (node, device, r.model)
+            allowed = self._stable(key, now, rec, r.quota)
+            if allowed < r.quota - _EPS and not self._cooling(key, now):
+                moves[r.model] = max(allowed, cfg.min_share)
+        free += sum(r.quota - moves[r.model] for r in live if r.model in moves)
+        ups = [r for r in over] + [
+            r for r in live if r not in over and recs[r.model][0] > r.quota + _EPS
+        ]
+        for r in ups:
+            key = (node, device, r.model)
+            if self._cooling(key, now):
+                continue
+            up = min(recs[r.model][0] - r.quota, free)
+            if up > 0.005:
+                moves[r.model] = r.quota + up
+                free -= up
+        for r in live:
+            if r.model not in moves or abs(moves[r.model] - r.quota) < _EPS:
+                continue
+            new = round(moves[r.model], 6)
+            out.append(
+                Decision(
+                    node,
+                    device,
+                    r.device_type,
+                    r.model,
+                    r.quota,
+                    new,
+                    recs[r.model][1] or "share freed",
+                    self._metrics(snapshot, r.model, states[r.model][1]),
+                )
+            )
+        return out
+
+    def _gpu(self, node, device, rows, states, snapshot) -> list[Decision]:
+        now = snapshot.time
+        holders = [r for r in rows if r.quota > 0]
+        out = []
+        if not holders:
+            # A free GPU: the most loaded over model among its rows gets it.
+            cands = [
+                r
+                for r in rows
+                if r.model in self.targets
+                and states[r.model][0] == "over"
+                and not self._cooling((node, device, r.model), now)
+            ]
+            if cands:
+                r = max(cands, key=lambda r: states[r.model][1] or 0.0)
+                out.append(
+                    Decision(
+                        node,
+                        device,
+                        "GPU",
+                        r.model,
+                        0.0,
+                        1.0,
+                        "over target, a free GPU given",
+                        self._metrics(snapshot, r.model, states[r.model][1]),
+                    )
+                )
+            return out
+        for r in holders:
+            key = (node, device, r.model)
+            if r.model not in self.targets:
+                continue
+            home = self._home[key]
+            under = states[r.model][0] == "under"
+            rec = 0.0 if under and home == 0 else 1.0
+            if self._stable(key, now, rec, r.quota) == 0.0 and not self._cooling(key, now):
+                out.append(
+                    Decision(
+                        node,
+                        device,
+                        "GPU",
+                        r.model,
+                        1.0,
+                        0.0,
+                        "under target, a GPU beyond its home count released",
+                        self._metrics(snapshot, r.model, states[r.model][1]),
+                    )
+                )
+        return out
+
+
+# --- loading a policy -----------------------------------------------------------------------
+
+
+def load_policy(spec: str, config: ControllerConfig) -> Policy:
+    """Build the policy named ``module:Class`` (raises ``ValueError`` saying what is wrong)."""
+    module_name, _, class_name = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"controller.policy {spec!r}: cannot import {module_name}: {exc}"
+        ) from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise ValueError(f"controller.policy {spec!r}: {module_name} has no {class_name}")
+    policy = cls(config)
+    if not callable(getattr(policy, "decide", None)):
+        raise ValueError(f"controller.policy {spec!r}: {class_name} has no decide(snapshot)")
+    return policy
+
+
+# --- the loop -------------------------------------------------------------------------------
+
+
+class Controller:
+    """The loop: one :meth:`step` per ``config.period`` seconds while :meth:`run` runs.
+
+    ``catalog`` is the :class:`~wirekit.serve.catalog.Catalog` (quotas are read from it and
+    changed through ``set_quota``), ``recent`` returns each model's window figures
+    (:meth:`Metrics.recent <wirekit.serve.metrics.Metrics.recent>`), ``store`` the
+    :class:`~wirekit.serve.store.RequestStore` (``record_decision``; None: not stored).
+    """
+
+    def __init__(
+        self,
+        config: ControllerConfig,
+        catalog: Any,
+        recent: Callable[[], Mapping[str, RecentStats]],
+        actuator: Actuator,
+        *,
+        store: Any = None,
+        policy: Policy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.recent = recent
+        self.actuator = actuator
+        self.store = store
+        self.policy = policy if policy is not None else load_policy(config.policy, config)
+        self.clock = clock
+        self.wall = wall
+        self.periods = 0  #: periods run
+        self.failures = 0  #: decisions whose actuator failed (rolled back)
+        self.last: deque[dict[str, Any]] = deque(maxlen=LAST_DECISIONS)
+
+    def snapshot(self) -> Snapshot:
+        catalog = self.catalog
+        rows = tuple(
+            RowQuota(
+                r.node, r.device, r.device_type, r.model, catalog.quota(r.node, r.device, r.model)
+            )
+            for r in catalog.rows()
+        )
+        return Snapshot(self.clock(), dict(self.recent()), rows)
+
+    async def run(self) -> None:
+        """Step every period until cancelled."""
+        while True:
+            await asyncio.sleep(self.config.period)
+            await self.step()
+
+    async def step(self) -> list[dict[str, Any]]:
+        """One period: decide and apply; returns the decisions as recorded."""
+        self.periods += 1
+        try:
+            snapshot = self.snapshot()
+            decisions = list(self.policy.decide(snapshot))
+        except Exception:
+            log.exception("controller: the policy failed; period %d skipped", self.periods)
+            return []
+        done = []
+        for decision in decisions:
+            done.append(await self.apply(decision))
+        return done
+
+    async def apply(self, d: Decision) -> dict[str, Any]:
+        """Apply one decision (catalog, then actuator, rolled back if the actuator fails)
+        and record it."""
+        status, error = "applied", None
+        try:
+            self.catalog.set_quota(d.node, d.device, d.model, d.new)
+        except (ValueError, KeyError) as exc:
+            status, error = "refused", str(exc)
+        if status == "applied":
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self._actuate, d), self.actuator_timeout())
+            except Exception as exc:
+                status = "failed"
+                error = str(exc) or type(exc).__name__
+                if isinstance(exc, asyncio.TimeoutError):
+                    error = f"the actuator did not finish in {self.actuator_timeout():g} s"
+                self.failures += 1
+                try:  # the catalog describes what the node has: the old quota
+                    self.catalog.set_quota(d.node, d.device, d.model, d.old)
+                except (ValueError, KeyError):  # pragma: no cover - the old quota was valid
+                    log.exception("controller: rolling back %s/%s/%s", d.node, d.device, d.model)
+        record = {
+            "time": self.wall(),
+            "node": d.node,
+            "device": d.device,
+            "device_type": d.device_type,
+            "model": d.model,
+            "old": d.old,
+            "new": d.new,
+            "status": status,
+            "reason": d.reason,
+            "error": error,
+            "metrics": dict(d.metrics),
+        }
+        self.last.append(record)
+        if self.store is not None:
+            try:
+                await asyncio.to_thread(self.store.record_decision, **record)
+            except Exception:
+                log.exception("controller: the decision could not be stored")
+        level = logging.WARNING if status != "applied" else logging.INFO
+        log.log(
+            level,
+            "controller: %s/%d/%s %s %g -> %g (%s)%s",
+            d.node,
+            d.device,
+            d.model,
+            status,
+            d.old,
+            d.new,
+            d.reason,
+            f": {error}" if error else "",
+        )
+        return record
+
+    def actuator_timeout(self) -> float:
+        """How long one actuator call may take before its decision is failed: the
+        actuator's own timeout (``command``) plus a margin, else ``config.actuator.timeout``."""
+        return getattr(self.actuator, "timeout", self.config.actuator.timeout) + 5.0
+
+    def _actuate(self, d: Decision) -> None:
+        rows = [r for r in self.catalog.rows(d.model) if r.node == d.node]
+        if d.device_type == "GPU":
+            count = sum(
+                1
+                for r in rows
+                if r.device_type == "GPU" and self.catalog.quota(r.node, r.device, r.model) > 0
+            )
+            self.actuator.set_gpus(d.node, d.model, count)
+        else:
+            share = sum(
+                self.catalog.quota(r.node, r.device, r.model)
+                for r in rows
+                if r.device_type == "CPU"
+            )
+            self.actuator.set_cpu_share(d.node, d.model, round(share, 6))
+
+    def state(self) -> dict[str, Any]:
+        """The JSON of ``GET /controller``."""
+        catalog = self.catalog
+        return {
+            "period": self.config.period,
+            "policy": self.config.policy,
+            "actuator": self.config.actuator.kind,
+            "periods": self.periods,
+            "failures": self.failures,
+            "quotas": [
+                {
+                    "node": r.node,
+                    "device": r.device,
+                    "device_type": r.device_type,
+                    "model": r.model,
+                    "quota": catalog.quota(r.node, r.device, r.model),
+                }
+                for r in catalog.rows()
+            ],
+            "decisions": list(self.last),
+        }
