@@ -13,8 +13,8 @@ Shipped (``controller.actuator.kind``):
   ``docker update --cpus {cpus} {container}``), no shell, with a timeout;
 * ``cgroup`` -- :class:`CgroupActuator`: writes the CPU quota of the cgroup holding the
   model's backend (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` + ``cpu.cfs_period_us``:
-  what ``docker update --cpus`` does underneath).  ``wirekit mip serve --cgroup PATH`` puts
-  a backend in one (:func:`join_cgroup`).
+  what ``docker update --cpus`` does underneath; :mod:`wirekit.cgroups`).  ``wirekit mip
+  serve --cgroup PATH`` puts a backend in one.
 
 A Kubernetes actuator is a small class of the same shape (``specs/controller.md`` shows one).
 """
@@ -22,13 +22,12 @@ A Kubernetes actuator is a small class of the same shape (``specs/controller.md`
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 from collections import deque
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from wirekit.cgroups import CgroupError, set_cpu_limit
 from wirekit.errors import WirekitError
 
 from .config import ACTUATOR_FIELDS, ActuatorConfig
@@ -37,8 +36,6 @@ log = logging.getLogger("wirekit.serve.actuators")
 
 #: bytes of a command's output kept for the log (the rest is cut)
 OUTPUT_LOGGED = 4096
-#: the smallest CFS quota the kernel takes (1 ms per period): what a share of 0 gets
-MIN_QUOTA_US = 1000
 
 
 class ActuatorError(WirekitError, RuntimeError):
@@ -154,75 +151,6 @@ class CommandActuator:
             )
 
 
-# --- cgroups --------------------------------------------------------------------------------
-
-
-def cgroup_version(path: str | Path) -> int:
-    """1 or 2: the cgroup version of the directory ``path`` (which must exist)."""
-    p = Path(path)
-    if (p / "cpu.max").exists() or (p / "cgroup.controllers").exists():
-        return 2
-    if (p / "cpu.cfs_quota_us").exists():
-        return 1
-    raise ActuatorError(f"{p}: not a cgroup with a CPU controller (no cpu.max, cpu.cfs_quota_us)")
-
-
-def make_cgroup(path: str | Path) -> Path:
-    """Create the cgroup ``path`` if missing (for v2, enabling the ``cpu`` controller in its
-    parent) and return it.  Raises :class:`ActuatorError` when it cannot be written."""
-    p = Path(path)
-    try:
-        if not p.is_dir():
-            parent = p.parent
-            if (parent / "cgroup.subtree_control").exists():  # v2: cpu for the children
-                control = parent / "cgroup.subtree_control"
-                if "cpu" not in control.read_text().split():
-                    control.write_text("+cpu")
-            p.mkdir()
-        cgroup_version(p)
-    except OSError as exc:
-        raise ActuatorError(f"{p}: cannot create the cgroup: {exc.strerror or exc}") from None
-    return p
-
-
-def set_cpu_limit(path: str | Path, cpus: float | None, period_us: int = 100_000) -> None:
-    """Limit the cgroup ``path`` to ``cpus`` CPUs (None: no limit).  A limit below
-    :data:`MIN_QUOTA_US` per period is raised to it (the kernel's floor)."""
-    p = Path(path)
-    version = cgroup_version(p)
-    quota = -1 if cpus is None else max(MIN_QUOTA_US, round(cpus * period_us))
-    try:
-        if version == 2:
-            (p / "cpu.max").write_text(f"{'max' if quota < 0 else quota} {period_us}")
-        else:
-            (p / "cpu.cfs_period_us").write_text(str(period_us))
-            (p / "cpu.cfs_quota_us").write_text(str(quota))
-    except OSError as exc:
-        raise ActuatorError(f"{p}: cannot set the CPU quota: {exc.strerror or exc}") from None
-
-
-def cpu_limit(path: str | Path) -> float | None:
-    """The CPUs the cgroup ``path`` may use (None: no limit)."""
-    p = Path(path)
-    if cgroup_version(p) == 2:
-        quota, period = (p / "cpu.max").read_text().split()
-        return None if quota == "max" else int(quota) / int(period)
-    quota_us = int((p / "cpu.cfs_quota_us").read_text())
-    period_us = int((p / "cpu.cfs_period_us").read_text())
-    return None if quota_us < 0 else quota_us / period_us
-
-
-def join_cgroup(path: str | Path, pid: int | None = None) -> Path:
-    """Move the process ``pid`` (default: this one) into the cgroup ``path``, created if
-    missing.  Raises :class:`ActuatorError` when that cannot be done."""
-    p = make_cgroup(path)
-    try:
-        (p / "cgroup.procs").write_text(str(os.getpid() if pid is None else pid))
-    except OSError as exc:
-        raise ActuatorError(f"{p}: cannot join the cgroup: {exc.strerror or exc}") from None
-    return p
-
-
 class CgroupActuator:
     """Sets the CPU quota of the cgroup holding each model's backend on this node.
 
@@ -230,6 +158,7 @@ class CgroupActuator:
     ``s`` becomes a quota of ``s × cpus`` CPUs (``cpus``: what a share of 1 stands for,
     usually the CPUs of the node's CPU device), written with the CFS period ``period_us``.
     GPU counts are not a cgroup's to give: ``set_gpus`` logs only (routing carries them).
+    A cgroup that cannot be written raises :class:`~wirekit.cgroups.CgroupError`.
     """
 
     def __init__(
@@ -272,12 +201,8 @@ __all__ = [
     "Actuator",
     "ActuatorError",
     "CgroupActuator",
+    "CgroupError",
     "CommandActuator",
     "LogActuator",
     "build_actuator",
-    "cgroup_version",
-    "cpu_limit",
-    "join_cgroup",
-    "make_cgroup",
-    "set_cpu_limit",
 ]
