@@ -19,6 +19,12 @@ device when it answers, so the split would follow the devices' speeds -- 50/50 f
 devices, whatever the quotas).  The price: when one device is slower than its quota asks
 for, its requests queue (and may time out) while another device idles; set the quotas to
 the devices' capacities, or lower the slow device's quota.
+
+The quotas are the :class:`~wirekit.serve.catalog.Catalog`'s: :meth:`Router.following`
+subscribes to it, and every change rebuilds the table of the model concerned at once
+(:meth:`Router.update`), so the next draw -- the MIP lane's and the compiled lane's
+included, which call :meth:`Router.choose` -- follows the change.  No other copy of the
+quotas exists.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from itertools import accumulate
 
+from .catalog import Catalog, CatalogChange
 from .config import DeviceRow
 
 
@@ -47,31 +54,78 @@ class Router:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._rows: dict[str, list[DeviceRow]] = {}
-        for row in rows:
-            if row.quota > 0:
-                self._rows.setdefault(row.model, []).append(row)
-        self._cum: dict[str, list[float]] = {
-            m: list(accumulate(r.quota for r in rs)) for m, rs in self._rows.items()
-        }
+        #: model -> (its rows with quota > 0, their cumulative quotas): one entry, replaced
+        #: whole on a change, so that a reader never sees rows and sums of two versions
+        self._table: dict[str, tuple[list[DeviceRow], list[float]]] = {}
         #: models served by one device: no draw needed
-        self._single = {m: rs[0] for m, rs in self._rows.items() if len(rs) == 1}
+        self._single: dict[str, DeviceRow] = {}
         self.backoff = backoff
         self._rng = rng or random.Random()
         self._clock = clock
         self._out_until: dict[str, float] = {}  # row key -> clock time it comes back
+        self._catalog: Catalog | None = None
+        by_model: dict[str, list[DeviceRow]] = {}
+        for row in rows:
+            by_model.setdefault(row.model, []).append(row)
+        for model, model_rows in by_model.items():
+            self.update(model, model_rows)
+
+    @classmethod
+    def following(
+        cls,
+        catalog: Catalog,
+        *,
+        backoff: float = 5.0,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> Router:
+        """A router of ``catalog``'s rows that follows its every change (it subscribes): the
+        model a change concerns has its table rebuilt before the change returns."""
+        router = cls(catalog.rows(), backoff=backoff, rng=rng, clock=clock)
+        router._catalog = catalog
+        catalog.subscribe(router.follow)
+        return router
+
+    def follow(self, change: CatalogChange) -> None:
+        """Apply one change of the catalog this router follows (its subscription)."""
+        assert self._catalog is not None, "follow() is for Router.following(catalog)"
+        if change.kind == "remove":
+            self.update(change.model, ())
+        else:
+            self.update(change.model, self._catalog.rows(change.model))
+
+    def update(self, model: str, rows: Iterable[DeviceRow]) -> None:
+        """Route ``model`` over ``rows`` from now on (those with quota > 0; none: the model
+        is no longer routed).  Back-offs of devices no longer routed are forgotten."""
+        live = [r for r in rows if r.quota > 0]
+        old = self._table.get(model)
+        if not live:
+            self._table.pop(model, None)
+            self._single.pop(model, None)
+        else:
+            self._table[model] = (live, list(accumulate(r.quota for r in live)))
+            if len(live) == 1:
+                self._single[model] = live[0]
+            else:
+                self._single.pop(model, None)
+        if old is not None and self._out_until:
+            keep = {r.key for r in live}
+            for row in old[0]:
+                if row.key not in keep:
+                    self._out_until.pop(row.key, None)
 
     @property
     def models(self) -> list[str]:
-        return list(self._rows)
+        return list(self._table)
 
     def rows(self, model: str) -> list[DeviceRow]:
         """The rows of ``model`` that can be chosen (quota > 0)."""
-        return list(self._rows.get(model, ()))
+        entry = self._table.get(model)
+        return list(entry[0]) if entry is not None else []
 
     def probabilities(self, model: str) -> dict[str, float]:
         """P_i per row key, with every device in rotation."""
-        rows = self._rows.get(model, [])
+        rows = self.rows(model)
         total = sum(r.quota for r in rows)
         return {r.key: r.quota / total for r in rows}
 
@@ -84,12 +138,12 @@ class Router:
             one = self._single.get(model)
             if one is not None:
                 return one
-        rows = self._rows.get(model)
-        if rows is None:
-            raise NoDevice(f"unknown model {model!r}")
+        entry = self._table.get(model)
+        if entry is None:
+            raise NoDevice(f"unknown model {model!r} (or no device has a quota > 0 for it)")
+        rows, cum = entry
         out = self._out_until
         if not exclude and not out:  # the common case: one draw, no filtering
-            cum = self._cum[model]
             return rows[bisect.bisect_right(cum, self._rng.random() * cum[-1])]
         now = self._clock()
         if out and min(out.values()) <= now:

@@ -20,6 +20,7 @@ from wirekit.mip.limits import BufferBudget
 
 from .backends import Backend, ClipperBackend, KubeMoBackend, MipBackend
 from .cache import ResponseCache
+from .catalog import Catalog
 from .config import Deployment, DeviceRow
 from .dispatcher import Dispatcher
 from .http import build_app
@@ -53,7 +54,10 @@ class Service:
         self.cache: ResponseCache[Payload] = ResponseCache(
             deployment.cache.max_entries, deployment.cache.ttl, deployment.cache.max_bytes
         )
-        self.router = Router(deployment.rows, backoff=deployment.backoff, rng=rng)
+        #: the models metadata: the one source of truth of models, rows and quotas; the
+        #: router follows its every change
+        self.catalog = Catalog(deployment.models, deployment.rows)
+        self.router = Router.following(self.catalog, backoff=deployment.backoff, rng=rng)
         self._given_backends = backends or {}
         self._lane = lane  # the MIP lane's twin (tests choose; default: the dispatcher's)
         self.dispatcher: Dispatcher | None = None
