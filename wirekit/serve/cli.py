@@ -175,6 +175,9 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_USAGE
     try:
         return _loop.run(_run(dep, out), args.loop)
+    except ConfigError as exc:  # what only building the service finds (controller.policy)
+        err.write(f"wirekit: {exc}\n")
+        return EXIT_BAD_INPUT
     except OSError as exc:
         err.write(f"wirekit: cannot listen: {exc.strerror or exc}\n")
         return EXIT_BAD_INPUT

@@ -387,6 +387,7 @@ class Controller:
         *,
         store: Any = None,
         policy: Policy | None = None,
+        can_serve: Callable[[Any], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -396,6 +397,9 @@ class Controller:
         self.actuator = actuator
         self.store = store
         self.policy = policy if policy is not None else load_policy(config.policy, config)
+        #: whether a row (a DeviceRow) has a backend that can take requests: a row at quota
+        #: 0 without one is never given a share (default: every row can)
+        self.can_serve = can_serve or (lambda _row: True)
         self.clock = clock
         self.wall = wall
         self.periods = 0  #: periods run
@@ -405,10 +409,7 @@ class Controller:
     def snapshot(self) -> Snapshot:
         catalog = self.catalog
         rows = tuple(
-            RowQuota(
-                r.node, r.device, r.device_type, r.model, catalog.quota(r.node, r.device, r.model)
-            )
-            for r in catalog.rows()
+            RowQuota(r.node, r.device, r.device_type, r.model, r.quota) for r in catalog.rows()
         )
         return Snapshot(self.clock(), dict(self.recent()), rows)
 
@@ -437,6 +438,12 @@ class Controller:
         and record it."""
         status, error = "applied", None
         try:
+            row = next(
+                (r for r in self.catalog.rows(d.model) if (r.node, r.device) == (d.node, d.device)),
+                None,
+            )
+            if d.old == 0 and d.new > 0 and row is not None and not self.can_serve(row):
+                raise ValueError(f"{row.key}: no backend to give a share to (no port configured)")
             self.catalog.set_quota(d.node, d.device, d.model, d.new)
         except (ValueError, KeyError) as exc:
             status, error = "refused", str(exc)
@@ -495,38 +502,35 @@ class Controller:
     def _actuate(self, d: Decision) -> None:
         rows = [r for r in self.catalog.rows(d.model) if r.node == d.node]
         if d.device_type == "GPU":
-            count = sum(
-                1
-                for r in rows
-                if r.device_type == "GPU" and self.catalog.quota(r.node, r.device, r.model) > 0
-            )
+            count = sum(1 for r in rows if r.device_type == "GPU" and r.quota > 0)
             self.actuator.set_gpus(d.node, d.model, count)
         else:
-            share = sum(
-                self.catalog.quota(r.node, r.device, r.model)
-                for r in rows
-                if r.device_type == "CPU"
-            )
+            share = sum(r.quota for r in rows if r.device_type == "CPU")
             self.actuator.set_cpu_share(d.node, d.model, round(share, 6))
 
     def state(self) -> dict[str, Any]:
         """The JSON of ``GET /controller``."""
-        catalog = self.catalog
         return {
+            "enabled": True,
             "period": self.config.period,
             "policy": self.config.policy,
             "actuator": self.config.actuator.kind,
             "periods": self.periods,
             "failures": self.failures,
-            "quotas": [
-                {
-                    "node": r.node,
-                    "device": r.device,
-                    "device_type": r.device_type,
-                    "model": r.model,
-                    "quota": catalog.quota(r.node, r.device, r.model),
-                }
-                for r in catalog.rows()
-            ],
+            "quotas": quota_rows(self.catalog),
             "decisions": list(self.last),
         }
+
+
+def quota_rows(catalog: Any) -> list[dict[str, Any]]:
+    """Every row of ``catalog`` with its current quota (``GET /controller``, the gauges)."""
+    return [
+        {
+            "node": r.node,
+            "device": r.device,
+            "device_type": r.device_type,
+            "model": r.model,
+            "quota": r.quota,
+        }
+        for r in catalog.rows()
+    ]

@@ -10,6 +10,8 @@
   ``{"batch_predictions": [...]}``.  When no device answers, the answer is Clipper's default
   form: ``"default": true`` with a ``default_explanation``.
 * ``GET /metrics`` (Prometheus text), ``GET /stats`` (JSON), ``GET /healthz``.
+* ``GET /controller`` (JSON): the current quotas and the controller's last decisions
+  (``specs/controller.md``).
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ def build_app(
     stats: Callable[[], dict[str, Any]],
     metrics_text: Callable[[], bytes],
     max_items: int = DEFAULT_MAX_ITEMS,
+    controller: Callable[[], dict[str, Any]] | None = None,
 ) -> web.Application:
     """The aiohttp application of the front door; ``max_items`` bounds the MIP items one
     body may ask for (the config's ``mip.max_items``)."""
@@ -187,10 +190,16 @@ def build_app(
     async def healthz(_request: web.Request) -> web.Response:
         return _json({"ok": True})
 
+    async def get_controller(_request: web.Request) -> web.Response:
+        if controller is None:
+            return _error(404, "no controller in this service")
+        return _json(controller())
+
     app = web.Application(client_max_size=MAX_BODY)
     app.router.add_post("/v1/models/{model}:predict", predict)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/stats", get_stats)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/controller", get_controller)
     app.router.add_post("/{app}/predict", clipper_predict)
     return app

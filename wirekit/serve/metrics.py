@@ -299,7 +299,7 @@ class Metrics:
 
     def prometheus(self, extra: dict[str, Any] | None = None) -> bytes:
         """The Prometheus text exposition of these metrics (and of ``extra``: cache
-        hits/misses/entries, devices backed off)."""
+        hits/misses/entries, devices backed off, the quota of every row)."""
         from prometheus_client import CollectorRegistry, generate_latest
 
         registry = CollectorRegistry(auto_describe=False)
@@ -355,6 +355,17 @@ class _Collector:
                 yield c
             g = GaugeMetricFamily("wirekit_serve_cache_entries", "Responses in the cache")
             g.add_metric([], cache["entries"])
+            yield g
+        if "quotas" in self.extra:
+            g = GaugeMetricFamily(
+                "wirekit_serve_quota",
+                "Share of a device given to a model (the models metadata, the controller's)",
+                labels=["node", "device", "device_type", "model"],
+            )
+            for q in self.extra["quotas"]:
+                g.add_metric(
+                    [q["node"], str(q["device"]), q["device_type"], q["model"]], q["quota"]
+                )
             yield g
         if "backed_off" in self.extra:
             g = GaugeMetricFamily(

@@ -18,13 +18,15 @@ from aiohttp import web
 
 from wirekit.mip.limits import BufferBudget
 
+from .actuators import build_actuator
 from .backends import Backend, ClipperBackend, KubeMoBackend, MipBackend
 from .cache import ResponseCache
 from .catalog import Catalog
-from .config import Deployment, DeviceRow
+from .config import ConfigError, Deployment, DeviceRow
+from .controller import Controller, quota_rows
 from .dispatcher import Dispatcher
 from .http import build_app
-from .metrics import Metrics
+from .metrics import Metrics, Window
 from .mipfront import MipFrontDoor
 from .payload import Payload
 from .router import Router
@@ -50,7 +52,10 @@ class Service:
             journal=deployment.store.journal,
             flush_interval=deployment.store.flush_interval,
         )
-        self.metrics = Metrics(deployment.models)
+        ctl = deployment.controller
+        #: the recent window the controller reads (kept only when a controller is configured)
+        window = Window(ctl.window, min(1.0, ctl.period / 2)) if ctl is not None else None
+        self.metrics = Metrics(deployment.models, window=window)
         self.cache: ResponseCache[Payload] = ResponseCache(
             deployment.cache.max_entries, deployment.cache.ttl, deployment.cache.max_bytes
         )
@@ -68,6 +73,21 @@ class Service:
         self._runner: web.AppRunner | None = None
         self._http_port: int | None = None
         self.clipper: Any = None  # the embedded Clipper RPC frontend, when a model uses Clipper
+        #: the controller (None unless the config has a ``controller`` table)
+        self.controller: Controller | None = None
+        self._controller_task: asyncio.Task | None = None
+        if ctl is not None:
+            try:
+                self.controller = Controller(
+                    ctl,
+                    self.catalog,
+                    self.metrics.recent,
+                    build_actuator(ctl.actuator),
+                    store=self.store,
+                    can_serve=self._can_serve,
+                )
+            except ValueError as exc:
+                raise ConfigError("controller.policy", str(exc)) from None
 
     def _backend_for(self, row: DeviceRow) -> Backend:
         if row.key in self._given_backends:
@@ -106,7 +126,13 @@ class Service:
                 self.clipper = Frontend(
                     f"tcp://{host}:{dep.clipper_rpc_port}", dep.clipper_generation
                 ).start()
-            backends = {r.key: self._backend_for(r) for r in dep.rows if r.quota > 0}
+            # Rows at quota 0 with a backend port get their backend too: the controller may
+            # give them a share later (lazy: nothing connects until a request is routed).
+            backends = {
+                r.key: self._backend_for(r)
+                for r in dep.rows
+                if r.quota > 0 or (self.controller is not None and r.port is not None)
+            }
             self.dispatcher = Dispatcher(
                 dep.models,
                 self.router,
@@ -133,12 +159,15 @@ class Service:
                     self.stats,
                     self.metrics_text,
                     max_items=dep.mip.max_items,
+                    controller=self.controller_state,
                 )
                 self._runner = web.AppRunner(app, access_log=None)
                 await self._runner.setup()
                 site = web.TCPSite(self._runner, dep.host, dep.http_port)
                 await site.start()
                 self._http_port = self._runner.addresses[0][1]  # the port bound
+            if self.controller is not None:
+                self._controller_task = asyncio.ensure_future(self.controller.run())
         except BaseException:
             await self.stop()
             raise
@@ -154,8 +183,26 @@ class Service:
             "clipper_rpc": (int(self.clipper.endpoint.rsplit(":", 1)[1]) if self.clipper else None),
         }
 
+    def _can_serve(self, row: DeviceRow) -> bool:
+        """Whether the dispatcher has a backend for ``row`` (a share can be given to it)."""
+        return self.dispatcher is not None and row.key in self.dispatcher.backends
+
+    def quotas(self) -> list[dict[str, Any]]:
+        """Every row of the catalog with its current quota."""
+        return quota_rows(self.catalog)
+
+    def controller_state(self) -> dict[str, Any]:
+        """The ``GET /controller`` document."""
+        if self.controller is None:
+            return {"enabled": False, "quotas": self.quotas(), "decisions": []}
+        return self.controller.state()
+
     def extra(self) -> dict[str, Any]:
-        return {"cache": self.cache.stats(), "backed_off": self.router.backed_off()}
+        return {
+            "cache": self.cache.stats(),
+            "backed_off": self.router.backed_off(),
+            "quotas": self.quotas(),
+        }
 
     def stats(self) -> dict[str, Any]:
         """The ``/stats`` document."""
@@ -171,8 +218,12 @@ class Service:
         return self.metrics.prometheus(self.extra())
 
     async def stop(self, grace: float = 5.0) -> None:
-        """Close the listeners, let requests in flight finish (up to ``grace`` seconds),
-        then close the backends and the store."""
+        """Stop the controller, close the listeners, let requests in flight finish (up to
+        ``grace`` seconds), then close the backends and the store."""
+        task, self._controller_task = self._controller_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task}, timeout=grace)
         for srv in self._mip_servers.values():
             srv.close()
         if self._runner is not None:
