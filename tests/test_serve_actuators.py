@@ -4,13 +4,13 @@ machine's real cgroups, ``log``."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
+import serve_support
 
 from wirekit.cgroups import (
     CgroupError,
@@ -137,31 +137,9 @@ def test_cgroup_errors(tmp_path):
         make_cgroup(tmp_path / "missing" / "deeper")
 
 
-CPU_V1 = Path("/sys/fs/cgroup/cpu")
-
-
-def writable_cgroup_root() -> Path | str:
-    """The machine's cgroup root for CPU (v1 cpu controller or v2), or why there is none."""
-    for root in (CPU_V1, Path("/sys/fs/cgroup")):
-        if (root / "cpu.cfs_quota_us").exists() or (root / "cgroup.subtree_control").exists():
-            probe = root / f"wirekit-probe-{uuid.uuid4().hex[:8]}"
-            try:
-                probe.mkdir()
-                probe.rmdir()
-            except OSError as exc:
-                return f"cgroups at {root} cannot be written: {exc.strerror}"
-            return root
-    return "no cgroup CPU controller mounted"
-
-
 @pytest.fixture
 def cgroup_root():
-    root = writable_cgroup_root()
-    if isinstance(root, str):
-        if os.environ.get("WIREKIT_REQUIRE_CGROUPS") == "1":
-            pytest.fail(f"WIREKIT_REQUIRE_CGROUPS=1 but {root}")
-        pytest.skip(root)
-    return root
+    return serve_support.cgroup_root()
 
 
 def test_real_cgroup_join_and_limit(cgroup_root):
@@ -175,5 +153,4 @@ def test_real_cgroup_join_and_limit(cgroup_root):
     finally:
         proc.kill()
         proc.wait(10)
-        if path.exists():
-            path.rmdir()
+        serve_support.remove_cgroup(path)

@@ -95,6 +95,18 @@ def test_an_applied_decision_moves_routing_and_is_stored(tmp_path):
     ]
 
 
+def test_decreases_are_applied_before_increases(tmp_path):
+    """Regression: a policy listing a's increase before b's decrease on a full device had
+    the increase refused (the device would have been above 1 in between)."""
+    cat = catalog()
+    grow_a = Decision("n1", 0, "CPU", "a", 0.5, 0.7, "test")
+    cut_b = Decision("n1", 0, "CPU", "b", 0.5, 0.3, "test")
+    ctl = Controller(ControllerConfig(), cat, dict, LogActuator(), policy=Asks(grow_a, cut_b))
+    records = run(ctl.step())
+    assert [(r["model"], r["status"]) for r in records] == [("b", "applied"), ("a", "applied")]
+    assert (cat.quota("n1", 0, "a"), cat.quota("n1", 0, "b")) == (0.7, 0.3)
+
+
 def test_refused_decisions_never_reach_the_actuator(tmp_path):
     cat = catalog()
     act = LogActuator()

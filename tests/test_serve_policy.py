@@ -67,14 +67,13 @@ class Plant:
 
     def step(self, policy: TargetPolicy, t: int, models: dict[str, RecentStats]) -> list[Decision]:
         out = policy.decide(Snapshot(float(t), models, self.rows()))
-        for d in out:
+        for d in sorted(out, key=lambda d: d.new > d.old):  # the controller's order
             key = (d.node, d.device, d.model)
             assert d.old == pytest.approx(self.quota[key])
             self.quota[key] = d.new
             self.decisions.append((t, d))
-        for node, device in {(n, d) for n, d, _ in self.quota}:
-            total = sum(q for (n, d, _), q in self.quota.items() if (n, d) == (node, device))
-            assert total <= 1 + 1e-9, f"device {node}/{device} over 1: {total}"
+            total = sum(q for (n, i, _), q in self.quota.items() if (n, i) == key[:2])
+            assert total <= 1 + 1e-9, f"device {key[:2]} over 1: {total}"  # at every step
         return out
 
 
@@ -365,3 +364,19 @@ def test_controller_config_errors(controller, where, message):
         parse_config(doc(controller))
     assert info.value.where == where
     assert message in info.value.reason
+
+
+def test_load_lowered_gives_back_only_what_the_target_allows():
+    """A model that met its target with extra share gives back toward home, but not so much
+    that it goes over again: no up-down-up."""
+    plant = Plant(cpu_rows(0.3, 0.3))
+    policy = TargetPolicy(config())
+    work = [0.07] * 30 + [0.04] * 60  # a needs 0.7, then 0.4 of the CPU
+    for t, w in enumerate(work):
+        plant.step(policy, t, {"a": stats(w / plant.quota[("n1", 0, "a")]), "b": stats(None)})
+        if t == 29:
+            assert plant.quota[("n1", 0, "a")] == pytest.approx(0.7, abs=0.1)
+    final = plant.quota[("n1", 0, "a")]
+    assert 0.4 <= final <= 0.5  # down from 0.7, not below what its load needs
+    assert 0.04 / final / TARGET <= 1.1  # in or under its band
+    assert reversals([d for _, d in plant.decisions if d.model == "a"]) == 1

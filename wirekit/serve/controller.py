@@ -3,7 +3,8 @@
 Every ``controller.period`` seconds the :class:`Controller` takes a :class:`Snapshot` (each
 model's figures over the recent window, from :meth:`Metrics.recent
 <wirekit.serve.metrics.Metrics.recent>`, and every row of the catalog with its quota), asks the
-policy for :class:`Decision` s and applies them one by one:
+policy for :class:`Decision` s and applies them one by one, the decreases first (so that
+the share they free is there for the increases):
 
 1. ``catalog.set_quota(node, device, model, new)`` -- routing follows at once through the
    catalog's subscribers (the Router, hence the MIP lane and the compiled paths, which call
@@ -125,11 +126,15 @@ class TargetPolicy:
     * an over model is recommended ``share × ratio`` (what would bring it to target if time
       scales with the inverse of the share), at most ``max_step`` more than now;
     * the extra comes from the device's free share first, then from under models on the same
-      device (each recommended at most ``max_step`` less, never below ``min_share``);
+      device (each recommended at most ``max_step`` less, never below ``min_share``, and never
+      below ``share × ratio / (1 - tolerance/2)``, the share that keeps a measured model
+      inside its band: a donor is not pushed over its own target);
     * when no model on a device is over, an under model above its *home* share (its quota
-      when the controller first saw the row, i.e. the config's) is recommended ``max_step``
-      closer to home, and a model below home gets back up to home from the free share: with
-      the load gone, the shares drift back to the config's;
+      when the controller first saw the row, i.e. the config's) is recommended at most
+      ``max_step`` closer to home (and, measured, not below the share that keeps it in its
+      band: a loaded model that met its target keeps what it needs), and a model below home
+      gets back up to home from the free share: with the load gone, the shares drift back to
+      the config's;
     * rows at quota 0 stay 0 (the config disabled the pair).
 
     GPU rows move whole: an over model gets a GPU of its rows at quota 0 when nobody holds
@@ -244,13 +249,16 @@ class TargetPolicy:
         for r in live:
             state, ratio = states[r.model]
             home = self._home[(node, device, r.model)]
+            # The least share that keeps a model with a figure inside the band (None: idle).
+            keep = None if ratio is None else r.quota * ratio / (1 - cfg.tolerance / 2)
             if state == "over":
                 recs[r.model] = (r.quota + want[r.model], "over target")
             elif state == "under" and over and shortfall > _EPS:
-                give = min(cfg.max_step, r.quota - cfg.min_share)
-                recs[r.model] = (r.quota - max(give, 0.0), "under target, share given")
+                low = max(cfg.min_share, r.quota - cfg.max_step, keep or 0.0)
+                recs[r.model] = (min(r.quota, low), "under target, share given")
             elif state == "under" and not over and r.quota > home + _EPS:
-                recs[r.model] = (max(home, r.quota - cfg.max_step), "back toward home share")
+                low = max(home, r.quota - cfg.max_step, keep or 0.0)
+                recs[r.model] = (min(r.quota, low), "back toward home share")
             elif state != "over" and not over and r.quota < home - _EPS:
                 recs[r.model] = (min(home, r.quota + cfg.max_step), "back toward home share")
             else:
@@ -413,8 +421,30 @@ class Controller:
         )
         return Snapshot(self.clock(), dict(self.recent()), rows)
 
+    async def sync(self) -> None:
+        """Tell the actuator every (node, model)'s current CPU share and GPU count, so the
+        nodes start from what the catalog says (a failure is logged; the loop goes on)."""
+        pairs = sorted({(r.node, r.model) for r in self.catalog.rows()})
+        for node, model in pairs:
+            rows = [r for r in self.catalog.rows(model) if r.node == node]
+            for device_type in sorted({r.device_type for r in rows}):
+                d = Decision(node, -1, device_type, model, 0.0, 0.0, "start-up sync")
+                try:
+                    await asyncio.wait_for(
+                        asyncio.to_thread(self._actuate, d), self.actuator_timeout()
+                    )
+                except Exception as exc:
+                    log.warning(
+                        "controller: start-up sync of %s/%s %s failed: %s",
+                        node,
+                        model,
+                        device_type,
+                        str(exc) or type(exc).__name__,
+                    )
+
     async def run(self) -> None:
-        """Step every period until cancelled."""
+        """Sync the nodes (:meth:`sync`), then step every period until cancelled."""
+        await self.sync()
         while True:
             await asyncio.sleep(self.config.period)
             await self.step()
@@ -428,6 +458,9 @@ class Controller:
         except Exception:
             log.exception("controller: the policy failed; period %d skipped", self.periods)
             return []
+        # Decreases first: the share they free is what an increase of the same period takes
+        # (the catalog refuses a device above 1 at every single step).
+        decisions.sort(key=lambda d: d.new > d.old)
         done = []
         for decision in decisions:
             done.append(await self.apply(decision))
