@@ -223,7 +223,9 @@ def check(r: dict, decisions: list[dict], cgroups) -> None:
     assert r["rate_after"] / r["rate_before"] > 1.15, (r["rate_before"], r["rate_after"])
     # In the store: a's increases, with the reason and the metrics they saw.
     ups = [d for d in decisions if d["model"] == "a" and d["new"] > d["old"]]
-    assert ups and all(d["status"] == "applied" for d in ups), [(d["status"], d["error"], d["old"], d["new"]) for d in decisions]
+    assert ups and all(d["status"] == "applied" for d in ups), [
+        (d["status"], d["error"], d["old"], d["new"]) for d in decisions
+    ]
     assert ups[0]["reason"] == "over target" and ups[0]["metrics"]["ratio"] > 1.1
     # Under steady heavy load a never lost share (no flapping) ...
     heavy = [d for d in r["during_heavy"]["decisions"] if d["model"] == "a"]

@@ -253,6 +253,38 @@ def test_no_controller_unless_configured(tmp_path):
     assert service.controller_state()["enabled"] is False
 
 
+def test_a_custom_actuator_by_name(tmp_path):
+    from serve_policy_plugin import Recording
+
+    doc = deployment(
+        tmp_path / "r.db",
+        {"a": {}},
+        [{"id": "n1", "devices": ["CPU"], "models": ["a"], "quotas": [1], "ports": [9]}],
+        controller={"actuator": {"kind": "serve_policy_plugin:Recording", "options": {"tag": "t"}}},
+    )
+    service = Service(parse_config(doc))
+    assert isinstance(service.controller.actuator, Recording)
+    Recording.CALLS.clear()
+    run(service.controller.sync())
+    assert Recording.CALLS == [("t", "n1", "a", 1.0)]
+
+
+def test_an_actuator_without_its_methods_is_a_config_error(tmp_path):
+    from wirekit.serve.config import ConfigError
+
+    doc = deployment(
+        tmp_path / "r.db",
+        {"a": {}},
+        [{"id": "n1", "devices": ["CPU"], "models": ["a"], "quotas": [1], "ports": [9]}],
+        controller={"actuator": {"kind": "collections:OrderedDict"}},
+    )
+    with pytest.raises(ConfigError, match=r"OrderedDict has no set_cpu_share\(\)"):
+        Service(parse_config(doc))
+    doc["controller"] = {"actuator": {"kind": "serve_policy_plugin:Fixed"}}  # raises
+    with pytest.raises(ConfigError, match=r"Fixed\(\) failed: AttributeError"):
+        Service(parse_config(doc))
+
+
 def test_an_unloadable_policy_is_a_config_error(tmp_path):
     from wirekit.serve.config import ConfigError
 

@@ -182,7 +182,18 @@ class CgroupActuator:
 
 
 def build_actuator(cfg: ActuatorConfig) -> Actuator:
-    """The actuator a ``controller.actuator`` table describes."""
+    """The actuator a ``controller.actuator`` table describes: a shipped kind, or
+    ``module:Class`` built as ``Class(options)`` (``options``: the table's ``options``, a
+    dict).  ``ValueError`` when that class cannot be loaded or lacks a method."""
+    if ":" in cfg.kind:
+        from .controller import load_plugin
+
+        return load_plugin(
+            cfg.kind,
+            dict(cfg.options),
+            "controller.actuator.kind",
+            ("set_cpu_share", "set_gpus"),
+        )
     if cfg.kind == "command":
         return CommandActuator(
             cfg.argv,

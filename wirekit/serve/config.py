@@ -129,6 +129,8 @@ class ActuatorConfig:
     cgroups: tuple[tuple[str, str], ...] = ()
     cpus: float = 1.0  #: ``cgroup``/``command``: the CPUs a share of 1 stands for
     period_us: int = 100_000  #: ``cgroup``: the CFS period written with the quota
+    #: ``module:Class`` kinds: the ``options`` table, given to ``Class(options)``
+    options: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -480,10 +482,13 @@ def _actuator(doc: Any, where: str) -> ActuatorConfig:
     t = _table(doc, where, {f.name for f in dataclasses.fields(ActuatorConfig)})
     d = ActuatorConfig()
     kind = t.get("kind", d.kind)
-    if kind not in ACTUATOR_KINDS:
+    custom = isinstance(kind, str) and kind.count(":") == 1 and all(kind.split(":"))
+    if kind not in ACTUATOR_KINDS and not custom:
         raise ConfigError(
-            f"{where}.kind", f"must be one of {', '.join(ACTUATOR_KINDS)}, got {kind!r}"
+            f"{where}.kind",
+            f"must be one of {', '.join(ACTUATOR_KINDS)} or module:Class, got {kind!r}",
         )
+    options = _table(t.get("options", {}), f"{where}.options", set(t.get("options", {}) or ()))
 
     def argv(key: str) -> tuple[str, ...]:
         items = _list(t.get(key, []), f"{where}.{key}", nonempty=False)
@@ -502,6 +507,7 @@ def _actuator(doc: Any, where: str) -> ActuatorConfig:
         cgroups=names("cgroups"),
         cpus=_num(t.get("cpus", d.cpus), f"{where}.cpus", lo=0, lo_open=True, hi=4096),
         period_us=_int(t.get("period_us", d.period_us), f"{where}.period_us", lo=1000, hi=1000000),
+        options=tuple(options.items()),
     )
     if kind == "command" and not (cfg.argv or cfg.gpu_argv):
         raise ConfigError(f"{where}.argv", "the command actuator needs argv (or gpu_argv)")

@@ -30,13 +30,14 @@ The built-in policy, :class:`TargetPolicy`, is described in its docstring; anoth
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from wirekit._callables import load_callable
 
 from .actuators import Actuator
 from .config import ControllerConfig
@@ -358,20 +359,27 @@ class TargetPolicy:
 
 def load_policy(spec: str, config: ControllerConfig) -> Policy:
     """Build the policy named ``module:Class`` (raises ``ValueError`` saying what is wrong)."""
+    return load_plugin(spec, config, "controller.policy", ("decide",))
+
+
+def load_plugin(spec: str, argument: Any, where: str, methods: tuple[str, ...]) -> Any:
+    """``module:Class(argument)``, checked for ``methods``; ``ValueError`` naming ``where``
+    and what is wrong (the module cannot be imported, has no such class, lacks a method)."""
     module_name, _, class_name = spec.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        cls = load_callable(spec)
     except ImportError as exc:
-        raise ValueError(
-            f"controller.policy {spec!r}: cannot import {module_name}: {exc}"
-        ) from None
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise ValueError(f"controller.policy {spec!r}: {module_name} has no {class_name}")
-    policy = cls(config)
-    if not callable(getattr(policy, "decide", None)):
-        raise ValueError(f"controller.policy {spec!r}: {class_name} has no decide(snapshot)")
-    return policy
+        raise ValueError(f"{where} {spec!r}: cannot import {module_name}: {exc}") from None
+    except AttributeError:
+        raise ValueError(f"{where} {spec!r}: {module_name} has no {class_name}") from None
+    try:
+        obj = cls(argument)
+    except Exception as exc:
+        raise ValueError(f"{where} {spec!r}: {class_name}() failed: {exc!r}") from None
+    missing = [m for m in methods if not callable(getattr(obj, m, None))]
+    if missing:
+        raise ValueError(f"{where} {spec!r}: {class_name} has no {missing[0]}()")
+    return obj
 
 
 # --- the loop -------------------------------------------------------------------------------

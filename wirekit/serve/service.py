@@ -78,11 +78,15 @@ class Service:
         self._controller_task: asyncio.Task | None = None
         if ctl is not None:
             try:
+                actuator = build_actuator(ctl.actuator)
+            except ValueError as exc:
+                raise ConfigError("controller.actuator.kind", str(exc)) from None
+            try:
                 self.controller = Controller(
                     ctl,
                     self.catalog,
                     self.metrics.recent,
-                    build_actuator(ctl.actuator),
+                    actuator,
                     store=self.store,
                     can_serve=self._can_serve,
                 )
