@@ -154,3 +154,17 @@ def test_real_cgroup_join_and_limit(cgroup_root):
         proc.kill()
         proc.wait(10)
         serve_support.remove_cgroup(path)
+
+
+def test_mip_serve_cgroup_that_cannot_be_joined_exits_1(tmp_path):
+    import io
+
+    from wirekit.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["mip", "serve", "--handler", "wirekit.mip.runtime:echo"]
+    status = main([*argv, "--cgroup", str(tmp_path / "no" / "such" / "cgroup")], out, err)
+    assert status == 1
+    assert "wirekit mip serve: --cgroup:" in err.getvalue()
+    assert "cannot create the cgroup" in err.getvalue()
+    assert "listening on" not in out.getvalue()  # it never listened
