@@ -380,3 +380,18 @@ def test_load_lowered_gives_back_only_what_the_target_allows():
     assert 0.4 <= final <= 0.5  # down from 0.7, not below what its load needs
     assert 0.04 / final / TARGET <= 1.1  # in or under its band
     assert reversals([d for _, d in plant.decisions if d.model == "a"]) == 1
+
+
+def test_a_removed_model_is_forgotten():
+    """The policy's state follows the rows: a model removed and added back starts afresh,
+    its new quota its home."""
+    policy = TargetPolicy(config())
+    plant = Plant(cpu_rows(0.5, 0.5))
+    plant.step(policy, 0, {})
+    del plant.quota[("n1", 0, "b")]
+    plant.step(policy, 1, {})
+    plant.quota[("n1", 0, "b")] = 0.2
+    plant.step(policy, 2, {})
+    for t in range(3, 30):  # b idle below its (new) home: nothing to restore
+        plant.step(policy, t, {"a": stats(None), "b": stats(None)})
+    assert plant.quota[("n1", 0, "b")] == 0.2 and plant.decisions == []

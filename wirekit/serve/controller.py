@@ -147,7 +147,8 @@ class TargetPolicy:
     * a **scale-down stabilization window** (HPA: 300 s by default) -- a decrease goes only
       as low as the *highest* recommendation for that row in the last ``stabilization``
       seconds, so one quiet period never takes share away;
-    * a **cooldown** per row after every change, up or down (the HPA has none for scale-up
+    * a **cooldown** per row after every change it asked for, up or down, applied or not
+      (the HPA has none for scale-up
       by default: its scale-up follows every period) -- the effect of a change is measured
       before the next one;
     * **bounded steps** (``max_step`` of a device per decision; HPA's scaling policies);
@@ -204,6 +205,10 @@ class TargetPolicy:
         states: dict[str, tuple[str, float | None]] = {}
         for model, target in self.targets.items():
             states[model] = self._state(snapshot.models.get(model), target)
+        present = {(r.node, r.device, r.model) for r in snapshot.rows}
+        for state in (self._home, self._changed, self._recs, self._first_seen):
+            for key in [k for k in state if k not in present]:  # a model removed
+                del state[key]  # (re-added, it starts afresh: its new quota is its home)
         for r in snapshot.rows:
             key = (r.node, r.device, r.model)
             self._home.setdefault(key, r.quota)
