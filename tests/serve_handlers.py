@@ -24,6 +24,11 @@ async def tag_fast(batch):
     return _answer("F", batch)
 
 
+async def tag_slow(batch):
+    await asyncio.sleep(0.2)  # requests stay in flight while a removal drains them
+    return _answer("S", batch)
+
+
 #: CPU time each request of :func:`burn` spends, seconds
 BURN_SECONDS = 0.004
 

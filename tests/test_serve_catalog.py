@@ -117,6 +117,16 @@ def test_set_quota_refusals(node, device, model, share, message) -> None:
     assert cat.quota("n1", 0, "m1") == 0.5
 
 
+def test_a_share_needs_a_backend_port() -> None:
+    cat = Catalog(
+        {"m": ModelConfig("m")}, [row("m", "n", 0, "CPU", 1), row("m", "n", 1, "CPU", 0, None)]
+    )
+    with pytest.raises(CatalogError, match=r"n/1/m: no backend port for this device"):
+        cat.set_quota("n", 1, "m", 0.5)
+    cat.set_quota("n", 1, "m", 0)  # 0 needs none
+    assert cat.version == 0
+
+
 def test_cpu_shares_sum_to_one_exactly() -> None:
     cat = Catalog(
         {f"m{k}": ModelConfig(f"m{k}") for k in range(10)},

@@ -136,8 +136,9 @@ cdef class Lane:
     cdef readonly object dispatcher, store, stats, wake, pending, cache
     cdef readonly str model, client
     cdef readonly bint enabled
+    cdef bint _off
     cdef Py_ssize_t max_size, max_items
-    cdef object _clock, _router, _single, _append
+    cdef object _clock, _router, _single, _append, _version
     cdef dict _clients
 
     def __init__(self, dispatcher, str model, str client, route, Py_ssize_t max_size,
@@ -158,17 +159,29 @@ cdef class Lane:
         self._router = dispatcher.router
         self._single = None
         self._clients = {}
+        self._off = False
+        self._version = dispatcher.route_version
         if route is not None:
-            _cfg, rows, clients = route
-            self._clients = dict(clients)
-            if len(rows) == 1:
-                self._single = rows[0]
+            self._route(route)
+
+    cdef _route(self, route):
+        """Take ``route`` (see ``wirekit.serve.lane.Lane._route``)."""
+        if route is None:
+            self._off = True
+            return
+        _cfg, rows, clients = route
+        self._clients = dict(clients)
+        self._single = rows[0] if len(rows) == 1 else None
+        self._off = False
 
     def take(self, src, Py_ssize_t pos, Py_ssize_t end, double t_in):
         """Send the well-formed inference requests at ``src[pos:end]``; return where the
         first one not taken starts (see ``wirekit.serve.lane.Lane.take``)."""
         cdef object d = self.dispatcher
-        if not self.enabled or d.closing:
+        if self.enabled and d.route_version != self._version:
+            self._version = d.route_version
+            self._route(d.lane_route(self.model))
+        if not self.enabled or self._off or d.closing:
             return pos
         cdef Py_buffer view
         cdef const uint8_t* base

@@ -63,10 +63,12 @@ def _fmt(share: float) -> str:
 class Catalog:
     """The models, their rows and the quotas (see the module docstring).
 
-    Changes are serialized by a lock (a controller thread and the admin API may both write);
-    subscribers are called after each change, outside the lock, in subscription order.  A
-    subscriber that raises does not undo the change; the error propagates to the caller of
-    the change after every subscriber has been told."""
+    Changes are serialized by a lock; subscribers are called after each change, outside the
+    lock, in subscription order, in the thread that made the change.  In ``wirekit serve``
+    the subscribers (the service, the router) touch the event loop's objects: change the
+    catalog from the loop's thread (from another thread, through
+    ``loop.call_soon_threadsafe``).  A subscriber that raises does not undo the change; the
+    error propagates to the caller of the change after every subscriber has been told."""
 
     def __init__(self, models: Mapping[str, ModelConfig], rows: Iterable[DeviceRow]) -> None:
         self._lock = threading.RLock()
@@ -159,6 +161,10 @@ class Catalog:
                     " (add the model with a row there)"
                 )
             share = self._check_share(row, share, self._used(node, device, skip=model))
+            if share > 0 and row.backend != "clipper" and not row.port:
+                raise CatalogError(
+                    f"{row.key}: no backend port for this device (add the model with one)"
+                )
             old = row.quota
             if share == old:
                 return

@@ -3,6 +3,7 @@
     wirekit serve --config deployment.json      # run until SIGINT/SIGTERM
     wirekit serve check --config deployment.toml
     wirekit serve stats --store requests.db [--json]
+    wirekit serve models list|add|remove --url http://127.0.0.1:8080 [--token T]
 
 When the dispatcher is listening it prints one JSON line to standard output:
 ``{"event": "ready", "host": ..., "http": port, "mip": {model: port}, "clipper_rpc": port}``.
@@ -17,6 +18,7 @@ import gc
 import importlib
 import json
 import logging
+import os
 import signal
 import sqlite3
 from pathlib import Path
@@ -25,6 +27,7 @@ from typing import TextIO
 from wirekit import _loop
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_USAGE = 0, 1, 2
+ADMIN_URL_ENV = "WIREKIT_ADMIN_URL"
 log = logging.getLogger("wirekit.serve")
 
 
@@ -69,6 +72,63 @@ def register(subparsers) -> None:
         "(exit 1 if one cannot be reached)",
     )
     ck.set_defaults(handler=_check)
+    _register_models(sub)
+
+
+def _register_models(sub) -> None:
+    """``wirekit serve models list|add|remove``: the admin API of a running dispatcher."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url",
+        default=os.environ.get(ADMIN_URL_ENV),
+        help=f"the dispatcher's HTTP front door, e.g. http://127.0.0.1:8080 (env {ADMIN_URL_ENV})",
+    )
+    common.add_argument(
+        "--token",
+        default=os.environ.get("WIREKIT_ADMIN_TOKEN"),
+        help="the admin API's bearer token (env WIREKIT_ADMIN_TOKEN)",
+    )
+    common.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    mo = sub.add_parser(
+        "models",
+        help="list, add or remove models of a running dispatcher (its admin API)",
+        description="Models of a running `wirekit serve`, through its admin API. Exit status:"
+        " 0 done, 1 refused by the dispatcher (or unreachable), 2 usage.",
+    )
+    msub = mo.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+    ls = msub.add_parser("list", parents=[common], help="the models, their devices and quotas")
+    ls.add_argument("--json", action="store_true", help="print the admin API's JSON")
+    ls.set_defaults(handler=_models_list)
+    add = msub.add_parser(
+        "add",
+        parents=[common],
+        help="add a model (a JSON/TOML file, or flags)",
+        description="Add a model: FILE is a config document reduced to the model (its"
+        " `models` entry and its `nodes`), or give --name and --place.",
+    )
+    add.add_argument("file", nargs="?", metavar="FILE", help="the model document (.json/.toml)")
+    add.add_argument("--name", help="the model's name")
+    add.add_argument(
+        "--place",
+        action="append",
+        default=[],
+        metavar="NODE:DEVICE:QUOTA[:PORT]",
+        help="a device of a known node for the model (repeat for more)",
+    )
+    add.add_argument("--backend", help="mip, kubemo or clipper (default mip)")
+    add.add_argument("--mip-port", type=int, help="its MIP front door port (default 0: any)")
+    add.add_argument("--apps", help="comma-separated Clipper app names")
+    add.add_argument("--attempts", type=int, help="attempts per request")
+    add.add_argument("--max-batch", type=int, help="adaptive batching: samples per batch")
+    add.add_argument("--model-timeout", type=float, help="seconds per attempt")
+    add.set_defaults(handler=_models_add)
+    rm = msub.add_parser(
+        "remove",
+        parents=[common],
+        help="remove a model (requests in flight are answered first)",
+    )
+    rm.add_argument("name", help="the model")
+    rm.set_defaults(handler=_models_remove)
 
 
 def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -175,11 +235,11 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_USAGE
     try:
         return _loop.run(_run(dep, out), args.loop)
-    except ConfigError as exc:  # what only building the service finds (controller.policy)
-        err.write(f"wirekit: {exc}\n")
-        return EXIT_BAD_INPUT
     except OSError as exc:
         err.write(f"wirekit: cannot listen: {exc.strerror or exc}\n")
+        return EXIT_BAD_INPUT
+    except ConfigError as exc:  # found at start-up (the admin token, controller.policy)
+        err.write(f"wirekit: {args.config}: {exc}\n")
         return EXIT_BAD_INPUT
 
 
@@ -233,4 +293,160 @@ async def _run(dep, out: TextIO) -> int:
     finally:
         await service.stop()
     log.warning("wirekit serve: stopped")
+    return EXIT_OK
+
+
+# --- wirekit serve models ----------------------------------------------------------------
+
+
+class _AdminError(Exception):
+    def __init__(self, message: str, status: int = EXIT_BAD_INPUT) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _admin_call(args: argparse.Namespace, method: str, path: str, body: object = None):
+    """One call of the admin API: the decoded JSON answer, or :class:`_AdminError`."""
+    import urllib.error
+    import urllib.request
+
+    if not args.url:
+        raise _AdminError(f"give the dispatcher's --url (or {ADMIN_URL_ENV})", EXIT_USAGE)
+    if not args.url.startswith(("http://", "https://")):
+        raise _AdminError(
+            f"--url must start with http:// or https://, got {args.url!r}", EXIT_USAGE
+        )
+    headers = {"Accept": "application/json"}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    if args.token:
+        headers["Authorization"] = f"Bearer {args.token}"
+    url = args.url.rstrip("/") + path
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=args.timeout) as resp:
+            return json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = {"error": raw.decode("utf-8", "replace").strip() or exc.reason}
+        message = doc.get("error", str(doc)) if isinstance(doc, dict) else str(doc)
+        if exc.code == 401:
+            message += " (give --token or WIREKIT_ADMIN_TOKEN)"
+        free = doc.get("free") if isinstance(doc, dict) else None
+        if free:
+            message += "\nfree: " + ", ".join(
+                f"{d['node']}/{d['device']} ({d['type']}) {d['free']:g}" for d in free
+            )
+        raise _AdminError(f"{method} {path}: HTTP {exc.code}: {message}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise _AdminError(f"cannot reach the dispatcher at {args.url}: {reason}") from None
+
+
+def _admin_command(run):
+    def handler(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+        try:
+            return run(args, out)
+        except _AdminError as exc:
+            err.write(f"wirekit: {exc}\n")
+            return exc.status
+
+    return handler
+
+
+def _render_models(doc: dict) -> str:
+    lines = []
+    for name, m in doc["models"].items():
+        door = f", MIP port {m['mip_port']}" if m.get("mip_port") else ""
+        state = " (being removed)" if m.get("removing") else ""
+        lines.append(f"{name}: {m['backend']}{door}{state}")
+        for r in m["rows"]:
+            port = r["port"]  # None: no backend on that device; a string: a Clipper name
+            where = f"{r['endpoint']}:{port}" if isinstance(port, int) else (port or "-")
+            lines.append(
+                f"  {r['node']}/{r['device']:<4} {r['device_type']} quota {r['quota']:<6g} {where}"
+            )
+    lines.append("devices:")
+    for d in doc["devices"]:
+        lines.append(f"  {d['node']}/{d['device']:<4} {d['type']} free {d['free']:g}")
+    return "\n".join(lines)
+
+
+@_admin_command
+def _models_list(args: argparse.Namespace, out: TextIO) -> int:
+    doc = _admin_call(args, "GET", "/admin/models")
+    out.write((json.dumps(doc, indent=2) if args.json else _render_models(doc)) + "\n")
+    return EXIT_OK
+
+
+def _model_from_flags(args: argparse.Namespace) -> dict:
+    """The admin API's short form (name + placements) from ``add``'s flags."""
+    if not args.name or not args.place:
+        raise _AdminError("models add needs FILE, or --name and at least one --place", EXIT_USAGE)
+    placements = []
+    for spec in args.place:
+        parts = spec.split(":")
+        if len(parts) not in (3, 4):
+            raise _AdminError(f"--place {spec!r}: expected NODE:DEVICE:QUOTA[:PORT]", EXIT_USAGE)
+        try:
+            place = {"node": parts[0], "device": int(parts[1]), "quota": float(parts[2])}
+            if len(parts) == 4:
+                place["port"] = int(parts[3]) if parts[3].isdigit() else parts[3]
+        except ValueError:
+            raise _AdminError(
+                f"--place {spec!r}: DEVICE is an integer and QUOTA a number", EXIT_USAGE
+            ) from None
+        placements.append(place)
+    model: dict = {}
+    for key, value in (
+        ("backend", args.backend),
+        ("port", args.mip_port),
+        ("attempts", args.attempts),
+        ("max_batch", args.max_batch),
+        ("timeout", args.model_timeout),
+    ):
+        if value is not None:
+            model[key] = value
+    if args.apps:
+        model["apps"] = [a for a in args.apps.split(",") if a]
+    return {"name": args.name, "model": model, "placements": placements}
+
+
+@_admin_command
+def _models_add(args: argparse.Namespace, out: TextIO) -> int:
+    if args.file:
+        if args.name or args.place:
+            raise _AdminError("models add: give FILE or --name/--place, not both", EXIT_USAGE)
+        from .config import tomllib
+
+        path = Path(args.file)
+        try:
+            raw = path.read_bytes()
+            doc = (
+                tomllib.loads(raw.decode("utf-8"))
+                if path.suffix.lower() == ".toml"
+                else json.loads(raw)
+            )
+        except OSError as exc:
+            raise _AdminError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        except (UnicodeDecodeError, ValueError) as exc:  # TOMLDecodeError is a ValueError
+            raise _AdminError(f"{path}: not valid JSON/TOML: {exc}") from None
+    else:
+        doc = _model_from_flags(args)
+    added = _admin_call(args, "POST", "/admin/models", doc)
+    out.write(json.dumps({"added": added}) + "\n")
+    return EXIT_OK
+
+
+@_admin_command
+def _models_remove(args: argparse.Namespace, out: TextIO) -> int:
+    from urllib.parse import quote
+
+    removed = _admin_call(args, "DELETE", f"/admin/models/{quote(args.name, safe='')}")
+    out.write(json.dumps(removed) + "\n")
     return EXIT_OK

@@ -158,6 +158,16 @@ class ControllerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AdminConfig:
+    """The admin API (``/admin/models``) of the HTTP front door: models added and removed
+    while the dispatcher runs.  Any HTTP bind but loopback needs a bearer ``token``."""
+
+    enabled: bool = True
+    token: str | None = None  #: the bearer token (or env WIREKIT_ADMIN_TOKEN)
+    drain_timeout: float = 30.0  #: seconds a removal waits for requests in flight at most
+
+
+@dataclass(frozen=True, slots=True)
 class Deployment:
     """A validated deployment: listeners, store, cache, models and the metadata rows."""
 
@@ -174,6 +184,7 @@ class Deployment:
     mip: Limits = field(default_factory=Limits)
     models: dict[str, ModelConfig] = field(default_factory=dict)
     rows: tuple[DeviceRow, ...] = ()
+    admin: AdminConfig = field(default_factory=AdminConfig)
     controller: ControllerConfig | None = None  #: the ``controller`` table (None: off)
 
     def rows_of(self, model: str) -> list[DeviceRow]:
@@ -292,7 +303,7 @@ def parse_config(doc: Any) -> Deployment:
     top = _table(
         doc,
         "",
-        {"listen", "store", "cache", "mip", "models", "nodes", "backoff", "connections"}
+        {"listen", "store", "cache", "mip", "models", "nodes", "backoff", "connections", "admin"}
         | {"controller"},
     )
     listen = _table(
@@ -331,6 +342,13 @@ def parse_config(doc: Any) -> Deployment:
     )
 
     mip_limits = _mip_limits(top.get("mip", {}))
+    ad = _table(top.get("admin", {}), "admin", {"enabled", "token", "drain_timeout"})
+    token = ad.get("token")
+    admin = AdminConfig(
+        enabled=_bool(ad.get("enabled", True), "admin.enabled"),
+        token=None if token is None else _str(token, "admin.token"),
+        drain_timeout=_num(ad.get("drain_timeout", 30.0), "admin.drain_timeout", lo=0, hi=3600),
+    )
 
     model_docs = _table(top.get("models", {}), "models", set(top.get("models", {}) or ()))
     nodes = _list(top.get("nodes"), "nodes")
@@ -417,6 +435,7 @@ def parse_config(doc: Any) -> Deployment:
         mip=mip_limits,
         models=models,
         rows=tuple(rows),
+        admin=admin,
         controller=(
             _controller(top["controller"], models) if top.get("controller") is not None else None
         ),
@@ -514,6 +533,84 @@ def _actuator(doc: Any, where: str) -> ActuatorConfig:
     if kind == "cgroup" and not cfg.cgroups:
         raise ConfigError(f"{where}.cgroups", "the cgroup actuator needs a cgroup per model")
     return cfg
+
+
+def parse_model(
+    doc: Any,
+    devices: Mapping[tuple[str, int], str] | None = None,
+    endpoints: Mapping[str, str] | None = None,
+) -> tuple[ModelConfig, list[DeviceRow]]:
+    """One model added while the dispatcher runs (``POST /admin/models``): validated by
+    :func:`parse_config`, as the same model in a config file would be.
+
+    ``doc`` is a config document reduced to one model: ``{"models": {name: {...}}, "nodes":
+    [...]}`` (``models`` may be left out when the defaults do), where a node the dispatcher
+    already knows (``devices``: ``(node, index) -> type``; ``endpoints``: node -> host) may
+    leave out ``devices`` and ``endpoint``.  Or, shorter, ``{"name": ..., "model": {...},
+    "placements": [{"node": ..., "device": i, "quota": q, "port": p}, ...]}`` on known
+    devices; it is rewritten into the first form (one quota and port per device of each
+    node named, 0 and null where not placed) before the same validation."""
+    devices = devices or {}
+    endpoints = endpoints or {}
+    if isinstance(doc, Mapping) and ("placements" in doc or "name" in doc):
+        doc = _placements_doc(doc, devices, endpoints)
+    top = _table(doc, "", {"models", "nodes"})
+    known: dict[str, list[str]] = {}
+    for (node, _index), kind in sorted(devices.items()):
+        known.setdefault(node, []).append(kind)
+    nodes = []
+    for node in _list(top.get("nodes"), "nodes"):
+        if isinstance(node, Mapping) and node.get("id") in known:
+            node = dict(node)
+            node.setdefault("devices", known[node["id"]])
+            if node["id"] in endpoints:
+                node.setdefault("endpoint", endpoints[node["id"]])
+        nodes.append(node)
+    dep = parse_config({"models": top.get("models", {}), "nodes": nodes})
+    if len(dep.models) != 1:
+        raise ConfigError("nodes", f"one model at a time, got {len(dep.models)}")
+    (model,) = dep.models.values()
+    return model, list(dep.rows)
+
+
+def _placements_doc(
+    doc: Mapping[str, Any], devices: Mapping[tuple[str, int], str], endpoints: Mapping[str, str]
+) -> dict[str, Any]:
+    """The short form of :func:`parse_model` as the config document it stands for."""
+    top = _table(doc, "", {"name", "model", "placements"})
+    name = _str(top.get("name"), "name")
+    count: dict[str, int] = {}
+    for node, index in devices:
+        count[node] = max(count.get(node, 0), index + 1)
+    quotas: dict[str, list[Any]] = {}
+    ports: dict[str, list[Any]] = {}
+    seen: set[tuple[str, int]] = set()
+    for k, place in enumerate(_list(top.get("placements"), "placements")):
+        where = f"placements[{k}]"
+        place = _table(place, where, {"node", "device", "quota", "port"})
+        node = _str(place.get("node"), f"{where}.node")
+        if node not in count:
+            raise ConfigError(
+                f"{where}.node",
+                f"unknown node {node!r} (known: {', '.join(sorted(count)) or 'none'};"
+                " a new node needs the long form, with its devices)",
+            )
+        index = _int(place.get("device"), f"{where}.device", lo=0, hi=count[node] - 1)
+        if (node, index) in seen:
+            raise ConfigError(f"{where}.device", f"device {index} of {node!r} is placed twice")
+        seen.add((node, index))
+        if node not in quotas:
+            quotas[node] = [0] * count[node]
+            ports[node] = [None] * count[node]
+        quotas[node][index] = place.get("quota")
+        ports[node][index] = place.get("port")
+    return {
+        "models": {name: top.get("model", {})},
+        "nodes": [
+            {"id": node, "models": [name], "quotas": quotas[node], "ports": ports[node]}
+            for node in quotas
+        ],
+    }
 
 
 def _mip_limits(doc: Any) -> Limits:

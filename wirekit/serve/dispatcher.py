@@ -149,6 +149,20 @@ class UnknownModel(LookupError):
     """A request names a model the deployment does not serve."""
 
 
+class ModelRemoved(UnknownModel):
+    """A request names a model that was removed (or is being removed) while the dispatcher
+    runs: the message says so."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        super().__init__(f"model {model!r} was removed")
+
+
+#: names of removed models (and their apps) remembered, to say "removed" rather than
+#: "unknown" (the oldest are forgotten first)
+MAX_REMOVED = 4096
+
+
 @dataclass(slots=True)
 class Outcome:
     """The one answer to a request (not frozen: a frozen dataclass costs a microsecond more
@@ -207,6 +221,60 @@ class Dispatcher:
         self.lane_requests = 0  #: requests the MIP lane took (wirekit.serve.lane)
         self._waiting: dict[str, list[Job]] = {}  # row key -> jobs to join this loop pass
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: bumped whenever a model's routing changes (models or rows added or removed,
+        #: quotas): a MIP lane takes its route again when it sees a new value
+        self.route_version = 0
+        #: removed model or app name -> its model (see :class:`ModelRemoved`)
+        self.removed: dict[str, str] = {}
+        #: configs of models being removed: requests in flight finish with them
+        self._retired: dict[str, ModelConfig] = {}
+
+    # ------------------------------------------------------------------ models at run time
+
+    def routes_changed(self) -> None:
+        """Routing changed (the catalog told so): MIP lanes take their route again."""
+        self.route_version += 1
+
+    def add_model(self, cfg: ModelConfig, backends: Mapping[str, Backend]) -> None:
+        """Serve ``cfg`` from now on, through ``backends`` (row key -> backend)."""
+        self.backends.update(backends)
+        self.models[cfg.name] = cfg
+        self._retired.pop(cfg.name, None)
+        for name in [n for n, m in self.removed.items() if m == cfg.name or n in cfg.apps]:
+            del self.removed[name]
+        self.routes_changed()
+
+    def add_backends(self, backends: Mapping[str, Backend]) -> None:
+        """Backends for rows that may now be chosen (a quota raised from 0)."""
+        self.backends.update(backends)
+        self.routes_changed()
+
+    def drain(self, model: str, apps: Collection[str] = ()) -> None:
+        """Take no new request for ``model`` (they raise :class:`ModelRemoved`); those in
+        flight finish (with the router's rows of the model, until the catalog drops them)."""
+        cfg = self.models.pop(model)
+        self._retired[model] = cfg
+        for name in (model, *apps):
+            self.removed.pop(name, None)
+            self.removed[name] = model
+        while len(self.removed) > MAX_REMOVED:
+            del self.removed[next(iter(self.removed))]
+        self.routes_changed()
+
+    async def remove_backends(self, keys: Collection[str]) -> None:
+        """Close and forget the backends of ``keys`` (rows no longer routed)."""
+        for key in keys:
+            backend = self.backends.pop(key, None)
+            if backend is not None:
+                await backend.close()
+        self.routes_changed()
+
+    def forget(self, model: str) -> None:
+        """``model``'s removal is complete: its config is dropped."""
+        self._retired.pop(model, None)
+
+    def _unknown(self, model: str) -> UnknownModel:
+        return ModelRemoved(model) if model in self.removed else UnknownModel(model)
 
     def new_id(self) -> str:
         """A new request id (unique to this dispatcher process)."""
@@ -229,7 +297,7 @@ class Dispatcher:
         :meth:`RequestStore.completion`)."""
         cfg = self.models.get(model)
         if cfg is None:
-            raise UnknownModel(model)
+            raise self._unknown(model)
         rid = self.new_id()
         wire = request.wire
         t_in = self.clock()
@@ -301,7 +369,10 @@ class Dispatcher:
                 tried.append(row.key)
             if attempt > 1:
                 self.resubmissions += 1
-            backend = self.backends[row.key]
+            backend = self.backends.get(row.key)
+            if backend is None:  # its model was removed meanwhile
+                last = f"{row.key}: no longer served"
+                continue
             try:
                 reply = await _infer_within(backend, request, cfg.timeout)
             except (asyncio.TimeoutError, TimeoutError):
@@ -353,7 +424,7 @@ class Dispatcher:
         so that each request is drawn for exactly once (see :mod:`wirekit.serve.router`)."""
         cfg = self.models.get(job.model)
         if cfg is None:
-            raise UnknownModel(job.model)
+            raise self._unknown(job.model)
         job.cfg = cfg
         if not job.t_in:
             job.t_in = self.clock()
@@ -374,7 +445,7 @@ class Dispatcher:
                 row = self.router.choose(cfg.name, ())
             except NoDevice:
                 row = None
-        if batching and row is not None and getattr(self.backends[row.key], "batchable", False):
+        if batching and row is not None and getattr(self.backends.get(row.key), "batchable", False):
             # Joined with the other requests for this device at the end of the loop pass;
             # its arrival is recorded once the batch is on its way (while the backend works).
             waiting = self._waiting.get(row.key)
@@ -415,7 +486,7 @@ class Dispatcher:
         """The first attempt of ``job`` to ``row``: at once on its open connection, with the
         reply handled in a callback (True), or else in the attempt loop (a task, False).
         ``job`` must have its id before the loop runs again."""
-        send = getattr(self.backends[row.key], "send_nowait", None)
+        send = getattr(self.backends.get(row.key), "send_nowait", None)
         if send is not None and send(job.request.wire, partial(self._fast_reply, job, row)):
             return True
         self._spawn(job, first=row)
@@ -497,7 +568,10 @@ class Dispatcher:
         """A joined batch through the backend's coroutine call (no connection open yet, or
         no free slot)."""
         try:
-            reply = await _infer_within(self.backends[row.key], Payload(wire), jobs[0].cfg.timeout)
+            backend = self.backends.get(row.key)
+            if backend is None:
+                raise BackendUnavailable(f"{row.key}: no longer served")
+            reply = await _infer_within(backend, Payload(wire), jobs[0].cfg.timeout)
         except Exception as exc:
             self._group_reply(jobs, row, None, exc)
             return
@@ -637,7 +711,7 @@ class Dispatcher:
         if isinstance(exc, TimeoutError):
             last = f"{row.key}: no answer within {cfg.timeout} s"
         else:
-            address = getattr(self.backends[row.key], "address", "?")
+            address = getattr(self.backends.get(row.key), "address", "?")
             text = (
                 f"mip: {address} closed the connection without replying"
                 if retryable is not None
@@ -716,7 +790,7 @@ class Dispatcher:
         lane = call.lane
         job = Job(lane.model, Payload(call.wire), lane.client, call.job_done)
         job.rid = call.rid
-        job.cfg = self.models[lane.model]
+        job.cfg = self.models.get(lane.model) or self._retired[lane.model]
         job.t_in = call.t_in
         job.key = call.key  # the answer is cached as the lane would have
         job.head = ""

@@ -10,22 +10,29 @@
   ``{"batch_predictions": [...]}``.  When no device answers, the answer is Clipper's default
   form: ``"default": true`` with a ``default_explanation``.
 * ``GET /metrics`` (Prometheus text), ``GET /stats`` (JSON), ``GET /healthz``.
+* The admin API (models added and removed while the dispatcher runs; see ``specs/serve.md``):
+  ``GET /admin/models``, ``POST /admin/models``, ``DELETE /admin/models/{name}``.  With a
+  token, each needs ``Authorization: Bearer <token>`` (compared in constant time) and
+  answers 401 without it.  A request for a removed model is answered 410.
 * ``GET /controller`` (JSON): the current quotas and the controller's last decisions
   (``specs/controller.md``).
 """
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from wirekit.mip import DEFAULT_MAX_ITEMS, ErrorReply, Inference
 
-from .dispatcher import Dispatcher, Outcome
+from .catalog import CatalogError
+from .config import ConfigError
+from .dispatcher import Dispatcher, Outcome, UnknownModel
 from .payload import Payload, dumps, outputs_json, request_from_json
 
 MAX_BODY = 64 * 1024 * 1024
@@ -87,22 +94,44 @@ def _outcome_error(outcome: Outcome) -> web.Response:
     return _error(502, f"unexpected backend answer: {msg}", id=outcome.id)
 
 
+def _unknown(dispatcher: Dispatcher, name: str, what: str = "model") -> web.Response:
+    """404 for a name never served, 410 for a model removed while the dispatcher runs."""
+    model = dispatcher.removed.get(name)
+    if model is not None:
+        return _error(410, f"model {model!r} was removed", removed=model)
+    return _error(404, f"unknown {what} {name!r}")
+
+
+class Admin(Protocol):
+    """What the admin API calls (:class:`wirekit.serve.service.Service`)."""
+
+    def models_doc(self) -> dict[str, Any]: ...
+
+    def add_model_doc(self, doc: Any) -> Awaitable[dict[str, Any]]: ...
+
+    def remove_model(self, name: str) -> Awaitable[dict[str, Any]]: ...
+
+
 def build_app(
     dispatcher: Dispatcher,
     app_models: dict[str, str],
     stats: Callable[[], dict[str, Any]],
     metrics_text: Callable[[], bytes],
     max_items: int = DEFAULT_MAX_ITEMS,
+    admin: Admin | None = None,
+    admin_token: str | None = None,
     controller: Callable[[], dict[str, Any]] | None = None,
 ) -> web.Application:
     """The aiohttp application of the front door; ``max_items`` bounds the MIP items one
-    body may ask for (the config's ``mip.max_items``)."""
+    body may ask for (the config's ``mip.max_items``).  ``app_models`` is read at each
+    request (the caller keeps it up to date).  ``admin``: serve the admin API, with
+    ``admin_token`` required when given."""
     query_ids = itertools.count()
 
     async def predict(request: web.Request) -> web.Response:
         model = request.match_info["model"]
         if model not in dispatcher.models:
-            return _error(404, f"unknown model {model!r}")
+            return _unknown(dispatcher, model)
         doc = await _body(request)
         try:
             if "inputs" in doc:
@@ -123,7 +152,10 @@ def build_app(
             return _error(400, str(exc))
         except RecursionError:
             return _error(400, "an input is nested too deeply to encode as JSON")
-        outcome = await dispatcher.submit(model, payload, _client(request))
+        try:
+            outcome = await dispatcher.submit(model, payload, _client(request))
+        except UnknownModel:  # removed while the body was read
+            return _unknown(dispatcher, model)
         if not outcome.ok:
             return _outcome_error(outcome)
         msg = outcome.response.message
@@ -134,7 +166,7 @@ def build_app(
         app = request.match_info["app"]
         model = app_models.get(app)
         if model is None:
-            return _error(404, f"unknown application {app!r}")
+            return _unknown(dispatcher, app, "application")
         doc = await _body(request)
         if "input" in doc:
             values, batch = [doc["input"]], False
@@ -154,7 +186,10 @@ def build_app(
                 return _error(400, str(exc))
             except RecursionError:
                 return _error(400, "an input is nested too deeply to encode as JSON")
-            outcome = await dispatcher.submit(model, payload, _client(request))
+            try:
+                outcome = await dispatcher.submit(model, payload, _client(request))
+            except UnknownModel:  # removed while the body was read, or during the batch
+                return _unknown(dispatcher, app, "application")
             qid = next(query_ids)
             msg = outcome.response.message
             if outcome.ok and isinstance(msg, Inference) and msg.batch_size == 1:
@@ -196,6 +231,8 @@ def build_app(
         return _json(controller())
 
     app = web.Application(client_max_size=MAX_BODY)
+    if admin is not None:
+        _admin_routes(app, admin, admin_token)
     app.router.add_post("/v1/models/{model}:predict", predict)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/stats", get_stats)
@@ -203,3 +240,48 @@ def build_app(
     app.router.add_get("/controller", get_controller)
     app.router.add_post("/{app}/predict", clipper_predict)
     return app
+
+
+def _admin_routes(app: web.Application, admin: Admin, token: str | None) -> None:
+    """``/admin/models``: list, add, remove (see the module docstring)."""
+    expected = f"Bearer {token}".encode() if token is not None else None
+
+    def guarded(handler):
+        async def check(request: web.Request) -> web.Response:
+            if expected is not None:
+                got = request.headers.get("Authorization", "").encode("utf-8", "replace")
+                if not hmac.compare_digest(got, expected):
+                    resp = _error(401, "the admin API needs Authorization: Bearer <token>")
+                    resp.headers["WWW-Authenticate"] = 'Bearer realm="wirekit admin"'
+                    return resp
+            return await handler(request)
+
+        return check
+
+    async def list_models(_request: web.Request) -> web.Response:
+        return _json(admin.models_doc())
+
+    async def add_model(request: web.Request) -> web.Response:
+        doc = await _body(request)
+        try:
+            added = await admin.add_model_doc(doc)
+        except ConfigError as exc:
+            return _error(400, str(exc), where=exc.where)
+        except CatalogError as exc:  # the share asked for is not free (the message says what is)
+            free = [d for d in admin.models_doc()["devices"] if d["free"] > 0]
+            return _error(409, str(exc), free=free)
+        return _json(added, 201)
+
+    async def remove_model(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        try:
+            removed = await admin.remove_model(name)
+        except KeyError:
+            return _error(404, f"unknown model {name!r}")
+        except CatalogError as exc:
+            return _error(409, str(exc))
+        return _json(removed)
+
+    app.router.add_get("/admin/models", guarded(list_models))
+    app.router.add_post("/admin/models", guarded(add_model))
+    app.router.add_delete("/admin/models/{name}", guarded(remove_model))

@@ -190,16 +190,33 @@ class Lane:
         self.cache = dispatcher.cache if dispatcher.cache.enabled else None
         self.stats = dispatcher.metrics.stats(model)
         self._clock = dispatcher.clock
+        self.version = dispatcher.route_version
+        self.off = False  #: the model is no longer routed through the lane
+        self.clients: dict[str, Any] = {}
+        self.single: Any = None
         if route is not None:
-            _cfg, rows, self.clients = route
-            self.single = rows[0] if len(rows) == 1 else None
+            self._route(route)
+
+    def _route(self, route: Any) -> None:
+        if route is None:  # removed, or no longer served by pipelined MIP backends only
+            self.off = True
+            return
+        _cfg, rows, self.clients = route
+        self.single = rows[0] if len(rows) == 1 else None
+        self.off = False
 
     def take(self, src: Any, pos: int, end: int, t_in: float) -> int:
         """Send the well-formed inference requests at ``src[pos:end]`` (the front door's
         read, or its buffer) that arrived at ``t_in``; return where the first one not taken
-        starts.  Each becomes a :class:`LaneCall` appended to the front door's queue."""
+        starts.  Each becomes a :class:`LaneCall` appended to the front door's queue.
+
+        When the dispatcher's routing changed since the last read (``route_version``: the
+        catalog changed), the lane takes its route again first."""
         d = self.dispatcher
-        if not self.enabled or d.closing:
+        if d.route_version != self.version and self.enabled:
+            self.version = d.route_version
+            self._route(d.lane_route(self.model))
+        if not self.enabled or self.off or d.closing:
             return pos
         pending = self.pending
         # row key -> [client, connection, deadline, free slots, frames, calls]

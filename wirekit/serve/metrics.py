@@ -237,6 +237,9 @@ class Metrics:
         self.models: dict[str, ModelStats] = {}
         for m in models:
             self.stats(m)
+        #: requests the store held as queued at start (a previous run's, never answered):
+        #: part of ``queue``, not in flight in this process
+        self._stale: dict[str, int] = {}
 
     def stats(self, model: str) -> ModelStats:
         """The live counters of ``model`` (created on first use)."""
@@ -252,6 +255,12 @@ class Metrics:
         for model, s in _model_stats(conn).items():
             s.recent = self.stats(model).recent
             self.models[model] = s
+            self._stale[model] = s.queue
+
+    def in_flight(self, model: str) -> int:
+        """Requests of ``model`` this process took and has not answered yet."""
+        s = self.models.get(model)
+        return 0 if s is None else s.queue - self._stale.get(model, 0)
 
     def arrived(self, model: str) -> None:
         s = self.stats(model)

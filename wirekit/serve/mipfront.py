@@ -15,6 +15,11 @@ MEMORY and closed), and a request of more than ``max_items`` items is answered M
 Well-formed inference requests of a model the MIP lane serves are taken a read at a time by
 :class:`wirekit.serve.lane.Lane` (or its compiled twin); the rest, one message at a time, by
 :meth:`Dispatcher.start`.  Either way the answers go back in order, after the journal write.
+
+A model removed while the dispatcher runs (``DELETE /admin/models/{name}``) stops taking
+requests at once: a request that arrives after that on a connection still open is answered
+with a METHOD error reply (MIP error replies carry no text; the log says "model ... was
+removed"); the answers owed are sent, then the connection is closed.
 """
 
 from __future__ import annotations
@@ -24,16 +29,21 @@ import logging
 import time
 from typing import Any
 
+from wirekit.mip import ErrorCode, ErrorReply
 from wirekit.mip.connection import Connection, Rejected, Request
 from wirekit.mip.limits import BufferBudget, Limits
 from wirekit.mip.server import Watchdog
 
-from .dispatcher import Dispatcher, Job
+from .dispatcher import Dispatcher, Job, Outcome, UnknownModel
 from .payload import Payload
+from .store import FAILED
 
 log = logging.getLogger("wirekit.serve")
 
 MAX_PIPELINED = 128  #: answers owed per connection before reading pauses
+#: the answer to a request for a model removed while its connection is open: MIP error
+#: replies carry a code only; METHOD ("not implemented") says "not served here"
+REMOVED = Payload(None, ErrorReply(int(ErrorCode.METHOD)))
 
 
 class MipFrontDoor(asyncio.Protocol):
@@ -158,8 +168,17 @@ class MipFrontDoor(asyncio.Protocol):
         self.conn.owe(job)
         try:
             self.dispatcher.start(job)
+        except UnknownModel as exc:  # removed while this connection is open
+            log.info("%s: %s", self.client, exc)
+            job.outcome = Outcome("", FAILED, REMOVED, None, 0, str(exc))
         except Exception as exc:  # answered INTERNAL, logged in _write
             job.error = exc
+
+    def close(self) -> None:
+        """Close the connection once the answers written so far are sent (the model was
+        removed)."""
+        if self.transport is not None:
+            self.transport.close()
 
     def _done(self, job) -> None:
         owed = self.conn.owed

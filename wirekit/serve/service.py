@@ -9,8 +9,12 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import logging
+import os
 import random
-from functools import partial
+import weakref
+from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
@@ -21,8 +25,8 @@ from wirekit.mip.limits import BufferBudget
 from .actuators import build_actuator
 from .backends import Backend, ClipperBackend, KubeMoBackend, MipBackend
 from .cache import ResponseCache
-from .catalog import Catalog
-from .config import ConfigError, Deployment, DeviceRow
+from .catalog import Catalog, CatalogChange, CatalogError
+from .config import ConfigError, Deployment, DeviceRow, ModelConfig, parse_model
 from .controller import Controller, quota_rows
 from .dispatcher import Dispatcher
 from .http import build_app
@@ -31,6 +35,42 @@ from .mipfront import MipFrontDoor
 from .payload import Payload
 from .router import Router
 from .store import RequestStore
+
+log = logging.getLogger("wirekit.serve")
+
+#: the environment variable that gives the admin API's bearer token (``admin.token``)
+ADMIN_TOKEN_ENV = "WIREKIT_ADMIN_TOKEN"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a listen address) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def admin_token(deployment: Deployment, environ: Any = os.environ) -> str | None:
+    """The admin API's bearer token: ``admin.token``, else ``WIREKIT_ADMIN_TOKEN``, else None
+    (then the admin API answers loopback clients only).  Raises :class:`ConfigError` when
+    the HTTP front door listens beyond loopback with the admin API on and no token."""
+    admin = deployment.admin
+    token = admin.token or environ.get(ADMIN_TOKEN_ENV) or None
+    if (
+        admin.enabled
+        and token is None
+        and deployment.http_port is not None
+        and not is_loopback(deployment.host)
+    ):
+        raise ConfigError(
+            "admin.token",
+            f"the HTTP front door listens on {deployment.host}, beyond loopback: the admin API"
+            f" (/admin/models) needs a bearer token (admin.token or {ADMIN_TOKEN_ENV}),"
+            " or turn it off with admin.enabled = false",
+        )
+    return token
 
 
 class Service:
@@ -62,7 +102,14 @@ class Service:
         #: the models metadata: the one source of truth of models, rows and quotas; the
         #: router follows its every change
         self.catalog = Catalog(deployment.models, deployment.rows)
+        self.admin_token = admin_token(deployment)
+        #: Clipper application name -> model, kept up to date as models come and go
+        self.apps: dict[str, str] = self.catalog.app_models()
+        self.catalog.subscribe(self._follow)  # backends first, then the router draws on them
         self.router = Router.following(self.catalog, backoff=deployment.backoff, rng=rng)
+        self._removing: set[str] = set()
+        #: the MIP front-door connections of each model (closed when it is removed)
+        self._front_conns: dict[str, weakref.WeakSet[MipFrontDoor]] = {}
         self._given_backends = backends or {}
         self._lane = lane  # the MIP lane's twin (tests choose; default: the dispatcher's)
         self.dispatcher: Dispatcher | None = None
@@ -96,7 +143,7 @@ class Service:
     def _backend_for(self, row: DeviceRow) -> Backend:
         if row.key in self._given_backends:
             return self._given_backends[row.key]
-        timeout = self.deployment.models[row.model].timeout
+        timeout = self.catalog.model(row.model).timeout
         if row.backend == "clipper":
             assert self.clipper is not None and row.clipper_name
             return ClipperBackend(self.clipper, row.clipper_name, timeout=timeout)
@@ -121,7 +168,6 @@ class Service:
             self.metrics.load(reader)
         finally:
             reader.close()
-        loop = asyncio.get_running_loop()
         try:
             if dep.clipper_rpc_port is not None:
                 from wirekit.clipper.frontend import Frontend
@@ -130,15 +176,10 @@ class Service:
                 self.clipper = Frontend(
                     f"tcp://{host}:{dep.clipper_rpc_port}", dep.clipper_generation
                 ).start()
-            # Rows at quota 0 with a backend port get their backend too: the controller may
-            # give them a share later (lazy: nothing connects until a request is routed).
-            backends = {
-                r.key: self._backend_for(r)
-                for r in dep.rows
-                if r.quota > 0 or (self.controller is not None and r.port is not None)
-            }
+            catalog = self.catalog
+            backends = {r.key: self._backend_for(r) for r in catalog.rows() if r.quota > 0}
             self.dispatcher = Dispatcher(
-                dep.models,
+                {name: catalog.model(name) for name in catalog.models()},
                 self.router,
                 backends,
                 self.store,
@@ -146,23 +187,19 @@ class Service:
                 self.cache,
                 lane=self._lane,
             )
-            for name, model in dep.models.items():
-                if model.mip_port is None:
-                    continue
-                self._mip_servers[name] = await loop.create_server(
-                    partial(
-                        MipFrontDoor, self.dispatcher, name, self._tasks, dep.mip, self.mip_budget
-                    ),
-                    dep.host,
-                    model.mip_port,
-                )
+            for name in catalog.models():
+                model = catalog.model(name)
+                if model.mip_port is not None:
+                    self._mip_servers[name] = await self._front_door(model)
             if dep.http_port is not None:
                 app = build_app(
                     self.dispatcher,
-                    dep.app_models(),
+                    self.apps,
                     self.stats,
                     self.metrics_text,
                     max_items=dep.mip.max_items,
+                    admin=self if dep.admin.enabled else None,
+                    admin_token=self.admin_token,
                     controller=self.controller_state,
                 )
                 self._runner = web.AppRunner(app, access_log=None)
@@ -176,6 +213,183 @@ class Service:
             await self.stop()
             raise
 
+    async def _front_door(self, model: ModelConfig) -> asyncio.Server:
+        """Open the MIP front door of ``model`` (its connections are remembered)."""
+        dep = self.deployment
+        conns = self._front_conns.setdefault(model.name, weakref.WeakSet())
+        assert self.dispatcher is not None
+
+        def factory() -> MipFrontDoor:
+            assert self.dispatcher is not None
+            door = MipFrontDoor(self.dispatcher, model.name, self._tasks, dep.mip, self.mip_budget)
+            conns.add(door)
+            return door
+
+        loop = asyncio.get_running_loop()
+        return await loop.create_server(factory, dep.host, model.mip_port)
+
+    # ------------------------------------------------------------------ models at run time
+
+    def _follow(self, change: CatalogChange) -> None:
+        """The catalog changed (its subscriber, told before the router): the backends a
+        change makes routable exist before the router may choose them."""
+        if change.kind != "quota":
+            self.apps.clear()
+            self.apps.update(self.catalog.app_models())
+        d = self.dispatcher
+        if d is None:  # not started: start() builds from the catalog
+            return
+        if change.kind == "add":
+            catalog = self.catalog
+            rows = [r for r in catalog.rows(change.model) if r.quota > 0]
+            d.add_model(catalog.model(change.model), {r.key: self._backend_for(r) for r in rows})
+            self.metrics.stats(change.model)
+        elif change.kind == "quota" and change.new:
+            key = f"{change.node}/{change.device}/{change.model}"
+            if key not in d.backends:
+                (row,) = [r for r in self.catalog.rows(change.model) if r.key == key]
+                d.add_backends({key: self._backend_for(row)})
+            else:
+                d.routes_changed()
+        else:
+            d.routes_changed()
+
+    async def add_model(self, model: ModelConfig, rows: Iterable[DeviceRow]) -> None:
+        """Serve ``model`` from now on: its rows join the catalog (refused with a
+        :class:`CatalogError` that says what is free when a share is not), backends, its
+        HTTP routes and metrics, and its MIP front door when it has a ``mip_port``."""
+        if self.dispatcher is None:
+            raise RuntimeError("the service is not started")
+        rows = list(rows)
+        name = model.name
+        if name in self._removing:
+            raise CatalogError(f"model {name!r} is being removed: add it again once it is gone")
+        if model.backend == "clipper" and self.clipper is None:
+            raise CatalogError(
+                f"model {name!r}: a Clipper model needs the Clipper RPC port"
+                " (listen.clipper_rpc_port), which this dispatcher does not open"
+            )
+        server = None
+        if model.mip_port is not None:
+            try:
+                server = await self._front_door(model)
+            except OSError as exc:
+                raise CatalogError(
+                    f"model {name!r}: cannot listen on port {model.mip_port}: {exc.strerror or exc}"
+                ) from None
+        try:
+            self.catalog.add_model(model, rows)
+        except BaseException:
+            if server is not None:
+                server.close()
+            raise
+        if server is not None:
+            self._mip_servers[name] = server
+        log.warning(
+            "wirekit serve: model %s added (%s)",
+            name,
+            ", ".join(f"{r.key} {r.quota:g}" for r in rows if r.quota > 0),
+        )
+
+    async def add_model_doc(self, doc: Any) -> dict[str, Any]:
+        """:meth:`add_model` from a document (``POST /admin/models``, see
+        :func:`wirekit.serve.config.parse_model`); returns the model's entry of
+        :meth:`models_doc`."""
+        catalog = self.catalog
+        endpoints = {r.node: r.endpoint for r in catalog.rows()}
+        model, rows = parse_model(doc, catalog.devices(), endpoints)
+        await self.add_model(model, rows)
+        return self._model_doc(model.name)
+
+    async def remove_model(self, name: str, drain_timeout: float | None = None) -> dict[str, Any]:
+        """Stop serving ``name``: new requests get a clear error at once (MIP: an error
+        reply; HTTP: 410), its MIP front door stops listening, requests in flight finish and
+        are answered (within ``drain_timeout``, default ``admin.drain_timeout``), then its
+        quotas are released, its backends and front-door connections closed.  KeyError if
+        there is no such model; :class:`CatalogError` if it is being removed already."""
+        d = self.dispatcher
+        if d is None:
+            raise RuntimeError("the service is not started")
+        if name in self._removing:
+            raise CatalogError(f"model {name!r} is being removed already")
+        model = self.catalog.model(name)  # KeyError
+        self._removing.add(name)
+        try:
+            d.drain(name, model.apps)
+            server = self._mip_servers.pop(name, None)
+            if server is not None:
+                server.close()
+            if drain_timeout is None:
+                drain_timeout = self.deployment.admin.drain_timeout
+            loop = asyncio.get_running_loop()
+            until = loop.time() + drain_timeout
+            in_flight = self.metrics.in_flight
+            while in_flight(name) > 0 and loop.time() < until:
+                await asyncio.sleep(0.005)
+            left = in_flight(name)
+            keys = [r.key for r in self.catalog.rows(name)]
+            self.catalog.remove_model(name)  # quotas released; the router drops it
+            await d.remove_backends(keys)
+            # requests cut short by the backends' closing are answered (failed) meanwhile
+            until = loop.time() + 1.0
+            while in_flight(name) > 0 and loop.time() < until:
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0)  # the answers owed are written (the front doors flush)
+            for door in list(self._front_conns.pop(name, ())):
+                door.close()
+            d.forget(name)
+        finally:
+            self._removing.discard(name)
+        log.warning(
+            "wirekit serve: model %s removed (%s)",
+            name,
+            "drained" if not left else f"{left} request(s) still in flight after the drain",
+        )
+        return {"removed": name, "drained": not left, "in_flight_at_timeout": left}
+
+    def _model_doc(self, name: str) -> dict[str, Any]:
+        catalog = self.catalog
+        model = catalog.model(name)
+        server = self._mip_servers.get(name)
+        return {
+            "backend": model.backend,
+            "mip_port": server.sockets[0].getsockname()[1] if server is not None else None,
+            "timeout": model.timeout,
+            "attempts": model.attempts,
+            "apps": list(model.apps),
+            "max_batch": model.max_batch,
+            "removing": name in self._removing,
+            "rows": [
+                {
+                    "node": r.node,
+                    "device": r.device,
+                    "device_type": r.device_type,
+                    "quota": r.quota,
+                    "endpoint": r.endpoint,
+                    "port": r.port if r.backend != "clipper" else r.clipper_name,
+                }
+                for r in catalog.rows(name)
+            ],
+        }
+
+    def models_doc(self) -> dict[str, Any]:
+        """The ``GET /admin/models`` document: every model and its rows, and the free share
+        of every device."""
+        catalog = self.catalog
+        return {
+            "version": catalog.version,
+            "models": {name: self._model_doc(name) for name in catalog.models()},
+            "devices": [
+                {
+                    "node": node,
+                    "device": index,
+                    "type": kind,
+                    "free": catalog.free_share(node, index),
+                }
+                for (node, index), kind in sorted(catalog.devices().items())
+            ],
+        }
+
     def addresses(self) -> dict[str, Any]:
         """The ports actually bound (useful when the config asked for port 0)."""
         return {
@@ -188,8 +402,15 @@ class Service:
         }
 
     def _can_serve(self, row: DeviceRow) -> bool:
-        """Whether the dispatcher has a backend for ``row`` (a share can be given to it)."""
-        return self.dispatcher is not None and row.key in self.dispatcher.backends
+        """Whether ``row`` has a backend, or one can be made for it when it is given a share
+        (:meth:`_follow` makes it): a port, or a Clipper container name with the Clipper
+        RPC port open."""
+        d = self.dispatcher
+        if d is not None and row.key in d.backends:
+            return True
+        if row.backend == "clipper":
+            return self.clipper is not None and bool(row.clipper_name)
+        return row.port is not None
 
     def quotas(self) -> list[dict[str, Any]]:
         """Every row of the catalog with its current quota."""
