@@ -296,3 +296,19 @@ def test_an_unloadable_policy_is_a_config_error(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"controller\.policy: .*cannot import"):
         Service(parse_config(doc))
+
+
+def test_the_metrics_window_has_a_bounded_number_of_slots(tmp_path):
+    from wirekit.serve.service import WINDOW_SLOTS
+
+    doc = deployment(
+        tmp_path / "r.db",
+        {"a": {}},
+        [{"id": "n1", "devices": ["CPU"], "models": ["a"], "quotas": [1], "ports": [9]}],
+        controller={"period": 0.5, "window": 86400},  # a day in slots of 0.25 s: 345600
+    )
+    window = Service(parse_config(doc)).metrics.window
+    assert window.slots == WINDOW_SLOTS and window.slot == 86400 / WINDOW_SLOTS
+    doc["controller"] = {"period": 0.5, "window": 10}
+    window = Service(parse_config(doc)).metrics.window
+    assert (window.slots, window.slot) == (40, 0.25)

@@ -38,6 +38,10 @@ from .store import RequestStore
 
 log = logging.getLogger("wirekit.serve")
 
+#: time slots of the controller's metrics window per model at most (memory: slots × the
+#: histogram buckets used, whatever the traffic)
+WINDOW_SLOTS = 600
+
 #: the environment variable that gives the admin API's bearer token (``admin.token``)
 ADMIN_TOKEN_ENV = "WIREKIT_ADMIN_TOKEN"
 
@@ -94,7 +98,9 @@ class Service:
         )
         ctl = deployment.controller
         #: the recent window the controller reads (kept only when a controller is configured)
-        window = Window(ctl.window, min(1.0, ctl.period / 2)) if ctl is not None else None
+        window = None
+        if ctl is not None:  # slots of up to 1 s (half a period), at most WINDOW_SLOTS of them
+            window = Window(ctl.window, max(min(1.0, ctl.period / 2), ctl.window / WINDOW_SLOTS))
         self.metrics = Metrics(deployment.models, window=window)
         self.cache: ResponseCache[Payload] = ResponseCache(
             deployment.cache.max_entries, deployment.cache.ttl, deployment.cache.max_bytes
