@@ -204,11 +204,16 @@ def test_removal_drains_requests_in_flight(tmp_path):
             address = f"tcp://127.0.0.1:{service.addresses()['mip']['m2']}"
             async with AsyncClient(address, timeout=10) as c:
                 in_flight = [asyncio.ensure_future(c.infer_one(f"f{k}")) for k in range(20)]
-                while service.metrics.in_flight("m2") < 20:
+                http = aiohttp.ClientSession(timeout=HTTP_TIMEOUT)
+                base = f"http://127.0.0.1:{service.addresses()['http']}"
+                over_http = asyncio.ensure_future(
+                    http.post(f"{base}/v1/models/m2:predict", json={"inputs": [["web"]]})
+                )
+                while service.metrics.in_flight("m2") < 21:
                     await asyncio.sleep(0.005)
                 removal = asyncio.ensure_future(service.remove_model("m2"))
                 await asyncio.sleep(0.05)
-                assert not removal.done()  # draining: waits for the 20 in flight
+                assert not removal.done()  # draining: waits for the 21 in flight
                 # answered in order on the connection: after the 20, once the gate opens
                 late = asyncio.ensure_future(
                     c.request(mip.Inference.request([[mip.Item.text("late")]]))
@@ -220,6 +225,10 @@ def test_removal_drains_requests_in_flight(tmp_path):
                     ("H", f"F{k}") for k in range(20)
                 ]
                 assert await late == mip.ErrorReply(int(mip.ErrorCode.METHOD))
+                async with await over_http as r:
+                    assert r.status == 200
+                    assert (await r.json())["outputs"] == [["H:WEB"]]
+                await http.close()
                 assert await asyncio.wait_for(removal, 10) == {
                     "removed": "m2",
                     "drained": True,
@@ -231,9 +240,50 @@ def test_removal_drains_requests_in_flight(tmp_path):
             assert service.catalog.free_share("n1", 0) == 0.5
             assert "n1/0/m2" not in service.dispatcher.backends
             statuses = service.metrics.snapshot()["models"]["m2"]["statuses"]
-            assert statuses == {"ok": 20}
+            assert statuses == {"ok": 21}
         finally:
             await stop_all(service, servers)
+            await held.shutdown()
+
+    run(main())
+
+
+def test_removal_after_the_drain_timeout_fails_what_is_left_once(tmp_path):
+    """A backend that never answers: after ``drain_timeout`` the removal goes on; each
+    request still in flight is answered once, with an error, and recorded as failed."""
+
+    async def main():
+        gate = asyncio.Event()  # never set
+        held, hport = await start_backend(tagged("H", gate=gate))
+        service, servers = await admin_service(tmp_path)
+        try:
+            model, rows = parse_model(
+                {
+                    "name": "m2",
+                    "model": {"attempts": 2},
+                    "placements": [{"node": "n1", "device": 0, "quota": 0.5, "port": hport}],
+                },
+                service.catalog.devices(),
+            )
+            await service.add_model(model, rows)
+            address = f"tcp://127.0.0.1:{service.addresses()['mip']['m2']}"
+            async with AsyncClient(address, timeout=10) as c:
+                calls = [
+                    asyncio.ensure_future(c.request(mip.Inference.request([[mip.Item.text("x")]])))
+                    for _ in range(5)
+                ]
+                while service.metrics.in_flight("m2") < 5:
+                    await asyncio.sleep(0.005)
+                result = await service.remove_model("m2", drain_timeout=0.1)
+                assert result == {"removed": "m2", "drained": False, "in_flight_at_timeout": 5}
+                answers = await asyncio.gather(*calls)
+            assert answers == [mip.ErrorReply(int(mip.ErrorCode.INTERNAL))] * 5
+            assert service.metrics.in_flight("m2") == 0
+            assert service.metrics.snapshot()["models"]["m2"]["statuses"] == {"failed": 5}
+            assert service.catalog.free_share("n1", 0) == 0.5
+        finally:
+            await stop_all(service, servers)
+            gate.set()
             await held.shutdown()
 
     run(main())

@@ -553,19 +553,20 @@ def parse_model(
     devices = devices or {}
     endpoints = endpoints or {}
     if isinstance(doc, Mapping) and ("placements" in doc or "name" in doc):
-        doc = _placements_doc(doc, devices, endpoints)
+        doc = _placements_doc(doc, devices)
     top = _table(doc, "", {"models", "nodes"})
     known: dict[str, list[str]] = {}
     for (node, _index), kind in sorted(devices.items()):
         known.setdefault(node, []).append(kind)
-    nodes = []
-    for node in _list(top.get("nodes"), "nodes"):
-        if isinstance(node, Mapping) and node.get("id") in known:
-            node = dict(node)
-            node.setdefault("devices", known[node["id"]])
-            if node["id"] in endpoints:
-                node.setdefault("endpoint", endpoints[node["id"]])
-        nodes.append(node)
+    nodes: list[Any] = []
+    for entry in _list(top.get("nodes"), "nodes"):
+        if isinstance(entry, Mapping) and entry.get("id") in known:
+            filled = dict(entry)
+            filled.setdefault("devices", known[filled["id"]])
+            if filled["id"] in endpoints:
+                filled.setdefault("endpoint", endpoints[filled["id"]])
+            entry = filled
+        nodes.append(entry)
     dep = parse_config({"models": top.get("models", {}), "nodes": nodes})
     if len(dep.models) != 1:
         raise ConfigError("nodes", f"one model at a time, got {len(dep.models)}")
@@ -574,7 +575,7 @@ def parse_model(
 
 
 def _placements_doc(
-    doc: Mapping[str, Any], devices: Mapping[tuple[str, int], str], endpoints: Mapping[str, str]
+    doc: Mapping[str, Any], devices: Mapping[tuple[str, int], str]
 ) -> dict[str, Any]:
     """The short form of :func:`parse_model` as the config document it stands for."""
     top = _table(doc, "", {"name", "model", "placements"})

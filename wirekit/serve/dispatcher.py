@@ -226,7 +226,8 @@ class Dispatcher:
         self.route_version = 0
         #: removed model or app name -> its model (see :class:`ModelRemoved`)
         self.removed: dict[str, str] = {}
-        #: configs of models being removed: requests in flight finish with them
+        #: configs of removed models: requests still in flight finish with them (a late
+        #: failure of one is resubmitted, and answered "failed", with its model's config)
         self._retired: dict[str, ModelConfig] = {}
 
     # ------------------------------------------------------------------ models at run time
@@ -253,12 +254,15 @@ class Dispatcher:
         """Take no new request for ``model`` (they raise :class:`ModelRemoved`); those in
         flight finish (with the router's rows of the model, until the catalog drops them)."""
         cfg = self.models.pop(model)
+        self._retired.pop(model, None)
         self._retired[model] = cfg
         for name in (model, *apps):
             self.removed.pop(name, None)
             self.removed[name] = model
         while len(self.removed) > MAX_REMOVED:
             del self.removed[next(iter(self.removed))]
+        while len(self._retired) > MAX_REMOVED:
+            del self._retired[next(iter(self._retired))]
         self.routes_changed()
 
     async def remove_backends(self, keys: Collection[str]) -> None:
@@ -268,10 +272,6 @@ class Dispatcher:
             if backend is not None:
                 await backend.close()
         self.routes_changed()
-
-    def forget(self, model: str) -> None:
-        """``model``'s removal is complete: its config is dropped."""
-        self._retired.pop(model, None)
 
     def _unknown(self, model: str) -> UnknownModel:
         return ModelRemoved(model) if model in self.removed else UnknownModel(model)

@@ -343,7 +343,6 @@ class Service:
             await asyncio.sleep(0)  # the answers owed are written (the front doors flush)
             for door in list(self._front_conns.pop(name, ())):
                 door.close()
-            d.forget(name)
         finally:
             self._removing.discard(name)
         log.warning(
