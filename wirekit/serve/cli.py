@@ -264,7 +264,7 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except OSError as exc:
         err.write(f"wirekit: cannot listen: {exc.strerror or exc}\n")
         return EXIT_BAD_INPUT
-    except ConfigError as exc:  # found at start-up (the admin API without its token)
+    except ConfigError as exc:  # found at start-up (the admin token, controller.policy)
         err.write(f"wirekit: {args.config}: {exc}\n")
         return EXIT_BAD_INPUT
     finally:

@@ -538,6 +538,83 @@ class RequestStore:
             if fut is not None:
                 _resolve([fut], None)
 
+    # -- the controller's decisions (issue 16): a table of their own, rarely written --------
+
+    DECISIONS_SCHEMA = """
+    CREATE TABLE IF NOT EXISTS decisions (
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+        time         REAL NOT NULL,     -- unix time, seconds
+        node         TEXT NOT NULL,
+        device       INTEGER NOT NULL,
+        device_type  TEXT NOT NULL,     -- CPU or GPU
+        model        TEXT NOT NULL,
+        old          REAL NOT NULL,     -- quota before
+        new          REAL NOT NULL,     -- quota asked for
+        status       TEXT NOT NULL,     -- applied, failed (rolled back) or refused
+        reason       TEXT NOT NULL,
+        error        TEXT,
+        metrics      TEXT NOT NULL      -- JSON: what the policy saw
+    );
+    """
+
+    def record_decision(
+        self,
+        *,
+        time: float,
+        node: str,
+        device: int,
+        device_type: str,
+        model: str,
+        old: float,
+        new: float,
+        status: str,
+        reason: str,
+        error: str | None,
+        metrics: dict[str, Any],
+    ) -> None:
+        """Store one controller decision (its own short transaction, on its own connection:
+        call it off the event loop, the controller does)."""
+        conn = connect(self.path)
+        try:
+            conn.executescript(self.DECISIONS_SCHEMA)
+            conn.execute(
+                "INSERT INTO decisions (time, node, device, device_type, model, old, new,"
+                " status, reason, error, metrics) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    time,
+                    node,
+                    device,
+                    device_type,
+                    model,
+                    old,
+                    new,
+                    status,
+                    reason,
+                    error,
+                    json.dumps(metrics, sort_keys=True),
+                ),
+            )
+        finally:
+            conn.close()
+
+    def decisions(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The last ``limit`` decisions, oldest first (``metrics`` parsed back)."""
+        conn = connect(self.path)
+        try:
+            conn.executescript(self.DECISIONS_SCHEMA)
+            cur = conn.execute(
+                "SELECT time, node, device, device_type, model, old, new, status, reason,"
+                " error, metrics FROM decisions ORDER BY id DESC LIMIT ?",
+                (limit,),
+            )
+            names = [c[0] for c in cur.description]
+            rows = [dict(zip(names, row, strict=True)) for row in cur]
+        finally:
+            conn.close()
+        for row in rows:
+            row["metrics"] = json.loads(row["metrics"])
+        return rows[::-1]
+
 
 def _insert(conn: sqlite3.Connection, chunks: list[tuple], rest: list[tuple]) -> None:
     """INSERT the rows :func:`merge_ops` made: :data:`_CHUNK` per statement, then the rest."""
