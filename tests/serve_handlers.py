@@ -27,3 +27,19 @@ async def tag_fast(batch):
 async def tag_slow(batch):
     await asyncio.sleep(0.2)  # requests stay in flight while a removal drains them
     return _answer("S", batch)
+
+
+#: CPU time each request of :func:`burn` spends, seconds
+BURN_SECONDS = 0.004
+
+
+def burn(batch):
+    """Burns :data:`BURN_SECONDS` of CPU time per sample (a sync handler: run in threads),
+    so its throughput is what its cgroup lets it have; answers ``"burnt:<INPUT>"``."""
+    import time
+
+    for _ in batch:
+        start = time.thread_time()
+        while time.thread_time() - start < BURN_SECONDS:
+            pass
+    return _answer("burnt", batch)

@@ -139,6 +139,87 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str:
     return result[0].strip() if result else ""
 
 
+class BackendProcess:
+    """``wirekit mip serve --handler HANDLER [--cgroup PATH]`` on port 0 in a subprocess."""
+
+    def __init__(self, handler: str, *, cgroup: Path | None = None) -> None:
+        self.argv = [sys.executable, "-m", "wirekit.cli", "mip", "serve", "--handler", handler]
+        self.argv += ["--listen", "tcp://127.0.0.1:0", "--log-level", "warning"]
+        if cgroup is not None:
+            self.argv += ["--cgroup", str(cgroup)]
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    def __enter__(self) -> BackendProcess:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
+        self.proc = subprocess.Popen(
+            self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        line = _readline(self.proc, TIMEOUT * 3)
+        if not line.startswith("listening on "):
+            self.proc.kill()
+            _out, err = self.proc.communicate(timeout=TIMEOUT)
+            raise AssertionError(f"wirekit mip serve did not start: {line!r} {err}")
+        self.port = int(line.rsplit(":", 1)[1])
+        self._drain = threading.Thread(target=self.proc.stderr.read, daemon=True)
+        self._drain.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(TIMEOUT * 3)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(TIMEOUT)
+        self._drain.join(TIMEOUT)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            with contextlib.suppress(Exception):
+                pipe.close()
+
+
+def cgroup_root() -> Path:
+    """A directory where the tests may create CPU cgroups (the v1 ``cpu`` controller's
+    hierarchy or the v2 root).  Skips the test saying why there is none -- or fails it when
+    ``WIREKIT_REQUIRE_CGROUPS=1`` (CI, which runs as root with a writable controller)."""
+    import uuid
+
+    import pytest
+
+    reason = "no cgroup CPU controller is mounted at /sys/fs/cgroup"
+    for root in (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")):
+        if (root / "cpu.cfs_quota_us").exists() or (root / "cgroup.subtree_control").exists():
+            probe = root / f"wirekit-probe-{uuid.uuid4().hex[:8]}"
+            try:
+                probe.mkdir()
+                probe.rmdir()
+            except OSError as exc:
+                reason = f"cgroups at {root} cannot be written: {exc.strerror or exc}"
+                break
+            return root
+    if os.environ.get("WIREKIT_REQUIRE_CGROUPS") == "1":
+        pytest.fail(f"WIREKIT_REQUIRE_CGROUPS=1 but {reason}")
+    pytest.skip(reason)
+
+
+def remove_cgroup(path: Path) -> None:
+    """Remove a test's cgroup once its processes are gone (retried briefly: the kernel
+    takes a moment to let go of exited tasks)."""
+    import time
+
+    for _ in range(100):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.05)
+    path.rmdir()
+
+
 def run(coro, timeout: float = 60.0):
     """Run a test coroutine with an overall time bound."""
     return asyncio.run(asyncio.wait_for(coro, timeout))

@@ -77,6 +77,14 @@ def _serve_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         stream=err,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.cgroup:
+        from wirekit.cgroups import CgroupError, join_cgroup
+
+        try:
+            join_cgroup(args.cgroup)
+        except CgroupError as exc:
+            err.write(f"wirekit mip serve: --cgroup: {exc}\n")
+            return EXIT_FAILED
     try:
         _loop.run(_serve(args, out), args.loop)
     except (ImportError, AttributeError, ValueError) as exc:
@@ -291,6 +299,13 @@ def register(subparsers: Any) -> None:
         default=10.0,
         metavar="SECONDS",
         help="on SIGINT/SIGTERM, how long requests in flight may take (default 10)",
+    )
+    serve.add_argument(
+        "--cgroup",
+        metavar="PATH",
+        help="run in this cgroup (a directory under /sys/fs/cgroup, created if missing; "
+        "its CPU quota is what the controller's cgroup actuator sets); exit 1 if it "
+        "cannot be joined",
     )
     serve.add_argument(
         "--log-level",

@@ -1,13 +1,16 @@
 """``wirekit serve``: run the dispatcher, check a config, print the metrics of a store.
 
     wirekit serve --config deployment.json      # run until SIGINT/SIGTERM
+    wirekit serve --config deployment.json --with-backends   # and its MIP backends
     wirekit serve check --config deployment.toml
     wirekit serve stats --store requests.db [--json]
     wirekit serve stats --store-url postgresql://host/db [--json]
     wirekit serve models list|add|remove --url http://127.0.0.1:8080 [--token T]
+    wirekit serve k8s --config deployment.json [-o DIR]      # Kubernetes manifests
 
 When the dispatcher is listening it prints one JSON line to standard output:
-``{"event": "ready", "host": ..., "http": port, "mip": {model: port}, "clipper_rpc": port}``.
+``{"event": "ready", "host": ..., "http": port, "mip": {model: port}, "clipper_rpc": port}``
+(with ``--with-backends`` also ``"backends": {"node/device/model": "tcp://host:port"}``).
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve",
         help="run the request dispatcher over MIP and Clipper backends",
-        description="Run the request dispatcher described by a deployment config.",
+        description="Run the request dispatcher described by a deployment config. To try "
+        "it, from the checkout: wirekit serve --config samples/serve-deployment.json "
+        "--with-backends (samples/tiny_model.py says what to curl).",
     )
     p.add_argument("--config", metavar="FILE", help="deployment config (.json or .toml)")
     p.add_argument(
@@ -58,6 +63,13 @@ def register(subparsers) -> None:
         "--store-url",
         metavar="URL",
         help="a postgresql:// URL: the store several replicas share (replaces store.url)",
+    )
+    p.add_argument(
+        "--with-backends",
+        action="store_true",
+        help="also start every MIP backend of the config on this machine (wirekit mip serve "
+        "with its model's handler, default the built-in echo; the config's directory is on "
+        "their PYTHONPATH); SIGINT/SIGTERM stops them after the dispatcher",
     )
     p.set_defaults(handler=_serve)
     sub = p.add_subparsers(dest="serve_command", metavar="SUBCOMMAND")
@@ -82,6 +94,7 @@ def register(subparsers) -> None:
     )
     ck.set_defaults(handler=_check)
     _register_models(sub)
+    _add_k8s_parser(sub)
 
 
 def _register_models(sub) -> None:
@@ -276,17 +289,34 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_USAGE
     from .storedb import StoreUnavailable
 
+    backends = None
+    if args.with_backends:
+        from .local import BackendStartError, LocalBackends
+
+        try:
+            backends = LocalBackends(dep, path=Path(args.config).resolve().parent, output=err)
+            backends.start()
+        except ConfigError as exc:
+            err.write(f"wirekit: {args.config}: {exc}\n")
+            return EXIT_BAD_INPUT
+        except BackendStartError as exc:
+            err.write(f"wirekit: {exc}\n")
+            return EXIT_BAD_INPUT
     try:
-        return _loop.run(_run(dep, out), args.loop)
+        return _loop.run(_run(dep, out, backends.addresses() if backends else None), args.loop)
     except OSError as exc:
         err.write(f"wirekit: cannot listen: {exc.strerror or exc}\n")
         return EXIT_BAD_INPUT
     except StoreUnavailable as exc:
         err.write(f"wirekit: {exc}\n")
         return EXIT_BAD_INPUT
-    except ConfigError as exc:  # found at start-up (the admin API without its token)
+    except ConfigError as exc:  # found at start-up (the admin token, controller.policy)
         err.write(f"wirekit: {args.config}: {exc}\n")
         return EXIT_BAD_INPUT
+    finally:
+        if backends is not None:
+            backends.stop()
+            log.warning("wirekit serve: backends stopped")
 
 
 #: What the dispatcher imports beyond wirekit's own requirements (the ``serve`` extra);
@@ -304,7 +334,7 @@ def _missing_extra() -> str | None:
     return None
 
 
-async def _run(dep, out: TextIO) -> int:
+async def _run(dep, out: TextIO, backends: dict[str, str] | None = None) -> int:
     from .service import Service
 
     service = Service(dep)
@@ -324,7 +354,10 @@ async def _run(dep, out: TextIO) -> int:
     # less every few thousand requests, which would otherwise stall every answer in flight).
     gc.freeze()
     try:
-        out.write(json.dumps({"event": "ready", **service.addresses()}) + "\n")
+        ready = {"event": "ready", **service.addresses()}
+        if backends is not None:
+            ready["backends"] = backends
+        out.write(json.dumps(ready) + "\n")
         out.flush()
         # Said once at start (the dispatcher already serves meanwhile): a backend that
         # cannot be reached now has its requests resubmitted elsewhere and is backed off.
@@ -495,4 +528,84 @@ def _models_remove(args: argparse.Namespace, out: TextIO) -> int:
 
     removed = _admin_call(args, "DELETE", f"/admin/models/{quote(args.name, safe='')}")
     out.write(json.dumps(removed) + "\n")
+    return EXIT_OK
+
+
+def _add_k8s_parser(sub) -> None:
+    from .k8s import K8sOptions
+
+    default = K8sOptions()
+    k8s = sub.add_parser(
+        "k8s",
+        help="write the Kubernetes manifests of a deployment config",
+        description="Write the Kubernetes objects of a deployment config as JSON (which "
+        "kubectl reads as YAML): per node a StatefulSet with a container per model's CPU "
+        "share and per GPU, and its Service; the dispatcher's Deployment, Service and "
+        "ConfigMap; the actuator's Role. specs/k8s.md has the mapping.",
+    )
+    k8s.add_argument(
+        "--config", dest="k8s_config", metavar="FILE", help="deployment config (.json or .toml)"
+    )
+    k8s.add_argument(
+        "-o",
+        "--output",
+        default="-",
+        metavar="DIR",
+        help="a directory to write one NN-kind-name.json file per object into, or - for one "
+        "v1 List on standard output (default -)",
+    )
+    k8s.add_argument(
+        "--image",
+        default=default.image,
+        metavar="IMAGE",
+        help="an image with wirekit and the models' handler modules (default %(default)s)",
+    )
+    k8s.add_argument(
+        "--namespace", default=default.namespace, help="namespace (default %(default)s)"
+    )
+    k8s.add_argument(
+        "--name",
+        default=default.name,
+        help="prefix of every object's name; the dispatcher's Service is this (default "
+        "%(default)s)",
+    )
+    k8s.add_argument(
+        "--cpu-cores",
+        type=float,
+        default=default.cpu_cores,
+        metavar="N",
+        help="the cores one CPU device of the config stands for: a quota q is q × N CPUs "
+        "(default %(default)s)",
+    )
+    k8s.set_defaults(handler=_k8s)
+
+
+def _k8s(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .config import ConfigError, read_document
+    from .k8s import K8sOptions, manifests, write
+
+    path = args.k8s_config or args.config
+    if not path:
+        err.write("wirekit: serve k8s needs --config FILE\n")
+        return EXIT_USAGE
+    options = K8sOptions(
+        image=args.image, namespace=args.namespace, name=args.name, cpu_cores=args.cpu_cores
+    )
+    try:
+        objects = manifests(read_document(path), options)
+    except ConfigError as exc:
+        if exc.where.startswith("--"):  # a flag, not the config
+            err.write(f"wirekit: serve k8s: {exc}\n")
+            return EXIT_USAGE
+        source = "" if exc.source else f"{path}: "
+        err.write(f"wirekit: {source}{exc}\n")
+        return EXIT_BAD_INPUT
+    directory = None if args.output == "-" else Path(args.output)
+    try:
+        written = write(objects, out, directory)
+    except OSError as exc:
+        err.write(f"wirekit: cannot write {args.output}: {exc.strerror or exc}\n")
+        return EXIT_USAGE
+    for name in written:
+        out.write(f"{name}\n")
     return EXIT_OK

@@ -11,7 +11,9 @@ reads: CPU 0 gives half to m1 and half to m2, GPU 1 is m1's, GPU 2 is m2's.  Whe
 (device, model) backend listens is ``endpoint`` (the node's host) and ``ports`` (a list
 parallel to ``quotas``; ``null`` or 0 where the quota is 0).  Clipper containers connect to the
 dispatcher's Clipper RPC port instead: for a Clipper model the ``ports`` entry is the model
-name the device's container registers under (``null``: the model's own name).
+name the device's container registers under (``null``: the model's own name).  A model's
+``handler`` (``module:function``) names the code its backends run: the dispatcher does not
+use it, ``wirekit serve --with-backends`` and ``wirekit serve k8s`` start backends with it.
 
 :func:`load_config` reads JSON or TOML (by file suffix) and :func:`parse_config` checks a
 parsed document; both raise :class:`ConfigError` naming the file and the path of the bad
@@ -21,8 +23,10 @@ pair: the design's models metadata.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import string
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +42,8 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 BACKEND_KINDS = ("mip", "kubemo", "clipper")
+#: what a model's backends run when its config names no ``handler``
+DEFAULT_HANDLER = "wirekit.mip.runtime:echo"
 DEVICE_TYPES = ("CPU", "GPU")
 
 
@@ -86,6 +92,10 @@ class ModelConfig:
     #: same device in one loop pass go out as one MIP batch of at most this many samples
     #: (1: off, every request is sent on its own)
     max_batch: int = 1
+    #: the code a backend of this model runs (``module:function``); the dispatcher does not
+    #: use it: ``wirekit serve --with-backends`` and ``wirekit serve k8s`` start backends
+    #: with it (default: the built-in echo)
+    handler: str = DEFAULT_HANDLER
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +117,57 @@ class CacheConfig:
     max_entries: int = 4096  #: 0 disables the cache
     ttl: float = 60.0  #: seconds an entry stays valid
     max_bytes: int = 64 * 1024 * 1024  #: total size of cached responses at most
+
+
+ACTUATOR_KINDS = ("log", "command", "cgroup")
+#: the placeholders of a ``command`` actuator's argv templates
+ACTUATOR_FIELDS = ("node", "model", "share", "cpus", "gpus", "container")
+METRICS = ("avg", "p50", "p95", "p99")
+
+
+@dataclass(frozen=True, slots=True)
+class ActuatorConfig:
+    """The ``controller.actuator`` table: how a decision reaches the node (see
+    :mod:`wirekit.serve.actuators`)."""
+
+    kind: str = "log"
+    #: ``command``: the argv template run for a CPU share, and the one for a GPU count
+    #: (``{node} {model} {share} {cpus} {gpus} {container}``; empty: that kind is not run)
+    argv: tuple[str, ...] = ()
+    gpu_argv: tuple[str, ...] = ()
+    timeout: float = 10.0  #: ``command``: seconds a command may run before it is killed
+    #: ``command``: ``{container}`` per ``node/model`` (default ``<node>-<model>``)
+    containers: tuple[tuple[str, str], ...] = ()
+    #: ``cgroup``: the cgroup directory per ``node/model`` (or ``model``)
+    cgroups: tuple[tuple[str, str], ...] = ()
+    cpus: float = 1.0  #: ``cgroup``/``command``: the CPUs a share of 1 stands for
+    period_us: int = 100_000  #: ``cgroup``: the CFS period written with the quota
+    #: ``module:Class`` kinds: the ``options`` table, given to ``Class(options)``
+    options: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """The ``controller`` table (absent: no controller).  The built-in policy's keys are
+    explained in :mod:`wirekit.serve.controller`."""
+
+    period: float = 5.0  #: seconds between two looks at the metrics
+    window: float = 30.0  #: seconds of requests the metrics snapshot covers
+    policy: str = "wirekit.serve.controller:TargetPolicy"  #: ``module:Class``
+    targets: tuple[tuple[str, float], ...] = ()  #: model -> response time target, seconds
+    metric: str = "p95"  #: which response time is held to the target
+    tolerance: float = 0.1  #: no change while within target × (1 ± tolerance)
+    max_step: float = 0.1  #: largest change of a CPU share in one decision
+    min_share: float = 0.05  #: floor: a CPU share in use never goes below it
+    cooldown: float = 10.0  #: seconds a row is left alone after a change
+    stabilization: float = 30.0  #: seconds of recommendations a decrease must agree with
+    min_requests: int = 5  #: fewer answered in the window: no figure to act on
+    actuator: ActuatorConfig = field(default_factory=ActuatorConfig)
+    #: anything else for a custom policy (the ``options`` table, unchecked)
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def target(self, model: str) -> float | None:
+        return dict(self.targets).get(model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +198,7 @@ class Deployment:
     models: dict[str, ModelConfig] = field(default_factory=dict)
     rows: tuple[DeviceRow, ...] = ()
     admin: AdminConfig = field(default_factory=AdminConfig)
+    controller: ControllerConfig | None = None  #: the ``controller`` table (None: off)
 
     def rows_of(self, model: str) -> list[DeviceRow]:
         """The metadata rows of ``model`` (quota 0 included)."""
@@ -153,6 +215,16 @@ class Deployment:
 
 def load_config(path: str | Path) -> Deployment:
     """Read and validate a deployment config (``.toml`` is TOML, anything else JSON)."""
+    doc = read_document(path)
+    try:
+        return parse_config(doc)
+    except ConfigError as exc:
+        raise ConfigError(exc.where, exc.reason, str(path)) from None
+
+
+def read_document(path: str | Path) -> Any:
+    """The parsed, not yet validated document of a config file (``.toml`` is TOML, anything
+    else JSON); :class:`ConfigError` naming the file if it cannot be read or parsed."""
     path = Path(path)
     source = str(path)
     try:
@@ -169,10 +241,7 @@ def load_config(path: str | Path) -> Deployment:
             doc = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError("", f"not valid JSON: {exc}", source) from None
-    try:
-        return parse_config(doc)
-    except ConfigError as exc:
-        raise ConfigError(exc.where, exc.reason, source) from None
+    return doc
 
 
 # --- validation helpers ----------------------------------------------------------------------
@@ -232,6 +301,15 @@ def _port(value: Any, where: str, *, allow_none: bool = True) -> int | None:
     return _int(value, where, lo=0, hi=65535)
 
 
+def _handler(value: Any, where: str) -> str:
+    if value is None:
+        return DEFAULT_HANDLER
+    module, sep, function = _str(value, where).partition(":")
+    if not sep or not module or not function:
+        raise ConfigError(where, f"expected module:function, got {value!r}")
+    return value
+
+
 def _bool(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(where, f"expected true or false, got {_kind(value)}")
@@ -254,7 +332,8 @@ def parse_config(doc: Any) -> Deployment:
     top = _table(
         doc,
         "",
-        {"listen", "store", "cache", "mip", "models", "nodes", "backoff", "connections", "admin"},
+        {"listen", "store", "cache", "mip", "models", "nodes", "backoff", "connections", "admin"}
+        | {"controller"},
     )
     listen = _table(
         top.get("listen", {}),
@@ -330,7 +409,7 @@ def parse_config(doc: Any) -> Deployment:
         md = _table(
             model_docs.get(name, {}),
             where,
-            {"port", "backend", "timeout", "attempts", "apps", "max_batch"},
+            {"port", "backend", "timeout", "attempts", "apps", "max_batch", "handler"},
         )
         backend = md.get("backend", "mip")
         if backend not in BACKEND_KINDS:
@@ -354,6 +433,7 @@ def parse_config(doc: Any) -> Deployment:
             attempts=_int(md.get("attempts", 3), f"{where}.attempts", lo=1, hi=100),
             apps=apps,
             max_batch=_int(md.get("max_batch", 1), f"{where}.max_batch", lo=1, hi=65535),
+            handler=_handler(md.get("handler"), f"{where}.handler"),
         )
     for port_key in ("http_port", "clipper_rpc_port"):
         listen_port = {"http_port": http_port, "clipper_rpc_port": clipper_rpc_port}[port_key]
@@ -393,7 +473,103 @@ def parse_config(doc: Any) -> Deployment:
         models=models,
         rows=tuple(rows),
         admin=admin,
+        controller=(
+            _controller(top["controller"], models) if top.get("controller") is not None else None
+        ),
     )
+
+
+def _controller(doc: Any, models: Mapping[str, ModelConfig]) -> ControllerConfig:
+    """The ``controller`` table."""
+    where = "controller"
+    keys = {f.name for f in dataclasses.fields(ControllerConfig)}
+    t = _table(doc, where, keys)
+    d = ControllerConfig()
+    period = _num(t.get("period", d.period), f"{where}.period", lo=0.05, hi=86400)
+    window = _num(t.get("window", d.window), f"{where}.window", lo=period, hi=86400)
+    policy = _str(t.get("policy", d.policy), f"{where}.policy")
+    if policy.count(":") != 1 or not all(policy.split(":")):
+        raise ConfigError(f"{where}.policy", f"expected module:Class, got {policy!r}")
+    targets = _table(t.get("targets", {}), f"{where}.targets", set(models))
+    metric = t.get("metric", d.metric)
+    if metric not in METRICS:
+        raise ConfigError(f"{where}.metric", f"must be one of {', '.join(METRICS)}, got {metric!r}")
+    options = _table(t.get("options", {}), f"{where}.options", set(t.get("options", {}) or ()))
+    return ControllerConfig(
+        period=period,
+        window=window,
+        policy=policy,
+        targets=tuple(
+            (m, _num(v, f"{where}.targets.{m}", lo=0, lo_open=True)) for m, v in targets.items()
+        ),
+        metric=metric,
+        tolerance=_num(t.get("tolerance", d.tolerance), f"{where}.tolerance", lo=0, hi=0.9),
+        max_step=_num(t.get("max_step", d.max_step), f"{where}.max_step", lo=0.01, hi=1),
+        min_share=_num(t.get("min_share", d.min_share), f"{where}.min_share", lo=0.001, hi=1),
+        cooldown=_num(t.get("cooldown", d.cooldown), f"{where}.cooldown", lo=0),
+        stabilization=_num(t.get("stabilization", d.stabilization), f"{where}.stabilization", lo=0),
+        min_requests=_int(
+            t.get("min_requests", d.min_requests), f"{where}.min_requests", lo=1, hi=10**9
+        ),
+        actuator=_actuator(t.get("actuator", {}), f"{where}.actuator"),
+        options=tuple(options.items()),
+    )
+
+
+def _template(value: Any, where: str) -> str:
+    """One argument of a ``command`` actuator: text with :data:`ACTUATOR_FIELDS` placeholders."""
+    text = _str(value, where)
+    allowed = ", ".join(f"{{{f}}}" for f in ACTUATOR_FIELDS)
+    try:
+        names = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+        bad = [n for n in names if n not in ACTUATOR_FIELDS]
+        if bad:
+            raise ConfigError(where, f"unknown placeholder {{{bad[0]}}} (allowed: {allowed})")
+        text.format(**dict.fromkeys(ACTUATOR_FIELDS, "1"))
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(where, f"not a template of {allowed}: {exc}") from None
+    return text
+
+
+def _actuator(doc: Any, where: str) -> ActuatorConfig:
+    """The ``controller.actuator`` table."""
+    t = _table(doc, where, {f.name for f in dataclasses.fields(ActuatorConfig)})
+    d = ActuatorConfig()
+    kind = t.get("kind", d.kind)
+    custom = isinstance(kind, str) and kind.count(":") == 1 and all(kind.split(":"))
+    if kind not in ACTUATOR_KINDS and not custom:
+        raise ConfigError(
+            f"{where}.kind",
+            f"must be one of {', '.join(ACTUATOR_KINDS)} or module:Class, got {kind!r}",
+        )
+    options = _table(t.get("options", {}), f"{where}.options", set(t.get("options", {}) or ()))
+
+    def argv(key: str) -> tuple[str, ...]:
+        items = _list(t.get(key, []), f"{where}.{key}", nonempty=False)
+        return tuple(_template(a, f"{where}.{key}[{k}]") for k, a in enumerate(items))
+
+    def names(key: str) -> tuple[tuple[str, str], ...]:
+        table = _table(t.get(key, {}), f"{where}.{key}", set(t.get(key, {}) or ()))
+        return tuple((k, _str(v, f"{where}.{key}.{k}")) for k, v in table.items())
+
+    cfg = ActuatorConfig(
+        kind=kind,
+        argv=argv("argv"),
+        gpu_argv=argv("gpu_argv"),
+        timeout=_num(t.get("timeout", d.timeout), f"{where}.timeout", lo=0, lo_open=True),
+        containers=names("containers"),
+        cgroups=names("cgroups"),
+        cpus=_num(t.get("cpus", d.cpus), f"{where}.cpus", lo=0, lo_open=True, hi=4096),
+        period_us=_int(t.get("period_us", d.period_us), f"{where}.period_us", lo=1000, hi=1000000),
+        options=tuple(options.items()),
+    )
+    if kind == "command" and not (cfg.argv or cfg.gpu_argv):
+        raise ConfigError(f"{where}.argv", "the command actuator needs argv (or gpu_argv)")
+    if kind == "cgroup" and not cfg.cgroups:
+        raise ConfigError(f"{where}.cgroups", "the cgroup actuator needs a cgroup per model")
+    return cfg
 
 
 def parse_model(

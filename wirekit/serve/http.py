@@ -14,6 +14,8 @@
   ``GET /admin/models``, ``POST /admin/models``, ``DELETE /admin/models/{name}``.  With a
   token, each needs ``Authorization: Bearer <token>`` (compared in constant time) and
   answers 401 without it.  A request for a removed model is answered 410.
+* ``GET /controller`` (JSON): the current quotas and the controller's last decisions
+  (``specs/controller.md``).
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ def build_app(
     max_items: int = DEFAULT_MAX_ITEMS,
     admin: Admin | None = None,
     admin_token: str | None = None,
+    controller: Callable[[], dict[str, Any]] | None = None,
 ) -> web.Application:
     """The aiohttp application of the front door; ``max_items`` bounds the MIP items one
     body may ask for (the config's ``mip.max_items``).  ``app_models`` is read at each
@@ -225,6 +228,11 @@ def build_app(
     async def healthz(_request: web.Request) -> web.Response:
         return _json({"ok": True})
 
+    async def get_controller(_request: web.Request) -> web.Response:
+        if controller is None:
+            return _error(404, "no controller in this service")
+        return _json(controller())
+
     app = web.Application(client_max_size=MAX_BODY)
     if admin is not None:
         _admin_routes(app, admin, admin_token)
@@ -232,6 +240,7 @@ def build_app(
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/stats", get_stats)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/controller", get_controller)
     app.router.add_post("/{app}/predict", clipper_predict)
     return app
 

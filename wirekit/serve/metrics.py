@@ -9,13 +9,19 @@ replicas), ``/stats`` and ``/metrics`` report the figures computed from the stor
 on every replica -- and each replica's live counters only as its process-local figures
 (``"local"`` in ``/stats``, ``wirekit_serve_local_*`` in ``/metrics``).  ``snapshot()`` is
 the JSON of ``/stats``; :meth:`Metrics.prometheus` is the text of ``/metrics``.
+
+The controller needs the same figures over a recent window rather than since the start:
+``Metrics(models, window=Window(...))`` also keeps, per model, the last ``span`` seconds in
+time slots (:class:`Window`), read with :meth:`Metrics.recent` (and shown under ``"window"``
+in ``/stats``).  Off unless asked for: without a window the request path pays one ``if``.
 """
 
 from __future__ import annotations
 
 import math
 import sqlite3
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,11 +37,15 @@ class ModelStats:
     min: float = math.inf
     max: float = -math.inf
     statuses: dict[str, int] = field(default_factory=dict)
+    #: the recent-window counters of this model (None: no window kept)
+    recent: WindowCounters | None = None
 
     def arrive(self, n: int = 1) -> None:
         """``n`` requests arrived (they are in the queue until they finish)."""
         self.requests += n
         self.queue += n
+        if self.recent is not None:
+            self.recent.arrive(n)
 
     def answered_ok(self, n: int, total: float, lo: float, hi: float) -> None:
         """``n`` requests finished with status ok, their response times summing to
@@ -48,6 +58,8 @@ class ModelStats:
             self.min = lo
         if hi > self.max:
             self.max = hi
+        if self.recent is not None:
+            self.recent.answered_ok(n, total, lo, hi)
 
     def as_dict(self) -> dict[str, Any]:
         rt: dict[str, Any] = {"count": self.count, "avg": None, "min": None, "max": None}
@@ -61,11 +73,173 @@ class ModelStats:
         }
 
 
+#: histogram buckets per doubling of the response time: a percentile is read to within
+#: 2 ** (1/8) - 1 = 9 % of the true value
+_BUCKETS_PER_OCTAVE = 8
+_NO_TIME = -(1 << 20)  # the bucket of response times <= 0
+
+
+class _Slot:
+    __slots__ = ("arrivals", "count", "errors", "hist", "index", "max", "total")
+
+    def __init__(self) -> None:
+        self.reset(-1)
+
+    def reset(self, index: int) -> None:
+        self.index = index
+        self.arrivals = self.count = self.errors = 0
+        self.total = 0.0
+        self.max = -math.inf
+        self.hist: dict[int, int] = {}
+
+
+def _bucket(seconds: float) -> int:
+    if not 0 < seconds < 1e9:  # <= 0 (a clock step) or absurd: the lowest / a high bucket
+        return _NO_TIME if not seconds > 0 else 30 * _BUCKETS_PER_OCTAVE
+    return math.floor(math.log2(seconds) * _BUCKETS_PER_OCTAVE)
+
+
+@dataclass(frozen=True, slots=True)
+class RecentStats:
+    """One model's figures over the recent window (response times of requests answered ok,
+    in seconds; ``None`` when none was answered in the window)."""
+
+    seconds: float  #: the time the figures cover (the span, or less just after start)
+    requests: int  #: requests that arrived in the window
+    rate: float  #: requests per second that arrived
+    ok: int  #: answered ok in the window
+    errors: int  #: finished otherwise (backend error, failed) in the window
+    queue: int  #: waiting or being processed now
+    avg: float | None
+    p50: float | None
+    p95: float | None
+    p99: float | None
+    max: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+class WindowCounters:
+    """One model's counters over the last ``span`` seconds, in time slots: memory is the
+    slots (``span / slot``) times the histogram buckets used, whatever the traffic."""
+
+    __slots__ = ("_ring", "_start", "_window")
+
+    def __init__(self, window: Window) -> None:
+        self._window = window
+        self._ring = [_Slot() for _ in range(window.slots)]
+        self._start = window.clock()
+
+    def _slot(self) -> _Slot:
+        w = self._window
+        index = int(w.clock() / w.slot)
+        slot = self._ring[index % w.slots]
+        if slot.index != index:
+            slot.reset(index)
+        return slot
+
+    def arrive(self, n: int) -> None:
+        self._slot().arrivals += n
+
+    def failed(self) -> None:
+        self._slot().errors += 1
+
+    def answered_ok(self, n: int, total: float, lo: float, hi: float) -> None:
+        """``n`` answered ok, their times summing to ``total`` from ``lo`` to ``hi``.  For
+        the percentiles a group (the MIP lane's) counts ``lo``, ``hi`` and the rest at the
+        mean of the rest: exact for groups of up to 2, close for more."""
+        slot = self._slot()
+        slot.count += n
+        slot.total += total
+        if hi > slot.max:
+            slot.max = hi
+        hist = slot.hist
+        b = _bucket(lo)
+        hist[b] = hist.get(b, 0) + 1
+        if n > 1:
+            b = _bucket(hi)
+            hist[b] = hist.get(b, 0) + 1
+        if n > 2:
+            b = _bucket((total - lo - hi) / (n - 2))
+            hist[b] = hist.get(b, 0) + n - 2
+
+    def read(self, queue: int) -> RecentStats:
+        """The figures of the slots inside the window now."""
+        w = self._window
+        now = w.clock()
+        first = int(now / w.slot) - w.slots + 1
+        arrivals = count = errors = 0
+        total = 0.0
+        hi = -math.inf
+        hist: dict[int, int] = {}
+        for slot in self._ring:
+            if slot.index < first:
+                continue
+            arrivals += slot.arrivals
+            count += slot.count
+            errors += slot.errors
+            total += slot.total
+            hi = max(hi, slot.max)
+            for b, n in slot.hist.items():
+                hist[b] = hist.get(b, 0) + n
+        seconds = min(w.span, max(now - self._start, w.slot))
+
+        def pct(q: float) -> float | None:
+            if not count:
+                return None
+            rank = q * count
+            seen = 0
+            for b in sorted(hist):
+                seen += hist[b]
+                if seen >= rank:
+                    edge = 0.0 if b == _NO_TIME else 2.0 ** ((b + 1) / _BUCKETS_PER_OCTAVE)
+                    return min(edge, hi)
+            return hi  # pragma: no cover - the ranks add up to count
+
+        return RecentStats(
+            seconds=seconds,
+            requests=arrivals,
+            rate=arrivals / seconds,
+            ok=count,
+            errors=errors,
+            queue=queue,
+            avg=total / count if count else None,
+            p50=pct(0.50),
+            p95=pct(0.95),
+            p99=pct(0.99),
+            max=hi if count else None,
+        )
+
+
+class Window:
+    """The shape of the recent window: ``span`` seconds in slots of ``slot`` seconds (a
+    request leaves the window between ``span - slot`` and ``span`` seconds after it
+    finished)."""
+
+    def __init__(
+        self, span: float = 30.0, slot: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if not (span > 0 and 0 < slot <= span):
+            raise ValueError(f"a window needs 0 < slot <= span, got slot {slot}, span {span}")
+        self.span = span
+        self.slot = slot
+        self.slots = max(1, round(span / slot))
+        self.clock = clock
+
+    def counters(self) -> WindowCounters:
+        return WindowCounters(self)
+
+
 class Metrics:
     """Live counters, updated by the dispatcher as requests arrive and finish."""
 
-    def __init__(self, models: Iterable[str] = ()) -> None:
-        self.models: dict[str, ModelStats] = {m: ModelStats() for m in models}
+    def __init__(self, models: Iterable[str] = (), *, window: Window | None = None) -> None:
+        #: the recent window kept beside the totals (None: none)
+        self.window = window
+        self.models: dict[str, ModelStats] = {}
+        for m in models:
+            self.stats(m)
         #: requests the store held as queued at start (a previous run's, never answered):
         #: part of ``queue``, not in flight in this process
         self._stale: dict[str, int] = {}
@@ -75,11 +249,14 @@ class Metrics:
         stats = self.models.get(model)
         if stats is None:
             stats = self.models[model] = ModelStats()
+            if self.window is not None:
+                stats.recent = self.window.counters()
         return stats
 
     def load(self, conn: sqlite3.Connection | StoreDB) -> None:
-        """Start from what a store already holds."""
+        """Start from what a store already holds (the window starts empty)."""
         for model, s in model_stats(conn).items():
+            s.recent = self.stats(model).recent
             self.models[model] = s
             self._stale[model] = s.queue
 
@@ -92,6 +269,8 @@ class Metrics:
         s = self.stats(model)
         s.requests += 1
         s.queue += 1
+        if s.recent is not None:
+            s.recent.arrive(1)
 
     def finished(self, model: str, status: str, response_time: float) -> None:
         s = self.stats(model)
@@ -104,14 +283,31 @@ class Metrics:
                 s.min = response_time
             if response_time > s.max:
                 s.max = response_time
+            if s.recent is not None:
+                s.recent.answered_ok(1, response_time, response_time, response_time)
+        elif s.recent is not None:
+            s.recent.failed()
+
+    def recent(self) -> dict[str, RecentStats]:
+        """Per model, the figures of the recent window (empty without a window)."""
+        if self.window is None:
+            return {}
+        return {m: s.recent.read(s.queue) for m, s in sorted(self.models.items()) if s.recent}
 
     @property
     def queue(self) -> int:
         return sum(s.queue for s in self.models.values())
 
     def snapshot(self) -> dict[str, Any]:
-        """``{"queue": total, "models": {model: {...}}}``."""
-        return snapshot_of(self.models)
+        """``{"queue": total, "models": {model: {...}}}``, and ``"window"`` (the recent
+        window per model, see :class:`RecentStats`) when one is kept."""
+        snap = snapshot_of(self.models)
+        if self.window is not None:
+            snap["window"] = {
+                "seconds": self.window.span,
+                "models": {m: r.as_dict() for m, r in self.recent().items()},
+            }
+        return snap
 
     def prometheus(
         self,
@@ -119,9 +315,9 @@ class Metrics:
         shared: dict[str, ModelStats] | None = None,
     ) -> bytes:
         """The Prometheus text exposition of these metrics (and of ``extra``: cache
-        hits/misses/entries, devices backed off).  ``shared``: the figures of a shared
-        store (:func:`model_stats`) -- reported under the usual names, and these live
-        counters then as ``wirekit_serve_local_*``."""
+        hits/misses/entries, devices backed off, the quota of every row).  ``shared``: the
+        figures of a shared store (:func:`model_stats`) -- reported under the usual names,
+        and these live counters then as ``wirekit_serve_local_*``."""
         from prometheus_client import CollectorRegistry, generate_latest
 
         registry = CollectorRegistry(auto_describe=False)
@@ -192,6 +388,17 @@ class _Collector:
                 yield c
             g = GaugeMetricFamily("wirekit_serve_cache_entries", "Responses in the cache")
             g.add_metric([], cache["entries"])
+            yield g
+        if "quotas" in self.extra:
+            g = GaugeMetricFamily(
+                "wirekit_serve_quota",
+                "Share of a device given to a model (the models metadata, the controller's)",
+                labels=["node", "device", "device_type", "model"],
+            )
+            for q in self.extra["quotas"]:
+                g.add_metric(
+                    [q["node"], str(q["device"]), q["device_type"], q["model"]], q["quota"]
+                )
             yield g
         if "backed_off" in self.extra:
             g = GaugeMetricFamily(

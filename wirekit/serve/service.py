@@ -22,13 +22,15 @@ from aiohttp import web
 
 from wirekit.mip.limits import BufferBudget
 
+from .actuators import build_actuator
 from .backends import Backend, ClipperBackend, KubeMoBackend, MipBackend
 from .cache import ResponseCache
 from .catalog import Catalog, CatalogChange, CatalogError
 from .config import ConfigError, Deployment, DeviceRow, ModelConfig, parse_model
+from .controller import Controller, quota_rows
 from .dispatcher import Dispatcher
 from .http import build_app
-from .metrics import Metrics, ModelStats, model_stats, snapshot_of
+from .metrics import Metrics, ModelStats, Window, model_stats, snapshot_of
 from .mipfront import MipFrontDoor
 from .payload import Payload
 from .router import Router
@@ -39,6 +41,10 @@ if TYPE_CHECKING:
     from .replicas import ReplicaSync
 
 log = logging.getLogger("wirekit.serve")
+
+#: time slots of the controller's metrics window per model at most (memory: slots × the
+#: histogram buckets used, whatever the traffic)
+WINDOW_SLOTS = 600
 
 #: the environment variable that gives the admin API's bearer token (``admin.token``)
 ADMIN_TOKEN_ENV = "WIREKIT_ADMIN_TOKEN"
@@ -96,7 +102,12 @@ class Service:
             journal=deployment.store.journal,
             flush_interval=deployment.store.flush_interval,
         )
-        self.metrics = Metrics(deployment.models)
+        ctl = deployment.controller
+        #: the recent window the controller reads (kept only when a controller is configured)
+        window = None
+        if ctl is not None:  # slots of up to 1 s (half a period), at most WINDOW_SLOTS of them
+            window = Window(ctl.window, max(min(1.0, ctl.period / 2), ctl.window / WINDOW_SLOTS))
+        self.metrics = Metrics(deployment.models, window=window)
         self.cache: ResponseCache[Payload] = ResponseCache(
             deployment.cache.max_entries, deployment.cache.ttl, deployment.cache.max_bytes
         )
@@ -125,6 +136,25 @@ class Service:
         self._shared_db: StoreDB | None = None
         #: on a shared store: the models metadata shared with the other replicas
         self.replicas: ReplicaSync | None = None
+        #: the controller (None unless the config has a ``controller`` table)
+        self.controller: Controller | None = None
+        self._controller_task: asyncio.Task | None = None
+        if ctl is not None:
+            try:
+                actuator = build_actuator(ctl.actuator)
+            except ValueError as exc:
+                raise ConfigError("controller.actuator.kind", str(exc)) from None
+            try:
+                self.controller = Controller(
+                    ctl,
+                    self.catalog,
+                    self.metrics.recent,
+                    actuator,
+                    store=self.store,
+                    can_serve=self._can_serve,
+                )
+            except ValueError as exc:
+                raise ConfigError("controller.policy", str(exc)) from None
 
     def _backend_for(self, row: DeviceRow) -> Backend:
         if row.key in self._given_backends:
@@ -191,6 +221,7 @@ class Service:
                     max_items=dep.mip.max_items,
                     admin=self if dep.admin.enabled else None,
                     admin_token=self.admin_token,
+                    controller=self.controller_state,
                 )
                 self._runner = web.AppRunner(app, access_log=None)
                 await self._runner.setup()
@@ -203,6 +234,15 @@ class Service:
 
                 self.replicas = ReplicaSync(self, self.store.url, self.store.replica)
                 await self.replicas.start()
+                if self.controller is not None:
+                    # decisions stored on the lock's session: only while leading
+                    self.store.leader = self.replicas.leader
+            if self.controller is not None:
+                self._controller_task = asyncio.ensure_future(
+                    self.replicas.lead(self.controller)
+                    if self.replicas is not None
+                    else self.controller.run()
+                )
         except BaseException:
             await self.stop()
             raise
@@ -394,8 +434,33 @@ class Service:
             "clipper_rpc": (int(self.clipper.endpoint.rsplit(":", 1)[1]) if self.clipper else None),
         }
 
+    def _can_serve(self, row: DeviceRow) -> bool:
+        """Whether ``row`` has a backend, or one can be made for it when it is given a share
+        (:meth:`_follow` makes it): a port, or a Clipper container name with the Clipper
+        RPC port open."""
+        d = self.dispatcher
+        if d is not None and row.key in d.backends:
+            return True
+        if row.backend == "clipper":
+            return self.clipper is not None and bool(row.clipper_name)
+        return row.port is not None
+
+    def quotas(self) -> list[dict[str, Any]]:
+        """Every row of the catalog with its current quota."""
+        return quota_rows(self.catalog)
+
+    def controller_state(self) -> dict[str, Any]:
+        """The ``GET /controller`` document."""
+        if self.controller is None:
+            return {"enabled": False, "quotas": self.quotas(), "decisions": []}
+        return self.controller.state()
+
     def extra(self) -> dict[str, Any]:
-        return {"cache": self.cache.stats(), "backed_off": self.router.backed_off()}
+        return {
+            "cache": self.cache.stats(),
+            "backed_off": self.router.backed_off(),
+            "quotas": self.quotas(),
+        }
 
     def stats(self) -> dict[str, Any]:
         """The ``/stats`` document."""
@@ -443,8 +508,12 @@ class Service:
         return self.metrics.prometheus(self.extra(), shared)
 
     async def stop(self, grace: float = 5.0) -> None:
-        """Close the listeners, let requests in flight finish (up to ``grace`` seconds),
-        then close the backends and the store."""
+        """Stop the controller, close the listeners, let requests in flight finish (up to
+        ``grace`` seconds), then close the backends and the store."""
+        task, self._controller_task = self._controller_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task}, timeout=grace)
         if self.replicas is not None:
             await self.replicas.close()
             self.replicas = None

@@ -47,6 +47,7 @@ from wirekit._impl import load_fast
 
 from .storedb import (
     ABANDONED,
+    DECISION_COLUMNS,
     ERROR,
     FAILED,
     OK,
@@ -190,6 +191,9 @@ class RequestStore:
         self.commits = 0  #: write transactions so far
         self.rows_written = 0  #: inserts + updates so far
         self.error: BaseException | None = None  #: the last write failure, if any
+        #: on a shared store, the controller's lead (a LeaderLock): decisions are stored on
+        #: its session (set by the service)
+        self.leader: Any = None
         self.healed = 0  #: completions replayed from journals after a failed write
         self._dirty_upto = 0  # journals up to this number hold rows a failed write lost
         self._held: list[Path] = []  # retired journals not replayed yet (the writer's)
@@ -593,6 +597,64 @@ class RequestStore:
                 self._settle_journal(db, retire)
             if fut is not None:
                 _resolve([fut], failed)
+
+    # -- the controller's decisions (issue 16): a table of their own, rarely written --------
+
+    def record_decision(
+        self,
+        *,
+        time: float,
+        node: str,
+        device: int,
+        device_type: str,
+        model: str,
+        old: float,
+        new: float,
+        status: str,
+        reason: str,
+        error: str | None,
+        metrics: dict[str, Any],
+    ) -> None:
+        """Store one controller decision (its own short transaction, on its own connection:
+        call it off the event loop, the controller does).  On a shared store with a
+        :attr:`leader` lock, on the lock's session: raises
+        :class:`~wirekit.serve.pgsync.NotLeader`, storing nothing, without the lead."""
+        values = (
+            time,
+            node,
+            device,
+            device_type,
+            model,
+            old,
+            new,
+            status,
+            reason,
+            error,
+            json.dumps(metrics, sort_keys=True),
+            self.replica,
+        )
+        if self.leader is not None:
+            marks = ", ".join(["%s"] * len(DECISION_COLUMNS))
+            self.leader.execute(
+                f"INSERT INTO decisions ({', '.join(DECISION_COLUMNS)}) VALUES ({marks})", values
+            )
+            return
+        db = self._open_db()
+        try:
+            db.record_decision(values)
+        finally:
+            db.close()
+
+    def decisions(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The last ``limit`` decisions, oldest first (``metrics`` parsed back)."""
+        db = self._open_db()
+        try:
+            rows = db.decisions(limit)
+        finally:
+            db.close()
+        for row in rows:
+            row["metrics"] = json.loads(row["metrics"])
+        return rows
 
 
 def _read_journal(path: Path) -> list[tuple]:

@@ -1,0 +1,412 @@
+"""Static models → Kubernetes: the manifests of a deployment config (``wirekit serve k8s``).
+
+:func:`manifests` is a pure function, config document in, Kubernetes objects (dicts) out;
+:func:`write` puts them on standard output (one ``v1 List``) or one file per object in a
+directory.  Output is JSON, which is YAML too: ``kubectl apply -f`` reads it as it is, and
+no YAML library is needed.  The mapping (specs/k8s.md has it with an example):
+
+- every **node** of the config is a one-replica ``StatefulSet`` named ``<name>-node-<id>``
+  (a stable pod name, ``<name>-node-<id>-0``, for an actuator to address), pinned to the
+  Kubernetes node whose ``kubernetes.io/hostname`` label is the node's ``id``, and a headless
+  ``Service`` of the same name through which the dispatcher reaches its backends;
+- in its pod, a **container per (CPU device, model)** with a quota > 0, named
+  ``cpu<device>-<model>``, with ``requests.cpu`` = ``limits.cpu`` = quota × ``cpu_cores``
+  (the cores one CPU device stands for) and an in-place ``resizePolicy`` for CPU, so an
+  actuator can change a share without a restart; a **container per GPU** given to a model,
+  ``gpu<device>-<model>``, with ``limits: nvidia.com/gpu: 1``.  Each runs the model's
+  ``handler`` (``wirekit mip serve``, or ``wirekit clipper container`` for Clipper models)
+  and knows its row from ``WIREKIT_ROW`` (``node/device/model``);
+- the **actuator** of a node is the Kubernetes API itself: the dispatcher's
+  ``ServiceAccount`` is bound to a ``Role`` that may patch pods (``pods/resize``: CPU in
+  place) and StatefulSets (GPUs: the pod is recreated), and nothing else;
+- the **dispatcher** (``wirekit serve``) is a one-replica ``Deployment`` (the SQLite store
+  has one writer: strategy ``Recreate``) and a ``Service`` named ``<name>`` with its HTTP,
+  MIP front door and Clipper RPC ports; its config is a ``ConfigMap``: the given config with
+  ``listen.host`` ``0.0.0.0`` and each node's ``endpoint`` replaced by its Service.
+
+Kubernetes needs fixed ports: a listener on port 0 (any free port) is refused with a
+:class:`~wirekit.serve.config.ConfigError` naming it, as is a name that cannot become a
+Kubernetes name, or two containers of one pod on one port.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from wirekit import __version__
+
+from .config import ConfigError, Deployment, DeviceRow, parse_config
+
+CONFIG_DIR = "/etc/wirekit"  #: where the dispatcher's container finds the ConfigMap
+CONFIG_FILE = "deployment.json"
+DATA_DIR = "/var/lib/wirekit"  #: the dispatcher's working directory (the store, the journal)
+GPU_RESOURCE = "nvidia.com/gpu"
+NODE_LABEL = "kubernetes.io/hostname"
+
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+@dataclass(frozen=True, slots=True)
+class K8sOptions:
+    """What the config does not say about the cluster (``wirekit serve k8s`` flags)."""
+
+    #: an image with wirekit (``wirekit`` on PATH) and the models' handler modules
+    image: str = f"wirekit:{__version__}"
+    namespace: str = "default"
+    name: str = "wirekit"  #: prefix of every object's name
+    cpu_cores: float = 1.0  #: the cores one CPU device of the config stands for
+
+
+def manifests(doc: Any, options: K8sOptions | None = None) -> list[dict[str, Any]]:
+    """The Kubernetes objects of a deployment config document (parsed JSON/TOML).
+
+    The document is validated as ``wirekit serve`` does (:func:`parse_config`), then checked
+    for what Kubernetes needs; both raise :class:`ConfigError` naming the bad value.
+    """
+    opts = options or K8sOptions()
+    _check_options(opts)
+    dep = parse_config(doc)
+    node_ids = _node_names(dep, opts)
+    cluster_doc = _cluster_config(doc, dep, node_ids)
+    parse_config(cluster_doc)  # what the dispatcher will read is valid too
+    objects: list[dict[str, Any]] = [
+        _object("v1", "ServiceAccount", opts.name, opts),
+        _actuator_role(opts),
+        _actuator_binding(opts),
+        {
+            **_object("v1", "ConfigMap", f"{opts.name}-config", opts),
+            "data": {CONFIG_FILE: json.dumps(cluster_doc, indent=2) + "\n"},
+        },
+    ]
+    for node_id, service in node_ids.items():
+        rows = [r for r in dep.rows if r.node == node_id and r.quota > 0]
+        if rows:  # a node without a model to serve has no pod
+            objects.extend(_node_objects(node_id, service, rows, dep, opts))
+    objects.extend(_dispatcher_objects(dep, opts))
+    return objects
+
+
+def write(objects: list[dict[str, Any]], out: TextIO | None, directory: Path | None) -> list[str]:
+    """Write ``objects`` as one ``v1 List`` to ``out``, or one ``NN-kind-name.json`` file each
+    into ``directory`` (created if missing); returns the files written."""
+    if directory is None:
+        assert out is not None
+        out.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))
+        out.write("\n")
+        return []
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for i, obj in enumerate(objects):
+        path = directory / f"{i:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.json"
+        path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+        written.append(str(path))
+    return written
+
+
+# --- names -----------------------------------------------------------------------------------
+
+
+def _dns(text: str, where: str, what: str) -> str:
+    """``text`` as a DNS-1035 label part (lower case, ``-`` for anything else)."""
+    name = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    if not name:
+        raise ConfigError(where, f"{what} {text!r} has no letter or digit to name it by")
+    return name
+
+
+def _fits(name: str, where: str, what: str) -> str:
+    if len(name) > 63 or not _DNS_LABEL.match(name):
+        raise ConfigError(
+            where, f"{what} {name!r} is not a Kubernetes name (a-z, 0-9, '-', 63 at most)"
+        )
+    return name
+
+
+def _check_options(opts: K8sOptions) -> None:
+    _fits(opts.name, "--name", "name")
+    _fits(opts.namespace, "--namespace", "namespace")
+    if not opts.image or any(c.isspace() for c in opts.image):
+        raise ConfigError("--image", f"not an image reference: {opts.image!r}")
+    if not opts.cpu_cores > 0 or opts.cpu_cores > 4096:
+        raise ConfigError("--cpu-cores", f"must be > 0 and <= 4096, got {opts.cpu_cores}")
+
+
+def _node_names(dep: Deployment, opts: K8sOptions) -> dict[str, str]:
+    """node id -> the name of its StatefulSet and Service (unique, valid)."""
+    names: dict[str, str] = {}
+    for n, node_id in enumerate(dict.fromkeys(r.node for r in dep.rows)):
+        where = f"nodes[{n}].id"
+        if len(node_id) > 63 or not _LABEL_VALUE.match(node_id):
+            raise ConfigError(
+                where,
+                f"node id {node_id!r} must be the node's {NODE_LABEL} label value "
+                "(letters, digits, '-', '_', '.'; 63 at most)",
+            )
+        name = _fits(node_name(node_id, opts, where), where, "node name")
+        for other, taken in names.items():
+            if taken == name:
+                raise ConfigError(where, f"nodes {other!r} and {node_id!r} both become {name!r}")
+        names[node_id] = name
+    return names
+
+
+def node_name(node_id: str, options: K8sOptions | None = None, where: str = "node") -> str:
+    """The name of a node's StatefulSet and Service; its pod is this + ``-0``."""
+    opts = options or K8sOptions()
+    return f"{opts.name}-node-{_dns(node_id, where, 'node id')}"
+
+
+def container_name(row: DeviceRow, where: str = "model") -> str:
+    """The name of a row's container in its node's pod: ``cpu<device>-<model>`` or
+    ``gpu<device>-<model>``."""
+    kind = "cpu" if row.device_type == "CPU" else "gpu"
+    return _fits(f"{kind}{row.device}-{_dns(row.model, where, 'model')}", where, "container")
+
+
+def cpu_quantity(share: float, options: K8sOptions | None = None) -> str:
+    """A CPU share of one device as a Kubernetes quantity (millicores, 1m at least)."""
+    opts = options or K8sOptions()
+    return f"{max(1, round(share * opts.cpu_cores * 1000))}m"
+
+
+def resize_patch(row: DeviceRow, share: float, options: K8sOptions | None = None) -> dict[str, Any]:
+    """The patch that gives ``row``'s container ``share`` of its CPU device in place: the body
+    of ``PATCH pods/<node_name(row.node)>-0/resize`` (``kubectl patch pod ... --subresource
+    resize -p ...``); what a Kubernetes actuator's ``set_cpu_share`` sends."""
+    cpu = cpu_quantity(share, options)
+    return {
+        "spec": {
+            "containers": [
+                {
+                    "name": container_name(row),
+                    "resources": {"requests": {"cpu": cpu}, "limits": {"cpu": cpu}},
+                }
+            ]
+        }
+    }
+
+
+# --- objects ---------------------------------------------------------------------------------
+
+
+def _labels(opts: K8sOptions, component: str, **extra: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "wirekit",
+        "app.kubernetes.io/instance": opts.name,
+        "app.kubernetes.io/component": component,
+        **extra,
+    }
+
+
+def _object(api: str, kind: str, name: str, opts: K8sOptions, **labels: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": opts.namespace}
+    meta["labels"] = labels or _labels(opts, "dispatcher")
+    return {"apiVersion": api, "kind": kind, "metadata": meta}
+
+
+def _actuator_role(opts: K8sOptions) -> dict[str, Any]:
+    return {
+        **_object("rbac.authorization.k8s.io/v1", "Role", f"{opts.name}-actuator", opts),
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["pods/resize"], "verbs": ["get", "patch"]},
+            {
+                "apiGroups": ["apps"],
+                "resources": ["statefulsets"],
+                "verbs": ["get", "list", "patch"],
+            },
+        ],
+    }
+
+
+def _actuator_binding(opts: K8sOptions) -> dict[str, Any]:
+    return {
+        **_object("rbac.authorization.k8s.io/v1", "RoleBinding", f"{opts.name}-actuator", opts),
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": f"{opts.name}-actuator",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": opts.name, "namespace": opts.namespace}],
+    }
+
+
+def _cluster_config(doc: Mapping[str, Any], dep: Deployment, nodes: dict[str, str]) -> Any:
+    """The config the dispatcher reads in the cluster: listening on every interface, each
+    node's backends reached through its Service, every listener on a fixed port."""
+    if dep.http_port == 0:
+        raise ConfigError("listen.http_port", "Kubernetes needs a fixed port, got 0 (any)")
+    if dep.clipper_rpc_port == 0:
+        raise ConfigError(
+            "listen.clipper_rpc_port",
+            "Clipper containers connect to the dispatcher: Kubernetes needs a fixed port",
+        )
+    for name, model in dep.models.items():
+        if model.mip_port == 0:
+            raise ConfigError(
+                f"models.{name}.port",
+                "Kubernetes needs a fixed port for the MIP front door, got 0 (any); "
+                "null: no MIP front door",
+            )
+    cluster = copy.deepcopy(dict(doc))
+    cluster["listen"] = {**cluster.get("listen", {}), "host": "0.0.0.0"}
+    cluster["nodes"] = [{**node, "endpoint": nodes[node["id"]]} for node in cluster["nodes"]]
+    return cluster
+
+
+def _node_objects(
+    node_id: str, name: str, rows: list[DeviceRow], dep: Deployment, opts: K8sOptions
+) -> list[dict[str, Any]]:
+    n = list(dict.fromkeys(r.node for r in dep.rows)).index(node_id)
+    labels = _labels(opts, "node", **{"wirekit.io/node": name.removeprefix(f"{opts.name}-node-")})
+    containers = []
+    ports: dict[int, str] = {}
+    names: dict[str, str] = {}
+    for row in rows:
+        where = f"models.{row.model}"
+        container = _backend_container(row, dep, opts, where)
+        if container["name"] in names:
+            raise ConfigError(
+                where,
+                f"{names[container['name']]} and {row.key} both become "
+                f"{container['name']!r} (a container name in a pod is unique)",
+            )
+        names[container["name"]] = row.key
+        if row.port is not None:
+            if row.port in ports:
+                raise ConfigError(
+                    f"nodes[{n}].ports",
+                    f"port {row.port} is both {ports[row.port]} and {row.key}: the containers"
+                    " of one pod share its network, each backend needs its own port",
+                )
+            ports[row.port] = row.key
+        containers.append(container)
+    stateful_set = {
+        **_object("apps/v1", "StatefulSet", name, opts, **labels),
+        "spec": {
+            "serviceName": name,
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {NODE_LABEL: node_id},
+                    "containers": containers,
+                },
+            },
+        },
+    }
+    service = {
+        **_object("v1", "Service", name, opts, **labels),
+        "spec": {
+            # headless: the name resolves to the pod itself (no ports when the pod has only
+            # Clipper containers, which dial out)
+            "clusterIP": "None",
+            "selector": labels,
+            "ports": [
+                {"name": f"mip-{port}", "port": port, "targetPort": port, "protocol": "TCP"}
+                for port in sorted(ports)
+            ],
+        },
+    }
+    return [service, stateful_set]
+
+
+def _backend_container(
+    row: DeviceRow, dep: Deployment, opts: K8sOptions, where: str
+) -> dict[str, Any]:
+    model = dep.models[row.model]
+    handler = model.handler
+    if row.backend == "clipper":
+        args = [
+            "clipper", "container", "--model", handler, "--name", row.clipper_name or row.model,
+            "--address", f"tcp://{opts.name}:{dep.clipper_rpc_port}",
+            "--generation", dep.clipper_generation,
+        ]  # fmt: skip
+    else:
+        args = ["mip", "serve", "--listen", f"tcp://0.0.0.0:{row.port}", "--handler", handler]
+    container: dict[str, Any] = {
+        "name": container_name(row, where),
+        "image": opts.image,
+        "command": ["wirekit"],
+        "args": args,
+        "env": [
+            {"name": "WIREKIT_ROW", "value": row.key},
+            {"name": "WIREKIT_DEVICE", "value": row.device_type},
+        ],
+    }
+    if row.device_type == "CPU":
+        cpu = cpu_quantity(row.quota, opts)
+        container["resources"] = {"requests": {"cpu": cpu}, "limits": {"cpu": cpu}}
+        container["resizePolicy"] = [{"resourceName": "cpu", "restartPolicy": "NotRequired"}]
+    else:
+        container["resources"] = {"limits": {GPU_RESOURCE: "1"}}
+    if row.port is not None:
+        container["ports"] = [{"name": f"mip-{row.port}", "containerPort": row.port}]
+        container["readinessProbe"] = {"tcpSocket": {"port": row.port}, "periodSeconds": 5}
+    return container
+
+
+def _dispatcher_objects(dep: Deployment, opts: K8sOptions) -> list[dict[str, Any]]:
+    labels = _labels(opts, "dispatcher")
+    ports: list[dict[str, Any]] = []
+    if dep.http_port is not None:
+        ports.append({"name": "http", "port": dep.http_port})
+    for model in dep.models.values():
+        if model.mip_port is not None:
+            ports.append({"name": f"mip-{model.mip_port}", "port": model.mip_port})
+    if dep.clipper_rpc_port is not None:
+        ports.append({"name": "clipper-rpc", "port": dep.clipper_rpc_port})
+    if not ports:
+        raise ConfigError("listen.http_port", "the dispatcher would listen nowhere")
+    container: dict[str, Any] = {
+        "name": "dispatcher",
+        "image": opts.image,
+        "command": ["wirekit"],
+        "args": ["serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}", "--log-level", "info"],
+        "workingDir": DATA_DIR,
+        "ports": [{"name": p["name"], "containerPort": p["port"]} for p in ports],
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "data", "mountPath": DATA_DIR},
+        ],
+    }
+    if dep.http_port is not None:
+        container["readinessProbe"] = {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 5,
+        }
+    deployment = {
+        **_object("apps/v1", "Deployment", f"{opts.name}-dispatcher", opts, **labels),
+        "spec": {
+            "replicas": 1,  # the SQLite store has one writer
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": opts.name,
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "config", "configMap": {"name": f"{opts.name}-config"}},
+                        {"name": "data", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    }
+    service = {
+        **_object("v1", "Service", opts.name, opts, **labels),
+        "spec": {
+            "selector": labels,
+            "ports": [{**p, "targetPort": p["port"], "protocol": "TCP"} for p in ports],
+        },
+    }
+    return [deployment, service]
