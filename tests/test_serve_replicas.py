@@ -292,3 +292,90 @@ def test_models_added_and_removed_through_one_replica_reach_the_other(tmp_path, 
             with DispatcherProcess(configs["C"]) as c:
                 status, doc = http("GET", f"{c.http}/admin/models")
                 assert status == 200 and sorted(doc["models"]) == ["a", "k2"]
+
+
+def leader_names(url: str) -> list[str]:
+    """The application names of the sessions holding an advisory lock (the leader's)."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+            " WHERE l.locktype = 'advisory' AND l.granted"
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def decisions_of(url: str) -> list[tuple]:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            "SELECT replica, model, old, new, status FROM decisions ORDER BY id"
+        ).fetchall()
+
+
+def test_the_controller_runs_on_one_replica_and_moves_to_another(tmp_path, pg_url):
+    """Two replicas with the same controller: exactly one leads (holds the lock), its one
+    decision is stored once and reaches the other replica's catalog; the leader killed,
+    the other leads."""
+    import urllib.request
+
+    with CliServer(handler="serve_handlers:tag_fast") as backend:
+        port = int(backend.address.rsplit(":", 1)[1])
+        configs = {}
+        for name in ("A", "B"):
+            path = tmp_path / f"{name}.json"
+            path.write_text(
+                json.dumps(
+                    deployment(
+                        tmp_path / f"{name}.db",
+                        {"a": {"timeout": 5}},
+                        [
+                            {
+                                "id": "n",
+                                "devices": ["CPU"],
+                                "models": ["a"],
+                                "quotas": [0.5],
+                                "ports": [port],
+                            }
+                        ],
+                        store={
+                            "path": str(tmp_path / f"{name}.db"),
+                            "url": pg_url,
+                            "replica": name,
+                        },
+                        cache={"max_entries": 0},
+                        controller={
+                            "period": 0.05,
+                            "window": 1.0,
+                            "policy": "serve_policy_plugin:Fixed",
+                            "options": {"share": 0.25},
+                        },
+                    )
+                )
+            )
+            configs[name] = path
+
+        def quota_of(proc) -> float:
+            with urllib.request.urlopen(f"{proc.http}/admin/models", timeout=TIMEOUT) as r:
+                return json.loads(r.read())["models"]["a"]["rows"][0]["quota"]
+
+        with DispatcherProcess(configs["A"]) as a, DispatcherProcess(configs["B"]) as b:
+            procs = {"A": a, "B": b}
+            assert poll(lambda: len(leader_names(pg_url)) == 1) <= 400
+            (holder,) = leader_names(pg_url)
+            leading = "A" if "leader A#" in holder else "B"
+            other = "B" if leading == "A" else "A"
+            assert f"leader {leading}#" in holder
+            assert poll(lambda: quota_of(a) == 0.25 and quota_of(b) == 0.25) <= 400
+            time.sleep(20 * 0.05)  # twenty more periods: the policy decides once per leader
+            assert decisions_of(pg_url) == [(leading, "a", 0.5, 0.25, "applied")]
+            procs[leading].kill9()
+            names = f"leader {other}#"
+            assert poll(lambda: [names in n for n in leader_names(pg_url)] == [True]) <= 400
+            # the new leader's policy starts afresh: one decision of its own at most
+            assert poll(lambda: len(decisions_of(pg_url)) >= 2, limit=100) <= 101
+            first, *rest = decisions_of(pg_url)
+            assert first == (leading, "a", 0.5, 0.25, "applied")
+            assert [r[0] for r in rest] == [other] * len(rest) and len(rest) <= 1
