@@ -11,10 +11,12 @@ controller (issue 17).  Used by :class:`~wirekit.serve.service.Service` when the
   local change.  A replica that starts replays the whole log over the config's models, so
   every replica describes the same models.
 * **The controller acts once.**  Only the replica that holds the
-  :class:`~wirekit.serve.pgsync.LeaderLock` runs controller periods.  Its quota changes are
-  logged on the lock's session and its decisions stored there too: a replica that lost
-  the lead without knowing it cannot publish or record a decision (no decision is taken
-  twice); its own catalog is then put back to what the log says.
+  :class:`~wirekit.serve.pgsync.LeaderLock` runs controller periods, on the figures of
+  every replica's requests over its window (:meth:`PostgresDB.recent
+  <wirekit.serve.storedb.PostgresDB.recent>`, read from the store before each period).
+  Its quota changes are logged on the lock's session and its decisions stored there too:
+  a replica that lost the lead without knowing it cannot publish or record a decision (no
+  decision is taken twice); its own catalog is then put back to what the log says.
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
+import time
 from typing import Any
 
 from .catalog import CatalogChange
 from .config import DeviceRow, ModelConfig
+from .metrics import RecentStats
 from .pgsync import Change, ChangeLog, LeaderLock, NotLeader
+from .storedb import PostgresDB
 
 log = logging.getLogger("wirekit.serve")
 
@@ -74,6 +79,9 @@ class ReplicaSync:
         self._deciding = False  # a controller period runs: its changes go via the lock
         self.applied = 0  #: changes of other replicas applied here
         self.ready = asyncio.Event()  #: set once the log so far is applied
+        self.url = url
+        self._db: PostgresDB | None = None  # the window's queries (the leader's)
+        self._recent: dict[str, dict[str, Any]] = {}
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -184,12 +192,41 @@ class ReplicaSync:
                 log.warning("wirekit serve: this replica leads the controller")
                 await controller.sync()
                 synced = True
+            # what the policy reads: every replica's requests over the window, from the store
+            # (read here, off the loop; the controller's snapshot takes it from recent())
+            since = time.time() - controller.config.window
+            self._recent = await asyncio.to_thread(self._window_db().recent, since)
             self._deciding = True
             try:
                 await controller.step()
             finally:
                 self._deciding = False
             await asyncio.sleep(controller.config.period)
+
+    def _window_db(self) -> PostgresDB:
+        if self._db is None:
+            self._db = PostgresDB(self.url)
+        return self._db
+
+    def recent(self, span: float) -> dict[str, RecentStats]:
+        """The window figures of every replica's requests, per model, as of the leader's
+        last period (the controller's ``recent``; empty before the first)."""
+        return {
+            model: RecentStats(
+                seconds=span,
+                requests=f["requests"],
+                rate=f["requests"] / span if span > 0 else 0.0,
+                ok=f["ok"],
+                errors=f["errors"],
+                queue=f["queue"],
+                avg=f["avg"],
+                p50=f["p50"],
+                p95=f["p95"],
+                p99=f["p99"],
+                max=f["max"],
+            )
+            for model, f in sorted(self._recent.items())
+        }
 
     async def close(self) -> None:
         if self._applier is not None:
@@ -198,4 +235,7 @@ class ReplicaSync:
             self._applier = None
         await asyncio.to_thread(self.log.close)
         await asyncio.to_thread(self.leader.close)
+        if self._db is not None:
+            await asyncio.to_thread(self._db.close)
+            self._db = None
         self._writer.shutdown(wait=True)

@@ -30,7 +30,7 @@ from .config import ConfigError, Deployment, DeviceRow, ModelConfig, parse_model
 from .controller import Controller, quota_rows
 from .dispatcher import Dispatcher
 from .http import build_app
-from .metrics import Metrics, ModelStats, Window, model_stats, snapshot_of
+from .metrics import Metrics, ModelStats, RecentStats, Window, model_stats, snapshot_of
 from .mipfront import MipFrontDoor
 from .payload import Payload
 from .router import Router
@@ -148,13 +148,20 @@ class Service:
                 self.controller = Controller(
                     ctl,
                     self.catalog,
-                    self.metrics.recent,
+                    self._recent,
                     actuator,
                     store=self.store,
                     can_serve=self._can_serve,
                 )
             except ValueError as exc:
                 raise ConfigError("controller.policy", str(exc)) from None
+
+    def _recent(self) -> dict[str, RecentStats]:
+        """What the controller's policy reads: this process's window, or on a shared store
+        every replica's (read from the store by the leader before each period)."""
+        if self.replicas is not None and self.controller is not None:
+            return self.replicas.recent(self.controller.config.window)
+        return self.metrics.recent()
 
     def _backend_for(self, row: DeviceRow) -> Backend:
         if row.key in self._given_backends:
