@@ -91,9 +91,17 @@ async def stop_all(service, servers):
         await server.shutdown()
 
 
-def test_admin_api_adds_lists_and_removes_a_model(tmp_path):
+def shared_store(tmp_path, store_url) -> dict:
+    """The ``store`` table for ``admin_service``: the SQLite file, or a PostgreSQL URL (the
+    catalog's changes then also go through the change log)."""
+    if store_url is None:
+        return {}
+    return {"store": {"path": str(tmp_path / "r.db"), "url": store_url}}
+
+
+def test_admin_api_adds_lists_and_removes_a_model(tmp_path, store_url):
     async def main():
-        service, servers = await admin_service(tmp_path)
+        service, servers = await admin_service(tmp_path, **shared_store(tmp_path, store_url))
         port_n, port_g = servers[1][1], servers[2][1]
         base = f"http://127.0.0.1:{service.addresses()['http']}"
         try:
@@ -181,14 +189,14 @@ def test_admin_api_adds_lists_and_removes_a_model(tmp_path):
     run(main())
 
 
-def test_removal_drains_requests_in_flight(tmp_path):
+def test_removal_drains_requests_in_flight(tmp_path, store_url):
     """Requests in flight when the removal starts are answered (not failed); requests after
     it on a connection still open get an error reply; the front door stops listening."""
 
     async def main():
         gate = asyncio.Event()
         held, hport = await start_backend(tagged("H", gate=gate))
-        service, servers = await admin_service(tmp_path)
+        service, servers = await admin_service(tmp_path, **shared_store(tmp_path, store_url))
         try:
             from wirekit.serve.config import ModelConfig, parse_model
 
