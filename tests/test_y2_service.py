@@ -1,0 +1,636 @@
+"""The y2 communication services (issue 20): ``wirekit y2 client`` / ``wirekit y2 service``.
+
+Sans-IO state machines against both twins; then real clusters on loopback: a client and 3
+node services (threads, and real processes through the CLI), each with a worker -- wirekit's
+:class:`~wirekit.y2.worker.WorkerLink`, and y2's own ``Communication`` class when
+``WIREKIT_Y2_COMMUNICATION`` gives the path of y2's
+``worker_service/communications/communication.py`` (y2's worker is not on PyPI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wirekit import y2
+from wirekit.errors import DecodeError
+from wirekit.y2.cluster import ClientService, NodeService
+from wirekit.y2.service import (
+    DONE,
+    FINISHED,
+    HELLO,
+    INDEX,
+    REFUSED,
+    RUNTIME,
+    ClientRegistry,
+    CloseWorker,
+    ConnectPeers,
+    NodeSession,
+    Stop,
+    ToClient,
+    ToPeers,
+)
+from wirekit.y2.worker import WorkerLink
+
+HERE = Path(__file__).resolve().parent
+TIMEOUT = 60.0  # a bound for a hang, not a threshold: every wait ends early on success
+
+
+def _i32(v: int) -> bytes:
+    return v.to_bytes(4, "big", signed=True)
+
+
+def _delta(codec, sender: int, seq: int, per: int = 3) -> bytes:
+    # every word: layer = sender, index = seq (a Delta may repeat a word)
+    return codec.encode(y2.Delta(codec.pack([sender] * per, [1] * per, [seq] * per, [0] * per)))
+
+
+def _registered(codec, n: int = 3) -> ClientRegistry:
+    reg = ClientRegistry(n, codec=codec)
+    for i in range(n):
+        reg.receive(f"node{i}".encode(), [HELLO, f"tcp://127.0.0.1:{7000 + i}".encode()])
+    return reg
+
+
+def _indexed_session(codec, node_id: int = 1, **kw) -> NodeSession:
+    s = NodeSession(f"tcp://127.0.0.1:{7000 + node_id}", codec=codec, **kw)
+    peers = [f"tcp://x:{i}".encode() for i in range(3)]
+    s.client_message([INDEX, codec.encode(y2.NodeIndex(node_id, 3)), *peers])
+    return s
+
+
+# ------------------------------------------------------------------ client registry
+
+
+def test_registry_gives_ids_in_order_and_index_to_everyone(y2_codec):
+    reg = ClientRegistry(3, codec=y2_codec)
+    assert reg.receive(b"a", [HELLO, b"tcp://h:1"]) == []
+    assert reg.receive(b"b", [HELLO, b"tcp://h:2"]) == []
+    replies = reg.receive(b"c", [HELLO, b"tcp://h:3"])
+    assert [to for to, _ in replies] == [b"a", b"b", b"c"]
+    for k, (_, frames) in enumerate(replies):
+        assert frames[0] == INDEX
+        assert y2_codec.decode(frames[1]) == y2.NodeIndex(k, 3)
+        assert list(frames[2:]) == [b"tcp://h:1", b"tcp://h:2", b"tcp://h:3"]
+
+
+def test_registry_same_name_gets_same_id_again(y2_codec):
+    reg = _registered(y2_codec)
+    [(to, frames)] = reg.receive(b"node2", [HELLO, b"tcp://127.0.0.1:7002"])
+    assert to == b"node2" and y2_codec.decode(frames[1]) == y2.NodeIndex(2, 3)
+    assert reg.counters.reconnections == 1 and len(reg.nodes) == 3
+
+
+def test_registry_refuses_a_node_too_many(y2_codec):
+    reg = _registered(y2_codec)
+    [(to, frames)] = reg.receive(b"extra", [HELLO, b"tcp://h:9"])
+    assert to == b"extra" and frames[0] == REFUSED and b"3 nodes" in frames[1]
+    assert reg.counters.refused == 1 and len(reg.nodes) == 3
+
+
+def test_registry_collects_reports_and_is_done_after_every_finished(y2_codec):
+    reg = _registered(y2_codec)
+    rt = y2_codec.encode(y2.Runtime(600, 1, 20, 2, 1500))
+    assert reg.receive(b"node1", [RUNTIME, _i32(1), rt]) == []
+    for i in (2, 0):
+        assert reg.receive(f"node{i}".encode(), [FINISHED, _i32(i)]) == []
+    assert not reg.done
+    replies = reg.receive(b"node1", [FINISHED, _i32(1)])
+    assert reg.done and sorted(to for to, _ in replies) == [b"node0", b"node1", b"node2"]
+    assert all(frames == (DONE,) for _, frames in replies)
+    assert reg.report.records == [
+        (1, y2.Runtime(600, 1, 20, 2, 1500)),
+        (2, y2.Finished()),
+        (0, y2.Finished()),
+        (1, y2.Finished()),
+    ]
+    # the report file: NodeIndex of the node before each record, readable as y2 messages
+    stream = y2.Decoder(codec=y2_codec)
+    stream.feed(reg.report_bytes())
+    msgs = list(stream)
+    assert msgs[0] == y2.NodeIndex(1, 3) and msgs[1] == y2.Runtime(600, 1, 20, 2, 1500)
+    assert msgs[6] == y2.NodeIndex(1, 3) and msgs[7] == y2.Finished() and len(msgs) == 8
+
+
+@pytest.mark.parametrize(
+    "sender, frames",
+    [
+        (b"stranger", [RUNTIME, _i32(0), b""]),  # not registered
+        (b"node0", [RUNTIME, _i32(1), b""]),  # claims another node's id
+        (b"node0", [RUNTIME, _i32(0), b"\x00\x00\x00\x02\x00\x00\x00\x10"]),  # short payload
+        (b"node0", [RUNTIME, _i32(0), b"\x00\x00\x00\x03\x00\x00\x00\x00"]),  # not a Runtime
+        (b"node0", [b"what", _i32(0)]),
+        (b"node0", [HELLO, b"\xff\xfe"]),  # endpoint not UTF-8
+        (b"node0", [HELLO, b"tcp://elsewhere:1"]),  # another inbox
+        (b"node0", []),
+    ],
+)
+def test_registry_counts_malformed_service_messages(y2_codec, sender, frames):
+    reg = _registered(y2_codec)
+    assert reg.receive(sender, frames) == []
+    assert reg.counters.errors == 1 and reg.errors and reg.report.records == []
+
+
+# ------------------------------------------------------------------ node session
+
+
+def test_session_worker_gets_index_then_deltas_go_to_peers(y2_codec):
+    s = NodeSession("tcp://127.0.0.1:7001", codec=y2_codec)
+    assert s.worker_connected() and not s.accepts_worker_input  # no index yet
+    assert s.worker_connected() is False and s.counters.worker_refused == 1
+    index = y2_codec.encode(y2.NodeIndex(1, 3))
+    events = s.client_message([INDEX, index, b"tcp://a:0", b"tcp://a:1", b"tcp://a:2"])
+    assert events == [ConnectPeers(("tcp://a:0", "tcp://a:2"))]
+    assert bytes(s.data_to_worker()) == index  # the waiting worker gets its index
+    s.worker_sent(len(index))
+    d = _delta(y2_codec, 1, 0)
+    rt = y2_codec.encode(y2.Runtime(1, 2, 3, 4))
+    data = d + rt + y2_codec.encode(y2.Finished())
+    events = s.worker_data(data[:5]) + s.worker_data(data[5:])
+    assert events == [
+        ToPeers((_i32(1), d)),
+        ToClient((RUNTIME, _i32(1), rt)),
+        ToClient((FINISHED, _i32(1))),
+    ]
+    assert s.counters.deltas_from_worker == 1 and s.counters.words_from_worker == 3
+    assert s.client_message([DONE]) == [Stop()] and s.stopped
+
+
+def test_session_reconnected_worker_gets_its_index_again(y2_codec):
+    s = _indexed_session(y2_codec, 2)
+    index = y2_codec.encode(y2.NodeIndex(2, 3))
+    for _ in range(2):
+        assert s.worker_connected()
+        assert bytes(s.data_to_worker()) == index
+        s.worker_closed()
+    assert s.counters.worker_connections == 2
+
+
+@pytest.mark.parametrize(
+    "data, field, offset",
+    [
+        (b"\x00\x00\x00\x07\x00\x00\x00\x00", "type", 0),  # unknown type
+        (b"\x00\x00\x00\x02\x00\x00\x00\x0c", "size", 4),  # Runtime of 12 bytes
+        (b"\x00\x00\x00\x01\xff\xff\xff\xfc", "size", 4),  # negative size
+        (b"\x00\x00\x00\x00\x00\x00\x00\x08" + bytes(8), "type", 0),  # a worker's NodeIndex
+    ],
+)
+def test_session_malformed_worker_input_closes_the_link(y2_codec, data, field, offset):
+    s = _indexed_session(y2_codec)
+    assert s.worker_connected()
+    good = _delta(y2_codec, 1, 0)
+    events = s.worker_data(good + data)
+    assert events[0] == ToPeers((_i32(1), good))
+    assert isinstance(events[1], CloseWorker) and len(events) == 2
+    err = events[1].error
+    assert isinstance(err, DecodeError) and err.protocol == "y2"
+    assert (err.field, err.offset) == (field, len(good) + offset)
+    assert s.counters.worker_errors == 1 and not s.worker_attached
+    assert s.worker_data(good) == []  # nothing more from that link
+    assert s.worker_connected()  # a new worker may come
+
+
+def test_session_oversize_message_closes_the_link_before_buffering(y2_codec):
+    s = _indexed_session(y2_codec, max_message_size=1024)
+    assert s.worker_connected()
+    [event] = s.worker_data(b"\x00\x00\x00\x01\x00\x00\x04\x00")  # 1032 bytes announced
+    assert isinstance(event, CloseWorker) and event.error.field == "size"
+    assert "exceeds the limit" in str(event.error)
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [_i32(0)],  # no Delta frame
+        [b"\x00\x00", b""],  # sender id not 4 bytes
+        [_i32(1), b""],  # from this node itself
+        [_i32(3), b""],  # no such node
+        [_i32(0), b"\x00\x00\x00\x02\x00\x00\x00\x10" + bytes(16)],  # a Runtime
+        [_i32(0), b"\x00\x00\x00\x01\x00\x00\x00\x08" + bytes(4)],  # size != frame
+        [_i32(0), b"\x00\x00\x00\x01\x00\x00\x00\x06" + bytes(6)],  # not whole words
+    ],
+)
+def test_session_malformed_peer_message_is_counted_and_dropped(y2_codec, frames):
+    s = _indexed_session(y2_codec)
+    assert s.worker_connected()
+    s.worker_sent(s.worker_buffered)  # the index
+    assert s.peer_message(frames) is False
+    assert s.counters.peer_errors == 1 and s.worker_buffered == 0
+
+
+def test_session_block_policy_stops_taking_peer_deltas_past_the_cap(y2_codec):
+    d = _delta(y2_codec, 0, 0)
+    s = _indexed_session(y2_codec, max_worker_buffer=3 * len(d))
+    assert s.worker_connected()
+    s.worker_sent(s.worker_buffered)
+    taken = 0
+    while s.accepts_peer_input:
+        assert s.peer_message([_i32(0), d])
+        taken += 1
+        assert taken < 100
+    assert taken == 3 and s.worker_buffered == 3 * len(d)
+    assert s.counters.deltas_dropped == 0
+    s.worker_sent(len(d) + 5)  # the worker reads: room again
+    assert s.accepts_peer_input
+    assert bytes(s.data_to_worker()) == d[5:]
+
+
+def test_session_drop_policy_drops_and_counts(y2_codec):
+    d = _delta(y2_codec, 0, 0)
+    s = _indexed_session(y2_codec, max_worker_buffer=2 * len(d), slow_worker="drop")
+    assert s.worker_connected()
+    s.worker_sent(s.worker_buffered)
+    for _ in range(5):
+        assert s.accepts_peer_input and s.peer_message([_i32(2), d])
+    assert s.worker_buffered == 2 * len(d)
+    assert (s.counters.deltas_to_worker, s.counters.deltas_dropped) == (2, 3)
+    assert s.counters.words_dropped == 9
+
+
+def test_session_deltas_for_an_absent_worker_are_dropped_and_counted(y2_codec):
+    s = _indexed_session(y2_codec)
+    d = _delta(y2_codec, 0, 0)
+    assert s.peer_message([_i32(0), d])  # no worker connected
+    assert s.worker_connected()
+    assert s.peer_message([_i32(0), d])
+    s.worker_closed()  # queued but never written
+    assert s.counters.deltas_dropped == 2 and s.worker_buffered == 0
+
+
+def test_session_bad_client_messages_are_counted(y2_codec):
+    s = NodeSession("tcp://x:1", codec=y2_codec)
+    bad_index = b"\x00\x00\x00\x00\x00\x00\x00\x08" + _i32(5) + _i32(3)
+    for frames in ([INDEX, bad_index, b"a", b"b", b"c"], [b"?"], [], [INDEX, b"", b"a"]):
+        assert s.client_message(frames) == []
+    assert s.counters.client_errors == 4 and s.node is None
+    assert s.client_message([REFUSED, b"full"]) == [Stop("full")]
+
+
+# ------------------------------------------------------------------ clusters on loopback
+
+
+@contextmanager
+def _cluster(n: int = 3, **service_kw) -> Iterator[tuple[ClientService, list[NodeService]]]:
+    stop = threading.Event()
+    client = ClientService(n, "tcp://127.0.0.1:*")
+    services = [
+        NodeService(client.address, ("127.0.0.1", 0), name=f"node-{k}", **service_kw)
+        for k in range(n)
+    ]
+    threads = [threading.Thread(target=client.run, args=(stop,), daemon=True)]
+    threads += [threading.Thread(target=s.run, args=(stop,), daemon=True) for s in services]
+    for t in threads:
+        t.start()
+    try:
+        yield client, services
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(TIMEOUT)
+        assert not any(t.is_alive() for t in threads)
+
+
+def _exchange(links: list[WorkerLink], deltas: int, per: int = 3) -> dict[int, dict[int, list]]:
+    """Every worker sends ``deltas`` Deltas; returns, per receiver, per sender, the seqs."""
+    index = [link.node_index(TIMEOUT) for link in links]
+    assert sorted(i.node_id for i in index) == list(range(len(links)))
+    assert {i.node_count for i in index} == {len(links)}
+    for link, ix in zip(links, index, strict=True):
+        link.send_raw(b"".join(_delta(y2, ix.node_id, k, per) for k in range(deltas)))
+    got: dict[int, dict[int, list]] = {}
+    for link, ix in zip(links, index, strict=True):
+        seen: dict[int, list] = {}
+        for d in link.deltas((len(links) - 1) * deltas, TIMEOUT):
+            layer, _, idx, _ = y2.unpack(np.asarray(d.words))
+            assert len(set(layer.tolist())) == 1
+            seen.setdefault(int(layer[0]), []).append(int(idx[0]))
+        got[ix.node_id] = seen
+    return got
+
+
+def test_cluster_of_three_delivers_every_delta_once_in_order():
+    deltas = 200
+    with _cluster() as (client, services):
+        links = [WorkerLink(s.worker_address) for s in services]
+        try:
+            got = _exchange(links, deltas)
+            for receiver, seen in got.items():
+                assert sorted(seen) == [i for i in range(3) if i != receiver]
+                for sender in seen:
+                    assert seen[sender] == list(range(deltas)), (receiver, sender)
+            for link in links:
+                ix = link.node_index()
+                link.send(y2.Runtime(deltas, 1, 2, 3, 100 + ix.node_id))
+                link.send(y2.Finished())
+            for link in links:  # the client says done: every service closes its worker
+                assert link.receive(TIMEOUT) is None
+        finally:
+            for link in links:
+                link.close()
+        reg = client.registry
+        assert reg.done
+        runtimes = {n: m for n, m in reg.report.records if isinstance(m, y2.Runtime)}
+        assert runtimes == {i: y2.Runtime(deltas, 1, 2, 3, 100 + i) for i in range(3)}
+        finished = sorted(n for n, m in reg.report.records if isinstance(m, y2.Finished))
+        assert finished == [0, 1, 2]
+        for s in services:
+            c = s.counters()
+            assert c["deltas_from_worker"] == deltas and c["deltas_to_worker"] == 2 * deltas
+            assert c["deltas_dropped"] == c["peer_errors"] == c["worker_errors"] == 0
+
+
+def test_worker_that_reconnects_gets_its_id_again():
+    with _cluster() as (_client, services):
+        links = [WorkerLink(s.worker_address) for s in services]
+        try:
+            first = [link.node_index(TIMEOUT) for link in links]
+            links[1].close()
+            links[1] = WorkerLink(services[1].worker_address)
+            assert links[1].node_index(TIMEOUT) == first[1]
+            got = _exchange(links, 5)  # and the cluster still works
+            assert all(len(seen) == 2 for seen in got.values())
+            assert services[1].counters()["worker_connections"] == 2
+        finally:
+            for link in links:
+                link.close()
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    sock.settimeout(TIMEOUT)
+    out = bytearray()
+    while chunk := sock.recv(65536):
+        out += chunk
+    return bytes(out)
+
+
+def test_malformed_worker_input_closes_that_link_and_the_service_goes_on():
+    with _cluster() as (_client, services):
+        links = [WorkerLink(s.worker_address) for s in services]
+        try:
+            index = links[0].node_index(TIMEOUT)
+            links[0].send_raw(b"\x00\x00\x00\x09\x00\x00\x00\x00")  # type 9
+            assert links[0].receive(TIMEOUT) is None  # the service closed the link
+            links[0].close()
+            # a second worker while one is connected is refused; the first goes on
+            with socket.create_connection(services[1].worker_address) as extra:
+                assert _read_until_closed(extra) == b""
+            links[0] = WorkerLink(services[0].worker_address)
+            assert links[0].node_index(TIMEOUT) == index
+            got = _exchange(links, 10)
+            assert all(seen == {s: list(range(10)) for s in seen} for seen in got.values())
+            c0, c1 = services[0].counters(), services[1].counters()
+            assert c0["worker_errors"] == 1 and c1["worker_refused"] == 1
+        finally:
+            for link in links:
+                link.close()
+
+
+def _wait_for(cond, what: str) -> None:
+    """Wait until ``cond()`` (polled; ``TIMEOUT`` bounds a hang)."""
+    done = threading.Event()
+    deadline = TIMEOUT
+    while not cond():
+        done.wait(0.01)
+        deadline -= 0.01
+        assert deadline > 0, f"timed out waiting for {what}"
+
+
+def _raw_worker(address: tuple[str, int]) -> socket.socket:
+    """A worker that reads nothing until told: a socket with a small receive buffer."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(address)
+    return sock
+
+
+@pytest.mark.parametrize("policy", ["block", "drop"])
+def test_slow_worker_is_bounded_by_the_policy(policy):
+    deltas, per, cap = 2500, 1024, 64 * 1024  # 10 MB of Deltas, far past every buffer
+    with _cluster(hwm=4, max_worker_buffer=cap, slow_worker=policy) as (_client, services):
+        slow = _raw_worker(services[0].worker_address)
+        links = [WorkerLink(s.worker_address) for s in services[1:]]
+        try:
+            index = [link.node_index(TIMEOUT) for link in links]
+            _wait_for(lambda: services[0].session.node is not None, "node 0's index")
+            slow_id = services[0].session.node.node_id
+            payload = b"".join(_delta(y2, index[0].node_id, k, per) for k in range(deltas))
+            sender = threading.Thread(target=links[0].send_raw, args=(payload,), daemon=True)
+            sender.start()
+            c_slow = services[0].counters
+            if policy == "block":
+                # node 0's service stops taking Deltas at its cap (ZeroMQ then holds the
+                # rest up to its high-water marks and the sender's service stops reading)
+                _wait_for(lambda: c_slow()["peer_input_paused"] > 0, "node 0 to pause")
+            else:
+                # the others are not held up: the third node gets every Delta while node 0
+                # still reads nothing
+                third = links[1].deltas(deltas, TIMEOUT)
+                assert len(third) == deltas
+                _wait_for(
+                    lambda: c_slow()["deltas_to_worker"] + c_slow()["deltas_dropped"] == deltas,
+                    "every Delta taken or dropped",
+                )
+                assert c_slow()["deltas_dropped"] > 0
+                assert c_slow()["words_dropped"] == per * c_slow()["deltas_dropped"]
+            assert c_slow()["worker_buffer_max"] <= cap + 8 + 4 * per  # the cap + one Delta
+            # node 0's worker reads now: what its service took arrives whole and in order
+            stream = y2.Decoder()
+            expected = deltas if policy == "block" else None
+            seqs: list[int] = []
+            slow.settimeout(TIMEOUT)
+            want = expected if expected is not None else c_slow()["deltas_to_worker"]
+            while len(seqs) < want:
+                stream.feed(slow.recv(1 << 20))
+                for msg in stream:
+                    if isinstance(msg, y2.Delta):
+                        seqs.append(int(msg.words[0]) >> 1 & y2.MAX_INDEX)
+                    else:
+                        assert msg == y2.NodeIndex(slow_id, 3)
+            assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+            if policy == "block":
+                assert seqs == list(range(deltas)) and c_slow()["deltas_dropped"] == 0
+                assert len(links[1].deltas(deltas, TIMEOUT)) == deltas
+            sender.join(TIMEOUT)
+            assert not sender.is_alive()
+        finally:
+            slow.close()
+            for link in links:
+                link.close()
+
+
+# ------------------------------------------------------------------ real processes (CLI)
+
+
+def _spawn(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "wirekit.cli", "y2", *args, "--log-level", "warning"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _line(proc: subprocess.Popen, prefix: str) -> str:
+    line = proc.stdout.readline()
+    assert line.startswith(prefix), (line, proc.stderr.read() if proc.poll() is not None else "")
+    return line[len(prefix) :].strip()
+
+
+def _stop_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(TIMEOUT)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        for stream in (p.stdout, p.stderr):
+            stream.close()
+
+
+@contextmanager
+def _cli_cluster(tmp_path: Path, n: int = 3):
+    report = tmp_path / "run.y2"
+    client = _spawn(
+        "client", "--nodes", str(n), "--listen", "tcp://127.0.0.1:*", "--json", "--report",
+        str(report),
+    )  # fmt: skip
+    procs = [client]
+    try:
+        address = _line(client, "client listening on ")
+        services = []
+        for k in range(n):
+            p = _spawn(
+                "service", "--client", address, "--worker-listen", "127.0.0.1:0", "--name",
+                f"n{k}", "--json",
+            )  # fmt: skip
+            procs.append(p)
+            host, port = _line(p, "worker link on ").rsplit(":", 1)
+            _line(p, "inbox ")
+            services.append((p, (host, int(port))))
+        yield client, services, report
+    finally:
+        _stop_all(procs)
+
+
+def test_cli_processes_client_and_three_services(tmp_path):
+    deltas = 50
+    with _cli_cluster(tmp_path) as (client, services, report):
+        links = [WorkerLink(addr) for _, addr in services]
+        try:
+            got = _exchange(links, deltas)
+            assert all(seen == {s: list(range(deltas)) for s in seen} for seen in got.values())
+            assert all(len(seen) == 2 for seen in got.values())
+            for link in links:
+                link.send(y2.Runtime(deltas, 5, 6, 7))
+                link.send(y2.Finished())
+            out, err = client.communicate(timeout=TIMEOUT)
+        finally:
+            for link in links:
+                link.close()
+        assert client.returncode == 0, err
+        summary = json.loads(out)
+        assert summary["done"] is True
+        assert [n["node_id"] for n in summary["nodes"]] == [0, 1, 2]
+        runtimes = [r for r in summary["records"] if r["type"] == "runtime"]
+        assert sorted(r["node_id"] for r in runtimes) == [0, 1, 2]
+        assert all(r["sample_count"] == deltas for r in runtimes)
+        fins = [r["node_id"] for r in summary["records"] if r["type"] == "finished"]
+        assert sorted(fins) == [0, 1, 2]
+        for p, _ in services:  # every service exits 0 once the client says done
+            out, err = p.communicate(timeout=TIMEOUT)
+            assert p.returncode == 0, err
+            c = json.loads(out.splitlines()[-1])["counters"]
+            assert c["deltas_from_worker"] == deltas and c["deltas_to_worker"] == 2 * deltas
+        # the report: y2 messages that wirekit decode reads
+        dec = subprocess.run(
+            [sys.executable, "-m", "wirekit.cli", "decode", "--proto", "y2", "--json", str(report)],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        assert dec.returncode == 0, dec.stderr
+        records = [json.loads(line) for line in dec.stdout.splitlines() if line.strip()]
+        kinds = [r["type"] for r in records]
+        assert kinds.count("node_index") == 6 and kinds.count("runtime") == 3
+        assert kinds.count("finished") == 3
+
+
+def test_cli_refused_node_exits_with_an_error(tmp_path):
+    client = _spawn("client", "--nodes", "1", "--listen", "tcp://127.0.0.1:*")
+    procs = [client]
+    try:
+        address = _line(client, "client listening on ")
+        first = _spawn("service", "--client", address, "--worker-listen", "127.0.0.1:0")
+        procs.append(first)
+        _line(first, "worker link on ")
+        second = _spawn(
+            "service", "--client", address, "--worker-listen", "127.0.0.1:0", "--name", "other"
+        )
+        procs.append(second)
+        _, err = second.communicate(timeout=TIMEOUT)
+        assert second.returncode == 1 and "the cluster has 1 nodes" in err
+    finally:
+        _stop_all(procs)
+
+
+# ------------------------------------------------------------------ y2's own worker class
+
+Y2_COMMUNICATION = os.environ.get("WIREKIT_Y2_COMMUNICATION")
+
+
+@pytest.mark.skipif(
+    not Y2_COMMUNICATION,
+    reason="set WIREKIT_Y2_COMMUNICATION to y2's worker_service/communications/"
+    "communication.py (y2's worker is not on PyPI)",
+)
+def test_y2_own_communication_class_as_the_workers(tmp_path):
+    deltas, per = 20, 4
+    with _cli_cluster(tmp_path) as (client, services, _report):
+        workers = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(HERE / "y2_peer" / "run_y2_worker.py"),
+                    str(Y2_COMMUNICATION),
+                    str(port),
+                    str(deltas),
+                    str(per),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _, (_host, port) in services
+        ]
+        results = []
+        try:
+            for w in workers:
+                out, err = w.communicate(timeout=2 * TIMEOUT)
+                assert w.returncode == 0, err
+                results.append(json.loads(out.splitlines()[-1]))
+            out, err = client.communicate(timeout=TIMEOUT)
+        finally:
+            _stop_all(workers)
+        assert sorted(r["node_id"] for r in results) == [0, 1, 2]
+        for r in results:
+            senders = {int(k): v for k, v in r["received"].items()}
+            assert senders == {i: list(range(deltas)) for i in range(3) if i != r["node_id"]}
+        assert client.returncode == 0, err
+        summary = json.loads(out)
+        runtimes = {r["node_id"]: r for r in summary["records"] if r["type"] == "runtime"}
+        assert {n: r["loss_milli"] for n, r in runtimes.items()} == {i: 4000 + i for i in range(3)}
+        fins = sorted(r["node_id"] for r in summary["records"] if r["type"] == "finished")
+        assert fins == [0, 1, 2]
