@@ -280,11 +280,20 @@ def test_session_bad_client_messages_are_counted(y2_codec):
 
 
 @contextmanager
-def _cluster(n: int = 3, **service_kw) -> Iterator[tuple[ClientService, list[NodeService]]]:
+def _cluster(
+    n: int = 3, first: dict | None = None, **service_kw
+) -> Iterator[tuple[ClientService, list[NodeService]]]:
+    """A client and ``n`` services in threads; ``first``: more options for service 0."""
     stop = threading.Event()
     client = ClientService(n, "tcp://127.0.0.1:*")
     services = [
-        NodeService(client.address, ("127.0.0.1", 0), name=f"node-{k}", **service_kw)
+        NodeService(
+            client.address,
+            ("127.0.0.1", 0),
+            name=f"node-{k}",
+            **service_kw,
+            **((first or {}) if k == 0 else {}),
+        )
         for k in range(n)
     ]
     threads = [threading.Thread(target=client.run, args=(stop,), daemon=True)]
@@ -416,7 +425,8 @@ def _raw_worker(address: tuple[str, int]) -> socket.socket:
 @pytest.mark.parametrize("policy", ["block", "drop"])
 def test_slow_worker_is_bounded_by_the_policy(policy):
     deltas, per, cap = 2500, 1024, 64 * 1024  # 10 MB of Deltas, far past every buffer
-    with _cluster(hwm=4, max_worker_buffer=cap, slow_worker=policy) as (_client, services):
+    first = {"max_worker_buffer": cap, "slow_worker": policy}  # node 0's service only
+    with _cluster(hwm=4, first=first) as (_client, services):
         slow = _raw_worker(services[0].worker_address)
         links = [WorkerLink(s.worker_address) for s in services[1:]]
         try:
