@@ -30,6 +30,7 @@ from wirekit.y2.service import (
     FINISHED,
     HELLO,
     INDEX,
+    MAX_BATCH,
     REFUSED,
     RUNTIME,
     ClientRegistry,
@@ -218,6 +219,8 @@ def test_session_oversize_message_closes_the_link_before_buffering(y2_codec):
         [_i32(0), b"\x00\x00\x00\x02\x00\x00\x00\x10" + bytes(16)],  # a Runtime
         [_i32(0), b"\x00\x00\x00\x01\x00\x00\x00\x08" + bytes(4)],  # size != frame
         [_i32(0), b"\x00\x00\x00\x01\x00\x00\x00\x06" + bytes(6)],  # not whole words
+        [_i32(0), b"\x00\x00\x00\x01\x00\x00\x00\x04" + bytes(4) + bytes(3)],  # a tail
+        [_i32(0), b"\x00\x00\x00\x01\x00\x00\x00\x00" + b"\x00\x00\x00\x03" + bytes(4)],
     ],
 )
 def test_session_malformed_peer_message_is_counted_and_dropped(y2_codec, frames):
@@ -226,6 +229,39 @@ def test_session_malformed_peer_message_is_counted_and_dropped(y2_codec, frames)
     s.worker_sent(s.worker_buffered)  # the index
     assert s.peer_message(frames) is False
     assert s.counters.peer_errors == 1 and s.worker_buffered == 0
+
+
+def test_session_batches_the_deltas_of_one_read(y2_codec):
+    s = _indexed_session(y2_codec)
+    assert s.worker_connected()
+    d = [_delta(y2_codec, 1, k) for k in range(3)]
+    rt = y2_codec.encode(y2.Runtime(1, 2, 3, 4))
+    events = s.worker_data(d[0] + d[1] + rt + d[2])
+    assert events == [
+        ToPeers((_i32(1), d[0] + d[1])),
+        ToClient((RUNTIME, _i32(1), rt)),
+        ToPeers((_i32(1), d[2])),
+    ]
+    assert (s.counters.deltas_from_worker, s.counters.words_from_worker) == (3, 9)
+    # a receiving session takes the batch whole and counts its Deltas
+    r = _indexed_session(y2_codec, 0)
+    assert r.worker_connected()
+    r.worker_sent(r.worker_buffered)
+    assert r.peer_message([_i32(1), d[0] + d[1]])
+    assert (r.counters.deltas_to_worker, r.counters.words_to_worker) == (2, 6)
+    assert bytes(r.data_to_worker()) == d[0] + d[1]
+
+
+def test_session_batch_is_capped(y2_codec):
+    s = _indexed_session(y2_codec)
+    assert s.worker_connected()
+    per = 1000  # 4008 bytes a Delta
+    big = _delta(y2_codec, 1, 0, per)
+    n = 2 * MAX_BATCH // len(big) + 1
+    events = s.worker_data(big * n)
+    assert all(isinstance(e, ToPeers) for e in events) and len(events) == 3
+    assert all(len(e.frames[1]) <= MAX_BATCH for e in events)
+    assert sum(len(e.frames[1]) for e in events) == n * len(big)
 
 
 def test_session_block_policy_stops_taking_peer_deltas_past_the_cap(y2_codec):
@@ -452,7 +488,8 @@ def test_slow_worker_is_bounded_by_the_policy(policy):
                 )
                 assert c_slow()["deltas_dropped"] > 0
                 assert c_slow()["words_dropped"] == per * c_slow()["deltas_dropped"]
-            assert c_slow()["worker_buffer_max"] <= cap + 8 + 4 * per  # the cap + one Delta
+            # the cap + one message from a peer (up to MAX_BATCH bytes of Deltas)
+            assert c_slow()["worker_buffer_max"] < cap + MAX_BATCH
             # node 0's worker reads now: what its service took arrives whole and in order
             stream = y2.Decoder()
             expected = deltas if policy == "block" else None

@@ -29,6 +29,7 @@ import zmq
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE
 from .service import (
     DEFAULT_MAX_WORKER_BUFFER,
+    MAX_BATCH,
     ClientRegistry,
     CloseWorker,
     ConnectPeers,
@@ -89,7 +90,7 @@ class NodeService:
         self.hwm = hwm
         self._inbox = self._ctx.socket(zmq.PULL)
         self._inbox.setsockopt(zmq.RCVHWM, hwm)
-        self._inbox.setsockopt(zmq.MAXMSGSIZE, max_message_size + 64)
+        self._inbox.setsockopt(zmq.MAXMSGSIZE, max(max_message_size, MAX_BATCH) + 64)
         self._inbox.setsockopt(zmq.LINGER, 0)
         self._inbox.bind(inbox)
         self.inbox = advertise or self._inbox.getsockopt_string(zmq.LAST_ENDPOINT)

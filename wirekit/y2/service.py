@@ -52,10 +52,14 @@ FINISHED = b"finished"
 DONE = b"done"
 #: client -> service: ``[REFUSED, reason (utf-8)]``, the cluster has no room for this node.
 REFUSED = b"refused"
-#: Service -> service messages carry no kind: ``[sender node id (i32), Delta bytes]``.
+#: Service -> service messages carry no kind: ``[sender node id (i32), Delta bytes]``, the
+#: bytes of one or more whole Delta messages end to end.
 
 #: Default cap on bytes queued for one worker (what its service has not written yet).
 DEFAULT_MAX_WORKER_BUFFER = 16 * 1024 * 1024
+#: Deltas of one read from the worker go to the others as one ZeroMQ message of at most this
+#: many bytes (a larger Delta goes alone).
+MAX_BATCH = 1024 * 1024
 #: Largest endpoint string a service may register.
 MAX_ENDPOINT = 1024
 
@@ -180,6 +184,7 @@ class NodeSession:
         self._node_index = b""
         self._decoder: Decoder | None = None
         self._out: deque[bytes] = deque()
+        self._out_counts: deque[tuple[int, int]] = deque()  # Deltas and words per entry
         self._out_bytes = 0
         self._head = 0  # bytes of _out[0] already written
         self.stopped = False
@@ -237,8 +242,7 @@ class NodeSession:
             return False
         self.counters.worker_connections += 1
         self._decoder = Decoder(self.max_message_size, codec=self._codec)
-        self._out.clear()
-        self._out_bytes = self._head = 0
+        self._clear_out()
         if self.node is not None:
             self._queue(self._node_index)
         return True
@@ -246,10 +250,14 @@ class NodeSession:
     def worker_closed(self) -> None:
         """The worker's connection is gone: what was queued for it is dropped and counted."""
         self._decoder = None
-        for frame in self._out:
-            if _frame_type(frame) == MessageType.DELTA:
-                self._count_dropped(frame)
+        for deltas, words in self._out_counts:
+            self.counters.deltas_dropped += deltas
+            self.counters.words_dropped += words
+        self._clear_out()
+
+    def _clear_out(self) -> None:
         self._out.clear()
+        self._out_counts.clear()
         self._out_bytes = self._head = 0
 
     @property
@@ -259,27 +267,48 @@ class NodeSession:
 
     def worker_data(self, data: bytes) -> list[Event]:
         """Bytes from the worker -> events.  A protocol error gives ``CloseWorker``; the
-        events before it (complete messages) still count."""
+        events before it (complete messages) still count.
+
+        Consecutive Deltas of one read go to the other nodes as one ZeroMQ message (their
+        bytes joined, at most ``MAX_BATCH`` unless one Delta alone is larger)."""
         decoder = self._decoder
         if decoder is None:
             return []
         events: list[Event] = []
+        batch: list[bytes] = []
+        batched = 0
         try:
             decoder.feed(data)
             while (frame := decoder.next_frame()) is not None:
+                if _frame_type(frame) == MessageType.DELTA:
+                    if batched + len(frame) > MAX_BATCH and batch:
+                        events.append(self._deltas(batch, batched))
+                        batch, batched = [], 0
+                    batch.append(frame)
+                    batched += len(frame)
+                    continue
+                if batch:
+                    events.append(self._deltas(batch, batched))
+                    batch, batched = [], 0
                 events.append(self._from_worker(frame, decoder.offset - len(frame)))
         except DecodeError as exc:
             self.counters.worker_errors += 1
             self._decoder = None
+            if batch:
+                events.append(self._deltas(batch, batched))
             events.append(CloseWorker(exc))
+            return events
+        if batch:
+            events.append(self._deltas(batch, batched))
         return events
+
+    def _deltas(self, batch: list[bytes], size: int) -> ToPeers:
+        self.counters.deltas_from_worker += len(batch)
+        self.counters.words_from_worker += (size - HANDSHAKE_SIZE * len(batch)) // WORD_SIZE
+        return ToPeers((self._node_id, batch[0] if len(batch) == 1 else b"".join(batch)))
 
     def _from_worker(self, frame: bytes, at: int) -> Event:
         kind = _frame_type(frame)
-        if kind == MessageType.DELTA:
-            self.counters.deltas_from_worker += 1
-            self.counters.words_from_worker += (len(frame) - HANDSHAKE_SIZE) // WORD_SIZE
-            return ToPeers((self._node_id, frame))
         if kind == MessageType.RUNTIME:
             self.counters.runtime_forwarded += 1
             return ToClient((RUNTIME, self._node_id, frame))
@@ -296,38 +325,39 @@ class NodeSession:
         return self.slow_worker is SlowWorker.DROP or self._out_bytes < self.max_worker_buffer
 
     def peer_message(self, frames: list[bytes]) -> bool:
-        """A Delta from another node's service; False if it was malformed (counted)."""
+        """Deltas from another node's service (one or more whole Delta messages, joined);
+        False if the message was malformed (then it is dropped whole and counted)."""
         sender = _read_i32(frames[0]) if len(frames) == 2 else None
-        frame = frames[1] if sender is not None else b""
+        blob = frames[1] if sender is not None else b""
         node = self.node
+        deltas = _count_deltas(blob, max(self.max_message_size, MAX_BATCH))
         if (
             node is None
             or sender is None
             or not 0 <= sender < node.node_count
             or sender == node.node_id
-            or not _is_delta(frame, self.max_message_size)
+            or deltas < 1
         ):
             self.counters.peer_errors += 1
             return False
+        words = (len(blob) - HANDSHAKE_SIZE * deltas) // WORD_SIZE
         if self._decoder is None or (
             self.slow_worker is SlowWorker.DROP and self._out_bytes >= self.max_worker_buffer
         ):
-            self._count_dropped(frame)
+            self.counters.deltas_dropped += deltas
+            self.counters.words_dropped += words
             return True
-        self.counters.deltas_to_worker += 1
-        self.counters.words_to_worker += (len(frame) - HANDSHAKE_SIZE) // WORD_SIZE
-        self._queue(frame)
+        self.counters.deltas_to_worker += deltas
+        self.counters.words_to_worker += words
+        self._queue(blob, deltas, words)
         return True
-
-    def _count_dropped(self, frame: bytes) -> None:
-        self.counters.deltas_dropped += 1
-        self.counters.words_dropped += (len(frame) - HANDSHAKE_SIZE) // WORD_SIZE
 
     # ------------------------------------------------------------ bytes to the worker
 
-    def _queue(self, frame: bytes) -> None:
-        self._out.append(frame)
-        self._out_bytes += len(frame)
+    def _queue(self, data: bytes, deltas: int = 0, words: int = 0) -> None:
+        self._out.append(data)
+        self._out_counts.append((deltas, words))
+        self._out_bytes += len(data)
         if self._out_bytes > self.counters.worker_buffer_max:
             self.counters.worker_buffer_max = self._out_bytes
 
@@ -351,19 +381,25 @@ class NodeSession:
                 return
             n -= left
             self._out_bytes -= len(self._out.popleft())
+            self._out_counts.popleft()
             self._head = 0
 
 
-def _is_delta(frame: bytes, limit: int) -> bool:
-    """A whole Delta message: its handshake says Delta and its size is the frame's."""
-    if len(frame) < HANDSHAKE_SIZE or len(frame) > limit:
-        return False
-    size = int.from_bytes(frame[4:8], "big", signed=True)
-    return (
-        _frame_type(frame) == MessageType.DELTA
-        and size % WORD_SIZE == 0
-        and (HANDSHAKE_SIZE + size == len(frame))
-    )
+def _count_deltas(blob: bytes, limit: int) -> int:
+    """How many whole Delta messages ``blob`` is, end to end; -1 if it is anything else."""
+    n = len(blob)
+    if n < HANDSHAKE_SIZE or n > limit:
+        return -1
+    pos = count = 0
+    while pos < n:
+        if n - pos < HANDSHAKE_SIZE or _frame_type(blob[pos : pos + 4]) != MessageType.DELTA:
+            return -1
+        size = int.from_bytes(blob[pos + 4 : pos + 8], "big", signed=True)
+        if size < 0 or size % WORD_SIZE:
+            return -1
+        pos += HANDSHAKE_SIZE + size
+        count += 1
+    return count if pos == n else -1
 
 
 # ---------------------------------------------------------------- the client service
