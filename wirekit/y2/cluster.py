@@ -212,9 +212,9 @@ class NodeService:
     def _write_worker(self) -> None:
         worker = self._worker
         assert worker is not None
-        while (view := self.session.data_to_worker()) is not None:
+        while bufs := self.session.buffers_to_worker():
             try:
-                n = worker.send(view)
+                n = worker.sendmsg(bufs)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -245,11 +245,12 @@ class NodeService:
             if not s.accepts_peer_input:
                 return
             try:
-                frames = self._inbox.recv_multipart(zmq.NOBLOCK)
+                frames = self._inbox.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             errors = s.counters.peer_errors
-            if not s.peer_message(frames) and (errors < 10 or errors % 1000 == 999):
+            taken = s.peer_message([f.buffer for f in frames])
+            if not taken and (errors < 10 or errors % 1000 == 999):
                 log.warning(
                     "inbox: malformed message from another node dropped (%d so far)",
                     s.counters.peer_errors,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -37,6 +38,9 @@ from .messages import (
     NodeIndex,
     Runtime,
 )
+
+#: bytes, or a memoryview of a ZeroMQ frame (taken without a copy)
+Buffer = bytes | memoryview
 
 # ---------------------------------------------------------------- the ZeroMQ messages
 
@@ -78,11 +82,11 @@ def _i32(value: int) -> bytes:
     return value.to_bytes(4, "big", signed=True)
 
 
-def _read_i32(frame: bytes) -> int | None:
+def _read_i32(frame: Buffer) -> int | None:
     return int.from_bytes(frame, "big", signed=True) if len(frame) == 4 else None
 
 
-def _frame_type(frame: bytes) -> int:
+def _frame_type(frame: Buffer) -> int:
     return int.from_bytes(frame[:4], "big", signed=True)
 
 
@@ -173,7 +177,10 @@ class NodeSession:
         codec: ModuleType | None = None,
     ) -> None:
         self.inbox = inbox
+        if codec is None:
+            from wirekit import y2 as codec  # the active implementation
         self._codec = codec
+        self._check_handshake = codec.check_handshake
         self.max_message_size = max_message_size
         self.max_worker_buffer = max_worker_buffer
         self.slow_worker = SlowWorker(slow_worker)
@@ -183,7 +190,7 @@ class NodeSession:
         self._node_id = b""
         self._node_index = b""
         self._decoder: Decoder | None = None
-        self._out: deque[bytes] = deque()
+        self._out: deque[Buffer] = deque()
         self._out_counts: deque[tuple[int, int]] = deque()  # Deltas and words per entry
         self._out_bytes = 0
         self._head = 0  # bytes of _out[0] already written
@@ -269,43 +276,69 @@ class NodeSession:
         """Bytes from the worker -> events.  A protocol error gives ``CloseWorker``; the
         events before it (complete messages) still count.
 
-        Consecutive Deltas of one read go to the other nodes as one ZeroMQ message (their
-        bytes joined, at most ``MAX_BATCH`` unless one Delta alone is larger)."""
+        A run of consecutive Deltas goes to the other nodes as one ZeroMQ message, cut out of
+        the decoder's buffer in one piece (at most ``MAX_BATCH`` bytes unless one Delta alone
+        is larger)."""
         decoder = self._decoder
         if decoder is None:
             return []
         events: list[Event] = []
-        batch: list[bytes] = []
-        batched = 0
+        runs: list[tuple[bytes, int]] = []
         try:
             decoder.feed(data)
-            while (frame := decoder.next_frame()) is not None:
-                if _frame_type(frame) == MessageType.DELTA:
-                    if batched + len(frame) > MAX_BATCH and batch:
-                        events.append(self._deltas(batch, batched))
-                        batch, batched = [], 0
-                    batch.append(frame)
-                    batched += len(frame)
+            while True:
+                if decoder.take_frames(self._take_deltas, runs):
+                    blob, count = runs.pop()
+                    events.append(self._deltas(blob, count))
                     continue
-                if batch:
-                    events.append(self._deltas(batch, batched))
-                    batch, batched = [], 0
-                events.append(self._from_worker(frame, decoder.offset - len(frame)))
+                frame = decoder.next_frame()
+                if frame is None:
+                    break
+                at = decoder.offset - len(frame)
+                if _frame_type(frame) == MessageType.DELTA:  # not taken above: unexpected
+                    events.append(self._deltas(frame, 1))
+                else:
+                    events.append(self._from_worker(frame, at))
         except DecodeError as exc:
             self.counters.worker_errors += 1
             self._decoder = None
-            if batch:
-                events.append(self._deltas(batch, batched))
             events.append(CloseWorker(exc))
-            return events
-        if batch:
-            events.append(self._deltas(batch, batched))
         return events
 
-    def _deltas(self, batch: list[bytes], size: int) -> ToPeers:
-        self.counters.deltas_from_worker += len(batch)
-        self.counters.words_from_worker += (size - HANDSHAKE_SIZE * len(batch)) // WORD_SIZE
-        return ToPeers((self._node_id, batch[0] if len(batch) == 1 else b"".join(batch)))
+    def _take_deltas(self, buf: Any, pos: int, end: int, runs: list[tuple[bytes, int]]) -> int:
+        """``Decoder.take_frames`` callback: take the whole Delta messages at ``buf[pos:]``
+        (checked with the codec's own handshake check) as one run; stop at anything else --
+        another type, a partial message, a bad or oversize handshake -- which ``next_frame``
+        then hands out or reports."""
+        start = pos
+        count = 0
+        check = self._check_handshake
+        limit = self.max_message_size
+        while end - pos >= HANDSHAKE_SIZE and pos - start < MAX_BATCH:
+            try:
+                kind, size = check(buf, pos)
+            except DecodeError:
+                break
+            stop = pos + HANDSHAKE_SIZE + size
+            if kind != MessageType.DELTA or stop > end or HANDSHAKE_SIZE + size > limit:
+                break
+            if stop - start > MAX_BATCH and pos > start:
+                break
+            pos = stop
+            count += 1
+        if pos == start:
+            return start
+        if type(buf) is bytes and start == 0 and pos == len(buf):
+            runs.append((buf, count))  # the whole chunk as it was read: no copy
+        else:
+            with memoryview(buf) as view:
+                runs.append((bytes(view[start:pos]), count))
+        return pos
+
+    def _deltas(self, blob: bytes, count: int) -> ToPeers:
+        self.counters.deltas_from_worker += count
+        self.counters.words_from_worker += (len(blob) - HANDSHAKE_SIZE * count) // WORD_SIZE
+        return ToPeers((self._node_id, blob))
 
     def _from_worker(self, frame: bytes, at: int) -> Event:
         kind = _frame_type(frame)
@@ -324,7 +357,7 @@ class NodeSession:
         """False while Deltas for the worker wait past the limit and the policy is block."""
         return self.slow_worker is SlowWorker.DROP or self._out_bytes < self.max_worker_buffer
 
-    def peer_message(self, frames: list[bytes]) -> bool:
+    def peer_message(self, frames: Sequence[Buffer]) -> bool:
         """Deltas from another node's service (one or more whole Delta messages, joined);
         False if the message was malformed (then it is dropped whole and counted)."""
         sender = _read_i32(frames[0]) if len(frames) == 2 else None
@@ -354,7 +387,7 @@ class NodeSession:
 
     # ------------------------------------------------------------ bytes to the worker
 
-    def _queue(self, data: bytes, deltas: int = 0, words: int = 0) -> None:
+    def _queue(self, data: Buffer, deltas: int = 0, words: int = 0) -> None:
         self._out.append(data)
         self._out_counts.append((deltas, words))
         self._out_bytes += len(data)
@@ -372,6 +405,17 @@ class NodeSession:
             return None
         return memoryview(self._out[0])[self._head :]
 
+    def buffers_to_worker(self, limit: int = 64) -> list[memoryview]:
+        """Up to ``limit`` pieces of the bytes to write to the worker, in order (for one
+        scatter-gather write); empty when nothing waits."""
+        out = self._out
+        if not out:
+            return []
+        bufs = [memoryview(out[0])[self._head :]]
+        for k in range(1, min(limit, len(out))):
+            bufs.append(memoryview(out[k]))
+        return bufs
+
     def worker_sent(self, n: int) -> None:
         """``n`` bytes of ``data_to_worker()`` were written."""
         while n and self._out:
@@ -385,7 +429,7 @@ class NodeSession:
             self._head = 0
 
 
-def _count_deltas(blob: bytes, limit: int) -> int:
+def _count_deltas(blob: Buffer, limit: int) -> int:
     """How many whole Delta messages ``blob`` is, end to end; -1 if it is anything else."""
     n = len(blob)
     if n < HANDSHAKE_SIZE or n > limit:
