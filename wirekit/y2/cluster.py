@@ -48,7 +48,7 @@ DEFAULT_HWM = 1000
 #: How long the client keeps trying to deliver its last messages (``done``) on exit (ms).
 DEFAULT_LINGER_MS = 2000
 _POLL_MS = 100
-_READ_SIZE = 256 * 1024
+_READ_SIZE = 1024 * 1024
 #: Messages taken from one ZeroMQ socket before the loop looks at the others again.
 _BATCH = 64
 
