@@ -21,6 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from twins import load_codec
 
 from wirekit import y2
 from wirekit.errors import DecodeError
@@ -68,6 +71,60 @@ def _indexed_session(codec, node_id: int = 1, **kw) -> NodeSession:
     peers = [f"tcp://x:{i}".encode() for i in range(3)]
     s.client_message([INDEX, codec.encode(y2.NodeIndex(node_id, 3)), *peers])
     return s
+
+
+# ------------------------------------------------------------------ scan_deltas (both twins)
+
+
+def _d(words: int) -> bytes:
+    return b"\x00\x00\x00\x01" + (4 * words).to_bytes(4, "big") + bytes(4 * words)
+
+
+@pytest.mark.parametrize(
+    "buf, pos, end, max_bytes, limit, expected",
+    [
+        (_d(1) + _d(2), 0, None, 1 << 20, 1 << 20, (28, 2)),
+        (_d(1) + _d(2), 12, None, 1 << 20, 1 << 20, (28, 1)),
+        (_d(1) + _d(2)[:10], 0, None, 1 << 20, 1 << 20, (12, 1)),  # partial message
+        (_d(1) + _d(2), 0, 27, 1 << 20, 1 << 20, (12, 1)),  # end cuts the second
+        (_d(1) + _d(2), 0, None, 12, 1 << 20, (12, 1)),  # max_bytes
+        (_d(4), 0, None, 4, 1 << 20, (24, 1)),  # the first is taken whatever its size
+        (_d(1) + _d(4), 0, None, 1 << 20, 20, (12, 1)),  # over the message limit
+        (_d(0) + b"\x00\x00\x00\x03\x00\x00\x00\x00", 0, None, 99, 99, (8, 1)),  # Finished
+        (b"\x00\x00\x00\x01\x00\x00\x00\x06" + bytes(6), 0, None, 99, 99, (0, 0)),
+        (b"\x00\x00\x00\x01\xff\xff\xff\xfc", 0, None, 99, 99, (0, 0)),  # negative size
+        (b"", 0, None, 99, 99, (0, 0)),
+    ],
+)
+def test_scan_deltas(y2_codec, buf, pos, end, max_bytes, limit, expected):
+    end = len(buf) if end is None else end
+    assert y2_codec.scan_deltas(buf, pos, end, max_bytes, limit) == expected
+    assert y2_codec.scan_deltas(bytearray(buf), pos, end, max_bytes, limit) == expected
+    assert y2_codec.scan_deltas(memoryview(buf), pos, end, max_bytes, limit) == expected
+
+
+@pytest.mark.parametrize("pos, end", [(-1, 8), (9, 8), (0, 9), (0, -1)])
+def test_scan_deltas_refuses_positions_outside(y2_codec, pos, end):
+    with pytest.raises(IndexError):
+        y2_codec.scan_deltas(_d(0), pos, end, 99, 99)
+
+
+def test_scan_deltas_twins_agree():
+    fast, pure = load_codec("y2", "fast"), load_codec("y2", "pure")
+
+    @given(
+        st.binary(max_size=200),
+        st.lists(st.integers(0, 5), max_size=6),
+        st.integers(0, 80),
+        st.integers(8, 60),
+    )
+    def check(junk, sizes, max_bytes, limit):
+        buf = b"".join(_d(n) for n in sizes) + junk
+        for pos in range(0, len(buf) + 1, 7):
+            args = (buf, pos, len(buf), max_bytes, limit)
+            assert fast.scan_deltas(*args) == pure.scan_deltas(*args)
+
+    check()
 
 
 # ------------------------------------------------------------------ client registry

@@ -180,7 +180,7 @@ class NodeSession:
         if codec is None:
             from wirekit import y2 as codec  # the active implementation
         self._codec = codec
-        self._check_handshake = codec.check_handshake
+        self._scan_deltas = codec.scan_deltas
         self.max_message_size = max_message_size
         self.max_worker_buffer = max_worker_buffer
         self.slow_worker = SlowWorker(slow_worker)
@@ -306,34 +306,26 @@ class NodeSession:
         return events
 
     def _take_deltas(self, buf: Any, pos: int, end: int, runs: list[tuple[bytes, int]]) -> int:
-        """``Decoder.take_frames`` callback: take the whole Delta messages at ``buf[pos:]``
-        (checked with the codec's own handshake check) as one run; stop at anything else --
-        another type, a partial message, a bad or oversize handshake -- which ``next_frame``
-        then hands out or reports."""
-        start = pos
-        count = 0
-        check = self._check_handshake
-        limit = self.max_message_size
-        while end - pos >= HANDSHAKE_SIZE and pos - start < MAX_BATCH:
-            try:
-                kind, size = check(buf, pos)
-            except DecodeError:
-                break
-            stop = pos + HANDSHAKE_SIZE + size
-            if kind != MessageType.DELTA or stop > end or HANDSHAKE_SIZE + size > limit:
-                break
-            if stop - start > MAX_BATCH and pos > start:
-                break
-            pos = stop
-            count += 1
-        if pos == start:
-            return start
-        if type(buf) is bytes and start == 0 and pos == len(buf):
+        """``Decoder.take_frames`` callback: take the run of whole Delta messages at
+        ``buf[pos:]`` (the codec's ``scan_deltas``); what stops it -- another type, a partial
+        message, a bad or oversize handshake -- ``next_frame`` then hands out or reports."""
+        stop, count = self._scan_deltas(buf, pos, end, MAX_BATCH, self.max_message_size)
+        if not count:
+            return pos
+        if type(buf) is bytes and pos == 0 and stop == len(buf):
             runs.append((buf, count))  # the whole chunk as it was read: no copy
         else:
             with memoryview(buf) as view:
-                runs.append((bytes(view[start:pos]), count))
-        return pos
+                runs.append((bytes(view[pos:stop]), count))
+        return stop
+
+    def _count_deltas(self, blob: Buffer) -> int:
+        """How many whole Delta messages ``blob`` is, end to end; -1 if anything else."""
+        n = len(blob)
+        if n > max(self.max_message_size, MAX_BATCH):
+            return -1
+        stop, count = self._scan_deltas(blob, 0, n, n, self.max_message_size)
+        return count if stop == n and count else -1
 
     def _deltas(self, blob: bytes, count: int) -> ToPeers:
         self.counters.deltas_from_worker += count
@@ -363,7 +355,7 @@ class NodeSession:
         sender = _read_i32(frames[0]) if len(frames) == 2 else None
         blob = frames[1] if sender is not None else b""
         node = self.node
-        deltas = _count_deltas(blob, max(self.max_message_size, MAX_BATCH))
+        deltas = self._count_deltas(blob)
         if (
             node is None
             or sender is None
@@ -427,23 +419,6 @@ class NodeSession:
             self._out_bytes -= len(self._out.popleft())
             self._out_counts.popleft()
             self._head = 0
-
-
-def _count_deltas(blob: Buffer, limit: int) -> int:
-    """How many whole Delta messages ``blob`` is, end to end; -1 if it is anything else."""
-    n = len(blob)
-    if n < HANDSHAKE_SIZE or n > limit:
-        return -1
-    pos = count = 0
-    while pos < n:
-        if n - pos < HANDSHAKE_SIZE or _frame_type(blob[pos : pos + 4]) != MessageType.DELTA:
-            return -1
-        size = int.from_bytes(blob[pos + 4 : pos + 8], "big", signed=True)
-        if size < 0 or size % WORD_SIZE:
-            return -1
-        pos += HANDSHAKE_SIZE + size
-        count += 1
-    return count if pos == n else -1
 
 
 # ---------------------------------------------------------------- the client service
