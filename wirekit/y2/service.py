@@ -178,8 +178,10 @@ class NodeSession:
     ) -> None:
         self.inbox = inbox
         if codec is None:
-            from wirekit import y2 as codec  # the active implementation
-        self._codec = codec
+            from wirekit import y2 as active  # the active implementation
+
+            codec = active
+        self._codec: ModuleType = codec
         self._scan_deltas = codec.scan_deltas
         self.max_message_size = max_message_size
         self.max_worker_buffer = max_worker_buffer
@@ -480,8 +482,10 @@ class ClientRegistry:
         self.counters = ClientCounters()
         self.errors: list[str] = []
         if codec is None:
-            from wirekit import y2 as codec  # the active implementation
-        self._codec = codec
+            from wirekit import y2 as active  # the active implementation
+
+            codec = active
+        self._codec: ModuleType = codec
         self._decoder = Decoder(max_message_size, codec=codec)
         self.done = False
 
