@@ -68,7 +68,7 @@ def _registered(codec, n: int = 3) -> ClientRegistry:
 
 def _indexed_session(codec, node_id: int = 1, **kw) -> NodeSession:
     s = NodeSession(f"tcp://127.0.0.1:{7000 + node_id}", codec=codec, **kw)
-    peers = [f"tcp://x:{i}".encode() for i in range(3)]
+    peers = [f"tcp://x:{7000 + i}".encode() for i in range(3)]
     s.client_message([INDEX, codec.encode(y2.NodeIndex(node_id, 3)), *peers])
     return s
 
@@ -190,6 +190,8 @@ def test_registry_collects_reports_and_is_done_after_every_finished(y2_codec):
         (b"node0", [b"what", _i32(0)]),
         (b"node0", [HELLO, b"\xff\xfe"]),  # endpoint not UTF-8
         (b"node0", [HELLO, b"tcp://elsewhere:1"]),  # another inbox
+        (b"new", [HELLO, b"tcp://0.0.0.0:5"]),  # not an address to connect to
+        (b"new", [HELLO, b"tcp://h:*"]),
         (b"node0", []),
     ],
 )
@@ -207,8 +209,8 @@ def test_session_worker_gets_index_then_deltas_go_to_peers(y2_codec):
     assert s.worker_connected() and not s.accepts_worker_input  # no index yet
     assert s.worker_connected() is False and s.counters.worker_refused == 1
     index = y2_codec.encode(y2.NodeIndex(1, 3))
-    events = s.client_message([INDEX, index, b"tcp://a:0", b"tcp://a:1", b"tcp://a:2"])
-    assert events == [ConnectPeers(("tcp://a:0", "tcp://a:2"))]
+    events = s.client_message([INDEX, index, b"tcp://a:10", b"tcp://a:11", b"tcp://a:12"])
+    assert events == [ConnectPeers(("tcp://a:10", "tcp://a:12"))]
     assert bytes(s.data_to_worker()) == index  # the waiting worker gets its index
     s.worker_sent(len(index))
     d = _delta(y2_codec, 1, 0)
@@ -363,9 +365,17 @@ def test_session_deltas_for_an_absent_worker_are_dropped_and_counted(y2_codec):
 def test_session_bad_client_messages_are_counted(y2_codec):
     s = NodeSession("tcp://x:1", codec=y2_codec)
     bad_index = b"\x00\x00\x00\x00\x00\x00\x00\x08" + _i32(5) + _i32(3)
-    for frames in ([INDEX, bad_index, b"a", b"b", b"c"], [b"?"], [], [INDEX, b"", b"a"]):
+    good_index = y2_codec.encode(y2.NodeIndex(0, 2))
+    for frames in (
+        [INDEX, bad_index, b"tcp://a:1", b"tcp://a:2", b"tcp://a:3"],
+        [b"?"],
+        [],
+        [INDEX, b"", b"tcp://a:1"],
+        [INDEX, good_index, b"tcp://a:1", b"junk"],  # an inbox no one can connect to
+        [INDEX, good_index, b"tcp://a:1"],  # 2 nodes, 1 inbox
+    ):
         assert s.client_message(frames) == []
-    assert s.counters.client_errors == 4 and s.node is None
+    assert s.counters.client_errors == 6 and s.node is None
     assert s.client_message([REFUSED, b"full"]) == [Stop("full")]
 
 
@@ -475,7 +485,8 @@ def _read_until_closed(sock: socket.socket) -> bytes:
     return bytes(out)
 
 
-def test_malformed_worker_input_closes_that_link_and_the_service_goes_on():
+def test_malformed_worker_input_closes_that_link_and_the_service_goes_on(caplog):
+    caplog.set_level("INFO", logger="wirekit.y2.service")
     with _cluster() as (_client, services):
         links = [WorkerLink(s.worker_address) for s in services]
         try:
@@ -492,6 +503,10 @@ def test_malformed_worker_input_closes_that_link_and_the_service_goes_on():
             assert all(seen == {s: list(range(10)) for s in seen} for seen in got.values())
             c0, c1 = services[0].counters(), services[1].counters()
             assert c0["worker_errors"] == 1 and c1["worker_refused"] == 1
+            assert (
+                "worker link: y2: type at byte 0: unknown message type 9 (0..3); "
+                "closing the link" in caplog.text
+            )
         finally:
             for link in links:
                 link.close()
@@ -670,6 +685,13 @@ def test_cli_processes_client_and_three_services(tmp_path):
         kinds = [r["type"] for r in records]
         assert kinds.count("node_index") == 6 and kinds.count("runtime") == 3
         assert kinds.count("finished") == 3
+
+
+def test_cli_service_refuses_an_inbox_others_cannot_reach():
+    p = _spawn("service", "--client", "tcp://127.0.0.1:1", "--worker-listen", "127.0.0.1:0",
+               "--inbox", "tcp://0.0.0.0:*")  # fmt: skip
+    _out, err = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 2 and "give --advertise" in err
 
 
 def test_cli_refused_node_exits_with_an_error(tmp_path):

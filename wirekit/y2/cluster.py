@@ -39,6 +39,7 @@ from .service import (
     Stop,
     ToClient,
     ToPeers,
+    valid_endpoint,
 )
 
 log = logging.getLogger("wirekit.y2.service")
@@ -94,6 +95,13 @@ class NodeService:
         self._inbox.setsockopt(zmq.LINGER, 0)
         self._inbox.bind(inbox)
         self.inbox = advertise or self._inbox.getsockopt_string(zmq.LAST_ENDPOINT)
+        if not valid_endpoint(self.inbox):
+            self._listener.close()
+            self._inbox.close()
+            raise ValueError(
+                f"the inbox address {self.inbox!r} cannot be connected to from other nodes; "
+                "give --advertise tcp://HOST:PORT"
+            )
         self._client = self._ctx.socket(zmq.DEALER)
         self._client.setsockopt(zmq.ROUTING_ID, self.name.encode())
         self._client.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
@@ -172,6 +180,9 @@ class NodeService:
         try:
             conn, addr = self._listener.accept()
         except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:  # out of descriptors, ...: the next turn tries again
+            log.error("worker link: cannot accept: %s", exc)
             return
         if not self.session.worker_connected():
             log.warning("worker link: refused %s, a worker is already connected", addr)
@@ -311,7 +322,15 @@ class NodeService:
             peer = self._ctx.socket(zmq.PUSH)
             peer.setsockopt(zmq.SNDHWM, self.hwm)
             peer.setsockopt(zmq.LINGER, 0)
-            peer.connect(endpoint)
+            try:
+                peer.connect(endpoint)
+            except zmq.ZMQError as exc:  # a host name that does not resolve, ...
+                log.error(
+                    "cannot connect to the inbox %s: %s; its node gets no Deltas", endpoint, exc
+                )
+                self.session.counters.client_errors += 1
+                peer.close()
+                continue
             self._peers.append(peer)
             self._pending[peer] = deque()
 

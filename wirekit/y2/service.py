@@ -213,7 +213,11 @@ class NodeSession:
             except DecodeError:
                 msg = None
             peers = [f.decode("utf-8", "replace") for f in frames[2:]]
-            if isinstance(msg, NodeIndex) and msg.node_count == len(peers):
+            if (
+                isinstance(msg, NodeIndex)
+                and msg.node_count == len(peers)
+                and all(map(valid_endpoint, peers))
+            ):
                 return self._indexed(msg, frames[1], peers)
         elif kind == DONE and len(frames) == 1:
             self.stopped = True
@@ -538,8 +542,8 @@ class ClientRegistry:
             endpoint = inbox.decode()
         except UnicodeDecodeError:
             return self._error(sender, "inbox endpoint is not UTF-8")
-        if not endpoint or len(endpoint) > MAX_ENDPOINT:
-            return self._error(sender, "bad inbox endpoint")
+        if not valid_endpoint(endpoint):
+            return self._error(sender, f"bad inbox endpoint {endpoint[:64]!r}")
         rec = self.nodes.get(sender)
         if rec is not None:
             self.counters.reconnections += 1
@@ -583,6 +587,20 @@ class ClientRegistry:
             out += self._codec.encode(NodeIndex(node_id, self.node_count))
             out += self._codec.encode(msg)
         return bytes(out)
+
+
+def valid_endpoint(endpoint: str) -> bool:
+    """A ZeroMQ endpoint a service can connect to: ``tcp://HOST:PORT`` (or ``ipc://``,
+    ``inproc://``), at most ``MAX_ENDPOINT`` characters, no wildcard."""
+    if not 0 < len(endpoint) <= MAX_ENDPOINT or "*" in endpoint:
+        return False
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or not rest or scheme not in ("tcp", "ipc", "inproc"):
+        return False
+    if scheme == "tcp":
+        host, _, port = rest.rpartition(":")
+        return bool(host) and port.isdigit() and 0 < int(port) < 65536 and host != "0.0.0.0"
+    return True
 
 
 def _by_id(rec: NodeRecord) -> int:
