@@ -352,14 +352,32 @@ def test_session_drop_policy_drops_and_counts(y2_codec):
     assert s.counters.words_dropped == 9
 
 
-def test_session_deltas_for_an_absent_worker_are_dropped_and_counted(y2_codec):
+def test_session_keeps_deltas_for_a_worker_not_connected_yet(y2_codec):
     s = _indexed_session(y2_codec)
-    d = _delta(y2_codec, 0, 0)
-    assert s.peer_message([_i32(0), d])  # no worker connected
+    index = y2_codec.encode(y2.NodeIndex(1, 3))
+    d = [_delta(y2_codec, 0, k) for k in range(3)]
+    assert s.peer_message([_i32(0), d[0]])  # no worker yet: kept, not written anywhere
+    assert s.data_to_worker() is None and s.worker_buffered == len(d[0])
     assert s.worker_connected()
-    assert s.peer_message([_i32(0), d])
-    s.worker_closed()  # queued but never written
-    assert s.counters.deltas_dropped == 2 and s.worker_buffered == 0
+    assert b"".join(bytes(b) for b in s.buffers_to_worker()) == index + d[0]  # index first
+    s.worker_sent(len(index) + 5)  # the worker goes in the middle of a Delta
+    assert s.peer_message([_i32(2), d[1]])
+    s.worker_closed()
+    assert (s.counters.deltas_dropped, s.counters.words_dropped) == (1, 3)  # the cut one
+    assert s.peer_message([_i32(0), d[2]])
+    assert s.worker_connected()  # the next worker: its index, then what was kept
+    assert b"".join(bytes(b) for b in s.buffers_to_worker()) == index + d[1] + d[2]
+    assert s.counters.deltas_to_worker == 3
+
+
+def test_session_block_policy_holds_peers_back_until_the_worker_comes(y2_codec):
+    d = _delta(y2_codec, 0, 0)
+    s = _indexed_session(y2_codec, max_worker_buffer=2 * len(d))
+    assert s.peer_message([_i32(0), d]) and s.peer_message([_i32(0), d])
+    assert not s.accepts_peer_input and s.counters.deltas_dropped == 0
+    assert s.worker_connected()
+    s.worker_sent(s.worker_buffered)
+    assert s.accepts_peer_input
 
 
 def test_session_bad_client_messages_are_counted(y2_codec):

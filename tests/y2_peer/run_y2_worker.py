@@ -42,16 +42,18 @@ def main() -> int:
     crashed = threading.Event()
     comm = module.Communication(crashed)
 
+    # y2's receive() swaps in a new queue and returns the old one, into which its reader may
+    # still put one message: every queue handed out is kept and looked at again.
     deadline = time.monotonic() + 60
-    messages = comm.receive(0)
-    while messages.empty():
+    index_queues = [comm.receive(0)]
+    while all(q.empty() for q in index_queues):
         if time.monotonic() > deadline or crashed.is_set():
             print(json.dumps({"error": "no NodeIndex"}), flush=True)
             comm.stop()
             return 1
         time.sleep(0.05)
-        messages = comm.receive(0)
-    raw = messages.get_nowait()
+        index_queues.append(comm.receive(0))
+    raw = next(q for q in index_queues if not q.empty()).get_nowait()
     node_id = int.from_bytes(raw[:4], "big")
     count = int.from_bytes(raw[-4:], "big")
 
@@ -63,13 +65,15 @@ def main() -> int:
     received: dict[int, list[int]] = {}
     want = (count - 1) * deltas
     got = 0
+    delta_queues = []
     while got < want and time.monotonic() < deadline and not crashed.is_set():
-        q = comm.receive(1)
-        while not q.empty():
-            data = q.get_nowait()
-            layer, _w, index, _s = y2.unpack(y2.from_wire(data))
-            received.setdefault(int(layer[0]), []).append(int(index[0]) // per)
-            got += 1
+        delta_queues.append(comm.receive(1))
+        for q in delta_queues[-2:]:  # the one just handed out and the one before
+            while not q.empty():
+                data = q.get_nowait()
+                layer, _w, index, _s = y2.unpack(y2.from_wire(data))
+                received.setdefault(int(layer[0]), []).append(int(index[0]) // per)
+                got += 1
         time.sleep(0.01)
     comm.send(2, b"".join(v.to_bytes(4, "big") for v in (got, 1, 2, 3, 4000 + node_id)))
     comm.send(3, bytearray(0))

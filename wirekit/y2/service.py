@@ -255,23 +255,28 @@ class NodeSession:
             return False
         self.counters.worker_connections += 1
         self._decoder = Decoder(self.max_message_size, codec=self._codec)
-        self._clear_out()
-        if self.node is not None:
-            self._queue(self._node_index)
+        if self.node is not None:  # its index first, then the Deltas kept for it
+            self._out.appendleft(self._node_index)
+            self._out_counts.appendleft((0, 0))
+            self._out_bytes += len(self._node_index)
         return True
 
     def worker_closed(self) -> None:
-        """The worker's connection is gone: what was queued for it is dropped and counted."""
+        """The worker's connection is gone.  The Deltas queued for it stay for the next
+        worker, but for a message it had partly been sent (dropped and counted); a NodeIndex
+        not yet sent is dropped (the next worker gets its own)."""
         self._decoder = None
-        for deltas, words in self._out_counts:
+        out, counts = self._out, self._out_counts
+        if out and self._head:
+            deltas, words = counts.popleft()
+            self._out_bytes -= len(out.popleft())
+            self._head = 0
             self.counters.deltas_dropped += deltas
             self.counters.words_dropped += words
-        self._clear_out()
-
-    def _clear_out(self) -> None:
-        self._out.clear()
-        self._out_counts.clear()
-        self._out_bytes = self._head = 0
+        for k in range(len(out) - 1, -1, -1):
+            if counts[k][0] == 0:  # a NodeIndex
+                self._out_bytes -= len(out[k])
+                del out[k], counts[k]
 
     @property
     def accepts_worker_input(self) -> bool:
@@ -372,9 +377,7 @@ class NodeSession:
             self.counters.peer_errors += 1
             return False
         words = (len(blob) - HANDSHAKE_SIZE * deltas) // WORD_SIZE
-        if self._decoder is None or (
-            self.slow_worker is SlowWorker.DROP and self._out_bytes >= self.max_worker_buffer
-        ):
+        if self.slow_worker is SlowWorker.DROP and self._out_bytes >= self.max_worker_buffer:
             self.counters.deltas_dropped += deltas
             self.counters.words_dropped += words
             return True
@@ -394,12 +397,12 @@ class NodeSession:
 
     @property
     def worker_buffered(self) -> int:
-        """Bytes queued for the worker and not written yet."""
+        """Bytes queued for the worker (connected or not yet) and not written yet."""
         return self._out_bytes - self._head
 
     def data_to_worker(self) -> memoryview | None:
-        """The next bytes to write to the worker, or None."""
-        if not self._out:
+        """The next bytes to write to the worker, or None (also while none is connected)."""
+        if not self._out or self._decoder is None:
             return None
         return memoryview(self._out[0])[self._head :]
 
@@ -407,7 +410,7 @@ class NodeSession:
         """Up to ``limit`` pieces of the bytes to write to the worker, in order (for one
         scatter-gather write); empty when nothing waits."""
         out = self._out
-        if not out:
+        if not out or self._decoder is None:
             return []
         bufs = [memoryview(out[0])[self._head :]]
         for k in range(1, min(limit, len(out))):
