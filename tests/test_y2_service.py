@@ -206,8 +206,8 @@ def test_registry_counts_malformed_service_messages(y2_codec, sender, frames):
 
 def test_session_worker_gets_index_then_deltas_go_to_peers(y2_codec):
     s = NodeSession("tcp://127.0.0.1:7001", codec=y2_codec)
-    assert s.worker_connected() and not s.accepts_worker_input  # no index yet
-    assert s.worker_connected() is False and s.counters.worker_refused == 1
+    s.worker_connected()
+    assert not s.accepts_worker_input  # no index yet
     index = y2_codec.encode(y2.NodeIndex(1, 3))
     events = s.client_message([INDEX, index, b"tcp://a:10", b"tcp://a:11", b"tcp://a:12"])
     assert events == [ConnectPeers(("tcp://a:10", "tcp://a:12"))]
@@ -226,11 +226,23 @@ def test_session_worker_gets_index_then_deltas_go_to_peers(y2_codec):
     assert s.client_message([DONE]) == [Stop()] and s.stopped
 
 
+def test_session_newest_worker_connection_wins(y2_codec):
+    s = _indexed_session(y2_codec, 2)
+    index = y2_codec.encode(y2.NodeIndex(2, 3))
+    d = _delta(y2_codec, 0, 0)
+    s.worker_connected()
+    s.worker_sent(len(index))
+    assert s.peer_message([_i32(0), d])
+    s.worker_connected()  # before the old connection's end was seen
+    assert s.counters.worker_replaced == 1 and s.counters.worker_connections == 2
+    assert b"".join(bytes(b) for b in s.buffers_to_worker()) == index + d
+
+
 def test_session_reconnected_worker_gets_its_index_again(y2_codec):
     s = _indexed_session(y2_codec, 2)
     index = y2_codec.encode(y2.NodeIndex(2, 3))
     for _ in range(2):
-        assert s.worker_connected()
+        s.worker_connected()
         assert bytes(s.data_to_worker()) == index
         s.worker_closed()
     assert s.counters.worker_connections == 2
@@ -247,7 +259,7 @@ def test_session_reconnected_worker_gets_its_index_again(y2_codec):
 )
 def test_session_malformed_worker_input_closes_the_link(y2_codec, data, field, offset):
     s = _indexed_session(y2_codec)
-    assert s.worker_connected()
+    s.worker_connected()
     good = _delta(y2_codec, 1, 0)
     events = s.worker_data(good + data)
     assert events[0] == ToPeers((_i32(1), good))
@@ -257,12 +269,12 @@ def test_session_malformed_worker_input_closes_the_link(y2_codec, data, field, o
     assert (err.field, err.offset) == (field, len(good) + offset)
     assert s.counters.worker_errors == 1 and not s.worker_attached
     assert s.worker_data(good) == []  # nothing more from that link
-    assert s.worker_connected()  # a new worker may come
+    s.worker_connected()  # a new worker may come
 
 
 def test_session_oversize_message_closes_the_link_before_buffering(y2_codec):
     s = _indexed_session(y2_codec, max_message_size=1024)
-    assert s.worker_connected()
+    s.worker_connected()
     [event] = s.worker_data(b"\x00\x00\x00\x01\x00\x00\x04\x00")  # 1032 bytes announced
     assert isinstance(event, CloseWorker) and event.error.field == "size"
     assert "exceeds the limit" in str(event.error)
@@ -284,7 +296,7 @@ def test_session_oversize_message_closes_the_link_before_buffering(y2_codec):
 )
 def test_session_malformed_peer_message_is_counted_and_dropped(y2_codec, frames):
     s = _indexed_session(y2_codec)
-    assert s.worker_connected()
+    s.worker_connected()
     s.worker_sent(s.worker_buffered)  # the index
     assert s.peer_message(frames) is False
     assert s.counters.peer_errors == 1 and s.worker_buffered == 0
@@ -292,7 +304,7 @@ def test_session_malformed_peer_message_is_counted_and_dropped(y2_codec, frames)
 
 def test_session_batches_the_deltas_of_one_read(y2_codec):
     s = _indexed_session(y2_codec)
-    assert s.worker_connected()
+    s.worker_connected()
     d = [_delta(y2_codec, 1, k) for k in range(3)]
     rt = y2_codec.encode(y2.Runtime(1, 2, 3, 4))
     events = s.worker_data(d[0] + d[1] + rt + d[2])
@@ -304,7 +316,7 @@ def test_session_batches_the_deltas_of_one_read(y2_codec):
     assert (s.counters.deltas_from_worker, s.counters.words_from_worker) == (3, 9)
     # a receiving session takes the batch whole and counts its Deltas
     r = _indexed_session(y2_codec, 0)
-    assert r.worker_connected()
+    r.worker_connected()
     r.worker_sent(r.worker_buffered)
     assert r.peer_message([_i32(1), d[0] + d[1]])
     assert (r.counters.deltas_to_worker, r.counters.words_to_worker) == (2, 6)
@@ -313,7 +325,7 @@ def test_session_batches_the_deltas_of_one_read(y2_codec):
 
 def test_session_batch_is_capped(y2_codec):
     s = _indexed_session(y2_codec)
-    assert s.worker_connected()
+    s.worker_connected()
     per = 1000  # 4008 bytes a Delta
     big = _delta(y2_codec, 1, 0, per)
     n = 2 * MAX_BATCH // len(big) + 1
@@ -326,7 +338,7 @@ def test_session_batch_is_capped(y2_codec):
 def test_session_block_policy_stops_taking_peer_deltas_past_the_cap(y2_codec):
     d = _delta(y2_codec, 0, 0)
     s = _indexed_session(y2_codec, max_worker_buffer=3 * len(d))
-    assert s.worker_connected()
+    s.worker_connected()
     s.worker_sent(s.worker_buffered)
     taken = 0
     while s.accepts_peer_input:
@@ -343,7 +355,7 @@ def test_session_block_policy_stops_taking_peer_deltas_past_the_cap(y2_codec):
 def test_session_drop_policy_drops_and_counts(y2_codec):
     d = _delta(y2_codec, 0, 0)
     s = _indexed_session(y2_codec, max_worker_buffer=2 * len(d), slow_worker="drop")
-    assert s.worker_connected()
+    s.worker_connected()
     s.worker_sent(s.worker_buffered)
     for _ in range(5):
         assert s.accepts_peer_input and s.peer_message([_i32(2), d])
@@ -358,14 +370,14 @@ def test_session_keeps_deltas_for_a_worker_not_connected_yet(y2_codec):
     d = [_delta(y2_codec, 0, k) for k in range(3)]
     assert s.peer_message([_i32(0), d[0]])  # no worker yet: kept, not written anywhere
     assert s.data_to_worker() is None and s.worker_buffered == len(d[0])
-    assert s.worker_connected()
+    s.worker_connected()
     assert b"".join(bytes(b) for b in s.buffers_to_worker()) == index + d[0]  # index first
     s.worker_sent(len(index) + 5)  # the worker goes in the middle of a Delta
     assert s.peer_message([_i32(2), d[1]])
     s.worker_closed()
     assert (s.counters.deltas_dropped, s.counters.words_dropped) == (1, 3)  # the cut one
     assert s.peer_message([_i32(0), d[2]])
-    assert s.worker_connected()  # the next worker: its index, then what was kept
+    s.worker_connected()  # the next worker: its index, then what was kept
     assert b"".join(bytes(b) for b in s.buffers_to_worker()) == index + d[1] + d[2]
     assert s.counters.deltas_to_worker == 3
 
@@ -375,7 +387,7 @@ def test_session_block_policy_holds_peers_back_until_the_worker_comes(y2_codec):
     s = _indexed_session(y2_codec, max_worker_buffer=2 * len(d))
     assert s.peer_message([_i32(0), d]) and s.peer_message([_i32(0), d])
     assert not s.accepts_peer_input and s.counters.deltas_dropped == 0
-    assert s.worker_connected()
+    s.worker_connected()
     s.worker_sent(s.worker_buffered)
     assert s.accepts_peer_input
 
@@ -495,10 +507,9 @@ def test_worker_that_reconnects_gets_its_id_again():
                 link.close()
 
 
-def _read_until_closed(sock: socket.socket) -> bytes:
-    sock.settimeout(TIMEOUT)
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
     out = bytearray()
-    while chunk := sock.recv(65536):
+    while len(out) < n and (chunk := sock.recv(n - len(out))):
         out += chunk
     return bytes(out)
 
@@ -512,15 +523,22 @@ def test_malformed_worker_input_closes_that_link_and_the_service_goes_on(caplog)
             links[0].send_raw(b"\x00\x00\x00\x09\x00\x00\x00\x00")  # type 9
             assert links[0].receive(TIMEOUT) is None  # the service closed the link
             links[0].close()
-            # a second worker while one is connected is refused; the first goes on
+            # a second connection replaces the open one (a worker that reconnects before its
+            # old connection's end is seen): it gets the index, the old link is closed
+            index1 = links[1].node_index(TIMEOUT)
             with socket.create_connection(services[1].worker_address) as extra:
-                assert _read_until_closed(extra) == b""
+                extra.settimeout(TIMEOUT)
+                assert _recv_exact(extra, 16) == y2.encode(index1)
+                assert links[1].receive(TIMEOUT) is None
+            links[1].close()
+            links[1] = WorkerLink(services[1].worker_address)
+            assert links[1].node_index(TIMEOUT) == index1
             links[0] = WorkerLink(services[0].worker_address)
             assert links[0].node_index(TIMEOUT) == index
             got = _exchange(links, 10)
             assert all(seen == {s: list(range(10)) for s in seen} for seen in got.values())
             c0, c1 = services[0].counters(), services[1].counters()
-            assert c0["worker_errors"] == 1 and c1["worker_refused"] == 1
+            assert c0["worker_errors"] == 1 and c1["worker_replaced"] >= 1
             assert (
                 "worker link: y2: type at byte 0: unknown message type 9 (0..3); "
                 "closing the link" in caplog.text

@@ -184,10 +184,11 @@ class NodeService:
         except OSError as exc:  # out of descriptors, ...: the next turn tries again
             log.error("worker link: cannot accept: %s", exc)
             return
-        if not self.session.worker_connected():
-            log.warning("worker link: refused %s, a worker is already connected", addr)
-            conn.close()
-            return
+        old = self._worker
+        if old is not None:
+            log.warning("worker link: a new connection from %s replaces the open one", addr)
+            old.close()
+        self.session.worker_connected()
         conn.setblocking(False)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._worker = conn

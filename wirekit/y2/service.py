@@ -136,7 +136,7 @@ class NodeCounters:
     """What one node's service has done; printed on exit (``--json``: as JSON)."""
 
     worker_connections: int = 0
-    worker_refused: int = 0
+    worker_replaced: int = 0
     worker_errors: int = 0
     deltas_from_worker: int = 0
     words_from_worker: int = 0
@@ -248,18 +248,20 @@ class NodeSession:
     def worker_attached(self) -> bool:
         return self._decoder is not None
 
-    def worker_connected(self) -> bool:
-        """A worker connected; False if one already is (the runtime closes the new one)."""
+    def worker_connected(self) -> None:
+        """A worker connected.  The newest connection wins: a link still open is taken as
+        gone (``worker_closed``, counted in ``worker_replaced``; the runtime closes its
+        socket), since a worker that reconnects may do so before its old connection's end
+        is seen."""
         if self._decoder is not None:
-            self.counters.worker_refused += 1
-            return False
+            self.counters.worker_replaced += 1
+            self.worker_closed()
         self.counters.worker_connections += 1
         self._decoder = Decoder(self.max_message_size, codec=self._codec)
         if self.node is not None:  # its index first, then the Deltas kept for it
             self._out.appendleft(self._node_index)
             self._out_counts.appendleft((0, 0))
             self._out_bytes += len(self._node_index)
-        return True
 
     def worker_closed(self) -> None:
         """The worker's connection is gone.  The Deltas queued for it stay for the next
