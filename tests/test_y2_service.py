@@ -149,6 +149,14 @@ def test_registry_same_name_gets_same_id_again(y2_codec):
     assert reg.counters.reconnections == 1 and len(reg.nodes) == 3
 
 
+def test_registry_refuses_a_known_name_with_another_inbox(y2_codec):
+    reg = _registered(y2_codec)
+    [(to, frames)] = reg.receive(b"node1", [HELLO, b"tcp://elsewhere:1"])
+    assert to == b"node1" and frames[0] == REFUSED
+    assert b"restart it with --inbox tcp://127.0.0.1:7001" in frames[1]
+    assert reg.counters.errors == 1 and reg.nodes[b"node1"].inbox == "tcp://127.0.0.1:7001"
+
+
 def test_registry_refuses_a_node_too_many(y2_codec):
     reg = _registered(y2_codec)
     [(to, frames)] = reg.receive(b"extra", [HELLO, b"tcp://h:9"])
@@ -189,7 +197,6 @@ def test_registry_collects_reports_and_is_done_after_every_finished(y2_codec):
         (b"node0", [RUNTIME, _i32(0), b"\x00\x00\x00\x03\x00\x00\x00\x00"]),  # not a Runtime
         (b"node0", [b"what", _i32(0)]),
         (b"node0", [HELLO, b"\xff\xfe"]),  # endpoint not UTF-8
-        (b"node0", [HELLO, b"tcp://elsewhere:1"]),  # another inbox
         (b"new", [HELLO, b"tcp://0.0.0.0:5"]),  # not an address to connect to
         (b"new", [HELLO, b"tcp://h:*"]),
         (b"node0", []),
@@ -505,6 +512,47 @@ def test_worker_that_reconnects_gets_its_id_again():
         finally:
             for link in links:
                 link.close()
+
+
+def test_restarted_service_gets_its_id_again(tmp_path):
+    client = ClientService(3, "tcp://127.0.0.1:*")
+    stop_all, stop_one = threading.Event(), threading.Event()
+
+    def service(k: int) -> NodeService:
+        inbox = f"ipc://{tmp_path}/inbox{k}"  # fixed: the others stay connected to it
+        return NodeService(client.address, ("127.0.0.1", 0), name=f"n{k}", inbox=inbox)
+
+    services = [service(k) for k in range(3)]
+    threads = [threading.Thread(target=client.run, args=(stop_all,), daemon=True)]
+    threads += [
+        threading.Thread(target=s.run, args=(stop_one if k == 1 else stop_all,), daemon=True)
+        for k, s in enumerate(services)
+    ]
+    for t in threads:
+        t.start()
+    links: list[WorkerLink] = []
+    try:
+        links = [WorkerLink(s.worker_address) for s in services]
+        before = links[1].node_index(TIMEOUT)
+        stop_one.set()
+        threads[2].join(TIMEOUT)
+        assert not threads[2].is_alive()
+        links[1].close()
+        services[1] = service(1)  # the same name and inbox, a new worker port
+        threads[2] = threading.Thread(target=services[1].run, args=(stop_all,), daemon=True)
+        threads[2].start()
+        links[1] = WorkerLink(services[1].worker_address)
+        assert links[1].node_index(TIMEOUT) == before
+        assert client.registry.counters.reconnections == 1
+        got = _exchange(links, 5)  # the cluster works on with the new service
+        assert all(seen == {s: list(range(5)) for s in seen} for seen in got.values())
+        assert all(len(seen) == 2 for seen in got.values())
+    finally:
+        stop_all.set()
+        for link in links:
+            link.close()
+        for t in threads:
+            t.join(TIMEOUT)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

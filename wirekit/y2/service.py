@@ -555,7 +555,12 @@ class ClientRegistry:
             rec.connections += 1
             if endpoint != rec.inbox:
                 # The other nodes are connected to the old inbox: refuse rather than split.
-                return self._error(sender, "registered again with another inbox")
+                reason = (
+                    f"node {rec.node_id} registered with the inbox {rec.inbox}, not "
+                    f"{endpoint[:64]}: restart it with --inbox {rec.inbox}"
+                )
+                self._error(sender, reason)
+                return [(sender, (REFUSED, reason.encode()))]
             return [(sender, self._index(rec))] if self.complete else []
         if self.complete:
             self.counters.refused += 1
