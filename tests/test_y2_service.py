@@ -747,10 +747,10 @@ def test_cli_processes_client_and_three_services(tmp_path):
         summary = json.loads(out)
         assert summary["done"] is True
         assert [n["node_id"] for n in summary["nodes"]] == [0, 1, 2]
-        runtimes = [r for r in summary["records"] if r["type"] == "runtime"]
+        runtimes = [r for r in summary["records"] if r["kind"] == "runtime"]
         assert sorted(r["node_id"] for r in runtimes) == [0, 1, 2]
         assert all(r["sample_count"] == deltas for r in runtimes)
-        fins = [r["node_id"] for r in summary["records"] if r["type"] == "finished"]
+        fins = [r["node_id"] for r in summary["records"] if r["kind"] == "finished"]
         assert sorted(fins) == [0, 1, 2]
         for p, _ in services:  # every service exits 0 once the client says done
             out, err = p.communicate(timeout=TIMEOUT)
@@ -766,7 +766,7 @@ def test_cli_processes_client_and_three_services(tmp_path):
         )
         assert dec.returncode == 0, dec.stderr
         records = [json.loads(line) for line in dec.stdout.splitlines() if line.strip()]
-        kinds = [r["type"] for r in records]
+        kinds = [r["kind"] for r in records]
         assert kinds.count("node_index") == 6 and kinds.count("runtime") == 3
         assert kinds.count("finished") == 3
 
@@ -840,7 +840,7 @@ def test_y2_own_communication_class_as_the_workers(tmp_path):
             assert senders == {i: list(range(deltas)) for i in range(3) if i != r["node_id"]}
         assert client.returncode == 0, err
         summary = json.loads(out)
-        runtimes = {r["node_id"]: r for r in summary["records"] if r["type"] == "runtime"}
+        runtimes = {r["node_id"]: r for r in summary["records"] if r["kind"] == "runtime"}
         assert {n: r["loss_milli"] for n, r in runtimes.items()} == {i: 4000 + i for i in range(3)}
-        fins = sorted(r["node_id"] for r in summary["records"] if r["type"] == "finished")
+        fins = sorted(r["node_id"] for r in summary["records"] if r["kind"] == "finished")
         assert fins == [0, 1, 2]

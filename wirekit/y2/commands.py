@@ -95,7 +95,7 @@ def _client_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _record_line(rec: dict[str, Any]) -> str:
     node = rec["node_id"]
-    if rec["type"] == "finished":
+    if rec["kind"] == "finished":
         return f"node {node}: finished"
     loss = f" loss={rec['loss_milli'] / 1000:g}" if "loss_milli" in rec else ""
     return (
