@@ -234,7 +234,7 @@ def mip_stream(data: bytes) -> None:
 
 
 def y2_decode(data: bytes) -> None:
-    """``decode``, ``decode_prefix`` and ``check_handshake``."""
+    """``decode``, ``decode_prefix``, ``check_handshake`` and ``scan_deltas``."""
     differential("y2.decode", "y2", lambda c: c.decode(data))
     differential("y2.decode(memoryview)", "y2", lambda c: c.decode(memoryview(data)))
     pos = data[0] % 16 if data else 0
@@ -242,6 +242,9 @@ def y2_decode(data: bytes) -> None:
         differential("y2.decode_prefix", "y2", lambda c: c.decode_prefix(data, pos))
     if len(data) >= 8:
         differential("y2.check_handshake", "y2", lambda c: c.check_handshake(data))
+    for at in range(0, min(len(data), 64) + 1, 4):
+        args = (data, at, len(data), 4 + at * 8, 8 + at * 4)  # start, end, run cap, size cap
+        differential("y2.scan_deltas", "y2", lambda c, a=args: c.scan_deltas(*a))
 
 
 def y2_stream(data: bytes) -> None:

@@ -20,7 +20,12 @@ from wirekit._dumping import DEFAULT_MAX_MESSAGE, hex_excerpt
 from wirekit.analyse import DUMPERS, EXIT_MALFORMED, EXIT_OK, EXIT_USAGE
 
 #: modules with ``register(subparsers)`` adding ``wirekit <name> ...`` commands
-COMMAND_MODULES: list[str] = ["wirekit.mip.cli", "wirekit.clipper.commands", "wirekit.serve.cli"]
+COMMAND_MODULES: list[str] = [
+    "wirekit.mip.cli",
+    "wirekit.clipper.commands",
+    "wirekit.serve.cli",
+    "wirekit.y2.commands",
+]
 
 EXIT_BAD_INPUT = EXIT_MALFORMED
 __all__ = ["EXIT_BAD_INPUT", "EXIT_OK", "EXIT_USAGE", "build_parser", "hex_excerpt", "main"]

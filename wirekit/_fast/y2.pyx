@@ -842,6 +842,39 @@ def check_handshake(buf, pos=0):
     return kind, n
 
 
+def scan_deltas(buf, pos, end, max_bytes, max_message_size):
+    """The run of whole Delta messages at ``buf[pos:end]``: ``(stop, count)`` (see the pure
+    twin for the rules)."""
+    cdef Py_buffer view
+    cdef Py_ssize_t p, e, start, stop, cap, limit, count = 0
+    cdef int32_t kind, n
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        e = _position(end, view.len)
+        if e < 0 or e > view.len:
+            raise _checks.position_error(end, view.len)
+        p = _position(pos, e)
+        if p < 0 or p > e:
+            raise _checks.position_error(pos, e)
+        cap = max_bytes
+        limit = max_message_size
+        start = p
+        with nogil:
+            while e - p >= HANDSHAKE_SIZE:
+                kind = _bei32(<const uint8_t*>view.buf + p)
+                n = _bei32(<const uint8_t*>view.buf + p + 4)
+                if kind != 1 or n < 0 or n % 4 or HANDSHAKE_SIZE + <Py_ssize_t>n > limit:
+                    break
+                stop = p + HANDSHAKE_SIZE + n
+                if stop > e or (count and stop - start > cap):
+                    break
+                p = stop
+                count += 1
+    finally:
+        PyBuffer_Release(&view)
+    return p, count
+
+
 cdef object _words_from_be(object buf, Py_ssize_t offset, Py_ssize_t count):
     """Native uint32 copies of ``count`` big-endian words at ``buf[offset:]``.
 

@@ -50,6 +50,7 @@ _API = (
     "decode",
     "decode_prefix",
     "check_handshake",
+    "scan_deltas",
     "pack",
     "unpack",
     "to_wire",
@@ -63,6 +64,9 @@ encode: Callable[[Message], bytes]
 decode: Callable[[Any], Message]
 decode_prefix: Callable[..., tuple[Message, int]]
 check_handshake: Callable[..., tuple[int, int]]
+#: ``scan_deltas(buf, pos, end, max_bytes, max_message_size) -> (stop, count)``: the run of
+#: whole Delta messages at ``buf[pos:end]`` (the y2 services batch and check with it).
+scan_deltas: Callable[..., tuple[int, int]]
 pack: Callable[..., np.ndarray]
 unpack: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
 to_wire: Callable[[Any], bytes]
@@ -95,6 +99,7 @@ __all__ = [
     "from_wire",
     "pack",
     "partition",
+    "scan_deltas",
     "to_wire",
     "unpack",
     "word_fields",

@@ -82,6 +82,43 @@ def check_handshake(buf: Buffer, pos: int = 0) -> tuple[int, int]:
     return h.type, h.size
 
 
+def scan_deltas(
+    buf: Buffer, pos: int, end: int, max_bytes: int, max_message_size: int
+) -> tuple[int, int]:
+    """The run of whole Delta messages at ``buf[pos:end]``: ``(stop, count)``.
+
+    Walks consecutive messages whose handshake is a valid Delta's (type 1, a size of whole
+    words) of at most ``max_message_size`` bytes each and lying wholly before ``end``; stops
+    before anything else (another type, a bad handshake, a partial message) and before a
+    message that would take the run past ``max_bytes`` (the first is always taken).  Nothing
+    is raised for what stops the run: the caller's stream decoder reports it.  ``stop`` is
+    where the run ends (``pos`` if there is none), ``count`` how many messages it holds.
+    ``IndexError`` unless ``0 <= pos <= end <= len(buf)``.
+    """
+    view = _bytes_view(buf)
+    if not 0 <= end <= len(view):
+        raise _checks.position_error(end, len(view))
+    if not 0 <= pos <= end:
+        raise _checks.position_error(pos, end)
+    start, count = pos, 0
+    while end - pos >= HANDSHAKE_SIZE:
+        kind = int.from_bytes(view[pos : pos + 4], "big", signed=True)
+        size = int.from_bytes(view[pos + 4 : pos + 8], "big", signed=True)
+        stop = pos + HANDSHAKE_SIZE + size
+        if (
+            kind != MessageType.DELTA
+            or size < 0
+            or size % 4
+            or HANDSHAKE_SIZE + size > max_message_size
+            or stop > end
+            or (count and stop - start > max_bytes)
+        ):
+            break
+        pos = stop
+        count += 1
+    return pos, count
+
+
 def decode_prefix(buf: Buffer, pos: int = 0) -> tuple[Message, int]:
     """Decode the message that starts at ``pos``; return it and the offset just past it."""
     view = _bytes_view(buf)

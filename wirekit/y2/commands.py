@@ -1,0 +1,263 @@
+"""``wirekit y2 client|service``: the y2 communication services, without the JVM.
+
+    wirekit y2 client --nodes 3 --listen tcp://0.0.0.0:5560 --report run.y2 --json
+    wirekit y2 service --client tcp://HOST:5560 --worker-listen 127.0.0.1:8888
+
+Each prints its addresses on standard output once it listens (``client listening on ADDR``;
+``worker link on HOST:PORT``, ``inbox ADDR``), logs to standard error and stops on
+SIGINT/SIGTERM.  The client exits 0 once every node has finished; a service exits 0 when the
+client says so.  Both print their counters on exit (``--json``: one JSON object).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+from .cluster import DEFAULT_HWM
+from .decoder import DEFAULT_MAX_MESSAGE_SIZE
+from .service import DEFAULT_MAX_WORKER_BUFFER, SlowWorker
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return (host.strip("[]") or "127.0.0.1"), int(port)
+
+
+def _logging(args: argparse.Namespace, err: TextIO) -> None:
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        stream=err,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGINT/SIGTERM while in the block (main thread only)."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        stop.set()
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+
+
+def _client_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    import zmq
+
+    from .cluster import ClientService
+
+    _logging(args, err)
+    try:
+        client = ClientService(args.nodes, args.listen, max_message_size=args.max_message_size)
+    except (ValueError, zmq.ZMQError) as exc:
+        err.write(f"wirekit y2 client: {exc}\n")
+        return EXIT_USAGE
+    out.write(f"client listening on {client.address}\n")
+    out.flush()
+    with _stop_on_signals() as stop:
+        done = client.run(stop)
+    reg = client.registry
+    if args.report:
+        with open(args.report, "wb") as f:
+            f.write(reg.report_bytes())
+    summary = reg.summary()
+    summary["done"] = done
+    if args.json:
+        out.write(json.dumps(summary) + "\n")
+    else:
+        for node in summary["nodes"]:
+            out.write(f"node {node['node_id']}: {node['name']} (inbox {node['inbox']})\n")
+        for rec in summary["records"]:
+            out.write(_record_line(rec) + "\n")
+        counters = " ".join(f"{k}={v}" for k, v in summary["counters"].items())
+        out.write(f"{'every node finished' if done else 'stopped'}; {counters}\n")
+    out.flush()
+    return EXIT_OK if done else EXIT_FAILED
+
+
+def _record_line(rec: dict[str, Any]) -> str:
+    node = rec["node_id"]
+    if rec["kind"] == "finished":
+        return f"node {node}: finished"
+    loss = f" loss={rec['loss_milli'] / 1000:g}" if "loss_milli" in rec else ""
+    return (
+        f"node {node}: runtime samples={rec['sample_count']} "
+        f"decompression={rec['decompression_ms']}ms training={rec['training_ms']}ms "
+        f"compression={rec['compression_ms']}ms{loss}"
+    )
+
+
+def _service_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    import zmq
+
+    from .cluster import NodeService
+
+    _logging(args, err)
+    try:
+        service = NodeService(
+            args.client,
+            _host_port(args.worker_listen),
+            name=args.name,
+            inbox=args.inbox,
+            advertise=args.advertise,
+            hwm=args.hwm,
+            max_message_size=args.max_message_size,
+            max_worker_buffer=args.max_worker_buffer,
+            slow_worker=args.slow_worker,
+        )
+    except ValueError as exc:
+        err.write(f"wirekit y2 service: {exc}\n")
+        return EXIT_USAGE
+    except (OSError, zmq.ZMQError) as exc:
+        err.write(f"wirekit y2 service: cannot listen: {exc}\n")
+        return EXIT_FAILED
+    host, port = service.worker_address
+    out.write(f"worker link on {host}:{port}\ninbox {service.inbox}\n")
+    out.flush()
+    with _stop_on_signals() as stop:
+        error = service.run(stop)
+    counters = service.counters()
+    if args.json:
+        out.write(json.dumps({"name": service.name, "error": error, "counters": counters}) + "\n")
+    else:
+        out.write(" ".join(f"{k}={v}" for k, v in counters.items()) + "\n")
+    out.flush()
+    if error:
+        err.write(f"wirekit y2 service: {error}\n")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    """Add ``wirekit y2 ...`` to the main parser."""
+    y2_parser = subparsers.add_parser(
+        "y2", help="run y2's communication services", description=__doc__.split("\n")[0]
+    )
+    sub = y2_parser.add_subparsers(dest="y2_command", required=True, metavar="ACTION")
+
+    client = sub.add_parser(
+        "client", help="the client service: registers the nodes, collects their reports"
+    )
+    client.add_argument(
+        "--nodes", type=_positive, required=True, metavar="N", help="nodes in the cluster"
+    )
+    client.add_argument(
+        "--listen",
+        default="tcp://127.0.0.1:5560",
+        metavar="ADDRESS",
+        help="ZeroMQ endpoint to bind (default tcp://127.0.0.1:5560; port * for any)",
+    )
+    client.add_argument(
+        "--report",
+        metavar="FILE",
+        help="write the Runtime and Finished messages here as y2 messages, each after the "
+        "NodeIndex of its node (read it with wirekit decode --proto y2)",
+    )
+    client.add_argument("--json", action="store_true", help="print the report as JSON")
+    _common(client)
+    client.set_defaults(func=_client_command)
+
+    service = sub.add_parser(
+        "service", help="one node's service: its worker's link, Deltas to and from the others"
+    )
+    service.add_argument(
+        "--client", required=True, metavar="ADDRESS", help="the client service, tcp://host:port"
+    )
+    service.add_argument(
+        "--worker-listen",
+        default="127.0.0.1:8888",
+        metavar="HOST:PORT",
+        help="where the worker connects (default 127.0.0.1:8888, y2's; port 0 for any)",
+    )
+    service.add_argument(
+        "--name",
+        metavar="NAME",
+        help="this node's name at the client; the same name gets the same id "
+        "(default HOSTNAME:WORKER_PORT)",
+    )
+    service.add_argument(
+        "--inbox",
+        default="tcp://127.0.0.1:*",
+        metavar="ADDRESS",
+        help="ZeroMQ endpoint to bind for the other nodes' Deltas (default tcp://127.0.0.1:*)",
+    )
+    service.add_argument(
+        "--advertise",
+        metavar="ADDRESS",
+        help="the inbox address the other nodes connect to (default: the bound one; "
+        "give it when binding 0.0.0.0)",
+    )
+    service.add_argument(
+        "--hwm",
+        type=_positive,
+        default=DEFAULT_HWM,
+        metavar="N",
+        help=f"ZeroMQ high-water mark (messages) of the inbox and of each peer "
+        f"(default {DEFAULT_HWM})",
+    )
+    service.add_argument(
+        "--max-worker-buffer",
+        type=_positive,
+        default=DEFAULT_MAX_WORKER_BUFFER,
+        metavar="BYTES",
+        help=f"bytes queued for the worker before --slow-worker applies "
+        f"(default {DEFAULT_MAX_WORKER_BUFFER})",
+    )
+    service.add_argument(
+        "--slow-worker",
+        choices=[p.value for p in SlowWorker],
+        default=SlowWorker.BLOCK.value,
+        help="past --max-worker-buffer: block (stop taking the other nodes' Deltas; "
+        "nothing lost) or drop (drop them, counted) (default block)",
+    )
+    service.add_argument("--json", action="store_true", help="print the counters as JSON on exit")
+    _common(service)
+    service.set_defaults(func=_service_command)
+    y2_parser.set_defaults(handler=_dispatch)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-message",
+        dest="max_message_size",
+        type=_positive,
+        default=DEFAULT_MAX_MESSAGE_SIZE,
+        metavar="BYTES",
+        help=f"largest y2 message accepted (default {DEFAULT_MAX_MESSAGE_SIZE})",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        type=str.lower,
+        choices=["debug", "info", "warning", "error"],
+        help="any case (default info)",
+    )
+
+
+def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    return int(args.func(args, out, err))

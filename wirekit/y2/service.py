@@ -1,0 +1,617 @@
+"""Sans-IO state machines of the y2 communication services: no sockets here.
+
+y2 runs, on each node, a *worker* (training) and a *communication service*; the services and
+one *client service* form the cluster.  wirekit's runtimes (:mod:`wirekit.y2.cluster`) move
+bytes between sockets and the two state machines of this module:
+
+* :class:`NodeSession` -- one node's service: the worker link (bytes in, framed by the y2
+  :class:`~wirekit.y2.Decoder`), the messages to and from the client service and the Delta
+  messages to and from the other nodes' services.
+* :class:`ClientRegistry` -- the client service: registration of N nodes (ids 0..N-1, the
+  same id again for a node that comes back under its name), Runtime and Finished reports,
+  done when every node has finished.
+
+Messages between services are ZeroMQ multipart messages (see ``specs/y2.md``, "The
+communication services"); every y2 message inside them is carried as its worker-link bytes
+(handshake + payload), so nothing is re-encoded on the way.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from wirekit.errors import DecodeError
+
+from .decoder import DEFAULT_MAX_MESSAGE_SIZE, Decoder
+from .messages import (
+    HANDSHAKE_SIZE,
+    PROTOCOL,
+    WORD_SIZE,
+    Finished,
+    Message,
+    MessageType,
+    NodeIndex,
+    Runtime,
+)
+
+#: bytes, or a memoryview of a ZeroMQ frame (taken without a copy)
+Buffer = bytes | memoryview
+
+# ---------------------------------------------------------------- the ZeroMQ messages
+
+#: service -> client: ``[HELLO, inbox endpoint]`` (y2's ClientRequest: register this node).
+HELLO = b"hello"
+#: client -> service: ``[INDEX, NodeIndex bytes, inbox of node 0, ..., inbox of node N-1]``.
+INDEX = b"index"
+#: service -> client: ``[RUNTIME, node id (i32), Runtime bytes]``.
+RUNTIME = b"runtime"
+#: service -> client: ``[FINISHED, node id (i32)]``.
+FINISHED = b"finished"
+#: client -> service: ``[DONE]``, every node has finished: the service stops.
+DONE = b"done"
+#: client -> service: ``[REFUSED, reason (utf-8)]``, the cluster has no room for this node.
+REFUSED = b"refused"
+#: Service -> service messages carry no kind: ``[sender node id (i32), Delta bytes]``, the
+#: bytes of one or more whole Delta messages end to end.
+
+#: Default cap on bytes queued for one worker (what its service has not written yet).
+DEFAULT_MAX_WORKER_BUFFER = 16 * 1024 * 1024
+#: Deltas of one read from the worker go to the others as one ZeroMQ message of at most this
+#: many bytes (a larger Delta goes alone).
+MAX_BATCH = 1024 * 1024
+#: Largest endpoint string a service may register.
+MAX_ENDPOINT = 1024
+
+
+class SlowWorker(str, enum.Enum):
+    """What a service does with Deltas from other nodes while its worker's queue is full."""
+
+    #: Stop taking Deltas from the other nodes (ZeroMQ then queues up to its high-water mark
+    #: and the senders' services stop reading their workers): nothing is lost.
+    BLOCK = "block"
+    #: Drop the Delta and count it (``deltas_dropped``, ``words_dropped``).
+    DROP = "drop"
+
+
+def _i32(value: int) -> bytes:
+    return value.to_bytes(4, "big", signed=True)
+
+
+def _read_i32(frame: Buffer) -> int | None:
+    return int.from_bytes(frame, "big", signed=True) if len(frame) == 4 else None
+
+
+def _frame_type(frame: Buffer) -> int:
+    return int.from_bytes(frame[:4], "big", signed=True)
+
+
+# ---------------------------------------------------------------- events of a node session
+
+
+@dataclass(frozen=True, slots=True)
+class ToClient:
+    """Send these frames to the client service."""
+
+    frames: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ToPeers:
+    """Send these frames to every other node's service."""
+
+    frames: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectPeers:
+    """Connect to these inboxes (every other node's; the node's own is left out)."""
+
+    endpoints: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CloseWorker:
+    """Close the worker link: the worker broke the protocol."""
+
+    error: DecodeError
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The service is done (``error`` None: every node finished)."""
+
+    error: str | None = None
+
+
+Event = ToClient | ToPeers | ConnectPeers | CloseWorker | Stop
+
+
+@dataclass(slots=True)
+class NodeCounters:
+    """What one node's service has done; printed on exit (``--json``: as JSON)."""
+
+    worker_connections: int = 0
+    worker_replaced: int = 0
+    worker_errors: int = 0
+    deltas_from_worker: int = 0
+    words_from_worker: int = 0
+    deltas_to_worker: int = 0
+    words_to_worker: int = 0
+    deltas_dropped: int = 0
+    words_dropped: int = 0
+    runtime_forwarded: int = 0
+    finished_forwarded: int = 0
+    peer_errors: int = 0
+    client_errors: int = 0
+    peer_input_paused: int = 0
+    worker_input_paused: int = 0
+    worker_buffer_max: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+class NodeSession:
+    """One node's communication service, sans IO.
+
+    The runtime calls ``worker_connected`` / ``worker_data`` / ``worker_closed`` for the
+    worker's TCP connection, ``client_message`` and ``peer_message`` for what ZeroMQ
+    delivers, and carries out the events they return; it writes ``data_to_worker()`` to the
+    worker (then ``worker_sent(n)``).  Flow control: it reads the worker only while
+    ``accepts_worker_input`` and takes other nodes' Deltas only while
+    ``accepts_peer_input``.
+    """
+
+    def __init__(
+        self,
+        inbox: str,
+        *,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_worker_buffer: int = DEFAULT_MAX_WORKER_BUFFER,
+        slow_worker: SlowWorker | str = SlowWorker.BLOCK,
+        codec: ModuleType | None = None,
+    ) -> None:
+        self.inbox = inbox
+        if codec is None:
+            from wirekit import y2 as active  # the active implementation
+
+            codec = active
+        self._codec: ModuleType = codec
+        self._scan_deltas = codec.scan_deltas
+        self.max_message_size = max_message_size
+        self.max_worker_buffer = max_worker_buffer
+        self.slow_worker = SlowWorker(slow_worker)
+        self.node: NodeIndex | None = None
+        self.peers: tuple[str, ...] = ()
+        self.counters = NodeCounters()
+        self._node_id = b""
+        self._node_index = b""
+        self._decoder: Decoder | None = None
+        self._out: deque[Buffer] = deque()
+        self._out_counts: deque[tuple[int, int]] = deque()  # Deltas and words per entry
+        self._out_bytes = 0
+        self._head = 0  # bytes of _out[0] already written
+        self.stopped = False
+
+    # ------------------------------------------------------------ client service
+
+    def hello(self) -> ToClient:
+        """The registration to send to the client service (again after a reconnection)."""
+        return ToClient((HELLO, self.inbox.encode()))
+
+    def client_message(self, frames: list[bytes]) -> list[Event]:
+        """A message from the client service."""
+        kind = frames[0] if frames else b""
+        if kind == INDEX and len(frames) >= 3:
+            try:
+                msg = Decoder(self.max_message_size, codec=self._codec).decode(frames[1])
+            except DecodeError:
+                msg = None
+            peers = [f.decode("utf-8", "replace") for f in frames[2:]]
+            if (
+                isinstance(msg, NodeIndex)
+                and msg.node_count == len(peers)
+                and all(map(valid_endpoint, peers))
+            ):
+                return self._indexed(msg, frames[1], peers)
+        elif kind == DONE and len(frames) == 1:
+            self.stopped = True
+            return [Stop()]
+        elif kind == REFUSED and len(frames) == 2:
+            self.stopped = True
+            return [Stop(frames[1].decode("utf-8", "replace"))]
+        self.counters.client_errors += 1
+        return []
+
+    def _indexed(self, msg: NodeIndex, raw: bytes, peers: list[str]) -> list[Event]:
+        if self.node is not None:
+            if msg != self.node:
+                self.counters.client_errors += 1
+            return []  # the same index again (after a reconnection): nothing changes
+        self.node = msg
+        self._node_id = _i32(msg.node_id)
+        self.peers = tuple(peers)
+        self._node_index = raw
+        if self._decoder is not None:  # a worker is waiting for its index
+            self._queue(raw)
+        others = tuple(p for i, p in enumerate(peers) if i != msg.node_id)
+        return [ConnectPeers(others)]
+
+    # ------------------------------------------------------------ worker link
+
+    @property
+    def worker_attached(self) -> bool:
+        return self._decoder is not None
+
+    def worker_connected(self) -> None:
+        """A worker connected.  The newest connection wins: a link still open is taken as
+        gone (``worker_closed``, counted in ``worker_replaced``; the runtime closes its
+        socket), since a worker that reconnects may do so before its old connection's end
+        is seen."""
+        if self._decoder is not None:
+            self.counters.worker_replaced += 1
+            self.worker_closed()
+        self.counters.worker_connections += 1
+        self._decoder = Decoder(self.max_message_size, codec=self._codec)
+        if self.node is not None:  # its index first, then the Deltas kept for it
+            self._out.appendleft(self._node_index)
+            self._out_counts.appendleft((0, 0))
+            self._out_bytes += len(self._node_index)
+
+    def worker_closed(self) -> None:
+        """The worker's connection is gone.  The Deltas queued for it stay for the next
+        worker, but for a message it had partly been sent (dropped and counted); a NodeIndex
+        not yet sent is dropped (the next worker gets its own)."""
+        self._decoder = None
+        out, counts = self._out, self._out_counts
+        if out and self._head:
+            deltas, words = counts.popleft()
+            self._out_bytes -= len(out.popleft())
+            self._head = 0
+            self.counters.deltas_dropped += deltas
+            self.counters.words_dropped += words
+        for k in range(len(out) - 1, -1, -1):
+            if counts[k][0] == 0:  # a NodeIndex
+                self._out_bytes -= len(out[k])
+                del out[k], counts[k]
+
+    @property
+    def accepts_worker_input(self) -> bool:
+        """True when the runtime should read the worker (its index is known)."""
+        return self._decoder is not None and self.node is not None and not self.stopped
+
+    def worker_data(self, data: bytes) -> list[Event]:
+        """Bytes from the worker -> events.  A protocol error gives ``CloseWorker``; the
+        events before it (complete messages) still count.
+
+        A run of consecutive Deltas goes to the other nodes as one ZeroMQ message, cut out of
+        the decoder's buffer in one piece (at most ``MAX_BATCH`` bytes unless one Delta alone
+        is larger)."""
+        decoder = self._decoder
+        if decoder is None:
+            return []
+        events: list[Event] = []
+        runs: list[tuple[bytes, int]] = []
+        try:
+            decoder.feed(data)
+            while True:
+                if decoder.take_frames(self._take_deltas, runs):
+                    blob, count = runs.pop()
+                    events.append(self._deltas(blob, count))
+                    continue
+                frame = decoder.next_frame()
+                if frame is None:
+                    break
+                at = decoder.offset - len(frame)
+                if _frame_type(frame) == MessageType.DELTA:  # not taken above: unexpected
+                    events.append(self._deltas(frame, 1))
+                else:
+                    events.append(self._from_worker(frame, at))
+        except DecodeError as exc:
+            self.counters.worker_errors += 1
+            self._decoder = None
+            events.append(CloseWorker(exc))
+        return events
+
+    def _take_deltas(self, buf: Any, pos: int, end: int, runs: list[tuple[bytes, int]]) -> int:
+        """``Decoder.take_frames`` callback: take the run of whole Delta messages at
+        ``buf[pos:]`` (the codec's ``scan_deltas``); what stops it -- another type, a partial
+        message, a bad or oversize handshake -- ``next_frame`` then hands out or reports."""
+        stop, count = self._scan_deltas(buf, pos, end, MAX_BATCH, self.max_message_size)
+        if not count:
+            return pos
+        if type(buf) is bytes and pos == 0 and stop == len(buf):
+            runs.append((buf, count))  # the whole chunk as it was read: no copy
+        else:
+            with memoryview(buf) as view:
+                runs.append((bytes(view[pos:stop]), count))
+        return stop
+
+    def _count_deltas(self, blob: Buffer) -> int:
+        """How many whole Delta messages ``blob`` is, end to end; -1 if anything else."""
+        n = len(blob)
+        if n > max(self.max_message_size, MAX_BATCH):
+            return -1
+        stop, count = self._scan_deltas(blob, 0, n, n, self.max_message_size)
+        return count if stop == n and count else -1
+
+    def _deltas(self, blob: bytes, count: int) -> ToPeers:
+        self.counters.deltas_from_worker += count
+        self.counters.words_from_worker += (len(blob) - HANDSHAKE_SIZE * count) // WORD_SIZE
+        return ToPeers((self._node_id, blob))
+
+    def _from_worker(self, frame: bytes, at: int) -> Event:
+        kind = _frame_type(frame)
+        if kind == MessageType.RUNTIME:
+            self.counters.runtime_forwarded += 1
+            return ToClient((RUNTIME, self._node_id, frame))
+        if kind == MessageType.FINISHED:
+            self.counters.finished_forwarded += 1
+            return ToClient((FINISHED, self._node_id))
+        raise DecodeError(PROTOCOL, "type", at, "a worker does not send NodeIndex")
+
+    # ------------------------------------------------------------ other nodes
+
+    @property
+    def accepts_peer_input(self) -> bool:
+        """False while Deltas for the worker wait past the limit and the policy is block."""
+        return self.slow_worker is SlowWorker.DROP or self._out_bytes < self.max_worker_buffer
+
+    def peer_message(self, frames: Sequence[Buffer]) -> bool:
+        """Deltas from another node's service (one or more whole Delta messages, joined);
+        False if the message was malformed (then it is dropped whole and counted)."""
+        sender = _read_i32(frames[0]) if len(frames) == 2 else None
+        blob = frames[1] if sender is not None else b""
+        node = self.node
+        deltas = self._count_deltas(blob)
+        if (
+            node is None
+            or sender is None
+            or not 0 <= sender < node.node_count
+            or sender == node.node_id
+            or deltas < 1
+        ):
+            self.counters.peer_errors += 1
+            return False
+        words = (len(blob) - HANDSHAKE_SIZE * deltas) // WORD_SIZE
+        if self.slow_worker is SlowWorker.DROP and self._out_bytes >= self.max_worker_buffer:
+            self.counters.deltas_dropped += deltas
+            self.counters.words_dropped += words
+            return True
+        self.counters.deltas_to_worker += deltas
+        self.counters.words_to_worker += words
+        self._queue(blob, deltas, words)
+        return True
+
+    # ------------------------------------------------------------ bytes to the worker
+
+    def _queue(self, data: Buffer, deltas: int = 0, words: int = 0) -> None:
+        self._out.append(data)
+        self._out_counts.append((deltas, words))
+        self._out_bytes += len(data)
+        if self._out_bytes > self.counters.worker_buffer_max:
+            self.counters.worker_buffer_max = self._out_bytes
+
+    @property
+    def worker_buffered(self) -> int:
+        """Bytes queued for the worker (connected or not yet) and not written yet."""
+        return self._out_bytes - self._head
+
+    def data_to_worker(self) -> memoryview | None:
+        """The next bytes to write to the worker, or None (also while none is connected)."""
+        if not self._out or self._decoder is None:
+            return None
+        return memoryview(self._out[0])[self._head :]
+
+    def buffers_to_worker(self, limit: int = 64) -> list[memoryview]:
+        """Up to ``limit`` pieces of the bytes to write to the worker, in order (for one
+        scatter-gather write); empty when nothing waits."""
+        out = self._out
+        if not out or self._decoder is None:
+            return []
+        bufs = [memoryview(out[0])[self._head :]]
+        for k in range(1, min(limit, len(out))):
+            bufs.append(memoryview(out[k]))
+        return bufs
+
+    def worker_sent(self, n: int) -> None:
+        """``n`` bytes of ``data_to_worker()`` were written."""
+        while n and self._out:
+            left = len(self._out[0]) - self._head
+            if n < left:
+                self._head += n
+                return
+            n -= left
+            self._out_bytes -= len(self._out.popleft())
+            self._out_counts.popleft()
+            self._head = 0
+
+
+# ---------------------------------------------------------------- the client service
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    """One registered node, as the client service knows it."""
+
+    node_id: int
+    name: str
+    inbox: str
+    connections: int = 1
+    finished: bool = False
+
+
+@dataclass(slots=True)
+class ClientCounters:
+    registrations: int = 0
+    reconnections: int = 0
+    refused: int = 0
+    runtime_received: int = 0
+    finished_received: int = 0
+    errors: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+@dataclass(slots=True)
+class Report:
+    """What the client service collected: per record, the node id and the message."""
+
+    records: list[tuple[int, Message]] = field(default_factory=list)
+
+
+Reply = tuple[bytes, tuple[bytes, ...]]
+
+
+class ClientRegistry:
+    """The client service, sans IO: ``receive(sender, frames)`` -> replies to send.
+
+    ``sender`` is the service's ZeroMQ routing id (its name): a node that registers again
+    under the same name gets its id again.  ``done`` once every node has sent Finished.
+    """
+
+    def __init__(
+        self,
+        nodes: int,
+        *,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        codec: ModuleType | None = None,
+    ) -> None:
+        if nodes < 1:
+            raise ValueError(f"nodes must be >= 1, got {nodes}")
+        self.node_count = nodes
+        self.nodes: dict[bytes, NodeRecord] = {}
+        self.report = Report()
+        self.counters = ClientCounters()
+        self.errors: list[str] = []
+        if codec is None:
+            from wirekit import y2 as active  # the active implementation
+
+            codec = active
+        self._codec: ModuleType = codec
+        self._decoder = Decoder(max_message_size, codec=codec)
+        self.done = False
+
+    @property
+    def complete(self) -> bool:
+        """True once every node has registered (and got its index)."""
+        return len(self.nodes) == self.node_count
+
+    def _index(self, rec: NodeRecord) -> tuple[bytes, ...]:
+        inboxes = [r.inbox.encode() for r in sorted(self.nodes.values(), key=_by_id)]
+        return (INDEX, self._codec.encode(NodeIndex(rec.node_id, self.node_count)), *inboxes)
+
+    def receive(self, sender: bytes, frames: list[bytes]) -> list[Reply]:
+        kind = frames[0] if frames else b""
+        if kind == HELLO and len(frames) == 2:
+            return self._hello(sender, frames[1])
+        rec = self.nodes.get(sender)
+        node_id = _read_i32(frames[1]) if len(frames) >= 2 else None
+        if rec is None or node_id != rec.node_id:
+            return self._error(sender, f"unexpected message {kind[:16]!r}")
+        if kind == RUNTIME and len(frames) == 3:
+            try:
+                msg = self._decoder.decode(frames[2])
+            except DecodeError as exc:
+                return self._error(sender, str(exc))
+            if not isinstance(msg, Runtime):
+                return self._error(sender, "a runtime message without a Runtime")
+            self.counters.runtime_received += 1
+            self.report.records.append((rec.node_id, msg))
+            return []
+        if kind == FINISHED and len(frames) == 2:
+            self.counters.finished_received += 1
+            if not rec.finished:
+                rec.finished = True
+                self.report.records.append((rec.node_id, Finished()))
+            if self.complete and all(r.finished for r in self.nodes.values()):
+                self.done = True
+                return [(name, (DONE,)) for name in self.nodes]
+            return []
+        return self._error(sender, f"unexpected message {kind[:16]!r}")
+
+    def _error(self, sender: bytes, text: str) -> list[Reply]:
+        self.counters.errors += 1
+        if len(self.errors) < 100:
+            self.errors.append(f"{sender[:64]!r}: {text}")
+        return []
+
+    def _hello(self, sender: bytes, inbox: bytes) -> list[Reply]:
+        try:
+            endpoint = inbox.decode()
+        except UnicodeDecodeError:
+            return self._error(sender, "inbox endpoint is not UTF-8")
+        if not valid_endpoint(endpoint):
+            return self._error(sender, f"bad inbox endpoint {endpoint[:64]!r}")
+        rec = self.nodes.get(sender)
+        if rec is not None:
+            self.counters.reconnections += 1
+            rec.connections += 1
+            if endpoint != rec.inbox:
+                # The other nodes are connected to the old inbox: refuse rather than split.
+                reason = (
+                    f"node {rec.node_id} registered with the inbox {rec.inbox}, not "
+                    f"{endpoint[:64]}: restart it with --inbox {rec.inbox}"
+                )
+                self._error(sender, reason)
+                return [(sender, (REFUSED, reason.encode()))]
+            return [(sender, self._index(rec))] if self.complete else []
+        if self.complete:
+            self.counters.refused += 1
+            return [(sender, (REFUSED, f"the cluster has {self.node_count} nodes".encode()))]
+        self.counters.registrations += 1
+        self.nodes[sender] = NodeRecord(
+            len(self.nodes), sender.decode("utf-8", "replace"), endpoint
+        )
+        if not self.complete:
+            return []
+        return [(name, self._index(rec)) for name, rec in self.nodes.items()]
+
+    def summary(self) -> dict[str, Any]:
+        """The report as JSON-ready data (``wirekit y2 client --json``)."""
+        from .messages import to_jsonable
+
+        return {
+            "nodes": [
+                {"node_id": r.node_id, "name": r.name, "inbox": r.inbox}
+                for r in sorted(self.nodes.values(), key=_by_id)
+            ],
+            "records": [
+                {"node_id": node_id, **to_jsonable(msg)} for node_id, msg in self.report.records
+            ],
+            "counters": self.counters.as_dict(),
+            "errors": list(self.errors),
+        }
+
+    def report_bytes(self) -> bytes:
+        """The report as y2 worker-link messages: each Runtime and Finished preceded by the
+        NodeIndex of the node it came from (``wirekit decode --proto y2`` reads it)."""
+        out = bytearray()
+        for node_id, msg in self.report.records:
+            out += self._codec.encode(NodeIndex(node_id, self.node_count))
+            out += self._codec.encode(msg)
+        return bytes(out)
+
+
+def valid_endpoint(endpoint: str) -> bool:
+    """A ZeroMQ endpoint a service can connect to: ``tcp://HOST:PORT`` (or ``ipc://``,
+    ``inproc://``), at most ``MAX_ENDPOINT`` characters, no wildcard."""
+    if not 0 < len(endpoint) <= MAX_ENDPOINT or "*" in endpoint:
+        return False
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or not rest or scheme not in ("tcp", "ipc", "inproc"):
+        return False
+    if scheme == "tcp":
+        host, _, port = rest.rpartition(":")
+        return bool(host) and port.isdigit() and 0 < int(port) < 65536 and host != "0.0.0.0"
+    return True
+
+
+def _by_id(rec: NodeRecord) -> int:
+    return rec.node_id
