@@ -189,6 +189,105 @@ def test_admin_api_adds_lists_and_removes_a_model(tmp_path, store_url):
     run(main())
 
 
+@pytest.mark.parametrize("controlled", [False, True], ids=["no-controller", "controller"])
+def test_admin_api_sets_a_quota_and_routing_follows_at_once(tmp_path, store_url, controlled):
+    """PUT /admin/models/{name}/quota (and `wirekit serve models quota`): the operator's
+    decision; routing follows at once; refused with what is free; with a controller it is
+    applied and recorded as the controller's own decisions are (reason "admin")."""
+    top = shared_store(tmp_path, store_url)
+    if controlled:
+        top["controller"] = {"period": 3600, "window": 3600, "actuator": {"kind": "log"}}
+
+    async def main():
+        service, servers = await admin_service(tmp_path, **top)
+        port_n, port_g = servers[1][1], servers[2][1]
+        base = f"http://127.0.0.1:{service.addresses()['http']}"
+        url = ["--url", base]
+        try:
+            async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http:
+                body = {
+                    "name": "m2",
+                    "placements": [
+                        {"node": "n1", "device": 0, "quota": 0.25, "port": port_n},
+                        {"node": "n1", "device": 1, "quota": 1, "port": port_g},
+                    ],
+                }
+                async with http.post(f"{base}/admin/models", json=body) as r:
+                    assert r.status == 201, await r.text()
+                    port = (await r.json())["mip_port"]
+                async with AsyncClient(f"tcp://127.0.0.1:{port}", timeout=10) as c:
+                    assert set(await tags_of(c, 60)) == {"N", "G"}
+                    # the GPU taken away: every request goes to the CPU row at once, on the
+                    # connection already open
+                    quota = f"{base}/admin/models/m2/quota"
+                    async with http.put(quota, json={"node": "n1", "device": 1, "quota": 0}) as r:
+                        assert r.status == 200, await r.text()
+                        done = await r.json()
+                    assert (done["old"], done["new"], done["status"], done["reason"]) == (
+                        1,
+                        0,
+                        "applied",
+                        "admin",
+                    )
+                    assert await tags_of(c, 40) == Counter(N=40)
+                    # through the command line: the GPU back, the CPU row off
+                    status, out, err = await asyncio.to_thread(
+                        cli, "quota", "m2", "n1:1", "1", *url
+                    )
+                    assert status == 0, err
+                    status, out, err = await asyncio.to_thread(
+                        cli, "quota", "m2", "n1:0", "0", *url
+                    )
+                    assert status == 0 and json.loads(out)["new"] == 0, err
+                    assert await tags_of(c, 40) == Counter(G=40)
+                # refused: more than is free (m1 holds 0.5); the quota is unchanged
+                async with http.put(quota, json={"node": "n1", "device": 0, "quota": 0.75}) as r:
+                    assert r.status == 409
+                    refusal = await r.json()
+                assert "0.5 is free (held by m1 0.5)" in refusal["error"]
+                assert refusal["decision"]["status"] == "refused"
+                assert service.catalog.quota("n1", 0, "m2") == 0
+                status, _out, err = await asyncio.to_thread(
+                    cli, "quota", "m2", "n1:0", "0.75", *url
+                )
+                assert status == 1 and "HTTP 409" in err
+                # bad bodies and names
+                for bad, code in [
+                    ({"node": "n1", "device": 0}, 400),
+                    ({"node": "n1", "device": 7, "quota": 0.1}, 400),
+                    ({"node": "n1", "device": 0, "quota": 0.1, "x": 1}, 400),
+                ]:
+                    async with http.put(quota, json=bad) as r:
+                        assert r.status == code, (bad, await r.text())
+                async with http.put(
+                    f"{base}/admin/models/nope/quota", json={"node": "n1", "device": 0, "quota": 0}
+                ) as r:
+                    assert r.status == 404
+                if controlled:
+                    async with http.get(f"{base}/controller") as r:
+                        decisions = (await r.json())["decisions"]
+                    assert [(d["reason"], d["status"]) for d in decisions] == [
+                        ("admin", "applied"),
+                        ("admin", "applied"),
+                        ("admin", "applied"),
+                        ("admin", "refused"),
+                        ("admin", "refused"),
+                    ]
+                    # the node's actuator was told each applied change, nothing refused
+                    calls = [c for c in service.controller.actuator.calls if c[2] == "m2"]
+                    assert calls[-3:] == [
+                        ("gpu", "n1", "m2", 0),
+                        ("gpu", "n1", "m2", 1),
+                        ("cpu", "n1", "m2", 0),
+                    ]
+            status, _out, err = cli("quota", "m2", "n1", "0.5", *url)
+            assert status == 2 and "NODE:DEVICE expected" in err
+        finally:
+            await stop_all(service, servers)
+
+    run(main())
+
+
 def test_removal_drains_requests_in_flight(tmp_path, store_url):
     """Requests in flight when the removal starts are answered (not failed); requests after
     it on a connection still open get an error reply; the front door stops listening."""

@@ -219,7 +219,8 @@ def poll(predicate, limit: int = 400, pause: float = 0.025) -> int:
 
 
 def test_models_added_and_removed_through_one_replica_reach_the_other(tmp_path, pg_url):
-    """A model added / removed through one replica's admin API is served / refused by the
+    """A quota changed through one replica's admin API routes on the other within a second;
+    a model added / removed through one replica's admin API is served / refused by the
     other (the change log, LISTEN/NOTIFY); a replica started afterwards replays the log."""
     import urllib.error
     import urllib.request
@@ -265,6 +266,16 @@ def test_models_added_and_removed_through_one_replica_reach_the_other(tmp_path, 
             )
             configs[name] = path
         with DispatcherProcess(configs["A"]) as a, DispatcherProcess(configs["B"]) as b:
+            # --- a quota changed through A's admin API routes on B within a second
+            status, done = http(
+                "PUT", f"{a.http}/admin/models/a/quota", {"node": "n", "device": 0, "quota": 0.2}
+            )
+            assert status == 200 and done["status"] == "applied", done
+
+            def quota_on_b() -> float:
+                return http("GET", f"{b.http}/admin/models")[1]["models"]["a"]["rows"][0]["quota"]
+
+            assert poll(lambda: quota_on_b() == 0.2) <= 40  # 40 polls 25 ms apart: 1 s
             # --- a model added through A: served by B; removed through A: refused by B
             body = {
                 "name": "k",

@@ -5,7 +5,7 @@
     wirekit serve check --config deployment.toml
     wirekit serve stats --store requests.db [--json]
     wirekit serve stats --store-url postgresql://host/db [--json]
-    wirekit serve models list|add|remove --url http://127.0.0.1:8080 [--token T]
+    wirekit serve models list|add|remove|quota --url http://127.0.0.1:8080 [--token T]
     wirekit serve k8s --config deployment.json [-o DIR]      # Kubernetes manifests
 
 When the dispatcher is listening it prints one JSON line to standard output:
@@ -151,6 +151,18 @@ def _register_models(sub) -> None:
     )
     rm.add_argument("name", help="the model")
     rm.set_defaults(handler=_models_remove)
+    qu = msub.add_parser(
+        "quota",
+        parents=[common],
+        help="set a model's share of one device (routing follows at once, on every replica)",
+        description="Set the share of one device given to a model, as the controller would "
+        "(with a controller, the node's actuator is called too, and the quota is put back "
+        "if it fails). Refused, with what is free, if the share is not free.",
+    )
+    qu.add_argument("name", help="the model")
+    qu.add_argument("device", metavar="NODE:DEVICE", help="the device, e.g. n1:0")
+    qu.add_argument("share", type=float, metavar="SHARE", help="from 0 to 1 (a GPU: 0 or 1)")
+    qu.set_defaults(handler=_models_quota)
 
 
 def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -528,6 +540,19 @@ def _models_remove(args: argparse.Namespace, out: TextIO) -> int:
 
     removed = _admin_call(args, "DELETE", f"/admin/models/{quote(args.name, safe='')}")
     out.write(json.dumps(removed) + "\n")
+    return EXIT_OK
+
+
+@_admin_command
+def _models_quota(args: argparse.Namespace, out: TextIO) -> int:
+    from urllib.parse import quote
+
+    node, sep, index = args.device.rpartition(":")
+    if not sep or not node or not index.isdigit():
+        raise _AdminError(f"NODE:DEVICE expected, like n1:0, got {args.device!r}", EXIT_USAGE)
+    body = {"node": node, "device": int(index), "quota": args.share}
+    done = _admin_call(args, "PUT", f"/admin/models/{quote(args.name, safe='')}/quota", body)
+    out.write(json.dumps(done) + "\n")
     return EXIT_OK
 
 

@@ -11,7 +11,8 @@
   form: ``"default": true`` with a ``default_explanation``.
 * ``GET /metrics`` (Prometheus text), ``GET /stats`` (JSON), ``GET /healthz``.
 * The admin API (models added and removed while the dispatcher runs; see ``specs/serve.md``):
-  ``GET /admin/models``, ``POST /admin/models``, ``DELETE /admin/models/{name}``.  With a
+  ``GET /admin/models``, ``POST /admin/models``, ``DELETE /admin/models/{name}``,
+  ``PUT /admin/models/{name}/quota``.  With a
   token, each needs ``Authorization: Bearer <token>`` (compared in constant time) and
   answers 401 without it.  A request for a removed model is answered 410.
 * ``GET /controller`` (JSON): the current quotas and the controller's last decisions
@@ -111,6 +112,8 @@ class Admin(Protocol):
     def add_model_doc(self, doc: Any) -> Awaitable[dict[str, Any]]: ...
 
     def remove_model(self, name: str) -> Awaitable[dict[str, Any]]: ...
+
+    def set_quota_doc(self, name: str, doc: Any) -> Awaitable[dict[str, Any]]: ...
 
 
 def build_app(
@@ -285,6 +288,23 @@ def _admin_routes(app: web.Application, admin: Admin, token: str | None) -> None
             return _error(409, str(exc))
         return _json(removed)
 
+    async def set_quota(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        doc = await _body(request)
+        try:
+            decision = await admin.set_quota_doc(name, doc)
+        except KeyError:
+            return _error(404, f"unknown model {name!r}")
+        except ConfigError as exc:
+            return _error(400, str(exc), where=exc.where)
+        if decision["status"] == "refused":  # the catalog's message says what is free
+            free = [d for d in admin.models_doc()["devices"] if d["free"] > 0]
+            return _error(409, decision["error"], decision=decision, free=free)
+        if decision["status"] == "failed":  # the actuator failed: the quota was put back
+            return _error(502, decision["error"], decision=decision)
+        return _json(decision)
+
     app.router.add_get("/admin/models", guarded(list_models))
+    app.router.add_put("/admin/models/{name}/quota", guarded(set_quota))
     app.router.add_post("/admin/models", guarded(add_model))
     app.router.add_delete("/admin/models/{name}", guarded(remove_model))

@@ -27,7 +27,7 @@ from .backends import Backend, ClipperBackend, KubeMoBackend, MipBackend
 from .cache import ResponseCache
 from .catalog import Catalog, CatalogChange, CatalogError
 from .config import ConfigError, Deployment, DeviceRow, ModelConfig, parse_model
-from .controller import Controller, quota_rows
+from .controller import Controller, Decision, quota_rows
 from .dispatcher import Dispatcher
 from .http import build_app
 from .metrics import Metrics, ModelStats, RecentStats, Window, model_stats, snapshot_of
@@ -410,6 +410,56 @@ class Service:
                 }
                 for r in catalog.rows(name)
             ],
+        }
+
+    async def set_quota_doc(self, name: str, doc: Any) -> dict[str, Any]:
+        """Set one quota of model ``name`` (``PUT /admin/models/{name}/quota``, body
+        ``{"node": ..., "device": ..., "quota": ...}``): an operator's decision.
+
+        With a controller it is applied as the controller applies its own (catalog, then the
+        node's actuator, rolled back if the actuator fails; recorded with reason
+        ``admin``); without one the catalog alone changes -- routing follows at once, on
+        every replica sharing the store.  Returns the decision as recorded (``status``
+        ``applied``, ``refused`` or ``failed``).  KeyError for an unknown model;
+        :class:`ConfigError` for a body not shaped as above."""
+        catalog = self.catalog
+        catalog.model(name)  # KeyError
+        if not isinstance(doc, dict) or set(doc) - {"node", "device", "quota"}:
+            raise ConfigError("body", 'expected {"node": NODE, "device": INDEX, "quota": SHARE}')
+        node, device, quota = doc.get("node"), doc.get("device"), doc.get("quota")
+        if not isinstance(node, str):
+            raise ConfigError("body.node", f"expected a node id, got {node!r}")
+        if isinstance(device, bool) or not isinstance(device, int):
+            raise ConfigError("body.device", f"expected a device index, got {device!r}")
+        if isinstance(quota, bool) or not isinstance(quota, (int, float)):
+            raise ConfigError("body.quota", f"expected a share from 0 to 1, got {quota!r}")
+        row = next((r for r in catalog.rows(name) if (r.node, r.device) == (node, device)), None)
+        if row is None:
+            raise ConfigError("body", f"model {name!r} has no row on {node}/{device}")
+        decision = Decision(
+            node, device, row.device_type, name, row.quota, float(quota), "admin", {}
+        )
+        if self.controller is not None:
+            return await self.controller.apply(decision)
+        status, error = "applied", None
+        try:
+            if row.quota == 0 and quota > 0 and not self._can_serve(row):
+                raise CatalogError(f"{row.key}: no backend to give a share to")
+            catalog.set_quota(node, device, name, float(quota))
+        except CatalogError as exc:
+            status, error = "refused", str(exc)
+        log.info("admin: %s %s %g -> %g%s", row.key, status, row.quota, quota,
+                 f": {error}" if error else "")  # fmt: skip
+        return {
+            "node": node,
+            "device": device,
+            "device_type": row.device_type,
+            "model": name,
+            "old": row.quota,
+            "new": float(quota),
+            "status": status,
+            "reason": "admin",
+            "error": error,
         }
 
     def models_doc(self) -> dict[str, Any]:
