@@ -92,3 +92,34 @@ def test_entry_point_runs_as_a_process():
     assert proc.returncode == 0, proc.stderr
     kinds = [json.loads(line)["kind"] for line in proc.stdout.splitlines()]
     assert kinds == ["ping", "inference", "inference", "error"]
+
+
+def _parsers(parser, path=("wirekit",)):
+    """Every (command path, parser) of the command line, subcommands included."""
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, (*path, name))
+
+
+def test_every_help_reads_as_plain_text():
+    # issue 21: no reStructuredText backticks, no ARGUMENT_NAME metavars, every option with
+    # a help line
+    import re
+
+    from wirekit.cli import build_parser
+
+    seen = 0
+    for path, parser in _parsers(build_parser()):
+        text = parser.format_help()
+        where = " ".join(path)
+        assert "`" not in text, f"{where}: backticks in --help"
+        assert not re.search(r"--[a-z-]+ [A-Z]+_[A-Z_]+\b", text), f"{where}: a raw metavar"
+        for action in parser._actions:
+            if action.option_strings and action.help is None:
+                raise AssertionError(f"{where} {action.option_strings[0]}: no help line")
+        seen += 1
+    assert seen > 20

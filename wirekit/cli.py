@@ -150,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
         "code such as SHAPE, or the malformed field)",
     )
     sel.add_argument("--model", help="show only messages of connections serving this model")
-    sel.add_argument("--msg-id", type=int, help="show only messages with this message id")
+    sel.add_argument(
+        "--msg-id", type=int, metavar="ID", help="show only messages with this message id"
+    )
     sel.add_argument("--conn", type=int, metavar="N", help="only connection N of a capture")
     sel.add_argument("-c", "--count", type=int, metavar="N", help="stop after N messages shown")
     sel.add_argument(
@@ -190,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         "record",
         help="record a connection through a forwarding proxy into a pcapng file",
         description="Listen, forward each connection to the real peer, and write both "
-        "directions, with timestamps, to a pcapng file that `wirekit decode` reads.  Stops "
+        "directions, with timestamps, to a pcapng file that wirekit decode reads.  Stops "
         "after --connections connections have closed, after --duration seconds, or on "
         "Ctrl-C / SIGTERM (the file is complete in every case).",
     )
@@ -226,7 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
         "field definitions.  Use: tshark -X lua_script:FILE -r capture.pcapng -V.  It "
         "registers a heuristic TCP dissector, and the given --port(s) in tcp.port.",
     )
-    dis.add_argument("--proto", required=True, choices=["mip", "y2"])
+    dis.add_argument(
+        "--proto", required=True, choices=["mip", "y2"], help="the protocol to dissect"
+    )
     dis.add_argument(
         "--port",
         type=int,

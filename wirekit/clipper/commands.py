@@ -305,7 +305,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "frontend",
         help="host Clipper model containers (the Clipper side of the RPC)",
         description="Bind a ROUTER for model containers and a query socket for "
-        "`wirekit clipper predict`.",
+        "wirekit clipper predict.",
     )
     fe.add_argument(
         "--listen",
@@ -317,7 +317,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--query",
         default="tcp://127.0.0.1:7001",
         metavar="ADDRESS",
-        help="where `wirekit clipper predict` connects (default "
+        help="where wirekit clipper predict connects (default "
         "tcp://127.0.0.1:7001; empty to disable)",
     )
     fe.add_argument(
@@ -360,7 +360,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     pr = sub.add_parser(
         "predict",
-        help="ask a running `wirekit clipper frontend` for a prediction",
+        help="ask a running wirekit clipper frontend for a prediction",
         description="Send one batch to a model; repeat an input flag for several inputs.",
     )
     # The address is positional, as in `wirekit mip ping|infer`; --frontend is its old name.

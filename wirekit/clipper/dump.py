@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dialect",
         dest="dialect",
         choices=[g.value for g in clipper.Generation],
-        help="clipper: the Clipper RPC generation, as in `wirekit clipper` (default: detected "
+        help="clipper: the Clipper RPC generation, as in wirekit clipper (default: detected "
         "from the messages; --dialect is the old name)",
     )
 

@@ -84,7 +84,7 @@ def register(subparsers) -> None:
         "--config",
         dest="check_config",
         metavar="FILE",
-        help="the config file (or give --config before `check`)",
+        help="the config file (or give --config before check)",
     )
     ck.add_argument(
         "--probe",
@@ -113,7 +113,7 @@ def _register_models(sub) -> None:
     common.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
     mo = sub.add_parser(
         "models",
-        help="list, add or remove models of a running dispatcher (its admin API)",
+        help="list, add, remove models or set a quota in a running dispatcher (its admin API)",
         description="Models of a running `wirekit serve`, through its admin API. Exit status:"
         " 0 done, 1 refused by the dispatcher (or unreachable), 2 usage.",
     )
@@ -126,7 +126,7 @@ def _register_models(sub) -> None:
         parents=[common],
         help="add a model (a JSON/TOML file, or flags)",
         description="Add a model: FILE is a config document reduced to the model (its"
-        " `models` entry and its `nodes`), or give --name and --place.",
+        " models entry and its nodes), or give --name and --place.",
     )
     add.add_argument("file", nargs="?", metavar="FILE", help="the model document (.json/.toml)")
     add.add_argument("--name", help="the model's name")
@@ -137,12 +137,16 @@ def _register_models(sub) -> None:
         metavar="NODE:DEVICE:QUOTA[:PORT]",
         help="a device of a known node for the model (repeat for more)",
     )
-    add.add_argument("--backend", help="mip, kubemo or clipper (default mip)")
-    add.add_argument("--mip-port", type=int, help="its MIP front door port (default 0: any)")
+    add.add_argument("--backend", metavar="KIND", help="mip, kubemo or clipper (default mip)")
+    add.add_argument(
+        "--mip-port", type=int, metavar="PORT", help="its MIP front door port (default 0: any)"
+    )
     add.add_argument("--apps", help="comma-separated Clipper app names")
     add.add_argument("--attempts", type=int, help="attempts per request")
-    add.add_argument("--max-batch", type=int, help="adaptive batching: samples per batch")
-    add.add_argument("--model-timeout", type=float, help="seconds per attempt")
+    add.add_argument(
+        "--max-batch", type=int, metavar="N", help="adaptive batching: samples per batch"
+    )
+    add.add_argument("--model-timeout", type=float, metavar="SECONDS", help="seconds per attempt")
     add.set_defaults(handler=_models_add)
     rm = msub.add_parser(
         "remove",
