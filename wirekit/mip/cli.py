@@ -213,7 +213,9 @@ def _infer_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def register(subparsers: Any) -> None:
     """Add ``wirekit mip ...`` to the main parser."""
     mip_parser = subparsers.add_parser(
-        "mip", help="run or call a MIP (KubeMo) model server", description=__doc__.split("\n")[0]
+        "mip",
+        help="run or call a MIP (KubeMo) model server",
+        description=__doc__.split("\n")[0].replace("``", ""),
     )
     sub = mip_parser.add_subparsers(dest="mip_command", required=True, metavar="ACTION")
 

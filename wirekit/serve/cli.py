@@ -114,7 +114,7 @@ def _register_models(sub) -> None:
     mo = sub.add_parser(
         "models",
         help="list, add, remove models or set a quota in a running dispatcher (its admin API)",
-        description="Models of a running `wirekit serve`, through its admin API. Exit status:"
+        description="Models of a running wirekit serve, through its admin API. Exit status:"
         " 0 done, 1 refused by the dispatcher (or unreachable), 2 usage.",
     )
     msub = mo.add_subparsers(dest="models_command", metavar="ACTION", required=True)

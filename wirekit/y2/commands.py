@@ -156,7 +156,9 @@ def _positive(text: str) -> int:
 def register(subparsers: Any) -> None:
     """Add ``wirekit y2 ...`` to the main parser."""
     y2_parser = subparsers.add_parser(
-        "y2", help="run y2's communication services", description=__doc__.split("\n")[0]
+        "y2",
+        help="run y2's communication services",
+        description=__doc__.split("\n")[0].replace("``", ""),
     )
     sub = y2_parser.add_subparsers(dest="y2_command", required=True, metavar="ACTION")
 
