@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 from wirekit.serve.config import ControllerConfig
@@ -40,3 +41,57 @@ class Recording:
 
     def set_gpus(self, node: str, model: str, count: int) -> None:
         self.CALLS.append((self.tag, node, model, count))
+
+
+class Toward:
+    """Moves model ``a``'s CPU rows to ``options.share`` whenever they are elsewhere (so a
+    decision lost with the lead is taken again by the next leader).  ``before``: called
+    with the decisions before they are returned (a test's hook)."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.share = dict(config.options)["share"]
+        self.before: Callable[[list[Decision]], None] | None = None
+
+    def decide(self, snapshot: Snapshot) -> list[Decision]:
+        out = [
+            Decision(r.node, r.device, r.device_type, r.model, r.quota, self.share, "toward")
+            for r in snapshot.rows
+            if r.model == "a" and r.device_type == "CPU" and r.quota != self.share
+        ]
+        if out and self.before is not None:
+            self.before(out)
+        return out
+
+
+class Watch:
+    """Records every snapshot's figures of model ``a`` (``seen``); once ``a`` has at least
+    ``options.ok`` answered requests in the window, moves its CPU rows to
+    ``options.share`` (once)."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        options = dict(config.options)
+        self.ok = options["ok"]
+        self.share = options["share"]
+        self.seen: list[int] = []
+        self.done = False
+
+    def decide(self, snapshot: Snapshot) -> list[Decision]:
+        stats = snapshot.models.get("a")
+        self.seen.append(0 if stats is None else stats.ok)
+        if self.done or stats is None or stats.ok < self.ok:
+            return []
+        self.done = True
+        return [
+            Decision(
+                r.node,
+                r.device,
+                r.device_type,
+                r.model,
+                r.quota,
+                self.share,
+                "load seen",
+                {"ok": stats.ok},
+            )
+            for r in snapshot.rows
+            if r.model == "a" and r.device_type == "CPU"
+        ]

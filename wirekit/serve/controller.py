@@ -479,9 +479,11 @@ class Controller:
             done.append(await self.apply(decision))
         return done
 
-    async def apply(self, d: Decision) -> dict[str, Any]:
+    async def apply(self, d: Decision, *, fenced: bool = True) -> dict[str, Any]:
         """Apply one decision (catalog, then actuator, rolled back if the actuator fails)
-        and record it."""
+        and record it.  ``fenced``: a decision of this controller's policy, stored only
+        while this replica leads (on a shared store); ``False`` for an operator's decision
+        (``Service.set_quota_doc``), stored from any replica."""
         status, error = "applied", None
         try:
             row = next(
@@ -522,7 +524,7 @@ class Controller:
         self.last.append(record)
         if self.store is not None:
             try:
-                await asyncio.to_thread(self.store.record_decision, **record)
+                await asyncio.to_thread(self.store.record_decision, **record, fenced=fenced)
             except Exception:
                 log.exception("controller: the decision could not be stored")
         level = logging.WARNING if status != "applied" else logging.INFO

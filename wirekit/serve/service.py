@@ -440,7 +440,8 @@ class Service:
             node, device, row.device_type, name, row.quota, float(quota), "admin", {}
         )
         if self.controller is not None:
-            return await self.controller.apply(decision)
+            # an operator's decision: stored from any replica, not only the leader
+            return await self.controller.apply(decision, fenced=False)
         status, error = "applied", None
         try:
             if row.quota == 0 and quota > 0 and not self._can_serve(row):

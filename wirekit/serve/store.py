@@ -614,11 +614,13 @@ class RequestStore:
         reason: str,
         error: str | None,
         metrics: dict[str, Any],
+        fenced: bool = True,
     ) -> None:
         """Store one controller decision (its own short transaction, on its own connection:
         call it off the event loop, the controller does).  On a shared store with a
-        :attr:`leader` lock, on the lock's session: raises
-        :class:`~wirekit.serve.pgsync.NotLeader`, storing nothing, without the lead."""
+        :attr:`leader` lock, a ``fenced`` decision (the controller's own) goes on the lock's
+        session: raises :class:`~wirekit.serve.pgsync.NotLeader`, storing nothing, without
+        the lead.  An operator's decision (``fenced=False``) is stored from any replica."""
         values = (
             time,
             node,
@@ -633,7 +635,7 @@ class RequestStore:
             json.dumps(metrics, sort_keys=True),
             self.replica,
         )
-        if self.leader is not None:
+        if fenced and self.leader is not None:
             marks = ", ".join(["%s"] * len(DECISION_COLUMNS))
             self.leader.execute(
                 f"INSERT INTO decisions ({', '.join(DECISION_COLUMNS)}) VALUES ({marks})", values

@@ -1,0 +1,216 @@
+"""Replicas on one PostgreSQL store, in one process (issue 17's follow-ups): two or three
+:class:`~wirekit.serve.service.Service` instances on the same database, each with its own
+journal, its own :class:`~wirekit.serve.replicas.ReplicaSync` and its own connections.
+
+* a leader whose lock session is terminated while a decision is being published puts its
+  catalog back, and the decision is stored once (by whoever leads next);
+* the leader's policy sees the requests of every replica (load through the follower only);
+* an operator's quota change through a follower's admin API is applied and stored;
+* the change log compacted: a replica started afterwards describes the same models, and
+  compaction while changes are made loses none;
+* a new leader respects the cooldown of the last stored decision of a row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+from serve_support import TIMEOUT, deployment, run, start_backend, tagged
+
+from wirekit.serve.config import parse_config
+from wirekit.serve.service import Service
+
+PERIOD = 0.05
+HTTP_TIMEOUT = aiohttp.ClientTimeout(total=TIMEOUT)
+
+
+def replica(tmp_path, pg_url: str, name: str, port: int, **top: Any) -> Service:
+    """Replica ``name`` (not started): model ``a`` on node ``n``, CPU 0, quota 0.5."""
+    doc = deployment(
+        tmp_path / f"{name}.db",
+        {"a": {"timeout": 5, "port": None}},
+        [{"id": "n", "devices": ["CPU"], "models": ["a"], "quotas": [0.5], "ports": [port]}],
+        store={"path": str(tmp_path / f"{name}.db"), "url": pg_url, "replica": name},
+        cache={"max_entries": 0},
+        **top,
+    )
+    return Service(parse_config(doc))
+
+
+def controller(policy: str, **options: Any) -> dict[str, Any]:
+    return {
+        "period": PERIOD,
+        "window": 5.0,
+        "policy": f"serve_policy_plugin:{policy}",
+        "options": options,
+    }
+
+
+@contextlib.asynccontextmanager
+async def started(*services: Service) -> AsyncIterator[None]:
+    try:
+        for s in services:
+            await s.start()
+        yield
+    finally:
+        for s in services:
+            await s.stop()
+
+
+async def until(predicate: Callable[[], Any], limit: int = 400, pause: float = 0.025) -> Any:
+    """Await ``predicate()`` true (bounded: ``limit`` tries ``pause`` apart); its value."""
+    for _ in range(limit):
+        value = predicate()
+        if value:
+            return value
+        await asyncio.sleep(pause)
+    raise AssertionError(f"never true: {predicate}")
+
+
+def sql(url: str, query: str, params: tuple = ()) -> list[tuple]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(query, params).fetchall()
+
+
+def quota(service: Service, model: str = "a") -> float:
+    return service.catalog.rows(model)[0].quota
+
+
+def leading(*services: Service) -> Service | None:
+    held = [s for s in services if s.replicas is not None and s.replicas.leader.leader]
+    return held[0] if len(held) == 1 else None
+
+
+def test_a_leader_that_loses_its_session_mid_decision_puts_its_catalog_back(tmp_path, pg_url):
+    """The lock's session is terminated (``pg_terminate_backend``) between the policy's
+    decision and its publication: the change is not logged, the decision not stored, the
+    leader's catalog goes back to what the log says; the next leader takes the decision,
+    which is then stored once."""
+
+    async def main():
+        backend, port = await start_backend(tagged("A"))
+        a = replica(tmp_path, pg_url, "A", port, controller=controller("Toward", share=0.25))
+        b = replica(tmp_path, pg_url, "B", port, controller=controller("Toward", share=0.25))
+        killed: list[str] = []
+        history: dict[str, list[float]] = {"A": [], "B": []}
+
+        def terminate(service: Service) -> Callable[[list], None]:
+            def before(_decisions: list) -> None:
+                if killed:
+                    return
+                pid = service.replicas.leader.backend_pid()
+                sql(pg_url, "SELECT pg_terminate_backend(%s)", (pid,))
+                for _ in range(400):  # until the session is gone (so is the lock)
+                    if not sql(pg_url, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)):
+                        break
+                    time.sleep(0.01)
+                else:
+                    raise AssertionError("the session outlived pg_terminate_backend")
+                killed.append(service.store.replica)
+
+            return before
+
+        for name, s in (("A", a), ("B", b)):
+            s.controller.policy.before = terminate(s)
+            s.catalog.subscribe(
+                lambda ch, name=name: history[name].append(ch.new) if ch.kind == "quota" else None
+            )
+        try:
+            async with started(a, b):
+                await until(lambda: killed)
+                await until(lambda: quota(a) == 0.25 and quota(b) == 0.25)
+                await asyncio.sleep(20 * PERIOD)  # twenty more periods: nothing more to decide
+                return killed[0], history, quota(a), quota(b)
+        finally:
+            await backend.shutdown()
+
+    victim, history, qa, qb = run(main())
+    # the victim's catalog took its own decision, then went back to what the log said
+    assert history[victim][:2] == [0.25, 0.5], history
+    assert (qa, qb) == (0.25, 0.25)
+    # the lost decision was neither logged nor stored; the one taken again is, once
+    stored = sql(pg_url, "SELECT model, old, new, status FROM decisions")
+    assert stored == [("a", 0.5, 0.25, "applied")]
+    logged = sql(pg_url, "SELECT kind, doc FROM catalog_changes")
+    assert [(k, json.loads(d)["share"]) for k, d in logged] == [("quota", 0.25)]
+
+
+def test_the_leaders_policy_sees_the_load_of_every_replica(tmp_path, pg_url):
+    """Requests through the follower only: the leader's policy reads them from the store
+    (``PostgresDB.recent``) and decides on them; the leader itself served none."""
+
+    async def main():
+        backend, port = await start_backend(tagged("A"))
+        a = replica(tmp_path, pg_url, "A", port, controller=controller("Watch", ok=30, share=0.25))
+        b = replica(tmp_path, pg_url, "B", port, controller=controller("Watch", ok=30, share=0.25))
+        try:
+            async with started(a, b):
+                leader = await until(lambda: leading(a, b))
+                follower = b if leader is a else a
+                base = f"http://127.0.0.1:{follower.addresses()['http']}"
+                async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http:
+                    for k in range(30):
+                        body = {"instances": [f"x{k}"]}
+                        async with http.post(f"{base}/v1/models/a:predict", json=body) as r:
+                            assert r.status == 200
+                await until(lambda: quota(a) == 0.25 and quota(b) == 0.25)
+                return (
+                    leader.store.replica,
+                    leader.metrics.stats("a").requests,
+                    follower.metrics.stats("a").requests,
+                    follower.controller.policy.seen,
+                )
+        finally:
+            await backend.shutdown()
+
+    leader, led_served, follower_served, follower_seen = run(main())
+    assert (led_served, follower_served) == (0, 30)
+    assert follower_seen == []  # the follower's controller never ran a period
+    ((who, reason, metrics),) = sql(pg_url, "SELECT replica, reason, metrics FROM decisions")
+    assert (who, reason) == (leader, "load seen")
+    assert json.loads(metrics)["ok"] >= 30  # what the leader's policy saw
+    ok = sql(pg_url, "SELECT COUNT(*) FROM requests WHERE model = 'a' AND status = 'ok'")
+    assert ok == [(30,)]
+
+
+def test_an_admin_quota_change_through_a_follower_is_applied_and_stored(tmp_path, pg_url, caplog):
+    """``PUT /admin/models/a/quota`` on the replica that does not lead, with a controller
+    configured: applied, routed on the leader, and stored (an operator's decision is not
+    fenced by the leader lock; the controller's own are)."""
+    caplog.set_level(logging.INFO, "wirekit.serve")
+
+    async def main():
+        backend, port = await start_backend(tagged("A"))
+        never = controller("Watch", ok=1 << 30, share=0.25)
+        a = replica(tmp_path, pg_url, "A", port, controller=never)
+        b = replica(tmp_path, pg_url, "B", port, controller=never)
+        try:
+            async with started(a, b):
+                leader = await until(lambda: leading(a, b))
+                follower = b if leader is a else a
+                base = f"http://127.0.0.1:{follower.addresses()['http']}"
+                body = {"node": "n", "device": 0, "quota": 0.3}
+                async with (
+                    aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http,
+                    http.put(f"{base}/admin/models/a/quota", json=body) as r,
+                ):
+                    status, done = r.status, await r.json()
+                await until(lambda: quota(leader) == 0.3)
+                return follower.store.replica, status, done
+        finally:
+            await backend.shutdown()
+
+    follower, status, done = run(main())
+    assert status == 200 and done["status"] == "applied", done
+    stored = sql(pg_url, "SELECT replica, model, old, new, status, reason FROM decisions")
+    assert stored == [(follower, "a", 0.5, 0.3, "applied", "admin")]
+    assert "could not be stored" not in caplog.text
