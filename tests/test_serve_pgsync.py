@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -208,3 +209,126 @@ def test_change_log_hands_each_replica_the_others_changes_in_order(pg_url):
     finally:
         a.close()
         b.close()
+
+
+def test_compaction_while_changes_are_made_loses_none(pg_url):
+    """Two writers append quota changes while a third session compacts the log again and
+    again (keeping nothing): a follower that folds what it is handed, and a reader that
+    starts afterwards, both end with every row's last share."""
+    from wirekit.serve.pgsync import ChangeLog, fold
+
+    migrated(pg_url)
+    writers = [ChangeLog(pg_url, name) for name in ("x", "y")]
+    compactor, follower, late = (ChangeLog(pg_url, n) for n in ("c", "f", "late"))
+    folded: list[dict | None] = [None]
+    kinds: list[str] = []
+    arrived = threading.Condition()
+    done = threading.Event()
+    compacted: list[int] = []
+
+    def apply(changes) -> None:
+        with arrived:
+            kinds.extend(c.kind for c in changes)
+            folded[0] = fold(folded[0], changes)
+            arrived.notify_all()
+
+    def write(log: ChangeLog) -> None:
+        for k in range(150):
+            doc = {"model": f"m{k % 5}", "node": log.origin, "device": 0, "share": k / 1000}
+            log.append("quota", doc)
+
+    def compact() -> None:
+        while not done.is_set():
+            upto = compactor.compact(keep=0)
+            if upto:
+                compacted.append(upto)
+
+    expected = {
+        json.dumps([f"m{k}", w, 0]): {"model": f"m{k}", "node": w, "device": 0, "share": s}
+        for w in ("x", "y")
+        for k, s in ((k, (145 + k) / 1000) for k in range(5))
+    }
+    try:
+        follower.follow(apply)
+        threads = [threading.Thread(target=write, args=(w,)) for w in writers]
+        squeezer = threading.Thread(target=compact)
+        squeezer.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT * 3)
+        done.set()
+        squeezer.join(TIMEOUT)
+        assert not squeezer.is_alive() and not any(t.is_alive() for t in threads)
+        assert compacted, "no compaction ran while the changes were made"
+        last = compactor.last()
+        assert last >= max(compacted)
+        with arrived:
+            assert arrived.wait_for(lambda: follower.applied == last, TIMEOUT)
+            assert folded[0]["quotas"] == expected
+        assert "quota" in kinds
+        assert fold(None, late.since(0))["quotas"] == expected
+        assert late.since(0)[0].kind in ("snapshot", "quota")
+    finally:
+        for log in (*writers, compactor, follower, late):
+            log.close()
+
+
+def test_fold_gives_what_the_changes_give():
+    from wirekit.serve.pgsync import Change, fold
+
+    def q(model, share):
+        return Change(0, "o", "quota", {"model": model, "node": "n", "device": 0, "share": share})
+
+    def add(model, share):
+        return Change(0, "o", "add", {"model": {"name": model}, "rows": [{"quota": share}]})
+
+    def remove(model):
+        return Change(0, "o", "remove", {"model": model})
+
+    state = fold(None, [q("a", 0.1), add("k", 0.2), q("k", 0.3), q("a", 0.4), remove("k")])
+    assert state["models"] == {"k": {"removed": True, "add": None}}
+    assert [d["share"] for d in state["quotas"].values()] == [0.4]  # k's quotas are moot
+    state = fold(state, [add("k", 0.5), add("k", 0.6), q("k", 0.7)])
+    assert state["models"]["k"] == {"removed": True, "add": add("k", 0.5).doc}
+    assert sorted(d["share"] for d in state["quotas"].values()) == [0.4, 0.7]
+    snap = Change(9, "", "snapshot", {"models": {}, "quotas": {}})
+    assert fold(state, [snap, q("b", 0.1)])["models"] == {}
+
+
+def test_change_log_appends_commit_in_seq_order(pg_url):
+    """An append waits while another one is in flight: a later seq never commits before an
+    earlier one, so a follower that read past a seq cannot miss a change drawn before it."""
+    import psycopg
+
+    from wirekit.serve.pgsync import APPEND_KEY, ChangeLog
+
+    migrated(pg_url)
+    log = ChangeLog(pg_url, "b")
+    held = psycopg.connect(pg_url, autocommit=True)
+    got: list[int] = []
+    try:
+        with held.transaction():
+            # an append in flight, as ChangeLog.append makes it: the lock, then the seq
+            held.execute("SELECT pg_advisory_xact_lock(%s)", (APPEND_KEY,))
+            first = held.execute(
+                "INSERT INTO catalog_changes (origin, kind, doc) VALUES ('a', 'quota', '{}')"
+                " RETURNING seq"
+            ).fetchone()[0]
+            t = threading.Thread(target=lambda: got.append(log.append("quota", {})))
+            t.start()
+            # the second append waits on the append lock while the first is uncommitted
+            waiting = "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            with psycopg.connect(pg_url, autocommit=True) as probe:
+                for _ in range(400):
+                    if probe.execute(waiting).fetchone():
+                        break
+                    t.join(0.025)
+                else:
+                    raise AssertionError("the second append did not wait")
+            assert got == []
+        t.join(TIMEOUT)
+        assert got and got[0] > first
+    finally:
+        held.close()
+        log.close()

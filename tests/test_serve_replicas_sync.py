@@ -214,3 +214,61 @@ def test_an_admin_quota_change_through_a_follower_is_applied_and_stored(tmp_path
     stored = sql(pg_url, "SELECT replica, model, old, new, status, reason FROM decisions")
     assert stored == [(follower, "a", 0.5, 0.3, "applied", "admin")]
     assert "could not be stored" not in caplog.text
+
+
+def described(service: Service) -> dict[str, Any]:
+    """What ``GET /admin/models`` says, without the replica's own version counter."""
+    doc = service.models_doc()
+    del doc["version"]
+    return doc
+
+
+def test_a_replica_started_after_compaction_describes_what_the_others_do(tmp_path, pg_url):
+    """Models added and removed and quotas set through A; B saw every change; the log is
+    compacted, one more change is made; C, started afterwards, loads the snapshot and the
+    change after it: A, B and C describe the same models, rows and quotas."""
+
+    async def main():
+        backend, port = await start_backend(tagged("A"))
+        a, b = (replica(tmp_path, pg_url, n, port) for n in ("A", "B"))
+        base = None
+
+        async def call(http, method: str, path: str, body: dict | None = None) -> int:
+            async with http.request(method, f"{base}{path}", json=body) as r:
+                assert r.status in (200, 201), await r.text()
+                return r.status
+
+        def add(name: str, share: float) -> dict:
+            return {
+                "name": name,
+                "model": {"port": None},
+                "placements": [{"node": "n", "device": 0, "quota": share, "port": port}],
+            }
+
+        try:
+            async with started(a, b), aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http:
+                base = f"http://127.0.0.1:{a.addresses()['http']}"
+                await call(http, "POST", "/admin/models", add("k", 0.25))
+                await call(http, "POST", "/admin/models", add("k2", 0.25))
+                quota_a = {"node": "n", "device": 0, "quota": 0.2}
+                await call(http, "PUT", "/admin/models/a/quota", quota_a)
+                await call(http, "DELETE", "/admin/models/k")
+                await until(lambda: described(b) == described(a))
+                upto = await asyncio.to_thread(a.replicas.log.compact, 0)
+                quota_k2 = {"node": "n", "device": 0, "quota": 0.3}
+                await call(http, "PUT", "/admin/models/k2/quota", quota_k2)
+                await until(lambda: described(b) == described(a))
+                c = replica(tmp_path, pg_url, "C", port)
+                async with started(c):
+                    return upto, described(a), described(b), described(c)
+        finally:
+            await backend.shutdown()
+
+    upto, seen_a, seen_b, seen_c = run(main())
+    assert upto > 0
+    assert seen_c == seen_a == seen_b
+    assert sorted(seen_c["models"]) == ["a", "k2"]
+    assert [r["quota"] for m in ("a", "k2") for r in seen_c["models"][m]["rows"]] == [0.2, 0.3]
+    # the log holds the change made after the compaction only, beside one snapshot
+    assert sql(pg_url, "SELECT kind FROM catalog_changes") == [("quota",)]
+    assert sql(pg_url, "SELECT upto FROM catalog_snapshots") == [(upto,)]

@@ -17,7 +17,11 @@
   transaction (on the leader's session when the controller decides), and
   :meth:`ChangeLog.follow` hands every replica the changes of the others, in order, on each
   notification -- and after a reconnect, so a notification missed while disconnected loses
-  nothing.
+  nothing.  Appends are serialized by an advisory lock taken before the ``seq`` is drawn,
+  so changes commit in ``seq`` order (a follower never passes over one still in flight).
+  :meth:`ChangeLog.compact` folds the old changes into a snapshot (:func:`fold`,
+  ``catalog_snapshots``) and deletes them; a follower behind the newest snapshot gets it
+  first, as a change of kind ``"snapshot"``.
 
 Both use one dedicated connection each (psycopg 3, autocommit) and never the event loop.
 """
@@ -41,6 +45,10 @@ log = logging.getLogger("wirekit.serve")
 LEADER_KEY = 0x776B6C6561646572 & 0x7FFFFFFFFFFFFFFF
 #: the channel the models metadata's changes are told on
 CATALOG_CHANNEL = "wirekit_catalog"
+#: the advisory lock key that orders the change log's appends ("wkappend")
+APPEND_KEY = 0x776B617070656E64 & 0x7FFFFFFFFFFFFFFF
+#: the advisory lock key of the change log's compaction ("wkcompac")
+COMPACT_KEY = 0x776B636F6D706163 & 0x7FFFFFFFFFFFFFFF
 
 
 def _connect(url: str, keepalive: float, name: str = "wirekit") -> Any:
@@ -249,15 +257,53 @@ class Change:
     """One change of the models metadata, as logged."""
 
     seq: int
-    origin: str  #: the replica that made it
-    kind: str  #: "quota", "add", "remove" (the catalog's kinds)
+    origin: str  #: the replica that made it ("" for a snapshot)
+    #: "quota", "add", "remove" (the catalog's kinds); "snapshot": every change up to
+    #: ``seq`` folded (``doc`` as :func:`fold` returns it)
+    kind: str
     doc: dict[str, Any]
 
 
+# the append lock is taken by the sub-select, before the INSERT draws the seq: the lock is
+# held until commit, so changes commit in seq order
 _APPEND = (
-    "WITH c AS (INSERT INTO catalog_changes (origin, kind, doc) VALUES (%s, %s, %s)"
+    "WITH c AS (INSERT INTO catalog_changes (origin, kind, doc)"
+    " SELECT %s, %s, %s FROM (SELECT pg_advisory_xact_lock(%s)) AS l"
     " RETURNING seq) SELECT seq, pg_notify(%s, seq::text) FROM c"
 )
+
+
+def _row_key(doc: dict[str, Any]) -> str:
+    return json.dumps([doc["model"], doc["node"], doc["device"]])
+
+
+def fold(state: dict[str, Any] | None, changes: Sequence[Change]) -> dict[str, Any]:
+    """The models metadata's changes folded into one document (what a snapshot holds):
+    ``{"models": {name: {"removed": bool, "add": doc | None}}, "quotas": {row: doc}}``.
+    Applying it over a catalog (``removed``: remove the model if present; ``add``: add it
+    if absent; then every row's last quota) gives what applying the changes in order
+    gives.  ``state``: an earlier fold (None: none); a ``"snapshot"`` change replaces
+    what was folded so far."""
+    models: dict[str, dict[str, Any]] = dict(state["models"]) if state else {}
+    quotas: dict[str, dict[str, Any]] = dict(state["quotas"]) if state else {}
+    for change in changes:
+        doc = change.doc
+        if change.kind == "snapshot":
+            models, quotas = dict(doc["models"]), dict(doc["quotas"])
+        elif change.kind == "quota":
+            quotas[_row_key(doc)] = doc
+        elif change.kind == "add":
+            seen = models.get(doc["model"]["name"])
+            if seen is None or seen["add"] is None:  # a second add of a model is refused
+                models[doc["model"]["name"]] = {
+                    "removed": bool(seen and seen["removed"]),
+                    "add": doc,
+                }
+        elif change.kind == "remove":
+            name = doc["model"]
+            models[name] = {"removed": True, "add": None}
+            quotas = {k: q for k, q in quotas.items() if q["model"] != name}
+    return {"models": models, "quotas": quotas}
 
 
 class ChangeLog:
@@ -281,7 +327,7 @@ class ChangeLog:
     def append(self, kind: str, doc: dict[str, Any], *, via: LeaderLock | None = None) -> int:
         """Log a change made here and tell the others; returns its seq.  ``via``: on the
         leader's session (raises :class:`NotLeader`, logging nothing, without the lead)."""
-        params = (self.origin, kind, json.dumps(doc, sort_keys=True), self.channel)
+        params = (self.origin, kind, json.dumps(doc, sort_keys=True), APPEND_KEY, self.channel)
         if via is not None:
             return int(via.execute(_APPEND, params)[0][0])
         with self._lock:
@@ -290,24 +336,72 @@ class ChangeLog:
                 return int(conn.execute(_APPEND, params).fetchone()[0])
 
     def last(self) -> int:
-        """The seq of the newest change logged (0 for none)."""
+        """The seq of the newest change logged (0 for none), compacted ones included."""
         with self._lock:
-            row = self._session().execute("SELECT COALESCE(MAX(seq), 0) FROM catalog_changes")
+            row = self._session().execute(
+                "SELECT GREATEST((SELECT MAX(seq) FROM catalog_changes),"
+                " (SELECT MAX(upto) FROM catalog_snapshots), 0)"
+            )
             return int(row.fetchone()[0])
 
     def since(self, seq: int) -> list[Change]:
-        """The changes after ``seq``, oldest first (every origin)."""
+        """The changes after ``seq``, oldest first (every origin).  When changes after
+        ``seq`` were compacted, the newest snapshot comes first (kind ``"snapshot"``, its
+        ``seq`` the last change it folds), then the changes after it."""
         with self._lock:
-            rows = (
-                self._session()
-                .execute(
+            conn = self._session()
+            with conn.transaction():
+                # one view of both tables: a compaction commits whole or not at all
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                snap = conn.execute(
+                    "SELECT upto, doc FROM catalog_snapshots WHERE upto > %s"
+                    " ORDER BY upto DESC LIMIT 1",
+                    (seq,),
+                ).fetchone()
+                rows = conn.execute(
                     "SELECT seq, origin, kind, doc FROM catalog_changes WHERE seq > %s"
                     " ORDER BY seq",
-                    (seq,),
+                    (seq if snap is None else snap[0],),
+                ).fetchall()
+        head = [] if snap is None else [Change(int(snap[0]), "", "snapshot", json.loads(snap[1]))]
+        return head + [Change(int(q), o, k, json.loads(d)) for q, o, k, d in rows]
+
+    def compact(self, keep: float = 60.0) -> int:
+        """Fold the changes logged more than ``keep`` seconds ago (and the newest snapshot)
+        into a new snapshot, delete them and the older snapshots; one transaction, under
+        an advisory lock (replicas that compact at once wait for each other).  Returns the
+        seq of the last change folded (0: nothing to compact).  Changes younger than
+        ``keep`` stay, for the live replicas to read them from the log."""
+        with self._lock:
+            conn = self._session()
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (COMPACT_KEY,))
+                upto = conn.execute(
+                    "SELECT MAX(seq) FROM catalog_changes"
+                    " WHERE time < now() - make_interval(secs => %s)",
+                    (float(keep),),
+                ).fetchone()[0]
+                if upto is None:
+                    return 0
+                snap = conn.execute(
+                    "SELECT upto, doc FROM catalog_snapshots ORDER BY upto DESC LIMIT 1"
+                ).fetchone()
+                rows = conn.execute(
+                    "SELECT seq, origin, kind, doc FROM catalog_changes"
+                    " WHERE seq <= %s ORDER BY seq",
+                    (upto,),
+                ).fetchall()
+                state = fold(
+                    None if snap is None else json.loads(snap[1]),
+                    [Change(int(q), o, k, json.loads(d)) for q, o, k, d in rows],
                 )
-                .fetchall()
-            )
-        return [Change(int(q), o, k, json.loads(d)) for q, o, k, d in rows]
+                conn.execute(
+                    "INSERT INTO catalog_snapshots (upto, doc) VALUES (%s, %s)",
+                    (upto, json.dumps(state, sort_keys=True)),
+                )
+                conn.execute("DELETE FROM catalog_changes WHERE seq <= %s", (upto,))
+                conn.execute("DELETE FROM catalog_snapshots WHERE upto < %s", (upto,))
+                return int(upto)
 
     def follow(self, apply: Callable[[list[Change]], None], *, after: int = 0) -> Listener:
         """Call ``apply(changes)`` (in the listener's thread) with the other replicas'

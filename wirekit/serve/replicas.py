@@ -8,8 +8,11 @@ controller (issue 17).  Used by :class:`~wirekit.serve.service.Service` when the
   (:class:`~wirekit.serve.pgsync.ChangeLog`), which notifies the others; every replica
   applies the others' changes to its own catalog, in log order, on its event loop -- its
   router, dispatcher and compiled paths follow through the catalog's subscription as for a
-  local change.  A replica that starts replays the whole log over the config's models, so
-  every replica describes the same models.
+  local change.  A replica that starts loads the newest snapshot of the log, then replays
+  the changes after it, over the config's models, so every replica describes the same
+  models.  Every ``compact_every`` seconds each replica compacts the log (the changes
+  older than ``compact_keep`` seconds folded into a snapshot, under an advisory lock:
+  one replica's compaction does the work, the others' find none left).
 * **The controller acts once.**  Only the replica that holds the
   :class:`~wirekit.serve.pgsync.LeaderLock` runs controller periods, on the figures of
   every replica's requests over its window (:meth:`PostgresDB.recent
@@ -61,7 +64,16 @@ class ReplicaSync:
     module docstring).  ``start()`` on the service's loop once it serves; ``close()`` at
     the end."""
 
-    def __init__(self, service: Any, url: str, replica: str, *, retry: float = 0.5) -> None:
+    def __init__(
+        self,
+        service: Any,
+        url: str,
+        replica: str,
+        *,
+        retry: float = 0.5,
+        compact_every: float = 300.0,
+        compact_keep: float = 60.0,
+    ) -> None:
         self.service = service
         self.catalog = service.catalog
         # the replica's name and this process: a restarted replica replays its own past
@@ -82,6 +94,11 @@ class ReplicaSync:
         self.url = url
         self._db: PostgresDB | None = None  # the window's queries (the leader's)
         self._recent: dict[str, dict[str, Any]] = {}
+        #: seconds between two compactions of the change log by this replica (0: never)
+        self.compact_every = compact_every
+        #: the changes younger than this (seconds) stay in the log when it is compacted
+        self.compact_keep = compact_keep
+        self._compactor: asyncio.Task | None = None
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -94,7 +111,21 @@ class ReplicaSync:
             await asyncio.sleep(0.01)
         while not self._incoming.empty():
             await asyncio.sleep(0.01)
+        if self.compact_every > 0:
+            self._compactor = asyncio.ensure_future(self._compact_periodically())
         self.ready.set()
+
+    async def _compact_periodically(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.compact_every)
+            try:  # on the log's writer thread: never beside one of this replica's appends
+                upto = await loop.run_in_executor(self._writer, self.log.compact, self.compact_keep)
+            except Exception as exc:  # the store unreachable: the next period tries again
+                log.warning("wirekit serve: compacting the catalog's change log: %s", exc)
+            else:
+                if upto:
+                    log.info("wirekit serve: catalog change log compacted up to %d", upto)
 
     # -- local changes -> the log --------------------------------------------------------
 
@@ -156,6 +187,9 @@ class ReplicaSync:
 
     async def _apply(self, change: Change) -> None:
         doc = change.doc
+        if change.kind == "snapshot":
+            await self._load(change)
+            return
         if change.kind == "quota":
             self._applying = True
             try:
@@ -174,6 +208,50 @@ class ReplicaSync:
                 await self.service.remove_model(name)
         finally:
             self._remote.discard(name)
+
+    def _quota_of(self, doc: dict[str, Any]) -> float | None:
+        if doc["model"] not in self.catalog:
+            return None
+        for r in self.catalog.rows(doc["model"]):
+            if (r.node, r.device) == (doc["node"], doc["device"]):
+                return r.quota
+        return None
+
+    async def _load(self, snapshot: Change) -> None:
+        """Apply a snapshot of the log (:func:`~wirekit.serve.pgsync.fold`): the models
+        removed, the quotas lowered, the models added, the quotas raised -- so no device
+        goes above its whole share on the way.  Each step as a change from the log (one
+        this catalog refuses is logged and skipped)."""
+        seq, models = snapshot.seq, snapshot.doc["models"]
+        steps: list[Change] = []
+        for name, m in models.items():
+            add = m["add"]
+            if m["removed"] and name in self.catalog:
+                if add is not None and add == model_doc(
+                    self.catalog.model(name), self.catalog.rows(name)
+                ):
+                    continue  # removed and added back as it is here: left alone
+                steps.append(Change(seq, "", "remove", {"model": name}))
+        quotas = list(snapshot.doc["quotas"].values())
+
+        def lower(q: dict[str, Any]) -> bool:
+            now = self._quota_of(q)
+            return now is not None and q["share"] < now
+
+        steps += [Change(seq, "", "quota", q) for q in quotas if lower(q)]
+        steps += [Change(seq, "", "add", m["add"]) for m in models.values() if m["add"]]
+        for change in steps:
+            await self._apply_logged(change)
+        for q in quotas:
+            if self._quota_of(q) != q["share"]:
+                await self._apply_logged(Change(seq, "", "quota", q))
+
+    async def _apply_logged(self, change: Change) -> None:
+        try:
+            await self._apply(change)
+        except Exception as exc:
+            log.warning("wirekit serve: catalog snapshot %d: %s not applied: %s",
+                        change.seq, change.kind, exc)  # fmt: skip
 
     # -- the controller: the leader only ----------------------------------------------------
 
@@ -229,6 +307,10 @@ class ReplicaSync:
         }
 
     async def close(self) -> None:
+        if self._compactor is not None:
+            self._compactor.cancel()
+            await asyncio.wait({self._compactor}, timeout=5)
+            self._compactor = None
         if self._applier is not None:
             self._applier.cancel()
             await asyncio.wait({self._applier}, timeout=5)

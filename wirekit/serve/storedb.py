@@ -183,6 +183,16 @@ MIGRATIONS_PG: tuple[str, ...] = (
     """
     CREATE INDEX IF NOT EXISTS requests_time_out ON requests (time_out);
     """,
+    # 6: the change log compacted (ChangeLog.compact): the models metadata folded up to
+    # change ``upto``, whose changes are then deleted; a starting replica loads the newest
+    # snapshot, then the changes after it
+    """
+    CREATE TABLE IF NOT EXISTS catalog_snapshots (
+        upto  BIGINT PRIMARY KEY,
+        time  TIMESTAMPTZ NOT NULL DEFAULT now(),
+        doc   TEXT NOT NULL
+    );
+    """,
 )
 
 
