@@ -95,3 +95,28 @@ class Watch:
             for r in snapshot.rows
             if r.model == "a" and r.device_type == "CPU"
         ]
+
+
+class Flip:
+    """Moves model ``a``'s CPU rows between 0.25 and 0.5 every period, except a row in its
+    ``config.cooldown`` after a change (its own, or one handed over by ``resume``)."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.cooldown = config.cooldown
+        self.changed: dict[tuple[str, int, str], float] = {}
+        self.resumed: dict[tuple[str, int, str], float] = {}
+
+    def resume(self, changed: dict[tuple[str, int, str], float]) -> None:
+        self.resumed.update(changed)
+        self.changed.update(changed)
+
+    def decide(self, snapshot: Snapshot) -> list[Decision]:
+        out = []
+        for r in snapshot.rows:
+            key = (r.node, r.device, r.model)
+            if r.model != "a" or snapshot.time - self.changed.get(key, -1e18) < self.cooldown:
+                continue
+            self.changed[key] = snapshot.time
+            new = 0.25 if r.quota != 0.25 else 0.5
+            out.append(Decision(r.node, r.device, r.device_type, r.model, r.quota, new, "flip"))
+        return out

@@ -395,3 +395,19 @@ def test_a_removed_model_is_forgotten():
     for t in range(3, 30):  # b idle below its (new) home: nothing to restore
         plant.step(policy, t, {"a": stats(None), "b": stats(None)})
     assert plant.quota[("n1", 0, "b")] == 0.2 and plant.decisions == []
+
+
+def test_resumed_change_times_keep_a_rows_cooldown():
+    """A policy that takes over (a new leader) with the time of a row's last change leaves
+    that row alone for the rest of its cooldown; without it, it would move at once."""
+    over = {"a": stats(2 * TARGET), "b": stats(TARGET)}
+    first = Plant(cpu_rows(0.4, 0.4))  # free share: a may grow at once
+    assert [d.model for d in first.step(TargetPolicy(config()), 0, over)] == ["a"]
+    fresh, resumed = Plant(cpu_rows(0.4, 0.4)), Plant(cpu_rows(0.4, 0.4))
+    policy = TargetPolicy(config())  # cooldown 2
+    policy.resume({("n1", 0, "a"): 0.0})
+    assert resumed.step(policy, 1, over) == []  # one second after the change: cooling
+    assert [d.model for d in fresh.step(TargetPolicy(config()), 1, over)] == ["a"]
+    assert [d.model for d in resumed.step(policy, 2, over)] == ["a"]  # cooled down
+    policy.resume({("n1", 0, "a"): 0.5})  # an older time than its own change: kept its own
+    assert resumed.step(policy, 3, over) == []

@@ -272,3 +272,31 @@ def test_a_replica_started_after_compaction_describes_what_the_others_do(tmp_pat
     # the log holds the change made after the compaction only, beside one snapshot
     assert sql(pg_url, "SELECT kind FROM catalog_changes") == [("quota",)]
     assert sql(pg_url, "SELECT upto FROM catalog_snapshots") == [(upto,)]
+
+
+def test_a_new_leader_keeps_the_cooldown_of_the_last_decision(tmp_path, pg_url):
+    """A decides (a's row 0.5 -> 0.25) and stops; B leads and reads the time of that
+    decision from the store: the row is in its cooldown (60 s), so B's policy, which would
+    flip it back at once, leaves it."""
+
+    async def main():
+        backend, port = await start_backend(tagged("A"))
+        flip = {**controller("Flip"), "cooldown": 60.0}
+        a = replica(tmp_path, pg_url, "A", port, controller=flip)
+        b = replica(tmp_path, pg_url, "B", port, controller=flip)
+        try:
+            async with started(a):
+                await until(lambda: a.controller.last)
+            async with started(b):
+                await until(lambda: b.replicas.leader.leader)
+                periods = b.controller.periods
+                await until(lambda: b.controller.periods >= periods + 20)
+                return b.controller.policy.resumed, quota(b)
+        finally:
+            await backend.shutdown()
+
+    resumed, qb = run(main())
+    stored = sql(pg_url, "SELECT replica, old, new, reason FROM decisions")
+    assert stored == [("A", 0.5, 0.25, "flip")]  # B took no decision
+    assert qb == 0.25
+    assert list(resumed) == [("n", 0, "a")]

@@ -108,6 +108,10 @@ class Policy(Protocol):
 
     def decide(self, snapshot: Snapshot) -> list[Decision]: ...
 
+    # Optional: ``resume(changed)`` -- the time of each row's last change, ``(node, device,
+    # model)`` -> time on the snapshots' clock, taken over from a previous leader
+    # (:meth:`TargetPolicy.resume`; :meth:`Controller.resume` calls it when it exists).
+
 
 # --- the built-in policy --------------------------------------------------------------------
 
@@ -195,6 +199,14 @@ class TargetPolicy:
         if now - self._first_seen.get(key, now) < self.config.stabilization - _EPS:
             return current  # not watched for a whole window yet
         return min(current, max(r for _, r in recs))
+
+    def resume(self, changed: Mapping[tuple[str, int, str], float]) -> None:
+        """Take over the time of each row's last change (``(node, device, model)`` -> time
+        on the snapshots' clock), for instance a previous leader's: each row keeps its
+        cooldown across a change of leader.  The later of that time and this policy's own
+        is kept."""
+        for key, at in changed.items():
+            self._changed[key] = max(at, self._changed.get(key, at))
 
     def _cooling(self, key: tuple[str, int, str], now: float) -> bool:
         changed = self._changed.get(key)
@@ -454,6 +466,17 @@ class Controller:
                         device_type,
                         str(exc) or type(exc).__name__,
                     )
+
+    def resume(self, last: Mapping[tuple[str, int, str], float]) -> None:
+        """Hand the policy (when it has a ``resume`` method) the wall-clock time of each
+        row's last decision (``(node, device, model)`` -> unix time), for instance from
+        the store's decisions when this replica becomes the leader: the rows keep their
+        cooldown across a change of leader."""
+        resume = getattr(self.policy, "resume", None)
+        if resume is None or not last:
+            return
+        offset = self.clock() - self.wall()  # wall time -> the snapshots' clock
+        resume({key: at + offset for key, at in last.items()})
 
     async def run(self) -> None:
         """Sync the nodes (:meth:`sync`), then step every period until cancelled."""

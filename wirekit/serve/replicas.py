@@ -269,6 +269,14 @@ class ReplicaSync:
             if not synced:
                 log.warning("wirekit serve: this replica leads the controller")
                 await controller.sync()
+                # the rows the previous leader changed keep their cooldown
+                since = time.time() - controller.config.cooldown
+                try:
+                    last = await asyncio.to_thread(self._window_db().last_decisions, since)
+                except Exception as exc:  # the store unreachable: the policy starts afresh
+                    log.warning("wirekit serve: reading the last decisions: %s", exc)
+                else:
+                    controller.resume(last)
                 synced = True
             # what the policy reads: every replica's requests over the window, from the store
             # (read here, off the loop; the controller's snapshot takes it from recent())

@@ -628,6 +628,21 @@ class PostgresDB:
             for row in rows
         }
 
+    def last_decisions(self, since: float) -> dict[tuple[str, int, str], float]:
+        """The time of the last controller decision (the operator's, reason ``admin``,
+        aside) of each ``(node, device, model)`` row since ``since`` (unix time)."""
+        with self._lock:
+            rows = (
+                self._live()
+                .execute(
+                    "SELECT node, device, model, MAX(time) FROM decisions"
+                    " WHERE time >= %s AND reason <> 'admin' GROUP BY node, device, model",
+                    (since,),
+                )
+                .fetchall()
+            )
+        return {(n, int(d), m): float(t) for n, d, m, t in rows}
+
     def record_decision(self, values: Sequence[Any]) -> None:
         marks = ", ".join(["%s"] * len(DECISION_COLUMNS))
         with self._lock:
