@@ -300,3 +300,31 @@ def test_a_new_leader_keeps_the_cooldown_of_the_last_decision(tmp_path, pg_url):
     assert stored == [("A", 0.5, 0.25, "flip")]  # B took no decision
     assert qb == 0.25
     assert list(resumed) == [("n", 0, "a")]
+
+
+def test_the_leader_keeps_leading_after_its_window_connection_is_cut(tmp_path, pg_url):
+    """The sessions the leader reads the window and writes requests on are terminated
+    (the lock's stays): the periods skipped meanwhile, the controller goes on."""
+
+    async def main():
+        backend, port = await start_backend(tagged("A"))
+        never = controller("Watch", ok=1 << 30, share=0.25)
+        a = replica(tmp_path, pg_url, "A", port, controller=never)
+        try:
+            async with started(a):
+                await until(lambda: a.controller.periods >= 2)
+                cut = sql(
+                    pg_url,
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    " AND application_name = ''",
+                )
+                periods = a.controller.periods
+                await until(lambda: a.controller.periods >= periods + 5)
+                return cut, a.replicas.leader.leader
+        finally:
+            await backend.shutdown()
+
+    cut, leading_still = run(main())
+    assert cut and all(ok for (ok,) in cut)
+    assert leading_still

@@ -281,7 +281,12 @@ class ReplicaSync:
             # what the policy reads: every replica's requests over the window, from the store
             # (read here, off the loop; the controller's snapshot takes it from recent())
             since = time.time() - controller.config.window
-            self._recent = await asyncio.to_thread(self._window_db().recent, since)
+            try:
+                self._recent = await asyncio.to_thread(self._window_db().recent, since)
+            except Exception as exc:  # a lost connection: reopened at the next period
+                log.warning("wirekit serve: the controller's window not read: %s", exc)
+                await asyncio.sleep(controller.config.period)
+                continue  # no period on figures that are not there
             self._deciding = True
             try:
                 await controller.step()
