@@ -19,7 +19,9 @@ controller (issue 17).  Used by :class:`~wirekit.serve.service.Service` when the
   <wirekit.serve.storedb.PostgresDB.recent>`, read from the store before each period).
   Its quota changes are logged on the lock's session and its decisions stored there too:
   a replica that lost the lead without knowing it cannot publish or record a decision (no
-  decision is taken twice); its own catalog is then put back to what the log says.
+  decision is taken twice); its own catalog is then put back to what the log says.  An
+  operator's quota change (the admin API) is stored from any replica, not fenced.  A new
+  leader hands its policy the time of each row's last decision (the cooldowns carry over).
 """
 
 from __future__ import annotations
