@@ -370,6 +370,10 @@ class ClientService:
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
         self._sock.setsockopt(zmq.LINGER, DEFAULT_LINGER_MS)
+        # A restarted service reconnects under its name (its routing id) before the ROUTER
+        # may have seen its old connection end; by default ZeroMQ then ignores the newcomer
+        # and its hello is lost.  Hand the name over to the newest connection instead.
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self._sock.bind(listen)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
