@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import json
 import math
 import random
 import shutil
@@ -492,3 +493,46 @@ def test_compiled_store_records_agree_with_the_one_journal_encoder(done, t_out, 
         assert servelane.arrival_ops(requests, "m", "c", t_out, flag) == (
             store.arrival_ops(requests, "m", "c", t_out, flag)
         )
+
+
+@pytest.mark.parametrize("path", ["lane", "general"])
+def test_the_window_per_device_agrees_with_the_store(lane, tmp_path, path):
+    """The controller's window per row (``Metrics.recent_rows``), fed by the lane's groups
+    (each twin) or by the general path (``max_batch`` > 1 keeps the lane off): per device,
+    the same counts, average and maximum response time as the store's rows of that device;
+    one device of the model slow, the other fast."""
+    store = tmp_path / "r.db"
+    n = 200
+    model = {"timeout": 10, **({"max_batch": 4} if path == "general" else {})}
+
+    async def main():
+        async with lane_service(
+            lane,
+            store,
+            [tagged("A"), tagged("B", delay=0.01)],
+            model=model,
+            controller={"period": 3600, "window": 3600, "actuator": {"kind": "log"}},
+        ) as (service, address):
+            async with AsyncClient(address, timeout=10, max_in_flight=32) as c:
+                await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
+            await service.store.flush()
+            return service.stats(), service.metrics.recent_rows(), service.metrics.recent()
+
+    stats, rows, models = run(main())
+    assert (stats["lane_requests"] == n) == (path == "lane")
+    assert json.loads(json.dumps(stats))["window"]["rows"] == {
+        k: r.as_dict() for k, r in rows.items()
+    }
+    truth: dict[str, list[float]] = {}
+    for r in store_rows(store):
+        assert r.status == "ok"
+        truth.setdefault(r.device, []).append(r.time_out - r.time_in)
+    assert set(rows) == set(truth) == {"n/0/m", "n/1/m"}
+    for key, times in truth.items():
+        got = rows[key]
+        assert (got.ok, got.requests, got.errors, got.queue) == (len(times), len(times), 0, None)
+        assert got.avg == pytest.approx(sum(times) / len(times), rel=1e-9)
+        assert got.max == pytest.approx(max(times), rel=1e-9)
+        assert got.p50 is not None and got.p50 <= got.max
+    assert sum(r.ok for r in rows.values()) == models["m"].ok == n
+    assert rows["n/1/m"].avg > rows["n/0/m"].avg  # the slow device shows as slow
