@@ -152,14 +152,20 @@ class WindowCounters:
     def arrive(self, n: int) -> None:
         self._slot().arrivals += n
 
-    def failed(self) -> None:
-        self._slot().errors += 1
-
-    def answered_ok(self, n: int, total: float, lo: float, hi: float) -> None:
-        """``n`` answered ok, their times summing to ``total`` from ``lo`` to ``hi``.  For
-        the percentiles a group (the MIP lane's) counts ``lo``, ``hi`` and the rest at the
-        mean of the rest: exact for groups of up to 2, close for more."""
+    def failed(self, counted: int = 0) -> None:
+        """One finished otherwise than ok (``counted``: also count it as a request, as a
+        row's window does)."""
         slot = self._slot()
+        slot.errors += 1
+        slot.arrivals += counted
+
+    def answered_ok(self, n: int, total: float, lo: float, hi: float, counted: int = 0) -> None:
+        """``n`` answered ok, their times summing to ``total`` from ``lo`` to ``hi``
+        (``counted``: requests to count as well, as a row's window does).  For the
+        percentiles a group (the MIP lane's) counts ``lo``, ``hi`` and the rest at the mean
+        of the rest: exact for groups of up to 2, close for more."""
+        slot = self._slot()
+        slot.arrivals += counted
         slot.count += n
         slot.total += total
         if hi > slot.max:
@@ -302,15 +308,12 @@ class Metrics:
             if s.recent is not None:
                 s.recent.answered_ok(1, response_time, response_time, response_time)
                 if device is not None and device != _CACHE:
-                    row = self.row(device)
-                    row.arrive(1)
-                    row.answered_ok(1, response_time, response_time, response_time)
+                    rt = response_time
+                    self.row(device).answered_ok(1, rt, rt, rt, 1)
         elif s.recent is not None:
             s.recent.failed()
             if device is not None and device != _CACHE:
-                row = self.row(device)
-                row.arrive(1)
-                row.failed()
+                self.row(device).failed(1)
 
     def row(self, key: str) -> WindowCounters:
         """The window counters of the row ``key`` (created on first use; needs a window)."""
@@ -326,9 +329,7 @@ class Metrics:
         (``n`` answered ok, their response times summing to ``total``, from ``lo`` to
         ``hi``), counted on each row's window as :meth:`finished` counts one."""
         for key, (n, total, lo, hi) in groups.items():
-            row = self.row(key)
-            row.arrive(n)
-            row.answered_ok(n, total, lo, hi)
+            self.row(key).answered_ok(n, total, lo, hi, n)
 
     def recent(self) -> dict[str, RecentStats]:
         """Per model, the figures of the recent window (empty without a window)."""
