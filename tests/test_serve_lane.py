@@ -6,6 +6,7 @@ stop writes, and timeouts, error replies and refused slots go through the attemp
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import importlib
 import json
@@ -536,3 +537,120 @@ def test_the_window_per_device_agrees_with_the_store(lane, tmp_path, path):
         assert got.p50 is not None and got.p50 <= got.max
     assert sum(r.ok for r in rows.values()) == models["m"].ok == n
     assert rows["n/1/m"].avg > rows["n/0/m"].avg  # the slow device shows as slow
+
+
+class _FakeLaneDispatcher:
+    """What a :class:`Lane` calls of the dispatcher, with the draws, the clock and the ids
+    scripted, recording what the lane reports (no sockets)."""
+
+    def __init__(self, rows, draws, clock_values, window):
+        from wirekit.serve.metrics import Metrics, Window
+
+        self.metrics = Metrics(["m"], window=Window(60.0, 1.0, lambda: 0.0) if window else None)
+        self.store = None
+        self.cache = type("NoCache", (), {"enabled": False})()
+        self.router = self
+        self._draws = iter(draws)
+        self._clock = iter(clock_values)
+        self.route_version = 0
+        self.closing = False
+        self.answered: list[tuple] = []
+        self._ids = iter(range(10**6))
+
+    def clock(self):
+        return next(self._clock)
+
+    def choose(self, model, exclude):
+        return next(self._draws)
+
+    def new_ids(self, n):
+        return [f"r{next(self._ids)}" for _ in range(n)]
+
+    def lane_route(self, model):  # pragma: no cover - the route never changes here
+        return None
+
+    def lane_arrived(self, stats, model, client, t_in, requests):
+        stats.arrive(len(requests))
+
+    def lane_answered(self, stats, model, client, t_out, total, lo, hi, rows, done, by_row=None):
+        self.answered.append((len(done), total, lo, hi, by_row))
+        stats.answered_ok(len(done), total, lo, hi)
+        if by_row:
+            self.metrics.rows_answered(by_row)
+
+
+class _FreeClient:
+    timeout = 10.0
+
+    def free_slots(self):
+        return (None, 1 << 20, 0.0)
+
+    def send_calls(self, conn, frames, calls, deadline):
+        pass
+
+    def release_slot(self):
+        pass
+
+
+def _lane_run(module, window, reads, draws, clock_values, replies):
+    from wirekit.serve.config import DeviceRow
+
+    rows = [DeviceRow("m", "n", d, "CPU", "127.0.0.1", 1, 0.5, "mip") for d in (0, 1, 2)]
+    d = _FakeLaneDispatcher(rows, [rows[k] for k in draws], clock_values, window)
+    pending: collections.deque = collections.deque()
+    lane = module.Lane(
+        d,
+        "m",
+        "c",
+        (None, rows, {r.key: _FreeClient() for r in rows}),
+        1 << 20,
+        1 << 16,
+        pending,
+        lambda call: None,
+    )
+    reply = mip.encode(mip.Inference.reply([[mip.Item.text("x")]], 1))
+    request = mip.encode(mip.Inference.request([[mip.Item.text("q")]]))
+    order = random.Random(replies)
+    for t_in, (count, answer_now) in enumerate(reads):
+        wire = request * count
+        assert lane.take(wire, 0, len(wire), float(t_in)) == len(wire)
+        calls = [c for c in pending if not c.done()]
+        order.shuffle(calls)
+        for call in calls[:answer_now]:
+            call.set_result(reply)
+        lane.answers(pending)
+    for call in list(pending):
+        if not call.done():
+            call.set_result(reply)
+    lane.answers(pending)
+    return d.answered, d.metrics.recent_rows(), d.metrics.recent()
+
+
+@given(
+    reads=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 6)), min_size=1, max_size=8),
+    draws=st.lists(st.integers(0, 2), min_size=48, max_size=48),
+    clock=st.lists(st.floats(0.0, 100.0), min_size=20, max_size=20),
+    replies=st.integers(0, 2**32),
+)
+def test_both_lane_twins_report_the_same_window_per_device(reads, draws, clock, replies):
+    """Differential: the same reads, draws, clock and reply order through each twin give
+    the same groups per row and so the same window figures per device; the rows add up to
+    the model's figures; without a window the lane gathers nothing per row."""
+    if pure_requested():
+        pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
+    from wirekit._fast import servelane
+    from wirekit.serve import lane as pure_lane
+
+    clock_values = [100.0 + t for t in sorted(clock)] * 2
+    fast = _lane_run(servelane, True, reads, draws, clock_values, replies)
+    pure = _lane_run(pure_lane, True, reads, draws, clock_values, replies)
+    assert fast == pure
+    answered, rows, models = pure
+    assert sum(r.ok for r in rows.values()) == models["m"].ok == sum(c for c, *_ in reads)
+    for n, total, lo, hi, by_row in answered:
+        assert sum(g[0] for g in by_row.values()) == n
+        assert sum(g[1] for g in by_row.values()) == pytest.approx(total)
+        assert min(g[2] for g in by_row.values()) == lo and max(g[3] for g in by_row.values()) == hi
+    for module in (servelane, pure_lane):
+        off, rows_off, _ = _lane_run(module, False, reads, draws, clock_values, replies)
+        assert rows_off == {} and all(a[-1] is None for a in off)
