@@ -12,7 +12,7 @@ never asserted.
   with adaptive batching on (``max_batch`` 32: requests to one device in one loop pass go out
   as one MIP batch, the reply split back per request).
 * ``dispatcher-window``: a second ``wirekit serve`` process, the same models, with a
-  controller configured (``log`` actuator, a period of an hour: it never decides here), so
+  controller configured (``log`` actuator, no targets: it never decides), so
   the metrics window per model and per device is kept on the request path -- against
   ``dispatcher``, the cost of the controller's window.
 * ``relay``: through a raw asyncio byte relay (bytes in from the client, out to the backend,
@@ -171,7 +171,7 @@ def endpoints(tmp_path_factory):
         deploy = {
             **deploy,
             "store": {"path": str(tmp / "requests-window.db")},
-            "controller": {"period": 3600, "window": 30, "actuator": {"kind": "log"}},
+            "controller": {"period": 30, "window": 30, "actuator": {"kind": "log"}},
         }
         windowed.write_text(json.dumps(deploy))
         dispatcher, line = _spawn(["serve", "--config", str(config)])
