@@ -11,6 +11,10 @@ never asserted.
 * ``dispatcher-batching``: the same dispatcher process, a second model on the same backend
   with adaptive batching on (``max_batch`` 32: requests to one device in one loop pass go out
   as one MIP batch, the reply split back per request).
+* ``dispatcher-window``: a second ``wirekit serve`` process, the same models, with a
+  controller configured (``log`` actuator, no targets: it never decides), so
+  the metrics window per model and per device is kept on the request path -- against
+  ``dispatcher``, the cost of the controller's window.
 * ``relay``: through a raw asyncio byte relay (bytes in from the client, out to the backend,
   and back; no parsing, no store): the floor of *any* process between client and backend.
 
@@ -144,30 +148,36 @@ def endpoints(tmp_path_factory):
         direct = line.split()[-1]
         port = int(direct.rsplit(":", 1)[1])
         config = tmp / "deploy.json"
-        config.write_text(
-            json.dumps(
+        deploy = {
+            "listen": {"host": "127.0.0.1", "http_port": None},
+            "store": {"path": str(tmp / "requests.db")},
+            "cache": {"max_entries": 0},
+            "models": {
+                "echo": {"port": 0, "timeout": 10},
+                "echo-batching": {"port": 0, "timeout": 10, "max_batch": 32},
+            },
+            "nodes": [
                 {
-                    "listen": {"host": "127.0.0.1", "http_port": None},
-                    "store": {"path": str(tmp / "requests.db")},
-                    "cache": {"max_entries": 0},
-                    "models": {
-                        "echo": {"port": 0, "timeout": 10},
-                        "echo-batching": {"port": 0, "timeout": 10, "max_batch": 32},
-                    },
-                    "nodes": [
-                        {
-                            "id": "n",
-                            "devices": ["CPU"],
-                            "models": ["echo", "echo-batching"],
-                            "quotas": [0.5, 0.5],
-                            "ports": [port, port],
-                        }
-                    ],
+                    "id": "n",
+                    "devices": ["CPU"],
+                    "models": ["echo", "echo-batching"],
+                    "quotas": [0.5, 0.5],
+                    "ports": [port, port],
                 }
-            )
-        )
+            ],
+        }
+        config.write_text(json.dumps(deploy))
+        windowed = tmp / "deploy-window.json"
+        deploy = {
+            **deploy,
+            "store": {"path": str(tmp / "requests-window.db")},
+            "controller": {"period": 30, "window": 30, "actuator": {"kind": "log"}},
+        }
+        windowed.write_text(json.dumps(deploy))
         dispatcher, line = _spawn(["serve", "--config", str(config)])
+        window_proc = None
         try:
+            window_proc, window_line = _spawn(["serve", "--config", str(windowed)])
             relay, relay_line = _spawn_python(["-c", RELAY, "127.0.0.1", str(port)])
             try:
                 ready = json.loads(line)
@@ -175,18 +185,22 @@ def endpoints(tmp_path_factory):
                     "direct": direct,
                     "dispatcher": f"tcp://127.0.0.1:{ready['mip']['echo']}",
                     "dispatcher-batching": f"tcp://127.0.0.1:{ready['mip']['echo-batching']}",
+                    "dispatcher-window": "tcp://127.0.0.1:"
+                    f"{json.loads(window_line)['mip']['echo']}",
                     "relay": relay_line.split()[-1],
                 }
             finally:
                 _stop(relay)
         finally:
             _stop(dispatcher)
+            if window_proc is not None:
+                _stop(window_proc)
     finally:
         _stop(backend)
 
 
 @pytest.mark.benchmark(group="serve mip batch 1")
-@pytest.mark.parametrize("who", ["dispatcher", "relay", "direct"])
+@pytest.mark.parametrize("who", ["dispatcher", "dispatcher-window", "relay", "direct"])
 def test_request_latency(benchmark, endpoints, who):
     with Client(endpoints[who], timeout=TIMEOUT) as client:
         client.infer_one("warm-up")
@@ -207,7 +221,9 @@ ROUND = 256
 
 
 @pytest.mark.benchmark(group="serve mip batch 1, 32 in flight (per 256 requests)")
-@pytest.mark.parametrize("who", ["dispatcher", "dispatcher-batching", "relay", "direct"])
+@pytest.mark.parametrize(
+    "who", ["dispatcher", "dispatcher-window", "dispatcher-batching", "relay", "direct"]
+)
 def test_request_throughput(benchmark, endpoints, who):
     """256 requests, 32 in flight on one pipelined connection: the round's time / 256 is the
     cost of one request under load (its inverse the requests per second)."""

@@ -218,6 +218,8 @@ def test_service_runs_the_controller_and_shows_it(tmp_path):
                     assert r.status == 200
                 async with http.get(f"{base}/stats") as resp:
                     stats = await resp.json()
+            # what the policy sees of the row that answered: its own window
+            assert service.controller.snapshot().rows_recent["n1/0/a"].ok == 1
         finally:
             await service.stop()
             await a.shutdown()
@@ -239,6 +241,9 @@ def test_service_runs_the_controller_and_shows_it(tmp_path):
     }
     assert gauges == {("a", "CPU"): 0.25, ("b", "CPU"): 0.5}
     assert stats["window"]["models"]["a"]["ok"] == 1
+    row = stats["window"]["rows"]["n1/0/a"]  # the same per device: a's row on n1/0
+    assert (row["ok"], row["requests"], row["queue"]) == (1, 1, None)
+    assert set(stats["window"]["rows"]) == {"n1/0/a"}
     assert [d["status"] for d in RequestStore(store).decisions()] == ["applied"]
 
 

@@ -6,8 +6,10 @@ stop writes, and timeouts, error replies and refused slots go through the attemp
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import importlib
+import json
 import math
 import random
 import shutil
@@ -492,3 +494,163 @@ def test_compiled_store_records_agree_with_the_one_journal_encoder(done, t_out, 
         assert servelane.arrival_ops(requests, "m", "c", t_out, flag) == (
             store.arrival_ops(requests, "m", "c", t_out, flag)
         )
+
+
+@pytest.mark.parametrize("path", ["lane", "general"])
+def test_the_window_per_device_agrees_with_the_store(lane, tmp_path, path):
+    """The controller's window per row (``Metrics.recent_rows``), fed by the lane's groups
+    (each twin) or by the general path (``max_batch`` > 1 keeps the lane off): per device,
+    the same counts, average and maximum response time as the store's rows of that device;
+    one device of the model slow, the other fast."""
+    store = tmp_path / "r.db"
+    n = 200
+    model = {"timeout": 10, **({"max_batch": 4} if path == "general" else {})}
+
+    async def main():
+        async with lane_service(
+            lane,
+            store,
+            [tagged("A"), tagged("B", delay=0.01)],
+            model=model,
+            controller={"period": 3600, "window": 3600, "actuator": {"kind": "log"}},
+        ) as (service, address):
+            async with AsyncClient(address, timeout=10, max_in_flight=32) as c:
+                await asyncio.gather(*(c.infer_one(f"q{k}") for k in range(n)))
+            await service.store.flush()
+            return service.stats(), service.metrics.recent_rows(), service.metrics.recent()
+
+    stats, rows, models = run(main())
+    assert (stats["lane_requests"] == n) == (path == "lane")
+    assert json.loads(json.dumps(stats))["window"]["rows"] == {
+        k: r.as_dict() for k, r in rows.items()
+    }
+    truth: dict[str, list[float]] = {}
+    for r in store_rows(store):
+        assert r.status == "ok"
+        truth.setdefault(r.device, []).append(r.time_out - r.time_in)
+    assert set(rows) == set(truth) == {"n/0/m", "n/1/m"}
+    for key, times in truth.items():
+        got = rows[key]
+        assert (got.ok, got.requests, got.errors, got.queue) == (len(times), len(times), 0, None)
+        assert got.avg == pytest.approx(sum(times) / len(times), rel=1e-9)
+        assert got.max == pytest.approx(max(times), rel=1e-9)
+        assert got.p50 is not None and got.p50 <= got.max
+    assert sum(r.ok for r in rows.values()) == models["m"].ok == n
+    assert rows["n/1/m"].avg > rows["n/0/m"].avg  # the slow device shows as slow
+
+
+class _FakeLaneDispatcher:
+    """What a :class:`Lane` calls of the dispatcher, with the draws, the clock and the ids
+    scripted, recording what the lane reports (no sockets)."""
+
+    def __init__(self, rows, draws, clock_values, window):
+        from wirekit.serve.metrics import Metrics, Window
+
+        self.metrics = Metrics(["m"], window=Window(60.0, 1.0, lambda: 0.0) if window else None)
+        self.store = None
+        self.cache = type("NoCache", (), {"enabled": False})()
+        self.router = self
+        self._draws = iter(draws)
+        self._clock = iter(clock_values)
+        self.route_version = 0
+        self.closing = False
+        self.answered: list[tuple] = []
+        self._ids = iter(range(10**6))
+
+    def clock(self):
+        return next(self._clock)
+
+    def choose(self, model, exclude):
+        return next(self._draws)
+
+    def new_ids(self, n):
+        return [f"r{next(self._ids)}" for _ in range(n)]
+
+    def lane_route(self, model):  # pragma: no cover - the route never changes here
+        return None
+
+    def lane_arrived(self, stats, model, client, t_in, requests):
+        stats.arrive(len(requests))
+
+    def lane_answered(self, stats, model, client, t_out, total, lo, hi, rows, done, by_row=None):
+        self.answered.append((len(done), total, lo, hi, by_row))
+        stats.answered_ok(len(done), total, lo, hi)
+        if by_row:
+            self.metrics.rows_answered(by_row)
+
+
+class _FreeClient:
+    timeout = 10.0
+
+    def free_slots(self):
+        return (None, 1 << 20, 0.0)
+
+    def send_calls(self, conn, frames, calls, deadline):
+        pass
+
+    def release_slot(self):
+        pass
+
+
+def _lane_run(module, window, reads, draws, clock_values, replies):
+    from wirekit.serve.config import DeviceRow
+
+    rows = [DeviceRow("m", "n", d, "CPU", "127.0.0.1", 1, 0.5, "mip") for d in (0, 1, 2)]
+    d = _FakeLaneDispatcher(rows, [rows[k] for k in draws], clock_values, window)
+    pending: collections.deque = collections.deque()
+    lane = module.Lane(
+        d,
+        "m",
+        "c",
+        (None, rows, {r.key: _FreeClient() for r in rows}),
+        1 << 20,
+        1 << 16,
+        pending,
+        lambda call: None,
+    )
+    reply = mip.encode(mip.Inference.reply([[mip.Item.text("x")]], 1))
+    request = mip.encode(mip.Inference.request([[mip.Item.text("q")]]))
+    order = random.Random(replies)
+    for t_in, (count, answer_now) in enumerate(reads):
+        wire = request * count
+        assert lane.take(wire, 0, len(wire), float(t_in)) == len(wire)
+        calls = [c for c in pending if not c.done()]
+        order.shuffle(calls)
+        for call in calls[:answer_now]:
+            call.set_result(reply)
+        lane.answers(pending)
+    for call in list(pending):
+        if not call.done():
+            call.set_result(reply)
+    lane.answers(pending)
+    return d.answered, d.metrics.recent_rows(), d.metrics.recent()
+
+
+@given(
+    reads=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 6)), min_size=1, max_size=8),
+    draws=st.lists(st.integers(0, 2), min_size=48, max_size=48),
+    clock=st.lists(st.floats(0.0, 100.0), min_size=20, max_size=20),
+    replies=st.integers(0, 2**32),
+)
+def test_both_lane_twins_report_the_same_window_per_device(reads, draws, clock, replies):
+    """Differential: the same reads, draws, clock and reply order through each twin give
+    the same groups per row and so the same window figures per device; the rows add up to
+    the model's figures; without a window the lane gathers nothing per row."""
+    if pure_requested():
+        pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
+    from wirekit._fast import servelane
+    from wirekit.serve import lane as pure_lane
+
+    clock_values = [100.0 + t for t in sorted(clock)] * 2
+    fast = _lane_run(servelane, True, reads, draws, clock_values, replies)
+    pure = _lane_run(pure_lane, True, reads, draws, clock_values, replies)
+    assert fast == pure
+    answered, rows, models = pure
+    assert sum(r.ok for r in rows.values()) == models["m"].ok == sum(c for c, *_ in reads)
+    for n, total, lo, hi, by_row in answered:
+        assert sum(g[0] for g in by_row.values()) == n
+        assert sum(g[1] for g in by_row.values()) == pytest.approx(total)
+        assert min(g[2] for g in by_row.values()) == lo and max(g[3] for g in by_row.values()) == hi
+    for module in (servelane, pure_lane):
+        off, rows_off, _ = _lane_run(module, False, reads, draws, clock_values, replies)
+        assert rows_off == {} and all(a[-1] is None for a in off)

@@ -65,8 +65,14 @@ class Plant:
             RowQuota(n, d, self.types[(n, d, m)], m, q) for (n, d, m), q in self.quota.items()
         )
 
-    def step(self, policy: TargetPolicy, t: int, models: dict[str, RecentStats]) -> list[Decision]:
-        out = policy.decide(Snapshot(float(t), models, self.rows()))
+    def step(
+        self,
+        policy: TargetPolicy,
+        t: int,
+        models: dict[str, RecentStats],
+        by_row: dict[str, RecentStats] | None = None,
+    ) -> list[Decision]:
+        out = policy.decide(Snapshot(float(t), models, self.rows(), by_row or {}))
         for d in sorted(out, key=lambda d: d.new > d.old):  # the controller's order
             key = (d.node, d.device, d.model)
             assert d.old == pytest.approx(self.quota[key])
@@ -255,6 +261,93 @@ class Clock:
 
     def __call__(self) -> float:
         return self.t
+
+
+def two_devices() -> list[RowQuota]:
+    """Model a on two CPU devices of one node, b beside it on each, half and half."""
+    return [RowQuota("n1", d, "CPU", m, 0.5) for d in (0, 1) for m in ("a", "b")]
+
+
+def test_a_slow_device_gets_share_on_that_device_only():
+    """A closed loop per device: a's response time on device 0 is 0.08 / share (it needs 0.8
+    of it), on device 1 0.02 / share (0.5 is plenty); the model's figure (its p95 over both
+    devices) is the slow one's.  Judged on each device's own figure, a grows on device 0 and
+    not on device 1 -- judged on the model's (as before), it would take b's share on both."""
+    plant = Plant(two_devices())
+    cfg = config()
+    policy = TargetPolicy(cfg)
+    work = {0: 0.08, 1: 0.02}
+    for t in range(80):
+        own = {d: stats(work[d] / plant.quota[("n1", d, "a")], ok=50) for d in (0, 1)}
+        by_row = {f"n1/{d}/a": own[d] for d in (0, 1)}
+        out = plant.step(policy, t, {"a": own[0], "b": stats(None)}, by_row)
+        for d in out:
+            if d.model == "a":
+                assert d.metrics["source"] == "device"
+                assert d.metrics["device_window"] == by_row[f"n1/{d.device}/a"].as_dict()
+            else:  # b has no figure of its own on either device: its model's (idle)
+                assert (d.metrics["source"], d.metrics["device_window"]) == ("model", None)
+    assert plant.quota[("n1", 0, "a")] == pytest.approx(0.8, abs=0.1)
+    assert plant.quota[("n1", 1, "a")] == 0.5  # never moved: a is fast there
+    assert {d.device for _, d in plant.decisions if d.model == "a"} == {0}
+
+
+def test_a_device_with_too_few_requests_is_judged_on_the_model():
+    """Below ``min_requests`` answered in the window a row's own figure is not trusted: the
+    model's is used (``"source": "model"``), here over target on both devices."""
+    plant = Plant(two_devices())
+    cfg = config(min_requests=5)
+    policy = TargetPolicy(cfg)
+    slow = stats(2 * TARGET)
+    by_row = {"n1/0/a": slow, "n1/1/a": stats(TARGET / 10, ok=cfg.min_requests - 1)}
+    ups = []
+    for t in range(int(cfg.stabilization) + 2):
+        ups += [d for d in plant.step(policy, t, {"a": slow, "b": stats(None)}, by_row)]
+    by_device = {d.device: d for d in ups if d.model == "a"}
+    assert set(by_device) == {0, 1}
+    assert by_device[0].metrics["source"] == "device"
+    assert by_device[1].metrics["source"] == "model"
+    assert by_device[1].metrics["window"] == slow.as_dict()
+    # with enough requests of its own, device 1 is judged fast and a keeps its share there
+    plant = Plant(two_devices())
+    policy = TargetPolicy(cfg)
+    by_row["n1/1/a"] = stats(TARGET / 10, ok=cfg.min_requests)
+    for t in range(int(cfg.stabilization) + 2):
+        plant.step(policy, t, {"a": slow, "b": stats(None)}, by_row)
+    assert plant.quota[("n1", 1, "a")] == 0.5 and plant.quota[("n1", 0, "a")] > 0.5
+
+
+def test_window_per_device_on_the_general_path():
+    """``Metrics.finished`` with the row that answered: each row's window; errors count on
+    their row, answers from the cache and requests without a device on none."""
+    clock = Clock()
+    metrics = Metrics(["m"], window=Window(10.0, 1.0, clock))
+    for k in range(20):
+        metrics.arrived("m")
+        metrics.finished("m", "ok", 0.01 if k % 2 else 0.3, "n/0/m" if k % 2 else "n/1/m")
+    for device in ("n/1/m", None, "cache"):
+        metrics.arrived("m")
+        metrics.finished("m", "error" if device != "cache" else "ok", 0.5, device)
+    rows = metrics.recent_rows()
+    assert set(rows) == {"n/0/m", "n/1/m"}
+    fast, slow = rows["n/0/m"], rows["n/1/m"]
+    assert (fast.ok, fast.errors, fast.requests, fast.queue) == (10, 0, 10, None)
+    assert (slow.ok, slow.errors, slow.requests) == (10, 1, 11)
+    assert fast.avg == pytest.approx(0.01) and slow.p95 == pytest.approx(0.3, rel=0.1)
+    assert metrics.recent()["m"].ok == 21 and metrics.recent()["m"].errors == 2
+    window = metrics.snapshot()["window"]
+    assert window["rows"]["n/0/m"] == fast.as_dict()
+    clock.t += 20  # out of the window
+    assert metrics.recent_rows()["n/0/m"].ok == 0
+    # the lane's groups, per row
+    metrics.rows_answered({"n/0/m": [4, 0.4, 0.05, 0.2]})
+    got = metrics.recent_rows()["n/0/m"]
+    assert (got.ok, got.requests, got.max) == (4, 4, 0.2) and got.avg == pytest.approx(0.1)
+    # without a window nothing is kept per row either
+    plain = Metrics(["m"])
+    plain.arrived("m")
+    plain.finished("m", "ok", 0.1, "n/0/m")
+    assert plain.recent_rows() == {} and plain.rows == {}
 
 
 def test_window_percentiles_and_expiry():

@@ -456,12 +456,18 @@ def test_recent_window_of_every_replica_on_postgresql(tmp_path, pg_url):
             store.arrival(f"{n}-old", "m", "c", 1.0, 3)  # long ago, and failed
             store.complete(f"{n}-old", "m", "c", None, 1.0, 2.0, "failed", 3, 1, None, False, "x")
             store.arrival(f"{n}-q", "m", "c", 109.5, 3)  # still queued
+            # another model: a backend error on its device, an answer from the cache
+            store.arrival(f"{n}-e", "m2", "c", 106.0, 3)
+            store.complete(f"{n}-e", "m2", "c", "n/1/m2", 106.0, 106.5, "error", 3, 1)
+            store.arrival(f"{n}-c", "m2", "c", 107.0, 3)
+            store.complete(f"{n}-c", "m2", "c", "cache", 107.0, 107.0, "ok", 3, 0)
             await store.flush()
 
     asyncio.run(fill())
     db = PostgresDB(pg_url)
     try:
         got = db.recent(since=105.0)  # the last five of each replica arrived since then
+        rows = db.recent_rows(since=105.0)  # the same per device
     finally:
         db.close()
         for store in stores:
@@ -472,3 +478,11 @@ def test_recent_window_of_every_replica_on_postgresql(tmp_path, pg_url):
     assert (m["requests"], m["ok"], m["errors"], m["queue"]) == (2 * 6, 2 * 5, 0, 2)
     assert m["max"] == 1.0 and abs(m["avg"] - 0.8) < 1e-9 and abs(m["p50"] - 0.8) < 1e-9
     assert 0.9 <= m["p95"] <= m["p99"] <= 1.0
+    # per device: what each device finished since 105 (the queued one has no device yet, an
+    # answer from the cache is on no device)
+    assert set(rows) == {"n/0/m", "n/1/m2"}
+    r = rows["n/0/m"]
+    assert (r["requests"], r["ok"], r["errors"], r["queue"]) == (2 * 5, 2 * 5, 0, None)
+    assert r["max"] == 1.0 and abs(r["avg"] - 0.8) < 1e-9 and abs(r["p50"] - 0.8) < 1e-9
+    r = rows["n/1/m2"]
+    assert (r["requests"], r["ok"], r["errors"], r["queue"], r["avg"]) == (2, 0, 2, None, None)

@@ -308,6 +308,8 @@ cdef class Lane:
         cdef LaneCall call
         cdef set succeeded = None
         cdef object last = None
+        cdef dict by_row = {} if self.stats.recent is not None else None  # window per device
+        cdef list g
         while pending:
             head = pending[0]
             cls = type(head)
@@ -337,6 +339,17 @@ cdef class Lane:
                         if row is not last:  # DeviceRow hashes its fields: once per run
                             succeeded.add(row)
                             last = row
+                        if by_row is not None:
+                            g = by_row.get(device)
+                            if g is None:
+                                by_row[device] = [1, rt, rt, rt]
+                            else:
+                                g[0] += 1
+                                g[1] += rt
+                                if rt < g[2]:
+                                    g[2] = rt
+                                if rt > g[3]:
+                                    g[3] = rt
                     if tin_obj is None or call.t_in != tin:  # one read, one time object:
                         tin = call.t_in                   # the store writes its text once
                         tin_obj = tin
@@ -354,7 +367,7 @@ cdef class Lane:
             pending.popleft()
         if n:
             self.dispatcher.lane_answered(self.stats, self.model, self.client, t_obj, total,
-                                          lo, hi, succeeded, done)
+                                          lo, hi, succeeded, done, by_row)
         return out
 
 

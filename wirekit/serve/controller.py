@@ -2,7 +2,9 @@
 
 Every ``controller.period`` seconds the :class:`Controller` takes a :class:`Snapshot` (each
 model's figures over the recent window, from :meth:`Metrics.recent
-<wirekit.serve.metrics.Metrics.recent>`, and every row of the catalog with its quota), asks the
+<wirekit.serve.metrics.Metrics.recent>`, each row's -- a model on a device -- from
+:meth:`Metrics.recent_rows <wirekit.serve.metrics.Metrics.recent_rows>`, and every row of the
+catalog with its quota), asks the
 policy for :class:`Decision` s and applies them one by one, the decreases first (so that
 the share they free is there for the increases):
 
@@ -63,15 +65,23 @@ class RowQuota:
     model: str
     quota: float
 
+    @property
+    def key(self) -> str:
+        """``node/device/model``: the row's key in :attr:`Snapshot.rows_recent`."""
+        return f"{self.node}/{self.device}/{self.model}"
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """What the policy decides on: the time (the controller's clock, seconds), each model's
-    figures over the window, and every row of the catalog (quota 0 included)."""
+    figures over the window, every row of the catalog (quota 0 included), and each row's
+    own figures over the window (``rows_recent[row.key]``: the requests that device
+    finished for that model; ``queue`` None; a row that finished none may be missing)."""
 
     time: float
     models: Mapping[str, RecentStats]
     rows: tuple[RowQuota, ...]
+    rows_recent: Mapping[str, RecentStats] = field(default_factory=dict)
 
     def device_total(self, node: str, device: int) -> float:
         """The sum of the quotas on one device."""
@@ -119,12 +129,17 @@ class Policy(Protocol):
 class TargetPolicy:
     """Hold each model's response time to its target (``controller.targets``), without flapping.
 
-    Per period, per model with a target: ``value`` is its ``metric`` (``p95`` by default:
-    the 95th percentile of the response times of the requests answered ok in the window) and
-    ``ratio = value / target``.  A model answered fewer than ``min_requests`` times in the
-    window has no figure: it is *idle*.  A model is **over** when ``ratio > 1 + tolerance``,
+    Per period, per row (a model on a device) of a model with a target: ``value`` is the
+    ``metric`` (``p95`` by default: the 95th percentile of the response times of the requests
+    answered ok in the window) of the row's **own** figures (the requests that device
+    answered for that model, ``Snapshot.rows_recent``) when the row answered at least
+    ``min_requests`` in the window, else of the **model's** figures (all its devices), and
+    ``ratio = value / target``: a slow device of a model gets share on that device, not on
+    the model's fast one.  A model answered fewer than ``min_requests`` times in the window
+    has no figure: its rows are *idle*.  A row is **over** when ``ratio > 1 + tolerance``,
     **under** when ``ratio < 1 - tolerance`` or idle, **in band** otherwise.  Models without
-    a target are never changed.
+    a target are never changed.  The decision's metrics say which figure was used
+    (``"source": "device"`` or ``"model"``) and hold both.
 
     CPU rows (per device, the shares of the models on it never sum above 1):
 
@@ -212,11 +227,16 @@ class TargetPolicy:
         changed = self._changed.get(key)
         return changed is not None and now - changed < self.config.cooldown - _EPS
 
+    def _figure(self, snapshot: Snapshot, row: RowQuota) -> tuple[RecentStats | None, str]:
+        """The figures a row is judged on: its own with at least ``min_requests`` answered
+        ok in the window, else its model's; and which (``"device"`` or ``"model"``)."""
+        own = snapshot.rows_recent.get(row.key)
+        if own is not None and own.ok >= self.config.min_requests:
+            return own, "device"
+        return snapshot.models.get(row.model), "model"
+
     def decide(self, snapshot: Snapshot) -> list[Decision]:
         now = snapshot.time
-        states: dict[str, tuple[str, float | None]] = {}
-        for model, target in self.targets.items():
-            states[model] = self._state(snapshot.models.get(model), target)
         present = {(r.node, r.device, r.model) for r in snapshot.rows}
         for state in (self._home, self._changed, self._recs, self._first_seen):
             for key in [k for k in state if k not in present]:  # a model removed
@@ -230,6 +250,13 @@ class TargetPolicy:
         for r in snapshot.rows:
             devices.setdefault((r.node, r.device), []).append(r)
         for (node, device), rows in sorted(devices.items()):
+            # each model's state on this device (a model has one row per device)
+            states: dict[str, tuple[str, float | None]] = {}
+            for r in rows:
+                if r.model in self.targets:
+                    states[r.model] = self._state(
+                        self._figure(snapshot, r)[0], self.targets[r.model]
+                    )
             if rows[0].device_type == "GPU":
                 decisions.extend(self._gpu(node, device, rows, states, snapshot))
             else:
@@ -238,13 +265,16 @@ class TargetPolicy:
             self._changed[(d.node, d.device, d.model)] = now
         return decisions
 
-    def _metrics(self, snapshot: Snapshot, model: str, ratio: float | None) -> dict[str, Any]:
-        stats = snapshot.models.get(model)
+    def _metrics(self, snapshot: Snapshot, row: RowQuota, ratio: float | None) -> dict[str, Any]:
+        stats = snapshot.models.get(row.model)
+        own = snapshot.rows_recent.get(row.key)
         return {
             "metric": self.config.metric,
-            "target": self.targets.get(model),
+            "target": self.targets.get(row.model),
             "ratio": ratio,
+            "source": self._figure(snapshot, row)[1],
             "window": stats.as_dict() if stats is not None else None,
+            "device_window": own.as_dict() if own is not None else None,
         }
 
     def _cpu(self, node, device, rows, states, snapshot) -> list[Decision]:
@@ -315,7 +345,7 @@ class TargetPolicy:
                     r.quota,
                     new,
                     recs[r.model][1] or "share freed",
-                    self._metrics(snapshot, r.model, states[r.model][1]),
+                    self._metrics(snapshot, r, states[r.model][1]),
                 )
             )
         return out
@@ -344,7 +374,7 @@ class TargetPolicy:
                         0.0,
                         1.0,
                         "over target, a free GPU given",
-                        self._metrics(snapshot, r.model, states[r.model][1]),
+                        self._metrics(snapshot, r, states[r.model][1]),
                     )
                 )
             return out
@@ -365,7 +395,7 @@ class TargetPolicy:
                         1.0,
                         0.0,
                         "under target, a GPU beyond its home count released",
-                        self._metrics(snapshot, r.model, states[r.model][1]),
+                        self._metrics(snapshot, r, states[r.model][1]),
                     )
                 )
         return out
@@ -407,7 +437,8 @@ class Controller:
 
     ``catalog`` is the :class:`~wirekit.serve.catalog.Catalog` (quotas are read from it and
     changed through ``set_quota``), ``recent`` returns each model's window figures
-    (:meth:`Metrics.recent <wirekit.serve.metrics.Metrics.recent>`), ``store`` the
+    (:meth:`Metrics.recent <wirekit.serve.metrics.Metrics.recent>`), ``recent_rows`` each
+    row's (:meth:`Metrics.recent_rows <wirekit.serve.metrics.Metrics.recent_rows>`), ``store`` the
     :class:`~wirekit.serve.store.RequestStore` (``record_decision``; None: not stored).
     """
 
@@ -419,6 +450,7 @@ class Controller:
         actuator: Actuator,
         *,
         store: Any = None,
+        recent_rows: Callable[[], Mapping[str, RecentStats]] | None = None,
         policy: Policy | None = None,
         can_serve: Callable[[Any], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -427,6 +459,9 @@ class Controller:
         self.config = config
         self.catalog = catalog
         self.recent = recent
+        #: each row's window figures by row key (:meth:`Metrics.recent_rows
+        #: <wirekit.serve.metrics.Metrics.recent_rows>`; None: none)
+        self.recent_rows = recent_rows
         self.actuator = actuator
         self.store = store
         self.policy = policy if policy is not None else load_policy(config.policy, config)
@@ -444,7 +479,8 @@ class Controller:
         rows = tuple(
             RowQuota(r.node, r.device, r.device_type, r.model, r.quota) for r in catalog.rows()
         )
-        return Snapshot(self.clock(), dict(self.recent()), rows)
+        by_row = dict(self.recent_rows()) if self.recent_rows is not None else {}
+        return Snapshot(self.clock(), dict(self.recent()), rows, by_row)
 
     async def sync(self) -> None:
         """Tell the actuator every (node, model)'s current CPU share and GPU count, so the

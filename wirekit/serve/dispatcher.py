@@ -329,7 +329,7 @@ class Dispatcher:
         self, model, rid, client, t_in, wire, device, status, attempts, defer, reason=""
     ) -> None:
         t_out = self.clock()
-        self.metrics.finished(model, status, t_out - t_in)
+        self.metrics.finished(model, status, t_out - t_in, device)
         self.store.complete(
             rid,
             model,
@@ -688,7 +688,7 @@ class Dispatcher:
         else:  # answered by the device its first attempt went to: the line is started
             if t_out is None:
                 t_out = self.clock()
-            self.metrics.finished(job.model, outcome.status, t_out - job.t_in)
+            self.metrics.finished(job.model, outcome.status, t_out - job.t_in, outcome.device)
             self.store.complete_head(
                 head,
                 job.rid,
@@ -796,14 +796,18 @@ class Dispatcher:
         hi: float,
         rows: Collection[DeviceRow],
         answers: list[tuple[str, str, float, int, int, Any]],
+        by_row: dict[str, list[Any]] | None = None,
     ) -> None:
         """The MIP lane answered ``answers`` (``ok``, at ``t_out``; their response times
         summing to ``total``, from ``lo`` to ``hi``), from the devices ``rows`` (back in
         rotation): counted and stored (:meth:`RequestStore.completions_ok`; the journal is
-        written before the answers go out)."""
+        written before the answers go out).  ``by_row``: the same figures per row key,
+        ``[n, total, lo, hi]``, which the lane gathers only when a window is kept."""
         n = len(answers)
         self.active -= n
         stats.answered_ok(n, total, lo, hi)
+        if by_row:
+            self.metrics.rows_answered(by_row)
         succeed = self.router.succeed
         for row in rows:
             succeed(row)

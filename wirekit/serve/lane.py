@@ -305,6 +305,9 @@ class Lane:
         hi = -math.inf
         succeeded = set()
         last = None
+        # per row key [n, total, lo, hi], for the window per device (gathered only when the
+        # controller keeps a window)
+        by_row: dict[str, list[Any]] | None = {} if self.stats.recent is not None else None
         while pending:
             head = pending[0]
             cls = type(head)
@@ -329,6 +332,17 @@ class Lane:
                         if row is not last:  # DeviceRow hashes its fields: once per run
                             succeeded.add(row)
                             last = row
+                        if by_row is not None:
+                            g = by_row.get(device)
+                            if g is None:
+                                by_row[device] = [1, rt, rt, rt]
+                            else:
+                                g[0] += 1
+                                g[1] += rt
+                                if rt < g[2]:
+                                    g[2] = rt
+                                if rt > g[3]:
+                                    g[3] = rt
                     wire = head.wire
                     done.append((head.rid, device, head.t_in, len(wire), attempts, wire))
                     out.append(head.reply)
@@ -343,7 +357,7 @@ class Lane:
             pending.popleft()
         if n:
             self.dispatcher.lane_answered(
-                self.stats, self.model, self.client, t_out, total, lo, hi, succeeded, done
+                self.stats, self.model, self.client, t_out, total, lo, hi, succeeded, done, by_row
             )
         return out
 

@@ -14,6 +14,15 @@ The controller needs the same figures over a recent window rather than since the
 ``Metrics(models, window=Window(...))`` also keeps, per model, the last ``span`` seconds in
 time slots (:class:`Window`), read with :meth:`Metrics.recent` (and shown under ``"window"``
 in ``/stats``).  Off unless asked for: without a window the request path pays one ``if``.
+
+With a window it also keeps one per *row* (a model on a device of a node, keyed by the row's
+key ``node/device/model``): the requests that row finished, read with
+:meth:`Metrics.recent_rows` (``"rows"`` under ``"window"``).  A request is counted on the
+device that answered it, when it finishes -- the general path's :meth:`Metrics.finished` with
+its ``device``, the MIP lane's groups split per row (:meth:`Metrics.rows_answered`) -- so a
+row's ``requests`` are the requests it *finished* in the window (answered ok or with an
+error; ``rate`` its throughput) and its ``queue`` is None: a request has no device until it
+is answered (nor in the store).  Answers from the cache count on no row.
 """
 
 from __future__ import annotations
@@ -77,6 +86,7 @@ class ModelStats:
 #: 2 ** (1/8) - 1 = 9 % of the true value
 _BUCKETS_PER_OCTAVE = 8
 _NO_TIME = -(1 << 20)  # the bucket of response times <= 0
+_CACHE = "cache"  # the device of an answer from the cache (no row)
 
 
 class _Slot:
@@ -105,11 +115,11 @@ class RecentStats:
     in seconds; ``None`` when none was answered in the window)."""
 
     seconds: float  #: the time the figures cover (the span, or less just after start)
-    requests: int  #: requests that arrived in the window
-    rate: float  #: requests per second that arrived
+    requests: int  #: requests that arrived in the window (a row's: that it finished)
+    rate: float  #: requests per second that arrived (a row's: that it finished)
     ok: int  #: answered ok in the window
     errors: int  #: finished otherwise (backend error, failed) in the window
-    queue: int  #: waiting or being processed now
+    queue: int | None  #: waiting or being processed now (None for a row: not known)
     avg: float | None
     p50: float | None
     p95: float | None
@@ -142,14 +152,20 @@ class WindowCounters:
     def arrive(self, n: int) -> None:
         self._slot().arrivals += n
 
-    def failed(self) -> None:
-        self._slot().errors += 1
-
-    def answered_ok(self, n: int, total: float, lo: float, hi: float) -> None:
-        """``n`` answered ok, their times summing to ``total`` from ``lo`` to ``hi``.  For
-        the percentiles a group (the MIP lane's) counts ``lo``, ``hi`` and the rest at the
-        mean of the rest: exact for groups of up to 2, close for more."""
+    def failed(self, counted: int = 0) -> None:
+        """One finished otherwise than ok (``counted``: also count it as a request, as a
+        row's window does)."""
         slot = self._slot()
+        slot.errors += 1
+        slot.arrivals += counted
+
+    def answered_ok(self, n: int, total: float, lo: float, hi: float, counted: int = 0) -> None:
+        """``n`` answered ok, their times summing to ``total`` from ``lo`` to ``hi``
+        (``counted``: requests to count as well, as a row's window does).  For the
+        percentiles a group (the MIP lane's) counts ``lo``, ``hi`` and the rest at the mean
+        of the rest: exact for groups of up to 2, close for more."""
+        slot = self._slot()
+        slot.arrivals += counted
         slot.count += n
         slot.total += total
         if hi > slot.max:
@@ -164,7 +180,7 @@ class WindowCounters:
             b = _bucket((total - lo - hi) / (n - 2))
             hist[b] = hist.get(b, 0) + n - 2
 
-    def read(self, queue: int) -> RecentStats:
+    def read(self, queue: int | None) -> RecentStats:
         """The figures of the slots inside the window now."""
         w = self._window
         now = w.clock()
@@ -238,6 +254,8 @@ class Metrics:
         #: the recent window kept beside the totals (None: none)
         self.window = window
         self.models: dict[str, ModelStats] = {}
+        #: row key (``node/device/model``) -> its window counters (kept with a window only)
+        self.rows: dict[str, WindowCounters] = {}
         for m in models:
             self.stats(m)
         #: requests the store held as queued at start (a previous run's, never answered):
@@ -272,7 +290,11 @@ class Metrics:
         if s.recent is not None:
             s.recent.arrive(1)
 
-    def finished(self, model: str, status: str, response_time: float) -> None:
+    def finished(
+        self, model: str, status: str, response_time: float, device: str | None = None
+    ) -> None:
+        """A request of ``model`` finished with ``status`` after ``response_time`` seconds,
+        answered by the row ``device`` (its key; None or ``"cache"``: no row)."""
         s = self.stats(model)
         s.queue -= 1
         s.statuses[status] = s.statuses.get(status, 0) + 1
@@ -285,14 +307,40 @@ class Metrics:
                 s.max = response_time
             if s.recent is not None:
                 s.recent.answered_ok(1, response_time, response_time, response_time)
+                if device is not None and device != _CACHE:
+                    rt = response_time
+                    self.row(device).answered_ok(1, rt, rt, rt, 1)
         elif s.recent is not None:
             s.recent.failed()
+            if device is not None and device != _CACHE:
+                self.row(device).failed(1)
+
+    def row(self, key: str) -> WindowCounters:
+        """The window counters of the row ``key`` (created on first use; needs a window)."""
+        counters = self.rows.get(key)
+        if counters is None:
+            if self.window is None:
+                raise ValueError("no window is kept: Metrics(..., window=Window(...))")
+            counters = self.rows[key] = self.window.counters()
+        return counters
+
+    def rows_answered(self, groups: dict[str, list[Any]]) -> None:
+        """The MIP lane's answers of one flush, per row: ``{row key: [n, total, lo, hi]}``
+        (``n`` answered ok, their response times summing to ``total``, from ``lo`` to
+        ``hi``), counted on each row's window as :meth:`finished` counts one."""
+        for key, (n, total, lo, hi) in groups.items():
+            self.row(key).answered_ok(n, total, lo, hi, n)
 
     def recent(self) -> dict[str, RecentStats]:
         """Per model, the figures of the recent window (empty without a window)."""
         if self.window is None:
             return {}
         return {m: s.recent.read(s.queue) for m, s in sorted(self.models.items()) if s.recent}
+
+    def recent_rows(self) -> dict[str, RecentStats]:
+        """Per row key (``node/device/model``), the figures of the requests that row
+        finished in the recent window (``queue`` None; empty without a window)."""
+        return {k: c.read(None) for k, c in sorted(self.rows.items())}
 
     @property
     def queue(self) -> int:
@@ -306,6 +354,7 @@ class Metrics:
             snap["window"] = {
                 "seconds": self.window.span,
                 "models": {m: r.as_dict() for m, r in self.recent().items()},
+                "rows": {k: r.as_dict() for k, r in self.recent_rows().items()},
             }
         return snap
 

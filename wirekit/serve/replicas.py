@@ -96,6 +96,7 @@ class ReplicaSync:
         self.url = url
         self._db: PostgresDB | None = None  # the window's queries (the leader's)
         self._recent: dict[str, dict[str, Any]] = {}
+        self._recent_rows: dict[str, dict[str, Any]] = {}
         #: seconds between two compactions of the change log by this replica (0: never)
         self.compact_every = compact_every
         #: the changes younger than this (seconds) stay in the log when it is compacted
@@ -285,6 +286,7 @@ class ReplicaSync:
             since = time.time() - controller.config.window
             try:
                 self._recent = await asyncio.to_thread(self._window_db().recent, since)
+                self._recent_rows = await asyncio.to_thread(self._window_db().recent_rows, since)
             except Exception as exc:  # a lost connection: reopened at the next period
                 log.warning("wirekit serve: the controller's window not read: %s", exc)
                 await asyncio.sleep(controller.config.period)
@@ -304,22 +306,12 @@ class ReplicaSync:
     def recent(self, span: float) -> dict[str, RecentStats]:
         """The window figures of every replica's requests, per model, as of the leader's
         last period (the controller's ``recent``; empty before the first)."""
-        return {
-            model: RecentStats(
-                seconds=span,
-                requests=f["requests"],
-                rate=f["requests"] / span if span > 0 else 0.0,
-                ok=f["ok"],
-                errors=f["errors"],
-                queue=f["queue"],
-                avg=f["avg"],
-                p50=f["p50"],
-                p95=f["p95"],
-                p99=f["p99"],
-                max=f["max"],
-            )
-            for model, f in sorted(self._recent.items())
-        }
+        return _as_recent(self._recent, span)
+
+    def recent_rows(self, span: float) -> dict[str, RecentStats]:
+        """The same per row (``node/device/model``: the requests each device finished, on
+        every replica; the controller's ``recent_rows``)."""
+        return _as_recent(self._recent_rows, span)
 
     async def close(self) -> None:
         if self._compactor is not None:
@@ -336,3 +328,24 @@ class ReplicaSync:
             await asyncio.to_thread(self._db.close)
             self._db = None
         self._writer.shutdown(wait=True)
+
+
+def _as_recent(figures: dict[str, dict[str, Any]], span: float) -> dict[str, RecentStats]:
+    """:meth:`PostgresDB.recent <wirekit.serve.storedb.PostgresDB.recent>` figures as
+    :class:`RecentStats` over ``span`` seconds."""
+    return {
+        key: RecentStats(
+            seconds=span,
+            requests=f["requests"],
+            rate=f["requests"] / span if span > 0 else 0.0,
+            ok=f["ok"],
+            errors=f["errors"],
+            queue=f["queue"],
+            avg=f["avg"],
+            p50=f["p50"],
+            p95=f["p95"],
+            p99=f["p99"],
+            max=f["max"],
+        )
+        for key, f in sorted(figures.items())
+    }

@@ -151,6 +151,7 @@ class Service:
                     self._recent,
                     actuator,
                     store=self.store,
+                    recent_rows=self._recent_rows,
                     can_serve=self._can_serve,
                 )
             except ValueError as exc:
@@ -162,6 +163,13 @@ class Service:
         if self.replicas is not None and self.controller is not None:
             return self.replicas.recent(self.controller.config.window)
         return self.metrics.recent()
+
+    def _recent_rows(self) -> dict[str, RecentStats]:
+        """The same per row (``node/device/model``): this process's window, or on a shared
+        store every replica's."""
+        if self.replicas is not None and self.controller is not None:
+            return self.replicas.recent_rows(self.controller.config.window)
+        return self.metrics.recent_rows()
 
     def _backend_for(self, row: DeviceRow) -> Backend:
         if row.key in self._given_backends:

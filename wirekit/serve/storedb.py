@@ -602,27 +602,46 @@ class PostgresDB:
         ``queue`` waiting or being processed now, and the response times of the ``ok``
         ones: ``avg``, ``p50``, ``p95``, ``p99`` (continuous percentiles), ``max`` (None
         when none was answered)."""
+        return self._recent(since, by_device=False)
+
+    def recent_rows(self, since: float) -> dict[str, dict[str, Any]]:
+        """The same per row -- the ``device`` column, ``node/device/model`` -- over the
+        requests a device finished since ``since``: ``requests`` is the number it finished
+        (ok or not), ``queue`` None (a request has no device until it is answered);
+        answers from the cache and requests that failed without a device are on no row."""
+        return self._recent(since, by_device=True)
+
+    def _recent(self, since: float, *, by_device: bool) -> dict[str, dict[str, Any]]:
         ok = "status = 'ok' AND time_out >= %(since)s"
         rt = "time_out - time_in"
+        if by_device:
+            group = "device"
+            requests = "COUNT(*)"  # every row here finished since then
+            queue = "NULL"
+            where = "time_out >= %(since)s AND device IS NOT NULL AND device <> 'cache'"
+        else:
+            group = "model"
+            requests = "COUNT(*) FILTER (WHERE time_in >= %(since)s)"
+            queue = "COUNT(*) FILTER (WHERE status = 'queued')"
+            where = "time_out >= %(since)s OR status = 'queued'"
         sql = (
-            "SELECT model,"
-            " COUNT(*) FILTER (WHERE time_in >= %(since)s),"
+            f"SELECT {group}, {requests},"
             f" COUNT(*) FILTER (WHERE {ok}),"
             " COUNT(*) FILTER (WHERE status IN ('error', 'failed') AND time_out >= %(since)s),"
-            " COUNT(*) FILTER (WHERE status = 'queued'),"
+            f" {queue},"
             f" AVG({rt}) FILTER (WHERE {ok}),"
             f" percentile_cont(0.5) WITHIN GROUP (ORDER BY {rt}) FILTER (WHERE {ok}),"
             f" percentile_cont(0.95) WITHIN GROUP (ORDER BY {rt}) FILTER (WHERE {ok}),"
             f" percentile_cont(0.99) WITHIN GROUP (ORDER BY {rt}) FILTER (WHERE {ok}),"
             f" MAX({rt}) FILTER (WHERE {ok})"
-            " FROM requests WHERE time_out >= %(since)s OR status = 'queued' GROUP BY model"
+            f" FROM requests WHERE {where} GROUP BY {group}"
         )
         with self._lock:
             rows = self._live().execute(sql, {"since": since}).fetchall()
         names = ("requests", "ok", "errors", "queue", "avg", "p50", "p95", "p99", "max")
         return {
             row[0]: {
-                k: (int(v) if i < 4 else (None if v is None else float(v)))
+                k: (None if v is None else int(v) if i < 4 else float(v))
                 for i, (k, v) in enumerate(zip(names, row[1:], strict=True))
             }
             for row in rows
