@@ -556,3 +556,31 @@ def test_server_runs_in_a_plain_asyncio_program(tmp_path):
     assert out == (Item.text("U"),)
     assert addresses[0].startswith("tcp://127.0.0.1:") and addresses[1].startswith("unix://")
     assert not (tmp_path / "s.sock").exists()  # removed at shutdown
+
+
+def test_a_connection_lost_before_the_first_send_fails_the_call_cleanly():
+    # regression: a backend reset right after accepting can end the connection between
+    # `connect` returning it and the first send; the send then raised AttributeError
+    # (transport None) instead of a lost connection (seen once in the dispatcher, in
+    # test_backend_killed_mid_run_loses_no_request).
+    async def main():
+        with ServerThread(upper) as running:
+            client = AsyncClient(running.address, timeout=TIMEOUT)
+            await client.connect()
+            dead = client._conn
+            dead.transport.abort()
+            for _ in range(100):  # until its connection_lost has run
+                if dead.transport is None:
+                    break
+                await asyncio.sleep(0.01)
+            assert dead.transport is None
+
+            async def connection(deadline):  # the race: connect returned a lost connection
+                return dead
+
+            client._connection = connection
+            with pytest.raises(ConnectionLost):
+                await client.ping()
+            await client.close()
+
+    asyncio.run(main())

@@ -254,6 +254,11 @@ class _Pending:
         self.timeout = timeout  # for the error message
 
 
+def _settle_lost(pending: _Pending, exc: BaseException) -> None:
+    if not pending.future.done():
+        pending.future.set_exception(exc)
+
+
 class _ClientConnection(asyncio.Protocol):
     """One pipelined connection: requests written in order, replies matched in order."""
 
@@ -276,6 +281,14 @@ class _ClientConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def send(self, pending: _Pending) -> None:
+        if self.transport is None:
+            # Lost before this request was written: a peer that resets right after accepting
+            # can end the connection between ``connect`` and the first send.  Settled as a
+            # loss with the request unanswered (the caller resubmits or reports it), on the
+            # next loop pass -- never re-entrantly inside the caller's send.
+            lost = _Unanswered(False, ConnectionResetError("mip: connection lost before sending"))
+            self.loop.call_soon(_settle_lost, pending, lost)
+            return
         if self.out is not None:
             self.out.append(pending.wire)
         elif self.waiting:
