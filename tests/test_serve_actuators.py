@@ -135,6 +135,13 @@ def test_cgroup_errors(tmp_path):
         CgroupActuator({"m1": str(tmp_path)}).set_cpu_share("n1", "m1", 0.5)
     with pytest.raises(CgroupError, match="cannot create the cgroup"):
         make_cgroup(tmp_path / "missing" / "deeper")
+    # reading a limit back: a cgroup without its period file, or with a file it did not write
+    (tmp_path / "cpu.cfs_quota_us").write_text("50000\n")
+    with pytest.raises(CgroupError, match="cannot read the CPU quota"):
+        cpu_limit(tmp_path)
+    (tmp_path / "cpu.cfs_period_us").write_text("soon\n")
+    with pytest.raises(CgroupError, match="not a CPU quota the kernel writes"):
+        cpu_limit(tmp_path)
 
 
 @pytest.fixture

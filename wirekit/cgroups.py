@@ -73,11 +73,16 @@ def set_cpu_limit(path: str | Path, cpus: float | None, period_us: int = 100_000
 def cpu_limit(path: str | Path) -> float | None:
     """The CPUs the cgroup ``path`` may use (None: no limit)."""
     p = Path(path)
-    if cgroup_version(p) == 2:
-        quota, period = (p / "cpu.max").read_text().split()
-        return None if quota == "max" else int(quota) / int(period)
-    quota_us = int((p / "cpu.cfs_quota_us").read_text())
-    period_us = int((p / "cpu.cfs_period_us").read_text())
+    try:
+        if cgroup_version(p) == 2:
+            quota, period = (p / "cpu.max").read_text().split()
+            return None if quota == "max" else int(quota) / int(period)
+        quota_us = int((p / "cpu.cfs_quota_us").read_text())
+        period_us = int((p / "cpu.cfs_period_us").read_text())
+    except OSError as exc:
+        raise CgroupError(f"{p}: cannot read the CPU quota: {exc.strerror or exc}") from None
+    except (ValueError, ZeroDivisionError) as exc:
+        raise CgroupError(f"{p}: not a CPU quota the kernel writes: {exc}") from None
     return None if quota_us < 0 else quota_us / period_us
 
 
