@@ -49,6 +49,26 @@ def replica_config(tmp_path, name: str, url: str, port: int, **store) -> object:
     return config
 
 
+def model_a_config(tmp_path, name: str, url: str, port: int, **top) -> object:
+    """The config of replica ``name`` serving model ``a`` on one CPU (quota 0.5) of ``port``:
+    its own journal, the shared store; ``top`` keys are added (a controller table)."""
+    config = tmp_path / f"{name}.json"
+    node = {"id": "n", "devices": ["CPU"], "models": ["a"], "quotas": [0.5], "ports": [port]}
+    config.write_text(
+        json.dumps(
+            deployment(
+                tmp_path / f"{name}.db",
+                {"a": {"timeout": 5}},
+                [node],
+                store={"path": str(tmp_path / f"{name}.db"), "url": url, "replica": name},
+                cache={"max_entries": 0},
+                **top,
+            )
+        )
+    )
+    return config
+
+
 async def http_get(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
     async with session.get(url, timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as resp:
         return resp.status, await resp.text()
@@ -238,33 +258,7 @@ def test_models_added_and_removed_through_one_replica_reach_the_other(tmp_path, 
 
     with CliServer(handler="serve_handlers:tag_fast") as backend:
         port = int(backend.address.rsplit(":", 1)[1])
-        configs = {}
-        for name in ("A", "B", "C"):
-            path = tmp_path / f"{name}.json"
-            path.write_text(
-                json.dumps(
-                    deployment(
-                        tmp_path / f"{name}.db",
-                        {"a": {"timeout": 5}},
-                        [
-                            {
-                                "id": "n",
-                                "devices": ["CPU"],
-                                "models": ["a"],
-                                "quotas": [0.5],
-                                "ports": [port],
-                            }
-                        ],
-                        store={
-                            "path": str(tmp_path / f"{name}.db"),
-                            "url": pg_url,
-                            "replica": name,
-                        },
-                        cache={"max_entries": 0},
-                    )
-                )
-            )
-            configs[name] = path
+        configs = {name: model_a_config(tmp_path, name, pg_url, port) for name in "ABC"}
         with DispatcherProcess(configs["A"]) as a, DispatcherProcess(configs["B"]) as b:
             # --- a quota changed through A's admin API routes on B within a second
             status, done = http(
@@ -334,39 +328,16 @@ def test_the_controller_runs_on_one_replica_and_moves_to_another(tmp_path, pg_ur
 
     with CliServer(handler="serve_handlers:tag_fast") as backend:
         port = int(backend.address.rsplit(":", 1)[1])
-        configs = {}
-        for name in ("A", "B"):
-            path = tmp_path / f"{name}.json"
-            path.write_text(
-                json.dumps(
-                    deployment(
-                        tmp_path / f"{name}.db",
-                        {"a": {"timeout": 5}},
-                        [
-                            {
-                                "id": "n",
-                                "devices": ["CPU"],
-                                "models": ["a"],
-                                "quotas": [0.5],
-                                "ports": [port],
-                            }
-                        ],
-                        store={
-                            "path": str(tmp_path / f"{name}.db"),
-                            "url": pg_url,
-                            "replica": name,
-                        },
-                        cache={"max_entries": 0},
-                        controller={
-                            "period": 0.05,
-                            "window": 1.0,
-                            "policy": "serve_policy_plugin:Fixed",
-                            "options": {"share": 0.25},
-                        },
-                    )
-                )
-            )
-            configs[name] = path
+        controller = {
+            "period": 0.05,
+            "window": 1.0,
+            "policy": "serve_policy_plugin:Fixed",
+            "options": {"share": 0.25},
+        }
+        configs = {
+            name: model_a_config(tmp_path, name, pg_url, port, controller=controller)
+            for name in "AB"
+        }
 
         def quota_of(proc) -> float:
             with urllib.request.urlopen(f"{proc.http}/admin/models", timeout=TIMEOUT) as r:
