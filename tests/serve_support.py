@@ -67,6 +67,17 @@ def deployment(
     return doc
 
 
+def terminate(proc: subprocess.Popen) -> None:
+    """SIGTERM ``proc`` if it still runs, SIGKILL it if it does not end in time."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(TIMEOUT * 3)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(TIMEOUT)
+
+
 class DispatcherProcess:
     """``wirekit serve --config FILE`` in a subprocess; ``addresses`` from its ready line."""
 
@@ -113,13 +124,7 @@ class DispatcherProcess:
 
     def stop(self) -> int:
         assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(TIMEOUT * 3)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(TIMEOUT)
+        terminate(self.proc)
         return self.proc.returncode
 
     def __exit__(self, *exc: object) -> None:
@@ -167,13 +172,7 @@ class BackendProcess:
 
     def __exit__(self, *exc: object) -> None:
         assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(TIMEOUT * 3)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(TIMEOUT)
+        terminate(self.proc)
         self._drain.join(TIMEOUT)
         for pipe in (self.proc.stdout, self.proc.stderr):
             with contextlib.suppress(Exception):
