@@ -42,7 +42,8 @@ from typing import Any, Protocol, runtime_checkable
 from wirekit._callables import load_callable
 
 from .actuators import Actuator
-from .config import ControllerConfig
+from .catalog import Catalog
+from .config import ControllerConfig, DeviceRow
 from .metrics import RecentStats
 
 log = logging.getLogger("wirekit.serve.controller")
@@ -101,6 +102,41 @@ class Decision:
     new: float
     reason: str
     metrics: Mapping[str, Any] = field(default_factory=dict)
+
+
+def set_decided_quota(
+    catalog: Catalog, d: Decision, can_serve: Callable[[DeviceRow], bool]
+) -> str | None:
+    """Carry ``d`` out in ``catalog``: None, or why it was refused -- by the catalog, or
+    because a share would go to a row with no backend to serve it (``can_serve``).  The
+    one catalog step of every decision, the controller's and an operator's."""
+    try:
+        row = next(
+            (r for r in catalog.rows(d.model) if (r.node, r.device) == (d.node, d.device)), None
+        )
+        if d.old == 0 and d.new > 0 and row is not None and not can_serve(row):
+            raise ValueError(f"{row.key}: no backend to give a share to (no port configured)")
+        catalog.set_quota(d.node, d.device, d.model, d.new)
+    except (ValueError, KeyError) as exc:
+        return str(exc)
+    return None
+
+
+def decision_record(d: Decision, status: str, error: str | None, time: float) -> dict[str, Any]:
+    """A decision as stored, logged and shown by ``GET /controller`` and the admin API."""
+    return {
+        "time": time,
+        "node": d.node,
+        "device": d.device,
+        "device_type": d.device_type,
+        "model": d.model,
+        "old": d.old,
+        "new": d.new,
+        "status": status,
+        "reason": d.reason,
+        "error": error,
+        "metrics": dict(d.metrics),
+    }
 
 
 @runtime_checkable
@@ -543,17 +579,8 @@ class Controller:
         and record it.  ``fenced``: a decision of this controller's policy, stored only
         while this replica leads (on a shared store); ``False`` for an operator's decision
         (``Service.set_quota_doc``), stored from any replica."""
-        status, error = "applied", None
-        try:
-            row = next(
-                (r for r in self.catalog.rows(d.model) if (r.node, r.device) == (d.node, d.device)),
-                None,
-            )
-            if d.old == 0 and d.new > 0 and row is not None and not self.can_serve(row):
-                raise ValueError(f"{row.key}: no backend to give a share to (no port configured)")
-            self.catalog.set_quota(d.node, d.device, d.model, d.new)
-        except (ValueError, KeyError) as exc:
-            status, error = "refused", str(exc)
+        error = set_decided_quota(self.catalog, d, self.can_serve)
+        status = "refused" if error is not None else "applied"
         if status == "applied":
             try:
                 await asyncio.wait_for(asyncio.to_thread(self._actuate, d), self.actuator_timeout())
@@ -567,19 +594,7 @@ class Controller:
                     self.catalog.set_quota(d.node, d.device, d.model, d.old)
                 except (ValueError, KeyError):  # pragma: no cover - the old quota was valid
                     log.exception("controller: rolling back %s/%s/%s", d.node, d.device, d.model)
-        record = {
-            "time": self.wall(),
-            "node": d.node,
-            "device": d.device,
-            "device_type": d.device_type,
-            "model": d.model,
-            "old": d.old,
-            "new": d.new,
-            "status": status,
-            "reason": d.reason,
-            "error": error,
-            "metrics": dict(d.metrics),
-        }
+        record = decision_record(d, status, error, self.wall())
         self.last.append(record)
         if self.store is not None:
             try:

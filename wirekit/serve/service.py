@@ -13,6 +13,7 @@ import ipaddress
 import logging
 import os
 import random
+import time
 import weakref
 from collections.abc import Iterable
 from types import ModuleType
@@ -27,7 +28,7 @@ from .backends import Backend, ClipperBackend, KubeMoBackend, MipBackend
 from .cache import ResponseCache
 from .catalog import Catalog, CatalogChange, CatalogError
 from .config import ConfigError, Deployment, DeviceRow, ModelConfig, parse_model
-from .controller import Controller, Decision, quota_rows
+from .controller import Controller, Decision, decision_record, quota_rows, set_decided_quota
 from .dispatcher import Dispatcher
 from .http import build_app
 from .metrics import Metrics, ModelStats, RecentStats, Window, model_stats, snapshot_of
@@ -450,26 +451,11 @@ class Service:
         if self.controller is not None:
             # an operator's decision: stored from any replica, not only the leader
             return await self.controller.apply(decision, fenced=False)
-        status, error = "applied", None
-        try:
-            if row.quota == 0 and quota > 0 and not self._can_serve(row):
-                raise CatalogError(f"{row.key}: no backend to give a share to")
-            catalog.set_quota(node, device, name, float(quota))
-        except CatalogError as exc:
-            status, error = "refused", str(exc)
+        error = set_decided_quota(catalog, decision, self._can_serve)
+        status = "refused" if error is not None else "applied"
         log.info("admin: %s %s %g -> %g%s", row.key, status, row.quota, quota,
                  f": {error}" if error else "")  # fmt: skip
-        return {
-            "node": node,
-            "device": device,
-            "device_type": row.device_type,
-            "model": name,
-            "old": row.quota,
-            "new": float(quota),
-            "status": status,
-            "reason": "admin",
-            "error": error,
-        }
+        return decision_record(decision, status, error, time.time())
 
     def models_doc(self) -> dict[str, Any]:
         """The ``GET /admin/models`` document: every model and its rows, and the free share
