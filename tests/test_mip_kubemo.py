@@ -12,14 +12,17 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import socket
+import threading
 
 import kubemo
 import pytest
-from mip_net import TIMEOUT, KubemoServer, kubemo_echo, png_bytes
+from mip_net import TIMEOUT, KubemoServer, kubemo_echo, png_bytes, read_message
 from PIL import Image
 
-from wirekit.mip import Item, ItemType
-from wirekit.mip.client import AsyncClient, Client, ServerError
+from wirekit import mip
+from wirekit.mip import Inference, Item, ItemType
+from wirekit.mip.client import AsyncClient, Client, ServerError, unanswered_retryable
 from wirekit.mip.messages import ErrorCode
 from wirekit.mip.server import ServerThread
 
@@ -167,6 +170,66 @@ def test_async_client_pipelines_against_one_shot_kubemo(kubemo_server):
     results, pong = asyncio.run(main())
     assert [r[0][0].as_text() for r in results] == [f"r{k}" for k in range(6)]
     assert pong > 0
+
+
+def test_a_reply_before_the_close_is_delivered_when_a_pipelined_write_breaks(tmp_path):
+    # KubeMo's race, made certain: a one-shot server on a Unix socket answers the first
+    # request and closes before the client's second write, which then fails with a broken
+    # pipe while the reply still sits unread in the client's socket.  (Found when CI lost
+    # that reply: the first call failed as "closed without replying".)  The reply is
+    # delivered; the second request, sent into the closed connection, is retryable.
+    path = str(tmp_path / "one-shot.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    listener.settimeout(TIMEOUT)
+    closed = threading.Event()
+
+    def one_shot_server():
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(TIMEOUT)
+            request = read_message(conn)
+            assert isinstance(request, Inference)
+            conn.sendall(mip.encode(Inference.reply([[Item.text("first")]])))
+        closed.set()
+
+    server = threading.Thread(target=one_shot_server, daemon=True)
+    server.start()
+    outcomes: dict[str, tuple] = {}
+
+    async def main():
+        client = AsyncClient(f"unix://{path}", timeout=TIMEOUT)
+        await client.connect()
+        done = asyncio.get_running_loop().create_future()
+
+        def settle(name):
+            def callback(frame, exc):
+                outcomes[name] = (frame, exc)
+                if len(outcomes) == 2:
+                    done.set_result(None)
+
+            return callback
+
+        def request(text):
+            return mip.encode(Inference.request([[Item.text(text)]]))
+
+        assert client.send_nowait(request("a"), settle("first"))
+        # The loop does not run while the server answers and closes: nothing is read yet.
+        assert closed.wait(TIMEOUT)
+        assert client.send_nowait(request("b"), settle("second"))
+        await asyncio.wait_for(done, TIMEOUT)
+        await client.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        listener.close()
+        server.join(TIMEOUT)
+    frame, exc = outcomes["first"]
+    assert exc is None and mip.decode(frame).samples[0][0].as_text() == "first"
+    frame, exc = outcomes["second"]
+    assert frame is None and unanswered_retryable(exc) is True
 
 
 def test_async_client_goes_one_at_a_time_once_the_server_shows_it_is_one_shot(kubemo_server):

@@ -15,6 +15,7 @@ timeouts raise :class:`ClientTimeout`; an unreachable server :class:`ConnectionL
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 from collections import deque
@@ -301,6 +302,22 @@ class _ClientConnection(asyncio.Protocol):
         if pending.deadline < self.timer_due:
             self.arm(pending.deadline)
 
+    def send_many(self, frames: list[bytes], calls: list[Any], deadline: float) -> None:
+        """Send ``frames`` as the pending ``calls`` (one each, none due later than
+        ``deadline``) in one write, or with the writes gathered in this loop pass."""
+        if self.transport is None:
+            lost = _Unanswered(False, ConnectionResetError("mip: connection lost before sending"))
+            for call in calls:
+                self.loop.call_soon(_settle_lost, call, lost)
+            return
+        if self.out is not None:
+            self.out.extend(frames)
+        else:
+            self.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+        self.waiting.extend(calls)
+        if deadline < self.timer_due:
+            self.arm(deadline)
+
     def arm(self, deadline: float) -> None:
         """Have the connection's timer go off at ``deadline`` (loop time; earlier than it
         is due now)."""
@@ -365,6 +382,8 @@ class _ClientConnection(asyncio.Protocol):
                 fut.set_result(frame)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None and self.transport is not None and self.waiting:
+            self._read_what_is_left(self.transport)
         self.closed = True
         self.transport = None
         if self.timer is not None:
@@ -382,6 +401,27 @@ class _ClientConnection(asyncio.Protocol):
                 # answered something on this connection first (KubeMo answers exactly one).
                 retryable = self.answered > 0 and (n > 0 or not self.decoder.buffered)
                 pending.future.set_exception(_Unanswered(retryable, exc))
+
+    def _read_what_is_left(self, transport: asyncio.BaseTransport) -> None:
+        """Deliver the replies the server sent before the connection broke.
+
+        A server that answers one request per connection (KubeMo) replies, then closes.
+        Pipelined requests written after that close fail with a broken pipe (at once, on a
+        Unix socket), and asyncio then drops the connection without reading the reply that
+        is already in the socket's receive buffer.  The socket is still open while
+        ``connection_lost`` runs (asyncio closes it afterwards; a closed one has fileno
+        -1), so that reply is read here, without blocking, and matched to its call as any
+        other: the calls behind it are then retryable, as after an orderly close."""
+        sock = transport.get_extra_info("socket")
+        fd = sock.fileno() if sock is not None else -1
+        while fd >= 0 and self.waiting and self.error is None:
+            try:
+                data = os.read(fd, _RECV_SIZE)
+            except OSError:  # nothing more (EAGAIN), or the reset took it (ECONNRESET)
+                return
+            if not data:
+                return
+            self.data_received(data)
 
     def close(self) -> None:
         """Close on the client's side: calls still waiting fail (no retry)."""
@@ -658,14 +698,7 @@ class AsyncClient:
         gives its slot back with :meth:`release_slot` or :meth:`call_failed` when it is
         settled."""
         self._in_flight += len(calls)
-        conn.waiting.extend(calls)
-        if conn.out is not None:  # writes of this loop pass are being gathered
-            conn.out.extend(frames)
-        else:
-            data = frames[0] if len(frames) == 1 else b"".join(frames)
-            conn.transport.write(data)  # type: ignore[union-attr]
-        if deadline < conn.timer_due:
-            conn.arm(deadline)
+        conn.send_many(frames, calls, deadline)
 
     def call_failed(self, conn: _ClientConnection, exc: BaseException) -> None:
         """A call sent without a coroutine (:meth:`send_nowait`, :meth:`send_calls`) failed
