@@ -85,6 +85,16 @@ def _set(path, value):
         (_set(["models"], {"m1": {"attempts": 0}}), "models.m1.attempts", "between 1 and"),
         (_set(["models"], {"m1": {"backend": "grpc"}}), "models.m1.backend", "must be one of"),
         (
+            lambda d: d.setdefault("store", {}).update(compact_every=-1),
+            "store.compact_every",
+            "must be >= 0",
+        ),
+        (
+            lambda d: d.setdefault("store", {}).update(compact_keep="1m"),
+            "store.compact_keep",
+            "expected a number",
+        ),
+        (
             _set(["models"], {"m1": {"port": 7000}, "m2": {"port": 7000}}),
             "models.m2.port",
             "also models.m1",

@@ -31,13 +31,21 @@ PERIOD = 0.05
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=TIMEOUT)
 
 
-def replica(tmp_path, pg_url: str, name: str, port: int, **top: Any) -> Service:
-    """Replica ``name`` (not started): model ``a`` on node ``n``, CPU 0, quota 0.5."""
+def replica(
+    tmp_path, pg_url: str, name: str, port: int, store: dict | None = None, **top: Any
+) -> Service:
+    """Replica ``name`` (not started): model ``a`` on node ``n``, CPU 0, quota 0.5;
+    ``store``: more keys of its ``store`` table."""
     doc = deployment(
         tmp_path / f"{name}.db",
         {"a": {"timeout": 5, "port": None}},
         [{"id": "n", "devices": ["CPU"], "models": ["a"], "quotas": [0.5], "ports": [port]}],
-        store={"path": str(tmp_path / f"{name}.db"), "url": pg_url, "replica": name},
+        store={
+            "path": str(tmp_path / f"{name}.db"),
+            "url": pg_url,
+            "replica": name,
+            **(store or {}),
+        },
         cache={"max_entries": 0},
         **top,
     )
@@ -272,6 +280,34 @@ def test_a_replica_started_after_compaction_describes_what_the_others_do(tmp_pat
     # the log holds the change made after the compaction only, beside one snapshot
     assert sql(pg_url, "SELECT kind FROM catalog_changes") == [("quota",)]
     assert sql(pg_url, "SELECT upto FROM catalog_snapshots") == [(upto,)]
+
+
+def test_the_store_table_sets_how_often_a_replica_compacts_the_log(tmp_path, pg_url):
+    """``store.compact_every`` / ``store.compact_keep`` reach the replica: with 0.2 s and 0 s
+    it compacts by itself, the quota change folded into a snapshot, and a second replica
+    started afterwards describes the same models; with ``compact_every = 0`` it never does."""
+
+    async def main():
+        backend, port = await start_backend(tagged("A"))
+        fast = {"compact_every": 0.2, "compact_keep": 0}
+        a = replica(tmp_path, pg_url, "A", port, store=fast)
+        never = replica(tmp_path, pg_url, "N", port, store={"compact_every": 0})
+        try:
+            async with started(a, never):
+                assert (a.replicas.compact_every, a.replicas.compact_keep) == (0.2, 0)
+                assert never.replicas.compact_every == 0
+                await a.set_quota_doc("a", {"node": "n", "device": 0, "quota": 0.25})
+                await until(lambda: sql(pg_url, "SELECT upto FROM catalog_snapshots") != [])
+                b = replica(tmp_path, pg_url, "B", port)
+                async with started(b):
+                    return described(a), described(b)
+        finally:
+            await backend.shutdown()
+
+    seen_a, seen_b = run(main())
+    assert seen_b == seen_a
+    assert [r["quota"] for r in seen_b["models"]["a"]["rows"]] == [0.25]
+    assert sql(pg_url, "SELECT kind FROM catalog_changes") == []
 
 
 def test_a_new_leader_keeps_the_cooldown_of_the_last_decision(tmp_path, pg_url):

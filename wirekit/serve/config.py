@@ -110,6 +110,11 @@ class StoreConfig:
     journal: bool = True  #: journal each completion before answering (crash-safe)
     batch_max: int = 1024  #: rows per write transaction at most
     flush_interval: float = 0.05  #: seconds between hand-overs to the writer thread
+    #: with ``url``: seconds between two compactions of the catalog's change log by this
+    #: replica (0: never)
+    compact_every: float = 300.0
+    #: with ``url``: the changes younger than this (seconds) stay in the log when compacted
+    compact_keep: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,7 +359,17 @@ def parse_config(doc: Any) -> Deployment:
     st = _table(
         top.get("store", {}),
         "store",
-        {"path", "url", "replica", "payloads", "journal", "batch_max", "flush_interval"},
+        {
+            "path",
+            "url",
+            "replica",
+            "payloads",
+            "journal",
+            "batch_max",
+            "flush_interval",
+            "compact_every",
+            "compact_keep",
+        },
     )
     url = st.get("url")
     if url is not None:
@@ -369,6 +384,8 @@ def parse_config(doc: Any) -> Deployment:
         journal=_bool(st.get("journal", True), "store.journal"),
         batch_max=_int(st.get("batch_max", 1024), "store.batch_max", lo=1, hi=1_000_000),
         flush_interval=_num(st.get("flush_interval", 0.05), "store.flush_interval", lo=0, hi=60),
+        compact_every=_num(st.get("compact_every", 300.0), "store.compact_every", lo=0),
+        compact_keep=_num(st.get("compact_keep", 60.0), "store.compact_keep", lo=0),
     )
     ca = _table(top.get("cache", {}), "cache", {"max_entries", "ttl", "max_bytes"})
     cache = CacheConfig(

@@ -248,7 +248,13 @@ class Service:
                 # several replicas on one store: one models metadata (and one controller)
                 from .replicas import ReplicaSync
 
-                self.replicas = ReplicaSync(self, self.store.url, self.store.replica)
+                self.replicas = ReplicaSync(
+                    self,
+                    self.store.url,
+                    self.store.replica,
+                    compact_every=self.deployment.store.compact_every,
+                    compact_keep=self.deployment.store.compact_keep,
+                )
                 await self.replicas.start()
                 if self.controller is not None:
                     # decisions stored on the lock's session: only while leading
