@@ -21,6 +21,7 @@ from mip_net import TIMEOUT, KubemoServer, kubemo_echo, png_bytes, read_message
 from PIL import Image
 
 from wirekit import mip
+from wirekit._loop import run as run_loop
 from wirekit.mip import Inference, Item, ItemType
 from wirekit.mip.client import AsyncClient, Client, ServerError, unanswered_retryable
 from wirekit.mip.messages import ErrorCode
@@ -172,7 +173,8 @@ def test_async_client_pipelines_against_one_shot_kubemo(kubemo_server):
     assert pong > 0
 
 
-def test_a_reply_before_the_close_is_delivered_when_a_pipelined_write_breaks(tmp_path):
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_reply_before_the_close_is_delivered_when_a_pipelined_write_breaks(tmp_path, loop):
     # KubeMo's race, made certain: a one-shot server on a Unix socket answers the first
     # request and closes before the client's second write, which then fails with a broken
     # pipe while the reply still sits unread in the client's socket.  (Found when CI lost
@@ -222,7 +224,7 @@ def test_a_reply_before_the_close_is_delivered_when_a_pipelined_write_breaks(tmp
         await client.close()
 
     try:
-        asyncio.run(main())
+        run_loop(main(), loop)
     finally:
         listener.close()
         server.join(TIMEOUT)
