@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The whole test suite, as the README's quick start gives it and CI (`.ci/run`) runs it:
+# what the tests need, installed; then the suite on the compiled twins (a test fails if they
+# did not load; the benchmarks run too, in a quick mode), then again on the pure-Python path
+# alone (`WIREKIT_PURE=1`), runtimes and servers included -- msgpack's way.
+#
+# Run it in the Python environment you want wirekit installed in (a virtualenv, say).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages some tests use: tcpdump and tshark (tests/test_record.py,
+# tests/test_dissector.py) and PostgreSQL's server binaries (tests/pg_server.py starts a
+# throwaway server on loopback from them for the shared-store tests).  Installed when missing,
+# where this runs as root with apt-get; elsewhere those tests skip, and this says so first.
+missing=()
+command -v tcpdump > /dev/null 2>&1 || missing+=(tcpdump)
+command -v tshark > /dev/null 2>&1 || missing+=(tshark)
+compgen -G "/usr/lib/postgresql/*/bin/initdb" > /dev/null || missing+=(postgresql)
+if ((${#missing[@]})); then
+    if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null 2>&1; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+    else
+        echo "scripts/test.sh: not installed: ${missing[*]} (installing needs root and" \
+            "apt-get); the tests that use them will skip" >&2
+    fi
+fi
+
+# The test extra (pytest, hypothesis, kubemo, pyzmq, psycopg, uvloop, ...) and the torch
+# extra (torch==2.13.0, for the y2 DDP tests); the install compiles the Cython twins.
+python -m pip install -e '.[test,torch]'
+python -m pytest
+WIREKIT_PURE=1 python -m pytest tests
