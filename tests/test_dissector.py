@@ -26,7 +26,7 @@ def _tshark() -> str:
     path = shutil.which("tshark")
     if path is None:
         if IN_CI:
-            pytest.fail("tshark is needed under CI: .ci/run installs it")
+            pytest.fail("tshark is needed under CI: scripts/test.sh installs it")
         pytest.skip("tshark is not installed")
     return path
 

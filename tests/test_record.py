@@ -202,7 +202,7 @@ def _need(tool: str) -> str:
     path = shutil.which(tool)
     if path is None or (hasattr(os, "geteuid") and os.geteuid() != 0):
         if IN_CI:
-            pytest.fail(f"{tool} (as root) is needed under CI: .ci/run installs it")
+            pytest.fail(f"{tool} (as root) is needed under CI: scripts/test.sh installs it")
         pytest.skip(f"{tool} is not installed or not root")
     return path
 
