@@ -210,9 +210,10 @@ def test_settings_refusals_and_the_command_line(tmp_path, host):
                     )
                 status, doc = await patch("m1", {"port": 9, "apps": ["x"], "timeout": 1})
                 assert status == 400 and doc["where"] == "port"
-                assert doc["error"].startswith(
-                    "port: port, apps cannot change while the model is served (remove it and"
-                    " add it again); what can: timeout, attempts, max_batch, target"
+                assert doc["error"] == (
+                    "port: cannot change while the model is served, nor can apps: remove the"
+                    " model and add it again (what can change: timeout, attempts, max_batch,"
+                    " target)"
                 )
                 status, doc = await patch("m1", {"rows": []})
                 assert status == 400 and doc["error"].startswith("rows: unknown key (allowed:")

@@ -525,10 +525,11 @@ def parse_settings(doc: Any, model: ModelConfig) -> ModelConfig:
     table = _table(doc, "", set(MODEL_KEYS))
     fixed = [key for key in MODEL_KEYS if key in table and key not in LIVE_SETTINGS]
     if fixed:
+        nor = f", nor can {', '.join(fixed[1:])}" if len(fixed) > 1 else ""
         raise ConfigError(
             fixed[0],
-            f"{', '.join(fixed)} cannot change while the model is served (remove it and add it"
-            f" again); what can: {', '.join(LIVE_SETTINGS)}",
+            f"cannot change while the model is served{nor}: remove the model and add it"
+            f" again (what can change: {', '.join(LIVE_SETTINGS)})",
         )
     current = {
         "port": model.mip_port,
