@@ -260,6 +260,47 @@ def test_settings_refusals_and_the_command_line(tmp_path, host):
     run(main())
 
 
+def test_settings_while_a_model_is_being_removed(tmp_path):
+    """PATCH while the model drains is 409; a settings change that reaches the catalog then
+    anyway (from another replica's log) does not make the dispatcher take new requests for
+    it again (regression: ``Dispatcher.update_model`` put the draining model back)."""
+
+    async def main():
+        gate = asyncio.Event()
+        held, hport = await start_backend(tagged("H", gate=gate))
+        service, servers = await admin_service(tmp_path)
+        servers.append((held, hport))
+        base = f"http://127.0.0.1:{service.addresses()['http']}"
+        try:
+            model, rows = parse_model(
+                {"name": "m2", "placements": [{"node": "n1", "device": 0, "quota": 0.5,
+                                               "port": hport}]},
+                service.catalog.devices(),
+            )  # fmt: skip
+            await service.add_model(model, rows)
+            async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http:
+                predict = f"{base}/v1/models/m2:predict"
+                first = asyncio.ensure_future(http.post(predict, json={"inputs": [["a"]]}))
+                await until(lambda: service.metrics.in_flight("m2") == 1)
+                removal = asyncio.ensure_future(service.remove_model("m2"))
+                await until(lambda: service.models_doc()["models"]["m2"]["removing"])
+                async with http.patch(f"{base}/admin/models/m2", json={"timeout": 1}) as r:
+                    assert r.status == 409
+                    assert await r.json() == {"error": "model 'm2' is being removed"}
+                service.catalog.set_model(parse_settings({"timeout": 1}, model))
+                async with http.post(predict, json={"inputs": [["b"]]}) as r:
+                    assert r.status == 410
+                gate.set()
+                async with await first as r:
+                    assert r.status == 200
+                assert (await asyncio.wait_for(removal, 10))["drained"] is True
+                assert "m2" not in service.dispatcher.models
+        finally:
+            await stop_all(service, servers)
+
+    run(main())
+
+
 # --- targets: the catalog's ------------------------------------------------------------------
 
 

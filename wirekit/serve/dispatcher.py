@@ -250,7 +250,8 @@ class Dispatcher:
         requests that arrive from now on use ``cfg``, those in flight finish with the config
         they started with.  The backends of its rows ``keys`` that have a ``timeout`` take
         the new one for the calls they make from now on."""
-        self.models[cfg.name] = cfg
+        if cfg.name in self.models:  # not one being drained: it takes no new request
+            self.models[cfg.name] = cfg
         for key in keys:
             backend = self.backends.get(key)
             if backend is not None and hasattr(backend, "timeout"):

@@ -68,12 +68,12 @@ def with_settings(model: ModelConfig, doc: dict[str, Any]) -> ModelConfig:
     return dataclasses.replace(model, **{k: v for k, v in settings.items() if k in LIVE_SETTINGS})
 
 
-def _settled(entry: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``add`` document of a folded model entry with its later ``settings`` in it (None
-    when it has no ``add``): the model as it is once both are applied."""
-    add = entry.get("add")
+def _settled(entry: dict[str, Any]) -> dict[str, Any]:
+    """The ``add`` document of a folded model entry (one with an ``add``) with its later
+    ``settings`` in it: the model as it is once both are applied."""
+    add: dict[str, Any] = entry["add"]
     settings = entry.get("settings")
-    if add is None or settings is None:
+    if settings is None:
         return add
     model = {**add["model"], **{k: v for k, v in settings.items() if k in LIVE_SETTINGS}}
     return {**add, "model": model}
@@ -258,7 +258,7 @@ class ReplicaSync:
         seq, models = snapshot.seq, snapshot.doc["models"]
         steps: list[Change] = []
         for name, m in models.items():
-            add = _settled(m)
+            add = _settled(m) if m["add"] is not None else None
             if m["removed"] and name in self.catalog:
                 if add is not None and add == model_doc(
                     self.catalog.model(name), self.catalog.rows(name)
