@@ -50,13 +50,22 @@ class MipBackend:
     ) -> None:
         host_part = f"[{host}]" if ":" in host else host
         self.address = f"tcp://{host_part}:{port}"
-        self.timeout = timeout
         #: the client's own deadline bounds each call (raising a TimeoutError), so the
         #: dispatcher need not arm a second timer for the same timeout
         self.enforces_timeout = True
         #: a MIP server takes any batch: the dispatcher may join requests (``max_batch``)
         self.batchable = True
         self._client = AsyncClient(self.address, timeout=timeout, max_in_flight=max_in_flight)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds one call may take; set it to change the deadline of the calls made from
+        then on (those in flight keep theirs)."""
+        return self._client.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._client.timeout = seconds
 
     async def infer(self, request: Payload) -> Payload:
         try:

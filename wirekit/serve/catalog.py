@@ -4,10 +4,11 @@ the controller follow.
 
 A :class:`Catalog` holds the :class:`~wirekit.serve.config.ModelConfig` of every model and its
 :class:`~wirekit.serve.config.DeviceRow` per device (quota 0 rows included: a device the model
-may be given later).  Every change -- a quota set, a model added or removed -- bumps
-:attr:`Catalog.version` and is told, synchronously and in order, to every subscriber as a
-:class:`CatalogChange`; the :class:`~wirekit.serve.router.Router` rebuilds the routing table
-of the model concerned from it, so the next request already follows the change.
+may be given later).  Every change -- a quota set, a model added or removed, a model's
+settings changed -- bumps :attr:`Catalog.version` and is told, synchronously and in order,
+to every subscriber as a :class:`CatalogChange`; the :class:`~wirekit.serve.router.Router`
+rebuilds the routing table of the model concerned from it, so the next request already
+follows the change.
 
 The rules are the design's: a share is between 0 and 1; the CPU shares of one device sum to
 at most 1 (0 disables the pair); a GPU is given whole (0 or 1).  A change that breaks one is
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 from wirekit.errors import WirekitError
 
-from .config import DeviceRow, ModelConfig
+from .config import LIVE_SETTINGS, DeviceRow, ModelConfig
 
 EPSILON = 1e-9  #: shares summing to 1 + EPSILON still fit (float sums of 0.1s)
 
@@ -45,7 +46,9 @@ class CatalogChange:
     """One change of the catalog, as told to subscribers.
 
     ``kind`` is ``"quota"`` (``node``/``device`` name the device, ``old``/``new`` the share),
-    ``"add"`` or ``"remove"`` (a whole model; the device fields are None)."""
+    ``"add"``, ``"remove"`` (a whole model) or ``"settings"`` (the model's
+    :data:`~wirekit.serve.config.LIVE_SETTINGS` changed: :meth:`Catalog.model` has the new
+    ones); the device fields are None but for ``"quota"``."""
 
     kind: str
     model: str
@@ -200,6 +203,30 @@ class Catalog:
                 self._devices.setdefault((row.node, row.device), row.device_type)
                 self._rows[name][(row.node, row.device)] = row
             change = self._bump("add", name, None, None, None, None)
+        self._tell(change)
+
+    def set_model(self, model: ModelConfig) -> None:
+        """Change the settings of the model ``model.name`` to ``model``'s: only its
+        :data:`~wirekit.serve.config.LIVE_SETTINGS` may differ (a :class:`CatalogError`
+        names the others).  Nothing changes (and nobody is told) when none differs."""
+        with self._lock:
+            old = self._models.get(model.name)
+            if old is None:
+                raise CatalogError(f"unknown model {model.name!r}")
+            fixed = [
+                f.name
+                for f in dataclasses.fields(ModelConfig)
+                if f.name not in LIVE_SETTINGS and getattr(old, f.name) != getattr(model, f.name)
+            ]
+            if fixed:
+                raise CatalogError(
+                    f"model {model.name!r}: {', '.join(fixed)} cannot change while it is served"
+                    " (remove it and add it again)"
+                )
+            if model == old:
+                return
+            self._models[model.name] = model
+            change = self._bump("settings", model.name, None, None, None, None)
         self._tell(change)
 
     def remove_model(self, name: str) -> ModelConfig:

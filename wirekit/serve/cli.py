@@ -5,7 +5,7 @@
     wirekit serve check --config deployment.toml
     wirekit serve stats --store requests.db [--json]
     wirekit serve stats --store-url postgresql://host/db [--json]
-    wirekit serve models list|add|remove|quota --url http://127.0.0.1:8080 [--token T]
+    wirekit serve models list|add|remove|set|quota --url http://127.0.0.1:8080 [--token T]
     wirekit serve k8s --config deployment.json [-o DIR]      # Kubernetes manifests
 
 When the dispatcher is listening it prints one JSON line to standard output:
@@ -98,7 +98,8 @@ def register(subparsers) -> None:
 
 
 def _register_models(sub) -> None:
-    """``wirekit serve models list|add|remove``: the admin API of a running dispatcher."""
+    """``wirekit serve models list|add|remove|set|quota``: the admin API of a running
+    dispatcher."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--url",
@@ -113,7 +114,8 @@ def _register_models(sub) -> None:
     common.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
     mo = sub.add_parser(
         "models",
-        help="list, add, remove models or set a quota in a running dispatcher (its admin API)",
+        help="list, add, remove, change models or set a quota in a running dispatcher (its"
+        " admin API)",
         description="Models of a running wirekit serve, through its admin API. Exit status:"
         " 0 done, 1 refused by the dispatcher (or unreachable), 2 usage.",
     )
@@ -147,7 +149,38 @@ def _register_models(sub) -> None:
         "--max-batch", type=int, metavar="N", help="adaptive batching: samples per batch"
     )
     add.add_argument("--model-timeout", type=float, metavar="SECONDS", help="seconds per attempt")
+    add.add_argument(
+        "--target",
+        type=float,
+        metavar="SECONDS",
+        help="the response time the controller holds the model to",
+    )
     add.set_defaults(handler=_models_add)
+    st = msub.add_parser(
+        "set",
+        parents=[common],
+        help="change a model's settings in place (timeout, attempts, batching, target)",
+        description="Change the settings of a model while it is served: new requests use"
+        " them at once, requests in flight finish with theirs (on every replica). Its port,"
+        " backend, apps and handler change only by removing and adding it again.",
+    )
+    st.add_argument("name", help="the model")
+    st.add_argument("--model-timeout", type=float, metavar="SECONDS", help="seconds per attempt")
+    st.add_argument("--attempts", type=int, help="attempts per request")
+    st.add_argument(
+        "--max-batch", type=int, metavar="N", help="adaptive batching: samples per batch"
+    )
+    target = st.add_mutually_exclusive_group()
+    target.add_argument(
+        "--target",
+        type=float,
+        metavar="SECONDS",
+        help="the response time the controller holds the model to",
+    )
+    target.add_argument(
+        "--no-target", action="store_true", help="no target: the controller leaves it alone"
+    )
+    st.set_defaults(handler=_models_set)
     rm = msub.add_parser(
         "remove",
         parents=[common],
@@ -459,7 +492,8 @@ def _render_models(doc: dict) -> str:
     for name, m in doc["models"].items():
         door = f", MIP port {m['mip_port']}" if m.get("mip_port") else ""
         state = " (being removed)" if m.get("removing") else ""
-        lines.append(f"{name}: {m['backend']}{door}{state}")
+        target = f", target {m['target']:g} s" if m.get("target") is not None else ""
+        lines.append(f"{name}: {m['backend']}{door}{target}{state}")
         for r in m["rows"]:
             port = r["port"]  # None: no backend on that device; a string: a Clipper name
             where = f"{r['endpoint']}:{port}" if isinstance(port, int) else (port or "-")
@@ -504,6 +538,7 @@ def _model_from_flags(args: argparse.Namespace) -> dict:
         ("attempts", args.attempts),
         ("max_batch", args.max_batch),
         ("timeout", args.model_timeout),
+        ("target", args.target),
     ):
         if value is not None:
             model[key] = value
@@ -544,6 +579,32 @@ def _models_remove(args: argparse.Namespace, out: TextIO) -> int:
 
     removed = _admin_call(args, "DELETE", f"/admin/models/{quote(args.name, safe='')}")
     out.write(json.dumps(removed) + "\n")
+    return EXIT_OK
+
+
+@_admin_command
+def _models_set(args: argparse.Namespace, out: TextIO) -> int:
+    from urllib.parse import quote
+
+    body: dict = {}
+    for key, value in (
+        ("timeout", args.model_timeout),
+        ("attempts", args.attempts),
+        ("max_batch", args.max_batch),
+        ("target", args.target),
+    ):
+        if value is not None:
+            body[key] = value
+    if args.no_target:
+        body["target"] = None
+    if not body:
+        raise _AdminError(
+            "models set: give at least one of --model-timeout, --attempts, --max-batch,"
+            " --target, --no-target",
+            EXIT_USAGE,
+        )
+    changed = _admin_call(args, "PATCH", f"/admin/models/{quote(args.name, safe='')}", body)
+    out.write(json.dumps({"model": args.name, **changed}) + "\n")
     return EXIT_OK
 
 

@@ -96,6 +96,22 @@ class ModelConfig:
     #: use it: ``wirekit serve --with-backends`` and ``wirekit serve k8s`` start backends
     #: with it (default: the built-in echo)
     handler: str = DEFAULT_HANDLER
+    #: the response time (seconds) the controller holds the model to (None: none, the
+    #: controller leaves its quotas alone); ``controller.targets`` gives it too
+    target: float | None = None
+
+
+#: the per-model settings that change while the model is served (``PATCH
+#: /admin/models/{name}``): new requests use them, requests in flight keep theirs
+LIVE_SETTINGS = ("timeout", "attempts", "max_batch", "target")
+#: the config keys of a model (``models.<name>``): the ones not in :data:`LIVE_SETTINGS`
+#: (``port``, ``backend``, ``apps``, ``handler``) change only by removing and adding the model
+MODEL_KEYS = ("port", "backend", "timeout", "attempts", "apps", "max_batch", "handler", "target")
+
+
+def live_settings(model: ModelConfig) -> dict[str, Any]:
+    """The :data:`LIVE_SETTINGS` of ``model``, by name."""
+    return {key: getattr(model, key) for key in LIVE_SETTINGS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,35 +439,13 @@ def parse_config(doc: Any) -> Deployment:
     used_ports: dict[int, str] = {}
     for name in seen_models:
         where = f"models.{name}"
-        md = _table(
-            model_docs.get(name, {}),
-            where,
-            {"port", "backend", "timeout", "attempts", "apps", "max_batch", "handler"},
-        )
-        backend = md.get("backend", "mip")
-        if backend not in BACKEND_KINDS:
-            raise ConfigError(
-                f"{where}.backend", f"must be one of {', '.join(BACKEND_KINDS)}, got {backend!r}"
-            )
-        port = _port(md.get("port", 0), f"{where}.port")
-        if port:
-            if port in used_ports:
-                raise ConfigError(f"{where}.port", f"port {port} is also {used_ports[port]}")
-            used_ports[port] = where
-        apps = tuple(
-            _str(a, f"{where}.apps[{k}]")
-            for k, a in enumerate(_list(md.get("apps", []), f"{where}.apps", nonempty=False))
-        )
-        models[name] = ModelConfig(
-            name=name,
-            mip_port=port,
-            backend=backend,
-            timeout=_num(md.get("timeout", 5.0), f"{where}.timeout", lo=0, lo_open=True),
-            attempts=_int(md.get("attempts", 3), f"{where}.attempts", lo=1, hi=100),
-            apps=apps,
-            max_batch=_int(md.get("max_batch", 1), f"{where}.max_batch", lo=1, hi=65535),
-            handler=_handler(md.get("handler"), f"{where}.handler"),
-        )
+        models[name] = model = _model_config(name, model_docs.get(name, {}), where)
+        if model.mip_port:
+            if model.mip_port in used_ports:
+                raise ConfigError(
+                    f"{where}.port", f"port {model.mip_port} is also {used_ports[model.mip_port]}"
+                )
+            used_ports[model.mip_port] = where
     for port_key in ("http_port", "clipper_rpc_port"):
         listen_port = {"http_port": http_port, "clipper_rpc_port": clipper_rpc_port}[port_key]
         if listen_port and listen_port in used_ports:
@@ -477,6 +471,21 @@ def parse_config(doc: Any) -> Deployment:
     for name in models:
         if not any(r.quota > 0 for r in rows if r.model == name):
             raise ConfigError(f"models.{name}", "no device has a quota > 0 for this model")
+    controller = None
+    if top.get("controller") is not None:
+        controller = _controller(top["controller"], models)
+        # controller.targets seeds each model's target: the catalog's, from then on
+        for name, target in controller.targets:
+            if models[name].target not in (None, target):
+                raise ConfigError(
+                    f"controller.targets.{name}",
+                    f"also given as models.{name}.target ({models[name].target:g}): give it once",
+                )
+            models[name] = dataclasses.replace(models[name], target=target)
+        controller = dataclasses.replace(
+            controller,
+            targets=tuple((m.name, m.target) for m in models.values() if m.target is not None),
+        )
     return Deployment(
         host=host,
         http_port=http_port,
@@ -490,10 +499,63 @@ def parse_config(doc: Any) -> Deployment:
         models=models,
         rows=tuple(rows),
         admin=admin,
-        controller=(
-            _controller(top["controller"], models) if top.get("controller") is not None else None
+        controller=controller,
+    )
+
+
+def _model_config(name: str, doc: Any, where: str) -> ModelConfig:
+    """One model's table (``models.<name>``; ``where``: its path in the document) -- the one
+    validator of a model's settings, for the config file, ``POST /admin/models`` and
+    ``PATCH /admin/models/{name}`` alike."""
+    md = _table(doc, where, set(MODEL_KEYS))
+    backend = md.get("backend", "mip")
+    if backend not in BACKEND_KINDS:
+        raise ConfigError(
+            _join(where, "backend"), f"must be one of {', '.join(BACKEND_KINDS)}, got {backend!r}"
+        )
+    apps = tuple(
+        _str(a, _join(where, f"apps[{k}]"))
+        for k, a in enumerate(_list(md.get("apps", []), _join(where, "apps"), nonempty=False))
+    )
+    target = md.get("target")
+    return ModelConfig(
+        name=name,
+        mip_port=_port(md.get("port", 0), _join(where, "port")),
+        backend=backend,
+        timeout=_num(md.get("timeout", 5.0), _join(where, "timeout"), lo=0, lo_open=True),
+        attempts=_int(md.get("attempts", 3), _join(where, "attempts"), lo=1, hi=100),
+        apps=apps,
+        max_batch=_int(md.get("max_batch", 1), _join(where, "max_batch"), lo=1, hi=65535),
+        handler=_handler(md.get("handler"), _join(where, "handler")),
+        target=(
+            None if target is None else _num(target, _join(where, "target"), lo=0, lo_open=True)
         ),
     )
+
+
+def parse_settings(doc: Any, model: ModelConfig) -> ModelConfig:
+    """``model`` with the settings of ``doc`` changed (``PATCH /admin/models/{name}``): a
+    table of :data:`LIVE_SETTINGS` (absent: unchanged; ``target`` null: no target),
+    validated by the config's own validator of a model's table.  A key that cannot change
+    while the model is served (``port``, ``backend``, ``apps``, ``handler``) is refused,
+    named, with a :class:`ConfigError`."""
+    table = _table(doc, "", set(MODEL_KEYS))
+    fixed = [key for key in MODEL_KEYS if key in table and key not in LIVE_SETTINGS]
+    if fixed:
+        nor = f", nor can {', '.join(fixed[1:])}" if len(fixed) > 1 else ""
+        raise ConfigError(
+            fixed[0],
+            f"cannot change while the model is served{nor}: remove the model and add it"
+            f" again (what can change: {', '.join(LIVE_SETTINGS)})",
+        )
+    current = {
+        "port": model.mip_port,
+        "backend": model.backend,
+        "apps": list(model.apps),
+        "handler": model.handler,
+        **live_settings(model),
+    }
+    return _model_config(model.name, {**current, **table}, "")
 
 
 def _controller(doc: Any, models: Mapping[str, ModelConfig]) -> ControllerConfig:

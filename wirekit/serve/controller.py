@@ -75,14 +75,19 @@ class RowQuota:
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """What the policy decides on: the time (the controller's clock, seconds), each model's
-    figures over the window, every row of the catalog (quota 0 included), and each row's
-    own figures over the window (``rows_recent[row.key]``: the requests that device
-    finished for that model; ``queue`` None; a row that finished none may be missing)."""
+    figures over the window, every row of the catalog (quota 0 included), each row's own
+    figures over the window (``rows_recent[row.key]``: the requests that device finished
+    for that model; ``queue`` None; a row that finished none may be missing), and each
+    model's target (``targets``, the catalog's: models added at run time included)."""
 
     time: float
     models: Mapping[str, RecentStats]
     rows: tuple[RowQuota, ...]
     rows_recent: Mapping[str, RecentStats] = field(default_factory=dict)
+    #: each model's response time target, seconds, as the catalog has it now (models
+    #: without one are absent); None: not given (a snapshot made by hand), the policy's
+    #: config's ``targets`` then
+    targets: Mapping[str, float] | None = None
 
     def device_total(self, node: str, device: int) -> float:
         """The sum of the quotas on one device."""
@@ -120,6 +125,17 @@ def set_decided_quota(
     except (ValueError, KeyError) as exc:
         return str(exc)
     return None
+
+
+def catalog_targets(catalog: Catalog) -> dict[str, float]:
+    """Each model of ``catalog`` that has a response time target -> the target, seconds
+    (what :attr:`Snapshot.targets` holds and ``GET /controller`` shows)."""
+    out = {}
+    for name in catalog.models():
+        target = catalog.model(name).target
+        if target is not None:
+            out[name] = target
+    return out
 
 
 def decision_record(d: Decision, status: str, error: str | None, time: float) -> dict[str, Any]:
@@ -163,7 +179,12 @@ class Policy(Protocol):
 
 
 class TargetPolicy:
-    """Hold each model's response time to its target (``controller.targets``), without flapping.
+    """Hold each model's response time to its target, without flapping.
+
+    The targets are the catalog's (:attr:`Snapshot.targets`): seeded by
+    ``controller.targets`` (or a model's ``target`` key), given to a model added at run time
+    with it, changed with ``PATCH /admin/models/{name}``.  A snapshot without them (made by
+    hand) is judged on ``config.targets``.
 
     Per period, per row (a model on a device) of a model with a target: ``value`` is the
     ``metric`` (``p95`` by default: the 95th percentile of the response times of the requests
@@ -272,6 +293,8 @@ class TargetPolicy:
         return snapshot.models.get(row.model), "model"
 
     def decide(self, snapshot: Snapshot) -> list[Decision]:
+        if snapshot.targets is not None:  # the catalog's, models added at run time included
+            self.targets = dict(snapshot.targets)
         now = snapshot.time
         present = {(r.node, r.device, r.model) for r in snapshot.rows}
         for state in (self._home, self._changed, self._recs, self._first_seen):
@@ -516,7 +539,8 @@ class Controller:
             RowQuota(r.node, r.device, r.device_type, r.model, r.quota) for r in catalog.rows()
         )
         by_row = dict(self.recent_rows()) if self.recent_rows is not None else {}
-        return Snapshot(self.clock(), dict(self.recent()), rows, by_row)
+        targets = catalog_targets(catalog)
+        return Snapshot(self.clock(), dict(self.recent()), rows, by_row, targets)
 
     async def sync(self) -> None:
         """Tell the actuator every (node, model)'s current CPU share and GPU count, so the
@@ -640,6 +664,7 @@ class Controller:
             "periods": self.periods,
             "failures": self.failures,
             "quotas": quota_rows(self.catalog),
+            "targets": catalog_targets(self.catalog),
             "decisions": list(self.last),
         }
 

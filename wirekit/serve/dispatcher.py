@@ -245,6 +245,19 @@ class Dispatcher:
             del self.removed[name]
         self.routes_changed()
 
+    def update_model(self, cfg: ModelConfig, keys: Collection[str]) -> None:
+        """New settings for the model ``cfg.name`` (its timeout, attempts, batching): the
+        requests that arrive from now on use ``cfg``, those in flight finish with the config
+        they started with.  The backends of its rows ``keys`` that have a ``timeout`` take
+        the new one for the calls they make from now on."""
+        if cfg.name in self.models:  # not one being drained: it takes no new request
+            self.models[cfg.name] = cfg
+        for key in keys:
+            backend = self.backends.get(key)
+            if backend is not None and hasattr(backend, "timeout"):
+                backend.timeout = cfg.timeout  # type: ignore[attr-defined]
+        self.routes_changed()  # MIP lanes take their route (and the config in it) again
+
     def add_backends(self, backends: Mapping[str, Backend]) -> None:
         """Backends for rows that may now be chosen (a quota raised from 0)."""
         self.backends.update(backends)

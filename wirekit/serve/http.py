@@ -12,11 +12,11 @@
 * ``GET /metrics`` (Prometheus text), ``GET /stats`` (JSON), ``GET /healthz``.
 * The admin API (models added and removed while the dispatcher runs; see ``specs/serve.md``):
   ``GET /admin/models``, ``POST /admin/models``, ``DELETE /admin/models/{name}``,
-  ``PUT /admin/models/{name}/quota``.  With a
+  ``PATCH /admin/models/{name}`` (its settings), ``PUT /admin/models/{name}/quota``.  With a
   token, each needs ``Authorization: Bearer <token>`` (compared in constant time) and
   answers 401 without it.  A request for a removed model is answered 410.
-* ``GET /controller`` (JSON): the current quotas and the controller's last decisions
-  (``specs/controller.md``).
+* ``GET /controller`` (JSON): the current quotas, the models' targets and the controller's last
+  decisions (``specs/controller.md``).
 """
 
 from __future__ import annotations
@@ -114,6 +114,8 @@ class Admin(Protocol):
     def remove_model(self, name: str) -> Awaitable[dict[str, Any]]: ...
 
     def set_quota_doc(self, name: str, doc: Any) -> Awaitable[dict[str, Any]]: ...
+
+    def set_model_doc(self, name: str, doc: Any) -> dict[str, Any]: ...
 
 
 def build_app(
@@ -304,7 +306,21 @@ def _admin_routes(app: web.Application, admin: Admin, token: str | None) -> None
             return _error(502, decision["error"], decision=decision)
         return _json(decision)
 
+    async def set_model(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        doc = await _body(request)
+        try:
+            changed = admin.set_model_doc(name, doc)
+        except KeyError:
+            return _error(404, f"unknown model {name!r}")
+        except ConfigError as exc:  # the config's own message, and where
+            return _error(400, str(exc), where=exc.where)
+        except CatalogError as exc:  # being removed
+            return _error(409, str(exc))
+        return _json(changed)
+
     app.router.add_get("/admin/models", guarded(list_models))
+    app.router.add_patch("/admin/models/{name}", guarded(set_model))
     app.router.add_put("/admin/models/{name}/quota", guarded(set_quota))
     app.router.add_post("/admin/models", guarded(add_model))
     app.router.add_delete("/admin/models/{name}", guarded(remove_model))

@@ -258,7 +258,7 @@ class Change:
 
     seq: int
     origin: str  #: the replica that made it ("" for a snapshot)
-    #: "quota", "add", "remove" (the catalog's kinds); "snapshot": every change up to
+    #: "quota", "add", "remove", "settings" (the catalog's kinds); "snapshot": every change up to
     #: ``seq`` folded (``doc`` as :func:`fold` returns it)
     kind: str
     doc: dict[str, Any]
@@ -279,11 +279,12 @@ def _row_key(doc: dict[str, Any]) -> str:
 
 def fold(state: dict[str, Any] | None, changes: Sequence[Change]) -> dict[str, Any]:
     """The models metadata's changes folded into one document (what a snapshot holds):
-    ``{"models": {name: {"removed": bool, "add": doc | None}}, "quotas": {row: doc}}``.
-    Applying it over a catalog (``removed``: remove the model if present; ``add``: add it
-    if absent; then every row's last quota) gives what applying the changes in order
-    gives.  ``state``: an earlier fold (None: none); a ``"snapshot"`` change replaces
-    what was folded so far."""
+    ``{"models": {name: {"removed": bool, "add": doc | None[, "settings": doc]}}, "quotas":
+    {row: doc}}``.  Applying it over a catalog (``removed``: remove the model if present;
+    ``add``: add it if absent, with its ``settings`` when given; then every row's last
+    quota, and the last ``settings`` of every model present) gives what applying the
+    changes in order gives.  ``state``: an earlier fold (None: none); a ``"snapshot"``
+    change replaces what was folded so far."""
     models: dict[str, dict[str, Any]] = dict(state["models"]) if state else {}
     quotas: dict[str, dict[str, Any]] = dict(state["quotas"]) if state else {}
     for change in changes:
@@ -295,10 +296,14 @@ def fold(state: dict[str, Any] | None, changes: Sequence[Change]) -> dict[str, A
         elif change.kind == "add":
             seen = models.get(doc["model"]["name"])
             if seen is None or seen["add"] is None:  # a second add of a model is refused
-                models[doc["model"]["name"]] = {
-                    "removed": bool(seen and seen["removed"]),
-                    "add": doc,
-                }
+                entry = {"removed": bool(seen and seen["removed"]), "add": doc}
+                if seen is not None and "settings" in seen:  # of a model left in place
+                    entry["settings"] = seen["settings"]
+                models[doc["model"]["name"]] = entry
+        elif change.kind == "settings":  # the model's live settings, all of them: the last wins
+            name = doc["model"]
+            models[name] = {**models.get(name, {"removed": False, "add": None}),
+                            "settings": doc["settings"]}  # fmt: skip
         elif change.kind == "remove":
             name = doc["model"]
             models[name] = {"removed": True, "add": None}

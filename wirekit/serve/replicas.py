@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 from .catalog import CatalogChange
-from .config import DeviceRow, ModelConfig
+from .config import LIVE_SETTINGS, DeviceRow, ModelConfig, live_settings
 from .metrics import RecentStats
 from .pgsync import Change, ChangeLog, LeaderLock, NotLeader
 from .storedb import PostgresDB
@@ -59,6 +59,24 @@ def model_of(doc: dict[str, Any]) -> tuple[ModelConfig, list[DeviceRow]]:
     fields = dict(doc["model"])
     fields["apps"] = tuple(fields.get("apps", ()))
     return ModelConfig(**fields), [DeviceRow(**r) for r in doc["rows"]]
+
+
+def with_settings(model: ModelConfig, doc: dict[str, Any]) -> ModelConfig:
+    """``model`` with the live settings of a ``"settings"`` change's ``doc`` (only the
+    :data:`~wirekit.serve.config.LIVE_SETTINGS`; any other key is ignored)."""
+    settings = doc["settings"]
+    return dataclasses.replace(model, **{k: v for k, v in settings.items() if k in LIVE_SETTINGS})
+
+
+def _settled(entry: dict[str, Any]) -> dict[str, Any]:
+    """The ``add`` document of a folded model entry (one with an ``add``) with its later
+    ``settings`` in it: the model as it is once both are applied."""
+    add: dict[str, Any] = entry["add"]
+    settings = entry.get("settings")
+    if settings is None:
+        return add
+    model = {**add["model"], **{k: v for k, v in settings.items() if k in LIVE_SETTINGS}}
+    return {**add, "model": model}
 
 
 class ReplicaSync:
@@ -146,6 +164,11 @@ class ReplicaSync:
             }
         elif change.kind == "add":
             doc = model_doc(self.catalog.model(change.model), self.catalog.rows(change.model))
+        elif change.kind == "settings":
+            doc = {
+                "model": change.model,
+                "settings": live_settings(self.catalog.model(change.model)),
+            }
         else:
             doc = {"model": change.model}
         via = self.leader if self._deciding else None
@@ -200,6 +223,13 @@ class ReplicaSync:
             finally:
                 self._applying = False
             return
+        if change.kind == "settings":
+            self._applying = True
+            try:
+                self.catalog.set_model(with_settings(self.catalog.model(doc["model"]), doc))
+            finally:
+                self._applying = False
+            return
         name = doc["model"]["name"] if change.kind == "add" else doc["model"]
         self._remote.add(name)
         try:
@@ -228,7 +258,7 @@ class ReplicaSync:
         seq, models = snapshot.seq, snapshot.doc["models"]
         steps: list[Change] = []
         for name, m in models.items():
-            add = m["add"]
+            add = _settled(m) if m["add"] is not None else None
             if m["removed"] and name in self.catalog:
                 if add is not None and add == model_doc(
                     self.catalog.model(name), self.catalog.rows(name)
@@ -242,12 +272,16 @@ class ReplicaSync:
             return now is not None and q["share"] < now
 
         steps += [Change(seq, "", "quota", q) for q in quotas if lower(q)]
-        steps += [Change(seq, "", "add", m["add"]) for m in models.values() if m["add"]]
+        steps += [Change(seq, "", "add", _settled(m)) for m in models.values() if m["add"]]
         for change in steps:
             await self._apply_logged(change)
         for q in quotas:
             if self._quota_of(q) != q["share"]:
                 await self._apply_logged(Change(seq, "", "quota", q))
+        for name, m in models.items():  # the last settings of the models kept in place
+            if m.get("settings") is not None and name in self.catalog:
+                doc = {"model": name, "settings": m["settings"]}
+                await self._apply_logged(Change(seq, "", "settings", doc))
 
     async def _apply_logged(self, change: Change) -> None:
         try:

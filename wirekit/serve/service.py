@@ -27,8 +27,23 @@ from .actuators import build_actuator
 from .backends import Backend, ClipperBackend, KubeMoBackend, MipBackend
 from .cache import ResponseCache
 from .catalog import Catalog, CatalogChange, CatalogError
-from .config import ConfigError, Deployment, DeviceRow, ModelConfig, parse_model
-from .controller import Controller, Decision, decision_record, quota_rows, set_decided_quota
+from .config import (
+    ConfigError,
+    Deployment,
+    DeviceRow,
+    ModelConfig,
+    live_settings,
+    parse_model,
+    parse_settings,
+)
+from .controller import (
+    Controller,
+    Decision,
+    catalog_targets,
+    decision_record,
+    quota_rows,
+    set_decided_quota,
+)
 from .dispatcher import Dispatcher
 from .http import build_app
 from .metrics import Metrics, ModelStats, RecentStats, Window, model_stats, snapshot_of
@@ -295,7 +310,10 @@ class Service:
         d = self.dispatcher
         if d is None:  # not started: start() builds from the catalog
             return
-        if change.kind == "add":
+        if change.kind == "settings":
+            keys = [r.key for r in self.catalog.rows(change.model)]
+            d.update_model(self.catalog.model(change.model), keys)
+        elif change.kind == "add":
             catalog = self.catalog
             rows = [r for r in catalog.rows(change.model) if r.quota > 0]
             d.add_model(catalog.model(change.model), {r.key: self._backend_for(r) for r in rows})
@@ -357,6 +375,25 @@ class Service:
         await self.add_model(model, rows)
         return self._model_doc(model.name)
 
+    def set_model_doc(self, name: str, doc: Any) -> dict[str, Any]:
+        """Change the settings of model ``name`` in place (``PATCH /admin/models/{name}``,
+        body: some of :data:`~wirekit.serve.config.LIVE_SETTINGS`, validated as the config
+        file's ``models.<name>`` table is, see :func:`~wirekit.serve.config.parse_settings`).
+        New requests use them at once (MIP connections already open included), requests in
+        flight finish with theirs; on a shared store every replica follows.  Returns the
+        model's entry of :meth:`models_doc`.  KeyError for an unknown model,
+        :class:`ConfigError` for a bad value or a setting that cannot change live,
+        :class:`CatalogError` while the model is being removed."""
+        model = self.catalog.model(name)  # KeyError
+        if name in self._removing:
+            raise CatalogError(f"model {name!r} is being removed")
+        new = parse_settings(doc, model)
+        self.catalog.set_model(new)
+        changed = {k: v for k, v in live_settings(new).items() if getattr(model, k) != v}
+        if changed:
+            log.warning("wirekit serve: model %s settings changed: %s", name, changed)
+        return self._model_doc(name)
+
     async def remove_model(self, name: str, drain_timeout: float | None = None) -> dict[str, Any]:
         """Stop serving ``name``: new requests get a clear error at once (MIP: an error
         reply; HTTP: 410), its MIP front door stops listening, requests in flight finish and
@@ -413,6 +450,7 @@ class Service:
             "attempts": model.attempts,
             "apps": list(model.apps),
             "max_batch": model.max_batch,
+            "target": model.target,
             "removing": name in self._removing,
             "rows": [
                 {
@@ -510,7 +548,12 @@ class Service:
     def controller_state(self) -> dict[str, Any]:
         """The ``GET /controller`` document."""
         if self.controller is None:
-            return {"enabled": False, "quotas": self.quotas(), "decisions": []}
+            return {
+                "enabled": False,
+                "quotas": self.quotas(),
+                "targets": catalog_targets(self.catalog),
+                "decisions": [],
+            }
         return self.controller.state()
 
     def extra(self) -> dict[str, Any]:
