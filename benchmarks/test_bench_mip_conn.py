@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import socket
 import sys
-from pathlib import Path
 
 import pytest
-from mip_net import CliServer, python_server
+from mip_net import CliServer, cpu_ns, python_server
 
 from wirekit import mip
 from wirekit.mip import Inference, Item
@@ -47,14 +46,6 @@ def servers():
             "pure-connection": (pure.address, pure.proc.pid),
             "baseline": (echo.address, echo.proc.pid),
         }
-
-
-def cpu_ns(pid: int) -> int:
-    """The CPU time of every thread of ``pid`` so far, in ns."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        total += int((task / "schedstat").read_text().split()[0])
-    return total
 
 
 class Pipelined:
