@@ -91,6 +91,29 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def cpu_table(report: dict) -> str:
+    """The server CPU per request (``extra_info["server_cpu_us"]``), where a benchmark
+    measured it, with each contender's ratio to ours; empty when none did."""
+    rows: dict[str, dict[str, float]] = defaultdict(dict)
+    for bench in report["benchmarks"]:
+        cpu = (bench.get("extra_info") or {}).get("server_cpu_us")
+        if cpu is None:
+            continue
+        params = dict(bench.get("params") or {})
+        who = str(params.pop("who", bench["name"]))
+        rows[bench["group"] or bench["name"]][who] = float(cpu)
+    if not rows:
+        return ""
+    lines = [f"{'server CPU per request':<52} {'contender':<20} {'CPU/req':>10} {'vs ours':>8}"]
+    for key in sorted(rows):
+        row = rows[key]
+        ours = next((row[w] for w in OURS if w in row), None)
+        for who, cpu in sorted(row.items(), key=lambda kv: kv[1]):
+            ratio = f"{cpu / ours:.2f}x" if ours else ""
+            lines.append(f"{key:<52} {who:<20} {cpu:>7.2f} us {ratio:>8}")
+    return "\n".join(lines)
+
+
 def _fmt(seconds: float) -> str:
     for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
         if seconds >= scale:
@@ -106,6 +129,10 @@ def main(argv: list[str]) -> int:
         report = json.load(fh)
     print(measured(report))
     print(table(report))
+    cpu = cpu_table(report)
+    if cpu:
+        print()
+        print(cpu)
     return 0
 
 

@@ -33,6 +33,7 @@ import sys
 import threading
 
 import pytest
+from mip_net import cpu_ns
 
 from wirekit.mip.client import Client
 
@@ -128,6 +129,19 @@ asyncio.run(main())
 """
 
 
+# The dispatcher with the pure ``PyConnection`` at its MIP front doors (the reference the
+# compiled Connection is measured against): the same config, another store.
+PURE_CONNECTION = """
+import sys
+from wirekit import cli
+from wirekit.mip import connection
+from wirekit.serve import mipfront
+
+mipfront.Connection = connection.PyConnection
+sys.exit(cli.main(["serve", "--config", sys.argv[1]]))
+"""
+
+
 @pytest.fixture(scope="module")
 def endpoints(tmp_path_factory):
     """``{"direct": address, "dispatcher": address}`` for one backend and one dispatcher."""
@@ -174,10 +188,13 @@ def endpoints(tmp_path_factory):
             "controller": {"period": 30, "window": 30, "actuator": {"kind": "log"}},
         }
         windowed.write_text(json.dumps(deploy))
+        pure_config = tmp / "deploy-pure.json"
+        pure_config.write_text(json.dumps({**deploy, "store": {"path": str(tmp / "p.db")}}))
         dispatcher, line = _spawn(["serve", "--config", str(config)])
-        window_proc = None
+        window_proc = pure_proc = None
         try:
             window_proc, window_line = _spawn(["serve", "--config", str(windowed)])
+            pure_proc, pure_line = _spawn_python(["-c", PURE_CONNECTION, str(pure_config)])
             relay, relay_line = _spawn_python(["-c", RELAY, "127.0.0.1", str(port)])
             try:
                 ready = json.loads(line)
@@ -187,14 +204,26 @@ def endpoints(tmp_path_factory):
                     "dispatcher-batching": f"tcp://127.0.0.1:{ready['mip']['echo-batching']}",
                     "dispatcher-window": "tcp://127.0.0.1:"
                     f"{json.loads(window_line)['mip']['echo']}",
+                    "dispatcher-pure-connection": "tcp://127.0.0.1:"
+                    f"{json.loads(pure_line)['mip']['echo']}",
                     "relay": relay_line.split()[-1],
+                    # the processes whose CPU a round costs (test_request_throughput)
+                    "pids": {
+                        "direct": backend.pid,
+                        "dispatcher": dispatcher.pid,
+                        "dispatcher-batching": dispatcher.pid,
+                        "dispatcher-window": window_proc.pid,
+                        "dispatcher-pure-connection": pure_proc.pid,
+                        "relay": relay.pid,
+                    },
                 }
             finally:
                 _stop(relay)
         finally:
             _stop(dispatcher)
-            if window_proc is not None:
-                _stop(window_proc)
+            for proc in (window_proc, pure_proc):
+                if proc is not None:
+                    _stop(proc)
     finally:
         _stop(backend)
 
@@ -222,7 +251,15 @@ ROUND = 256
 
 @pytest.mark.benchmark(group="serve mip batch 1, 32 in flight (per 256 requests)")
 @pytest.mark.parametrize(
-    "who", ["dispatcher", "dispatcher-window", "dispatcher-batching", "relay", "direct"]
+    "who",
+    [
+        "dispatcher",
+        "dispatcher-window",
+        "dispatcher-batching",
+        "dispatcher-pure-connection",
+        "relay",
+        "direct",
+    ],
 )
 def test_request_throughput(benchmark, endpoints, who):
     """256 requests, 32 in flight on one pipelined connection: the round's time / 256 is the
@@ -240,12 +277,24 @@ def test_request_throughput(benchmark, endpoints, who):
         outs = await asyncio.gather(*(client.infer_one(f"t{base + k}") for k in range(ROUND)))
         return base, outs
 
+    pid = endpoints["pids"][who]
+    cpu: list[int] = []
+
+    def one_round():
+        before = cpu_ns(pid)
+        out = loop.run_until_complete(burst())
+        cpu.append(cpu_ns(pid) - before)
+        return out
+
     try:
         loop.run_until_complete(burst())  # connect and warm up
-        base, outs = benchmark(lambda: loop.run_until_complete(burst()))
+        base, outs = benchmark(one_round)
         assert [o[0].as_text() for o in outs] == [f"t{base + k}" for k in range(ROUND)]
         median = benchmark.stats.stats.median
         benchmark.extra_info["requests_per_s"] = round(ROUND / median, 1) if median else None
+        # the CPU of the process in the middle (the backend's own for direct), per request
+        cpu.sort()
+        benchmark.extra_info["server_cpu_us"] = cpu[len(cpu) // 2] / ROUND / 1e3
     finally:
         loop.run_until_complete(client.close())
         loop.close()

@@ -230,6 +230,239 @@ def mip_stream(data: bytes) -> None:
     _stream_check("mip.Decoder", "mip", Decoder, data)
 
 
+# --- the MIP server connection ---------------------------------------------------------------
+#
+# A program is what a runtime does to a sans-IO ``Connection``: feed reads, take events,
+# answer now or owe, fill slots, send, pause writing, end, shut down, expire, let a lane take
+# frames.  Both twins run the same program; every event, byte sent and state after each step
+# must be the same.
+
+#: limits a program runs under (``Limits`` keyword arguments)
+CONNECTION_LIMITS: tuple[dict[str, Any], ...] = (
+    {"request_timeout": 3.0, "idle_timeout": 10.0},
+    {"max_message_size": 64, "max_items": 4, "max_buffered": 128, "request_timeout": 2.0},
+    {"max_message_size": 300, "max_items": 16, "max_buffered": 300, "idle_timeout": 1.0},
+    {"max_message_size": 4096, "max_items": 8, "request_timeout": None, "idle_timeout": None},
+)
+
+
+def connection_twins() -> tuple[Any, Any]:
+    """The compiled ``Connection`` class and the pure one (``PyConnection``)."""
+    import importlib
+
+    from wirekit.mip.connection import PyConnection
+
+    return importlib.import_module("wirekit._fast.mipconn").Connection, PyConnection
+
+
+def _answer_for(frame: bytes) -> bytes:
+    return frame[:2] + b"\x01" + frame[3:]
+
+
+def _collect(owed: Any) -> list[bytes]:
+    """A runtime's own collector for ``send`` (bytes and filled slots, as the default)."""
+    out = []
+    while owed:
+        head = owed[0]
+        wire = head if type(head) is bytes else head.wire
+        if wire is None:
+            break
+        out.append(wire)
+        owed.popleft()
+    return out
+
+
+def _lane_take(codec: Any, limit: int, max_size: int) -> Callable[..., int]:
+    """A lane's ``take``: up to ``limit`` whole inference requests at ``buf[pos:end]`` (the
+    codec's frame check), each answered at once into ``owed``."""
+
+    def take(buf: Any, pos: int, end: int, owed: Any) -> int:
+        for _ in range(limit):
+            try:
+                size = codec.frame_size(buf, pos, max_size)
+            except DecodeError:
+                break
+            if size is None or pos + size > end or buf[pos + 1] != 2 or buf[pos + 2] != 0:
+                break
+            owed.append(_answer_for(bytes(buf[pos : pos + size])))
+            pos += size
+        return pos
+
+    return take
+
+
+def _event(event: Any) -> tuple:
+    from wirekit.mip.connection import Answered, Rejected, Request
+
+    if type(event) is Request:
+        return ("request", snapshot(event.message), event.frame)
+    if type(event) is Rejected:
+        return ("rejected", int(event.code), describe(event.error), event.closing)
+    if type(event) is Answered:
+        return ("answered", snapshot(event.message))
+    return ("other", repr(event))
+
+
+def _state(conn: Any, budget: Any) -> tuple:
+    g = conn.guard
+    return (
+        conn.reading,
+        conn.broken,
+        conn.done,
+        conn.pending,
+        conn.buffered,
+        conn.closing,
+        conn.paused,
+        conn.write_paused,
+        len(conn.owed),
+        len(conn.ready),
+        g.held,
+        g.started,
+        g.last,
+        budget.total,
+    )
+
+
+def connection_trace(cls: Any, codec: Any, limits: int, in_flight: int, program: list) -> list:
+    """Run ``program`` (a list of steps, see :func:`connection_program`) on a ``cls``
+    connection with ``codec`` under ``CONNECTION_LIMITS[limits]``; return what it did."""
+    from wirekit.mip.connection import LocalProtocolError, Request, Slot
+    from wirekit.mip.limits import BufferBudget, Limits
+
+    lim = Limits(**CONNECTION_LIMITS[limits % len(CONNECTION_LIMITS)])
+    budget = BufferBudget(lim.max_buffered)
+    now = 0.0
+    conn = cls(lim, budget, now, max_in_flight=in_flight, codec=codec)
+    slots: list[Any] = []
+    trace: list[Any] = []
+    placed = 0
+
+    def place(event: Any) -> None:
+        nonlocal placed
+        if type(event) is Request:
+            if (placed * 7 + len(event.frame)) % 3 == 0:
+                slot = Slot()
+                slots.append((slot, _answer_for(event.frame)))
+                conn.owe(slot)
+            else:
+                conn.reply(_answer_for(event.frame))
+            placed += 1
+
+    for step in program:
+        op = step[0]
+        try:
+            if op == "data":
+                _, chunk, one_call, dt = step
+                now += dt
+                if one_call:
+                    event = conn.receive_request(chunk, now)
+                    trace.append(("one", None if event is None else _event(event)))
+                    place(event)
+                else:
+                    conn.receive_data(chunk, now)
+            elif op == "events":
+                while (event := conn.next_event()) is not None:
+                    trace.append(_event(event))
+                    place(event)
+            elif op == "fill":
+                waiting = [s for s in slots if s[0].wire is None]
+                if waiting:
+                    slot, wire = waiting[step[1] % len(waiting)]
+                    slot.wire = wire
+            elif op == "send":
+                now += step[1]
+                trace.append(("sent", conn.send(now, _collect if step[2] else None)))
+            elif op == "writing":
+                now += step[2]
+                conn.writing(step[1], now)
+            elif op == "eoi":
+                conn.end_of_input()
+            elif op == "shutdown":
+                conn.shutdown()
+            elif op == "release":
+                conn.release()
+            elif op == "expired":
+                now += step[1]
+                trace.append(("expired", conn.expired(now)))
+            elif op == "timer":
+                trace.append(("timer", conn.timer_wanted()))
+            elif op == "take":
+                take = _lane_take(codec, step[1], lim.max_message_size)
+                trace.append(("took", conn.take_frames(take, conn.owed)))
+            else:  # pragma: no cover - a bad program
+                raise ValueError(f"unknown step {step!r}")
+        except LocalProtocolError as exc:
+            trace.append(("misuse", str(exc)))
+        trace.append(_state(conn, budget))
+    return trace
+
+
+_OPS = (
+    "data",
+    "data",
+    "data",
+    "events",
+    "events",
+    "fill",
+    "send",
+    "writing",
+    "eoi",
+    "shutdown",
+    "release",
+    "expired",
+    "timer",
+    "take",
+)
+
+
+def connection_program(data: bytes) -> tuple[int, int, list]:
+    """``(limits, max_in_flight, program)`` spelled by fuzzer bytes: a limits byte, an
+    in-flight byte, then steps (one byte each, a data step followed by its length and
+    bytes).  Rare steps (release, shutdown) come up less often."""
+    r = Reader(data)
+    limits = r.byte()
+    in_flight = 1 + r.below(6)
+    program: list = []
+    while r.pos < len(data) and len(program) < 256:
+        code = r.byte()
+        op = _OPS[code % len(_OPS)]
+        dt = (code >> 4) * 0.25
+        if op == "data":
+            chunk = r.take(1 + r.byte())
+            program.append(("data", chunk, bool(code & 0x80), dt))
+        elif op == "fill":
+            program.append(("fill", code >> 4))
+        elif op == "send":
+            program.append(("send", dt, bool(code & 0x10)))
+        elif op == "writing":
+            program.append(("writing", bool(code & 0x10), dt))
+        elif op == "expired":
+            program.append(("expired", dt * 4))
+        elif op == "take":
+            program.append(("take", 1 + (code >> 4)))
+        elif op in ("release", "shutdown") and code & 0x30:
+            program.append(("events",))  # three times in four: the common step instead
+        else:
+            program.append((op,))
+    # in the end the runtime takes what is left and sends it
+    program += [("events",), ("send", 0.0, False)]
+    return limits, in_flight, program
+
+
+def connection_check(limits: int, in_flight: int, program: list) -> None:
+    """Both twins (each on its own codec) run ``program``: the same trace or Disagreement."""
+    fast_cls, pure_cls = connection_twins()
+    fast, pure = both("mip")
+    a = connection_trace(fast_cls, fast, limits, in_flight, program)
+    b = connection_trace(pure_cls, pure, limits, in_flight, program)
+    same("mip Connection (compiled vs pure)", a, b)
+
+
+def mip_connection(data: bytes) -> None:
+    """The MIP server's sans-IO ``Connection``: a runtime's program spelled by the input."""
+    connection_check(*connection_program(data))
+
+
 # --- y2 --------------------------------------------------------------------------------------
 
 
@@ -507,6 +740,7 @@ def zmtp_stream(data: bytes) -> None:
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "mip_decode": mip_decode,
     "mip_stream": mip_stream,
+    "mip_connection": mip_connection,
     "clipper_decode": clipper_decode,
     "y2_decode": y2_decode,
     "y2_stream": y2_stream,

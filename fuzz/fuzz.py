@@ -29,6 +29,7 @@ def _load(name: str):
 
         from wirekit import clipper, mip, y2, zmtp  # noqa: F401
         from wirekit._impl import twin
+        from wirekit.mip import connection  # noqa: F401  (PyConnection, for mip_connection)
 
         for proto in ("mip", "clipper", "y2", "zmtp"):
             twin(proto, "pure")

@@ -82,6 +82,29 @@ def _y2_kernels() -> dict[str, bytes]:
     }
 
 
+def _connection_programs(messages: dict[str, bytes]) -> dict[str, bytes]:
+    """Programs (``differential.connection_program``) that feed each vector, all of them in
+    reads of a few sizes (as one-call reads too), and the sample session, taking the events
+    and sending after each read."""
+
+    def program(limits: int, in_flight: int, stream: bytes, size: int, one_call: bool) -> bytes:
+        out = bytearray([limits, in_flight])
+        for at in range(0, len(stream), size):
+            chunk = stream[at : at + size]
+            out += bytes([0x80 if one_call else 0x00, len(chunk) - 1]) + chunk
+            out += bytes([3, 6])  # events, send
+        return bytes(out)
+
+    joined = b"".join(messages.values())
+    out = {name: program(0, 4, data[:256], 256, True) for name, data in messages.items()}
+    for k, size in enumerate((256, 7, 61)):
+        out[f"all-vectors-{size}"] = program(k, k + 1, joined, size, k == 0)
+    path = SAMPLES / "mip-session.bin"
+    if path.exists():
+        out["mip-session"] = program(0, 5, path.read_bytes()[:4096], 200, False)
+    return out
+
+
 def seeds(target: str) -> dict[str, bytes]:
     mip = _bins("mip")
     y2 = _bins("y2")
@@ -89,6 +112,8 @@ def seeds(target: str) -> dict[str, bytes]:
         return mip
     if target == "mip_stream":
         return _streams(mip, "mip-session.bin")
+    if target == "mip_connection":
+        return _connection_programs(mip)
     if target == "y2_decode":
         return y2
     if target == "y2_stream":

@@ -9,11 +9,12 @@ cannot pass as green; only an explicit ``WIREKIT_PURE=1`` skips it.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
 from hypothesis import HealthCheck, settings
-from twins import IMPLEMENTATIONS, load_codec
+from twins import IMPLEMENTATIONS, load_codec, load_connection
 
 # Bounded property testing: CI has 2 cores and a time budget; no wall-clock deadlines.
 settings.register_profile(
@@ -34,6 +35,12 @@ def impl(request) -> str:
 @pytest.fixture(scope="session")
 def mip_codec(impl):
     return load_codec("mip", impl)
+
+
+@pytest.fixture(scope="session")
+def mip_conn(impl, mip_codec):
+    """Makes a MIP server ``Connection`` of the ``impl`` twin, on that twin's codec."""
+    return functools.partial(load_connection(impl), codec=mip_codec)
 
 
 @pytest.fixture(scope="session")

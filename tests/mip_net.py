@@ -227,6 +227,26 @@ def echo_server_main() -> None:
     _loop.run(main())
 
 
+def cpu_ns(pid: int) -> int:
+    """The CPU time of every thread of process ``pid`` so far, in ns (Linux: schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a thread that ended
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
+
+
+def pure_connection_serve_main() -> None:
+    """``wirekit mip serve`` with the async echo handler, its connections the pure
+    ``PyConnection`` (the reference the compiled twin is measured against), on a free port."""
+    from wirekit import cli
+    from wirekit.mip import connection, server
+
+    server.Connection = connection.PyConnection  # type: ignore[misc]
+    args = ["mip", "serve", "--handler", "wirekit.mip.runtime:async_echo"]
+    sys.exit(cli.main([*args, "--listen", "tcp://127.0.0.1:0"]))
+
+
 def _readline_with_timeout(proc: subprocess.Popen, timeout: float) -> str:
     result: list[str] = []
     reader = threading.Thread(target=lambda: result.append(proc.stdout.readline()), daemon=True)

@@ -59,9 +59,10 @@ def test_every_compiled_twin_loads_in_a_compiled_run(name):
 def test_runtimes_run_on_their_compiled_twins_in_a_compiled_run():
     from wirekit import clipper, y2, zmtp
     from wirekit.clipper import _lane, _zio
+    from wirekit.mip import connection
 
     expected = "pure" if _impl.pure_requested() else "fast"
-    for module in (mip, clipper, y2, zmtp, _zio, _lane):
+    for module in (mip, clipper, y2, zmtp, _zio, _lane, connection):
         assert expected == module.IMPLEMENTATION, module.__name__
 
 

@@ -1,4 +1,6 @@
-"""The sans-IO MIP connection (``wirekit.mip.connection``), against both codec twins.
+"""The sans-IO MIP connection (``wirekit.mip.connection``), against both twins (the compiled
+``Connection`` on the compiled codec, ``PyConnection`` on the pure one: the ``mip_conn``
+fixture).
 
 No sockets: bytes in, events out, replies out.  The properties: any chunking of a stream
 gives the same events and the same replies; any byte string gives events (a peer's error is
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import struct
 from itertools import pairwise
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -19,7 +22,6 @@ from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply, Inference, Item, Ping
 from wirekit.mip.connection import (
     Answered,
-    Connection,
     LocalProtocolError,
     Rejected,
     Request,
@@ -43,7 +45,7 @@ def answer_for(frame: bytes) -> bytes:
     return frame[:2] + b"\x01" + frame[3:]
 
 
-def drive(conn: Connection, chunks, now: float = 0.0) -> tuple[list, bytes]:
+def drive(conn: Any, chunks, now: float = 0.0) -> tuple[list, bytes]:
     """Feed ``chunks`` and take every event, answering each request at once; return the
     events (as comparable tuples) and the bytes the connection sent."""
     events: list = []
@@ -91,10 +93,10 @@ def chunked(draw, stream: bytes):
     .map(b"".join)
     .flatmap(lambda s: st.tuples(st.just(s), chunked(s)))
 )
-def test_any_chunking_of_a_stream_gives_the_same_events_and_replies(mip_codec, case):
+def test_any_chunking_of_a_stream_gives_the_same_events_and_replies(mip_conn, case):
     stream, chunks = case
-    whole_events, whole_out = drive(Connection(codec=mip_codec), [stream] if stream else [])
-    events, out = drive(Connection(codec=mip_codec), chunks)
+    whole_events, whole_out = drive(mip_conn(), [stream] if stream else [])
+    events, out = drive(mip_conn(), chunks)
     assert events == whole_events
     assert out == whole_out
     # and the replies are the ones each message asks for, in order
@@ -102,9 +104,9 @@ def test_any_chunking_of_a_stream_gives_the_same_events_and_replies(mip_codec, c
 
 
 @given(st.binary(max_size=200), st.data())
-def test_any_bytes_give_events_or_a_protocol_error_never_another_exception(mip_codec, data, draw):
+def test_any_bytes_give_events_or_a_protocol_error_never_another_exception(mip_conn, data, draw):
     limits = Limits(max_message_size=64, max_items=4, max_buffered=128)
-    conn = Connection(limits, codec=mip_codec)
+    conn = mip_conn(limits)
     chunks = draw.draw(chunked(data))
     try:
         events, out = drive(conn, chunks)
@@ -118,8 +120,8 @@ def test_any_bytes_give_events_or_a_protocol_error_never_another_exception(mip_c
         assert conn.closing and conn.broken and conn.done  # the error went out, then close
 
 
-def test_bad_header_then_a_valid_request_in_one_read(mip_codec):
-    conn = Connection(codec=mip_codec)
+def test_bad_header_then_a_valid_request_in_one_read(mip_conn):
+    conn = mip_conn()
     valid = request("valid")
     events, out = drive(conn, [bytes.fromhex("0009000000000000") + valid])
     assert events == [("rejected", ErrorCode.METHOD, "kind", False), ("request", valid)]
@@ -138,8 +140,8 @@ def test_bad_header_then_a_valid_request_in_one_read(mip_codec):
         (HEADER.pack(0, 2, 0, 0, 1 << 20), ErrorCode.MEMORY),  # over max_message_size
     ],
 )
-def test_a_broken_stream_is_answered_then_closed_and_later_bytes_ignored(mip_codec, wire, code):
-    conn = Connection(Limits(max_message_size=1024), codec=mip_codec)
+def test_a_broken_stream_is_answered_then_closed_and_later_bytes_ignored(mip_conn, wire, code):
+    conn = mip_conn(Limits(max_message_size=1024))
     valid = request("later")
     events, out = drive(conn, [request("first") + wire, valid])
     assert [e[0] for e in events] == ["request", "rejected"]
@@ -148,8 +150,8 @@ def test_a_broken_stream_is_answered_then_closed_and_later_bytes_ignored(mip_cod
     assert conn.done and conn.broken and not conn.reading
 
 
-def test_answers_go_out_in_request_order_and_reading_pauses_at_max_in_flight(mip_codec):
-    conn = Connection(codec=mip_codec, max_in_flight=2)
+def test_answers_go_out_in_request_order_and_reading_pauses_at_max_in_flight(mip_conn):
+    conn = mip_conn(max_in_flight=2)
     frames = [request(f"r{k}") for k in range(5)]
     conn.receive_data(b"".join(frames), 0.0)
     slots = []
@@ -173,8 +175,8 @@ def test_answers_go_out_in_request_order_and_reading_pauses_at_max_in_flight(mip
     assert conn.next_event() is None and conn.reading
 
 
-def test_misusing_the_api_is_a_local_error_not_the_peers(mip_codec):
-    conn = Connection(codec=mip_codec)
+def test_misusing_the_api_is_a_local_error_not_the_peers(mip_conn):
+    conn = mip_conn()
     conn.receive_data(request("a") + request("b"), 0.0)
     assert type(conn.next_event()) is Request
     with pytest.raises(LocalProtocolError):
@@ -185,8 +187,8 @@ def test_misusing_the_api_is_a_local_error_not_the_peers(mip_codec):
     assert type(conn.next_event()) is Request
 
 
-def test_receive_request_is_the_one_call_common_case(mip_codec):
-    conn = Connection(codec=mip_codec)
+def test_receive_request_is_the_one_call_common_case(mip_conn):
+    conn = mip_conn()
     valid = request("x")
     got = conn.receive_request(valid, 0.0)
     assert got == Request(mip.decode(valid), valid)
@@ -201,11 +203,11 @@ def test_receive_request_is_the_one_call_common_case(mip_codec):
     assert conn.next_event().frame == valid
 
 
-def test_buffer_budget_over_the_server_limit_is_memory_then_close(mip_codec):
+def test_buffer_budget_over_the_server_limit_is_memory_then_close(mip_conn):
     budget = BufferBudget(100)
     limits = Limits(max_message_size=100, max_buffered=100)
-    a = Connection(limits, budget, codec=mip_codec)
-    b = Connection(limits, budget, codec=mip_codec)
+    a = mip_conn(limits, budget)
+    b = mip_conn(limits, budget)
     partial = request("x" * 60)[:70]
     assert drive(a, [partial]) == ([], b"")
     assert budget.total == 70
@@ -217,8 +219,8 @@ def test_buffer_budget_over_the_server_limit_is_memory_then_close(mip_codec):
     assert budget.total == 0
 
 
-def test_request_timeout_runs_from_the_first_byte(mip_codec):
-    conn = Connection(Limits(request_timeout=3.0, idle_timeout=60.0), now=0.0, codec=mip_codec)
+def test_request_timeout_runs_from_the_first_byte(mip_conn):
+    conn = mip_conn(Limits(request_timeout=3.0, idle_timeout=60.0), now=0.0)
     conn.receive_data(request("slow")[:4], 1.0)
     assert conn.next_event() is None
     assert conn.timer_wanted() and not conn.timer_wanted()  # once per started request
@@ -226,8 +228,8 @@ def test_request_timeout_runs_from_the_first_byte(mip_codec):
     assert conn.expired(4.0) == "request incomplete 3.0 s after its first byte"
 
 
-def test_shutdown_hands_out_what_is_complete_then_closes(mip_codec):
-    conn = Connection(codec=mip_codec, max_in_flight=1)
+def test_shutdown_hands_out_what_is_complete_then_closes(mip_conn):
+    conn = mip_conn(max_in_flight=1)
     conn.receive_data(request("a") + request("b") + request("c")[:3], 0.0)
     first = conn.next_event()
     conn.owe(Slot())
@@ -241,8 +243,8 @@ def test_shutdown_hands_out_what_is_complete_then_closes(mip_codec):
     assert first.frame == request("a")
 
 
-def test_error_kind_request_gets_method_and_responses_subtype(mip_codec):
-    conn = Connection(codec=mip_codec)
+def test_error_kind_request_gets_method_and_responses_subtype(mip_conn):
+    conn = mip_conn()
     events, out = drive(conn, [mip.encode(ErrorReply(0)), mip.encode(ErrorReply(3)), PONG])
     assert [e[1] for e in events] == [ErrorCode.METHOD, ErrorCode.SUBTYPE, ErrorCode.SUBTYPE]
     assert out == b"".join(
@@ -250,8 +252,8 @@ def test_error_kind_request_gets_method_and_responses_subtype(mip_codec):
     )
 
 
-def test_no_request_is_taken_while_the_runtime_cannot_write(mip_codec):
-    conn = Connection(codec=mip_codec)
+def test_no_request_is_taken_while_the_runtime_cannot_write(mip_conn):
+    conn = mip_conn()
     conn.writing(True, 0.0)
     conn.receive_data(request("a") + request("b"), 0.0)
     assert conn.next_event() is None and not conn.reading and not conn.paused

@@ -69,3 +69,13 @@ def test_the_table_says_what_was_measured():
     assert "compiled twins (2 loaded)" in ratios.measured({"machine_info": {"wirekit": compiled}})
     assert "PURE-PYTHON" in ratios.measured({"machine_info": {"wirekit": pure}})
     assert "UNKNOWN" in ratios.measured({"benchmarks": []})
+
+
+def test_server_cpu_rows_compare_with_ours():
+    def bench(who: str, cpu: float) -> dict:
+        return {**_bench("cpu", who, 1e-3), "extra_info": {"server_cpu_us": cpu}}
+
+    report = {"benchmarks": [bench("fast", 2.0), bench("pure-connection", 2.5), bench("x", 1.0)]}
+    rows = {line.split()[1]: line.split()[-1] for line in ratios.cpu_table(report).splitlines()[1:]}
+    assert rows == {"fast": "1.00x", "pure-connection": "1.25x", "x": "0.50x"}
+    assert ratios.cpu_table({"benchmarks": [_bench("decode", "fast", 1e-6)]}) == ""

@@ -5,6 +5,8 @@ It lives outside ``conftest.py`` so that test modules can import it by a unique 
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from wirekit._impl import pure_requested, twin
@@ -17,3 +19,15 @@ def load_codec(protocol: str, impl: str):
     if impl == "fast" and pure_requested():
         pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
     return twin(protocol, impl)
+
+
+def load_connection(impl: str):
+    """The ``impl`` twin of the MIP server's sans-IO ``Connection``: the compiled class
+    (``wirekit._fast.mipconn``, which must load) or ``PyConnection`` (the pure one)."""
+    if impl == "fast":
+        if pure_requested():
+            pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
+        return importlib.import_module("wirekit._fast.mipconn").Connection
+    from wirekit.mip.connection import PyConnection
+
+    return PyConnection

@@ -161,7 +161,7 @@ class FramedStream:
         if chunk is not None:
             cpos = self._cpos
             n = len(chunk)
-            new = take(chunk, cpos, n, *args)
+            new = _position(take(chunk, cpos, n, *args), cpos, n)
             if new == n:
                 self._chunk = None
                 self._consumed += n
@@ -171,7 +171,7 @@ class FramedStream:
         start = self._pos
         if start == len(self._buf):
             return 0
-        new = take(self._buf, start, len(self._buf), *args)
+        new = _position(take(self._buf, start, len(self._buf), *args), start, len(self._buf))
         if new != start:
             self._drop(new - start)
         return new - start
@@ -279,6 +279,14 @@ class FramedStream:
             del self._buf[: self._pos]
             self._consumed += self._pos
             self._pos = 0
+
+
+def _position(got: Any, pos: int, end: int) -> int:
+    """What a ``take`` of :meth:`FramedStream.take_frames` returned: a position in
+    ``pos..end`` (a runtime's bug otherwise: ValueError, nothing taken)."""
+    if type(got) is not int or not pos <= got <= end:
+        raise ValueError(f"take() returned {got!r}, not a position in {pos}..{end}")
+    return got
 
 
 def shifted(exc: DecodeError, delta: int) -> DecodeError:

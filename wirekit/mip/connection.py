@@ -29,6 +29,10 @@ True
 >>> conn.send(now=0.0).hex(" ")     # the pong, then the METHOD error reply, in order
 '00 01 01 00 00 00 00 00 00 00 02 00 00 00 00 00'
 
+``Connection`` is the compiled twin (``wirekit/_fast/mipconn.pyx``) unless ``WIREKIT_PURE=1``
+or it is not built (:data:`IMPLEMENTATION` says which); :class:`PyConnection` is the pure
+class, the reference: both have the same methods, events, replies and errors.
+
 Errors are split as in h11: :class:`LocalProtocolError` when the runtime misuses the API
 (a subclass of ``RuntimeError``); a peer that breaks the protocol raises nothing -- it gets
 its error reply, and :meth:`Connection.next_event` reports it as a :class:`Rejected` event.
@@ -41,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from wirekit._impl import load_fast
 from wirekit.errors import DecodeError
 
 from .decoder import Decoder
@@ -156,13 +161,13 @@ class Connection:
         "_closing_error",
         "_completed",
         "_decode",
+        "_decoder",
         "_next_frame",
         "_now",
         "_pending_events",
         "_timer",
         "_unsettled",
         "closing",
-        "decoder",
         "guard",
         "max_in_flight",
         "max_items",
@@ -185,9 +190,9 @@ class Connection:
         if codec is None:
             from wirekit import mip as codec  # the active implementation
         budget = budget if budget is not None else BufferBudget(limits.max_buffered)
-        self.decoder = Decoder(limits.max_message_size, max_items=limits.max_items, codec=codec)
+        self._decoder = Decoder(limits.max_message_size, max_items=limits.max_items, codec=codec)
         self._decode = codec.decode
-        self._next_frame = self.decoder.next_frame
+        self._next_frame = self._decoder.next_frame
         self.max_items = limits.max_items
         self.max_in_flight = max(1, max_in_flight)
         self.guard = Guard(limits, budget, now)
@@ -232,7 +237,7 @@ class Connection:
     @property
     def buffered(self) -> int:
         """Bytes received and not yet taken as messages."""
-        return self.decoder.buffered
+        return self._decoder.buffered
 
     def timer_wanted(self) -> bool:
         """True (once) when a request started since the last call: the runtime's timer must
@@ -250,7 +255,7 @@ class Connection:
             return  # a broken stream's leftovers, or a shutdown in progress
         self._now = now
         self._unsettled = True
-        self.decoder.feed(data)
+        self._decoder.feed(data)
 
     def receive_request(self, data: bytes, now: float) -> Request | None:
         """:meth:`receive_data` with the common case in one call: when ``data`` is exactly
@@ -265,7 +270,7 @@ class Connection:
             or self.closing
             or self._awaiting
         ):
-            frame = self.decoder.take_whole(data)
+            frame = self._decoder.take_whole(data)
             if frame is not None:
                 # The read is accounted: nothing held, nothing partial (never over budget).
                 if self.guard.received(now, 0, False, True):
@@ -303,7 +308,7 @@ class Connection:
             raise LocalProtocolError("reply() or owe() the last Request before reading on")
         if not self.reading or len(self.owed) >= self.max_in_flight:
             return 0
-        n = self.decoder.take_frames(take, *args)
+        n = self._decoder.take_frames(take, *args)
         if n:
             self._completed = True
         return n
@@ -419,13 +424,13 @@ class Connection:
             code = ErrorCode.SUBTYPE
             text = f"a {cls.__name__} response is not a request"
         self._queue(error_reply(code))
-        error = DecodeError(PROTOCOL, "subtype", self.decoder.offset, text, code=int(code))
+        error = DecodeError(PROTOCOL, "subtype", self._decoder.offset, text, code=int(code))
         return Rejected(code, error, False)
 
     def _reject(self, exc: DecodeError) -> Rejected:
         code = ErrorCode(exc.code if exc.code is not None else ErrorCode.SHAPE)
         self._queue(error_reply(code))
-        if self.decoder.broken:
+        if self._decoder.broken:
             self._break(exc)
         return Rejected(code, exc, self.closing)
 
@@ -441,7 +446,7 @@ class Connection:
         self._completed = False
         if self._closing_error is not None:
             return None
-        decoder = self.decoder
+        decoder = self._decoder
         try:
             if self.guard.received(now, decoder.buffered, not decoder.idle, completed):
                 self._timer = True
@@ -456,12 +461,26 @@ class Connection:
         return None
 
 
+#: The pure-Python state machine: the reference the compiled twin follows, and the one used
+#: under ``WIREKIT_PURE=1`` or when the twin is not built.
+PyConnection = Connection
+# The one choice (wirekit._impl): the Cython twin (wirekit/_fast/mipconn.pyx) -- same
+# methods, events, replies and errors -- unless WIREKIT_PURE is set or it is not built.  The
+# servers construct ``Connection`` and get whichever is selected.
+_fast = load_fast("mipconn")
+if _fast is not None:
+    Connection = _fast.Connection  # type: ignore[misc]
+#: ``"fast"`` (the Cython twin) or ``"pure"``: which class ``Connection`` is.
+IMPLEMENTATION = "pure" if _fast is None else "fast"
+
 __all__ = [
     "DEFAULT_MAX_IN_FLIGHT",
+    "IMPLEMENTATION",
     "Answered",
     "Connection",
     "Event",
     "LocalProtocolError",
+    "PyConnection",
     "Rejected",
     "Request",
     "Slot",
