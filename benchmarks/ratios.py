@@ -64,8 +64,9 @@ def table(report: dict) -> str:
         extra = " ".join(f"{k}={v}" for k, v in sorted(params.items()))
         key = f"{bench['group'] or bench['name']}{' ' + extra if extra else ''}"
         rows[key][who] = bench
+    w = max([20, *(len(who) for benches in rows.values() for who in benches)])
     head = (
-        f"{'group':<52} {'contender':<20} {'median':>10} {'vs ours':>8} "
+        f"{'group':<52} {'contender':<{w}} {'median':>10} {'vs ours':>8} "
         f"{'req/s':>9} {'ours/it':>8} {'p50/p99':>16} {'of direct':>9}"
     )
     lines = [head]
@@ -84,7 +85,7 @@ def table(report: dict) -> str:
                     share = f"{100 * ours_rate / rate:.0f}%"
             of_direct = f"{100 * rate / direct_rate:.0f}%" if rate and direct_rate else ""
             lines.append(
-                f"{key:<52} {who:<20} {_fmt(median):>10} {slower:>8} "
+                f"{key:<52} {who:<{w}} {_fmt(median):>10} {slower:>8} "
                 f"{(f'{rate:.0f}' if rate else ''):>9} {share:>8} {_latency(bench):>16} "
                 f"{of_direct:>9}"
             )
@@ -104,13 +105,14 @@ def cpu_table(report: dict) -> str:
         rows[bench["group"] or bench["name"]][who] = float(cpu)
     if not rows:
         return ""
-    lines = [f"{'server CPU per request':<52} {'contender':<20} {'CPU/req':>10} {'vs ours':>8}"]
+    w = max([20, *(len(who) for row in rows.values() for who in row)])
+    lines = [f"{'server CPU per request':<52} {'contender':<{w}} {'CPU/req':>10} {'vs ours':>8}"]
     for key in sorted(rows):
         row = rows[key]
         ours = next((row[w] for w in OURS if w in row), None)
         for who, cpu in sorted(row.items(), key=lambda kv: kv[1]):
             ratio = f"{cpu / ours:.2f}x" if ours else ""
-            lines.append(f"{key:<52} {who:<20} {cpu:>7.2f} us {ratio:>8}")
+            lines.append(f"{key:<52} {who:<{w}} {cpu:>7.2f} us {ratio:>8}")
     return "\n".join(lines)
 
 
