@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import itertools
 import json
 import logging
 import os
@@ -251,7 +252,10 @@ class Frontend:
             self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
             sock.bind(self.listen)
             self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-            wake_at = f"inproc://wirekit-clipper-wake-{os.getpid()}-{id(self):x}"
+            # A serial, not id(self): a stopped frontend's inproc name is released when
+            # ZeroMQ closes its socket, after stop() returns, and a new frontend can have
+            # the old one's id -- it then failed to bind ("Address already in use").
+            wake_at = f"inproc://wirekit-clipper-wake-{os.getpid()}-{next(_WAKE_SERIAL)}"
             sock.bind(wake_at)
             self._waker = self.context.socket(zmq.DEALER)
             self._waker.setsockopt(zmq.LINGER, 0)
@@ -882,6 +886,7 @@ def _release(sock: zmq.Socket, endpoint: str, monitor: zmq.Socket) -> bool:
 #: The routing id of the frontend's own wake-up socket (containers get 5-byte ids from the
 #: ROUTER, which start with a zero byte; an id set by a peer cannot).
 _WAKE_ID = b"\x00wirekit-wake"
+_WAKE_SERIAL = itertools.count()  # names each frontend's inproc wake-up endpoint
 
 
 def _failed(token: Any, reason: str):
