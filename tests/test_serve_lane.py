@@ -536,7 +536,10 @@ def test_the_window_per_device_agrees_with_the_store(lane, tmp_path, path):
         assert got.max == pytest.approx(max(times), rel=1e-9)
         assert got.p50 is not None and got.p50 <= got.max
     assert sum(r.ok for r in rows.values()) == models["m"].ok == n
-    assert rows["n/1/m"].avg > rows["n/0/m"].avg  # the slow device shows as slow
+    # The slow device shows as slow: each of its answers took at least B's 10 ms.  (Not
+    # "slower than device 0 on average": on a loaded machine A's answers, queued behind 32
+    # in flight on the pure path, can average more.)
+    assert rows["n/1/m"].avg >= 0.0099 and min(truth["n/1/m"]) >= 0.0099
 
 
 class _FakeLaneDispatcher:
