@@ -23,4 +23,10 @@ def test_torch_extra_is_pinned_exactly():
 def test_ci_installs_torch_and_requires_its_tests():
     run = (ROOT / ".ci" / "run").read_text()
     assert "export WIREKIT_REQUIRE_TORCH=1" in run
-    assert "python -m pip install -e '.[test,torch]' && python -m pytest" in run
+    assert "\nbash scripts/test.sh\n" in run
+    # the README's test command, which .ci/run runs, installs the torch extra first
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert "\npython -m pip install -e '.[test,torch]'\npython -m pytest\n" in script
+    readme = (ROOT / "README.md").read_text()
+    assert "```sh\npip install . && wirekit decode" in readme
+    assert "\nbash scripts/test.sh\n```" in readme
