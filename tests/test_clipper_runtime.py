@@ -432,7 +432,7 @@ def test_container_survives_malformed_and_out_of_order_frames(stack, raw, gen, c
 def test_version_mismatch_is_a_clear_error(stack, mine, theirs, caplog):
     fe = stack.frontend(theirs)
     c = stack.container(models.describe, mine, fe.endpoint)
-    c._thread.join(WAIT)
+    assert c.wait(WAIT)  # the mismatch ends the container
     assert isinstance(c.error, VersionMismatch)
     assert f"peer speaks Clipper RPC {theirs}, this end speaks {mine}" in str(c.error)
     assert fe.replicas() == []
@@ -660,7 +660,9 @@ def test_threads_do_not_leak(stack):
     fe = stack.frontend("v3")
     c = stack.container(models.describe, "v3", fe.endpoint)
     fe.wait_for("m", 1, WAIT)
+    assert c.wait(0) is False  # running
     c.stop()
+    assert c.wait(0) is True  # stop() joined the thread
     fe.stop()
     assert threading.active_count() <= before
 
