@@ -525,31 +525,31 @@ def test_a_caller_driving_the_sockets_into_a_bug_gets_a_prediction_error(
         fe.stop()
 
 
-def test_the_frontend_command_exits_non_zero_when_its_socket_loop_crashes():
-    script = textwrap.dedent("""
+def _cli_with_a_bug(cls: str, method: str, *args: str) -> subprocess.CompletedProcess:
+    """``wirekit clipper ARGS...`` in a process where ``cls.method`` of
+    ``wirekit.clipper.session`` raises ``RuntimeError("injected bug")``."""
+    script = textwrap.dedent(f"""
         import sys
-        from wirekit.clipper.session import FrontendState
+        from wirekit.clipper.session import {cls}
         def broken(self, now):
             raise RuntimeError("injected bug")
-        FrontendState.tick = broken  # the loop ticks at once
+        {cls}.{method} = broken
         from wirekit.cli import main
         sys.exit(main(sys.argv[1:]))
     """)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            script,
-            "clipper",
-            "frontend",
-            "--listen",
-            "tcp://127.0.0.1:0",
-            "--query",
-            "",
-        ],
+    return subprocess.run(
+        [sys.executable, "-c", script, "clipper", *args],
         capture_output=True,
         text=True,
         timeout=3 * WAIT,
+        env=cli_env(),
+    )
+
+
+def test_the_frontend_command_exits_non_zero_when_its_socket_loop_crashes():
+    # the loop ticks at once
+    proc = _cli_with_a_bug(
+        "FrontendState", "tick", "frontend", "--listen", "tcp://127.0.0.1:0", "--query", ""
     )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" in proc.stderr and "RuntimeError: injected bug" in proc.stderr
@@ -558,36 +558,11 @@ def test_the_frontend_command_exits_non_zero_when_its_socket_loop_crashes():
 
 def test_the_container_command_exits_non_zero_with_the_traceback_of_a_crash(clipper_side):
     _, address = clipper_side
-    script = textwrap.dedent("""
-        import sys
-        from wirekit.clipper.session import ContainerSession
-        def broken(self, now):
-            raise RuntimeError("injected bug")
-        ContainerSession.start = broken  # the first thing a session does
-        from wirekit.cli import main
-        sys.exit(main(sys.argv[1:]))
-    """)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            script,
-            "clipper",
-            "container",
-            "--model",
-            "clipper_models:describe",
-            "--name",
-            "m",
-            "--model-version",
-            "1",
-            "--address",
-            address,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=3 * WAIT,
-        env=cli_env(),
-    )
+    # start: the first thing a session does
+    proc = _cli_with_a_bug(
+        "ContainerSession", "start", "container", "--model", "clipper_models:describe",
+        "--name", "m", "--model-version", "1", "--address", address,
+    )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" in proc.stderr and "RuntimeError: injected bug" in proc.stderr
 
