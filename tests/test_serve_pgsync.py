@@ -334,15 +334,22 @@ def test_change_log_appends_commit_in_seq_order(pg_url):
         log.close()
 
 
-def other_sessions(url: str) -> int:
-    """The sessions to the database of ``url`` besides the one asking."""
+def other_sessions(url: str, settle: bool = False) -> int:
+    """The sessions to the database of ``url`` besides the one asking.  ``settle``: wait
+    (TIMEOUT at most) for the ones closed to be gone -- a server process ends a moment
+    after its client closed the connection."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
-        return conn.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        ).fetchone()[0]
+        for _ in range(400):
+            n = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()[0]
+            if n == 0 or not settle:
+                return n
+            threading.Event().wait(TIMEOUT / 400)
+        return n
 
 
 def test_closed_means_closed_a_call_after_close_opens_no_session(pg_url):
@@ -365,7 +372,7 @@ def test_closed_means_closed_a_call_after_close_opens_no_session(pg_url):
         log.close()
         lock.close()
         db.close()
-    assert other_sessions(pg_url) == 0
+    assert other_sessions(pg_url, settle=True) == 0
     with pytest.raises(StoreUnavailable, match="the change log is closed"):
         log.append("quota", {"model": "m", "share": 0.25})
     with pytest.raises(StoreUnavailable, match="the change log is closed"):
