@@ -209,7 +209,12 @@ def test_tcpdump_capture_of_mip_traffic(tmp_path):
             with Client(running.address) as client:
                 client.ping()
                 client.infer([[mip.Item.text("via tcpdump")]])
-            time.sleep(0.5)  # let tcpdump see the last packets
+            # tcpdump writes each packet once it sees it (-U): until the reply is in the file
+            deadline = time.monotonic() + WAIT
+            while not any(r["kind"] == "inference" and r["dir"] == "S>C" for r in
+                          decode_json(cap)[1]):  # fmt: skip
+                assert time.monotonic() < deadline, "tcpdump did not write the reply"
+                time.sleep(0.05)
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(WAIT)
