@@ -16,6 +16,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 from twins import IMPLEMENTATIONS, load_codec, load_connection
 
+# The Clipper runtime tests' fixtures (ctx, raw, started, clipper_side).
+pytest_plugins = ["clipper_support"]
+
 # Bounded property testing: CI has 2 cores and a time budget; no wall-clock deadlines.
 settings.register_profile(
     "ci",

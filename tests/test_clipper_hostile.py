@@ -15,18 +15,17 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import os
 import subprocess
 import sys
 import textwrap
 import time
 import tracemalloc
 import weakref
-from pathlib import Path
 
 import numpy as np
 import pytest
 import zmq
+from clipper_support import GENS, MS, WAIT, allocation_peak, cli_env, dropped
 
 from wirekit import clipper
 from wirekit._impl import pure_requested
@@ -47,9 +46,6 @@ from wirekit.clipper.container import ModelContainer, parse_input_type
 from wirekit.clipper.frontend import Frontend, query
 from wirekit.clipper.session import FrontendState, PredictionError, VersionMismatch
 
-WAIT = 10.0  # bound on any one step; never a threshold
-MS = int(WAIT * 1000)
-GENS = ["2016", "2017", "v3"]
 METADATA = HeartbeatReply(HeartbeatType.REQUEST_CONTAINER_METADATA)
 
 
@@ -69,13 +65,6 @@ def describe(inputs):
 
 def total(inputs):  # 2016 outputs are float32
     return [float(np.sum(x)) for x in inputs]
-
-
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
 
 
 def _fast_module(name: str):
@@ -106,26 +95,6 @@ def front_lane(request, monkeypatch):
         frontend_module, "_CALLBACK", frontend_module.Callback if fast is None else fast.Callback
     )
     return request.param
-
-
-@pytest.fixture
-def started(ctx):
-    """Frontends and containers to stop at the end."""
-    things = []
-    yield things
-    for thing in reversed(things):
-        thing.stop()
-
-
-@pytest.fixture
-def clipper_side(ctx):
-    """A bare ROUTER on loopback playing (a hostile) Clipper: ``(socket, address)``."""
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, MS)
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-    yield sock, f"tcp://127.0.0.1:{port}"
-    sock.close(0)
 
 
 # --- a hostile Clipper against a model container -----------------------------------------------
@@ -242,29 +211,18 @@ def test_a_container_survives_a_hostile_clipper(
     hostile = _garbage() + _truncated(gen) + _huge_sizes(gen) + _other_generations(gen)
     sent = sum(len(f) for frames in hostile for f in frames)
     caplog.clear()
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        with caplog.at_level(logging.WARNING, "wirekit.clipper"):
-            for frames in hostile:
-                router.send_multipart([ident, *frames])
-            answer = _ask(router, ident, gen, 2)
-        peak = tracemalloc.get_traced_memory()[1] - base
-    finally:
-        tracemalloc.stop()
+    with allocation_peak() as peak, caplog.at_level(logging.WARNING, "wirekit.clipper"):
+        for frames in hostile:
+            router.send_multipart([ident, *frames])
+        answer = _ask(router, ident, gen, 2)
     assert answer.msg_id == 2 and list(answer.outputs) == expected
     assert c.error is None and c.sessions == 1 and c.served == 2 and c.failures == 0
-    dropped = [
-        r.getMessage()
-        for r in caplog.records
-        if r.getMessage().startswith("clipper container: dropped a malformed message")
-    ]
-    assert len(dropped) == len(hostile)
-    assert all("clipper: " in text and " at frame " in text for text in dropped)
+    lines = dropped(caplog.records, "container")
+    assert len(lines) == len(hostile)
+    assert all("clipper: " in text and " at frame " in text for text in lines)
     # What the messages announce (up to 2**64 - 1 inputs) was never allocated: at most a
     # few copies of the bytes that came.
-    assert peak < 3 * sent + (1 << 20), (peak, sent)
+    assert peak.bytes < 3 * sent + (1 << 20), (peak.bytes, sent)
 
 
 @pytest.mark.parametrize(("mine", "theirs"), [("v3", "2017"), ("2017", "v3"), ("2016", "v3")])
@@ -288,9 +246,7 @@ def test_a_peer_of_another_generation_from_the_start_is_a_version_mismatch(
     started.append(c)
     ident, *_ = router.recv_multipart()
     router.send_multipart([ident, *_good(theirs, 1)])
-    end = time.monotonic() + WAIT
-    while c.error is None and time.monotonic() < end:
-        time.sleep(0.01)
+    assert c.wait(WAIT)  # the mismatch ends the container
     assert isinstance(c.error, VersionMismatch)
     assert f"the peer speaks Clipper RPC {theirs}" in str(c.error)
 
@@ -317,48 +273,31 @@ def _hostile_answers(good: list[bytes]) -> list[list[bytes]]:
     return _garbage()[:4] + cut + huge + other + [_with(good, 5, b"\xff\xfe")]
 
 
-def test_a_frontend_survives_a_hostile_replica(ctx, started, front_lane, caplog):
+def test_a_frontend_survives_a_hostile_replica(ctx, raw, started, front_lane, caplog):
     fe = Frontend("tcp://127.0.0.1:0", "v3", context=ctx).start()
     started.append(fe)
-    peer = ctx.socket(zmq.DEALER)
-    peer.setsockopt(zmq.LINGER, 0)
-    peer.setsockopt(zmq.RCVTIMEO, MS)
-    peer.connect(fe.endpoint)
-    try:
-        peer.send_multipart(clipper.encode(Heartbeat(), "v3"))
-        assert clipper.decode(peer.recv_multipart(), "v3", "to_container") == METADATA
-        peer.send_multipart(clipper.encode(NewContainer("m", "1", InputType.DOUBLES, 3), "v3"))
-        fe.wait_for("m", 1, WAIT)
-        future = fe.submit("m", [[1.0], [2.0]], timeout=WAIT)
-        request = clipper.decode(peer.recv_multipart(), "v3", "to_container")
-        good = clipper.encode(PredictResponse(request.msg_id, ["a", "b"]), "v3")
-        hostile = _hostile_answers(good)
-        sent = sum(len(f) for frames in hostile for f in frames)
-        caplog.clear()
-        tracemalloc.start()
-        try:
-            base = tracemalloc.get_traced_memory()[0]
-            tracemalloc.reset_peak()
-            with caplog.at_level(logging.WARNING, "wirekit.clipper"):
-                for frames in hostile:
-                    peer.send_multipart(frames)
-                peer.send_multipart(good)
-                outputs = future.result(WAIT)
-            peak = tracemalloc.get_traced_memory()[1] - base
-        finally:
-            tracemalloc.stop()
-    finally:
-        peer.close(0)
+    peer, _ = raw(zmq.DEALER, fe.endpoint)
+    peer.send_multipart(clipper.encode(Heartbeat(), "v3"))
+    assert clipper.decode(peer.recv_multipart(), "v3", "to_container") == METADATA
+    peer.send_multipart(clipper.encode(NewContainer("m", "1", InputType.DOUBLES, 3), "v3"))
+    fe.wait_for("m", 1, WAIT)
+    future = fe.submit("m", [[1.0], [2.0]], timeout=WAIT)
+    request = clipper.decode(peer.recv_multipart(), "v3", "to_container")
+    good = clipper.encode(PredictResponse(request.msg_id, ["a", "b"]), "v3")
+    hostile = _hostile_answers(good)
+    sent = sum(len(f) for frames in hostile for f in frames)
+    caplog.clear()
+    with allocation_peak() as peak, caplog.at_level(logging.WARNING, "wirekit.clipper"):
+        for frames in hostile:
+            peer.send_multipart(frames)
+        peer.send_multipart(good)
+        outputs = future.result(WAIT)
     assert outputs == ["a", "b"]
     assert [r.model_name for r in fe.replicas()] == ["m"] and fe.state.rejected == {}
-    dropped = [
-        r.getMessage()
-        for r in caplog.records
-        if r.getMessage().startswith("clipper frontend: dropped a malformed message")
-    ]
-    assert len(dropped) == len(hostile)
-    assert all("clipper: " in text and " at frame " in text for text in dropped)
-    assert peak < 3 * sent + (1 << 20), (peak, sent)
+    lines = dropped(caplog.records, "frontend")
+    assert len(lines) == len(hostile)
+    assert all("clipper: " in text and " at frame " in text for text in lines)
+    assert peak.bytes < 3 * sent + (1 << 20), (peak.bytes, sent)
     assert fe.error is None
 
 
@@ -432,23 +371,17 @@ def test_every_hostile_query_is_answered_and_the_frontend_keeps_serving(
 
 
 def test_a_registration_of_thousands_of_digits_does_not_stop_the_frontend(
-    ctx, started, front_lane, container_lane
+    ctx, raw, started, front_lane, container_lane
 ):
     """Issue 13: with the pure codec, int() of the input type raised ValueError."""
     fe = Frontend("tcp://127.0.0.1:0", "v3", context=ctx).start()
     started.append(fe)
-    bad = ctx.socket(zmq.DEALER)
-    bad.setsockopt(zmq.LINGER, 0)
-    bad.setsockopt(zmq.RCVTIMEO, MS)
-    bad.connect(fe.endpoint)
-    try:
-        bad.send_multipart([b"", u32(0), b"odd", b"1", b"0" * 4301 + b"7", u32(3)])
-        bad.send_multipart([b"", u32(0), b"zeros", b"1", b"0" * 4301 + b"1", u32(3)])
-        bad.send_multipart(clipper.encode(Heartbeat(), "v3"))
-        reply = clipper.decode(bad.recv_multipart(), "v3", "to_container")
-        assert reply == HeartbeatReply(HeartbeatType.KEEPALIVE)  # "zeros" registered
-    finally:
-        bad.close(0)
+    bad, _ = raw(zmq.DEALER, fe.endpoint)
+    bad.send_multipart([b"", u32(0), b"odd", b"1", b"0" * 4301 + b"7", u32(3)])
+    bad.send_multipart([b"", u32(0), b"zeros", b"1", b"0" * 4301 + b"1", u32(3)])
+    bad.send_multipart(clipper.encode(Heartbeat(), "v3"))
+    reply = clipper.decode(bad.recv_multipart(), "v3", "to_container")
+    assert reply == HeartbeatReply(HeartbeatType.KEEPALIVE)  # "zeros" registered
     assert [(r.model_name, r.input_type) for r in fe.replicas()] == [("zeros", InputType.INTS)]
     started.append(ModelContainer(describe, "m", "1", "doubles", fe.endpoint, context=ctx).start())
     fe.wait_for("m", 1, WAIT)
@@ -592,31 +525,31 @@ def test_a_caller_driving_the_sockets_into_a_bug_gets_a_prediction_error(
         fe.stop()
 
 
-def test_the_frontend_command_exits_non_zero_when_its_socket_loop_crashes():
-    script = textwrap.dedent("""
+def _cli_with_a_bug(cls: str, method: str, *args: str) -> subprocess.CompletedProcess:
+    """``wirekit clipper ARGS...`` in a process where ``cls.method`` of
+    ``wirekit.clipper.session`` raises ``RuntimeError("injected bug")``."""
+    script = textwrap.dedent(f"""
         import sys
-        from wirekit.clipper.session import FrontendState
+        from wirekit.clipper.session import {cls}
         def broken(self, now):
             raise RuntimeError("injected bug")
-        FrontendState.tick = broken  # the loop ticks at once
+        {cls}.{method} = broken
         from wirekit.cli import main
         sys.exit(main(sys.argv[1:]))
     """)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            script,
-            "clipper",
-            "frontend",
-            "--listen",
-            "tcp://127.0.0.1:0",
-            "--query",
-            "",
-        ],
+    return subprocess.run(
+        [sys.executable, "-c", script, "clipper", *args],
         capture_output=True,
         text=True,
         timeout=3 * WAIT,
+        env=cli_env(),
+    )
+
+
+def test_the_frontend_command_exits_non_zero_when_its_socket_loop_crashes():
+    # the loop ticks at once
+    proc = _cli_with_a_bug(
+        "FrontendState", "tick", "frontend", "--listen", "tcp://127.0.0.1:0", "--query", ""
     )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" in proc.stderr and "RuntimeError: injected bug" in proc.stderr
@@ -625,41 +558,11 @@ def test_the_frontend_command_exits_non_zero_when_its_socket_loop_crashes():
 
 def test_the_container_command_exits_non_zero_with_the_traceback_of_a_crash(clipper_side):
     _, address = clipper_side
-    script = textwrap.dedent("""
-        import sys
-        from wirekit.clipper.session import ContainerSession
-        def broken(self, now):
-            raise RuntimeError("injected bug")
-        ContainerSession.start = broken  # the first thing a session does
-        from wirekit.cli import main
-        sys.exit(main(sys.argv[1:]))
-    """)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            script,
-            "clipper",
-            "container",
-            "--model",
-            "clipper_models:describe",
-            "--name",
-            "m",
-            "--model-version",
-            "1",
-            "--address",
-            address,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=3 * WAIT,
-        env={
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(
-                [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
-            ),
-        },
-    )
+    # start: the first thing a session does
+    proc = _cli_with_a_bug(
+        "ContainerSession", "start", "container", "--model", "clipper_models:describe",
+        "--name", "m", "--model-version", "1", "--address", address,
+    )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" in proc.stderr and "RuntimeError: injected bug" in proc.stderr
 

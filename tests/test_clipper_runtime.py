@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import clipper_models as models  # tests/ is on sys.path (rootdir conftest)
 import numpy as np
 import pytest
 import zmq
+from clipper_support import GENS, WAIT, cli_env, clipper_process, frontend_process, stop_processes
 
 from wirekit import clipper
 from wirekit.clipper import (
@@ -39,22 +37,13 @@ from wirekit.clipper.frontend import Frontend, query
 from wirekit.clipper.session import PredictionError, VersionMismatch
 
 D, TO = 0.05, 0.4  # heartbeat period and activity timeout used by these tests
-WAIT = 10.0  # generous bound on how long any step may take before the test fails
-TESTS = Path(__file__).resolve().parent
-GENS = ["2016", "2017", "v3"]
+# WAIT: the bound on any one step; ctx, raw and started are clipper_support's fixtures
 
 
 @pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
-@pytest.fixture
-def stack(ctx):
-    """Start frontends and containers; stop them all at the end."""
-    started = []
+def stack(ctx, started):
+    """Start frontends and containers (with this file's D and TO); stop them all at the
+    end."""
 
     class Stack:
         def frontend(self, gen, listen="tcp://127.0.0.1:0", **kw):
@@ -73,30 +62,7 @@ def stack(ctx):
             started.append(c)
             return c
 
-    yield Stack()
-    for thing in reversed(started):
-        thing.stop()
-
-
-@pytest.fixture
-def raw(ctx):
-    """A bare socket: bound on a random port (address None) or connected to ``address``."""
-    opened = []
-
-    def make(kind, address=None):
-        sock = ctx.socket(kind)
-        opened.append(sock)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVTIMEO, int(WAIT * 1000))
-        if address is None:
-            port = sock.bind_to_random_port("tcp://127.0.0.1")
-            return sock, f"tcp://127.0.0.1:{port}"
-        sock.connect(address)
-        return sock, address
-
-    yield make
-    for sock in opened:
-        sock.close(0)
+    return Stack()
 
 
 def model_for(gen):
@@ -324,34 +290,25 @@ def test_frontend_restarted_on_the_same_port(stack, gen):
 
 
 def _spawn_container(address, gen, fn, delay=None):
-    env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    if delay is not None:
-        env["WIREKIT_TEST_DELAY"] = str(delay)
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wirekit.cli",
-            "clipper",
-            "container",
-            "--model",
-            f"clipper_models:{fn}",
-            "--name",
-            "m",
-            "--model-version",
-            "1",
-            "--address",
-            address,
-            "--generation",
-            gen,
-            "--poll-interval",
-            str(D),
-            "--activity-timeout",
-            str(TO),
-        ],
-        env=env,
+    extra = {} if delay is None else {"WIREKIT_TEST_DELAY": str(delay)}
+    return clipper_process(
+        "container",
+        "--model",
+        f"clipper_models:{fn}",
+        "--name",
+        "m",
+        "--model-version",
+        "1",
+        "--address",
+        address,
+        "--generation",
+        gen,
+        "--poll-interval",
+        str(D),
+        "--activity-timeout",
+        str(TO),
+        env=cli_env(**extra),
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
     )
 
 
@@ -475,7 +432,7 @@ def test_container_survives_malformed_and_out_of_order_frames(stack, raw, gen, c
 def test_version_mismatch_is_a_clear_error(stack, mine, theirs, caplog):
     fe = stack.frontend(theirs)
     c = stack.container(models.describe, mine, fe.endpoint)
-    c._thread.join(WAIT)
+    assert c.wait(WAIT)  # the mismatch ends the container
     assert isinstance(c.error, VersionMismatch)
     assert f"peer speaks Clipper RPC {theirs}, this end speaks {mine}" in str(c.error)
     assert fe.replicas() == []
@@ -618,57 +575,22 @@ def test_golden_vectors_raw_clipper_to_container(stack, raw, gen, kind):
 # --- the command line ---
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _port(address):
+    return address.rsplit(":", 1)[1]
 
 
 def test_cli_frontend_container_predict():
     from wirekit.cli import main
 
-    rpc, q = _free_port(), _free_port()
-    env = dict(
-        os.environ,
-        PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    fe, rpc, q = frontend_process("--activity-timeout", "5")
+    env = cli_env(
         CLIPPER_MODEL_NAME="m",
         CLIPPER_MODEL_VERSION="7",
-        CLIPPER_PORT=str(rpc),
+        CLIPPER_PORT=_port(rpc),
         CLIPPER_INPUT_TYPE="doubles",
     )
-    fe = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wirekit.cli",
-            "clipper",
-            "frontend",
-            "--listen",
-            f"tcp://127.0.0.1:{rpc}",
-            "--query",
-            f"tcp://127.0.0.1:{q}",
-            "--activity-timeout",
-            "5",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    con = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wirekit.cli",
-            "clipper",
-            "container",
-            "--model",
-            "clipper_models:describe",
-            "--poll-interval",
-            "0.1",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+    con = clipper_process(
+        "container", "--model", "clipper_models:describe", "--poll-interval", "0.1", env=env
     )
     try:
         deadline = time.monotonic() + WAIT
@@ -681,7 +603,7 @@ def test_cli_frontend_container_predict():
                     "--model",
                     "m",
                     "--frontend",
-                    f"tcp://127.0.0.1:{q}",
+                    q,
                     "--doubles",
                     "1,2",
                     "--doubles",
@@ -702,7 +624,7 @@ def test_cli_frontend_container_predict():
             [
                 "clipper",
                 "predict",
-                f"tcp://127.0.0.1:{q}",  # the address as positional, as in `wirekit mip`
+                q,  # the address as positional, as in `wirekit mip`
                 "--model",
                 "m",
                 "--strings",
@@ -715,16 +637,7 @@ def test_cli_frontend_container_predict():
         )
         assert code == 1 and "takes doubles inputs" in err.getvalue()
     finally:
-        for p in (con, fe):
-            p.send_signal(signal.SIGTERM)
-        for p in (con, fe):
-            try:
-                p.wait(WAIT)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(WAIT)
-            p.stdout.close()
-            p.stderr.close()
+        stop_processes(con, fe)
     assert con.returncode == 0 and fe.returncode == 0
 
 
@@ -747,7 +660,9 @@ def test_threads_do_not_leak(stack):
     fe = stack.frontend("v3")
     c = stack.container(models.describe, "v3", fe.endpoint)
     fe.wait_for("m", 1, WAIT)
+    assert c.wait(0) is False  # running
     c.stop()
+    assert c.wait(0) is True  # stop() joined the thread
     fe.stop()
     assert threading.active_count() <= before
 
@@ -755,26 +670,9 @@ def test_threads_do_not_leak(stack):
 # --- the command line, every process real (issue 15) ---
 
 
-def _cli_env():
-    return dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-
-
-def _stop_processes(*procs):
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(WAIT)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(WAIT)
-        for stream in (p.stdout, p.stderr):
-            if stream is not None:
-                stream.close()
-
-
-def _cli_predict(q, *args, timeout="1"):
-    """``wirekit clipper predict`` in its own process: (exit status, stdout, stderr)."""
+def _cli_predict(q, *args):
+    """``wirekit clipper predict`` in its own process, waiting WAIT seconds for the answer:
+    (exit status, stdout, stderr)."""
     done = subprocess.run(
         [
             sys.executable,
@@ -785,79 +683,53 @@ def _cli_predict(q, *args, timeout="1"):
             "--model",
             "m",
             "--frontend",
-            f"tcp://127.0.0.1:{q}",
+            q,
             "--timeout",
-            timeout,
+            str(WAIT),
             *args,
         ],
-        env=_cli_env(),
+        env=cli_env(),
         capture_output=True,
         text=True,
-        timeout=WAIT,
+        timeout=3 * WAIT,  # the process's start, then its own timeout
     )
     return done.returncode, done.stdout, done.stderr
 
 
 @pytest.mark.parametrize("gen", GENS)
 def test_cli_predict_through_frontend_and_container_processes(gen):
-    """``wirekit clipper frontend`` + ``container`` + ``predict``, each its own process, with
-    the frontend's default timers (a check every 10 s): every query is dispatched when it
-    comes, so each call is answered within its own 1 s timeout (queries that waited for the
-    next tick took 1-5 s, or failed with "no replica had room")."""
-    rpc, q = _free_port(), _free_port()
-    env = _cli_env()
-    fe = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wirekit.cli",
-            "clipper",
-            "frontend",
-            "--generation",
-            gen,
-            "--listen",
-            f"tcp://127.0.0.1:{rpc}",
-            "--query",
-            f"tcp://127.0.0.1:{q}",
-        ],
-        env=env,
+    """``wirekit clipper frontend`` + ``container`` + ``predict``, each its own process:
+    every query is dispatched when it comes, not at the frontend's next check (queries that
+    waited for the next tick took 1-5 s with the default 10 s check, or failed with "no
+    replica had room").  The check here comes every 200 s (TO/3), far beyond any query's
+    timeout (WAIT), so a query that waited for it fails."""
+    fe, rpc, q = frontend_process("--generation", gen, "--activity-timeout", "600")
+    con = clipper_process(
+        "container",
+        "--generation",
+        gen,
+        "--model",
+        f"clipper_models:{model_for(gen).__name__}",
+        "--name",
+        "m",
+        "--model-version",
+        "1",
+        "--address",
+        rpc,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    con = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wirekit.cli",
-            "clipper",
-            "container",
-            "--generation",
-            gen,
-            "--model",
-            f"clipper_models:{model_for(gen).__name__}",
-            "--name",
-            "m",
-            "--model-version",
-            "1",
-            "--address",
-            f"tcp://127.0.0.1:{rpc}",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 2 * WAIT
         while True:  # until the container has registered (each try has a 1 s timeout)
             try:
-                first = query(f"tcp://127.0.0.1:{q}", "m", [[1.0]], "doubles", timeout=1.0)
+                first = query(q, "m", [[1.0]], "doubles", timeout=1.0)
                 break
             except PredictionError:
                 if time.monotonic() > deadline or fe.poll() is not None:
                     raise
         assert list(first) == ([1.0] if gen == "2016" else ["f8:1.0"])
-        for i in range(8):  # the same query socket from this process, 1 s timeout each
-            out = query(f"tcp://127.0.0.1:{q}", "m", [[float(i)]], "doubles", timeout=1.0)
+        for i in range(8):  # the same query socket from this process
+            out = query(q, "m", [[float(i)]], "doubles", timeout=WAIT)
             assert list(out) == ([float(i)] if gen == "2016" else [f"f8:{float(i)!r}"])
         for values in ("-1.5,2", "-0.25", "3,-4e2"):
             code, out, err = _cli_predict(q, "--doubles", values, "--doubles", "1")
@@ -868,7 +740,7 @@ def test_cli_predict_through_frontend_and_container_processes(gen):
             else:
                 assert out.splitlines() == ["f8:" + ",".join(repr(x) for x in numbers), "f8:1.0"]
     finally:
-        _stop_processes(con, fe)
+        stop_processes(con, fe)
     assert fe.returncode == 0 and con.returncode == 0
 
 
@@ -1030,11 +902,10 @@ def test_frontend_rebound_at_once_in_the_same_process(ctx, gen):
     them at once, also when a peer was connected (it failed about half the time).  Its
     inproc wake-up endpoint was named after ``id(frontend)``, which the next frontend could
     get while ZeroMQ still held the old name: "Address already in use" in 3 runs of 25."""
-    rpc, q = _free_port(), _free_port()
+    rpc = q = "tcp://127.0.0.1:0"  # the first frontend's ports, then the same again
     for _ in range(12):
-        fe = Frontend(
-            f"tcp://127.0.0.1:{rpc}", gen, context=ctx, query=f"tcp://127.0.0.1:{q}"
-        ).start()  # no retry: it must bind now
+        fe = Frontend(rpc, gen, context=ctx, query=q).start()  # no retry: it must bind now
+        rpc, q = fe.endpoint, fe.query_endpoint
         try:
             peer = ctx.socket(zmq.DEALER)
             peer.setsockopt(zmq.LINGER, 0)

@@ -41,6 +41,18 @@ def reg(gen, itype=InputType.DOUBLES, name="m"):
     return NewContainer(name, "1", itype, 3 if gen is Generation.V3 else None)
 
 
+def new_session(gen: Generation) -> ContainerSession:
+    """A container session of ``gen`` registering model "m" (D, TO), not started."""
+    return ContainerSession(gen, reg(gen), poll_interval=D, activity_timeout=TO)
+
+
+def started_session(gen: Generation) -> ContainerSession:
+    """The same, started at time 0 (what it sent then dropped)."""
+    s = new_session(gen)
+    s.start(0.0)
+    return s
+
+
 def to_container(msg, gen):
     return clipper.encode(msg, gen)
 
@@ -53,7 +65,7 @@ def sent(actions, gen):
 
 
 def test_2016_registers_at_once_and_never_heartbeats():
-    s = ContainerSession("2016", reg(Generation.G2016), poll_interval=D, activity_timeout=TO)
+    s = new_session(Generation.G2016)
     assert sent(s.start(0.0), Generation.G2016) == [reg(Generation.G2016)]
     assert s.deadline() == float("inf")
     assert s.tick(1000.0) == []
@@ -61,7 +73,7 @@ def test_2016_registers_at_once_and_never_heartbeats():
 
 @pytest.mark.parametrize("gen", HEARTBEATING)
 def test_heartbeats_every_d_while_waiting_then_reconnects_after_to(gen):
-    s = ContainerSession(gen, reg(gen), poll_interval=D, activity_timeout=TO)
+    s = new_session(gen)
     assert sent(s.start(0.0), gen) == [Heartbeat()]
     beats = 0
     t = 0.0
@@ -78,8 +90,7 @@ def test_heartbeats_every_d_while_waiting_then_reconnects_after_to(gen):
 
 @pytest.mark.parametrize("gen", HEARTBEATING)
 def test_registration_handshake_and_keepalive(gen):
-    s = ContainerSession(gen, reg(gen), poll_interval=D, activity_timeout=TO)
-    s.start(0.0)
+    s = started_session(gen)
     meta = to_container(HeartbeatReply(HeartbeatType.REQUEST_CONTAINER_METADATA), gen)
     assert sent(s.receive(meta, 0.1), gen) == [reg(gen)]
     assert s.state == "registering"
@@ -92,8 +103,7 @@ def test_registration_handshake_and_keepalive(gen):
 
 @pytest.mark.parametrize("gen", HEARTBEATING)
 def test_any_message_refreshes_activity_and_requests_become_predictions(gen):
-    s = ContainerSession(gen, reg(gen), poll_interval=D, activity_timeout=TO)
-    s.start(0.0)
+    s = started_session(gen)
     req = PredictRequest(7, InputType.DOUBLES, [[1.0, 2.0]])
     (action,) = s.receive(to_container(req, gen), TO - 0.5)
     assert type(action) is Predict and action.request == req
@@ -105,24 +115,21 @@ def test_any_message_refreshes_activity_and_requests_become_predictions(gen):
 
 @pytest.mark.parametrize("gen", HEARTBEATING)
 def test_heartbeat_while_the_model_runs_counts_from_the_last_send(gen):
-    s = ContainerSession(gen, reg(gen), poll_interval=D, activity_timeout=TO)
-    s.start(0.0)
+    s = started_session(gen)
     s.receive(to_container(PredictRequest(1, InputType.DOUBLES, [[1.0]]), gen), 0.5)
     # no answer yet from the model: a heartbeat still goes out D after the last send
     assert sent(s.tick(D), gen) == [Heartbeat()]
 
 
 def test_malformed_message_is_dropped_and_does_not_count_as_activity(caplog):
-    s = ContainerSession("v3", reg(Generation.V3), poll_interval=D, activity_timeout=TO)
-    s.start(0.0)
+    s = started_session(Generation.V3)
     assert s.receive([b"", b"\x03\x00\x00\x00", b"\x09\x00\x00\x00"], 1.0) == []
     assert s.last_received == 0.0
     assert "malformed" in caplog.text
 
 
 def test_version_mismatch_is_raised_with_both_generations_named():
-    s = ContainerSession("v3", reg(Generation.V3), poll_interval=D, activity_timeout=TO)
-    s.start(0.0)
+    s = started_session(Generation.V3)
     frames = clipper.encode(HeartbeatReply(HeartbeatType.REQUEST_CONTAINER_METADATA), "2017")
     with pytest.raises(VersionMismatch) as info:
         s.receive(frames, 0.1)

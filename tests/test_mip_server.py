@@ -522,7 +522,7 @@ def test_async_client_honours_each_call_deadline_and_in_flight_limit():
                 client.timeout = TIMEOUT
                 first, second = await asyncio.gather(slow, blocker)
                 again = await client.infer([["again"]])
-                return first, second, again, client._in_flight
+                return first, second, again, client.in_flight
 
         first, second, again, in_flight = asyncio.run(main())
     assert first == second == [(Item.text("slow"),)]

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import kubemo
 import pytest
+from clipper_support import cli_env, clipper_process, frontend_process, stop_processes
 from mip_net import KubemoServer, kubemo_echo
 
 from wirekit import mip
@@ -131,42 +132,29 @@ def test_record_malformed_requests_to_wirekit_server(tmp_path):
     assert recs[-1]["kind"] == "inference" and recs[-1]["items"][0]["text"] == "ok"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_record_clipper_container_and_frontend(tmp_path):
     cap = tmp_path / "clipper.pcapng"
-    rpc, query = _free_port(), _free_port()
-    env = dict(
-        os.environ,
-        PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        CLIPPER_MODEL_NAME="m",
-        CLIPPER_MODEL_VERSION="7",
-        CLIPPER_INPUT_TYPE="doubles",
-    )
-    fe = subprocess.Popen(
-        [sys.executable, "-m", "wirekit.cli", "clipper", "frontend", "--listen",
-         f"tcp://127.0.0.1:{rpc}", "--query", f"tcp://127.0.0.1:{query}",
-         "--activity-timeout", "5"], env=env, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE)  # fmt: skip
+    fe, rpc, query = frontend_process("--activity-timeout", "5")
     procs = [fe]
     try:
-        with recorder(("127.0.0.1", rpc), cap, "--connections", "1") as port:
-            con = subprocess.Popen(
-                [sys.executable, "-m", "wirekit.cli", "clipper", "container", "--model",
-                 "clipper_models:describe", "--poll-interval", "0.1"],
-                env=dict(env, CLIPPER_PORT=str(port)), stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE)  # fmt: skip
+        host, fe_port = rpc.removeprefix("tcp://").rsplit(":", 1)
+        with recorder((host, int(fe_port)), cap, "--connections", "1") as port:
+            env = cli_env(
+                CLIPPER_MODEL_NAME="m",
+                CLIPPER_MODEL_VERSION="7",
+                CLIPPER_INPUT_TYPE="doubles",
+                CLIPPER_PORT=str(port),
+            )
+            con = clipper_process(
+                "container", "--model", "clipper_models:describe", "--poll-interval", "0.1",
+                env=env, stdout=subprocess.DEVNULL,
+            )  # fmt: skip
             procs.append(con)
             deadline = time.monotonic() + WAIT
             while True:
                 out, err = io.StringIO(), io.StringIO()
-                code = main(["clipper", "predict", "--model", "m", "--frontend",
-                             f"tcp://127.0.0.1:{query}", "--doubles", "1,2", "--timeout", "2"],
-                            out=out, err=err)  # fmt: skip
+                code = main(["clipper", "predict", "--model", "m", "--frontend", query,
+                             "--doubles", "1,2", "--timeout", "2"], out=out, err=err)  # fmt: skip
                 if code == 0 or time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
@@ -174,15 +162,7 @@ def test_record_clipper_container_and_frontend(tmp_path):
             con.send_signal(signal.SIGTERM)
             con.wait(WAIT)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(WAIT)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(WAIT)
-            p.stderr.close()
+        stop_processes(*procs)
     code, recs, err = decode_json(cap)
     assert code == 0, err
     kinds = [r["kind"] for r in recs]
@@ -229,7 +209,12 @@ def test_tcpdump_capture_of_mip_traffic(tmp_path):
             with Client(running.address) as client:
                 client.ping()
                 client.infer([[mip.Item.text("via tcpdump")]])
-            time.sleep(0.5)  # let tcpdump see the last packets
+            # tcpdump writes each packet once it sees it (-U): until the reply is in the file
+            deadline = time.monotonic() + WAIT
+            while not any(r["kind"] == "inference" and r["dir"] == "S>C" for r in
+                          decode_json(cap)[1]):  # fmt: skip
+                assert time.monotonic() < deadline, "tcpdump did not write the reply"
+                time.sleep(0.05)
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(WAIT)

@@ -332,3 +332,72 @@ def test_change_log_appends_commit_in_seq_order(pg_url):
     finally:
         held.close()
         log.close()
+
+
+def other_sessions(url: str, settle: bool = False) -> int:
+    """The sessions to the database of ``url`` besides the one asking.  ``settle``: wait
+    (TIMEOUT at most) for the ones closed to be gone -- a server process ends a moment
+    after its client closed the connection."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(400):
+            n = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()[0]
+            if n == 0 or not settle:
+                return n
+            threading.Event().wait(TIMEOUT / 400)
+        return n
+
+
+def test_closed_means_closed_a_call_after_close_opens_no_session(pg_url):
+    """Regression (a psycopg connection left open, a ResourceWarning in a later test): a
+    call that reached a ChangeLog, LeaderLock or PostgresDB after ``close()`` -- an append
+    still queued on the replica's writer thread, a poll or a window query on their way from
+    a cancelled task -- reconnected, and the new session was never closed.  Now it raises
+    (or, for ``poll``, does not lead) and opens nothing."""
+    from wirekit.serve.pgsync import ChangeLog
+    from wirekit.serve.storedb import PostgresDB, StoreUnavailable
+
+    migrated(pg_url)
+    log, lock, db = ChangeLog(pg_url, "a"), LeaderLock(pg_url), PostgresDB(pg_url)
+    try:
+        assert log.append("quota", {"model": "m", "share": 0.5}) == 1
+        assert lock.poll() is True
+        assert db.recent(0.0) == {}
+        assert other_sessions(pg_url) == 3
+    finally:
+        log.close()
+        lock.close()
+        db.close()
+    assert other_sessions(pg_url, settle=True) == 0
+    with pytest.raises(StoreUnavailable, match="the change log is closed"):
+        log.append("quota", {"model": "m", "share": 0.25})
+    with pytest.raises(StoreUnavailable, match="the change log is closed"):
+        log.last()
+    assert lock.poll() is False
+    with pytest.raises(NotLeader):
+        lock.execute("SELECT 1")
+    with pytest.raises(StoreUnavailable, match="is closed"):
+        db.recent(0.0)
+    assert other_sessions(pg_url) == 0
+    reader = ChangeLog(pg_url, "b")
+    try:
+        assert [c.doc["share"] for c in reader.since(0)] == [0.5]  # the one before close
+    finally:
+        reader.close()
+
+
+def test_a_released_lead_can_be_taken_again_a_closed_one_cannot(pg_url):
+    """``release()`` gives the lead up for now (the next poll may take it again);
+    ``close()`` for good."""
+    lock = LeaderLock(pg_url)
+    try:
+        assert lock.poll() is True
+        lock.release()
+        assert lock.poll() is True and lock.terms == 2
+    finally:
+        lock.close()
+    assert lock.poll() is False and lock.terms == 2

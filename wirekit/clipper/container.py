@@ -217,6 +217,16 @@ class ModelContainer:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the background thread has ended (:meth:`stop`, a version mismatch
+        or a crash: see :attr:`error`); True when it has (or never started), False after
+        ``timeout`` seconds."""
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
+
     def __enter__(self) -> ModelContainer:
         return self.start()
 

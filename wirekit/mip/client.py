@@ -474,6 +474,12 @@ class AsyncClient:
 
     # ------------------------------------------------------------------ public API
 
+    @property
+    def in_flight(self) -> int:
+        """The calls holding one of the ``max_in_flight`` slots now (sent and awaiting
+        their replies, or being sent)."""
+        return self._in_flight
+
     async def ping(self) -> float:
         """Send a ping; return the round-trip time in seconds."""
         start = time.perf_counter()

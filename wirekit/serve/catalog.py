@@ -151,6 +151,13 @@ class Catalog:
         with self._lock:
             self._subscribers.append(callback)
 
+    def unsubscribe(self, callback: Callable[[CatalogChange], None]) -> None:
+        """Stop calling ``callback`` (one subscribed with :meth:`subscribe`; a callback not
+        subscribed is ignored)."""
+        with self._lock:
+            if callback in self._subscribers:
+                self._subscribers.remove(callback)
+
     def set_quota(self, node: str, device: int, model: str, share: float) -> None:
         """Give ``model`` ``share`` of the device (validated, see the module docstring)."""
         with self._lock:

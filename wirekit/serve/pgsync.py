@@ -80,7 +80,7 @@ class LeaderLock:
 
     ``poll()`` (from a timer or a loop, every ``retry`` seconds) tries to take the lock
     when not leading and checks the session when leading; it returns whether this replica
-    leads now.  ``release()`` gives the lead up (``close()`` too)."""
+    leads now.  ``release()`` gives the lead up, ``close()`` for good."""
 
     def __init__(
         self,
@@ -98,10 +98,13 @@ class LeaderLock:
         self.keepalive = keepalive  #: seconds of TCP silence before the server is probed
         self._conn: Any = None
         self._lock = threading.Lock()
+        self._closed = False
         self.leader = False  #: whether this replica held the lock at the last poll
         self.terms = 0  #: times this replica became leader
 
     def _session(self) -> Any:
+        if self._closed:
+            raise StoreUnavailable("the leader lock is closed")
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._drop()
             self._conn = _connect(self.url, self.keepalive, self.name)
@@ -157,11 +160,17 @@ class LeaderLock:
         return None if conn is None else int(conn.info.backend_pid)
 
     def release(self) -> None:
-        """Give the lead up (the lock and its session)."""
+        """Give the lead up (the lock and its session); the next :meth:`poll` may take it
+        again."""
         with self._lock:
             self._drop()
 
-    close = release
+    def close(self) -> None:
+        """Give the lead up for good: a :meth:`poll` afterwards (one already on its way from
+        another thread included) returns False and opens no session."""
+        with self._lock:
+            self._closed = True
+            self._drop()
 
 
 class NotLeader(RuntimeError):
@@ -322,9 +331,12 @@ class ChangeLog:
         self._conn: Any = None
         self._lock = threading.Lock()
         self._listener: Listener | None = None
+        self._closed = False
         self.applied = 0  #: the last seq handed to the follower
 
     def _session(self) -> Any:
+        if self._closed:
+            raise StoreUnavailable("the change log is closed")
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = _connect(self.url, 5.0)
         return self._conn
@@ -430,10 +442,14 @@ class ChangeLog:
         return listener
 
     def close(self) -> None:
+        """Stop following and close the session; a call afterwards (an append still on its
+        way from another thread included) raises :class:`StoreUnavailable` and opens no
+        session."""
         if self._listener is not None:
             self._listener.stop()
             self._listener = None
         with self._lock:
+            self._closed = True
             if self._conn is not None:
                 with contextlib.suppress(Exception):
                     self._conn.close()

@@ -348,10 +348,17 @@ class ReplicaSync:
         return _as_recent(self._recent_rows, span)
 
     async def close(self) -> None:
+        """Stop sharing: the catalog's changes from now on stay here; the ones made before
+        are in the log when this returns (the writer is drained before the log closes);
+        every session to the store is closed, and none is opened afterwards."""
+        self.catalog.unsubscribe(self._publish)
         if self._compactor is not None:
             self._compactor.cancel()
             await asyncio.wait({self._compactor}, timeout=5)
             self._compactor = None
+        # the appends still queued run before the log closes (closed under them, the log
+        # reopened a session that nobody closed: a ResourceWarning in a later test)
+        await asyncio.to_thread(self._writer.shutdown, True)
         if self._applier is not None:
             self._applier.cancel()
             await asyncio.wait({self._applier}, timeout=5)
@@ -361,7 +368,6 @@ class ReplicaSync:
         if self._db is not None:
             await asyncio.to_thread(self._db.close)
             self._db = None
-        self._writer.shutdown(wait=True)
 
 
 def _as_recent(figures: dict[str, dict[str, Any]], span: float) -> dict[str, RecentStats]:

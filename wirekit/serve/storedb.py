@@ -496,6 +496,7 @@ class PostgresDB:
         self.replica = replica
         self.connect_timeout = connect_timeout
         self._lock = threading.Lock()  # readers may share one PostgresDB across threads
+        self._closed = False
         self.conn = self._connect()
 
     def _connect(self) -> Any:
@@ -509,11 +510,17 @@ class PostgresDB:
             raise StoreUnavailable(f"cannot reach the store at {redact(self.url)}: {why}") from None
 
     def _live(self) -> Any:
-        """The connection, reopened if it broke."""
+        """The connection, reopened if it broke (not once :meth:`close` was called: a query
+        still on its way from another thread then raises, and opens nothing)."""
+        if self._closed:
+            raise StoreUnavailable(f"the store at {redact(self.url)} is closed")
         if self.conn.closed or self.conn.broken:
             with contextlib.suppress(Exception):
                 self.conn.close()
             self.conn = self._connect()
+            if self._closed:  # close() ran meanwhile: it may have closed the old one
+                self.conn.close()
+                raise StoreUnavailable(f"the store at {redact(self.url)} is closed")
         return self.conn
 
     def migrate(self) -> int:
@@ -684,6 +691,7 @@ class PostgresDB:
         return [dict(zip(DECISION_COLUMNS, row, strict=True)) for row in rows][::-1]
 
     def close(self) -> None:
+        self._closed = True  # first: a reconnect under way sees it (_live)
         with contextlib.suppress(Exception):
             self.conn.close()
 
