@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 from mip_net import CliServer  # noqa: E402
+from pg_server import given_or_throwaway  # noqa: E402
 from serve_support import DispatcherProcess, deployment  # noqa: E402
 
 from wirekit.mip.client import AsyncClient  # noqa: E402
@@ -177,19 +178,11 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=200_000)
     args = ap.parse_args()
 
-    server = None
-    url = os.environ.get("WIREKIT_PG_URL")
-    if not url:
-        from pg_server import PgServer, pg_bindir
-
-        bindir = pg_bindir()
-        if bindir is None:
+    results: dict[str, float] = {}
+    with given_or_throwaway() as url:
+        if url is None:
             print("no PostgreSQL binaries (apt-get install postgresql)", file=sys.stderr)
             return 2
-        server = PgServer(bindir).start()
-        url = server.url
-    results: dict[str, float] = {}
-    try:
         with (
             tempfile.TemporaryDirectory() as tmpdir,
             CliServer(handler="serve_handlers:tag_fast") as backend,
@@ -217,9 +210,6 @@ def main() -> int:
             results["catalog change, median (ms)"] = lat[len(lat) // 2]
             results["catalog change, max (ms)"] = lat[-1]
             results["leader killed -> new leader (ms)"] = takeover_ms(url)
-    finally:
-        if server is not None:
-            server.stop()
     for name, value in results.items():
         print(f"{name:<34} {value:>12,.1f}" if value < 100 else f"{name:<34} {value:>12,.0f}")
     two, one = results["2 replicas, PostgreSQL (req/s)"], results["1 replica, SQLite (req/s)"]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 import aiohttp  # noqa: E402
+from pg_server import given_or_throwaway  # noqa: E402
 from serve_support import deployment, start_backend, tagged  # noqa: E402
 
 from wirekit.serve.config import parse_config  # noqa: E402
@@ -146,22 +146,11 @@ def main() -> int:
         old, new = results["remove+add"], results["PATCH"]
         ratio = old["ms per change (median)"] / new["ms per change (median)"]
         print(f"{'time per change, remove+add / PATCH':<44} {ratio:>10.1f}")
-        server = None
-        url = os.environ.get("WIREKIT_PG_URL")
-        if not url:
-            from pg_server import PgServer, pg_bindir
-
-            bindir = pg_bindir()
-            if bindir is None:
+        with given_or_throwaway() as url:
+            if url is None:
                 print("no PostgreSQL binaries: the replica figure is skipped", file=sys.stderr)
                 return 0
-            server = PgServer(bindir).start()
-            url = server.url
-        try:
             lat = asyncio.run(replica_latency(tmp, url, args.changes))
-        finally:
-            if server is not None:
-                server.stop()
         print(f"{'PATCH on A -> in B catalog, median (ms)':<44} {lat[len(lat) // 2]:>10,.1f}")
         print(f"{'PATCH on A -> in B catalog, max (ms)':<44} {lat[-1]:>10,.1f}")
     return 0

@@ -70,29 +70,21 @@ def pg_server_url():
     """The URL of a PostgreSQL server for the tests: ``WIREKIT_PG_URL`` when set, else a
     throwaway server started here; a skip without PostgreSQL, a failure under
     ``WIREKIT_REQUIRE_PG=1``."""
-    url = os.environ.get("WIREKIT_PG_URL")
-    if url:
-        yield url
-        return
-    from pg_server import PgServer, pg_bindir
+    from pg_server import given_or_throwaway
 
     missing = None
     try:
         import psycopg  # noqa: F401
     except ImportError:
         missing = "psycopg is not installed (the 'pg' extra)"
-    bindir = pg_bindir()
-    if bindir is None:
-        missing = missing or "no PostgreSQL binaries (apt-get install postgresql)"
-    if missing is not None:
-        if os.environ.get("WIREKIT_REQUIRE_PG") == "1":
-            pytest.fail(f"WIREKIT_REQUIRE_PG=1 but {missing}")
-        pytest.skip(missing)
-    server = PgServer(bindir).start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
+    with given_or_throwaway() as url:
+        if url is None:
+            missing = missing or "no PostgreSQL binaries (apt-get install postgresql)"
+        if missing is not None:
+            if os.environ.get("WIREKIT_REQUIRE_PG") == "1":
+                pytest.fail(f"WIREKIT_REQUIRE_PG=1 but {missing}")
+            pytest.skip(missing)
+        yield url
 
 
 _pg_dbs = iter(range(1, 1 << 30))

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 TIMEOUT = 60.0
@@ -120,6 +121,25 @@ class PgServer:
                 str(self.bindir / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "immediate", "stop"
             )
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def given_or_throwaway() -> Iterator[str | None]:
+    """A PostgreSQL URL: ``WIREKIT_PG_URL`` when set, else a throwaway server's (stopped on
+    leaving); None when neither is there (no binaries)."""
+    url = os.environ.get("WIREKIT_PG_URL")
+    if url:
+        yield url
+        return
+    bindir = pg_bindir()
+    if bindir is None:
+        yield None
+        return
+    server = PgServer(bindir).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 if __name__ == "__main__":
