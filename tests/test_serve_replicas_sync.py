@@ -297,7 +297,15 @@ def test_the_store_table_sets_how_often_a_replica_compacts_the_log(tmp_path, pg_
                 assert (a.replicas.compact_every, a.replicas.compact_keep) == (0.2, 0)
                 assert never.replicas.compact_every == 0
                 await a.set_quota_doc("a", {"node": "n", "device": 0, "quota": 0.25})
-                await until(lambda: sql(pg_url, "SELECT upto FROM catalog_snapshots") != [])
+                # N follows the log: the change is in it; then A's own compaction folds it
+                # (a snapshot taken before the change was logged does not count)
+                await until(lambda: described(never) == described(a))
+                await until(
+                    lambda: (
+                        sql(pg_url, "SELECT kind FROM catalog_changes") == []
+                        and sql(pg_url, "SELECT upto FROM catalog_snapshots") != []
+                    )
+                )
                 b = replica(tmp_path, pg_url, "B", port)
                 async with started(b):
                     return described(a), described(b)
