@@ -430,10 +430,14 @@ class ChangeLog:
             changes = self.since(self.applied)
             if not changes:
                 return
-            self.applied = changes[-1].seq
             theirs = [c for c in changes if c.origin != self.origin]
-            if theirs:
-                apply(theirs)
+            try:
+                if theirs:
+                    apply(theirs)
+            finally:
+                # after the hand-over: whoever sees ``applied`` reach a seq knows the
+                # changes up to it were handed to ``apply``
+                self.applied = changes[-1].seq
 
         # every call in the listener's thread: on each notification, and each time the
         # LISTEN starts (what was logged before it, or while disconnected)

@@ -127,11 +127,15 @@ class ReplicaSync:
         self._applier = asyncio.ensure_future(self._apply_all())
         upto = await asyncio.to_thread(self.log.last)
         self.log.follow(self._from_listener, after=0)
-        # the changes logged before this replica started: applied before it says ready
+        # the changes logged before this replica started: applied before it says ready.
+        # ``log.applied`` reaches ``upto`` once they were handed over (from the listener's
+        # thread, with call_soon_threadsafe, so they are on the loop's queue before this
+        # task runs again); then wait until the applier is through all of them -- not
+        # only until it took them off the queue (a snapshot's models are added with awaits).
         while self.log.applied < upto:
             await asyncio.sleep(0.01)
-        while not self._incoming.empty():
-            await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
+        await self._incoming.join()
         if self.compact_every > 0:
             self._compactor = asyncio.ensure_future(self._compact_periodically())
         self.ready.set()
@@ -204,12 +208,18 @@ class ReplicaSync:
 
     async def _apply_all(self) -> None:
         while True:
-            for change in await self._incoming.get():
-                try:
-                    await self._apply(change)
-                except Exception as exc:  # a change this catalog refuses: logged, skipped
-                    log.warning("wirekit serve: catalog change %d not applied: %s", change.seq, exc)
-                self.applied += 1
+            batch = await self._incoming.get()
+            try:
+                for change in batch:
+                    try:
+                        await self._apply(change)
+                    except Exception as exc:  # a change this catalog refuses: logged, skipped
+                        log.warning(
+                            "wirekit serve: catalog change %d not applied: %s", change.seq, exc
+                        )
+                    self.applied += 1
+            finally:
+                self._incoming.task_done()  # start() joins the queue
 
     async def _apply(self, change: Change) -> None:
         doc = change.doc
