@@ -334,19 +334,24 @@ def test_change_log_appends_commit_in_seq_order(pg_url):
         log.close()
 
 
-def other_sessions(url: str, settle: bool = False) -> int:
-    """The sessions to the database of ``url`` besides the one asking.  ``settle``: wait
-    (TIMEOUT at most) for the ones closed to be gone -- a server process ends a moment
-    after its client closed the connection."""
+_COUNTER = "wirekit-test-session-count"
+
+
+def other_sessions(url: str, settle: bool = False, expect: int = 0) -> int:
+    """The sessions to the database of ``url`` besides this counter's own (those of its
+    earlier calls included: a server process ends a moment after its client closed the
+    connection).  ``settle``: wait (TIMEOUT at most) until there are ``expect`` -- the
+    sessions other code closed may be ending too; one left open never goes."""
     import psycopg
 
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(url, autocommit=True, application_name=_COUNTER) as conn:
         for _ in range(400):
             n = conn.execute(
                 "SELECT count(*) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " WHERE datname = current_database() AND application_name <> %s",
+                (_COUNTER,),
             ).fetchone()[0]
-            if n == 0 or not settle:
+            if n == expect or not settle:
                 return n
             threading.Event().wait(TIMEOUT / 400)
         return n
@@ -367,7 +372,8 @@ def test_closed_means_closed_a_call_after_close_opens_no_session(pg_url):
         assert log.append("quota", {"model": "m", "share": 0.5}) == 1
         assert lock.poll() is True
         assert db.recent(0.0) == {}
-        assert other_sessions(pg_url) == 3
+        # the three (the migration's session may still be ending)
+        assert other_sessions(pg_url, settle=True, expect=3) == 3
     finally:
         log.close()
         lock.close()
@@ -382,7 +388,7 @@ def test_closed_means_closed_a_call_after_close_opens_no_session(pg_url):
         lock.execute("SELECT 1")
     with pytest.raises(StoreUnavailable, match="is closed"):
         db.recent(0.0)
-    assert other_sessions(pg_url) == 0
+    assert other_sessions(pg_url) == 0  # the closed ones' calls opened none
     reader = ChangeLog(pg_url, "b")
     try:
         assert [c.doc["share"] for c in reader.since(0)] == [0.5]  # the one before close

@@ -110,8 +110,14 @@ class LeaderLock:
             self._conn = _connect(self.url, self.keepalive, self.name)
         return self._conn
 
-    def _drop(self) -> None:
+    def _drop(self, unlock: bool = False) -> None:
         if self._conn is not None:
+            if unlock and self.leader:
+                # Free the lock before closing: a closed session's lock goes only when its
+                # server process has ended, a moment later, and the next poll -- here or on
+                # another replica -- would find it still taken.
+                with contextlib.suppress(Exception):
+                    self._conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
             with contextlib.suppress(Exception):
                 self._conn.close()
         self._conn = None
@@ -163,14 +169,14 @@ class LeaderLock:
         """Give the lead up (the lock and its session); the next :meth:`poll` may take it
         again."""
         with self._lock:
-            self._drop()
+            self._drop(unlock=True)
 
     def close(self) -> None:
         """Give the lead up for good: a :meth:`poll` afterwards (one already on its way from
         another thread included) returns False and opens no session."""
         with self._lock:
             self._closed = True
-            self._drop()
+            self._drop(unlock=True)
 
 
 class NotLeader(RuntimeError):
