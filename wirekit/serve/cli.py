@@ -27,7 +27,7 @@ import os
 import signal
 import sqlite3
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from wirekit import _loop
 
@@ -531,20 +531,23 @@ def _model_from_flags(args: argparse.Namespace) -> dict:
                 f"--place {spec!r}: DEVICE is an integer and QUOTA a number", EXIT_USAGE
             ) from None
         placements.append(place)
-    model: dict = {}
-    for key, value in (
-        ("backend", args.backend),
-        ("port", args.mip_port),
-        ("attempts", args.attempts),
-        ("max_batch", args.max_batch),
-        ("timeout", args.model_timeout),
-        ("target", args.target),
-    ):
-        if value is not None:
-            model[key] = value
+    model = {k: v for k, v in (("backend", args.backend), ("port", args.mip_port)) if v is not None}
+    model.update(_live_settings_from_flags(args))
     if args.apps:
         model["apps"] = [a for a in args.apps.split(",") if a]
     return {"name": args.name, "model": model, "placements": placements}
+
+
+def _live_settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings a model can change live, as given by ``models add`` / ``models set``
+    flags (those left out are not in the result)."""
+    given = (
+        ("timeout", args.model_timeout),
+        ("attempts", args.attempts),
+        ("max_batch", args.max_batch),
+        ("target", args.target),
+    )
+    return {key: value for key, value in given if value is not None}
 
 
 @_admin_command
@@ -586,15 +589,7 @@ def _models_remove(args: argparse.Namespace, out: TextIO) -> int:
 def _models_set(args: argparse.Namespace, out: TextIO) -> int:
     from urllib.parse import quote
 
-    body: dict = {}
-    for key, value in (
-        ("timeout", args.model_timeout),
-        ("attempts", args.attempts),
-        ("max_batch", args.max_batch),
-        ("target", args.target),
-    ):
-        if value is not None:
-            body[key] = value
+    body = _live_settings_from_flags(args)
     if args.no_target:
         body["target"] = None
     if not body:
