@@ -283,12 +283,7 @@ class _ClientConnection(asyncio.Protocol):
 
     def send(self, pending: _Pending) -> None:
         if self.transport is None:
-            # Lost before this request was written: a peer that resets right after accepting
-            # can end the connection between ``connect`` and the first send.  Settled as a
-            # loss with the request unanswered (the caller resubmits or reports it), on the
-            # next loop pass -- never re-entrantly inside the caller's send.
-            lost = _Unanswered(False, ConnectionResetError("mip: connection lost before sending"))
-            self.loop.call_soon(_settle_lost, pending, lost)
+            self._lost_before_sending((pending,))
             return
         if self.out is not None:
             self.out.append(pending.wire)
@@ -306,9 +301,7 @@ class _ClientConnection(asyncio.Protocol):
         """Send ``frames`` as the pending ``calls`` (one each, none due later than
         ``deadline``) in one write, or with the writes gathered in this loop pass."""
         if self.transport is None:
-            lost = _Unanswered(False, ConnectionResetError("mip: connection lost before sending"))
-            for call in calls:
-                self.loop.call_soon(_settle_lost, call, lost)
+            self._lost_before_sending(calls)
             return
         if self.out is not None:
             self.out.extend(frames)
@@ -317,6 +310,15 @@ class _ClientConnection(asyncio.Protocol):
         self.waiting.extend(calls)
         if deadline < self.timer_due:
             self.arm(deadline)
+
+    def _lost_before_sending(self, calls: Iterable[Any]) -> None:
+        """Lost before these requests were written: a peer that resets right after
+        accepting can end the connection between ``connect`` and the first send.  Each is
+        settled as a loss with the request unanswered (the caller resubmits or reports
+        it), on the next loop pass -- never re-entrantly inside the caller's send."""
+        lost = _Unanswered(False, ConnectionResetError("mip: connection lost before sending"))
+        for call in calls:
+            self.loop.call_soon(_settle_lost, call, lost)
 
     def arm(self, deadline: float) -> None:
         """Have the connection's timer go off at ``deadline`` (loop time; earlier than it
