@@ -86,6 +86,13 @@ class DispatcherProcess:
         self.proc: subprocess.Popen | None = None
         self.addresses: dict[str, Any] = {}
 
+    @classmethod
+    def of(cls, doc: dict[str, Any], directory: Path) -> DispatcherProcess:
+        """For the deployment ``doc``, written to ``directory/deployment.json``."""
+        config = directory / "deployment.json"
+        config.write_text(json.dumps(doc))
+        return cls(config)
+
     def __enter__(self) -> DispatcherProcess:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
         self.proc = subprocess.Popen(

@@ -13,7 +13,6 @@ Skips where cgroups cannot be written, unless ``WIREKIT_REQUIRE_CGROUPS=1`` (``.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 
@@ -123,9 +122,7 @@ def test_controller_moves_cpu_between_cgroups(tmp_path, cgroups):
                 },
             },
         )
-        config = tmp_path / "deployment.json"
-        config.write_text(json.dumps(doc))
-        with DispatcherProcess(config) as dispatcher:
+        with DispatcherProcess.of(doc, tmp_path) as dispatcher:
             result = run(scenario(dispatcher, cgroups), timeout=120)
     decisions = RequestStore(store).decisions(1000)
     check(result, decisions, cgroups)

@@ -117,9 +117,7 @@ def test_live_add_and_remove_under_load(tmp_path):
             store={"path": str(store), "payloads": True},
             cache={"max_entries": 0},
         )
-        config = tmp_path / "deployment.json"
-        config.write_text(json.dumps(doc))
-        with DispatcherProcess(config) as proc:
+        with DispatcherProcess.of(doc, tmp_path) as proc:
             url = ["--url", proc.http, "--token", TOKEN]
 
             async def main():

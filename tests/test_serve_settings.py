@@ -120,9 +120,7 @@ def test_models_set_through_a_real_dispatcher_process(tmp_path):
             backoff=0,
             cache={"max_entries": 0},
         )
-        config = tmp_path / "deployment.json"
-        config.write_text(json.dumps(doc))
-        with DispatcherProcess(config) as proc:
+        with DispatcherProcess.of(doc, tmp_path) as proc:
             url = ["--url", proc.http, "--token", TOKEN]
 
             async def main():
