@@ -123,9 +123,17 @@ def _register_models(sub) -> None:
     ls = msub.add_parser("list", parents=[common], help="the models, their devices and quotas")
     ls.add_argument("--json", action="store_true", help="print the admin API's JSON")
     ls.set_defaults(handler=_models_list)
+    # the settings a model can change live (models add and models set; --target apart:
+    # set makes it exclusive with --no-target)
+    live = argparse.ArgumentParser(add_help=False)
+    live.add_argument("--model-timeout", type=float, metavar="SECONDS", help="seconds per attempt")
+    live.add_argument("--attempts", type=int, help="attempts per request")
+    live.add_argument(
+        "--max-batch", type=int, metavar="N", help="adaptive batching: samples per batch"
+    )
     add = msub.add_parser(
         "add",
-        parents=[common],
+        parents=[common, live],
         help="add a model (a JSON/TOML file, or flags)",
         description="Add a model: FILE is a config document reduced to the model (its"
         " models entry and its nodes), or give --name and --place.",
@@ -144,11 +152,6 @@ def _register_models(sub) -> None:
         "--mip-port", type=int, metavar="PORT", help="its MIP front door port (default 0: any)"
     )
     add.add_argument("--apps", help="comma-separated Clipper app names")
-    add.add_argument("--attempts", type=int, help="attempts per request")
-    add.add_argument(
-        "--max-batch", type=int, metavar="N", help="adaptive batching: samples per batch"
-    )
-    add.add_argument("--model-timeout", type=float, metavar="SECONDS", help="seconds per attempt")
     add.add_argument(
         "--target",
         type=float,
@@ -158,18 +161,13 @@ def _register_models(sub) -> None:
     add.set_defaults(handler=_models_add)
     st = msub.add_parser(
         "set",
-        parents=[common],
+        parents=[common, live],
         help="change a model's settings in place (timeout, attempts, batching, target)",
         description="Change the settings of a model while it is served: new requests use"
         " them at once, requests in flight finish with theirs (on every replica). Its port,"
         " backend, apps and handler change only by removing and adding it again.",
     )
     st.add_argument("name", help="the model")
-    st.add_argument("--model-timeout", type=float, metavar="SECONDS", help="seconds per attempt")
-    st.add_argument("--attempts", type=int, help="attempts per request")
-    st.add_argument(
-        "--max-batch", type=int, metavar="N", help="adaptive batching: samples per batch"
-    )
     target = st.add_mutually_exclusive_group()
     target.add_argument(
         "--target",
