@@ -208,7 +208,7 @@ def test_many_connections_holding_partial_requests_stay_under_the_buffer_cap(lan
                     reader, writer = await asyncio.open_connection(*address)
                     writer.write(partial)
                     conns.append((reader, writer))
-                budget = service.mip_budget
+                budget = service.budget
                 refused: list[bytes] = []
                 pending = {asyncio.ensure_future(until_closed(r)) for r, _w in conns}
                 while budget.total // len(partial) + len(refused) < n:
@@ -228,10 +228,10 @@ def test_many_connections_holding_partial_requests_stay_under_the_buffer_cap(lan
                 for _r, writer in conns:
                     writer.close()
             for _ in range(100):  # the closed connections give their bytes back
-                if not service.mip_budget.total:
+                if not service.budget.total:
                     break
                 await asyncio.sleep(0.05)
-            assert service.mip_budget.total == 0
+            assert service.budget.total == 0
 
     run(main())
 

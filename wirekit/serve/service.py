@@ -143,8 +143,8 @@ class Service:
         self.dispatcher: Dispatcher | None = None
         self._tasks: set[asyncio.Task] = set()
         self._mip_servers: dict[str, asyncio.Server] = {}
-        #: the bytes every MIP front-door connection holds, against ``mip.max_buffered``
-        self.mip_budget = BufferBudget(deployment.mip.max_buffered)
+        #: the one memory budget of this process: every front door (MIP and HTTP) charges it
+        self.budget = BufferBudget(deployment.mip.max_buffered)
         self._runner: web.AppRunner | None = None
         self._http_port: int | None = None
         self.clipper: Any = None  # the embedded Clipper RPC frontend, when a model uses Clipper
@@ -292,7 +292,7 @@ class Service:
 
         def factory() -> MipFrontDoor:
             assert self.dispatcher is not None
-            door = MipFrontDoor(self.dispatcher, model.name, self._tasks, dep.mip, self.mip_budget)
+            door = MipFrontDoor(self.dispatcher, model.name, self._tasks, dep.mip, self.budget)
             conns.add(door)
             return door
 
