@@ -119,3 +119,24 @@ def store_url(store_kind, tmp_path, request) -> str | None:
     if store_kind == "sqlite":
         return None
     return request.getfixturevalue("pg_url")
+
+
+# -- the admin API's generated tokens (issue 25) ----------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def runtime_dir(tmp_path_factory):
+    """Where every ``wirekit serve`` of the session (in process or a subprocess) writes its
+    generated admin token, and where the ``wirekit serve models`` commands look for it: a
+    directory of the session's own (``XDG_RUNTIME_DIR``), not the user's."""
+    directory = tmp_path_factory.mktemp("xdg-runtime")
+    directory.chmod(0o700)
+    saved = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(directory)
+    try:
+        yield directory
+    finally:
+        if saved is None:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+        else:
+            os.environ["XDG_RUNTIME_DIR"] = saved

@@ -85,6 +85,7 @@ class DispatcherProcess:
         self.config = config
         self.proc: subprocess.Popen | None = None
         self.addresses: dict[str, Any] = {}
+        self._log: list[str] = []
 
     @classmethod
     def of(cls, doc: dict[str, Any], directory: Path) -> DispatcherProcess:
@@ -112,10 +113,20 @@ class DispatcherProcess:
             _out, err = self.proc.communicate(timeout=TIMEOUT)
             raise AssertionError(f"wirekit serve did not start: {line!r} {err}")
         self.addresses = ready
-        # Drain stderr so a chatty log can never block the dispatcher.
-        self._drain = threading.Thread(target=self.proc.stderr.read, daemon=True)
+        # Drain stderr so a chatty log can never block the dispatcher (kept: ``log``).
+        self._drain = threading.Thread(target=self._keep_log, daemon=True)
         self._drain.start()
         return self
+
+    def _keep_log(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        self._log.append(self.proc.stderr.read())
+
+    @property
+    def log(self) -> str:
+        """What the dispatcher wrote to standard error (complete once it has stopped)."""
+        self._drain.join(TIMEOUT)
+        return "".join(self._log)
 
     def mip_address(self, model: str) -> str:
         return f"tcp://127.0.0.1:{self.addresses['mip'][model]}"
@@ -123,6 +134,17 @@ class DispatcherProcess:
     @property
     def http(self) -> str:
         return f"http://127.0.0.1:{self.addresses['http']}"
+
+    @property
+    def admin_token(self) -> str:
+        """The admin token the dispatcher generated (read from the file its ready line
+        names; a config with ``admin.token`` has none)."""
+        return Path(self.addresses["admin_token_file"]).read_text().strip()
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """The headers of an admin API request: its generated token, a JSON body."""
+        return {"Authorization": f"Bearer {self.admin_token}", "Content-Type": "application/json"}
 
     def kill9(self) -> None:
         assert self.proc is not None

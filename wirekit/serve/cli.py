@@ -6,11 +6,13 @@
     wirekit serve stats --store requests.db [--json]
     wirekit serve stats --store-url postgresql://host/db [--json]
     wirekit serve models list|add|remove|set|quota --url http://127.0.0.1:8080 [--token T]
+                                                    [--token-file FILE]
     wirekit serve k8s --config deployment.json [-o DIR]      # Kubernetes manifests
 
 When the dispatcher is listening it prints one JSON line to standard output:
 ``{"event": "ready", "host": ..., "http": port, "mip": {model: port}, "clipper_rpc": port}``
-(with ``--with-backends`` also ``"backends": {"node/device/model": "tcp://host:port"}``).
+(with ``--with-backends`` also ``"backends": {"node/device/model": "tcp://host:port"}``; with
+a generated admin token, ``"admin_token_file": path``).
 """
 
 from __future__ import annotations
@@ -106,18 +108,28 @@ def _register_models(sub) -> None:
         default=os.environ.get(ADMIN_URL_ENV),
         help=f"the dispatcher's HTTP front door, e.g. http://127.0.0.1:8080 (env {ADMIN_URL_ENV})",
     )
-    common.add_argument(
+    credential = common.add_mutually_exclusive_group()
+    credential.add_argument(
         "--token",
-        default=os.environ.get("WIREKIT_ADMIN_TOKEN"),
-        help="the admin API's bearer token (env WIREKIT_ADMIN_TOKEN)",
+        help="the admin API's bearer token (env WIREKIT_ADMIN_TOKEN; default: the token"
+        " file the dispatcher at --url wrote)",
+    )
+    credential.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="a file holding the token (env WIREKIT_ADMIN_TOKEN_FILE), e.g. the dispatcher's"
+        " admin.token_file",
     )
     common.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
     mo = sub.add_parser(
         "models",
         help="list, add, remove, change models or set a quota in a running dispatcher (its"
         " admin API)",
-        description="Models of a running wirekit serve, through its admin API. Exit status:"
-        " 0 done, 1 refused by the dispatcher (or unreachable), 2 usage.",
+        description="Models of a running wirekit serve, through its admin API. The token is"
+        " --token, --token-file, WIREKIT_ADMIN_TOKEN or WIREKIT_ADMIN_TOKEN_FILE, else the"
+        " file a dispatcher with no admin.token writes at start (found from --url). Exit"
+        " status: 0 done, 1 refused by the dispatcher (or unreachable), 2 usage (no token"
+        " found included).",
     )
     msub = mo.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     ls = msub.add_parser("list", parents=[common], help="the models, their devices and quotas")
@@ -402,6 +414,8 @@ async def _run(dep, out: TextIO, backends: dict[str, str] | None = None) -> int:
     gc.freeze()
     try:
         ready = {"event": "ready", **service.addresses()}
+        if service.admin_token_file is not None:
+            ready["admin_token_file"] = str(service.admin_token_file)
         if backends is not None:
             ready["backends"] = backends
         out.write(json.dumps(ready) + "\n")
@@ -431,6 +445,48 @@ class _AdminError(Exception):
         self.status = status
 
 
+def _admin_token(args: argparse.Namespace, environ: Any = os.environ) -> str:
+    """The admin token to send: ``--token``, ``--token-file``, ``WIREKIT_ADMIN_TOKEN``,
+    ``WIREKIT_ADMIN_TOKEN_FILE``, else the file the dispatcher at ``--url`` wrote
+    (:func:`~wirekit.serve.adminauth.token_file_candidates`); :class:`_AdminError` naming
+    where it looked when there is none."""
+    from .adminauth import (
+        ADMIN_TOKEN_ENV,
+        ADMIN_TOKEN_FILE_ENV,
+        TokenFileError,
+        read_token_file,
+        token_file_candidates,
+    )
+
+    try:
+        if args.token is not None:
+            return args.token
+        if args.token_file:
+            return read_token_file(Path(args.token_file))
+        if environ.get(ADMIN_TOKEN_ENV):
+            return environ[ADMIN_TOKEN_ENV]
+        if environ.get(ADMIN_TOKEN_FILE_ENV):
+            return read_token_file(Path(environ[ADMIN_TOKEN_FILE_ENV]))
+        candidates = token_file_candidates(args.url, environ)
+        for path in candidates:
+            if path.is_file():
+                return read_token_file(path)
+    except TokenFileError as exc:
+        raise _AdminError(str(exc), EXIT_USAGE) from None
+    where = "no token file"
+    if candidates:
+        dirs = list(dict.fromkeys(str(p.parent) for p in candidates))
+        where = f"no token file {candidates[0]}" + (
+            f" (looked in {' and '.join(dirs)})" if len(candidates) > 1 else ""
+        )
+    raise _AdminError(
+        f"no admin token for {args.url}: {where}; wirekit serve writes it at start when no"
+        " admin.token is configured (is it running there, as this user?); or give --token,"
+        f" --token-file or {ADMIN_TOKEN_ENV}",
+        EXIT_USAGE,
+    )
+
+
 def _admin_call(args: argparse.Namespace, method: str, path: str, body: object = None):
     """One call of the admin API: the decoded JSON answer, or :class:`_AdminError`."""
     import urllib.error
@@ -447,8 +503,7 @@ def _admin_call(args: argparse.Namespace, method: str, path: str, body: object =
     if body is not None:
         data = json.dumps(body).encode()
         headers["Content-Type"] = "application/json"
-    if args.token:
-        headers["Authorization"] = f"Bearer {args.token}"
+    headers["Authorization"] = f"Bearer {_admin_token(args)}"
     url = args.url.rstrip("/") + path
     request = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
@@ -462,7 +517,8 @@ def _admin_call(args: argparse.Namespace, method: str, path: str, body: object =
             doc = {"error": raw.decode("utf-8", "replace").strip() or exc.reason}
         message = doc.get("error", str(doc)) if isinstance(doc, dict) else str(doc)
         if exc.code == 401:
-            message += " (give --token or WIREKIT_ADMIN_TOKEN)"
+            message += " (the token given is not this dispatcher's: check --token,"
+            message += " --token-file or WIREKIT_ADMIN_TOKEN)"
         free = doc.get("free") if isinstance(doc, dict) else None
         if free:
             message += "\nfree: " + ", ".join(

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import string
 import sys
 from collections.abc import Mapping
@@ -194,10 +195,17 @@ class ControllerConfig:
 @dataclass(frozen=True, slots=True)
 class AdminConfig:
     """The admin API (``/admin/models``) of the HTTP front door: models added and removed
-    while the dispatcher runs.  Any HTTP bind but loopback needs a bearer ``token``."""
+    while the dispatcher runs.  It always needs a bearer token: ``token``, else one
+    generated at start and written to ``token_file``; any HTTP bind but loopback needs a
+    configured ``token`` (see :mod:`wirekit.serve.adminauth`)."""
 
     enabled: bool = True
     token: str | None = None  #: the bearer token (or env WIREKIT_ADMIN_TOKEN)
+    #: where a generated token is written (None: the runtime directory, named after the
+    #: HTTP address)
+    token_file: str | None = None
+    #: host names a client may use besides the listening address and localhost
+    allowed_hosts: tuple[str, ...] = ()
     drain_timeout: float = 30.0  #: seconds a removal waits for requests in flight at most
 
 
@@ -345,6 +353,17 @@ def _list(value: Any, where: str, *, nonempty: bool = True) -> list[Any]:
     return value
 
 
+def _host_names(value: Any, where: str) -> tuple[str, ...]:
+    """A list of host names or address literals (``admin.allowed_hosts``), lowercase."""
+    names = []
+    for index, name in enumerate(_list(value, where, nonempty=False)):
+        name = _str(name, f"{where}[{index}]").strip().lower().strip("[]").rstrip(".")
+        if not re.fullmatch(r"[a-z0-9._:%-]{1,253}", name):
+            raise ConfigError(f"{where}[{index}]", f"expected a host name, got {name!r}")
+        names.append(name)
+    return tuple(names)
+
+
 # --- the document ----------------------------------------------------------------------------
 
 
@@ -411,11 +430,17 @@ def parse_config(doc: Any) -> Deployment:
     )
 
     mip_limits = _mip_limits(top.get("mip", {}))
-    ad = _table(top.get("admin", {}), "admin", {"enabled", "token", "drain_timeout"})
-    token = ad.get("token")
+    ad = _table(
+        top.get("admin", {}),
+        "admin",
+        {"enabled", "token", "token_file", "allowed_hosts", "drain_timeout"},
+    )
+    token, token_file = ad.get("token"), ad.get("token_file")
     admin = AdminConfig(
         enabled=_bool(ad.get("enabled", True), "admin.enabled"),
         token=None if token is None else _str(token, "admin.token"),
+        token_file=None if token_file is None else _str(token_file, "admin.token_file"),
+        allowed_hosts=_host_names(ad.get("allowed_hosts", []), "admin.allowed_hosts"),
         drain_timeout=_num(ad.get("drain_timeout", 30.0), "admin.drain_timeout", lo=0, hi=3600),
     )
 

@@ -12,16 +12,17 @@
 * ``GET /metrics`` (Prometheus text), ``GET /stats`` (JSON), ``GET /healthz``.
 * The admin API (models added and removed while the dispatcher runs; see ``specs/serve.md``):
   ``GET /admin/models``, ``POST /admin/models``, ``DELETE /admin/models/{name}``,
-  ``PATCH /admin/models/{name}`` (its settings), ``PUT /admin/models/{name}/quota``.  With a
-  token, each needs ``Authorization: Bearer <token>`` (compared in constant time) and
-  answers 401 without it.  A request for a removed model is answered 410.
+  ``PATCH /admin/models/{name}`` (its settings), ``PUT /admin/models/{name}/quota``.  Each
+  needs ``Authorization: Bearer <token>`` (compared in constant time; 401 without it), a
+  ``Host`` naming this server and no foreign ``Origin`` (403), and a JSON body where it
+  changes state (415): see :mod:`wirekit.serve.adminauth`.  A request for a removed model
+  is answered 410.
 * ``GET /controller`` (JSON): the current quotas, the models' targets and the controller's last
   decisions (``specs/controller.md``).
 """
 
 from __future__ import annotations
 
-import hmac
 import inspect
 import itertools
 import json
@@ -32,6 +33,7 @@ from aiohttp import web
 
 from wirekit.mip import DEFAULT_MAX_ITEMS, ErrorReply, Inference
 
+from .adminauth import AdminAccess
 from .catalog import CatalogError
 from .config import ConfigError
 from .dispatcher import Dispatcher, Outcome, UnknownModel
@@ -125,13 +127,13 @@ def build_app(
     metrics_text: Callable[[], bytes | Awaitable[bytes]],
     max_items: int = DEFAULT_MAX_ITEMS,
     admin: Admin | None = None,
-    admin_token: str | None = None,
+    admin_access: AdminAccess | None = None,
     controller: Callable[[], dict[str, Any]] | None = None,
 ) -> web.Application:
     """The aiohttp application of the front door; ``max_items`` bounds the MIP items one
     body may ask for (the config's ``mip.max_items``).  ``app_models`` is read at each
-    request (the caller keeps it up to date).  ``admin``: serve the admin API, with
-    ``admin_token`` required when given."""
+    request (the caller keeps it up to date).  ``admin``: serve the admin API, to the
+    requests ``admin_access`` lets through (required with ``admin``)."""
     query_ids = itertools.count()
 
     async def predict(request: web.Request) -> web.Response:
@@ -240,7 +242,9 @@ def build_app(
 
     app = web.Application(client_max_size=MAX_BODY)
     if admin is not None:
-        _admin_routes(app, admin, admin_token)
+        if admin_access is None:
+            raise ValueError("the admin API needs its admin_access (a token, the host checks)")
+        _admin_routes(app, admin, admin_access)
     app.router.add_post("/v1/models/{model}:predict", predict)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/stats", get_stats)
@@ -250,18 +254,25 @@ def build_app(
     return app
 
 
-def _admin_routes(app: web.Application, admin: Admin, token: str | None) -> None:
-    """``/admin/models``: list, add, remove (see the module docstring)."""
-    expected = f"Bearer {token}".encode() if token is not None else None
+def _admin_routes(app: web.Application, admin: Admin, access: AdminAccess) -> None:
+    """``/admin/models``: list, add, remove (see the module docstring); every route is
+    guarded by ``access`` before its body is read."""
 
     def guarded(handler):
         async def check(request: web.Request) -> web.Response:
-            if expected is not None:
-                got = request.headers.get("Authorization", "").encode("utf-8", "replace")
-                if not hmac.compare_digest(got, expected):
-                    resp = _error(401, "the admin API needs Authorization: Bearer <token>")
-                    resp.headers["WWW-Authenticate"] = 'Bearer realm="wirekit admin"'
-                    return resp
+            headers = request.headers
+            refusal = access.refusal(
+                method=request.method,
+                host=headers.get("Host"),
+                origin=headers.get("Origin"),
+                authorization=headers.get("Authorization"),
+                content_type=headers.get("Content-Type"),
+                has_body=request.body_exists,
+            )
+            if refusal is not None:
+                resp = _error(refusal.status, refusal.message)
+                resp.headers.update(refusal.headers)
+                return resp
             return await handler(request)
 
         return check

@@ -16,6 +16,7 @@ import random
 import time
 import weakref
 from collections.abc import Iterable
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,15 @@ from aiohttp import web
 from wirekit.mip.limits import BufferBudget
 
 from .actuators import build_actuator
+from .adminauth import (
+    ADMIN_TOKEN_ENV,
+    AdminAccess,
+    TokenFileError,
+    default_token_file,
+    new_token,
+    remove_token_file,
+    write_token_file,
+)
 from .backends import Backend, ClipperBackend, KubeMoBackend, MipBackend
 from .cache import ResponseCache
 from .catalog import Catalog, CatalogChange, CatalogError
@@ -62,8 +72,7 @@ log = logging.getLogger("wirekit.serve")
 #: histogram buckets used, whatever the traffic)
 WINDOW_SLOTS = 600
 
-#: the environment variable that gives the admin API's bearer token (``admin.token``)
-ADMIN_TOKEN_ENV = "WIREKIT_ADMIN_TOKEN"
+__all__ = ["ADMIN_TOKEN_ENV", "Service", "admin_token", "is_loopback"]
 
 
 def is_loopback(host: str) -> bool:
@@ -77,9 +86,11 @@ def is_loopback(host: str) -> bool:
 
 
 def admin_token(deployment: Deployment, environ: Any = os.environ) -> str | None:
-    """The admin API's bearer token: ``admin.token``, else ``WIREKIT_ADMIN_TOKEN``, else None
-    (then the admin API answers loopback clients only).  Raises :class:`ConfigError` when
-    the HTTP front door listens beyond loopback with the admin API on and no token."""
+    """The admin API's configured bearer token: ``admin.token``, else
+    ``WIREKIT_ADMIN_TOKEN``, else None (then :class:`Service` generates one at start and
+    writes it to a file only the user can read).  Raises :class:`ConfigError` when the HTTP
+    front door listens beyond loopback with the admin API on and no token configured: a
+    client on another machine could not read the generated one."""
     admin = deployment.admin
     token = admin.token or environ.get(ADMIN_TOKEN_ENV) or None
     if (
@@ -130,7 +141,15 @@ class Service:
         #: the models metadata: the one source of truth of models, rows and quotas; the
         #: router follows its every change
         self.catalog = Catalog(deployment.models, deployment.rows)
+        #: the admin API's bearer token: the configured one, else one generated here and
+        #: written to :attr:`admin_token_file` at start (None: no admin API)
         self.admin_token = admin_token(deployment)
+        self._token_generated = False
+        admin = deployment.admin
+        if self.admin_token is None and admin.enabled and deployment.http_port is not None:
+            self.admin_token, self._token_generated = new_token(), True
+        #: where the generated token is, while the service runs (None: none generated)
+        self.admin_token_file: Path | None = None
         #: Clipper application name -> model, kept up to date as models come and go
         self.apps: dict[str, str] = self.catalog.app_models()
         self.catalog.subscribe(self._follow)  # backends first, then the router draws on them
@@ -251,7 +270,7 @@ class Service:
                     self.http_metrics,
                     max_items=dep.mip.max_items,
                     admin=self if dep.admin.enabled else None,
-                    admin_token=self.admin_token,
+                    admin_access=self._admin_access(),
                     controller=self.controller_state,
                 )
                 self._runner = web.AppRunner(app, access_log=None)
@@ -259,6 +278,7 @@ class Service:
                 site = web.TCPSite(self._runner, dep.host, dep.http_port)
                 await site.start()
                 self._http_port = self._runner.addresses[0][1]  # the port bound
+                self._write_token_file()
             if self.store.url is not None:
                 # several replicas on one store: one models metadata (and one controller)
                 from .replicas import ReplicaSync
@@ -283,6 +303,33 @@ class Service:
         except BaseException:
             await self.stop()
             raise
+
+    def _admin_access(self) -> AdminAccess | None:
+        """The admin API's checks (None when it is off)."""
+        admin = self.deployment.admin
+        if not admin.enabled or self.admin_token is None:
+            return None
+        return AdminAccess.of(self.admin_token, self.deployment.host, admin.allowed_hosts)
+
+    def _write_token_file(self) -> None:
+        """Write the generated admin token where the ``wirekit serve models`` commands look
+        for it (``admin.token_file``, else the runtime directory, named after the HTTP
+        address); the path is logged, never the token."""
+        if not self._token_generated or self._http_port is None:
+            return
+        assert self.admin_token is not None
+        configured = self.deployment.admin.token_file
+        path = (
+            Path(configured)
+            if configured is not None
+            else default_token_file(self.deployment.host, self._http_port)
+        )
+        try:
+            write_token_file(path, self.admin_token, private_dir=configured is None)
+        except TokenFileError as exc:
+            raise ConfigError("admin.token_file", str(exc)) from None
+        self.admin_token_file = path
+        log.warning("wirekit serve: admin API token written to %s (mode 0600)", path)
 
     async def _front_door(self, model: ModelConfig) -> asyncio.Server:
         """Open the MIP front door of ``model`` (its connections are remembered)."""
@@ -623,6 +670,10 @@ class Service:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.admin_token_file is not None:
+            assert self.admin_token is not None
+            remove_token_file(self.admin_token_file, self.admin_token)
+            self.admin_token_file = None
         dispatcher = self.dispatcher
         if dispatcher is not None:
             # Requests in flight: answered within the grace period, else cancelled.
