@@ -74,7 +74,10 @@ async def changes_under_load(tmp: Path, way: str, clients: int, changes: int) ->
            "placements": [{"node": "n", "device": 0, "quota": 1, "port": port}]}  # fmt: skip
     times = []
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        async with aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=30),
+            headers={"Authorization": f"Bearer {svc.admin_token}"},
+        ) as http:
             load = [asyncio.ensure_future(client(http)) for _ in range(clients)]
             await asyncio.sleep(0.5)
             for k in range(changes):
@@ -113,7 +116,10 @@ async def replica_latency(tmp: Path, url: str, changes: int) -> list[float]:
         await a.start()
         await b.start()
         base = f"http://127.0.0.1:{a.addresses()['http']}"
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        async with aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=30),
+            headers={"Authorization": f"Bearer {a.admin_token}"},
+        ) as http:
             for k in range(changes):
                 timeout = 5.0 + (k % 2) + 1
                 start = time.perf_counter()

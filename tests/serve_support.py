@@ -67,6 +67,12 @@ def deployment(
     return doc
 
 
+def admin_headers(service: Any) -> dict[str, str]:
+    """The ``Authorization`` header of the admin API of an in-process ``Service`` (its
+    configured token, or the one it generated)."""
+    return {"Authorization": f"Bearer {service.admin_token}"}
+
+
 def terminate(proc: subprocess.Popen) -> None:
     """SIGTERM ``proc`` if it still runs, SIGKILL it if it does not end in time."""
     if proc.poll() is None:

@@ -12,7 +12,7 @@ from collections import Counter
 
 import aiohttp
 import pytest
-from serve_support import answer_of, deployment, run, start_backend, tagged
+from serve_support import admin_headers, answer_of, deployment, run, start_backend, tagged
 from test_serve_lane import lane, lane_service  # noqa: F401 - the twin fixture
 
 from wirekit import mip
@@ -105,7 +105,9 @@ def test_admin_api_adds_lists_and_removes_a_model(tmp_path, store_url):
         port_n, port_g = servers[1][1], servers[2][1]
         base = f"http://127.0.0.1:{service.addresses()['http']}"
         try:
-            async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http:
+            async with aiohttp.ClientSession(
+                timeout=HTTP_TIMEOUT, headers=admin_headers(service)
+            ) as http:
                 async with http.get(f"{base}/admin/models") as r:
                     assert r.status == 200
                     doc = await r.json()
@@ -204,7 +206,9 @@ def test_admin_api_sets_a_quota_and_routing_follows_at_once(tmp_path, store_url,
         base = f"http://127.0.0.1:{service.addresses()['http']}"
         url = ["--url", base]
         try:
-            async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http:
+            async with aiohttp.ClientSession(
+                timeout=HTTP_TIMEOUT, headers=admin_headers(service)
+            ) as http:
                 body = {
                     "name": "m2",
                     "placements": [
@@ -594,8 +598,12 @@ def test_models_command_usage(argv, message, monkeypatch) -> None:
 
 
 def test_models_command_unreachable_or_bad_file(tmp_path) -> None:
-    status, _out, err = cli("list", "--url", "http://127.0.0.1:1", "--timeout", "5")
+    url = ["--url", "http://127.0.0.1:1", "--timeout", "5"]
+    status, _out, err = cli("list", *url, "--token", "t")
     assert status == 1 and "cannot reach the dispatcher at http://127.0.0.1:1" in err
+    # no token given and no token file: nothing is sent, the file looked for is named
+    status, _out, err = cli("list", *url)
+    assert status == 2 and "no token file" in err and "serve-127.0.0.1-1.token" in err
     bad = tmp_path / "m.json"
     bad.write_text("{nope")
     status, _out, err = cli("add", str(bad), "--url", "http://127.0.0.1:1")

@@ -245,11 +245,13 @@ def test_models_added_and_removed_through_one_replica_reach_the_other(tmp_path, 
     import urllib.error
     import urllib.request
 
-    def http(method: str, url: str, body: dict | None = None) -> tuple[int, dict]:
+    def http(
+        method: str, url: str, body: dict | None = None, to: DispatcherProcess | None = None
+    ) -> tuple[int, dict]:
+        """One HTTP call (an admin one with the token of ``to``)."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            url, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
+        headers = {"Content-Type": "application/json"} if to is None else to.admin_headers
+        req = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
                 return resp.status, json.loads(resp.read() or b"{}")
@@ -262,12 +264,17 @@ def test_models_added_and_removed_through_one_replica_reach_the_other(tmp_path, 
         with DispatcherProcess(configs["A"]) as a, DispatcherProcess(configs["B"]) as b:
             # --- a quota changed through A's admin API routes on B within a second
             status, done = http(
-                "PUT", f"{a.http}/admin/models/a/quota", {"node": "n", "device": 0, "quota": 0.2}
+                "PUT",
+                f"{a.http}/admin/models/a/quota",
+                {"node": "n", "device": 0, "quota": 0.2},
+                to=a,
             )
             assert status == 200 and done["status"] == "applied", done
 
             def quota_on_b() -> float:
-                return http("GET", f"{b.http}/admin/models")[1]["models"]["a"]["rows"][0]["quota"]
+                return http("GET", f"{b.http}/admin/models", to=b)[1]["models"]["a"]["rows"][0][
+                    "quota"
+                ]
 
             assert poll(lambda: quota_on_b() == 0.2) <= 40  # 40 polls 25 ms apart: 1 s
             # --- a model added through A: served by B; removed through A: refused by B
@@ -278,7 +285,7 @@ def test_models_added_and_removed_through_one_replica_reach_the_other(tmp_path, 
                 "model": {"port": None},
                 "placements": [{"node": "n", "device": 0, "quota": 0.25, "port": port}],
             }
-            status, added = http("POST", f"{a.http}/admin/models", body)
+            status, added = http("POST", f"{a.http}/admin/models", body, to=a)
             assert status == 201, added
 
             def served_by_b() -> bool:
@@ -286,16 +293,16 @@ def test_models_added_and_removed_through_one_replica_reach_the_other(tmp_path, 
                 return status == 200 and doc["outputs"] == [["F:Q"]]
 
             assert poll(served_by_b) <= 400
-            status, _doc = http("DELETE", f"{a.http}/admin/models/k")
+            status, _doc = http("DELETE", f"{a.http}/admin/models/k", to=a)
             assert status == 200
             assert poll(lambda: not served_by_b()) <= 400
             status, _doc = http("POST", f"{b.http}/v1/models/k:predict", {"inputs": [["q"]]})
             assert status in (404, 410)
             # --- a replica started now replays the log: k added and removed, k2 added
-            status, added = http("POST", f"{a.http}/admin/models", {**body, "name": "k2"})
+            status, added = http("POST", f"{a.http}/admin/models", {**body, "name": "k2"}, to=a)
             assert status == 201, added
             with DispatcherProcess(configs["C"]) as c:
-                status, doc = http("GET", f"{c.http}/admin/models")
+                status, doc = http("GET", f"{c.http}/admin/models", to=c)
                 assert status == 200 and sorted(doc["models"]) == ["a", "k2"]
 
 
@@ -340,7 +347,8 @@ def test_the_controller_runs_on_one_replica_and_moves_to_another(tmp_path, pg_ur
         }
 
         def quota_of(proc) -> float:
-            with urllib.request.urlopen(f"{proc.http}/admin/models", timeout=TIMEOUT) as r:
+            req = urllib.request.Request(f"{proc.http}/admin/models", headers=proc.admin_headers)
+            with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
                 return json.loads(r.read())["models"]["a"]["rows"][0]["quota"]
 
         with DispatcherProcess(configs["A"]) as a, DispatcherProcess(configs["B"]) as b:

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
-from serve_support import TIMEOUT, deployment, run, start_backend, tagged
+from serve_support import TIMEOUT, admin_headers, deployment, run, start_backend, tagged
 
 from wirekit.serve.config import parse_config
 from wirekit.serve.service import Service
@@ -208,7 +208,9 @@ def test_an_admin_quota_change_through_a_follower_is_applied_and_stored(tmp_path
                 base = f"http://127.0.0.1:{follower.addresses()['http']}"
                 body = {"node": "n", "device": 0, "quota": 0.3}
                 async with (
-                    aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http,
+                    aiohttp.ClientSession(
+                        timeout=HTTP_TIMEOUT, headers=admin_headers(follower)
+                    ) as http,
                     http.put(f"{base}/admin/models/a/quota", json=body) as r,
                 ):
                     status, done = r.status, await r.json()
@@ -254,7 +256,10 @@ def test_a_replica_started_after_compaction_describes_what_the_others_do(tmp_pat
             }
 
         try:
-            async with started(a, b), aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http:
+            async with (
+                started(a, b),
+                aiohttp.ClientSession(timeout=HTTP_TIMEOUT, headers=admin_headers(a)) as http,
+            ):
                 base = f"http://127.0.0.1:{a.addresses()['http']}"
                 await call(http, "POST", "/admin/models", add("k", 0.25))
                 await call(http, "POST", "/admin/models", add("k2", 0.25))

@@ -15,7 +15,15 @@ import json
 import aiohttp
 import pytest
 from mip_net import CliServer
-from serve_support import DispatcherProcess, answer_of, deployment, run, start_backend, tagged
+from serve_support import (
+    DispatcherProcess,
+    admin_headers,
+    answer_of,
+    deployment,
+    run,
+    start_backend,
+    tagged,
+)
 from test_serve_lane import lane, lane_service  # noqa: F401 - the twin fixture
 from test_serve_models import admin_service, stop_all
 from test_serve_policy import stats
@@ -71,7 +79,7 @@ def test_a_timeout_changed_live_bounds_new_requests_not_those_in_flight(lane, tm
             ) as (service, address),
             AsyncClient(address, timeout=10) as held,
             AsyncClient(address, timeout=10) as c,
-            aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http,
+            aiohttp.ClientSession(timeout=HTTP_TIMEOUT, headers=admin_headers(service)) as http,
         ):
             base = f"http://127.0.0.1:{service.addresses()['http']}"
             await c.connect()  # open before the change
@@ -130,7 +138,7 @@ def test_models_set_through_a_real_dispatcher_process(tmp_path):
                     status, _out, err = await asyncio.to_thread(
                         cli, "set", "m1", "--model-timeout", "0.05", "--url", proc.http
                     )
-                    assert status == 1 and "HTTP 401" in err  # no token: nothing changed
+                    assert status == 2 and "no admin token" in err  # no token: nothing sent
                     status, out, err = await asyncio.to_thread(
                         cli, "set", "m1", "--model-timeout", "0.05", "--attempts", "1", *url
                     )
@@ -276,7 +284,9 @@ def test_settings_while_a_model_is_being_removed(tmp_path):
                 service.catalog.devices(),
             )  # fmt: skip
             await service.add_model(model, rows)
-            async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http:
+            async with aiohttp.ClientSession(
+                timeout=HTTP_TIMEOUT, headers=admin_headers(service)
+            ) as http:
                 predict = f"{base}/v1/models/m2:predict"
                 first = asyncio.ensure_future(http.post(predict, json={"inputs": [["a"]]}))
                 await until(lambda: service.metrics.in_flight("m2") == 1)
@@ -350,7 +360,9 @@ def test_a_model_added_with_a_target_reaches_the_controller(tmp_path):
         servers.append((slow, slow_port))
         base = f"http://127.0.0.1:{service.addresses()['http']}"
         try:
-            async with aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http:
+            async with aiohttp.ClientSession(
+                timeout=HTTP_TIMEOUT, headers=admin_headers(service)
+            ) as http:
                 body = {
                     "name": "m2",
                     "model": {"target": 0.001},
@@ -476,7 +488,10 @@ def test_settings_reach_every_replica_and_survive_compaction(tmp_path, pg_url):
         backend, port = await start_backend(tagged("A"))
         a, b = (replica(tmp_path, pg_url, n, port) for n in ("A", "B"))
         try:
-            async with started(a, b), aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http:
+            async with (
+                started(a, b),
+                aiohttp.ClientSession(timeout=HTTP_TIMEOUT, headers=admin_headers(a)) as http,
+            ):
                 base = f"http://127.0.0.1:{a.addresses()['http']}"
 
                 async def call(method, path, body):
