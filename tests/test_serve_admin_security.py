@@ -20,8 +20,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from serve_support import ROOT, TIMEOUT, DispatcherProcess, deployment
+from serve_support import ROOT, TIMEOUT, BackendProcess, DispatcherProcess, deployment
 
+from wirekit import mip
+from wirekit.mip.client import Client
 from wirekit.serve.adminauth import (
     AdminAccess,
     TokenFileError,
@@ -126,6 +128,20 @@ def test_a_cross_origin_text_plain_post_adds_no_model(tmp_path):
         # a null Origin (a sandboxed frame, a file:// page) is foreign too
         status, doc, _ = call(port, "POST", "/admin/models", {**page, "Origin": "null"}, body)
         assert status == 403, doc
+        # a page's JSON POST needs a preflight first: OPTIONS is not allowed, and no answer
+        # of the server ever carries CORS headers (so a page reads none of them)
+        preflight = {
+            "Origin": "http://attacker.example",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type,authorization",
+        }
+        for path in ("/admin/models", "/v1/models/m1:predict", "/metrics"):
+            status, _doc, headers = call(port, "OPTIONS", path, preflight)
+            assert status == 405, (path, status)
+            assert not any(h.lower().startswith("access-control-") for h in headers), path
+        for method, path in (("GET", "/metrics"), ("GET", "/stats"), ("GET", "/admin/models")):
+            _status, _doc, headers = call(port, method, path, {"Origin": "http://attacker.example"})
+            assert not any(h.lower().startswith("access-control-") for h in headers), path
         status, doc, headers = call(
             port, "POST", "/admin/models", {"Content-Type": "text/plain"}, body
         )
@@ -223,6 +239,45 @@ def test_the_generated_token_file_is_private_while_running_and_gone_after_stop(
     assert not path.exists()
     assert f"admin API token written to {path}" in log
     assert token not in log
+
+
+#: what a web page's ``fetch("http://127.0.0.1:PORT/", {method: "POST", body})`` puts on
+#: the wire: a request line, headers and the page's bytes (here a valid MIP request)
+BROWSER_POST = (
+    b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://attacker.example\r\n"
+    b"Content-Type: text/plain\r\nContent-Length: 22\r\n\r\n"
+    + mip.encode(mip.Inference.request([[mip.Item.text("hi")]]))
+)
+
+
+def raw_exchange(port: int, data: bytes) -> bytes:
+    """Send ``data`` to 127.0.0.1:``port`` and read until the server closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as conn:
+        conn.sendall(data)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_a_browser_request_to_a_mip_port_is_a_protocol_error(tmp_path):
+    """What a web page can send to a MIP port (the dispatcher's front door, ``wirekit mip
+    serve``) starts with an HTTP method, never MIP version 0: one PROTOCOL error reply, the
+    connection closed, the model not called; both keep serving MIP clients."""
+    refused = mip.encode(mip.ErrorReply(int(mip.ErrorCode.PROTOCOL)))
+    with BackendProcess("serve_handlers:tag_fast") as backend:
+        doc = one_model(tmp_path)
+        doc["nodes"][0]["ports"] = [backend.port]
+        with DispatcherProcess.of(doc, tmp_path) as proc:
+            front = proc.addresses["mip"]["m1"]
+            for port in (front, backend.port):
+                assert raw_exchange(port, BROWSER_POST) == refused
+            with Client(proc.mip_address("m1"), timeout=TIMEOUT) as client:
+                (item,) = client.infer_one("x")
+                assert item.as_text() == "F:X"
+            status, doc_, _ = call(proc.addresses["http"], "GET", "/stats")
+            assert status == 200
+            assert doc_["models"]["m1"]["requests"] == 1  # the client's only
 
 
 def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
