@@ -170,7 +170,7 @@ def token_file_candidates(url: str, environ: Mapping[str, str] = os.environ) -> 
     except ValueError:
         return []
     hosts = [host]
-    if _is_loopback_name(host):
+    if is_loopback(host):
         hosts += ["127.0.0.1", "localhost", "::1"]
     names = list(dict.fromkeys(token_file_name(h, port) for h in hosts))
     return [directory / name for directory in runtime_dirs(environ) for name in names]
@@ -179,9 +179,9 @@ def token_file_candidates(url: str, environ: Mapping[str, str] = os.environ) -> 
 # --- the checks --------------------------------------------------------------------------
 
 
-def _is_loopback_name(host: str) -> bool:
-    """Whether ``host`` (a name or an address literal, IPv6 with or without brackets) is
-    this machine's loopback."""
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a listen address or a ``Host`` name: ``localhost`` or an address
+    literal, IPv6 with or without brackets) is reachable from this machine only."""
     host = host.strip("[]").lower().rstrip(".")
     if host == "localhost":
         return True
@@ -254,7 +254,7 @@ class AdminAccess:
     @property
     def loopback(self) -> bool:
         """Whether the front door listens on loopback only."""
-        return _is_loopback_name(self.listen_host)
+        return is_loopback(self.listen_host)
 
     def host_allowed(self, host: str | None) -> bool:
         """Whether a request with this ``Host`` header may reach the admin API."""

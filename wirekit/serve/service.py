@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import os
 import random
@@ -30,6 +29,7 @@ from .adminauth import (
     AdminAccess,
     TokenFileError,
     default_token_file,
+    is_loopback,
     new_token,
     remove_token_file,
     write_token_file,
@@ -73,16 +73,6 @@ log = logging.getLogger("wirekit.serve")
 WINDOW_SLOTS = 600
 
 __all__ = ["ADMIN_TOKEN_ENV", "Service", "admin_token", "is_loopback"]
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a listen address) is reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def admin_token(deployment: Deployment, environ: Any = os.environ) -> str | None:
