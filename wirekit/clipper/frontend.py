@@ -817,7 +817,8 @@ class Frontend:
 
     def _drain_queries(self, query: zmq.Socket, now: float) -> None:
         """Take or refuse the queries waiting on the query socket (at most 64 at a turn):
-        what the desk takes goes to the decoding thread, what it refuses is answered."""
+        what the desk refuses is answered; a small query taken is decoded here, a larger
+        one on the decoding thread (the socket loop goes on meanwhile)."""
         desk = self.queries
         for _ in range(64):
             try:
@@ -825,26 +826,38 @@ class Frontend:
             except zmq.Again:
                 return
             taken = desk.take(frames, now)
-            if isinstance(taken, Ticket):
-                self._to_decode.put(taken)
+            if not isinstance(taken, Ticket):
+                self._send_query(taken)
+            elif taken.charged <= _DECODE_HERE:
+                self._decode(taken)
             else:
-                query.send_multipart(taken)
+                self._to_decode.put(taken)
+
+    def _decode(self, ticket: Ticket) -> None:
+        """Decode a query taken, for the thread driving the sockets to submit (or to answer
+        its error)."""
+        try:
+            self._decoded.append((ticket, self.queries.decode(ticket)))
+        except DecodeError as exc:
+            self._decoded.append((ticket, exc))
+        except Exception as exc:  # a bug: answered all the same, and loud
+            log.exception("clipper frontend: decoding a query failed")
+            self._decoded.append((ticket, PredictionError(f"the query could not be read: {exc}")))
 
     def _decode_queries(self) -> None:
-        """The decoding thread: decode each query taken, hand it to the thread driving the
-        sockets (which submits it, or answers its error), until told to end."""
-        desk, inbox, decoded = self.queries, self._to_decode, self._decoded
+        """The decoding thread: decode each large query taken, hand it to the thread driving
+        the sockets, until told to end."""
+        inbox = self._to_decode
         while True:
             ticket = inbox.get()
             if ticket is None or self._stopping:
                 return
-            try:
-                decoded.append((ticket, desk.decode(ticket)))
-            except DecodeError as exc:
-                decoded.append((ticket, exc))
-            except Exception as exc:  # a bug: answered all the same, and loud
-                log.exception("clipper frontend: decoding a query failed")
-                decoded.append((ticket, PredictionError(f"the query could not be read: {exc}")))
+            log.info(
+                "clipper frontend: decoding a query of %d bytes from %s",
+                ticket.charged,
+                ticket.identity.hex(),
+            )
+            self._decode(ticket)
             if self._owner is None:
                 self._kick.set()  # nobody drives the sockets: the background thread will
             else:
@@ -859,14 +872,26 @@ class Frontend:
             if isinstance(query, BaseException):
                 self._answer_query(ticket, None, query)
                 continue
+            refused = self.queries.admit(ticket, query)
+            if refused is not None:
+                self._send_query(refused)
+                continue
             deadline = ticket.received + query.timeout
             state.submit(query.model, query.inputs, deadline, ("query", ticket), query.input_type)
             self._submitted = True  # dispatch it now, not at the next tick
 
     def _answer_query(self, ticket: Ticket, outputs: Any, error: BaseException | None) -> None:
         self.queries.answered(ticket)
+        self._send_query(self.queries.reply(ticket.identity, outputs, error))
+
+    def _send_query(self, frames: list[bytes]) -> None:
         if self._query is not None and not self._sockets_closed:
-            self._query.send_multipart(self.queries.reply(ticket.identity, outputs, error))
+            self._query.send_multipart(frames)
+
+
+#: Queries up to this many bytes are decoded on the thread driving the sockets (it takes
+#: microseconds); larger ones on the decoding thread.
+_DECODE_HERE = 64 << 10
 
 
 #: The compiled twin of the frontend's per-message path (``FrontendState`` with its

@@ -8,11 +8,14 @@ the frontend's query socket, a ROUTER::
 and get ``[identity, b"", b'{"outputs": [...]}']`` or ``[identity, b"", b'{"error": "..."}']``
 back.  :class:`QueryDesk` decides, for each message the socket hands over, whether it is taken
 (a :class:`Ticket`) or refused at once (the reply to send): a message of another shape, a body
-over ``max_query_size``, more than ``max_pending`` queries or ``max_pending_bytes`` body bytes
-already taken and not yet answered.  Taking and refusing cost the same whatever the body
-holds: nothing is decoded.  :meth:`QueryDesk.decode` then turns a ticket's body into a
-:class:`Query` (or a :class:`~wirekit.errors.DecodeError` naming what is wrong); it changes
-nothing, so the frontend runs it on a thread of its own, away from the socket loop.
+over ``max_query_size``, more than ``max_pending`` queries or ``max_pending_bytes`` bytes
+already held by queries taken and not yet answered.  Taking and refusing cost the same
+whatever the body holds: nothing is decoded.  :meth:`QueryDesk.decode` then turns a ticket's
+body into a :class:`Query` (or a :class:`~wirekit.errors.DecodeError` naming what is wrong);
+it changes nothing, so the frontend runs it on a thread of its own, away from the socket
+loop.  :meth:`QueryDesk.admit` charges the decoded inputs' memory in place of the body's (a
+JSON number of 2 bytes becomes a Python object of 24 to 32: decoded inputs take up to ~20
+times their text) and refuses the query if that passes ``max_pending_bytes``;
 :meth:`QueryDesk.reply` makes the answer and :meth:`QueryDesk.answered` gives the ticket's
 share of the caps back.
 
@@ -24,7 +27,9 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -57,24 +62,27 @@ _REASON_CHARS = 200
 @dataclass(eq=False, slots=True)
 class Ticket:
     """A query taken by :meth:`QueryDesk.take`: who asked, when (the ``now`` it was taken
-    at; its timeout counts from then), its body's size, and the body until
-    :meth:`QueryDesk.decode` reads it (then ``b""``: a query waiting for a replica holds
-    its decoded inputs, not its text too)."""
+    at; its timeout counts from then), the bytes charged to it (its body's size, then its
+    decoded inputs' estimated memory), and the body until :meth:`QueryDesk.decode` reads
+    it (then ``b""``: a query waiting for a replica holds its decoded inputs, not its text
+    too)."""
 
     identity: bytes
     received: float
-    size: int
+    charged: int
     body: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class Query:
-    """A decoded query: the batch to submit, and how long it may wait (seconds)."""
+    """A decoded query: the batch to submit, how long it may wait (seconds), and the
+    memory its inputs take (estimated by :func:`held_bytes`)."""
 
     model: str
     inputs: list
     timeout: float
     input_type: InputType | None
+    held: int
 
 
 def _check_limit(name: str, value: float, *, at_least: float = 0) -> None:
@@ -147,18 +155,35 @@ class QueryDesk:
             return self.reply(
                 identity,
                 None,
-                f"too many query bytes: {self.pending_bytes} are waiting for an answer, this "
-                f"query's {size} would pass the limit of {self.max_pending_bytes} "
-                f"(--max-pending-query-bytes); try again later",
+                f"too many query bytes: queries waiting for an answer hold "
+                f"{self.pending_bytes}, this query's {size} would pass the limit of "
+                f"{self.max_pending_bytes} (--max-pending-query-bytes); try again later",
             )
         self.pending += 1
         self.pending_bytes += size
         return Ticket(identity, now, size, body)
 
+    def admit(self, ticket: Ticket, query: Query) -> list[bytes] | None:
+        """The ticket's query is decoded: charge what its inputs hold in place of its body;
+        None when that stays within ``max_pending_bytes`` (submit it), else the error reply
+        to send (the ticket is then answered: nothing stays charged)."""
+        self.pending_bytes += query.held - ticket.charged
+        ticket.charged = query.held
+        if self.pending_bytes <= self.max_pending_bytes:
+            return None
+        self.answered(ticket)
+        return self.reply(
+            ticket.identity,
+            None,
+            f"too many query bytes: this query's inputs hold about {query.held} bytes once "
+            f"decoded, with the queries waiting for an answer that passes the limit of "
+            f"{self.max_pending_bytes} (--max-pending-query-bytes); try again later",
+        )
+
     def answered(self, ticket: Ticket) -> None:
         """The ticket's query is answered: its share of the caps is free again."""
         self.pending -= 1
-        self.pending_bytes -= ticket.size
+        self.pending_bytes -= ticket.charged
 
     # -- any thread: nothing changes --
 
@@ -213,17 +238,21 @@ def _bad(field: str, offset: int, reason: str) -> DecodeError:
 
 
 def decode_query(body: bytes, max_timeout: float = DEFAULT_MAX_TIMEOUT) -> Query:
-    """The :class:`Query` a JSON body holds, else :class:`~wirekit.errors.DecodeError`."""
+    """The :class:`Query` a JSON body holds, else :class:`~wirekit.errors.DecodeError`.
+
+    The body is read as ``json.loads`` reads it (the same values, the same errors), but
+    the ``inputs`` array one element at a time: a thread running this lets others run
+    between two inputs, so a query of many inputs does not hold the interpreter for its
+    whole length (one input is read in one call)."""
     try:
-        req = json.loads(body)
+        text = body.decode(json.detect_encoding(body), "surrogatepass")
+        req = _load_object(text)
     except RecursionError:
         raise _bad("body", 0, "the JSON is nested too deeply") from None
     except json.JSONDecodeError as exc:
         raise _bad("body", exc.pos, exc.msg) from None
     except ValueError as exc:  # not UTF-8/16/32, or an integer of too many digits
         raise _bad("body", 0, str(exc)) from None
-    if not isinstance(req, dict):
-        raise _bad("body", 0, f"expected a JSON object, got {type(req).__name__}")
     for name in ("model", "inputs"):
         if name not in req:
             raise _bad(name, 0, f"missing {name!r}")
@@ -241,7 +270,109 @@ def decode_query(body: bytes, max_timeout: float = DEFAULT_MAX_TIMEOUT) -> Query
             inputs = [bytes.fromhex(x) for x in inputs]
         except (ValueError, TypeError) as exc:
             raise _bad("inputs", 0, f"bytes inputs must be hex strings: {exc}") from None
-    return Query(model, inputs, timeout, itype)
+    return Query(model, inputs, timeout, itype, held_bytes(inputs))
+
+
+_SCAN = json.JSONDecoder().scan_once  # (value, end) of the JSON value at an index
+_SKIP = json.decoder.WHITESPACE.match
+_scanstring = json.decoder.scanstring
+
+
+def _load_object(text: str) -> dict:
+    """``json.loads(text)`` for a JSON object, its ``"inputs"`` array read element by
+    element; a document that is not an object is an error naming what it is."""
+    i = _SKIP(text, 0).end()
+    if not text.startswith("{", i):
+        found = json.loads(text)  # what it is, or json's error for it
+        raise _bad("body", 0, f"expected a JSON object, got {type(found).__name__}")
+    obj: dict = {}
+    i = _SKIP(text, i + 1).end()
+    if text.startswith("}", i):
+        return _end(obj, text, i + 1)
+    while True:
+        if not text.startswith('"', i):
+            raise json.JSONDecodeError("Expecting property name enclosed in double quotes", text, i)
+        key, i = _scanstring(text, i + 1)
+        i = _SKIP(text, i).end()
+        if not text.startswith(":", i):
+            raise json.JSONDecodeError("Expecting ':' delimiter", text, i)
+        i = _SKIP(text, i + 1).end()
+        if key == "inputs" and text.startswith("[", i):
+            obj[key], i = _load_array(text, i + 1)
+        else:
+            obj[key], i = _value(text, i)
+        i = _SKIP(text, i).end()
+        if text.startswith("}", i):
+            return _end(obj, text, i + 1)
+        if not text.startswith(",", i):
+            raise json.JSONDecodeError("Expecting ',' delimiter", text, i)
+        i = _SKIP(text, i + 1).end()
+
+
+def _end(obj: dict, text: str, i: int) -> dict:
+    i = _SKIP(text, i).end()
+    if i != len(text):
+        raise json.JSONDecodeError("Extra data", text, i)
+    return obj
+
+
+def _value(text: str, i: int) -> tuple[Any, int]:
+    try:
+        return _SCAN(text, i)
+    except StopIteration as stop:
+        raise json.JSONDecodeError("Expecting value", text, stop.value) from None
+
+
+def _load_array(text: str, i: int) -> tuple[list, int]:
+    """The array whose ``[`` is just before ``i``, one element per call of the scanner."""
+    items: list = []
+    i = _SKIP(text, i).end()
+    if text.startswith("]", i):
+        return items, i + 1
+    append = items.append
+    while True:
+        value, i = _value(text, i)
+        append(value)
+        i = _SKIP(text, i).end()
+        if text.startswith("]", i):
+            return items, i + 1
+        if not text.startswith(",", i):
+            raise json.JSONDecodeError("Expecting ',' delimiter", text, i)
+        i = _SKIP(text, i + 1).end()
+
+
+#: What :func:`held_bytes` counts for a number, ``true``, ``false`` or ``null``: a pointer
+#: and a float object (a small int is shared; a large one takes about half its digits).
+_SCALAR_BYTES = 32
+_NESTED = (list, dict, str, bytes)
+
+
+def held_bytes(value: Any) -> int:
+    """About the memory ``json.loads`` took for ``value`` (no less in the common shapes):
+    every list, dict, string and bytes object's own size, and :data:`_SCALAR_BYTES` for
+    every element.  Lists of scalars, lists of such lists and lists of strings are looked
+    at in C (``map``), not element by element in Python."""
+    getsize = sys.getsizeof
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        total += getsize(item)
+        if type(item) is dict:
+            total += _SCALAR_BYTES * len(item)
+            stack.extend(item.values())
+        elif type(item) is list:
+            total += _SCALAR_BYTES * len(item)
+            kinds = set(map(type, item))
+            if kinds == {list}:  # rows: their own sizes and elements, then what they hold
+                total += sum(map(getsize, item)) + _SCALAR_BYTES * sum(map(len, item))
+                if not set(map(type, chain.from_iterable(item))).isdisjoint(_NESTED):
+                    stack.extend(x for x in chain.from_iterable(item) if type(x) in _NESTED)
+            elif kinds <= {str, bytes}:
+                total += sum(map(getsize, item))
+            elif not kinds.isdisjoint(_NESTED):
+                stack.extend(x for x in item if type(x) in _NESTED)
+    return total
 
 
 def _timeout(value: Any, max_timeout: float) -> float:
@@ -272,4 +403,5 @@ __all__ = [
     "QueryDesk",
     "Ticket",
     "decode_query",
+    "held_bytes",
 ]
