@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -670,3 +671,190 @@ def test_max_frame_size_is_checked_and_zero_means_no_limit():
     assert zmq_max_frame_size(1 << 20) == 1 << 20
     with pytest.raises(ValueError, match="max_frame_size must be at least 0"):
         Frontend("tcp://127.0.0.1:0", max_frame_size=-1)
+
+
+# --- the query port's limits, through a `wirekit clipper frontend` process (issue 25) ----------
+
+
+def _rss_mib(pid: int) -> int:
+    """The resident memory of process ``pid``, MiB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) >> 10
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture
+def asker(ctx):
+    """``asker()``: a DEALER connected to ``address`` (closed at the end)."""
+    opened: list[zmq.Socket] = []
+
+    def make(address: str) -> zmq.Socket:
+        sock = ctx.socket(zmq.DEALER)
+        opened.append(sock)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(address)
+        return sock
+
+    yield make
+    for sock in opened:
+        sock.close(0)
+
+
+@pytest.fixture
+def frontend_cli():
+    """``frontend_cli(*flags)``: a ``wirekit clipper frontend`` process, stopped at the end;
+    returns ``(process, containers' address, query address)``."""
+    from clipper_support import frontend_process, stop_processes
+
+    procs = []
+
+    def start(*flags: str):
+        found = frontend_process(*flags)
+        procs.append(found[0])
+        return found
+
+    yield start
+    stop_processes(*procs)
+
+
+def _answer(sock, wait_ms: int = MS) -> dict:
+    assert sock.poll(wait_ms), "the frontend did not answer"
+    frames = sock.recv_multipart()
+    assert frames[0] == b"" and len(frames) == 2, frames[:3]
+    return json.loads(frames[1])
+
+
+def _rows_query(model: str, mib: float, timeout: float) -> bytes:
+    row = [1.25] * 1000
+    rows = int(mib * (1 << 20)) // len(json.dumps(row))
+    return json.dumps({"model": model, "inputs": [row] * rows, "timeout": timeout}).encode()
+
+
+def test_a_pile_up_of_queries_is_capped_and_every_query_is_answered(frontend_cli, asker):
+    """Issue 25: 100 queries of 2 MiB for a model with no container piled up (+1.8 GB) and
+    were never answered; now the default caps take a few (they expire at their timeout)
+    and answer the others with an error at once."""
+    proc, _, address = frontend_cli()
+    before = _rss_mib(proc.pid)
+    body = _rows_query("nobody", 2, timeout=2.0)
+    socks = [asker(address) for _ in range(100)]
+    for sock in socks:
+        sock.send_multipart([b"", body])
+    errors = [_answer(sock)["error"] for sock in socks]  # each within WAIT of the last
+    refused = [e for e in errors if e.startswith("too many query")]
+    expired = [e for e in errors if "no live replica registered before the timeout" in e]
+    assert len(refused) + len(expired) == 100, errors
+    assert refused and expired
+    assert all("--max-pending-query-bytes" in e for e in refused)
+    assert _rss_mib(proc.pid) - before < 512  # it grew 1.8 GB
+
+
+def test_the_pending_query_count_is_capped(frontend_cli, asker):
+    _, _, address = frontend_cli("--max-pending-queries", "3")
+    socks = [asker(address) for _ in range(3)]
+    for sock in socks:  # taken: they wait for a model that never comes
+        sock.send_multipart([b"", b'{"model": "nobody", "inputs": [[1]], "timeout": 60}'])
+    late = asker(address)
+    deadline = time.monotonic() + WAIT
+    while True:  # the three are taken in order; the fourth is refused at once
+        late.send_multipart([b"", b'{"model": "nobody", "inputs": [[1]], "timeout": 60}'])
+        error = _answer(late)["error"]
+        if "too many queries: 3 are waiting" in error or time.monotonic() > deadline:
+            break
+    assert "too many queries: 3 are waiting" in error and "--max-pending-queries" in error
+    assert not any(sock.poll(0) for sock in socks)
+
+
+def test_a_timeout_past_the_cap_is_refused_and_queries_expire(frontend_cli, asker):
+    """Issue 25: a timeout of 1e300 was taken and the query never expired."""
+    _, _, address = frontend_cli()
+    sock = asker(address)
+    sock.send_multipart([b"", b'{"model": "nobody", "inputs": [[1]], "timeout": 1e300}'])
+    error = _answer(sock)["error"]
+    assert "bad query" in error and "from 0 to 300" in error and "--max-query-timeout" in error
+    sock.send_multipart([b"", b'{"model": "nobody", "inputs": [[1]], "timeout": 0.2}'])
+    assert "no live replica registered before the timeout" in _answer(sock)["error"]
+    _, _, address = frontend_cli("--max-query-timeout", "1")
+    sock = asker(address)
+    sock.send_multipart([b"", b'{"model": "nobody", "inputs": [[1]], "timeout": 1.5}'])
+    assert "from 0 to 1 " in _answer(sock)["error"]
+
+
+def test_a_query_over_the_size_limit_is_refused_unread(frontend_cli, asker, ctx, started):
+    """Issue 25: a 60 MiB query held the socket thread 7-17 s; now it is answered with an
+    error from its size alone, and another client is served."""
+    _, listen, address = frontend_cli()
+    started.append(ModelContainer(describe, "m", "1", "doubles", listen, context=ctx).start())
+    big = b'{"model": "m", "inputs": [' + b"[1.0]," * (10 << 20) + b"[1.0]]}"
+    hog, other = asker(address), asker(address)
+    hog.send_multipart([b"", big])
+    error = _answer(hog)["error"]
+    assert error.startswith(f"query too large: {len(big)} bytes, the limit is {8 << 20}")
+    other.send_multipart([b"", b'{"model": "m", "inputs": [[2.0]], "timeout": 8}'])
+    assert _answer(other) == {"outputs": ["f:2.0"]}
+
+
+def _stderr_line(proc, wanted: bytes) -> bytes:
+    """Read ``proc``'s stderr until a line holding ``wanted`` (b"" after WAIT)."""
+    import selectors
+
+    buffered = b""
+    end = time.monotonic() + WAIT
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stderr.fileno(), selectors.EVENT_READ)
+        while time.monotonic() < end:
+            if not sel.select(end - time.monotonic()):
+                break
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            if not chunk:
+                break
+            buffered += chunk
+            for line in buffered.splitlines():
+                if wanted in line:
+                    return line
+    return b""
+
+
+def test_a_big_query_being_decoded_does_not_hold_up_other_clients(
+    frontend_cli, asker, ctx, started
+):
+    """Issue 25: one big query stopped the frontend while it was read.  Now, while a query
+    of millions of inputs is being decoded (its thread says so in the log), another client
+    gets its answer -- before the big one's."""
+    proc, listen, address = frontend_cli("--max-query-size", str(64 << 20), "-v")
+    started.append(ModelContainer(describe, "m", "1", "doubles", listen, context=ctx).start())
+    hog, other = asker(address), asker(address)
+    other.send_multipart([b"", b'{"model": "m", "inputs": [[1.0]], "timeout": 8}'])
+    assert _answer(other) == {"outputs": ["f:1.0"]}  # the container is registered
+    big = b'{"model": "nobody", "timeout": 0, "inputs": [' + b"[1.0]," * (4 << 20) + b"[1]]}"
+    hog.send_multipart([b"", big])
+    assert _stderr_line(proc, b"decoding a query of %d bytes" % len(big))
+    other.send_multipart([b"", b'{"model": "m", "inputs": [[2.0]], "timeout": 8}'])
+    assert _answer(other) == {"outputs": ["f:2.0"]}
+    assert not hog.poll(0), "the big query was answered first"
+    assert "too many query bytes" in _answer(hog, 3 * MS)["error"]  # 4M inputs: ~670 MB
+
+
+@pytest.mark.parametrize(
+    ("frames", "text"),
+    [
+        ([b"", b'{"model": "m", "inputs": [[1]]}', b"{}"], "expected one JSON body frame"),
+        ([b""], "no body frame after the delimiter"),
+        ([b'{"model": "m", "inputs": [[1]]}'], "delimiter at frame 0"),
+        ([b"x", b"", b"{}"], "delimiter at frame 0"),
+        ([b"", b""], "body at frame 1, byte 0: Expecting value"),
+        ([b"", b"\x00" * 1000], "bad query"),
+        ([b"", b'{"model": "m", "inputs": [[1]]} trailing'], "Extra data"),
+    ],
+)
+def test_every_query_shape_gets_an_error_answer(frontend_cli, asker, frames, text):
+    """Issue 25: a query with two body frames got no answer at all."""
+    _, _, address = frontend_cli()
+    sock = asker(address)
+    sock.send_multipart(frames)
+    error = _answer(sock)["error"]
+    assert error.startswith("bad query: clipper-query: ") and text in error, error
+    sock.send_multipart([b"", b'{"model": "nobody", "inputs": [[1]], "timeout": 0}'])
+    assert "no live replica" in _answer(sock)["error"]  # the loop goes on

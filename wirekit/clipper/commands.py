@@ -12,6 +12,12 @@ from typing import TextIO
 
 from wirekit.errors import WirekitError
 
+from .queries import (
+    DEFAULT_MAX_PENDING,
+    DEFAULT_MAX_PENDING_BYTES,
+    DEFAULT_MAX_QUERY_SIZE,
+    DEFAULT_MAX_TIMEOUT,
+)
 from .session import DEFAULT_MAX_FRAME_SIZE
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -147,6 +153,10 @@ def _frontend(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             query=args.query or None,
             max_rejected=args.max_rejected,
             max_frame_size=args.max_frame_size,
+            max_query_size=args.max_query_size,
+            max_pending_queries=args.max_pending_queries,
+            max_pending_query_bytes=args.max_pending_query_bytes,
+            max_query_timeout=args.max_query_timeout,
         )
     except ValueError as exc:
         err.write(f"wirekit clipper frontend: {exc}\n")
@@ -354,6 +364,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="BYTES",
         help="largest frame a container may send; a peer announcing more is "
         "disconnected (default 256 MiB; 0: no limit)",
+    )
+    fe.add_value(
+        "--max-query-size",
+        type=int,
+        default=DEFAULT_MAX_QUERY_SIZE,
+        metavar="BYTES",
+        help="largest query body decoded; a larger one is answered with an error unread "
+        "(default 8 MiB; libzmq drops frames over 8 times this with their connection)",
+    )
+    fe.add_value(
+        "--max-pending-queries",
+        type=int,
+        default=DEFAULT_MAX_PENDING,
+        metavar="N",
+        help="queries taken and not yet answered; more are answered with an error at once "
+        "(default 256)",
+    )
+    fe.add_value(
+        "--max-pending-query-bytes",
+        type=int,
+        default=DEFAULT_MAX_PENDING_BYTES,
+        metavar="BYTES",
+        help="body bytes of the queries taken and not yet answered; a query that would "
+        "pass it is answered with an error at once (default 64 MiB)",
+    )
+    fe.add_value(
+        "--max-query-timeout",
+        type=float,
+        default=DEFAULT_MAX_TIMEOUT,
+        metavar="SECONDS",
+        help="the longest timeout a query may ask for; a longer one is refused with an "
+        "error (default 300)",
     )
     fe.add_argument("-v", "--verbose", action="store_true", help="log registrations")
     fe.set_defaults(handler=_frontend)

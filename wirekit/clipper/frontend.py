@@ -16,7 +16,10 @@ their batches sent to another replica.
 
 The optional query socket (``query=``) answers JSON requests from ``wirekit clipper predict``:
 ``{"model": ..., "inputs": [...], "input_type": "doubles", "timeout": 5}`` ->
-``{"outputs": [...]}`` or ``{"error": "..."}``.
+``{"outputs": [...]}`` or ``{"error": "..."}``.  A :class:`~wirekit.clipper.queries.QueryDesk`
+takes or refuses each query within its caps (size, queries and bytes waiting, timeout); the
+queries it takes are decoded on a thread of their own ("clipper-queries"), so a big one does
+not hold up the socket loop while it is read.
 """
 
 from __future__ import annotations
@@ -29,23 +32,31 @@ import itertools
 import json
 import logging
 import os
+import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import zmq
 import zmq.utils.monitor
 
 from wirekit._impl import fallback, load_fast, pure_requested
-from wirekit.errors import WirekitError
+from wirekit.errors import DecodeError, WirekitError
 
 from . import _zio
 from ._zio import FAST_WAIT, FAST_WAIT_MS, NOBLOCK, recv_message, send_frames, timeout_ms, zmq_poll
 from .container import parse_input_type
 from .messages import Generation, InputType, as_generation
+from .queries import (
+    DEFAULT_MAX_PENDING,
+    DEFAULT_MAX_PENDING_BYTES,
+    DEFAULT_MAX_QUERY_SIZE,
+    DEFAULT_MAX_TIMEOUT,
+    QueryDesk,
+    Ticket,
+)
 from .session import (
     DEFAULT_ACTIVITY_TIMEOUT,
     DEFAULT_MAX_FRAME_SIZE,
@@ -61,7 +72,6 @@ log = logging.getLogger("wirekit.clipper.frontend")
 
 DEFAULT_LISTEN = "tcp://127.0.0.1:7000"
 DEFAULT_QUERY = "tcp://127.0.0.1:7001"
-_MAX_QUERY_BYTES = 64 << 20
 #: How long the background thread sleeps while a blocking caller drives the sockets: at first
 #: _LOOK_AGAIN, twice as long after each look that found a caller still driving, at most
 #: _LOOK_LATEST (a caller that leaves work behind kicks it at once; each wake-up of a sleeping
@@ -147,12 +157,6 @@ class _Call:
         return self._event.wait(timeout)
 
 
-def _jsonable_outputs(outputs: Any) -> list:
-    if isinstance(outputs, np.ndarray):
-        return outputs.tolist()
-    return list(outputs)
-
-
 class Frontend:
     """Bind a ROUTER at ``listen`` and host Clipper model containers of ``generation``.
 
@@ -167,6 +171,12 @@ class Frontend:
     (:attr:`FrontendState.rejected <wirekit.clipper.session.FrontendState>`);
     ``max_frame_size`` (256 MiB; None or 0: no limit) is the largest frame a container may
     send: libzmq disconnects a peer that announces a larger one before buffering it.
+
+    The query socket's caps (see :class:`~wirekit.clipper.queries.QueryDesk`, held in
+    :attr:`queries`): ``max_query_size`` (8 MiB) is the largest query body decoded;
+    ``max_pending_queries`` (256) and ``max_pending_query_bytes`` (64 MiB of bodies) bound
+    the queries taken and not yet answered; ``max_query_timeout`` (300 s) is the longest
+    timeout a query may ask for.  A query past any of them is answered with an error at once.
 
     No input on any socket stops the socket loop.  Should it crash anyway (a bug), the
     traceback is logged, :attr:`error` holds the exception, every outstanding prediction
@@ -187,8 +197,24 @@ class Frontend:
         spin: float = DEFAULT_SPIN,
         max_rejected: int = DEFAULT_MAX_REJECTED,
         max_frame_size: int | None = DEFAULT_MAX_FRAME_SIZE,
+        max_query_size: int = DEFAULT_MAX_QUERY_SIZE,
+        max_pending_queries: int = DEFAULT_MAX_PENDING,
+        max_pending_query_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+        max_query_timeout: float = DEFAULT_MAX_TIMEOUT,
     ) -> None:
         self.listen = listen
+        #: the query socket's caps and what is taken now
+        self.queries = QueryDesk(
+            max_query_size=max_query_size,
+            max_pending=max_pending_queries,
+            max_pending_bytes=max_pending_query_bytes,
+            max_timeout=max_query_timeout,
+        )
+        # Queries taken, for the decoding thread (None: it ends); what it decoded, for the
+        # thread driving the sockets: (ticket, Query or the DecodeError to answer).
+        self._to_decode: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
+        self._decoded: deque = deque()
+        self._decoder: threading.Thread | None = None
         self._maxmsgsize = zmq_max_frame_size(max_frame_size)
         self.spin = spin
         self.generation = as_generation(generation)
@@ -264,7 +290,7 @@ class Frontend:
             if self.query_address:
                 self._query = self.context.socket(zmq.ROUTER)
                 self._query.setsockopt(zmq.LINGER, 0)
-                self._query.setsockopt(zmq.MAXMSGSIZE, _MAX_QUERY_BYTES)
+                self._query.setsockopt(zmq.MAXMSGSIZE, self.queries.max_frame_size)
                 self._query.bind(self.query_address)
                 self.query_endpoint = self._query.getsockopt_string(zmq.LAST_ENDPOINT)
         except BaseException:
@@ -283,6 +309,11 @@ class Frontend:
             for polled in (sock, self._monitor, self._query)
             if polled is not None
         ]
+        if self._query is not None:
+            self._decoder = threading.Thread(
+                target=self._decode_queries, name="clipper-queries", daemon=True
+            )
+            self._decoder.start()
         self._thread = threading.Thread(target=self._loop, name="clipper-frontend", daemon=True)
         self._thread.start()
         log.info("clipper frontend (%s) listening on %s", self.generation.value, self.endpoint)
@@ -294,8 +325,11 @@ class Frontend:
         self._stop.set()
         self._wake()
         self._kick.set()
+        self._to_decode.put(None)
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._decoder is not None:
+            self._decoder.join(timeout)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the socket thread has ended (:meth:`stop`, or a crash: see
@@ -582,6 +616,7 @@ class Frontend:
                     out
                     or self._submitted
                     or self._submissions
+                    or self._decoded
                     or state.events
                     or later
                     or now >= due
@@ -614,6 +649,8 @@ class Frontend:
         since has a later deadline, or is looked at on the next turn)."""
         state, sock = self.state, self._sock
         while True:
+            if self._decoded:
+                self._take_queries(now)
             if self._submissions or self._submitted:
                 self._submitted = False
                 self._take_submissions(now)
@@ -661,7 +698,7 @@ class Frontend:
         finally:
             self._io.release()
             state = self.state
-            if self._submissions or state.in_flight or any(state.pending.values()):
+            if self._submissions or self._decoded or state.in_flight or any(state.pending.values()):
                 self._kick.set()  # others' work is outstanding: the background thread takes it
 
     def _drain_monitor(self, now: float, out: list) -> None:
@@ -754,13 +791,22 @@ class Frontend:
 
     def _fail_all(self, reason: str) -> None:
         state = self.state
+        self._take_queries(time.monotonic())
+        while True:  # queries not decoded yet are answered too
+            try:
+                ticket = self._to_decode.get_nowait()
+            except queue.Empty:
+                break
+            if ticket is not None:
+                self._answer_query(ticket, None, PredictionError(reason))
+        self._to_decode.put(None)  # the decoding thread ends
         self._take_submissions(time.monotonic())
         for batch in list(state.in_flight.values()):
             state.events.append(_failed(batch.token, reason))
-        for queue in state.pending.values():
-            for batch in queue:
+        for waiting in state.pending.values():
+            for batch in waiting:
                 state.events.append(_failed(batch.token, reason))
-            queue.clear()
+            waiting.clear()
         state.in_flight.clear()
         try:
             self._resolve()
@@ -770,65 +816,82 @@ class Frontend:
     # -- JSON queries (wirekit clipper predict) --
 
     def _drain_queries(self, query: zmq.Socket, now: float) -> None:
+        """Take or refuse the queries waiting on the query socket (at most 64 at a turn):
+        what the desk refuses is answered; a small query taken is decoded here, a larger
+        one on the decoding thread (the socket loop goes on meanwhile)."""
+        desk = self.queries
         for _ in range(64):
             try:
                 frames = query.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if len(frames) != 3 or frames[1]:
-                log.warning("clipper frontend: malformed query dropped")
+            taken = desk.take(frames, now)
+            if not isinstance(taken, Ticket):
+                self._send_query(taken)
+            elif taken.charged <= _DECODE_HERE:
+                self._decode(taken)
+            else:
+                self._to_decode.put(taken)
+
+    def _decode(self, ticket: Ticket) -> None:
+        """Decode a query taken, for the thread driving the sockets to submit (or to answer
+        its error)."""
+        try:
+            self._decoded.append((ticket, self.queries.decode(ticket)))
+        except DecodeError as exc:
+            self._decoded.append((ticket, exc))
+        except Exception as exc:  # a bug: answered all the same, and loud
+            log.exception("clipper frontend: decoding a query failed")
+            self._decoded.append((ticket, PredictionError(f"the query could not be read: {exc}")))
+
+    def _decode_queries(self) -> None:
+        """The decoding thread: decode each large query taken, hand it to the thread driving
+        the sockets, until told to end."""
+        inbox = self._to_decode
+        while True:
+            ticket = inbox.get()
+            if ticket is None or self._stopping:
+                return
+            log.info(
+                "clipper frontend: decoding a query of %d bytes from %s",
+                ticket.charged,
+                ticket.identity.hex(),
+            )
+            self._decode(ticket)
+            if self._owner is None:
+                self._kick.set()  # nobody drives the sockets: the background thread will
+            else:
+                self._wake()
+
+    def _take_queries(self, now: float) -> None:
+        """Submit the queries decoded (their timeout counts from when they were taken), or
+        answer what is wrong with them."""
+        decoded, state = self._decoded, self.state
+        while decoded:
+            ticket, query = decoded.popleft()
+            if isinstance(query, BaseException):
+                self._answer_query(ticket, None, query)
                 continue
-            identity = frames[0]
-            try:
-                model, inputs, timeout, itype = _parse_query(frames[2])
-            except _BAD_QUERY as exc:
-                self._send_query(identity, {"error": f"bad query: {_query_problem(exc)}"})
+            refused = self.queries.admit(ticket, query)
+            if refused is not None:
+                self._send_query(refused)
                 continue
-            self.state.submit(model, inputs, now + timeout, ("query", identity), itype)
+            deadline = ticket.received + query.timeout
+            state.submit(query.model, query.inputs, deadline, ("query", ticket), query.input_type)
             self._submitted = True  # dispatch it now, not at the next tick
 
-    def _answer_query(self, identity: bytes, outputs: Any, error: BaseException | None) -> None:
-        if error is None:
-            self._send_query(identity, {"outputs": _jsonable_outputs(outputs)})
-        else:
-            self._send_query(identity, {"error": str(error)})
+    def _answer_query(self, ticket: Ticket, outputs: Any, error: BaseException | None) -> None:
+        self.queries.answered(ticket)
+        self._send_query(self.queries.reply(ticket.identity, outputs, error))
 
-    def _send_query(self, identity: bytes, body: dict) -> None:
-        if self._query is not None:
-            self._query.send_multipart([identity, b"", json.dumps(body).encode()])
+    def _send_query(self, frames: list[bytes]) -> None:
+        if self._query is not None and not self._sockets_closed:
+            self._query.send_multipart(frames)
 
 
-#: Everything :func:`_parse_query` raises for a query a peer can send (json.loads: ValueError
-#: and RecursionError for deep nesting; float(): OverflowError).
-_BAD_QUERY = (ValueError, KeyError, TypeError, OverflowError, RecursionError)
-
-
-def _parse_query(body: bytes) -> tuple[str, list, float, InputType | None]:
-    """``(model, inputs, timeout, input_type)`` of a JSON query, else one of _BAD_QUERY."""
-    req = json.loads(body)
-    if not isinstance(req, dict):
-        raise ValueError(f"expected a JSON object, got {type(req).__name__}")
-    model = req["model"]
-    inputs = req["inputs"]
-    if not isinstance(model, str) or not isinstance(inputs, list):
-        raise ValueError("model must be a string and inputs a list")
-    timeout = float(req.get("timeout", 5.0))
-    if not 0.0 <= timeout < float("inf"):
-        raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout}")
-    itype = req.get("input_type")
-    itype = parse_input_type(itype) if itype is not None else None
-    if itype == InputType.BYTES:
-        inputs = [bytes.fromhex(x) for x in inputs]
-    return model, inputs, timeout, itype
-
-
-def _query_problem(exc: BaseException) -> str:
-    if isinstance(exc, RecursionError):
-        return "the JSON is nested too deeply"
-    if isinstance(exc, KeyError):
-        return f"missing {exc}"
-    text = str(exc)
-    return text if len(text) <= 200 else text[:200] + "..."
+#: Queries up to this many bytes are decoded on the thread driving the sockets (it takes
+#: microseconds); larger ones on the decoding thread.
+_DECODE_HERE = 64 << 10
 
 
 #: The compiled twin of the frontend's per-message path (``FrontendState`` with its
