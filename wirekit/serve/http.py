@@ -24,7 +24,6 @@ from __future__ import annotations
 import hmac
 import inspect
 import itertools
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -35,7 +34,7 @@ from wirekit.mip import DEFAULT_MAX_ITEMS, ErrorReply, Inference
 from .catalog import CatalogError
 from .config import ConfigError
 from .dispatcher import Dispatcher, Outcome, UnknownModel
-from .payload import Payload, dumps, outputs_json, request_from_json
+from .payload import Payload, dumps, loads, outputs_json, request_from_json
 
 MAX_BODY = 64 * 1024 * 1024
 
@@ -51,7 +50,7 @@ def _error(status: int, message: str, **extra: Any) -> web.Response:
 async def _body(request: web.Request) -> dict[str, Any]:
     raw = await request.read()
     try:
-        doc = json.loads(raw)
+        doc = loads(raw)  # strict JSON: NaN, Infinity and 1e999 are refused
     except (UnicodeDecodeError, ValueError) as exc:
         raise web.HTTPBadRequest(
             text=dumps({"error": f"body is not JSON: {exc}"}), content_type="application/json"

@@ -3,13 +3,17 @@
 The MIP encoding is the canonical form of a request and of its answer: a MIP front door and
 a MIP backend pass the bytes through untouched, HTTP and Clipper decode or encode only when
 they need to, and the cache digests the request's bytes.  JSON conversion for the HTTP front
-door lives here too (:func:`to_item`, :func:`item_value`).
+door lives here too (:func:`to_item`, :func:`item_value`), and the one JSON reader and writer
+of the HTTP door (:func:`loads`, :func:`dumps`): strict JSON both ways -- ``NaN``,
+``Infinity`` and numbers too large for a float are refused on the way in, and never written
+on the way out.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import math
 from typing import Any
 
 from wirekit import mip
@@ -66,16 +70,19 @@ def to_item(value: Any) -> Item:
 
 
 def item_value(item: Item) -> Any:
-    """The JSON form of a MIP item (the inverse of :func:`to_item`)."""
+    """The JSON form of a MIP item (the inverse of :func:`to_item`).  An item that cannot be
+    shown as what its type says -- TEXT that is not UTF-8, JSON that is not strict JSON (a
+    backend's ``NaN`` or ``Infinity`` included) -- is shown as its bytes,
+    ``{"type": n, "b64": ...}``: the answer stays valid JSON and loses nothing."""
     if item.type == ItemType.TEXT:
         try:
             return item.as_text()
         except UnicodeDecodeError:
             pass
     elif item.type == ItemType.JSON:
-        try:
-            return item.as_json()
-        except ValueError:
+        try:  # strict: a JSON item whose text holds NaN or Infinity is not JSON
+            return loads(item.as_bytes())
+        except (ValueError, RecursionError):
             pass
     return {"type": int(item.type), "b64": base64.b64encode(item.as_bytes()).decode("ascii")}
 
@@ -99,5 +106,41 @@ def outputs_json(msg: Inference) -> list[list[Any]]:
     return [[item_value(i) for i in sample] for sample in msg.samples]
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range (too large for a float)")
+    return value
+
+
+def loads(raw: bytes | str) -> Any:
+    """Parse strict JSON (RFC 8259): as :func:`json.loads`, but ``NaN``, ``Infinity`` and
+    ``-Infinity`` -- which Python's parser takes -- and numbers too large for a float
+    (``1e999``, which it reads as infinity) raise :class:`ValueError`.  What every body
+    the HTTP door reads goes through, so nothing it echoes back can be non-JSON."""
+    return json.loads(raw, parse_constant=_not_json, parse_float=_finite_float)
+
+
+def _finite(doc: Any) -> Any:
+    """``doc`` with every non-finite float (NaN, infinity) replaced by None."""
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: _finite(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [_finite(v) for v in doc]
+    return doc
+
+
 def dumps(doc: Any) -> str:
-    return json.dumps(doc, separators=(",", ":"))
+    """The JSON text of an answer of the HTTP door: always valid JSON.  A non-finite float
+    (NaN, infinity: a figure with no value yet, a plugin's option) is written as ``null``,
+    never as the ``NaN`` that Python's :func:`json.dumps` writes by default."""
+    try:
+        return json.dumps(doc, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # a NaN or an infinity somewhere: written as null
+        return json.dumps(_finite(doc), separators=(",", ":"), allow_nan=False)
