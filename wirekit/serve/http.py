@@ -37,6 +37,10 @@ from .dispatcher import Dispatcher, Outcome, UnknownModel
 from .payload import Payload, dumps, loads, outputs_json, request_from_json
 
 MAX_BODY = 64 * 1024 * 1024
+#: the route pattern of a name in a path (a model, an app): one whole, percent-decoded path
+#: segment -- any name :func:`~wirekit.serve.config.check_name` takes (braces included,
+#: which aiohttp's default pattern refuses) can be called and removed
+NAME = "[^/]+"
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
@@ -240,12 +244,12 @@ def build_app(
     app = web.Application(client_max_size=MAX_BODY)
     if admin is not None:
         _admin_routes(app, admin, admin_token)
-    app.router.add_post("/v1/models/{model}:predict", predict)
+    app.router.add_post(f"/v1/models/{{model:{NAME}}}:predict", predict)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/stats", get_stats)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/controller", get_controller)
-    app.router.add_post("/{app}/predict", clipper_predict)
+    app.router.add_post(f"/{{app:{NAME}}}/predict", clipper_predict)
     return app
 
 
@@ -319,7 +323,7 @@ def _admin_routes(app: web.Application, admin: Admin, token: str | None) -> None
         return _json(changed)
 
     app.router.add_get("/admin/models", guarded(list_models))
-    app.router.add_patch("/admin/models/{name}", guarded(set_model))
-    app.router.add_put("/admin/models/{name}/quota", guarded(set_quota))
+    app.router.add_patch(f"/admin/models/{{name:{NAME}}}", guarded(set_model))
+    app.router.add_put(f"/admin/models/{{name:{NAME}}}/quota", guarded(set_quota))
     app.router.add_post("/admin/models", guarded(add_model))
-    app.router.add_delete("/admin/models/{name}", guarded(remove_model))
+    app.router.add_delete(f"/admin/models/{{name:{NAME}}}", guarded(remove_model))

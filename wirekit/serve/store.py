@@ -583,7 +583,8 @@ class RequestStore:
             return
         bad.sort(key=lambda b: b[0])
         with open(self.quarantine_path, "ab") as fh:
-            for line_no, offset, raw, _row, why in bad:
+            for line_no, offset, line, _row, why in bad:
+                raw = line[:-1] if line.endswith(b"\n") else line  # the record, as written
                 entry: dict[str, Any] = {
                     "journal": journal.name,
                     "line": line_no,
