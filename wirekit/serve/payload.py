@@ -4,9 +4,8 @@ The MIP encoding is the canonical form of a request and of its answer: a MIP fro
 a MIP backend pass the bytes through untouched, HTTP and Clipper decode or encode only when
 they need to, and the cache digests the request's bytes.  JSON conversion for the HTTP front
 door lives here too (:func:`to_item`, :func:`item_value`), and the one JSON reader and writer
-of the HTTP door (:func:`loads`, :func:`dumps`): strict JSON both ways -- ``NaN``,
-``Infinity`` and numbers too large for a float are refused on the way in, and never written
-on the way out.
+of the HTTP door (:func:`loads`, :func:`dumps`): RFC 8259 JSON both ways -- ``NaN`` and
+``Infinity`` are refused on the way in, and never written on the way out.
 """
 
 from __future__ import annotations
@@ -54,7 +53,8 @@ class Payload:
 
 def to_item(value: Any) -> Item:
     """A JSON value as one MIP item: a string is TEXT, ``{"b64": ..., "type": n}`` is raw
-    bytes of item type n (default IMAGE), anything else is a JSON item."""
+    bytes of item type n (default IMAGE), anything else is a JSON item (ValueError for a
+    value that is not JSON: NaN, an infinity)."""
     if isinstance(value, str):
         return Item.text(value)
     if isinstance(value, dict) and "b64" in value and set(value) <= {"b64", "type"}:
@@ -66,14 +66,20 @@ def to_item(value: Any) -> Item:
         except (ValueError, TypeError) as exc:
             raise ValueError(f"b64 is not valid base64: {exc}") from None
         return Item(kind, data)
-    return Item.json(value)
+    try:  # as Item.json, but a number too large for a float (read as infinity) is refused
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise ValueError("a number is out of range (too large for a float)") from None
+    return Item(ItemType.JSON, text.encode("utf-8"))
 
 
 def item_value(item: Item) -> Any:
     """The JSON form of a MIP item (the inverse of :func:`to_item`).  An item that cannot be
     shown as what its type says -- TEXT that is not UTF-8, JSON that is not strict JSON (a
     backend's ``NaN`` or ``Infinity`` included) -- is shown as its bytes,
-    ``{"type": n, "b64": ...}``: the answer stays valid JSON and loses nothing."""
+    ``{"type": n, "b64": ...}``: the answer stays valid JSON and loses nothing.  (A number
+    in a JSON item too large for a float reads as infinity: :func:`dumps` writes it as
+    ``null``.)"""
     if item.type == ItemType.TEXT:
         try:
             return item.as_text()
@@ -110,19 +116,19 @@ def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not a JSON number")
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text[:40]} is out of range (too large for a float)")
-    return value
+_STRICT = json.JSONDecoder(parse_constant=_not_json)
 
 
 def loads(raw: bytes | str) -> Any:
-    """Parse strict JSON (RFC 8259): as :func:`json.loads`, but ``NaN``, ``Infinity`` and
-    ``-Infinity`` -- which Python's parser takes -- and numbers too large for a float
-    (``1e999``, which it reads as infinity) raise :class:`ValueError`.  What every body
-    the HTTP door reads goes through, so nothing it echoes back can be non-JSON."""
-    return json.loads(raw, parse_constant=_not_json, parse_float=_finite_float)
+    """Parse JSON as RFC 8259 has it: as :func:`json.loads`, but ``NaN``, ``Infinity`` and
+    ``-Infinity`` -- which Python's parser takes -- raise :class:`ValueError`.  What every
+    body the HTTP door reads goes through.  (A number too large for a float, ``1e999``,
+    still reads as infinity -- checking each float as it is parsed would cost a third more
+    on every body -- and is refused where it is used: by :func:`to_item` for an input, by
+    the config's validation for a setting; :func:`dumps` never writes it.)"""
+    if isinstance(raw, bytes | bytearray):
+        raw = raw.decode(json.detect_encoding(raw), "surrogatepass")
+    return _STRICT.decode(raw)
 
 
 def _finite(doc: Any) -> Any:
