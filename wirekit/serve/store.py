@@ -719,7 +719,10 @@ class RequestStore:
         finally:
             db.close()
         for row in rows:
-            row["metrics"] = json.loads(row["metrics"])
+            try:
+                row["metrics"] = json.loads(row["metrics"])
+            except (TypeError, ValueError, RecursionError):  # written by something else
+                row["metrics"] = {"unreadable": str(row["metrics"])}
         return rows
 
 
