@@ -637,3 +637,43 @@ def test_a_compaction_keeps_what_it_cannot_read(pg_url):
         assert left == [(2, "oops")]
     finally:
         log.close()
+
+
+def test_a_record_the_database_refuses_is_quarantined_and_the_rest_replayed(tmp_path, store_url):
+    """A record every field of which checks out but that the database refuses (here a
+    constraint added by hand) is quarantined with the database's reason; the records
+    beside it in the same journal are stored."""
+    path = tmp_path / "s.db"
+    store = RequestStore(path, url=store_url)
+    store.open()
+    store.close()
+    if store_url:
+        import psycopg
+
+        with psycopg.connect(store_url, autocommit=True) as conn:
+            conn.execute("ALTER TABLE requests ADD CONSTRAINT no_x CHECK (id <> 'x')")
+    else:
+        conn = sqlite3.connect(path)
+        conn.execute(
+            "CREATE TRIGGER no_x BEFORE INSERT ON requests WHEN NEW.id = 'x'"
+            " BEGIN SELECT RAISE(ABORT, 'no x'); END"
+        )
+        conn.commit()
+        conn.close()
+    lines = [_journal_line("a"), _journal_line("x"), _journal_line("b")]
+    path.with_name("s.db.journal.1").write_text("\n".join(lines) + "\n")
+    store = RequestStore(path, url=store_url)
+    store.open()
+    try:
+        assert store.replayed_at_open == 2
+        reader = store.reader()
+        try:
+            ids = sorted(r.id for r in reader.rows())
+        finally:
+            reader.close()
+    finally:
+        store.close()
+    assert ids == ["a", "b"]
+    (kept,) = [json.loads(line) for line in store.quarantine_path.read_text().splitlines()]
+    assert kept["line"] == 2 and kept["record"] == lines[1]
+    assert "the store refused it" in kept["error"]
