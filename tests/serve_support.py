@@ -91,7 +91,8 @@ class DispatcherProcess:
         self.config = config
         self.proc: subprocess.Popen | None = None
         self.addresses: dict[str, Any] = {}
-        self._log: list[str] = []
+        #: its log lines (stderr), as they are read (from the ready line on)
+        self.log_lines: list[str] = []
 
     @classmethod
     def of(cls, doc: dict[str, Any], directory: Path) -> DispatcherProcess:
@@ -119,20 +120,34 @@ class DispatcherProcess:
             _out, err = self.proc.communicate(timeout=TIMEOUT)
             raise AssertionError(f"wirekit serve did not start: {line!r} {err}")
         self.addresses = ready
-        # Drain stderr so a chatty log can never block the dispatcher (kept: ``log``).
-        self._drain = threading.Thread(target=self._keep_log, daemon=True)
+        # Drain stderr so a chatty log can never block the dispatcher (kept: its log lines).
+        self._drain = threading.Thread(target=self._read_log, daemon=True)
         self._drain.start()
         return self
 
-    def _keep_log(self) -> None:
+    def _read_log(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
-        self._log.append(self.proc.stderr.read())
+        for line in self.proc.stderr:
+            self.log_lines.append(line)
+
+    def wait_for_log(self, text: str, timeout: float = TIMEOUT) -> str:
+        """The first log line (stderr) that holds ``text``, waiting up to ``timeout``."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in list(self.log_lines):
+                if text in line:
+                    return line
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no log line with {text!r} in {self.log_lines}")
+            time.sleep(0.02)
 
     @property
     def log(self) -> str:
         """What the dispatcher wrote to standard error (complete once it has stopped)."""
         self._drain.join(TIMEOUT)
-        return "".join(self._log)
+        return "".join(self.log_lines)
 
     def mip_address(self, model: str) -> str:
         return f"tcp://127.0.0.1:{self.addresses['mip'][model]}"

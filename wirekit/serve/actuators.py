@@ -21,7 +21,6 @@ A Kubernetes actuator is a small class of the same shape (``specs/controller.md`
 
 from __future__ import annotations
 
-import logging
 import subprocess
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -31,8 +30,9 @@ from wirekit.cgroups import CgroupError, set_cpu_limit
 from wirekit.errors import WirekitError
 
 from .config import ACTUATOR_FIELDS, ActuatorConfig
+from .logs import serve_logger
 
-log = logging.getLogger("wirekit.serve.actuators")
+log = serve_logger("wirekit.serve.actuators")
 
 #: bytes of a command's output kept for the log (the rest is cut)
 OUTPUT_LOGGED = 4096

@@ -33,9 +33,11 @@ from typing import Any, TextIO
 
 from wirekit import _loop
 
+from .logs import serve_logger
+
 EXIT_OK, EXIT_BAD_INPUT, EXIT_USAGE = 0, 1, 2
 ADMIN_URL_ENV = "WIREKIT_ADMIN_URL"
-log = logging.getLogger("wirekit.serve")
+log = serve_logger()
 
 
 def register(subparsers) -> None:

@@ -306,21 +306,89 @@ def _str(value: Any, where: str) -> str:
     return value
 
 
-def _num(value: Any, where: str, *, lo: float, hi: float = math.inf, lo_open=False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+#: the longest name (model, app, node id, Clipper container name, backend host) in characters
+MAX_NAME_LENGTH = 128
+#: the longest duration (seconds) a setting may ask for: 30 days (an event loop's timer
+#: cannot be set much further; uvloop refuses beyond about 1.8e16 s)
+MAX_SECONDS = 30 * 86400.0
+#: the characters a name may not hold besides those :meth:`str.isprintable` refuses: path
+#: separators (a name is a path segment of the HTTP API and of a row key ``node/device/model``)
+_PATH_CHARS = ("/", "\\")
+
+
+def name_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be a name, or None when it can (see :func:`check_name`)."""
+    if not isinstance(value, str):
+        return f"expected a name (a string), got {_kind(value)}"
+    if not value:
+        return "a name cannot be empty"
+    if len(value) > MAX_NAME_LENGTH:
+        return f"a name is {MAX_NAME_LENGTH} characters at most, got {len(value)}"
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        return (
+            f"a name holds printable characters only, got U+{ord(bad):04X} at"
+            f" {value.index(bad)} (control, format, separator, surrogate or unassigned)"
+        )
+    if value != value.strip():
+        return "a name cannot start or end with a space"
+    for char in _PATH_CHARS:
+        if char in value:
+            return f"a name cannot hold {char!r} at {value.index(char)} (a path separator)"
+    if value in (".", ".."):
+        return f"a name cannot be {value!r}"
+    return None
+
+
+def check_name(value: Any, where: str) -> str:
+    """``value`` if it is a valid name, else :class:`ConfigError` at ``where`` saying why.
+
+    The one rule of every name ``wirekit serve`` takes -- model names, app names, node ids,
+    Clipper container names, backend hosts -- from the config file and the admin API alike:
+    1 to :data:`MAX_NAME_LENGTH` printable Unicode characters (:meth:`str.isprintable`: no
+    control, format, line or paragraph separator, surrogate, private-use or unassigned code
+    point, the space alone of the separators), no leading or trailing space, no ``/`` or
+    ``\\``, and neither ``.`` nor ``..``.  Such a name can be written to the store, the
+    journal, the metrics and a log line, and named in a URL path."""
+    problem = name_problem(value)
+    if problem is not None:
+        raise ConfigError(where, problem)
+    return value
+
+
+def _shown(value: float) -> str:
+    """A number for a message: an integer too long to print is told by its size."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return f"{value}"
+
+
+def _num(
+    value: Any, where: str, *, lo: float, hi: float = MAX_SECONDS, lo_open: bool = False
+) -> float:
+    """A finite number from ``lo`` to ``hi`` (:data:`MAX_SECONDS` unless given: most
+    numbers are durations), as a float; :class:`ConfigError` at ``where`` otherwise (an
+    integer too large for a float included, never an ``OverflowError``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(where, f"expected a number, got {_kind(value)}")
-    if value < lo or (lo_open and value == lo) or value > hi:
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf if value > 0 else -math.inf
+    if not math.isfinite(number):
+        raise ConfigError(where, f"expected a finite number, got {_shown(value)}")
+    if number < lo or (lo_open and number == lo) or number > hi:
         low = f"> {lo}" if lo_open else f">= {lo}"
-        high = "" if hi == math.inf else f" and <= {hi}"
-        raise ConfigError(where, f"must be {low}{high}, got {value}")
-    return float(value)
+        high = "" if hi == math.inf else f" and <= {hi:g}"
+        raise ConfigError(where, f"must be {low}{high}, got {_shown(value)}")
+    return number
 
 
 def _int(value: Any, where: str, *, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(where, f"expected an integer, got {_kind(value)}")
     if not lo <= value <= hi:
-        raise ConfigError(where, f"must be between {lo} and {hi}, got {value}")
+        raise ConfigError(where, f"must be between {lo} and {hi}, got {_shown(value)}")
     return value
 
 
@@ -445,6 +513,8 @@ def parse_config(doc: Any) -> Deployment:
     )
 
     model_docs = _table(top.get("models", {}), "models", set(top.get("models", {}) or ()))
+    for name in model_docs:
+        check_name(name, "models")
     nodes = _list(top.get("nodes"), "nodes")
 
     # First pass over the nodes: which models exist at all.
@@ -453,7 +523,7 @@ def parse_config(doc: Any) -> Deployment:
         where = f"nodes[{n}]"
         node = _table(node, where, {"id", "endpoint", "devices", "models", "quotas", "ports"})
         for m, name in enumerate(_list(node.get("models"), f"{where}.models")):
-            name = _str(name, f"{where}.models[{m}]")
+            name = check_name(name, f"{where}.models[{m}]")
             if name not in seen_models:
                 seen_models.append(name)
     for name in model_docs:
@@ -539,7 +609,7 @@ def _model_config(name: str, doc: Any, where: str) -> ModelConfig:
             _join(where, "backend"), f"must be one of {', '.join(BACKEND_KINDS)}, got {backend!r}"
         )
     apps = tuple(
-        _str(a, _join(where, f"apps[{k}]"))
+        check_name(a, _join(where, f"apps[{k}]"))
         for k, a in enumerate(_list(md.get("apps", []), _join(where, "apps"), nonempty=False))
     )
     target = md.get("target")
@@ -581,6 +651,23 @@ def parse_settings(doc: Any, model: ModelConfig) -> ModelConfig:
         **live_settings(model),
     }
     return _model_config(model.name, {**current, **table}, "")
+
+
+#: the highest device index a document may name (the store's INTEGER column holds it)
+MAX_DEVICE_INDEX = (1 << 31) - 1
+
+
+def parse_quota(doc: Any) -> tuple[str, int, float]:
+    """The body of ``PUT /admin/models/{name}/quota``, ``{"node": NODE, "device": INDEX,
+    "quota": SHARE}``, validated as the config file's values are (the node's id by
+    :func:`check_name`, the share a finite number from 0 to 1): ``(node, device, quota)``,
+    or :class:`ConfigError` naming the bad field (``body.quota``)."""
+    if not isinstance(doc, Mapping) or set(doc) - {"node", "device", "quota"}:
+        raise ConfigError("body", 'expected {"node": NODE, "device": INDEX, "quota": SHARE}')
+    node = check_name(doc.get("node"), "body.node")
+    device = _int(doc.get("device"), "body.device", lo=0, hi=MAX_DEVICE_INDEX)
+    quota = _num(doc.get("quota"), "body.quota", lo=0, hi=1)
+    return node, device, quota
 
 
 def _controller(doc: Any, models: Mapping[str, ModelConfig]) -> ControllerConfig:
@@ -720,7 +807,7 @@ def _placements_doc(
 ) -> dict[str, Any]:
     """The short form of :func:`parse_model` as the config document it stands for."""
     top = _table(doc, "", {"name", "model", "placements"})
-    name = _str(top.get("name"), "name")
+    name = check_name(top.get("name"), "name")
     count: dict[str, int] = {}
     for node, index in devices:
         count[node] = max(count.get(node, 0), index + 1)
@@ -730,7 +817,7 @@ def _placements_doc(
     for k, place in enumerate(_list(top.get("placements"), "placements")):
         where = f"placements[{k}]"
         place = _table(place, where, {"node", "device", "quota", "port"})
-        node = _str(place.get("node"), f"{where}.node")
+        node = check_name(place.get("node"), f"{where}.node")
         if node not in count:
             raise ConfigError(
                 f"{where}.node",
@@ -781,11 +868,11 @@ def _node_rows(
     node_ids: set[str],
     clipper_names: dict[str, str],
 ) -> list[DeviceRow]:
-    node_id = _str(node.get("id"), f"{where}.id")
+    node_id = check_name(node.get("id"), f"{where}.id")
     if node_id in node_ids:
         raise ConfigError(f"{where}.id", f"duplicate node id {node_id!r}")
     node_ids.add(node_id)
-    endpoint = _str(node.get("endpoint", "127.0.0.1"), f"{where}.endpoint")
+    endpoint = check_name(node.get("endpoint", "127.0.0.1"), f"{where}.endpoint")
     devices = []
     for d, dev in enumerate(_list(node.get("devices"), f"{where}.devices")):
         dev = _str(dev, f"{where}.devices[{d}]").upper()
@@ -837,6 +924,8 @@ def _node_rows(
                         "Clipper containers connect to the dispatcher: give the name the"
                         " container registers as (a string), or null for the model's name",
                     )
+                if entry:
+                    check_name(entry, f"{where}.ports[{k}]")
                 port = None
                 clipper_name = entry or model
                 if q > 0:

@@ -44,9 +44,10 @@ from wirekit._callables import load_callable
 from .actuators import Actuator
 from .catalog import Catalog
 from .config import ControllerConfig, DeviceRow
+from .logs import serve_logger
 from .metrics import RecentStats
 
-log = logging.getLogger("wirekit.serve.controller")
+log = serve_logger("wirekit.serve.controller")
 
 #: decisions kept for ``GET /controller`` (the store keeps them all)
 LAST_DECISIONS = 100

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import os
 import struct
 import sys
@@ -50,12 +49,13 @@ from . import lane as pure_lane
 from .backends import Backend, BackendUnavailable
 from .cache import ResponseCache, digest
 from .config import DeviceRow, ModelConfig
+from .logs import serve_logger
 from .metrics import Metrics, ModelStats
 from .payload import Payload
 from .router import NoDevice, Router
 from .store import ERROR, FAILED, OK, RequestStore
 
-log = logging.getLogger("wirekit.serve")
+log = serve_logger()
 
 BATCH_BYTES = 1 << 20  #: a joined batch stays under this many bytes (larger requests go alone)
 SPLIT_SAMPLES = 16  #: requests joined to this many samples or more go as two batches

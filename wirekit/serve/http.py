@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -37,9 +36,13 @@ from .adminauth import AdminAccess
 from .catalog import CatalogError
 from .config import ConfigError
 from .dispatcher import Dispatcher, Outcome, UnknownModel
-from .payload import Payload, dumps, outputs_json, request_from_json
+from .payload import Payload, dumps, loads, outputs_json, request_from_json
 
 MAX_BODY = 64 * 1024 * 1024
+#: the route pattern of a name in a path (a model, an app): one whole, percent-decoded path
+#: segment -- any name :func:`~wirekit.serve.config.check_name` takes (braces included,
+#: which aiohttp's default pattern refuses) can be called and removed
+NAME = "[^/]+"
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
@@ -53,7 +56,7 @@ def _error(status: int, message: str, **extra: Any) -> web.Response:
 async def _body(request: web.Request) -> dict[str, Any]:
     raw = await request.read()
     try:
-        doc = json.loads(raw)
+        doc = loads(raw)  # strict JSON: NaN, Infinity and 1e999 are refused
     except (UnicodeDecodeError, ValueError) as exc:
         raise web.HTTPBadRequest(
             text=dumps({"error": f"body is not JSON: {exc}"}), content_type="application/json"
@@ -245,12 +248,12 @@ def build_app(
         if admin_access is None:
             raise ValueError("the admin API needs its admin_access (a token, the host checks)")
         _admin_routes(app, admin, admin_access)
-    app.router.add_post("/v1/models/{model}:predict", predict)
+    app.router.add_post(f"/v1/models/{{model:{NAME}}}:predict", predict)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/stats", get_stats)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/controller", get_controller)
-    app.router.add_post("/{app}/predict", clipper_predict)
+    app.router.add_post(f"/{{app:{NAME}}}/predict", clipper_predict)
     return app
 
 
@@ -331,7 +334,7 @@ def _admin_routes(app: web.Application, admin: Admin, access: AdminAccess) -> No
         return _json(changed)
 
     app.router.add_get("/admin/models", guarded(list_models))
-    app.router.add_patch("/admin/models/{name}", guarded(set_model))
-    app.router.add_put("/admin/models/{name}/quota", guarded(set_quota))
+    app.router.add_patch(f"/admin/models/{{name:{NAME}}}", guarded(set_model))
+    app.router.add_put(f"/admin/models/{{name:{NAME}}}/quota", guarded(set_quota))
     app.router.add_post("/admin/models", guarded(add_model))
-    app.router.add_delete("/admin/models/{name}", guarded(remove_model))
+    app.router.add_delete(f"/admin/models/{{name:{NAME}}}", guarded(remove_model))

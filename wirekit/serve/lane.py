@@ -32,7 +32,6 @@ adaptive batching, takes its requests through a :class:`Lane`:
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from collections import deque
 from typing import Any
@@ -42,9 +41,10 @@ from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply
 
 from .cache import digest
+from .logs import serve_logger
 from .payload import Payload
 
-log = logging.getLogger("wirekit.serve")
+log = serve_logger()
 
 _INTERNAL = mip.encode(ErrorReply(int(ErrorCode.INTERNAL)))
 _CACHE = "cache"  # the device of an answer from the cache

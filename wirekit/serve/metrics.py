@@ -420,9 +420,10 @@ class _Collector:
             for k, label in (("avg", "Average"), ("min", "Minimum"), ("max", "Maximum"))
         }
         for model, s in sorted(models.items()):
+            model = _label(model)
             queue.add_metric([model], s.queue)
             for status, n in sorted(s.statuses.items()):
-                requests.add_metric([model, status], n)
+                requests.add_metric([model, _label(status)], n)
             if s.count:
                 rt["avg"].add_metric([model], s.total / s.count)
                 rt["min"].add_metric([model], s.min)
@@ -445,9 +446,8 @@ class _Collector:
                 labels=["node", "device", "device_type", "model"],
             )
             for q in self.extra["quotas"]:
-                g.add_metric(
-                    [q["node"], str(q["device"]), q["device_type"], q["model"]], q["quota"]
-                )
+                labels = [q["node"], str(q["device"]), q["device_type"], q["model"]]
+                g.add_metric([_label(v) for v in labels], q["quota"])
             yield g
         if "backed_off" in self.extra:
             g = GaugeMetricFamily(
@@ -457,20 +457,55 @@ class _Collector:
             yield g
 
 
+def _as_text(value: Any) -> str:
+    """A model or status read from a store as text, whatever the row holds (SQLite keeps
+    any type in any column: a file written by something else may hold a number or bytes)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _as_seconds(value: Any, default: float) -> float:
+    """A response-time figure read from a store as a float (``default`` for none)."""
+    try:
+        return default if value is None else float(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
+def _label(value: str) -> str:
+    """A label value the exposition can write (UTF-8): a lone surrogate is written as its
+    escape rather than failing the whole scrape (the exposition escapes quotes, backslashes
+    and line breaks itself)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
 def model_stats(source: sqlite3.Connection | StoreDB) -> dict[str, ModelStats]:
-    """The figures of every model, computed with SQL over a store."""
+    """The figures of every model, computed with SQL over a store (a row of odd types --
+    the model a number, a time that is not one -- is counted as well as it can be, never
+    failing the whole)."""
     db = as_db(source)
     out: dict[str, ModelStats] = {}
     for model, status, n in db.status_counts():
-        s = out.setdefault(model, ModelStats())
+        s = out.setdefault(_as_text(model), ModelStats())
         s.requests += n
+        status = _as_text(status)
         if status == QUEUED:
             s.queue += n
         else:
-            s.statuses[status] = n
+            s.statuses[status] = s.statuses.get(status, 0) + n
     for model, n, total, lo, hi in db.ok_times():
-        s = out.setdefault(model, ModelStats())
-        s.count, s.total, s.min, s.max = n, total, lo, hi
+        s = out.setdefault(_as_text(model), ModelStats())
+        s.count += n
+        s.total += _as_seconds(total, 0.0)
+        s.min = min(s.min, _as_seconds(lo, math.inf))
+        s.max = max(s.max, _as_seconds(hi, -math.inf))
     return out
 
 

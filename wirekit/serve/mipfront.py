@@ -25,7 +25,6 @@ removed"); the answers owed are sent, then the connection is closed.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from typing import Any
 
@@ -35,10 +34,11 @@ from wirekit.mip.limits import BufferBudget, Limits
 from wirekit.mip.server import Watchdog
 
 from .dispatcher import Dispatcher, Job, Outcome, UnknownModel
+from .logs import serve_logger
 from .payload import Payload
 from .store import FAILED
 
-log = logging.getLogger("wirekit.serve")
+log = serve_logger()
 
 MAX_PIPELINED = 128  #: answers owed per connection before reading pauses
 #: the answer to a request for a model removed while its connection is open: MIP error

@@ -3,13 +3,16 @@
 The MIP encoding is the canonical form of a request and of its answer: a MIP front door and
 a MIP backend pass the bytes through untouched, HTTP and Clipper decode or encode only when
 they need to, and the cache digests the request's bytes.  JSON conversion for the HTTP front
-door lives here too (:func:`to_item`, :func:`item_value`).
+door lives here too (:func:`to_item`, :func:`item_value`), and the one JSON reader and writer
+of the HTTP door (:func:`loads`, :func:`dumps`): RFC 8259 JSON both ways -- ``NaN`` and
+``Infinity`` are refused on the way in, and never written on the way out.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import math
 from typing import Any
 
 from wirekit import mip
@@ -50,7 +53,8 @@ class Payload:
 
 def to_item(value: Any) -> Item:
     """A JSON value as one MIP item: a string is TEXT, ``{"b64": ..., "type": n}`` is raw
-    bytes of item type n (default IMAGE), anything else is a JSON item."""
+    bytes of item type n (default IMAGE), anything else is a JSON item (ValueError for a
+    value that is not JSON: NaN, an infinity)."""
     if isinstance(value, str):
         return Item.text(value)
     if isinstance(value, dict) and "b64" in value and set(value) <= {"b64", "type"}:
@@ -62,20 +66,29 @@ def to_item(value: Any) -> Item:
         except (ValueError, TypeError) as exc:
             raise ValueError(f"b64 is not valid base64: {exc}") from None
         return Item(kind, data)
-    return Item.json(value)
+    try:  # as Item.json, but a number too large for a float (read as infinity) is refused
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise ValueError("a number is out of range (too large for a float)") from None
+    return Item(ItemType.JSON, text.encode("utf-8"))
 
 
 def item_value(item: Item) -> Any:
-    """The JSON form of a MIP item (the inverse of :func:`to_item`)."""
+    """The JSON form of a MIP item (the inverse of :func:`to_item`).  An item that cannot be
+    shown as what its type says -- TEXT that is not UTF-8, JSON that is not strict JSON (a
+    backend's ``NaN`` or ``Infinity`` included) -- is shown as its bytes,
+    ``{"type": n, "b64": ...}``: the answer stays valid JSON and loses nothing.  (A number
+    in a JSON item too large for a float reads as infinity: :func:`dumps` writes it as
+    ``null``.)"""
     if item.type == ItemType.TEXT:
         try:
             return item.as_text()
         except UnicodeDecodeError:
             pass
     elif item.type == ItemType.JSON:
-        try:
-            return item.as_json()
-        except ValueError:
+        try:  # strict: a JSON item whose text holds NaN or Infinity is not JSON
+            return loads(item.as_bytes())
+        except (ValueError, RecursionError):
             pass
     return {"type": int(item.type), "b64": base64.b64encode(item.as_bytes()).decode("ascii")}
 
@@ -99,5 +112,41 @@ def outputs_json(msg: Inference) -> list[list[Any]]:
     return [[item_value(i) for i in sample] for sample in msg.samples]
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+_STRICT = json.JSONDecoder(parse_constant=_not_json)
+
+
+def loads(raw: bytes | str) -> Any:
+    """Parse JSON as RFC 8259 has it: as :func:`json.loads`, but ``NaN``, ``Infinity`` and
+    ``-Infinity`` -- which Python's parser takes -- raise :class:`ValueError`.  What every
+    body the HTTP door reads goes through.  (A number too large for a float, ``1e999``,
+    still reads as infinity -- checking each float as it is parsed would cost a third more
+    on every body -- and is refused where it is used: by :func:`to_item` for an input, by
+    the config's validation for a setting; :func:`dumps` never writes it.)"""
+    if isinstance(raw, bytes | bytearray):
+        raw = raw.decode(json.detect_encoding(raw), "surrogatepass")
+    return _STRICT.decode(raw)
+
+
+def _finite(doc: Any) -> Any:
+    """``doc`` with every non-finite float (NaN, infinity) replaced by None."""
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: _finite(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [_finite(v) for v in doc]
+    return doc
+
+
 def dumps(doc: Any) -> str:
-    return json.dumps(doc, separators=(",", ":"))
+    """The JSON text of an answer of the HTTP door: always valid JSON.  A non-finite float
+    (NaN, infinity: a figure with no value yet, a plugin's option) is written as ``null``,
+    never as the ``NaN`` that Python's :func:`json.dumps` writes by default."""
+    try:
+        return json.dumps(doc, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # a NaN or an infinity somewhere: written as null
+        return json.dumps(_finite(doc), separators=(",", ":"), allow_nan=False)

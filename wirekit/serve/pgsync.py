@@ -30,16 +30,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .logs import serve_logger
 from .storedb import StoreUnavailable, redact
 
-log = logging.getLogger("wirekit.serve")
+log = serve_logger()
 
 #: the advisory lock key of the controller's leadership ("wkleader" in ASCII, as int)
 LEADER_KEY = 0x776B6C6561646572 & 0x7FFFFFFFFFFFFFFF
@@ -299,30 +299,35 @@ def fold(state: dict[str, Any] | None, changes: Sequence[Change]) -> dict[str, A
     ``add``: add it if absent, with its ``settings`` when given; then every row's last
     quota, and the last ``settings`` of every model present) gives what applying the
     changes in order gives.  ``state``: an earlier fold (None: none); a ``"snapshot"``
-    change replaces what was folded so far."""
+    change replaces what was folded so far.  A change whose document is not shaped as
+    its kind says is left out."""
     models: dict[str, dict[str, Any]] = dict(state["models"]) if state else {}
     quotas: dict[str, dict[str, Any]] = dict(state["quotas"]) if state else {}
     for change in changes:
-        doc = change.doc
-        if change.kind == "snapshot":
-            models, quotas = dict(doc["models"]), dict(doc["quotas"])
-        elif change.kind == "quota":
-            quotas[_row_key(doc)] = doc
-        elif change.kind == "add":
-            seen = models.get(doc["model"]["name"])
-            if seen is None or seen["add"] is None:  # a second add of a model is refused
-                entry = {"removed": bool(seen and seen["removed"]), "add": doc}
-                if seen is not None and "settings" in seen:  # of a model left in place
-                    entry["settings"] = seen["settings"]
-                models[doc["model"]["name"]] = entry
-        elif change.kind == "settings":  # the model's live settings, all of them: the last wins
-            name = doc["model"]
-            models[name] = {**models.get(name, {"removed": False, "add": None}),
-                            "settings": doc["settings"]}  # fmt: skip
-        elif change.kind == "remove":
-            name = doc["model"]
-            models[name] = {"removed": True, "add": None}
-            quotas = {k: q for k, q in quotas.items() if q["model"] != name}
+        try:
+            doc = change.doc
+            if change.kind == "snapshot":
+                models, quotas = dict(doc["models"]), dict(doc["quotas"])
+            elif change.kind == "quota":
+                quotas[_row_key(doc)] = doc
+            elif change.kind == "add":
+                seen = models.get(doc["model"]["name"])
+                if seen is None or seen["add"] is None:  # a second add of a model is refused
+                    entry = {"removed": bool(seen and seen["removed"]), "add": doc}
+                    if seen is not None and "settings" in seen:  # of a model left in place
+                        entry["settings"] = seen["settings"]
+                    models[doc["model"]["name"]] = entry
+            elif change.kind == "settings":  # the model's live settings, all of them: the last wins
+                name = doc["model"]
+                models[name] = {**models.get(name, {"removed": False, "add": None}),
+                                "settings": doc["settings"]}  # fmt: skip
+            elif change.kind == "remove":
+                name = doc["model"]
+                models[name] = {"removed": True, "add": None}
+                quotas = {k: q for k, q in quotas.items() if q["model"] != name}
+        except (KeyError, TypeError, AttributeError, IndexError):
+            continue  # a change not shaped as its kind says: not folded (each step of a
+            # kind reads everything it needs before it changes anything)
     return {"models": models, "quotas": quotas}
 
 
@@ -339,6 +344,8 @@ class ChangeLog:
         self._listener: Listener | None = None
         self._closed = False
         self.applied = 0  #: the last seq handed to the follower
+        #: the seqs of the changes that cannot be read (skipped, reported once each)
+        self.skipped: set[int] = set()
 
     def _session(self) -> Any:
         if self._closed:
@@ -370,7 +377,13 @@ class ChangeLog:
     def since(self, seq: int) -> list[Change]:
         """The changes after ``seq``, oldest first (every origin).  When changes after
         ``seq`` were compacted, the newest snapshot comes first (kind ``"snapshot"``, its
-        ``seq`` the last change it folds), then the changes after it."""
+        ``seq`` the last change it folds), then the changes after it.  A change that cannot
+        be read is skipped (see :meth:`_changes`)."""
+        return self._since(seq)[0]
+
+    def _since(self, seq: int) -> tuple[list[Change], int]:
+        """:meth:`since`, and the highest seq read (``seq`` when none): the changes skipped
+        as unreadable included, so a follower moves past them."""
         with self._lock:
             conn = self._session()
             with conn.transaction():
@@ -386,8 +399,34 @@ class ChangeLog:
                     " ORDER BY seq",
                     (seq if snap is None else snap[0],),
                 ).fetchall()
-        head = [] if snap is None else [Change(int(snap[0]), "", "snapshot", json.loads(snap[1]))]
-        return head + [Change(int(q), o, k, json.loads(d)) for q, o, k, d in rows]
+        head = [] if snap is None else self._changes([(snap[0], "", "snapshot", snap[1])])
+        last = max([seq, *(int(r[0]) for r in rows)] + ([int(snap[0])] if snap else []))
+        return head + self._changes(rows), last
+
+    def _changes(self, rows: Sequence[tuple[Any, Any, Any, Any]]) -> list[Change]:
+        """The rows ``(seq, origin, kind, doc)`` read from the log as :class:`Change`\\ s,
+        but for those that cannot be one (``doc`` not a JSON object, a kind that is not
+        text): those are left in the log, skipped, and reported once each (by ``seq``) --
+        a bad record never stops a replica from starting or following."""
+        changes = []
+        for seq, origin, kind, doc in rows:
+            try:
+                parsed = json.loads(doc)
+                if not isinstance(parsed, dict) or not isinstance(kind, str):
+                    raise ValueError("not a change document (a JSON object of a kind)")
+            except (TypeError, ValueError, RecursionError) as exc:
+                if seq not in self.skipped:
+                    self.skipped.add(seq)
+                    log.warning(
+                        "wirekit serve: catalog change %s of %r cannot be read, skipped"
+                        " (left in the log): %s",
+                        seq,
+                        origin,
+                        exc,
+                    )
+                continue
+            changes.append(Change(int(seq), origin, kind, parsed))
+        return changes
 
     def compact(self, keep: float = 60.0) -> int:
         """Fold the changes logged more than ``keep`` seconds ago (and the newest snapshot)
@@ -414,15 +453,17 @@ class ChangeLog:
                     " WHERE seq <= %s ORDER BY seq",
                     (upto,),
                 ).fetchall()
-                state = fold(
-                    None if snap is None else json.loads(snap[1]),
-                    [Change(int(q), o, k, json.loads(d)) for q, o, k, d in rows],
-                )
+                changes = self._changes(rows)
+                state = fold(None if snap is None else json.loads(snap[1]), changes)
                 conn.execute(
                     "INSERT INTO catalog_snapshots (upto, doc) VALUES (%s, %s)",
                     (upto, json.dumps(state, sort_keys=True)),
                 )
-                conn.execute("DELETE FROM catalog_changes WHERE seq <= %s", (upto,))
+                # a change that cannot be read stays in the log (kept, not folded)
+                conn.execute(
+                    "DELETE FROM catalog_changes WHERE seq <= %s AND NOT (seq = ANY(%s))",
+                    (upto, [int(r[0]) for r in rows if r[0] in self.skipped]),
+                )
                 conn.execute("DELETE FROM catalog_snapshots WHERE upto < %s", (upto,))
                 return int(upto)
 
@@ -433,8 +474,8 @@ class ChangeLog:
         self.applied = after
 
         def catch_up(_payload: str = "") -> None:
-            changes = self.since(self.applied)
-            if not changes:
+            changes, last = self._since(self.applied)
+            if last <= self.applied:
                 return
             theirs = [c for c in changes if c.origin != self.origin]
             try:
@@ -443,7 +484,7 @@ class ChangeLog:
             finally:
                 # after the hand-over: whoever sees ``applied`` reach a seq knows the
                 # changes up to it were handed to ``apply``
-                self.applied = changes[-1].seq
+                self.applied = last
 
         # every call in the listener's thread: on each notification, and each time the
         # LISTEN starts (what was logged before it, or while disconnected)

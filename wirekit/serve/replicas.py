@@ -29,18 +29,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import logging
 import os
 import time
 from typing import Any
 
 from .catalog import CatalogChange
-from .config import LIVE_SETTINGS, DeviceRow, ModelConfig, live_settings
+from .config import LIVE_SETTINGS, DeviceRow, ModelConfig, check_name, live_settings
+from .logs import serve_logger
 from .metrics import RecentStats
 from .pgsync import Change, ChangeLog, LeaderLock, NotLeader
 from .storedb import PostgresDB
 
-log = logging.getLogger("wirekit.serve")
+log = serve_logger()
 
 
 def model_doc(model: ModelConfig, rows: list[DeviceRow]) -> dict[str, Any]:
@@ -55,10 +55,19 @@ def model_doc(model: ModelConfig, rows: list[DeviceRow]) -> dict[str, Any]:
 
 
 def model_of(doc: dict[str, Any]) -> tuple[ModelConfig, list[DeviceRow]]:
-    """:func:`model_doc` read back."""
+    """:func:`model_doc` read back; its names checked by the config's one rule
+    (:func:`~wirekit.serve.config.check_name`: a change another replica logged -- or
+    anything else that wrote to the log -- cannot bring in a name this one refuses)."""
     fields = dict(doc["model"])
     fields["apps"] = tuple(fields.get("apps", ()))
-    return ModelConfig(**fields), [DeviceRow(**r) for r in doc["rows"]]
+    model, rows = ModelConfig(**fields), [DeviceRow(**r) for r in doc["rows"]]
+    check_name(model.name, "model.name")
+    for k, app in enumerate(model.apps):
+        check_name(app, f"model.apps[{k}]")
+    for k, row in enumerate(rows):
+        check_name(row.node, f"rows[{k}].node")
+        check_name(row.model, f"rows[{k}].model")
+    return model, rows
 
 
 def with_settings(model: ModelConfig, doc: dict[str, Any]) -> ModelConfig:

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import random
 import time
@@ -44,6 +43,7 @@ from .config import (
     ModelConfig,
     live_settings,
     parse_model,
+    parse_quota,
     parse_settings,
 )
 from .controller import (
@@ -56,6 +56,7 @@ from .controller import (
 )
 from .dispatcher import Dispatcher
 from .http import build_app
+from .logs import serve_logger
 from .metrics import Metrics, ModelStats, RecentStats, Window, model_stats, snapshot_of
 from .mipfront import MipFrontDoor
 from .payload import Payload
@@ -66,7 +67,7 @@ from .storedb import StoreDB
 if TYPE_CHECKING:
     from .replicas import ReplicaSync
 
-log = logging.getLogger("wirekit.serve")
+log = serve_logger()
 
 #: time slots of the controller's metrics window per model at most (memory: slots × the
 #: histogram buckets used, whatever the traffic)
@@ -514,21 +515,11 @@ class Service:
         :class:`ConfigError` for a body not shaped as above."""
         catalog = self.catalog
         catalog.model(name)  # KeyError
-        if not isinstance(doc, dict) or set(doc) - {"node", "device", "quota"}:
-            raise ConfigError("body", 'expected {"node": NODE, "device": INDEX, "quota": SHARE}')
-        node, device, quota = doc.get("node"), doc.get("device"), doc.get("quota")
-        if not isinstance(node, str):
-            raise ConfigError("body.node", f"expected a node id, got {node!r}")
-        if isinstance(device, bool) or not isinstance(device, int):
-            raise ConfigError("body.device", f"expected a device index, got {device!r}")
-        if isinstance(quota, bool) or not isinstance(quota, (int, float)):
-            raise ConfigError("body.quota", f"expected a share from 0 to 1, got {quota!r}")
+        node, device, quota = parse_quota(doc)  # ConfigError naming the bad field
         row = next((r for r in catalog.rows(name) if (r.node, r.device) == (node, device)), None)
         if row is None:
             raise ConfigError("body", f"model {name!r} has no row on {node}/{device}")
-        decision = Decision(
-            node, device, row.device_type, name, row.quota, float(quota), "admin", {}
-        )
+        decision = Decision(node, device, row.device_type, name, row.quota, quota, "admin", {})
         if self.controller is not None:
             # an operator's decision: stored from any replica, not only the leader
             return await self.controller.apply(decision, fenced=False)

@@ -18,6 +18,14 @@ that fails too.  The journals are local files even when the rows go to
 PostgreSQL: a replica that restarts with the same ``path`` replays its own.  (A power loss
 can still take back the last moments; that needs fsync.)
 
+A journal record that cannot be stored -- not JSON, not the shape of a journal line, text
+that is not Unicode (a lone surrogate), a number out of range -- never stops ``open()``: it
+is *quarantined*, appended to ``<store>.journal.quarantine`` (one JSON object per line: the
+journal's name, the record's line number and byte offset, why, and the record itself), and
+reported in one log line per journal; the other records are replayed.  (A last line cut
+short by a crash is not a record: it was never answered, and is skipped.)  A journal that
+cannot be read at all is left where it is, reported, and the start goes on.
+
 A failed or errored request's row records why (``reason``).
 
 Statuses: ``queued`` (waiting or being processed), ``ok``, ``error`` (the backend answered
@@ -33,6 +41,7 @@ import contextlib
 import fcntl
 import itertools
 import json
+import math
 import os
 import queue
 import socket
@@ -45,6 +54,7 @@ from typing import Any
 
 from wirekit._impl import load_fast
 
+from .logs import serve_logger
 from .storedb import (
     ABANDONED,
     DECISION_COLUMNS,
@@ -57,9 +67,12 @@ from .storedb import (
     StoreUnavailable,
     as_db,
     connect_sqlite,
+    is_row_error,
     open_db,
     redact,
 )
+
+log = serve_logger()
 
 __all__ = [
     "ABANDONED",
@@ -349,6 +362,7 @@ class RequestStore:
                 _json_blob(payload if self.payloads else None),
             )
             if reason:
+                reason = storable_text(reason)
                 line = _with_reason(line, reason)
             self._jsize += len(line)
             self._jbuf.append(line)
@@ -386,6 +400,7 @@ class RequestStore:
         (same id, device, size; the journal still on)."""
         line = _line_end(head, self._time(time_out), status, size, attempts, "null")
         if reason:
+            reason = storable_text(reason)
             line = _with_reason(line, reason)
             self._reasons.append((reason, rid))
         self._jsize += len(line)
@@ -529,37 +544,86 @@ class RequestStore:
         self._jfd = None
         return self._jpath
 
+    @property
+    def quarantine_path(self) -> Path:
+        """Where the journal records that cannot be stored are kept
+        (``<store>.journal.quarantine``)."""
+        return self.path.with_name(f"{self.path.name}.journal.quarantine")
+
     def _replay(self) -> int:
         db = self._db
         assert db is not None
         count = 0
-        journals = self._journals()
-        for path in journals:
-            rows = _read_journal(path)
-            if rows:
-                # keep a stored payload when the journal line has none; by id: a journal
-                # replayed twice (a crash during the replay) counts nothing twice
-                db.replay(rows)
-            count += len(rows)
-        for path in journals:
+        replayed = []
+        for path in self._journals():
+            try:
+                entries, bad = _read_journal(path)
+            except OSError as exc:  # left where it is: the start goes on
+                log.warning(
+                    "wirekit serve: journal %s cannot be read, left in place: %s",
+                    path,
+                    exc.strerror or exc,
+                )
+                self._jseq = max(self._jseq, int(path.name.rsplit(".", 1)[1]))
+                continue
+            # keep a stored payload when the journal line has none; by id: a journal
+            # replayed twice (a crash during the replay) counts nothing twice
+            refused = _replay_entries(db, entries)
+            self._quarantine(path, bad + refused)
+            count += len(entries) - len(refused)
+            replayed.append(path)
+        for path in replayed:
             path.unlink()
         return count
+
+    def _quarantine(self, journal: Path, bad: list[_BadRecord]) -> None:
+        """Keep the records of ``journal`` that cannot be stored in :attr:`quarantine_path`
+        (appended, one JSON line each) and report them in one log line."""
+        if not bad:
+            return
+        bad.sort(key=lambda b: b[0])
+        with open(self.quarantine_path, "ab") as fh:
+            for line_no, offset, line, _row, why in bad:
+                raw = line[:-1] if line.endswith(b"\n") else line  # the record, as written
+                entry: dict[str, Any] = {
+                    "journal": journal.name,
+                    "line": line_no,
+                    "offset": offset,
+                    "error": why,
+                    "record": raw.decode("utf-8", "backslashreplace"),
+                }
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError:  # the exact bytes too
+                    entry["record_b64"] = base64.b64encode(raw).decode("ascii")
+                fh.write(json.dumps(entry).encode("ascii") + b"\n")
+        shown = "; ".join(f"line {b[0]} (byte {b[1]}): {b[4]}" for b in bad[:5])
+        more = f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
+        log.warning(
+            "wirekit serve: journal %s: %d record(s) cannot be stored, quarantined to %s: %s%s",
+            journal,
+            len(bad),
+            self.quarantine_path,
+            shown,
+            more,
+        )
 
     def _settle_journal(self, db: StoreDB, path: Path) -> None:
         """A retired journal whose rows are committed: delete it.  When a write failed
         while it was open (the database was away), replay it first (by id: idempotent), so
         that what was answered meanwhile reaches the store once the database is back.  A
         journal whose replay fails too is held, and tried again at the next retirement
-        (or replayed by the next start)."""
+        (or replayed by the next start).  Its records that cannot be stored are
+        quarantined, as at the start."""
         self._held.append(path)
         while self._held:
             held = self._held[0]
             try:
                 if int(held.name.rsplit(".", 1)[1]) <= self._dirty_upto:
-                    rows = _read_journal(held)
-                    if rows:
-                        db.replay(rows)
-                    self.healed += len(rows)
+                    entries, bad = _read_journal(held)
+                    refused = _replay_entries(db, entries)
+                    self._quarantine(held, bad + refused)
+                    self.healed += len(entries) - len(refused)
                 held.unlink()
             except FileNotFoundError:
                 pass
@@ -655,28 +719,148 @@ class RequestStore:
         finally:
             db.close()
         for row in rows:
-            row["metrics"] = json.loads(row["metrics"])
+            try:
+                row["metrics"] = json.loads(row["metrics"])
+            except (TypeError, ValueError, RecursionError):  # written by something else
+                row["metrics"] = {"unreadable": str(row["metrics"])}
         return rows
 
 
-def _read_journal(path: Path) -> list[tuple]:
-    """The completions of a journal file, as :data:`~wirekit.serve.storedb.REPLAY_COLUMNS`
-    rows (a line cut short by a crash is skipped: it was never answered)."""
-    rows = []
+#: a journal record that cannot be stored: (line number, byte offset, the line, its row
+#: when it was read but the database refused it -- else None --, why)
+_BadRecord = tuple[int, int, bytes, tuple | None, str]
+#: a journal record read: (line number, byte offset, the line, its row)
+_Entry = tuple[int, int, bytes, tuple]
+
+_INT64 = (1 << 63) - 1
+_INT32 = (1 << 31) - 1
+
+
+def storable_text(text: str) -> str:
+    """``text`` as every store can hold it: a character that is not a Unicode scalar value
+    (a lone surrogate) or a NUL (PostgreSQL's text refuses it) written as its escape."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.replace("\x00", "\\x00") if "\x00" in text else text
+
+
+def _kind_of(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _text_field(value: Any, what: str, *, null: bool = False) -> str | None:
+    """A text field of a journal record, checked as the databases need it."""
+    if value is None and null:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is {_kind_of(value)}, not text")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} is not Unicode text (it holds a lone surrogate)") from None
+    if "\x00" in value:
+        raise ValueError(f"{what} holds a NUL character")
+    return value
+
+
+def _time_field(value: Any, what: str) -> float:
+    try:
+        value = _from_journal_time(value)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError
+        value = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{what} is not a time") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{what} is not a finite time")
+    return value
+
+
+def _count_field(value: Any, what: str, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
+        raise ValueError(f"{what} is not an integer from 0 to {hi}")
+    return value
+
+
+def journal_row(rec: Any) -> tuple:
+    """One journal record (a parsed line) as a :data:`~wirekit.serve.storedb.REPLAY_COLUMNS`
+    row, every field checked as the databases need it; ValueError saying which field is
+    wrong otherwise."""
+    if not isinstance(rec, list) or len(rec) not in (10, 11):
+        raise ValueError("not a journal record (a list of 10 or 11 fields)")
+    blob = rec[9]
+    if blob is not None and not isinstance(blob, str):
+        raise ValueError(f"payload is {_kind_of(blob)}, not base64 text")
+    try:
+        payload = base64.b64decode(blob, validate=True) if blob else None
+    except ValueError:
+        raise ValueError("payload is not base64") from None
+    return (
+        _text_field(rec[0], "id"),
+        _text_field(rec[1], "model"),
+        _text_field(rec[2], "client"),
+        _text_field(rec[3], "device", null=True),
+        _time_field(rec[4], "time in"),
+        _time_field(rec[5], "time out"),
+        _text_field(rec[6], "status"),
+        _count_field(rec[7], "size", _INT64),
+        _count_field(rec[8], "attempts", _INT32),
+        payload,
+        _text_field(rec[10], "reason", null=True) if len(rec) > 10 else None,
+    )
+
+
+def _read_journal(path: Path) -> tuple[list[_Entry], list[_BadRecord]]:
+    """The completions of a journal file, each with its position (line number, byte
+    offset) and row (:func:`journal_row`), and the records that cannot be stored, with
+    why.  A last line cut short by a crash (no line end) that does not parse is skipped:
+    it was never answered."""
+    entries: list[_Entry] = []
+    bad: list[_BadRecord] = []
+    offset = 0
     with open(path, "rb") as fh:
-        for line in fh:
+        for line_no, line in enumerate(fh, 1):
+            start, offset = offset, offset + len(line)
             try:
                 rec = json.loads(line)
-                rid, model, client, device, t_in, t_out, status, size, att, blob = rec[:10]
-                reason = rec[10] if len(rec) > 10 else None
-                t_in, t_out = _from_journal_time(t_in), _from_journal_time(t_out)
-                payload = base64.b64decode(blob) if blob else None
-            except (ValueError, TypeError):
+            except (ValueError, RecursionError) as exc:
+                if not line.endswith(b"\n"):
+                    continue  # torn by a crash
+                why = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else "not JSON"
+                bad.append((line_no, start, line, None, why))
                 continue
-            rows.append(
-                (rid, model, client, device, t_in, t_out, status, size, att, payload, reason)
-            )
-    return rows
+            try:
+                row = journal_row(rec)
+            except ValueError as exc:
+                bad.append((line_no, start, line, None, str(exc)))
+                continue
+            entries.append((line_no, start, line, row))
+    return entries, bad
+
+
+def _replay_entries(db: StoreDB, entries: list[_Entry]) -> list[_BadRecord]:
+    """Replay ``entries`` in one transaction; if the database refuses one of them (a value
+    it cannot hold: :func:`~wirekit.serve.storedb.is_row_error`), one by one, and return
+    those it refuses, with why.  A database that is away raises."""
+    if not entries:
+        return []
+    try:
+        db.replay([e[3] for e in entries])
+        return []
+    except Exception as exc:
+        if not is_row_error(exc):
+            raise
+    refused: list[_BadRecord] = []
+    for line_no, offset, raw, row in entries:
+        try:
+            db.replay([row])
+        except Exception as exc:
+            if not is_row_error(exc):
+                raise
+            refused.append((line_no, offset, raw, row, f"the store refused it: {exc}"))
+    return refused
 
 
 def _with_reason(line: str, reason: str) -> str:

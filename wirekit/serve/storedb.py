@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -276,6 +277,27 @@ class StoreUnavailable(RuntimeError):
     """The store cannot be opened (a database that cannot be reached, a journal in use)."""
 
 
+def is_row_error(exc: BaseException) -> bool:
+    """Whether a write failed because of the values of a row (a type or a text the database
+    cannot hold, a constraint), not because the database is away or busy: what the journal's
+    replay quarantines a record for rather than stopping."""
+    if isinstance(exc, ValueError | TypeError | OverflowError):  # UnicodeEncodeError too
+        return True
+    if isinstance(exc, sqlite3.Error):
+        return not isinstance(exc, sqlite3.OperationalError)  # locked, I/O, full: not a row's
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(exc, psycopg.DataError | psycopg.IntegrityError)
+
+
+def _text(raw: bytes) -> str:
+    """SQLite text as str: text that is not UTF-8 (written by something else) is read with
+    U+FFFD for each bad byte rather than failing the whole query."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "replace")
+
+
 def is_url(target: str | Path | None) -> bool:
     """Whether a store target names a PostgreSQL database rather than a SQLite file."""
     return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
@@ -309,8 +331,11 @@ def connect_sqlite(path: str | Path, *, readonly: bool = False) -> sqlite3.Conne
     ``readonly``)."""
     if readonly:
         uri = Path(path).resolve().as_uri() + "?mode=ro"
-        return sqlite3.connect(uri, uri=True, check_same_thread=False)
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        conn.text_factory = _text
+        return conn
     conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    conn.text_factory = _text
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     _migrate_sqlite(conn)
