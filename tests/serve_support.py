@@ -79,28 +79,68 @@ def terminate(proc: subprocess.Popen) -> None:
 
 
 class DispatcherProcess:
-    """``wirekit serve --config FILE`` in a subprocess; ``addresses`` from its ready line."""
+    """``wirekit serve --config FILE`` in a subprocess; ``addresses`` from its ready line.
 
-    def __init__(self, config: Path) -> None:
+    ``env``: more environment variables (``WIREKIT_LOOP``...); ``max_fds``: its file
+    descriptor limit (``ulimit -n``).  Its log (standard error) is kept: :meth:`log_lines`,
+    :meth:`wait_for_log`."""
+
+    def __init__(
+        self, config: Path, *, env: dict[str, str] | None = None, max_fds: int | None = None
+    ) -> None:
         self.config = config
+        self.env = env or {}
+        self.max_fds = max_fds
         self.proc: subprocess.Popen | None = None
         self.addresses: dict[str, Any] = {}
+        self._log: list[str] = []
 
     @classmethod
-    def of(cls, doc: dict[str, Any], directory: Path) -> DispatcherProcess:
+    def of(cls, doc: dict[str, Any], directory: Path, **options: Any) -> DispatcherProcess:
         """For the deployment ``doc``, written to ``directory/deployment.json``."""
         config = directory / "deployment.json"
         config.write_text(json.dumps(doc))
-        return cls(config)
+        return cls(config, **options)
+
+    def _limit_fds(self) -> None:  # in the child, before exec
+        import resource
+
+        assert self.max_fds is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.max_fds, self.max_fds))
+
+    def log_lines(self) -> list[str]:
+        """The lines it logged so far."""
+        return list(self._log)
+
+    def wait_for_log(self, text: str, timeout: float = TIMEOUT) -> list[str]:
+        """The lines logged containing ``text``, once there is one (AssertionError if none
+        comes within ``timeout`` seconds)."""
+        import time
+
+        until = time.monotonic() + timeout
+        while True:
+            found = [line for line in self._log if text in line]
+            if found:
+                return found
+            if time.monotonic() > until:
+                raise AssertionError(f"no log line with {text!r} in {timeout} s: {self._log}")
+            time.sleep(0.05)
+
+    def _collect(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self._log.append(line.rstrip("\n"))
 
     def __enter__(self) -> DispatcherProcess:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
+        env.update(self.env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "wirekit.cli", "serve", "--config", str(self.config)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            preexec_fn=self._limit_fds if self.max_fds is not None else None,
         )
         line = _readline(self.proc, TIMEOUT * 3)
         try:
@@ -112,8 +152,8 @@ class DispatcherProcess:
             _out, err = self.proc.communicate(timeout=TIMEOUT)
             raise AssertionError(f"wirekit serve did not start: {line!r} {err}")
         self.addresses = ready
-        # Drain stderr so a chatty log can never block the dispatcher.
-        self._drain = threading.Thread(target=self.proc.stderr.read, daemon=True)
+        # Drain stderr (kept: log_lines) so a chatty log can never block the dispatcher.
+        self._drain = threading.Thread(target=self._collect, daemon=True)
         self._drain.start()
         return self
 

@@ -31,13 +31,13 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from wirekit.mip import DEFAULT_MAX_ITEMS, ErrorReply, Inference
+from wirekit.mip.limits import BufferBudget
 
 from .catalog import CatalogError
-from .config import ConfigError
+from .config import ConfigError, HttpLimits
 from .dispatcher import Dispatcher, Outcome, UnknownModel
+from .httpbody import READER_KEY, BodyReader, body_middleware
 from .payload import Payload, dumps, outputs_json, request_from_json
-
-MAX_BODY = 64 * 1024 * 1024
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
@@ -49,9 +49,11 @@ def _error(status: int, message: str, **extra: Any) -> web.Response:
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
+    """The request's JSON object, read and parsed within the HTTP door's limits and the
+    memory budget (:mod:`wirekit.serve.httpbody`: 413/503/408/415 when they refuse it)."""
+    reader: BodyReader = request[READER_KEY]
     try:
-        doc = json.loads(raw)
+        doc = await reader.json(request)
     except (UnicodeDecodeError, ValueError) as exc:
         raise web.HTTPBadRequest(
             text=dumps({"error": f"body is not JSON: {exc}"}), content_type="application/json"
@@ -72,7 +74,9 @@ def _too_many_items(count: int, max_items: int) -> web.Response | None:
     """The answer to a body of more MIP items than the front doors accept, or None.
 
     Checked on the parsed JSON before any item is built, with the MIP front door's limit
-    (``mip.max_items``), so an HTTP body costs no more per item than a MIP message does.
+    (``mip.max_items``), so an HTTP body costs no more per item than a MIP message does; an
+    empty sample counts as one item (it costs a row all the same).  The parsed JSON itself
+    was bounded before parsing (:func:`wirekit.serve.httpbody.json_cost`).
     """
     if count <= max_items:
         return None
@@ -127,11 +131,16 @@ def build_app(
     admin: Admin | None = None,
     admin_token: str | None = None,
     controller: Callable[[], dict[str, Any]] | None = None,
+    limits: HttpLimits | None = None,
+    budget: BufferBudget | None = None,
 ) -> web.Application:
     """The aiohttp application of the front door; ``max_items`` bounds the MIP items one
     body may ask for (the config's ``mip.max_items``).  ``app_models`` is read at each
     request (the caller keeps it up to date).  ``admin``: serve the admin API, with
-    ``admin_token`` required when given."""
+    ``admin_token`` required when given.  ``limits``: the ``http`` table (body size and
+    time); ``budget``: the process's memory budget, which request bodies and their parsed
+    form are charged to while their request is handled (default: one of
+    ``limits.max_body_size`` × 4 for this application alone)."""
     query_ids = itertools.count()
 
     async def predict(request: web.Request) -> web.Response:
@@ -148,7 +157,7 @@ def build_app(
                 return _error(400, 'the body needs "inputs" or "instances"')
             if not isinstance(samples, list) or not samples:
                 return _error(400, "inputs/instances must be a non-empty list")
-            count = sum(len(s) if multi and isinstance(s, list) else 1 for s in samples)
+            count = sum(max(len(s), 1) if multi and isinstance(s, list) else 1 for s in samples)
             refusal = _too_many_items(count, max_items)
             if refusal is not None:
                 return refusal
@@ -238,7 +247,12 @@ def build_app(
             return _error(404, "no controller in this service")
         return _json(controller())
 
-    app = web.Application(client_max_size=MAX_BODY)
+    limits = limits or HttpLimits()
+    if budget is None:
+        budget = BufferBudget(4 * limits.max_body_size)
+    app = web.Application(
+        client_max_size=limits.max_body_size, middlewares=[body_middleware(limits, budget)]
+    )
     if admin is not None:
         _admin_routes(app, admin, admin_token)
     app.router.add_post("/v1/models/{model}:predict", predict)

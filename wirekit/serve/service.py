@@ -19,8 +19,6 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
-
 from wirekit.mip.limits import BufferBudget
 
 from .actuators import build_actuator
@@ -46,6 +44,7 @@ from .controller import (
 )
 from .dispatcher import Dispatcher
 from .http import build_app
+from .httpdoor import FdWatch, HttpDoor
 from .metrics import Metrics, ModelStats, RecentStats, Window, model_stats, snapshot_of
 from .mipfront import MipFrontDoor
 from .payload import Payload
@@ -145,8 +144,10 @@ class Service:
         self._mip_servers: dict[str, asyncio.Server] = {}
         #: the one memory budget of this process: every front door (MIP and HTTP) charges it
         self.budget = BufferBudget(deployment.mip.max_buffered)
-        self._runner: web.AppRunner | None = None
+        self._http: HttpDoor | None = None
         self._http_port: int | None = None
+        #: says when accept fails on any door for lack of file descriptors
+        self._fd_watch = FdWatch()
         self.clipper: Any = None  # the embedded Clipper RPC frontend, when a model uses Clipper
         #: on a shared store: the connection ``/stats`` and ``/metrics`` query
         self._shared_db: StoreDB | None = None
@@ -253,12 +254,12 @@ class Service:
                     admin=self if dep.admin.enabled else None,
                     admin_token=self.admin_token,
                     controller=self.controller_state,
+                    limits=dep.http,
+                    budget=self.budget,
                 )
-                self._runner = web.AppRunner(app, access_log=None)
-                await self._runner.setup()
-                site = web.TCPSite(self._runner, dep.host, dep.http_port)
-                await site.start()
-                self._http_port = self._runner.addresses[0][1]  # the port bound
+                self._http = HttpDoor(app, dep.http)
+                self._http_port = await self._http.start(dep.host, dep.http_port)
+            self._fd_watch.start()
             if self.store.url is not None:
                 # several replicas on one store: one models metadata (and one controller)
                 from .replicas import ReplicaSync
@@ -620,9 +621,10 @@ class Service:
             self.replicas = None
         for srv in self._mip_servers.values():
             srv.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        self._fd_watch.stop()
+        if self._http is not None:
+            await self._http.stop()
+            self._http = None
         dispatcher = self.dispatcher
         if dispatcher is not None:
             # Requests in flight: answered within the grace period, else cancelled.
