@@ -188,7 +188,7 @@ def test_bodies_are_charged_to_the_memory_budget_and_refused_with_json(tmp_path)
             (service,) = services
             port = service.addresses()["http"]
             # a client holding 1.5 MiB of the 2 MiB budget with a body it is still sending
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(_head(3 << 19) + b'{"inputs": [')
             await writer.drain()
             for _ in range(200):

@@ -95,7 +95,11 @@ def _read_answer(sock: socket.socket) -> tuple[int, dict[str, Any]]:
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     length = next(
-        (int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")),
+        (
+            int(h.split(b":")[1])
+            for h in head.split(b"\r\n")
+            if h.lower().startswith(b"content-length")
+        ),
         None,
     )
     while length is not None and len(body) < length:
@@ -169,7 +173,7 @@ def test_a_slow_body_is_answered_408_after_the_body_timeout(tmp_path, loop):
     with _serve(tmp_path, loop, http={"body_timeout": 0.5}) as proc, _connect(proc) as sock:
         sock.sendall(
             b"POST /v1/models/m:predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-            b"\r\nContent-Length: 100\r\n\r\n{\"inputs\": "
+            b'\r\nContent-Length: 100\r\n\r\n{"inputs": '
         )
         status, doc = _read_answer(sock)
         assert status == 408, doc
@@ -191,9 +195,7 @@ def test_an_idle_kept_alive_connection_is_closed_after_the_idle_timeout(tmp_path
 
 
 @pytest.mark.parametrize("loop", LOOPS)
-def test_the_connection_cap_refuses_extra_connections_and_other_clients_are_served(
-    tmp_path, loop
-):
+def test_the_connection_cap_refuses_extra_connections_and_other_clients_are_served(tmp_path, loop):
     cap = 8
     with _serve(tmp_path, loop, http={"max_connections": cap, "header_timeout": 60}) as proc:
         port = proc.addresses["http"]
@@ -202,9 +204,9 @@ def test_the_connection_cap_refuses_extra_connections_and_other_clients_are_serv
         extra: list[socket.socket] = []
         try:
             client.request("GET", "/healthz")  # a kept-alive client, connected first
-            assert client.getresponse().read() and True
+            first = client.getresponse()
+            assert (first.status, json.loads(first.read())) == (200, {"ok": True})
             idle = [_connect(proc) for _ in range(cap - 1)]  # the door is full
-            _healthz_fails = True
             extra = [_connect(proc) for _ in range(10)]
             for sock in extra:
                 status, doc = _read_answer(sock)
@@ -223,10 +225,11 @@ def test_the_connection_cap_refuses_extra_connections_and_other_clients_are_serv
                 sock.close()
             idle = []
             until = time.monotonic() + TIMEOUT  # once they are gone, new clients get in
-            while _healthz_fails and time.monotonic() < until:
+            status = None
+            while status != 200 and time.monotonic() < until:
                 with contextlib.suppress(OSError, http.client.HTTPException):
-                    _healthz_fails = _healthz(proc) != 200
-            assert not _healthz_fails
+                    status = _healthz(proc)
+            assert status == 200
         finally:
             client.close()
             for sock in idle + extra:
@@ -290,7 +293,9 @@ def test_an_empty_samples_body_is_refused_before_parsing_and_the_other_doors_kee
     body = _empty_samples(60 * MiB)
     with _serve(tmp_path, loop) as proc:
         answer: list[tuple[int, dict[str, Any]]] = []
-        sender = threading.Thread(target=lambda: answer.append(_post_raw(proc.addresses["http"], body)))
+        sender = threading.Thread(
+            target=lambda: answer.append(_post_raw(proc.addresses["http"], body))
+        )
         gaps: list[float] = []
         with Client(proc.mip_address("m"), timeout=3 * TIMEOUT) as mip:
             last = time.monotonic()

@@ -24,7 +24,6 @@ from __future__ import annotations
 import hmac
 import inspect
 import itertools
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 

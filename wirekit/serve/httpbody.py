@@ -94,7 +94,8 @@ def _refusal(cls: type[web.HTTPException], message: str, **headers: str) -> web.
 
 def _too_large(message: str) -> web.HTTPException:
     return web.HTTPRequestEntityTooLarge(
-        0, text=json.dumps({"error": message}, separators=(",", ":")),
+        0,
+        text=json.dumps({"error": message}, separators=(",", ":")),
         content_type="application/json",
     )
 

@@ -206,7 +206,9 @@ class HttpDoor:
         self._loop = asyncio.get_running_loop()
         await self._runner.setup()
         # aiohttp's public protocol factory: one request handler per connection
-        self.handler_factory = self._runner.server
+        factory = self._runner.server
+        assert factory is not None  # set up just above
+        self.handler_factory = factory
         self._server = await self._loop.create_server(
             lambda: GatedConnection(self), host, port, backlog=128
         )
