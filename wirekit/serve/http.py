@@ -35,7 +35,7 @@ from wirekit.mip.limits import BufferBudget
 from .catalog import CatalogError
 from .config import ConfigError, HttpLimits
 from .dispatcher import Dispatcher, Outcome, UnknownModel
-from .httpbody import READER_KEY, BodyReader, body_middleware
+from .httpbody import READER_KEY, BodyReader
 from .payload import Payload, dumps, outputs_json, request_from_json
 
 
@@ -50,7 +50,9 @@ def _error(status: int, message: str, **extra: Any) -> web.Response:
 async def _body(request: web.Request) -> dict[str, Any]:
     """The request's JSON object, read and parsed within the HTTP door's limits and the
     memory budget (:mod:`wirekit.serve.httpbody`: 413/503/408/415 when they refuse it)."""
-    reader: BodyReader = request[READER_KEY]
+    reader: BodyReader | None = request.get(READER_KEY)
+    if reader is None:  # an application served without the door: its default limits
+        reader = BodyReader(HttpLimits(), BufferBudget(4 * HttpLimits().max_body_size))
     try:
         doc = await reader.json(request)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -131,15 +133,13 @@ def build_app(
     admin_token: str | None = None,
     controller: Callable[[], dict[str, Any]] | None = None,
     limits: HttpLimits | None = None,
-    budget: BufferBudget | None = None,
 ) -> web.Application:
     """The aiohttp application of the front door; ``max_items`` bounds the MIP items one
     body may ask for (the config's ``mip.max_items``).  ``app_models`` is read at each
     request (the caller keeps it up to date).  ``admin``: serve the admin API, with
-    ``admin_token`` required when given.  ``limits``: the ``http`` table (body size and
-    time); ``budget``: the process's memory budget, which request bodies and their parsed
-    form are charged to while their request is handled (default: one of
-    ``limits.max_body_size`` × 4 for this application alone)."""
+    ``admin_token`` required when given.  ``limits``: the ``http`` table; served by a
+    :class:`wirekit.serve.httpdoor.HttpDoor`, request bodies are read within it and charged
+    to the process's memory budget."""
     query_ids = itertools.count()
 
     async def predict(request: web.Request) -> web.Response:
@@ -247,11 +247,7 @@ def build_app(
         return _json(controller())
 
     limits = limits or HttpLimits()
-    if budget is None:
-        budget = BufferBudget(4 * limits.max_body_size)
-    app = web.Application(
-        client_max_size=limits.max_body_size, middlewares=[body_middleware(limits, budget)]
-    )
+    app = web.Application(client_max_size=limits.max_body_size)
     if admin is not None:
         _admin_routes(app, admin, admin_token)
     app.router.add_post("/v1/models/{model}:predict", predict)

@@ -21,7 +21,8 @@ too slow               the body not complete ``http.body_timeout`` after its hea
 compressed             a ``Content-Encoding`` other than ``identity``: 415 (never inflated)
 =====================  ===================================================================
 
-Every answer is JSON ``{"error": ...}``; the charge is given back when the request ends.
+Every answer is JSON ``{"error": ...}``; the charge is given back when the request ends
+(the HTTP door gives each request its :class:`BodyReader` and releases it).
 """
 
 from __future__ import annotations
@@ -201,32 +202,12 @@ class BodyReader:
         self.charge.release()
 
 
-#: the request's entry holding its :class:`BodyReader` (set by :func:`body_middleware`): a
-#: typed key where aiohttp has them (3.13+, which warns about plain strings), else a string
+#: the request's entry holding its :class:`BodyReader` (set by the door for each request,
+#: :class:`wirekit.serve.httpdoor.HttpDoor`): a typed key where aiohttp has them (3.13+,
+#: which warns about plain strings), else a string
 READER_KEY: Any = (
     web.RequestKey("wirekit.body", BodyReader) if hasattr(web, "RequestKey") else "wirekit.body"
 )
 
 
-def body_middleware(limits: HttpLimits, budget: BufferBudget) -> Any:
-    """The aiohttp middleware giving each request its :class:`BodyReader` (``request[
-    READER_KEY]``) and giving its charge back when the request ends."""
-
-    @web.middleware
-    async def bodies(request: web.Request, handler: Any) -> web.StreamResponse:
-        reader = request[READER_KEY] = BodyReader(limits, budget)
-        try:
-            return await handler(request)
-        except web.HTTPRequestTimeout as slow:  # the body's: answer it, then drop the client
-            await slow.prepare(request)  # (aiohttp would keep reading it for lingering_time)
-            await slow.write_eof()
-            if request.transport is not None:
-                request.transport.close()
-            return slow
-        finally:
-            reader.release()
-
-    return bodies
-
-
-__all__ = ["READER_KEY", "VALUE_COST", "BodyReader", "Charge", "body_middleware", "json_cost"]
+__all__ = ["READER_KEY", "VALUE_COST", "BodyReader", "Charge", "json_cost"]

@@ -11,8 +11,10 @@ wrapped in :class:`GatedConnection`, which
   (its file descriptor is given back at once: the other doors keep theirs);
 * drops a connection whose request headers are not complete ``http.header_timeout`` after
   it opened, or after the first byte of a further request on a kept-alive connection; a
-  request counts as begun when aiohttp hands it to the application (:meth:`HttpDoor.
-  middleware`), as ended when the application has answered.
+  request counts as begun when aiohttp hands it to the application, as ended when the
+  application has answered (the door's one middleware: it also gives each request its
+  :class:`~wirekit.serve.httpbody.BodyReader`, whose charge to the memory budget it gives
+  back when the request ends).
 
 :class:`FdWatch` notices the process running out of file descriptors, whichever door's
 accept fails: plain asyncio reports each failed ``accept`` to the loop's exception handler
@@ -35,7 +37,10 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from wirekit.mip.limits import BufferBudget
+
 from .config import HttpLimits
+from .httpbody import READER_KEY, BodyReader
 
 log = logging.getLogger("wirekit.serve")
 
@@ -164,12 +169,13 @@ class GatedConnection(asyncio.Protocol):
 class HttpDoor:
     """The HTTP front door of ``app``: its listener, its connections and their limits.
 
-    >>> door = HttpDoor(app, HttpLimits(header_timeout=5))   # doctest: +SKIP
+    >>> door = HttpDoor(app, HttpLimits(), BufferBudget(256 << 20))  # doctest: +SKIP
     >>> port = await door.start("127.0.0.1", 0); ...; await door.stop()   # doctest: +SKIP
     """
 
-    def __init__(self, app: web.Application, limits: HttpLimits) -> None:
+    def __init__(self, app: web.Application, limits: HttpLimits, budget: BufferBudget) -> None:
         self.limits = limits
+        self.budget = budget  #: the process's: request bodies are charged to it
         self.open = 0  #: connections open (refused ones not counted)
         self._by_transport: dict[asyncio.BaseTransport, GatedConnection] = {}
         app.middlewares.append(self._middleware())
@@ -255,24 +261,35 @@ class HttpDoor:
         )
 
     def _middleware(self) -> Any:
-        """The aiohttp middleware marking a request's connection busy while the application
-        answers it (no header timer runs then)."""
+        """The aiohttp middleware scoping each request: its connection is busy while the
+        application answers it (no header timer runs then), its body is read by a
+        :class:`BodyReader` whose charge is given back when it ends, and a body too slow
+        (408) closes the connection once answered (aiohttp would keep reading it)."""
         connections = self._by_transport
+        limits, budget = self.limits, self.budget
 
         @web.middleware
-        async def busy(
+        async def scope(
             request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
         ) -> web.StreamResponse:
             conn = connections.get(request.transport)  # type: ignore[arg-type]
-            if conn is None:
-                return await handler(request)
-            conn.request_started()
+            reader = request[READER_KEY] = BodyReader(limits, budget)
+            if conn is not None:
+                conn.request_started()
             try:
                 return await handler(request)
+            except web.HTTPRequestTimeout as slow:  # the body's: answer, then drop the client
+                await slow.prepare(request)
+                await slow.write_eof()
+                if request.transport is not None:
+                    request.transport.close()
+                return slow
             finally:
-                conn.request_ended()
+                reader.release()
+                if conn is not None:
+                    conn.request_ended()
 
-        return busy
+        return scope
 
 
 def _not_started() -> asyncio.Protocol:

@@ -255,9 +255,8 @@ class Service:
                     admin_token=self.admin_token,
                     controller=self.controller_state,
                     limits=dep.http,
-                    budget=self.budget,
                 )
-                self._http = HttpDoor(app, dep.http)
+                self._http = HttpDoor(app, dep.http, self.budget)
                 self._http_port = await self._http.start(dep.host, dep.http_port)
             self._fd_watch.start()
             if self.store.url is not None:
