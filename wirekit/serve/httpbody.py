@@ -127,7 +127,7 @@ class BodyReader:
             **{"Retry-After": "1"},
         )
 
-    async def read(self, request: web.Request) -> bytearray:
+    async def read(self, request: web.Request) -> bytes | bytearray:
         """The whole body, charged as it arrives."""
         limits = self.limits
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
@@ -147,11 +147,21 @@ class BodyReader:
                     f" {limits.max_body_size} (http.max_body_size)"
                 )
             self._hold(announced, "the body")
+        content = request.content
+        if content.is_eof():  # all there already (small bodies come with their headers)
+            data = content.read_nowait(-1)
+            if len(data) > limits.max_body_size:
+                raise _too_large(
+                    f"the body is over the limit of {limits.max_body_size} bytes"
+                    " (http.max_body_size)"
+                )
+            if announced is None:
+                self._hold(len(data), "the body")
+            return data
         # an announced body is read into its final place (no copy when it grows: what is held
         # is what is charged); a chunked one grows as it comes
         body = bytearray(announced) if announced is not None else bytearray()
         received = 0
-        content = request.content
 
         async def pull() -> None:
             nonlocal received
@@ -172,19 +182,16 @@ class BodyReader:
                     body[received:size] = chunk
                 received = size
 
-        if content.is_eof():  # all there already (small bodies come with their headers)
-            await pull()
-        else:
-            try:
-                await asyncio.wait_for(pull(), limits.body_timeout)
-            except asyncio.TimeoutError:
-                exc = _refusal(
-                    web.HTTPRequestTimeout,
-                    f"the body was not complete {limits.body_timeout:g} s after the headers"
-                    f" ({received} bytes received; http.body_timeout)",
-                )
-                exc.force_close()
-                raise exc from None
+        try:
+            await asyncio.wait_for(pull(), limits.body_timeout)
+        except asyncio.TimeoutError:
+            exc = _refusal(
+                web.HTTPRequestTimeout,
+                f"the body was not complete {limits.body_timeout:g} s after the headers"
+                f" ({received} bytes received; http.body_timeout)",
+            )
+            exc.force_close()
+            raise exc from None
         if received < len(body):  # fewer bytes than announced (aiohttp raises before this)
             del body[received:]
         return body
