@@ -18,6 +18,10 @@ never asserted.
 * ``relay``: through a raw asyncio byte relay (bytes in from the client, out to the backend,
   and back; no parsing, no store): the floor of *any* process between client and backend.
 
+``test_http_request_latency`` and ``test_http_request_throughput``: the same dispatcher
+through its HTTP front door (``POST /v1/models/echo:predict``, one sample; keep-alive
+connections), the cost of the HTTP door's parsing and limits on top of the dispatch.
+
 Two loads.  ``test_request_latency``: the blocking client, one request at a time -- through a
 middle process a request makes two round trips instead of one, so about 50% of direct is the
 physical bound there (see ``relay``).  ``test_request_throughput``: 32 requests in flight on
@@ -163,7 +167,7 @@ def endpoints(tmp_path_factory):
         port = int(direct.rsplit(":", 1)[1])
         config = tmp / "deploy.json"
         deploy = {
-            "listen": {"host": "127.0.0.1", "http_port": None},
+            "listen": {"host": "127.0.0.1", "http_port": 0},
             "store": {"path": str(tmp / "requests.db")},
             "cache": {"max_entries": 0},
             "models": {
@@ -207,6 +211,8 @@ def endpoints(tmp_path_factory):
                     "dispatcher-pure-connection": "tcp://127.0.0.1:"
                     f"{json.loads(pure_line)['mip']['echo']}",
                     "relay": relay_line.split()[-1],
+                    # the same dispatcher's HTTP front door (test_http_request_*)
+                    "http": ("127.0.0.1", ready["http"]),
                     # the processes whose CPU a round costs (test_request_throughput)
                     "pids": {
                         "direct": backend.pid,
@@ -297,4 +303,88 @@ def test_request_throughput(benchmark, endpoints, who):
         benchmark.extra_info["server_cpu_us"] = cpu[len(cpu) // 2] / ROUND / 1e3
     finally:
         loop.run_until_complete(client.close())
+        loop.close()
+
+
+def _predict_body(text: str) -> bytes:
+    return json.dumps({"inputs": [[text]]}).encode()
+
+
+@pytest.mark.benchmark(group="serve http batch 1")
+@pytest.mark.parametrize("who", ["dispatcher"])
+def test_http_request_latency(benchmark, endpoints, who):
+    """One request at a time on one keep-alive connection (stdlib ``http.client``)."""
+    import http.client
+
+    host, port = endpoints["http"]
+    conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT)
+    headers = {"Content-Type": "application/json"}
+    counter = iter(range(10**9))
+
+    def one():
+        text = f"q{next(counter)}"
+        conn.request("POST", "/v1/models/echo:predict", _predict_body(text), headers)
+        resp = conn.getresponse()
+        return text, resp.status, json.loads(resp.read())
+
+    try:
+        one()  # connect and warm up
+        text, status, doc = benchmark(one)
+        assert (status, doc["outputs"]) == (200, [[text]])
+        median = benchmark.stats.stats.median
+        benchmark.extra_info["requests_per_s"] = round(1.0 / median, 1) if median else None
+    finally:
+        conn.close()
+
+
+@pytest.mark.benchmark(group="serve http batch 1, 32 in flight (per 256 requests)")
+@pytest.mark.parametrize("who", ["dispatcher"])
+def test_http_request_throughput(benchmark, endpoints, who):
+    """256 requests, 32 at a time over 32 keep-alive connections (aiohttp's client): the
+    round's time / 256 is the cost of one request under load; ``server_cpu_us`` the
+    dispatcher's CPU per request."""
+    import asyncio
+
+    import aiohttp
+
+    host, port = endpoints["http"]
+    url = f"http://{host}:{port}/v1/models/echo:predict"
+    loop = asyncio.new_event_loop()
+    counter = iter(range(10**9))
+    headers = {"Content-Type": "application/json"}
+
+    async def open_session() -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=IN_FLIGHT)
+        return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(TIMEOUT))
+
+    session = loop.run_until_complete(open_session())
+
+    async def ask(text: str) -> str:
+        async with session.post(url, data=_predict_body(text), headers=headers) as r:
+            return (await r.json())["outputs"][0][0]
+
+    async def burst():
+        base = next(counter) * ROUND
+        outs = await asyncio.gather(*(ask(f"t{base + k}") for k in range(ROUND)))
+        return base, outs
+
+    pid = endpoints["pids"]["dispatcher"]
+    cpu: list[int] = []
+
+    def one_round():
+        before = cpu_ns(pid)
+        out = loop.run_until_complete(burst())
+        cpu.append(cpu_ns(pid) - before)
+        return out
+
+    try:
+        loop.run_until_complete(burst())  # connect and warm up
+        base, outs = benchmark(one_round)
+        assert outs == [f"t{base + k}" for k in range(ROUND)]
+        median = benchmark.stats.stats.median
+        benchmark.extra_info["requests_per_s"] = round(ROUND / median, 1) if median else None
+        cpu.sort()
+        benchmark.extra_info["server_cpu_us"] = cpu[len(cpu) // 2] / ROUND / 1e3
+    finally:
+        loop.run_until_complete(session.close())
         loop.close()

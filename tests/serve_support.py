@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -85,30 +86,46 @@ def terminate(proc: subprocess.Popen) -> None:
 
 
 class DispatcherProcess:
-    """``wirekit serve --config FILE`` in a subprocess; ``addresses`` from its ready line."""
+    """``wirekit serve --config FILE`` in a subprocess; ``addresses`` from its ready line.
 
-    def __init__(self, config: Path) -> None:
+    ``env``: more environment variables (``WIREKIT_LOOP``...); ``max_fds``: its file
+    descriptor limit (``ulimit -n``).  Its log (standard error) is kept: :attr:`log_lines`,
+    :meth:`wait_for_log`."""
+
+    def __init__(
+        self, config: Path, *, env: dict[str, str] | None = None, max_fds: int | None = None
+    ) -> None:
         self.config = config
+        self.env = env or {}
+        self.max_fds = max_fds
         self.proc: subprocess.Popen | None = None
         self.addresses: dict[str, Any] = {}
         #: its log lines (stderr), as they are read (from the ready line on)
         self.log_lines: list[str] = []
 
     @classmethod
-    def of(cls, doc: dict[str, Any], directory: Path) -> DispatcherProcess:
+    def of(cls, doc: dict[str, Any], directory: Path, **options: Any) -> DispatcherProcess:
         """For the deployment ``doc``, written to ``directory/deployment.json``."""
         config = directory / "deployment.json"
         config.write_text(json.dumps(doc))
-        return cls(config)
+        return cls(config, **options)
+
+    def _limit_fds(self) -> None:  # in the child, before exec
+        import resource
+
+        assert self.max_fds is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.max_fds, self.max_fds))
 
     def __enter__(self) -> DispatcherProcess:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
+        env.update(self.env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "wirekit.cli", "serve", "--config", str(self.config)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            preexec_fn=self._limit_fds if self.max_fds is not None else None,
         )
         line = _readline(self.proc, TIMEOUT * 3)
         try:
@@ -128,26 +145,25 @@ class DispatcherProcess:
     def _read_log(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
         for line in self.proc.stderr:
-            self.log_lines.append(line)
+            self.log_lines.append(line.rstrip("\n"))
 
-    def wait_for_log(self, text: str, timeout: float = TIMEOUT) -> str:
-        """The first log line (stderr) that holds ``text``, waiting up to ``timeout``."""
-        import time
-
-        deadline = time.monotonic() + timeout
+    def wait_for_log(self, text: str, timeout: float = TIMEOUT) -> list[str]:
+        """The lines logged containing ``text``, once there is one (AssertionError if none
+        comes within ``timeout`` seconds)."""
+        until = time.monotonic() + timeout
         while True:
-            for line in list(self.log_lines):
-                if text in line:
-                    return line
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no log line with {text!r} in {self.log_lines}")
-            time.sleep(0.02)
+            found = [line for line in list(self.log_lines) if text in line]
+            if found:
+                return found
+            if time.monotonic() > until:
+                raise AssertionError(f"no log line with {text!r} in {timeout} s: {self.log_lines}")
+            time.sleep(0.05)
 
     @property
     def log(self) -> str:
         """What the dispatcher wrote to standard error (complete once it has stopped)."""
         self._drain.join(TIMEOUT)
-        return "".join(self.log_lines)
+        return "\n".join(self.log_lines)
 
     def mip_address(self, model: str) -> str:
         return f"tcp://127.0.0.1:{self.addresses['mip'][model]}"

@@ -7,8 +7,10 @@ an in-process service with a real MIP backend; every wait is bounded.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
+import json
 import tracemalloc
 
 import aiohttp
@@ -23,17 +25,20 @@ MAX_ITEMS = 1000
 
 
 @contextlib.asynccontextmanager
-async def http_service(path):
-    """Model ``m`` (app ``app``) on one wirekit MIP backend; yields the HTTP base URL."""
+async def http_service(path, *, service_out: list | None = None, **top):
+    """Model ``m`` (app ``app``) on one wirekit MIP backend; yields the HTTP base URL
+    (``service_out`` receives the service; ``top``: more of the deployment)."""
     backend, port = await start_backend(tagged("A"))
     doc = deployment(
         path / "r.db",
         {"m": {"timeout": 5, "apps": ["app"]}},
         [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [port]}],
         cache={"max_entries": 0},
-        mip={"max_items": MAX_ITEMS},
+        **{"mip": {"max_items": MAX_ITEMS}, **top},
     )
     service = Service(parse_config(doc))
+    if service_out is not None:
+        service_out.append(service)
     try:
         await service.start()
         yield f"http://127.0.0.1:{service.addresses()['http']}"
@@ -88,6 +93,13 @@ HOSTILE = [
         "items exceed the limit",
     ),
     ("/app/predict", b'{"input_batch": 3}', 400, "input_batch"),
+    # issue 25: an empty sample costs a row like any other (it counted nothing before)
+    (
+        "/v1/models/m:predict",
+        b'{"inputs": [' + b",".join([b"[]"] * (MAX_ITEMS + 1)) + b"]}",
+        413,
+        f"{MAX_ITEMS + 1} items exceed the limit of {MAX_ITEMS}",
+    ),
 ]
 
 
@@ -131,5 +143,87 @@ def test_a_body_over_the_item_limit_builds_no_items(tmp_path, path):
             # copy: well under what n Items with their tuples and requests would take.
             assert peak < 40 * len(body), (peak, len(body))
             await _still_serving(http, base)
+
+    run(main())
+
+
+async def _raw_request(port: int, head: bytes, body: bytes = b"") -> tuple[int, dict]:
+    """One request written by hand; the answer's status and JSON."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head + body)
+        status_line = await asyncio.wait_for(reader.readline(), 20)
+        headers = {}
+        while (line := await asyncio.wait_for(reader.readline(), 20)) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            headers[name.strip().lower()] = value.strip()
+        data = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 20)
+        return int(status_line.split()[1]), json.loads(data)
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+def _head(length: int | None, *extra: bytes) -> bytes:
+    lines = [b"POST /v1/models/m:predict HTTP/1.1", b"Host: x", b"Content-Type: application/json"]
+    if length is not None:
+        lines.append(b"Content-Length: %d" % length)
+    return b"\r\n".join([*lines, *extra]) + b"\r\n\r\n"
+
+
+def test_bodies_are_charged_to_the_memory_budget_and_refused_with_json(tmp_path):
+    """Issue 25: a body is charged before it is read; over the budget now is 503, over it for
+    ever (or over http.max_body_size) 413, a compressed one 415; every charge is given back."""
+    limits = {"max_message_size": 1 << 20, "max_buffered": 2 << 20, "max_items": MAX_ITEMS}
+    services: list[Service] = []
+
+    async def main():
+        async with (
+            http_service(
+                tmp_path, service_out=services, mip=limits, http={"max_body_size": 8 << 20}
+            ) as base,
+            aiohttp.ClientSession(timeout=HTTP_TIMEOUT) as http,
+        ):
+            (service,) = services
+            port = service.addresses()["http"]
+            # a client holding 1.5 MiB of the 2 MiB budget with a body it is still sending
+            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_head(3 << 19) + b'{"inputs": [')
+            await writer.drain()
+            for _ in range(200):
+                if service.budget.total >= 3 << 19:
+                    break
+                await asyncio.sleep(0.01)
+            assert service.budget.total == 3 << 19
+            status, doc = await _raw_request(port, _head(1 << 20), b" " * (1 << 20))
+            assert status == 503, doc
+            assert "taken by other requests" in doc["error"]
+            status, doc = await _raw_request(port, _head(3 << 20), b" " * (3 << 20))
+            assert status == 413, doc
+            assert "over the process's memory budget of 2097152 bytes" in doc["error"]
+            status, doc = await _raw_request(port, _head(9 << 20))
+            assert status == 413, doc
+            assert "over the limit of 8388608 (http.max_body_size)" in doc["error"]
+            status, doc = await _raw_request(port, _head(2, b"Content-Encoding: gzip"), b"{}")
+            assert status == 415, doc
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            for _ in range(200):  # the held body's charge is given back when it ends
+                if service.budget.total == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert service.budget.total == 0
+            # a chunked body is charged as it comes: over the budget, refused before parsing
+            chunk = b"[]," * 300_000
+            chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk)
+            status, doc = await _raw_request(
+                port, _head(None, b"Transfer-Encoding: chunked"), chunked
+            )
+            assert status == 413, doc
+            assert "refused before parsing" in doc["error"]
+            await _still_serving(http, base)
+            assert service.budget.total == 0
 
     run(main())

@@ -546,7 +546,7 @@ def test_wirekit_serve_starts_over_a_journal_with_bad_records(tmp_path):
     with CliServer(handler="serve_handlers:tag_a") as backend:
         port = int(backend.address.rsplit(":", 1)[1])
         with DispatcherProcess.of(_doc(tmp_path, port), tmp_path) as proc:
-            line = proc.wait_for_log("quarantined to")
+            line = proc.wait_for_log("quarantined to")[0]
             assert f"{len(bad)} record(s)" in line and "requests.db.journal.1" in line
             assert "line 2 (byte " in line and "line 3 (byte " in line
             assert len([x for x in proc.log_lines if "quarantined" in x]) == 1  # once
@@ -590,7 +590,7 @@ def test_a_change_log_record_that_cannot_be_read_does_not_stop_a_replica(tmp_pat
         doc = _doc(tmp_path, port)
         doc["store"]["url"] = pg_url
         with DispatcherProcess.of(doc, tmp_path) as proc:
-            line = proc.wait_for_log("catalog change 1 ")
+            line = proc.wait_for_log("catalog change 1 ")[0]
             assert "cannot be read, skipped" in line
             proc.wait_for_log("catalog change 3 ")
 

@@ -210,6 +210,29 @@ class AdminConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """The ``http`` table: the HTTP front door's time limits, connection cap and body size
+    (what each does when hit: ``SECURITY.md``, "HTTP front door").  Every timeout is in
+    seconds and must be > 0: an HTTP door exposed without one can be held open for ever."""
+
+    #: a request's headers not complete this long after the connection opened, or after the
+    #: first byte of a request on a kept-alive connection: the connection is dropped
+    header_timeout: float = 10.0
+    #: a request's body not received in full this long after its headers: 408, closed
+    body_timeout: float = 60.0
+    #: a kept-alive connection with no request this long after the last answer: closed
+    idle_timeout: float = 75.0
+    #: connections open at once at most; one more is answered 503 and closed at once
+    max_connections: int = 512
+    #: a request body of more bytes: 413
+    max_body_size: int = 64 * 1024 * 1024
+
+
+#: the keys of the ``http`` table, in the order of :class:`HttpLimits`
+HTTP_KEYS = ("header_timeout", "body_timeout", "idle_timeout", "max_connections", "max_body_size")
+
+
+@dataclass(frozen=True, slots=True)
 class Deployment:
     """A validated deployment: listeners, store, cache, models and the metadata rows."""
 
@@ -224,6 +247,8 @@ class Deployment:
     #: the MIP front doors' limits (the ``mip`` table; the names and defaults of
     #: ``wirekit mip serve``'s flags, see :mod:`wirekit.mip.limits`)
     mip: Limits = field(default_factory=Limits)
+    #: the HTTP front door's limits (the ``http`` table)
+    http: HttpLimits = field(default_factory=HttpLimits)
     models: dict[str, ModelConfig] = field(default_factory=dict)
     rows: tuple[DeviceRow, ...] = ()
     admin: AdminConfig = field(default_factory=AdminConfig)
@@ -441,7 +466,7 @@ def parse_config(doc: Any) -> Deployment:
         doc,
         "",
         {"listen", "store", "cache", "mip", "models", "nodes", "backoff", "connections", "admin"}
-        | {"controller"},
+        | {"controller", "http"},
     )
     listen = _table(
         top.get("listen", {}),
@@ -498,6 +523,7 @@ def parse_config(doc: Any) -> Deployment:
     )
 
     mip_limits = _mip_limits(top.get("mip", {}))
+    http_limits = _http_limits(top.get("http", {}))
     ad = _table(
         top.get("admin", {}),
         "admin",
@@ -591,6 +617,7 @@ def parse_config(doc: Any) -> Deployment:
         store=store,
         cache=cache,
         mip=mip_limits,
+        http=http_limits,
         models=models,
         rows=tuple(rows),
         admin=admin,
@@ -840,6 +867,24 @@ def _placements_doc(
             for node in quotas
         ],
     }
+
+
+def _http_limits(doc: Any) -> HttpLimits:
+    """The ``http`` table: the HTTP front door's limits (timeouts > 0, no "off")."""
+    t = _table(doc, "http", set(HTTP_KEYS))
+    default = HttpLimits()
+    values: dict[str, Any] = {}
+    for key in HTTP_KEYS[:3]:
+        values[key] = _num(
+            t.get(key, getattr(default, key)), f"http.{key}", lo=0, hi=86400, lo_open=True
+        )
+    values["max_connections"] = _int(
+        t.get("max_connections", default.max_connections), "http.max_connections", lo=1, hi=1 << 20
+    )
+    values["max_body_size"] = _int(
+        t.get("max_body_size", default.max_body_size), "http.max_body_size", lo=1, hi=1 << 40
+    )
+    return HttpLimits(**values)
 
 
 def _mip_limits(doc: Any) -> Limits:

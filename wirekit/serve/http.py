@@ -31,14 +31,15 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from wirekit.mip import DEFAULT_MAX_ITEMS, ErrorReply, Inference
+from wirekit.mip.limits import BufferBudget
 
 from .adminauth import AdminAccess
 from .catalog import CatalogError
-from .config import ConfigError
+from .config import ConfigError, HttpLimits
 from .dispatcher import Dispatcher, Outcome, UnknownModel
-from .payload import Payload, dumps, loads, outputs_json, request_from_json
+from .httpbody import READER_KEY, BodyReader
+from .payload import Payload, dumps, outputs_json, request_from_json
 
-MAX_BODY = 64 * 1024 * 1024
 #: the route pattern of a name in a path (a model, an app): one whole, percent-decoded path
 #: segment -- any name :func:`~wirekit.serve.config.check_name` takes (braces included,
 #: which aiohttp's default pattern refuses) can be called and removed
@@ -54,9 +55,13 @@ def _error(status: int, message: str, **extra: Any) -> web.Response:
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
+    """The request's JSON object, read and parsed within the HTTP door's limits and the
+    memory budget (:mod:`wirekit.serve.httpbody`: 413/503/408/415 when they refuse it)."""
+    reader: BodyReader | None = request.get(READER_KEY)
+    if reader is None:  # an application served without the door: its default limits
+        reader = BodyReader(HttpLimits(), BufferBudget(4 * HttpLimits().max_body_size))
     try:
-        doc = loads(raw)  # strict JSON: NaN, Infinity and 1e999 are refused
+        doc = await reader.json(request)
     except (UnicodeDecodeError, ValueError) as exc:
         raise web.HTTPBadRequest(
             text=dumps({"error": f"body is not JSON: {exc}"}), content_type="application/json"
@@ -77,7 +82,9 @@ def _too_many_items(count: int, max_items: int) -> web.Response | None:
     """The answer to a body of more MIP items than the front doors accept, or None.
 
     Checked on the parsed JSON before any item is built, with the MIP front door's limit
-    (``mip.max_items``), so an HTTP body costs no more per item than a MIP message does.
+    (``mip.max_items``), so an HTTP body costs no more per item than a MIP message does; an
+    empty sample counts as one item (it costs a row all the same).  The parsed JSON itself
+    was bounded before parsing (:func:`wirekit.serve.httpbody.json_cost`).
     """
     if count <= max_items:
         return None
@@ -132,11 +139,14 @@ def build_app(
     admin: Admin | None = None,
     admin_access: AdminAccess | None = None,
     controller: Callable[[], dict[str, Any]] | None = None,
+    limits: HttpLimits | None = None,
 ) -> web.Application:
     """The aiohttp application of the front door; ``max_items`` bounds the MIP items one
     body may ask for (the config's ``mip.max_items``).  ``app_models`` is read at each
     request (the caller keeps it up to date).  ``admin``: serve the admin API, to the
-    requests ``admin_access`` lets through (required with ``admin``)."""
+    requests ``admin_access`` lets through (required with ``admin``).  ``limits``: the
+    ``http`` table; served by a :class:`wirekit.serve.httpdoor.HttpDoor`, request bodies
+    are read within it and charged to the process's memory budget."""
     query_ids = itertools.count()
 
     async def predict(request: web.Request) -> web.Response:
@@ -153,7 +163,7 @@ def build_app(
                 return _error(400, 'the body needs "inputs" or "instances"')
             if not isinstance(samples, list) or not samples:
                 return _error(400, "inputs/instances must be a non-empty list")
-            count = sum(len(s) if multi and isinstance(s, list) else 1 for s in samples)
+            count = sum(max(len(s), 1) if multi and isinstance(s, list) else 1 for s in samples)
             refusal = _too_many_items(count, max_items)
             if refusal is not None:
                 return refusal
@@ -243,7 +253,8 @@ def build_app(
             return _error(404, "no controller in this service")
         return _json(controller())
 
-    app = web.Application(client_max_size=MAX_BODY)
+    limits = limits or HttpLimits()
+    app = web.Application(client_max_size=limits.max_body_size)
     if admin is not None:
         if admin_access is None:
             raise ValueError("the admin API needs its admin_access (a token, the host checks)")

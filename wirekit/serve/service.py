@@ -18,8 +18,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
-
 from wirekit.mip.limits import BufferBudget
 
 from .actuators import build_actuator
@@ -56,6 +54,7 @@ from .controller import (
 )
 from .dispatcher import Dispatcher
 from .http import build_app
+from .httpdoor import FdWatch, HttpDoor
 from .logs import serve_logger
 from .metrics import Metrics, ModelStats, RecentStats, Window, model_stats, snapshot_of
 from .mipfront import MipFrontDoor
@@ -155,8 +154,10 @@ class Service:
         self._mip_servers: dict[str, asyncio.Server] = {}
         #: the one memory budget of this process: every front door (MIP and HTTP) charges it
         self.budget = BufferBudget(deployment.mip.max_buffered)
-        self._runner: web.AppRunner | None = None
+        self._http: HttpDoor | None = None
         self._http_port: int | None = None
+        #: says when accept fails on any door for lack of file descriptors
+        self._fd_watch = FdWatch()
         self.clipper: Any = None  # the embedded Clipper RPC frontend, when a model uses Clipper
         #: on a shared store: the connection ``/stats`` and ``/metrics`` query
         self._shared_db: StoreDB | None = None
@@ -263,13 +264,12 @@ class Service:
                     admin=self if dep.admin.enabled else None,
                     admin_access=self._admin_access(),
                     controller=self.controller_state,
+                    limits=dep.http,
                 )
-                self._runner = web.AppRunner(app, access_log=None)
-                await self._runner.setup()
-                site = web.TCPSite(self._runner, dep.host, dep.http_port)
-                await site.start()
-                self._http_port = self._runner.addresses[0][1]  # the port bound
+                self._http = HttpDoor(app, dep.http, self.budget)
+                self._http_port = await self._http.start(dep.host, dep.http_port)
                 self._write_token_file()
+            self._fd_watch.start()
             if self.store.url is not None:
                 # several replicas on one store: one models metadata (and one controller)
                 from .replicas import ReplicaSync
@@ -648,9 +648,10 @@ class Service:
             self.replicas = None
         for srv in self._mip_servers.values():
             srv.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        self._fd_watch.stop()
+        if self._http is not None:
+            await self._http.stop()
+            self._http = None
         if self.admin_token_file is not None:
             assert self.admin_token is not None
             remove_token_file(self.admin_token_file, self.admin_token)

@@ -1,0 +1,380 @@
+"""The HTTP front door's listener: aiohttp's request handling behind a gate that bounds the
+connections and the time a client may take to send its headers.
+
+aiohttp parses HTTP and drops kept-alive connections that stay idle
+(``keepalive_timeout``: ``http.idle_timeout``); it has no limit on how long a client takes
+to send a request's headers, nor on how many connections are open.  :class:`HttpDoor` opens
+the listening socket itself with aiohttp's public protocol factory (``AppRunner.server``)
+wrapped in :class:`GatedConnection`, which
+
+* answers a connection beyond ``http.max_connections`` with a 503 and closes it at once
+  (its file descriptor is given back at once: the other doors keep theirs);
+* drops a connection whose request headers are not complete ``http.header_timeout`` after
+  it opened, or after the first byte of a further request on a kept-alive connection; a
+  request counts as begun when aiohttp hands it to the application, as ended when the
+  application has answered (the door's one middleware: it also gives each request its
+  :class:`~wirekit.serve.httpbody.BodyReader`, whose charge to the memory budget it gives
+  back when the request ends).
+
+:class:`FdWatch` notices the process running out of file descriptors, whichever door's
+accept fails: plain asyncio reports each failed ``accept`` to the loop's exception handler
+(once per attempt, at ERROR), uvloop (libuv) accepts and closes the connection in silence.
+Both are turned into one WARNING per burst.
+
+Every refusal and drop is logged once per burst (:class:`BurstLog`), never once per
+connection: a flood is one line every few seconds, with a count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+from aiohttp import web
+
+from wirekit.mip.limits import BufferBudget
+
+from .config import HttpLimits
+from .httpbody import READER_KEY, BodyReader
+
+log = logging.getLogger("wirekit.serve")
+
+#: seconds between two log lines about the same kind of event (a burst is one line, then at
+#: most one line per this many seconds while it goes on, with the count)
+BURST_QUIET = 10.0
+#: seconds between two looks for a process out of file descriptors
+FD_CHECK_PERIOD = 1.0
+#: file descriptors the HTTP door's connection cap should leave to the rest of the process
+#: (the MIP doors, backends, the store); fewer: a WARNING at start
+FD_RESERVE = 128
+_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
+
+
+class BurstLog:
+    """One WARNING per burst of like events: the first at once, then at most one every
+    ``quiet`` seconds, saying how many were not logged."""
+
+    __slots__ = ("last", "logger", "quiet", "unlogged")
+
+    def __init__(self, logger: logging.Logger, quiet: float = BURST_QUIET) -> None:
+        self.logger = logger
+        self.quiet = quiet
+        self.last: float | None = None
+        self.unlogged = 0
+
+    def event(self, now: float, message: str, *args: Any) -> bool:
+        """One event at ``now`` (seconds, monotonic): logged, or counted.  True if logged."""
+        if self.last is not None and now - self.last < self.quiet:
+            self.unlogged += 1
+            return False
+        if self.unlogged:
+            message += f" ({self.unlogged} more since the last such line)"
+        self.logger.warning(message, *args)
+        self.last = now
+        self.unlogged = 0
+        return True
+
+
+class GatedConnection(asyncio.Protocol):
+    """One HTTP connection: aiohttp's handler for it, behind the door's cap and header
+    timeout.  Everything the transport says is passed on to the handler unchanged."""
+
+    __slots__ = ("door", "handler", "in_request", "timer", "transport", "waiting_since")
+
+    def __init__(self, door: HttpDoor) -> None:
+        self.door = door
+        self.handler: asyncio.Protocol | None = None  #: aiohttp's (None: refused)
+        self.transport: asyncio.Transport | None = None
+        #: when the headers being waited for began to be (None: none are)
+        self.waiting_since: float | None = None
+        self.in_request = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        door = self.door
+        transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        if not door.admit(self, transport):
+            return
+        self.transport = transport
+        self.handler = handler = door.handler_factory()
+        handler.connection_made(transport)
+        self.waiting_since = door.loop.time()
+        self.timer = door.loop.call_at(self.waiting_since + door.limits.header_timeout, self.check)
+
+    def data_received(self, data: bytes) -> None:
+        handler = self.handler
+        if handler is None:
+            return
+        if self.waiting_since is None and not self.in_request:  # a further request begins
+            self.waiting_since = now = self.door.loop.time()
+            if self.timer is None:
+                self.timer = self.door.loop.call_at(
+                    now + self.door.limits.header_timeout, self.check
+                )
+        handler.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.handler.eof_received() if self.handler is not None else None
+
+    def pause_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        handler = self.handler
+        if handler is None:
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.door.left(self)
+        self.handler = None
+        self.transport = None
+        handler.connection_lost(exc)
+
+    def request_started(self) -> None:
+        self.in_request = True
+        self.waiting_since = None
+
+    def request_ended(self) -> None:
+        self.in_request = False
+
+    def check(self) -> None:
+        """The header timer: drop the connection if its headers are late, else look again
+        when they would be."""
+        self.timer = None
+        since = self.waiting_since
+        transport = self.transport
+        if since is None or transport is None:
+            return
+        door = self.door
+        due = since + door.limits.header_timeout
+        now = door.loop.time()
+        if now < due:
+            self.timer = door.loop.call_at(due, self.check)
+            return
+        door.header_timed_out(now)
+        transport.close()
+
+
+class HttpDoor:
+    """The HTTP front door of ``app``: its listener, its connections and their limits.
+
+    >>> door = HttpDoor(app, HttpLimits(), BufferBudget(256 << 20))  # doctest: +SKIP
+    >>> port = await door.start("127.0.0.1", 0); ...; await door.stop()   # doctest: +SKIP
+    """
+
+    def __init__(self, app: web.Application, limits: HttpLimits, budget: BufferBudget) -> None:
+        self.limits = limits
+        self.budget = budget  #: the process's: request bodies are charged to it
+        self.open = 0  #: connections open (refused ones not counted)
+        self._by_transport: dict[asyncio.BaseTransport, GatedConnection] = {}
+        app.middlewares.append(self._middleware())
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            keepalive_timeout=limits.idle_timeout,
+            # a compressed body is answered 415 (wirekit.serve.httpbody), never inflated
+            auto_decompress=False,
+        )
+        self._server: asyncio.AbstractServer | None = None
+        self.handler_factory: Callable[[], asyncio.Protocol] = _not_started
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._refusals = BurstLog(log)
+        self._header_drops = BurstLog(log)
+        error = {
+            "error": f"too many connections: the HTTP front door holds {limits.max_connections}"
+            " at most (http.max_connections); try again"
+        }
+        body = json.dumps(error).encode()
+        self._refusal = (
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Retry-After: 1\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "the door is not started"
+        return self._loop
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port``; returns the port bound."""
+        self._loop = asyncio.get_running_loop()
+        await self._runner.setup()
+        # aiohttp's public protocol factory: one request handler per connection
+        factory = self._runner.server
+        assert factory is not None  # set up just above
+        self.handler_factory = factory
+        self._server = await self._loop.create_server(
+            lambda: GatedConnection(self), host, port, backlog=128
+        )
+        warn_if_cap_exceeds_fds(self.limits.max_connections)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop listening, close every connection (aiohttp lets requests in flight end)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        if self._loop is not None:  # set up (aiohttp cleans up only what it set up)
+            await self._runner.cleanup()
+        if server is not None:
+            await server.wait_closed()
+
+    def admit(self, conn: GatedConnection, transport: asyncio.Transport) -> bool:
+        """Count ``conn`` in, or answer 503 and close it when the cap is reached."""
+        if self.open >= self.limits.max_connections:
+            transport.write(self._refusal)
+            transport.close()
+            self._refusals.event(
+                self.loop.time(),
+                "wirekit serve: HTTP connection refused: %d open, the limit"
+                " (http.max_connections); new connections get 503 until some close",
+                self.open,
+            )
+            return False
+        self.open += 1
+        self._by_transport[transport] = conn
+        return True
+
+    def left(self, conn: GatedConnection) -> None:
+        self.open -= 1
+        if conn.transport is not None:
+            self._by_transport.pop(conn.transport, None)
+
+    def header_timed_out(self, now: float) -> None:
+        self._header_drops.event(
+            now,
+            "wirekit serve: HTTP connection dropped: request headers not complete %g s after"
+            " the connection opened or the request's first byte (http.header_timeout)",
+            self.limits.header_timeout,
+        )
+
+    def _middleware(self) -> Any:
+        """The aiohttp middleware scoping each request: its connection is busy while the
+        application answers it (no header timer runs then), its body is read by a
+        :class:`BodyReader` whose charge is given back when it ends, and a body too slow
+        (408) closes the connection once answered (aiohttp would keep reading it)."""
+        connections = self._by_transport
+        limits, budget = self.limits, self.budget
+
+        @web.middleware
+        async def scope(
+            request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+        ) -> web.StreamResponse:
+            conn = connections.get(request.transport)  # type: ignore[arg-type]
+            reader = request[READER_KEY] = BodyReader(limits, budget)
+            if conn is not None:
+                conn.request_started()
+            try:
+                return await handler(request)
+            except web.HTTPRequestTimeout as slow:  # the body's: answer, then drop the client
+                await slow.prepare(request)
+                await slow.write_eof()
+                if request.transport is not None:
+                    request.transport.close()
+                return slow
+            finally:
+                reader.release()
+                if conn is not None:
+                    conn.request_ended()
+
+        return scope
+
+
+def _not_started() -> asyncio.Protocol:
+    raise RuntimeError("the HTTP door is not started")
+
+
+def warn_if_cap_exceeds_fds(max_connections: int) -> None:
+    """A WARNING when ``http.max_connections`` leaves fewer than :data:`FD_RESERVE` file
+    descriptors of the process's limit to everything else."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Unix
+        return
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and max_connections > soft - FD_RESERVE:
+        log.warning(
+            "wirekit serve: http.max_connections (%d) leaves fewer than %d of the process's %d"
+            " file descriptors (ulimit -n) to the other doors: the fd limit will be hit first;"
+            " raise ulimit -n or lower http.max_connections",
+            max_connections,
+            FD_RESERVE,
+            soft,
+        )
+
+
+class FdWatch:
+    """Notices the process out of file descriptors (accept fails with EMFILE/ENFILE on any
+    door) and says so once per burst.
+
+    Two sources, one log: the loop's exception handler (plain asyncio reports every failed
+    ``accept`` there; those reports are taken over, everything else goes on to the handler
+    there was before), and a look every :data:`FD_CHECK_PERIOD` seconds whether one more
+    descriptor can be had at all (uvloop's libuv closes the connections it cannot accept
+    without telling Python).
+    """
+
+    def __init__(self, period: float = FD_CHECK_PERIOD) -> None:
+        self.period = period
+        self.burst = BurstLog(log)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._previous: Any = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        self._previous = loop.get_exception_handler()
+        loop.set_exception_handler(self._exception)
+        self._timer = loop.call_later(self.period, self._look)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._loop is not None:
+            self._loop.set_exception_handler(self._previous)
+            self._loop = None
+
+    def out_of_fds(self, now: float, why: str) -> None:
+        self.burst.event(
+            now,
+            "wirekit serve: out of file descriptors (%s): new connections to every door are"
+            " refused until some close; raise ulimit -n or lower http.max_connections",
+            why,
+        )
+
+    def _exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in _OUT_OF_FDS and "socket" in context:
+            self.out_of_fds(loop.time(), f"accept: {errno.errorcode[exc.errno]}")
+            return
+        if self._previous is not None:
+            self._previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    def _look(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        try:  # one more descriptor, given back at once
+            os.close(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+        except OSError as exc:
+            if exc.errno in _OUT_OF_FDS:
+                self.out_of_fds(loop.time(), errno.errorcode[exc.errno])
+        self._timer = loop.call_later(self.period, self._look)
+
+
+__all__ = ["BurstLog", "FdWatch", "GatedConnection", "HttpDoor", "warn_if_cap_exceeds_fds"]
