@@ -119,7 +119,7 @@ def _not_json(constant: str) -> Any:
 _STRICT = json.JSONDecoder(parse_constant=_not_json)
 
 
-def loads(raw: bytes | str) -> Any:
+def loads(raw: bytes | bytearray | str) -> Any:
     """Parse JSON as RFC 8259 has it: as :func:`json.loads`, but ``NaN``, ``Infinity`` and
     ``-Infinity`` -- which Python's parser takes -- raise :class:`ValueError`.  What every
     body the HTTP door reads goes through.  (A number too large for a float, ``1e999``,
