@@ -41,8 +41,9 @@ from wirekit.mip.limits import BufferBudget
 
 from .config import HttpLimits
 from .httpbody import READER_KEY, BodyReader
+from .logs import serve_logger
 
-log = logging.getLogger("wirekit.serve")
+log = serve_logger()
 
 #: seconds between two log lines about the same kind of event (a burst is one line, then at
 #: most one line per this many seconds while it goes on, with the count)
