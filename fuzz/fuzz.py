@@ -22,18 +22,27 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def _load(name: str):
     """The target function, with wirekit's Python code instrumented for coverage."""
+    import importlib
+    import logging
+
     import atheris
 
+    # The runtimes log every malformed message they drop: millions of lines under a fuzzer.
+    logging.disable(logging.CRITICAL)
     with atheris.instrument_imports(include=["wirekit", "differential"]):
         import differential
 
         from wirekit import clipper, mip, y2, zmtp  # noqa: F401
         from wirekit._impl import twin
-        from wirekit.mip import connection  # noqa: F401  (PyConnection, for mip_connection)
+        from wirekit.clipper import _lane, _zio, session  # noqa: F401  (the pure Clipper lanes)
+        from wirekit.mip import connection, dump, runtime  # noqa: F401  (the pure MIP twins)
+        from wirekit.serve import lane  # noqa: F401  (the dispatcher's pure lane)
 
         for proto in ("mip", "clipper", "y2", "zmtp"):
             twin(proto, "pure")
             twin(proto, "fast")
+        for module in ("mipnet", "mipdump", "servelane", "clipperfront", "clippercontainer"):
+            importlib.import_module(f"wirekit._fast.{module}")
     return differential.TARGETS[name]
 
 

@@ -470,11 +470,11 @@ def test_apply_duplicate_words_add_in_order_in_the_array_dtype():
 def _avx2(on: bool):
     """Run the fast twin with its AVX2 loops (where the CPU has AVX2) or without."""
     fast = _fast()
-    old = fast._set_avx2(on)
+    old = fast.use_avx2(on)
     try:
         yield
     finally:
-        fast._set_avx2(old)
+        fast.use_avx2(old)
 
 
 SPECIAL = [0.0, -0.0, 2.5, -2.5, float("nan"), float("inf"), float("-inf"), 1e-40, -3.0, 7.0]
