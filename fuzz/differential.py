@@ -827,7 +827,7 @@ def mip_net(data: bytes) -> None:
     (a handler's outputs to items) on values built from the items the input decodes to."""
     import importlib
 
-    from wirekit.mip import runtime
+    from wirekit.mip import Inference, runtime
 
     fast = importlib.import_module("wirekit._fast.mipnet")
     r = Reader(data)
@@ -844,8 +844,10 @@ def mip_net(data: bytes) -> None:
         msg = twin("mip", "pure").decode_prefix(rest, 0)[0]
     except DecodeError:
         return
-    items = getattr(msg, "items", ())
-    width = getattr(msg, "n_input", 1) if not getattr(msg, "response", False) else msg.n_output
+    if not isinstance(msg, Inference):
+        return
+    items = msg.items
+    width = msg.n_output if msg.response else msg.n_input
     choices = Reader(rest[::-1])
 
     def flatten(impl: Callable[[Any], Any]) -> tuple:
@@ -2047,6 +2049,30 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "zio_frames": zio_frames,
     "codec_encode": codec_encode,
     "y2_threads": y2_threads,
+}
+
+
+#: The compiled modules (``wirekit._fast.<name>``) each target drives
+#: (tests/test_fuzz_regressions.py checks every module has a target, and that running a
+#: target's seeds loads what it names).
+COMPILED: dict[str, tuple[str, ...]] = {
+    "mip_decode": ("mip",),
+    "mip_stream": ("mip",),
+    "mip_connection": ("mipconn", "mip"),
+    "clipper_decode": ("clipper",),
+    "y2_decode": ("y2",),
+    "y2_stream": ("y2",),
+    "y2_kernels": ("y2",),
+    "zmtp_decode": ("zmtp",),
+    "zmtp_stream": ("zmtp",),
+    "mip_net": ("mipnet", "mip"),
+    "mip_dump": ("mipdump", "mip"),
+    "serve_lane": ("servelane", "mip"),
+    "clipper_front": ("clipperfront", "zio", "clipper"),
+    "clipper_container": ("clippercontainer", "zio", "clipper"),
+    "zio_frames": ("zio",),
+    "codec_encode": ("mip", "clipper", "y2", "zmtp"),
+    "y2_threads": ("y2",),
 }
 
 
