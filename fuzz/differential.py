@@ -1273,14 +1273,20 @@ class _FrontWorld:
         from wirekit.clipper.session import FrontendState
 
         self.impl = impl
-        self.router = _socket(zmq.ROUTER)
-        endpoint = _endpoint("front")
-        self.router.bind(endpoint)
-        self.peers = []
-        for name in _FRONT_NAMES:
-            peer = _socket(zmq.DEALER, identity=name)
-            peer.connect(endpoint)
-            self.peers.append(peer)
+        key = f"front-{impl}"
+        if key not in _ZMQ:  # one ROUTER and its peers per twin: closed sockets are reaped lazily
+            router = _socket(zmq.ROUTER)
+            endpoint = _endpoint("front")
+            router.bind(endpoint)
+            peers = []
+            for name in _FRONT_NAMES:
+                peer = _socket(zmq.DEALER, identity=name)
+                peer.connect(endpoint)
+                peers.append(peer)
+            _ZMQ[key] = (router, peers)
+        self.router, self.peers = _ZMQ[key]
+        for sock in (self.router, *self.peers):
+            _drain(sock)  # what an earlier run left (one that failed half-way)
         self.later: list = []
         if impl == "fast":
             fast = importlib.import_module("wirekit._fast.clipperfront")
@@ -1291,10 +1297,6 @@ class _FrontWorld:
             self.wire = None
         self.tokens: dict[int, _FrontToken] = {}
         self.trace: list = []
-
-    def close(self) -> None:
-        for sock in (self.router, *self.peers):
-            sock.close(0)
 
     def send(self, messages: list) -> None:
         from wirekit.clipper._zio import send_frames
@@ -1428,40 +1430,33 @@ def front_trace(impl: str, gen: Any, max_in_flight: int, steps: list) -> list:
     """Run ``steps`` on one frontend of ``impl``; what it sent, completed and holds."""
     world = _FrontWorld(impl, gen, max_in_flight)
     now = 1.0
-    try:
-        for step in steps:
-            now += 0.01
-            op = step[0]
-            if op == "submit":
-                world.submit(step[1], step[2], step[3], now)
-            elif op == "peer":
-                world.peer_sends(step[1] % len(_FRONT_NAMES), step[2], now)
-            elif op in ("answer", "mutated"):
-                who = step[1] % len(_FRONT_NAMES)
-                held = sorted(world.state.in_flight.items())
-                if held:
-                    msg_id, batch = held[step[2] % len(held)]
-                    count = batch.count
-                else:
-                    msg_id, count = 77, 1
-                if op == "answer":
-                    how = step[3] % 4
-                    count = count + 1 if how == 1 else max(count - 1, 0) if how == 2 else count
-                    frames = _answer_frames(
-                        gen, msg_id if how != 3 else msg_id + 1000, step[4][:count]
-                    )
-                    if step[5] % 4 == 0:
-                        frames = _mutate(
-                            frames, Reader(bytes(step[4][0], "utf-8") if step[4] else b"")
-                        )
-                else:
-                    frames = _mutate(_answer_frames(gen, msg_id, ["x"] * count), Reader(step[3]))
-                world.peer_sends(who, frames, now)
-            world.trace.append(("heard", world.heard()))
-        world.trace.append(("end", world.snapshot()))
-        return world.trace
-    finally:
-        world.close()
+    for step in steps:
+        now += 0.01
+        op = step[0]
+        if op == "submit":
+            world.submit(step[1], step[2], step[3], now)
+        elif op == "peer":
+            world.peer_sends(step[1] % len(_FRONT_NAMES), step[2], now)
+        elif op in ("answer", "mutated"):
+            who = step[1] % len(_FRONT_NAMES)
+            held = sorted(world.state.in_flight.items())
+            if held:
+                msg_id, batch = held[step[2] % len(held)]
+                count = batch.count
+            else:
+                msg_id, count = 77, 1
+            if op == "answer":
+                how = step[3] % 4
+                count = count + 1 if how == 1 else max(count - 1, 0) if how == 2 else count
+                frames = _answer_frames(gen, msg_id if how != 3 else msg_id + 1000, step[4][:count])
+                if step[5] % 4 == 0:
+                    frames = _mutate(frames, Reader(bytes(step[4][0], "utf-8") if step[4] else b""))
+            else:
+                frames = _mutate(_answer_frames(gen, msg_id, ["x"] * count), Reader(step[3]))
+            world.peer_sends(who, frames, now)
+        world.trace.append(("heard", world.heard()))
+    world.trace.append(("end", world.snapshot()))
+    return world.trace
 
 
 def clipper_front(data: bytes) -> None:
@@ -1704,25 +1699,25 @@ def zio_frames(data: bytes) -> None:
             for k in range(r.below(9))
         ]
         batches.append((frames, kinds & 1))
-    a = _socket(zmq.PAIR, rcvtimeo=0)
-    b = _socket(zmq.PAIR, rcvtimeo=0)
-    endpoint = _endpoint("zio")
-    a.bind(endpoint)
-    b.connect(endpoint)
-    try:
-        for frames, how in batches:
-            results = []
-            for send, recv in ((fast, _zio), (_zio, fast)):
-                sent = outcome(lambda s=send, f=frames: s.send_frames(a, f), _ARG_ERRORS)
-                if how:
-                    got = outcome(lambda v=recv: v.recv_frames(b, zmq.NOBLOCK), (zmq.Again,))
-                else:
-                    got = outcome(lambda v=recv: v.recv_message(b, False, 0.0))
-                results.append((sent, got))
-            same("zio send/receive (compiled sends vs pure sends)", results[0], results[1])
-    finally:
-        a.close(0)
-        b.close(0)
+    if "zio" not in _ZMQ:  # one pair for the process: closed sockets are reaped lazily
+        a = _socket(zmq.PAIR, rcvtimeo=0)
+        b = _socket(zmq.PAIR, rcvtimeo=0)
+        endpoint = _endpoint("zio")
+        a.bind(endpoint)
+        b.connect(endpoint)
+        _ZMQ["zio"] = (a, b)
+    a, b = _ZMQ["zio"]
+    _drain(b)
+    for frames, how in batches:
+        results = []
+        for send, recv in ((fast, _zio), (_zio, fast)):
+            sent = outcome(lambda s=send, f=frames: s.send_frames(a, f), _ARG_ERRORS)
+            if how:
+                got = outcome(lambda v=recv: v.recv_frames(b, zmq.NOBLOCK), (zmq.Again,))
+            else:
+                got = outcome(lambda v=recv: v.recv_message(b, False, 0.0))
+            results.append((sent, got))
+        same("zio send/receive (compiled sends vs pure sends)", results[0], results[1])
 
 
 # --- the encoders ----------------------------------------------------------------------------
