@@ -856,6 +856,8 @@ def mip_net(data: bytes) -> None:
             return ("ok", snapshot(impl(samples)))
         except runtime._Ragged as exc:
             return ("ragged", exc.sample, exc.got, exc.width)
+        except TypeError as exc:  # a sample that is not a sequence (build_reply says so)
+            return ("type", str(exc))
         except WirekitError as exc:
             return ("error", describe(exc))
 
