@@ -1996,6 +1996,10 @@ def y2_threads(data: bytes) -> None:
             got = outcome(lambda: fast.unpack(words, threads=threads), _ARG_ERRORS)
             same(f"y2.unpack({tag})", got, outcome(lambda: pure.unpack(words), _ARG_ERRORS))
             fields = pure.unpack(words)
+            out = tuple(np.empty_like(f) for f in fields)  # unpack(out=): into the caller's arrays
+            got = outcome(lambda o=out: fast.unpack(words, out=o, threads=threads), _ARG_ERRORS)
+            want = snapshot(fields)
+            same(f"y2.unpack(out=, {tag})", (got, snapshot(out)), (("ok", want), want))
             same(
                 f"y2.pack({tag})",
                 outcome(lambda f=fields: fast.pack(*f, threads=threads), _ARG_ERRORS),
