@@ -737,6 +737,1301 @@ def zmtp_stream(data: bytes) -> None:
     same("zmtp.StreamReader (chunked vs whole, fast)", a, whole)
 
 
+# --- the MIP client's reply path and item helpers (wirekit._fast.mipnet) --------------------
+
+
+class _Future:
+    """A client call's future as ``deliver`` sees it: ``done()`` and ``set_result``."""
+
+    def __init__(self, done: bool) -> None:
+        self.finished = done
+        self.result: Any = None
+
+    def done(self) -> bool:
+        return self.finished
+
+    def set_result(self, value: Any) -> None:
+        if self.finished:
+            raise Disagreement("deliver completed a future that was already done")
+        self.finished = True
+        self.result = value
+
+
+class _Waiting:
+    """One waiting call of a client connection (``deliver`` takes ``.future``)."""
+
+    def __init__(self, done: bool) -> None:
+        self.future = _Future(done)
+
+
+def _deliver_trace(deliver: Callable[..., Any], data: bytes, waits: list[bool], limit: int):
+    from collections import deque
+
+    calls = [_Waiting(done) for done in waits]
+    waiting = deque(calls)
+    try:
+        res: Any = ("ok", snapshot(deliver(data, waiting, limit)))
+    except WirekitError as exc:  # (none expected: a reply it does not take is left)
+        res = ("error", describe(exc))
+    futures = [
+        (c.future.finished, snapshot(c.future.result), c.future.result is data) for c in calls
+    ]
+    return res, futures, len(waiting)
+
+
+def _samples_of(items: tuple, width: int, r: Reader) -> list:
+    """Per-sample values from decoded items, in the forms a handler returns (Items, text,
+    bytes-like, JSON values, bare single values, ragged rows), as the input chooses."""
+    values: list[Any] = []
+    for item in items:
+        form = r.byte() % 9
+        if form == 0:
+            values.append(item)
+        elif form == 1:
+            values.append(bytes(item.data).decode("utf-8", "replace"))
+        elif form == 2:
+            values.append(bytes(item.data))
+        elif form == 3:
+            values.append(bytearray(item.data))
+        elif form == 4:
+            values.append(memoryview(bytes(item.data)))
+        elif form == 5:
+            values.append({"n": len(item.data)})
+        elif form == 6:
+            values.append(int.from_bytes(bytes(item.data)[:4], "big") - 7)
+        elif form == 7:
+            values.append([len(item.data), None, 0.5])
+        else:
+            values.append(object())  # not JSON: an EncodeError
+    width = max(width, 1)
+    samples: list[Any] = []
+    for at in range(0, len(values), width):
+        row = values[at : at + width]
+        shape = r.byte() % 5
+        if shape == 0 and len(row) == 1 and not isinstance(row[0], list | int):
+            samples.append(row[0])  # a bare single value
+        elif shape == 1:
+            samples.append(tuple(row))
+        elif shape == 2:
+            samples.append(iter(row))
+        elif shape == 3 and row:
+            samples.append(row[:-1])  # ragged
+        else:
+            samples.append(row)
+    return samples
+
+
+def mip_net(data: bytes) -> None:
+    """The MIP client's reply fast path ``deliver`` (the replies at the start of a read, each
+    to the call at the head of the queue) against ``runtime._deliver_py``; then ``flatten``
+    (a handler's outputs to items) on values built from the items the input decodes to."""
+    import importlib
+
+    from wirekit.mip import Inference, runtime
+
+    fast = importlib.import_module("wirekit._fast.mipnet")
+    r = Reader(data)
+    ctrl = r.byte()
+    waits = [bool(b & 1) for b in r.take(ctrl % 8)]
+    limit = _STREAM_LIMITS[(ctrl >> 3) % len(_STREAM_LIMITS)]
+    rest = r.rest()
+    same(
+        "mipnet.deliver",
+        _deliver_trace(fast.deliver, rest, waits, limit),
+        _deliver_trace(runtime._deliver_py, rest, waits, limit),
+    )
+    try:
+        msg = twin("mip", "pure").decode_prefix(rest, 0)[0]
+    except DecodeError:
+        return
+    if not isinstance(msg, Inference):
+        return
+    items = msg.items
+    width = msg.n_output if msg.response else msg.n_input
+    choices = Reader(rest[::-1])
+
+    def flatten(impl: Callable[[Any], Any]) -> tuple:
+        samples = _samples_of(items, width, Reader(choices.data))
+        try:
+            return ("ok", snapshot(impl(samples)))
+        except runtime._Ragged as exc:
+            return ("ragged", exc.sample, exc.got, exc.width)
+        except TypeError as exc:  # a sample that is not a sequence (build_reply says so)
+            return ("type", str(exc))
+        except WirekitError as exc:
+            return ("error", describe(exc))
+
+    same("mipnet.flatten", flatten(fast.flatten), flatten(runtime._flatten_py))
+    if items:
+        same("mipnet.singles", snapshot(fast.singles(items)), snapshot(runtime._singles_py(items)))
+
+
+# --- the dump's formatter (wirekit._fast.mipdump) --------------------------------------------
+
+
+def mip_dump(data: bytes) -> None:
+    """``wirekit.mip.dump``'s ``format_run`` (the human and the JSON form of a run of
+    well-formed messages) against ``format_run_pure``: the same text, stop and count from
+    any start and stop inside the input."""
+    import importlib
+
+    from wirekit.mip import dump
+
+    fast = importlib.import_module("wirekit._fast.mipdump")
+    ctrl, buf = (data[0], data[1:]) if data else (0, b"")
+    pos = min(ctrl % 16, len(buf))
+    stop = len(buf) - min((ctrl >> 4) % 8, len(buf) - pos) if ctrl & 0x80 else len(buf)
+    base = (ctrl * 7919) % 100003
+    for as_json in (False, True):
+        same(
+            f"mipdump.format_run(json={as_json})",
+            outcome(lambda j=as_json: fast.format_run(buf, pos, stop, base, j)),
+            outcome(lambda j=as_json: dump.format_run_pure(buf, pos, stop, base, j)),
+        )
+
+
+# --- the dispatcher's MIP lane (wirekit._fast.servelane) -------------------------------------
+
+
+def serve_lane_twins() -> tuple[Any, Any]:
+    """The compiled lane module and the pure one (``wirekit.serve.lane``)."""
+    import importlib
+
+    return importlib.import_module("wirekit._fast.servelane"), importlib.import_module(
+        "wirekit.serve.lane"
+    )
+
+
+class _Row:
+    """A device row as the lane sees it: ``key`` (hashable, as a DeviceRow)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"row {self.key}"
+
+
+class _LaneClient:
+    """A pipelined backend client as the lane sees it, recording what it is asked."""
+
+    def __init__(self, name: str, slots: int, log: list) -> None:
+        self.name = name
+        self.slots = slots
+        self.timeout = 5.0
+        self.log = log
+
+    def free_slots(self) -> Any:
+        return None if self.slots < 0 else (f"conn-{self.name}", self.slots, 1000.0)
+
+    def send_calls(self, conn: Any, frames: list, calls: list, deadline: float) -> None:
+        self.log.append(("send", self.name, conn, [bytes(f) for f in frames], deadline))
+
+    def release_slot(self) -> None:
+        self.log.append(("release", self.name))
+
+    def call_failed(self, conn: Any, exc: BaseException) -> None:
+        self.log.append(("failed", self.name, conn, str(exc)))
+
+
+class _Job:
+    """The dispatcher's job for a request the lane handed over."""
+
+    def __init__(self, frame: bytes) -> None:
+        self.frame = frame
+        self.outcome: Any = None
+        self.error: Any = None
+
+
+class _LaneDispatcher:
+    """What a :class:`Lane` asks of the dispatcher, answered from a plan and recorded."""
+
+    def __init__(self, rows: list[_Row], clients: dict, cache_on: bool, recent: bool) -> None:
+        from wirekit.serve.cache import ResponseCache
+
+        self.log: list = []
+        self.rows = rows
+        self.clients = clients
+        self.now = 100.0
+        self.store = None
+        self.cache = ResponseCache(64 if cache_on else 0, clock=self.clock)
+        self.route_version = 0
+        self.closing = False
+        self.metrics = self
+        self.router = self
+        self.recent = [] if recent else None
+        self.draw = 0
+        self.ids = 0
+        self.jobs: list[_Job] = []
+
+    def stats(self, model: str) -> Any:
+        return self
+
+    def clock(self) -> float:
+        self.now += 0.125
+        return self.now
+
+    def choose(self, model: str, exclude: tuple) -> _Row:
+        self.draw += 1
+        return self.rows[(self.draw * 5) % len(self.rows)]
+
+    def lane_route(self, model: str) -> Any:
+        return None if self.route_version % 3 == 2 else ({}, self.rows, self.clients)
+
+    def new_ids(self, n: int) -> list[str]:
+        self.ids += n
+        return [f"r{self.ids - n + k}" for k in range(n)]
+
+    def lane_arrived(self, stats: Any, model: str, client: str, t_in: float, requests: list):
+        self.log.append(("arrived", model, client, t_in, snapshot([tuple(r) for r in requests])))
+
+    def new_job(self, model: str, frame: bytes, client: str, t_in: float, wake: Any) -> _Job:
+        job = _Job(bytes(frame))
+        self.jobs.append(job)
+        self.log.append(("job", model, bytes(frame), client, t_in))
+        return job
+
+    def start(self, job: _Job, row: _Row) -> None:
+        self.log.append(("start", job.frame, row.key))
+        if len(job.frame) % 5 == 0:
+            raise RuntimeError("no such device")
+
+    def lane_fallback(self, call: Any, frame: Any, exc: Any) -> None:
+        self.log.append(("fallback", call.rid, frame, None if exc is None else str(exc)))
+
+    def lane_answered(self, stats, model, client, t_out, total, lo, hi, ok, done, by_row):
+        self.log.append(
+            (
+                "answered",
+                model,
+                client,
+                t_out,
+                total,
+                lo,
+                hi,
+                sorted(row.key for row in ok),
+                snapshot([tuple(d) for d in done]),
+                None if by_row is None else sorted(by_row.items()),
+            )
+        )
+
+
+class _JobOutcome:
+    def __init__(self, wire: bytes) -> None:
+        self.response = self
+        self.wire = wire
+
+
+def _lane_entry(entry: Any) -> tuple:
+    if type(entry) is bytes:
+        return ("bytes", entry)
+    if isinstance(entry, _Job):
+        return ("job", entry.frame)
+    return (
+        "call",
+        entry.rid,
+        entry.wire,
+        int(entry.state),
+        entry.reply,
+        None if entry.row is None else entry.row.key,
+        entry.key,
+    )
+
+
+def _reply_for(frame: bytes, how: int, r: Reader) -> bytes:
+    """A backend's reply to ``frame``: the request echoed as a response (KubeMo's way), a
+    byte of it changed, an error reply, or bytes from the input."""
+    echo = bytearray(frame)
+    if len(echo) >= 12:
+        echo[2] = 1
+        echo[8], echo[9] = echo[9], echo[8]
+    if how == 0:
+        return bytes(echo)
+    if how == 1 and echo:
+        at = r.below(len(echo))
+        echo[at] ^= 1 + r.byte() % 255
+        return bytes(echo)
+    if how == 2:
+        return b"\x00\x00\x05\x00\x00\x00\x00\x00"
+    return r.take(r.byte())
+
+
+def lane_trace(module: Any, plan: bytes) -> list:
+    """Run the lane program ``plan`` (see :func:`serve_lane`) on ``module``'s ``Lane``."""
+    from collections import deque
+
+    r = Reader(plan)
+    cfg = r.byte()
+    n_rows = 1 + cfg % 3
+    max_size = (64, 300, 1 << 20, 40)[(cfg >> 2) % 4]
+    max_items = (-1, 0, 2, 16)[(cfg >> 4) % 4]
+    cache_on, recent = bool(cfg & 0x40), bool(cfg & 0x80)
+    log: list = []
+    rows = [_Row(f"d{k}") for k in range(n_rows)]
+    slots = r.byte()
+    clients = {
+        row.key: _LaneClient(row.key, ((slots >> (2 * k)) % 4) - 1, log)
+        for k, row in enumerate(rows)
+    }
+    d = _LaneDispatcher(rows, clients, cache_on, recent)
+    d.log = log
+    pending: deque = deque()
+    woken: list = []
+    lane = module.Lane(
+        d, "m", "c1", ({}, rows, clients), max_size, max_items, pending, woken.append
+    )
+    trace: list[Any] = []
+    while r.pos < len(plan) and len(trace) < 200:
+        op = r.byte()
+        kind = op % 6
+        if kind <= 1:  # a read: the lane takes what it can
+            chunk = r.take(1 + r.below(600))
+            pos = r.below(len(chunk) + 1) if op & 0x40 else 0
+            end = len(chunk) - r.below(len(chunk) - pos + 1) if op & 0x80 else len(chunk)
+            form = (op >> 3) % 3
+            src: Any = chunk if form == 0 else bytearray(chunk) if form == 1 else memoryview(chunk)
+            trace.append(("take", lane.take(src, pos, end, d.clock())))
+        elif kind == 2:  # the backend answers a call in flight
+            calls = [c for c in pending if type(c) is module.LaneCall and not c.done()]
+            if calls:
+                call = calls[r.below(len(calls))]
+                call.future.set_result(_reply_for(call.wire, (op >> 3) % 4, r))
+        elif kind == 3:  # a call fails, or a job is answered
+            calls = [c for c in pending if type(c) is module.LaneCall and not c.done()]
+            jobs = [j for j in d.jobs if j.outcome is None and j.error is None]
+            if calls and op & 0x80:
+                calls[r.below(len(calls))].set_exception(TimeoutError("backend timeout"))
+            elif jobs:
+                job = jobs[r.below(len(jobs))]
+                if op & 0x40:
+                    job.outcome = _JobOutcome(_reply_for(job.frame, 0, r))
+                else:
+                    job.error = RuntimeError("failed")
+            handed = [c for c in pending if type(c) is module.LaneCall and c.state == 2]
+            if handed and op & 0x20:
+                handed[r.below(len(handed))].job_done(_Job(b"\x00\x02\x01\x00" + bytes(8)))
+        elif kind == 4:  # the front door flushes
+            trace.append(("answers", [_lane_entry(e) for e in [*lane.answers(pending)]]))
+        else:  # the catalog changes, or the dispatcher closes
+            if op & 0x80:
+                d.closing = not d.closing
+            else:
+                d.route_version += 1
+        trace.append(("pending", [_lane_entry(e) for e in pending], len(woken)))
+    trace.append(("log", snapshot(log)))
+    trace.append(("cache", d.cache.hits, d.cache.misses, len(d.cache)))
+    return trace
+
+
+def serve_lane(data: bytes) -> None:
+    """The dispatcher's MIP lane: ``inference_size`` (its frame check) on any buffer and
+    range, then ``Lane.take`` / ``LaneCall.set_result`` / ``set_exception`` / ``job_done`` /
+    ``Lane.answers`` in a program of reads, backend replies (echoed, corrupted, error
+    replies, junk), job outcomes, flushes, route changes and closings the input spells; both
+    twins must ask the dispatcher and the backends the same things and answer the same."""
+    fast, pure = serve_lane_twins()
+    ctrl, buf = (data[0], data[1:]) if data else (0, b"")
+    pos = min(ctrl % 8, len(buf))
+    subtype = (ctrl >> 3) & 1
+    max_items = (-1, 0, 1, 3, 255, 1 << 40)[(ctrl >> 4) % 6]
+    for end in sorted({len(buf), max(pos, len(buf) - (ctrl >> 5))}):
+        for form in (bytes, bytearray, memoryview):
+            src = form(buf)
+            same(
+                "servelane.inference_size",
+                outcome(lambda s=src, e=end: fast.inference_size(s, pos, e, subtype, max_items)),
+                outcome(lambda s=src, e=end: pure.inference_size(s, pos, e, subtype, max_items)),
+            )
+    same("servelane.Lane", lane_trace(fast, buf), lane_trace(pure, buf))
+
+
+# --- ZeroMQ plumbing shared by the Clipper runtime targets -----------------------------------
+
+_ZMQ: dict[str, Any] = {}
+
+
+def _zmq_context() -> Any:
+    """One ZeroMQ context for every target in this process (inproc endpoints need it)."""
+    import zmq
+
+    if "ctx" not in _ZMQ:
+        _ZMQ["ctx"] = zmq.Context()
+        _ZMQ["n"] = 0
+    return _ZMQ["ctx"]
+
+
+def _socket(kind: int, *, identity: bytes | None = None, rcvtimeo: int = 2000) -> Any:
+    import zmq
+
+    sock = _zmq_context().socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, rcvtimeo)
+    sock.setsockopt(zmq.SNDTIMEO, 2000)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    return sock
+
+
+def _endpoint(what: str) -> str:
+    _zmq_context()
+    _ZMQ["n"] += 1
+    return f"inproc://fuzz-{what}-{_ZMQ['n']}"
+
+
+def _drain(sock: Any) -> list[list[bytes]]:
+    """Every message waiting on ``sock`` now."""
+    out = []
+    while sock.poll(0):
+        out.append(sock.recv_multipart())
+    return out
+
+
+def _frames_from(r: Reader, limit: int = 12) -> list[bytes]:
+    """Up to ``limit`` frames spelled by the input (a length byte, then the bytes)."""
+    return [r.take(r.byte() % 40) for _ in range(1 + r.below(limit))]
+
+
+def _mutate(frames: list[bytes], r: Reader) -> list[bytes]:
+    """``frames`` with one change the input chooses: a byte flipped, a frame cut, dropped or
+    doubled, or the last frame split."""
+    out = list(frames)
+    if not out:
+        return out
+    k = r.below(len(out))
+    how = r.byte() % 5
+    if how == 0 and out[k]:
+        f = bytearray(out[k])
+        f[r.below(len(f))] ^= 1 << (r.byte() % 8)
+        out[k] = bytes(f)
+    elif how == 1:
+        out[k] = out[k][: r.below(len(out[k]) + 1)]
+    elif how == 2:
+        del out[k]
+    elif how == 3:
+        out.insert(k, out[k])
+    else:
+        at = r.below(len(out[-1]) + 1)
+        out[-1:] = [out[-1][:at], out[-1][at:]]
+    return out
+
+
+# --- the frontend's ROUTER lane (wirekit._fast.clipperfront) ---------------------------------
+
+_FRONT_NAMES = (b"\x00A", b"\x00B", b"\x00C")
+
+
+class _FrontToken:
+    """A caller's token: completed at once (as ``submit_callback``'s), or later through the
+    runtime's list / the state's events (as a Future)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.outcome: Any = None
+
+    def set_result(self, value: Any) -> None:
+        if self.outcome is not None:
+            raise Disagreement(f"token {self.k} completed twice")
+        self.outcome = ("ok", snapshot(list(value)))
+
+    def set_exception(self, error: BaseException) -> None:
+        self.outcome = ("error", str(error))
+
+
+class _LaterToken(_FrontToken):
+    pass
+
+
+def _front_inputs(kind: int, rows: int, r: Reader) -> Any:
+    cols = 1 + r.below(4)
+    raw = r.take(rows * cols * 8).ljust(rows * cols * 8, b"\1")
+    dtypes = (np.float64, np.float32, np.int32, np.uint8)
+    if kind < 4:
+        dtype = dtypes[kind]
+        n = rows * cols
+        return np.frombuffer(raw[: n * np.dtype(dtype).itemsize], dtype).reshape(rows, cols)
+    if kind == 4:
+        return [[float(b) for b in raw[c * cols : (c + 1) * cols]] for c in range(rows)]
+    if kind == 5:
+        return [raw[c : c + 3].decode("latin-1") for c in range(rows)]
+    if kind == 6:
+        return [raw[c : c + cols] for c in range(rows)]
+    if kind == 7:  # Fortran order: not the compiled array path
+        return np.asfortranarray(
+            np.frombuffer(raw[: rows * cols * 8], np.float64).reshape(rows, cols)
+        )
+    return []
+
+
+class _FrontWorld:
+    """One frontend (its state class and receive path) on a ROUTER of its own, talking to
+    DEALER peers named ``_FRONT_NAMES``."""
+
+    def __init__(self, impl: str, generation: Any, max_in_flight: int) -> None:
+        import importlib
+
+        import zmq
+
+        from wirekit.clipper import _zio  # noqa: F401  (binds the compiled zio to libzmq)
+        from wirekit.clipper.session import FrontendState
+
+        self.impl = impl
+        key = f"front-{impl}"
+        if key not in _ZMQ:  # one ROUTER and its peers per twin: closed sockets are reaped lazily
+            router = _socket(zmq.ROUTER)
+            endpoint = _endpoint("front")
+            router.bind(endpoint)
+            peers = []
+            for name in _FRONT_NAMES:
+                peer = _socket(zmq.DEALER, identity=name)
+                peer.connect(endpoint)
+                peers.append(peer)
+            _ZMQ[key] = (router, peers)
+        self.router, self.peers = _ZMQ[key]
+        for sock in (self.router, *self.peers):
+            _drain(sock)  # what an earlier run left (one that failed half-way)
+        self.later: list = []
+        if impl == "fast":
+            fast = importlib.import_module("wirekit._fast.clipperfront")
+            self.state = fast.FrontendState(generation, max_in_flight=max_in_flight)
+            self.wire = fast.Wire(self.router, (fast.Callback, _FrontToken), self.later)
+        else:
+            self.state = FrontendState(generation, max_in_flight=max_in_flight)
+            self.wire = None
+        self.tokens: dict[int, _FrontToken] = {}
+        self.trace: list = []
+
+    def send(self, messages: list) -> None:
+        from wirekit.clipper._zio import send_frames
+
+        for message in messages:
+            if self.wire is not None:
+                self.wire.send(message)
+            else:
+                send_frames(self.router, message)
+
+    def submit(self, k: int, inputs: Any, later: bool, now: float) -> None:
+        token = self.tokens[k] = (_LaterToken if later else _FrontToken)(k)
+        state = self.state
+        message = state.try_send("m", inputs, now + 100.0, token, None)
+        if message is None:
+            state.submit("m", inputs, now + 100.0, token, None)
+            self.send(state.dispatch(now))
+        else:
+            self.send([message])
+        self.settle()
+
+    def peer_sends(self, who: int, frames: list[bytes], now: float) -> None:
+        from wirekit.clipper._zio import recv_message
+
+        self.peers[who].send_multipart(frames)
+        state = self.state
+        if self.wire is not None:
+            got = self.wire.receive(state, True, 0.0)
+        else:
+            got = recv_message(self.router, True, 0.0)
+        if got is None:
+            raise Disagreement(f"{self.impl}: a message sent on inproc did not arrive")
+        if type(got) is int:  # the compiled Wire completed an answer itself
+            if got == 2:
+                self.send(state.dispatch(now))
+        else:
+            message, _fd = got
+            self.send(state.receive(message[0], message[1:], now))
+        self.settle()
+
+    def settle(self) -> None:
+        from wirekit.clipper.session import Completed
+
+        while self.later:
+            token, outputs = self.later.pop(0)
+            token.set_result(outputs)
+        events, self.state.events = self.state.events, []
+        for event in events:
+            if type(event) is Completed:
+                event.token.set_result(event.outputs)
+            else:
+                event.token.set_exception(event.error)
+
+    def heard(self) -> list:
+        """What each peer received since the last look."""
+        return [[who, frames] for who, peer in enumerate(self.peers) for frames in _drain(peer)]
+
+    def snapshot(self) -> dict:
+        state = self.state
+        return {
+            "tokens": {k: t.outcome for k, t in self.tokens.items()},
+            "in_flight": sorted(state.in_flight),
+            "held": {i: sorted(r.in_flight) for i, r in state.replicas.items()},
+            "batches": {
+                i: (b.msg_id, b.replica.identity, b.attempts, b.count, b.lost, b.token.k)
+                for i, b in state.in_flight.items()
+            },
+            "pending": {m: [b.token.k for b in q] for m, q in state.pending.items() if q},
+            "replicas": [
+                (r.identity, r.model_name, int(r.input_type)) for r in state.replicas.values()
+            ],
+            "rejected": sorted(state.rejected),
+        }
+
+
+def _answer_frames(generation: Any, msg_id: int, outputs: list) -> list[bytes]:
+    """A container's answer: strings (2016: numbers, their lengths)."""
+    from wirekit import clipper
+
+    outputs = outputs or ["?"]  # (no outputs: not encodable; junk frames try that)
+    if generation is clipper.Generation.G2016:
+        outputs = [float(len(o)) for o in outputs]
+    return clipper.encode(clipper.PredictResponse(msg_id, outputs), generation)
+
+
+def _front_outputs(count: int, r: Reader) -> list:
+    out = []
+    for _ in range(count):
+        raw = r.take(r.byte() % 12)
+        out.append(raw.decode("utf-8", "surrogateescape").encode("utf-8", "replace").decode())
+    return out
+
+
+def front_program(data: bytes) -> tuple[Any, int, list]:
+    """``(generation, max_in_flight, steps)`` spelled by the input for :func:`clipper_front`."""
+    from wirekit import clipper
+    from wirekit.clipper import Generation, Heartbeat, InputType, NewContainer
+
+    r = Reader(data)
+    cfg = r.byte()
+    gen = list(Generation)[cfg % 3]
+    max_in_flight = 1 + (cfg >> 2) % 3
+    steps: list = []
+    # registrations first (the input chooses their types), then the program
+    for who in range(1 + (cfg >> 4) % 3):
+        itype = (InputType.DOUBLES, InputType.FLOATS, InputType.STRINGS, InputType.INTS)[
+            r.byte() % 4
+        ]
+        if gen is not Generation.G2016:
+            steps.append(("peer", who, clipper.encode(Heartbeat(), gen)))
+        rpc = 3 if gen is Generation.V3 else None
+        steps.append(("peer", who, clipper.encode(NewContainer("m", "1", itype, rpc), gen)))
+    k = 0
+    while r.pos < len(data) and len(steps) < 80:
+        op = r.byte()
+        kind = op % 5
+        if kind <= 1:
+            k += 1
+            rows = 1 + r.below(5)
+            steps.append(("submit", k, _front_inputs((op >> 3) % 9, rows, r), bool(op & 0x80)))
+        elif kind == 2:  # an answer to a batch the peer holds (or not), good or not
+            steps.append(("answer", r.byte(), r.byte(), op >> 3, _front_outputs(8, r), r.byte()))
+        elif kind == 3:
+            steps.append(("peer", r.below(3), _frames_from(r)))
+        else:
+            steps.append(("mutated", r.below(3), r.byte(), r.take(4)))
+    return gen, max_in_flight, steps
+
+
+def front_trace(impl: str, gen: Any, max_in_flight: int, steps: list) -> list:
+    """Run ``steps`` on one frontend of ``impl``; what it sent, completed and holds."""
+    world = _FrontWorld(impl, gen, max_in_flight)
+    now = 1.0
+    for step in steps:
+        now += 0.01
+        op = step[0]
+        if op == "submit":
+            world.submit(step[1], step[2], step[3], now)
+        elif op == "peer":
+            world.peer_sends(step[1] % len(_FRONT_NAMES), step[2], now)
+        elif op in ("answer", "mutated"):
+            who = step[1] % len(_FRONT_NAMES)
+            held = sorted(world.state.in_flight.items())
+            if held:
+                msg_id, batch = held[step[2] % len(held)]
+                count = batch.count
+            else:
+                msg_id, count = 77, 1
+            if op == "answer":
+                how = step[3] % 4
+                count = count + 1 if how == 1 else max(count - 1, 0) if how == 2 else count
+                frames = _answer_frames(gen, msg_id if how != 3 else msg_id + 1000, step[4][:count])
+                if step[5] % 4 == 0:
+                    frames = _mutate(frames, Reader(bytes(step[4][0], "utf-8") if step[4] else b""))
+            else:
+                frames = _mutate(_answer_frames(gen, msg_id, ["x"] * count), Reader(step[3]))
+            world.peer_sends(who, frames, now)
+        world.trace.append(("heard", world.heard()))
+    world.trace.append(("end", world.snapshot()))
+    return world.trace
+
+
+def clipper_front(data: bytes) -> None:
+    """The frontend's compiled ROUTER lane (``clipperfront.Wire.receive``: the v3 answers it
+    reads straight from the received parts; ``Wire.send``: requests written from the input
+    array) and its compiled ``FrontendState`` (``try_send``, ``complete``, ``pick``), against
+    ``session.FrontendState`` with pyzmq: registrations, submissions of every input form,
+    answers (right, short, long, unknown id, corrupted) and junk from three peers over real
+    inproc sockets; the same frames reach the peers, the same callers complete with the same
+    outputs, the same batches stay in flight."""
+    gen, max_in_flight, steps = front_program(data)
+    same(
+        "clipperfront (compiled vs pure)",
+        front_trace("fast", gen, max_in_flight, steps),
+        front_trace("pure", gen, max_in_flight, steps),
+    )
+
+
+# --- the container's lane (wirekit._fast.clippercontainer) -----------------------------------
+
+#: The last request of every container program has this many inputs (no other request the
+#: programs spell has as many): its model call stops the container, so the lane returns STOP
+#: at once instead of waiting for a message that never comes.
+_STOP_ROWS = 13
+_CONTAINERS: dict[tuple, Any] = {}
+
+
+class _FuzzModel:
+    """A model answering as the input chose (strings, a wrong count, numbers, raising...),
+    recording what it was given; the stop request stops its container."""
+
+    def __init__(self, plan: bytes) -> None:
+        self.plan = plan
+        self.calls = 0
+        self.seen: list = []
+        self.container: Any = None
+
+    def __call__(self, inputs: Any) -> Any:
+        self.seen.append(snapshot(inputs))
+        if len(inputs) == _STOP_ROWS:
+            self.container.stopping = True
+        how = self.plan[self.calls % len(self.plan)] % 10 if self.plan else 0
+        self.calls += 1
+        n = len(inputs)
+        if how <= 3:
+            return [f"o{k}-{how}" for k in range(n)]
+        if how == 4:
+            return ["x"] * (n + 1)
+        if how == 5:
+            return [float(k) for k in range(n)]
+        if how == 6:
+            return ["\ud800"] * n
+        if how == 7:
+            return tuple("t" for _ in range(n))
+        if how == 8:
+            return ["é" * 30] * n
+        raise RuntimeError("model failed")
+
+
+def _container(impl: str, gen: Any, itype: Any) -> Any:
+    """A model container per twin, generation and input type, kept for the process (the
+    per-run state is its session and counters, compared as differences)."""
+    import zmq
+
+    from wirekit.clipper.container import ModelContainer
+
+    key = (impl, gen, itype)
+    if key not in _CONTAINERS:
+        c = ModelContainer(
+            None,
+            "m",
+            "1",
+            itype,
+            "inproc://unused",
+            generation=gen,
+            poll_interval=600.0,
+            activity_timeout=600.0,
+            threaded=False,
+            context=_zmq_context(),
+        )
+        router = _socket(zmq.ROUTER)
+        endpoint = _endpoint("container")
+        router.bind(endpoint)
+        dealer = _socket(zmq.DEALER, identity=b"lane")
+        dealer.connect(endpoint)
+        _CONTAINERS[key] = (c, router, dealer)
+    return _CONTAINERS[key]
+
+
+def container_trace(impl: str, gen: Any, itype: Any, plan: bytes, messages: list) -> dict:
+    import functools
+    import importlib
+    import time
+
+    from wirekit.clipper._lane import PureLane
+    from wirekit.clipper._zio import send_frames
+    from wirekit.clipper.session import ContainerSession
+
+    container, router, dealer = _container(impl, gen, itype)
+    _drain(dealer)
+    _drain(router)
+    model = _FuzzModel(plan)
+    model.container = container
+    container.predict = model
+    container.stopping = False
+    served, failures = container.served, container.failures
+    session = ContainerSession(
+        gen,
+        container.registration,
+        poll_interval=600.0,
+        activity_timeout=600.0,
+        now=time.monotonic(),
+    )
+    cls = (
+        importlib.import_module("wirekit._fast.clippercontainer").Lane
+        if impl == "fast"
+        else PureLane
+    )
+    lane = cls(container, dealer, session, functools.partial(send_frames, dealer))
+    for frames in messages:
+        router.send_multipart([b"lane", *frames])
+    outcomes = []
+    try:
+        for _ in range(len(messages) + 2):
+            outcome_ = lane.run()
+            if outcome_ != 1:  # LOOK (its timing is the clock's): the lane serves on
+                outcomes.append(outcome_)
+                break
+    except WirekitError as exc:  # VersionMismatch: the same from both twins
+        outcomes.append(describe(exc))
+    container.stopping = False
+    return {
+        "answers": [m[1:] for m in _drain(router)],
+        "outcomes": outcomes,
+        "seen": model.seen,
+        "served": container.served - served,
+        "failures": container.failures - failures,
+        "requests": session.requests,
+        "state": session.state,
+    }
+
+
+def clipper_container(data: bytes) -> None:
+    """The model container's compiled lane (``clippercontainer.Lane.run``: the v3 requests it
+    reads straight from the received parts into the model's array, the 2017/v3 answers it
+    writes from the model's strings) against ``PureLane`` (the codec and
+    ``ContainerSession``), over a real inproc ROUTER/DEALER: requests of every type (whole,
+    mutated, junk), models answering well and badly; the same answers reach the frontend,
+    the model sees the same inputs, the counters and the session end the same."""
+    from wirekit import clipper
+    from wirekit.clipper import Generation, InputType, PredictRequest
+
+    r = Reader(data)
+    cfg = r.byte()
+    gen = list(Generation)[cfg % 3]
+    itype = list(InputType)[(cfg >> 2) % 5]
+    plan = r.take(4)
+    messages: list[list[bytes]] = []
+    while r.pos < len(data) and len(messages) < 24:
+        op = r.byte()
+        kind = op % 4
+        msg_id = r.byte()
+        if kind <= 1:
+            t = list(InputType)[(op >> 2) % 5] if op & 0x80 else itype
+            rows = 1 + r.below(4)
+            inputs: Any
+            if t == InputType.STRINGS:
+                inputs = [r.take(r.byte() % 8).decode("latin-1") for _ in range(rows)]
+            else:
+                dtype = {0: np.uint8, 1: np.int32, 2: np.float32, 3: np.float64}[int(t)]
+                cols = 1 + r.below(5)
+                if op & 0x40:  # unequal lengths
+                    inputs = [np.arange(k + 1, dtype=dtype) for k in range(rows)]
+                else:
+                    n = rows * cols * np.dtype(dtype).itemsize
+                    inputs = np.frombuffer(r.take(n).ljust(n, b"\0"), dtype).reshape(rows, cols)
+            try:
+                frames = clipper.encode(PredictRequest(msg_id, t, inputs), gen)
+            except WirekitError:
+                continue
+            messages.append(_mutate(frames, r) if kind == 1 else frames)
+        elif kind == 2:
+            messages.append(_frames_from(r))
+        else:
+            messages.append(
+                clipper.encode(clipper.HeartbeatReply(op >> 7), gen)
+                if gen != Generation.G2016
+                else [b""]
+            )
+    if itype == InputType.STRINGS:
+        stop_inputs: Any = ["s"] * _STOP_ROWS
+    else:
+        dtype = {0: np.uint8, 1: np.int32, 2: np.float32, 3: np.float64}[int(itype)]
+        stop_inputs = np.zeros((_STOP_ROWS, 2), dtype)
+    messages.append(clipper.encode(PredictRequest(0xFFFF, itype, stop_inputs), gen))
+    same(
+        "clippercontainer.Lane (compiled vs pure)",
+        container_trace("fast", gen, itype, plan, messages),
+        container_trace("pure", gen, itype, plan, messages),
+    )
+
+
+# --- multipart send/receive on libzmq (wirekit._fast.zio) ------------------------------------
+
+
+def _zio_frame(kind: int, raw: bytes) -> Any:
+    if kind == 0:
+        return raw
+    if kind == 1:
+        return bytearray(raw)
+    if kind == 2:
+        return memoryview(raw)
+    if kind == 3:
+        return np.frombuffer(raw.ljust(8 * ((len(raw) + 7) // 8), b"\0"), np.uint8)
+    if kind == 4:
+        return memoryview(raw)[::2]  # not contiguous: ValueError
+    if kind == 5:
+        return raw.decode("latin-1")  # not bytes-like: TypeError
+    return np.frombuffer(raw[: len(raw) // 4 * 4] or bytes(4), np.float32)
+
+
+def zio_frames(data: bytes) -> None:
+    """``send_frames`` / ``recv_frames`` / ``recv_message`` of the compiled twin (straight on
+    libzmq) against pyzmq's (``wirekit.clipper._zio``), each sending to the other over a real
+    inproc pair: the same frames arrive, the same errors (class and text) for frames that
+    are not bytes-like or not contiguous, and nothing half-sent."""
+    import importlib
+
+    import zmq
+
+    from wirekit.clipper import _zio
+
+    fast = importlib.import_module("wirekit._fast.zio")
+    r = Reader(data)
+    batches = []
+    while r.pos < len(data) and len(batches) < 16:
+        kinds = r.byte()
+        frames = [
+            _zio_frame((kinds >> (k % 4)) % 7 if kinds & 0x80 else k % 3, r.take(r.byte()))
+            for k in range(r.below(9))
+        ]
+        batches.append((frames, kinds & 1))
+    if "zio" not in _ZMQ:  # one pair for the process: closed sockets are reaped lazily
+        a = _socket(zmq.PAIR, rcvtimeo=0)
+        b = _socket(zmq.PAIR, rcvtimeo=0)
+        endpoint = _endpoint("zio")
+        a.bind(endpoint)
+        b.connect(endpoint)
+        _ZMQ["zio"] = (a, b)
+    a, b = _ZMQ["zio"]
+    _drain(b)
+    for frames, how in batches:
+        results = []
+        for send, recv in ((fast, _zio), (_zio, fast)):
+            sent = outcome(lambda s=send, f=frames: s.send_frames(a, f), _ARG_ERRORS)
+            if how:
+                got = outcome(lambda v=recv: v.recv_frames(b, zmq.NOBLOCK), (zmq.Again,))
+            else:
+                got = outcome(lambda v=recv: v.recv_message(b, False, 0.0))
+            results.append((sent, got))
+        same("zio send/receive (compiled sends vs pure sends)", results[0], results[1])
+
+
+# --- the encoders ----------------------------------------------------------------------------
+
+
+def _text_from(r: Reader, limit: int = 24) -> Any:
+    """A str (sometimes with a lone surrogate, sometimes not ASCII), bytes, or an int, as the
+    input chooses: the names and outputs an encoder is given."""
+    kind = r.byte() % 8
+    raw = r.take(r.byte() % limit)
+    if kind <= 3:
+        return raw.decode("latin-1")
+    if kind == 4:
+        return raw.decode("utf-8", "surrogateescape")  # lone surrogates: not encodable
+    if kind == 5:
+        return raw
+    if kind == 6:
+        return raw.decode("latin-1") * 12  # long
+    return int.from_bytes(raw[:2], "big")
+
+
+def _built(make: Callable[[], Any]) -> Any:
+    """A message built from the input, or None when its constructor refuses the values."""
+    try:
+        return make()
+    except (WirekitError, *_ARG_ERRORS):
+        return None
+
+
+def _frame_bytes(frames: Any) -> list[bytes]:
+    """An encoder's frames as bytes (the codecs may return buffers of other types)."""
+    return [f if type(f) is bytes else memoryview(f).tobytes() for f in frames]
+
+
+def _mip_encode(r: Reader, rest: bytes) -> None:
+    from wirekit.mip import ErrorReply, Inference, Item, Ping
+
+    pure = twin("mip", "pure")
+    try:
+        msg, _end = pure.decode_prefix(rest, 0)
+    except DecodeError:
+        msg = None
+    if msg is not None:
+        wire = differential("mip.encode(decoded)", "mip", lambda c: c.encode(msg))
+        if wire[0] == "ok":
+            again = pure.decode(wire[1][1])
+            same("mip decode(encode(decoded))", snapshot(again), snapshot(msg))
+    # a message built from the input, often invalid
+    kind = r.byte() % 4
+    built: Any
+    if kind == 0:
+        built = _built(lambda: Ping(bool(r.byte() & 1)))
+    elif kind == 1:
+        code = r.byte() % 8
+        built = _built(lambda: ErrorReply(code))
+    else:
+        n_input, n_output, batch = r.byte() % 4, r.byte() % 4, r.byte() % 4
+        items = []
+        for _ in range(r.byte() % 10):
+            t = r.byte()
+            data = r.take(r.byte() % 16)
+            form = t >> 5
+            value: Any = (
+                data
+                if form <= 2
+                else bytearray(data)
+                if form == 3
+                else memoryview(data)
+                if form == 4
+                else data.decode("latin-1")
+                if form == 5
+                else np.frombuffer(data[: len(data) // 4 * 4], np.float32)
+                if form == 6
+                else len(data)
+            )
+            items.append(Item(t % 6, value) if t & 0x10 else Item(1 + t % 3, value))
+        built = _built(lambda: Inference(bool(kind & 1), n_input, n_output, batch, tuple(items)))
+    if built is not None:
+        differential("mip.encode(built)", "mip", lambda c: c.encode(built), _ARG_ERRORS)
+
+
+def _clipper_encode(r: Reader, rest: bytes) -> None:
+    from wirekit import clipper
+    from wirekit.clipper import (
+        Heartbeat,
+        HeartbeatReply,
+        NewContainer,
+        PredictRequest,
+        PredictResponse,
+    )
+
+    pure = twin("clipper", "pure")
+    frames = clipper_frames(rest)
+    for gen in GENERATIONS:
+        for direction in DIRECTIONS:
+            try:
+                msg = pure.decode(frames, gen, direction)
+            except DecodeError:
+                continue
+            wire = differential(
+                f"clipper.encode(decoded, {gen})",
+                "clipper",
+                lambda c, m=msg, g=gen: _frame_bytes(c.encode(m, g)),
+            )
+            if wire[0] == "ok":
+                again = pure.decode(_frame_bytes(pure.encode(msg, gen)), gen, direction)
+                if not clipper.same_message(again, msg):
+                    raise Disagreement(f"clipper {gen}: decode(encode(m)) != m for {msg!r}")
+    gen = GENERATIONS[r.byte() % 3]
+    kind = r.byte() % 5
+    built: Any
+    if kind == 0:
+        n = 1 + r.below(4)
+        itype = r.byte() % 6
+        inputs = _front_inputs(r.byte() % 9, n, r)
+        msg_id, rtype = (r.byte() << 24) | r.byte(), r.byte() % 3
+        built = _built(lambda: PredictRequest(msg_id, itype, inputs, rtype))
+    elif kind == 1:
+        outputs: list = [_text_from(r) for _ in range(r.byte() % 6)]
+        if r.byte() & 1:
+            outputs = [float(len(str(o))) for o in outputs]
+        msg_id = r.byte() << 26
+        built = _built(lambda: PredictResponse(msg_id, outputs))
+    elif kind == 2:
+        rpc = (None, 3, 2)[r.byte() % 3]
+        name, version, itype = _text_from(r), _text_from(r), r.byte() % 6
+        built = _built(lambda: NewContainer(name, version, itype, rpc))
+    elif kind == 3:
+        hb = r.byte() % 3
+        built = _built(lambda: HeartbeatReply(hb))
+    else:
+        built = Heartbeat()
+    if built is not None:
+        differential(
+            f"clipper.encode(built, {gen})",
+            "clipper",
+            lambda c: _frame_bytes(c.encode(built, gen)),
+            _ARG_ERRORS,
+        )
+
+
+def _y2_encode(r: Reader, rest: bytes) -> None:
+    from wirekit.y2 import Delta, Finished, NodeIndex, Runtime
+
+    pure = twin("y2", "pure")
+    try:
+        msg, _end = pure.decode_prefix(rest, 0)
+    except DecodeError:
+        msg = None
+    if msg is not None:
+        wire = differential("y2.encode(decoded)", "y2", lambda c: c.encode(msg))
+        if wire[0] == "ok":
+            same("y2 decode(encode(decoded))", snapshot(pure.decode(wire[1][1])), snapshot(msg))
+    kind = r.byte() % 4
+    built: Any
+    if kind == 0:
+        node_id, node_count = r.byte() - 8, r.byte() - 8
+        built = _built(lambda: NodeIndex(node_id, node_count))
+    elif kind == 1:
+        raw = r.take(4 * r.below(12))
+        raw = raw[: len(raw) // 4 * 4]
+        form = r.byte() % 4
+        words: Any = np.frombuffer(raw, np.uint32)
+        if form == 1:
+            words = words.tolist()
+        elif form == 2:
+            words = np.frombuffer(raw, ">u4")
+        elif form == 3:
+            words = np.frombuffer(raw, np.int64) if len(raw) % 8 == 0 else words[::-1]
+        built = _built(lambda: Delta(words))
+    elif kind == 2:
+        fields = [int.from_bytes(r.take(5), "big") - 16 for _ in range(4)]
+        loss = None if r.byte() & 1 else r.byte() - 100
+        built = _built(lambda: Runtime(*fields, loss))
+    else:
+        built = Finished()
+    if built is not None:
+        differential("y2.encode(built)", "y2", lambda c: c.encode(built), _ARG_ERRORS)
+
+
+def _zmtp_encode(r: Reader, rest: bytes) -> None:
+    out = []
+    mech, as_server = _text_from(r), bool(r.byte() & 1)
+    major, minor = r.byte() % 5 * 100 - 50, r.byte()
+    out.append(
+        differential(
+            "zmtp.encode_greeting",
+            "zmtp",
+            lambda c: c.encode_greeting(mech, as_server, major, minor),
+            _ARG_ERRORS,
+        )
+    )
+    stype, ident = _text_from(r), _text_from(r)
+    props = [(_text_from(r), _text_from(r)) for _ in range(r.byte() % 3)]
+    if r.byte() % 8 == 0:
+        props.append(("x",))  # not a pair
+    out.append(
+        differential(
+            "zmtp.encode_ready",
+            "zmtp",
+            lambda c: c.encode_ready(stype, ident, props),
+            _ARG_ERRORS,
+        )
+    )
+    name, cdata = _text_from(r), _text_from(r, 300)
+    out.append(
+        differential(
+            "zmtp.encode_command", "zmtp", lambda c: c.encode_command(name, cdata), _ARG_ERRORS
+        )
+    )
+    frames = [
+        _text_from(r, 300) if r.byte() % 6 == 0 else r.take(r.byte() + r.byte())
+        for _ in range(r.byte() % 5)
+    ]
+    out.append(
+        differential("zmtp.encode_message", "zmtp", lambda c: c.encode_message(frames), _ARG_ERRORS)
+    )
+    # what was encoded decodes (as a client and as a server would read it)
+    wire = b"".join(o[1][1] for o in out if o[0] == "ok")
+    differential("zmtp.decode_stream(encoded)", "zmtp", lambda c: c.decode_stream(wire))
+
+
+def codec_encode(data: bytes) -> None:
+    """The encoders of all four codecs, compiled against pure: what the input decodes to is
+    encoded again (the same bytes from both, which decode to the same message), and messages
+    built from the input -- often invalid: wrong counts, out-of-range numbers, lone
+    surrogates, odd buffer types -- encode to the same bytes or fail with the same error.
+    The first byte chooses the codec."""
+    sel, rest = (data[0] % 4, data[1:]) if data else (0, b"")
+    r = Reader(rest[::-1])
+    (_mip_encode, _clipper_encode, _y2_encode, _zmtp_encode)[sel](r, rest)
+
+
+# --- y2's threaded and portable kernels ------------------------------------------------------
+
+
+def _tile(seed: bytes, n_bytes: int) -> bytes:
+    if not seed:
+        seed = b"\x01"
+    return (seed * (n_bytes // len(seed) + 1))[:n_bytes]
+
+
+def _large_model(seed: bytes, elems: int, tied: bool) -> list:
+    """A model of a few large layers: float32 and float64, a strided view, float16, and
+    (``tied``) arrays sharing memory with others (then compressed by one thread, in order)."""
+    values = np.frombuffer(_tile(seed, 2 * elems), np.int8).astype(np.float64) / 16
+    w32 = values.astype(np.float32)
+    w64 = values[: elems // 3].copy()
+    strided = np.repeat(values[:2000], 2).astype(np.float32)[::2]
+    layers = [(w32, w64), (strided, values[:7].astype(np.float16))]
+    if tied:
+        layers.append((w32[:100], w64[::-1][:50]))
+    return layers
+
+
+def y2_threads(data: bytes) -> None:
+    """``pack``, ``unpack`` and ``compress`` with ``threads=`` 1 to 4 on inputs large enough
+    to be split (several ``WORD_CHUNK`` words, several ``ELEMENT_CHUNK`` elements), the
+    vector loops on (AVX2, where the CPU has it) and off (``use_avx2(False)``: the portable
+    loops): every result the same as the pure twin's, whatever the thread count."""
+    fast, pure = both("y2")
+    r = Reader(data)
+    cfg = r.byte()
+    threads = 1 + cfg % 4
+    words_n = fast.WORD_CHUNK * (1 + (cfg >> 2) % 3) + r.below(300)
+    seed = r.take(64)
+    raw = _tile(seed, 4 * words_n)
+    words = np.frombuffer(raw, np.uint32).copy()
+    old = fast.use_avx2(True)
+    try:
+        for simd in (True, False):
+            fast.use_avx2(simd)
+            tag = f"avx2={fast.AVX2}, threads={threads}"
+            got = outcome(lambda: fast.unpack(words, threads=threads), _ARG_ERRORS)
+            same(f"y2.unpack({tag})", got, outcome(lambda: pure.unpack(words), _ARG_ERRORS))
+            fields = pure.unpack(words)
+            out = tuple(np.empty_like(f) for f in fields)  # unpack(out=): into the caller's arrays
+            got = outcome(lambda o=out: fast.unpack(words, out=o, threads=threads), _ARG_ERRORS)
+            want = snapshot(fields)
+            same(f"y2.unpack(out=, {tag})", (got, snapshot(out)), (("ok", want), want))
+            same(
+                f"y2.pack({tag})",
+                outcome(lambda f=fields: fast.pack(*f, threads=threads), _ARG_ERRORS),
+                outcome(lambda f=fields: pure.pack(*f), _ARG_ERRORS),
+            )
+            if cfg & 0x40:  # out of range somewhere in one chunk: the same first fault
+                bad = [f.copy() for f in fields]
+                at = (int.from_bytes(seed[:4].ljust(4, b"\0"), "big")) % len(bad[2])
+                field = bad[(cfg >> 4) % 4]
+                field[at] = np.iinfo(field.dtype).max if field.dtype.kind in "iu" else 2
+                same(
+                    f"y2.pack(bad, {tag})",
+                    outcome(lambda b=bad: fast.pack(*b, threads=threads), _ARG_ERRORS),
+                    outcome(lambda b=bad: pure.pack(*b), _ARG_ERRORS),
+                )
+            # a model of a few large layers: float32 and float64, strided, tied
+            elems = fast.ELEMENT_CHUNK + r.below(5000)
+            tau = _TAUS[r.below(len(_TAUS))]
+            for what, nthreads in (("compress", threads), ("compress(default threads)", None)):
+                results = []
+                for codec in (fast, pure):
+                    m = _large_model(seed, elems, bool(cfg & 0x20))
+                    kwargs = {"threads": nthreads} if codec is fast and nthreads else {}
+                    res = outcome(
+                        lambda c=codec, mm=m, kw=kwargs, t=tau: c.compress(mm, t, **kw), _ARG_ERRORS
+                    )
+                    results.append((res, _model_snapshot(m)))
+                same(f"y2.{what}({tag})", results[0], results[1])
+    finally:
+        fast.use_avx2(old)
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "mip_decode": mip_decode,
     "mip_stream": mip_stream,
@@ -747,6 +2042,38 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "y2_kernels": y2_kernels,
     "zmtp_decode": zmtp_decode,
     "zmtp_stream": zmtp_stream,
+    "mip_net": mip_net,
+    "mip_dump": mip_dump,
+    "serve_lane": serve_lane,
+    "clipper_front": clipper_front,
+    "clipper_container": clipper_container,
+    "zio_frames": zio_frames,
+    "codec_encode": codec_encode,
+    "y2_threads": y2_threads,
+}
+
+
+#: The compiled modules (``wirekit._fast.<name>``) each target drives
+#: (tests/test_fuzz_regressions.py checks every module has a target, and that running a
+#: target's seeds loads what it names).
+COMPILED: dict[str, tuple[str, ...]] = {
+    "mip_decode": ("mip",),
+    "mip_stream": ("mip",),
+    "mip_connection": ("mipconn", "mip"),
+    "clipper_decode": ("clipper",),
+    "y2_decode": ("y2",),
+    "y2_stream": ("y2",),
+    "y2_kernels": ("y2",),
+    "zmtp_decode": ("zmtp",),
+    "zmtp_stream": ("zmtp",),
+    "mip_net": ("mipnet", "mip"),
+    "mip_dump": ("mipdump", "mip"),
+    "serve_lane": ("servelane", "mip"),
+    "clipper_front": ("clipperfront", "zio", "clipper"),
+    "clipper_container": ("clippercontainer", "zio", "clipper"),
+    "zio_frames": ("zio",),
+    "codec_encode": ("mip", "clipper", "y2", "zmtp"),
+    "y2_threads": ("y2",),
 }
 
 

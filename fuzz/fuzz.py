@@ -20,20 +20,46 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+def _package_modules(package: str) -> list[str]:
+    """The names of ``package`` and its modules (atheris excludes by exact name), found
+    without importing them."""
+    import importlib.util
+    from pathlib import Path
+
+    top, _, sub = package.partition(".")
+    spec = importlib.util.find_spec(top)
+    assert spec is not None and spec.submodule_search_locations
+    folder = Path(spec.submodule_search_locations[0], *sub.split("."))
+    return [package, *(f"{package}.{p.stem}" for p in folder.glob("*.py") if p.stem != "__init__")]
+
+
 def _load(name: str):
     """The target function, with wirekit's Python code instrumented for coverage."""
+    import importlib
+    import logging
+
     import atheris
 
-    with atheris.instrument_imports(include=["wirekit", "differential"]):
+    # The runtimes log every malformed message they drop: millions of lines under a fuzzer.
+    logging.disable(logging.CRITICAL)
+    # atheris keeps the result of every comparison it traces in instrumented code: for the
+    # pure y2 kernels on y2_threads's large arrays (each `a > tau` a new array of a million
+    # elements) that exhausts memory in minutes.  That target is steered by the compiled code.
+    exclude = _package_modules("wirekit.y2") if name == "y2_threads" else []
+    with atheris.instrument_imports(include=["wirekit", "differential"], exclude=exclude):
         import differential
 
         from wirekit import clipper, mip, y2, zmtp  # noqa: F401
         from wirekit._impl import twin
-        from wirekit.mip import connection  # noqa: F401  (PyConnection, for mip_connection)
+        from wirekit.clipper import _lane, _zio, session  # noqa: F401  (the pure Clipper lanes)
+        from wirekit.mip import connection, dump, runtime  # noqa: F401  (the pure MIP twins)
+        from wirekit.serve import lane  # noqa: F401  (the dispatcher's pure lane)
 
         for proto in ("mip", "clipper", "y2", "zmtp"):
             twin(proto, "pure")
             twin(proto, "fast")
+        for module in ("mipnet", "mipdump", "servelane", "clipperfront", "clippercontainer"):
+            importlib.import_module(f"wirekit._fast.{module}")
     return differential.TARGETS[name]
 
 

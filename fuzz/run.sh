@@ -38,6 +38,7 @@ max_len() {
     case "$1" in
         zmtp_stream) echo "${FUZZ_MAX_LEN:-2048}" ;;  # StreamReader re-scans its buffer
         y2_kernels) echo "${FUZZ_MAX_LEN:-2048}" ;;
+        y2_threads) echo "${FUZZ_MAX_LEN:-256}" ;;  # inputs are tiled to several chunks
         *) echo "${FUZZ_MAX_LEN:-4096}" ;;
     esac
 }

@@ -105,6 +105,113 @@ def _connection_programs(messages: dict[str, bytes]) -> dict[str, bytes]:
     return out
 
 
+def _responses(mip: dict[str, bytes]) -> dict[str, bytes]:
+    """The inference vectors as responses (subtype 1), as a backend sends them back."""
+    out = {}
+    for name, wire in mip.items():
+        if not name.startswith("bad") and wire[1] == 2:
+            out[name] = wire[:2] + b"\x01" + wire[3:]
+    return out
+
+
+def _mip_net(mip: dict[str, bytes]) -> dict[str, bytes]:
+    """``ctrl`` (calls waiting, reply size limit), the waiting calls' done flags, replies."""
+    replies = _responses(mip)
+    joined = b"".join(replies.values())
+    out = {f"{name}-1-call": b"\x01\x00" + wire for name, wire in replies.items()}
+    out["all-replies-7-calls"] = b"\x07" + bytes([0, 1, 0, 0, 0, 1, 0]) + joined
+    out["all-replies-small-limit"] = b"\x0f" + bytes(7) + joined
+    out["vectors"] = b"\x05" + bytes(5) + b"".join(mip.values())
+    return out
+
+
+def _mip_dump(mip: dict[str, bytes]) -> dict[str, bytes]:
+    out = {f"{name}": b"\x00" + wire for name, wire in mip.items()}
+    out["all-vectors"] = b"\x00" + b"".join(mip.values())
+    out["all-vectors-cut"] = b"\x93" + b"".join(mip.values())
+    path = SAMPLES / "mip-session.bin"
+    if path.exists():
+        out["mip-session"] = b"\x00" + path.read_bytes()[:4000]
+    return out
+
+
+def _serve_lane(mip: dict[str, bytes]) -> dict[str, bytes]:
+    """Programs (``differential.lane_trace``): config, slots, then reads of the request
+    vectors, backend replies (echo, corrupted, error), job outcomes and flushes."""
+    requests = [w for n, w in mip.items() if not n.startswith("bad") and w[1:3] == b"\x02\x00"]
+    joined = b"".join(requests)[:590]
+
+    def read(chunk: bytes) -> bytes:
+        n = len(chunk) - 1
+        return bytes([0, n >> 8, n & 0xFF]) + chunk
+
+    out = {}
+    for k, cfg in enumerate((0x08, 0x49, 0x8A, 0x01)):
+        program = bytes([cfg, 0x55 if k % 2 else 0xFF])
+        program += read(joined) + b"\x02" + b"\x0a" + b"\x13\x01" + b"\x04"
+        program += read(joined[:100]) + b"\x03\xc3\x00" + b"\x04" + b"\x05" + read(joined) + b"\x04"
+        out[f"requests-{k}"] = b"\x00" + program
+    for name, wire in mip.items():
+        out[f"size-{name}"] = b"\x10" + wire
+    return out
+
+
+def _clipper_front() -> dict[str, bytes]:
+    """Programs (``differential.front_program``): registrations, submissions, answers."""
+    out = {}
+    for gen in range(3):
+        for types in (b"\x00\x00\x00", b"\x01\x02\x03"):
+            cfg = gen | (1 << 2) | (2 << 4)
+            steps = b"\x00\x02\x01" + b"\x02\x00\x00\x00" + b"hello"
+            steps += b"\x80\x01\x02" + b"\x02\x01\x00\x00" + b"\x07\x00" * 4
+            steps += b"\x05\x00\x00\x00" + b"\x03\x01\x02\x00\x00"
+            steps += b"\x00\x04\x02" + b"\x12\x00\x00\x00" + b"\x04\x00\x01\x04\x00\x01\x02"
+            out[f"gen{gen}-types{types.hex()}"] = bytes([cfg]) + types + steps
+    return out
+
+
+def _clipper_container() -> dict[str, bytes]:
+    """Programs (``differential.clipper_container``): requests, mutated ones, junk."""
+    out = {}
+    for gen in range(3):
+        for itype in range(5):
+            cfg = gen | (itype << 2)
+            ops = b"\x00\x07\x01\x02" + bytes(range(64))
+            ops += b"\x01\x08\x00\x01" + bytes(range(16)) + b"\x00\x00"
+            ops += b"\x03\x00" + b"\x02\x09\x02\x00\x04\x00\x00\x00"
+            ops += b"\xc0\x0a\x02"  # unequal lengths
+            out[f"gen{gen}-type{itype}"] = bytes([cfg]) + b"\x00\x01\x05\x09" + ops
+    return out
+
+
+def _codec_encode(mip: dict[str, bytes], y2: dict[str, bytes]) -> dict[str, bytes]:
+    """A codec selector byte, then a message of that codec (decoded, then encoded again;
+    read backwards, the same bytes choose a message to build)."""
+    out = {f"mip-{name}": b"\x00" + wire for name, wire in mip.items()}
+    out.update({f"clipper-{name}": b"\x01" + data for name, data in _clipper().items()})
+    out.update({f"y2-{name}": b"\x02" + wire for name, wire in y2.items()})
+    out.update({f"zmtp-{name}": b"\x03" + data for name, data in _zmtp_streams().items()})
+    return out
+
+
+def _zio_frames() -> dict[str, bytes]:
+    return {
+        "plain": b"\x00\x03\x05hello\x00\x03abc",
+        "buffers": b"\x81\x04\x10" + bytes(16) + b"\x07strings" + b"\x03abc" + b"\x00\x01",
+        "empty": b"\x00\x00\x01\x00",
+        "large": b"\x01\x02\xff" + bytes(255) + b"\xff" + bytes(255),
+    }
+
+
+def _y2_threads() -> dict[str, bytes]:
+    vectors = json.loads((VECTORS / "y2" / "words.json").read_text())
+    words = np.array([int(v["word"], 16) for v in vectors], dtype="<u4").tobytes()
+    return {
+        f"cfg{cfg:02x}": bytes([cfg, 0, 7]) + words[:64].ljust(64, b"\x11") + b"\x00\x10\x02"
+        for cfg in (0x00, 0x01, 0x07, 0x43, 0x62, 0xA3)
+    }
+
+
 def seeds(target: str) -> dict[str, bytes]:
     mip = _bins("mip")
     y2 = _bins("y2")
@@ -134,6 +241,22 @@ def seeds(target: str) -> dict[str, bytes]:
             for name, data in _zmtp_streams().items()
             for k, plan in enumerate(_PLANS)
         }
+    if target == "mip_net":
+        return _mip_net(mip)
+    if target == "mip_dump":
+        return _mip_dump(mip)
+    if target == "serve_lane":
+        return _serve_lane(mip)
+    if target == "clipper_front":
+        return _clipper_front()
+    if target == "clipper_container":
+        return _clipper_container()
+    if target == "zio_frames":
+        return _zio_frames()
+    if target == "codec_encode":
+        return _codec_encode(mip, y2)
+    if target == "y2_threads":
+        return _y2_threads()
     raise KeyError(target)
 
 

@@ -104,6 +104,29 @@ def test_encode_equals_construct_build(clipper_codec, gm):
     assert clipper_codec.encode(msg, gen) == spec.build(container, gen, direction)
 
 
+#: float32 values a C double cannot carry: a signaling NaN (converted, it comes out quiet)
+#: with a payload, and a plain quiet NaN and a number for company
+SIGNALING = np.frombuffer(
+    b"\xff\xff\xb5\xff" + b"\x01\x00\x80\x7f" + b"\x00\x00\xc0\x7f" + f8(1.5)[:4], "<f4"
+)
+
+
+@pytest.mark.parametrize("gen", [G16, G17, V3])
+def test_float32_values_are_sent_bit_for_bit(clipper_codec, gen):
+    # fuzz/regressions/codec_encode/clipper-2016-signaling-nan-output: the pure twin built
+    # float32 through Python floats and sent a signaling NaN quieted (0xffb5ffff as 0xfff5ffff)
+    messages = [clipper.PredictRequest(9, clipper.InputType.FLOATS, [SIGNALING, SIGNALING[:2]])]
+    if gen is G16:
+        messages.append(clipper.PredictResponse(9, SIGNALING.copy()))
+    for msg in messages:
+        frames = clipper_codec.encode(msg, gen)
+        sent = b"".join(bytes(f) for f in frames)
+        assert SIGNALING.tobytes() in sent
+        got = clipper_codec.decode(frames, gen, clipper_direction(msg))
+        values = got.outputs if type(msg) is clipper.PredictResponse else got.inputs[0]
+        assert np.asarray(values, "<f4").tobytes() == SIGNALING.tobytes()
+
+
 @given(clipper_generation_and_message())
 def test_decode_equals_construct_parse_and_round_trips(clipper_codec, gm):
     gen, msg = gm

@@ -9,6 +9,10 @@ too, and the check itself is tested: a disagreement or a crash must not pass.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -51,6 +55,42 @@ def test_seed_same_outcome_from_both_twins(both_twins, target, data):
 
 def test_every_target_has_seeds():
     assert {p.values[0] for p in SEEDS} == set(differential.TARGETS)
+
+
+FAST = Path(__file__).resolve().parent.parent / "wirekit" / "_fast"
+
+
+def test_every_compiled_module_is_fuzzed():
+    # every Cython twin has a target, and the regressions replay every target's saved inputs
+    assert set(differential.COMPILED) == set(differential.TARGETS)
+    driven = {m for modules in differential.COMPILED.values() for m in modules}
+    assert driven == {p.stem for p in FAST.glob("*.pyx")}
+
+
+@pytest.mark.parametrize("target", sorted(differential.TARGETS))
+def test_a_target_loads_the_compiled_modules_it_names(both_twins, target):
+    # in a fresh interpreter: nothing of wirekit._fast is loaded until the target runs
+    script = (
+        "import json, sys, differential, seeds\n"
+        "def fast(): return sorted(m for m in sys.modules if m.startswith('wirekit._fast.'))\n"
+        "before = fast()\n"
+        f"for data in seeds.seeds({target!r}).values():\n"
+        f"    differential.TARGETS[{target!r}](data)\n"
+        "print(json.dumps([before, fast()]))"
+    )
+    fuzz_dir = REGRESSIONS.parent
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=fuzz_dir,
+        env={**os.environ, "PYTHONPATH": str(fuzz_dir)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    before, after = json.loads(out.strip().splitlines()[-1])
+    assert before == []
+    assert {f"wirekit._fast.{m}" for m in differential.COMPILED[target]} <= set(after)
 
 
 def _with_fast(monkeypatch, protocol, **functions):

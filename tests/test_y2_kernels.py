@@ -470,11 +470,28 @@ def test_apply_duplicate_words_add_in_order_in_the_array_dtype():
 def _avx2(on: bool):
     """Run the fast twin with its AVX2 loops (where the CPU has AVX2) or without."""
     fast = _fast()
-    old = fast._set_avx2(on)
+    old = fast.use_avx2(on)
     try:
         yield
     finally:
-        fast._set_avx2(old)
+        fast.use_avx2(old)
+
+
+def test_use_avx2_off_forces_the_portable_loops_and_says_what_was_on():
+    fast = _fast()
+    old = fast.use_avx2(False)
+    try:
+        assert fast.AVX2 is False  # the portable loops, whatever the CPU
+        assert fast.use_avx2(True) is False  # the old setting
+        with_avx2 = fast.AVX2  # True where the CPU has AVX2
+        assert fast.use_avx2(False) is with_avx2
+        words = np.arange(70000, dtype=np.uint32) * np.uint32(2654435761)
+        assert all(
+            np.array_equal(a, b)
+            for a, b in zip(fast.unpack(words), _pure.unpack(words), strict=True)
+        )
+    finally:
+        fast.use_avx2(old)
 
 
 SPECIAL = [0.0, -0.0, 2.5, -2.5, float("nan"), float("inf"), float("-inf"), 1e-40, -3.0, 7.0]

@@ -738,14 +738,17 @@ DEF MAX_LAYERS = 512
 DEF MAX_ARRAY_SIZE = 0x200000
 
 cdef bint _LITTLE = sys.byteorder == "little"
-#: True when the compress and unpack kernels use their AVX2 loops (chosen once, from the
-#: running CPU).
+#: True when the compress and unpack kernels use their AVX2 loops (chosen at import, from
+#: the running CPU; :func:`use_avx2` changes it).
 AVX2 = bool(y2_init())
 
 
-def _set_avx2(bint on):
-    """Use the AVX2 loops if ``on`` and the CPU has AVX2 (tests of the fallback); the old
-    setting."""
+def use_avx2(bint on):
+    """Use the AVX2 loops of compress and unpack if ``on`` and the CPU has AVX2; with
+    ``on`` false, the portable loops (SSE2 on x86-64, plain C elsewhere) that a CPU without
+    AVX2 runs.  Returns the old setting.  For tests and the fuzzer, which run both paths on
+    one machine; results never depend on it.  Process-wide: not for use while another thread
+    runs a kernel."""
     global AVX2
     cdef int old = y2_set_avx2(on)
     AVX2 = bool(y2_avx2)

@@ -582,6 +582,12 @@ def to_container(msg: Message, generation: Any) -> tuple[dict, Direction]:
     raise EncodeError(PROTOCOL, "message", f"not a Clipper message: {cls.__name__}")
 
 
+def _elements(values: np.ndarray) -> list:
+    """The values to build: float32 as NumPy scalars (``spec.Float32l`` writes their bits, a
+    signaling NaN included), anything else as Python numbers."""
+    return list(values) if values.dtype == np.float32 else values.tolist()
+
+
 def _request_container(msg: PredictRequest, gen: Generation) -> dict:
     msg_id = check_u32(msg.msg_id, "msg_id")
     rt = check_request_type(msg.request_type)
@@ -603,7 +609,7 @@ def _request_container(msg: PredictRequest, gen: Generation) -> dict:
         elif itype == InputType.BYTES:
             c["inputs"] = [{"values": x.tobytes()} for x in items]
         else:
-            c["inputs"] = [{"values": x.tolist()} for x in items]
+            c["inputs"] = [{"values": _elements(x)} for x in items]
         return c
     if n > 0xFFFFFFFF:
         raise EncodeError(PROTOCOL, "inputs", f"{n} inputs do not fit the u32 count")
@@ -628,7 +634,7 @@ def _request_container(msg: PredictRequest, gen: Generation) -> dict:
                 PROTOCOL, "inputs", f"more than 4294967295 elements; {gen.value} offsets are u32"
             )
         flat = np.concatenate(items)
-        values = flat.tobytes() if itype == InputType.BYTES else flat.tolist()
+        values = flat.tobytes() if itype == InputType.BYTES else _elements(flat)
         content_size = flat.nbytes
     c["header"] = {"input_type": itype, "num_inputs": n, "offsets": offsets}
     c["content"] = {"values": values}
@@ -647,7 +653,7 @@ def _response_container(msg: PredictResponse, gen: Generation) -> dict:
         raise EncodeError(PROTOCOL, "outputs", "no outputs (a response has one per input)")
     c: dict = {"kind": "predict_response", "msg_id": _u(msg_id)}
     if gen is G16:
-        c["outputs"] = {"outputs": outs.tolist()}
+        c["outputs"] = {"outputs": _elements(outs)}
         return c
     c["msg_type"] = _u(1)
     lengths = [len(x) for x in outs]
