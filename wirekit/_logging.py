@@ -1,7 +1,6 @@
 """How every ``wirekit`` command logs: one set of flags, one text format, one JSON format.
 
-Each command that logs calls :func:`add_logging_arguments` on its parser and
-:func:`setup_logging` before it starts.  The flags:
+Each command that logs calls :func:`add_logging_arguments` on its parser; the flags:
 
 * ``--log-level debug|info|warning|error`` (any case; default :data:`DEFAULT_LEVEL`, INFO);
 * ``--log-format text|json`` (default text).
@@ -18,15 +17,17 @@ the terminal.  A traceback follows on lines of its own, each indented by two spa
 escaped the same way), so every line at column 0 is the start of a record.
 
 JSON: one object per line, ``{"time", "level", "logger", "message"}`` and ``"exception"``
-(the traceback text) when there is one, plus the record's structured fields when it has some
-(the access log's ``method``, ``path``, ``status``...; see :data:`FIELDS`).  The line is
-always valid JSON in plain ASCII: every string is made :func:`printable` first, then
-JSON-escaped.
+(the traceback text, its lines joined by ``\n``) when there is one, plus the record's
+structured fields when it has some (the access log's ``method``, ``path``, ``status``...;
+see :data:`FIELDS`).  The line is always valid JSON in plain ASCII: every string is made
+:func:`printable` first, then JSON-escaped; a field's value that JSON cannot hold (NaN, an
+object) is written as text.
 
 :func:`setup_logging` puts its handler on the root logger (so what libraries log --
 aiohttp, asyncio -- comes out in the same format) and replaces the one a previous call put
 there; it leaves any other handler alone.  Python warnings are logged too
-(``py.warnings``), so that a JSON log stays JSON.
+(``py.warnings``), so that a JSON log stays JSON.  ``wirekit.cli.main`` runs every command
+that has the flags inside :func:`command_logging`, which undoes all this when it returns.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Iterator
 from typing import Any, TextIO
@@ -122,15 +124,25 @@ class JsonFormatter(logging.Formatter):
             "message": printable(record.getMessage()),
         }
         extra = _exception_text(self, record)
-        if extra:
-            doc["exception"] = printable(extra)
+        if extra:  # its lines kept (JSON escapes the breaks), each made printable
+            doc["exception"] = "\n".join(printable(part) for part in extra.split("\n"))
         fields = getattr(record, FIELDS, None)
         if isinstance(fields, dict):
             for key, value in fields.items():
                 key = printable(key)
                 if key not in JSON_KEYS:
-                    doc[key] = printable(value) if isinstance(value, str) else value
-        return json.dumps(doc, ensure_ascii=True, allow_nan=False, default=printable)
+                    doc[key] = _json_value(value)
+        return json.dumps(doc, ensure_ascii=True, allow_nan=False)
+
+
+def _json_value(value: object) -> object:
+    """A structured field's value as JSON can hold it: None, a bool, an int and a finite
+    float as they are, anything else as its :func:`printable` text."""
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    return printable(value)
 
 
 class _CommandHandler(logging.StreamHandler):  # type: ignore[type-arg]
