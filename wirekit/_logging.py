@@ -78,14 +78,25 @@ def printable(text: object) -> str:
     return "".join(c if c.isprintable() else _escape(c) for c in text)
 
 
+#: the last second :func:`iso_time` wrote, with its date, time and UTC offset (records come
+#: many to a second: one ``localtime`` a second)
+_last_second: tuple[int, str, str] = (-1, "", "")
+
+
 def iso_time(created: float) -> str:
     """``created`` (seconds since the epoch) as ISO-8601 local time with milliseconds and
     the UTC offset: ``2025-03-01T12:00:00.123+01:00``."""
+    global _last_second
     seconds = int(created)
     millis = int((created - seconds) * 1000)
-    local = time.localtime(seconds)
-    offset = time.strftime("%z", local)  # +0100
-    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', local)}.{millis:03d}{offset[:3]}:{offset[3:]}"
+    last, stamp, offset = _last_second
+    if seconds != last:
+        local = time.localtime(seconds)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", local)
+        zone = time.strftime("%z", local)  # +0100
+        offset = f"{zone[:3]}:{zone[3:]}"
+        _last_second = (seconds, stamp, offset)  # one tuple: a thread sees all of it or none
+    return f"{stamp}.{millis:03d}{offset}"
 
 
 def _exception_text(formatter: logging.Formatter, record: logging.LogRecord) -> str:
