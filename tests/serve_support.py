@@ -89,13 +89,19 @@ class DispatcherProcess:
     """``wirekit serve --config FILE`` in a subprocess; ``addresses`` from its ready line.
 
     ``env``: more environment variables (``WIREKIT_LOOP``...); ``max_fds``: its file
-    descriptor limit (``ulimit -n``).  Its log (standard error) is kept: :attr:`log_lines`,
-    :meth:`wait_for_log`."""
+    descriptor limit (``ulimit -n``); ``args``: more command-line flags.  Its log (standard
+    error) is kept: :attr:`log_lines`, :meth:`wait_for_log`."""
 
     def __init__(
-        self, config: Path, *, env: dict[str, str] | None = None, max_fds: int | None = None
+        self,
+        config: Path,
+        *,
+        env: dict[str, str] | None = None,
+        max_fds: int | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
         self.config = config
+        self.args = args
         self.env = env or {}
         self.max_fds = max_fds
         self.proc: subprocess.Popen | None = None
@@ -120,7 +126,15 @@ class DispatcherProcess:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
         env.update(self.env)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "wirekit.cli", "serve", "--config", str(self.config)],
+            [
+                sys.executable,
+                "-m",
+                "wirekit.cli",
+                "serve",
+                "--config",
+                str(self.config),
+                *self.args,
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

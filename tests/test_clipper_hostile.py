@@ -821,9 +821,9 @@ def test_a_big_query_being_decoded_does_not_hold_up_other_clients(
     frontend_cli, asker, ctx, started
 ):
     """Issue 25: one big query stopped the frontend while it was read.  Now, while a query
-    of millions of inputs is being decoded (its thread says so in the log), another client
-    gets its answer -- before the big one's."""
-    proc, listen, address = frontend_cli("--max-query-size", str(64 << 20), "-v")
+    of millions of inputs is being decoded (its thread says so in the log, at DEBUG), another
+    client gets its answer -- before the big one's."""
+    proc, listen, address = frontend_cli("--max-query-size", str(64 << 20), "--log-level", "debug")
     started.append(ModelContainer(describe, "m", "1", "doubles", listen, context=ctx).start())
     hog, other = asker(address), asker(address)
     other.send_multipart([b"", b'{"model": "m", "inputs": [[1.0]], "timeout": 8}'])

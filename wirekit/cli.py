@@ -10,6 +10,7 @@ options.  Protocol runtimes add their own subcommands through ``COMMAND_MODULES`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from typing import TextIO
 
 from wirekit import __version__, analyse, capture
 from wirekit._dumping import DEFAULT_MAX_MESSAGE, hex_excerpt
+from wirekit._logging import command_logging
 from wirekit.analyse import DUMPERS, EXIT_MALFORMED, EXIT_OK, EXIT_USAGE
 
 #: modules with ``register(subparsers)`` adding ``wirekit <name> ...`` commands
@@ -263,8 +265,11 @@ def main(
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
+    # a command that logs (it has --log-level/--log-format) logs as they say, to `err`
+    logs = command_logging(args, err) if hasattr(args, "log_format") else contextlib.nullcontext()
     try:
-        return int(args.handler(args, out, err))
+        with logs:
+            return int(args.handler(args, out, err))
     except BrokenPipeError:  # `wirekit decode ... | head`
         return EXIT_OK
     except KeyboardInterrupt:

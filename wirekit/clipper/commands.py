@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import signal
 import threading
 from typing import TextIO
 
+from wirekit._logging import add_logging_arguments
 from wirekit.errors import WirekitError
 
 from .queries import (
@@ -73,14 +73,6 @@ def _glue_values(args: list[str], options: set[str]) -> list[str]:
     return out
 
 
-def _setup_logging(verbose: bool, err: TextIO) -> None:
-    handler = logging.StreamHandler(err)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logger = logging.getLogger("wirekit.clipper")
-    logger.handlers[:] = [handler]
-    logger.setLevel(logging.INFO if verbose else logging.WARNING)
-
-
 def _until_signal(stop: threading.Event) -> None:
     """Wait for SIGINT/SIGTERM (when on the main thread) or ``stop``."""
     if threading.current_thread() is threading.main_thread():
@@ -94,7 +86,6 @@ def _container(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .container import ModelContainer, address_from_env, load_function
     from .session import VersionMismatch
 
-    _setup_logging(args.verbose, err)
     try:
         fn = load_function(args.model)
         env = dict(os.environ)
@@ -143,7 +134,6 @@ def _frontend(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     from .frontend import Frontend
 
-    _setup_logging(args.verbose, err)
     try:
         frontend = Frontend(
             args.listen,
@@ -308,7 +298,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="largest frame Clipper may send; a peer announcing more is "
         "disconnected (default 256 MiB; 0: no limit)",
     )
-    con.add_argument("-v", "--verbose", action="store_true", help="log sessions and requests")
+    add_logging_arguments(con, verbose_alias=True, what="sessions to Clipper")
     con.set_defaults(handler=_container)
 
     fe = sub.add_parser(
@@ -397,7 +387,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the longest timeout a query may ask for; a longer one is refused with an "
         "error (default 300)",
     )
-    fe.add_argument("-v", "--verbose", action="store_true", help="log registrations")
+    add_logging_arguments(fe, verbose_alias=True, what="containers registered and removed")
     fe.set_defaults(handler=_frontend)
 
     pr = sub.add_parser(

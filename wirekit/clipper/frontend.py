@@ -852,7 +852,7 @@ class Frontend:
             ticket = inbox.get()
             if ticket is None or self._stopping:
                 return
-            log.info(
+            log.debug(
                 "clipper frontend: decoding a query of %d bytes from %s",
                 ticket.charged,
                 ticket.identity.hex(),

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from wirekit import _loop
 from wirekit._callables import load_callable
+from wirekit._logging import add_logging_arguments
 from wirekit.errors import WirekitError
 
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE
@@ -72,11 +73,6 @@ async def _serve(args: argparse.Namespace, out: TextIO) -> None:
 
 
 def _serve_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        stream=err,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     if args.cgroup:
         from wirekit.cgroups import CgroupError, join_cgroup
 
@@ -309,13 +305,7 @@ def register(subparsers: Any) -> None:
         "its CPU quota is what the controller's cgroup actuator sets); exit 1 if it "
         "cannot be joined",
     )
-    serve.add_argument(
-        "--log-level",
-        default="info",
-        type=str.lower,
-        choices=["debug", "info", "warning", "error"],
-        help="any case (default info)",
-    )
+    add_logging_arguments(serve, what="listening, stopped, dropped connections")
     serve.set_defaults(func=_serve_command)
 
     ping = sub.add_parser("ping", help="ping a MIP server")

@@ -24,7 +24,6 @@ import dataclasses
 import gc
 import importlib
 import json
-import logging
 import os
 import signal
 import sqlite3
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from wirekit import _loop
+from wirekit._logging import add_logging_arguments
 
 from .logs import serve_logger
 
@@ -50,12 +50,12 @@ def register(subparsers) -> None:
         "--with-backends (samples/tiny_model.py says what to curl).",
     )
     p.add_argument("--config", metavar="FILE", help="deployment config (.json or .toml)")
+    add_logging_arguments(p, what="started, stopped, models added and removed, leads taken")
     p.add_argument(
-        "--log-level",
-        default="warning",
-        type=str.lower,
-        choices=["debug", "info", "warning", "error"],
-        help="any case (default warning)",
+        "--access-log",
+        action="store_true",
+        help="log one line per HTTP request answered: client, method, path, status, bytes, "
+        "duration (logger wirekit.serve.access, INFO; config: http.access_log)",
     )
     p.add_argument(
         "--loop",
@@ -342,7 +342,8 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             err.write("wirekit: --store-url expects a postgresql:// URL\n")
             return EXIT_USAGE
         dep = dataclasses.replace(dep, store=dataclasses.replace(dep.store, url=args.store_url))
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if args.access_log:
+        dep = dataclasses.replace(dep, http=dataclasses.replace(dep.http, access_log=True))
     try:
         _loop.resolve(args.loop)
     except ValueError as exc:
@@ -355,7 +356,12 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         from .local import BackendStartError, LocalBackends
 
         try:
-            backends = LocalBackends(dep, path=Path(args.config).resolve().parent, output=err)
+            backends = LocalBackends(
+                dep,
+                path=Path(args.config).resolve().parent,
+                output=err,
+                log_format=args.log_format,
+            )
             backends.start()
         except ConfigError as exc:
             err.write(f"wirekit: {args.config}: {exc}\n")
@@ -377,7 +383,7 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     finally:
         if backends is not None:
             backends.stop()
-            log.warning("wirekit serve: backends stopped")
+            log.info("wirekit serve: backends stopped")
 
 
 #: What the dispatcher imports beyond wirekit's own requirements (the ``serve`` extra);
@@ -422,19 +428,26 @@ async def _run(dep, out: TextIO, backends: dict[str, str] | None = None) -> int:
             ready["backends"] = backends
         out.write(json.dumps(ready) + "\n")
         out.flush()
+        log.info(
+            "wirekit serve: started: HTTP on %s:%s, MIP %s, Clipper RPC %s",
+            ready["host"],
+            ready["http"],
+            ", ".join(f"{model} on {port}" for model, port in ready["mip"].items()) or "none",
+            ready["clipper_rpc"] or "off",
+        )
         # Said once at start (the dispatcher already serves meanwhile): a backend that
         # cannot be reached now has its requests resubmitted elsewhere and is backed off.
         for key, problem in (await probe(dep.rows)).items():
             if problem is not None:
                 log.warning("wirekit serve: backend of %s cannot be reached now (%s)", key, problem)
         await stop.wait()
-        log.warning(
+        log.info(
             "wirekit serve: %s received; stopping (requests in flight are answered)",
             received[0] if received else "stop",
         )
     finally:
         await service.stop()
-    log.warning("wirekit serve: stopped")
+    log.info("wirekit serve: stopped")
     return EXIT_OK
 
 

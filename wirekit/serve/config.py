@@ -212,8 +212,9 @@ class AdminConfig:
 @dataclass(frozen=True, slots=True)
 class HttpLimits:
     """The ``http`` table: the HTTP front door's time limits, connection cap and body size
-    (what each does when hit: ``SECURITY.md``, "HTTP front door").  Every timeout is in
-    seconds and must be > 0: an HTTP door exposed without one can be held open for ever."""
+    (what each does when hit: ``SECURITY.md``, "HTTP front door"), and its access log.
+    Every timeout is in seconds and must be > 0: an HTTP door exposed without one can be
+    held open for ever."""
 
     #: a request's headers not complete this long after the connection opened, or after the
     #: first byte of a request on a kept-alive connection: the connection is dropped
@@ -226,10 +227,20 @@ class HttpLimits:
     max_connections: int = 512
     #: a request body of more bytes: 413
     max_body_size: int = 64 * 1024 * 1024
+    #: log one line per request answered (logger ``wirekit.serve.access``, INFO; the
+    #: ``--access-log`` flag sets it too); off: no cost at all
+    access_log: bool = False
 
 
 #: the keys of the ``http`` table, in the order of :class:`HttpLimits`
-HTTP_KEYS = ("header_timeout", "body_timeout", "idle_timeout", "max_connections", "max_body_size")
+HTTP_KEYS = (
+    "header_timeout",
+    "body_timeout",
+    "idle_timeout",
+    "max_connections",
+    "max_body_size",
+    "access_log",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -884,6 +895,7 @@ def _http_limits(doc: Any) -> HttpLimits:
     values["max_body_size"] = _int(
         t.get("max_body_size", default.max_body_size), "http.max_body_size", lo=1, hi=1 << 40
     )
+    values["access_log"] = _bool(t.get("access_log", default.access_log), "http.access_log")
     return HttpLimits(**values)
 
 

@@ -23,6 +23,10 @@ Both are turned into one WARNING per burst.
 
 Every refusal and drop is logged once per burst (:class:`BurstLog`), never once per
 connection: a flood is one line every few seconds, with a count.
+
+The access log (``http.access_log`` or ``--access-log``; off by default) is one INFO line per
+request answered, from :class:`AccessLogger` to the logger ``wirekit.serve.access``.  Off,
+aiohttp is given no access logger at all: not even the clock is read for it.
 """
 
 from __future__ import annotations
@@ -33,10 +37,13 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from time import perf_counter
 from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 
+from wirekit._logging import FIELDS
 from wirekit.mip.limits import BufferBudget
 
 from .config import HttpLimits
@@ -44,6 +51,15 @@ from .httpbody import READER_KEY, BodyReader
 from .logs import serve_logger
 
 log = serve_logger()
+#: the access log's logger (one INFO record per request answered, when it is on)
+access_log = serve_logger("wirekit.serve.access")
+#: the request's entry holding when the door's middleware took it (``perf_counter``; set
+#: only when the access log is on); typed where aiohttp has typed keys, as ``READER_KEY``
+ACCESS_START: Any = (
+    web.RequestKey("wirekit.access_start", float)
+    if hasattr(web, "RequestKey")
+    else "wirekit.access_start"
+)
 
 #: seconds between two log lines about the same kind of event (a burst is one line, then at
 #: most one line per this many seconds while it goes on, with the count)
@@ -79,6 +95,48 @@ class BurstLog:
         self.last = now
         self.unlogged = 0
         return True
+
+
+class AccessLogger(AbstractAccessLogger):
+    """aiohttp's access logger for the HTTP door: one INFO record per request answered,
+    ``CLIENT "METHOD PATH" STATUS BYTES DURATION ms``, with the same values as structured
+    fields (``method``, ``path``, ``status``, ``bytes``, ``duration`` in seconds,
+    ``client``) that the JSON log format writes as keys.  ``path`` is the request target as
+    sent (query string included, not percent-decoded); ``bytes`` the body bytes answered;
+    ``duration`` runs from the door's middleware taking the request (headers read) to the
+    answer written."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        started = request.get(ACCESS_START)
+        if started is not None:  # aiohttp's own clock is the loop's: milliseconds on uvloop
+            time = perf_counter() - started
+        client = request.remote or ""
+        method, path, status = request.method, request.raw_path, response.status
+        size = response.body_length
+        fields = {
+            "method": method,
+            "path": path,
+            "status": status,
+            "bytes": size,
+            "duration": round(time, 6),
+            "client": client,
+        }
+        self.logger.info(
+            '%s "%s %s" %d %d %.3f ms',
+            client,
+            method,
+            path,
+            status,
+            size,
+            time * 1000.0,
+            extra={FIELDS: fields},
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a record would be logged (aiohttp asks once per connection; when not, it
+        does not time the requests)."""
+        return self.logger.isEnabledFor(logging.INFO)
 
 
 class GatedConnection(asyncio.Protocol):
@@ -180,9 +238,13 @@ class HttpDoor:
         self.open = 0  #: connections open (refused ones not counted)
         self._by_transport: dict[asyncio.BaseTransport, GatedConnection] = {}
         app.middlewares.append(self._middleware())
+        # the access log, when on; off, aiohttp has no access logger (no cost per request)
+        access: dict[str, Any] = {"access_log": None}
+        if limits.access_log:
+            access = {"access_log": access_log, "access_log_class": AccessLogger}
         self._runner = web.AppRunner(
             app,
-            access_log=None,
+            **access,
             keepalive_timeout=limits.idle_timeout,
             # a compressed body is answered 415 (wirekit.serve.httpbody), never inflated
             auto_decompress=False,
@@ -268,11 +330,14 @@ class HttpDoor:
         (408) closes the connection once answered (aiohttp would keep reading it)."""
         connections = self._by_transport
         limits, budget = self.limits, self.budget
+        timed = limits.access_log
 
         @web.middleware
         async def scope(
             request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
         ) -> web.StreamResponse:
+            if timed:
+                request[ACCESS_START] = perf_counter()
             conn = connections.get(request.transport)  # type: ignore[arg-type]
             reader = request[READER_KEY] = BodyReader(limits, budget)
             if conn is not None:

@@ -139,8 +139,11 @@ class LocalBackends:
         start_timeout: float = DEFAULT_START_TIMEOUT,
         grace: float = DEFAULT_GRACE,
         output: TextIO | None = None,
+        log_format: str = "text",
     ) -> None:
         self.backends = plan(dep)
+        #: the backends' ``--log-format`` (their log shares the dispatcher's standard error)
+        self.log_format = log_format
         self.output = output if output is not None else sys.stderr  #: their other output
         self.path = None if path is None else str(path)
         self.start_timeout = start_timeout
@@ -159,6 +162,7 @@ class LocalBackends:
         return [
             sys.executable, "-m", "wirekit", "mip", "serve", "--listen", backend.address,
             "--handler", backend.handler, "--log-level", "warning",
+            "--log-format", self.log_format,
         ]  # fmt: skip
 
     def _env(self, backend: LocalBackend) -> dict[str, str]:

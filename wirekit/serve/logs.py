@@ -8,33 +8,19 @@ of ``wirekit serve`` is made by :func:`serve_logger`, which attaches :class:`Esc
 each message is formatted, then every character that :meth:`str.isprintable` refuses is
 written as a Python escape (``\\n``, ``\\x1b``, ``\\u202e``) -- one record, one line.
 A traceback (``log.exception``) is added by the handler after this and keeps its lines.
+
+The commands' own formatters (:mod:`wirekit._logging`, text and JSON) escape every message
+the same way, whichever logger it comes from; this filter keeps ``wirekit serve``'s lines
+safe also where the embedding program formats them itself.
 """
 
 from __future__ import annotations
 
 import logging
 
+from wirekit._logging import printable
 
-def _escape(char: str) -> str:
-    code = ord(char)
-    if char in "\n\r\t":
-        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}[char]
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
-
-
-def printable(text: object) -> str:
-    """``str(text)`` with every character :meth:`str.isprintable` refuses (controls, line
-    and paragraph separators, format characters, surrogates, unassigned code points) written
-    as its Python escape: safe to put on one log line.  Printable text, non-ASCII letters
-    included, is returned unchanged."""
-    text = str(text)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else _escape(c) for c in text)
+__all__ = ["EscapingFilter", "printable", "serve_logger"]
 
 
 class EscapingFilter(logging.Filter):

@@ -323,7 +323,7 @@ class ReplicaSync:
                 await asyncio.sleep(self.leader.retry)
                 continue
             if not synced:
-                log.warning("wirekit serve: this replica leads the controller")
+                log.info("wirekit serve: this replica leads the controller")
                 await controller.sync()
                 # the rows the previous leader changed keep their cooldown
                 since = time.time() - controller.config.cooldown

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import time
@@ -320,7 +321,7 @@ class Service:
         except TokenFileError as exc:
             raise ConfigError("admin.token_file", str(exc)) from None
         self.admin_token_file = path
-        log.warning("wirekit serve: admin API token written to %s (mode 0600)", path)
+        log.info("wirekit serve: admin API token written to %s (mode 0600)", path)
 
     async def _front_door(self, model: ModelConfig) -> asyncio.Server:
         """Open the MIP front door of ``model`` (its connections are remembered)."""
@@ -397,7 +398,7 @@ class Service:
             raise
         if server is not None:
             self._mip_servers[name] = server
-        log.warning(
+        log.info(
             "wirekit serve: model %s added (%s)",
             name,
             ", ".join(f"{r.key} {r.quota:g}" for r in rows if r.quota > 0),
@@ -429,7 +430,7 @@ class Service:
         self.catalog.set_model(new)
         changed = {k: v for k, v in live_settings(new).items() if getattr(model, k) != v}
         if changed:
-            log.warning("wirekit serve: model %s settings changed: %s", name, changed)
+            log.info("wirekit serve: model %s settings changed: %s", name, changed)
         return self._model_doc(name)
 
     async def remove_model(self, name: str, drain_timeout: float | None = None) -> dict[str, Any]:
@@ -470,7 +471,9 @@ class Service:
                 door.close()
         finally:
             self._removing.discard(name)
-        log.warning(
+        # requests cut short by the drain's end are something to look at; a drain is not
+        log.log(
+            logging.WARNING if left else logging.INFO,
             "wirekit serve: model %s removed (%s)",
             name,
             "drained" if not left else f"{left} request(s) still in flight after the drain",

@@ -14,11 +14,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import signal
 import threading
 from collections.abc import Iterator
 from typing import Any, TextIO
+
+from wirekit._logging import add_logging_arguments
 
 from .cluster import DEFAULT_HWM
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE
@@ -30,14 +31,6 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 def _host_port(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     return (host.strip("[]") or "127.0.0.1"), int(port)
-
-
-def _logging(args: argparse.Namespace, err: TextIO) -> None:
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        stream=err,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
 
 
 @contextlib.contextmanager
@@ -64,7 +57,6 @@ def _client_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     from .cluster import ClientService
 
-    _logging(args, err)
     try:
         client = ClientService(args.nodes, args.listen, max_message_size=args.max_message_size)
     except (ValueError, zmq.ZMQError) as exc:
@@ -110,7 +102,6 @@ def _service_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     from .cluster import NodeService
 
-    _logging(args, err)
     try:
         service = NodeService(
             args.client,
@@ -252,13 +243,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help=f"largest y2 message accepted (default {DEFAULT_MAX_MESSAGE_SIZE})",
     )
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        type=str.lower,
-        choices=["debug", "info", "warning", "error"],
-        help="any case (default info)",
-    )
+    add_logging_arguments(parser, what="links opened and closed, nodes registered")
 
 
 def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
