@@ -14,6 +14,7 @@ each input several times.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import enum
 import os
@@ -1157,6 +1158,9 @@ def _zmq_context() -> Any:
     if "ctx" not in _ZMQ:
         _ZMQ["ctx"] = zmq.Context()
         _ZMQ["n"] = 0
+        # The sockets kept for the process are closed with it, not left to the garbage
+        # collector (which would report each one as a ResourceWarning at exit).
+        atexit.register(_ZMQ["ctx"].destroy, linger=0)
     return _ZMQ["ctx"]
 
 
