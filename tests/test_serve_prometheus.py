@@ -22,6 +22,7 @@ import http.client
 import json
 import math
 import os
+import random
 import re
 import shutil
 import socket
@@ -258,8 +259,8 @@ def _has_data(result: list[dict[str, Any]]) -> bool:
 
 class Load:
     """Threads sending predictions over HTTP keep-alive connections until stopped: ``slow``
-    (new inputs: never from the cache), ``fast`` (inputs from a small set: cache hits, misses
-    and evictions) and ``broken``."""
+    (three at a time, new inputs: never from the cache, and they push entries out of it),
+    ``fast`` (24 inputs drawn at random: hits and misses) and ``broken``."""
 
     def __init__(self, port: int) -> None:
         self.port = port
@@ -275,10 +276,12 @@ class Load:
     def _send(self, model: str, pause: float, seed: int) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=TIMEOUT)
         n = 0
+        rng = random.Random(seed)
         try:
             while not self.stopping.is_set():
                 n += 1
-                value = f"{seed}-{n}" if model != "fast" else f"word{(n * 7 + seed) % 40}"
+                # fast: a few inputs over and over (hits); the others: new ones (misses)
+                value = f"word{rng.randrange(24)}" if model == "fast" else f"{seed}-{n}"
                 body = json.dumps({"inputs": [[value]]})
                 try:
                     conn.request("POST", f"/v1/models/{model}:predict", body=body)
@@ -312,9 +315,10 @@ _LABEL_VALUES = re.compile(r"^label_values\((?:(.*),\s*)?(\w+)\)$")
 
 
 def _grafana_regex(values: list[str]) -> str:
-    """A multi-value variable as Grafana writes it into a Prometheus query: the values,
-    regex-escaped (then escaped for a PromQL string), as one alternation."""
-    escaped = [re.escape(v).replace("\\", "\\\\") for v in values]
+    """A multi-value variable as Grafana's Prometheus data source writes it into a query:
+    each value's regex characters escaped (with a backslash, itself escaped for a PromQL
+    string), all of them as one alternation."""
+    escaped = [re.sub(r"([$^*{}\[\]'+?.()|\\])", r"\\\\\1", v) for v in values]
     return "(" + "|".join(escaped) + ")"
 
 
@@ -343,7 +347,7 @@ def _dashboard_queries(prom: Prometheus) -> tuple[dict[str, str], list[tuple[str
         if not options:
             return values, []  # not scraped yet
         values[variable["name"]] = (
-            _grafana_regex(options) if variable["multi"] else re.escape(options[0])
+            _grafana_regex(options) if variable["multi"] else options[0]  # one: as it is
         )
     queries = [
         (f"panel {panel['title']!r} {target['refId']}", _substitute(target["expr"], values))
@@ -356,6 +360,34 @@ def _dashboard_queries(prom: Prometheus) -> tuple[dict[str, str], list[tuple[str
         if "expr" in a
     ]
     return values, queries
+
+
+#: what the data must show, beyond being there: ``(PromQL that returns data when it holds,
+#: what it means)``
+EXPECTED = [
+    (
+        'job_model:wirekit_serve_request_duration_seconds:p95_rate5m{model="fast"}'
+        f" < {FAST_TARGET}",
+        "fast is under its target (with data: its alert is not missing for want of any)",
+    ),
+    (
+        'job_model:wirekit_serve_backend_duration_seconds:mean_rate5m{model="slow"} > 0.1'
+        " > on (model) job_model:wirekit_serve_queue_duration_seconds:mean_rate5m",
+        "slow's time is spent at its backend (0.2 s), not in the dispatcher's queue",
+    ),
+    (
+        'job_model:wirekit_serve_cache_hits:ratio_rate5m{model="fast"} > 0',
+        "fast's repeated inputs are answered from the cache",
+    ),
+    (
+        'max_over_time(wirekit_serve_quota{model="slow"}[1m]) > 0.5',
+        "the controller gave slow more of n1's CPU than its configured 0.5",
+    ),
+    (
+        'job_model:wirekit_serve_request_errors:ratio_rate5m{model="fast"} == 0',
+        "fast's requests all end ok: the error ratio is 0, not absent",
+    ),
+]
 
 
 def _dispatcher_doc(tmp_path: Path, fast: int, slow: int, refusing: list[int]) -> dict:
@@ -382,7 +414,7 @@ def _dispatcher_doc(tmp_path: Path, fast: int, slow: int, refusing: list[int]) -
                 "ports": refusing,
             },
         ],
-        cache={"max_entries": 16, "ttl": 30},
+        cache={"max_entries": 32, "ttl": 30},  # slow's new inputs evict
         backoff=0.5,
         controller={
             "period": 1,
@@ -426,6 +458,9 @@ def test_every_rule_and_dashboard_query_has_data_and_the_alerts_fire(tmp_path):
             for where, expr in queries:
                 if not _has_data(prom.query(expr)):
                     missing.append(f"{where}: no data for {expr}")
+            for expr, meaning in EXPECTED:
+                if not prom.query(expr):
+                    missing.append(f"not shown: {meaning} ({expr})")
             alerts = prom.get("/api/v1/alerts")["alerts"]
             seen_alerts += alerts
             firing = {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}
