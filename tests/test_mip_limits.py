@@ -69,7 +69,7 @@ def test_limits_are_checked():
         Limits(max_message_size=2048, max_buffered=1024)
     with pytest.raises(ValueError, match="write_stall_timeout must be > 0"):
         Limits(write_stall_timeout=0)
-    with pytest.raises(ValueError, match="old name max_buffered .* disagree"):
+    with pytest.raises(ValueError, match=r"old name max_buffered .* disagree"):
         Limits(memory_budget=1 << 30, max_buffered=1 << 29)
 
 

@@ -67,6 +67,7 @@ cdef object _SHAPE = ErrorCode.SHAPE
 cdef object _MEMORY = ErrorCode.MEMORY
 cdef int _MEMORY_CODE = int(ErrorCode.MEMORY)
 cdef str _NOT_PLACED_READ = "reply() or owe() the last Request before reading on"
+cdef str _RELEASED = "the connection was released"
 cdef str _NOT_PLACED_EVENT = "reply() or owe() the last Request before the next event"
 
 
@@ -480,6 +481,10 @@ cdef class Connection:
         self._held_read = 0
         self._parked = None
         self._handed = None
+        if self._closing_error is None:  # drop the bytes read: nothing more is decoded
+            err = DecodeError(PROTOCOL, "connection", self._offset(), _RELEASED)
+            self._fail(err)
+            self._closing_error = err
         self.guard.release()
 
     # ------------------------------------------------------------------ internals

@@ -45,8 +45,11 @@ def load_handler(spec: str) -> Any:
 
 
 async def _serve(args: argparse.Namespace, out: TextIO) -> None:
+    from wirekit._memory import return_freed_buffers
+
     from .server import Server
 
+    return_freed_buffers()  # a long-running server: freed big buffers go back to the system
     server = Server(
         load_handler(args.handler_spec),
         max_message_size=args.max_message_size,

@@ -68,6 +68,7 @@ from .messages import PROTOCOL, ErrorCode, ErrorReply, Inference, Message, Ping
 DEFAULT_MAX_IN_FLIGHT = 64
 _RESUME_FACTOR = 2  # reading resumes once the answers owed are at most max_in_flight / 2
 _ADMIT, _PARK, _REFUSE = 0, 1, 2  # what the budget says to a request about to be decoded
+_RELEASED = "the connection was released"
 
 
 class LocalProtocolError(RuntimeError):
@@ -546,6 +547,10 @@ class Connection:
         self._held_read = 0
         self._parked = None
         self._handed = None
+        if self._closing_error is None:  # drop the bytes read: nothing more is decoded
+            err = DecodeError(PROTOCOL, "connection", self._decoder.offset, _RELEASED)
+            self._decoder.fail(err)
+            self._closing_error = err
         self.guard.release()
 
     # ------------------------------------------------------------------ internals

@@ -118,12 +118,11 @@ class Limits:
         *,
         max_buffered: int | None = None,
     ) -> None:
-        if memory_budget is not None and max_buffered is not None:
-            if memory_budget != max_buffered:
-                raise ValueError(
-                    f"memory_budget ({memory_budget}) and its old name max_buffered "
-                    f"({max_buffered}) disagree: give one"
-                )
+        if memory_budget is not None and max_buffered not in (None, memory_budget):
+            raise ValueError(
+                f"memory_budget ({memory_budget}) and its old name max_buffered "
+                f"({max_buffered}) disagree: give one"
+            )
         budget = memory_budget if memory_budget is not None else max_buffered
         if budget is None:
             budget = DEFAULT_MEMORY_BUDGET

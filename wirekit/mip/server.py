@@ -29,6 +29,7 @@ from functools import partial
 from typing import Any
 
 from wirekit import mip
+from wirekit._memory import memory_return
 from wirekit.errors import EncodeError
 
 from .connection import Connection, Rejected, Request, Slot, error_reply
@@ -178,6 +179,8 @@ class Server:
         self._connections: set[_Connection] = set()
         self._closing = False
         self._stopped: asyncio.Event | None = None
+        #: gives memory back to the system after big connections end (wirekit._memory)
+        self.memory_return = memory_return()
         self.requests_served = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -409,7 +412,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        held = self.conn.held
         self.conn.release()
+        self.server.memory_return.released(held)
         self.watchdog.stop()
         self.server._connections.discard(self)
         if not self.closed.done():

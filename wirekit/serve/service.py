@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from wirekit._memory import memory_return
 from wirekit.mip.limits import BufferBudget
 
 from .actuators import build_actuator
@@ -144,7 +145,9 @@ class Service:
         self._tasks: set[asyncio.Task] = set()
         self._mip_servers: dict[str, asyncio.Server] = {}
         #: the one memory budget of this process: every front door (MIP and HTTP) charges it
-        self.budget = BufferBudget(deployment.mip.max_buffered)
+        self.budget = BufferBudget(deployment.mip.memory_budget)
+        #: gives memory back to the system after big connections end (wirekit._memory)
+        self.memory_return = memory_return()
         self._runner: web.AppRunner | None = None
         self._http_port: int | None = None
         self.clipper: Any = None  # the embedded Clipper RPC frontend, when a model uses Clipper
@@ -292,7 +295,9 @@ class Service:
 
         def factory() -> MipFrontDoor:
             assert self.dispatcher is not None
-            door = MipFrontDoor(self.dispatcher, model.name, self._tasks, dep.mip, self.budget)
+            door = MipFrontDoor(
+                self.dispatcher, model.name, self._tasks, dep.mip, self.budget, self.memory_return
+            )
             conns.add(door)
             return door
 
