@@ -9,17 +9,17 @@ Two things keep it otherwise, both measured with clients that send tens of MiB a
   at its peak.  :func:`return_freed_buffers` fixes the threshold at :data:`MMAP_THRESHOLD`.
 * Smaller buffers (a read, a 512 KiB request of empty items) and small objects come from
   the heap, which glibc gives back only from its top: freed pages in the middle stay.
-  And the pure MIP codec (construct) leaves reference cycles holding the buffers of what it
-  encoded, which only the cycle collector frees, whenever it next runs.
-  :class:`MemoryReturn` runs the cycle collector (pure codec only) and ``malloc_trim`` once
-  connections that held :data:`RETURN_AFTER` bytes or more in total have ended.
+  :class:`MemoryReturn` runs ``malloc_trim`` once connections that held
+  :data:`RETURN_AFTER` bytes or more in total have ended.
+
+(The pure MIP codec frees the reference cycles construct leaves after a big message itself:
+``wirekit.mip._pure.encode``.)
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import gc
 import sys
 
 #: Allocations of at least this many bytes get a mapping of their own (unmapped when freed).
@@ -49,14 +49,12 @@ def return_freed_buffers() -> bool:
 
 
 class MemoryReturn:
-    """Gives memory back to the system once connections that held :data:`RETURN_AFTER`
-    bytes have ended: the cycle collector when the MIP codec in use leaves cycles
-    (``collect``), then ``malloc_trim`` (glibc)."""
+    """Gives memory back to the system (glibc's ``malloc_trim``) once connections that held
+    :data:`RETURN_AFTER` bytes have ended."""
 
-    __slots__ = ("collect", "freed", "libc")
+    __slots__ = ("freed", "libc")
 
-    def __init__(self, collect: bool) -> None:
-        self.collect = collect
+    def __init__(self) -> None:
         self.libc = _glibc()
         self.freed = 0
 
@@ -67,23 +65,8 @@ class MemoryReturn:
         self.freed += held
         if self.freed >= RETURN_AFTER:
             self.freed = 0
-            if self.collect:
-                gc.collect()
             if self.libc is not None:
                 self.libc.malloc_trim(0)
 
 
-def memory_return() -> MemoryReturn:
-    """A :class:`MemoryReturn` for the MIP codec in use."""
-    from wirekit import mip
-
-    return MemoryReturn(mip.IMPLEMENTATION == "pure")
-
-
-__all__ = [
-    "MMAP_THRESHOLD",
-    "RETURN_AFTER",
-    "MemoryReturn",
-    "memory_return",
-    "return_freed_buffers",
-]
+__all__ = ["MMAP_THRESHOLD", "RETURN_AFTER", "MemoryReturn", "return_freed_buffers"]

@@ -78,6 +78,13 @@ REQUEST_COST = 1024
 #: well-behaved client's small request.  It is also the most a connection holds past the
 #: budget that way.
 SMALL_REQUEST_COST = 256 * 1024
+#: What one connection may hold outside the budget, at most: one read past the moment it
+#: stops being read (256 KiB, the event loop's read size), replies below its transport's
+#: high-water mark (64 KiB), a small request served past a full budget
+#: (:data:`SMALL_REQUEST_COST`), and its Python objects (protocol, transport, state machine:
+#: about 10 KiB).  The bound of ``SECURITY.md``: RSS <= baseline + ``memory_budget`` +
+#: ``CONNECTION_COST`` x connections + 3 x the largest message.
+CONNECTION_COST = 640 * 1024
 _HEADER = 8
 
 
@@ -355,6 +362,7 @@ class OverBudget(Exception):
 
 
 __all__ = [
+    "CONNECTION_COST",
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_BUFFERED",
     "DEFAULT_MEMORY_BUDGET",

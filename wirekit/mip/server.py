@@ -29,7 +29,7 @@ from functools import partial
 from typing import Any
 
 from wirekit import mip
-from wirekit._memory import memory_return
+from wirekit._memory import MemoryReturn
 from wirekit.errors import EncodeError
 
 from .connection import Connection, Rejected, Request, Slot, error_reply
@@ -180,7 +180,7 @@ class Server:
         self._closing = False
         self._stopped: asyncio.Event | None = None
         #: gives memory back to the system after big connections end (wirekit._memory)
-        self.memory_return = memory_return()
+        self.memory_return = MemoryReturn()
         self.requests_served = 0
 
     # ------------------------------------------------------------------ lifecycle

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from wirekit._memory import memory_return
+from wirekit._memory import MemoryReturn
 from wirekit.mip.limits import BufferBudget
 
 from .actuators import build_actuator
@@ -147,7 +147,7 @@ class Service:
         #: the one memory budget of this process: every front door (MIP and HTTP) charges it
         self.budget = BufferBudget(deployment.mip.memory_budget)
         #: gives memory back to the system after big connections end (wirekit._memory)
-        self.memory_return = memory_return()
+        self.memory_return = MemoryReturn()
         self._runner: web.AppRunner | None = None
         self._http_port: int | None = None
         self.clipper: Any = None  # the embedded Clipper RPC frontend, when a model uses Clipper
