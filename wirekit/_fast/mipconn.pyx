@@ -46,6 +46,7 @@ from wirekit.mip.messages import PROTOCOL, ErrorCode, ErrorReply, Ping
 DEF HEADER_SIZE = 8
 DEF RESUME_FACTOR = 2  # reading resumes once the answers owed are at most max_in_flight / 2
 DEF COMPACT_AT = 65536  # FramedStream._drop: consumed bytes dropped from the buffer's front
+DEF INFERENCE_HEADER = 12  # the message header and n_input, n_output, batch_size
 DEF ADMIT = 0  # what the budget says to a request about to be decoded (connection._admit)
 DEF PARK = 1
 DEF REFUSE = 2
@@ -53,6 +54,7 @@ DEF REFUSE = 2
 # the memory budget's estimates (wirekit.mip.limits), as C numbers
 cdef Py_ssize_t ITEM_COST = _limits.ITEM_COST
 cdef Py_ssize_t REQUEST_COST = _limits.REQUEST_COST
+cdef Py_ssize_t LANE_FACTOR = _limits.LANE_FACTOR
 cdef Py_ssize_t SMALL_REQUEST_COST = _limits.SMALL_REQUEST_COST
 cdef Py_ssize_t SMALL_FRAME = _limits.SMALL_FRAME
 
@@ -76,7 +78,8 @@ cdef inline uint32_t _be32(const uint8_t* p) noexcept nogil:
 
 
 cdef inline Py_ssize_t _items(bytes frame) noexcept:
-    """``n_input`` x ``batch_size`` from a whole inference frame's header."""
+    """``n_input`` x ``batch_size`` from a whole inference frame's header (the caller
+    checked it has one: 12 bytes at least)."""
     cdef const uint8_t* b = <const uint8_t*>PyBytes_AS_STRING(frame)
     return <Py_ssize_t>b[8] * ((<Py_ssize_t>b[10] << 8) | b[11])
 
@@ -302,13 +305,13 @@ cdef class Connection:
             self._completed = True
             self._held_read -= n if n < self._held_read else self._held_read
             k = len(owed) - before
-            if k > 0:  # the lane's entries: their bytes and REQUEST_COST each
-                each = n // k
-                extra = n - each * k
+            if k > 0:  # the lane's entries: LANE_FACTOR x their bytes, REQUEST_COST each
+                each = LANE_FACTOR * n // k
+                extra = LANE_FACTOR * n - each * k
                 self._costs.append(each + extra + REQUEST_COST)
                 for i in range(k - 1):
                     self._costs.append(each + REQUEST_COST)
-                self._in_flight += n + k * REQUEST_COST
+                self._in_flight += LANE_FACTOR * n + k * REQUEST_COST
             if not self._charge():
                 self._wait_for_budget()
         return n
@@ -523,8 +526,8 @@ cdef class Connection:
         read -= n if n < read else read  # its bytes leave the buffer
         self._held_read = read
         holds = len(self.owed) > 0 or self._unsent > 0
-        if not holds and n <= SMALL_FRAME:
-            return ADMIT
+        if (not holds and n <= SMALL_FRAME) or n < INFERENCE_HEADER:
+            return ADMIT  # (too short: the codec refuses it, SHAPE)
         if _items(frame) > self.max_items:
             return ADMIT  # the codec refuses it (MEMORY) without decoding its items
         cost = _cost(frame)

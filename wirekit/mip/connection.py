@@ -54,6 +54,7 @@ from wirekit.errors import DecodeError
 
 from .decoder import Decoder
 from .limits import (
+    LANE_FACTOR,
     REQUEST_COST,
     SMALL_FRAME,
     SMALL_REQUEST_COST,
@@ -69,6 +70,7 @@ DEFAULT_MAX_IN_FLIGHT = 64
 _RESUME_FACTOR = 2  # reading resumes once the answers owed are at most max_in_flight / 2
 _ADMIT, _PARK, _REFUSE = 0, 1, 2  # what the budget says to a request about to be decoded
 _RELEASED = "the connection was released"
+_INFERENCE_HEADER = 12  # the message header and n_input, n_output, batch_size
 
 
 class LocalProtocolError(RuntimeError):
@@ -352,7 +354,8 @@ class Connection:
         ``take(buf, pos, end, *args)`` returns where the first message it did not take
         starts (it must take whole frames the codec's :func:`~wirekit.mip.frame_size`
         accepts, and put their answers in :attr:`owed` itself, in order).  Only while
-        reading; returns the bytes taken."""
+        reading; returns the bytes taken.  Each entry the lane puts in :attr:`owed` is
+        charged :data:`~wirekit.mip.limits.LANE_FACTOR` times its share of those bytes."""
         if self._awaiting:
             raise LocalProtocolError("reply() or owe() the last Request before reading on")
         owed = self.owed
@@ -365,13 +368,13 @@ class Connection:
             read = self._held_read
             self._held_read = read - (n if n < read else read)
             k = len(owed) - before
-            if k > 0:  # the lane's entries: their bytes and REQUEST_COST each
-                each, extra = divmod(n, k)
+            if k > 0:  # the lane's entries: LANE_FACTOR x their bytes, REQUEST_COST each
+                each, extra = divmod(LANE_FACTOR * n, k)
                 costs = self._costs
                 costs.append(each + extra + REQUEST_COST)
                 for _ in range(k - 1):
                     costs.append(each + REQUEST_COST)
-                self._in_flight += n + k * REQUEST_COST
+                self._in_flight += LANE_FACTOR * n + k * REQUEST_COST
             if not self._charge():  # over the budget: take no more until answers go out
                 self._wait_for_budget()
         return n
@@ -586,8 +589,8 @@ class Connection:
         read -= n if n < read else read  # its bytes leave the buffer
         self._held_read = read
         holds = bool(self.owed) or self._unsent > 0
-        if not holds and n <= SMALL_FRAME:
-            return _ADMIT
+        if (not holds and n <= SMALL_FRAME) or n < _INFERENCE_HEADER:
+            return _ADMIT  # (too short: the codec refuses it, SHAPE)
         if frame[8] * ((frame[10] << 8) | frame[11]) > self.max_items:
             return _ADMIT  # the codec refuses it (MEMORY) without decoding its items
         cost = request_cost(frame)

@@ -73,6 +73,12 @@ ITEM_COST = 320
 #: Bytes charged per request in flight beyond its items: the request event, the decoded
 #: message, its place in the reply order, the handler's future or task.
 REQUEST_COST = 1024
+#: A request a runtime's lane takes whole from the buffer (``Connection.take_frames``: the
+#: dispatcher's MIP lane forwards it to a backend) is charged this many times its bytes: the
+#: lane keeps it until its answer is recorded, meanwhile it is copied on its way (an asyncio
+#: transport copies what it cannot send at once) and read back as an answer (an echo's is
+#: as big) -- measured: 2 is not enough on asyncio.
+LANE_FACTOR = 3
 #: A request of at most this cost is decoded for a connection that holds nothing else
 #: (nothing owed, nothing unsent) whatever the budget holds: a full budget never refuses a
 #: well-behaved client's small request.  It is also the most a connection holds past the
@@ -369,6 +375,7 @@ __all__ = [
     "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_WRITE_STALL_TIMEOUT",
     "ITEM_COST",
+    "LANE_FACTOR",
     "REQUEST_COST",
     "SMALL_FRAME",
     "SMALL_REQUEST_COST",
