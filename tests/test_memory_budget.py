@@ -347,8 +347,10 @@ def test_clients_that_never_read_keep_the_server_under_its_memory_bound(server):
             f"{baseline / MiB:.0f} MiB, bound +{(limit - baseline) / MiB:.0f}"
         )
         peaks[n] = peak - baseline
-    # flat in N: 24 more hogs add at most their per-connection cost (and one message)
-    assert max(peaks.values()) - min(peaks.values()) <= MESSAGE + 24 * CONNECTION_COST, peaks
+    # flat in N: 24 more hogs add their per-connection cost, not their messages (the old
+    # servers grew by one to two messages a hog: 400 MiB and more here)
+    spread = max(peaks.values()) - min(peaks.values())
+    assert spread <= 2 * MESSAGE + 24 * CONNECTION_COST, peaks
 
 
 def test_pipelined_requests_of_empty_items_are_charged_their_real_memory(server, request):
