@@ -261,3 +261,80 @@ def test_no_request_is_taken_while_the_runtime_cannot_write(mip_conn):
     assert conn.reading
     assert [conn.next_event().frame, conn.reply(b"a")][0] == request("a")
     assert conn.next_event().frame == request("b")
+
+
+# --------------------------------------------------------------------------- memory budget
+
+
+def empty_items(n: int) -> bytes:
+    body = struct.pack(">II", 1, 0) * n
+    return HEADER.pack(0, 2, 0, 0, 4 + len(body)) + bytes([1, 0]) + n.to_bytes(2, "big") + body
+
+
+def test_a_request_in_flight_is_charged_its_decoded_cost_and_given_back_when_answered(mip_conn):
+    """Bytes read, then the request at its cost while it is owed, then nothing."""
+    from wirekit.mip.limits import ITEM_COST, REQUEST_COST, request_cost
+
+    budget = BufferBudget(1 << 30)
+    conn = mip_conn(Limits(), budget)
+    wire = empty_items(1000)
+    assert request_cost(wire) == len(wire) + 1000 * ITEM_COST + REQUEST_COST
+    conn.receive_data(wire[:100], 0.0)
+    assert conn.next_event() is None and budget.total == 100  # a partial request: its bytes
+    conn.receive_data(wire[100:], 0.0)
+    assert conn.next_event().frame == wire
+    conn.owe(Slot())
+    assert conn.next_event() is None
+    assert budget.total == conn.held == request_cost(wire)  # 1000 empty items: 321 KiB
+    conn.owed[0].wire = b"answer"
+    assert conn.send(0.0) == b"answer" and budget.total == 0
+
+
+def test_a_connection_that_owes_answers_waits_for_room_in_the_budget(mip_conn):
+    """A request that does not fit waits (reading paused) until this connection's answers
+    go out; then it is taken."""
+    from wirekit.mip.limits import request_cost
+
+    first, second = empty_items(100), empty_items(200)
+    budget = BufferBudget(request_cost(first) + len(second) + 100)
+    limits = Limits(max_message_size=4096, memory_budget=budget.limit)
+    conn = mip_conn(limits, budget)
+    conn.receive_data(first + second, 0.0)
+    assert conn.next_event().frame == first
+    conn.owe(Slot())
+    assert conn.next_event() is None  # no room for the second one's items: it waits
+    assert conn.paused and not conn.reading and conn.buffered == len(second)
+    conn.owed[0].wire = b"a"
+    assert conn.send(1.0) == b"a" and conn.reading  # the first answer went out
+    assert conn.next_event().frame == second
+
+
+def test_a_big_request_the_budget_cannot_hold_is_answered_memory_a_small_one_is_served(
+    mip_conn,
+):
+    """A connection that holds nothing cannot wait for itself: a request whose decoded cost
+    does not fit is refused (MEMORY, the stream goes on), a small one is served anyway."""
+    budget = BufferBudget(64 * 1024)
+    budget.force(0, budget.limit)  # other connections hold it all
+    conn = mip_conn(Limits(max_message_size=64 * 1024, memory_budget=budget.limit), budget)
+    big, small = empty_items(4000), request("small")
+    events, out = drive(conn, [big + small])
+    assert events == [("rejected", ErrorCode.MEMORY, "memory_budget", False), ("request", small)]
+    assert out == error_reply(ErrorCode.MEMORY) + answer_for(small)
+
+
+def test_replies_unsent_are_charged_and_a_client_that_does_not_read_is_dropped(mip_conn):
+    """What the transport holds unsent counts; with no progress writing it for
+    write_stall_timeout, the connection is dropped."""
+    budget = BufferBudget(1 << 30)
+    conn = mip_conn(Limits(write_stall_timeout=5.0, idle_timeout=None), budget, now=0.0)
+    conn.writing(True, 1.0, 70_000)
+    assert budget.total == 70_000 and not conn.reading
+    assert conn.timer_wanted()  # the runtime arms its timer: the stall clock runs
+    assert conn.guard.next_check(1.0) == 6.0
+    conn.written(60_000, 4.0)  # the client read some: progress
+    assert conn.expired(8.9) is None
+    conn.written(60_000, 8.9)
+    assert conn.expired(9.0) == "no progress writing replies for 5.0 s (60000 bytes unsent)"
+    conn.writing(False, 9.0)
+    assert budget.total == 0 and conn.expired(100.0) is None

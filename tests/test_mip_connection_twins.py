@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from wirekit import mip
 from wirekit._impl import pure_requested
+from wirekit.errors import DecodeError
 from wirekit.mip import Inference, Item, Ping
 from wirekit.mip import connection as connection_module
 from wirekit.mip.connection import LocalProtocolError, PyConnection
@@ -174,3 +175,172 @@ def test_misuse_is_the_same_local_error():
         with pytest.raises(LocalProtocolError):
             conn.take_frames(lambda buf, pos, end: pos)
     assert texts[:2] == texts[2:]
+
+
+# --------------------------------------------------------------------------- memory budget
+# Programs under budgets a few requests fill (a request costs its bytes, 320 B an item and
+# 1 KiB: wirekit.mip.limits), with the runtime owing every answer (a handler in a thread),
+# reporting what its transport holds unsent, and a second connection sharing the budget:
+# both twins must charge, park, refuse and resume the same way.
+
+_BUDGET_LIMITS = (
+    {"max_message_size": 2048, "memory_budget": 4096, "max_items": 8},
+    {"max_message_size": 4096, "memory_budget": 16384, "max_items": 8, "request_timeout": 2.0},
+    {"max_message_size": 1024, "memory_budget": 1024, "write_stall_timeout": 1.0},
+)
+_BUDGET_MESSAGE = st.one_of(
+    _REQUEST,
+    st.builds(request, st.text(alphabet="ab", min_size=200, max_size=900), st.integers(1, 2)),
+    st.just(mip.encode(Ping(False))),
+    _SURVIVED,
+)
+
+
+@st.composite
+def budget_programs(draw):
+    messages = draw(st.lists(_BUDGET_MESSAGE, max_size=10))
+    stream = b"".join(messages)
+    cuts = sorted(draw(st.lists(st.integers(0, len(stream)), max_size=6)))
+    edges = [0, *cuts, len(stream)]
+    dt = st.sampled_from([0.0, 0.5, 1.5])
+    other = st.one_of(
+        st.just(("events",)),
+        st.tuples(st.just("fill"), st.integers(0, 7)),
+        st.tuples(st.just("send"), dt),
+        st.tuples(st.just("writing"), st.booleans(), st.integers(0, 5000), dt),
+        st.tuples(st.just("written"), st.integers(0, 5000), dt),
+        st.tuples(st.just("other"), st.integers(0, 3000)),
+        st.tuples(st.just("expired"), st.sampled_from([0.0, 1.0, 3.0])),
+        st.just(("timer",)),
+        st.tuples(st.just("take"), st.integers(1, 3)),
+        st.just(("shutdown",)),
+    )
+    program = []
+    for a, b in pairwise(edges):
+        if b > a:
+            program.append(("data", stream[a:b], draw(st.booleans()), draw(dt)))
+        program += draw(st.lists(other, max_size=4))
+        program += [("events",), ("send", 0.0)]
+    program += [("fill", 0)] * 8 + [("events",), ("send", 0.0), ("release",)]
+    return program
+
+
+def _budget_event(event):
+    from wirekit.mip.connection import Answered, Rejected, Request
+
+    if type(event) is Request:
+        return ("request", event.frame)
+    if type(event) is Rejected:
+        return ("rejected", int(event.code), event.error.field, str(event.error), event.closing)
+    if type(event) is Answered:
+        return ("answered",)
+    return ("other", repr(event))
+
+
+def _budget_trace(cls, limits: int, in_flight: int, program: list) -> list:
+    from wirekit.mip.connection import LocalProtocolError, Request, Slot
+    from wirekit.mip.limits import Limits, MemoryBudget
+
+    lim = Limits(**_BUDGET_LIMITS[limits])
+    budget = MemoryBudget(lim.memory_budget)
+    now = 0.0
+    conn = cls(lim, budget, now, max_in_flight=in_flight)
+    other = cls(lim, budget, now)  # another connection of the process, holding a partial read
+    slots: list = []
+    trace: list = []
+
+    def place(event):
+        if type(event) is Request:
+            slot = Slot()
+            slots.append((slot, event.frame[:2] + b"\x01" + event.frame[3:]))
+            conn.owe(slot)
+
+    def take(buf, pos, end, owed, limit):
+        for _ in range(limit):
+            size = mip.frame_size(buf, pos) if end - pos >= 8 else None
+            if size is None or pos + size > end or buf[pos + 1] != 2 or buf[pos + 2] != 0:
+                break
+            owed.append(bytes(buf[pos : pos + size]))
+            pos += size
+        return pos
+
+    for step in program:
+        op = step[0]
+        try:
+            if op == "data":
+                _, chunk, one_call, dt = step
+                now += dt
+                if one_call:
+                    event = conn.receive_request(chunk, now)
+                    trace.append(("one", None if event is None else _budget_event(event)))
+                    place(event)
+                else:
+                    conn.receive_data(chunk, now)
+            elif op == "events":
+                while (event := conn.next_event()) is not None:
+                    trace.append(_budget_event(event))
+                    place(event)
+            elif op == "fill":
+                waiting = [s for s in slots if s[0].wire is None]
+                if waiting:
+                    slot, wire = waiting[step[1] % len(waiting)]
+                    slot.wire = wire
+            elif op == "send":
+                now += step[1]
+                trace.append(("sent", conn.send(now)))
+            elif op == "writing":
+                now += step[3]
+                conn.writing(step[1], now, step[2])
+            elif op == "written":
+                now += step[2]
+                conn.written(step[1], now)
+            elif op == "other":  # the other connection's partial request grows or shrinks
+                other.receive_data(HEADER.pack(0, 2, 0, 0, 1 << 20)[: 1 + step[1] % 7], now)
+                trace.append(("other", _budget_event(other.next_event())))
+            elif op == "expired":
+                now += step[1]
+                trace.append(("expired", conn.expired(now)))
+            elif op == "timer":
+                trace.append(("timer", conn.timer_wanted()))
+            elif op == "take":
+                trace.append(("took", conn.take_frames(take, conn.owed, step[1])))
+            elif op == "shutdown":
+                conn.shutdown()
+            elif op == "release":
+                conn.release()
+        except (LocalProtocolError, DecodeError) as exc:
+            trace.append(("error", type(exc).__name__, str(exc)))
+        g = conn.guard
+        trace.append(
+            (
+                conn.reading,
+                conn.paused,
+                conn.write_paused,
+                conn.closing,
+                conn.done,
+                conn.pending,
+                conn.buffered,
+                conn.held,
+                len(conn.owed),
+                len(conn.ready),
+                g.held,
+                g.started,
+                g.last,
+                g.stalled,
+                g.unsent,
+                budget.total,
+            )
+        )
+    other.release()
+    conn.release()
+    trace.append(("after release", budget.total))
+    return trace
+
+
+@given(st.integers(0, len(_BUDGET_LIMITS) - 1), st.integers(1, 4), budget_programs())
+def test_both_twins_charge_the_memory_budget_the_same_way(limits, in_flight, program):
+    fast_cls, pure_cls = differential.connection_twins()
+    fast = _budget_trace(fast_cls, limits, in_flight, program)
+    pure = _budget_trace(pure_cls, limits, in_flight, program)
+    assert fast == pure
+    assert fast[-1] == ("after release", 0)  # everything charged is given back

@@ -27,7 +27,9 @@ from wirekit.mip.client import AsyncClient, Client
 from wirekit.mip.limits import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_BUFFERED,
+    DEFAULT_MEMORY_BUDGET,
     DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_WRITE_STALL_TIMEOUT,
     BufferBudget,
     Guard,
     Limits,
@@ -51,7 +53,8 @@ def test_defaults_are_the_documented_ones():
     assert limits.idle_timeout == DEFAULT_IDLE_TIMEOUT == 300.0
     assert limits.max_message_size == mip.DEFAULT_MAX_MESSAGE_SIZE == 64 << 20
     assert limits.max_items == mip.DEFAULT_MAX_ITEMS == 65536
-    assert limits.max_buffered == DEFAULT_MAX_BUFFERED == 256 << 20
+    assert limits.max_buffered == limits.memory_budget == DEFAULT_MAX_BUFFERED == 256 << 20
+    assert limits.write_stall_timeout == DEFAULT_WRITE_STALL_TIMEOUT == 30.0
     server = Server(upper)
     assert server.limits == limits  # the server's defaults are the same
     assert server.idle_timeout == DEFAULT_IDLE_TIMEOUT  # idle connections are dropped
@@ -62,8 +65,12 @@ def test_limits_are_checked():
         Limits(request_timeout=0)
     with pytest.raises(ValueError, match="max_items must be >= 1"):
         Limits(max_items=0)
-    with pytest.raises(ValueError, match=r"max_buffered .* must be at least max_message_size"):
+    with pytest.raises(ValueError, match=r"memory_budget .* must be at least max_message_size"):
         Limits(max_message_size=2048, max_buffered=1024)
+    with pytest.raises(ValueError, match="write_stall_timeout must be > 0"):
+        Limits(write_stall_timeout=0)
+    with pytest.raises(ValueError, match=r"old name max_buffered .* disagree"):
+        Limits(memory_budget=1 << 30, max_buffered=1 << 29)
 
 
 def test_request_deadline_runs_from_the_first_byte_not_the_last():
@@ -113,7 +120,7 @@ def test_budget_is_server_wide_and_refuses_growth_past_the_limit():
     limits = Limits(max_message_size=50, max_buffered=100)
     a, b = Guard(limits, budget, 0.0), Guard(limits, budget, 0.0)
     a.received(0.0, 60, True, False)
-    with pytest.raises(OverBudget, match="past its limit of 100"):
+    with pytest.raises(OverBudget, match="past its memory budget of 100"):
         b.received(0.0, 41, True, False)
     assert budget.total == 60 and b.held == 0  # the refused growth is not counted
     b.received(0.0, 40, True, False)
@@ -226,9 +233,13 @@ def test_cli_defaults_drop_idle_clients():
     assert args.idle_timeout == DEFAULT_IDLE_TIMEOUT
     assert args.request_timeout == DEFAULT_REQUEST_TIMEOUT
     assert args.max_items == mip.DEFAULT_MAX_ITEMS
-    assert args.max_buffered == DEFAULT_MAX_BUFFERED
-    old = build_parser().parse_args(["mip", "serve", "--handler", "x:y", "--timeout", "2"])
-    assert old.request_timeout == 2.0  # the old flag name still works
+    assert args.memory_budget == DEFAULT_MAX_BUFFERED == DEFAULT_MEMORY_BUDGET
+    assert args.write_stall_timeout == DEFAULT_WRITE_STALL_TIMEOUT == 30.0
+    old = build_parser().parse_args(
+        ["mip", "serve", "--handler", "x:y", "--timeout", "2", "--max-buffered", "99999999"]
+    )
+    assert old.request_timeout == 2.0  # the old flag names still work
+    assert old.memory_budget == 99999999
 
 
 def test_cli_rejects_a_buffer_cap_below_the_message_limit(capsys):
@@ -246,7 +257,7 @@ def test_cli_rejects_a_buffer_cap_below_the_message_limit(capsys):
         ]
     )
     assert code == 2
-    assert "max_buffered (1024) must be at least max_message_size" in capsys.readouterr().err
+    assert "memory_budget (1024) must be at least max_message_size" in capsys.readouterr().err
 
 
 def _hold_partials(address: str, n: int, partial: bytes) -> list[socket.socket]:

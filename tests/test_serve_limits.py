@@ -116,8 +116,17 @@ def test_config_mip_table_has_the_limits_defaults_and_checks_them(tmp_path):
     assert dep.mip.idle_timeout == DEFAULT_IDLE_TIMEOUT  # idle connections dropped by default
     dep = parse_config({**doc, "mip": {**LIMITS, "request_timeout": 0, "idle_timeout": None}})
     assert dep.mip == Limits(**{**LIMITS, "request_timeout": None, "idle_timeout": None})
-    with pytest.raises(ConfigError, match=r"mip\.max_buffered: max_buffered \(10\) must be"):
+    with pytest.raises(ConfigError, match=r"mip\.max_buffered: memory_budget \(10\) must be"):
         parse_config({**doc, "mip": {"max_message_size": 20, "max_buffered": 10}})
+    # the process's memory budget is a top-level key; mip.max_buffered is its old name
+    assert parse_config({**doc, "memory_budget": 1 << 30}).mip.memory_budget == 1 << 30
+    with pytest.raises(ConfigError, match=r"^memory_budget: memory_budget \(10\) must be"):
+        parse_config({**doc, "memory_budget": 10, "mip": {"max_message_size": 20}})
+    with pytest.raises(ConfigError, match=r"mip\.max_buffered: is the old name"):
+        parse_config({**doc, "memory_budget": 1 << 30, "mip": {"max_buffered": 1 << 30}})
+    dep = parse_config({**doc, "mip": {"write_stall_timeout": 2.5}})
+    assert dep.mip.write_stall_timeout == 2.5
+    assert parse_config({**doc, "mip": {"write_stall_timeout": 0}}).mip.write_stall_timeout is None
     with pytest.raises(ConfigError, match=r"mip\.timeout: unknown key"):
         parse_config({**doc, "mip": {"timeout": 1}})
     with pytest.raises(ConfigError, match=r"mip\.max_items: must be between"):

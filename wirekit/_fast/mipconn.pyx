@@ -39,12 +39,24 @@ from wirekit.mip.connection import (
     Request,
     error_reply,
 )
-from wirekit.mip.limits import BufferBudget, Guard, Limits, OverBudget
+from wirekit.mip import limits as _limits
+from wirekit.mip.limits import Guard, Limits, MemoryBudget, OverBudget
 from wirekit.mip.messages import PROTOCOL, ErrorCode, ErrorReply, Ping
 
 DEF HEADER_SIZE = 8
 DEF RESUME_FACTOR = 2  # reading resumes once the answers owed are at most max_in_flight / 2
 DEF COMPACT_AT = 65536  # FramedStream._drop: consumed bytes dropped from the buffer's front
+DEF INFERENCE_HEADER = 12  # the message header and n_input, n_output, batch_size
+DEF ADMIT = 0  # what the budget says to a request about to be decoded (connection._admit)
+DEF PARK = 1
+DEF REFUSE = 2
+
+# the memory budget's estimates (wirekit.mip.limits), as C numbers
+cdef Py_ssize_t ITEM_COST = _limits.ITEM_COST
+cdef Py_ssize_t REQUEST_COST = _limits.REQUEST_COST
+cdef Py_ssize_t LANE_FACTOR = _limits.LANE_FACTOR
+cdef Py_ssize_t SMALL_REQUEST_COST = _limits.SMALL_REQUEST_COST
+cdef Py_ssize_t SMALL_FRAME = _limits.SMALL_FRAME
 
 cdef type _REQUEST = Request
 cdef type _PING = Ping
@@ -57,11 +69,24 @@ cdef object _SHAPE = ErrorCode.SHAPE
 cdef object _MEMORY = ErrorCode.MEMORY
 cdef int _MEMORY_CODE = int(ErrorCode.MEMORY)
 cdef str _NOT_PLACED_READ = "reply() or owe() the last Request before reading on"
+cdef str _RELEASED = "the connection was released"
 cdef str _NOT_PLACED_EVENT = "reply() or owe() the last Request before the next event"
 
 
 cdef inline uint32_t _be32(const uint8_t* p) noexcept nogil:
     return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
+
+
+cdef inline Py_ssize_t _items(bytes frame) noexcept:
+    """``n_input`` x ``batch_size`` from a whole inference frame's header (the caller
+    checked it has one: 12 bytes at least)."""
+    cdef const uint8_t* b = <const uint8_t*>PyBytes_AS_STRING(frame)
+    return <Py_ssize_t>b[8] * ((<Py_ssize_t>b[10] << 8) | b[11])
+
+
+cdef inline Py_ssize_t _cost(bytes frame) noexcept:
+    """``wirekit.mip.limits.request_cost(frame)``."""
+    return PyBytes_GET_SIZE(frame) + ITEM_COST * _items(frame) + REQUEST_COST
 
 
 cdef object _request(object message, bytes frame):
@@ -113,6 +138,15 @@ cdef class Connection:
     cdef bint _awaiting
     cdef object _py_decode  # None: the compiled codec's decoder, called directly
 
+    # what it holds in the memory budget (see PyConnection.__init__)
+    cdef Py_ssize_t _held_read
+    cdef Py_ssize_t _in_flight
+    cdef object _costs  # deque of int
+    cdef Py_ssize_t _unsent
+    cdef object _parked  # bytes or None
+    cdef object _handed  # bytes or None
+    cdef bint _budget_wait
+
     # the framing (FramedStream's state, same meaning)
     cdef Py_ssize_t _max_size
     cdef object _chunk  # bytes or None
@@ -126,7 +160,7 @@ cdef class Connection:
     def __init__(self, limits=None, budget=None, now=0.0, *,
                  max_in_flight=DEFAULT_MAX_IN_FLIGHT, codec=None):
         limits = limits if limits is not None else Limits()
-        budget = budget if budget is not None else BufferBudget(limits.max_buffered)
+        budget = budget if budget is not None else MemoryBudget(limits.memory_budget)
         self._py_decode = None if codec is None or codec is _fast_codec else codec.decode
         self._max_size = limits.max_message_size
         self.max_items = limits.max_items
@@ -144,6 +178,13 @@ cdef class Connection:
         self._unsettled = False
         self._timer = False
         self._awaiting = False
+        self._held_read = 0
+        self._in_flight = 0
+        self._costs = deque()
+        self._unsent = 0
+        self._parked = None
+        self._handed = None
+        self._budget_wait = False
         self._chunk = None
         self._cpos = 0
         self._buf = bytearray()
@@ -167,7 +208,7 @@ cdef class Connection:
     @property
     def done(self):
         """Closing and nothing owed: the runtime closes the connection now."""
-        return self.closing and not self.owed and not self.ready
+        return self.closing and not self.owed and not self.ready and self._parked is None
 
     @property
     def pending(self):
@@ -176,11 +217,16 @@ cdef class Connection:
 
     @property
     def buffered(self):
-        """Bytes received and not yet taken as messages."""
-        return self._buffered()
+        """Bytes received and not yet taken as messages (a parked request included)."""
+        return self._buffered() + self._parked_size()
+
+    @property
+    def held(self):
+        """Bytes this connection holds in the memory budget."""
+        return self.guard.held
 
     def timer_wanted(self):
-        """True (once) when a request started since the last call."""
+        """True (once) when a request started or the transport stopped taking writes."""
         cdef bint wanted = self._timer
         self._timer = False
         return wanted
@@ -204,12 +250,20 @@ cdef class Connection:
             self.owed
             or self.ready
             or self.write_paused
+            or self.paused
             or self._unsettled
             or self.closing
             or self._awaiting
         ) and type(data) is bytes and self._take_whole(<bytes>data):
             if self.guard.received(now, 0, False, True):
                 self._timer = True
+            if (
+                PyBytes_GET_SIZE(data) > SMALL_FRAME
+                and _is_request(<bytes>data)
+                and self._admit(<bytes>data) != ADMIT
+            ):
+                self._pending_events.append(self._over_budget(<bytes>data))
+                return None
             try:
                 msg = self._decode_frame(<bytes>data)
             except DecodeError as exc:
@@ -217,6 +271,7 @@ cdef class Connection:
                 return None
             if _is_request(<bytes>data):
                 self._awaiting = True
+                self._handed = data
                 return _request(msg, <bytes>data)
             self._pending_events.append(self._answer(msg))
             return None
@@ -231,21 +286,34 @@ cdef class Connection:
         """The server stops: the complete requests already received are still handed out,
         then the connection closes."""
         self.closing = True
-        self.paused = False
+        self.paused = self._budget_wait
 
     def take_frames(self, take, *args):
         """Let a runtime's lane take whole well-formed requests straight from the buffer
         (see ``PyConnection.take_frames``); returns the bytes taken."""
-        cdef Py_ssize_t n
+        cdef Py_ssize_t n, k, each, extra, i, before
+        cdef object owed = self.owed
         if self._awaiting:
             raise LocalProtocolError(_NOT_PLACED_READ)
         if self.paused or self.write_paused or self.closing:
             return 0
-        if len(self.owed) >= self.max_in_flight:
+        before = len(owed)
+        if before >= self.max_in_flight:
             return 0
         n = self._take_frames(take, args)
         if n:
             self._completed = True
+            self._held_read -= n if n < self._held_read else self._held_read
+            k = len(owed) - before
+            if k > 0:  # the lane's entries: LANE_FACTOR x their bytes, REQUEST_COST each
+                each = LANE_FACTOR * n // k
+                extra = LANE_FACTOR * n - each * k
+                self._costs.append(each + extra + REQUEST_COST)
+                for i in range(k - 1):
+                    self._costs.append(each + REQUEST_COST)
+                self._in_flight += LANE_FACTOR * n + k * REQUEST_COST
+            if not self._charge():
+                self._wait_for_budget()
         return n
 
     def next_event(self):
@@ -255,24 +323,41 @@ cdef class Connection:
             if self._awaiting:
                 raise LocalProtocolError(_NOT_PLACED_EVENT)
             return self._pending_events.popleft()
+        cdef int verdict
         if self._closing_error is None:
-            if not self.closing and (
+            if self._budget_wait:
+                pass  # the budget is full: nothing more until this connection's answers go out
+            elif not self.closing and (
                 self.write_paused or len(self.owed) >= self.max_in_flight
             ):
                 self.paused = self.paused or not self.write_paused
             else:
-                frame = None
+                frame = self._parked
                 try:
-                    frame = self._next_frame()
                     if frame is not None:
-                        self._completed = True
-                        msg = self._decode_frame(<bytes>frame)
+                        self._parked = None
+                    else:
+                        frame = self._next_frame()
+                        if frame is not None:
+                            self._completed = True
+                    if frame is not None:
+                        if _is_request(<bytes>frame):  # a request: room for it?
+                            verdict = self._admit(<bytes>frame)
+                            if verdict == PARK:
+                                self._parked = frame
+                                self._wait_for_budget()
+                                frame = None
+                            elif verdict == REFUSE:
+                                return self._over_budget(<bytes>frame)
+                        if frame is not None:
+                            msg = self._decode_frame(<bytes>frame)
                 except DecodeError as exc:
                     self._completed = True  # a refused message is taken all the same
                     return self._reject(exc)
                 if frame is not None:
                     if _is_request(<bytes>frame):
                         self._awaiting = True
+                        self._handed = frame
                         return _request(msg, <bytes>frame)
                     return self._answer(msg)
         if self._unsettled:
@@ -286,41 +371,99 @@ cdef class Connection:
     def reply(self, wire):
         """The answer to the request just taken, ready now."""
         self._awaiting = False
+        self._handed = None
         if self.owed:
             self.owed.append(wire)
+            self._costs.append(len(wire))
+            self._in_flight += len(wire)
         else:
             self.ready.append(wire)
 
     def owe(self, entry):
-        """A placeholder for the answer to the request just taken."""
+        """A placeholder for the answer to the request just taken (in flight, charged at
+        its cost until its answer is sent)."""
+        cdef Py_ssize_t cost
         self._awaiting = False
         self.owed.append(entry)
+        frame = self._handed
+        self._handed = None
+        cost = REQUEST_COST if frame is None else _cost(<bytes>frame)
+        self._costs.append(cost)
+        self._in_flight += cost
+        self._charge()
 
     def send(self, now, collect=None):
         """The answers ready at the head of the reply order, as one write (``b""``: none)."""
         cdef object owed = self.owed
         cdef list out = self.ready
         cdef object more
+        cdef Py_ssize_t before, popped = 0, freed, i
         if owed:
+            before = len(owed)
             more = _ready(owed) if collect is None else collect(owed)
             if more:
                 out += more
-        if self.paused and len(owed) * RESUME_FACTOR <= self.max_in_flight:
+            popped = before - len(owed)
+            if popped:
+                if owed:
+                    freed = 0
+                    for i in range(popped):
+                        freed += <Py_ssize_t>self._costs.popleft()
+                    self._in_flight -= freed
+                else:
+                    self._costs.clear()
+                    self._in_flight = 0
+        if self.paused and (
+            popped != 0 if self._budget_wait
+            else len(owed) * RESUME_FACTOR <= self.max_in_flight
+        ):
             self.paused = False
+            self._budget_wait = False
             if not self.closing and not self.write_paused:
                 self.guard.resumed(now)
         if not out:
+            if popped:
+                self._charge()
             return b""
         self.guard.sent(now)
         wire = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
+        if self.write_paused:  # it waits in the transport with the rest
+            self._unsent += len(wire)
+            self.guard.writes_blocked(now, self._unsent)
+            self._charge()
+        elif popped:
+            self._charge()
         return wire
 
-    def writing(self, paused, now):
-        """The runtime's transport stopped (True) or resumed (False) taking writes."""
+    def writing(self, paused, now, unsent=0):
+        """The runtime's transport stopped (True) or resumed (False) taking writes;
+        ``unsent``: the bytes it holds not yet sent (see ``PyConnection.writing``)."""
+        guard = self.guard
         self.write_paused = paused
-        if not paused and not self.paused and not self.closing:
-            self.guard.resumed(now)
+        if paused:
+            self._unsent = unsent
+            guard.writes_blocked(now, unsent)
+            if guard.write_stall_timeout is not None:
+                self._timer = True
+        else:
+            self._unsent = 0
+            guard.writes_flowing()
+            if self._budget_wait:
+                self.paused = False
+                self._budget_wait = False
+            if not self.paused and not self.closing:
+                guard.resumed(now)
+        self._charge()
+
+    def written(self, unsent, now):
+        """While the transport is stopped: it holds ``unsent`` bytes now (see
+        ``PyConnection.written``)."""
+        if not self.write_paused:
+            return None
+        self._unsent = unsent
+        self.guard.writes_blocked(now, unsent)
+        self._charge()
 
     def expired(self, now):
         """Why the connection must be dropped now (a deadline passed), or None."""
@@ -329,11 +472,22 @@ cdef class Connection:
         )
 
     def release(self):
-        """The connection ended: give its buffered bytes back to the server's budget."""
+        """The connection ended: give what it holds back to the memory budget."""
         self.closing = True
         self._awaiting = False
+        self._budget_wait = False
         self.owed.clear()
         self.ready.clear()
+        self._costs.clear()
+        self._in_flight = 0
+        self._unsent = 0
+        self._held_read = 0
+        self._parked = None
+        self._handed = None
+        if self._closing_error is None:  # drop the bytes read: nothing more is decoded
+            err = DecodeError(PROTOCOL, "connection", self._offset(), _RELEASED)
+            self._fail(err)
+            self._closing_error = err
         self.guard.release()
 
     # ------------------------------------------------------------------ internals
@@ -346,8 +500,53 @@ cdef class Connection:
     cdef void _queue(self, bytes wire):
         if self.owed:
             self.owed.append(wire)
+            self._costs.append(PyBytes_GET_SIZE(wire))
+            self._in_flight += PyBytes_GET_SIZE(wire)
         else:
             self.ready.append(wire)
+
+    cdef inline Py_ssize_t _parked_size(self):
+        return 0 if self._parked is None else PyBytes_GET_SIZE(self._parked)
+
+    cdef bint _charge(self) except -1:
+        """Charge what the connection holds now (``PyConnection._charge``)."""
+        return self.guard.overdraw(
+            self._held_read + self._in_flight + self._unsent + self._parked_size()
+        )
+
+    cdef void _wait_for_budget(self):
+        self.paused = True
+        self._budget_wait = True
+
+    cdef int _admit(self, bytes frame) except -1:
+        """``PyConnection._admit``: ADMIT, PARK or REFUSE the whole request ``frame``."""
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(frame)
+        cdef Py_ssize_t cost, read = self._held_read
+        cdef bint holds
+        read -= n if n < read else read  # its bytes leave the buffer
+        self._held_read = read
+        holds = len(self.owed) > 0 or self._unsent > 0
+        if (not holds and n <= SMALL_FRAME) or n < INFERENCE_HEADER:
+            return ADMIT  # (too short: the codec refuses it, SHAPE)
+        if _items(frame) > self.max_items:
+            return ADMIT  # the codec refuses it (MEMORY) without decoding its items
+        cost = _cost(frame)
+        if not holds and cost <= SMALL_REQUEST_COST:
+            return ADMIT
+        if self.guard.fits(read + self._in_flight + self._unsent + cost + self._parked_size()):
+            return ADMIT
+        return PARK if holds else REFUSE
+
+    cdef object _over_budget(self, bytes frame):
+        """A request the memory budget has no room for: MEMORY, the stream goes on."""
+        self._queue(error_reply(_MEMORY))
+        budget = self.guard.budget
+        text = (
+            f"a request costing {_cost(frame)} bytes in flight does not fit the "
+            f"memory budget of {budget.limit} (holding {budget.total})"
+        )
+        error = DecodeError(PROTOCOL, "memory_budget", self._offset(), text, code=_MEMORY_CODE)
+        return Rejected(_MEMORY, error, False)
 
     cdef object _answer(self, object msg):
         cdef type cls = type(msg)
@@ -371,28 +570,44 @@ cdef class Connection:
             self._break(exc)
         return Rejected(code, exc, self.closing)
 
-    cdef void _break(self, object exc):
+    cdef int _break(self, object exc) except -1:
         self.closing = True
         self._closing_error = exc
         self.paused = False
-        self.guard.release()  # nothing buffered will be used
+        self._budget_wait = False
+        self._held_read = 0  # nothing read will be used; what is owed and unsent still counts
+        self._parked = None
+        self._charge()
+        return 0
 
     cdef object _settle(self):
         """Account the read with the guard (once per read, when its events are taken)."""
         cdef bint completed = self._completed
+        cdef Py_ssize_t read, held
+        cdef object timer
         self._unsettled = False
         self._completed = False
         if self._closing_error is not None:
             return None
+        read = self._buffered()
+        held = read + self._in_flight + self._unsent + self._parked_size()
+        guard = self.guard
         try:
-            if self.guard.received(self._now, self._buffered(), not self._idle(), completed):
-                self._timer = True
+            timer = guard.received(self._now, held, not self._idle(), completed)
         except OverBudget as exc:
-            err = DecodeError(PROTOCOL, "buffer", self._offset(), str(exc), code=_MEMORY_CODE)
-            self._fail(err)
-            self._queue(error_reply(_MEMORY))
-            self._break(err)
-            return Rejected(_MEMORY, err, True)
+            if not (len(self.owed) > 0 or self._unsent > 0):
+                err = DecodeError(PROTOCOL, "buffer", self._offset(), str(exc), code=_MEMORY_CODE)
+                self._fail(err)
+                self._queue(error_reply(_MEMORY))
+                self._break(err)
+                return Rejected(_MEMORY, err, True)
+            # It owes answers: keep the bytes, read no more until answers go out.
+            guard.overdraw(held)
+            timer = guard.received(self._now, held, not self._idle(), completed)
+            self._wait_for_budget()
+        self._held_read = read
+        if timer:
+            self._timer = True
         return None
 
     # ------------------------------------------------------------------ framing

@@ -25,7 +25,12 @@ from wirekit._logging import add_logging_arguments
 from wirekit.errors import WirekitError
 
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE
-from .limits import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_BUFFERED, DEFAULT_REQUEST_TIMEOUT
+from .limits import (
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MEMORY_BUDGET,
+    DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_WRITE_STALL_TIMEOUT,
+)
 from .messages import DEFAULT_MAX_ITEMS, Item, ItemType
 from .runtime import item_value
 
@@ -41,15 +46,19 @@ def load_handler(spec: str) -> Any:
 
 
 async def _serve(args: argparse.Namespace, out: TextIO) -> None:
+    from wirekit._memory import return_freed_buffers
+
     from .server import Server
 
+    return_freed_buffers()  # a long-running server: freed big buffers go back to the system
     server = Server(
         load_handler(args.handler_spec),
         max_message_size=args.max_message_size,
         max_items=args.max_items,
-        max_buffered=args.max_buffered,
+        memory_budget=args.memory_budget,
         timeout=args.request_timeout or None,
         idle_timeout=args.idle_timeout or None,
+        write_stall_timeout=args.write_stall_timeout or None,
         max_in_flight=args.max_in_flight,
         inline=args.inline,
     )
@@ -248,12 +257,16 @@ def register(subparsers: Any) -> None:
         help="items per request; more get MEMORY (default %(default)s)",
     )
     serve.add_argument(
+        "--memory-budget",
         "--max-buffered",
+        dest="memory_budget",
         type=int,
         metavar="BYTES",
-        default=DEFAULT_MAX_BUFFERED,
-        help="bytes all connections together may hold; a connection that would exceed it "
-        "gets MEMORY and is closed (default %(default)s)",
+        default=DEFAULT_MEMORY_BUDGET,
+        help="bytes all connections together may hold: bytes read, requests in flight, "
+        "replies unsent; past it a connection owing answers stops being read, one holding "
+        "only a partial request gets MEMORY and is closed (old name --max-buffered; "
+        "default %(default)s)",
     )
     serve.add_argument(
         "--request-timeout",
@@ -271,6 +284,14 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_IDLE_TIMEOUT,
         metavar="SECONDS",
         help="drop a client idle this long (s, 0: off; default %(default)s)",
+    )
+    serve.add_argument(
+        "--write-stall-timeout",
+        type=float,
+        default=DEFAULT_WRITE_STALL_TIMEOUT,
+        metavar="SECONDS",
+        help="drop a client whose replies wait unsent, with no progress writing them, this "
+        "long: it does not read them (s, 0: off; default %(default)s)",
     )
     serve.add_argument(
         "--max-in-flight",

@@ -2,13 +2,13 @@
 
 Both MIP front doors -- :class:`wirekit.mip.server.Server` and the dispatcher's
 :class:`wirekit.serve.mipfront.MipFrontDoor` -- take their limits from one :class:`Limits`,
-count their buffered bytes in one :class:`BufferBudget` per server, and keep one
+charge what their connections hold to one :class:`MemoryBudget` per process, and keep one
 :class:`Guard` per connection, which makes every timing decision: the caller passes the time
 (``now``, seconds on a monotonic clock) and what it holds, and gets back what to do.  No
 sockets and no clock reading here.
 
 >>> limits = Limits(request_timeout=3.0, idle_timeout=60.0)
->>> guard = Guard(limits, BufferBudget(limits.max_buffered), now=0.0)
+>>> guard = Guard(limits, MemoryBudget(limits.memory_budget), now=0.0)
 >>> guard.received(now=1.0, held=5, partial=True, completed=False)   # a request's first byte
 True
 >>> guard.received(now=2.0, held=9, partial=True, completed=False)   # more of the same one
@@ -20,20 +20,35 @@ True
 
 Every limit, its default, and how the front doors answer it:
 
-=====================  =========  ========================================================
-``request_timeout``    30 s       a request not complete this long after its first byte:
-                                  the connection is dropped (measured from the first byte,
-                                  so a trickle of bytes does not extend it)
-``idle_timeout``       300 s      nothing received, buffered or owed this long: dropped
-``max_message_size``   64 MiB     a header announcing more: MEMORY reply, then closed
-``max_items``          65536      a message of more items: MEMORY reply, stream goes on
-``max_buffered``       256 MiB    a read that would take the bytes held by all connections
-                                  of the server past it: MEMORY reply, that connection closed
-=====================  =========  ========================================================
+=======================  =========  ======================================================
+``request_timeout``      30 s       a request not complete this long after its first byte:
+                                    the connection is dropped (measured from the first
+                                    byte, so a trickle of bytes does not extend it)
+``idle_timeout``         300 s      nothing received, buffered or owed this long: dropped
+``write_stall_timeout``  30 s       replies the transport cannot send (the client does not
+                                    read them) and no progress writing them this long:
+                                    dropped
+``max_message_size``     64 MiB     a header announcing more: MEMORY reply, then closed
+``max_items``            65536      a message of more items: MEMORY reply, stream goes on
+``memory_budget``        256 MiB    what all connections of the process hold together (old
+                                    name ``max_buffered``): see below
+=======================  =========  ======================================================
 
-``None`` turns a timeout off.  Whole requests that arrive in one read are never held across
-reads, so they are served whatever the budget holds: the budget limits only bytes a client
-makes the server keep (partial requests, pipelined ones waiting their turn).
+``None`` turns a timeout off.
+
+What a connection holds, charged to the budget (:meth:`Guard.charge`): the bytes it has read
+and not yet taken as messages; every request it has taken and not yet answered on the wire,
+at :func:`request_cost` (its bytes, plus :data:`ITEM_COST` per item and
+:data:`REQUEST_COST` per request for the Python objects it becomes); and the replies its
+transport holds unsent while the client does not read them.  When the budget cannot take
+more, a connection that still owes answers or has replies unsent *waits*: it is not read and
+nothing more of it is decoded until its own answers go out (and if the client does not read
+them it is dropped after ``write_stall_timeout``).  A connection that holds nothing of that
+kind cannot wait for itself: a read that would take the budget past its limit is answered
+MEMORY and the connection closed (a slowloris holding partial requests), and a request whose
+decoded cost does not fit is answered MEMORY (the stream goes on) -- except a small one
+(cost at most :data:`SMALL_REQUEST_COST`), which is always served, so a full budget does not
+lock well-behaved clients out.
 """
 
 from __future__ import annotations
@@ -45,36 +60,117 @@ from .messages import DEFAULT_MAX_ITEMS
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
 DEFAULT_IDLE_TIMEOUT = 300.0
-DEFAULT_MAX_BUFFERED = 256 * 1024 * 1024
+DEFAULT_WRITE_STALL_TIMEOUT = 30.0
+DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
+DEFAULT_MAX_BUFFERED = DEFAULT_MEMORY_BUDGET  #: the old name of :data:`DEFAULT_MEMORY_BUDGET`
+
+#: Bytes charged per item of a request taken from the wire, beyond its bytes: what decoding
+#: makes of it, measured on CPython 3.11 (both codecs): an ``Item`` 72 B, a ``memoryview``
+#: for data of 256 B or more 184 B (shorter data is a ``bytes`` of its own length + 33 B; an
+#: empty one is shared), and the sample tuple of the handler's batch 56 B.  An empty item
+#: costs 128 B, not 0: a 512 KiB request of 65,535 empty items is charged 21 MiB.
+ITEM_COST = 320
+#: Bytes charged per request in flight beyond its items: the request event, the decoded
+#: message, its place in the reply order, the handler's future or task.
+REQUEST_COST = 1024
+#: A request a runtime's lane takes whole from the buffer (``Connection.take_frames``: the
+#: dispatcher's MIP lane forwards it to a backend) is charged this many times its bytes: the
+#: lane keeps it until its answer is recorded, meanwhile it is copied on its way (an asyncio
+#: transport copies what it cannot send at once) and read back as an answer (an echo's is
+#: as big) -- measured: 2 is not enough on asyncio.
+LANE_FACTOR = 3
+#: A request of at most this cost is decoded for a connection that holds nothing else
+#: (nothing owed, nothing unsent) whatever the budget holds: a full budget never refuses a
+#: well-behaved client's small request.  It is also the most a connection holds past the
+#: budget that way.
+SMALL_REQUEST_COST = 256 * 1024
+#: What one connection may hold outside the budget, at most: one read past the moment it
+#: stops being read (256 KiB, the event loop's read size), replies below its transport's
+#: high-water mark (64 KiB), a small request served past a full budget
+#: (:data:`SMALL_REQUEST_COST`), and its Python objects (protocol, transport, state machine:
+#: about 10 KiB).  The bound of ``SECURITY.md``: RSS <= baseline + ``memory_budget`` +
+#: ``CONNECTION_COST`` x connections + 3 x the largest message.
+CONNECTION_COST = 640 * 1024
+_HEADER = 8
 
 
-@dataclass(frozen=True, slots=True)
+def request_cost(frame: bytes | bytearray | memoryview) -> int:
+    """What a whole inference request ``frame`` costs in flight: its bytes, plus
+    :data:`ITEM_COST` per item (``n_input`` x ``batch_size`` from its header) and
+    :data:`REQUEST_COST`."""
+    items = frame[_HEADER] * ((frame[_HEADER + 2] << 8) | frame[_HEADER + 3])
+    return len(frame) + ITEM_COST * items + REQUEST_COST
+
+
+#: Frames of at most this many bytes cost at most :data:`SMALL_REQUEST_COST` whatever their
+#: items (an item takes at least 8 bytes): no need to count them.
+SMALL_FRAME = (SMALL_REQUEST_COST - REQUEST_COST) * 8 // (8 + ITEM_COST)
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class Limits:
-    """The limits of one MIP server (see the module docstring for what each one does)."""
+    """The limits of one MIP server (see the module docstring for what each one does).
 
-    request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT
-    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT
-    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
-    max_items: int = DEFAULT_MAX_ITEMS
-    max_buffered: int = DEFAULT_MAX_BUFFERED
+    ``max_buffered`` is the old name of ``memory_budget`` (as a keyword and an attribute)."""
 
-    def __post_init__(self) -> None:
-        for name in ("request_timeout", "idle_timeout"):
+    request_timeout: float | None
+    idle_timeout: float | None
+    write_stall_timeout: float | None
+    max_message_size: int
+    max_items: int
+    memory_budget: int
+
+    def __init__(
+        self,
+        request_timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_items: int = DEFAULT_MAX_ITEMS,
+        memory_budget: int | None = None,
+        write_stall_timeout: float | None = DEFAULT_WRITE_STALL_TIMEOUT,
+        *,
+        max_buffered: int | None = None,
+    ) -> None:
+        if memory_budget is not None and max_buffered not in (None, memory_budget):
+            raise ValueError(
+                f"memory_budget ({memory_budget}) and its old name max_buffered "
+                f"({max_buffered}) disagree: give one"
+            )
+        budget = memory_budget if memory_budget is not None else max_buffered
+        if budget is None:
+            budget = DEFAULT_MEMORY_BUDGET
+        setattr_ = object.__setattr__
+        setattr_(self, "request_timeout", request_timeout)
+        setattr_(self, "idle_timeout", idle_timeout)
+        setattr_(self, "write_stall_timeout", write_stall_timeout)
+        setattr_(self, "max_message_size", max_message_size)
+        setattr_(self, "max_items", max_items)
+        setattr_(self, "memory_budget", budget)
+        for name in ("request_timeout", "idle_timeout", "write_stall_timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0 seconds or None (off), got {value!r}")
-        for name in ("max_message_size", "max_items", "max_buffered"):
+        for name in ("max_message_size", "max_items", "memory_budget"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.max_buffered < self.max_message_size:
+        if self.memory_budget < self.max_message_size:
             raise ValueError(
-                f"max_buffered ({self.max_buffered}) must be at least max_message_size "
+                f"memory_budget ({self.memory_budget}) must be at least max_message_size "
                 f"({self.max_message_size}): a request that size could never be received"
             )
 
+    @property
+    def max_buffered(self) -> int:
+        """The old name of :attr:`memory_budget`."""
+        return self.memory_budget
 
-class BufferBudget:
-    """The bytes held by every connection of one server, against ``limit``."""
+
+class MemoryBudget:
+    """What every connection of one process holds, in bytes (``total``), against ``limit``.
+
+    Each front door charges what a connection holds with :meth:`resize` (which refuses
+    growth past the limit) or :meth:`force` (what is already held, counted whatever the
+    limit)."""
 
     __slots__ = ("limit", "total")
 
@@ -91,32 +187,65 @@ class BufferBudget:
         self.total = total
         return True
 
+    def fits(self, old: int, new: int) -> bool:
+        """Whether :meth:`resize` from ``old`` to ``new`` would succeed (nothing changes)."""
+        return new <= old or self.total + new - old <= self.limit
+
+    def force(self, old: int, new: int) -> bool:
+        """Count ``new`` bytes instead of ``old`` whatever the limit (memory already in use);
+        returns whether the total is still within the limit."""
+        self.total += new - old
+        return self.total <= self.limit
+
+
+#: The old name of :class:`MemoryBudget`.
+BufferBudget = MemoryBudget
+
 
 class Guard:
-    """The limits of one connection: its share of the budget and its deadlines.
+    """The limits of one connection: its charge to the budget and its deadlines.
 
-    The front door calls :meth:`received` after each read, :meth:`sent` after it writes
-    replies, :meth:`resumed` when it resumes reading, :meth:`expired` when its timer fires
-    (:meth:`next_check` says when to arm it), and :meth:`release` when the connection ends.
+    The front door calls :meth:`received` after each read, :meth:`charge` or
+    :meth:`overdraw` when what it holds changes otherwise, :meth:`sent` after it writes
+    replies, :meth:`writes_blocked` / :meth:`writes_flowing` as its transport stops and
+    resumes taking writes, :meth:`resumed` when it resumes reading, :meth:`expired` when its
+    timer fires (:meth:`next_check` says when to arm it), and :meth:`release` when the
+    connection ends.
     """
 
-    __slots__ = ("budget", "held", "idle_timeout", "last", "request_timeout", "started")
+    __slots__ = (
+        "budget",
+        "held",
+        "idle_timeout",
+        "last",
+        "request_timeout",
+        "stalled",
+        "started",
+        "unsent",
+        "write_stall_timeout",
+    )
 
-    def __init__(self, limits: Limits, budget: BufferBudget, now: float) -> None:
+    def __init__(self, limits: Limits, budget: MemoryBudget, now: float) -> None:
         self.budget = budget
         self.request_timeout = limits.request_timeout
         self.idle_timeout = limits.idle_timeout
+        self.write_stall_timeout = limits.write_stall_timeout
         self.held = 0  #: bytes this connection holds in the budget
         self.started: float | None = None  #: first byte of the incomplete request, if any
         self.last = now  #: the last time anything was received or sent
+        #: since when replies wait unsent with no progress writing them (None: not blocked)
+        self.stalled: float | None = None
+        self.unsent = 0  #: bytes of replies the transport held at the last report
 
     def received(self, now: float, held: int, partial: bool, completed: bool) -> bool:
-        """After a read: ``held`` bytes are buffered now, ``partial`` if they (or bytes still
-        to skip) are an incomplete message, ``completed`` if this read finished a message.
+        """After a read: the connection holds ``held`` bytes now, ``partial`` if some of them
+        (or bytes still to skip) are an incomplete message, ``completed`` if this read
+        finished a message.
 
         Returns True when a request just started: the caller's timer must then fire by
-        :meth:`next_check`.  Raises :class:`OverBudget` if the server cannot hold ``held``
-        bytes more for this connection (then answer MEMORY and close).
+        :meth:`next_check`.  Raises :class:`OverBudget` if the budget cannot take ``held``
+        bytes for this connection (then nothing changes: the caller answers MEMORY and
+        closes, or :meth:`overdraw` s and stops reading).
         """
         self.last = now
         if held != self.held:
@@ -131,9 +260,42 @@ class Guard:
             self.started = None
         return False
 
+    def fits(self, held: int) -> bool:
+        """Whether the budget can take this connection holding ``held`` bytes."""
+        return self.budget.fits(self.held, held)
+
+    def charge(self, held: int) -> bool:
+        """The connection holds ``held`` bytes: False (nothing changes) if the budget cannot
+        take the growth."""
+        if held != self.held:
+            if not self.budget.resize(self.held, held):
+                return False
+            self.held = held
+        return True
+
+    def overdraw(self, held: int) -> bool:
+        """The connection holds ``held`` bytes already (counted whatever the budget holds);
+        returns whether the budget is still within its limit."""
+        if held != self.held:
+            self.budget.force(self.held, held)
+            self.held = held
+        return self.budget.total <= self.budget.limit
+
     def sent(self, now: float) -> None:
         """Replies went out: the connection is not idle."""
         self.last = now
+
+    def writes_blocked(self, now: float, unsent: int) -> None:
+        """The transport holds ``unsent`` bytes of replies it cannot send now: the
+        write-stall clock runs from the last time that amount went down."""
+        if self.stalled is None or unsent < self.unsent:
+            self.stalled = now
+        self.unsent = unsent
+
+    def writes_flowing(self) -> None:
+        """The transport takes writes again: no write stall."""
+        self.stalled = None
+        self.unsent = 0
 
     def resumed(self, now: float) -> None:
         """Reading resumes after a pause of the server's making: the request being received
@@ -143,14 +305,24 @@ class Guard:
         self.last = now
 
     def release(self) -> None:
-        """The connection ends (or drops its buffer): give its bytes back to the budget."""
+        """The connection ends: give everything it holds back to the budget."""
         self.budget.resize(self.held, 0)
         self.held = 0
 
     def expired(self, now: float, paused: bool, pending: bool) -> str | None:
         """Why the connection must be dropped now, or None.  ``paused``: the server stopped
-        reading it (flow control: no deadline runs); ``pending``: replies are owed (it is
-        not idle)."""
+        reading it (flow control: no request or idle deadline runs); ``pending``: replies are
+        owed (it is not idle).  The write-stall deadline runs whatever the reading."""
+        stalled = self.stalled
+        if (
+            stalled is not None
+            and self.write_stall_timeout is not None
+            and now - stalled >= self.write_stall_timeout
+        ):
+            return (
+                f"no progress writing replies for {now - stalled:.1f} s "
+                f"({self.unsent} bytes unsent)"
+            )
         if paused:
             return None
         if self.started is not None:
@@ -162,8 +334,12 @@ class Guard:
         return None
 
     def next_check(self, now: float) -> float | None:
-        """When to call :meth:`expired` next (None: both timeouts are off)."""
-        steps = [t for t in (self.request_timeout, self.idle_timeout) if t is not None]
+        """When to call :meth:`expired` next (None: every timeout is off)."""
+        steps = [
+            t
+            for t in (self.request_timeout, self.idle_timeout, self.write_stall_timeout)
+            if t is not None
+        ]
         if not steps:
             return None
         if self.started is not None and self.request_timeout is not None:
@@ -172,27 +348,41 @@ class Guard:
             due = self.last + self.idle_timeout
         else:
             due = now
+        if self.stalled is not None and self.write_stall_timeout is not None:
+            stall_due = self.stalled + self.write_stall_timeout
+            if due <= now or stall_due < due:
+                due = stall_due
         # Not due yet, or due but held off (paused, replies owed): look again later.
         return due if due > now else now + min(steps)
 
 
 class OverBudget(Exception):
-    """A connection would take the server's buffered bytes past ``max_buffered``."""
+    """A connection would take the process's memory past ``memory_budget``."""
 
-    def __init__(self, held: int, budget: BufferBudget) -> None:
+    def __init__(self, held: int, budget: MemoryBudget) -> None:
         self.held = held
         super().__init__(
-            f"{held} bytes buffered for this connection would take the server past its "
-            f"limit of {budget.limit} (holding {budget.total})"
+            f"{held} bytes held for this connection would take the server past its "
+            f"memory budget of {budget.limit} (holding {budget.total})"
         )
 
 
 __all__ = [
+    "CONNECTION_COST",
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_BUFFERED",
+    "DEFAULT_MEMORY_BUDGET",
     "DEFAULT_REQUEST_TIMEOUT",
+    "DEFAULT_WRITE_STALL_TIMEOUT",
+    "ITEM_COST",
+    "LANE_FACTOR",
+    "REQUEST_COST",
+    "SMALL_FRAME",
+    "SMALL_REQUEST_COST",
     "BufferBudget",
     "Guard",
     "Limits",
+    "MemoryBudget",
     "OverBudget",
+    "request_cost",
 ]

@@ -29,17 +29,17 @@ from functools import partial
 from typing import Any
 
 from wirekit import mip
+from wirekit._memory import MemoryReturn
 from wirekit.errors import EncodeError
 
 from .connection import Connection, Rejected, Request, Slot, error_reply
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE
 from .limits import (
     DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_MAX_BUFFERED,
     DEFAULT_REQUEST_TIMEOUT,
-    BufferBudget,
-    Guard,
+    DEFAULT_WRITE_STALL_TIMEOUT,
     Limits,
+    MemoryBudget,
 )
 from .messages import DEFAULT_MAX_ITEMS, ErrorCode, Inference
 from .runtime import (
@@ -118,8 +118,13 @@ class Server:
     requests of more items get MEMORY, and the connection goes on.  ``timeout``: seconds a
     request may take to arrive, from its first byte, before the connection is dropped.
     ``idle_timeout``: seconds a connection with nothing received, buffered or owed is kept.
-    ``max_buffered``: bytes all connections together may hold across reads; a connection
-    that would take the server past it gets MEMORY and is closed.  A timeout of None is off.
+    ``write_stall_timeout``: seconds a connection whose replies wait unsent (its client does
+    not read them) is kept without progress.  ``memory_budget`` (old name ``max_buffered``):
+    bytes all connections together may hold -- bytes read, requests in flight, replies
+    unsent; a connection that owes answers stops being read when the budget is full, one
+    that holds only a partial request is answered MEMORY and closed.  ``budget``: a
+    :class:`~wirekit.mip.limits.MemoryBudget` to share with other servers of the process
+    (default: one of this server's own, of ``memory_budget``).  A timeout of None is off.
     ``max_in_flight``: requests per connection being handled at once; past it the server
     stops reading that connection until replies go out.  ``executor``: where sync handlers
     run (default: the loop's default thread pool).  ``inline=True`` calls a sync handler on
@@ -135,7 +140,10 @@ class Server:
         timeout: float | None = DEFAULT_REQUEST_TIMEOUT,
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
         max_items: int = DEFAULT_MAX_ITEMS,
-        max_buffered: int = DEFAULT_MAX_BUFFERED,
+        memory_budget: int | None = None,
+        write_stall_timeout: float | None = DEFAULT_WRITE_STALL_TIMEOUT,
+        budget: MemoryBudget | None = None,
+        max_buffered: int | None = None,
         max_in_flight: int = 64,
         executor: Executor | None = None,
         backlog: int = 1024,
@@ -152,9 +160,12 @@ class Server:
             idle_timeout=idle_timeout,
             max_message_size=max_message_size,
             max_items=max_items,
+            memory_budget=memory_budget,
+            write_stall_timeout=write_stall_timeout,
             max_buffered=max_buffered,
         )
-        self.budget = BufferBudget(max_buffered)
+        #: the memory budget every connection of this server charges
+        self.budget = budget if budget is not None else MemoryBudget(self.limits.memory_budget)
         self.max_message_size = max_message_size
         self.max_items = max_items
         self.timeout = timeout
@@ -168,6 +179,8 @@ class Server:
         self._connections: set[_Connection] = set()
         self._closing = False
         self._stopped: asyncio.Event | None = None
+        #: gives memory back to the system after big connections end (wirekit._memory)
+        self.memory_return = MemoryReturn()
         self.requests_served = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -218,7 +231,7 @@ class Server:
 
     @property
     def buffered_bytes(self) -> int:
-        """Bytes all connections hold across reads right now (at most ``max_buffered``)."""
+        """Bytes all connections hold in the memory budget right now."""
         return self.budget.total
 
     async def serve_forever(self) -> None:
@@ -279,26 +292,28 @@ _ERR = {code: error_reply(code) for code in ErrorCode}
 
 
 class Watchdog:
-    """Runs a connection's :class:`~wirekit.mip.limits.Guard` on the event loop: one timer,
-    armed for ``guard.next_check``; when it fires the guard decides, given ``state()`` ->
-    ``(reading paused by the server, replies owed)``, and a reason to drop the connection
+    """Runs the deadlines of a sans-IO :class:`~wirekit.mip.connection.Connection` on the
+    event loop: one timer, armed for its guard's ``next_check``; when it fires the runtime's
+    transport says how many bytes it holds unsent (``unsent()``, given to
+    ``conn.written``), the connection decides (``conn.expired``), and a reason to drop it
     goes to ``drop(reason)``.  Both MIP front doors use it (this server and
     :mod:`wirekit.serve.mipfront`); ``clock`` is the guard's clock (monotonic seconds)."""
 
-    __slots__ = ("clock", "drop", "due", "guard", "loop", "state", "timer")
+    __slots__ = ("clock", "conn", "drop", "due", "guard", "loop", "timer", "unsent")
 
     def __init__(
         self,
-        guard: Guard,
+        conn: Any,
         loop: asyncio.AbstractEventLoop,
         clock: Callable[[], float],
-        state: Callable[[], tuple[bool, bool]],
+        unsent: Callable[[], int],
         drop: Callable[[str], None],
     ) -> None:
-        self.guard = guard
+        self.conn = conn
+        self.guard = conn.guard
         self.loop = loop
         self.clock = clock
-        self.state = state
+        self.unsent = unsent
         self.drop = drop
         self.timer: asyncio.TimerHandle | None = None
         self.due = 0.0
@@ -324,8 +339,10 @@ class Watchdog:
     def _fire(self) -> None:
         self.timer = None
         now = self.clock()
-        paused, pending = self.state()
-        why = self.guard.expired(now, paused, pending)
+        conn = self.conn
+        if conn.write_paused:
+            conn.written(self.unsent(), now)
+        why = conn.expired(now)
         if why is not None:
             self.drop(why)
         else:
@@ -344,7 +361,7 @@ class _Connection(asyncio.Protocol):
         self.conn = conn = Connection(
             server.limits, server.budget, self._clock(), max_in_flight=server.max_in_flight
         )
-        self.watchdog = Watchdog(conn.guard, loop, self._clock, self._state, self._drop)
+        self.watchdog = Watchdog(conn, loop, self._clock, self._unsent, self._drop)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.read_paused = False  # the transport's reading, as last set
@@ -395,7 +412,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        held = self.conn.held
         self.conn.release()
+        self.server.memory_return.released(held)
         self.watchdog.stop()
         self.server._connections.discard(self)
         if not self.closed.done():
@@ -403,8 +422,13 @@ class _Connection(asyncio.Protocol):
         log.debug("connection from %s closed (%s)", self.peer, exc or "clean")
 
     def pause_writing(self) -> None:
-        self.conn.writing(True, self._clock())
+        now = self._clock()
+        conn = self.conn
+        transport = self.transport
+        conn.writing(True, now, transport.get_write_buffer_size() if transport else 0)
         self._sync_reading()
+        if conn.timer_wanted():  # the write-stall clock runs
+            self.watchdog.arm(now)
 
     def resume_writing(self) -> None:
         self.conn.writing(False, self._clock())
@@ -553,9 +577,9 @@ class _Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ timeouts
 
-    def _state(self) -> tuple[bool, bool]:
-        conn = self.conn
-        return conn.paused or conn.write_paused, conn.pending
+    def _unsent(self) -> int:
+        transport = self.transport
+        return transport.get_write_buffer_size() if transport is not None else 0
 
     def _drop(self, why: str) -> None:
         if self.transport is not None:

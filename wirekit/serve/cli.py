@@ -69,6 +69,13 @@ def register(subparsers) -> None:
         help="a postgresql:// URL: the store several replicas share (replaces store.url)",
     )
     p.add_argument(
+        "--memory-budget",
+        type=int,
+        metavar="BYTES",
+        help="bytes all connections of every door may hold together: bytes read, requests "
+        "in flight, replies unsent (replaces the config's memory_budget; default 256 MiB)",
+    )
+    p.add_argument(
         "--with-backends",
         action="store_true",
         help="also start every MIP backend of the config on this machine (wirekit mip serve "
@@ -320,6 +327,8 @@ async def probe(rows, timeout: float = 2.0) -> dict[str, str | None]:
 
 
 def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from wirekit._memory import return_freed_buffers
+
     from .config import ConfigError, load_config
 
     if not args.config:
@@ -344,6 +353,13 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         dep = dataclasses.replace(dep, store=dataclasses.replace(dep.store, url=args.store_url))
     if args.access_log:
         dep = dataclasses.replace(dep, http=dataclasses.replace(dep.http, access_log=True))
+    if args.memory_budget is not None:
+        try:
+            limits = dataclasses.replace(dep.mip, memory_budget=args.memory_budget)
+        except ValueError as exc:
+            err.write(f"wirekit: --memory-budget: {exc}\n")
+            return EXIT_USAGE
+        dep = dataclasses.replace(dep, mip=limits)
     try:
         _loop.resolve(args.loop)
     except ValueError as exc:
@@ -369,6 +385,7 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         except BackendStartError as exc:
             err.write(f"wirekit: {exc}\n")
             return EXIT_BAD_INPUT
+    return_freed_buffers()  # a long-running server: freed big buffers go back to the system
     try:
         return _loop.run(_run(dep, out, backends.addresses() if backends else None), args.loop)
     except OSError as exc:

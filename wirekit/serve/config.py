@@ -256,7 +256,8 @@ class Deployment:
     store: StoreConfig = field(default_factory=StoreConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     #: the MIP front doors' limits (the ``mip`` table; the names and defaults of
-    #: ``wirekit mip serve``'s flags, see :mod:`wirekit.mip.limits`)
+    #: ``wirekit mip serve``'s flags, see :mod:`wirekit.mip.limits`), and the process's
+    #: memory budget every door charges (``memory_budget``, the top-level key)
     mip: Limits = field(default_factory=Limits)
     #: the HTTP front door's limits (the ``http`` table)
     http: HttpLimits = field(default_factory=HttpLimits)
@@ -477,7 +478,7 @@ def parse_config(doc: Any) -> Deployment:
         doc,
         "",
         {"listen", "store", "cache", "mip", "models", "nodes", "backoff", "connections", "admin"}
-        | {"controller", "http"},
+        | {"controller", "http", "memory_budget"},
     )
     listen = _table(
         top.get("listen", {}),
@@ -533,7 +534,7 @@ def parse_config(doc: Any) -> Deployment:
         max_bytes=_int(ca.get("max_bytes", 64 << 20), "cache.max_bytes", lo=0, hi=1 << 40),
     )
 
-    mip_limits = _mip_limits(top.get("mip", {}))
+    mip_limits = _mip_limits(top.get("mip", {}), top.get("memory_budget"))
     http_limits = _http_limits(top.get("http", {}))
     ad = _table(
         top.get("admin", {}),
@@ -899,23 +900,36 @@ def _http_limits(doc: Any) -> HttpLimits:
     return HttpLimits(**values)
 
 
-def _mip_limits(doc: Any) -> Limits:
-    """The ``mip`` table: the MIP front doors' limits (a timeout of 0 or null is off)."""
-    keys = ("request_timeout", "idle_timeout", "max_message_size", "max_items", "max_buffered")
-    t = _table(doc, "mip", set(keys))
+def _mip_limits(doc: Any, memory_budget: Any = None) -> Limits:
+    """The ``mip`` table: the MIP front doors' limits (a timeout of 0 or null is off), with
+    the process's ``memory_budget`` (the top-level key; ``mip.max_buffered`` is its old
+    name)."""
+    timeouts = ("request_timeout", "idle_timeout", "write_stall_timeout")
+    sizes = ("max_message_size", "max_items")
+    t = _table(doc, "mip", {*timeouts, *sizes, "max_buffered"})
     default = Limits()
     values: dict[str, Any] = {}
-    for key in keys[:2]:
+    for key in timeouts:
         value = t.get(key, getattr(default, key))
         if value is not None:
             value = _num(value, f"mip.{key}", lo=0) or None
         values[key] = value
-    for key in keys[2:]:
+    for key in sizes:
         values[key] = _int(t.get(key, getattr(default, key)), f"mip.{key}", lo=1, hi=1 << 40)
+    where = "memory_budget"
+    if "max_buffered" in t:
+        if memory_budget is not None:
+            raise ConfigError(
+                "mip.max_buffered", "is the old name of memory_budget: give memory_budget only"
+            )
+        memory_budget, where = t["max_buffered"], "mip.max_buffered"
+    if memory_budget is None:
+        memory_budget = default.memory_budget
+    values["memory_budget"] = _int(memory_budget, where, lo=1, hi=1 << 40)
     try:
         return Limits(**values)
     except ValueError as exc:
-        raise ConfigError("mip.max_buffered", str(exc)) from None
+        raise ConfigError(where, str(exc)) from None
 
 
 def _node_rows(

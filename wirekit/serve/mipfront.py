@@ -8,9 +8,12 @@ the reply since the stream can no longer be trusted.
 The limits are :mod:`wirekit.mip.limits`' (the config's ``mip`` table), decided by the same
 :class:`~wirekit.mip.limits.Guard` and :class:`~wirekit.mip.server.Watchdog` as
 ``wirekit mip serve``'s: a request must be complete ``request_timeout`` after its first byte,
-an idle connection is dropped after ``idle_timeout``, all front-door connections together hold
-at most ``max_buffered`` bytes across reads (a connection that would exceed it is answered
-MEMORY and closed), and a request of more than ``max_items`` items is answered MEMORY.
+an idle connection is dropped after ``idle_timeout``, one whose replies wait unsent with no
+progress after ``write_stall_timeout``, and a request of more than ``max_items`` items is
+answered MEMORY.  What every connection holds -- bytes read, requests in flight, replies
+unsent -- is charged to the process's one memory budget (``Service.budget``, the config's
+``memory_budget``): when it is full, a connection that owes answers is not read until they
+go out, one that holds only a partial request is answered MEMORY and closed.
 
 Well-formed inference requests of a model the MIP lane serves are taken a read at a time by
 :class:`wirekit.serve.lane.Lane` (or its compiled twin); the rest, one message at a time, by
@@ -28,9 +31,10 @@ import asyncio
 import time
 from typing import Any
 
+from wirekit._memory import MemoryReturn
 from wirekit.mip import ErrorCode, ErrorReply
 from wirekit.mip.connection import Connection, Rejected, Request
-from wirekit.mip.limits import BufferBudget, Limits
+from wirekit.mip.limits import Limits, MemoryBudget
 from wirekit.mip.server import Watchdog
 
 from .dispatcher import Dispatcher, Job, Outcome, UnknownModel
@@ -51,8 +55,9 @@ class MipFrontDoor(asyncio.Protocol):
     and a sans-IO :class:`~wirekit.mip.connection.Connection` (framing, error replies, reply
     order, pausing, limits), and hands its requests to the lane and the dispatcher.
 
-    ``budget`` is shared by every front-door connection of the dispatcher (default: one of
-    this connection's own, of ``limits.max_buffered``)."""
+    ``budget`` is the process's memory budget, shared by every door (default: one of this
+    connection's own, of ``limits.memory_budget``); ``memory_return`` gives memory back to the
+    system after big connections end (:mod:`wirekit._memory`)."""
 
     def __init__(
         self,
@@ -60,7 +65,8 @@ class MipFrontDoor(asyncio.Protocol):
         model: str,
         tasks: set[asyncio.Task],
         limits: Limits | None = None,
-        budget: BufferBudget | None = None,
+        budget: MemoryBudget | None = None,
+        memory_return: MemoryReturn | None = None,
     ) -> None:
         limits = limits if limits is not None else Limits()
         self.dispatcher = dispatcher
@@ -73,9 +79,8 @@ class MipFrontDoor(asyncio.Protocol):
         self.max_message_size = limits.max_message_size
         self.max_items = limits.max_items
         self.conn = Connection(limits, budget, time.monotonic(), max_in_flight=MAX_PIPELINED)
-        self.watchdog = Watchdog(
-            self.conn.guard, self.loop, time.monotonic, self._state, self._drop
-        )
+        self.memory_return = memory_return
+        self.watchdog = Watchdog(self.conn, self.loop, time.monotonic, self._unsent, self._drop)
         self._paused = False  # the transport's reading, as last set
         self._flush_soon = False
         self.transport: asyncio.Transport | None = None
@@ -102,16 +107,39 @@ class MipFrontDoor(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.transport = None
-        self.conn.release()
+        self._release()
         self.watchdog.stop()
 
-    def _state(self) -> tuple[bool, bool]:
-        return self.conn.paused, self.conn.pending
+    def _release(self) -> None:
+        """Nothing more is taken from this connection: what it holds goes back to the
+        budget."""
+        held = self.conn.held
+        self.conn.release()
+        if self.memory_return is not None:
+            self.memory_return.released(held)
+
+    def pause_writing(self) -> None:
+        """The client does not read its replies fast enough: what the transport holds is
+        charged to the budget, reading stops, the write-stall clock runs."""
+        now = time.monotonic()
+        conn = self.conn
+        conn.writing(True, now, self._unsent())
+        self._sync_reading()
+        if conn.timer_wanted():
+            self.watchdog.arm(now)
+
+    def resume_writing(self) -> None:
+        self.conn.writing(False, time.monotonic())
+        self._pump()
+
+    def _unsent(self) -> int:
+        transport = self.transport
+        return transport.get_write_buffer_size() if transport is not None else 0
 
     def _drop(self, why: str) -> None:
         if self.transport is not None:
             log.info("dropping %s: %s", self.client, why)
-            self.conn.release()
+            self._release()
             self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
@@ -149,10 +177,15 @@ class MipFrontDoor(asyncio.Protocol):
             self._write()
             if not was_paused or conn.paused:
                 break  # else reading resumed: requests that arrived meanwhile are next
+        self._sync_reading()
+
+    def _sync_reading(self) -> None:
+        """Pause or resume the transport's reading as the connection says."""
         transport = self.transport
         if transport is None:
             return
-        if conn.paused:
+        conn = self.conn
+        if conn.paused or conn.write_paused:
             if not self._paused:
                 self._paused = True
                 transport.pause_reading()

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from wirekit._memory import MemoryReturn
 from wirekit.mip.limits import BufferBudget
 
 from .actuators import build_actuator
@@ -181,7 +182,9 @@ class Service:
         self._tasks: set[asyncio.Task] = set()
         self._mip_servers: dict[str, asyncio.Server] = {}
         #: the one memory budget of this process: every front door (MIP and HTTP) charges it
-        self.budget = BufferBudget(deployment.mip.max_buffered)
+        self.budget = BufferBudget(deployment.mip.memory_budget)
+        #: gives memory back to the system after big connections end (wirekit._memory)
+        self.memory_return = MemoryReturn()
         self._http: HttpDoor | None = None
         self._http_port: int | None = None
         #: says when accept fails on any door for lack of file descriptors
@@ -362,7 +365,9 @@ class Service:
 
         def factory() -> MipFrontDoor:
             assert self.dispatcher is not None
-            door = MipFrontDoor(self.dispatcher, model.name, self._tasks, dep.mip, self.budget)
+            door = MipFrontDoor(
+                self.dispatcher, model.name, self._tasks, dep.mip, self.budget, self.memory_return
+            )
             conns.add(door)
             return door
 
