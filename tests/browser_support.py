@@ -266,10 +266,8 @@ class Browser:
         if self._http is not None:
             await self._http.close()
         if self.proc is not None:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # Browser.close was sent
                 self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)  # its helpers too (its own group)
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -17,7 +17,6 @@ import asyncio
 import http.client
 import json
 import re
-from pathlib import Path
 
 import aiohttp
 from browser_support import Browser, require_chromium
