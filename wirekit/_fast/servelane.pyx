@@ -85,7 +85,7 @@ cdef class LaneCall:
     cdef readonly object row, client, conn, job, reply, key
     cdef readonly str rid
     cdef readonly bytes wire
-    cdef readonly double t_in, deadline, timeout
+    cdef readonly double t_in, deadline, timeout, t_back
     cdef readonly int state
 
     @property
@@ -98,6 +98,7 @@ cdef class LaneCall:
     def set_result(self, bytes frame):
         """The backend's reply (called once, by the backend connection)."""
         cdef Py_ssize_t n = PyBytes_GET_SIZE(frame)
+        self.t_back = self.lane._clock()  # when the backend's reply came
         self.client.release_slot()
         if _size(<const uint8_t*>PyBytes_AS_STRING(frame), 0, n, 1, -1) != n:
             self.state = S_HANDED_OVER
@@ -300,7 +301,7 @@ cdef class Lane:
     def answers(self, pending):
         """Pop the answers ready at the head of ``pending``, in order, recording the lane's
         own; return them (see ``wirekit.serve.lane.Lane.answers``)."""
-        cdef list out = [], done = []
+        cdef list out = [], done = [], backend = []  # backend: the time of each sent
         cdef Py_ssize_t n = 0
         cdef double t_out = 0.0, rt, total = 0.0, lo = INFINITY, hi = -INFINITY
         cdef object t_obj = None, head, cls, row, device, attempts, tin_obj = None
@@ -336,6 +337,7 @@ cdef class Lane:
                     else:
                         device = row.key
                         attempts = _ONE
+                        backend.append(call.t_back - call.t_in)
                         if row is not last:  # DeviceRow hashes its fields: once per run
                             succeeded.add(row)
                             last = row
@@ -367,7 +369,7 @@ cdef class Lane:
             pending.popleft()
         if n:
             self.dispatcher.lane_answered(self.stats, self.model, self.client, t_obj, total,
-                                          lo, hi, succeeded, done, by_row)
+                                          lo, hi, succeeded, done, by_row, backend)
         return out
 
 

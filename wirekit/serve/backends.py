@@ -77,6 +77,11 @@ class MipBackend:
         return Payload(wire, reply)  # the bytes go back to a MIP client as they came
 
     @property
+    def in_flight(self) -> int:
+        """Requests sent to this server and not answered yet (the client's slots held)."""
+        return self._client.in_flight
+
+    @property
     def lane_client(self) -> AsyncClient | None:
         """The pipelined client the dispatcher's MIP lane sends through (None for a
         one-at-a-time server such as KubeMo's, which the lane does not serve)."""
@@ -111,8 +116,16 @@ class ClipperBackend:
         self.frontend = frontend
         self.name = name
         self.timeout = timeout
+        self.in_flight = 0  #: requests sent to the containers and not answered yet
 
     async def infer(self, request: Payload) -> Payload:
+        self.in_flight += 1
+        try:
+            return await self._infer(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _infer(self, request: Payload) -> Payload:
         from wirekit.clipper.session import PredictionError
 
         msg = request.message

@@ -11,7 +11,7 @@ import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")
 
@@ -41,6 +41,8 @@ class ResponseCache(Generic[V]):
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        #: model -> [hits, misses] of its lookups
+        self.by_model: dict[str, list[int]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -57,11 +59,19 @@ class ResponseCache(Generic[V]):
             if expires > self._clock():
                 self._data.move_to_end((model, key))
                 self.hits += 1
+                self._counts(model)[0] += 1
                 return value
             del self._data[(model, key)]
             self.bytes -= size
         self.misses += 1
+        self._counts(model)[1] += 1
         return None
+
+    def _counts(self, model: str) -> list[int]:
+        counts = self.by_model.get(model)
+        if counts is None:
+            counts = self.by_model[model] = [0, 0]
+        return counts
 
     def put(self, model: str, key: bytes, value: V, size: int) -> None:
         """Store ``value`` (``size`` bytes) and evict the least recently used beyond bounds."""
@@ -77,11 +87,15 @@ class ResponseCache(Generic[V]):
             self.bytes -= dropped
             self.evictions += 1
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         return {
             "hits": self.hits,
             "misses": self.misses,
             "entries": len(self._data),
             "bytes": self.bytes,
             "evictions": self.evictions,
+            "models": {
+                m: {"hits": hits, "misses": misses}
+                for m, (hits, misses) in sorted(self.by_model.items())
+            },
         }

@@ -533,6 +533,8 @@ class Controller:
         self.periods = 0  #: periods run
         self.failures = 0  #: decisions whose actuator failed (rolled back)
         self.last: deque[dict[str, Any]] = deque(maxlen=LAST_DECISIONS)
+        #: (model, status) -> decisions applied so far with that status
+        self.outcomes: dict[tuple[str, str], int] = {}
 
     def snapshot(self) -> Snapshot:
         catalog = self.catalog
@@ -621,6 +623,7 @@ class Controller:
                     log.exception("controller: rolling back %s/%s/%s", d.node, d.device, d.model)
         record = decision_record(d, status, error, self.wall())
         self.last.append(record)
+        self.outcomes[(d.model, status)] = self.outcomes.get((d.model, status), 0) + 1
         if self.store is not None:
             try:
                 await asyncio.to_thread(self.store.record_decision, **record, fenced=fenced)

@@ -127,6 +127,7 @@ class Job:
         "request",
         "rid",
         "t_in",
+        "t_sent",
     )
 
     def __init__(self, model: str, request: Payload, client: str, notify) -> None:
@@ -140,6 +141,8 @@ class Job:
         #: set by Dispatcher.start (or lane_fallback) before any use
         self.cfg: ModelConfig = None  # type: ignore[assignment]
         self.t_in = 0.0
+        #: when its current attempt was sent (0: never sent yet)
+        self.t_sent = 0.0
         self.key: bytes | None = None
         #: its journal line's start, made while it is sent ("" or None: none)
         self.head: str | None = None
@@ -218,6 +221,8 @@ class Dispatcher:
         self.tasks: set[asyncio.Task] = set()  #: attempt loops of started requests
         self.batches = 0  #: joined batches sent to backends (adaptive batching)
         self.batch_retries = 0  #: joined batches whose requests were sent again one by one
+        #: row key -> [joined batches sent, of them sent again one by one]
+        self.row_batches: dict[str, list[int]] = {}
         self.lane_requests = 0  #: requests the MIP lane took (wirekit.serve.lane)
         self._waiting: dict[str, list[Job]] = {}  # row key -> jobs to join this loop pass
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -317,7 +322,7 @@ class Dispatcher:
         self.store.arrival(rid, model, client, t_in, len(wire), wire)
         self.metrics.arrived(model)
         try:
-            outcome = await self._answer(rid, cfg, request, wire)
+            outcome = await self._answer(rid, cfg, request, wire, t_in=t_in)
         except BaseException:
             # Cancelled (the client went away, or shutdown): still close the row.
             self._finish(
@@ -371,10 +376,14 @@ class Dispatcher:
         done: int = 0,
         last: str = "",
         first: DeviceRow | None = None,
+        t_in: float = 0.0,
+        sent: bool = False,
     ):
         """The attempt loop.  A :class:`Job` whose fast first attempt failed continues here:
         ``checked`` (the cache was looked up, ``key`` its key), ``tried``/``done``/``last``
-        (the attempts made so far), ``first`` (the device to try next instead of choosing)."""
+        (the attempts made so far), ``first`` (the device to try next instead of choosing).
+        ``t_in``: when the request arrived; ``sent``: it was sent to a backend before (its
+        time in the queue is recorded at its first send)."""
         cache = self.cache
         if not checked and cache.enabled:
             key = digest(memoryview(wire)[8:])
@@ -398,22 +407,30 @@ class Dispatcher:
                 tried.append(row.key)
             if attempt > 1:
                 self.resubmissions += 1
+                self.metrics.resubmitted(cfg.name)
             backend = self.backends.get(row.key)
             if backend is None:  # its model was removed meanwhile
                 last = f"{row.key}: no longer served"
                 continue
+            t_sent = self.clock()
+            if not sent:
+                sent = True
+                self.metrics.waited(cfg.name, t_sent - t_in)
             try:
                 reply = await _infer_within(backend, request, cfg.timeout)
             except (asyncio.TimeoutError, TimeoutError):
+                self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
                 last = f"{row.key}: no answer within {cfg.timeout} s"
                 log.warning("request %s: %s", rid, last)
                 self.router.fail(row)
                 continue
             except (BackendUnavailable, OSError) as exc:
+                self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
                 last = f"{row.key}: {exc}"
                 log.warning("request %s: %s", rid, last)
                 self.router.fail(row)
                 continue
+            self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
             self.router.succeed(row)
             msg = reply.message
             if isinstance(msg, Inference) and msg.response:
@@ -517,6 +534,10 @@ class Dispatcher:
         ``job`` must have its id before the loop runs again."""
         send = getattr(self.backends.get(row.key), "send_nowait", None)
         if send is not None and send(job.request.wire, partial(self._fast_reply, job, row)):
+            t_sent = self.clock()
+            if not job.t_sent:
+                self.metrics.waited(job.model, t_sent - job.t_in)
+            job.t_sent = t_sent
             return True
         self._spawn(job, first=row)
         return False
@@ -585,8 +606,18 @@ class Dispatcher:
             self._send_one(jobs[0], row)
             return
         self.batches += 1
+        counts = self.row_batches.get(row.key)
+        if counts is None:
+            counts = self.row_batches[row.key] = [0, 0]
+        counts[0] += 1
         wire = join_requests([j.request.wire for j in jobs], n_input, samples)
         backend: Any = self.backends[row.key]  # batchable: a MipBackend
+        t_sent = self.clock()
+        waited = self.metrics.waited
+        for job in jobs:
+            if not job.t_sent:
+                waited(job.model, t_sent - job.t_in)
+            job.t_sent = t_sent
         if backend.send_nowait(wire, partial(self._group_reply, jobs, row)):
             return
         task = asyncio.get_running_loop().create_task(self._group_slow(jobs, row, wire))
@@ -619,6 +650,8 @@ class Dispatcher:
             except DecodeError as err:
                 exc = err
             else:
+                t_out = self.clock()  # answered together
+                self.metrics.backend_time(jobs[0].model, row.key, t_out - jobs[0].t_sent, len(jobs))
                 self.router.succeed(row)
                 parts = None
                 if type(msg) is Inference and msg.response:
@@ -627,6 +660,7 @@ class Dispatcher:
                     # An error reply (or a reply not shaped like the batch) may be the fault
                     # of one request: each is sent again alone and gets its own answer.
                     self.batch_retries += 1
+                    self.row_batches[row.key][1] += 1
                     log.info(
                         "a batch of %d requests to %s was answered %s: sending them one by one",
                         len(jobs),
@@ -637,7 +671,6 @@ class Dispatcher:
                         self._send_one(job, row)
                     return
                 cache, key = self.cache, row.key
-                t_out = self.clock()  # answered together
                 for job, wire in zip(jobs, parts, strict=True):
                     reply = Payload(wire)
                     if job.key is not None:
@@ -657,7 +690,15 @@ class Dispatcher:
         request = job.request
         try:
             outcome = await self._answer(
-                job.rid, job.cfg, request, request.wire, checked=True, key=job.key, **resume
+                job.rid,
+                job.cfg,
+                request,
+                request.wire,
+                checked=True,
+                key=job.key,
+                t_in=job.t_in,
+                sent=job.t_sent > 0,
+                **resume,
             )
         except BaseException as exc:
             self._abort(job, exc)
@@ -719,6 +760,8 @@ class Dispatcher:
     def _fast_reply(self, job: Job, row: DeviceRow, frame: bytes | None, exc) -> None:
         """The first attempt's reply (or failure), from the backend connection's callback."""
         cfg = job.cfg
+        t_back = self.clock()
+        self.metrics.backend_time(job.model, row.key, t_back - job.t_sent)
         if exc is None:
             assert frame is not None  # a reply, or an exception
             try:
@@ -739,7 +782,7 @@ class Dispatcher:
                     outcome = Outcome(
                         job.rid, ERROR, Payload(wire, msg), row.key, 1, f"backend answered {msg}"
                     )
-                self._settle(job, outcome)
+                self._settle(job, outcome, t_back)
                 return
         retryable = unanswered_retryable(exc)
         if retryable:
@@ -795,6 +838,7 @@ class Dispatcher:
         n = len(requests)
         self.active += n
         self.lane_requests += n
+        self.metrics.model_counters(model).lane_requests += n
         stats.arrive(n)
         self.store.arrivals(model, client, t_in, requests)
 
@@ -810,15 +854,19 @@ class Dispatcher:
         rows: Collection[DeviceRow],
         answers: list[tuple[str, str, float, int, int, Any]],
         by_row: dict[str, list[Any]] | None = None,
+        backend: list[float] | None = None,
     ) -> None:
         """The MIP lane answered ``answers`` (``ok``, at ``t_out``; their response times
         summing to ``total``, from ``lo`` to ``hi``), from the devices ``rows`` (back in
         rotation): counted and stored (:meth:`RequestStore.completions_ok`; the journal is
         written before the answers go out).  ``by_row``: the same figures per row key,
-        ``[n, total, lo, hi]``, which the lane gathers only when a window is kept."""
+        ``[n, total, lo, hi]``, which the lane gathers only when a window is kept.
+        ``backend``: the backend time of each answer not from the cache, in order
+        (:meth:`Metrics.lane_answered`)."""
         n = len(answers)
         self.active -= n
         stats.answered_ok(n, total, lo, hi)
+        self.metrics.lane_answered(model, t_out, answers, backend)
         if by_row:
             self.metrics.rows_answered(by_row)
         succeed = self.router.succeed
@@ -836,6 +884,8 @@ class Dispatcher:
         job.rid = call.rid
         job.cfg = self.models.get(lane.model) or self._retired[lane.model]
         job.t_in = call.t_in
+        job.t_sent = call.t_in  # sent in the pass it was read: no time in the queue
+        self.metrics.waited(lane.model, 0.0)
         job.key = call.key  # the answer is cached as the lane would have
         job.head = ""
         self._fast_reply(job, call.row, frame, exc)

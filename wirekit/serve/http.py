@@ -9,7 +9,9 @@
   ``{"query_id": n, "output": v, "default": false}``; ``{"input_batch": [v, ...]}`` answers
   ``{"batch_predictions": [...]}``.  When no device answers, the answer is Clipper's default
   form: ``"default": true`` with a ``default_explanation``.
-* ``GET /metrics`` (Prometheus text), ``GET /stats`` (JSON), ``GET /healthz``.
+* ``GET /metrics`` (Prometheus text), ``GET /stats`` (JSON), ``GET /healthz`` (200 while
+  the process and its loop answer) and ``GET /readyz`` (200 when it can serve, 503 with the
+  reasons in the JSON body when not); none needs a token.
 * The admin API (models added and removed while the dispatcher runs; see ``specs/serve.md``):
   ``GET /admin/models``, ``POST /admin/models``, ``DELETE /admin/models/{name}``,
   ``PATCH /admin/models/{name}`` (its settings), ``PUT /admin/models/{name}/quota``.  Each
@@ -142,13 +144,17 @@ def build_app(
     admin_access: AdminAccess | None = None,
     controller: Callable[[], dict[str, Any]] | None = None,
     limits: HttpLimits | None = None,
+    health: Callable[[], dict[str, Any]] | None = None,
+    readiness: Callable[[], dict[str, Any]] | None = None,
 ) -> web.Application:
     """The aiohttp application of the front door; ``max_items`` bounds the MIP items one
     body may ask for (the config's ``mip.max_items``).  ``app_models`` is read at each
     request (the caller keeps it up to date).  ``admin``: serve the admin API, to the
     requests ``admin_access`` lets through (required with ``admin``).  ``limits``: the
     ``http`` table; served by a :class:`wirekit.serve.httpdoor.HttpDoor`, request bodies
-    are read within it and charged to the process's memory budget."""
+    are read within it and charged to the process's memory budget.  ``health`` and
+    ``readiness``: the documents of ``/healthz`` and ``/readyz`` (``readiness()["ready"]``
+    false: 503); without them ``/healthz`` answers ``{"ok": true}`` and ``/readyz`` 200."""
     query_ids = itertools.count()
 
     async def predict(request: web.Request) -> web.Response:
@@ -248,7 +254,11 @@ def build_app(
         return resp
 
     async def healthz(_request: web.Request) -> web.Response:
-        return _json({"ok": True})
+        return _json(health() if health is not None else {"ok": True})
+
+    async def readyz(_request: web.Request) -> web.Response:
+        doc = readiness() if readiness is not None else {"ready": True, "reasons": []}
+        return _json(doc, 200 if doc["ready"] else 503)
 
     async def get_controller(_request: web.Request) -> web.Response:
         if controller is None:
@@ -265,6 +275,7 @@ def build_app(
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/stats", get_stats)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/controller", get_controller)
     app.router.add_post(f"/{{app:{NAME}}}/predict", clipper_predict)
     add_page_routes(app)  # GET /: the live page (read-only; wirekit.serve.page)

@@ -95,6 +95,7 @@ class LaneCall:
         "rid",
         "row",
         "state",
+        "t_back",
         "t_in",
         "timeout",
         "wire",
@@ -118,6 +119,7 @@ class LaneCall:
         self.rid = rid
         self.wire = wire
         self.t_in = t_in
+        self.t_back = 0.0  #: when the backend's reply came
         self.deadline = deadline
         self.timeout = client.timeout
         self.state = IN_FLIGHT
@@ -134,6 +136,7 @@ class LaneCall:
 
     def set_result(self, frame: bytes) -> None:
         """The backend's reply (called once, by the backend connection)."""
+        self.t_back = self.lane.dispatcher.clock()
         self.client.release_slot()
         if inference_size(frame, 0, len(frame), 1) != len(frame):
             self.state = HANDED_OVER
@@ -298,6 +301,7 @@ class Lane:
         lane calls), in order, recording the lane's own; return them."""
         out: list[bytes] = []
         done: list[tuple[str, str, float, int, int, bytes]] = []  # for the store
+        backend: list[float] = []  # the backend time of each sent (not from the cache)
         t_out = 0.0
         n = 0
         total = 0.0
@@ -329,6 +333,7 @@ class Lane:
                         device, attempts = _CACHE, 0
                     else:
                         device, attempts = row.key, 1
+                        backend.append(head.t_back - head.t_in)
                         if row is not last:  # DeviceRow hashes its fields: once per run
                             succeeded.add(row)
                             last = row
@@ -357,7 +362,17 @@ class Lane:
             pending.popleft()
         if n:
             self.dispatcher.lane_answered(
-                self.stats, self.model, self.client, t_out, total, lo, hi, succeeded, done, by_row
+                self.stats,
+                self.model,
+                self.client,
+                t_out,
+                total,
+                lo,
+                hi,
+                succeeded,
+                done,
+                by_row,
+                backend,
             )
         return out
 

@@ -1,16 +1,30 @@
-"""Metrics of the design: response time (avg/min/max) per model and the queue length
-(waiting + being processed), in total and per model, plus counts per status and the cache's
-hits and misses.
+"""Metrics of the dispatcher, kept in memory and exported two ways: ``GET /metrics``
+(Prometheus text, :meth:`Metrics.prometheus`) and ``GET /stats`` (JSON, :meth:`Metrics.snapshot`
+plus what the service adds).
 
-:class:`Metrics` keeps them live in memory (started from the store at start-up, so they always
-describe the whole store) and :func:`stats_from_store` computes the same figures with SQL from
-a store: the two agree, which the tests check.  On a shared PostgreSQL store (several
-replicas), ``/stats`` and ``/metrics`` report the figures computed from the store -- the same
-on every replica -- and each replica's live counters only as its process-local figures
-(``"local"`` in ``/stats``, ``wirekit_serve_local_*`` in ``/metrics``).  ``snapshot()`` is
-the JSON of ``/stats``; :meth:`Metrics.prometheus` is the text of ``/metrics``.
+Two kinds of figures:
 
-The controller needs the same figures over a recent window rather than since the start:
+* **This process's, since it started** (the Prometheus series; see :data:`METRIC_NAMES`):
+  histograms of the response time per model and device
+  (``wirekit_serve_request_duration_seconds``), of the time a request waited in the
+  dispatcher before it was first sent to a backend (``..._queue_duration_seconds``) and of
+  the time at the backend per attempt (``..._backend_duration_seconds``), all with the
+  buckets :data:`DURATION_BUCKETS`; counters of requests by model, device and end state,
+  resubmissions, back-offs, batches, cache hits/misses/evictions, controller decisions;
+  gauges of the queue and of the requests in flight per device.  Every replica on a shared
+  store exports its own (Prometheus' ``instance`` label tells them apart): a dashboard sums
+  them, ``sum by (le, model) (rate(..._bucket[5m]))``, and nothing store-wide is exported
+  there, so nothing is counted twice.  They are recorded through :meth:`Metrics.finished`,
+  :meth:`Metrics.lane_answered`, :meth:`Metrics.waited` and :meth:`Metrics.backend_time`,
+  which the general path and both twins of the MIP lane call.
+* **The store's** (``/stats``' per-model ``requests``, ``queue``, ``statuses`` and
+  ``response_time``; ``wirekit serve stats``): :class:`ModelStats`, started from the store
+  at start-up on the embedded store (so they describe the whole file, previous runs
+  included) and computed with SQL from the store on a shared PostgreSQL store (every
+  replica's requests; this replica's own under ``"local"``).  :func:`stats_from_store`
+  computes the same figures from a store: the two agree, which the tests check.
+
+The controller needs figures over a recent window rather than since the start:
 ``Metrics(models, window=Window(...))`` also keeps, per model, the last ``span`` seconds in
 time slots (:class:`Window`), read with :meth:`Metrics.recent` (and shown under ``"window"``
 in ``/stats``).  Off unless asked for: without a window the request path pays one ``if``.
@@ -23,6 +37,12 @@ its ``device``, the MIP lane's groups split per row (:meth:`Metrics.rows_answere
 row's ``requests`` are the requests it *finished* in the window (answered ok or with an
 error; ``rate`` its throughput) and its ``queue`` is None: a request has no device until it
 is answered (nor in the store).  Answers from the cache count on no row.
+
+``/stats``' ``latency`` and ``rate`` (per model and per device) are read from the same
+histograms as ``/metrics``, over the last :data:`STATS_WINDOW` seconds
+(:class:`HistogramHistory`): the quantiles are interpolated within a bucket as Prometheus'
+``histogram_quantile`` does, so ``/stats`` says what a Prometheus query over the same
+window says.
 """
 
 from __future__ import annotations
@@ -30,6 +50,8 @@ from __future__ import annotations
 import math
 import sqlite3
 import time
+from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,6 +109,192 @@ class ModelStats:
 _BUCKETS_PER_OCTAVE = 8
 _NO_TIME = -(1 << 20)  # the bucket of response times <= 0
 _CACHE = "cache"  # the device of an answer from the cache (no row)
+
+
+#: the upper bounds (seconds) of the buckets of every duration histogram, and +Inf: suited
+#: to 0.5 ms .. 30 s, about 2 to 2.5 times apart (the same list on every replica, so that
+#: their buckets add up)
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
+)  # fmt: skip
+_LE = [*(repr(b) for b in DURATION_BUCKETS), "+Inf"]
+#: seconds of history ``/stats`` reads its ``latency`` and ``rate`` over
+STATS_WINDOW = 60.0
+#: the device label of a request no device answered (failed) or the cache answered
+NO_DEVICE = ""
+
+#: every series ``/metrics`` exports: name -> (type, labels, what it is); the README's table
+#: and the tests follow it
+METRIC_NAMES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "wirekit_serve_requests_total": (
+        "counter",
+        ("model", "device", "state"),
+        "Requests finished, by model, device that answered and end state",
+    ),
+    "wirekit_serve_request_duration_seconds": (
+        "histogram",
+        ("model", "device"),
+        "Response time: arrival to answer, every end state",
+    ),
+    "wirekit_serve_queue_duration_seconds": (
+        "histogram",
+        ("model",),
+        "Time a request waited in the dispatcher before it was first sent to a backend",
+    ),
+    "wirekit_serve_backend_duration_seconds": (
+        "histogram",
+        ("model", "device"),
+        "Time at the backend per attempt: sent to answered (or failed, or timed out)",
+    ),
+    "wirekit_serve_resubmissions_total": (
+        "counter",
+        ("model",),
+        "Attempts after the first (a device failed or timed out)",
+    ),
+    "wirekit_serve_backoffs_total": (
+        "counter",
+        ("model", "device"),
+        "Times a device was taken out of rotation after a failure",
+    ),
+    "wirekit_serve_batches_total": (
+        "counter",
+        ("model", "device"),
+        "Joined batches sent (adaptive batching)",
+    ),
+    "wirekit_serve_batch_retries_total": (
+        "counter",
+        ("model", "device"),
+        "Joined batches whose requests were sent again one by one",
+    ),
+    "wirekit_serve_lane_requests_total": (
+        "counter",
+        ("model",),
+        "Requests the MIP lane took (the fast path)",
+    ),
+    "wirekit_serve_cache_hits_total": ("counter", ("model",), "Response cache hits"),
+    "wirekit_serve_cache_misses_total": ("counter", ("model",), "Response cache misses"),
+    "wirekit_serve_cache_evictions_total": (
+        "counter",
+        (),
+        "Responses dropped from the cache to stay within its bounds",
+    ),
+    "wirekit_serve_cache_entries": ("gauge", (), "Responses in the cache"),
+    "wirekit_serve_cache_size_bytes": ("gauge", (), "Bytes of the responses in the cache"),
+    "wirekit_serve_controller_decisions_total": (
+        "counter",
+        ("model", "outcome"),
+        "Quota decisions of the controller (and operators' through it), by outcome",
+    ),
+    "wirekit_serve_in_flight": (
+        "gauge",
+        ("model", "device"),
+        "Requests sent to a device and not answered yet",
+    ),
+    "wirekit_serve_queue_length": (
+        "gauge",
+        ("model",),
+        "Requests this process took and has not answered yet (waiting or at a backend)",
+    ),
+    "wirekit_serve_quota": (
+        "gauge",
+        ("node", "device", "device_type", "model"),
+        "Share of a device given to a model (the models metadata, the controller's)",
+    ),
+    "wirekit_serve_response_time_target_seconds": (
+        "gauge",
+        ("model",),
+        "The controller's response-time target of a model (when it has one)",
+    ),
+    "wirekit_serve_devices_backed_off": (
+        "gauge",
+        (),
+        "Devices out of rotation after a failure, now",
+    ),
+    "wirekit_serve_ready": ("gauge", (), "1 when this process can serve (what /readyz says)"),
+}
+
+
+class Histogram:
+    """Counts of observations per bucket of :data:`DURATION_BUCKETS` (the last: above the
+    last bound) and their sum: one ``bisect`` and two additions per observation."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(DURATION_BUCKETS) + 1)
+        self.sum = 0.0
+
+    def observe(self, seconds: float, n: int = 1) -> None:
+        """``n`` observations of ``seconds`` each (below 0 -- a clock step -- counts as 0)."""
+        if seconds < 0.0:
+            seconds = 0.0
+        self.counts[bisect_left(DURATION_BUCKETS, seconds)] += n
+        self.sum += seconds * n
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def copy(self) -> Histogram:
+        h = Histogram()
+        h.counts = list(self.counts)
+        h.sum = self.sum
+        return h
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """``[(le, observations <= le), ...]`` as the exposition writes them."""
+        out = []
+        seen = 0
+        for le, n in zip(_LE, self.counts, strict=True):
+            seen += n
+            out.append((le, seen))
+        return out
+
+
+def quantile(q: float, counts: list[int]) -> float | None:
+    """The ``q`` quantile of per-bucket ``counts`` (of :data:`DURATION_BUCKETS`),
+    interpolated linearly within its bucket as Prometheus' ``histogram_quantile`` does (the
+    first bucket from 0; the +Inf bucket answers the last bound); None without data."""
+    total = sum(counts)
+    if total <= 0:
+        return None
+    rank = q * total
+    seen = 0
+    for i, n in enumerate(counts):
+        if n and seen + n >= rank:
+            if i == len(DURATION_BUCKETS):
+                return DURATION_BUCKETS[-1]
+            lo = DURATION_BUCKETS[i - 1] if i else 0.0
+            hi = DURATION_BUCKETS[i]
+            return lo + (hi - lo) * (rank - seen) / n
+        seen += n
+    return DURATION_BUCKETS[-1]  # pragma: no cover - the counts add up to total
+
+
+def latency_of(counts: list[int]) -> dict[str, float | None]:
+    """``{"p50", "p95", "p99"}`` of per-bucket counts (None each without data)."""
+    return {f"p{round(q * 100)}": quantile(q, counts) for q in (0.50, 0.95, 0.99)}
+
+
+class DeviceSeries:
+    """One (model, device) pair's figures since the process started: its requests by end
+    state and the histograms of their response times and of the backend's time."""
+
+    __slots__ = ("backend", "device", "duration", "model", "states")
+
+    def __init__(self, model: str, device: str) -> None:
+        self.model = model
+        self.device = device  #: ``node/index``, or :data:`NO_DEVICE`
+        self.states: dict[str, int] = {}
+        self.duration = Histogram()
+        self.backend = Histogram()
+
+
+def device_label(key: str, model: str) -> str:
+    """The ``device`` label (``node/index``) of the row key ``node/index/model``."""
+    suffix = "/" + model
+    return key[: -len(suffix)] if key.endswith(suffix) else key
 
 
 class _Slot:
@@ -247,6 +455,18 @@ class Window:
         return WindowCounters(self)
 
 
+class ModelCounters:
+    """One model's figures since the process started that are not per device."""
+
+    __slots__ = ("lane_requests", "queue", "resubmissions")
+
+    def __init__(self) -> None:
+        #: time waited in the dispatcher before the first send
+        self.queue = Histogram()
+        self.resubmissions = 0
+        self.lane_requests = 0
+
+
 class Metrics:
     """Live counters, updated by the dispatcher as requests arrive and finish."""
 
@@ -261,6 +481,95 @@ class Metrics:
         #: requests the store held as queued at start (a previous run's, never answered):
         #: part of ``queue``, not in flight in this process
         self._stale: dict[str, int] = {}
+        #: (model, device label) -> its figures since start (the Prometheus series)
+        self.series: dict[tuple[str, str], DeviceSeries] = {}
+        self._by_key: dict[str, DeviceSeries] = {}  # row key -> its series
+        self._unrouted: dict[str, DeviceSeries] = {}  # model -> its NO_DEVICE series
+        #: model -> its figures since start that are not per device
+        self.counters: dict[str, ModelCounters] = {}
+
+    def model_counters(self, model: str) -> ModelCounters:
+        """The figures of ``model`` since start that are not per device (made on first use)."""
+        counters = self.counters.get(model)
+        if counters is None:
+            counters = self.counters[model] = ModelCounters()
+        return counters
+
+    def device_series(self, model: str, device: str | None) -> DeviceSeries:
+        """The series of ``model`` on the row key ``device`` (None or ``"cache"``: the
+        model's :data:`NO_DEVICE` series), made on first use."""
+        if device is None or device == _CACHE:
+            series = self._unrouted.get(model)
+            if series is None:
+                series = self._unrouted[model] = self._new_series(model, NO_DEVICE)
+            return series
+        series = self._by_key.get(device)
+        if series is None:
+            series = self._by_key[device] = self._new_series(model, device_label(device, model))
+        return series
+
+    def _new_series(self, model: str, label: str) -> DeviceSeries:
+        series = self.series.get((model, label))
+        if series is None:
+            series = self.series[(model, label)] = DeviceSeries(model, label)
+            self.model_counters(model)
+        return series
+
+    def waited(self, model: str, seconds: float) -> None:
+        """A request of ``model`` was sent to a backend for the first time, ``seconds``
+        after it arrived."""
+        self.model_counters(model).queue.observe(seconds)
+
+    def backend_time(self, model: str, device: str, seconds: float, n: int = 1) -> None:
+        """``n`` requests of ``model`` sent to the row ``device`` (its key) together came
+        back -- answered, failed or timed out -- ``seconds`` after they were sent."""
+        self.device_series(model, device).backend.observe(seconds, n)
+
+    def resubmitted(self, model: str) -> None:
+        """A request of ``model`` is tried again (an attempt after the first)."""
+        self.model_counters(model).resubmissions += 1
+
+    def lane_answered(
+        self,
+        model: str,
+        t_out: float,
+        answers: list[tuple[Any, ...]],
+        backend: list[float] | None = None,
+    ) -> None:
+        """The MIP lane answered ``answers`` ok at ``t_out``: each ``(id, device, t_in,
+        ...)`` (device a row key, or ``"cache"``), ``backend`` the backend time of each
+        that is not from the cache, in order (its queue time is 0: the lane sends a
+        request in the pass it reads it).  Answers of one device and one read are counted
+        together."""
+        series: DeviceSeries | None = None
+        last_device: Any = None
+        run_in: Any = None
+        run = 0
+        sent = 0
+        times = iter(backend or ())
+        for answer in answers:
+            device = answer[1]
+            t_in = answer[2]
+            if device != _CACHE:
+                sent += 1
+                seconds = next(times, None)
+                if seconds is not None:
+                    self.device_series(model, device).backend.observe(seconds)
+            if device is last_device and t_in is run_in:
+                run += 1
+                continue
+            if run:
+                assert series is not None
+                series.states[OK] = series.states.get(OK, 0) + run
+                series.duration.observe(t_out - run_in, run)
+            series = self.device_series(model, device)
+            last_device, run_in, run = device, t_in, 1
+        if run:
+            assert series is not None
+            series.states[OK] = series.states.get(OK, 0) + run
+            series.duration.observe(t_out - run_in, run)
+        if sent:
+            self.model_counters(model).queue.observe(0.0, sent)
 
     def stats(self, model: str) -> ModelStats:
         """The live counters of ``model`` (created on first use)."""
@@ -298,6 +607,9 @@ class Metrics:
         s = self.stats(model)
         s.queue -= 1
         s.statuses[status] = s.statuses.get(status, 0) + 1
+        series = self.device_series(model, device)
+        series.states[status] = series.states.get(status, 0) + 1
+        series.duration.observe(response_time)
         if status == OK:
             s.count += 1
             s.total += response_time
@@ -358,103 +670,173 @@ class Metrics:
             }
         return snap
 
-    def prometheus(
-        self,
-        extra: dict[str, Any] | None = None,
-        shared: dict[str, ModelStats] | None = None,
-    ) -> bytes:
-        """The Prometheus text exposition of these metrics (and of ``extra``: cache
-        hits/misses/entries, devices backed off, the quota of every row).  ``shared``: the
-        figures of a shared store (:func:`model_stats`) -- reported under the usual names,
-        and these live counters then as ``wirekit_serve_local_*``."""
+    def prometheus(self, extra: dict[str, Any] | None = None) -> bytes:
+        """The Prometheus text exposition of this process's figures (:data:`METRIC_NAMES`)
+        and of ``extra`` -- what the service adds, each key optional: ``cache``
+        (:meth:`ResponseCache.stats <wirekit.serve.cache.ResponseCache.stats>`),
+        ``quotas`` (rows), ``targets`` (model -> seconds), ``backed_off`` (row keys),
+        ``backoffs`` / ``in_flight`` ({(model, device label): n}), ``batches`` ({(model,
+        device label): [sent, retried]}), ``decisions`` ({(model, outcome): n}), ``ready``
+        (bool)."""
         from prometheus_client import CollectorRegistry, generate_latest
 
         registry = CollectorRegistry(auto_describe=False)
-        if shared is None:
-            registry.register(_Collector(self.models, extra or {}))
-        else:
-            registry.register(_Collector(shared, extra or {}))
-            registry.register(
-                _Collector(self.models, {}, "wirekit_serve_local_", " (this replica)")
-            )
+        registry.register(_Collector(self, extra or {}))
         return generate_latest(registry)
 
 
 class _Collector:
-    def __init__(
-        self,
-        models: dict[str, ModelStats],
-        extra: dict[str, Any],
-        prefix: str = "wirekit_serve_",
-        scope: str = "",
-    ) -> None:
-        self.models = models
+    """The families of :meth:`Metrics.prometheus`, built at each scrape."""
+
+    def __init__(self, metrics: Metrics, extra: dict[str, Any]) -> None:
+        self.metrics = metrics
         self.extra = extra
-        self.prefix = prefix
-        self.scope = scope
 
     def collect(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
 
-        models = self.models
-        p, scope = self.prefix, self.scope
-        queue = GaugeMetricFamily(
-            f"{p}queue_length",
-            f"Requests waiting or being processed, per model{scope}",
-            labels=["model"],
-        )
-        total = GaugeMetricFamily(
-            f"{p}queue_length_total", f"Requests waiting or being processed{scope}"
-        )
-        requests = CounterMetricFamily(
-            f"{p}requests",
-            f"Requests finished, per model and status{scope}",
-            labels=["model", "status"],
-        )
-        rt = {
-            k: GaugeMetricFamily(
-                f"{p}response_seconds_{k}",
-                f"{label} response time of the requests answered ok, per model{scope}",
-                labels=["model"],
-            )
-            for k, label in (("avg", "Average"), ("min", "Minimum"), ("max", "Maximum"))
+        kinds = {
+            "counter": CounterMetricFamily,
+            "gauge": GaugeMetricFamily,
+            "histogram": HistogramMetricFamily,
         }
-        for model, s in sorted(models.items()):
-            model = _label(model)
-            queue.add_metric([model], s.queue)
-            for status, n in sorted(s.statuses.items()):
-                requests.add_metric([model, _label(status)], n)
-            if s.count:
-                rt["avg"].add_metric([model], s.total / s.count)
-                rt["min"].add_metric([model], s.min)
-                rt["max"].add_metric([model], s.max)
-        total.add_metric([], sum(s.queue for s in models.values()))
-        yield from (queue, total, requests, *rt.values())
-        cache = self.extra.get("cache")
+
+        def family(name: str):
+            kind, labels, doc = METRIC_NAMES[name]
+            return kinds[kind](name, doc, labels=list(labels))
+
+        m, extra = self.metrics, self.extra
+        requests = family("wirekit_serve_requests_total")
+        duration = family("wirekit_serve_request_duration_seconds")
+        backend = family("wirekit_serve_backend_duration_seconds")
+        for (model, device), series in sorted(m.series.items()):
+            labels = [_label(model), _label(device)]
+            for state, n in sorted(series.states.items()):
+                requests.add_metric([*labels, _label(state)], n)
+            if series.duration.count:
+                duration.add_metric(labels, series.duration.cumulative(), series.duration.sum)
+            if series.backend.count:
+                backend.add_metric(labels, series.backend.cumulative(), series.backend.sum)
+        queue_wait = family("wirekit_serve_queue_duration_seconds")
+        resubmissions = family("wirekit_serve_resubmissions_total")
+        lane = family("wirekit_serve_lane_requests_total")
+        for model, counters in sorted(m.counters.items()):
+            labels = [_label(model)]
+            if counters.queue.count:
+                queue_wait.add_metric(labels, counters.queue.cumulative(), counters.queue.sum)
+            resubmissions.add_metric(labels, counters.resubmissions)
+            lane.add_metric(labels, counters.lane_requests)
+        queue = family("wirekit_serve_queue_length")
+        for model in sorted(m.models):
+            queue.add_metric([_label(model)], m.in_flight(model))
+        yield from (requests, duration, queue_wait, backend, resubmissions, lane, queue)
+        for name, key in (
+            ("wirekit_serve_backoffs_total", "backoffs"),
+            ("wirekit_serve_in_flight", "in_flight"),
+        ):
+            if key in extra:
+                f = family(name)
+                for (model, device), n in sorted(extra[key].items()):
+                    f.add_metric([_label(model), _label(device)], n)
+                yield f
+        if "batches" in extra:
+            sent = family("wirekit_serve_batches_total")
+            retried = family("wirekit_serve_batch_retries_total")
+            for (model, device), (n_sent, n_retried) in sorted(extra["batches"].items()):
+                sent.add_metric([_label(model), _label(device)], n_sent)
+                retried.add_metric([_label(model), _label(device)], n_retried)
+            yield from (sent, retried)
+        cache = extra.get("cache")
         if cache:
-            for key in ("hits", "misses"):
-                c = CounterMetricFamily(f"wirekit_serve_cache_{key}", f"Response cache {key}")
-                c.add_metric([], cache[key])
-                yield c
-            g = GaugeMetricFamily("wirekit_serve_cache_entries", "Responses in the cache")
-            g.add_metric([], cache["entries"])
-            yield g
-        if "quotas" in self.extra:
-            g = GaugeMetricFamily(
-                "wirekit_serve_quota",
-                "Share of a device given to a model (the models metadata, the controller's)",
-                labels=["node", "device", "device_type", "model"],
-            )
-            for q in self.extra["quotas"]:
+            hits = family("wirekit_serve_cache_hits_total")
+            misses = family("wirekit_serve_cache_misses_total")
+            for model, c in sorted(cache.get("models", {}).items()):
+                hits.add_metric([_label(model)], c["hits"])
+                misses.add_metric([_label(model)], c["misses"])
+            evictions = family("wirekit_serve_cache_evictions_total")
+            evictions.add_metric([], cache["evictions"])
+            entries = family("wirekit_serve_cache_entries")
+            entries.add_metric([], cache["entries"])
+            size = family("wirekit_serve_cache_size_bytes")
+            size.add_metric([], cache["bytes"])
+            yield from (hits, misses, evictions, entries, size)
+        if "decisions" in extra:
+            f = family("wirekit_serve_controller_decisions_total")
+            for (model, outcome), n in sorted(extra["decisions"].items()):
+                f.add_metric([_label(model), _label(outcome)], n)
+            yield f
+        if "quotas" in extra:
+            f = family("wirekit_serve_quota")
+            for q in extra["quotas"]:
                 labels = [q["node"], str(q["device"]), q["device_type"], q["model"]]
-                g.add_metric([_label(v) for v in labels], q["quota"])
-            yield g
-        if "backed_off" in self.extra:
-            g = GaugeMetricFamily(
-                "wirekit_serve_devices_backed_off", "Devices out of rotation after a failure"
-            )
-            g.add_metric([], len(self.extra["backed_off"]))
-            yield g
+                f.add_metric([_label(v) for v in labels], q["quota"])
+            yield f
+        if "targets" in extra:
+            f = family("wirekit_serve_response_time_target_seconds")
+            for model, seconds in sorted(extra["targets"].items()):
+                f.add_metric([_label(model)], seconds)
+            yield f
+        if "backed_off" in extra:
+            f = family("wirekit_serve_devices_backed_off")
+            f.add_metric([], len(extra["backed_off"]))
+            yield f
+        if "ready" in extra:
+            f = family("wirekit_serve_ready")
+            f.add_metric([], 1 if extra["ready"] else 0)
+            yield f
+
+
+class HistogramHistory:
+    """Snapshots of a :class:`Metrics`' histograms, taken at most every ``interval``
+    seconds and kept for ``span`` seconds, so that ``/stats`` reads the figures of the
+    last ``span`` seconds (the difference between now and the oldest snapshot kept) as a
+    Prometheus ``rate()`` over that range would: :meth:`window`."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        span: float = STATS_WINDOW,
+        interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.metrics = metrics
+        self.span = span
+        self.interval = interval
+        self.clock = clock
+        #: (time, {(model, device): request-duration counts}) oldest first
+        self._snapshots: deque[tuple[float, dict[tuple[str, str], list[int]]]] = deque()
+        self.take()
+
+    def take(self) -> None:
+        """Snapshot the histograms now (called every ``interval`` by the service, and by
+        :meth:`window`); drop the snapshots older than the span."""
+        now = self.clock()
+        snaps = self._snapshots
+        if snaps and now - snaps[-1][0] < self.interval:
+            return
+        snaps.append((now, {k: list(s.duration.counts) for k, s in self.metrics.series.items()}))
+        while len(snaps) > 1 and now - snaps[1][0] >= self.span:
+            snaps.popleft()
+
+    def window(self) -> tuple[float, dict[tuple[str, str], list[int]]]:
+        """``(seconds, {(model, device): request-duration counts per bucket})`` over the
+        last ``span`` seconds (or since the start when it is younger)."""
+        self.take()
+        now = self.clock()
+        then, old = self._snapshots[0]
+        out = {}
+        for key, series in self.metrics.series.items():
+            before = old.get(key)
+            counts = series.duration.counts
+            if before is None:
+                out[key] = list(counts)
+            else:
+                out[key] = [a - b for a, b in zip(counts, before, strict=True)]
+        return max(now - then, 1e-9), out
 
 
 def _as_text(value: Any) -> str:

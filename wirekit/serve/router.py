@@ -63,6 +63,10 @@ class Router:
         self._rng = rng or random.Random()
         self._clock = clock
         self._out_until: dict[str, float] = {}  # row key -> clock time it comes back
+        #: (model, row key) -> times that row was taken out of rotation (:meth:`fail`)
+        self.backoffs: dict[tuple[str, str], int] = {}
+        #: row key -> clock time of its last failure (:meth:`fail`), while routed
+        self.failed_at: dict[str, float] = {}
         self._catalog: Catalog | None = None
         by_model: dict[str, list[DeviceRow]] = {}
         for row in rows:
@@ -113,6 +117,7 @@ class Router:
             for row in old[0]:
                 if row.key not in keep:
                     self._out_until.pop(row.key, None)
+                    self.failed_at.pop(row.key, None)
 
     @property
     def models(self) -> list[str]:
@@ -162,11 +167,20 @@ class Router:
 
     def fail(self, row: DeviceRow) -> None:
         """Take ``row`` out of rotation for ``backoff`` seconds."""
-        self._out_until[row.key] = self._clock() + self.backoff
+        now = self._clock()
+        self._out_until[row.key] = now + self.backoff
+        self.failed_at[row.key] = now
+        key = (row.model, row.key)
+        self.backoffs[key] = self.backoffs.get(key, 0) + 1
 
     def succeed(self, row: DeviceRow) -> None:
         """A device answered: it is back in rotation."""
         self._out_until.pop(row.key, None)
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock of back-offs (:attr:`failed_at`)."""
+        return self._clock
 
     def backed_off(self) -> list[str]:
         """Keys of the rows out of rotation right now (expired entries are dropped)."""

@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import os
 import random
 import time
@@ -56,7 +58,17 @@ from .dispatcher import Dispatcher
 from .http import build_app
 from .httpdoor import FdWatch, HttpDoor
 from .logs import serve_logger
-from .metrics import Metrics, ModelStats, RecentStats, Window, model_stats, snapshot_of
+from .metrics import (
+    HistogramHistory,
+    Metrics,
+    ModelStats,
+    RecentStats,
+    Window,
+    device_label,
+    latency_of,
+    model_stats,
+    snapshot_of,
+)
 from .mipfront import MipFrontDoor
 from .payload import Payload
 from .router import Router
@@ -71,6 +83,13 @@ log = serve_logger()
 #: time slots of the controller's metrics window per model at most (memory: slots × the
 #: histogram buckets used, whatever the traffic)
 WINDOW_SLOTS = 600
+
+#: seconds between two probes of the backends (what ``/readyz`` says of them), and how
+#: long one TCP connection attempt of a probe may take
+PROBE_INTERVAL = 2.0
+PROBE_TIMEOUT = 1.0
+#: seconds between two snapshots of the histograms (``/stats``' window)
+SNAPSHOT_INTERVAL = 1.0
 
 __all__ = ["ADMIN_TOKEN_ENV", "Service", "admin_token", "is_loopback"]
 
@@ -125,6 +144,14 @@ class Service:
         if ctl is not None:  # slots of up to 1 s (half a period), at most WINDOW_SLOTS of them
             window = Window(ctl.window, max(min(1.0, ctl.period / 2), ctl.window / WINDOW_SLOTS))
         self.metrics = Metrics(deployment.models, window=window)
+        #: snapshots of the histograms: ``/stats``' latency and rate over the last minute
+        self.history = HistogramHistory(self.metrics, interval=SNAPSHOT_INTERVAL)
+        #: row key -> (router clock time, why it could not be reached or None) of its last
+        #: probe (readiness)
+        self._probes: dict[str, tuple[float, str | None]] = {}
+        self._watch_task: asyncio.Task | None = None
+        #: how late the watch task woke up last (the loop's lag, seconds)
+        self.loop_lag = 0.0
         self.cache: ResponseCache[Payload] = ResponseCache(
             deployment.cache.max_entries, deployment.cache.ttl, deployment.cache.max_bytes
         )
@@ -265,11 +292,15 @@ class Service:
                     admin_access=self._admin_access(),
                     controller=self.controller_state,
                     limits=dep.http,
+                    health=self.liveness,
+                    readiness=self.readiness,
                 )
                 self._http = HttpDoor(app, dep.http, self.budget)
                 self._http_port = await self._http.start(dep.host, dep.http_port)
                 self._write_token_file()
             self._fd_watch.start()
+            await self._probe_backends()
+            self._watch_task = asyncio.ensure_future(self._watch())
             if self.store.url is not None:
                 # several replicas on one store: one models metadata (and one controller)
                 from .replicas import ReplicaSync
@@ -591,6 +622,84 @@ class Service:
             "quotas": self.quotas(),
         }
 
+    def _row_labels(self) -> dict[str, tuple[str, str]]:
+        """Row key -> (model, device label) of every row of the catalog."""
+        return {r.key: (r.model, device_label(r.key, r.model)) for r in self.catalog.rows()}
+
+    def in_flight_by_device(self) -> dict[tuple[str, str], int]:
+        """(model, device label) -> requests sent to that row's backend and not answered
+        yet (the rows whose backend counts them)."""
+        d = self.dispatcher
+        if d is None:
+            return {}
+        out = {}
+        for key, (model, label) in self._row_labels().items():
+            n = getattr(d.backends.get(key), "in_flight", None)
+            if isinstance(n, int):
+                out[(model, label)] = n
+        return out
+
+    def prometheus_extra(self) -> dict[str, Any]:
+        """What ``/metrics`` shows beside the metrics' own figures."""
+        extra = self.extra()
+        labels = self._row_labels()
+
+        def label(model: str, key: str) -> tuple[str, str]:
+            return labels.get(key, (model, device_label(key, model)))
+
+        extra["backoffs"] = {label(m, k): n for (m, k), n in self.router.backoffs.items()}
+        d = self.dispatcher
+        if d is not None:
+            batches: dict[tuple[str, str], list[int]] = {}
+            for key, counts in d.row_batches.items():
+                model = labels.get(key, (key.rsplit("/", 1)[-1], ""))[0]
+                batches[label(model, key)] = counts
+            extra["batches"] = batches
+        extra["in_flight"] = self.in_flight_by_device()
+        extra["targets"] = catalog_targets(self.catalog)
+        extra["decisions"] = dict(self.controller.outcomes) if self.controller else {}
+        extra["ready"] = self.readiness()["ready"]
+        return extra
+
+    def live_figures(self) -> dict[str, dict[str, Any]]:
+        """Per model, ``/stats``' figures from this process's histograms: ``latency``
+        (p50/p95/p99 over the window), ``rate`` (requests finished per second over the
+        window) and ``devices`` (per device label: requests and end states since start,
+        latency over the window, in flight now)."""
+        seconds, window = self.history.window()
+        in_flight = self.in_flight_by_device()
+        out: dict[str, dict[str, Any]] = {}
+        for model in self.metrics.models:
+            out[model] = {"latency": latency_of([]), "rate": 0.0, "devices": {}}
+        totals: dict[str, list[int]] = {}
+        for (model, device), series in sorted(self.metrics.series.items()):
+            counts = window.get((model, device), [])
+            entry = out.setdefault(model, {"latency": latency_of([]), "rate": 0.0, "devices": {}})
+            entry["devices"][device] = {
+                "requests": sum(series.states.values()),
+                "states": dict(sorted(series.states.items())),
+                "latency": latency_of(counts),
+                "in_flight": in_flight.get((model, device), 0),
+            }
+            total = totals.setdefault(model, [0] * len(series.duration.counts))
+            for i, n in enumerate(counts):
+                total[i] += n
+        for (model, device), n in in_flight.items():
+            devices = out.setdefault(
+                model, {"latency": latency_of([]), "rate": 0.0, "devices": {}}
+            )["devices"]
+            if device not in devices:
+                devices[device] = {
+                    "requests": 0,
+                    "states": {},
+                    "latency": latency_of([]),
+                    "in_flight": n,
+                }
+        for model, counts in totals.items():
+            out[model]["latency"] = latency_of(counts)
+            out[model]["rate"] = sum(counts) / seconds
+        return out
+
     def stats(self) -> dict[str, Any]:
         """The ``/stats`` document."""
         snap = self.metrics.snapshot()
@@ -601,9 +710,19 @@ class Service:
         snap["lane_requests"] = d.lane_requests if d else 0
         return snap
 
+    def _with_live(self, snap: dict[str, Any]) -> dict[str, Any]:
+        """``snap`` with the per-model live figures (:meth:`live_figures`), the window they
+        cover and readiness."""
+        models = snap.setdefault("models", {})
+        for model, figures in self.live_figures().items():
+            models.setdefault(model, {}).update(figures)
+        snap["stats_window"] = self.history.span
+        snap["ready"] = self.readiness()["ready"]
+        return snap
+
     def metrics_text(self) -> bytes:
-        """The ``/metrics`` text of this process's live counters."""
-        return self.metrics.prometheus(self.extra())
+        """The ``/metrics`` text: this process's figures (the same on every store)."""
+        return self.metrics.prometheus(self.prometheus_extra())
 
     async def shared_stats(self) -> dict[str, ModelStats] | None:
         """The per-model figures computed from a shared (PostgreSQL) store, the same on
@@ -618,8 +737,9 @@ class Service:
         return {**{m: ModelStats() for m in self.metrics.models}, **stored}
 
     async def http_stats(self) -> dict[str, Any]:
-        """``/stats``: on a shared store, the store's figures, with this replica's own under
-        ``"local"``."""
+        """``/stats``: the store's figures per model (on a shared store every replica's,
+        with this replica's own under ``"local"``), and this process's live figures
+        (:meth:`live_figures`)."""
         snap = self.stats()
         shared = await self.shared_stats()
         if shared is not None:
@@ -628,13 +748,130 @@ class Service:
             snap["local"] = local
             snap["replica"] = self.store.replica
         snap["store"] = self.store.kind
-        return snap
+        return self._with_live(snap)
 
     async def http_metrics(self) -> bytes:
-        """``/metrics``: on a shared store, the store's figures under the usual names and
-        this replica's as ``wirekit_serve_local_*``."""
-        shared = await self.shared_stats()
-        return self.metrics.prometheus(self.extra(), shared)
+        """``/metrics``: this process's figures, on every store (each replica exports its
+        own; a dashboard sums them)."""
+        return self.metrics_text()
+
+    # ------------------------------------------------------------------ health
+
+    def liveness(self) -> dict[str, Any]:
+        """The ``/healthz`` document: the loop answers (this runs on it)."""
+        return {"ok": True, "loop_lag_seconds": self.loop_lag}
+
+    def readiness(self) -> dict[str, Any]:
+        """The ``/readyz`` document: ready when the store takes writes and every model has
+        at least one device (a row with a quota) whose backend is reachable -- its last
+        probe connected, and no failure of it since (the router's back-off); otherwise the
+        reasons."""
+        reasons: list[str] = []
+        store = self.store.write_problem()
+        if store is not None:
+            reasons.append(store)
+        d = self.dispatcher
+        models: dict[str, Any] = {}
+        if d is None:
+            reasons.append("not started")
+        else:
+            router = self.router
+            backed_off = set(router.backed_off())
+            failed_at = router.failed_at
+            for name in sorted(d.models):
+                devices: dict[str, str] = {}
+                for row in router.rows(name):
+                    probe = self._probes.get(row.key)
+                    if row.backend == "kubemo":  # not probed: the router's word alone
+                        probe = (-math.inf, None)
+                    if probe is None:
+                        state = "not probed yet"
+                    elif probe[1] is not None:
+                        state = f"unreachable: {probe[1]}"
+                    elif row.key in backed_off and failed_at.get(row.key, 0.0) > probe[0]:
+                        state = "backed off after a failure"
+                    else:
+                        state = "reachable"
+                    devices[device_label(row.key, name)] = state
+                ok = "reachable" in devices.values()
+                if not ok:
+                    why = (
+                        "; ".join(f"{k}: {v}" for k, v in devices.items())
+                        or "no device has a quota for it"
+                    )
+                    reasons.append(f"model {name}: no reachable device ({why})")
+                models[name] = {"ready": ok, "devices": devices}
+        return {
+            "ready": not reasons,
+            "reasons": reasons,
+            "store": {"kind": self.store.kind, "ok": store is None},
+            "models": models,
+        }
+
+    async def _probe_row(self, row: DeviceRow) -> str | None:
+        """Why the backend of ``row`` cannot be reached now, or None: a TCP connection
+        opened and closed (MIP), a live container registered (Clipper).  KubeMo's server is
+        not probed (a connection closed without a request stops its serving thread): the
+        router's back-off alone says whether it answers."""
+        if row.key in self._given_backends:
+            return None  # given by the caller (tests): taken as reachable
+        if row.backend == "clipper":
+            if self.clipper is None or not row.clipper_name:
+                return "no Clipper RPC port"
+            if any(r.alive for r in self.clipper.replicas(row.clipper_name)):
+                return None
+            return f"no Clipper container {row.clipper_name!r} registered"
+        if row.port is None:
+            return "no port"
+        try:
+            _reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(row.endpoint, row.port), PROBE_TIMEOUT
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            text = getattr(exc, "strerror", None) or str(exc) or "no answer in time"
+            return f"{row.endpoint}:{row.port}: {text}"
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return None
+
+    async def _probe_backends(self) -> None:
+        """Probe the backend of every routed row at once (:meth:`_probe_row`)."""
+        d = self.dispatcher
+        if d is None:
+            return
+        rows = [
+            row
+            for name in list(d.models)
+            for row in self.router.rows(name)
+            if row.backend != "kubemo"
+        ]
+        clock = self.router.clock
+        results = await asyncio.gather(*(self._probe_row(r) for r in rows), return_exceptions=True)
+        now = clock()
+        keep = {}
+        for row, result in zip(rows, results, strict=True):
+            if isinstance(result, BaseException):
+                result = str(result) or type(result).__name__
+            keep[row.key] = (now, result)
+        self._probes = keep
+
+    async def _watch(self) -> None:
+        """Every second: a snapshot of the histograms, the loop's lag; every
+        :data:`PROBE_INTERVAL`: a probe of the backends."""
+        loop = asyncio.get_running_loop()
+        next_probe = loop.time() + PROBE_INTERVAL
+        while True:
+            due = loop.time() + SNAPSHOT_INTERVAL
+            await asyncio.sleep(SNAPSHOT_INTERVAL)
+            self.loop_lag = max(0.0, loop.time() - due)
+            self.history.take()
+            if loop.time() >= next_probe:
+                try:
+                    await self._probe_backends()
+                except Exception:  # pragma: no cover - a probe's own errors are results
+                    log.exception("wirekit serve: probing the backends failed")
+                next_probe = loop.time() + PROBE_INTERVAL
 
     async def stop(self, grace: float = 5.0) -> None:
         """Stop the controller, close the listeners, let requests in flight finish (up to
@@ -643,6 +880,10 @@ class Service:
         if task is not None:
             task.cancel()
             await asyncio.wait({task}, timeout=grace)
+        watch, self._watch_task = self._watch_task, None
+        if watch is not None:
+            watch.cancel()
+            await asyncio.wait({watch}, timeout=grace)
         if self.replicas is not None:
             await self.replicas.close()
             self.replicas = None

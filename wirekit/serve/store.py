@@ -204,6 +204,8 @@ class RequestStore:
         self.commits = 0  #: write transactions so far
         self.rows_written = 0  #: inserts + updates so far
         self.error: BaseException | None = None  #: the last write failure, if any
+        #: the failure of the last write, None once a write succeeds (readiness)
+        self.failing: BaseException | None = None
         #: on a shared store, the controller's lead (a LeaderLock): decisions are stored on
         #: its session (set by the service)
         self.leader: Any = None
@@ -260,6 +262,18 @@ class RequestStore:
                 "(give each replica its own store.path)"
             ) from None
         self._lockfd = fd
+
+    def write_problem(self) -> str | None:
+        """Why rows cannot be written now (not open, the writer stopped, the last write
+        failed), or None: what ``/readyz`` says of the store."""
+        if self._db is None or self._thread is None:
+            return "the request store is not open"
+        if not self._thread.is_alive():
+            return "the request store's writer stopped"
+        failing = self.failing
+        if failing is not None:
+            return f"the last write to the request store failed: {failing}"
+        return None
 
     def reader(self) -> StoreDB:
         """A separate connection for reading (the metrics' queries; WAL lets SQLite read
@@ -653,8 +667,9 @@ class RequestStore:
                         db.write(chunks, rest, updates, reasons)
                     self.commits += 1
                     self.rows_written += len(ops)
+                    self.failing = None
                 except BaseException as exc:  # keep going: the journal has the completions
-                    self.error = failed = exc
+                    self.error = self.failing = failed = exc
                     # the journals open until now hold completions that are not stored
                     self._dirty_upto = self._jseq
             if retire is not None:
