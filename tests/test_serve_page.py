@@ -118,7 +118,8 @@ Object.fromEntries([...document.querySelectorAll("article[data-model]")].map((ca
     markers: card.querySelectorAll(".marker").length,
     removed: card.dataset.removed === "true",
     devices: Object.fromEntries([...card.querySelectorAll("tr[data-device]")].map((tr) => [
-      tr.dataset.device, tr.querySelector("[data-field=quota]").textContent])),
+      tr.dataset.device, [tr.querySelector("[data-field=quota]").textContent,
+        tr.querySelector("[data-field=requests]").dataset.value]])),
   },
 ]))
 """
@@ -141,6 +142,29 @@ def states_text(statuses: dict[str, int]) -> str:
 def quota_text(quota: float) -> str:
     """How the page writes a quota (at most 3 decimals, no trailing zeros)."""
     return f"{round(quota, 3):g}"
+
+
+def devices_shown(stats: dict, model: str) -> dict[str, list[str]]:
+    """The device table the page should show for ``model``: per ``node/device``, its quota
+    and the requests it finished (empty when it finished none)."""
+    devices = stats["models"][model]["devices"]
+    out = {
+        f"{q['node']}/{q['device']}": [quota_text(q["quota"]), ""]
+        for q in stats["quotas"]
+        if q["model"] == model
+    }
+    for key, figures in devices.items():
+        out.setdefault(key, ["–", ""])[1] = str(figures["requests"])
+    return out
+
+
+def expected_of(stats: dict) -> dict:
+    """The figures of ``/stats`` that stay put once the load has stopped (the rates and
+    percentiles are over a sliding window: they move on)."""
+    return {
+        model: (s["requests"], s["statuses"], devices_shown(stats, model))
+        for model, s in stats["models"].items()
+    } | {"quotas": stats["quotas"]}
 
 
 async def get_json(http: aiohttp.ClientSession, url: str) -> dict:
@@ -173,22 +197,20 @@ async def page_matches_stats(tab: Browser, http: aiohttp.ClientSession, base: st
     """Compare the page's cards with ``/stats`` read around the page's poll, until they
     agree (the figures may move between a poll and the read; they settle once the load has
     stopped); the last comparison's figures."""
+    shown: dict = {}
+    expected: dict = {}
     for _ in range(20):
         before = await get_json(http, f"{base}/stats")
         await next_poll(tab)
         cards = await tab.evaluate(CARDS)
         after = await get_json(http, f"{base}/stats")
-        if before["models"] == after["models"] and before["quotas"] == after["quotas"]:
+        if expected_of(before) == expected_of(after):
             expected = {
                 model: {
                     "name": model,
                     "requests": str(s["requests"]),
                     "states": states_text(s["statuses"]),
-                    "devices": {
-                        f"{q['node']}/{q['device']}": quota_text(q["quota"])
-                        for q in after["quotas"]
-                        if q["model"] == model
-                    },
+                    "devices": devices_shown(after, model),
                     "removed": not any(q["model"] == model for q in after["quotas"]),
                 }
                 for model, s in after["models"].items()

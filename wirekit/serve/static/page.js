@@ -373,7 +373,12 @@
       `updated ${fmtClock(now, true)} · every ${POLL_MS / 1000} s`;
   }
 
-  function deviceTable(m, rows) {
+  // "node/device" as shown: an answer no device gave (from the cache) has the empty one
+  function deviceLabel(key) {
+    return key === "" ? "none (cache)" : key;
+  }
+
+  function deviceTable(m, rows, span) {
     const head = el("tr", {}, ...["device", "type", "quota", "requests", "end states", "p50",
       "p95", "p99", "in flight"].map((h) => el("th", {}, h)));
     const keys = new Map(); // "node/device" -> its quota row (if any)
@@ -392,7 +397,7 @@
         fill: colorOf(key) })));
       body.push(el("tr", { class: quota === 0 ? "off" : "", data: { device: key } },
         el("td", {}, svg("svg", { viewBox: "0 0 10 10", width: 10, height: 10, class: "dot" },
-          svg("circle", { cx: 5, cy: 5, r: 5, fill: colorOf(key) })), key),
+          svg("circle", { cx: 5, cy: 5, r: 5, fill: colorOf(key) })), deviceLabel(key)),
         el("td", {}, r ? r.device_type || "" : ""),
         el("td", { class: "num" }, bar, el("span", { data: { field: "quota" } }, fmtQuota(quota))),
         el("td", { class: "num", data: { field: "requests", value: isNum(d.requests) ? String(d.requests) : "" } },
@@ -404,13 +409,14 @@
         el("td", { class: "num" }, isNum(d.inFlight) ? fmtInt(d.inFlight) : "–")));
     }
     const table = el("table", { class: "devices" }, el("thead", {}, head), el("tbody", {}, ...body));
-    const note = windowed
-      ? el("p", { class: "muted small" }, "by device: over the controller's recent window")
-      : null;
+    const note = el("p", { class: "muted small" }, windowed
+      ? "by device: over the controller's recent window"
+      : "by device: requests and end states since this process started; p50/p95/p99 over" +
+        ` the last ${isNum(span) ? `${span} s` : "minute"}`);
     return el("div", { class: "table-wrap" }, table, note);
   }
 
-  function renderModel(m, rows, target, now) {
+  function renderModel(m, rows, target, span, now) {
     let card = state.cards.get(m.name);
     if (!card) {
       card = el("article", { class: "model panel", data: { model: m.name } });
@@ -472,11 +478,11 @@
         yFormat: (v) => (v === 0 ? "0" : fmtSeconds(v)), title: `response time of ${m.name}` }),
       legend([...latSeries, ...(isNum(target) ? [{ label: "target", color: "#c62828",
         dash: "6 4" }] : [])]));
-    if (!m.present) {  // no rows left to show: its figures only
-      card.replaceChildren(head, figures, states);
+    if (!m.present) {  // no rows left: what it did, without the charts
+      card.replaceChildren(head, figures, states, deviceTable(m, rows, span));
       return card;
     }
-    card.replaceChildren(head, figures, states, deviceTable(m, rows),
+    card.replaceChildren(head, figures, states, deviceTable(m, rows, span),
       el("div", { class: "charts" }, quotaChart, latChart));
     return card;
   }
@@ -504,7 +510,7 @@
     const order = [...folded.models.values()].sort((a, b) => Number(b.present) - Number(a.present));
     for (const m of order) {
       const rows = folded.quotaRows.filter((r) => r.model === m.name);
-      cards.push(renderModel(m, rows, targets[m.name], now));
+      cards.push(renderModel(m, rows, targets[m.name], stats.stats_window, now));
     }
     for (const name of [...state.cards.keys()]) {
       if (!folded.models.has(name)) state.cards.delete(name);
