@@ -323,6 +323,10 @@ async def scenario(binary: str, dispatcher: DispatcherProcess, m3_port: int):
         # every decision /controller reports is on the page's timeline
         ctl = await get_json(http, f"{base}/controller")
         await next_poll(tab)
+        shown = await tab.evaluate(f"({EVENTS}).length")
+        assert shown <= 12  # the newest only, until "show all" is pressed
+        if await tab.evaluate("!document.getElementById('more-events').hidden"):
+            await tab.evaluate("document.getElementById('more-events').click()")
         events = await tab.evaluate(EVENTS)
         # the page did not take any door away
         async with http.get(f"{base}/healthz") as resp:

@@ -16,7 +16,8 @@
   const params = new URLSearchParams(window.location.search);
   const POLL_MS = clamp((Number(params.get("poll")) || 2) * 1000, 250, 60000);
   const KEEP_MS = clamp((Number(params.get("minutes")) || 10) * 60000, 60000, 6 * 3600000);
-  const MAX_EVENTS = 300;
+  const MAX_EVENTS = 300; // kept in memory
+  const EVENTS_SHOWN = 12; // rows of the timeline shown until "show all" is pressed
   const SVG_NS = "http://www.w3.org/2000/svg";
   const PALETTE = ["#2f6fdb", "#e07b00", "#1a9c5b", "#c2185b", "#7b52c4", "#00838f",
     "#8d6e63", "#5c6bc0", "#9e9d24", "#d84315"];
@@ -33,6 +34,7 @@
     skewMs: 0, // the server's clock minus the page's (from the Date header)
     colors: new Map(), // "node/device" -> colour
     cards: new Map(), // model -> its <article>
+    allEvents: false, // the whole timeline shown
   };
 
   function clamp(v, lo, hi) {
@@ -275,12 +277,20 @@
   function chart({ t0, t1, series, markers, hline, yMax, yFormat, title }) {
     const W = 560, H = 170, L = 58, R = 12, T = 10, B = 24;
     const pw = W - L - R, ph = H - T - B;
-    let top = yMax || 0;
-    for (const s of series) for (const [, v] of s.points) if (isNum(v)) top = Math.max(top, v);
+    // the axis fits the values, but a rare spike (a cold start) does not flatten the rest:
+    // past twice the 90th percentile of what is shown, lines run along the top
+    const values = [];
+    for (const s of series) for (const [t, v] of s.points) if (isNum(v) && t >= t0) values.push(v);
+    values.sort((a, b) => a - b);
+    let top = values.length ? values[values.length - 1] : 0;
+    if (!yMax && values.length >= 10) {
+      top = Math.min(top, values[Math.floor(values.length * 0.9)] * 2);
+    }
+    top = Math.max(top, yMax || 0);
     if (hline && isNum(hline.v)) top = Math.max(top, hline.v * 1.15);
     top = niceMax(top);
     const x = (t) => L + ((t - t0) / (t1 - t0)) * pw;
-    const y = (v) => T + ph - (v / top) * ph;
+    const y = (v) => T + ph - (Math.min(v, top) / top) * ph;
     const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img",
       "aria-label": title });
     root.append(svg("title", {}, title));
@@ -302,7 +312,8 @@
       root.append(svg("line", { x1: L, x2: W - R, y1: y(hline.v), y2: y(hline.v),
         class: "target" }));
       root.append(svg("text", { x: W - R - 4, y: y(hline.v) - 4, class: "tick target-label",
-        "text-anchor": "end" }, hline.label));
+        "text-anchor": "end", stroke: "#fff", "stroke-width": 3, "paint-order": "stroke" },
+      hline.label));
     }
     for (const m of markers || []) {
       if (m.t < t0 || m.t > t1) continue;
@@ -489,7 +500,9 @@
 
   function renderEvents() {
     const tbody = document.querySelector("#events tbody");
-    const rows = [...state.events].reverse().map((e) => el("tr",
+    const newest = [...state.events].reverse();
+    const shown = state.allEvents ? newest : newest.slice(0, EVENTS_SHOWN);
+    const rows = shown.map((e) => el("tr",
       { class: e.status ? `ev ${e.status}` : "ev", data: { kind: e.kind, model: e.model,
         row: e.row || "", old: isNum(e.old) ? String(e.old) : "",
         new: isNum(e.new) ? String(e.new) : "" } },
@@ -501,6 +514,11 @@
       el("td", {}, e.saw || "")));
     tbody.replaceChildren(...rows);
     document.getElementById("no-events").hidden = rows.length > 0;
+    const more = document.getElementById("more-events");
+    more.hidden = newest.length <= EVENTS_SHOWN;
+    more.textContent = state.allEvents
+      ? `show the newest ${EVENTS_SHOWN}`
+      : `show all ${newest.length} (${newest.length - EVENTS_SHOWN} older)`;
   }
 
   function render(stats, ctl, folded, now) {
@@ -551,5 +569,9 @@
     }
   }
 
+  document.getElementById("more-events").addEventListener("click", () => {
+    state.allEvents = !state.allEvents;
+    renderEvents();
+  });
   poll();
 })();
