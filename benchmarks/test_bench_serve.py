@@ -15,6 +15,10 @@ never asserted.
   controller configured (``log`` actuator, no targets: it never decides), so
   the metrics window per model and per device is kept on the request path -- against
   ``dispatcher``, the cost of the controller's window.
+* ``dispatcher-before`` / ``dispatcher-batching-before``: only when ``WIREKIT_BENCH_BEFORE``
+  names the directory of another wirekit tree (an older commit, its extensions built in
+  place): the same as ``dispatcher`` / ``dispatcher-batching`` with that tree's code, in the
+  same session -- a change's cost on the request path, measured before/after in one run.
 * ``relay``: through a raw asyncio byte relay (bytes in from the client, out to the backend,
   and back; no parsing, no store): the floor of *any* process between client and backend.
 
@@ -53,17 +57,25 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str:
     return got[0].strip() if got else ""
 
 
-def _spawn(args: list[str]) -> tuple[subprocess.Popen, str]:
-    return _spawn_python(["-m", "wirekit.cli", *args])
+#: another wirekit tree to measure against (``dispatcher-before``), or None
+BEFORE = os.environ.get("WIREKIT_BENCH_BEFORE") or None
 
 
-def _spawn_python(args: list[str]) -> tuple[subprocess.Popen, str]:
+def _spawn(args: list[str], pythonpath: str | None = None) -> tuple[subprocess.Popen, str]:
+    return _spawn_python(["-m", "wirekit.cli", *args], pythonpath)
+
+
+def _spawn_python(args: list[str], pythonpath: str | None = None) -> tuple[subprocess.Popen, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
     proc = subprocess.Popen(
         [sys.executable, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        env=env,
+        cwd=pythonpath,  # -m puts the working directory first on the path
     )
     line = _readline(proc, TIMEOUT)
     if not line:
@@ -195,8 +207,22 @@ def endpoints(tmp_path_factory):
         pure_config = tmp / "deploy-pure.json"
         pure_config.write_text(json.dumps({**deploy, "store": {"path": str(tmp / "p.db")}}))
         dispatcher, line = _spawn(["serve", "--config", str(config)])
-        window_proc = pure_proc = None
+        window_proc = pure_proc = before_proc = None
+        before: dict[str, str] = {}
         try:
+            if BEFORE is not None:
+                before_config = tmp / "deploy-before.json"
+                before_config.write_text(
+                    json.dumps(
+                        {**json.loads(config.read_text()), "store": {"path": str(tmp / "b.db")}}
+                    )
+                )
+                before_proc, before_line = _spawn(["serve", "--config", str(before_config)], BEFORE)
+                mip = json.loads(before_line)["mip"]
+                before = {
+                    "dispatcher-before": f"tcp://127.0.0.1:{mip['echo']}",
+                    "dispatcher-batching-before": f"tcp://127.0.0.1:{mip['echo-batching']}",
+                }
             window_proc, window_line = _spawn(["serve", "--config", str(windowed)])
             pure_proc, pure_line = _spawn_python(["-c", PURE_CONNECTION, str(pure_config)])
             relay, relay_line = _spawn_python(["-c", RELAY, "127.0.0.1", str(port)])
@@ -211,6 +237,7 @@ def endpoints(tmp_path_factory):
                     "dispatcher-pure-connection": "tcp://127.0.0.1:"
                     f"{json.loads(pure_line)['mip']['echo']}",
                     "relay": relay_line.split()[-1],
+                    **before,
                     # the same dispatcher's HTTP front door (test_http_request_*)
                     "http": ("127.0.0.1", ready["http"]),
                     # the processes whose CPU a round costs (test_request_throughput)
@@ -221,13 +248,14 @@ def endpoints(tmp_path_factory):
                         "dispatcher-window": window_proc.pid,
                         "dispatcher-pure-connection": pure_proc.pid,
                         "relay": relay.pid,
+                        **{k: before_proc.pid for k in before if before_proc is not None},
                     },
                 }
             finally:
                 _stop(relay)
         finally:
             _stop(dispatcher)
-            for proc in (window_proc, pure_proc):
+            for proc in (window_proc, pure_proc, before_proc):
                 if proc is not None:
                     _stop(proc)
     finally:
@@ -263,6 +291,8 @@ ROUND = 256
         "dispatcher-window",
         "dispatcher-batching",
         "dispatcher-pure-connection",
+        "dispatcher-before",
+        "dispatcher-batching-before",
         "relay",
         "direct",
     ],
@@ -272,6 +302,8 @@ def test_request_throughput(benchmark, endpoints, who):
     cost of one request under load (its inverse the requests per second)."""
     import asyncio
 
+    if who not in endpoints:
+        pytest.skip(f"{who}: set WIREKIT_BENCH_BEFORE to another wirekit tree")
     from wirekit.mip.client import AsyncClient
 
     loop = asyncio.new_event_loop()

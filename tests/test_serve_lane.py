@@ -9,6 +9,7 @@ import asyncio
 import collections
 import contextlib
 import importlib
+import itertools
 import json
 import math
 import random
@@ -554,7 +555,8 @@ class _FakeLaneDispatcher:
         self.cache = type("NoCache", (), {"enabled": False})()
         self.router = self
         self._draws = iter(draws)
-        self._clock = iter(clock_values)
+        # read when a reply comes (its backend time) and when answers are flushed
+        self._clock = itertools.cycle(clock_values)
         self.route_version = 0
         self.closing = False
         self.answered: list[tuple] = []
@@ -575,8 +577,10 @@ class _FakeLaneDispatcher:
     def lane_arrived(self, stats, model, client, t_in, requests):
         stats.arrive(len(requests))
 
-    def lane_answered(self, stats, model, client, t_out, total, lo, hi, rows, done, by_row=None):
-        self.answered.append((len(done), total, lo, hi, by_row))
+    def lane_answered(
+        self, stats, model, client, t_out, total, lo, hi, rows, done, by_row=None, backend=None
+    ):
+        self.answered.append((len(done), total, lo, hi, by_row, backend))
         stats.answered_ok(len(done), total, lo, hi)
         if by_row:
             self.metrics.rows_answered(by_row)
@@ -650,10 +654,11 @@ def test_both_lane_twins_report_the_same_window_per_device(reads, draws, clock, 
     assert fast == pure
     answered, rows, models = pure
     assert sum(r.ok for r in rows.values()) == models["m"].ok == sum(c for c, *_ in reads)
-    for n, total, lo, hi, by_row in answered:
+    for n, total, lo, hi, by_row, backend in answered:
+        assert len(backend) == n  # every answer came from a backend (no cache here)
         assert sum(g[0] for g in by_row.values()) == n
         assert sum(g[1] for g in by_row.values()) == pytest.approx(total)
         assert min(g[2] for g in by_row.values()) == lo and max(g[3] for g in by_row.values()) == hi
     for module in (servelane, pure_lane):
         off, rows_off, _ = _lane_run(module, False, reads, draws, clock_values, replies)
-        assert rows_off == {} and all(a[-1] is None for a in off)
+        assert rows_off == {} and all(a[-2] is None for a in off)

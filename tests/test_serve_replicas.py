@@ -1,7 +1,8 @@
 """Several ``wirekit serve`` replicas on one PostgreSQL store (issue 17), as real processes.
 
-* requests through both replicas: per-model figures in ``/stats`` and ``/metrics`` equal on
-  both, and equal to SQL over the store;
+* requests through both replicas: the store's per-model figures in ``/stats`` equal on
+  both, and equal to SQL over the store; each replica's ``/metrics`` has its own requests
+  only, and the two add up to the store's (counters and histograms alike);
 * ``kill -9`` of one replica mid-load: the other keeps serving; after the killed one
   restarts, every request either answered is in the store, once.
 """
@@ -83,15 +84,16 @@ async def predict(session: aiohttp.ClientSession, base: str, model: str, text: s
         return (await resp.json())["outputs"][0][0]
 
 
-def shared_lines(metrics_text: str) -> list[str]:
-    """The per-model lines of the shared figures (not the ``_local_`` ones, no comments)."""
-    return sorted(
-        line
-        for line in metrics_text.splitlines()
-        if line.startswith("wirekit_serve_")
-        and not line.startswith("wirekit_serve_local_")
-        and "model=" in line
-    )
+def per_model(metrics_text: str, sample: str, **labels: str) -> dict[str, float]:
+    """model -> the sum of the values of the samples named ``sample`` (with ``labels``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for s in family.samples:
+            if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+                out[s.labels["model"]] = out.get(s.labels["model"], 0.0) + s.value
+    return out
 
 
 def test_two_replicas_report_the_same_figures_as_sql_over_the_store(tmp_path, pg_url):
@@ -140,16 +142,27 @@ def test_two_replicas_report_the_same_figures_as_sql_over_the_store(tmp_path, pg
             assert sql["queue"] == 0
             for stats in (stats_a, stats_b):
                 assert stats["store"] == "postgresql"
-                assert stats["models"] == sql["models"]
+                store_keys = ("requests", "queue", "statuses", "response_time")
+                assert {
+                    m: {k: v[k] for k in store_keys} for m, v in stats["models"].items()
+                } == sql["models"]
                 assert stats["queue"] == sql["queue"]
             # each replica's own figures, labelled as such
             assert stats_a["local"]["models"]["m"]["requests"] == 40
             assert stats_b["local"]["models"]["m"]["requests"] == 25
             assert stats_a["replica"] != stats_b["replica"]
-            assert shared_lines(mta) == shared_lines(mtb)
-            assert 'wirekit_serve_requests_total{model="m",status="ok"} 65.0' in mta
-            assert 'wirekit_serve_local_requests_total{model="m",status="ok"} 40.0' in mta
-            assert 'wirekit_serve_local_requests_total{model="m",status="ok"} 25.0' in mtb
+            # /metrics: each replica its own requests; summed over the replicas (as a
+            # dashboard does), the store's
+            ok_a = per_model(mta, "wirekit_serve_requests_total", state="ok")
+            ok_b = per_model(mtb, "wirekit_serve_requests_total", state="ok")
+            assert (ok_a.get("m"), ok_b.get("m"), ok_b.get("k")) == (40.0, 25.0, 25.0)
+            count = "wirekit_serve_request_duration_seconds_count"
+            counts_a, counts_b = per_model(mta, count), per_model(mtb, count)
+            for model in ("m", "k"):
+                total = counts_a.get(model, 0.0) + counts_b.get(model, 0.0)
+                assert total == sql["models"][model]["requests"]
+            inf = "wirekit_serve_request_duration_seconds_bucket"
+            assert per_model(mta, inf, le="+Inf") == counts_a
 
 
 def stored_texts(url: str) -> dict[str, list[str]]:

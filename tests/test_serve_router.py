@@ -138,6 +138,7 @@ def test_cache_lru_ttl_and_counters():
         "entries": 1,
         "bytes": 2,
         "evictions": 1,
+        "models": {"m": {"hits": 2, "misses": 3}, "other": {"hits": 0, "misses": 1}},
     }
 
 

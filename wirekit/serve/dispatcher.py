@@ -613,10 +613,10 @@ class Dispatcher:
         wire = join_requests([j.request.wire for j in jobs], n_input, samples)
         backend: Any = self.backends[row.key]  # batchable: a MipBackend
         t_sent = self.clock()
-        waited = self.metrics.waited
+        queue = self.metrics.model_counters(jobs[0].model).queue  # one row: one model
         for job in jobs:
             if not job.t_sent:
-                waited(job.model, t_sent - job.t_in)
+                queue.observe(t_sent - job.t_in)
             job.t_sent = t_sent
         if backend.send_nowait(wire, partial(self._group_reply, jobs, row)):
             return

@@ -11,7 +11,8 @@
   form: ``"default": true`` with a ``default_explanation``.
 * ``GET /metrics`` (Prometheus text), ``GET /stats`` (JSON), ``GET /healthz`` (200 while
   the process and its loop answer) and ``GET /readyz`` (200 when it can serve, 503 with the
-  reasons in the JSON body when not); none needs a token.
+  reasons in the JSON body when not; ``/readyz?model=m`` for one model); none needs a
+  token.
 * The admin API (models added and removed while the dispatcher runs; see ``specs/serve.md``):
   ``GET /admin/models``, ``POST /admin/models``, ``DELETE /admin/models/{name}``,
   ``PATCH /admin/models/{name}`` (its settings), ``PUT /admin/models/{name}/quota``.  Each
@@ -145,7 +146,7 @@ def build_app(
     controller: Callable[[], dict[str, Any]] | None = None,
     limits: HttpLimits | None = None,
     health: Callable[[], dict[str, Any]] | None = None,
-    readiness: Callable[[], dict[str, Any]] | None = None,
+    readiness: Callable[[str | None], dict[str, Any]] | None = None,
 ) -> web.Application:
     """The aiohttp application of the front door; ``max_items`` bounds the MIP items one
     body may ask for (the config's ``mip.max_items``).  ``app_models`` is read at each
@@ -153,8 +154,9 @@ def build_app(
     requests ``admin_access`` lets through (required with ``admin``).  ``limits``: the
     ``http`` table; served by a :class:`wirekit.serve.httpdoor.HttpDoor`, request bodies
     are read within it and charged to the process's memory budget.  ``health`` and
-    ``readiness``: the documents of ``/healthz`` and ``/readyz`` (``readiness()["ready"]``
-    false: 503); without them ``/healthz`` answers ``{"ok": true}`` and ``/readyz`` 200."""
+    ``readiness``: the documents of ``/healthz`` and ``/readyz`` (``readiness(model)``,
+    ``model`` from ``/readyz?model=...`` or None for every model; ``["ready"]`` false: 503);
+    without them ``/healthz`` answers ``{"ok": true}`` and ``/readyz`` 200."""
     query_ids = itertools.count()
 
     async def predict(request: web.Request) -> web.Response:
@@ -256,8 +258,13 @@ def build_app(
     async def healthz(_request: web.Request) -> web.Response:
         return _json(health() if health is not None else {"ok": True})
 
-    async def readyz(_request: web.Request) -> web.Response:
-        doc = readiness() if readiness is not None else {"ready": True, "reasons": []}
+    async def readyz(request: web.Request) -> web.Response:
+        model = request.query.get("model")
+        if readiness is None:
+            return _json({"ready": True, "reasons": []})
+        if model is not None and model not in dispatcher.models:
+            return _unknown(dispatcher, model)
+        doc = readiness(model)
         return _json(doc, 200 if doc["ready"] else 503)
 
     async def get_controller(_request: web.Request) -> web.Response:

@@ -379,8 +379,15 @@ def _dispatcher_objects(dep: Deployment, opts: K8sOptions) -> list[dict[str, Any
         ],
     }
     if dep.http_port is not None:
-        container["readinessProbe"] = {
+        # alive: the process and its loop answer (restarted otherwise); ready: it can serve
+        # (its store takes writes, a backend of every model is reachable), else no traffic
+        container["livenessProbe"] = {
             "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        }
+        container["readinessProbe"] = {
+            "httpGet": {"path": "/readyz", "port": "http"},
             "periodSeconds": 5,
         }
     deployment = {

@@ -540,36 +540,44 @@ class Metrics:
         ...)`` (device a row key, or ``"cache"``), ``backend`` the backend time of each
         that is not from the cache, in order (its queue time is 0: the lane sends a
         request in the pass it reads it).  Answers of one device and one read are counted
-        together."""
+        together (the hot path of the lane: the histograms are updated inline)."""
+        by_key = self._by_key
+        bounds = DURATION_BUCKETS
+        times = backend or ()
         series: DeviceSeries | None = None
-        last_device: Any = None
+        last: Any = None
         run_in: Any = None
         run = 0
         sent = 0
-        times = iter(backend or ())
+        counts: list[int] = []
         for answer in answers:
             device = answer[1]
             t_in = answer[2]
-            if device != _CACHE:
+            if device is not last or t_in is not run_in:
+                if run:
+                    assert series is not None
+                    self._count_ok(series, t_out - run_in, run)
+                series = by_key.get(device) or self.device_series(model, device)
+                counts = series.backend.counts
+                last, run_in, run = device, t_in, 0
+            run += 1
+            if device != _CACHE and sent < len(times):
+                seconds = times[sent]
                 sent += 1
-                seconds = next(times, None)
-                if seconds is not None:
-                    self.device_series(model, device).backend.observe(seconds)
-            if device is last_device and t_in is run_in:
-                run += 1
-                continue
-            if run:
-                assert series is not None
-                series.states[OK] = series.states.get(OK, 0) + run
-                series.duration.observe(t_out - run_in, run)
-            series = self.device_series(model, device)
-            last_device, run_in, run = device, t_in, 1
+                if seconds < 0.0:
+                    seconds = 0.0
+                counts[bisect_left(bounds, seconds)] += 1
+                series.backend.sum += seconds  # type: ignore[union-attr]
         if run:
             assert series is not None
-            series.states[OK] = series.states.get(OK, 0) + run
-            series.duration.observe(t_out - run_in, run)
+            self._count_ok(series, t_out - run_in, run)
         if sent:
-            self.model_counters(model).queue.observe(0.0, sent)
+            self.model_counters(model).queue.counts[0] += sent  # waited 0 s each
+
+    @staticmethod
+    def _count_ok(series: DeviceSeries, seconds: float, n: int) -> None:
+        series.states[OK] = series.states.get(OK, 0) + n
+        series.duration.observe(seconds, n)
 
     def stats(self, model: str) -> ModelStats:
         """The live counters of ``model`` (created on first use)."""

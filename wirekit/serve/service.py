@@ -761,11 +761,11 @@ class Service:
         """The ``/healthz`` document: the loop answers (this runs on it)."""
         return {"ok": True, "loop_lag_seconds": self.loop_lag}
 
-    def readiness(self) -> dict[str, Any]:
-        """The ``/readyz`` document: ready when the store takes writes and every model has
-        at least one device (a row with a quota) whose backend is reachable -- its last
-        probe connected, and no failure of it since (the router's back-off); otherwise the
-        reasons."""
+    def readiness(self, model: str | None = None) -> dict[str, Any]:
+        """The ``/readyz`` document: ready when the store takes writes and every model
+        (``model``: that one) has at least one device (a row with a quota) whose backend is
+        reachable -- its last probe connected, and no failure of it since (the router's
+        back-off); otherwise the reasons."""
         reasons: list[str] = []
         store = self.store.write_problem()
         if store is not None:
@@ -778,7 +778,7 @@ class Service:
             router = self.router
             backed_off = set(router.backed_off())
             failed_at = router.failed_at
-            for name in sorted(d.models):
+            for name in sorted(d.models) if model is None else [model]:
                 devices: dict[str, str] = {}
                 for row in router.rows(name):
                     probe = self._probes.get(row.key)
