@@ -98,6 +98,8 @@ def test_page_headers_and_routes(tmp_path):
         assert http_get(port, "/", method="POST")[0] == 405
         assert http_get(port, "/", method="HEAD")[0] == 200
         assert http_get(port, "/healthz")[0] == 200
+        status, _, body = http_get(port, "/readyz")  # its one backend is not there: 503
+        assert (status, json.loads(body)["ready"]) == (503, False)
         assert http_get(port, "/metrics")[0] == 200
         assert json.loads(http_get(port, "/stats")[2])["models"].keys() == {"m1"}
         assert http_get(port, "/admin/models")[0] == 401
@@ -331,6 +333,8 @@ async def scenario(binary: str, dispatcher: DispatcherProcess, m3_port: int):
         # the page did not take any door away
         async with http.get(f"{base}/healthz") as resp:
             assert resp.status == 200
+        async with http.get(f"{base}/readyz") as resp:
+            assert resp.status == 200, await resp.text()
         async with http.get(f"{base}/metrics") as resp:
             assert resp.status == 200
             assert "wirekit_serve" in await resp.text()

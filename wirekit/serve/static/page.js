@@ -442,7 +442,7 @@
     else card.dataset.removed = "true";
     const figures = el("div", { class: "figures" },
       figure("rate", "requests/s", fmtRate(m.rate), m.rate),
-      figure("requests", "requests", fmtInt(m.requests), m.requests),
+      figure("requests", "requests stored", fmtInt(m.requests), m.requests),
       figure("queue", "queue", fmtInt(m.queue), m.queue),
       figure("errors", "not ok", fmtInt(m.errors), m.errors),
       figure("p50", "p50", fmtSeconds(lat.p50), lat.p50),
@@ -553,7 +553,10 @@
 
   async function poll() {
     try {
-      const [stats, ctl] = await Promise.all([getJson("/stats"), getJson("/controller")]);
+      // /controller adds the decisions and targets; without it the page shows the rest
+      const [stats, ctl] = await Promise.all([
+        getJson("/stats"), getJson("/controller").catch(() => ({ doc: null })),
+      ]);
       const now = Date.now();
       // the Date header has whole seconds: only a clock off by more is corrected
       if (isNum(stats.date) && Math.abs(stats.date - now) > 3000) state.skewMs = stats.date - now;
