@@ -213,10 +213,11 @@
 
     // the controller's decisions (and the admin's quota changes it recorded), once each
     const explained = new Set();
+    const listed = new Set(); // /controller lists its last decisions: one gone never returns
     for (const d of (ctl && ctl.decisions) || []) {
       const key = `${d.time}|${d.node}/${d.device}/${d.model}|${d.new}|${d.status}`;
+      listed.add(key);
       if (state.decisionKeys.has(key)) continue;
-      state.decisionKeys.add(key);
       const row = `${d.node}/${d.device}/${d.model}`;
       if (d.status === "applied") explained.add(row);
       addEvent({
@@ -225,6 +226,7 @@
         reason: d.error ? `${d.reason}: ${d.error}` : d.reason, saw: sawText(d.metrics),
       });
     }
+    state.decisionKeys = listed;
     // quota changes no decision explains (an operator's without a controller, another
     // replica's), models added and removed
     if (state.quotas) {
