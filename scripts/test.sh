@@ -10,15 +10,18 @@ cd "$(dirname "$0")/.."
 
 # Debian packages some tests use: tcpdump and tshark (tests/test_record.py,
 # tests/test_dissector.py), PostgreSQL's server binaries (tests/pg_server.py starts a
-# throwaway server on loopback from them for the shared-store tests) and Prometheus with
+# throwaway server on loopback from them for the shared-store tests), Prometheus with
 # promtool (tests/test_serve_prometheus.py runs deploy/'s rules and dashboard queries in a
-# real one).  Installed when missing,
+# real one) and Chromium (tests/test_serve_page.py opens `wirekit serve`'s live page in it,
+# headless, driven over its DevTools protocol; under CI=true that test fails without it
+# rather than skip).  Installed when missing,
 # where this runs as root with apt-get; elsewhere those tests skip, and this says so first.
 missing=()
 command -v tcpdump > /dev/null 2>&1 || missing+=(tcpdump)
 command -v tshark > /dev/null 2>&1 || missing+=(tshark)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" > /dev/null || missing+=(postgresql)
 { command -v prometheus && command -v promtool; } > /dev/null 2>&1 || missing+=(prometheus)
+command -v chromium > /dev/null 2>&1 || missing+=(chromium)
 if ((${#missing[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null 2>&1; then
         apt-get update -qq

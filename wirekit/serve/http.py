@@ -22,6 +22,7 @@
   is answered 410.
 * ``GET /controller`` (JSON): the current quotas, the models' targets and the controller's last
   decisions (``specs/controller.md``).
+* ``GET /``: the live page, read-only (:mod:`wirekit.serve.page`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from .catalog import CatalogError
 from .config import ConfigError, HttpLimits
 from .dispatcher import Dispatcher, Outcome, UnknownModel
 from .httpbody import READER_KEY, BodyReader
+from .page import add_page_routes
 from .payload import Payload, dumps, outputs_json, request_from_json
 
 #: the route pattern of a name in a path (a model, an app): one whole, percent-decoded path
@@ -283,6 +285,7 @@ def build_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/controller", get_controller)
     app.router.add_post(f"/{{app:{NAME}}}/predict", clipper_predict)
+    add_page_routes(app)  # GET /: the live page (read-only; wirekit.serve.page)
     return app
 
 
