@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serve_support import TIMEOUT, DispatcherProcess, deployment
+from serve_support import TIMEOUT, BackendProcess, DispatcherProcess, deployment
 
 from wirekit.mip.client import Client
 from wirekit.serve.config import ConfigError, HttpLimits, parse_config
@@ -189,6 +189,64 @@ def test_an_idle_kept_alive_connection_is_closed_after_the_idle_timeout(tmp_path
         status, _doc = _read_answer(sock)
         assert status == 200
         assert _closed_by_peer(sock, TIMEOUT)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_client_that_does_not_read_its_answer_is_dropped_after_the_write_stall_timeout(
+    tmp_path, loop
+):
+    """Issue 25: an answer a client does not read sat in the transport for ever; it is
+    charged to the memory budget now, and the connection dropped when nothing of it leaves
+    for ``http.write_stall_timeout`` -- while other clients are served."""
+    with BackendProcess("wirekit.mip.runtime:echo") as backend:
+        doc = deployment(
+            tmp_path / "r.db",
+            {"m": {"timeout": 30}},
+            [
+                {
+                    "id": "n",
+                    "devices": ["CPU"],
+                    "models": ["m"],
+                    "quotas": [1],
+                    "ports": [backend.port],
+                }
+            ],
+            cache={"max_entries": 0},
+            http={"write_stall_timeout": 1.0},
+        )
+        with DispatcherProcess.of(doc, tmp_path, env={"WIREKIT_LOOP": loop}) as proc:
+            text = "x" * (24 * MiB)  # echoed: an answer far past what the kernel buffers hold
+            body = json.dumps({"inputs": [[text]]}).encode()
+            hog = socket.socket()
+            hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            hog.settimeout(TIMEOUT)
+            hog.connect(("127.0.0.1", proc.addresses["http"]))
+            try:
+                hog.sendall(
+                    b"POST /v1/models/m:predict HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                    % len(body)
+                    + body
+                )
+                (line,) = proc.wait_for_log("its client read nothing of an answer", 3 * TIMEOUT)
+                assert "http.write_stall_timeout" in line
+                assert _closed_by_peer(hog, TIMEOUT)  # what the kernel held, then the end
+            finally:
+                hog.close()
+            assert _healthz(proc) == 200  # the door goes on serving
+            # The others are served meanwhile: a small prediction goes through.
+            conn = http.client.HTTPConnection("127.0.0.1", proc.addresses["http"], timeout=TIMEOUT)
+            try:
+                conn.request(
+                    "POST",
+                    "/v1/models/m:predict",
+                    json.dumps({"inputs": [["hi"]]}),
+                    {"Content-Type": "application/json"},
+                )
+                answer = conn.getresponse()
+                assert answer.status == 200 and json.loads(answer.read())["outputs"] == [["hi"]]
+            finally:
+                conn.close()
 
 
 # ---------------------------------------------------------------------------- connections

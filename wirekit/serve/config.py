@@ -227,6 +227,9 @@ class HttpLimits:
     max_connections: int = 512
     #: a request body of more bytes: 413
     max_body_size: int = 64 * 1024 * 1024
+    #: an answer the client does not read (the transport holds it unsent) and no progress
+    #: writing it this long: the connection is dropped (as ``mip.write_stall_timeout``)
+    write_stall_timeout: float = 30.0
     #: log one line per request answered (logger ``wirekit.serve.access``, INFO; the
     #: ``--access-log`` flag sets it too); off: no cost at all
     access_log: bool = False
@@ -239,6 +242,7 @@ HTTP_KEYS = (
     "idle_timeout",
     "max_connections",
     "max_body_size",
+    "write_stall_timeout",
     "access_log",
 )
 
@@ -897,6 +901,13 @@ def _http_limits(doc: Any) -> HttpLimits:
         t.get("max_body_size", default.max_body_size), "http.max_body_size", lo=1, hi=1 << 40
     )
     values["access_log"] = _bool(t.get("access_log", default.access_log), "http.access_log")
+    values["write_stall_timeout"] = _num(
+        t.get("write_stall_timeout", default.write_stall_timeout),
+        "http.write_stall_timeout",
+        lo=0,
+        hi=86400,
+        lo_open=True,
+    )
     return HttpLimits(**values)
 
 

@@ -14,7 +14,10 @@ wrapped in :class:`GatedConnection`, which
   request counts as begun when aiohttp hands it to the application, as ended when the
   application has answered (the door's one middleware: it also gives each request its
   :class:`~wirekit.serve.httpbody.BodyReader`, whose charge to the memory budget it gives
-  back when the request ends).
+  back when the request ends);
+* charges an answer the client does not read (what the transport holds unsent once it asks
+  for a pause) to the memory budget, and drops the connection when nothing of it leaves for
+  ``http.write_stall_timeout``.
 
 :class:`FdWatch` notices the process running out of file descriptors, whichever door's
 accept fails: plain asyncio reports each failed ``accept`` to the loop's exception handler
@@ -143,7 +146,16 @@ class GatedConnection(asyncio.Protocol):
     """One HTTP connection: aiohttp's handler for it, behind the door's cap and header
     timeout.  Everything the transport says is passed on to the handler unchanged."""
 
-    __slots__ = ("door", "handler", "in_request", "timer", "transport", "waiting_since")
+    __slots__ = (
+        "door",
+        "handler",
+        "in_request",
+        "stall_timer",
+        "timer",
+        "transport",
+        "unsent",
+        "waiting_since",
+    )
 
     def __init__(self, door: HttpDoor) -> None:
         self.door = door
@@ -153,6 +165,10 @@ class GatedConnection(asyncio.Protocol):
         self.waiting_since: float | None = None
         self.in_request = False
         self.timer: asyncio.TimerHandle | None = None
+        #: bytes of answers the transport holds unsent while it asked for a pause (the
+        #: client does not read): charged to the memory budget until it resumes
+        self.unsent = 0
+        self.stall_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         door = self.door
@@ -181,12 +197,55 @@ class GatedConnection(asyncio.Protocol):
         return self.handler.eof_received() if self.handler is not None else None
 
     def pause_writing(self) -> None:
-        if self.handler is not None:
-            self.handler.pause_writing()
+        """The transport holds more than its high-water mark unsent: the client is not
+        reading its answer.  What it holds is charged to the memory budget, and the
+        connection is dropped if no byte of it leaves for ``http.write_stall_timeout``."""
+        if self.handler is None:
+            return
+        self.handler.pause_writing()
+        self._charge_unsent()
+        if self.stall_timer is None:
+            self.stall_timer = self.door.loop.call_later(
+                self.door.limits.write_stall_timeout, self.check_stall
+            )
 
     def resume_writing(self) -> None:
+        self._stop_stall_clock()
         if self.handler is not None:
             self.handler.resume_writing()
+
+    def _charge_unsent(self) -> int:
+        """Charge the transport's unsent bytes now (memory already in use: counted whatever
+        the budget holds, so the other doors see it); returns them."""
+        transport = self.transport
+        unsent = transport.get_write_buffer_size() if transport is not None else 0
+        self.door.budget.force(self.unsent, unsent)
+        self.unsent = unsent
+        return unsent
+
+    def _stop_stall_clock(self) -> None:
+        if self.stall_timer is not None:
+            self.stall_timer.cancel()
+            self.stall_timer = None
+        self.door.budget.force(self.unsent, 0)
+        self.unsent = 0
+
+    def check_stall(self) -> None:
+        """The write-stall timer: drop the connection if nothing of its answer left since
+        the last look, else look again a timeout later."""
+        self.stall_timer = None
+        transport = self.transport
+        if transport is None:
+            return
+        before = self.unsent
+        if self._charge_unsent() < before:  # the client reads, slowly: give it more time
+            self.stall_timer = self.door.loop.call_later(
+                self.door.limits.write_stall_timeout, self.check_stall
+            )
+            return
+        self.door.write_stalled(self.door.loop.time(), before)
+        self._stop_stall_clock()
+        transport.abort()  # close() would wait for the unsent bytes to leave: they never do
 
     def connection_lost(self, exc: Exception | None) -> None:
         handler = self.handler
@@ -195,6 +254,7 @@ class GatedConnection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        self._stop_stall_clock()
         self.door.left(self)
         self.handler = None
         self.transport = None
@@ -254,6 +314,7 @@ class HttpDoor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refusals = BurstLog(log)
         self._header_drops = BurstLog(log)
+        self._write_stalls = BurstLog(log)
         error = {
             "error": f"too many connections: the HTTP front door holds {limits.max_connections}"
             " at most (http.max_connections); try again"
@@ -321,6 +382,15 @@ class HttpDoor:
             "wirekit serve: HTTP connection dropped: request headers not complete %g s after"
             " the connection opened or the request's first byte (http.header_timeout)",
             self.limits.header_timeout,
+        )
+
+    def write_stalled(self, now: float, unsent: int) -> None:
+        self._write_stalls.event(
+            now,
+            "wirekit serve: HTTP connection dropped: its client read nothing of an answer for"
+            " %g s, %d bytes left unsent (http.write_stall_timeout)",
+            self.limits.write_stall_timeout,
+            unsent,
         )
 
     def _middleware(self) -> Any:
