@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 import zmq
 from clipper_support import GENS, MS, WAIT, allocation_peak, cli_env, dropped
+from procstat import memory
 
 from wirekit import clipper
 from wirekit._impl import pure_requested
@@ -676,15 +677,6 @@ def test_max_frame_size_is_checked_and_zero_means_no_limit():
 # --- the query port's limits, through a `wirekit clipper frontend` process (issue 25) ----------
 
 
-def _rss_mib(pid: int) -> int:
-    """The resident memory of process ``pid``, MiB."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) >> 10
-    raise AssertionError("no VmRSS")
-
-
 @pytest.fixture
 def asker(ctx):
     """``asker()``: a DEALER connected to ``address`` (closed at the end)."""
@@ -737,7 +729,7 @@ def test_a_pile_up_of_queries_is_capped_and_every_query_is_answered(frontend_cli
     were never answered; now the default caps take a few (they expire at their timeout)
     and answer the others with an error at once."""
     proc, _, address = frontend_cli()
-    before = _rss_mib(proc.pid)
+    before = memory(proc.pid) >> 20
     body = _rows_query("nobody", 2, timeout=2.0)
     socks = [asker(address) for _ in range(100)]
     for sock in socks:
@@ -748,7 +740,7 @@ def test_a_pile_up_of_queries_is_capped_and_every_query_is_answered(frontend_cli
     assert len(refused) + len(expired) == 100, errors
     assert refused and expired
     assert all("--max-pending-query-bytes" in e for e in refused)
-    assert _rss_mib(proc.pid) - before < 512  # it grew 1.8 GB
+    assert (memory(proc.pid) >> 20) - before < 512  # it grew 1.8 GB
 
 
 def test_the_pending_query_count_is_capped(frontend_cli, asker):

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from procstat import memory as rss
 from serve_support import deployment
 
 from wirekit import mip
@@ -77,12 +78,6 @@ def empty_items_request(n: int = 65535) -> bytes:
     body = struct.pack(">II", 1, 0) * n
     head = struct.pack(">BBBBI", 0, 2, 0, 0, 4 + len(body))
     return head + bytes([1, 0]) + n.to_bytes(2, "big") + body
-
-
-def rss(pid: int, field: str = "VmRSS") -> int:
-    with open(f"/proc/{pid}/status") as f:
-        line = next(x for x in f if x.startswith(field + ":"))
-    return int(line.split()[1]) * 1024
 
 
 class ServerProcess:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from procstat import memory
 from serve_support import TIMEOUT, BackendProcess, DispatcherProcess, deployment
 
 from wirekit.mip.client import Client
@@ -374,24 +375,16 @@ def test_an_empty_samples_body_is_refused_before_parsing_and_the_other_doors_kee
         assert max(gaps) < 5.0, max(gaps)
 
 
-def _rss(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no {field} for {pid}")
-
-
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 @pytest.mark.parametrize("loop", LOOPS)
 def test_concurrent_big_bodies_keep_the_memory_under_the_budget(tmp_path, loop):
     budget = 64 * MiB
     bodies = 4
     body = _empty_samples(30 * MiB)
-    mip = {"max_buffered": budget}
-    with _serve(tmp_path, loop, mip=mip) as proc:
+    with _serve(tmp_path, loop, memory_budget=budget) as proc:
         assert _healthz(proc) == 200
         pid = proc.proc.pid
-        before = _rss(pid, "VmRSS")
+        before = memory(pid, "VmRSS")
         answers: list[tuple[int, dict[str, Any]]] = []
         senders = [
             threading.Thread(target=lambda: answers.append(_post_raw(proc.addresses["http"], body)))
@@ -404,7 +397,7 @@ def test_concurrent_big_bodies_keep_the_memory_under_the_budget(tmp_path, loop):
         assert len(answers) == bodies
         assert {status for status, _ in answers} <= {413, 503}, answers
         assert 413 in {status for status, _ in answers}
-        peak = _rss(pid, "VmHWM")
+        peak = memory(pid, "VmHWM")
         # the budget, plus a constant for buffers and the allocator (before the fix: GBs)
         assert peak - before < budget + 64 * MiB, (peak - before) / MiB
         assert _healthz(proc) == 200
