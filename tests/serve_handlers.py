@@ -43,3 +43,21 @@ def burn(batch):
         while time.thread_time() - start < BURN_SECONDS:
             pass
     return _answer("burnt", batch)
+
+
+#: the file :func:`record_slow` appends each input it receives to (an environment variable,
+#: set for the backend process)
+RECEIVED_ENV = "WIREKIT_TEST_RECEIVED"
+
+
+async def record_slow(batch):
+    """Writes each sample's input to the file named by ``$WIREKIT_TEST_RECEIVED`` (one line
+    each, written before it waits) -- what reached the backend -- then holds the requests
+    0.3 s, so that some are at the backend at any moment; answers ``"R:<INPUT UPPERCASED>"``."""
+    import os
+
+    texts = "".join(f"{sample[0].as_text()}\n" for sample in batch)
+    with open(os.environ[RECEIVED_ENV], "a", encoding="utf-8") as fh:
+        fh.write(texts)
+    await asyncio.sleep(0.3)
+    return _answer("R", batch)

@@ -165,7 +165,8 @@ def test_stats_of_no_store_or_not_a_store(tmp_path, pg_url):
 
 def test_journal_replays_answered_requests_after_a_crash(tmp_path, store_url):
     """Completions journaled but never handed to the database (the process died) are
-    replayed at the next start, with their reason; replaying twice counts nothing twice."""
+    replayed at the next start, with their reason; an arrival journaled without its answer
+    is found and abandoned; replaying twice counts nothing twice."""
     store = new_store(tmp_path, store_url, "j.db")
     crash_in_a_process(tmp_path / "j.db", store_url)
     journals = list(tmp_path.glob("j.db.journal.*"))
@@ -184,7 +185,10 @@ def test_journal_replays_answered_requests_after_a_crash(tmp_path, store_url):
     rows = db_rows(store, "id, status, time_in, time_out, payload, reason")
     assert [tuple(bytes(v) if isinstance(v, memoryview) else v for v in r) for r in rows] == [
         ("x", "ok", 1.0, 1.5, b"abc", None),
-        ("z", "error", 1.0, 1.7, None, "backend answered ErrorReply(code=3)"),
+        # journaled on arrival (issue 26): found, and abandoned -- never answered
+        ("y", "abandoned", 2.0, None, b"def", "the dispatcher stopped before answering"),
+        # its payload from its arrival record (the completion's has none)
+        ("z", "error", 1.0, 1.7, b"ghi", "backend answered ErrorReply(code=3)"),
     ]
 
 
@@ -225,7 +229,7 @@ def test_a_store_file_from_before_versioning_is_upgraded(tmp_path):
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS_SQLITE)
     assert conn.execute("SELECT id, status, reason FROM requests").fetchall() == [
-        ("old", "abandoned", None)
+        ("old", "abandoned", "the dispatcher stopped before answering")
     ]
     conn.close()
 

@@ -273,10 +273,11 @@ cdef class Lane:
                 call = <LaneCall>arrived[i]
                 call.rid = <str>rids[i]
                 requests.append((call.rid, PyBytes_GET_SIZE(call.wire), call.wire))
+            # recorded (their arrivals journaled) before they leave
+            d.lane_arrived(self.stats, model, client_name, t_obj, requests)
             for g in groups.values():
                 if g.calls:
                     g.client.send_calls(g.conn, g.frames, g.calls, g.deadline)
-            d.lane_arrived(self.stats, model, client_name, t_obj, requests)
         if handed is not None:
             self._start(handed)
         return pos

@@ -511,21 +511,20 @@ class Dispatcher:
         elif job.rid:
             self._send_one(job, row)
         else:
-            # On its way first, recorded after (the backend works meanwhile; its reply
-            # cannot be handled before this returns).
+            # Recorded first (its arrival journaled: a request that reached a backend is in
+            # the store after a crash), then on its way.
+            self._arrive(job)
             if self._send_one(job, row):
-                self._arrive(job)
                 job.head = self.store.line_head(
                     job.rid, job.model, job.client, row.key, job.t_in, len(job.request.wire)
                 )
-            else:
-                self._arrive(job)
 
-    def _arrive(self, job: Job) -> None:
-        """Give ``job`` its id and record its arrival (store row, metrics)."""
+    def _arrive(self, job: Job, defer: bool = False) -> None:
+        """Give ``job`` its id and record its arrival (store row, metrics; journaled before
+        this returns unless ``defer``: :meth:`RequestStore.arrival`)."""
         wire = job.request.wire
         job.rid = rid = self.new_id()
-        self.store.arrival(rid, job.model, job.client, job.t_in, len(wire), wire)
+        self.store.arrival(rid, job.model, job.client, job.t_in, len(wire), wire, defer)
         self.metrics.arrived(job.model)
 
     def _send_one(self, job: Job, row: DeviceRow) -> bool:
@@ -548,18 +547,20 @@ class Dispatcher:
         """Send the jobs waiting for ``row`` (end of a loop pass): runs of requests with the
         same inputs per sample are joined, up to the model's ``max_batch`` samples."""
         jobs = self._waiting.pop(row.key)
+        fresh = [job for job in jobs if not job.rid]
+        for job in fresh:  # their arrivals journaled in one write, before they are sent
+            self._arrive(job, defer=True)
+        self.store.write_journal()
         try:
             self._send_jobs(jobs, row)
         finally:
             head = self.store.line_head
             key = row.key
-            for job in jobs:
-                if not job.rid:
-                    self._arrive(job)
-                    if job.head is None:  # not handed to the attempt loop
-                        job.head = head(
-                            job.rid, job.model, job.client, key, job.t_in, len(job.request.wire)
-                        )
+            for job in fresh:
+                if job.head is None:  # not handed to the attempt loop
+                    job.head = head(
+                        job.rid, job.model, job.client, key, job.t_in, len(job.request.wire)
+                    )
 
     def _send_jobs(self, jobs: list[Job], row: DeviceRow) -> None:
         if len(jobs) == 1:

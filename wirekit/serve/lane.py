@@ -6,7 +6,8 @@ A MIP front-door connection of a model served only by pipelined MIP backends, wi
 adaptive batching, takes its requests through a :class:`Lane`:
 
 * :meth:`Lane.take` -- the well-formed inference requests at the start of a read, in one
-  call: each gets its id, its arrival row (batched, as :meth:`RequestStore.arrival` does),
+  call: each gets its id, its arrival row (batched, as :meth:`RequestStore.arrival` does;
+  the arrivals of the read journaled in one write before any of them is sent),
   a device by quota, and a slot on that backend's open connection; the requests for one
   connection go out in one write, byte for byte as they came.  With the cache on, a request
   answered recently is answered from the cache instead (device ``cache``, 0 attempts), and
@@ -270,10 +271,11 @@ class Lane:
             for call, rid in zip(arrived, d.new_ids(len(arrived)), strict=True):
                 call.rid = rid
                 requests.append((rid, len(call.wire), call.wire))
+            # recorded (their arrivals journaled) before they leave
+            d.lane_arrived(self.stats, model, client_name, t_in, requests)
             for client, conn, deadline, _free, frames, calls in groups.values():
                 if calls:
                     client.send_calls(conn, frames, calls, deadline)
-            d.lane_arrived(self.stats, model, client_name, t_in, requests)
         if handed:
             self._start(handed)
         return pos

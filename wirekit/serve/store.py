@@ -123,6 +123,17 @@ def _line_end(head: str, time_out: str, status: str, size: Any, attempts: Any, b
     )
 
 
+def _arrival_line(rid: str, names: str, time_in: str, size: Any, payload: Any) -> str:
+    """An arrival's journal line: the completion line's shape with no device, no time out,
+    status ``queued`` and 0 attempts (``names``: model, client and a null device, as
+    :meth:`RequestStore._names` writes them).  Replayed, it only inserts a row that is
+    missing: it never takes an answer back (:data:`~wirekit.serve.storedb.REPLAY_COLUMNS`)."""
+    return (
+        f"{_line_head(rid, names, time_in)}null,{_STATUS_JSON[QUEUED]},"
+        f"{size if type(size) is int else _json_num(size)},0,{_json_blob(payload)}]\n"
+    )
+
+
 def _json_blob(payload: Any) -> str:
     """The journal's payload field: base64 in a JSON string, or null."""
     if payload is None:
@@ -302,10 +313,29 @@ class RequestStore:
     # -- the request path: list appends and one journal write -----------------------------
 
     def arrival(
-        self, rid: str, model: str, client: str, time_in: float, size: int, payload: Any = None
+        self,
+        rid: str,
+        model: str,
+        client: str,
+        time_in: float,
+        size: int,
+        payload: Any = None,
+        defer: bool = False,
     ) -> None:
-        """Record a new request (status ``queued``)."""
+        """Record a new request (status ``queued``).  With the journal on, this returns
+        once its arrival record is written to the journal file: call it *before* the
+        request leaves for a backend, so that after a ``kill -9`` the next start has its
+        row -- unless ``defer``: then the caller calls :meth:`write_journal` before it
+        sends (one system call for the arrivals of one loop pass)."""
         blob = bytes(payload) if self.payloads and payload is not None else None
+        if self._jfd is not None:
+            line = _arrival_line(
+                rid, self._device_names(model, client, None), self._time(time_in), size, blob
+            )
+            self._jsize += len(line)
+            self._jbuf.append(line)
+            if not defer:
+                self.write_journal()
         self._add(_ARRIVAL, (rid, model, client, time_in, size, blob))
 
     def completion(
@@ -428,7 +458,20 @@ class RequestStore:
         self, model: str, client: str, time_in: float, requests: list[tuple[str, int, Any]]
     ) -> None:
         """:meth:`arrival` of requests of ``model`` from ``client`` that arrived together at
-        ``time_in``, each ``(id, size, request bytes)``."""
+        ``time_in``, each ``(id, size, request bytes)``.  With the journal on, their arrival
+        records are written to it in one system call before this returns: call it before
+        they are sent."""
+        if self._jfd is not None:
+            names = self._device_names(model, client, None)
+            tin = self._time(time_in)
+            keep = self.payloads
+            lines = [
+                _arrival_line(rid, names, tin, size, wire if keep else None)
+                for rid, size, wire in requests
+            ]
+            self._jsize += sum(map(len, lines))
+            self._jbuf.extend(lines)
+            self.write_journal()
         self._pending.extend(_arrival_ops(requests, model, client, time_in, self.payloads))
         self._kick()
 
@@ -584,7 +627,7 @@ class RequestStore:
             # replayed twice (a crash during the replay) counts nothing twice
             refused = _replay_entries(db, entries)
             self._quarantine(path, bad + refused)
-            count += len(entries) - len(refused)
+            count += _completions(e[3] for e in entries) - _completions(b[3] for b in refused)
             replayed.append(path)
         for path in replayed:
             path.unlink()
@@ -637,7 +680,9 @@ class RequestStore:
                     entries, bad = _read_journal(held)
                     refused = _replay_entries(db, entries)
                     self._quarantine(held, bad + refused)
-                    self.healed += len(entries) - len(refused)
+                    self.healed += _completions(e[3] for e in entries) - _completions(
+                        b[3] for b in refused
+                    )
                 held.unlink()
             except FileNotFoundError:
                 pass
@@ -818,7 +863,8 @@ def journal_row(rec: Any) -> tuple:
         _text_field(rec[2], "client"),
         _text_field(rec[3], "device", null=True),
         _time_field(rec[4], "time in"),
-        _time_field(rec[5], "time out"),
+        # an arrival record (status queued) has no time out
+        None if rec[5] is None and rec[6] == QUEUED else _time_field(rec[5], "time out"),
         _text_field(rec[6], "status"),
         _count_field(rec[7], "size", _INT64),
         _count_field(rec[8], "attempts", _INT32),
@@ -853,6 +899,11 @@ def _read_journal(path: Path) -> tuple[list[_Entry], list[_BadRecord]]:
                 continue
             entries.append((line_no, start, line, row))
     return entries, bad
+
+
+def _completions(rows: Iterator[tuple | None]) -> int:
+    """How many of the journal ``rows`` are completions (not arrival records)."""
+    return sum(1 for row in rows if row is not None and row[6] != QUEUED)
 
 
 def _replay_entries(db: StoreDB, entries: list[_Entry]) -> list[_BadRecord]:

@@ -34,6 +34,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 QUEUED, OK, ERROR, FAILED, ABANDONED = "queued", "ok", "error", "failed", "abandoned"
+#: the reason of an ``abandoned`` row: its request arrived (its arrival row, or its
+#: journaled arrival record) but no answer was recorded before the dispatcher stopped
+ABANDONED_REASON = "the dispatcher stopped before answering"
 
 #: the PostgreSQL advisory lock key under which migrations run ("wirekit" in ASCII, as int)
 MIGRATION_LOCK = 0x7769726B6974
@@ -370,6 +373,8 @@ _SQLITE_REPLAY = (
     " status = excluded.status, attempts = excluded.attempts,"
     " reason = COALESCE(excluded.reason, requests.reason),"
     " payload = COALESCE(excluded.payload, requests.payload)"
+    # an arrival record only fills in a missing row: it never takes an answer back
+    " WHERE excluded.status <> 'queued'"
 )
 _UPDATE = "UPDATE requests SET device = ?, time_out = ?, status = ?, attempts = ? WHERE id = ?"
 _REASON = "UPDATE requests SET reason = ? WHERE id = ?"
@@ -442,7 +447,8 @@ class SqliteDB:
     def abandon(self) -> int:
         # one file, one dispatcher: every queued row is this one's
         cur = self.conn.execute(
-            "UPDATE requests SET status = ? WHERE status = ?", (ABANDONED, QUEUED)
+            "UPDATE requests SET status = ?, reason = COALESCE(reason, ?) WHERE status = ?",
+            (ABANDONED, ABANDONED_REASON, QUEUED),
         )
         return cur.rowcount
 
@@ -600,6 +606,7 @@ class PostgresDB:
             " attempts = excluded.attempts,"
             " reason = COALESCE(excluded.reason, requests.reason),"
             " payload = COALESCE(excluded.payload, requests.payload)"
+            " WHERE excluded.status <> 'queued'"  # an arrival never takes an answer back
         )
         replica = self.replica or None
         with self._lock, conn.transaction(), conn.cursor() as cur:
@@ -609,8 +616,9 @@ class PostgresDB:
         conn = self._live()
         with self._lock:
             cur = conn.execute(
-                "UPDATE requests SET status = %s WHERE status = %s AND replica = %s",
-                (ABANDONED, QUEUED, self.replica),
+                "UPDATE requests SET status = %s, reason = COALESCE(reason, %s)"
+                " WHERE status = %s AND replica = %s",
+                (ABANDONED, ABANDONED_REASON, QUEUED, self.replica),
             )
             return cur.rowcount
 
