@@ -9,9 +9,14 @@ the event loop and handed to a writer thread every ``flush_interval`` seconds (o
 
 Durability without the store on the request path: with ``journal`` on (the default) each
 completion is also appended to a journal file (``<store>.journal.<n>``, one JSON line, one
-``write`` system call) *before* the client is answered.  A ``kill -9`` cannot take back what
-was written to the kernel, so after a crash the next ``open()`` replays the journals into
-the database (by request id: nothing counted twice): every answered request is in the store.
+``write`` system call) *before* the client is answered, and each arrival *before* its
+request is sent to a backend (an arrival record: the same line with no device, no time
+out, status ``queued``; the arrivals of one read or loop pass in one ``write``).  A ``kill
+-9`` cannot take back what was written to the kernel, so after a crash the next ``open()``
+replays the journals into the database (by request id: nothing counted twice; an arrival
+record only inserts a missing row, it never takes an answer back): every answered request
+is in the store, and every request that reached a backend without an answer journaled is
+``abandoned`` (reason "the dispatcher stopped before answering").
 Journals are deleted once the rows they hold are committed; after a failed write (the
 database away), each journal is replayed when it is retired, and kept for the next start if
 that fails too.  The journals are local files even when the rows go to
