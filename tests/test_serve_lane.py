@@ -722,7 +722,7 @@ def test_a_client_gone_ends_its_requests_at_once_and_late_replies_change_nothing
         ) as (service, address):
             try:
                 request = mip.encode(mip.Inference.request([[mip.Item.text("q")]]))
-                reader, writer = await asyncio.open_connection(*address[6:].rsplit(":", 1))
+                _reader, writer = await asyncio.open_connection(*address[6:].rsplit(":", 1))
                 writer.write(request * n)
                 await writer.drain()
                 for _ in range(1000):  # every request taken
