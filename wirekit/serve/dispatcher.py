@@ -675,7 +675,8 @@ class Dispatcher:
                         msg,
                     )
                     for job in jobs:
-                        self._send_one(job, row)
+                        if not job.abandoned:  # its client is still there
+                            self._send_one(job, row)
                     return
                 cache, key = self.cache, row.key
                 for job, wire in zip(jobs, parts, strict=True):
