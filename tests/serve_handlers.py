@@ -61,3 +61,15 @@ async def record_slow(batch):
         fh.write(texts)
     await asyncio.sleep(0.3)
     return _answer("R", batch)
+
+
+#: seconds :func:`held_when_slow` holds a request whose input starts with "slow"
+HELD_SECONDS = 3.0
+
+
+async def held_when_slow(batch):
+    """Answers ``"H:<INPUT>"`` at once, or after :data:`HELD_SECONDS` when an input starts
+    with ``slow`` (requests stay in flight while their client goes away)."""
+    if any(sample[0].as_text().startswith("slow") for sample in batch):
+        await asyncio.sleep(HELD_SECONDS)
+    return _answer("H", batch)

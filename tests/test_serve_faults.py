@@ -15,6 +15,7 @@ import pytest
 from mip_net import CliServer
 from serve_support import (
     TIMEOUT,
+    BackendProcess,
     DispatcherProcess,
     answer_of,
     deployment,
@@ -287,3 +288,85 @@ def test_dispatcher_kill9_keeps_every_completed_request(tmp_path, payloads):
         for text in completed:
             status, _device, t_out = after[text]
             assert status == "ok" and t_out is not None, text
+
+
+def _http_json(url: str, method: str = "GET", headers: dict | None = None) -> dict:
+    import urllib.request
+
+    req = urllib.request.Request(url, method=method, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=TIMEOUT * 3) as resp:
+        return json.loads(resp.read())
+
+
+def _read_reply(sock: socket.socket) -> mip.Message:
+    """One MIP message from ``sock`` (bounded by the socket's timeout)."""
+    buf = b""
+    while True:
+        size = mip.frame_size(buf, 0) if len(buf) >= 12 else None
+        if size is not None and len(buf) >= size:
+            return mip.decode(buf[:size])
+        chunk = sock.recv(65536)
+        assert chunk, "the dispatcher closed the connection"
+        buf += chunk
+
+
+@pytest.mark.parametrize("twin", ["compiled", "pure"])
+@pytest.mark.parametrize("path", ["lane", "general"])
+def test_a_mip_client_gone_with_requests_in_flight_leaves_nothing_queued(tmp_path, path, twin):
+    """Issue 26: a raw MIP client pipelines requests to a backend that holds them
+    (``held_when_slow``: 3 s), then closes its connection.  Through the MIP lane and through
+    the general path (adaptive batching: no lane), on both twins: the queue goes back to 0
+    at once, every row ends (``abandoned``), and removing the model drains at once (its
+    drain timeout, 2 s, is shorter than the backend's hold)."""
+    n = 6
+    store = tmp_path / "requests.db"
+    model: dict = {"timeout": 30}
+    if path == "general":
+        model["max_batch"] = 8  # adaptive batching: the lane does not serve it
+    with BackendProcess("serve_handlers:held_when_slow") as backend:
+        doc = deployment(
+            store,
+            {"m": model},
+            [
+                {
+                    "id": "n1",
+                    "devices": ["CPU"],
+                    "models": ["m"],
+                    "quotas": [1],
+                    "ports": [backend.port],
+                }
+            ],
+            admin={"drain_timeout": 2},
+            cache={"max_entries": 0},
+        )
+        env = {"WIREKIT_PURE": "1"} if twin == "pure" else {}
+        with DispatcherProcess.of(doc, tmp_path, env=env) as proc:
+            host, port = proc.mip_address("m")[len("tcp://") :].rsplit(":", 1)
+            request = lambda text: mip.encode(  # noqa: E731
+                mip.Inference.request([[mip.Item.text(text)]])
+            )
+            with socket.create_connection((host, int(port)), timeout=TIMEOUT) as sock:
+                # one answered first: the backend connection is open, the lane sends on it
+                sock.sendall(request("warm"))
+                assert _read_reply(sock).items[0].as_text() == "H:WARM"
+                sock.sendall(b"".join(request(f"slow{k}") for k in range(n)))
+                until = time.monotonic() + TIMEOUT
+                while _http_json(proc.http + "/stats")["models"]["m"]["requests"] < n + 1:
+                    assert time.monotonic() < until, "the requests did not arrive"
+                    time.sleep(0.02)
+                stats = _http_json(proc.http + "/stats")
+                assert stats["models"]["m"]["queue"] == n  # held by the backend
+                if path == "lane":
+                    assert stats["lane_requests"] >= n
+                else:
+                    assert stats["lane_requests"] == 0
+            until = time.monotonic() + TIMEOUT
+            while (stats := _http_json(proc.http + "/stats"))["queue"] != 0:
+                assert time.monotonic() < until, f"still queued: {stats['models']['m']}"
+                time.sleep(0.02)
+            assert stats["models"]["m"]["statuses"] == {"ok": 1, "abandoned": n}
+            removed = _http_json(proc.http + "/admin/models/m", "DELETE", proc.admin_headers)
+            assert removed == {"removed": "m", "drained": True, "in_flight_at_timeout": 0}
+    rows = store_rows(store)
+    assert Counter(r.status for r in rows) == {"ok": 1, "abandoned": n}
+    assert all(r.time_out is not None for r in rows)

@@ -560,6 +560,7 @@ class _FakeLaneDispatcher:
         self.route_version = 0
         self.closing = False
         self.answered: list[tuple] = []
+        self.abandoned_calls: list[tuple] = []
         self._ids = iter(range(10**6))
 
     def clock(self):
@@ -576,6 +577,10 @@ class _FakeLaneDispatcher:
 
     def lane_arrived(self, stats, model, client, t_in, requests):
         stats.arrive(len(requests))
+
+    def abandoned(self, model, client, rid, t_in, wire, attempts):
+        self.abandoned_calls.append((rid, t_in, attempts))
+        self.metrics.finished(model, "abandoned", 0.0)
 
     def lane_answered(
         self, stats, model, client, t_out, total, lo, hi, rows, done, by_row=None, backend=None
@@ -599,7 +604,7 @@ class _FreeClient:
         pass
 
 
-def _lane_run(module, window, reads, draws, clock_values, replies):
+def _lane_run(module, window, reads, draws, clock_values, replies, abandon=False):
     from wirekit.serve.config import DeviceRow
 
     rows = [DeviceRow("m", "n", d, "CPU", "127.0.0.1", 1, 0.5, "mip") for d in (0, 1, 2)]
@@ -626,6 +631,15 @@ def _lane_run(module, window, reads, draws, clock_values, replies):
         for call in calls[:answer_now]:
             call.set_result(reply)
         lane.answers(pending)
+    if abandon:  # the client goes away: its connection drops what it is owed
+        late = [c for c in pending if not c.done()]
+        lane.abandon(pending)
+        pending.clear()
+        for call in late:  # the backend's late replies end nothing more
+            call.set_result(reply)
+        lane.answers(pending)
+        queue = d.metrics.snapshot()["queue"]
+        return d.answered, d.abandoned_calls, queue, [c.state for c in late]
     for call in list(pending):
         if not call.done():
             call.set_result(reply)
@@ -662,3 +676,87 @@ def test_both_lane_twins_report_the_same_window_per_device(reads, draws, clock, 
     for module in (servelane, pure_lane):
         off, rows_off, _ = _lane_run(module, False, reads, draws, clock_values, replies)
         assert rows_off == {} and all(a[-2] is None for a in off)
+
+
+@given(
+    reads=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 6)), min_size=1, max_size=8),
+    draws=st.lists(st.integers(0, 2), min_size=48, max_size=48),
+    replies=st.integers(0, 2**32),
+)
+def test_both_lane_twins_end_the_same_requests_when_the_client_goes(reads, draws, replies):
+    """Differential (issue 26): a client that goes away with requests owed -- some answered
+    but not written, some still at a backend -- through each twin's ``Lane.abandon``: the
+    same answered ones recorded ``ok``, the same others ``abandoned`` (once each, at once),
+    the queue back to 0; the backends' late replies record nothing more."""
+    if pure_requested():
+        pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
+    from wirekit._fast import servelane
+    from wirekit.serve import lane as pure_lane
+
+    clock_values = [100.0 + t for t in range(20)]
+    fast = _lane_run(servelane, False, reads, draws, clock_values, replies, abandon=True)
+    pure = _lane_run(pure_lane, False, reads, draws, clock_values, replies, abandon=True)
+    assert fast == pure
+    answered, abandoned, queue, late_states = pure
+    assert queue == 0
+    total = sum(c for c, *_ in reads)
+    assert sum(n for n, *_ in answered) + len(abandoned) == total
+    assert len({rid for rid, _t, _a in abandoned}) == len(abandoned) == len(late_states)
+    assert all(a == 1 for _r, _t, a in abandoned)
+    assert set(late_states) <= {pure_lane.ABANDONED}
+
+
+def test_a_client_gone_ends_its_requests_at_once_and_late_replies_change_nothing(lane, tmp_path):
+    """Issue 26: a MIP client closes its connection with requests owed through the lane --
+    some at a held device (4 slots: the rest wait in the attempt loop), some answered by a
+    fast device behind them: the answered ones end ``ok``, the others ``abandoned`` at once
+    (queue 0, nothing active); released later, the held device's replies only free its
+    slots, and the next client is answered."""
+    store = tmp_path / "r.db"
+    n = 24
+    gate = asyncio.Event()
+
+    async def main():
+        async with lane_service(
+            lane, store, [tagged("S", gate=gate), tagged("F")], connections=4
+        ) as (service, address):
+            try:
+                request = mip.encode(mip.Inference.request([[mip.Item.text("q")]]))
+                _reader, writer = await asyncio.open_connection(*address[6:].rsplit(":", 1))
+                writer.write(request * n)
+                await writer.drain()
+                for _ in range(1000):  # every request taken
+                    if service.stats()["models"].get("m", {}).get("requests") == n:
+                        break
+                    await asyncio.sleep(0.01)
+                writer.close()
+                await writer.wait_closed()
+                for _ in range(1000):  # the dispatcher sees the close
+                    if service.stats()["queue"] == 0:
+                        break
+                    await asyncio.sleep(0.01)
+                assert service.stats()["queue"] == 0
+                assert service.dispatcher.active == 0
+                statuses = service.stats()["models"]["m"]["statuses"]
+                assert set(statuses) <= {"ok", "abandoned"} and statuses["abandoned"] >= 1
+                assert sum(statuses.values()) == n
+                gate.set()
+                async with AsyncClient(address, timeout=10, max_in_flight=8) as c:
+                    outs = await asyncio.gather(*(c.infer_one(f"a{k}") for k in range(8)))
+                assert sorted(o[0].as_text()[2:] for o in outs) == [f"A{k}" for k in range(8)]
+                await asyncio.sleep(0.2)  # the late replies have come
+                assert service.dispatcher.active == 0
+                after = service.stats()["models"]["m"]["statuses"]
+                assert after == {**statuses, "ok": statuses.get("ok", 0) + 8}
+                await service.store.flush()
+                return statuses
+            finally:
+                gate.set()
+
+    statuses = run(main())
+    rows = store_rows(store)
+    assert Counter(r.status for r in rows) == {
+        "ok": statuses.get("ok", 0) + 8,
+        **{"abandoned": statuses["abandoned"]},
+    }
+    assert all(r.time_out is not None for r in rows)

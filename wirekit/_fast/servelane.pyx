@@ -26,10 +26,11 @@ cdef bytes _INTERNAL = mip.encode(ErrorReply(int(ErrorCode.INTERNAL)))
 cdef object _ZERO = 0, _ONE = 1
 cdef str _CACHE = "cache"
 
-IN_FLIGHT, ANSWERED, HANDED_OVER = 0, 1, 2
+IN_FLIGHT, ANSWERED, HANDED_OVER, ABANDONED = 0, 1, 2, 3
 DEF S_IN_FLIGHT = 0
 DEF S_ANSWERED = 1
 DEF S_HANDED_OVER = 2
+DEF S_ABANDONED = 3
 
 
 cdef inline uint32_t _be32(const uint8_t* p) noexcept nogil:
@@ -82,7 +83,7 @@ cdef class LaneCall:
     pending call and its future at once."""
 
     cdef readonly Lane lane
-    cdef readonly object row, client, conn, job, reply, key
+    cdef readonly object row, client, conn, job, reply, key, fallback
     cdef readonly str rid
     cdef readonly bytes wire
     cdef readonly double t_in, deadline, timeout, t_back
@@ -100,9 +101,11 @@ cdef class LaneCall:
         cdef Py_ssize_t n = PyBytes_GET_SIZE(frame)
         self.t_back = self.lane._clock()  # when the backend's reply came
         self.client.release_slot()
+        if self.state == S_ABANDONED:  # ended when its client went away
+            return
         if _size(<const uint8_t*>PyBytes_AS_STRING(frame), 0, n, 1, -1) != n:
             self.state = S_HANDED_OVER
-            self.lane.dispatcher.lane_fallback(self, frame, None)
+            self.fallback = self.lane.dispatcher.lane_fallback(self, frame, None)
             return
         self.state = S_ANSWERED
         self.reply = frame
@@ -113,9 +116,11 @@ cdef class LaneCall:
 
     def set_exception(self, exc):
         """No reply: a timeout or a lost connection (called at most once)."""
-        self.state = S_HANDED_OVER
         self.client.call_failed(self.conn, exc)
-        self.lane.dispatcher.lane_fallback(self, None, exc)
+        if self.state == S_ABANDONED:  # ended when its client went away
+            return
+        self.state = S_HANDED_OVER
+        self.fallback = self.lane.dispatcher.lane_fallback(self, None, exc)
 
     def job_done(self, job):
         """The attempt loop answered the request (its ``notify``)."""
@@ -372,6 +377,33 @@ cdef class Lane:
             self.dispatcher.lane_answered(self.stats, self.model, self.client, t_obj, total,
                                           lo, hi, succeeded, done, by_row, backend)
         return out
+
+
+    def abandon(self, pending):
+        """The client went away: end every request of ``pending`` now (see
+        ``wirekit.serve.lane.Lane.abandon``)."""
+        cdef object d = self.dispatcher, entry, cls
+        cdef LaneCall call
+        cdef object complete = None
+        for entry in pending:
+            cls = type(entry)
+            if cls is bytes:
+                continue
+            if cls is LaneCall:
+                call = <LaneCall>entry
+                if call.state == S_ANSWERED:
+                    if complete is None:
+                        complete = type(pending)()
+                    complete.append(call)
+                elif call.state == S_IN_FLIGHT:
+                    call.state = S_ABANDONED
+                    d.abandoned(self.model, self.client, call.rid, call.t_in, call.wire, 1)
+                elif call.job is None and call.fallback is not None:  # in the attempt loop
+                    d.abandon(call.fallback)
+            else:
+                d.abandon(entry)
+        if complete is not None:
+            self.answers(complete)
 
 
 cdef object _job_answer(job):

@@ -53,9 +53,12 @@ from .logs import serve_logger
 from .metrics import Metrics, ModelStats
 from .payload import Payload
 from .router import NoDevice, Router
-from .store import ERROR, FAILED, OK, RequestStore
+from .store import ABANDONED, ERROR, FAILED, OK, RequestStore
 
 log = serve_logger()
+
+#: the reason recorded for a request whose client went away before its answer
+CLIENT_GONE = "the client went away before its answer"
 
 BATCH_BYTES = 1 << 20  #: a joined batch stays under this many bytes (larger requests go alone)
 SPLIT_SAMPLES = 16  #: requests joined to this many samples or more go as two batches
@@ -116,6 +119,7 @@ class Job:
     """One request taken by :meth:`Dispatcher.start` (the MIP front door's way in)."""
 
     __slots__ = (
+        "abandoned",
         "cfg",
         "client",
         "error",
@@ -146,6 +150,9 @@ class Job:
         self.key: bytes | None = None
         #: its journal line's start, made while it is sent ("" or None: none)
         self.head: str | None = None
+        #: its client went away before the answer: it ended ``abandoned``
+        #: (:meth:`Dispatcher.abandon`); its attempt, if any, records and answers nothing
+        self.abandoned = False
 
 
 class UnknownModel(LookupError):
@@ -669,7 +676,8 @@ class Dispatcher:
                         msg,
                     )
                     for job in jobs:
-                        self._send_one(job, row)
+                        if not job.abandoned:  # its client is still there
+                            self._send_one(job, row)
                     return
                 cache, key = self.cache, row.key
                 for job, wire in zip(jobs, parts, strict=True):
@@ -708,6 +716,8 @@ class Dispatcher:
 
     def _abort(self, job: Job, exc: BaseException) -> None:
         """Cancelled (shutdown): still close the row, and answer."""
+        if job.abandoned:  # ended when its client went away
+            return
         self._finish(
             job.model,
             job.rid,
@@ -726,6 +736,8 @@ class Dispatcher:
 
     def _settle(self, job: Job, outcome: Outcome, t_out: float | None = None) -> None:
         """Record how ``job`` ended and answer it (``t_out``: when, if already known)."""
+        if job.abandoned:  # ended when its client went away
+            return
         head = job.head
         if not head:
             self._finish(
@@ -785,6 +797,8 @@ class Dispatcher:
                     )
                 self._settle(job, outcome, t_back)
                 return
+        if job.abandoned:  # its client is gone: no other attempt
+            return
         retryable = unanswered_retryable(exc)
         if retryable:
             # The server closed a kept-alive connection before reading this request (as
@@ -805,6 +819,33 @@ class Dispatcher:
         log.warning("request %s: %s", job.rid, last)
         self.router.fail(row)
         self._spawn(job, tried=[row.key], done=1, last=last)
+
+    # ------------------------------------------------------------------ a client gone
+
+    def abandon(self, job: Job) -> None:
+        """The client of ``job`` went away before its answer: the request ends now, as
+        ``abandoned`` (:meth:`abandoned`); one already answered keeps the end it was
+        recorded with.  An attempt still on its way is not recalled: its reply (or failure)
+        frees its backend slot and records, resubmits and answers nothing."""
+        if job.outcome is not None or job.error is not None or job.abandoned:
+            return
+        job.abandoned = True
+        if not job.rid:  # waiting to be joined in a batch: not recorded as arrived yet
+            self._arrive(job)
+        sent = int(job.t_sent > 0)
+        self.abandoned(job.model, job.client, job.rid, job.t_in, job.request.wire, sent)
+
+    def abandoned(
+        self, model: str, client: str, rid: str, t_in: float, wire: bytes, attempts: int
+    ) -> None:
+        """The request ``rid`` of ``model`` from ``client`` (arrived at ``t_in``, sent
+        ``attempts`` times) ends as ``abandoned``: its client went away before its answer.
+        It leaves the queue at once (a drain waits for it no more), through the same
+        completion record as every other end (:meth:`_finish`; the journal line is
+        deferred: the caller writes the journal).  Called once per request, by
+        :meth:`abandon` or by the MIP lane (``Lane.abandon``)."""
+        self.active -= 1
+        self._finish(model, rid, client, t_in, wire, None, ABANDONED, attempts, True, CLIENT_GONE)
 
     # ------------------------------------------------------------------ the MIP lane
 
@@ -875,11 +916,12 @@ class Dispatcher:
             succeed(row)
         self.store.completions_ok(model, client, t_out, answers)
 
-    def lane_fallback(self, call, frame: bytes | None, exc: BaseException | None) -> None:
+    def lane_fallback(self, call, frame: bytes | None, exc: BaseException | None) -> Job:
         """A lane call the lane does not settle itself -- ``frame`` a reply that is not a
         well-formed inference response, or ``exc`` a timeout or a lost connection -- goes on
         as a :class:`Job` whose first attempt was ``call``: decoded, resubmitted, backed off,
-        recorded and answered exactly like one (``call.job_done`` is its ``notify``)."""
+        recorded and answered exactly like one (``call.job_done`` is its ``notify``).
+        Returns that job (the lane abandons it if its client goes away meanwhile)."""
         lane = call.lane
         job = Job(lane.model, Payload(call.wire), lane.client, call.job_done)
         job.rid = call.rid
@@ -890,6 +932,7 @@ class Dispatcher:
         job.key = call.key  # the answer is cached as the lane would have
         job.head = ""
         self._fast_reply(job, call.row, frame, exc)
+        return job
 
     async def close(self) -> None:
         self.closing = True

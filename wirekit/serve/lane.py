@@ -28,6 +28,12 @@ adaptive batching, takes its requests through a :class:`Lane`:
   order, when the front door flushes: each lane answer is recorded then (time out, the
   completion row, its journal line, metrics), so that the front door writes the journal
   before it writes the answers.
+* :meth:`Lane.abandon` -- the client went away (:meth:`MipFrontDoor.connection_lost
+  <wirekit.serve.mipfront.MipFrontDoor.connection_lost>`): every request it is still owed
+  ends at once, through the dispatcher's completion record -- ``ok`` when its answer was
+  complete (not yet written), else ``abandoned`` (:meth:`Dispatcher.abandoned`,
+  :meth:`Dispatcher.abandon`).  A backend's later reply to an abandoned call only frees
+  its slot.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ log = serve_logger()
 _INTERNAL = mip.encode(ErrorReply(int(ErrorCode.INTERNAL)))
 _CACHE = "cache"  # the device of an answer from the cache
 
-IN_FLIGHT, ANSWERED, HANDED_OVER = 0, 1, 2  #: LaneCall states
+IN_FLIGHT, ANSWERED, HANDED_OVER, ABANDONED = 0, 1, 2, 3  #: LaneCall states
 
 
 def inference_size(buf: Any, pos: int, end: int, subtype: int, max_items: int = -1) -> int:
@@ -89,6 +95,7 @@ class LaneCall:
         "client",
         "conn",
         "deadline",
+        "fallback",
         "job",
         "key",
         "lane",
@@ -125,7 +132,8 @@ class LaneCall:
         self.timeout = client.timeout
         self.state = IN_FLIGHT
         self.reply: bytes | None = None
-        self.job: Any = None  #: the dispatcher's Job once handed over
+        self.job: Any = None  #: the dispatcher's Job once handed over and answered
+        self.fallback: Any = None  #: the dispatcher's Job once handed over
         self.key: bytes | None = None  #: its cache key (the cache on)
 
     @property
@@ -139,9 +147,11 @@ class LaneCall:
         """The backend's reply (called once, by the backend connection)."""
         self.t_back = self.lane.dispatcher.clock()
         self.client.release_slot()
+        if self.state == ABANDONED:  # ended when its client went away
+            return
         if inference_size(frame, 0, len(frame), 1) != len(frame):
             self.state = HANDED_OVER
-            self.lane.dispatcher.lane_fallback(self, frame, None)
+            self.fallback = self.lane.dispatcher.lane_fallback(self, frame, None)
             return
         self.state = ANSWERED
         self.reply = frame
@@ -152,9 +162,11 @@ class LaneCall:
 
     def set_exception(self, exc: BaseException) -> None:
         """No reply: a timeout or a lost connection (called at most once)."""
-        self.state = HANDED_OVER
         self.client.call_failed(self.conn, exc)
-        self.lane.dispatcher.lane_fallback(self, None, exc)
+        if self.state == ABANDONED:  # ended when its client went away
+            return
+        self.state = HANDED_OVER
+        self.fallback = self.lane.dispatcher.lane_fallback(self, None, exc)
 
     def job_done(self, job: Any) -> None:
         """The attempt loop answered the request (its ``notify``)."""
@@ -377,6 +389,32 @@ class Lane:
                 backend,
             )
         return out
+
+    def abandon(self, pending: deque) -> None:
+        """The client went away: end every request of ``pending`` (the front door's queue
+        of answers to come) now -- a lane call answered but not written yet ``ok`` (as
+        :meth:`answers` records it), one still on its way ``abandoned``
+        (:meth:`Dispatcher.abandoned`), a dispatcher's job through
+        :meth:`Dispatcher.abandon`.  ``pending`` is left as it is (the connection drops
+        it); the caller writes the journal."""
+        d = self.dispatcher
+        complete: deque = deque()
+        for entry in pending:
+            cls = type(entry)
+            if cls is bytes:
+                continue
+            if cls is LaneCall:
+                if entry.state == ANSWERED:
+                    complete.append(entry)
+                elif entry.state == IN_FLIGHT:
+                    entry.state = ABANDONED
+                    d.abandoned(self.model, self.client, entry.rid, entry.t_in, entry.wire, 1)
+                elif entry.job is None and entry.fallback is not None:  # in the attempt loop
+                    d.abandon(entry.fallback)
+            else:
+                d.abandon(entry)
+        if complete:
+            self.answers(complete)
 
 
 def _job_answer(job: Any) -> bytes:

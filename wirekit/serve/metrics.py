@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .storedb import OK, QUEUED, StoreDB, as_db
+from .storedb import ABANDONED, OK, QUEUED, StoreDB, as_db
 
 
 @dataclass(slots=True)
@@ -630,7 +630,7 @@ class Metrics:
                 if device is not None and device != _CACHE:
                     rt = response_time
                     self.row(device).answered_ok(1, rt, rt, rt, 1)
-        elif s.recent is not None:
+        elif s.recent is not None and status != ABANDONED:  # a client gone: no one's error
             s.recent.failed()
             if device is not None and device != _CACHE:
                 self.row(device).failed(1)

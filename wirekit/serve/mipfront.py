@@ -23,6 +23,11 @@ A model removed while the dispatcher runs (``DELETE /admin/models/{name}``) stop
 requests at once: a request that arrives after that on a connection still open is answered
 with a METHOD error reply (MIP error replies carry no text; the log says "model ... was
 removed"); the answers owed are sent, then the connection is closed.
+
+A client that goes away (or is dropped) while it is owed answers ends those requests at
+once: ``ok`` when the answer was complete but not yet written, else ``abandoned``
+(:meth:`wirekit.serve.lane.Lane.abandon`, through the dispatcher's completion record).
+They leave the queue then; a backend's later reply to one of them only frees its slot.
 """
 
 from __future__ import annotations
@@ -111,10 +116,16 @@ class MipFrontDoor(asyncio.Protocol):
         self.watchdog.stop()
 
     def _release(self) -> None:
-        """Nothing more is taken from this connection: what it holds goes back to the
-        budget."""
-        held = self.conn.held
-        self.conn.release()
+        """Nothing more is taken from this connection: the requests it is still owed end
+        (``ok`` if their answer was complete, else ``abandoned``: :meth:`Lane.abandon
+        <wirekit.serve.lane.Lane.abandon>`, on record in the journal at once), what it
+        holds goes back to the budget."""
+        conn = self.conn
+        if conn.owed:
+            self.lane.abandon(conn.owed)
+            self._write_journal()
+        held = conn.held
+        conn.release()
         if self.memory_return is not None:
             self.memory_return.released(held)
 
@@ -228,14 +239,18 @@ class MipFrontDoor(asyncio.Protocol):
         else:
             self._write()
 
-    def _write(self) -> None:
-        conn = self.conn
-        out = conn.send(time.monotonic(), self.lane.answers)  # records the lane's answers
+    def _write_journal(self) -> None:
+        """Write the completion records made so far to the store's journal."""
         try:
-            self.store.write_journal()  # before any answer: what is answered is on record
+            self.store.write_journal()
         except OSError as exc:
             self.store.error = exc
             log.error("cannot write the request journal: %s", exc)
+
+    def _write(self) -> None:
+        conn = self.conn
+        out = conn.send(time.monotonic(), self.lane.answers)  # records the lane's answers
+        self._write_journal()  # before any answer: what is answered is on record
         transport = self.transport
         if transport is None:
             return

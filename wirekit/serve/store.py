@@ -35,7 +35,8 @@ A failed or errored request's row records why (``reason``).
 
 Statuses: ``queued`` (waiting or being processed), ``ok``, ``error`` (the backend answered
 with an error), ``failed`` (no device answered within the attempts), ``abandoned`` (the
-dispatcher stopped before answering; set at the next start of the same replica).
+client went away before its answer -- recorded at once, ``Dispatcher.abandoned`` -- or the
+dispatcher stopped before answering: set at the next start of the same replica).
 """
 
 from __future__ import annotations
