@@ -1000,7 +1000,9 @@ class _LaneDispatcher:
     def lane_fallback(self, call: Any, frame: Any, exc: Any) -> None:
         self.log.append(("fallback", call.rid, frame, None if exc is None else str(exc)))
 
-    def lane_answered(self, stats, model, client, t_out, total, lo, hi, ok, done, by_row):
+    def lane_answered(
+        self, stats, model, client, t_out, total, lo, hi, ok, done, by_row=None, backend=None
+    ):
         self.log.append(
             (
                 "answered",
@@ -1013,6 +1015,7 @@ class _LaneDispatcher:
                 sorted(row.key for row in ok),
                 snapshot([tuple(d) for d in done]),
                 None if by_row is None else sorted(by_row.items()),
+                None if backend is None else list(backend),
             )
         )
 
