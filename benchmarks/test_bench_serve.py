@@ -315,7 +315,19 @@ def test_request_throughput(benchmark, endpoints, who):
         outs = await asyncio.gather(*(client.infer_one(f"t{base + k}") for k in range(ROUND)))
         return base, outs
 
-    pid = endpoints["pids"][who]
+    try:
+        # the CPU of the process in the middle (the backend's own for direct), per request
+        base, outs = _rounds_with_server_cpu(benchmark, loop, burst, endpoints["pids"][who])
+        assert [o[0].as_text() for o in outs] == [f"t{base + k}" for k in range(ROUND)]
+    finally:
+        loop.run_until_complete(client.close())
+        loop.close()
+
+
+def _rounds_with_server_cpu(benchmark, loop, burst, pid: int):
+    """Time rounds of ``burst()`` (``ROUND`` requests) after one to connect and warm up;
+    records requests/s and the median CPU of process ``pid`` per request; returns the last
+    round's result."""
     cpu: list[int] = []
 
     def one_round():
@@ -324,18 +336,13 @@ def test_request_throughput(benchmark, endpoints, who):
         cpu.append(cpu_ns(pid) - before)
         return out
 
-    try:
-        loop.run_until_complete(burst())  # connect and warm up
-        base, outs = benchmark(one_round)
-        assert [o[0].as_text() for o in outs] == [f"t{base + k}" for k in range(ROUND)]
-        median = benchmark.stats.stats.median
-        benchmark.extra_info["requests_per_s"] = round(ROUND / median, 1) if median else None
-        # the CPU of the process in the middle (the backend's own for direct), per request
-        cpu.sort()
-        benchmark.extra_info["server_cpu_us"] = cpu[len(cpu) // 2] / ROUND / 1e3
-    finally:
-        loop.run_until_complete(client.close())
-        loop.close()
+    loop.run_until_complete(burst())  # connect and warm up
+    result = benchmark(one_round)
+    median = benchmark.stats.stats.median
+    benchmark.extra_info["requests_per_s"] = round(ROUND / median, 1) if median else None
+    cpu.sort()
+    benchmark.extra_info["server_cpu_us"] = cpu[len(cpu) // 2] / ROUND / 1e3
+    return result
 
 
 def _predict_body(text: str) -> bytes:
@@ -400,23 +407,10 @@ def test_http_request_throughput(benchmark, endpoints, who):
         outs = await asyncio.gather(*(ask(f"t{base + k}") for k in range(ROUND)))
         return base, outs
 
-    pid = endpoints["pids"]["dispatcher"]
-    cpu: list[int] = []
-
-    def one_round():
-        before = cpu_ns(pid)
-        out = loop.run_until_complete(burst())
-        cpu.append(cpu_ns(pid) - before)
-        return out
-
     try:
-        loop.run_until_complete(burst())  # connect and warm up
-        base, outs = benchmark(one_round)
+        pid = endpoints["pids"]["dispatcher"]
+        base, outs = _rounds_with_server_cpu(benchmark, loop, burst, pid)
         assert outs == [f"t{base + k}" for k in range(ROUND)]
-        median = benchmark.stats.stats.median
-        benchmark.extra_info["requests_per_s"] = round(ROUND / median, 1) if median else None
-        cpu.sort()
-        benchmark.extra_info["server_cpu_us"] = cpu[len(cpu) // 2] / ROUND / 1e3
     finally:
         loop.run_until_complete(session.close())
         loop.close()

@@ -515,13 +515,13 @@ def _bad_journal(path: Path) -> dict[int, str]:
     }
 
 
-def test_a_journal_with_bad_records_is_quarantined_on_both_backends(tmp_path, store_url):
-    path = tmp_path / "s.db"
-    bad = _bad_journal(path)
+def _open_and_read(path, store_url):
+    """Open the store at ``path`` (replaying its journals), read its request ids, close it:
+    ``(store, replayed_at_open, sorted ids)``."""
     store = RequestStore(path, url=store_url)
     store.open()
     try:
-        assert store.replayed_at_open == 2
+        replayed = store.replayed_at_open
         reader = store.reader()
         try:
             ids = sorted(r.id for r in reader.rows())
@@ -529,6 +529,14 @@ def test_a_journal_with_bad_records_is_quarantined_on_both_backends(tmp_path, st
             reader.close()
     finally:
         store.close()
+    return store, replayed, ids
+
+
+def test_a_journal_with_bad_records_is_quarantined_on_both_backends(tmp_path, store_url):
+    path = tmp_path / "s.db"
+    bad = _bad_journal(path)
+    store, replayed, ids = _open_and_read(path, store_url)
+    assert replayed == 2
     assert ids == ["good-1", "good-2"]
     kept = [json.loads(line) for line in store.quarantine_path.read_text().splitlines()]
     assert [k["line"] for k in kept] == sorted(bad)
@@ -664,17 +672,8 @@ def test_a_record_the_database_refuses_is_quarantined_and_the_rest_replayed(tmp_
         conn.close()
     lines = [_journal_line("a"), _journal_line("x"), _journal_line("b")]
     path.with_name("s.db.journal.1").write_text("\n".join(lines) + "\n")
-    store = RequestStore(path, url=store_url)
-    store.open()
-    try:
-        assert store.replayed_at_open == 2
-        reader = store.reader()
-        try:
-            ids = sorted(r.id for r in reader.rows())
-        finally:
-            reader.close()
-    finally:
-        store.close()
+    store, replayed, ids = _open_and_read(path, store_url)
+    assert replayed == 2
     assert ids == ["a", "b"]
     (kept,) = [json.loads(line) for line in store.quarantine_path.read_text().splitlines()]
     assert kept["line"] == 2 and kept["record"] == lines[1]
