@@ -43,7 +43,7 @@ from pg_server import given_or_throwaway  # noqa: E402
 from serve_support import DispatcherProcess, deployment  # noqa: E402
 
 from wirekit.mip.client import AsyncClient  # noqa: E402
-from wirekit.serve.store import RequestStore  # noqa: E402
+from wirekit.serve.record.store import RequestStore  # noqa: E402
 
 
 def config(tmp: Path, name: str, port: int, url: str | None) -> Path:
@@ -116,8 +116,8 @@ def change_latency(url: str, n: int = 50) -> list[float]:
     """Milliseconds from :meth:`ChangeLog.append` on one replica to the other's follower."""
     import threading
 
-    from wirekit.serve.pgsync import ChangeLog
-    from wirekit.serve.storedb import open_db
+    from wirekit.serve.record.pgsync import ChangeLog
+    from wirekit.serve.record.storedb import open_db
 
     db = open_db(url)
     db.migrate()
@@ -143,10 +143,10 @@ def takeover_ms(url: str) -> float:
     """Milliseconds from ``kill -9`` of the leader's process until another leads."""
     import subprocess
 
-    from wirekit.serve.pgsync import LeaderLock
+    from wirekit.serve.record.pgsync import LeaderLock
 
     code = (
-        "import sys, time\nfrom wirekit.serve.pgsync import LeaderLock\n"
+        "import sys, time\nfrom wirekit.serve.record.pgsync import LeaderLock\n"
         "lock = LeaderLock(sys.argv[1]); assert lock.poll(); print('leading', flush=True)\n"
         "time.sleep(600)\n"
     )

@@ -151,7 +151,7 @@ PURE_CONNECTION = """
 import sys
 from wirekit import cli
 from wirekit.mip import connection
-from wirekit.serve import mipfront
+from wirekit.serve.doors import mipfront
 
 mipfront.Connection = connection.PyConnection
 sys.exit(cli.main(["serve", "--config", sys.argv[1]]))

@@ -895,11 +895,11 @@ def mip_dump(data: bytes) -> None:
 
 
 def serve_lane_twins() -> tuple[Any, Any]:
-    """The compiled lane module and the pure one (``wirekit.serve.lane``)."""
+    """The compiled lane module and the pure one (``wirekit.serve.dispatch.lane``)."""
     import importlib
 
     return importlib.import_module("wirekit._fast.servelane"), importlib.import_module(
-        "wirekit.serve.lane"
+        "wirekit.serve.dispatch.lane"
     )
 
 
@@ -948,7 +948,7 @@ class _LaneDispatcher:
     """What a :class:`Lane` asks of the dispatcher, answered from a plan and recorded."""
 
     def __init__(self, rows: list[_Row], clients: dict, cache_on: bool, recent: bool) -> None:
-        from wirekit.serve.cache import ResponseCache
+        from wirekit.serve.dispatch.cache import ResponseCache
 
         self.log: list = []
         self.rows = rows

@@ -53,7 +53,7 @@ def _load(name: str):
         from wirekit._impl import twin
         from wirekit.clipper import _lane, _zio, session  # noqa: F401  (the pure Clipper lanes)
         from wirekit.mip import connection, dump, runtime  # noqa: F401  (the pure MIP twins)
-        from wirekit.serve import lane  # noqa: F401  (the dispatcher's pure lane)
+        from wirekit.serve.dispatch import lane  # noqa: F401  (the dispatcher's pure lane)
 
         for proto in ("mip", "clipper", "y2", "zmtp"):
             twin(proto, "pure")

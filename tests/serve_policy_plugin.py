@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from wirekit.serve.config import ControllerConfig
-from wirekit.serve.controller import Decision, Snapshot
+from wirekit.serve.control.controller import Decision, Snapshot
 
 
 class Fixed:

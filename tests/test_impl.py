@@ -126,8 +126,8 @@ def test_select_declines_the_compiled_twin_silently_when_pure_is_asked(monkeypat
 
 
 def test_the_dispatcher_picks_its_lane_through_the_selector():
-    from wirekit.serve import lane as pure_lane
-    from wirekit.serve.dispatcher import Dispatcher
+    from wirekit.serve.dispatch import lane as pure_lane
+    from wirekit.serve.dispatch.dispatcher import Dispatcher
 
     d = Dispatcher({}, None, {}, None, None, None)
     assert d.lane is _impl.select("servelane", pure_lane)

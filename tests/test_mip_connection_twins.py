@@ -129,7 +129,7 @@ def test_connection_is_the_compiled_twin_unless_pure():
     """The one selection (wirekit._impl): the servers construct the compiled twin."""
     from wirekit._fast import mipconn
     from wirekit.mip import server
-    from wirekit.serve import mipfront
+    from wirekit.serve.doors import mipfront
 
     assert connection_module.IMPLEMENTATION == "fast"
     assert connection_module.Connection is mipconn.Connection

@@ -20,7 +20,8 @@ from wirekit.cgroups import (
     make_cgroup,
     set_cpu_limit,
 )
-from wirekit.serve.actuators import (
+from wirekit.serve.config import ActuatorConfig
+from wirekit.serve.control.actuators import (
     Actuator,
     ActuatorError,
     CgroupActuator,
@@ -28,7 +29,6 @@ from wirekit.serve.actuators import (
     LogActuator,
     build_actuator,
 )
-from wirekit.serve.config import ActuatorConfig
 
 RECORD = "import json, sys; open(sys.argv[1], 'a').write(json.dumps(sys.argv[2:]) + '\\n')"
 

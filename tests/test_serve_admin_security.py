@@ -24,7 +24,8 @@ from serve_support import ROOT, TIMEOUT, BackendProcess, DispatcherProcess, depl
 
 from wirekit import mip
 from wirekit.mip.client import Client
-from wirekit.serve.adminauth import (
+from wirekit.serve.config import ConfigError, parse_config
+from wirekit.serve.doors.adminauth import (
     AdminAccess,
     TokenFileError,
     read_token_file,
@@ -33,7 +34,6 @@ from wirekit.serve.adminauth import (
     token_file_name,
     write_token_file,
 )
-from wirekit.serve.config import ConfigError, parse_config
 
 #: nothing listens there: the models' backends are never called in these tests
 NO_BACKEND = 9

@@ -16,7 +16,7 @@ from wirekit import mip
 from wirekit.mip import Decoder, ErrorCode, ErrorReply, Inference, Item
 from wirekit.mip.client import AsyncClient
 from wirekit.serve.config import ConfigError, parse_config
-from wirekit.serve.dispatcher import join_requests, split_reply
+from wirekit.serve.dispatch.dispatcher import join_requests, split_reply
 from wirekit.serve.service import Service
 
 IO_TIMEOUT = 10.0
@@ -297,7 +297,7 @@ def test_batches_to_kubemo_server(tmp_path):
 
 
 def test_journal_line_made_ahead_equals_the_whole_line(tmp_path):
-    from wirekit.serve.store import RequestStore
+    from wirekit.serve.record.store import RequestStore
 
     store = RequestStore(tmp_path / "r.db")
     store.open()

@@ -1,4 +1,4 @@
-"""The models metadata (wirekit.serve.catalog): quotas, the sharing rules, models added and
+"""The models metadata (wirekit.serve.control.catalog): quotas, the sharing rules, models added and
 removed, subscribers, and the router following every change."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from wirekit.serve.catalog import Catalog, CatalogChange, CatalogError
 from wirekit.serve.config import DeviceRow, ModelConfig, parse_config
-from wirekit.serve.router import NoDevice, Router
+from wirekit.serve.control.catalog import Catalog, CatalogChange, CatalogError
+from wirekit.serve.dispatch.router import NoDevice, Router
 
 
 def row(model, node, device, dtype, quota, port=9000):

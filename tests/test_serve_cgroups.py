@@ -29,7 +29,7 @@ from serve_support import (
 
 from wirekit.cgroups import cpu_limit
 from wirekit.mip.client import AsyncClient
-from wirekit.serve.store import RequestStore
+from wirekit.serve.record.store import RequestStore
 
 PERIOD = 0.5
 CPUS = 0.4  #: the CPUs a share of 1 stands for: a small slice, robust on a busy machine

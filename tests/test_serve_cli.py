@@ -11,7 +11,7 @@ import sys
 from serve_support import ROOT
 
 from wirekit.cli import main
-from wirekit.serve.store import RequestStore, connect
+from wirekit.serve.record.store import RequestStore, connect
 
 
 def call(*argv):

@@ -14,8 +14,8 @@ from serve_support import answer_of, deployment, run
 from wirekit.clipper.container import ModelContainer
 from wirekit.mip.client import AsyncClient
 from wirekit.serve.config import parse_config
+from wirekit.serve.record.store import connect, read_rows
 from wirekit.serve.service import Service
-from wirekit.serve.store import connect, read_rows
 
 WAIT = 10.0
 

@@ -9,7 +9,7 @@ import pytest
 from serve_support import ROOT
 
 from wirekit.serve.config import ConfigError, load_config, parse_config
-from wirekit.serve.router import Router
+from wirekit.serve.dispatch.router import Router
 
 DESIGN = {
     "nodes": [

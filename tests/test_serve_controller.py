@@ -13,13 +13,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from serve_policy_plugin import Fixed
 from serve_support import deployment, run, start_backend, tagged
 
-from wirekit.serve.actuators import ActuatorError, LogActuator
-from wirekit.serve.catalog import Catalog
 from wirekit.serve.config import ControllerConfig, DeviceRow, ModelConfig, parse_config
-from wirekit.serve.controller import Controller, Decision, Snapshot
-from wirekit.serve.router import Router
+from wirekit.serve.control.actuators import ActuatorError, LogActuator
+from wirekit.serve.control.catalog import Catalog
+from wirekit.serve.control.controller import Controller, Decision, Snapshot
+from wirekit.serve.dispatch.router import Router
+from wirekit.serve.record.store import RequestStore
 from wirekit.serve.service import Service
-from wirekit.serve.store import RequestStore
 
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=10)
 

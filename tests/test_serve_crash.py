@@ -23,7 +23,7 @@ from serve_support import TIMEOUT, BackendProcess, DispatcherProcess, deployment
 from wirekit import mip
 from wirekit.mip.client import Client
 from wirekit.mip.runtime import ConnectionLost
-from wirekit.serve.store import connect
+from wirekit.serve.record.store import connect
 
 #: the end states a row may have after the restart (``queued`` is not one)
 FINAL = {"ok", "error", "failed", "abandoned"}

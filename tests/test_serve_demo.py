@@ -23,8 +23,8 @@ import pytest
 
 from wirekit import mip
 from wirekit.mip.client import Client
+from wirekit.serve.backends.local import LocalBackends, is_local, plan
 from wirekit.serve.config import DEFAULT_HANDLER, ConfigError, load_config, parse_config
-from wirekit.serve.local import LocalBackends, is_local, plan
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "samples" / "serve-deployment.json"

@@ -14,10 +14,10 @@ from serve_support import answer_of, deployment, run, start_backend, tagged
 from wirekit import mip
 from wirekit.mip.client import AsyncClient
 from wirekit.serve.config import parse_config
-from wirekit.serve.metrics import stats_from_store
+from wirekit.serve.control.metrics import stats_from_store
+from wirekit.serve.record.store import read_rows
+from wirekit.serve.record.storedb import open_db
 from wirekit.serve.service import Service
-from wirekit.serve.store import read_rows
-from wirekit.serve.storedb import open_db
 
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=10)
 

@@ -28,8 +28,8 @@ from wirekit import mip
 from wirekit.mip.client import AsyncClient, Client
 from wirekit.mip.runtime import ConnectionLost
 from wirekit.serve.config import parse_config
+from wirekit.serve.record.store import connect, read_rows
 from wirekit.serve.service import Service
-from wirekit.serve.store import connect, read_rows
 
 
 def closed_port() -> int:

@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 
 from wirekit.serve.config import ConfigError, load_config, parse_config
-from wirekit.serve.k8s import K8sOptions, manifests
+from wirekit.serve.control.k8s import K8sOptions, manifests
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "samples" / "serve-deployment.json"
@@ -272,7 +272,7 @@ def test_model_names_that_collide_as_kubernetes_names():
 
 def test_a_resize_patch_names_the_container_the_manifests_made():
     from wirekit.serve.config import read_document
-    from wirekit.serve.k8s import cpu_quantity, node_name, resize_patch
+    from wirekit.serve.control.k8s import cpu_quantity, node_name, resize_patch
 
     opts = K8sOptions(cpu_cores=2)
     got = by_kind(manifests(read_document(SAMPLE), opts))

@@ -1,4 +1,4 @@
-"""The dispatcher's MIP lane (``wirekit.serve.lane`` and its compiled twin
+"""The dispatcher's MIP lane (``wirekit.serve.dispatch.lane`` and its compiled twin
 ``wirekit._fast.servelane``): the frame check agrees with the codec, every request taken by
 the lane is answered once and recorded as answered, a crash replays exactly the rows a clean
 stop writes, and timeouts, error replies and refused slots go through the attempt loop."""
@@ -29,8 +29,8 @@ from wirekit._impl import pure_requested
 from wirekit.errors import DecodeError
 from wirekit.mip.client import AsyncClient
 from wirekit.serve.config import parse_config
+from wirekit.serve.record.store import RequestStore, connect
 from wirekit.serve.service import Service
-from wirekit.serve.store import RequestStore, connect
 
 
 @pytest.fixture(scope="module", params=["fast", "pure"])
@@ -40,7 +40,7 @@ def lane(request):
         if pure_requested():
             pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
         return importlib.import_module("wirekit._fast.servelane")
-    return importlib.import_module("wirekit.serve.lane")
+    return importlib.import_module("wirekit.serve.dispatch.lane")
 
 
 def expected_size(buf: bytes, pos: int, end: int, subtype: int, max_items: int = 1 << 40) -> int:
@@ -272,7 +272,7 @@ def chi_square_p(counts: Counter, shares: dict[str, float]) -> float:
 def test_the_quota_split_holds_idle_and_saturated(lane, tmp_path, load):
     """Issue 14 defect 1: quotas .6/.4 on two MIP devices.  Saturated (the issue's load: 8
     clients pipelining 128 requests each, 128 slots per backend), a request whose device has
-    no free slot waits for that device (wirekit.serve.router): the split still follows the
+    no free slot waits for that device (wirekit.serve.dispatch.router): the split still follows the
     quotas.  The draws come from a seeded generator, one per request, so the counts do not
     depend on timing."""
     store = tmp_path / "r.db"
@@ -425,7 +425,7 @@ def test_compiled_merge_of_store_rows_agrees(ops, chunk):
     if pure_requested():
         pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
     from wirekit._fast import servelane
-    from wirekit.serve import store
+    from wirekit.serve.record import store
 
     pure = store.merge_ops(ops, chunk)
     assert servelane.merge_ops(ops, chunk) == pure
@@ -467,7 +467,7 @@ def test_compiled_store_records_agree_with_the_one_journal_encoder(done, t_out, 
     import json
 
     from wirekit._fast import servelane
-    from wirekit.serve import store
+    from wirekit.serve.record import store
 
     def names_of(device):
         return "".join(f"{json.dumps(v)}," for v in ("m", 'c"1', device))
@@ -548,7 +548,7 @@ class _FakeLaneDispatcher:
     scripted, recording what the lane reports (no sockets)."""
 
     def __init__(self, rows, draws, clock_values, window):
-        from wirekit.serve.metrics import Metrics, Window
+        from wirekit.serve.control.metrics import Metrics, Window
 
         self.metrics = Metrics(["m"], window=Window(60.0, 1.0, lambda: 0.0) if window else None)
         self.store = None
@@ -660,7 +660,7 @@ def test_both_lane_twins_report_the_same_window_per_device(reads, draws, clock, 
     if pure_requested():
         pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
     from wirekit._fast import servelane
-    from wirekit.serve import lane as pure_lane
+    from wirekit.serve.dispatch import lane as pure_lane
 
     clock_values = [100.0 + t for t in sorted(clock)] * 2
     fast = _lane_run(servelane, True, reads, draws, clock_values, replies)
@@ -691,7 +691,7 @@ def test_both_lane_twins_end_the_same_requests_when_the_client_goes(reads, draws
     if pure_requested():
         pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
     from wirekit._fast import servelane
-    from wirekit.serve import lane as pure_lane
+    from wirekit.serve.dispatch import lane as pure_lane
 
     clock_values = [100.0 + t for t in range(20)]
     fast = _lane_run(servelane, False, reads, draws, clock_values, replies, abandon=True)

@@ -43,7 +43,7 @@ def lane(request):
         if pure_requested():
             pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
         return importlib.import_module("wirekit._fast.servelane")
-    return importlib.import_module("wirekit.serve.lane")
+    return importlib.import_module("wirekit.serve.dispatch.lane")
 
 
 @contextlib.asynccontextmanager

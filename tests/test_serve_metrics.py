@@ -8,7 +8,7 @@ subprocess (issue 28), on loopback, with real ``wirekit mip serve`` backends:
   prometheus_client's parser has a request histogram whose ``_count`` is the number of
   requests of each model, counters by end state matching, monotone buckets, the queue and
   backend histograms; every exported name follows the Prometheus rules and the table of
-  :data:`wirekit.serve.metrics.METRIC_NAMES`; ``/stats`` says the same figures.
+  :data:`wirekit.serve.control.metrics.METRIC_NAMES`; ``/stats`` says the same figures.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from mip_net import CliServer
 from serve_support import TIMEOUT, DispatcherProcess, deployment, run
 
 from wirekit.mip.client import AsyncClient
-from wirekit.serve.metrics import DURATION_BUCKETS, METRIC_NAMES, quantile
+from wirekit.serve.control.metrics import DURATION_BUCKETS, METRIC_NAMES, quantile
 
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=TIMEOUT)
 

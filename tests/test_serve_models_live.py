@@ -20,7 +20,7 @@ from wirekit import mip
 from wirekit.cli import main as wirekit_main
 from wirekit.mip.client import AsyncClient
 from wirekit.mip.runtime import ConnectionLost, ServerError
-from wirekit.serve.store import connect
+from wirekit.serve.record.store import connect
 
 TOKEN = "live-test-token"
 

@@ -1,4 +1,4 @@
-"""The live page of ``wirekit serve`` (``GET /``, :mod:`wirekit.serve.page`), in a real
+"""The live page of ``wirekit serve`` (``GET /``, :mod:`wirekit.serve.doors.page`), in a real
 headless Chromium (Debian's ``chromium``, driven over the DevTools protocol:
 ``tests/browser_support.py``) against a real ``wirekit serve`` subprocess with real backend
 processes, under load, with a controller moving quotas and a model added and removed
@@ -22,7 +22,7 @@ import aiohttp
 from browser_support import Browser, require_chromium
 from serve_support import TIMEOUT, BackendProcess, DispatcherProcess, deployment
 
-from wirekit.serve import page
+from wirekit.serve.doors import page
 
 #: a model name made of HTML: the page must show it as text, never as markup
 ODD = "<em>odd&amp;"

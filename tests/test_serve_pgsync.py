@@ -1,5 +1,5 @@
 """Leader election and change notification among replicas on one PostgreSQL (issue 17):
-:mod:`wirekit.serve.pgsync`, against a real server."""
+:mod:`wirekit.serve.record.pgsync`, against a real server."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import threading
 import pytest
 from serve_support import ROOT, TIMEOUT
 
-from wirekit.serve.pgsync import LeaderLock, Listener, NotLeader, notify
+from wirekit.serve.record.pgsync import LeaderLock, Listener, NotLeader, notify
 
 DECISIONS = "CREATE TABLE decisions (n SERIAL PRIMARY KEY, who TEXT NOT NULL)"
 
@@ -80,7 +80,7 @@ def test_a_leader_whose_session_died_cannot_record(pg_url):
 
 _HOLD = """
 import sys, time
-from wirekit.serve.pgsync import LeaderLock
+from wirekit.serve.record.pgsync import LeaderLock
 lock = LeaderLock(sys.argv[1])
 assert lock.poll()
 print("leading", flush=True)
@@ -150,7 +150,7 @@ def test_listener_gets_every_notification_and_survives_a_reset(pg_url):
 
 
 def migrated(url: str) -> None:
-    from wirekit.serve.storedb import open_db
+    from wirekit.serve.record.storedb import open_db
 
     db = open_db(url)
     try:
@@ -160,7 +160,7 @@ def migrated(url: str) -> None:
 
 
 def test_change_log_hands_each_replica_the_others_changes_in_order(pg_url):
-    from wirekit.serve.pgsync import ChangeLog
+    from wirekit.serve.record.pgsync import ChangeLog
 
     migrated(pg_url)
     a, b = ChangeLog(pg_url, "a"), ChangeLog(pg_url, "b")
@@ -215,7 +215,7 @@ def test_compaction_while_changes_are_made_loses_none(pg_url):
     """Two writers append quota changes while a third session compacts the log again and
     again (keeping nothing): a follower that folds what it is handed, and a reader that
     starts afterwards, both end with every row's last share."""
-    from wirekit.serve.pgsync import ChangeLog, fold
+    from wirekit.serve.record.pgsync import ChangeLog, fold
 
     migrated(pg_url)
     writers = [ChangeLog(pg_url, name) for name in ("x", "y")]
@@ -275,7 +275,7 @@ def test_compaction_while_changes_are_made_loses_none(pg_url):
 
 
 def test_fold_gives_what_the_changes_give():
-    from wirekit.serve.pgsync import Change, fold
+    from wirekit.serve.record.pgsync import Change, fold
 
     def q(model, share):
         return Change(0, "o", "quota", {"model": model, "node": "n", "device": 0, "share": share})
@@ -301,7 +301,7 @@ def test_change_log_appends_commit_in_seq_order(pg_url):
     earlier one, so a follower that read past a seq cannot miss a change drawn before it."""
     import psycopg
 
-    from wirekit.serve.pgsync import APPEND_KEY, ChangeLog
+    from wirekit.serve.record.pgsync import APPEND_KEY, ChangeLog
 
     migrated(pg_url)
     log = ChangeLog(pg_url, "b")
@@ -363,8 +363,8 @@ def test_closed_means_closed_a_call_after_close_opens_no_session(pg_url):
     still queued on the replica's writer thread, a poll or a window query on their way from
     a cancelled task -- reconnected, and the new session was never closed.  Now it raises
     (or, for ``poll``, does not lead) and opens nothing."""
-    from wirekit.serve.pgsync import ChangeLog
-    from wirekit.serve.storedb import PostgresDB, StoreUnavailable
+    from wirekit.serve.record.pgsync import ChangeLog
+    from wirekit.serve.record.storedb import PostgresDB, StoreUnavailable
 
     migrated(pg_url)
     log, lock, db = ChangeLog(pg_url, "a"), LeaderLock(pg_url), PostgresDB(pg_url)

@@ -9,14 +9,14 @@ from dataclasses import replace
 import pytest
 
 from wirekit.serve.config import ConfigError, ControllerConfig, parse_config
-from wirekit.serve.controller import (
+from wirekit.serve.control.controller import (
     Decision,
     RowQuota,
     Snapshot,
     TargetPolicy,
     load_policy,
 )
-from wirekit.serve.metrics import Metrics, RecentStats, Window
+from wirekit.serve.control.metrics import Metrics, RecentStats, Window
 
 TARGET = 0.1
 
@@ -241,8 +241,8 @@ def test_custom_policy_is_loaded_by_name():
     "spec, message",
     [
         ("no_such_module_x:P", "cannot import no_such_module_x"),
-        ("wirekit.serve.controller:Nope", "has no Nope"),
-        ("wirekit.serve.controller:RowQuota", None),
+        ("wirekit.serve.control.controller:Nope", "has no Nope"),
+        ("wirekit.serve.control.controller:RowQuota", None),
     ],
 )
 def test_bad_policy_names_are_refused(spec, message):

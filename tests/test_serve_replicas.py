@@ -21,8 +21,8 @@ from serve_support import TIMEOUT, DispatcherProcess, deployment
 from wirekit import mip
 from wirekit.mip.client import Client
 from wirekit.mip.runtime import ConnectionLost
-from wirekit.serve.metrics import stats_from_store
-from wirekit.serve.storedb import open_db
+from wirekit.serve.control.metrics import stats_from_store
+from wirekit.serve.record.storedb import open_db
 
 
 def replica_config(tmp_path, name: str, url: str, port: int, **store) -> object:

@@ -1,6 +1,6 @@
 """Replicas on one PostgreSQL store, in one process (issue 17's follow-ups): two or three
 :class:`~wirekit.serve.service.Service` instances on the same database, each with its own
-journal, its own :class:`~wirekit.serve.replicas.ReplicaSync` and its own connections.
+journal, its own :class:`~wirekit.serve.record.replicas.ReplicaSync` and its own connections.
 
 * a leader whose lock session is terminated while a decision is being published puts its
   catalog back, and the decision is stored once (by whoever leads next);
@@ -388,7 +388,7 @@ def test_a_stopping_replica_logs_its_queued_changes_and_leaves_no_session(tmp_pa
     left.  A change made after the stop stays local (it raised: the writer was shut)."""
     import psycopg
 
-    from wirekit.serve.pgsync import APPEND_KEY
+    from wirekit.serve.record.pgsync import APPEND_KEY
 
     waiting = "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
     others = (

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from wirekit.serve.cache import ResponseCache, digest
 from wirekit.serve.config import parse_config
-from wirekit.serve.router import NoDevice, Router
+from wirekit.serve.dispatch.cache import ResponseCache, digest
+from wirekit.serve.dispatch.router import NoDevice, Router
 
 N = 10_000
 #: chi-square critical values at p = 0.001 for 1 and 2 degrees of freedom

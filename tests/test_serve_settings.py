@@ -33,8 +33,6 @@ from wirekit.cli import main as wirekit_main
 from wirekit.mip import ErrorCode
 from wirekit.mip.client import AsyncClient
 from wirekit.mip.runtime import ServerError
-from wirekit.serve.actuators import LogActuator
-from wirekit.serve.catalog import Catalog, CatalogError
 from wirekit.serve.config import (
     ConfigError,
     ControllerConfig,
@@ -44,8 +42,10 @@ from wirekit.serve.config import (
     parse_model,
     parse_settings,
 )
-from wirekit.serve.controller import Controller, RowQuota, Snapshot, TargetPolicy
-from wirekit.serve.pgsync import Change, fold
+from wirekit.serve.control.actuators import LogActuator
+from wirekit.serve.control.catalog import Catalog, CatalogError
+from wirekit.serve.control.controller import Controller, RowQuota, Snapshot, TargetPolicy
+from wirekit.serve.record.pgsync import Change, fold
 
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=10)
 TOKEN = "settings-token"

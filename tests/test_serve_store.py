@@ -19,9 +19,9 @@ import pytest
 from serve_support import ROOT
 
 from wirekit.cli import main
-from wirekit.serve.metrics import Metrics, stats_from_store
-from wirekit.serve.store import RequestStore, StoreUnavailable
-from wirekit.serve.storedb import MIGRATIONS_PG, MIGRATIONS_SQLITE, open_db
+from wirekit.serve.control.metrics import Metrics, stats_from_store
+from wirekit.serve.record.store import RequestStore, StoreUnavailable
+from wirekit.serve.record.storedb import MIGRATIONS_PG, MIGRATIONS_SQLITE, open_db
 
 
 def call(*argv):
@@ -56,7 +56,7 @@ def db_rows(store: RequestStore, columns: str = "id, status") -> list[tuple]:
 
 _CRASH = """
 import asyncio, os, sys
-from wirekit.serve.store import RequestStore
+from wirekit.serve.record.store import RequestStore
 
 store = RequestStore(sys.argv[1], url=sys.argv[2] or None, payloads=True, flush_interval=60)
 
@@ -445,7 +445,7 @@ def test_serve_store_url_flag_replaces_the_config(tmp_path):
 
 def test_recent_window_of_every_replica_on_postgresql(tmp_path, pg_url):
     """The figures a leader's controller reads: every replica's requests since a time."""
-    from wirekit.serve.storedb import PostgresDB
+    from wirekit.serve.record.storedb import PostgresDB
 
     stores = [RequestStore(tmp_path / f"r{n}.db", url=pg_url, replica=f"r{n}") for n in (1, 2)]
 

@@ -41,9 +41,9 @@ from wirekit.serve.config import (
     parse_quota,
     parse_settings,
 )
+from wirekit.serve.dispatch.payload import dumps, item_value, loads, to_item
 from wirekit.serve.logs import EscapingFilter, printable
-from wirekit.serve.payload import dumps, item_value, loads, to_item
-from wirekit.serve.store import RequestStore
+from wirekit.serve.record.store import RequestStore
 
 TOKEN = "validation-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
@@ -578,7 +578,7 @@ def test_a_change_log_record_that_cannot_be_read_does_not_stop_a_replica(tmp_pat
     kind, is skipped (and left in the log), reported once; the replica starts and serves."""
     import psycopg
 
-    from wirekit.serve.storedb import open_db
+    from wirekit.serve.record.storedb import open_db
 
     db = open_db(pg_url)
     try:
@@ -619,8 +619,8 @@ def test_a_change_log_record_that_cannot_be_read_does_not_stop_a_replica(tmp_pat
 def test_a_compaction_keeps_what_it_cannot_read(pg_url):
     import psycopg
 
-    from wirekit.serve.pgsync import ChangeLog
-    from wirekit.serve.storedb import open_db
+    from wirekit.serve.record.pgsync import ChangeLog
+    from wirekit.serve.record.storedb import open_db
 
     db = open_db(pg_url)
     try:

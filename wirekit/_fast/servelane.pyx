@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Compiled twin of ``wirekit.serve.lane`` (the dispatcher's MIP lane): same classes, same
+"""Compiled twin of ``wirekit.serve.dispatch.lane`` (the dispatcher's MIP lane): same classes, same
 behaviour; ``tests/test_serve_lane.py`` runs both."""
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
@@ -15,8 +15,8 @@ import logging
 
 from wirekit import mip
 from wirekit.mip import ErrorCode, ErrorReply
-from wirekit.serve.cache import digest
-from wirekit.serve.payload import Payload
+from wirekit.serve.dispatch.cache import digest
+from wirekit.serve.dispatch.payload import Payload
 
 cdef object log = logging.getLogger("wirekit.serve")
 cdef object _CANCELLED = asyncio.CancelledError
@@ -137,7 +137,7 @@ cdef class _Group:
 
 
 cdef class Lane:
-    """The MIP lane of one front-door connection (see ``wirekit.serve.lane.Lane``)."""
+    """The MIP lane of one front-door connection (see ``wirekit.serve.dispatch.lane.Lane``)."""
 
     cdef readonly object dispatcher, store, stats, wake, pending, cache
     cdef readonly str model, client
@@ -171,7 +171,7 @@ cdef class Lane:
             self._route(route)
 
     cdef _route(self, route):
-        """Take ``route`` (see ``wirekit.serve.lane.Lane._route``)."""
+        """Take ``route`` (see ``wirekit.serve.dispatch.lane.Lane._route``)."""
         if route is None:
             self._off = True
             return
@@ -182,7 +182,7 @@ cdef class Lane:
 
     def take(self, src, Py_ssize_t pos, Py_ssize_t end, double t_in):
         """Send the well-formed inference requests at ``src[pos:end]``; return where the
-        first one not taken starts (see ``wirekit.serve.lane.Lane.take``)."""
+        first one not taken starts (see ``wirekit.serve.dispatch.lane.Lane.take``)."""
         cdef object d = self.dispatcher
         if self.enabled and d.route_version != self._version:
             self._version = d.route_version
@@ -210,7 +210,7 @@ cdef class Lane:
                 size = _size(base, pos, end, 0, self.max_items)
                 if size < 0 or size > self.max_size:
                     break
-                # the one draw for this request (wirekit.serve.router): sent to this device
+                # the one draw for this request (wirekit.serve.dispatch.router): sent to this device
                 # now, or waiting for it in the dispatcher's attempt loop
                 row = single if single is not None else self._router.choose(model, ())
                 key = row.key
@@ -289,14 +289,14 @@ cdef class Lane:
 
     cdef object _hand_over(self, frame, t_in):
         """A request that cannot be sent now: the dispatcher's job, in its place among the
-        answers to come (see ``wirekit.serve.lane.Lane._hand_over``)."""
+        answers to come (see ``wirekit.serve.dispatch.lane.Lane._hand_over``)."""
         job = self.dispatcher.new_job(self.model, frame, self.client, t_in, self.wake)
         self._append(job)
         return job
 
     cdef _start(self, list handed):
         """Start the handed-over jobs, each on the device drawn for it (see
-        ``wirekit.serve.lane.Lane._start``)."""
+        ``wirekit.serve.dispatch.lane.Lane._start``)."""
         start = self.dispatcher.start
         for job, row in handed:
             try:
@@ -306,7 +306,7 @@ cdef class Lane:
 
     def answers(self, pending):
         """Pop the answers ready at the head of ``pending``, in order, recording the lane's
-        own; return them (see ``wirekit.serve.lane.Lane.answers``)."""
+        own; return them (see ``wirekit.serve.dispatch.lane.Lane.answers``)."""
         cdef list out = [], done = [], backend = []  # backend: the time of each sent
         cdef Py_ssize_t n = 0
         cdef double t_out = 0.0, rt, total = 0.0, lo = INFINITY, hi = -INFINITY
@@ -381,7 +381,7 @@ cdef class Lane:
 
     def abandon(self, pending):
         """The client went away: end every request of ``pending`` now (see
-        ``wirekit.serve.lane.Lane.abandon``)."""
+        ``wirekit.serve.dispatch.lane.Lane.abandon``)."""
         cdef object d = self.dispatcher, entry, cls
         cdef LaneCall call
         cdef object complete = None
@@ -418,7 +418,7 @@ cdef tuple _QUEUED_TAIL = (None, None, "queued", 0)
 
 
 def merge_ops(list ops, Py_ssize_t chunk):
-    """One hand-over of the store as statements (see ``wirekit.serve.store.merge_ops``):
+    """One hand-over of the store as statements (see ``wirekit.serve.record.store.merge_ops``):
     the INSERT rows ``chunk`` at a time, flattened, the rows left over, the UPDATEs."""
     cdef dict rows = {}
     cdef list updates = [], inserts, chunks = [], flat
@@ -446,7 +446,7 @@ def merge_ops(list ops, Py_ssize_t chunk):
     return chunks, inserts[full:], updates
 
 
-# -- the store's batch records (compiled twins of wirekit.serve.store._arrival_ops and
+# -- the store's batch records (compiled twins of wirekit.serve.record.store._arrival_ops and
 # -- _ok_records; the journal line is the one of store._line_head/_line_end) -------------
 
 cdef object _json_str = json.encoder.encode_basestring_ascii

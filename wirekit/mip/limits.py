@@ -1,7 +1,7 @@
 """What a MIP server refuses and when it drops a connection: the limits, decided sans-IO.
 
 Both MIP front doors -- :class:`wirekit.mip.server.Server` and the dispatcher's
-:class:`wirekit.serve.mipfront.MipFrontDoor` -- take their limits from one :class:`Limits`,
+:class:`wirekit.serve.doors.mipfront.MipFrontDoor` -- take their limits from one :class:`Limits`,
 charge what their connections hold to one :class:`MemoryBudget` per process, and keep one
 :class:`Guard` per connection, which makes every timing decision: the caller passes the time
 (``now``, seconds on a monotonic clock) and what it holds, and gets back what to do.  No

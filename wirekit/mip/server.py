@@ -297,7 +297,7 @@ class Watchdog:
     transport says how many bytes it holds unsent (``unsent()``, given to
     ``conn.written``), the connection decides (``conn.expired``), and a reason to drop it
     goes to ``drop(reason)``.  Both MIP front doors use it (this server and
-    :mod:`wirekit.serve.mipfront`); ``clock`` is the guard's clock (monotonic seconds)."""
+    :mod:`wirekit.serve.doors.mipfront`); ``clock`` is the guard's clock (monotonic seconds)."""
 
     __slots__ = ("clock", "conn", "drop", "due", "guard", "loop", "timer", "unsent")
 

@@ -1,11 +1,13 @@
 """``wirekit serve``: a request dispatcher in front of MIP and Clipper model servers.
 
-Requests come in through a MIP listener per model or HTTP/JSON, go to a device chosen by quota
-(:mod:`.router`), are recorded in a SQLite store (:mod:`.store`), answered from a cache when
-possible (:mod:`.cache`) and resubmitted elsewhere when a device times out or refuses
-(:mod:`.dispatcher`).  Metrics (:mod:`.metrics`) are served at ``/metrics`` and ``/stats``.
-The modules that open sockets are :mod:`.service`, :mod:`.mipfront`, :mod:`.http` and
-:mod:`.backends`; the others import without asyncio or aiohttp.
+The folders follow a request: it arrives through a front door (:mod:`.doors`: a MIP listener
+per model, HTTP/JSON), takes the request path (:mod:`.dispatch`: routing by quota, the cache,
+resubmission, the one place its end is decided) to a backend (:mod:`.backends`), and is
+recorded from arrival to its end (:mod:`.record`: the store, its journal, the PostgreSQL
+replicas).  Around it, :mod:`.control` holds the catalog of models, the metrics, the
+controller and its actuators and the Kubernetes manifests.  :mod:`.config` reads a
+deployment, :mod:`.service` assembles the parts and opens the doors, :mod:`.cli` is the
+command line.
 """
 
 from __future__ import annotations

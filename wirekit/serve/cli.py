@@ -222,8 +222,8 @@ def _register_models(sub) -> None:
 
 
 def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .metrics import render_stats, stats_from_store
-    from .store import connect
+    from .control.metrics import render_stats, stats_from_store
+    from .record.store import connect
 
     if args.stats_url:
         return _stats_url(args.stats_url, args.json, out, err)
@@ -246,8 +246,8 @@ def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _stats_url(url: str, as_json: bool, out: TextIO, err: TextIO) -> int:
     """``serve stats --store-url``: the same figures from a PostgreSQL store."""
-    from .metrics import render_stats, stats_from_store
-    from .storedb import StoreUnavailable, is_url, open_db, redact
+    from .control.metrics import render_stats, stats_from_store
+    from .record.storedb import StoreUnavailable, is_url, open_db, redact
 
     if not is_url(url):
         err.write("wirekit: --store-url expects a postgresql:// URL\n")
@@ -271,7 +271,7 @@ def _stats_url(url: str, as_json: bool, out: TextIO, err: TextIO) -> int:
 
 def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .config import ConfigError, load_config
-    from .router import Router
+    from .dispatch.router import Router
 
     path = args.check_config or args.config
     if not path:
@@ -365,11 +365,11 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except ValueError as exc:
         err.write(f"wirekit: {exc}\n")
         return EXIT_USAGE
-    from .storedb import StoreUnavailable
+    from .record.storedb import StoreUnavailable
 
     backends = None
     if args.with_backends:
-        from .local import BackendStartError, LocalBackends
+        from .backends.local import BackendStartError, LocalBackends
 
         try:
             backends = LocalBackends(
@@ -480,9 +480,9 @@ class _AdminError(Exception):
 def _admin_token(args: argparse.Namespace, environ: Any = os.environ) -> str:
     """The admin token to send: ``--token``, ``--token-file``, ``WIREKIT_ADMIN_TOKEN``,
     ``WIREKIT_ADMIN_TOKEN_FILE``, else the file the dispatcher at ``--url`` wrote
-    (:func:`~wirekit.serve.adminauth.token_file_candidates`); :class:`_AdminError` naming
+    (:func:`~wirekit.serve.doors.adminauth.token_file_candidates`); :class:`_AdminError` naming
     where it looked when there is none."""
-    from .adminauth import (
+    from .doors.adminauth import (
         ADMIN_TOKEN_ENV,
         ADMIN_TOKEN_FILE_ENV,
         TokenFileError,
@@ -703,7 +703,7 @@ def _models_quota(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _add_k8s_parser(sub) -> None:
-    from .k8s import K8sOptions
+    from .control.k8s import K8sOptions
 
     default = K8sOptions()
     k8s = sub.add_parser(
@@ -753,7 +753,7 @@ def _add_k8s_parser(sub) -> None:
 
 def _k8s(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .config import ConfigError, read_document
-    from .k8s import K8sOptions, manifests, write
+    from .control.k8s import K8sOptions, manifests, write
 
     path = args.k8s_config or args.config
     if not path:

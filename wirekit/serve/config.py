@@ -150,7 +150,7 @@ METRICS = ("avg", "p50", "p95", "p99")
 @dataclass(frozen=True, slots=True)
 class ActuatorConfig:
     """The ``controller.actuator`` table: how a decision reaches the node (see
-    :mod:`wirekit.serve.actuators`)."""
+    :mod:`wirekit.serve.control.actuators`)."""
 
     kind: str = "log"
     #: ``command``: the argv template run for a CPU share, and the one for a GPU count
@@ -171,11 +171,11 @@ class ActuatorConfig:
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
     """The ``controller`` table (absent: no controller).  The built-in policy's keys are
-    explained in :mod:`wirekit.serve.controller`."""
+    explained in :mod:`wirekit.serve.control.controller`."""
 
     period: float = 5.0  #: seconds between two looks at the metrics
     window: float = 30.0  #: seconds of requests the metrics snapshot covers
-    policy: str = "wirekit.serve.controller:TargetPolicy"  #: ``module:Class``
+    policy: str = "wirekit.serve.control.controller:TargetPolicy"  #: ``module:Class``
     targets: tuple[tuple[str, float], ...] = ()  #: model -> response time target, seconds
     metric: str = "p95"  #: which response time is held to the target
     tolerance: float = 0.1  #: no change while within target × (1 ± tolerance)
@@ -197,7 +197,7 @@ class AdminConfig:
     """The admin API (``/admin/models``) of the HTTP front door: models added and removed
     while the dispatcher runs.  It always needs a bearer token: ``token``, else one
     generated at start and written to ``token_file``; any HTTP bind but loopback needs a
-    configured ``token`` (see :mod:`wirekit.serve.adminauth`)."""
+    configured ``token`` (see :mod:`wirekit.serve.doors.adminauth`)."""
 
     enabled: bool = True
     token: str | None = None  #: the bearer token (or env WIREKIT_ADMIN_TOKEN)

@@ -24,20 +24,7 @@ from typing import TYPE_CHECKING, Any
 from wirekit._memory import MemoryReturn
 from wirekit.mip.limits import BufferBudget
 
-from .actuators import build_actuator
-from .adminauth import (
-    ADMIN_TOKEN_ENV,
-    AdminAccess,
-    TokenFileError,
-    default_token_file,
-    is_loopback,
-    new_token,
-    remove_token_file,
-    write_token_file,
-)
-from .backends import Backend, ClipperBackend, KubeMoBackend, MipBackend
-from .cache import ResponseCache
-from .catalog import Catalog, CatalogChange, CatalogError
+from .backends.remote import Backend, ClipperBackend, KubeMoBackend, MipBackend
 from .config import (
     ConfigError,
     Deployment,
@@ -48,7 +35,9 @@ from .config import (
     parse_quota,
     parse_settings,
 )
-from .controller import (
+from .control.actuators import build_actuator
+from .control.catalog import Catalog, CatalogChange, CatalogError
+from .control.controller import (
     Controller,
     Decision,
     catalog_targets,
@@ -56,11 +45,7 @@ from .controller import (
     quota_rows,
     set_decided_quota,
 )
-from .dispatcher import Dispatcher
-from .http import build_app
-from .httpdoor import FdWatch, HttpDoor
-from .logs import serve_logger
-from .metrics import (
+from .control.metrics import (
     HistogramHistory,
     Metrics,
     ModelStats,
@@ -71,14 +56,29 @@ from .metrics import (
     model_stats,
     snapshot_of,
 )
-from .mipfront import MipFrontDoor
-from .payload import Payload
-from .router import Router
-from .store import RequestStore
-from .storedb import StoreDB
+from .dispatch.cache import ResponseCache
+from .dispatch.dispatcher import Dispatcher
+from .dispatch.payload import Payload
+from .dispatch.router import Router
+from .doors.adminauth import (
+    ADMIN_TOKEN_ENV,
+    AdminAccess,
+    TokenFileError,
+    default_token_file,
+    is_loopback,
+    new_token,
+    remove_token_file,
+    write_token_file,
+)
+from .doors.http import build_app
+from .doors.httpdoor import FdWatch, HttpDoor
+from .doors.mipfront import MipFrontDoor
+from .logs import serve_logger
+from .record.store import RequestStore
+from .record.storedb import StoreDB
 
 if TYPE_CHECKING:
-    from .replicas import ReplicaSync
+    from .record.replicas import ReplicaSync
 
 log = serve_logger()
 
@@ -307,7 +307,7 @@ class Service:
             self._watch_task = asyncio.ensure_future(self._watch())
             if self.store.url is not None:
                 # several replicas on one store: one models metadata (and one controller)
-                from .replicas import ReplicaSync
+                from .record.replicas import ReplicaSync
 
                 self.replicas = ReplicaSync(
                     self,

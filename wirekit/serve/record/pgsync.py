@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .logs import serve_logger
+from ..logs import serve_logger
 from .storedb import StoreUnavailable, redact
 
 log = serve_logger()

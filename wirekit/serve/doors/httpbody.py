@@ -35,8 +35,8 @@ from aiohttp import web
 
 from wirekit.mip.limits import BufferBudget
 
-from .config import HttpLimits
-from .payload import loads
+from ..config import HttpLimits
+from ..dispatch.payload import loads
 
 #: what one JSON value counted by :func:`json_cost` may cost once parsed, in bytes, at most:
 #: measured on CPython 3.11, an empty list and its slot in its parent take 64 bytes, a dict
@@ -211,7 +211,7 @@ class BodyReader:
 
 
 #: the request's entry holding its :class:`BodyReader` (set by the door for each request,
-#: :class:`wirekit.serve.httpdoor.HttpDoor`): a typed key where aiohttp has them (3.13+,
+#: :class:`wirekit.serve.doors.httpdoor.HttpDoor`): a typed key where aiohttp has them (3.13+,
 #: which warns about plain strings), else a string
 READER_KEY: Any = (
     web.RequestKey("wirekit.body", BodyReader) if hasattr(web, "RequestKey") else "wirekit.body"

@@ -1,5 +1,5 @@
 """Backends: where the dispatcher forwards a request.  Each has ``async infer(request) ->
-response`` (both :class:`~wirekit.serve.payload.Payload`) and ``async close()``.
+response`` (both :class:`~wirekit.serve.dispatch.payload.Payload`) and ``async close()``.
 
 A backend that cannot be reached, drops the connection or sends bytes that are not MIP raises
 :class:`BackendUnavailable`; the dispatcher then resubmits the request to another device and
@@ -21,7 +21,7 @@ from wirekit.mip import ErrorCode, ErrorReply, Inference, Item, ItemType
 from wirekit.mip.client import AsyncClient
 from wirekit.mip.runtime import ClientTimeout, ConnectionLost, UnexpectedReply
 
-from .payload import Payload
+from ..dispatch.payload import Payload
 
 
 class BackendUnavailable(WirekitError, ConnectionError):

@@ -4,7 +4,7 @@ A read-only view for an operator, served by the dispatcher itself (no other serv
 build step): per model its request rate, response times by device, end states and queue;
 the quota of every (node, device, model) row over the last minutes, with the controller's
 decisions and their reasons on that timeline; the models added and removed.  The page is
-plain HTML, CSS and JavaScript (``wirekit/serve/static/``, shipped as package data, no
+plain HTML, CSS and JavaScript (``wirekit/serve/doors/static/``, shipped as package data, no
 third-party code); its charts are SVG drawn by that script.  It polls ``GET /stats`` and
 ``GET /controller`` -- both read-only, neither needs the admin token -- and keeps what it has
 seen in the browser, so the page adds no state and no state-changing route to the server.

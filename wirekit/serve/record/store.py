@@ -2,7 +2,7 @@
 
 The rows go to a SQLite (WAL) file -- the embedded default -- or, with a ``postgresql://``
 URL, to a PostgreSQL database that several ``wirekit serve`` replicas share (issue 17); the
-database is behind :class:`~wirekit.serve.storedb.StoreDB`.  The request path never touches
+database is behind :class:`~wirekit.serve.record.storedb.StoreDB`.  The request path never touches
 the database.  Arrivals and completions are collected in a list on
 the event loop and handed to a writer thread every ``flush_interval`` seconds (or when
 ``batch_max`` rows wait); the writer writes each hand-over in one transaction.
@@ -60,7 +60,7 @@ from typing import Any
 
 from wirekit._impl import load_fast
 
-from .logs import serve_logger
+from ..logs import serve_logger
 from .storedb import (
     ABANDONED,
     DECISION_COLUMNS,
@@ -133,7 +133,8 @@ def _arrival_line(rid: str, names: str, time_in: str, size: Any, payload: Any) -
     """An arrival's journal line: the completion line's shape with no device, no time out,
     status ``queued`` and 0 attempts (``names``: model, client and a null device, as
     :meth:`RequestStore._names` writes them).  Replayed, it only inserts a row that is
-    missing: it never takes an answer back (:data:`~wirekit.serve.storedb.REPLAY_COLUMNS`)."""
+    missing: it never takes an answer back
+    (:data:`~wirekit.serve.record.storedb.REPLAY_COLUMNS`)."""
     return (
         f"{_line_head(rid, names, time_in)}null,{_STATUS_JSON[QUEUED]},"
         f"{size if type(size) is int else _json_num(size)},0,{_json_blob(payload)}]\n"
@@ -749,7 +750,7 @@ class RequestStore:
         """Store one controller decision (its own short transaction, on its own connection:
         call it off the event loop, the controller does).  On a shared store with a
         :attr:`leader` lock, a ``fenced`` decision (the controller's own) goes on the lock's
-        session: raises :class:`~wirekit.serve.pgsync.NotLeader`, storing nothing, without
+        session: raises :class:`~wirekit.serve.record.pgsync.NotLeader`, storing nothing, without
         the lead.  An operator's decision (``fenced=False``) is stored from any replica."""
         values = (
             time,
@@ -851,7 +852,7 @@ def _count_field(value: Any, what: str, hi: int) -> int:
 
 
 def journal_row(rec: Any) -> tuple:
-    """One journal record (a parsed line) as a :data:`~wirekit.serve.storedb.REPLAY_COLUMNS`
+    """One journal record (a parsed line) as a :data:`~wirekit.serve.record.storedb.REPLAY_COLUMNS`
     row, every field checked as the databases need it; ValueError saying which field is
     wrong otherwise."""
     if not isinstance(rec, list) or len(rec) not in (10, 11):
@@ -914,7 +915,7 @@ def _completions(rows: Iterator[tuple | None]) -> int:
 
 def _replay_entries(db: StoreDB, entries: list[_Entry]) -> list[_BadRecord]:
     """Replay ``entries`` in one transaction; if the database refuses one of them (a value
-    it cannot hold: :func:`~wirekit.serve.storedb.is_row_error`), one by one, and return
+    it cannot hold: :func:`~wirekit.serve.record.storedb.is_row_error`), one by one, and return
     those it refuses, with why.  A database that is away raises."""
     if not entries:
         return []

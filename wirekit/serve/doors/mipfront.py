@@ -16,8 +16,9 @@ unsent -- is charged to the process's one memory budget (``Service.budget``, the
 go out, one that holds only a partial request is answered MEMORY and closed.
 
 Well-formed inference requests of a model the MIP lane serves are taken a read at a time by
-:class:`wirekit.serve.lane.Lane` (or its compiled twin); the rest, one message at a time, by
-:meth:`Dispatcher.start`.  Either way the answers go back in order, after the journal write.
+:class:`wirekit.serve.dispatch.lane.Lane` (or its compiled twin); the rest, one message at a
+time, by :meth:`Dispatcher.start`.  Either way the answers go back in order, after the journal
+write.
 
 A model removed while the dispatcher runs (``DELETE /admin/models/{name}``) stops taking
 requests at once: a request that arrives after that on a connection still open is answered
@@ -26,7 +27,7 @@ removed"); the answers owed are sent, then the connection is closed.
 
 A client that goes away (or is dropped) while it is owed answers ends those requests at
 once: ``ok`` when the answer was complete but not yet written, else ``abandoned``
-(:meth:`wirekit.serve.lane.Lane.abandon`, through the dispatcher's completion record).
+(:meth:`wirekit.serve.dispatch.lane.Lane.abandon`, through the dispatcher's completion record).
 They leave the queue then; a backend's later reply to one of them only frees its slot.
 """
 
@@ -42,10 +43,10 @@ from wirekit.mip.connection import Connection, Rejected, Request
 from wirekit.mip.limits import Limits, MemoryBudget
 from wirekit.mip.server import Watchdog
 
-from .dispatcher import Dispatcher, Job, Outcome, UnknownModel
-from .logs import serve_logger
-from .payload import Payload
-from .store import FAILED
+from ..dispatch.dispatcher import Dispatcher, Job, Outcome, UnknownModel
+from ..dispatch.payload import Payload
+from ..logs import serve_logger
+from ..record.store import FAILED
 
 log = serve_logger()
 
@@ -118,7 +119,7 @@ class MipFrontDoor(asyncio.Protocol):
     def _release(self) -> None:
         """Nothing more is taken from this connection: the requests it is still owed end
         (``ok`` if their answer was complete, else ``abandoned``: :meth:`Lane.abandon
-        <wirekit.serve.lane.Lane.abandon>`, on record in the journal at once), what it
+        <wirekit.serve.dispatch.lane.Lane.abandon>`, on record in the journal at once), what it
         holds goes back to the budget."""
         conn = self.conn
         if conn.owed:
@@ -169,7 +170,7 @@ class MipFrontDoor(asyncio.Protocol):
 
     def _pump(self) -> None:
         """Take every event the connection has (the lane first: the well-formed requests
-        at once, wirekit.serve.lane), write the answers ready, pause or resume reading as
+        at once, wirekit.serve.dispatch.lane), write the answers ready, pause or resume reading as
         the connection says."""
         conn = self.conn
         take = self.lane.take if self.lane.enabled else None

@@ -12,7 +12,7 @@ adaptive batching, takes its requests through a :class:`Lane`:
   connection go out in one write, byte for byte as they came.  With the cache on, a request
   answered recently is answered from the cache instead (device ``cache``, 0 attempts), and
   a backend's answer is cached.  A request whose device (drawn once, by
-  :meth:`Router.choose <wirekit.serve.router.Router.choose>`) has no open connection or no
+  :meth:`Router.choose <wirekit.serve.dispatch.router.Router.choose>`) has no open connection or no
   free slot is handed to the dispatcher's attempt loop *with that device*
   (:meth:`Dispatcher.start`), where it waits for a slot: the lane never draws twice, so the
   quotas hold under load.  A message the lane does not take (a ping, a malformed message, a
@@ -29,7 +29,7 @@ adaptive batching, takes its requests through a :class:`Lane`:
   completion row, its journal line, metrics), so that the front door writes the journal
   before it writes the answers.
 * :meth:`Lane.abandon` -- the client went away (:meth:`MipFrontDoor.connection_lost
-  <wirekit.serve.mipfront.MipFrontDoor.connection_lost>`): every request it is still owed
+  <wirekit.serve.doors.mipfront.MipFrontDoor.connection_lost>`): every request it is still owed
   ends at once, through the dispatcher's completion record -- ``ok`` when its answer was
   complete (not yet written), else ``abandoned`` (:meth:`Dispatcher.abandoned`,
   :meth:`Dispatcher.abandon`).  A backend's later reply to an abandoned call only frees
@@ -47,8 +47,8 @@ from wirekit import mip
 from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply
 
+from ..logs import serve_logger
 from .cache import digest
-from .logs import serve_logger
 from .payload import Payload
 
 log = serve_logger()
@@ -247,7 +247,7 @@ class Lane:
             size = inference_size(src, pos, end, 0, self.max_items)
             if size < 0 or size > self.max_size:
                 break
-            # The one draw for this request (wirekit.serve.router): it is sent to this
+            # The one draw for this request (wirekit.serve.dispatch.router): it is sent to this
             # device now, or waits for it in the dispatcher's attempt loop.
             row = single if single is not None else d.router.choose(model, ())
             client = self.clients[row.key]

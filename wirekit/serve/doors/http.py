@@ -18,11 +18,11 @@
   ``PATCH /admin/models/{name}`` (its settings), ``PUT /admin/models/{name}/quota``.  Each
   needs ``Authorization: Bearer <token>`` (compared in constant time; 401 without it), a
   ``Host`` naming this server and no foreign ``Origin`` (403), and a JSON body where it
-  changes state (415): see :mod:`wirekit.serve.adminauth`.  A request for a removed model
+  changes state (415): see :mod:`wirekit.serve.doors.adminauth`.  A request for a removed model
   is answered 410.
 * ``GET /controller`` (JSON): the current quotas, the models' targets and the controller's last
   decisions (``specs/controller.md``).
-* ``GET /``: the live page, read-only (:mod:`wirekit.serve.page`).
+* ``GET /``: the live page, read-only (:mod:`wirekit.serve.doors.page`).
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from aiohttp import web
 from wirekit.mip import DEFAULT_MAX_ITEMS, ErrorReply, Inference
 from wirekit.mip.limits import BufferBudget
 
+from ..config import ConfigError, HttpLimits
+from ..control.catalog import CatalogError
+from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
+from ..dispatch.payload import Payload, dumps, outputs_json, request_from_json
 from .adminauth import AdminAccess
-from .catalog import CatalogError
-from .config import ConfigError, HttpLimits
-from .dispatcher import Dispatcher, Outcome, UnknownModel
 from .httpbody import READER_KEY, BodyReader
 from .page import add_page_routes
-from .payload import Payload, dumps, outputs_json, request_from_json
 
 #: the route pattern of a name in a path (a model, an app): one whole, percent-decoded path
 #: segment -- any name :func:`~wirekit.serve.config.check_name` takes (braces included,
@@ -61,7 +61,7 @@ def _error(status: int, message: str, **extra: Any) -> web.Response:
 
 async def _body(request: web.Request) -> dict[str, Any]:
     """The request's JSON object, read and parsed within the HTTP door's limits and the
-    memory budget (:mod:`wirekit.serve.httpbody`: 413/503/408/415 when they refuse it)."""
+    memory budget (:mod:`wirekit.serve.doors.httpbody`: 413/503/408/415 when they refuse it)."""
     reader: BodyReader | None = request.get(READER_KEY)
     if reader is None:  # an application served without the door: its default limits
         reader = BodyReader(HttpLimits(), BufferBudget(4 * HttpLimits().max_body_size))
@@ -89,7 +89,7 @@ def _too_many_items(count: int, max_items: int) -> web.Response | None:
     Checked on the parsed JSON before any item is built, with the MIP front door's limit
     (``mip.max_items``), so an HTTP body costs no more per item than a MIP message does; an
     empty sample counts as one item (it costs a row all the same).  The parsed JSON itself
-    was bounded before parsing (:func:`wirekit.serve.httpbody.json_cost`).
+    was bounded before parsing (:func:`wirekit.serve.doors.httpbody.json_cost`).
     """
     if count <= max_items:
         return None
@@ -152,7 +152,7 @@ def build_app(
     body may ask for (the config's ``mip.max_items``).  ``app_models`` is read at each
     request (the caller keeps it up to date).  ``admin``: serve the admin API, to the
     requests ``admin_access`` lets through (required with ``admin``).  ``limits``: the
-    ``http`` table; served by a :class:`wirekit.serve.httpdoor.HttpDoor`, request bodies
+    ``http`` table; served by a :class:`wirekit.serve.doors.httpdoor.HttpDoor`, request bodies
     are read within it and charged to the process's memory budget.  ``health`` and
     ``readiness``: the documents of ``/healthz`` and ``/readyz`` (``readiness(model)``,
     ``model`` from ``/readyz?model=...`` or None for every model; ``["ready"]`` false: 503);
@@ -285,7 +285,7 @@ def build_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/controller", get_controller)
     app.router.add_post(f"/{{app:{NAME}}}/predict", clipper_predict)
-    add_page_routes(app)  # GET /: the live page (read-only; wirekit.serve.page)
+    add_page_routes(app)  # GET /: the live page (read-only; wirekit.serve.doors.page)
     return app
 
 

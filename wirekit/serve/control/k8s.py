@@ -41,7 +41,7 @@ from typing import Any, TextIO
 
 from wirekit import __version__
 
-from .config import ConfigError, Deployment, DeviceRow, parse_config
+from ..config import ConfigError, Deployment, DeviceRow, parse_config
 
 CONFIG_DIR = "/etc/wirekit"  #: where the dispatcher's container finds the ConfigMap
 CONFIG_FILE = "deployment.json"

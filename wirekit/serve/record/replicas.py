@@ -3,9 +3,9 @@ controller (issue 17).  Used by :class:`~wirekit.serve.service.Service` when the
 ``postgresql://`` URL; specs/replicas.md says what it guarantees.
 
 * **The models metadata.**  Every change of this replica's
-  :class:`~wirekit.serve.catalog.Catalog` (a quota set, a model added or removed through its
+  :class:`~wirekit.serve.control.catalog.Catalog` (a quota set, a model added or removed through its
   admin API or by the controller) is appended to the store's change log
-  (:class:`~wirekit.serve.pgsync.ChangeLog`), which notifies the others; every replica
+  (:class:`~wirekit.serve.record.pgsync.ChangeLog`), which notifies the others; every replica
   applies the others' changes to its own catalog, in log order, on its event loop -- its
   router, dispatcher and compiled paths follow through the catalog's subscription as for a
   local change.  A replica that starts loads the newest snapshot of the log, then replays
@@ -14,9 +14,9 @@ controller (issue 17).  Used by :class:`~wirekit.serve.service.Service` when the
   older than ``compact_keep`` seconds folded into a snapshot, under an advisory lock:
   one replica's compaction does the work, the others' find none left).
 * **The controller acts once.**  Only the replica that holds the
-  :class:`~wirekit.serve.pgsync.LeaderLock` runs controller periods, on the figures of
+  :class:`~wirekit.serve.record.pgsync.LeaderLock` runs controller periods, on the figures of
   every replica's requests over its window (:meth:`PostgresDB.recent
-  <wirekit.serve.storedb.PostgresDB.recent>`, read from the store before each period).
+  <wirekit.serve.record.storedb.PostgresDB.recent>`, read from the store before each period).
   Its quota changes are logged on the lock's session and its decisions stored there too:
   a replica that lost the lead without knowing it cannot publish or record a decision (no
   decision is taken twice); its own catalog is then put back to what the log says.  An
@@ -33,10 +33,10 @@ import os
 import time
 from typing import Any
 
-from .catalog import CatalogChange
-from .config import LIVE_SETTINGS, DeviceRow, ModelConfig, check_name, live_settings
-from .logs import serve_logger
-from .metrics import RecentStats
+from ..config import LIVE_SETTINGS, DeviceRow, ModelConfig, check_name, live_settings
+from ..control.catalog import CatalogChange
+from ..control.metrics import RecentStats
+from ..logs import serve_logger
 from .pgsync import Change, ChangeLog, LeaderLock, NotLeader
 from .storedb import PostgresDB
 
@@ -270,7 +270,7 @@ class ReplicaSync:
         return None
 
     async def _load(self, snapshot: Change) -> None:
-        """Apply a snapshot of the log (:func:`~wirekit.serve.pgsync.fold`): the models
+        """Apply a snapshot of the log (:func:`~wirekit.serve.record.pgsync.fold`): the models
         removed, the quotas lowered, the models added, the quotas raised -- so no device
         goes above its whole share on the way.  Each step as a change from the log (one
         this catalog refuses is logged and skipped)."""
@@ -390,7 +390,7 @@ class ReplicaSync:
 
 
 def _as_recent(figures: dict[str, dict[str, Any]], span: float) -> dict[str, RecentStats]:
-    """:meth:`PostgresDB.recent <wirekit.serve.storedb.PostgresDB.recent>` figures as
+    """:meth:`PostgresDB.recent <wirekit.serve.record.storedb.PostgresDB.recent>` figures as
     :class:`RecentStats` over ``span`` seconds."""
     return {
         key: RecentStats(

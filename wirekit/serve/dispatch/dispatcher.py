@@ -8,7 +8,7 @@ For each request :meth:`Dispatcher.submit`:
    the device refuses, the device is backed off and the request goes to another one, up to
    the model's attempt limit;
 4. records the time out and status (journaled before the answer, see
-   :mod:`wirekit.serve.store`) and returns exactly one :class:`Outcome`.
+   :mod:`wirekit.serve.record.store`) and returns exactly one :class:`Outcome`.
 
 Adaptive batching (a model's ``max_batch`` > 1, MIP backends, requests from the MIP front
 door): requests for the same device that arrive in one loop pass -- typically decoded from
@@ -45,15 +45,15 @@ from wirekit.mip import ErrorCode, ErrorReply, Inference
 from wirekit.mip.client import unanswered_retryable
 from wirekit.mip.runtime import decode_reply
 
+from ..backends.remote import Backend, BackendUnavailable
+from ..config import DeviceRow, ModelConfig
+from ..control.metrics import Metrics, ModelStats
+from ..logs import serve_logger
+from ..record.store import ABANDONED, ERROR, FAILED, OK, RequestStore
 from . import lane as pure_lane
-from .backends import Backend, BackendUnavailable
 from .cache import ResponseCache, digest
-from .config import DeviceRow, ModelConfig
-from .logs import serve_logger
-from .metrics import Metrics, ModelStats
 from .payload import Payload
 from .router import NoDevice, Router
-from .store import ABANDONED, ERROR, FAILED, OK, RequestStore
 
 log = serve_logger()
 
@@ -230,7 +230,7 @@ class Dispatcher:
         self.batch_retries = 0  #: joined batches whose requests were sent again one by one
         #: row key -> [joined batches sent, of them sent again one by one]
         self.row_batches: dict[str, list[int]] = {}
-        self.lane_requests = 0  #: requests the MIP lane took (wirekit.serve.lane)
+        self.lane_requests = 0  #: requests the MIP lane took (wirekit.serve.dispatch.lane)
         self._waiting: dict[str, list[Job]] = {}  # row key -> jobs to join this loop pass
         self._loop: asyncio.AbstractEventLoop | None = None
         #: bumped whenever a model's routing changes (models or rows added or removed,
@@ -474,7 +474,8 @@ class Dispatcher:
 
         ``row``: the device already drawn for ``job`` (by the MIP lane, which found no free
         slot on it): the job goes there -- waiting for a slot -- instead of drawing again,
-        so that each request is drawn for exactly once (see :mod:`wirekit.serve.router`)."""
+        so that each request is drawn for exactly once (see
+        :mod:`wirekit.serve.dispatch.router`)."""
         cfg = self.models.get(job.model)
         if cfg is None:
             raise self._unknown(job.model)
@@ -850,7 +851,7 @@ class Dispatcher:
     # ------------------------------------------------------------------ the MIP lane
 
     def lane_route(self, model: str):
-        """What the MIP lane (:mod:`wirekit.serve.lane`) of ``model`` sends through:
+        """What the MIP lane (:mod:`wirekit.serve.dispatch.lane`) of ``model`` sends through:
         ``(config, device rows, {row key: pipelined AsyncClient})``, or None when the lane
         does not serve it (an unknown model, adaptive batching, a device that is not a
         pipelined MIP backend)."""

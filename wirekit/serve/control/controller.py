@@ -2,9 +2,9 @@
 
 Every ``controller.period`` seconds the :class:`Controller` takes a :class:`Snapshot` (each
 model's figures over the recent window, from :meth:`Metrics.recent
-<wirekit.serve.metrics.Metrics.recent>`, each row's -- a model on a device -- from
-:meth:`Metrics.recent_rows <wirekit.serve.metrics.Metrics.recent_rows>`, and every row of the
-catalog with its quota), asks the
+<wirekit.serve.control.metrics.Metrics.recent>`, each row's -- a model on a device -- from
+:meth:`Metrics.recent_rows <wirekit.serve.control.metrics.Metrics.recent_rows>`, and every
+row of the catalog with its quota), asks the
 policy for :class:`Decision` s and applies them one by one, the decreases first (so that
 the share they free is there for the increases):
 
@@ -19,8 +19,8 @@ the share they free is there for the increases):
    old value: the catalog keeps describing what the node really has.  The decision is
    recorded as ``failed`` with the error.
 4. The decision, its reason and the metrics it saw go into the store's ``decisions`` table,
-   the log (``wirekit.serve.controller``), the list :meth:`Controller.state` returns (the JSON
-   of ``GET /controller``).
+   the log (``wirekit.serve.controller``), the list :meth:`Controller.state` returns (the
+   JSON of ``GET /controller``).
 
 A policy that raises is logged and the period skipped: nothing a policy or an actuator does
 stops the loop or the dispatcher.
@@ -41,10 +41,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from wirekit._callables import load_callable
 
+from ..config import ControllerConfig, DeviceRow
+from ..logs import serve_logger
 from .actuators import Actuator
 from .catalog import Catalog
-from .config import ControllerConfig, DeviceRow
-from .logs import serve_logger
 from .metrics import RecentStats
 
 log = serve_logger("wirekit.serve.controller")
@@ -495,11 +495,12 @@ def load_plugin(spec: str, argument: Any, where: str, methods: tuple[str, ...]) 
 class Controller:
     """The loop: one :meth:`step` per ``config.period`` seconds while :meth:`run` runs.
 
-    ``catalog`` is the :class:`~wirekit.serve.catalog.Catalog` (quotas are read from it and
+    ``catalog`` is the :class:`~wirekit.serve.control.catalog.Catalog` (quotas are read from it and
     changed through ``set_quota``), ``recent`` returns each model's window figures
-    (:meth:`Metrics.recent <wirekit.serve.metrics.Metrics.recent>`), ``recent_rows`` each
-    row's (:meth:`Metrics.recent_rows <wirekit.serve.metrics.Metrics.recent_rows>`), ``store`` the
-    :class:`~wirekit.serve.store.RequestStore` (``record_decision``; None: not stored).
+    (:meth:`Metrics.recent <wirekit.serve.control.metrics.Metrics.recent>`), ``recent_rows``
+    each row's (:meth:`Metrics.recent_rows <wirekit.serve.control.metrics.Metrics.recent_rows>`),
+    ``store`` the
+    :class:`~wirekit.serve.record.store.RequestStore` (``record_decision``; None: not stored).
     """
 
     def __init__(
@@ -520,7 +521,7 @@ class Controller:
         self.catalog = catalog
         self.recent = recent
         #: each row's window figures by row key (:meth:`Metrics.recent_rows
-        #: <wirekit.serve.metrics.Metrics.recent_rows>`; None: none)
+        #: <wirekit.serve.control.metrics.Metrics.recent_rows>`; None: none)
         self.recent_rows = recent_rows
         self.actuator = actuator
         self.store = store

@@ -1,4 +1,4 @@
-// The live page of `wirekit serve` (wirekit/serve/page.py).
+// The live page of `wirekit serve` (wirekit/serve/doors/page.py).
 //
 // Polls GET /stats and GET /controller (read-only, no token), keeps what it has seen in
 // memory -- the quota of every (node, device, model) row and each model's response times,

@@ -1,6 +1,6 @@
 """The database under the requests store: one interface, a SQLite and a PostgreSQL backend.
 
-:class:`~wirekit.serve.store.RequestStore` owns the request path (a list of pending rows and
+:class:`~wirekit.serve.record.store.RequestStore` owns the request path (a list of pending rows and
 the journal); everything it asks of a database goes through :class:`StoreDB`:
 
 * :meth:`StoreDB.migrate` -- the versioned schema (``MIGRATIONS_*`` below), applied on open,
@@ -11,7 +11,7 @@ the journal); everything it asks of a database goes through :class:`StoreDB`:
   updated by request id (idempotent: replaying twice counts nothing twice);
 * :meth:`StoreDB.abandon` -- rows this replica left ``queued`` when it stopped;
 * :meth:`StoreDB.status_counts`, :meth:`StoreDB.ok_times`, :meth:`StoreDB.rows` -- what the
-  metrics (:mod:`wirekit.serve.metrics`) and ``wirekit serve stats`` read.
+  metrics (:mod:`wirekit.serve.control.metrics`) and ``wirekit serve stats`` read.
 
 A store is a file path (SQLite, the embedded default) or a ``postgresql://`` URL (several
 ``wirekit serve`` replicas sharing one store, issue 17).  Driver: psycopg 3 -- synchronous
@@ -41,7 +41,7 @@ ABANDONED_REASON = "the dispatcher stopped before answering"
 #: the PostgreSQL advisory lock key under which migrations run ("wirekit" in ASCII, as int)
 MIGRATION_LOCK = 0x7769726B6974
 
-#: columns of an INSERT row, in the order :func:`wirekit.serve.store.merge_ops` makes them
+#: columns of an INSERT row, in the order :func:`wirekit.serve.record.store.merge_ops` makes them
 INSERT_COLUMNS = (
     "id",
     "model",
@@ -171,7 +171,7 @@ MIGRATIONS_PG: tuple[str, ...] = (
         replica      TEXT
     );
     """,
-    # 4: the models metadata's changes, in order (wirekit.serve.pgsync.ChangeLog): every
+    # 4: the models metadata's changes, in order (wirekit.serve.record.pgsync.ChangeLog): every
     # replica applies the changes of the others; NOTIFY only says that there are new ones
     """
     CREATE TABLE IF NOT EXISTS catalog_changes (
@@ -237,7 +237,7 @@ class StoreDB(Protocol):
         reasons: list[tuple[str, str]],
     ) -> None:
         """One hand-over in one transaction: the INSERT rows of
-        :func:`~wirekit.serve.store.merge_ops` (``chunks``: many rows flattened per tuple,
+        :func:`~wirekit.serve.record.store.merge_ops` (``chunks``: many rows flattened per tuple,
         ``rest``: one row per tuple), the UPDATEs ``(device, time_out, status, attempts,
         id)``, then the ``(reason, id)`` of failed rows."""
         ...
@@ -518,7 +518,7 @@ class PostgresDB:
     """
 
     kind = "postgresql"
-    #: rows per INSERT statement of :func:`~wirekit.serve.store.merge_ops`: COPY takes them
+    #: rows per INSERT statement of :func:`~wirekit.serve.record.store.merge_ops`: COPY takes them
     #: one by one, so none are flattened into chunks
     chunk = 1 << 30
 

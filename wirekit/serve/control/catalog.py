@@ -6,7 +6,7 @@ A :class:`Catalog` holds the :class:`~wirekit.serve.config.ModelConfig` of every
 :class:`~wirekit.serve.config.DeviceRow` per device (quota 0 rows included: a device the model
 may be given later).  Every change -- a quota set, a model added or removed, a model's
 settings changed -- bumps :attr:`Catalog.version` and is told, synchronously and in order,
-to every subscriber as a :class:`CatalogChange`; the :class:`~wirekit.serve.router.Router`
+to every subscriber as a :class:`CatalogChange`; the :class:`~wirekit.serve.dispatch.router.Router`
 rebuilds the routing table of the model concerned from it, so the next request already
 follows the change.
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from wirekit.errors import WirekitError
 
-from .config import LIVE_SETTINGS, DeviceRow, ModelConfig
+from ..config import LIVE_SETTINGS, DeviceRow, ModelConfig
 
 EPSILON = 1e-9  #: shares summing to 1 + EPSILON still fit (float sums of 0.1s)
 

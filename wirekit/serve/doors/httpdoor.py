@@ -13,7 +13,7 @@ wrapped in :class:`GatedConnection`, which
   it opened, or after the first byte of a further request on a kept-alive connection; a
   request counts as begun when aiohttp hands it to the application, as ended when the
   application has answered (the door's one middleware: it also gives each request its
-  :class:`~wirekit.serve.httpbody.BodyReader`, whose charge to the memory budget it gives
+  :class:`~wirekit.serve.doors.httpbody.BodyReader`, whose charge to the memory budget it gives
   back when the request ends);
 * charges an answer the client does not read (what the transport holds unsent once it asks
   for a pause) to the memory budget, and drops the connection when nothing of it leaves for
@@ -49,9 +49,9 @@ from aiohttp.abc import AbstractAccessLogger
 from wirekit._logging import FIELDS
 from wirekit.mip.limits import BufferBudget
 
-from .config import HttpLimits
+from ..config import HttpLimits
+from ..logs import serve_logger
 from .httpbody import READER_KEY, BodyReader
-from .logs import serve_logger
 
 log = serve_logger()
 #: the access log's logger (one INFO record per request answered, when it is on)
@@ -306,7 +306,7 @@ class HttpDoor:
             app,
             **access,
             keepalive_timeout=limits.idle_timeout,
-            # a compressed body is answered 415 (wirekit.serve.httpbody), never inflated
+            # a compressed body is answered 415 (wirekit.serve.doors.httpbody), never inflated
             auto_decompress=False,
         )
         self._server: asyncio.AbstractServer | None = None

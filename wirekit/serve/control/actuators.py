@@ -29,8 +29,8 @@ from typing import Protocol, runtime_checkable
 from wirekit.cgroups import CgroupError, set_cpu_limit
 from wirekit.errors import WirekitError
 
-from .config import ACTUATOR_FIELDS, ActuatorConfig
-from .logs import serve_logger
+from ..config import ACTUATOR_FIELDS, ActuatorConfig
+from ..logs import serve_logger
 
 log = serve_logger("wirekit.serve.actuators")
 

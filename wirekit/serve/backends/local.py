@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from .config import ConfigError, Deployment
+from ..config import ConfigError, Deployment
 
 #: seconds one backend may take to print that it listens
 DEFAULT_START_TIMEOUT = 30.0

@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .storedb import ABANDONED, OK, QUEUED, StoreDB, as_db
+from ..record.storedb import ABANDONED, OK, QUEUED, StoreDB, as_db
 
 
 @dataclass(slots=True)
@@ -681,7 +681,7 @@ class Metrics:
     def prometheus(self, extra: dict[str, Any] | None = None) -> bytes:
         """The Prometheus text exposition of this process's figures (:data:`METRIC_NAMES`)
         and of ``extra`` -- what the service adds, each key optional: ``cache``
-        (:meth:`ResponseCache.stats <wirekit.serve.cache.ResponseCache.stats>`),
+        (:meth:`ResponseCache.stats <wirekit.serve.dispatch.cache.ResponseCache.stats>`),
         ``quotas`` (rows), ``targets`` (model -> seconds), ``backed_off`` (row keys),
         ``backoffs`` / ``in_flight`` ({(model, device label): n}), ``batches`` ({(model,
         device label): [sent, retried]}), ``decisions`` ({(model, outcome): n}), ``ready``

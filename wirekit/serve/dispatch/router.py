@@ -20,7 +20,7 @@ devices, whatever the quotas).  The price: when one device is slower than its qu
 for, its requests queue (and may time out) while another device idles; set the quotas to
 the devices' capacities, or lower the slow device's quota.
 
-The quotas are the :class:`~wirekit.serve.catalog.Catalog`'s: :meth:`Router.following`
+The quotas are the :class:`~wirekit.serve.control.catalog.Catalog`'s: :meth:`Router.following`
 subscribes to it, and every change rebuilds the table of the model concerned at once
 (:meth:`Router.update`), so the next draw -- the MIP lane's and the compiled lane's
 included, which call :meth:`Router.choose` -- follows the change.  No other copy of the
@@ -35,8 +35,8 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from itertools import accumulate
 
-from .catalog import Catalog, CatalogChange
-from .config import DeviceRow
+from ..config import DeviceRow
+from ..control.catalog import Catalog, CatalogChange
 
 
 class NoDevice(LookupError):

@@ -1,0 +1,11 @@
+"""The front doors of ``wirekit serve``: where a request arrives.
+
+- :mod:`.mipfront` -- one MIP listener per model;
+- :mod:`.http` / :mod:`.httpdoor` / :mod:`.httpbody` -- the HTTP/JSON door (predictions,
+  ``/metrics``, ``/stats``, ``/readyz``, the admin API) and the limits it reads within;
+- :mod:`.adminauth` -- who may use the admin API;
+- :mod:`.page` and ``static/`` -- the live page at ``GET /``.
+
+A door turns bytes into a request and hands it to :mod:`wirekit.serve.dispatch`; it decides
+nothing about the request's end.
+"""
