@@ -127,8 +127,16 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    with open(argv[0]) as fh:
-        report = json.load(fh)
+    try:
+        with open(argv[0]) as fh:
+            report = json.load(fh)
+    except OSError as exc:
+        print(f"ratios.py: cannot read {argv[0]}: {exc.strerror or exc}", file=sys.stderr)
+        print("make it with: python -m pytest benchmarks --benchmark-json=FILE", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
+        print(f"ratios.py: {argv[0]} is not a pytest-benchmark JSON file: {exc}", file=sys.stderr)
+        return 2
     print(measured(report))
     print(table(report))
     cpu = cpu_table(report)

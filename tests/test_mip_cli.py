@@ -159,3 +159,35 @@ def test_ping_ends_with_a_summary_and_counts_lost_pings():
     assert status == 1
     assert out.splitlines()[-1] == "2 sent, 0 received, 100% loss"
     assert err.count("no pong") == 2
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        ("def broken(:\n", "syntax error at"),
+        ("raise RuntimeError('needs a GPU')\n", "RuntimeError: needs a GPU"),
+        ("x = 1\n", "has no handle"),
+    ],
+)
+def test_a_handler_that_cannot_load_is_one_line_and_exit_2(tmp_path, source, said):
+    """A handler file with a syntax error, one whose import raises, or without the function:
+    one line naming the module (and the file and line of a syntax error), exit 2 -- as for a
+    missing module -- in ``mip serve`` and ``clipper container`` alike (it was an import
+    traceback, exit 1)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "user_model.py").write_text(source)
+    for argv in (
+        ["mip", "serve", "--handler", "user_model:handle", "--listen", "tcp://127.0.0.1:0"],
+        ["clipper", "container", "--model", "user_model:handle", "--name", "m"],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "wirekit", *argv],
+            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert said in proc.stderr and "user_model" in proc.stderr
+        if "syntax" in said:
+            assert "user_model.py:1" in proc.stderr

@@ -79,3 +79,21 @@ def test_server_cpu_rows_compare_with_ours():
     rows = {line.split()[1]: line.split()[-1] for line in ratios.cpu_table(report).splitlines()[1:]}
     assert rows == {"fast": "1.00x", "pure-connection": "1.25x", "x": "0.50x"}
     assert ratios.cpu_table({"benchmarks": [_bench("decode", "fast", 1e-6)]}) == ""
+
+
+def test_a_missing_or_broken_report_is_one_line_and_exit_2(tmp_path):
+    """Run as the README runs it: a wrong path or a file that is no JSON is a usage error
+    naming the file (it was a FileNotFoundError / JSONDecodeError traceback)."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "ratios.py"
+    broken = tmp_path / "bench.json"
+    broken.write_text("{")
+    for path, said in ((tmp_path / "nope.json", "cannot read"), (broken, "not a pytest-benchmark")):
+        proc = subprocess.run(
+            [sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 2
+        assert said in proc.stderr and str(path) in proc.stderr
+        assert "Traceback" not in proc.stderr

@@ -183,3 +183,39 @@ def test_check_probe_tries_every_backend(tmp_path):
     assert "probe n/1/m: UNREACHABLE: " in out
     code, out, _ = call("serve", "check", "--config", str(config))
     assert code == 0 and "probe" not in out
+
+
+def test_a_store_in_a_missing_directory_is_one_line_naming_it(tmp_path):
+    """``store.path`` in a directory that does not exist: one line naming the directory, not
+    sqlite3's "unable to open database file" traceback."""
+    missing = tmp_path / "no" / "such" / "dir"
+    config = tmp_path / "d.json"
+    config.write_text(
+        json.dumps(
+            {
+                "listen": {"host": "127.0.0.1", "http_port": 0},
+                "store": {"path": str(missing / "requests.db")},
+                "models": {"m": {"port": 0}},
+                "nodes": [
+                    {
+                        "id": "n",
+                        "endpoint": "127.0.0.1",
+                        "devices": ["CPU"],
+                        "models": ["m"],
+                        "quotas": [1],
+                        "ports": [1],
+                    }
+                ],
+            }
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "wirekit", "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert f"{missing}' does not exist" in proc.stderr

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from wirekit._callables import load_callable
+from wirekit._callables import CallableLoadError, load_callable
 
 from ..config import ControllerConfig, DeviceRow
 from ..logs import serve_logger
@@ -472,13 +472,11 @@ def load_policy(spec: str, config: ControllerConfig) -> Policy:
 def load_plugin(spec: str, argument: Any, where: str, methods: tuple[str, ...]) -> Any:
     """``module:Class(argument)``, checked for ``methods``; ``ValueError`` naming ``where``
     and what is wrong (the module cannot be imported, has no such class, lacks a method)."""
-    module_name, _, class_name = spec.partition(":")
+    class_name = spec.partition(":")[2]
     try:
         cls = load_callable(spec)
-    except ImportError as exc:
-        raise ValueError(f"{where} {spec!r}: cannot import {module_name}: {exc}") from None
-    except AttributeError:
-        raise ValueError(f"{where} {spec!r}: {module_name} has no {class_name}") from None
+    except CallableLoadError as exc:
+        raise ValueError(f"{where} {spec!r}: {exc}") from None
     try:
         obj = cls(argument)
     except Exception as exc:

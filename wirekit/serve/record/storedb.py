@@ -337,7 +337,14 @@ def connect_sqlite(path: str | Path, *, readonly: bool = False) -> sqlite3.Conne
         conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
         conn.text_factory = _text
         return conn
-    conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    if not Path(path).parent.is_dir():
+        raise StoreUnavailable(
+            f"store {str(path)!r}: its directory {str(Path(path).parent)!r} does not exist"
+        )
+    try:
+        conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    except sqlite3.OperationalError as exc:
+        raise StoreUnavailable(f"store {str(path)!r}: cannot open it: {exc}") from None
     conn.text_factory = _text
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
