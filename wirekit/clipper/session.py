@@ -150,6 +150,11 @@ class PredictionError(WirekitError):
     """A prediction failed: no replica, timeout, type mismatch or a bad response."""
 
 
+class InputTypeMismatch(PredictionError):
+    """A prediction's inputs are not of a type the model takes: the caller's error, not the
+    container's (nothing was sent to the model)."""
+
+
 class OutputError(WirekitError):
     """The model's outputs cannot be sent (wrong count or type)."""
 
@@ -929,7 +934,7 @@ class FrontendState:
 
 def _type_error(model_name: str, types: set[InputType], given: InputType) -> PredictionError:
     takes = " or ".join(sorted(t.name.lower() for t in types))
-    return PredictionError(
+    return InputTypeMismatch(
         f"model {model_name!r} takes {takes} inputs; these inputs are {given.name.lower()}"
     )
 
@@ -946,6 +951,7 @@ __all__ = [
     "ContainerSession",
     "Failed",
     "FrontendState",
+    "InputTypeMismatch",
     "OutputError",
     "Predict",
     "PredictionError",

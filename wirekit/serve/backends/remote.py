@@ -3,7 +3,10 @@ response`` (both :class:`~wirekit.serve.dispatch.payload.Payload`) and ``async c
 
 A backend that cannot be reached, drops the connection or sends bytes that are not MIP raises
 :class:`BackendUnavailable`; the dispatcher then resubmits the request to another device and
-backs this one off.  A MIP error reply is an answer, returned like any other.
+backs this one off.  A MIP error reply is an answer, returned like any other.  A request
+the backend cannot take as it is (inputs of a type its model does not take) raises
+:class:`BadRequest`: the client's error, answered at once, neither resubmitted nor counted
+against the device.
 
 * :class:`MipBackend` — a MIP server (wirekit's, or anything speaking MIP), through the
   pipelined asyncio client of :mod:`wirekit.mip.client`.
@@ -26,6 +29,11 @@ from ..dispatch.payload import Payload
 
 class BackendUnavailable(WirekitError, ConnectionError):
     """The backend could not be reached or broke the exchange."""
+
+
+class BadRequest(WirekitError, ValueError):
+    """The request's inputs are not what the backend's model takes (a Clipper container's
+    input type, one input per sample): the client's error, with a message that says so."""
 
 
 class Backend(Protocol):
@@ -109,7 +117,7 @@ class ClipperBackend:
     a JSON string a string, other JSON its text, any other item type raw bytes.  Outputs come
     back as TEXT items (Clipper 2017/v3 strings) or JSON numbers (2016).  No container
     registered, or the frontend failing the batch, is "unavailable" (resubmitted elsewhere);
-    inputs a container cannot take get a SHAPE error reply.
+    inputs a container cannot take are a :class:`BadRequest`.
     """
 
     def __init__(self, frontend: Any, name: str, *, timeout: float = 60.0) -> None:
@@ -126,21 +134,24 @@ class ClipperBackend:
             self.in_flight -= 1
 
     async def _infer(self, request: Payload) -> Payload:
-        from wirekit.clipper.session import PredictionError
+        from wirekit.clipper.session import InputTypeMismatch, PredictionError
 
         msg = request.message
-        if not isinstance(msg, Inference) or msg.n_input != 1:
+        if not isinstance(msg, Inference):
             return Payload(None, ErrorReply(int(ErrorCode.SHAPE)))
+        if msg.n_input != 1:
+            raise BadRequest(
+                f"a Clipper model takes one input per sample; these samples have {msg.n_input}"
+            )
         if not any(r.alive for r in self.frontend.replicas(self.name)):
             raise BackendUnavailable(f"clipper:{self.name}: no container registered")
         inputs = [_clipper_input(item) for item in msg.items]
         try:
             outputs = await self.frontend.apredict(self.name, inputs, self.timeout)
+        except InputTypeMismatch as exc:
+            raise BadRequest(str(exc)) from None
         except PredictionError as exc:
-            text = str(exc)
-            if "input" in text and "type" in text:
-                return Payload(None, ErrorReply(int(ErrorCode.SHAPE)))
-            raise BackendUnavailable(f"clipper:{self.name}: {text}") from None
+            raise BackendUnavailable(f"clipper:{self.name}: {exc}") from None
         if hasattr(outputs, "tolist"):
             outputs = outputs.tolist()
         if len(outputs) != msg.batch_size:

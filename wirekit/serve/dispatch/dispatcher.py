@@ -45,7 +45,7 @@ from wirekit.mip import ErrorCode, ErrorReply, Inference
 from wirekit.mip.client import unanswered_retryable
 from wirekit.mip.runtime import decode_reply
 
-from ..backends.remote import Backend, BackendUnavailable
+from ..backends.remote import Backend, BackendUnavailable, BadRequest
 from ..config import DeviceRow, ModelConfig
 from ..control.metrics import Metrics, ModelStats
 from ..logs import serve_logger
@@ -59,6 +59,8 @@ log = serve_logger()
 
 #: the reason recorded for a request whose client went away before its answer
 CLIENT_GONE = "the client went away before its answer"
+#: :attr:`Outcome.cause` values (see there)
+TIMED_OUT, UNAVAILABLE, BAD_REQUEST = "timeout", "unavailable", "bad request"
 
 BATCH_BYTES = 1 << 20  #: a joined batch stays under this many bytes (larger requests go alone)
 SPLIT_SAMPLES = 16  #: requests joined to this many samples or more go as two batches
@@ -184,6 +186,10 @@ class Outcome:
     device: str | None  #: the row key that answered, "cache", or None
     attempts: int
     detail: str = ""  #: why it failed, for humans
+    #: why a ``failed`` request failed, for the HTTP status: "timeout" (its last device took
+    #: too long: 504), "unavailable" (no device could be reached or none was left: 503);
+    #: "bad request" for an ``error`` the client caused (inputs its model does not take: 400)
+    cause: str = ""
 
     @property
     def ok(self) -> bool:
@@ -382,13 +388,15 @@ class Dispatcher:
         tried: list[str] | None = None,
         done: int = 0,
         last: str = "",
+        timed_out: bool = False,
         first: DeviceRow | None = None,
         t_in: float = 0.0,
         sent: bool = False,
     ):
         """The attempt loop.  A :class:`Job` whose fast first attempt failed continues here:
         ``checked`` (the cache was looked up, ``key`` its key), ``tried``/``done``/``last``
-        (the attempts made so far), ``first`` (the device to try next instead of choosing).
+        (the attempts made so far; ``timed_out``: the last one took too long), ``first``
+        (the device to try next instead of choosing).
         ``t_in``: when the request arrived; ``sent``: it was sent to a backend before (its
         time in the queue is recorded at its first send)."""
         cache = self.cache
@@ -427,16 +435,21 @@ class Dispatcher:
                 reply = await _infer_within(backend, request, cfg.timeout)
             except (asyncio.TimeoutError, TimeoutError):
                 self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
-                last = f"{row.key}: no answer within {cfg.timeout} s"
+                last, timed_out = f"{row.key}: no answer within {cfg.timeout} s", True
                 log.warning("request %s: %s", rid, last)
                 self.router.fail(row)
                 continue
             except (BackendUnavailable, OSError) as exc:
                 self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
-                last = f"{row.key}: {exc}"
+                last, timed_out = f"{row.key}: {exc}", False
                 log.warning("request %s: %s", rid, last)
                 self.router.fail(row)
                 continue
+            except BadRequest as exc:  # the client's error: the device is fine
+                self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
+                self.router.succeed(row)
+                reply = _error_payload(ErrorCode.SHAPE)
+                return Outcome(rid, ERROR, reply, row.key, attempt, str(exc), BAD_REQUEST)
             self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
             self.router.succeed(row)
             msg = reply.message
@@ -452,6 +465,7 @@ class Dispatcher:
             None,
             len(tried),
             f"no device answered after {len(tried)} attempt(s): {last}",
+            TIMED_OUT if timed_out else UNAVAILABLE,
         )
 
     # ------------------------------------------------------------------ the fast path
@@ -819,7 +833,9 @@ class Dispatcher:
             last = f"{row.key}: {address}: {text}"
         log.warning("request %s: %s", job.rid, last)
         self.router.fail(row)
-        self._spawn(job, tried=[row.key], done=1, last=last)
+        self._spawn(
+            job, tried=[row.key], done=1, last=last, timed_out=isinstance(exc, TimeoutError)
+        )
 
     # ------------------------------------------------------------------ a client gone
 

@@ -96,11 +96,16 @@ def item_value(item: Item) -> Any:
 def request_from_json(samples: list[Any], *, multi: bool) -> Inference:
     """A MIP request from JSON samples: each sample one value (``multi=False``) or a list
     of values, one per model input (``multi=True``)."""
-    rows = []
+    rows: list[list[Item]] = []
     for sample in samples:
         if multi:
             if not isinstance(sample, list):
                 raise ValueError("each entry of inputs must be a list of values (one per input)")
+            if rows and len(sample) != len(rows[0]):
+                raise ValueError(
+                    f"every entry of inputs must have as many values as the first: entry "
+                    f"{len(rows)} has {len(sample)}, entry 0 has {len(rows[0])}"
+                )
             rows.append([to_item(v) for v in sample])
         else:
             rows.append([to_item(sample)])

@@ -34,13 +34,20 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from wirekit.mip import DEFAULT_MAX_ITEMS, ErrorReply, Inference
+from wirekit.mip import DEFAULT_MAX_ITEMS, ErrorCode, ErrorReply, Inference
 from wirekit.mip.limits import BufferBudget
 
 from ..config import ConfigError, HttpLimits
 from ..control.catalog import CatalogError
-from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
+from ..dispatch.dispatcher import (
+    BAD_REQUEST,
+    TIMED_OUT,
+    Dispatcher,
+    Outcome,
+    UnknownModel,
+)
 from ..dispatch.payload import Payload, dumps, outputs_json, request_from_json
+from ..record.store import FAILED
 from .adminauth import AdminAccess
 from .httpbody import READER_KEY, BodyReader
 from .page import add_page_routes
@@ -100,13 +107,34 @@ def _client(request: web.Request) -> str:
     return f"http:{request.remote or '?'}"
 
 
-def _outcome_error(outcome: Outcome) -> web.Response:
+#: MIP error codes a backend answers for what the client sent (its shape, its item types):
+#: the client's error (400), not the server's
+_CLIENT_CODES = frozenset({ErrorCode.PROTOCOL, ErrorCode.SUBTYPE, ErrorCode.SHAPE})
+
+
+def _outcome_status(outcome: Outcome) -> int:
+    """The HTTP status of a request that did not end ``ok``, as an HTTP client reads it:
+    400 its inputs are not what the model takes; 413 the backend could not hold them;
+    502 the backend failed on them; 503 no device could be reached (nothing listening, none
+    left); 504 the last device tried took too long."""
+    if outcome.status == FAILED:
+        return 504 if outcome.cause == TIMED_OUT else 503
+    if outcome.cause == BAD_REQUEST:
+        return 400
     msg = outcome.response.message
     if isinstance(msg, ErrorReply):
-        from wirekit.mip import ErrorCode
+        if msg.code in _CLIENT_CODES:
+            return 400
+        if msg.code == ErrorCode.MEMORY:
+            return 413
+    return 502
 
+
+def _outcome_error(outcome: Outcome) -> web.Response:
+    msg = outcome.response.message
+    status = _outcome_status(outcome)
+    if isinstance(msg, ErrorReply):
         name = ErrorCode(msg.code).name if msg.code in ErrorCode._value2member_map_ else msg.code
-        status = 504 if outcome.status == "failed" else 502
         return _error(
             status, outcome.detail or f"backend error {name}", id=outcome.id, code=msg.code
         )
