@@ -186,7 +186,7 @@ def test_a_crash_replays_exactly_the_rows_a_clean_stop_writes(lane, tmp_path):
     recovered.open()
     try:
         assert recovered.replayed_at_open == n
-        assert recovered.abandoned_at_open == 0
+        assert recovered.lost_at_open == 0
     finally:
         recovered.close()
     assert len(clean) == n
