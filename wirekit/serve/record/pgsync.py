@@ -83,6 +83,37 @@ def _connect(url: str, keepalive: float, name: str = "wirekit") -> Any:
         raise StoreUnavailable(f"cannot reach the store at {redact(url)}: {why}") from None
 
 
+class _OwnSession:
+    """One connection of its own (autocommit), opened on first use and again once it broke;
+    :meth:`_close_session` closes it for good.  The subclass holds ``_lock`` around both."""
+
+    def __init__(self, url: str, what: str, *, keepalive: float = 5.0, name: str = "wirekit"):
+        self.url = url
+        self._what = what  # what it is, for "the ... is closed"
+        self._keepalive = keepalive
+        self._name = name
+        self._conn: Any = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _session(self) -> Any:
+        if self._closed:
+            raise StoreUnavailable(f"the {self._what} is closed")
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+            self._conn = _connect(self.url, self._keepalive, self._name)
+        return self._conn
+
+    def _close_session(self) -> None:
+        self._closed = True
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+
+
 class LeaderLock:
     """Leadership among replicas (see the module docstring).
 
@@ -222,7 +253,7 @@ _RENEW = (
 )
 
 
-class ReplicaLease:
+class ReplicaLease(_OwnSession):
     """This replica's lease in the shared store: its row of ``replica_leases``, which says
     until when it is alive.  :meth:`renew` every period (the first call takes it, before the
     replica writes a row); it expires ``lease`` seconds after the last renewal, on the
@@ -239,29 +270,15 @@ class ReplicaLease:
         holder: str = "",
         keepalive: float = 5.0,
     ) -> None:
-        self.url = url
+        super().__init__(url, "replica lease", keepalive=keepalive, name=f"wirekit lease {replica}")
         self.replica = replica  #: the replica's name: the ``replica`` of the rows it writes
         self.lease = lease  #: seconds a renewal lasts
         #: this process, in the row (another process holding the name shows there)
         self.holder = holder or f"{socket.gethostname()}#{os.getpid()}"
-        self.keepalive = keepalive
         self.renewals = 0  #: renewals so far (the first one takes the lease)
         #: renewals that found the lease expired or held by another process: the leader may
         #: have ended this replica's queued rows ``lost`` meanwhile (their answers replace it)
         self.lapses = 0
-        self._conn: Any = None
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def _session(self) -> Any:
-        if self._closed:
-            raise StoreUnavailable("the replica lease is closed")
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            with contextlib.suppress(Exception):
-                if self._conn is not None:
-                    self._conn.close()
-            self._conn = _connect(self.url, self.keepalive, f"wirekit lease {self.replica}")
-        return self._conn
 
     def renew(self) -> str | None:
         """Take or extend the lease (it expires ``lease`` seconds from now).  Returns, after
@@ -307,11 +324,7 @@ class ReplicaLease:
         """Close the session (the lease row stays: it expires by itself); a call afterwards
         raises :class:`StoreUnavailable`."""
         with self._lock:
-            self._closed = True
-            if self._conn is not None:
-                with contextlib.suppress(Exception):
-                    self._conn.close()
-                self._conn = None
+            self._close_session()
 
 
 def adopt_expired(leader: LeaderLock, by: str) -> list[tuple[str, str, int]]:
@@ -474,28 +487,18 @@ def fold(state: dict[str, Any] | None, changes: Sequence[Change]) -> dict[str, A
     return {"models": models, "quotas": quotas}
 
 
-class ChangeLog:
+class ChangeLog(_OwnSession):
     """The ordered log of the models metadata's changes (see the module docstring).  The
     table comes with the store's migrations (``RequestStore.open`` applies them)."""
 
     def __init__(self, url: str, origin: str, channel: str = CATALOG_CHANNEL) -> None:
-        self.url = url
+        super().__init__(url, "change log")
         self.origin = origin
         self.channel = channel
-        self._conn: Any = None
-        self._lock = threading.Lock()
         self._listener: Listener | None = None
-        self._closed = False
         self.applied = 0  #: the last seq handed to the follower
         #: the seqs of the changes that cannot be read (skipped, reported once each)
         self.skipped: set[int] = set()
-
-    def _session(self) -> Any:
-        if self._closed:
-            raise StoreUnavailable("the change log is closed")
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = _connect(self.url, 5.0)
-        return self._conn
 
     def append(self, kind: str, doc: dict[str, Any], *, via: LeaderLock | None = None) -> int:
         """Log a change made here and tell the others; returns its seq.  ``via``: on the
@@ -643,8 +646,4 @@ class ChangeLog:
             self._listener.stop()
             self._listener = None
         with self._lock:
-            self._closed = True
-            if self._conn is not None:
-                with contextlib.suppress(Exception):
-                    self._conn.close()
-                self._conn = None
+            self._close_session()
