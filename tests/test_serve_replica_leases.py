@@ -123,7 +123,7 @@ def test_only_the_leader_ends_only_the_expired_replicas_rows_and_once(tmp_path, 
 
         asyncio.run(answer())
         assert sql(pg_url, "SELECT status, reason FROM requests WHERE id = 'a1'") == [("ok", None)]
-        assert adopt_expired(leader, "the-leader") == []  # a's lease lives again
+        assert adopt_expired(leader, "the-leader") == []  # nothing of a is queued any more
     finally:
         a.close()
         b.close()
