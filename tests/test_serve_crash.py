@@ -26,7 +26,7 @@ from wirekit.mip.runtime import ConnectionLost
 from wirekit.serve.record.store import connect
 
 #: the end states a row may have after the restart (``queued`` is not one)
-FINAL = {"ok", "error", "failed", "abandoned"}
+FINAL = {"ok", "error", "failed", "abandoned", "lost"}
 MODELS = ("lane", "general")  # no batching: the MIP lane; max_batch 4: the general path
 CLIENTS_PER_MODEL = 3
 KILLS = 3
@@ -137,8 +137,11 @@ def test_kill9_keeps_every_request_that_reached_the_backend(tmp_path, monkeypatc
     assert not twice, twice
     unfinished = {text: rows[text] for text in sent if rows[text][0][0] not in FINAL}
     assert not unfinished, unfinished
-    # those the dying dispatcher had not answered are abandoned, and say why
+    # those the dying dispatcher had not answered are lost (not abandoned: their clients
+    # did not go away), and say why
+    assert any(rows[text][0][0] == "lost" for text in sent), "no request was in flight"
     for text in sent:
         status, reason = rows[text][0]
-        if status == "abandoned":
+        assert status != "abandoned", text
+        if status == "lost":
             assert reason == "the dispatcher stopped before answering", (text, reason)

@@ -273,7 +273,7 @@ def test_dispatcher_kill9_keeps_every_completed_request(tmp_path, payloads):
         assert not errors, errors
         assert len(completed) >= 300
 
-        # restart: the journal is replayed, rows the crash left queued become abandoned,
+        # restart: the journal is replayed, rows the crash left queued end lost,
         # and the service works again
         with DispatcherProcess(config) as proc, Client(proc.mip_address("m"), timeout=TIMEOUT) as c:
             assert c.infer_one("after")[0].as_text() == "F:AFTER"

@@ -186,7 +186,7 @@ def test_a_crash_replays_exactly_the_rows_a_clean_stop_writes(lane, tmp_path):
     recovered.open()
     try:
         assert recovered.replayed_at_open == n
-        assert recovered.abandoned_at_open == 0
+        assert recovered.lost_at_open == 0
     finally:
         recovered.close()
     assert len(clean) == n
@@ -396,7 +396,7 @@ def test_rows_inserted_many_per_statement_keep_their_order_and_values(tmp_path, 
     for k, r in enumerate(rows):
         assert (r.time_in, r.payload_size) == (1000.0 + k / 7, k)
         end = (r.status, r.device, r.time_out, r.attempts)
-        if k % 2:  # not answered: queued until the next start calls it abandoned
+        if k % 2:  # not answered: queued until the next start ends it lost
             assert end == ("queued", None, None, 0)
         else:
             assert end == ("ok", "n/0/m", 2000.0 + k / 3, 1)

@@ -231,7 +231,7 @@ def test_a_replica_killed_mid_load_loses_nothing_and_counts_nothing_twice(tmp_pa
             assert not errors, errors
             assert len(completed["a"]) >= 300
             assert len(completed["b"]) >= served_at_kill + 200
-            # a restarts: its journal is replayed, what it left queued becomes abandoned
+            # a restarts: its journal is replayed, what it left queued ends lost
             with DispatcherProcess(a_cfg) as a, Client(a.mip_address("m"), timeout=TIMEOUT) as c:
                 assert c.infer_one("after")[0].as_text() == "F:AFTER"
         stored = stored_texts(pg_url)

@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from serve_support import ROOT
@@ -141,15 +142,16 @@ def test_stats_from_the_store_on_both_backends(tmp_path, store_url):
         ("c", "no device answered after 3 attempt(s)"),
         ("d", None),
     ]
-    # reopening (the same replica) marks the row it left queued as abandoned
+    # reopening (the same replica) ends the row it left queued as lost (its dispatcher died)
     store = new_store(tmp_path, store_url)
     store.open()
-    assert store.abandoned_at_open == 1
+    assert (store.lost_at_open, store.lost_by_model) == (1, {"m2": 1})
     store.close()
     stats = json.loads(call(*stats_args(store))[1])
-    assert stats["queue"] == 0 and stats["models"]["m2"]["statuses"]["abandoned"] == 1
+    assert stats["queue"] == 0 and stats["models"]["m2"]["statuses"]["lost"] == 1
     code, out, _ = call(*stats_args(store)[:-1])  # the table
     assert code == 0 and "m1" in out and "375.000" in out and "queue total: 0" in out
+    assert "lost=1" in out
 
 
 def test_stats_of_no_store_or_not_a_store(tmp_path, pg_url):
@@ -166,27 +168,33 @@ def test_stats_of_no_store_or_not_a_store(tmp_path, pg_url):
 def test_journal_replays_answered_requests_after_a_crash(tmp_path, store_url):
     """Completions journaled but never handed to the database (the process died) are
     replayed at the next start, with their reason; an arrival journaled without its answer
-    is found and abandoned; replaying twice counts nothing twice."""
+    is found and ended lost (with the time it was found); replaying twice counts nothing
+    twice."""
     store = new_store(tmp_path, store_url, "j.db")
     crash_in_a_process(tmp_path / "j.db", store_url)
     journals = list(tmp_path.glob("j.db.journal.*"))
     assert len(journals) == 1 and journals[0].stat().st_size > 0
     saved = journals[0].read_bytes()
     again = new_store(tmp_path, store_url, "j.db")
+    before = time.time()
     again.open()
     assert again.replayed_at_open == 2
+    assert again.lost_at_open == 1
     again.close()
     assert not list(tmp_path.glob("j.db.journal.*"))
     # the same journal once more (a crash during a replay): by id, nothing doubles
     journals[0].write_bytes(saved)
     again = new_store(tmp_path, store_url, "j.db")
     again.open()
+    assert again.lost_at_open == 0  # ended once: not counted again
     again.close()
     rows = db_rows(store, "id, status, time_in, time_out, payload, reason")
+    lost_at = rows[1][3]
+    assert lost_at >= before
     assert [tuple(bytes(v) if isinstance(v, memoryview) else v for v in r) for r in rows] == [
         ("x", "ok", 1.0, 1.5, b"abc", None),
-        # journaled on arrival (issue 26): found, and abandoned -- never answered
-        ("y", "abandoned", 2.0, None, b"def", "the dispatcher stopped before answering"),
+        # journaled on arrival (issue 26): found, and lost -- never answered
+        ("y", "lost", 2.0, lost_at, b"def", "the dispatcher stopped before answering"),
         # its payload from its arrival record (the completion's has none)
         ("z", "error", 1.0, 1.7, b"ghi", "backend answered ErrorReply(code=3)"),
     ]
@@ -225,11 +233,11 @@ def test_a_store_file_from_before_versioning_is_upgraded(tmp_path):
     store = RequestStore(path)
     store.open()
     store.close()
-    assert store.abandoned_at_open == 1
+    assert store.lost_at_open == 1
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS_SQLITE)
     assert conn.execute("SELECT id, status, reason FROM requests").fetchall() == [
-        ("old", "abandoned", "the dispatcher stopped before answering")
+        ("old", "lost", "the dispatcher stopped before answering")
     ]
     conn.close()
 
@@ -262,9 +270,9 @@ def test_replicas_starting_at_once_migrate_once(tmp_path, pg_url):
     assert versions == [(n + 1,) for n in range(len(MIGRATIONS_PG))]
 
 
-def test_a_restart_abandons_only_its_own_queued_rows(tmp_path, pg_url):
-    """Two replicas on one store: one restarting must not abandon the other's requests
-    in flight."""
+def test_a_restart_ends_only_its_own_queued_rows(tmp_path, pg_url):
+    """Two replicas on one store: one restarting must not end the other's requests in
+    flight."""
     a = RequestStore(tmp_path / "a.db", url=pg_url, replica="a")
     b = RequestStore(tmp_path / "b.db", url=pg_url, replica="b")
 
@@ -280,10 +288,10 @@ def test_a_restart_abandons_only_its_own_queued_rows(tmp_path, pg_url):
     a.close()
     a = RequestStore(tmp_path / "a.db", url=pg_url, replica="a")
     a.open()
-    assert a.abandoned_at_open == 1
+    assert a.lost_at_open == 1
     a.close()
     b.close()
-    assert db_rows(a) == [("a1", "abandoned"), ("b1", "queued")]
+    assert db_rows(a) == [("a1", "lost"), ("b1", "queued")]
 
 
 def test_two_replicas_cannot_share_one_journal(tmp_path, pg_url):

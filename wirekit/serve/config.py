@@ -132,6 +132,12 @@ class StoreConfig:
     compact_every: float = 300.0
     #: with ``url``: the changes younger than this (seconds) stay in the log when compacted
     compact_keep: float = 60.0
+    #: with ``url``: seconds this replica's lease lasts after a renewal; once it has expired
+    #: the leader ends the replica's queued rows ``lost``
+    lease: float = 10.0
+    #: with ``url``: seconds between two renewals of the lease, and between two sweeps of
+    #: the expired leases by the leader (below ``lease``): rows end within lease + period
+    lease_period: float = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -513,6 +519,8 @@ def parse_config(doc: Any) -> Deployment:
             "flush_interval",
             "compact_every",
             "compact_keep",
+            "lease",
+            "lease_period",
         },
     )
     url = st.get("url")
@@ -530,7 +538,17 @@ def parse_config(doc: Any) -> Deployment:
         flush_interval=_num(st.get("flush_interval", 0.05), "store.flush_interval", lo=0, hi=60),
         compact_every=_num(st.get("compact_every", 300.0), "store.compact_every", lo=0),
         compact_keep=_num(st.get("compact_keep", 60.0), "store.compact_keep", lo=0),
+        lease=(lease := _num(st.get("lease", 10.0), "store.lease", lo=0, lo_open=True)),
+        lease_period=_num(
+            st.get("lease_period", min(2.0, lease / 2)), "store.lease_period", lo=0, lo_open=True
+        ),
     )
+    if store.lease_period >= store.lease:
+        raise ConfigError(
+            "store.lease_period",
+            f"must be below store.lease ({store.lease:g}): a lease would expire between two"
+            f" renewals, got {store.lease_period:g}",
+        )
     ca = _table(top.get("cache", {}), "cache", {"max_entries", "ttl", "max_bytes"})
     cache = CacheConfig(
         max_entries=_int(ca.get("max_entries", 4096), "cache.max_entries", lo=0, hi=10**9),

@@ -78,6 +78,7 @@ from .record.store import RequestStore
 from .record.storedb import StoreDB
 
 if TYPE_CHECKING:
+    from .record.pgsync import ReplicaLease
     from .record.replicas import ReplicaSync
 
 log = serve_logger()
@@ -194,6 +195,9 @@ class Service:
         self._shared_db: StoreDB | None = None
         #: on a shared store: the models metadata shared with the other replicas
         self.replicas: ReplicaSync | None = None
+        #: on a shared store: this replica's lease (taken when the store opens)
+        self.lease: ReplicaLease | None = None
+        self._lease_task: asyncio.Task | None = None
         #: the controller (None unless the config has a ``controller`` table)
         self.controller: Controller | None = None
         self._controller_task: asyncio.Task | None = None
@@ -251,7 +255,24 @@ class Service:
     async def start(self) -> None:
         """Open the store and every listener."""
         dep = self.deployment
-        self.store.open()
+        if self.store.url is not None:
+            from .record.pgsync import ReplicaLease
+            from .record.replicas import renew_periodically
+
+            self.lease = self.store.lease = ReplicaLease(
+                self.store.url, self.store.replica, lease=dep.store.lease
+            )
+        try:
+            self.store.open()
+        except BaseException:
+            self._close_lease()
+            raise
+        if self.lease is not None:
+            self._lease_task = asyncio.ensure_future(
+                renew_periodically(self.lease, dep.store.lease_period)
+            )
+        for lost_model, n in self.store.lost_by_model.items():  # a previous run's, unanswered
+            self.metrics.ended_lost(lost_model, n)
         reader = self.store.reader()
         if self.store.kind == "postgresql":
             # the store's figures are queried when asked for; the live counters stay this
@@ -315,6 +336,7 @@ class Service:
                     self.store.replica,
                     compact_every=self.deployment.store.compact_every,
                     compact_keep=self.deployment.store.compact_keep,
+                    lease_period=self.deployment.store.lease_period,
                 )
                 await self.replicas.start()
                 if self.controller is not None:
@@ -329,6 +351,11 @@ class Service:
         except BaseException:
             await self.stop()
             raise
+
+    def _close_lease(self) -> None:
+        if self.lease is not None:
+            self.lease.close()
+            self.lease = self.store.lease = None
 
     def _admin_access(self) -> AdminAccess | None:
         """The admin API's checks (None when it is off)."""
@@ -930,6 +957,16 @@ class Service:
         if self.clipper is not None:
             self.clipper.stop()
         self.store.close()
+        lease_task, self._lease_task = self._lease_task, None
+        if lease_task is not None:
+            lease_task.cancel()
+            await asyncio.wait({lease_task}, timeout=grace)
+        if self.lease is not None:
+            try:  # what is left queued is the leader's to end at its next sweep
+                await asyncio.to_thread(self.lease.release)
+            except Exception as exc:
+                log.warning("wirekit serve: releasing this replica's lease: %s", exc)
+            self._close_lease()
         if self._shared_db is not None:
             self._shared_db.close()
             self._shared_db = None

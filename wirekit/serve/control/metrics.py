@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..record.storedb import ABANDONED, OK, QUEUED, StoreDB, as_db
+from ..record.storedb import ABANDONED, LOST, OK, QUEUED, StoreDB, as_db
 
 
 @dataclass(slots=True)
@@ -130,7 +130,8 @@ METRIC_NAMES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "wirekit_serve_requests_total": (
         "counter",
         ("model", "device", "state"),
-        "Requests finished, by model, device that answered and end state",
+        "Requests finished, by model, device that answered and end state"
+        " (ok, error, failed, abandoned, lost)",
     ),
     "wirekit_serve_request_duration_seconds": (
         "histogram",
@@ -634,6 +635,15 @@ class Metrics:
             s.recent.failed()
             if device is not None and device != _CACHE:
                 self.row(device).failed(1)
+
+    def ended_lost(self, model: str, n: int) -> None:
+        """``n`` requests of ``model`` another process took were ended ``lost`` by this one:
+        the rows a previous run of this replica left queued (at its start), or, by the
+        leader of a shared store, those of a replica whose lease expired.  Counted in
+        ``wirekit_serve_requests_total`` (state ``lost``, no device) and nowhere else: they
+        were in no queue of this process and have no response time."""
+        series = self.device_series(model, None)
+        series.states[LOST] = series.states.get(LOST, 0) + n
 
     def row(self, key: str) -> WindowCounters:
         """The window counters of the row ``key`` (created on first use; needs a window)."""

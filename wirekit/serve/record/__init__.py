@@ -4,5 +4,6 @@
   the request leaves or the answer goes back; replayed at start);
 - :mod:`.storedb` -- the database under it: SQLite or PostgreSQL;
 - :mod:`.pgsync` / :mod:`.replicas` -- several replicas on one PostgreSQL store: the models
-  metadata they share, the leader, the change log.
+  metadata they share, the leader, the change log, each replica's lease (a dead replica's
+  unfinished rows end ``lost``).
 """

@@ -22,22 +22,30 @@
   :meth:`ChangeLog.compact` folds the old changes into a snapshot (:func:`fold`,
   ``catalog_snapshots``) and deletes them; a follower behind the newest snapshot gets it
   first, as a change of kind ``"snapshot"``.
+* :class:`ReplicaLease` -- each replica's lease: a heartbeat row (``replica_leases``) it
+  renews every period, expiring ``lease`` seconds after the last renewal (the server's
+  clock).  The leader ends the ``queued`` rows of a replica whose lease has expired as
+  ``lost`` (:func:`adopt_expired`, on the lock's session), so a replica that died and does
+  not come back leaves nothing in flight; specs/replicas.md says why a row rather than an
+  advisory lock.
 
-Both use one dedicated connection each (psycopg 3, autocommit) and never the event loop.
+Each uses one dedicated connection (psycopg 3, autocommit) and never the event loop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..logs import serve_logger
-from .storedb import StoreUnavailable, redact
+from .storedb import LOST_REASON, StoreUnavailable, redact
 
 log = serve_logger()
 
@@ -73,6 +81,37 @@ def _connect(url: str, keepalive: float, name: str = "wirekit") -> Any:
     except psycopg.OperationalError as exc:
         why = " ".join(str(exc).split())
         raise StoreUnavailable(f"cannot reach the store at {redact(url)}: {why}") from None
+
+
+class _OwnSession:
+    """One connection of its own (autocommit), opened on first use and again once it broke;
+    :meth:`_close_session` closes it for good.  The subclass holds ``_lock`` around both."""
+
+    def __init__(self, url: str, what: str, *, keepalive: float = 5.0, name: str = "wirekit"):
+        self.url = url
+        self._what = what  # what it is, for "the ... is closed"
+        self._keepalive = keepalive
+        self._name = name
+        self._conn: Any = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _session(self) -> Any:
+        if self._closed:
+            raise StoreUnavailable(f"the {self._what} is closed")
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+            self._conn = _connect(self.url, self._keepalive, self._name)
+        return self._conn
+
+    def _close_session(self) -> None:
+        self._closed = True
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
 
 
 class LeaderLock:
@@ -142,7 +181,7 @@ class LeaderLock:
                 self._drop()
             return self.leader
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+    def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[tuple]:
         """Run ``sql`` on the lock's session, in a transaction, only while leading: raises
         :class:`NotLeader` when this replica does not hold the lock (or the session died
         meanwhile: then nothing was written)."""
@@ -181,6 +220,123 @@ class LeaderLock:
 
 class NotLeader(RuntimeError):
     """Work meant for the leader was asked of a replica that does not lead."""
+
+
+#: the leader's sweep (one statement, on the leader lock's session): every ``queued`` row of
+#: a replica whose lease has expired ends ``lost`` at the server's time, with why (the
+#: expiry, and who ended it: parameter ``leader``); returns ``(replica, model, rows)``
+ADOPT_EXPIRED = (
+    "WITH ended AS ("
+    " UPDATE requests AS r SET status = 'lost',"
+    " time_out = EXTRACT(EPOCH FROM now())::float8,"
+    " reason = %(reason)s || ': its lease expired at '"
+    " || to_char(l.expires AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
+    " || ', ended by ' || %(leader)s"
+    " FROM replica_leases AS l"
+    " WHERE r.status = 'queued' AND r.replica = l.replica AND l.expires < now()"
+    " RETURNING r.replica, r.model)"
+    " SELECT replica, model, COUNT(*) FROM ended GROUP BY replica, model"
+)
+#: the leases expired for longer than this (seconds) are deleted by the leader's sweep:
+#: their rows were all ended long ago (a replica that comes back takes a new one)
+LEASE_KEPT = 86400.0
+FORGET_EXPIRED = (
+    "DELETE FROM replica_leases WHERE expires < now() - make_interval(secs => %(kept)s)"
+)
+
+
+_RENEW = (
+    "INSERT INTO replica_leases (replica, holder, renewed, expires)"
+    " VALUES (%(replica)s, %(holder)s, now(), now() + make_interval(secs => %(lease)s))"
+    " ON CONFLICT (replica) DO UPDATE SET holder = excluded.holder,"
+    " renewed = excluded.renewed, expires = excluded.expires"
+)
+
+
+class ReplicaLease(_OwnSession):
+    """This replica's lease in the shared store: its row of ``replica_leases``, which says
+    until when it is alive.  :meth:`renew` every period (the first call takes it, before the
+    replica writes a row); it expires ``lease`` seconds after the last renewal, on the
+    database server's clock (no replica's clock is compared with another's).  Once expired,
+    the leader ends the replica's ``queued`` rows ``lost`` (:func:`adopt_expired`);
+    :meth:`release` at a clean stop expires it at once.  One connection of its own."""
+
+    def __init__(
+        self,
+        url: str,
+        replica: str,
+        *,
+        lease: float = 10.0,
+        holder: str = "",
+        keepalive: float = 5.0,
+    ) -> None:
+        super().__init__(url, "replica lease", keepalive=keepalive, name=f"wirekit lease {replica}")
+        self.replica = replica  #: the replica's name: the ``replica`` of the rows it writes
+        self.lease = lease  #: seconds a renewal lasts
+        #: this process, in the row (another process holding the name shows there)
+        self.holder = holder or f"{socket.gethostname()}#{os.getpid()}"
+        self.renewals = 0  #: renewals so far (the first one takes the lease)
+        #: renewals that found the lease expired or held by another process: the leader may
+        #: have ended this replica's queued rows ``lost`` meanwhile (their answers replace it)
+        self.lapses = 0
+
+    def renew(self) -> str | None:
+        """Take or extend the lease (it expires ``lease`` seconds from now).  Returns, after
+        the first renewal, why the lease had lapsed -- it had expired, or another process
+        held it -- else None.  Raises :class:`StoreUnavailable` (or the driver's error) when
+        the store cannot be reached: the lease then runs out unless a later renewal comes in
+        time."""
+        params = {"replica": self.replica, "holder": self.holder, "lease": float(self.lease)}
+        with self._lock:
+            conn = self._session()
+            with conn.transaction():
+                found = conn.execute(
+                    "SELECT holder, expires < now() FROM replica_leases WHERE replica = %s"
+                    " FOR UPDATE",
+                    (self.replica,),
+                ).fetchone()
+                conn.execute(_RENEW, params)
+            first = self.renewals == 0
+            self.renewals += 1
+        if first:
+            return None
+        if found is None or found[1]:
+            why = "it had expired"
+        elif found[0] != self.holder:
+            why = f"{found[0]} held it (another process with this store.replica?)"
+        else:
+            return None
+        self.lapses += 1
+        return why
+
+    def release(self) -> None:
+        """A clean stop: expire the lease now (if this process holds it), so the leader ends
+        whatever this replica left queued at its next sweep."""
+        with self._lock:
+            if self.renewals == 0:
+                return
+            self._session().execute(
+                "UPDATE replica_leases SET expires = now() WHERE replica = %s AND holder = %s",
+                (self.replica, self.holder),
+            )
+
+    def close(self) -> None:
+        """Close the session (the lease row stays: it expires by itself); a call afterwards
+        raises :class:`StoreUnavailable`."""
+        with self._lock:
+            self._close_session()
+
+
+def adopt_expired(leader: LeaderLock, by: str) -> list[tuple[str, str, int]]:
+    """The leader's sweep: end every ``queued`` row of each replica whose lease has expired
+    as ``lost`` (time out: now, on the server's clock; reason :data:`LOST_REASON`, the
+    expiry and ``by``), and forget the leases expired for longer than
+    :data:`LEASE_KEPT`.  On the lock's session: raises :class:`NotLeader` (ending nothing)
+    without the lead.  Returns ``(replica, model, rows ended)``; running it again ends
+    nothing twice (only ``queued`` rows are ended)."""
+    rows = leader.execute(ADOPT_EXPIRED, {"reason": LOST_REASON, "leader": by})
+    leader.execute(FORGET_EXPIRED, {"kept": LEASE_KEPT})
+    return [(str(replica), str(model), int(n)) for replica, model, n in rows]
 
 
 def notify(conn: Any, channel: str, payload: str) -> None:
@@ -331,28 +487,18 @@ def fold(state: dict[str, Any] | None, changes: Sequence[Change]) -> dict[str, A
     return {"models": models, "quotas": quotas}
 
 
-class ChangeLog:
+class ChangeLog(_OwnSession):
     """The ordered log of the models metadata's changes (see the module docstring).  The
     table comes with the store's migrations (``RequestStore.open`` applies them)."""
 
     def __init__(self, url: str, origin: str, channel: str = CATALOG_CHANNEL) -> None:
-        self.url = url
+        super().__init__(url, "change log")
         self.origin = origin
         self.channel = channel
-        self._conn: Any = None
-        self._lock = threading.Lock()
         self._listener: Listener | None = None
-        self._closed = False
         self.applied = 0  #: the last seq handed to the follower
         #: the seqs of the changes that cannot be read (skipped, reported once each)
         self.skipped: set[int] = set()
-
-    def _session(self) -> Any:
-        if self._closed:
-            raise StoreUnavailable("the change log is closed")
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = _connect(self.url, 5.0)
-        return self._conn
 
     def append(self, kind: str, doc: dict[str, Any], *, via: LeaderLock | None = None) -> int:
         """Log a change made here and tell the others; returns its seq.  ``via``: on the
@@ -500,8 +646,4 @@ class ChangeLog:
             self._listener.stop()
             self._listener = None
         with self._lock:
-            self._closed = True
-            if self._conn is not None:
-                with contextlib.suppress(Exception):
-                    self._conn.close()
-                self._conn = None
+            self._close_session()

@@ -22,6 +22,12 @@ controller (issue 17).  Used by :class:`~wirekit.serve.service.Service` when the
   decision is taken twice); its own catalog is then put back to what the log says.  An
   operator's quota change (the admin API) is stored from any replica, not fenced.  A new
   leader hands its policy the time of each row's last decision (the cooldowns carry over).
+* **A replica that dies leaves nothing in flight.**  Every replica renews its lease
+  (:class:`~wirekit.serve.record.pgsync.ReplicaLease`, :func:`renew_periodically`) every
+  ``lease_period`` seconds; every replica polls the leader lock as often, and the one that
+  leads ends the ``queued`` rows of every replica whose lease has expired as ``lost``
+  (:func:`~wirekit.serve.record.pgsync.adopt_expired`) -- so they leave every replica's
+  ``/stats`` queue within ``lease`` + ``lease_period`` seconds of the death.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from ..config import LIVE_SETTINGS, DeviceRow, ModelConfig, check_name, live_set
 from ..control.catalog import CatalogChange
 from ..control.metrics import RecentStats
 from ..logs import serve_logger
-from .pgsync import Change, ChangeLog, LeaderLock, NotLeader
+from .pgsync import Change, ChangeLog, LeaderLock, NotLeader, ReplicaLease, adopt_expired
 from .storedb import PostgresDB
 
 log = serve_logger()
@@ -102,6 +108,7 @@ class ReplicaSync:
         retry: float = 0.5,
         compact_every: float = 300.0,
         compact_keep: float = 60.0,
+        lease_period: float = 2.0,
     ) -> None:
         self.service = service
         self.catalog = service.catalog
@@ -129,6 +136,10 @@ class ReplicaSync:
         #: the changes younger than this (seconds) stay in the log when it is compacted
         self.compact_keep = compact_keep
         self._compactor: asyncio.Task | None = None
+        #: seconds between two sweeps of the expired leases (by the leader; 0: never)
+        self.lease_period = lease_period
+        self.adopted = 0  #: rows this replica ended ``lost`` as the leader
+        self._adopter: asyncio.Task | None = None
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -147,7 +158,37 @@ class ReplicaSync:
         await self._incoming.join()
         if self.compact_every > 0:
             self._compactor = asyncio.ensure_future(self._compact_periodically())
+        if self.lease_period > 0:
+            self._adopter = asyncio.ensure_future(self._adopt_periodically())
         self.ready.set()
+
+    async def _adopt_periodically(self) -> None:
+        """Every ``lease_period`` seconds: poll the leader lock (also without a controller)
+        and, while leading, end the rows of the replicas whose lease expired ``lost``."""
+        while True:
+            try:
+                if await asyncio.to_thread(self.leader.poll):
+                    ended = await asyncio.to_thread(adopt_expired, self.leader, self.origin)
+                    self._count_adopted(ended)
+            except NotLeader:  # the lead was lost on the way: the next leader sweeps
+                pass
+            except Exception as exc:  # the store unreachable: the next period tries again
+                log.warning("wirekit serve: ending the rows of expired replicas: %s", exc)
+            await asyncio.sleep(self.lease_period)
+
+    def _count_adopted(self, ended: list[tuple[str, str, int]]) -> None:
+        by_replica: dict[str, int] = {}
+        for replica, model, n in ended:
+            self.service.metrics.ended_lost(model, n)
+            by_replica[replica] = by_replica.get(replica, 0) + n
+            self.adopted += n
+        for replica, n in sorted(by_replica.items()):
+            log.warning(
+                "wirekit serve: replica %s's lease expired: %d request(s) it had in flight"
+                " ended lost",
+                replica,
+                n,
+            )
 
     async def _compact_periodically(self) -> None:
         loop = asyncio.get_running_loop()
@@ -371,6 +412,10 @@ class ReplicaSync:
         are in the log when this returns (the writer is drained before the log closes);
         every session to the store is closed, and none is opened afterwards."""
         self.catalog.unsubscribe(self._publish)
+        if self._adopter is not None:
+            self._adopter.cancel()
+            await asyncio.wait({self._adopter}, timeout=5)
+            self._adopter = None
         if self._compactor is not None:
             self._compactor.cancel()
             await asyncio.wait({self._compactor}, timeout=5)
@@ -387,6 +432,27 @@ class ReplicaSync:
         if self._db is not None:
             await asyncio.to_thread(self._db.close)
             self._db = None
+
+
+async def renew_periodically(lease: ReplicaLease, period: float) -> None:
+    """Renew ``lease`` every ``period`` seconds until cancelled (off the loop, but driven by
+    it: a loop that stops turning lets the lease run out).  A renewal that fails (the store
+    unreachable) is logged and tried again at the next period; one that finds the lease
+    lapsed says so -- the leader may have ended this replica's queued rows ``lost``, and
+    their answers, recorded since, replace that."""
+    while True:
+        await asyncio.sleep(period)
+        try:
+            lapsed = await asyncio.to_thread(lease.renew)
+        except Exception as exc:
+            log.warning("wirekit serve: renewing this replica's lease: %s", exc)
+            continue
+        if lapsed is not None:
+            log.warning(
+                "wirekit serve: this replica's lease had lapsed (%s): the leader may have"
+                " ended its queued requests lost; their answers replace that",
+                lapsed,
+            )
 
 
 def _as_recent(figures: dict[str, dict[str, Any]], span: float) -> dict[str, RecentStats]:

@@ -16,7 +16,9 @@ out, status ``queued``; the arrivals of one read or loop pass in one ``write``).
 replays the journals into the database (by request id: nothing counted twice; an arrival
 record only inserts a missing row, it never takes an answer back): every answered request
 is in the store, and every request that reached a backend without an answer journaled is
-``abandoned`` (reason "the dispatcher stopped before answering").
+``lost`` (reason "the dispatcher stopped before answering").  On a shared store the leader
+may have ended such a row ``lost`` already (the replica's lease expired first): a journaled
+answer replaces that (one row, by id: nothing counted twice), an arrival record leaves it.
 Journals are deleted once the rows they hold are committed; after a failed write (the
 database away), each journal is replayed when it is retired, and kept for the next start if
 that fails too.  The journals are local files even when the rows go to
@@ -35,8 +37,9 @@ A failed or errored request's row records why (``reason``).
 
 Statuses: ``queued`` (waiting or being processed), ``ok``, ``error`` (the backend answered
 with an error), ``failed`` (no device answered within the attempts), ``abandoned`` (the
-client went away before its answer -- recorded at once, ``Dispatcher.abandoned`` -- or the
-dispatcher stopped before answering: set at the next start of the same replica).
+client went away before its answer -- recorded at once, ``Dispatcher.abandoned``), ``lost``
+(the dispatcher stopped before answering: set at the next start of the same replica, or by
+the leader of a shared store once the replica's lease expired).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ import queue
 import socket
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -66,6 +70,7 @@ from .storedb import (
     DECISION_COLUMNS,
     ERROR,
     FAILED,
+    LOST,
     OK,
     QUEUED,
     RequestRow,
@@ -84,6 +89,7 @@ __all__ = [
     "ABANDONED",
     "ERROR",
     "FAILED",
+    "LOST",
     "OK",
     "QUEUED",
     "RequestRow",
@@ -217,7 +223,9 @@ class RequestStore:
         self._hex_of: float | None = None  # the last time written, and its text
         self._hex = ""
         self._jmemo: dict[tuple[str, str, str | None], str] = {}
-        self.abandoned_at_open = 0
+        #: rows a previous run of this replica left queued, ended ``lost`` by ``open()``
+        self.lost_at_open = 0
+        self.lost_by_model: dict[str, int] = {}  #: the same per model
         self.replayed_at_open = 0  #: completions recovered from journals by ``open()``
         self.commits = 0  #: write transactions so far
         self.rows_written = 0  #: inserts + updates so far
@@ -227,6 +235,10 @@ class RequestStore:
         #: on a shared store, the controller's lead (a LeaderLock): decisions are stored on
         #: its session (set by the service)
         self.leader: Any = None
+        #: on a shared store, this replica's lease (a ReplicaLease, set by the service):
+        #: taken by ``open()`` before the journals are replayed, so that every row this
+        #: replica writes has a lease that either lives or is adopted by the leader
+        self.lease: Any = None
         self.healed = 0  #: completions replayed from journals after a failed write
         self._dirty_upto = 0  # journals up to this number hold rows a failed write lost
         self._held: list[Path] = []  # retired journals not replayed yet (the writer's)
@@ -244,16 +256,19 @@ class RequestStore:
     # -- life cycle ---------------------------------------------------------------------
 
     def open(self) -> None:
-        """Open the database (migrated to the newest schema), replay the journals a crash
-        left, mark the rows a previous run of this replica left queued as abandoned, and
-        start the writer."""
+        """Open the database (migrated to the newest schema), take the :attr:`lease` (if
+        any), replay the journals a crash left, end the rows a previous run of this replica
+        left queued as ``lost``, and start the writer."""
         if self.url:
             self._lock_journals()
         self._db = db = self._open_db()
         try:
             db.migrate()
+            if self.lease is not None:
+                self.lease.renew()
             self.replayed_at_open = self._replay()
-            self.abandoned_at_open = db.abandon()
+            self.lost_by_model = db.end_lost(time.time())
+            self.lost_at_open = sum(self.lost_by_model.values())
         except BaseException:
             self.close()
             raise

@@ -9,7 +9,8 @@ the journal); everything it asks of a database goes through :class:`StoreDB`:
 * :meth:`StoreDB.write` -- one hand-over of the writer thread in one transaction;
 * :meth:`StoreDB.replay` -- completions read back from a journal after a crash, inserted or
   updated by request id (idempotent: replaying twice counts nothing twice);
-* :meth:`StoreDB.abandon` -- rows this replica left ``queued`` when it stopped;
+* :meth:`StoreDB.end_lost` -- rows a previous run of this replica left ``queued``, ended
+  ``lost``;
 * :meth:`StoreDB.status_counts`, :meth:`StoreDB.ok_times`, :meth:`StoreDB.rows` -- what the
   metrics (:mod:`wirekit.serve.control.metrics`) and ``wirekit serve stats`` read.
 
@@ -19,7 +20,8 @@ connections suit the writer *thread* the store already has (asyncpg is asyncio-o
 put the database on the event loop), ``COPY`` makes batched inserts cheap, and its
 ``executemany`` pipelines the updates in one round trip; ``psycopg_pool`` keeps the readers'
 connections.  Each replica's rows carry its name (``replica``) so that a replica that
-restarts abandons only its own unanswered rows, never a peer's.
+restarts ends only its own unanswered rows ``lost``, never a peer's; a peer's are ended by
+the leader once that peer's lease expired (:data:`ADOPT_EXPIRED`, specs/replicas.md).
 """
 
 from __future__ import annotations
@@ -34,9 +36,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 QUEUED, OK, ERROR, FAILED, ABANDONED = "queued", "ok", "error", "failed", "abandoned"
-#: the reason of an ``abandoned`` row: its request arrived (its arrival row, or its
-#: journaled arrival record) but no answer was recorded before the dispatcher stopped
-ABANDONED_REASON = "the dispatcher stopped before answering"
+#: the end of a request whose dispatcher (process) died before answering it -- set when the
+#: same replica starts again, or by the leader of a shared store once the dead replica's
+#: lease expired; ``abandoned`` is a client that went away
+LOST = "lost"
+#: the reason of a ``lost`` row: its request arrived (its arrival row, or its journaled
+#: arrival record) but no answer was recorded before the dispatcher stopped
+LOST_REASON = "the dispatcher stopped before answering"
 
 #: the PostgreSQL advisory lock key under which migrations run ("wirekit" in ASCII, as int)
 MIGRATION_LOCK = 0x7769726B6974
@@ -197,6 +203,17 @@ MIGRATIONS_PG: tuple[str, ...] = (
         doc   TEXT NOT NULL
     );
     """,
+    # 7: every replica's lease (wirekit.serve.record.pgsync.ReplicaLease): renewed every
+    # period while it runs; once ``expires`` has passed, the leader ends the replica's queued
+    # rows ``lost`` (ADOPT_EXPIRED).  Times are the database server's clock.
+    """
+    CREATE TABLE IF NOT EXISTS replica_leases (
+        replica  TEXT PRIMARY KEY,
+        holder   TEXT NOT NULL,
+        renewed  TIMESTAMPTZ NOT NULL,
+        expires  TIMESTAMPTZ NOT NULL
+    );
+    """,
 )
 
 
@@ -247,8 +264,9 @@ class StoreDB(Protocol):
         transaction; a stored payload is kept when the row has none."""
         ...
 
-    def abandon(self) -> int:
-        """Mark the rows this replica left ``queued`` as ``abandoned``; returns how many."""
+    def end_lost(self, time_out: float) -> dict[str, int]:
+        """End the rows this replica left ``queued`` (a previous run that died) as ``lost``
+        at ``time_out``, with :data:`LOST_REASON`; returns how many per model."""
         ...
 
     def status_counts(self) -> list[tuple[str, str, int]]:
@@ -373,12 +391,18 @@ def _migrate_sqlite(conn: sqlite3.Connection) -> int:
     return newest
 
 
+#: the reason a replayed completion leaves: its own, else the stored one -- but not a
+#: ``lost`` row's (the journal's answer replaces the leader's presumption, reason and all)
+_REPLAYED_REASON = (
+    "CASE WHEN requests.status = 'lost' THEN excluded.reason"
+    " ELSE COALESCE(excluded.reason, requests.reason) END"
+)
 _SQLITE_REPLAY = (
     f"INSERT INTO requests ({', '.join(REPLAY_COLUMNS)}, replica)"
     f" VALUES ({', '.join('?' * (len(REPLAY_COLUMNS) + 1))})"
     " ON CONFLICT (id) DO UPDATE SET device = excluded.device, time_out = excluded.time_out,"
     " status = excluded.status, attempts = excluded.attempts,"
-    " reason = COALESCE(excluded.reason, requests.reason),"
+    f" reason = {_REPLAYED_REASON},"
     " payload = COALESCE(excluded.payload, requests.payload)"
     # an arrival record only fills in a missing row: it never takes an answer back
     " WHERE excluded.status <> 'queued'"
@@ -451,13 +475,25 @@ class SqliteDB:
                 conn.execute("ROLLBACK")
             raise
 
-    def abandon(self) -> int:
+    def end_lost(self, time_out: float) -> dict[str, int]:
         # one file, one dispatcher: every queued row is this one's
-        cur = self.conn.execute(
-            "UPDATE requests SET status = ?, reason = COALESCE(reason, ?) WHERE status = ?",
-            (ABANDONED, ABANDONED_REASON, QUEUED),
-        )
-        return cur.rowcount
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            counts = conn.execute(
+                "SELECT model, COUNT(*) FROM requests WHERE status = ? GROUP BY model", (QUEUED,)
+            ).fetchall()
+            conn.execute(
+                "UPDATE requests SET status = ?, time_out = ?, reason = COALESCE(reason, ?)"
+                " WHERE status = ?",
+                (LOST, time_out, LOST_REASON, QUEUED),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return {str(model): int(n) for model, n in counts}
 
     def status_counts(self) -> list[tuple[str, str, int]]:
         return list(self.conn.execute(_COUNTS))
@@ -594,9 +630,12 @@ class PostgresDB:
                     for row in rest:
                         write_row((*row, replica))
             if updates:
+                # a row the leader ended lost meanwhile (this replica's lease had expired)
+                # takes its answer, without the leader's reason
                 cur.executemany(
                     "UPDATE requests SET device = %s, time_out = %s, status = %s,"
-                    " attempts = %s WHERE id = %s",
+                    " attempts = %s, reason = CASE WHEN status = 'lost' THEN NULL ELSE reason"
+                    " END WHERE id = %s",
                     updates,
                 )
             if reasons:
@@ -611,7 +650,7 @@ class PostgresDB:
             " ON CONFLICT (id) DO UPDATE SET device = excluded.device,"
             " time_out = excluded.time_out, status = excluded.status,"
             " attempts = excluded.attempts,"
-            " reason = COALESCE(excluded.reason, requests.reason),"
+            f" reason = {_REPLAYED_REASON},"
             " payload = COALESCE(excluded.payload, requests.payload)"
             " WHERE excluded.status <> 'queued'"  # an arrival never takes an answer back
         )
@@ -619,15 +658,16 @@ class PostgresDB:
         with self._lock, conn.transaction(), conn.cursor() as cur:
             cur.executemany(sql, [(*r, replica) for r in rows])
 
-    def abandon(self) -> int:
+    def end_lost(self, time_out: float) -> dict[str, int]:
         conn = self._live()
         with self._lock:
-            cur = conn.execute(
-                "UPDATE requests SET status = %s, reason = COALESCE(reason, %s)"
-                " WHERE status = %s AND replica = %s",
-                (ABANDONED, ABANDONED_REASON, QUEUED, self.replica),
-            )
-            return cur.rowcount
+            rows = conn.execute(
+                "WITH ended AS (UPDATE requests SET status = %s, time_out = %s,"
+                " reason = COALESCE(reason, %s) WHERE status = %s AND replica = %s"
+                " RETURNING model) SELECT model, COUNT(*) FROM ended GROUP BY model",
+                (LOST, time_out, LOST_REASON, QUEUED, self.replica),
+            ).fetchall()
+        return {str(model): int(n) for model, n in rows}
 
     def _query(self, sql: str) -> list[Any]:
         with self._lock:
