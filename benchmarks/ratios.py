@@ -116,6 +116,30 @@ def cpu_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def paired_table(report: dict) -> str:
+    """The paired rounds (``extra_info["paired"]``: contenders measured in turn, round after
+    round), where a benchmark recorded them; empty when none did."""
+    lines = []
+    for bench in report["benchmarks"]:
+        paired = (bench.get("extra_info") or {}).get("paired")
+        if not paired:
+            continue
+        if not lines:
+            lines.append(
+                f"{'paired rounds':<40} {'contender':<24} {'round':>10} {'req/s':>9} "
+                f"{'CPU/req':>10} {'time/ours':>9} {'ours/it':>8}"
+            )
+        load = bench["extra_info"].get("load", bench["name"])
+        for who, row in sorted(paired.items(), key=lambda kv: kv[1]["time_vs_dispatcher"]):
+            ratio = row["time_vs_dispatcher"]
+            lines.append(
+                f"{load:<40} {who:<24} {_fmt(row['round_s']):>10} "
+                f"{row['requests_per_s']:>9.0f} {row['cpu_us']:>7.2f} us {ratio:>8.3f}x "
+                f"{100 * ratio:>7.0f}%"
+            )
+    return "\n".join(lines)
+
+
 def _fmt(seconds: float) -> str:
     for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
         if seconds >= scale:
@@ -143,6 +167,10 @@ def main(argv: list[str]) -> int:
     if cpu:
         print()
         print(cpu)
+    paired = paired_table(report)
+    if paired:
+        print()
+        print(paired)
     return 0
 
 

@@ -15,10 +15,16 @@ never asserted.
   controller configured (``log`` actuator, no targets: it never decides), so
   the metrics window per model and per device is kept on the request path -- against
   ``dispatcher``, the cost of the controller's window.
+* ``dispatcher-nojournal``: a third ``wirekit serve`` process, the same code and models with
+  ``store.journal`` off (no journal at all: neither arrivals nor completions) -- against
+  ``dispatcher``, what the journal costs.
 * ``dispatcher-before`` / ``dispatcher-batching-before``: only when ``WIREKIT_BENCH_BEFORE``
   names the directory of another wirekit tree (an older commit, its extensions built in
   place): the same as ``dispatcher`` / ``dispatcher-batching`` with that tree's code, in the
   same session -- a change's cost on the request path, measured before/after in one run.
+  Several trees: ``WIREKIT_BENCH_BEFORE=main=/tmp/a,prearrivals=/tmp/b`` gives the rows
+  ``dispatcher-main``, ``dispatcher-batching-main``, ``dispatcher-prearrivals``... (and
+  ``http-main``... for the HTTP door).
 * ``relay``: through a raw asyncio byte relay (bytes in from the client, out to the backend,
   and back; no parsing, no store): the floor of *any* process between client and backend.
 
@@ -39,6 +45,7 @@ import os
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import pytest
 from mip_net import cpu_ns
@@ -57,8 +64,22 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str:
     return got[0].strip() if got else ""
 
 
-#: another wirekit tree to measure against (``dispatcher-before``), or None
-BEFORE = os.environ.get("WIREKIT_BENCH_BEFORE") or None
+def _before_trees(spec: str) -> dict[str, str]:
+    """``WIREKIT_BENCH_BEFORE``: a directory (label ``before``), or ``label=directory``
+    entries separated by commas."""
+    trees = {}
+    for entry in filter(None, (e.strip() for e in spec.split(","))):
+        label, sep, path = entry.partition("=")
+        trees[label if sep else "before"] = path if sep else entry
+    return trees
+
+
+#: other wirekit trees to measure against (``dispatcher-<label>``), by label
+BEFORE = _before_trees(os.environ.get("WIREKIT_BENCH_BEFORE", ""))
+#: the contenders the other trees add to the MIP rows
+BEFORE_MIP = [f"dispatcher-{label}" for label in BEFORE]
+BEFORE_BATCHING = [f"dispatcher-batching-{label}" for label in BEFORE]
+BEFORE_HTTP = [f"http-{label}" for label in BEFORE]
 
 
 def _spawn(args: list[str], pythonpath: str | None = None) -> tuple[subprocess.Popen, str]:
@@ -207,22 +228,27 @@ def endpoints(tmp_path_factory):
         pure_config = tmp / "deploy-pure.json"
         pure_config.write_text(json.dumps({**deploy, "store": {"path": str(tmp / "p.db")}}))
         dispatcher, line = _spawn(["serve", "--config", str(config)])
-        window_proc = pure_proc = before_proc = None
-        before: dict[str, str] = {}
+        window_proc = pure_proc = nojournal_proc = None
+        before: dict[str, Any] = {}
+        before_procs: dict[str, subprocess.Popen] = {}
         try:
-            if BEFORE is not None:
-                before_config = tmp / "deploy-before.json"
-                before_config.write_text(
-                    json.dumps(
-                        {**json.loads(config.read_text()), "store": {"path": str(tmp / "b.db")}}
-                    )
-                )
-                before_proc, before_line = _spawn(["serve", "--config", str(before_config)], BEFORE)
-                mip = json.loads(before_line)["mip"]
-                before = {
-                    "dispatcher-before": f"tcp://127.0.0.1:{mip['echo']}",
-                    "dispatcher-batching-before": f"tcp://127.0.0.1:{mip['echo-batching']}",
-                }
+            base_doc = json.loads(config.read_text())
+            for label, tree in BEFORE.items():
+                before_config = tmp / f"deploy-{label}.json"
+                store_path = str(tmp / f"{label}.db")
+                before_config.write_text(json.dumps({**base_doc, "store": {"path": store_path}}))
+                proc, before_line = _spawn(["serve", "--config", str(before_config)], tree)
+                before_procs[label] = proc
+                ready_before = json.loads(before_line)
+                mip = ready_before["mip"]
+                before[f"dispatcher-{label}"] = f"tcp://127.0.0.1:{mip['echo']}"
+                before[f"dispatcher-batching-{label}"] = f"tcp://127.0.0.1:{mip['echo-batching']}"
+                before[f"http-{label}"] = ("127.0.0.1", ready_before["http"])
+            nojournal = tmp / "deploy-nojournal.json"
+            nojournal.write_text(
+                json.dumps({**base_doc, "store": {"path": str(tmp / "nj.db"), "journal": False}})
+            )
+            nojournal_proc, nojournal_line = _spawn(["serve", "--config", str(nojournal)])
             window_proc, window_line = _spawn(["serve", "--config", str(windowed)])
             pure_proc, pure_line = _spawn_python(["-c", PURE_CONNECTION, str(pure_config)])
             relay, relay_line = _spawn_python(["-c", RELAY, "127.0.0.1", str(port)])
@@ -236,10 +262,14 @@ def endpoints(tmp_path_factory):
                     f"{json.loads(window_line)['mip']['echo']}",
                     "dispatcher-pure-connection": "tcp://127.0.0.1:"
                     f"{json.loads(pure_line)['mip']['echo']}",
+                    "dispatcher-nojournal": "tcp://127.0.0.1:"
+                    f"{json.loads(nojournal_line)['mip']['echo']}",
+                    "http-nojournal": ("127.0.0.1", json.loads(nojournal_line)["http"]),
                     "relay": relay_line.split()[-1],
                     **before,
                     # the same dispatcher's HTTP front door (test_http_request_*)
                     "http": ("127.0.0.1", ready["http"]),
+                    "http-dispatcher": ("127.0.0.1", ready["http"]),
                     # the processes whose CPU a round costs (test_request_throughput)
                     "pids": {
                         "direct": backend.pid,
@@ -247,15 +277,22 @@ def endpoints(tmp_path_factory):
                         "dispatcher-batching": dispatcher.pid,
                         "dispatcher-window": window_proc.pid,
                         "dispatcher-pure-connection": pure_proc.pid,
+                        "dispatcher-nojournal": nojournal_proc.pid,
+                        "http-dispatcher": dispatcher.pid,
+                        "http-nojournal": nojournal_proc.pid,
                         "relay": relay.pid,
-                        **{k: before_proc.pid for k in before if before_proc is not None},
+                        **{
+                            f"{kind}-{label}": proc.pid
+                            for label, proc in before_procs.items()
+                            for kind in ("dispatcher", "dispatcher-batching", "http")
+                        },
                     },
                 }
             finally:
                 _stop(relay)
         finally:
             _stop(dispatcher)
-            for proc in (window_proc, pure_proc, before_proc):
+            for proc in (window_proc, pure_proc, nojournal_proc, *before_procs.values()):
                 if proc is not None:
                     _stop(proc)
     finally:
@@ -263,7 +300,10 @@ def endpoints(tmp_path_factory):
 
 
 @pytest.mark.benchmark(group="serve mip batch 1")
-@pytest.mark.parametrize("who", ["dispatcher", "dispatcher-window", "relay", "direct"])
+@pytest.mark.parametrize(
+    "who",
+    ["dispatcher", "dispatcher-window", "dispatcher-nojournal", *BEFORE_MIP, "relay", "direct"],
+)
 def test_request_latency(benchmark, endpoints, who):
     with Client(endpoints[who], timeout=TIMEOUT) as client:
         client.infer_one("warm-up")
@@ -291,8 +331,9 @@ ROUND = 256
         "dispatcher-window",
         "dispatcher-batching",
         "dispatcher-pure-connection",
-        "dispatcher-before",
-        "dispatcher-batching-before",
+        "dispatcher-nojournal",
+        *BEFORE_MIP,
+        *BEFORE_BATCHING,
         "relay",
         "direct",
     ],
@@ -302,8 +343,6 @@ def test_request_throughput(benchmark, endpoints, who):
     cost of one request under load (its inverse the requests per second)."""
     import asyncio
 
-    if who not in endpoints:
-        pytest.skip(f"{who}: set WIREKIT_BENCH_BEFORE to another wirekit tree")
     from wirekit.mip.client import AsyncClient
 
     loop = asyncio.new_event_loop()
@@ -349,13 +388,17 @@ def _predict_body(text: str) -> bytes:
     return json.dumps({"inputs": [[text]]}).encode()
 
 
+#: the HTTP door's contenders: this tree's dispatcher, without the journal, other trees
+HTTP_WHO = ["dispatcher", "nojournal", *(w.removeprefix("http-") for w in BEFORE_HTTP)]
+
+
 @pytest.mark.benchmark(group="serve http batch 1")
-@pytest.mark.parametrize("who", ["dispatcher"])
+@pytest.mark.parametrize("who", HTTP_WHO)
 def test_http_request_latency(benchmark, endpoints, who):
     """One request at a time on one keep-alive connection (stdlib ``http.client``)."""
     import http.client
 
-    host, port = endpoints["http"]
+    host, port = endpoints[f"http-{who}"]
     conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT)
     headers = {"Content-Type": "application/json"}
     counter = iter(range(10**9))
@@ -377,7 +420,7 @@ def test_http_request_latency(benchmark, endpoints, who):
 
 
 @pytest.mark.benchmark(group="serve http batch 1, 32 in flight (per 256 requests)")
-@pytest.mark.parametrize("who", ["dispatcher"])
+@pytest.mark.parametrize("who", HTTP_WHO)
 def test_http_request_throughput(benchmark, endpoints, who):
     """256 requests, 32 at a time over 32 keep-alive connections (aiohttp's client): the
     round's time / 256 is the cost of one request under load; ``server_cpu_us`` the
@@ -386,7 +429,7 @@ def test_http_request_throughput(benchmark, endpoints, who):
 
     import aiohttp
 
-    host, port = endpoints["http"]
+    host, port = endpoints[f"http-{who}"]
     url = f"http://{host}:{port}/v1/models/echo:predict"
     loop = asyncio.new_event_loop()
     counter = iter(range(10**9))
@@ -408,9 +451,79 @@ def test_http_request_throughput(benchmark, endpoints, who):
         return base, outs
 
     try:
-        pid = endpoints["pids"]["dispatcher"]
+        pid = endpoints["pids"][f"http-{who}"]
         base, outs = _rounds_with_server_cpu(benchmark, loop, burst, pid)
         assert outs == [f"t{base + k}" for k in range(ROUND)]
     finally:
         loop.run_until_complete(session.close())
+        loop.close()
+
+
+#: the contenders of the paired rounds: ours first, then what it is measured against
+PAIRED = ["dispatcher", "dispatcher-nojournal", *BEFORE_MIP, "relay", "direct"]
+PAIRED_ROUNDS = 41
+
+
+@pytest.mark.benchmark(group="serve mip batch 1, paired rounds")
+@pytest.mark.parametrize("load", ["32 in flight", "1 in flight"])
+def test_request_paired(benchmark, endpoints, load):
+    """The contenders of :data:`PAIRED` in turn, round after round (a round: 256 requests
+    with 32 in flight on one pipelined connection, or 32 requests one at a time), so that a
+    busy machine's drift hits them alike; ``extra_info["paired"]``: each contender's median
+    round, requests/s, CPU per request of the process in the middle, and the median of its
+    round-by-round ratio to ``dispatcher`` (``ratios.py`` prints them)."""
+    import asyncio
+    import time
+
+    from wirekit.mip.client import AsyncClient
+
+    loop = asyncio.new_event_loop()
+    width, count = (IN_FLIGHT, ROUND) if load == "32 in flight" else (1, IN_FLIGHT)
+    clients = {
+        who: AsyncClient(endpoints[who], timeout=TIMEOUT, max_in_flight=width) for who in PAIRED
+    }
+    counter = iter(range(10**9))
+    times: dict[str, list[float]] = {who: [] for who in PAIRED}
+    cpus: dict[str, list[float]] = {who: [] for who in PAIRED}
+
+    async def burst(client: AsyncClient) -> None:
+        base = next(counter) * count
+        texts = [f"p{base + k}" for k in range(count)]
+        if width == 1:
+            outs = [await client.infer_one(t) for t in texts]
+        else:
+            outs = await asyncio.gather(*(client.infer_one(t) for t in texts))
+        assert [o[0].as_text() for o in outs] == texts
+
+    def one_round_each() -> None:
+        for who, client in clients.items():
+            pid = endpoints["pids"][who]
+            cpu = cpu_ns(pid)
+            start = time.perf_counter()
+            loop.run_until_complete(burst(client))
+            times[who].append(time.perf_counter() - start)
+            cpus[who].append((cpu_ns(pid) - cpu) / count / 1e3)
+
+    try:
+        one_round_each()  # connect and warm up
+        for who in PAIRED:
+            times[who].clear()
+            cpus[who].clear()
+        benchmark.pedantic(one_round_each, rounds=PAIRED_ROUNDS, iterations=1)
+        ours = times["dispatcher"]
+        paired = {}
+        for who in PAIRED:
+            ratio = sorted(t / o for t, o in zip(times[who], ours, strict=True))
+            median = sorted(times[who])[len(ours) // 2]
+            paired[who] = {
+                "round_s": median,
+                "requests_per_s": round(count / median, 1),
+                "cpu_us": round(sorted(cpus[who])[len(ours) // 2], 2),
+                "time_vs_dispatcher": round(ratio[len(ratio) // 2], 3),
+            }
+        benchmark.extra_info["paired"] = paired
+        benchmark.extra_info["load"] = f"{load}, {count} requests a round"
+    finally:
+        for client in clients.values():
+            loop.run_until_complete(client.close())
         loop.close()

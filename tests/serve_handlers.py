@@ -63,6 +63,52 @@ async def record_slow(batch):
     return _answer("R", batch)
 
 
+#: the store path whose journals :func:`journal_seen` reads (an environment variable, set for
+#: the backend process)
+JOURNAL_ENV = "WIREKIT_TEST_JOURNAL"
+_journaled: dict[str, tuple[int, set[str]]] = {}  # journal file -> (bytes read, inputs seen)
+
+
+def _journaled_inputs(store: str) -> set[str]:
+    """The inputs of every arrival record in the journals of ``store`` so far (read on from
+    where the last call stopped; a line not complete yet is read next time)."""
+    import base64
+    import glob
+    import json
+
+    from wirekit import mip
+
+    seen: set[str] = set()
+    for path in glob.glob(glob.escape(store) + ".journal.*"):
+        if not path.rsplit(".", 1)[1].isdigit():
+            continue
+        offset, texts = _journaled.get(path, (0, set()))
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            for line in fh:
+                if not line.endswith(b"\n"):
+                    break
+                offset += len(line)
+                record = json.loads(line)
+                if record[6] == "queued" and record[9]:
+                    texts.add(mip.decode(base64.b64decode(record[9])).items[0].as_text())
+        _journaled[path] = (offset, texts)
+        seen |= texts
+    return seen
+
+
+async def journal_seen(batch):
+    """Answers ``"J:<INPUT UPPERCASED>"`` when the arrival record of the request was in the
+    dispatcher's journal (store ``$WIREKIT_TEST_JOURNAL``, payloads on) when the request
+    arrived here, else ``"UNJOURNALED:<INPUT>"``; then holds it 10 ms (a few in flight)."""
+    import os
+
+    seen = _journaled_inputs(os.environ[JOURNAL_ENV])
+    texts = [sample[0].as_text() for sample in batch]
+    await asyncio.sleep(0.01)
+    return [[f"J:{t.upper()}" if t in seen else f"UNJOURNALED:{t}"] for t in texts]
+
+
 #: seconds :func:`held_when_slow` holds a request whose input starts with "slow"
 HELD_SECONDS = 3.0
 

@@ -5,19 +5,24 @@ state (issue 26: an arrival is journaled before the request leaves the dispatche
 Real processes throughout: a ``wirekit mip serve`` backend that writes each input it
 receives to a file and holds it a while (``serve_handlers:record_slow``), ``wirekit serve``
 killed with SIGKILL at a random moment just after the backend received a request, and
-blocking MIP clients -- through the MIP lane (a model without batching) and through the
-dispatcher's general path (a model with adaptive batching) at once.
+blocking clients on every way in at once: MIP clients through the MIP lane (a model without
+batching), through adaptive batching (``max_batch`` 4) and through the dispatcher's general
+path (a model whose backend takes one request at a time, which the lane does not serve), and
+HTTP clients through the HTTP door (``POST /v1/models/lane:predict``).  The arrivals of the
+general path and the HTTP door are journaled a loop pass at a time (group commit).
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import random
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from serve_handlers import RECEIVED_ENV
+from serve_handlers import JOURNAL_ENV, RECEIVED_ENV
 from serve_support import TIMEOUT, BackendProcess, DispatcherProcess, deployment
 
 from wirekit import mip
@@ -27,8 +32,12 @@ from wirekit.serve.record.store import connect
 
 #: the end states a row may have after the restart (``queued`` is not one)
 FINAL = {"ok", "error", "failed", "abandoned", "lost"}
-MODELS = ("lane", "general")  # no batching: the MIP lane; max_batch 4: the general path
-CLIENTS_PER_MODEL = 3
+#: the MIP front doors: the lane (no batching), adaptive batching (max_batch 4), and the
+#: general path (a one-at-a-time backend: the lane does not serve it)
+MODELS = ("lane", "batching", "one")
+#: every way in a client takes: (name, kind, model)
+LOADS = (*((m, "mip", m) for m in MODELS), ("http", "http", "lane"))
+CLIENTS_PER_LOAD = 3
 KILLS = 3
 
 
@@ -49,61 +58,166 @@ def received_lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
 
 
-def _load(address: str, prefix: str, stop: threading.Event, errors: list[BaseException]) -> None:
-    """One blocking client sending ``<prefix>-<k>`` until the dispatcher is gone."""
+def _http_load(
+    address: str,
+    model: str,
+    prefix: str,
+    stop: threading.Event,
+    errors: list[BaseException],
+    tag: str = "R",
+    count: int = 100_000,
+) -> None:
+    """One blocking HTTP client (a keep-alive connection) sending ``<prefix>-<k>`` to the
+    HTTP door (``count`` times, or until the dispatcher is gone), each answer checked
+    (``<tag>:<INPUT UPPERCASED>``)."""
+    host, port = address.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
+    try:
+        for k in range(count):
+            if stop.is_set():
+                return
+            text = f"{prefix}-{k}"
+            try:
+                conn.request(
+                    "POST",
+                    f"/v1/models/{model}:predict",
+                    json.dumps({"inputs": [[text]]}),
+                    {"Content-Type": "application/json"},
+                )
+                resp = conn.getresponse()
+                doc = json.loads(resp.read())
+            except (http.client.HTTPException, OSError):
+                return  # killed
+            assert (resp.status, doc["outputs"]) == (200, [[f"{tag}:{text.upper()}"]]), doc
+    except BaseException as exc:  # anything else is a failure of the test
+        errors.append(exc)
+    finally:
+        conn.close()
+
+
+def _load(
+    address: str,
+    prefix: str,
+    stop: threading.Event,
+    errors: list[BaseException],
+    tag: str = "R",
+    count: int = 100_000,
+) -> None:
+    """One blocking MIP client sending ``<prefix>-<k>`` (``count`` times, or until the
+    dispatcher is gone), each answer checked (``<tag>:<INPUT UPPERCASED>``)."""
     try:
         with Client(address, timeout=TIMEOUT) as client:
-            for k in range(100_000):
+            for k in range(count):
                 if stop.is_set():
                     return
+                text = f"{prefix}-{k}"
                 try:
-                    client.infer_one(f"{prefix}-{k}")
+                    (item,) = client.infer_one(text)
                 except (ConnectionLost, OSError):
                     return  # killed
+                assert item.as_text() == f"{tag}:{text.upper()}", item.as_text()
     except (ConnectionLost, OSError):
         return
     except BaseException as exc:  # anything else is a failure of the test
         errors.append(exc)
 
 
-@pytest.mark.parametrize("pure", [False, True], ids=["compiled", "pure"])
-def test_kill9_keeps_every_request_that_reached_the_backend(tmp_path, monkeypatch, pure):
+def _deployment(store: Path, port: int) -> dict:
+    """The three MIP models of :data:`MODELS` on one backend at ``port``, payloads stored
+    (the journal's arrival records carry the request), the cache off."""
+    return deployment(
+        store,
+        {
+            "lane": {"timeout": 10},
+            "batching": {"timeout": 10, "max_batch": 4},
+            "one": {"timeout": 10, "backend": "kubemo"},
+        },
+        [
+            {
+                "id": "n",
+                "devices": ["CPU"],
+                "models": list(MODELS),
+                "quotas": [0.4, 0.3, 0.3],
+                "ports": [port] * len(MODELS),
+            }
+        ],
+        store={"path": str(store), "payloads": True},
+        cache={"max_entries": 0},
+    )
+
+
+def _clients(
+    proc: DispatcherProcess, prefix: str, stop, errors, only: str = "", **kw
+) -> list[threading.Thread]:
+    """:data:`CLIENTS_PER_LOAD` client threads (not started) for each of :data:`LOADS` (or
+    for the one named ``only``)."""
+    return [
+        threading.Thread(
+            target=_load,
+            args=(proc.mip_address(model), f"{prefix}-{name}-{n}", stop, errors),
+            kwargs=kw,
+        )
+        if kind == "mip"
+        else threading.Thread(
+            target=_http_load,
+            args=(proc.http, model, f"{prefix}-{name}-{n}", stop, errors),
+            kwargs=kw,
+        )
+        for name, kind, model in LOADS
+        if name == only or not only
+        for n in range(CLIENTS_PER_LOAD)
+    ]
+
+
+def _twin(monkeypatch, pure: bool) -> None:
     if pure:
         monkeypatch.setenv("WIREKIT_PURE", "1")
     else:
         monkeypatch.delenv("WIREKIT_PURE", raising=False)
+
+
+@pytest.mark.parametrize("load", [name for name, _kind, _model in LOADS])
+@pytest.mark.parametrize("pure", [False, True], ids=["compiled", "pure"])
+def test_every_arrival_is_journaled_before_it_reaches_the_backend(
+    tmp_path, monkeypatch, pure, load
+):
+    """The backend reads the dispatcher's journal as each request reaches it: the request's
+    arrival record is already there, on each way in (the lane, batching, the general path,
+    the HTTP door) -- one at a time, so that no other traffic writes the journal meanwhile
+    -- with several clients, so that arrivals share loop passes."""
+    _twin(monkeypatch, pure)
+    store = tmp_path / "seen.db"
+    monkeypatch.setenv(JOURNAL_ENV, str(store))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    with (
+        BackendProcess("serve_handlers:journal_seen") as backend,
+        DispatcherProcess.of(_deployment(store, backend.port), tmp_path) as proc,
+    ):
+        threads = _clients(proc, "j", stop, errors, tag="J", count=25, only=load)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT * 3)
+        stop.set()
+        assert not any(t.is_alive() for t in threads)
+    assert not errors, errors[:3]
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["compiled", "pure"])
+def test_kill9_keeps_every_request_that_reached_the_backend(tmp_path, monkeypatch, pure):
+    _twin(monkeypatch, pure)
     received = tmp_path / "received.txt"
     monkeypatch.setenv(RECEIVED_ENV, str(received))
     store = tmp_path / "crash.db"
     rng = random.Random()
     with BackendProcess("serve_handlers:record_slow") as backend:
-        doc = deployment(
-            store,
-            {"lane": {"timeout": 10}, "general": {"timeout": 10, "max_batch": 4}},
-            [
-                {
-                    "id": "n",
-                    "devices": ["CPU"],
-                    "models": list(MODELS),
-                    "quotas": [0.5, 0.5],
-                    "ports": [backend.port, backend.port],
-                }
-            ],
-            store={"path": str(store), "payloads": True},
-            cache={"max_entries": 0},
-        )
+        doc = _deployment(store, backend.port)
         for kill in range(KILLS):
             stop = threading.Event()
             errors: list[BaseException] = []
             with DispatcherProcess.of(doc, tmp_path) as proc:
-                threads = [
-                    threading.Thread(
-                        target=_load,
-                        args=(proc.mip_address(model), f"k{kill}-{model}-{n}", stop, errors),
-                    )
-                    for model in MODELS
-                    for n in range(CLIENTS_PER_MODEL)
-                ]
+                threads = _clients(proc, f"k{kill}", stop, errors)
                 for t in threads:
                     t.start()
                 # a random moment under load, then the first request the backend receives
@@ -128,8 +242,8 @@ def test_kill9_keeps_every_request_that_reached_the_backend(tmp_path, monkeypatc
             assert client.infer_one("after")[0].as_text() == "R:AFTER"
     sent = received_lines(received)
     assert sent, "nothing reached the backend"
-    for model in MODELS:
-        assert any(f"-{model}-" in text for text in sent), f"no request of {model} was sent"
+    for name, _kind, _model in LOADS:
+        assert any(f"-{name}-" in text for text in sent), f"no request of {name} was sent"
     rows = rows_by_input(store)
     missing = [text for text in sent if text not in rows]
     assert not missing, f"{len(missing)} of {len(sent)} requests at the backend have no row"

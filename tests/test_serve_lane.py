@@ -491,10 +491,30 @@ def test_compiled_store_records_agree_with_the_one_journal_encoder(done, t_out, 
             store._json_blob(wire if payloads else None),
         )
     requests = [(rid, size, wire) for rid, _d, _t, size, _a, wire in done]
+    names = names_of(None)
     for flag in (False, True):
-        assert servelane.arrival_ops(requests, "m", "c", t_out, flag) == (
-            store.arrival_ops(requests, "m", "c", t_out, flag)
-        )
+        args = (requests, "m", 'c"1', t_out, names, tout, journal, flag)
+        lines, nbytes, ops = store.arrival_records(*args)
+        assert servelane.arrival_records(*args) == (lines, nbytes, ops)
+        assert nbytes == sum(map(len, lines)) and len(lines) == (len(requests) if journal else 0)
+        for line, (rid, size, wire) in zip(lines, requests, strict=False):
+            blob = wire if flag else None
+            assert line == store._arrival_line(rid, names, tout, size, blob)
+            assert json.loads(line)[:9] == [
+                rid,
+                "m",
+                'c"1',
+                None,
+                json.loads(tout),
+                None,
+                "queued",
+                size,
+                0,
+            ]
+        assert ops == [
+            (0, (rid, "m", 'c"1', t_out, size, None if wire is None or not flag else bytes(wire)))
+            for rid, size, wire in requests
+        ]
 
 
 @pytest.mark.parametrize("path", ["lane", "general"])

@@ -446,8 +446,8 @@ def merge_ops(list ops, Py_ssize_t chunk):
     return chunks, inserts[full:], updates
 
 
-# -- the store's batch records (compiled twins of wirekit.serve.record.store._arrival_ops and
-# -- _ok_records; the journal line is the one of store._line_head/_line_end) -------------
+# -- the store's batch records (compiled twins of wirekit.serve.record.store.arrival_records and
+# -- ok_records; the journal line is the one of store._line_head/_line_end) -------------
 
 cdef object _json_str = json.encoder.encode_basestring_ascii
 cdef object _json_time = None, _json_num = None, _json_blob = None
@@ -470,18 +470,32 @@ cdef inline str _time_text(object t):
     return _json_time(t)
 
 
-def arrival_ops(list requests, str model, str client, object time_in, bint payloads):
-    """The arrival rows of ``RequestStore.arrivals`` (see ``store._arrival_ops``)."""
-    cdef list ops = []
+cdef str _QUEUED_JSON = '"queued"'
+
+
+def arrival_records(list requests, str model, str client, object time_in, str names,
+                    str tin, bint journal, bint payloads):
+    """The journal lines, their length and the arrival rows of ``RequestStore.arrivals``
+    (see ``store.arrival_records``): one call for the requests of one read."""
+    cdef list lines = [], ops = []
+    cdef Py_ssize_t nbytes = 0
+    cdef object rid, size, wire
+    cdef str line, blob
     cdef tuple r
     for r in requests:
-        wire = r[2]
+        rid, size, wire = r
         if payloads and wire is not None:
             wire = bytes(wire)
         else:
             wire = None
-        ops.append((_ARRIVAL, (r[0], model, client, time_in, r[1], wire)))
-    return ops
+        if journal:
+            blob = "null" if wire is None else _json_blob(wire)
+            line = (f"[{_json_str(rid)},{names}{tin},null,{_QUEUED_JSON},"
+                    f"{size if type(size) is int else _json_num(size)},0,{blob}]\n")
+            nbytes += len(line)
+            lines.append(line)
+        ops.append((_ARRIVAL, (rid, model, client, time_in, size, wire)))
+    return lines, nbytes, ops
 
 
 def ok_records(list answers, object time_out, str tout, object names_of, bint journal,

@@ -2,7 +2,10 @@
 
 For each request :meth:`Dispatcher.submit`:
 
-1. gives it an id and queues its arrival row (model, client, time in, payload size);
+1. gives it an id and queues its arrival row (model, client, time in, payload size); its
+   arrival record goes to the journal before the request leaves for a backend -- group
+   commit: the arrivals of one loop pass in one ``write``, then those requests are sent
+   (:meth:`Dispatcher.start`, :meth:`Dispatcher.submit`; a lone request in flight at once);
 2. answers from the cache when the same input to the same model was answered recently;
 3. otherwise picks a device by quota and forwards the request; if the attempt times out or
    the device refuses, the device is backed off and the request goes to another one, up to
@@ -230,6 +233,7 @@ class Dispatcher:
         self._prefix = f"{int(time.time()):x}{os.getpid():x}{os.urandom(2).hex()}-"
         self.resubmissions = 0
         self.active = 0  #: requests started with :meth:`start` and not answered yet
+        self.submitting = 0  #: requests in :meth:`submit` (the HTTP door's) not answered yet
         self.closing = False
         self.tasks: set[asyncio.Task] = set()  #: attempt loops of started requests
         self.batches = 0  #: joined batches sent to backends (adaptive batching)
@@ -238,6 +242,9 @@ class Dispatcher:
         self.row_batches: dict[str, list[int]] = {}
         self.lane_requests = 0  #: requests the MIP lane took (wirekit.serve.dispatch.lane)
         self._waiting: dict[str, list[Job]] = {}  # row key -> jobs to join this loop pass
+        #: started jobs (and their device) sent at the end of this loop pass, after the
+        #: journal write of their arrivals (group commit: :meth:`_send_arrived`)
+        self._outbox: list[tuple[Job, DeviceRow]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         #: bumped whenever a model's routing changes (models or rows added or removed,
         #: quotas): a MIP lane takes its route again when it sees a new value
@@ -323,6 +330,10 @@ class Dispatcher:
     ) -> Outcome:
         """Answer one request (see the module docstring).  Raises :class:`UnknownModel`.
 
+        Its arrival record is journaled before it is sent, with the arrivals of the same
+        loop pass when others are in flight (it waits for the end of the pass: group
+        commit).
+
         ``defer_journal``: the completion record is not written to the journal yet; the
         caller calls ``store.write_journal()`` before it answers (see
         :meth:`RequestStore.completion`)."""
@@ -332,9 +343,16 @@ class Dispatcher:
         rid = self.new_id()
         wire = request.wire
         t_in = self.clock()
-        self.store.arrival(rid, model, client, t_in, len(wire), wire)
+        # its arrival record waits for the journal write that comes before it is sent
+        self.store.arrival(rid, model, client, t_in, len(wire), wire, True)
         self.metrics.arrived(model)
+        self.submitting += 1
         try:
+            if self.submitting > 1 or self.active:
+                # Group commit: others are in flight, so this loop pass may bring more
+                # arrivals; they are written in one system call by whichever request of
+                # them is sent first, after the pass.
+                await asyncio.sleep(0)
             outcome = await self._answer(rid, cfg, request, wire, t_in=t_in)
         except BaseException:
             # Cancelled (the client went away, or shutdown): still close the row.
@@ -342,6 +360,8 @@ class Dispatcher:
                 model, rid, client, t_in, wire, None, FAILED, 0, False, "cancelled before an answer"
             )
             raise
+        finally:
+            self.submitting -= 1
         self._finish(
             model,
             rid,
@@ -431,6 +451,7 @@ class Dispatcher:
             if not sent:
                 sent = True
                 self.metrics.waited(cfg.name, t_sent - t_in)
+            self.store.write_journal()  # its arrival on record before it leaves
             try:
                 reply = await _infer_within(backend, request, cfg.timeout)
             except (asyncio.TimeoutError, TimeoutError):
@@ -481,6 +502,9 @@ class Dispatcher:
         a MIP backend's open connection at once and its reply is handled in a callback (one
         loop pass per leg, no coroutine).  Anything else -- a cache hit aside -- and every
         retry or resubmission runs the same attempt loop as :meth:`submit`, in a task.
+        With other requests in flight, the first attempt leaves at the end of the loop
+        pass, after one journal write of the pass's arrivals (group commit,
+        :meth:`_send_arrived`); alone, at once.
         ``job.notify(job)`` is called once, when ``job.outcome`` (or ``job.error``) is set,
         possibly before this returns.  The completion record is deferred: the caller writes
         the journal (``store.write_journal()``) before it answers.  Raises
@@ -526,27 +550,49 @@ class Dispatcher:
             else:
                 waiting.append(job)
             return
-        if row is None:
-            if not job.rid:
-                self._arrive(job)
-            self._spawn(job)
-        elif job.rid:
-            self._send_one(job, row)
-        else:
-            # Recorded first (its arrival journaled: a request that reached a backend is in
-            # the store after a crash), then on its way.
+        if not job.rid:
+            # Recorded first; its arrival is journaled (with every other of this loop pass,
+            # in one write) before it leaves: a request that reached a backend is in the
+            # store after a crash.
             self._arrive(job)
-            if self._send_one(job, row):
-                job.head = self.store.line_head(
-                    job.rid, job.model, job.client, row.key, job.t_in, len(job.request.wire)
-                )
+        if row is None:
+            self._spawn(job)  # the attempt loop writes the journal before it sends
+        elif self.active == 1:  # nothing else in flight to share the write with: at once
+            self.store.write_journal()
+            self._send_first(job, row)
+        else:
+            outbox = self._outbox
+            outbox.append((job, row))
+            if len(outbox) == 1:
+                loop = self._loop
+                if loop is None:
+                    loop = self._loop = asyncio.get_running_loop()
+                loop.call_soon(self._send_arrived)
 
-    def _arrive(self, job: Job, defer: bool = False) -> None:
-        """Give ``job`` its id and record its arrival (store row, metrics; journaled before
-        this returns unless ``defer``: :meth:`RequestStore.arrival`)."""
+    def _send_arrived(self) -> None:
+        """Group commit (end of a loop pass): write the journal -- the arrival records of
+        every job started in the pass, in one system call -- then send those jobs."""
+        jobs, self._outbox = self._outbox, []
+        self.store.write_journal()
+        for job, row in jobs:
+            if not job.abandoned:  # its client is still there
+                self._send_first(job, row)
+
+    def _send_first(self, job: Job, row: DeviceRow) -> None:
+        """The first attempt of a started job (its arrival journaled), with its journal
+        line started while it is away when it went out at once."""
+        if self._send_one(job, row):
+            job.head = self.store.line_head(
+                job.rid, job.model, job.client, row.key, job.t_in, len(job.request.wire)
+            )
+
+    def _arrive(self, job: Job) -> None:
+        """Give ``job`` its id and record its arrival (store row, metrics; its journal
+        record deferred: :meth:`RequestStore.arrival`, written by the next
+        ``store.write_journal()``, which comes before anything is sent)."""
         wire = job.request.wire
         job.rid = rid = self.new_id()
-        self.store.arrival(rid, job.model, job.client, job.t_in, len(wire), wire, defer)
+        self.store.arrival(rid, job.model, job.client, job.t_in, len(wire), wire, True)
         self.metrics.arrived(job.model)
 
     def _send_one(self, job: Job, row: DeviceRow) -> bool:
@@ -571,7 +617,7 @@ class Dispatcher:
         jobs = self._waiting.pop(row.key)
         fresh = [job for job in jobs if not job.rid]
         for job in fresh:  # their arrivals journaled in one write, before they are sent
-            self._arrive(job, defer=True)
+            self._arrive(job)
         self.store.write_journal()
         try:
             self._send_jobs(jobs, row)

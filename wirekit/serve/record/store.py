@@ -483,18 +483,22 @@ class RequestStore:
         ``time_in``, each ``(id, size, request bytes)``.  With the journal on, their arrival
         records are written to it in one system call before this returns: call it before
         they are sent."""
-        if self._jfd is not None:
-            names = self._device_names(model, client, None)
-            tin = self._time(time_in)
-            keep = self.payloads
-            lines = [
-                _arrival_line(rid, names, tin, size, wire if keep else None)
-                for rid, size, wire in requests
-            ]
-            self._jsize += sum(map(len, lines))
+        journal = self._jfd is not None
+        lines, nbytes, ops = _arrival_records(
+            requests,
+            model,
+            client,
+            time_in,
+            self._device_names(model, client, None) if journal else "",
+            self._time(time_in) if journal else "",
+            journal,
+            self.payloads,
+        )
+        if journal:
+            self._jsize += nbytes
             self._jbuf.extend(lines)
             self.write_journal()
-        self._pending.extend(_arrival_ops(requests, model, client, time_in, self.payloads))
+        self._pending.extend(ops)
         self._kick()
 
     def completions_ok(
@@ -1006,17 +1010,32 @@ def _settle(futs: list[asyncio.Future[None]], exc: BaseException | None) -> None
                 fut.set_exception(RuntimeError(f"request store write failed: {exc}"))
 
 
-def arrival_ops(
-    requests: list[tuple[str, int, Any]], model: str, client: str, time_in: float, payloads: bool
-) -> list[tuple[int, tuple[Any, ...]]]:
-    """The arrival rows of :meth:`RequestStore.arrivals` (its compiled twin:
-    ``wirekit._fast.servelane.arrival_ops``)."""
-    if payloads:
-        return [
-            (_ARRIVAL, (rid, model, client, time_in, size, None if wire is None else bytes(wire)))
-            for rid, size, wire in requests
-        ]
-    return [(_ARRIVAL, (rid, model, client, time_in, size, None)) for rid, size, _wire in requests]
+def arrival_records(
+    requests: list[tuple[str, int, Any]],
+    model: str,
+    client: str,
+    time_in: float,
+    names: str,
+    tin: str,
+    journal: bool,
+    payloads: bool,
+) -> tuple[list[str], int, list[tuple[int, tuple[Any, ...]]]]:
+    """The journal lines (when ``journal``; :func:`_arrival_line`), their length and the
+    arrival rows of :meth:`RequestStore.arrivals` (``names``: the journal text of model,
+    client and a null device; ``tin``: that of ``time_in``).  Compiled twin:
+    ``wirekit._fast.servelane.arrival_records``, which writes the same lines
+    (tests/test_serve_lane.py checks)."""
+    ops = []
+    lines: list[str] = []
+    nbytes = 0
+    for rid, size, wire in requests:
+        blob = None if not payloads or wire is None else bytes(wire)
+        if journal:
+            line = _arrival_line(rid, names, tin, size, blob)
+            nbytes += len(line)
+            lines.append(line)
+        ops.append((_ARRIVAL, (rid, model, client, time_in, size, blob)))
+    return lines, nbytes, ops
 
 
 def ok_records(
@@ -1062,9 +1081,9 @@ def ok_records(
 
 
 # the compiled twins when built
-_arrival_ops, _ok_records = arrival_ops, ok_records
+_arrival_records, _ok_records = arrival_records, ok_records
 _fast = load_fast("servelane")
 if _fast is not None:
     _merge_ops = _fast.merge_ops
     _fast.bind_store(_json_time, _json_num, _json_blob)
-    _arrival_ops, _ok_records = _fast.arrival_ops, _fast.ok_records
+    _arrival_records, _ok_records = _fast.arrival_records, _fast.ok_records
