@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from strategies import y2_words
 from strategies import y2_word as _word
+from strategies import y2_words
 from twins import load_codec
 
 from wirekit.errors import DecodeError, EncodeError

@@ -216,10 +216,8 @@ def test_y2s_own_trainer_methods_against_wirekit(codec, monkeypatch):
     for inputs, targets in _batches():
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(inputs), targets).backward()
-        wk_residuals = [
-            r + g
-            for r, g in zip(_numpy(trainer.residuals), _numpy([p.grad for p in params]), strict=True)
-        ]
+        grads_in = _numpy([p.grad for p in params])
+        wk_residuals = [r + g for r, g in zip(_numpy(trainer.residuals), grads_in, strict=True)]
         message = bytes(trainer.compress_gradients())  # y2's real code
         meant = _numpy([p.grad for p in params])
         update = [np.zeros_like(m) for m in meant]

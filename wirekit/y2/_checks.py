@@ -55,9 +55,9 @@ def int_array(value: Any, field: str, *, keep_order: bool = False) -> np.ndarray
 
 def pack_arrays(layer: Any, is_weight: Any, index: Any, positive: Any) -> list[np.ndarray]:
     """The four pack() inputs as 1-D integer arrays of one length."""
+    values = (layer, is_weight, index, positive)
     arrays = [
-        int_array(value, name)
-        for value, (name, _top) in zip((layer, is_weight, index, positive), PACK_FIELDS, strict=True)
+        int_array(value, name) for value, (name, _top) in zip(values, PACK_FIELDS, strict=True)
     ]
     n = len(arrays[0])
     for arr, (name, _top) in zip(arrays, PACK_FIELDS, strict=True):

@@ -348,8 +348,9 @@ def apply(params: Any, words: Any, tau: float) -> None:
     A word's top 10 bits are y2's parameter index ``p``: layer ``p >> 1``'s weights for an
     even ``p``, its biases for an odd one (see :func:`parameter_pairs`).  The arrays are
     updated one after another in the order of ``p``, each written back before the next is
-    read, so arrays sharing memory (tied weights, views) receive every update.  Only layers 0..511 can be addressed; a longer
-    model is accepted and its further layers are left alone.
+    read, so arrays sharing memory (tied weights, views) receive every update.  Only layers
+    0..511 can be addressed; a longer model is accepted and its further layers are left
+    alone.
     """
     layers = _checks.model(params, "params")
     tau = _checks.tau_value(tau)
