@@ -173,14 +173,38 @@ def test_pack_reports_first_bad_position_in_any_dtype(n, which, data):
     }
 
 
-def test_pack_large_matches_reference():
+#: pack's input dtypes: unpack's (uint16, bool, uint32, uint8) and int64 take the one-pass
+#: kernels, int32 the field-by-field path.
+PACK_DTYPES = {
+    "unpack's": (np.uint16, np.bool_, np.uint32, np.uint8),
+    "int64": (np.int64,) * 4,
+    "int32": (np.int32,) * 4,
+}
+
+
+@pytest.mark.parametrize("avx2", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtypes", sorted(PACK_DTYPES))
+def test_pack_large_matches_reference(dtypes, threads, avx2):
+    with _avx2(avx2):
+        _check_pack_large(dtypes, threads)
+
+
+def _check_pack_large(dtypes, threads):
     rng = np.random.default_rng(5)
-    n = 100_003  # several blocks and a tail
-    f = [rng.integers(0, top + 1, n) for top in (511, 1, 2**21 - 1, 1)]
-    assert np.array_equal(_fast().pack(*f), _pure.pack(*f))
-    f[2][77_777] = 2**21
-    with pytest.raises(EncodeError, match=r"index\[77777\]"):
-        _fast().pack(*f)
+    n = 100_003  # several blocks and chunks, and a tail
+    tops = (511, 1, 2**21 - 1, 1)
+    kinds = zip(tops, PACK_DTYPES[dtypes], strict=True)
+    f = [rng.integers(0, top + 1, n).astype(d) for top, d in kinds]
+    assert np.array_equal(_fast().pack(*f, threads=threads), _pure.pack(*f))
+    for which, name in enumerate(("layer", "is_weight", "index", "positive")):
+        if f[which].dtype == np.bool_:
+            continue  # cannot hold an out-of-range value
+        bad = [a.copy() for a in f]
+        bad[which][77_777] = tops[which] + 1
+        bad[which][99_999] = tops[which] + 1
+        with pytest.raises(EncodeError, match=rf"{name}\[77777\]"):
+            _fast().pack(*bad, threads=threads)
 
 
 # --- models ---------------------------------------------------------------------------------

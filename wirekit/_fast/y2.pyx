@@ -427,6 +427,54 @@ cdef extern from *:
     Y2_FIELD(y2_field_u32, uint32_t, uint32_t)
     Y2_FIELD(y2_field_u64, uint64_t, uint64_t)
 
+    /* pack in one pass for the common input dtypes, contiguous: each word is written
+       once, and every input read once (the per-field passes above read and write the
+       output four times, in L1).  The OR of each field's values tells whether one is out
+       of range.  Compiled twice: plain (SSE2) and for AVX2, chosen at run time. */
+    #define Y2_PACK_FUSED(NAME, TL, TW, TI, TS, U, ATTR)                                \
+        ATTR static int NAME(const TL *Y2_RESTRICT l, const TW *Y2_RESTRICT w,           \
+                             const TI *Y2_RESTRICT x, const TS *Y2_RESTRICT s,           \
+                             uint32_t *Y2_RESTRICT o, ptrdiff_t n) {                     \
+            U al = 0, aw = 0, ai = 0, as = 0;                                            \
+            ptrdiff_t i;                                                                 \
+            for (i = 0; i < n; i++) {                                                    \
+                al |= (U)l[i]; aw |= (U)w[i]; ai |= (U)x[i]; as |= (U)s[i];              \
+                o[i] = ((uint32_t)l[i] << 23) | (((uint32_t)w[i] ^ 1u) << 22)            \
+                     | ((uint32_t)x[i] << 1) | (uint32_t)s[i];                           \
+            }                                                                            \
+            return ((al >> 9) | (aw >> 1) | (ai >> 21) | (as >> 1)) != 0;                \
+        }
+
+    /* unpack's dtypes (uint16, bool, uint32, uint8), and int64 (NumPy's default) */
+    Y2_PACK_FUSED(y2_pack_small, uint16_t, uint8_t, uint32_t, uint8_t, uint32_t, )
+    Y2_PACK_FUSED(y2_pack_i64, int64_t, int64_t, int64_t, int64_t, uint64_t, )
+    #ifdef Y2_AVX2
+    Y2_PACK_FUSED(y2_pack_small_avx2, uint16_t, uint8_t, uint32_t, uint8_t, uint32_t, Y2_TARGET)
+    Y2_PACK_FUSED(y2_pack_i64_avx2, int64_t, int64_t, int64_t, int64_t, uint64_t, Y2_TARGET)
+    #endif
+
+    /* kind 1: unpack's dtypes, 2: all int64; the four inputs start at element i0. */
+    static int y2_pack_fused(int kind, const char *const *data, ptrdiff_t i0, ptrdiff_t i1,
+                             uint32_t *o) {
+        ptrdiff_t n = i1 - i0;
+        if (kind == 1) {
+            const uint16_t *l = (const uint16_t *)data[0] + i0;
+            const uint8_t *w = (const uint8_t *)data[1] + i0, *s = (const uint8_t *)data[3] + i0;
+            const uint32_t *x = (const uint32_t *)data[2] + i0;
+    #ifdef Y2_AVX2
+            if (y2_avx2) return y2_pack_small_avx2(l, w, x, s, o + i0, n);
+    #endif
+            return y2_pack_small(l, w, x, s, o + i0, n);
+        } else {
+            const int64_t *l = (const int64_t *)data[0] + i0, *w = (const int64_t *)data[1] + i0;
+            const int64_t *x = (const int64_t *)data[2] + i0, *s = (const int64_t *)data[3] + i0;
+    #ifdef Y2_AVX2
+            if (y2_avx2) return y2_pack_i64_avx2(l, w, x, s, o + i0, n);
+    #endif
+            return y2_pack_i64(l, w, x, s, o + i0, n);
+        }
+    }
+
     static int y2_field(int code, const char *data, ptrdiff_t stride, ptrdiff_t i0,
                         ptrdiff_t i1, uint32_t *o, int shift, int bits, uint32_t flip,
                         int first) {
@@ -722,6 +770,7 @@ cdef extern from *:
                    uint8_t*) noexcept nogil
     int y2_field(int, const char*, Py_ssize_t, Py_ssize_t, Py_ssize_t, uint32_t*, int, int,
                  uint32_t, int) noexcept nogil
+    int y2_pack_fused(int, const char* const*, Py_ssize_t, Py_ssize_t, uint32_t*) noexcept nogil
     ctypedef void (*y2_task)(void*, Py_ssize_t) noexcept nogil
     void y2_run(y2_task, void*, Py_ssize_t, int) nogil
     void y2_pool_stop() nogil
@@ -1086,15 +1135,25 @@ AUTO_WORDS = 1 << 17
 
 cdef struct PackJob:
     Field fields[4]
+    const char* data[4]  # the fields' data, for the one-pass kernels
+    int fused  # 0: field by field; 1: unpack's dtypes, 2: int64, all contiguous
     uint32_t* out
     Py_ssize_t n
     int bad  # set (atomically) by a chunk holding an out-of-range value
+
+
+#: pack's one-pass kernels: the fields' dtype codes (``_INT_CODES``) each takes.
+cdef dict _FUSED = {(5, 4, 6, 4): 1, (3, 3, 3, 3): 2}
 
 
 cdef void _pack_chunk(void* ctx, Py_ssize_t chunk) noexcept nogil:
     cdef PackJob* job = <PackJob*>ctx
     cdef Py_ssize_t i0 = chunk * WORDS_PER_CHUNK, end = min(i0 + WORDS_PER_CHUNK, job.n), i1
     cdef int k, bad = 0
+    if job.fused:
+        if y2_pack_fused(job.fused, job.data, i0, end, job.out):
+            y2_set_flag(&job.bad)
+        return
     # block by block, so that the block of output stays in L1 for all four fields
     while i0 < end:
         i1 = min(i0 + PACK_BLOCK, end)
@@ -1133,6 +1192,11 @@ def pack(layer, is_weight, index, positive, *, threads=None):
         job.fields[k].shift = (23, 22, 1, 0)[k]
         job.fields[k].bits = (9, 1, 21, 1)[k]
         job.fields[k].flip = k == 1
+        job.data[k] = job.fields[k].data
+    codes = tuple(job.fields[k].code for k in range(4))
+    job.fused = _FUSED.get(codes, 0) if all(
+        job.fields[k].stride == a.itemsize for k, a in enumerate(arrays)
+    ) else 0
     job.out = <uint32_t*>cnp.PyArray_DATA(out)
     job.n = n
     job.bad = 0
