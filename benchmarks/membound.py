@@ -28,17 +28,38 @@ _SOURCE = r"""
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
-/* Sum n bytes as 64-bit words (the tail byte by byte): every byte is read once. */
+/* Sum n bytes as 64-bit words (the tail byte by byte): every byte is read once, two cache
+   lines per step into four vector accumulators, with a software prefetch a few KB ahead as
+   wirekit's compress does (the hardware prefetcher alone leaves read bandwidth unused). */
 static uint64_t sum_bytes(const unsigned char *p, size_t n) {
-    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, w[4];
     size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        memcpy(w, p + i, 32);
-        a0 += w[0]; a1 += w[1]; a2 += w[2]; a3 += w[3];
+    uint64_t total = 0;
+#ifdef __AVX2__
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    uint64_t lanes[4];
+    for (; i + 128 <= n; i += 128) {
+        _mm_prefetch((const char *)p + i + 6144, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + i + 6144 + 64, _MM_HINT_T0);
+        a0 = _mm256_add_epi64(a0, _mm256_loadu_si256((const __m256i *)(p + i)));
+        a1 = _mm256_add_epi64(a1, _mm256_loadu_si256((const __m256i *)(p + i + 32)));
+        a2 = _mm256_add_epi64(a2, _mm256_loadu_si256((const __m256i *)(p + i + 64)));
+        a3 = _mm256_add_epi64(a3, _mm256_loadu_si256((const __m256i *)(p + i + 96)));
     }
-    for (; i < n; i++) a0 += p[i];
-    return a0 + a1 + a2 + a3;
+    _mm256_storeu_si256((__m256i *)lanes,
+                        _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+    total = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+#endif
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        total += w;
+    }
+    for (; i < n; i++) total += p[i];
+    return total;
 }
 
 uint64_t copy_traffic(const unsigned char *src, size_t nread, unsigned char *dst,
