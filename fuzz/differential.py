@@ -563,19 +563,19 @@ def _model_snapshot(model: list[tuple[np.ndarray, np.ndarray]]) -> Any:
 
 
 def _valid_words(words: np.ndarray, model: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """Map each word onto an address the model has (when it has any), keeping its sign."""
+    """Map each word onto an address the model has (when it has any), keeping its sign bit.
+
+    An address is y2's parameter index: ``2 * k`` for layer k's weights, ``2 * k + 1`` for
+    its biases."""
     targets = [
-        (k, w, a.size)
-        for k, pair in enumerate(model)
-        for w, a in ((1, pair[0]), (0, pair[1]))
-        if a.size
+        (2 * k + j, a.size) for k, pair in enumerate(model) for j, a in enumerate(pair) if a.size
     ]
     if not targets:
         return words
     out = []
     for word in words.tolist():
-        k, w, size = targets[(word >> 22) % len(targets)]
-        out.append((k << 23) | (w << 22) | ((((word >> 1) & 0x1FFFFF) % size) << 1) | (word & 1))
+        param, size = targets[(word >> 22) % len(targets)]
+        out.append((param << 22) | ((((word >> 1) & 0x1FFFFF) % size) << 1) | (word & 1))
     return np.array(out, dtype=np.uint32)
 
 

@@ -171,6 +171,13 @@ y2_words = st.one_of(
 )
 
 
+def y2_word(layer: int, is_weight: int, index: int, positive: int) -> int:
+    """The delta word of layer ``layer``'s weights (``is_weight``) or biases, element
+    ``index``, +tau if ``positive``: y2's parameter ``2 * layer`` (weights) or ``2 * layer +
+    1`` (biases) in the top 10 bits, as y2's trainer builds it."""
+    return ((2 * layer + (0 if is_weight else 1)) << 22) | (index << 1) | positive
+
+
 @st.composite
 def y2_node_index(draw):
     count = draw(st.integers(1, 2**31 - 1))

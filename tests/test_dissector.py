@@ -153,10 +153,11 @@ def test_y2_dissector_fields_match_decode_json(tmp_path):
         "node_count",
         "sample_count",
         "loss_milli",
+        "word.param",
         "word.layer",
-        "word.is_weight",
+        "word.bias",
         "word.index",
-        "word.sign",
+        "word.positive",
     ]
     rows = _fields(tshark, lua, cap, "y2", names)
     seen = defaultdict(list)
@@ -171,7 +172,8 @@ def test_y2_dissector_fields_match_decode_json(tmp_path):
     assert seen["sample_count"] == [str(r["sample_count"]) for r in recs if "sample_count" in r]
     assert seen["loss_milli"] == [str(r["loss_milli"]) for r in recs if "loss_milli" in r]
     words = [w for r in recs for w in r.get("words", [])]
+    assert seen["word.param"] == [str(w["param"]) for w in words] == ["6", "3"]
     assert seen["word.layer"] == [str(w["layer"]) for w in words]
     assert seen["word.index"] == [str(w["index"]) for w in words]
-    assert seen["word.is_weight"] == [str(int(w["weight"])) for w in words]
-    assert seen["word.sign"] == [str(int(w["sign"])) for w in words]
+    assert seen["word.bias"] == [str(int(not w["weight"])) for w in words] == ["0", "1"]
+    assert seen["word.positive"] == [str(int(w["positive"])) for w in words] == ["1", "0"]

@@ -75,16 +75,17 @@ def test_golden_vector(y2_codec, path):
 def test_word_vectors(y2_codec):
     table = json.loads((VECTORS / "words.json").read_text())
     words = np.array([int(v["word"], 16) for v in table], dtype=np.uint32)
-    fields = [np.array([v[k] for v in table]) for k in ("layer", "weight", "index", "sign")]
+    fields = [np.array([v[k] for v in table]) for k in ("layer", "weight", "index", "positive")]
     assert np.array_equal(y2_codec.pack(*fields), words)
-    layer, weight, index, sign = y2_codec.unpack(words)
+    layer, weight, index, positive = y2_codec.unpack(words)
     assert layer.tolist() == fields[0].tolist() and weight.tolist() == fields[1].tolist()
-    assert index.tolist() == fields[2].tolist() and sign.tolist() == fields[3].tolist()
+    assert index.tolist() == fields[2].tolist() and positive.tolist() == fields[3].tolist()
     assert y2_codec.to_wire(words).hex() == "".join(v["wire"] for v in table)
     for v in table:
-        built = spec.WORD.build(
-            dict(layer=v["layer"], is_weight=v["weight"], index=v["index"], sign=v["sign"])
-        )
+        # y2's trainer: (i << 22) | (element_index << 1) | s, s = 1 for +delta
+        assert int(v["word"], 16) == (v["param"] << 22) | (v["index"] << 1) | v["positive"]
+        assert (v["layer"], v["weight"]) == (v["param"] >> 1, v["param"] % 2 == 0)
+        built = spec.WORD.build(dict(param=v["param"], index=v["index"], positive=v["positive"]))
         assert built.hex() == v["wire"]
 
 
@@ -341,7 +342,7 @@ def test_cli_human_output_of_the_sample():
     assert status == 0
     assert "@0 node_index  node 2 of 4" in out
     assert "delta  821 words" in out and "... 819 more" in out
-    assert "L0 w[18] -tau" in out
+    assert "[0] 0x00000024  p0 L0 w[18] -tau" in out
     assert "loss=1.873" in out and "finished" in out
     assert out.rstrip().endswith(f"6 message(s), {SAMPLE.stat().st_size} bytes")
 
@@ -363,11 +364,12 @@ def test_cli_json_lists_every_word():
     msg = _pure.decode_prefix(SAMPLE.read_bytes(), 16)[0]
     assert [int(w["word"], 16) for w in delta["words"]] == msg.words.tolist()
     assert delta["words"][0] == {
-        "word": "0x00400025",
+        "word": "0x00000024",
+        "param": 0,
         "layer": 0,
         "weight": True,
         "index": 18,
-        "sign": 1,
+        "positive": False,
     }
 
 

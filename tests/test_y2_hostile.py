@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import y2_word
 from twins import load_codec
 
 from wirekit.errors import DecodeError, EncodeError
@@ -99,7 +100,7 @@ def test_apply_with_more_than_512_layers_matches_the_reference(layers):
         def run(codec):
             model = [(np.zeros(2, np.float32), np.zeros(2, np.float32))
                      for _ in range({layers})]
-            words = codec.pack([0, 511, 511], [1, 1, 0], [1, 0, 1], [0, 1, 0])
+            words = codec.pack([0, 511, 511], [1, 1, 0], [1, 0, 1], [1, 0, 1])
             codec.apply(model, words, 0.5)
             return [a for pair in model for a in pair]
         """
@@ -127,7 +128,7 @@ def test_apply_tied_weights_get_every_update(y2_codec):
     emb = np.zeros((3, 2), np.float32)
     bias = np.zeros(1, np.float32)
     model = [(emb, bias), (emb.T, bias)]
-    words = y2_codec.pack([0, 1, 0, 1], [1, 1, 0, 0], [0, 0, 0, 0], [0, 0, 1, 1])
+    words = y2_codec.pack([0, 1, 0, 1], [1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0])
     y2_codec.apply(model, words, 0.5)
     assert emb[0, 0] == 1.0 and bias[0] == -1.0
     ref_emb = np.zeros((3, 2), np.float32)
@@ -144,7 +145,7 @@ def test_apply_words_inside_a_parameter_are_read_as_they_were():
         def run(codec):
             params = np.zeros(64, np.float32)
             words = params.view(np.uint32)
-            words[:] = (1 << 22) | ((np.arange(64, dtype=np.uint32) + 1) % 64 << 1)
+            words[:] = (np.arange(64, dtype=np.uint32) + 1) % 64 << 1  # parameter 0
             codec.apply([(params, np.zeros(1, np.float32))], words, 0.5)
             return params
         """
@@ -495,10 +496,10 @@ HOSTILE = {
     ),
     "apply word layer 511 of 1": (_apply(lambda: _model(np.zeros(4)), [0xFF800000]), DecodeError),
     "apply word index 2**21 - 1": (
-        _apply(lambda: _model(np.zeros(4)), [(1 << 22) | (2**21 - 1) << 1]),
+        _apply(lambda: _model(np.zeros(4)), [(2**21 - 1) << 1]),
         DecodeError,
     ),
-    "apply word of an empty array": (_apply(lambda: _model(np.zeros(0)), [1 << 22]), DecodeError),
+    "apply word of an empty array": (_apply(lambda: _model(np.zeros(0)), [0]), DecodeError),
     "apply every key, all bits set": (
         _apply(
             lambda: _model(np.zeros(4)),
@@ -619,7 +620,7 @@ def test_self_overlapping_array_is_worked_on_in_a_copy(y2_codec):
     # five elements, one float: each kernel sees five distinct 3.0s, the last store wins
     arr = _self_overlapping()
     words = y2_codec.compress([(arr, np.zeros(0))], 2.0)
-    assert words.tolist() == [(1 << 22) | (i << 1) for i in range(5)]
+    assert words.tolist() == [(i << 1) | 1 for i in range(5)]  # parameter 0, +tau
     assert arr.tolist() == [1.0] * 5
     y2_codec.apply([(arr, np.zeros(0))], words[:3], 0.25)
     assert arr.tolist() == [1.0] * 5  # element 4 was not updated, and it is stored last
@@ -675,10 +676,7 @@ def test_apply_on_shared_memory_equals_reference(shared, data):
     valid = _keys(layers)
     picks = data.draw(st.lists(st.sampled_from(valid), max_size=30))
     words = [
-        (k << 23)
-        | (w << 22)
-        | (data.draw(st.integers(0, size - 1)) << 1)
-        | data.draw(st.integers(0, 1))
+        y2_word(k, w, data.draw(st.integers(0, size - 1)), data.draw(st.integers(0, 1)))
         for k, w, size in picks
     ]
     ref_base = base.copy()

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from strategies import y2_word as _word
 from strategies import y2_words
 from twins import load_codec
 
@@ -50,13 +51,13 @@ def fields(draw):
     index = draw(
         st.lists(st.one_of(st.integers(0, 2**21 - 1), edge([0, 2**21 - 1])), min_size=n, max_size=n)
     )
-    sign = draw(st.lists(st.integers(0, 1), min_size=n, max_size=n))
-    return layer, weight, index, sign
+    positive = draw(st.lists(st.integers(0, 1), min_size=n, max_size=n))
+    return layer, weight, index, positive
 
 
 @given(fields(), st.data())
 def test_pack_equals_reference_and_construct(y2_codec, f, data):
-    layer, weight, index, sign = f
+    layer, weight, index, positive = f
     arrays = []
     for values, top in zip(f, (511, 1, 2**21 - 1, 1), strict=True):
         dtypes = [d for d in INT_DTYPES if np.iinfo(d).max >= top]
@@ -66,12 +67,18 @@ def test_pack_equals_reference_and_construct(y2_codec, f, data):
         arrays.append(_strided(np.array(values, dtype=dtype), data))
     words = y2_codec.pack(*arrays)
     assert words.dtype == np.uint32 and words.shape == (len(layer),)
-    assert np.array_equal(words, _pure.pack(layer, weight, index, sign))
+    assert np.array_equal(words, _pure.pack(layer, weight, index, positive))
     built = b"".join(
-        spec.WORD.build(dict(layer=a, is_weight=bool(b), index=c, sign=d))
-        for a, b, c, d in zip(layer, weight, index, sign, strict=True)
+        spec.LAYER_WORD.build(dict(layer=a, bias=not b, index=c, positive=bool(d)))
+        for a, b, c, d in zip(layer, weight, index, positive, strict=True)
     )
     assert y2_codec.to_wire(words) == built
+    # y2's reading of the same bits: parameter 2 * layer for a weight, 2 * layer + 1 a bias
+    as_y2 = b"".join(
+        spec.WORD.build(dict(param=2 * a + (0 if b else 1), index=c, positive=bool(d)))
+        for a, b, c, d in zip(layer, weight, index, positive, strict=True)
+    )
+    assert built == as_y2
 
 
 @given(st.lists(y2_words, max_size=80), st.data())
@@ -83,8 +90,10 @@ def test_unpack_equals_reference_and_inverts_pack(y2_codec, values, data):
         assert a.dtype == b.dtype and np.array_equal(a, b)
     assert np.array_equal(y2_codec.pack(*got), words)
     for k, w in enumerate(values):
-        c = spec.WORD.parse(int(w).to_bytes(4, "big"))
-        assert (c.layer, c.is_weight, c.index, c.sign) == tuple(int(x[k]) for x in got)
+        c = spec.LAYER_WORD.parse(int(w).to_bytes(4, "big"))
+        assert (c.layer, not c.bias, c.index, c.positive) == tuple(int(x[k]) for x in got)
+        y = spec.WORD.parse(int(w).to_bytes(4, "big"))
+        assert (y.param, y.index, y.positive) == (2 * c.layer + c.bias, c.index, c.positive)
 
 
 @given(st.lists(y2_words, max_size=80), st.data())
@@ -123,9 +132,9 @@ def test_from_wire_rejects_partial_words(y2_codec, n):
         (([0, -1], [0, 0], [0, 0], [0, 0]), "layer[1]", "-1 is out of range 0..511"),
         (([0, 0, 1], [0, 0, 2], [0, 0, 0], [0, 0, 0]), "is_weight[2]", "2 is out of range 0..1"),
         (([0, 0], [0, 0], [0, 2**21], [0, 0]), "index[1]", "2097152 is out of range 0..2097151"),
-        (([0], [0], [0], [255]), "sign[0]", "255 is out of range 0..1"),
+        (([0], [0], [0], [255]), "positive[0]", "255 is out of range 0..1"),
         # the first bad position wins, whatever field it is in
-        (([0, 600], [0, 0], [0, 0], [5, 0]), "sign[0]", "5 is out of range 0..1"),
+        (([0, 600], [0, 0], [0, 0], [5, 0]), "positive[0]", "5 is out of range 0..1"),
         (([1, 2], [0], [0, 0], [0, 0]), "is_weight", "length 1, but layer has length 2"),
         (([0.5], [0], [0], [0]), "layer", "expected integers, got dtype float64"),
         (([[0]], [[0]], [[0]], [[0]]), "layer", "expected a 1-D array, got 2 dimensions"),
@@ -159,19 +168,43 @@ def test_pack_reports_first_bad_position_in_any_dtype(n, which, data):
             codec.pack(*arrays)
         results.add(str(info.value))
     assert results == {
-        f"y2: cannot encode {('layer', 'is_weight', 'index', 'sign')[which]}[{n}]: "
+        f"y2: cannot encode {('layer', 'is_weight', 'index', 'positive')[which]}[{n}]: "
         f"{bad} is out of range 0..{top}"
     }
 
 
-def test_pack_large_matches_reference():
+#: pack's input dtypes: unpack's (uint16, bool, uint32, uint8) and int64 take the one-pass
+#: kernels, int32 the field-by-field path.
+PACK_DTYPES = {
+    "unpack's": (np.uint16, np.bool_, np.uint32, np.uint8),
+    "int64": (np.int64,) * 4,
+    "int32": (np.int32,) * 4,
+}
+
+
+@pytest.mark.parametrize("avx2", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtypes", sorted(PACK_DTYPES))
+def test_pack_large_matches_reference(dtypes, threads, avx2):
+    with _avx2(avx2):
+        _check_pack_large(dtypes, threads)
+
+
+def _check_pack_large(dtypes, threads):
     rng = np.random.default_rng(5)
-    n = 100_003  # several blocks and a tail
-    f = [rng.integers(0, top + 1, n) for top in (511, 1, 2**21 - 1, 1)]
-    assert np.array_equal(_fast().pack(*f), _pure.pack(*f))
-    f[2][77_777] = 2**21
-    with pytest.raises(EncodeError, match=r"index\[77777\]"):
-        _fast().pack(*f)
+    n = 100_003  # several blocks and chunks, and a tail
+    tops = (511, 1, 2**21 - 1, 1)
+    kinds = zip(tops, PACK_DTYPES[dtypes], strict=True)
+    f = [rng.integers(0, top + 1, n).astype(d) for top, d in kinds]
+    assert np.array_equal(_fast().pack(*f, threads=threads), _pure.pack(*f))
+    for which, name in enumerate(("layer", "is_weight", "index", "positive")):
+        if f[which].dtype == np.bool_:
+            continue  # cannot hold an out-of-range value
+        bad = [a.copy() for a in f]
+        bad[which][77_777] = tops[which] + 1
+        bad[which][99_999] = tops[which] + 1
+        with pytest.raises(EncodeError, match=rf"{name}\[77777\]"):
+            _fast().pack(*bad, threads=threads)
 
 
 # --- models ---------------------------------------------------------------------------------
@@ -246,7 +279,7 @@ def test_compress_semantics(model, tau):
     before = _copy(model)
     words = _pure.compress(model, tau)
     # order: layer, then weights before biases, then index: the words sort as (layer, w, i)
-    layer, weight, index, _sign = _pure.unpack(words)
+    layer, weight, index, _positive = _pure.unpack(words)
     keys = list(zip(layer.tolist(), (1 - weight.astype(int)).tolist(), index.tolist(), strict=True))
     assert keys == sorted(keys) and len(set(keys)) == len(keys)
     hit = set(keys)
@@ -293,7 +326,7 @@ def test_compress_edge_addresses():
     model = [*model, (last, np.array([0.0, 3.0]))]
     for codec in (_fast(), _pure):
         words = codec.compress(_copy(model), 1.0)
-        assert [hex(w) for w in words.tolist()] == ["0xffffffff", "0xff800002"]
+        assert [hex(w) for w in words.tolist()] == ["0xffbffffe", "0xffc00003"]
 
 
 @pytest.mark.parametrize(
@@ -380,7 +413,7 @@ def model_and_words(draw):
         for _ in range(draw(st.integers(0, 40))):
             k, is_weight, size = draw(st.sampled_from(valid))
             i = draw(st.one_of(st.integers(0, size - 1), st.just(size - 1)))
-            words.append((k << 23) | (is_weight << 22) | (i << 1) | draw(st.integers(0, 1)))
+            words.append(_word(k, is_weight, i, draw(st.integers(0, 1))))
     return model, np.array(words, dtype=np.uint32)
 
 
@@ -429,7 +462,7 @@ def test_bad_word_changes_nothing_and_raises_the_same_error(mw, data):
         is_weight = data.draw(st.integers(0, 1))
         size = model[k][1 - is_weight].size
         i = data.draw(st.integers(size, 2**21 - 1))
-        bad = (k << 23) | (is_weight << 22) | (i << 1)
+        bad = _word(k, is_weight, i, 0)
     at = data.draw(st.integers(0, len(words)))
     words = np.insert(words, at, np.uint32(bad))
     errors = set()
@@ -445,17 +478,24 @@ def test_bad_word_changes_nothing_and_raises_the_same_error(mw, data):
 
 def test_apply_error_texts():
     model = [(np.zeros((2, 3)), np.zeros(3))]
-    with pytest.raises(DecodeError, match=r"layer 2 does not exist \(the model has 1 layers\)"):
-        _fast().apply(model, [2 << 23], 1.0)
-    with pytest.raises(DecodeError, match=r"weight index 6 is out of range for layer 0 \(6 "):
-        _fast().apply(model, [(1 << 22) | (6 << 1)], 1.0)
+    for codec in (_fast(), _pure):
+        with pytest.raises(DecodeError, match=r"parameter 4 \(layer 2\) does not exist \(the"):
+            codec.apply(model, [2 << 23], 1.0)
+        with pytest.raises(
+            DecodeError, match=r"weight index 6 is out of range for parameter 0 \(layer 0: 6 "
+        ):
+            codec.apply(model, [6 << 1], 1.0)
+        with pytest.raises(DecodeError, match=r"parameter 1 \(layer 0: 3 biases\)$"):
+            codec.apply(model, [(1 << 22) | (3 << 1)], 1.0)
+        with pytest.raises(DecodeError, match=r"parameter 1 \(layer 0: 1 bias\)$"):
+            codec.apply([(np.zeros(2), np.zeros(1))], [(1 << 22) | (1 << 1)], 1.0)
     with pytest.raises(EncodeError, match=r"words\[0\]"):
         _fast().apply(model, [-1], 1.0)
 
 
 def test_apply_duplicate_words_add_in_order_in_the_array_dtype():
     model = [(np.array([1e8], np.float32), np.zeros(0))]
-    words = np.full(3, 1 << 22, dtype=np.uint32)
+    words = np.full(3, 1, dtype=np.uint32)  # parameter 0 (layer 0's weights), +tau
     ref = _copy(model)
     _fast().apply(model, words, 3.0)
     _pure.apply(ref, words, 3.0)
@@ -635,8 +675,8 @@ def _out_cases():
     shared = np.zeros(6, np.uint32)
     return words, [
         (5, TypeError, "out must be a sequence of 4 arrays, got int"),
-        (good[:3], TypeError, "out must hold 4 arrays (layer, is_weight, index, sign), got 3"),
-        ((*good[:3], [0] * 6), TypeError, "out sign must be a numpy array, got list"),
+        (good[:3], TypeError, "out must hold 4 arrays (layer, is_weight, index, positive), got 3"),
+        ((*good[:3], [0] * 6), TypeError, "out positive must be a numpy array, got list"),
         (
             (good[0].astype(np.int16), *good[1:]),
             TypeError,
@@ -662,7 +702,7 @@ def _out_cases():
             ValueError,
             "out index must be contiguous",
         ),
-        ((*good[:3], readonly), ValueError, "out sign is read-only"),
+        ((*good[:3], readonly), ValueError, "out positive is read-only"),
         ((good[0], good[1], words, good[3]), ValueError, "out index shares memory with the words"),
         (
             (good[0], shared[:6].view(np.bool_)[:6], shared, good[3]),
@@ -690,9 +730,9 @@ def test_unpack_out_empty_and_big_endian_view_of_the_same_bytes(y2_codec):
     # a big-endian view of wire bytes: outputs elsewhere are fine, the bytes are untouched
     wire = bytearray(np.array([0xFF800003, 5], dtype=">u4").tobytes())
     view = y2_codec.from_wire(wire, copy=False)
-    layer, is_weight, index, sign = y2_codec.unpack(view, out=_unpack_out(2))
-    assert layer.tolist() == [511, 0] and index.tolist() == [1, 2] and sign.tolist() == [1, 1]
-    assert is_weight.tolist() == [False, False] and bytes(wire) == bytes.fromhex("ff80000300000005")
+    layer, is_weight, index, positive = y2_codec.unpack(view, out=_unpack_out(2))
+    assert layer.tolist() == [511, 0] and index.tolist() == [1, 2] and positive.tolist() == [1, 1]
+    assert is_weight.tolist() == [True, True] and bytes(wire) == bytes.fromhex("ff80000300000005")
 
 
 # --- the worker pool ------------------------------------------------------------------------
@@ -720,11 +760,11 @@ def test_pack_threads_give_the_same_output(y2_codec, threads):
 @pytest.mark.parametrize("threads", [None, 2, 7])
 def test_pack_threads_report_the_first_bad_position(y2_codec, threads):
     # bad values in two chunks (the later chunk may finish first): the first one is named
-    layer, is_weight, index, sign = (f.astype(np.int64) for f in _pack_fields(200_000))
+    layer, is_weight, index, positive = (f.astype(np.int64) for f in _pack_fields(200_000))
     index[190_001] = 2**21
     layer[70_000] = -1
     with pytest.raises(EncodeError) as info:
-        y2_codec.pack(layer, is_weight, index, sign, threads=threads)
+        y2_codec.pack(layer, is_weight, index, positive, threads=threads)
     assert info.value.field == "layer[70000]"
 
 

@@ -21,6 +21,7 @@ else:
     torch = pytest.importorskip("torch")
 
 import y2_torch_workers as workers
+from strategies import y2_word
 
 from wirekit import y2
 from wirekit.y2.torch import Segment, Y2HookState, y2_layout
@@ -32,7 +33,7 @@ SMALL_LAYOUT = [(0, True, 20), (0, False, 4), (1, True, 12), (2, True, 3)]
 
 def _reference_compress(residuals: list[np.ndarray], tau: float) -> np.ndarray:
     """y2's compression, written out: per layer its weights then its biases, index
-    ascending; |r| >= tau sends one word of ±tau (sign bit 1 for -tau), r moves by it."""
+    ascending; |r| >= tau sends one word of ±tau (bit 0 set for +tau), r moves by it."""
     t = np.float32(tau)
     words = []
     order = sorted(
@@ -43,10 +44,10 @@ def _reference_compress(residuals: list[np.ndarray], tau: float) -> np.ndarray:
         r = residuals[i]
         for idx in range(r.size):
             if r[idx] >= t:
-                words.append((layer << 23) | (is_weight << 22) | (idx << 1))
+                words.append(y2_word(layer, is_weight, idx, 1))
                 r[idx] -= t
             elif r[idx] <= -t:
-                words.append((layer << 23) | (is_weight << 22) | (idx << 1) | 1)
+                words.append(y2_word(layer, is_weight, idx, 0))
                 r[idx] += t
     return np.array(words, dtype=np.uint32)
 
@@ -55,8 +56,8 @@ def _reference_apply(update: list[np.ndarray], words: np.ndarray, tau: float) ->
     slot = {(layer, w): i for i, (layer, w, _n) in enumerate(SMALL_LAYOUT)}
     t = np.float32(tau)
     for word in words.tolist():
-        arr = update[slot[(word >> 23, bool((word >> 22) & 1))]]
-        arr[(word >> 1) & (2**21 - 1)] += -t if word & 1 else t
+        arr = update[slot[(word >> 23, not (word >> 22) & 1)]]  # an even parameter: weights
+        arr[(word >> 1) & (2**21 - 1)] += t if word & 1 else -t
 
 
 def _check_against_reference(results, world=2, capacity=None):

@@ -275,7 +275,12 @@ def y2_lua(ports: list[int], max_message: int) -> str:
     node = struct_fields(spec.NODE_INDEX)
     runtime = struct_fields(spec.RUNTIME)  # the fixed fields; the optional last one below
     optional = [sc.name for sc in spec.RUNTIME.subcons][len(runtime)]
-    word = bit_fields(spec.WORD)
+    # y2's reading of a word (param, index, positive) and, after param, the layer view of
+    # the same bits (layer, bias): Wireshark shows both
+    y2_word = bit_fields(spec.WORD)
+    shown = {name for name, _ in y2_word}
+    view = [(name, mask) for name, mask in bit_fields(spec.LAYER_WORD) if name not in shown]
+    word = [*y2_word[:1], *view, *y2_word[1:]]
     head_size = sum(s for _, s, _ in handshake)
     fixed_runtime = sum(s for _, s, _ in runtime)
     node_size = sum(s for _, s, _ in node)

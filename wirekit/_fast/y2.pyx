@@ -76,10 +76,10 @@ cdef extern from *:
             T v_ = *(q);                                                               \
             if (v_ >= t) {                                                             \
                 *(q) = v_ - t;                                                         \
-                if (y2_push(b, base | ((uint32_t)(k) << 1))) return -1;                \
+                if (y2_push(b, base | ((uint32_t)(k) << 1) | 1u)) return -1;           \
             } else if (v_ <= -t) {                                                     \
                 *(q) = v_ + t;                                                         \
-                if (y2_push(b, base | ((uint32_t)(k) << 1) | 1u)) return -1;           \
+                if (y2_push(b, base | ((uint32_t)(k) << 1))) return -1;                \
             }                                                                          \
         } while (0)
 
@@ -96,7 +96,7 @@ cdef extern from *:
                 v_ = (p)[k_];                                                          \
                 neg_ = v_ < 0;                                                         \
                 (p)[k_] = neg_ ? v_ + t : v_ - t;                                      \
-                b->p[b->n++] = base | ((uint32_t)k_ << 1) | (uint32_t)neg_;            \
+                b->p[b->n++] = base | ((uint32_t)k_ << 1) | (uint32_t)!neg_;           \
             }                                                                          \
         } while (0)
 
@@ -162,7 +162,7 @@ cdef extern from *:
         const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
         const __m256i step = _mm256_set1_epi32(32);
         const __m256i lanes = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-        const float tab[2] = {-t, t};
+        const float tab[2] = {t, -t};  /* indexed by bit 0: 1 (+tau) moves the residual by -t */
         ptrdiff_t end, n, j;
         uint32_t *o, x;
         __m256 v0, v1;
@@ -173,7 +173,7 @@ cdef extern from *:
             if (y2_reserve(b, end - i + 16)) return -1;
             o = b->p;
             n = b->n;
-            w0 = _mm256_add_epi32(_mm256_set1_epi32((int)(base + ((uint32_t)i << 1))), lanes);
+            w0 = _mm256_add_epi32(_mm256_set1_epi32((int)(base + ((uint32_t)i << 1) + 1u)), lanes);
             w1 = _mm256_add_epi32(w0, _mm256_set1_epi32(16));
             for (; i < end; i += 16) {
                 Y2_PREFETCH(p + i);
@@ -181,8 +181,8 @@ cdef extern from *:
                 v1 = _mm256_loadu_ps(p + i + 8);
                 m0 = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v0, mag), vt, _CMP_GE_OQ));
                 m1 = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v1, mag), vt, _CMP_GE_OQ));
-                n += Y2_EMIT(o + n, _mm256_or_si256(w0, _mm256_srli_epi32(_mm256_castps_si256(v0), 31)), m0);
-                n += Y2_EMIT(o + n, _mm256_or_si256(w1, _mm256_srli_epi32(_mm256_castps_si256(v1), 31)), m1);
+                n += Y2_EMIT(o + n, _mm256_xor_si256(w0, _mm256_srli_epi32(_mm256_castps_si256(v0), 31)), m0);
+                n += Y2_EMIT(o + n, _mm256_xor_si256(w1, _mm256_srli_epi32(_mm256_castps_si256(v1), 31)), m1);
                 w0 = _mm256_add_epi32(w0, step);
                 w1 = _mm256_add_epi32(w1, step);
             }
@@ -203,7 +203,7 @@ cdef extern from *:
         const __m256i step = _mm256_set1_epi32(16);
         const __m256i shifts = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         const __m256i one = _mm256_set1_epi32(1);
-        const double tab[2] = {-t, t};
+        const double tab[2] = {t, -t};  /* indexed by bit 0 */
         ptrdiff_t end, n, j;
         uint32_t *o, x;
         __m256d v0, v1;
@@ -222,7 +222,7 @@ cdef extern from *:
                 v1 = _mm256_loadu_pd(p + i + 4);
                 m = (unsigned)_mm256_movemask_pd(_mm256_cmp_pd(_mm256_and_pd(v0, mag), vt, _CMP_GE_OQ))
                   | (unsigned)_mm256_movemask_pd(_mm256_cmp_pd(_mm256_and_pd(v1, mag), vt, _CMP_GE_OQ)) << 4;
-                s = (unsigned)_mm256_movemask_pd(v0) | (unsigned)_mm256_movemask_pd(v1) << 4;
+                s = ~((unsigned)_mm256_movemask_pd(v0) | (unsigned)_mm256_movemask_pd(v1) << 4);
                 n += Y2_EMIT(o + n, _mm256_or_si256(w, _mm256_and_si256(
                     _mm256_srlv_epi32(_mm256_set1_epi32((int)s), shifts), one)), m);
                 w = _mm256_add_epi32(w, step);
@@ -322,7 +322,7 @@ cdef extern from *:
        128-bit lanes; a lane permutation puts the elements back in order. */
     Y2_TARGET static ptrdiff_t y2_unpack_avx2(const uint32_t *w, ptrdiff_t n, uint16_t *layer,
                                               uint8_t *is_weight, uint32_t *index,
-                                              uint8_t *sign) {
+                                              uint8_t *positive) {
         const __m256i one = _mm256_set1_epi32(1);
         const __m256i imask = _mm256_set1_epi32(0x1FFFFF);
         const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -343,12 +343,12 @@ cdef extern from *:
             _mm256_storeu_si256((__m256i *)(index + i + 8), _mm256_and_si256(_mm256_srli_epi32(x1, 1), imask));
             _mm256_storeu_si256((__m256i *)(index + i + 16), _mm256_and_si256(_mm256_srli_epi32(x2, 1), imask));
             _mm256_storeu_si256((__m256i *)(index + i + 24), _mm256_and_si256(_mm256_srli_epi32(x3, 1), imask));
-            _mm256_storeu_si256((__m256i *)(is_weight + i), Y2_BYTES(
-                _mm256_and_si256(_mm256_srli_epi32(x0, 22), one),
-                _mm256_and_si256(_mm256_srli_epi32(x1, 22), one),
-                _mm256_and_si256(_mm256_srli_epi32(x2, 22), one),
-                _mm256_and_si256(_mm256_srli_epi32(x3, 22), one)));
-            _mm256_storeu_si256((__m256i *)(sign + i), Y2_BYTES(
+            _mm256_storeu_si256((__m256i *)(is_weight + i), Y2_BYTES(  /* bit 22 clear */
+                _mm256_andnot_si256(_mm256_srli_epi32(x0, 22), one),
+                _mm256_andnot_si256(_mm256_srli_epi32(x1, 22), one),
+                _mm256_andnot_si256(_mm256_srli_epi32(x2, 22), one),
+                _mm256_andnot_si256(_mm256_srli_epi32(x3, 22), one)));
+            _mm256_storeu_si256((__m256i *)(positive + i), Y2_BYTES(
                 _mm256_and_si256(x0, one), _mm256_and_si256(x1, one),
                 _mm256_and_si256(x2, one), _mm256_and_si256(x3, one)));
         }
@@ -360,18 +360,18 @@ cdef extern from *:
     /* unpack: contiguous native words into the four field arrays (vectorized). */
     static void y2_unpack(const uint32_t *Y2_RESTRICT w, ptrdiff_t n,
                           uint16_t *Y2_RESTRICT layer, uint8_t *Y2_RESTRICT is_weight,
-                          uint32_t *Y2_RESTRICT index, uint8_t *Y2_RESTRICT sign) {
+                          uint32_t *Y2_RESTRICT index, uint8_t *Y2_RESTRICT positive) {
         ptrdiff_t i = 0;
         uint32_t x;
     #ifdef Y2_AVX2
-        if (y2_avx2) i = y2_unpack_avx2(w, n, layer, is_weight, index, sign);
+        if (y2_avx2) i = y2_unpack_avx2(w, n, layer, is_weight, index, positive);
     #endif
         for (; i < n; i++) {
             x = w[i];
             layer[i] = (uint16_t)(x >> 23);
-            is_weight[i] = (uint8_t)((x >> 22) & 1u);
+            is_weight[i] = (uint8_t)(((x >> 22) & 1u) ^ 1u);
             index[i] = (x >> 1) & 0x1FFFFFu;
-            sign[i] = (uint8_t)(x & 1u);
+            positive[i] = (uint8_t)(x & 1u);
         }
     }
 
@@ -388,29 +388,31 @@ cdef extern from *:
         }
     }
 
-    /* pack: write (first) or OR one field into o[i0:i1]; nonzero if a value needs more
-       than `bits` bits (negative values convert to huge unsigned ones). */
+    /* pack: write (first) or OR one field, XOR `flip`, into o[i0:i1]; nonzero if a value
+       needs more than `bits` bits (negative values convert to huge unsigned ones). */
     #define Y2_FIELD(NAME, T, U)                                                       \
         static int NAME(const char *data, ptrdiff_t stride, ptrdiff_t i0, ptrdiff_t i1,  \
-                        uint32_t *o, int shift, int bits, int first) {                 \
+                        uint32_t *o, int shift, int bits, uint32_t flip, int first) {  \
             U acc = 0, v;                                                              \
             ptrdiff_t i;                                                               \
             if (stride == (ptrdiff_t)sizeof(T)) {                                      \
                 const T *p = (const T *)data;                                          \
                 if (first)                                                             \
                     for (i = i0; i < i1; i++) {                                        \
-                        v = (U)p[i]; acc |= v >> bits; o[i] = (uint32_t)v << shift;    \
+                        v = (U)p[i]; acc |= v >> bits;                                 \
+                        o[i] = ((uint32_t)v ^ flip) << shift;                          \
                     }                                                                  \
                 else                                                                   \
                     for (i = i0; i < i1; i++) {                                        \
-                        v = (U)p[i]; acc |= v >> bits; o[i] |= (uint32_t)v << shift;   \
+                        v = (U)p[i]; acc |= v >> bits;                                 \
+                        o[i] |= ((uint32_t)v ^ flip) << shift;                         \
                     }                                                                  \
             } else {                                                                   \
                 for (i = i0; i < i1; i++) {                                            \
                     v = (U)*(const T *)(data + i * stride);                            \
                     acc |= v >> bits;                                                  \
-                    if (first) o[i] = (uint32_t)v << shift;                            \
-                    else o[i] |= (uint32_t)v << shift;                                 \
+                    if (first) o[i] = ((uint32_t)v ^ flip) << shift;                   \
+                    else o[i] |= ((uint32_t)v ^ flip) << shift;                        \
                 }                                                                      \
             }                                                                          \
             return acc != 0;                                                           \
@@ -425,17 +427,66 @@ cdef extern from *:
     Y2_FIELD(y2_field_u32, uint32_t, uint32_t)
     Y2_FIELD(y2_field_u64, uint64_t, uint64_t)
 
+    /* pack in one pass for the common input dtypes, contiguous: each word is written
+       once, and every input read once (the per-field passes above read and write the
+       output four times, in L1).  The OR of each field's values tells whether one is out
+       of range.  Compiled twice: plain (SSE2) and for AVX2, chosen at run time. */
+    #define Y2_PACK_FUSED(NAME, TL, TW, TI, TS, U, ATTR)                                \
+        ATTR static int NAME(const TL *Y2_RESTRICT l, const TW *Y2_RESTRICT w,           \
+                             const TI *Y2_RESTRICT x, const TS *Y2_RESTRICT s,           \
+                             uint32_t *Y2_RESTRICT o, ptrdiff_t n) {                     \
+            U al = 0, aw = 0, ai = 0, as = 0;                                            \
+            ptrdiff_t i;                                                                 \
+            for (i = 0; i < n; i++) {                                                    \
+                al |= (U)l[i]; aw |= (U)w[i]; ai |= (U)x[i]; as |= (U)s[i];              \
+                o[i] = ((uint32_t)l[i] << 23) | (((uint32_t)w[i] ^ 1u) << 22)            \
+                     | ((uint32_t)x[i] << 1) | (uint32_t)s[i];                           \
+            }                                                                            \
+            return ((al >> 9) | (aw >> 1) | (ai >> 21) | (as >> 1)) != 0;                \
+        }
+
+    /* unpack's dtypes (uint16, bool, uint32, uint8), and int64 (NumPy's default) */
+    Y2_PACK_FUSED(y2_pack_small, uint16_t, uint8_t, uint32_t, uint8_t, uint32_t, )
+    Y2_PACK_FUSED(y2_pack_i64, int64_t, int64_t, int64_t, int64_t, uint64_t, )
+    #ifdef Y2_AVX2
+    Y2_PACK_FUSED(y2_pack_small_avx2, uint16_t, uint8_t, uint32_t, uint8_t, uint32_t, Y2_TARGET)
+    Y2_PACK_FUSED(y2_pack_i64_avx2, int64_t, int64_t, int64_t, int64_t, uint64_t, Y2_TARGET)
+    #endif
+
+    /* kind 1: unpack's dtypes, 2: all int64; the four inputs start at element i0. */
+    static int y2_pack_fused(int kind, const char *const *data, ptrdiff_t i0, ptrdiff_t i1,
+                             uint32_t *o) {
+        ptrdiff_t n = i1 - i0;
+        if (kind == 1) {
+            const uint16_t *l = (const uint16_t *)data[0] + i0;
+            const uint8_t *w = (const uint8_t *)data[1] + i0, *s = (const uint8_t *)data[3] + i0;
+            const uint32_t *x = (const uint32_t *)data[2] + i0;
+    #ifdef Y2_AVX2
+            if (y2_avx2) return y2_pack_small_avx2(l, w, x, s, o + i0, n);
+    #endif
+            return y2_pack_small(l, w, x, s, o + i0, n);
+        } else {
+            const int64_t *l = (const int64_t *)data[0] + i0, *w = (const int64_t *)data[1] + i0;
+            const int64_t *x = (const int64_t *)data[2] + i0, *s = (const int64_t *)data[3] + i0;
+    #ifdef Y2_AVX2
+            if (y2_avx2) return y2_pack_i64_avx2(l, w, x, s, o + i0, n);
+    #endif
+            return y2_pack_i64(l, w, x, s, o + i0, n);
+        }
+    }
+
     static int y2_field(int code, const char *data, ptrdiff_t stride, ptrdiff_t i0,
-                        ptrdiff_t i1, uint32_t *o, int shift, int bits, int first) {
+                        ptrdiff_t i1, uint32_t *o, int shift, int bits, uint32_t flip,
+                        int first) {
         switch (code) {
-        case 0: return y2_field_i8(data, stride, i0, i1, o, shift, bits, first);
-        case 1: return y2_field_i16(data, stride, i0, i1, o, shift, bits, first);
-        case 2: return y2_field_i32(data, stride, i0, i1, o, shift, bits, first);
-        case 3: return y2_field_i64(data, stride, i0, i1, o, shift, bits, first);
-        case 4: return y2_field_u8(data, stride, i0, i1, o, shift, bits, first);
-        case 5: return y2_field_u16(data, stride, i0, i1, o, shift, bits, first);
-        case 6: return y2_field_u32(data, stride, i0, i1, o, shift, bits, first);
-        default: return y2_field_u64(data, stride, i0, i1, o, shift, bits, first);
+        case 0: return y2_field_i8(data, stride, i0, i1, o, shift, bits, flip, first);
+        case 1: return y2_field_i16(data, stride, i0, i1, o, shift, bits, flip, first);
+        case 2: return y2_field_i32(data, stride, i0, i1, o, shift, bits, flip, first);
+        case 3: return y2_field_i64(data, stride, i0, i1, o, shift, bits, flip, first);
+        case 4: return y2_field_u8(data, stride, i0, i1, o, shift, bits, flip, first);
+        case 5: return y2_field_u16(data, stride, i0, i1, o, shift, bits, flip, first);
+        case 6: return y2_field_u32(data, stride, i0, i1, o, shift, bits, flip, first);
+        default: return y2_field_u64(data, stride, i0, i1, o, shift, bits, flip, first);
         }
     }
 
@@ -718,7 +769,8 @@ cdef extern from *:
     void y2_unpack(const uint32_t*, Py_ssize_t, uint16_t*, uint8_t*, uint32_t*,
                    uint8_t*) noexcept nogil
     int y2_field(int, const char*, Py_ssize_t, Py_ssize_t, Py_ssize_t, uint32_t*, int, int,
-                 int) noexcept nogil
+                 uint32_t, int) noexcept nogil
+    int y2_pack_fused(int, const char* const*, Py_ssize_t, Py_ssize_t, uint32_t*) noexcept nogil
     ctypedef void (*y2_task)(void*, Py_ssize_t) noexcept nogil
     void y2_run(y2_task, void*, Py_ssize_t, int) nogil
     void y2_pool_stop() nogil
@@ -1061,6 +1113,7 @@ cdef struct Field:
     int code  # dtype: 0..3 int8..int64, 4..7 uint8..uint64
     int shift
     int bits
+    uint32_t flip  # XORed into the value before the shift: 1 for is_weight (bit 22 = bias)
 
 
 cdef dict _INT_CODES = {
@@ -1082,32 +1135,44 @@ AUTO_WORDS = 1 << 17
 
 cdef struct PackJob:
     Field fields[4]
+    const char* data[4]  # the fields' data, for the one-pass kernels
+    int fused  # 0: field by field; 1: unpack's dtypes, 2: int64, all contiguous
     uint32_t* out
     Py_ssize_t n
     int bad  # set (atomically) by a chunk holding an out-of-range value
+
+
+#: pack's one-pass kernels: the fields' dtype codes (``_INT_CODES``) each takes.
+cdef dict _FUSED = {(5, 4, 6, 4): 1, (3, 3, 3, 3): 2}
 
 
 cdef void _pack_chunk(void* ctx, Py_ssize_t chunk) noexcept nogil:
     cdef PackJob* job = <PackJob*>ctx
     cdef Py_ssize_t i0 = chunk * WORDS_PER_CHUNK, end = min(i0 + WORDS_PER_CHUNK, job.n), i1
     cdef int k, bad = 0
+    if job.fused:
+        if y2_pack_fused(job.fused, job.data, i0, end, job.out):
+            y2_set_flag(&job.bad)
+        return
     # block by block, so that the block of output stays in L1 for all four fields
     while i0 < end:
         i1 = min(i0 + PACK_BLOCK, end)
         for k in range(4):
             bad |= y2_field(job.fields[k].code, job.fields[k].data, job.fields[k].stride, i0,
-                            i1, job.out, job.fields[k].shift, job.fields[k].bits, k == 0)
+                            i1, job.out, job.fields[k].shift, job.fields[k].bits,
+                            job.fields[k].flip, k == 0)
         i0 = i1
     if bad:
         y2_set_flag(&job.bad)
 
 
-def pack(layer, is_weight, index, sign, *, threads=None):
-    """Four equal-length integer arrays -> native uint32 delta words.
+def pack(layer, is_weight, index, positive, *, threads=None):
+    """Four equal-length integer arrays -> native uint32 delta words (y2's parameter ``2 ×
+    layer`` for a weight, ``2 × layer + 1`` for a bias; ``positive`` 1: +tau).
 
     ``threads``: as for :func:`unpack`; the result does not depend on it.
     """
-    arrays = _checks.pack_arrays(layer, is_weight, index, sign)
+    arrays = _checks.pack_arrays(layer, is_weight, index, positive)
     nthreads = _checks.threads_value(threads)
     cdef Py_ssize_t n = len(arrays[0])
     cdef Py_ssize_t chunks = (n + WORDS_PER_CHUNK - 1) // WORDS_PER_CHUNK
@@ -1126,6 +1191,12 @@ def pack(layer, is_weight, index, sign, *, threads=None):
         job.fields[k].code = _INT_CODES[a.dtype.kind, a.itemsize]
         job.fields[k].shift = (23, 22, 1, 0)[k]
         job.fields[k].bits = (9, 1, 21, 1)[k]
+        job.fields[k].flip = k == 1
+        job.data[k] = job.fields[k].data
+    codes = tuple(job.fields[k].code for k in range(4))
+    job.fused = _FUSED.get(codes, 0) if all(
+        job.fields[k].stride == a.itemsize for k, a in enumerate(arrays)
+    ) else 0
     job.out = <uint32_t*>cnp.PyArray_DATA(out)
     job.n = n
     job.bad = 0
@@ -1149,7 +1220,7 @@ cdef void _unpack_range(const char* src, Py_ssize_t stride, bint swap, Py_ssize_
         if swap:
             x = _bswap(x)
         lp[i] = x >> 23
-        wp[i] = (x >> 22) & 1
+        wp[i] = ((x >> 22) & 1) ^ 1
         ip[i] = (x >> 1) & INDEX_MASK
         sp[i] = x & 1
 
@@ -1208,7 +1279,7 @@ cdef bint _disjoint_outputs(object out, object raw, Py_ssize_t n):
 
 
 def unpack(words, *, out=None, threads=None):
-    """Delta words -> ``(layer uint16, is_weight bool, index uint32, sign uint8)``.
+    """Delta words -> ``(layer uint16, is_weight bool, index uint32, positive uint8)``.
 
     ``out``: four arrays to write into (and return) instead of new ones; each 1-D,
     contiguous, writeable, of the words' length and exactly those dtypes, sharing no memory
@@ -1227,13 +1298,13 @@ def unpack(words, *, out=None, threads=None):
         layer = np.empty(n, dtype=np.uint16)
         is_weight = np.empty(n, dtype=np.bool_)
         index = np.empty(n, dtype=np.uint32)
-        sign = np.empty(n, dtype=np.uint8)
+        positive = np.empty(n, dtype=np.uint8)
     elif n and _disjoint_outputs(out, raw, n):
-        layer, is_weight, index, sign = out
+        layer, is_weight, index, positive = out
     else:
-        layer, is_weight, index, sign = _checks.unpack_out(out, raw)
+        layer, is_weight, index, positive = _checks.unpack_out(out, raw)
     if n == 0:
-        return layer, is_weight, index, sign
+        return layer, is_weight, index, positive
     cdef UnpackJob job
     job.src = <const char*>cnp.PyArray_DATA(raw)
     job.stride = raw.strides[0]
@@ -1242,10 +1313,10 @@ def unpack(words, *, out=None, threads=None):
     job.lp = <uint16_t*>cnp.PyArray_DATA(layer)
     job.wp = <uint8_t*>cnp.PyArray_DATA(is_weight)
     job.ip = <uint32_t*>cnp.PyArray_DATA(index)
-    job.sp = <uint8_t*>cnp.PyArray_DATA(sign)
+    job.sp = <uint8_t*>cnp.PyArray_DATA(positive)
     with nogil:
         y2_run(_unpack_chunk, &job, chunks, want)
-    return layer, is_weight, index, sign
+    return layer, is_weight, index, positive
 
 
 cdef bytes _to_wire(object arr, bint swap, bint message):
@@ -1297,7 +1368,7 @@ def from_wire(buf, *, copy=True):
 # --- apply ----------------------------------------------------------------------------------
 
 
-DEF KEYS = 2 * MAX_LAYERS  # a word's key, 2 * layer + is_weight: its top 10 bits, 0..1023
+DEF KEYS = 2 * MAX_LAYERS  # a word's key, y2's parameter index: its top 10 bits, 0..1023
 
 
 cdef struct Target:
@@ -1407,11 +1478,11 @@ cdef void _add_words(const uint32_t[:] w, bint swap, const Target* targets,
         key = x >> 22
         p = targets[key].data + <Py_ssize_t>((x >> 1) & INDEX_MASK) * targets[key].stride
         if targets[key].kind == 0:
-            (<float*>p)[0] += -tf if x & 1 else tf
+            (<float*>p)[0] += tf if x & 1 else -tf
         elif targets[key].kind == 1:
-            (<double*>p)[0] += -t if x & 1 else t
+            (<double*>p)[0] += t if x & 1 else -t
         elif targets[key].kind == 2:
-            (<long double*>p)[0] += -tl if x & 1 else tl
+            (<long double*>p)[0] += tl if x & 1 else -tl
 
 
 cdef class _Targets:
@@ -1454,12 +1525,9 @@ def apply(params, words, tau):
         bad = _first_bad_word(w, swap, sizes)
     if bad < n:
         raise _checks.bad_word(bad, _bswap(w[bad]) if swap else w[bad], layers)
-    # (key, array) for every array a word can address: layers past MAX_LAYERS cannot be
-    keyed = [
-        (2 * k + is_weight, pair[0 if is_weight else 1])
-        for k, pair in enumerate(layers[:MAX_LAYERS])
-        for is_weight in (0, 1)
-    ]
+    # (key, array) for every array a word can address, in key order (weights 2k, biases
+    # 2k + 1): layers past MAX_LAYERS cannot be
+    keyed = [(2 * k + j, pair[j]) for k, pair in enumerate(layers[:MAX_LAYERS]) for j in (0, 1)]
     arrays = [a for _key, a in keyed]
     if _overlaps_any(arr, arrays):  # the words are in a parameter: read them as they were
         arr = arr.copy()
@@ -1689,7 +1757,7 @@ cdef list _plain_items(object residuals, Py_ssize_t* total, Py_ssize_t* chunks,
         pair = residuals[k]
         if (type(pair) is not tuple and type(pair) is not list) or len(pair) != 2:
             return None
-        for j in range(2):  # weights (is_weight 1) first
+        for j in range(2):  # weights (an even parameter index) first
             if type(pair[j]) is not np.ndarray:
                 return None
             a = pair[j]
@@ -1704,7 +1772,7 @@ cdef list _plain_items(object residuals, Py_ssize_t* total, Py_ssize_t* chunks,
             if size == 0:
                 continue
             has_f32[0] |= kind == cnp.NPY_FLOAT32
-            items.append((0 if kind == cnp.NPY_FLOAT32 else 1, a, (k << 23) | ((1 - j) << 22)))
+            items.append((0 if kind == cnp.NPY_FLOAT32 else 1, a, (2 * k + j) << 22))
             total[0] += size
             chunks[0] += (size + ELEMENTS_PER_CHUNK - 1) // ELEMENTS_PER_CHUNK
     return items
@@ -1735,7 +1803,7 @@ def compress(residuals, tau, *, threads=None):
         items = []  # (kind, array, base) in output order
         total = chunks = 0
         for k, (weights, biases) in enumerate(layers):
-            for a, base in ((weights, (k << 23) | (1 << 22)), (biases, k << 23)):
+            for a, base in ((weights, (2 * k) << 22), (biases, (2 * k + 1) << 22)):
                 if a.size == 0:
                     continue
                 kind = _float_kind(a.dtype)

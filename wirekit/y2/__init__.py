@@ -2,17 +2,29 @@
 
 >>> import numpy as np
 >>> from wirekit import y2
->>> words = y2.pack([3], [1], [42], [1])       # layer 3, weight, index 42, -tau
->>> hex(words[0])
-'0x1c00055'
+>>> words = y2.pack([3], [1], [42], [1])       # layer 3, weight, index 42, +tau
+>>> hex(words[0])                                # y2's parameter 6: (6 << 22) | (42 << 1) | 1
+'0x1800055'
+>>> y2.word_fields(words[0])
+{'param': 6, 'layer': 3, 'weight': True, 'index': 42, 'positive': True}
 >>> y2.encode(y2.Delta(words)).hex()
-'000000010000000401c00055'
+'000000010000000401800055'
 >>> model = [(np.zeros(4, np.float32), np.zeros(2, np.float32))]
 >>> residual = [(np.array([0.3, -0.1, -0.7, 0.0], np.float32), np.zeros(2, np.float32))]
 >>> delta = y2.compress(residual, 0.25)
+>>> [hex(w) for w in delta]                      # +tau at index 0, -tau at index 2
+['0x1', '0x4']
 >>> y2.apply(model, delta, 0.25)
 >>> model[0][0].tolist()
 [0.25, 0.0, -0.25, 0.0]
+
+A model's parameter list in y2's order (``model.parameters()``) addresses words through
+:func:`parameter_pairs`: word ``p`` updates ``params[p]``.
+
+>>> params = [np.zeros(3), np.zeros(2), np.zeros(2)]   # e.g. a layer without bias first
+>>> y2.apply(y2.parameter_pairs(params), [(2 << 22) | (1 << 1) | 1], 0.5)
+>>> params[2].tolist()
+[0.0, 0.5]
 
 The codec and kernel functions come from the Cython twin unless ``WIREKIT_PURE=1`` or it is
 not built; ``IMPLEMENTATION`` tells which.
@@ -33,6 +45,8 @@ from .messages import (
     HANDSHAKE_SIZE,
     MAX_INDEX,
     MAX_LAYER,
+    MAX_PARAM,
+    OLD_LAYOUT_FLIP,
     PROTOCOL,
     Delta,
     Finished,
@@ -40,6 +54,7 @@ from .messages import (
     MessageType,
     NodeIndex,
     Runtime,
+    parameter_pairs,
     partition,
     word_fields,
 )
@@ -82,6 +97,8 @@ __all__ = [
     "IMPLEMENTATION",
     "MAX_INDEX",
     "MAX_LAYER",
+    "MAX_PARAM",
+    "OLD_LAYOUT_FLIP",
     "PROTOCOL",
     "Decoder",
     "Delta",
@@ -98,6 +115,7 @@ __all__ = [
     "encode",
     "from_wire",
     "pack",
+    "parameter_pairs",
     "partition",
     "scan_deltas",
     "to_wire",

@@ -17,10 +17,18 @@ import numpy as np
 
 from wirekit.errors import DecodeError, EncodeError
 
-from .messages import MAX_ARRAY_SIZE, MAX_INDEX, MAX_LAYER, MAX_LAYERS, PROTOCOL, U32_MAX
+from .messages import (
+    MAX_ARRAY_SIZE,
+    MAX_INDEX,
+    MAX_LAYER,
+    MAX_LAYERS,
+    PARAM_SHIFT,
+    PROTOCOL,
+    U32_MAX,
+)
 
 #: The four word fields in the order pack() checks them, with their largest value.
-PACK_FIELDS = (("layer", MAX_LAYER), ("is_weight", 1), ("index", MAX_INDEX), ("sign", 1))
+PACK_FIELDS = (("layer", MAX_LAYER), ("is_weight", 1), ("index", MAX_INDEX), ("positive", 1))
 
 
 def int_array(value: Any, field: str, *, keep_order: bool = False) -> np.ndarray:
@@ -45,11 +53,11 @@ def int_array(value: Any, field: str, *, keep_order: bool = False) -> np.ndarray
     return arr
 
 
-def pack_arrays(layer: Any, is_weight: Any, index: Any, sign: Any) -> list[np.ndarray]:
+def pack_arrays(layer: Any, is_weight: Any, index: Any, positive: Any) -> list[np.ndarray]:
     """The four pack() inputs as 1-D integer arrays of one length."""
+    values = (layer, is_weight, index, positive)
     arrays = [
-        int_array(value, name)
-        for value, (name, _top) in zip((layer, is_weight, index, sign), PACK_FIELDS, strict=True)
+        int_array(value, name) for value, (name, _top) in zip(values, PACK_FIELDS, strict=True)
     ]
     n = len(arrays[0])
     for arr, (name, _top) in zip(arrays, PACK_FIELDS, strict=True):
@@ -110,7 +118,7 @@ UNPACK_FIELDS = (
     ("layer", np.dtype(np.uint16)),
     ("is_weight", np.dtype(np.bool_)),
     ("index", np.dtype(np.uint32)),
-    ("sign", np.dtype(np.uint8)),
+    ("positive", np.dtype(np.uint8)),
 )
 
 
@@ -126,7 +134,8 @@ def unpack_out(out: Any, words: np.ndarray) -> tuple[np.ndarray, ...]:
         ) from None
     if len(arrays) != 4:
         raise TypeError(
-            f"{PROTOCOL}: out must hold 4 arrays (layer, is_weight, index, sign), got {len(arrays)}"
+            f"{PROTOCOL}: out must hold 4 arrays (layer, is_weight, index, positive), "
+            f"got {len(arrays)}"
         )
     n = len(words)
     for given, (name, dtype) in zip(arrays, UNPACK_FIELDS, strict=True):
@@ -328,22 +337,29 @@ def idle_cores(
 
 def bad_word(i: int, word: int, layers: list[tuple[np.ndarray, np.ndarray]]) -> DecodeError:
     """The error for delta word ``i`` (``word``), which does not address a parameter."""
-    layer = word >> 23
-    is_weight = (word >> 22) & 1
+    param = word >> PARAM_SHIFT
+    layer, is_bias = param >> 1, param & 1
     index = (word >> 1) & MAX_INDEX
     if layer >= len(layers):
-        text = f"layer {layer} does not exist (the model has {len(layers)} layers)"
+        text = (
+            f"parameter {param} (layer {layer}) does not exist "
+            f"(the model has {len(layers)} layers, parameters 0..{2 * len(layers) - 1})"
+        )
     else:
-        kind = "weight" if is_weight else "bias"
-        size = layers[layer][0 if is_weight else 1].size
-        text = f"{kind} index {index} is out of range for layer {layer} ({size} {kind}s)"
+        kind, plural = ("bias", "biases") if is_bias else ("weight", "weights")
+        size = layers[layer][is_bias].size
+        text = (
+            f"{kind} index {index} is out of range for parameter {param} "
+            f"(layer {layer}: {size} {plural if size != 1 else kind})"
+        )
     return DecodeError(PROTOCOL, f"words[{i}]", 4 * i, f"0x{word:08x}: {text}")
 
 
 def size_table(layers: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """Element count per (layer, kind): entry ``2 * layer + is_weight``; 0 past the model."""
+    """Element count per y2 parameter index (a word's top 10 bits): entry ``2 * layer`` for
+    the weights, ``2 * layer + 1`` for the biases; 0 past the model."""
     table = np.zeros(2 * MAX_LAYERS, dtype=np.int64)
     for k, (weights, biases) in enumerate(layers[:MAX_LAYERS]):
-        table[2 * k] = biases.size
-        table[2 * k + 1] = weights.size
+        table[2 * k] = weights.size
+        table[2 * k + 1] = biases.size
     return table

@@ -17,12 +17,15 @@ from wirekit.errors import DecodeError, EncodeError
 
 from . import _checks, spec
 from .messages import (
+    BIAS_SHIFT,
     HANDSHAKE_SIZE,
     I32_MAX,
     I32_MIN,
+    LAYER_SHIFT,
     MAX_DELTA_WORDS,
     MAX_INDEX,
     NODE_INDEX_SIZE,
+    PARAM_SHIFT,
     PROTOCOL,
     RUNTIME_SIZES,
     Delta,
@@ -180,7 +183,7 @@ def to_container(msg: Message) -> dict:
     if isinstance(msg, Delta):
         words = _delta_words(msg.words)
         fields = [
-            dict(layer=w >> 23, is_weight=bool(w >> 22 & 1), index=w >> 1 & MAX_INDEX, sign=w & 1)
+            dict(param=w >> PARAM_SHIFT, index=w >> 1 & MAX_INDEX, positive=bool(w & 1))
             for w in words.tolist()
         ]
         return dict(type=1, payload=dict(words=fields))
@@ -206,7 +209,7 @@ def from_container(c: Container) -> Message:
     if c.type == MessageType.DELTA:
         return Delta(
             np.array(
-                [(w.layer << 23) | (w.is_weight << 22) | (w.index << 1) | w.sign for w in p.words],
+                [(w.param << PARAM_SHIFT) | (w.index << 1) | w.positive for w in p.words],
                 dtype=np.uint32,
             )
         )
@@ -237,25 +240,27 @@ def encode(msg: Message) -> bytes:
 
 
 def pack(
-    layer: Any, is_weight: Any, index: Any, sign: Any, *, threads: int | None = None
+    layer: Any, is_weight: Any, index: Any, positive: Any, *, threads: int | None = None
 ) -> np.ndarray:
     """Four equal-length integer arrays -> native uint32 delta words.
 
+    The word of ``(layer, is_weight, index, positive)`` addresses y2's parameter ``2 ×
+    layer`` (a weight) or ``2 × layer + 1`` (a bias); ``positive`` 1 is +tau, 0 is -tau.
     An out-of-range value raises :class:`EncodeError` naming the first bad position (and,
-    there, the first bad field in the order layer, is_weight, index, sign).  ``threads`` is
-    accepted for signature parity with the Cython twin.
+    there, the first bad field in the order layer, is_weight, index, positive).  ``threads``
+    is accepted for signature parity with the Cython twin.
     """
-    arrays = _checks.pack_arrays(layer, is_weight, index, sign)
+    arrays = _checks.pack_arrays(layer, is_weight, index, positive)
     _checks.threads_value(threads)
     _checks.check_pack_values(arrays)
-    lay, wgt, idx, sgn = (a.astype(np.uint32) for a in arrays)
-    return (lay << 23) | (wgt << 22) | (idx << 1) | sgn
+    lay, wgt, idx, pos = (a.astype(np.uint32) for a in arrays)
+    return (lay << LAYER_SHIFT) | ((wgt ^ 1) << BIAS_SHIFT) | (idx << 1) | pos
 
 
 def unpack(
     words: Any, *, out: Any = None, threads: int | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Delta words -> ``(layer uint16, is_weight bool, index uint32, sign uint8)``.
+    """Delta words -> ``(layer uint16, is_weight bool, index uint32, positive uint8)``.
 
     ``out``: four arrays to write into (and return) instead of new ones; each 1-D,
     contiguous, writeable, of the words' length and exactly those dtypes, sharing no memory
@@ -275,16 +280,17 @@ def unpack(
     else:
         out = _checks.unpack_out(out, raw)
     w = raw if raw.dtype.isnative else raw.astype(np.uint32)
-    layer, is_weight, index, sign = out
+    layer, is_weight, index, positive = out
     # ufuncs writing straight into the results: no temporaries (faster than astype chains)
-    np.right_shift(w, 23, out=layer, casting="unsafe")
+    np.right_shift(w, LAYER_SHIFT, out=layer, casting="unsafe")
     flag = is_weight.view(np.uint8)
-    np.right_shift(w, 22, out=flag, casting="unsafe")  # the low 8 bits of (layer, w)
+    np.right_shift(w, BIAS_SHIFT, out=flag, casting="unsafe")  # the low 8 bits of param
     np.bitwise_and(flag, 1, out=flag)
+    np.bitwise_xor(flag, 1, out=flag)  # an even param is a weight
     np.right_shift(w, 1, out=index)
     np.bitwise_and(index, MAX_INDEX, out=index)
-    np.bitwise_and(w, 1, out=sign, casting="unsafe")
-    return layer, is_weight, index, sign
+    np.bitwise_and(w, 1, out=positive, casting="unsafe")
+    return layer, is_weight, index, positive
 
 
 def to_wire(words: Any) -> bytes:
@@ -319,14 +325,14 @@ def flat_target(arr: np.ndarray) -> tuple[np.ndarray, bool]:
     return np.ascontiguousarray(arr).reshape(-1), True
 
 
-def apply_array(arr: np.ndarray, index: np.ndarray, negative: np.ndarray, tau: float) -> None:
-    """``arr.flat[index[k]] += -tau if negative[k] else +tau`` for each k, in order.
+def apply_array(arr: np.ndarray, index: np.ndarray, positive: np.ndarray, tau: float) -> None:
+    """``arr.flat[index[k]] += +tau if positive[k] else -tau`` for each k, in order.
 
     Each addition is done in ``arr``'s dtype with tau rounded to that dtype first.
     """
     t = arr.dtype.type(tau)
     flat, copied = flat_target(arr)
-    np.add.at(flat, index, np.where(negative, -t, t).astype(arr.dtype))
+    np.add.at(flat, index, np.where(positive, t, -t).astype(arr.dtype))
     if copied:
         arr[...] = flat.reshape(arr.shape)
 
@@ -339,10 +345,12 @@ def apply(params: Any, words: Any, tau: float) -> None:
     missing layer or an index past its array raises :class:`DecodeError` (field
     ``words[i]``, offset ``4 * i``) and no parameter changes; so does a tau that is not a
     finite positive number in some array's dtype (:class:`EncodeError`, field ``tau``).
-    The arrays are updated one after another in the order of their word key (``2 * layer +
-    is_weight``), each written back before the next is read, so arrays sharing memory (tied
-    weights, views) receive every update.  Only layers 0..511 can be addressed; a longer
-    model is accepted and its further layers are left alone.
+    A word's top 10 bits are y2's parameter index ``p``: layer ``p >> 1``'s weights for an
+    even ``p``, its biases for an odd one (see :func:`parameter_pairs`).  The arrays are
+    updated one after another in the order of ``p``, each written back before the next is
+    read, so arrays sharing memory (tied weights, views) receive every update.  Only layers
+    0..511 can be addressed; a longer model is accepted and its further layers are left
+    alone.
     """
     layers = _checks.model(params, "params")
     tau = _checks.tau_value(tau)
@@ -350,38 +358,38 @@ def apply(params: Any, words: Any, tau: float) -> None:
     w = _checks.native_words(words)
     if not len(w):
         return
-    key = (w >> 22).astype(np.int64)  # 2 * layer + is_weight
+    key = (w >> PARAM_SHIFT).astype(np.int64)  # y2's parameter index: 2 * layer + is_bias
     index = ((w >> 1) & MAX_INDEX).astype(np.int64)
     table = _checks.size_table(layers)
     bad = index >= table[key]
     if bad.any():
         i = int(np.argmax(bad))
         raise _checks.bad_word(i, int(w[i]), layers)
-    negative = (w & 1).astype(bool)
+    positive = (w & 1).astype(bool)
     for k in np.unique(key).tolist():
         sel = key == k
-        arr = layers[k >> 1][0 if k & 1 else 1]
-        apply_array(arr, index[sel], negative[sel], tau)
+        apply_array(layers[k >> 1][k & 1], index[sel], positive[sel], tau)
 
 
 def compress_array(arr: np.ndarray, base: int, tau: float) -> np.ndarray:
-    """Threshold-quantize one residual array in place; its words (``base`` holds layer, w)."""
+    """Threshold-quantize one residual array in place; its words (``base``: the param bits)."""
     t = arr.dtype.type(tau)
     flat, copied = flat_target(arr)
     hit = np.flatnonzero((flat >= t) | (flat <= -t))
-    negative = flat[hit] < 0
-    flat[hit] -= np.where(negative, -t, t).astype(arr.dtype)
+    positive = flat[hit] > 0
+    flat[hit] -= np.where(positive, t, -t).astype(arr.dtype)
     if copied:
         arr[...] = flat.reshape(arr.shape)
-    return np.uint32(base) | (hit.astype(np.uint32) << 1) | negative.astype(np.uint32)
+    return np.uint32(base) | (hit.astype(np.uint32) << 1) | positive.astype(np.uint32)
 
 
 def compress(residuals: Any, tau: float, *, threads: int | None = None) -> np.ndarray:
     """1-bit threshold quantization of a model's residuals, in place.
 
     For every element with ``|r| >= tau`` a word is emitted and ``r`` moves toward zero by
-    tau (``r - tau`` if positive, word sign 0; ``r + tau`` if negative, sign 1).  Words are
-    ordered by layer, weights before biases, index ascending.  ``threads`` is accepted for
+    tau (``r - tau`` if positive, word bit 0 set: +tau; ``r + tau`` if negative, bit 0
+    clear: -tau), as y2's trainer does.  Words are ordered by y2's parameter index (layer,
+    weights before biases), index ascending: ascending words.  ``threads`` is accepted for
     signature parity with the Cython twin (whose output does not depend on it).
     """
     layers = _checks.model(residuals, "residuals")
@@ -390,6 +398,6 @@ def compress(residuals: Any, tau: float, *, threads: int | None = None) -> np.nd
     _checks.check_compressible(layers, tau)
     parts = [np.zeros(0, dtype=np.uint32)]
     for k, (weights, biases) in enumerate(layers):
-        parts.append(compress_array(weights, (k << 23) | (1 << 22), tau))
-        parts.append(compress_array(biases, k << 23, tau))
+        parts.append(compress_array(weights, (2 * k) << PARAM_SHIFT, tau))
+        parts.append(compress_array(biases, (2 * k + 1) << PARAM_SHIFT, tau))
     return np.concatenate(parts)

@@ -80,9 +80,10 @@ def jsonable(rec: Record, max_words: int | None = None) -> dict[str, Any]:
 
 
 def _word(w: dict[str, Any]) -> str:
-    return (
-        f"L{w['layer']} {'w' if w['weight'] else 'b'}[{w['index']}] {'-' if w['sign'] else '+'}tau"
-    )
+    """``p7 L3 b[42] +tau``: y2's parameter index, then its layer view (w weights, b biases)."""
+    kind = "w" if w["weight"] else "b"
+    sign = "+" if w["positive"] else "-"
+    return f"p{w['param']} L{w['layer']} {kind}[{w['index']}] {sign}tau"
 
 
 def render(rec: Record, shown: int = DEFAULT_SHOWN) -> str:

@@ -1,11 +1,15 @@
 """y2 message types and word layout, shared by the Cython twin and the pure path.
 
-A y2 *delta word* is one unsigned 32-bit integer (most significant bit first)::
+A y2 *delta word* is one unsigned 32-bit integer (most significant bit first), as y2's
+trainer builds it (``(param << 22) | (index << 1) | positive``)::
 
-    bit 31 ........ 23 | 22 | 21 ................ 1 | 0
-        layer (9 bits) | w  | index (21 bits)       | sign
+    bit 31 ............. 22 | 21 ................ 1 | 0
+        param (10 bits)     | index (21 bits)       | positive
+        layer (9) | bias (1)|                       |
 
-``w`` is 1 for a weight, 0 for a bias; ``sign`` 0 means +tau, 1 means -tau.
+``param`` is the parameter's position in the model's parameter list (``model.parameters()``
+in y2); ``positive`` is 1 for +tau, 0 for -tau.  wirekit's (weights, biases) pairs are a view
+of ``param``: layer ``param >> 1``, a weight when ``param`` is even, a bias when odd.
 """
 
 from __future__ import annotations
@@ -22,12 +26,17 @@ PROTOCOL = "y2"
 HANDSHAKE_SIZE = 8
 WORD_SIZE = 4
 
-LAYER_BITS, INDEX_BITS = 9, 21
-LAYER_SHIFT, WEIGHT_SHIFT, INDEX_SHIFT = 23, 22, 1
+PARAM_BITS, LAYER_BITS, INDEX_BITS = 10, 9, 21
+PARAM_SHIFT, LAYER_SHIFT, BIAS_SHIFT, INDEX_SHIFT = 22, 23, 22, 1
+MAX_PARAM = (1 << PARAM_BITS) - 1  # 1023
 MAX_LAYER = (1 << LAYER_BITS) - 1  # 511
 MAX_INDEX = (1 << INDEX_BITS) - 1  # 2_097_151
 MAX_LAYERS = MAX_LAYER + 1
 MAX_ARRAY_SIZE = MAX_INDEX + 1
+#: Earlier wirekit versions' words had bit 22 set for a weight and bit 0 set for -tau (the
+#: reverse of y2's trainer): ``old ^ OLD_LAYOUT_FLIP`` is the same update in y2's layout,
+#: and ``new ^ OLD_LAYOUT_FLIP`` the old word (for reading logs written before the change).
+OLD_LAYOUT_FLIP = (1 << BIAS_SHIFT) | 1
 
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 U32_MAX = 2**32 - 1
@@ -142,14 +151,31 @@ def partition(node_id: int, node_count: int, n: int) -> tuple[int, int]:
 
 
 def word_fields(word: int) -> dict[str, int | bool]:
-    """The four fields of one delta word as a dict (``layer``, ``weight``, ``index``, ``sign``)."""
+    """The fields of one delta word as a dict: y2's ``param`` (parameter index), its view
+    ``layer`` and ``weight`` (even ``param``), ``index`` and ``positive`` (+tau)."""
     word = int(word)
     return {
+        "param": word >> PARAM_SHIFT,
         "layer": word >> LAYER_SHIFT,
-        "weight": bool((word >> WEIGHT_SHIFT) & 1),
+        "weight": not (word >> BIAS_SHIFT) & 1,
         "index": (word >> INDEX_SHIFT) & MAX_INDEX,
-        "sign": word & 1,
+        "positive": bool(word & 1),
     }
+
+
+def parameter_pairs(params: Any) -> list[tuple[Any, Any]]:
+    """A model's parameter arrays, in y2's order (``model.parameters()``), as the (weights,
+    biases) pairs that ``compress`` and ``apply`` take: ``[(p0, p1), (p2, p3), ...]``.
+
+    A word's parameter index ``p`` then addresses ``params[p]`` whatever the arrays are (a
+    layer without a bias shifts the following ones, as in y2).  With an odd count, the last
+    pair's biases are an empty array of the last array's dtype.
+    """
+    arrays = list(params)
+    if len(arrays) % 2:
+        last = np.asarray(arrays[-1])
+        arrays.append(np.zeros(0, last.dtype if last.dtype.kind == "f" else np.float32))
+    return [(arrays[k], arrays[k + 1]) for k in range(0, len(arrays), 2)]
 
 
 def type_name(msg: Message) -> str:

@@ -12,12 +12,17 @@ is 4 bytes, big-endian, signed::
                                             2 Runtime: 4 or 5 × i32 (16 or 20 bytes)
                                             3 Finished: nothing
 
-A delta word (unsigned, most significant bit first)::
+A delta word (unsigned, most significant bit first), as y2's trainer builds it::
 
-    31 ............ 23  22  21 ...................... 1   0
-    +------------------+---+--------------------------+---+
-    |  layer (9 bits)  | w |  index (21 bits)         | s |
-    +------------------+---+--------------------------+---+
+    31 ............... 22  21 ...................... 1   0
+    +---------------------+--------------------------+---+
+    |  param (10 bits)    |  index (21 bits)         | + |
+    +---------------------+--------------------------+---+
+    | layer (9 bits) | b  |
+
+``WORD`` is y2's reading (``param``: the parameter's position in the model's parameter
+list; ``positive``: 1 for +tau); ``LAYER_WORD`` the (weights, biases) view of the same bits
+(``bias``: 1 for a bias, an odd ``param``).
 
 ``MESSAGE`` parses and builds a whole message.  The pure decoder checks ``HANDSHAKE`` first
 and then parses the payload pieces, so that it can name the field and offset of a problem.
@@ -42,10 +47,16 @@ from construct import (
 from .messages import MessageType
 
 WORD = BitStruct(
-    "layer" / BitsInteger(9),
-    "is_weight" / Flag,
+    "param" / BitsInteger(10),
     "index" / BitsInteger(21),
-    "sign" / BitsInteger(1),
+    "positive" / Flag,
+)
+
+LAYER_WORD = BitStruct(
+    "layer" / BitsInteger(9),
+    "bias" / Flag,
+    "index" / BitsInteger(21),
+    "positive" / Flag,
 )
 
 HANDSHAKE = Struct(

@@ -22,8 +22,9 @@ feedback, per DDP bucket:
 4. ``y2.apply`` every rank's words (with that rank's tau) to a zero update and divide by the
    world size: the averaged update DDP then hands to the optimizer as the gradient.
 
-The words are y2's (same layout, 0 = +tau): ``y2.encode(y2.Delta(words))`` of a step's
-words (``Y2HookState.last_words``) is read by ``wirekit decode --proto y2``.
+The words are y2's (y2's trainer's layout: parameter index ``2 × layer`` for a weight,
+``2 × layer + 1`` for a bias, bit 0 set for +tau): ``y2.encode(y2.Delta(words))`` of a
+step's words (``Y2HookState.last_words``) is read by ``wirekit decode --proto y2``.
 
 Layer ids (:func:`y2_layout`): modules in ``module.modules()`` order; a module whose
 trainable parameters are a ``weight`` and/or a ``bias`` of at most 2^21 elements each is one
