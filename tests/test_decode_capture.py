@@ -203,10 +203,20 @@ def test_client_server_raw_files_on_one_timeline(tmp_path):
 
 
 def test_not_a_capture_nor_a_protocol(tmp_path):
+    """A file in no known protocol is a usage error (exit 2) saying so, not "0 malformed"."""
     path = tmp_path / "junk.bin"
     path.write_bytes(b"hello world, this is not a capture" * 10)
-    code, out, _ = run(path)
-    assert code == 1 and "no MIP, ZMTP or y2 message found" in out
+    code, out, err = run(path)
+    assert code == 2 and out == ""
+    assert f"{path}: no protocol detected" in err and "give --proto clipper|mip|y2" in err
+    assert "malformed" not in err
+    (tmp_path / "other.bin").write_bytes(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    code, _, err = run("--client", path, "--server", tmp_path / "other.bin")
+    assert code == 2 and "no protocol detected" in err
+    http = pcapng(tmp_path / "http.pcapng", [(C, S, [(0, 1.0, b"GET / HTTP/1.1\r\n" * 4)], True)])
+    code, out, err = run(http)
+    assert code == 2 and "no protocol detected" in err and "any TCP connection" in err
+    assert "connection 1 (127.0.0.1:40000 -> 127.0.0.1:7000): no MIP, ZMTP or y2" in out
     path.write_bytes(b"\x0a\x0d\x0d\x0a" + b"\0" * 10)
     code, _, err = run(path)
     assert code == 2 and "pcapng" in err
