@@ -66,6 +66,7 @@ class Lines:
     def __init__(self, stream: IO[str]) -> None:
         self.seen: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
+        self._stream = stream
         self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
         self._thread.start()
 
@@ -93,8 +94,9 @@ class Lines:
                 return line
 
     def rest(self) -> list[str]:
-        """Every line up to EOF (call once the process has ended)."""
+        """Every line up to EOF (call once the process has ended); closes the pipe."""
         self._thread.join(WAIT)
+        self._stream.close()
         while True:
             line = self._queue.get_nowait() if not self._queue.empty() else None
             if line is None:
