@@ -199,7 +199,8 @@ class CaptureReader:
                         f"{self.packets + 1} is incomplete ({have} of 16 bytes)")  # fmt: skip
             caplen = struct.unpack_from(self._endian + "I", self._buf, self._pos + 8)[0]
             return (f"cut short at byte {at + have}: packet {self.packets + 1} is incomplete "
-                    f"({have - 16} of its {caplen} bytes; its record starts at byte {at})")  # fmt: skip
+                    f"({have - 16} of its {caplen} bytes; its record starts at byte "
+                    f"{at})")  # fmt: skip
         if have < 8:
             return (f"cut short at byte {at + have}: the header of the block after packet "
                     f"{self.packets} is incomplete ({have} of 8 bytes)")  # fmt: skip

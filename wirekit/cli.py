@@ -225,13 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     rec.set_defaults(handler=_record_command)
     dis = sub.add_parser(
         "dissector",
-        help="write a Wireshark Lua dissector for MIP or the y2 worker link",
+        help="write a Wireshark Lua dissector for MIP, Clipper (with ZMTP) or y2",
         description="Write a Wireshark/tshark Lua dissector generated from wirekit's own "
         "field definitions.  Use: tshark -X lua_script:FILE -r capture.pcapng -V.  It "
         "registers a heuristic TCP dissector, and the given --port(s) in tcp.port.",
     )
     dis.add_argument(
-        "--proto", required=True, choices=["mip", "y2"], help="the protocol to dissect"
+        "--proto",
+        required=True,
+        choices=["clipper", "mip", "y2"],
+        help="the protocol to dissect (clipper: its ZMTP framing too)",
     )
     dis.add_argument(
         "--port",
