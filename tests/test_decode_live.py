@@ -51,6 +51,11 @@ def captures(tmp_path_factory):
     ):
         for k in range(REQUESTS):
             client.infer([[mip.Item.text(f"request {k}")]])
+        # tcpdump writes each packet once it sees it (-U): wait for the last answer
+        deadline = time.monotonic() + WAIT
+        while _decode(path, "--json").stdout.count('"dir":"S>C"') < REQUESTS:
+            assert time.monotonic() < deadline, "tcpdump did not write the session"
+            time.sleep(0.05)
     ng = path.with_suffix(".pcapng")
     subprocess.run([need("editcap"), "-F", "pcapng", str(path), str(ng)], check=True,
                    timeout=WAIT, capture_output=True)  # fmt: skip
@@ -130,14 +135,15 @@ def test_a_damaged_record_length_stops_there_with_what_came_before(captures, tmp
     data = bytearray(captures["pcap"].read_bytes())
     records = _records(bytes(data), "pcap")
     last = max(k for k, (_pos, frame) in enumerate(records) if _payload(frame))
-    pos = records[last + 1][0]  # the packet after the last answer (an ACK or a FIN)
+    pos = records[last][0]  # the last answer's packet
     struct.pack_into("<I", data, pos + 8, 0x7FFFFFFF)  # a caplen no writer produces
     path = tmp_path / "damaged.pcap"
     path.write_bytes(bytes(data))
     proc = _decode(path)
     assert proc.returncode == 1
     assert f"== the capture is damaged at byte {pos}: packet" in proc.stdout
-    assert proc.stdout.count("inference response") == REQUESTS
+    assert proc.stdout.count("inference request") == REQUESTS
+    assert proc.stdout.count("inference response") == REQUESTS - 1
 
 
 def test_a_capture_cut_inside_its_file_header_cannot_be_read(captures, tmp_path):

@@ -28,7 +28,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from socket import AF_INET as _AF_INET
+from socket import AF_INET6 as _AF_INET6
+from socket import inet_ntop as _inet_ntop
+from typing import Any, BinaryIO
 
 #: Bytes a direction may hold out of order waiting for a missing segment (default 4 MiB).
 DEFAULT_MAX_PENDING = 4 * 1024 * 1024
@@ -92,8 +95,21 @@ class Segment:
     ack_seq: int = 0  #: the acknowledgement number (meaningful when ``ack``)
 
 
+def _dpkt() -> Any:
+    """dpkt, imported on first use (``wirekit`` starts without it)."""
+    global _DPKT
+    if _DPKT is None:
+        import dpkt
+
+        _DPKT = dpkt
+    return _DPKT
+
+
+_DPKT: Any = None
+
+
 def _ip_of(link: int, buf: bytes):
-    import dpkt
+    dpkt = _dpkt()
 
     if link == LINKTYPE_ETHERNET:
         eth = dpkt.ethernet.Ethernet(buf)
@@ -145,7 +161,7 @@ class CaptureReader:
         self.format: str | None = None
         self.packets = 0  #: records with a packet in them, so far
         self.offset = 0  #: file bytes consumed (the start of the next record)
-        self._buf = bytearray()
+        self._buf = b""  #: bytes not yet taken (records are slices of it: one copy each)
         self._pos = 0
         self._endian = "<"
         self._interfaces: list[_Interface] = []
@@ -156,8 +172,7 @@ class CaptureReader:
     def feed(self, data: bytes) -> list[tuple[float, int, bytes]]:
         if self._damage is not None:
             return []
-        buf = self._buf
-        buf += data
+        self._buf = self._buf + data if self._buf else bytes(data)
         out: list[tuple[float, int, bytes]] = []
         if self.format is None and not self._start():
             return out
@@ -166,7 +181,7 @@ class CaptureReader:
         else:
             self._pcapng_blocks(out)
         if self._pos:
-            del buf[: self._pos]
+            self._buf = self._buf[self._pos :]
             self.offset += self._pos
             self._pos = 0
         return out
@@ -249,16 +264,17 @@ class CaptureReader:
             if end - pos - 16 < caplen:
                 break
             self.packets += 1
-            out.append((sec + frac / units, link, bytes(buf[pos + 16 : pos + 16 + caplen])))
+            out.append((sec + frac / units, link, buf[pos + 16 : pos + 16 + caplen]))
             pos += 16 + caplen
         self._pos = pos
 
     # -- pcapng ---------------------------------------------------------------------------
     def _pcapng_blocks(self, out: list) -> None:
         buf, pos, end = self._buf, self._pos, len(self._buf)
+        epb = struct.Struct(self._endian + "IIIII")
         while end - pos >= 12:
-            if bytes(buf[pos : pos + 4]) == PCAPNG_MAGIC:  # a section: its byte order
-                bom = bytes(buf[pos + 8 : pos + 12])
+            if buf[pos : pos + 4] == PCAPNG_MAGIC:  # a section: its byte order
+                bom = buf[pos + 8 : pos + 12]
                 if bom == b"\x4d\x3c\x2b\x1a":
                     self._endian = "<"
                 elif bom == b"\x1a\x2b\x3c\x4d":
@@ -272,19 +288,30 @@ class CaptureReader:
                 break
             if end - pos < blen:
                 break
-            body = memoryview(buf)[pos + 8 : pos + blen - 4]
+            if btype == _PCAPNG_EPB and blen >= 32:  # the packets: the common case, inline
+                iface_id, high, low, caplen, _len = epb.unpack_from(buf, pos + 8)
+                if caplen > blen - 32 or iface_id >= len(self._interfaces):
+                    self._damaged(pos, f"packet {self.packets + 1} does not fit its block")
+                    break
+                iface = self._interfaces[iface_id]
+                ts = ((high << 32) | low) / iface.units + iface.offset
+                self._last_ts = ts
+                self.packets += 1
+                out.append((ts, iface.link, buf[pos + 28 : pos + 28 + caplen]))
+                pos += blen
+                continue
+            if btype == _PCAPNG_SHB:
+                epb = struct.Struct(self._endian + "IIIII")
             try:
-                self._block(btype, body, out)
+                self._block(btype, buf[pos + 8 : pos + blen - 4], out)
             except (struct.error, IndexError):
                 self._damaged(pos, f"a block of type {btype:#x} does not fit its length")
-            finally:
-                body.release()
             if self._damage is not None:
                 break
             pos += blen
         self._pos = pos
 
-    def _block(self, btype: int, body: memoryview, out: list) -> None:
+    def _block(self, btype: int, body: bytes, out: list) -> None:
         e = self._endian
         if btype == _PCAPNG_SHB:
             self._interfaces = []
@@ -310,27 +337,27 @@ class CaptureReader:
             ts = ((high << 32) | low) / iface.units + iface.offset
             self._last_ts = ts
             self.packets += 1
-            out.append((ts, iface.link, bytes(body[20 : 20 + caplen])))
+            out.append((ts, iface.link, body[20 : 20 + caplen]))
         elif btype == _PCAPNG_SPB:
             (origlen,) = struct.unpack_from(e + "I", body)
             iface = self._interfaces[0]
             caplen = min(origlen, len(body) - 4, iface.snaplen or origlen)
             self.packets += 1  # no timestamp: the previous packet's
-            out.append((self._last_ts, iface.link, bytes(body[4 : 4 + caplen])))
+            out.append((self._last_ts, iface.link, body[4 : 4 + caplen]))
 
     def _damaged(self, pos: int, what: str) -> None:
         self._damage = (f"damaged at byte {self.offset + pos}: {what}; the rest of the file is "
                         "not read")  # fmt: skip
 
 
-def _options(e: str, data: memoryview) -> Iterator[tuple[int, bytes]]:
+def _options(e: str, data: bytes) -> Iterator[tuple[int, bytes]]:
     """The (code, value) options of a pcapng block, up to opt_endofopt."""
     pos = 0
     while len(data) - pos >= 4:
         code, size = struct.unpack_from(e + "HH", data, pos)
         if code == 0:
             return
-        yield code, bytes(data[pos + 4 : pos + 4 + size])
+        yield code, data[pos + 4 : pos + 4 + size]
         pos += 4 + (size + 3) // 4 * 4
 
 
@@ -345,10 +372,7 @@ def _check_link(link: int) -> None:
 
 def segment_of(ts: float, link: int, frame: bytes) -> Segment | None:
     """The TCP segment in one captured frame, or None (not TCP, or not parseable)."""
-    import socket
-
-    import dpkt
-
+    dpkt = _dpkt()
     try:
         ip = _ip_of(link, frame)
     except (dpkt.dpkt.Error, struct.error, IndexError, ValueError):
@@ -356,12 +380,12 @@ def segment_of(ts: float, link: int, frame: bytes) -> Segment | None:
     tcp = getattr(ip, "data", None)
     if not isinstance(tcp, dpkt.tcp.TCP):
         return None
-    family = socket.AF_INET if isinstance(ip, dpkt.ip.IP) else socket.AF_INET6
+    family = _AF_INET if isinstance(ip, dpkt.ip.IP) else _AF_INET6
     flags = tcp.flags
     return Segment(
         float(ts),
-        (socket.inet_ntop(family, ip.src), tcp.sport),
-        (socket.inet_ntop(family, ip.dst), tcp.dport),
+        (_inet_ntop(family, ip.src), tcp.sport),
+        (_inet_ntop(family, ip.dst), tcp.dport),
         tcp.seq,
         bool(flags & dpkt.tcp.TH_SYN),
         bool(flags & dpkt.tcp.TH_ACK),
