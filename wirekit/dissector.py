@@ -134,10 +134,11 @@ function P.dissector(buf, pinfo, tree)
     return offset
 end
 
+{heuristic}"""
+
+_HEURISTIC = """\
 local function heuristic(buf, pinfo, tree)
-    if buf:len() < HEADER or not plausible(buf, 0) then
-        return false
-    end
+{test}
     P.dissector(buf, pinfo, tree)
     pinfo.conversation = P
     return true
@@ -145,6 +146,18 @@ end
 P:register_heuristic("tcp", heuristic)
 {ports}
 """
+
+#: the heuristic's test of the MIP and y2 dissectors: a plausible header
+_PLAUSIBLE = """\
+    if buf:len() < HEADER or not plausible(buf, 0) then
+        return false
+    end"""
+
+
+def _heuristic(test: str, ports: list[int]) -> str:
+    """The Lua registering the dissector: a TCP heuristic (``test`` returns false when a
+    segment is not the protocol's) and the given ports."""
+    return _HEURISTIC.format(test=test, ports=_ports(ports))
 
 
 def _ports(ports: list[int]) -> str:
@@ -262,7 +275,7 @@ def mip_lua(ports: list[int], max_message: int) -> str:
         "    return info",
         "end",
         "",
-        _LOOP.format(label="MIP", n=4, ports=_ports(ports)),
+        _LOOP.format(label="MIP", n=4, heuristic=_heuristic(_PLAUSIBLE, ports)),
     ]
     return "\n".join(lines)
 
@@ -342,7 +355,7 @@ def y2_lua(ports: list[int], max_message: int) -> str:
         "    return info",
         "end",
         "",
-        _LOOP.format(label="y2", n=3, ports=_ports(ports)),
+        _LOOP.format(label="y2", n=3, heuristic=_heuristic(_PLAUSIBLE, ports)),
     ]
     return "\n".join(lines)
 
@@ -739,20 +752,16 @@ function P.dissector(buf, pinfo, tree)
     return offset
 end
 
-local function heuristic(buf, pinfo, tree)
-    -- a ZMTP 3 greeting: 0xff, 8 bytes of padding, 0x7f, then major version 3 (libzmq
-    -- sends the first 10 bytes alone: the version may be in the next segment)
+{heuristic}"""
+
+#: the Clipper dissector's heuristic: a ZMTP 3 greeting (0xff, 8 bytes of padding, 0x7f,
+#: then major version 3; libzmq sends the first 10 bytes alone: the version may be in the
+#: next segment)
+_ZMTP_GREETING = """\
     if buf:len() < 10 or buf(0, 1):uint() ~= 0xff or buf(9, 1):uint() ~= 0x7f
         or (buf:len() > 10 and buf(10, 1):uint() ~= {major}) then
         return false
-    end
-    P.dissector(buf, pinfo, tree)
-    pinfo.conversation = P
-    return true
-end
-P:register_heuristic("tcp", heuristic)
-{ports}
-"""
+    end"""
 
 
 def _lua_string_table(name: str, mapping: dict[str, str]) -> str:
@@ -893,8 +902,7 @@ def clipper_lua(ports: list[int], max_message: int) -> str:
             heartbeat=int(MessageType.HEARTBEAT),
             content=int(MessageType.CONTAINER_CONTENT),
             strings=int(InputType.STRINGS),
-            major=zmtp.MAJOR_VERSION,
-            ports=_ports(ports),
+            heuristic=_heuristic(_ZMTP_GREETING.format(major=zmtp.MAJOR_VERSION), ports),
         ),
     ]
     return "\n".join(lines)
