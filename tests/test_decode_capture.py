@@ -203,10 +203,20 @@ def test_client_server_raw_files_on_one_timeline(tmp_path):
 
 
 def test_not_a_capture_nor_a_protocol(tmp_path):
+    """A file in no known protocol is a usage error (exit 2) saying so, not "0 malformed"."""
     path = tmp_path / "junk.bin"
     path.write_bytes(b"hello world, this is not a capture" * 10)
-    code, out, _ = run(path)
-    assert code == 1 and "no MIP, ZMTP or y2 message found" in out
+    code, out, err = run(path)
+    assert code == 2 and out == ""
+    assert f"{path}: no protocol detected" in err and "give --proto clipper|mip|y2" in err
+    assert "malformed" not in err
+    (tmp_path / "other.bin").write_bytes(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    code, _, err = run("--client", path, "--server", tmp_path / "other.bin")
+    assert code == 2 and "no protocol detected" in err
+    http = pcapng(tmp_path / "http.pcapng", [(C, S, [(0, 1.0, b"GET / HTTP/1.1\r\n" * 4)], True)])
+    code, out, err = run(http)
+    assert code == 2 and "no protocol detected" in err and "any TCP connection" in err
+    assert "connection 1 (127.0.0.1:40000 -> 127.0.0.1:7000): no MIP, ZMTP or y2" in out
     path.write_bytes(b"\x0a\x0d\x0d\x0a" + b"\0" * 10)
     code, _, err = run(path)
     assert code == 2 and "pcapng" in err
@@ -383,3 +393,73 @@ def test_in_order_pairing_restarts_after_lost_bytes(tmp_path):
     assert replies[0][1] == requests[0]
     for number, reply_to in replies[1:]:  # after the hole: never paired with a wrong one
         assert reply_to is None or (reply_to in requests[1:] and reply_to < number)
+
+
+def test_client_server_clipper_files_interleave_request_then_answer():
+    """The bundled Clipper samples (real libzmq bytes): each answer right after its request.
+
+    Clipper (the server side) sends the requests and the container (the client) answers:
+    the old merge printed every server record, then every client record.
+    """
+    code, recs, err = jrun("--client", "samples/clipper-v3-container.bin",
+                           "--server", "samples/clipper-v3-clipper.bin")  # fmt: skip
+    assert code == 0, err
+    order = [(r["dir"], r["kind"]) for r in recs]
+    assert order == [
+        ("C>S", "zmtp_greeting"),
+        ("C>S", "zmtp_ready"),
+        ("C>S", "new_container"),
+        ("C>S", "heartbeat"),
+        ("S>C", "zmtp_greeting"),
+        ("S>C", "zmtp_ready"),
+        ("S>C", "heartbeat_reply"),
+        ("S>C", "predict_request"),
+        ("C>S", "predict_response"),
+        ("S>C", "predict_request"),
+        ("C>S", "predict_response"),
+    ]
+    assert all(r["reply_to"] == r["number"] - 1 for r in recs if r["kind"] == "predict_response")
+
+
+def test_client_server_files_put_each_answer_after_its_request(tmp_path):
+    """Pipelined MIP requests (all sent before any answer) still read request, answer."""
+    reqs = [mip.Inference.request([[mip.Item.text(f"q{k}")]]) for k in range(3)]
+    (tmp_path / "c.bin").write_bytes(b"".join(mip.encode(m) for m in reqs))
+    answers = [mip.Inference.reply([[mip.Item.text(f"a{k}")]], 1) for k in range(3)]
+    (tmp_path / "s.bin").write_bytes(b"".join(mip.encode(m) for m in answers))
+    _, out, _ = run("--client", tmp_path / "c.bin", "--server", tmp_path / "s.bin")
+    texts = [ln.split("'")[1] for ln in out.splitlines() if "TEXT" in ln]
+    assert texts == ["q0", "a0", "q1", "a1", "q2", "a2"]
+
+
+def _clipper_wire(model: str, msg_id: int) -> tuple[bytes, bytes]:
+    container = zmtp.encode_greeting() + zmtp.encode_ready("DEALER")
+    container += zmtp.encode_message(clipper.encode(
+        clipper.NewContainer(model, "1", clipper.InputType.STRINGS, 3), "v3"))  # fmt: skip
+    container += zmtp.encode_message(clipper.encode(clipper.PredictResponse(msg_id, ["x"]), "v3"))
+    router = zmtp.encode_greeting() + zmtp.encode_ready("ROUTER")
+    router += zmtp.encode_message(
+        clipper.encode(clipper.PredictRequest(msg_id, clipper.InputType.STRINGS, ["in"]), "v3")
+    )
+    return container, router
+
+
+def test_with_filters_only_connections_with_a_shown_message_get_a_header(tmp_path):
+    a_up, a_down = _clipper_wire("model-a", 1)
+    b_up, b_down = _clipper_wire("model-b", 2)
+    convs = [
+        (("127.0.0.1", 41000), S, [(0, 1.0, mip.encode(mip.Ping()))], True),
+        (("127.0.0.1", 42000), ("127.0.0.1", 7200), [(0, 1.1, a_up), (1, 1.2, a_down)], True),
+        (("127.0.0.1", 43000), ("127.0.0.1", 7201), [(0, 1.3, b_up), (1, 1.4, b_down)], True),
+    ]
+    path = pcapng(tmp_path / "three.pcapng", convs)
+    code, out, _ = run(path)
+    assert code == 0 and out.count("== connection") == 3  # no filter: every connection
+    _, out, _ = run("--model", "model-b", path)
+    headers = [ln for ln in out.splitlines() if ln.startswith("== connection")]
+    assert headers == ["== connection 3: 127.0.0.1:43000 -> 127.0.0.1:7201 (clipper)"]
+    assert out.splitlines()[0] == headers[0]  # the header comes before its messages
+    _, out, _ = run("--kind", "ping", path)
+    assert [ln for ln in out.splitlines() if ln.startswith("==")] == [
+        "== connection 1: 127.0.0.1:41000 -> 127.0.0.1:7000 (mip)"
+    ]

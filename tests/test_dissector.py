@@ -177,3 +177,91 @@ def test_y2_dissector_fields_match_decode_json(tmp_path):
     assert seen["word.index"] == [str(w["index"]) for w in words]
     assert seen["word.bias"] == [str(int(not w["weight"])) for w in words] == ["0", "1"]
     assert seen["word.positive"] == [str(int(w["positive"])) for w in words] == ["1", "0"]
+
+
+# --- Clipper over ZMTP -----------------------------------------------------------------------
+
+
+def _clipper_session(generation: str) -> tuple[bytes, bytes]:
+    """(container -> Clipper, Clipper -> container) bytes of one session of a generation."""
+    from wirekit import clipper, zmtp
+
+    up = [clipper.NewContainer("sum-model", "7", clipper.InputType.DOUBLES)]
+    down = [clipper.PredictRequest(5, clipper.InputType.DOUBLES, [[1.0, 2.0], [3.0, 4.0]])]
+    if generation == "2016":
+        up.append(clipper.PredictResponse(5, [3.0, 7.0]))
+    else:
+        up += [clipper.Heartbeat(), clipper.PredictResponse(5, ["3.0", "7.0"])]
+        down.insert(0, clipper.HeartbeatReply(clipper.HeartbeatType.KEEPALIVE))
+        down.append(clipper.PredictRequest(6, clipper.InputType.STRINGS, ["héllo", "x"]))
+        up.append(clipper.PredictResponse(6, ["5", "1"]))
+    wire = []
+    for socket_type, msgs in (("DEALER", up), ("ROUTER", down)):
+        data = zmtp.encode_greeting() + zmtp.encode_ready(socket_type)
+        data += b"".join(zmtp.encode_message(clipper.encode(m, generation)) for m in msgs)
+        wire.append(data)
+    return wire[0], wire[1]
+
+
+def test_clipper_dissector_fields_match_decode_json(tmp_path):
+    """Real libzmq bytes (the bundled v3 samples, cut into small TCP segments that tshark
+    reassembles) and a 2017 and a 2016 session: every message's fields as wirekit decodes."""
+    tshark = _tshark()
+    samples = os.path.join(os.path.dirname(__file__), "..", "samples")
+    with open(os.path.join(samples, "clipper-v3-container.bin"), "rb") as fh:
+        v3_up = fh.read()
+    with open(os.path.join(samples, "clipper-v3-clipper.bin"), "rb") as fh:
+        v3_down = fh.read()
+    sessions = [(v3_up, v3_down, 7), (*_clipper_session("2017"), None),
+                (*_clipper_session("2016"), None)]  # fmt: skip
+    cap = tmp_path / "clipper.pcapng"
+    with open(cap, "wb") as fh:
+        writer = capture.PcapngWriter(fh)
+        for k, (up, down, cut) in enumerate(sessions):
+            conv = capture.TcpConversation(writer, ("127.0.0.1", 41000 + k),
+                                           ("127.0.0.1", 7300 + k))  # fmt: skip
+            conv.open(1.0 + k)
+            step = cut or max(len(up), len(down))
+            for at in range(0, max(len(up), len(down)), step):
+                if up[at : at + step]:
+                    conv.send(0, 1.1 + k, up[at : at + step])
+                if down[at : at + step]:
+                    conv.send(1, 1.2 + k, down[at : at + step])
+            conv.close(1.5 + k)
+    lua = _lua(tmp_path, "clipper", 7300)  # the others: found by the heuristic
+    names = ["kind", "generation", "side", "msg_id", "model_name", "input_type", "num_inputs",
+             "outputs", "outputs_f32", "heartbeat_type", "input_text", "zmtp.socket_type",
+             "zmtp.major"]  # fmt: skip
+    rows = _fields(tshark, lua, cap, "clipper", names)
+    seen = defaultdict(lambda: defaultdict(list))
+    for src, cols in rows:
+        for name, values in zip(names, cols, strict=True):
+            seen[src][name] += values
+    want = defaultdict(lambda: defaultdict(list))
+    for r in _decoded(cap):
+        src = (41000 if r["dir"] == "C>S" else 7300) + r["conn"] - 1
+        w = want[src]
+        if r["kind"] == "zmtp_greeting":
+            w["zmtp.major"].append(r["version"].split(".")[0])
+            continue
+        if r["kind"] == "zmtp_ready":
+            w["zmtp.socket_type"].append(r["socket_type"])
+            continue
+        w["kind"].append(r["kind"])
+        w["generation"].append(r["generation"])
+        w["side"].append(r["side"])
+        for name in ("msg_id", "model_name", "input_type", "num_inputs", "heartbeat_type"):
+            if name in r:
+                w[name].append(str(r[name]))
+        for out in r.get("outputs", []):
+            w["outputs_f32" if isinstance(out, float) else "outputs"].append(str(out))
+        if r.get("input_type_name") == "STRINGS" and r["generation"] == "v3":
+            w["input_text"] += r["inputs"]
+    assert len(want) == 6 and want[7300]["kind"][-1] == "predict_request"
+    assert "2016" in want[7302]["generation"] and "2017" in want[7301]["generation"]
+    for src in want:
+        for name in names:
+            got, expected = seen[src][name], want[src][name]
+            if name == "outputs_f32":  # tshark prints 3.0 as "3"
+                got, expected = [float(v) for v in got], [float(v) for v in expected]
+            assert got == expected, (src, name)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,7 +19,7 @@ import time
 from pathlib import Path
 
 import kubemo
-import pytest
+from capture_tools import tcpdump
 from clipper_support import cli_env, clipper_process, frontend_process, stop_processes
 from mip_net import KubemoServer, kubemo_echo
 
@@ -32,7 +30,6 @@ from wirekit.mip.server import ServerThread
 
 TESTS = Path(__file__).resolve().parent
 WAIT = 20.0
-IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def decode_json(path, *extra):
@@ -178,47 +175,18 @@ def test_record_clipper_container_and_frontend(tmp_path):
 # --- tcpdump ---------------------------------------------------------------------------------
 
 
-def _need(tool: str) -> str:
-    path = shutil.which(tool)
-    if path is None or (hasattr(os, "geteuid") and os.geteuid() != 0):
-        if IN_CI:
-            pytest.fail(f"{tool} (as root) is needed under CI: scripts/test.sh installs it")
-        pytest.skip(f"{tool} is not installed or not root")
-    return path
-
-
 def test_tcpdump_capture_of_mip_traffic(tmp_path):
-    tcpdump = _need("tcpdump")
     cap = tmp_path / "dump.pcap"
-    with ServerThread(echo, "tcp://127.0.0.1:0") as running:
-        port = _port(running.address)
-        proc = subprocess.Popen(
-            [tcpdump, "-i", "lo", "-U", "--immediate-mode", "-s", "0", "-w", str(cap),
-             f"tcp port {port}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
-            deadline = time.monotonic() + WAIT
-            while "listening on" not in (proc.stderr.readline() or "listening on"):
-                assert time.monotonic() < deadline
-            # "listening on" can come before packets are seen: knock until one is written.
-            while not cap.exists() or cap.stat().st_size <= 24:  # 24: the pcap file header
-                assert time.monotonic() < deadline, "tcpdump wrote no packet"
-                socket.create_connection(("127.0.0.1", port), timeout=WAIT).close()
-                time.sleep(0.05)
-            with Client(running.address) as client:
-                client.ping()
-                client.infer([[mip.Item.text("via tcpdump")]])
-            # tcpdump writes each packet once it sees it (-U): until the reply is in the file
-            deadline = time.monotonic() + WAIT
-            while not any(r["kind"] == "inference" and r["dir"] == "S>C" for r in
-                          decode_json(cap)[1]):  # fmt: skip
-                assert time.monotonic() < deadline, "tcpdump did not write the reply"
-                time.sleep(0.05)
-        finally:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(WAIT)
-            proc.stderr.close()
+    with ServerThread(echo, "tcp://127.0.0.1:0") as running, tcpdump(_port(running.address), cap):
+        with Client(running.address) as client:
+            client.ping()
+            client.infer([[mip.Item.text("via tcpdump")]])
+        # tcpdump writes each packet once it sees it (-U): until the reply is in the file
+        deadline = time.monotonic() + WAIT
+        while not any(r["kind"] == "inference" and r["dir"] == "S>C" for r in
+                      decode_json(cap)[1]):  # fmt: skip
+            assert time.monotonic() < deadline, "tcpdump did not write the reply"
+            time.sleep(0.05)
     code, recs, err = decode_json(cap)
     assert code == 0, err
     last = max(r["conn"] for r in recs)  # the knocks before are connections without data

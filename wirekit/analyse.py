@@ -10,8 +10,12 @@ arrive, so memory does not grow with the input.
 Records are numbered in the order they complete (``#n``); a response is paired with its
 request (MIP: in order per connection; Clipper: by message id) and, in a capture, given the
 latency.  Exit status: 0, everything decoded; 1, some message was malformed or some bytes
-could not be decoded (missing from the capture, skipped to resynchronise); 2, bad usage or
-an input that cannot be read.
+could not be decoded (missing from the capture, skipped to resynchronise, a capture cut
+short); 2, bad usage, an input that cannot be read, or one in which no protocol is found.
+
+Input is read as it comes (a pipe's bytes as soon as they arrive, at most 1 MiB at a time):
+``tcpdump -U -w - | wirekit decode -`` prints each message once its packets are in.  On a
+terminal, a progress line on standard error tells how far a long input has got.
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ import argparse
 import importlib
 import json
 import math
+import os
+import stat
 import sys
+import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from typing import Any, BinaryIO, NamedTuple, TextIO
@@ -45,6 +52,49 @@ ARROW = ("C>S", "S>C")
 
 class StopDecoding(Exception):
     """``-c N`` reached."""
+
+
+class Progress:
+    """A progress line on a terminal's standard error for a long input.
+
+    Drawn first after ``DELAY`` seconds (a short run shows nothing), then at most every
+    ``EVERY`` seconds, and erased at the end; ``update`` is called once per chunk read.
+    """
+
+    DELAY = 0.5
+    EVERY = 0.25
+
+    def __init__(self, err: TextIO, total: int | None) -> None:
+        self.err = err
+        self.total = total or None
+        self.start = time.monotonic()
+        self.next = self.start + self.DELAY
+        self.shown = False
+
+    def update(self, done: int, messages: int) -> None:
+        now = time.monotonic()
+        if now < self.next:
+            return
+        self.next = now + self.EVERY
+        elapsed = now - self.start
+        mb = done / 1e6
+        if self.total:
+            left = ""
+            if done:
+                left = f", about {elapsed * (self.total - done) / done:.0f} s left"
+            where = f"{100 * done / self.total:.0f}% ({mb:.1f} of {self.total / 1e6:.1f} MB)"
+            text = f"{where}, {messages} messages, {elapsed:.0f} s{left}"
+        else:
+            text = f"{mb:.1f} MB read, {messages} messages, {elapsed:.0f} s"
+        self.err.write(f"\rwirekit decode: {text}\x1b[K")
+        self.err.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.err.write("\r\x1b[K")
+            self.err.flush()
+            self.shown = False
 
 
 class Proto:
@@ -151,6 +201,8 @@ class Connection:
         self.head = [b"", b""]
         self.undetected = False
         self.bytes = [0, 0]
+        #: the ``== connection N`` line, held until a message of it is shown (filters)
+        self.header: str | None = None
 
 
 class Stats:
@@ -264,6 +316,12 @@ class Analyser:
         self._lines: list[str] = []
         self._pending = 0
         self._binary = getattr(out, "buffer", None)
+        self.source = ""  #: the input's name, for messages
+        self.detected = 0  #: connections whose protocol is known
+        self.undetected = 0  #: connections with data in no known protocol
+        self.ending: str | None = None  #: how a capture cut short ends
+        self.progress: Progress | None = None
+        self._out_tty = _isatty(out)
 
     # -- protocols and connections --------------------------------------------------------
     def proto(self, name: str) -> Proto:
@@ -278,6 +336,7 @@ class Analyser:
 
     def _start(self, conn: Connection, name: str) -> None:
         conn.proto = self.proto(name)
+        self.detected += 1
         synced = not conn.mid_stream
         side = None if conn.client is None and not self.multi else 0
         conn.streams = [
@@ -287,10 +346,14 @@ class Analyser:
         if self.plain and getattr(conn.streams[0], "format_run", None) is not None:
             conn.streams[0].fast = "json" if self.json else "human"
         if self.multi and conn.client is not None and not self.json and not self.quiet:
-            self._write(
+            header = (
                 f"== connection {conn.number}: {_ep(conn.client)} -> {_ep(conn.server)} "
                 f"({name}{', capture starts mid-stream' if conn.mid_stream else ''})"
             )
+            if self.filtering:  # shown with the first message that passes the filters
+                conn.header = header
+            else:
+                self._write(header)
         waiting, conn.waiting = conn.waiting, []
         for side_, ts, data in waiting:
             self.data(conn, side_, ts, data)
@@ -326,7 +389,8 @@ class Analyser:
             conn.undetected = True
             conn.waiting = []
             self.troubles += 1
-            if not self.json and not self.quiet:
+            self.undetected += 1
+            if self.multi and not self.json and not self.quiet:
                 where = (f"connection {conn.number} ({_ep(conn.client)} -> {_ep(conn.server)})"
                          if conn.client is not None else "the input")  # fmt: skip
                 self._write(f"== {where}: no MIP, ZMTP or y2 message found; give --proto")
@@ -379,7 +443,7 @@ class Analyser:
                 self.malformed += 1
                 self.troubles += 1
                 where = f"#{rec.number} " if self.multi else ""
-                self.err.write(f"wirekit: {where}{rec.error}\n")
+                self._error(f"wirekit: {where}{rec.error}\n")
             else:
                 self.decoded += 1
             request = None
@@ -437,6 +501,9 @@ class Analyser:
     def _show(self, conn: Connection, rec: Record) -> None:
         proto = conn.proto
         assert proto is not None
+        if conn.header is not None:
+            self._write(conn.header)
+            conn.header = None
         if self.json:
             head = [f'"offset":{rec.offset}']
             if self.multi:
@@ -499,12 +566,47 @@ class Analyser:
 
     def flush(self) -> None:
         if self._lines:
+            if self.progress is not None and self._out_tty:
+                self.progress.clear()
             self._lines.append("")
             self.out.write("\n".join(self._lines))
             self._lines = []
             self._pending = 0
 
+    def flush_out(self) -> None:
+        """Everything decoded so far out to the reader (before waiting for more input)."""
+        self.flush()
+        self.out.flush()
+
+    def _error(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.clear()
+        self.err.write(text)
+
+    def capture_end(self, ending: str) -> None:
+        """The capture file ends inside a record (cut short) or is damaged: say so, last."""
+        self.ending = f"the capture is {ending}"
+        if self.json:
+            self._write(json.dumps({"kind": "capture_end", "note": self.ending}))
+        elif not self.quiet:
+            self._write(f"== {self.ending}")
+
+    def no_protocol(self) -> bool:
+        """True when the input had data but no connection of it is in a known protocol."""
+        return self.undetected > 0 and self.detected == 0
+
     def finish(self, total_bytes: int) -> int:
+        if self.progress is not None:
+            self.progress.clear()
+        if self.no_protocol():
+            self.flush()
+            what = "any TCP connection of the capture" if self.multi else "the input"
+            self.err.write(
+                f"wirekit: {self.source}: no protocol detected: no MIP header, ZMTP greeting "
+                f"or y2 handshake in {what}; give --proto {'|'.join(sorted(DUMPERS))} to decode "
+                "it as one\n"
+            )
+            return EXIT_USAGE
         if self.stats is not None:
             if self.json:
                 self._write(json.dumps({"stats": self.stats.as_json()}))
@@ -519,14 +621,22 @@ class Analyser:
                 summary += f", {self.malformed} malformed"
             self._write(summary)
         self.flush()
-        if self.troubles:
-            self.err.write(
-                f"wirekit: {self.malformed} malformed message(s)"
-                + (", bytes missing or skipped" if self.troubles > self.malformed else "")
-                + " (exit status 1)\n"
-            )
+        if self.troubles or self.ending:
+            what = [f"{self.malformed} malformed message(s)"] if self.malformed else []
+            if self.troubles > self.malformed:
+                what.append("bytes missing or skipped")
+            if self.ending:
+                what.append(self.ending)
+            self.err.write(f"wirekit: {'; '.join(what)} (exit status 1)\n")
             return EXIT_MALFORMED
         return EXIT_OK
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def _ep(ep: Any) -> str:
@@ -539,9 +649,47 @@ def _ep(ep: Any) -> str:
 # --- inputs ------------------------------------------------------------------------------
 
 
+class Input:
+    """One input file, read as its bytes come.
+
+    ``chunks()`` yields what is there, at most ``CHUNK`` bytes at a time, without waiting for
+    a full chunk: from a pipe, the bytes written so far.  Before each read that may wait (a
+    pipe, a terminal; never a regular file) it calls ``waiting()``, so that what is decoded
+    so far is out before the decoder sleeps on its input.  ``done`` counts the bytes read;
+    ``size`` is the file's size when it is a regular file.
+    """
+
+    def __init__(self, fh: BinaryIO, waiting: Any = None) -> None:
+        self.fh = fh
+        self.waiting = waiting
+        self.done = 0
+        self.size: int | None = None
+        self.live = False
+        try:
+            mode = os.fstat(fh.fileno()).st_mode
+        except (AttributeError, OSError, ValueError):
+            return  # an in-memory file
+        if stat.S_ISREG(mode):
+            self.size = os.fstat(fh.fileno()).st_size
+        else:
+            self.live = True
+
+    def chunks(self, progress: Progress | None = None, count: Any = None) -> Iterator[bytes]:
+        read = getattr(self.fh, "read1", self.fh.read)
+        while True:
+            if self.live and self.waiting is not None:
+                self.waiting()
+            chunk = read(CHUNK)
+            if not chunk:
+                return
+            self.done += len(chunk)
+            if progress is not None:
+                progress.update(self.done, count() if count is not None else 0)
+            yield chunk
+
+
 def _chunks(fh: BinaryIO) -> Iterator[bytes]:
-    while chunk := fh.read(CHUNK):
-        yield chunk
+    return Input(fh).chunks()
 
 
 def _open(path: str) -> BinaryIO:
@@ -583,12 +731,14 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if len(files) == 2:
             return _run_pair(args, out, err, files)
         head, fh = _peek(files[0])
-        if capture.capture_format(head) is not None:
-            return _run_capture(args, out, err, fh)
-        return _run_raw(args, out, err, fh)
-    except capture.CaptureError as exc:
-        err.write(f"wirekit: {paths[0]}: {exc}\n")
-        return EXIT_USAGE
+        an = Analyser(args, out, err, multi=capture.capture_format(head) is not None)
+        an.source = "standard input" if paths[0] == "-" else paths[0]
+        inp = Input(fh, an.flush_out)
+        if not args.quiet and _isatty(err):
+            an.progress = Progress(err, inp.size)
+        if an.multi:
+            return _guarded(an, lambda: _capture_body(an, inp))
+        return _guarded(an, lambda: _raw_body(an, inp))
     finally:
         for fh in files:
             if fh is not sys.stdin.buffer:
@@ -596,34 +746,41 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _guarded(analyser: Analyser, body) -> int:
+    """Run ``body``, then print the summary; whatever stops it, what was decoded is out."""
     total = 0
+    interrupted = False
     try:
         total = body()
     except StopDecoding:
         total = -1
-    return analyser.finish(max(total, 0))
+    except capture.CaptureError as exc:
+        if analyser.progress is not None:
+            analyser.progress.clear()
+        analyser.flush()
+        analyser.err.write(f"wirekit: {analyser.source}: {exc}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C on a live capture: what came so far, summed up
+        interrupted = True
+    code = analyser.finish(max(total, 0))
+    return 130 if interrupted else code
 
 
-def _run_raw(args, out, err, fh) -> int:
-    an = Analyser(args, out, err, multi=False)
+def _raw_body(an: Analyser, inp: Input) -> int:
     conn = Connection(1)
     an.open(conn)
-
-    def body() -> int:
-        total = 0
-        for chunk in _chunks(fh):
-            total += len(chunk)
-            an.data(conn, 0, None, chunk)
-        an.close(conn)
-        return total
-
-    return _guarded(an, body)
+    for chunk in inp.chunks(an.progress, lambda: an.number):
+        an.data(conn, 0, None, chunk)
+        if conn.undetected:
+            break  # no protocol at its start: the rest is not read
+    an.close(conn)
+    return inp.done
 
 
-def _run_capture(args, out, err, fh) -> int:
-    an = Analyser(args, out, err, multi=True)
-    reasm = capture.Reassembler(args.max_pending)
-    wanted = args.conn
+def _capture_body(an: Analyser, inp: Input) -> int:
+    reasm = capture.Reassembler(an.args.max_pending)
+    reader = capture.CaptureReader()
+    wanted = an.args.conn
+    total = 0
 
     def handle(events) -> None:
         for ev in events:
@@ -639,22 +796,26 @@ def _run_capture(args, out, err, fh) -> int:
             else:
                 an.gap(conn, ev.side, ev.ts, ev.size)
 
-    def body() -> int:
-        total = 0
-        for seg in capture.read_packets(fh):
-            total += len(seg.payload)
-            handle(reasm.feed(seg))
-        handle(reasm.finish())
-        for conn in an.conns.values():
-            an.close(conn)
-        return total
-
-    return _guarded(an, body)
+    segment_of = capture.segment_of
+    for chunk in inp.chunks(an.progress, lambda: an.number):
+        for record in reader.feed(chunk):
+            seg = segment_of(*record)
+            if seg is not None:
+                total += len(seg.payload)
+                handle(reasm.feed(seg))
+    ending = reader.end()  # raises CaptureError for a file that is no capture at all
+    handle(reasm.finish())
+    for conn in an.conns.values():
+        an.close(conn)
+    if ending is not None:
+        an.capture_end(ending)
+    return total
 
 
 def _run_pair(args, out, err, files) -> int:
-    """Two raw files, one per direction: merged on one timeline, responses after requests."""
+    """Two raw files, one per direction, merged on one timeline (see ``next_side``)."""
     an = Analyser(args, out, err, multi=True)
+    an.source = f"{args.client} and {args.server}"
     conn = Connection(1)
     an.open(conn)
     if conn.proto is None:  # detect from the first bytes of each file
@@ -665,9 +826,10 @@ def _run_pair(args, out, err, files) -> int:
                 an._start(conn, name)
                 break
         else:
-            err.write("wirekit: no MIP, ZMTP or y2 message at the start of either file; "
-                      "give --proto\n")  # fmt: skip
-            return EXIT_MALFORMED
+            err.write(f"wirekit: {an.source}: no protocol detected: no MIP header, ZMTP "
+                      "greeting or y2 handshake at the start of either file; give --proto "
+                      f"{'|'.join(sorted(DUMPERS))} to decode them as one\n")  # fmt: skip
+            return EXIT_USAGE
         pending = [conn.streams[s].feed(heads[s]) for s in (0, 1)]
         totals = [len(h) for h in heads]
     else:
@@ -693,18 +855,39 @@ def _run_pair(args, out, err, files) -> int:
 
     def body() -> int:
         while True:
-            have_c, have_s = fill(0), fill(1)
-            if not have_c and not have_s:
+            heads = [queues[s][0] if fill(s) else None for s in (0, 1)]
+            if heads[0] is None and heads[1] is None:
                 break
-            take = 0
-            if have_s:
-                r = module.role(_sided(queues[1][0], 1))
-                if not have_c or r is None or r[0] != "response" or conn.pairer.waiting(r[1]):
-                    take = 1
+            take = next_side(heads, module.role, conn.pairer)
             an.emit(conn, take, None, [queues[take].popleft()])
         return sum(totals)
 
     return _guarded(an, body)
+
+
+def next_side(heads: list[Record | None], role: Any, pairer: Pairer) -> int:
+    """Which of two raw directions' next records comes first on their timeline.
+
+    Raw files carry no timestamps: the order is the one pairing can prove.  A response whose
+    request has been shown comes next (right after its request, or after the other
+    responses before it); otherwise the client's next record, unless it is a response whose
+    request has not been shown yet (then the server's, which may hold that request); a
+    direction whose records are all out lets the other's come as they are.
+    """
+    waiting_for = [False, False]
+    for side, rec in enumerate(heads):
+        if rec is None:
+            continue
+        r = role(_sided(rec, side))
+        if r is not None and r[0] == "response":
+            if pairer.waiting(r[1]):
+                return side
+            waiting_for[side] = True
+    if heads[1] is None:
+        return 0
+    if heads[0] is None:
+        return 1
+    return 1 if waiting_for[0] and not waiting_for[1] else 0
 
 
 def _sided(rec: Record, side: int) -> Record:

@@ -1,9 +1,16 @@
 """Packet captures for ``wirekit decode``: read pcap/pcapng, reassemble each TCP connection.
 
-No protocol knowledge here: :func:`read_packets` turns a pcap or pcapng file (detected by its
-magic bytes; read with ``dpkt``) into TCP segments, and :class:`Reassembler` turns segments
-into the ordered byte stream of each direction of each connection, as :class:`Chunk` and
+No protocol knowledge here: :class:`CaptureReader` takes a pcap or pcapng file's records
+(detected by its magic bytes) out of its bytes as they arrive, :func:`segment_of` parses each
+frame's link, IP and TCP layers with ``dpkt``, and :class:`Reassembler` turns segments into
+the ordered byte stream of each direction of each connection, as :class:`Chunk` and
 :class:`Gap` events with the capture timestamps.
+
+The record layer is read here, not with ``dpkt.pcap.Reader``/``dpkt.pcapng.Reader``: those
+pull from a file object and iterate whole records, so they cannot be fed a pipe's bytes as
+they come (``tcpdump -U -w - | wirekit decode -`` printed nothing until tcpdump stopped), and
+a file cut short ends their iteration with an exception or silently, without saying at which
+byte and in which record -- what a user of a killed capture needs to be told.
 
 Reassembly is written here rather than taken from a library: ``dpkt`` parses packets but does
 not reassemble, and the libraries that do (scapy's sessions, pyshark through tshark) are
@@ -28,7 +35,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from socket import AF_INET as _AF_INET
+from socket import AF_INET6 as _AF_INET6
+from socket import inet_ntop as _inet_ntop
+from typing import Any, BinaryIO
 
 #: Bytes a direction may hold out of order waiting for a missing segment (default 4 MiB).
 DEFAULT_MAX_PENDING = 4 * 1024 * 1024
@@ -92,8 +102,21 @@ class Segment:
     ack_seq: int = 0  #: the acknowledgement number (meaningful when ``ack``)
 
 
+def _dpkt() -> Any:
+    """dpkt, imported on first use (``wirekit`` starts without it)."""
+    global _DPKT
+    if _DPKT is None:
+        import dpkt
+
+        _DPKT = dpkt
+    return _DPKT
+
+
+_DPKT: Any = None
+
+
 def _ip_of(link: int, buf: bytes):
-    import dpkt
+    dpkt = _dpkt()
 
     if link == LINKTYPE_ETHERNET:
         eth = dpkt.ethernet.Ethernet(buf)
@@ -113,62 +136,289 @@ def _ip_of(link: int, buf: bytes):
     raise CaptureError(f"unsupported link type {link}")
 
 
-def read_packets(fh: BinaryIO) -> Iterator[Segment]:
-    """The TCP segments of a pcap or pcapng file, in capture order (other packets skipped).
+#: A record announcing more bytes than this is damage, not a packet (pcap and pcapng alike).
+MAX_RECORD = 16 * 1024 * 1024
 
-    Streams: one packet at a time is held.  Raises :class:`CaptureError` for a file that is
-    neither format or has an unsupported link type.
+_PCAPNG_SHB, _PCAPNG_IDB, _PCAPNG_PB, _PCAPNG_SPB, _PCAPNG_EPB = 0x0A0D0D0A, 1, 2, 3, 6
+_PCAPNG_BOM = 0x1A2B3C4D
+_OPT_TSRESOL, _OPT_TSOFFSET = 9, 14
+
+
+@dataclass(slots=True)
+class _Interface:
+    link: int
+    snaplen: int
+    units: float  #: timestamp units per second
+    offset: int  #: seconds added to every timestamp (if_tsoffset)
+
+
+class CaptureReader:
+    """Pcap or pcapng records out of a capture file's bytes, fed as they arrive.
+
+    ``feed(data)`` returns the ``(ts, link type, frame)`` of every record that ``data``
+    completes; nothing waits for more than one record.  ``end()`` says how the file ends:
+    None at a record boundary, else where and how it is cut short (a capture tool killed
+    while writing) — everything before that point has been returned.  A file that is damaged
+    (a record length no writer produces) stops there the same way: ``feed`` returns nothing
+    more and ``end()`` says where.  :class:`CaptureError` is raised only for what cannot be
+    read at all: not a capture, a link type that is not supported, a damaged file header.
     """
-    import socket
 
-    import dpkt
+    def __init__(self) -> None:
+        self.format: str | None = None
+        self.packets = 0  #: records with a packet in them, so far
+        self.offset = 0  #: file bytes consumed (the start of the next record)
+        self._buf = b""  #: bytes not yet taken (records are slices of it: one copy each)
+        self._pos = 0
+        self._endian = "<"
+        self._interfaces: list[_Interface] = []
+        self._pcap_interface: _Interface | None = None
+        self._damage: str | None = None
+        self._last_ts = 0.0
 
-    if hasattr(fh, "peek"):  # a pipe: look without consuming
-        head = fh.peek(4)[:4]
-    else:
-        head = fh.read(4)
-        fh.seek(0)
-    fmt = capture_format(head)
-    if fmt is None:
-        raise CaptureError("not a pcap or pcapng file")
-    try:
-        reader = dpkt.pcap.Reader(fh) if fmt == "pcap" else dpkt.pcapng.Reader(fh)
-    except (ValueError, dpkt.dpkt.Error) as exc:
-        raise CaptureError(f"cannot read the {fmt} file: {exc}") from None
-    link = reader.datalink()
+    def feed(self, data: bytes) -> list[tuple[float, int, bytes]]:
+        if self._damage is not None:
+            return []
+        self._buf = self._buf + data if self._buf else bytes(data)
+        out: list[tuple[float, int, bytes]] = []
+        if self.format is None and not self._start():
+            return out
+        if self.format == "pcap":
+            self._pcap_records(out)
+        else:
+            self._pcapng_blocks(out)
+        if self._pos:
+            self._buf = self._buf[self._pos :]
+            self.offset += self._pos
+            self._pos = 0
+        return out
+
+    def end(self) -> str | None:
+        """How the capture ends: None when it ends after a whole record (see the class).
+
+        A file cut short or damaged before its first packet holds nothing to read: that is a
+        :class:`CaptureError`.
+        """
+        ending = self._ending()
+        if ending is not None and self.packets == 0:
+            raise CaptureError(f"the {self.format or 'capture'} file is {ending}")
+        return ending
+
+    def _ending(self) -> str | None:
+        if self._damage is not None:
+            return self._damage
+        have = len(self._buf) - self._pos
+        if self.format is None:
+            if have == 0:
+                raise CaptureError("the file is empty")
+            raise CaptureError(f"the file is cut short inside its {have}-byte header")
+        if have == 0:
+            return None
+        at = self.offset + self._pos
+        if self.format == "pcap":
+            if have < 16:
+                return (f"cut short at byte {at + have}: the record header of packet "
+                        f"{self.packets + 1} is incomplete ({have} of 16 bytes)")  # fmt: skip
+            caplen = struct.unpack_from(self._endian + "I", self._buf, self._pos + 8)[0]
+            return (f"cut short at byte {at + have}: packet {self.packets + 1} is incomplete "
+                    f"({have - 16} of its {caplen} bytes; its record starts at byte "
+                    f"{at})")  # fmt: skip
+        if have < 8:
+            return (f"cut short at byte {at + have}: the header of the block after packet "
+                    f"{self.packets} is incomplete ({have} of 8 bytes)")  # fmt: skip
+        btype, blen = struct.unpack_from(self._endian + "II", self._buf, self._pos)
+        what = ("packet " + str(self.packets + 1)
+                if btype in (_PCAPNG_EPB, _PCAPNG_SPB, _PCAPNG_PB)
+                else f"a block of type {btype:#x}")  # fmt: skip
+        return (f"cut short at byte {at + have}: {what} is incomplete ({have} of its {blen} "
+                f"bytes; its block starts at byte {at})")  # fmt: skip
+
+    # -- pcap -----------------------------------------------------------------------------
+    def _start(self) -> bool:
+        buf = self._buf
+        fmt = capture_format(bytes(buf[:4]))
+        if fmt is None:
+            if len(buf) >= 4:
+                raise CaptureError("not a pcap or pcapng file")
+            return False
+        if fmt == "pcapng":
+            self.format = fmt  # the section header block is read as any block
+            return True
+        if len(buf) < 24:
+            return False
+        magic = bytes(buf[:4])
+        self._endian = "<" if magic in (b"\xd4\xc3\xb2\xa1", b"\x4d\x3c\xb2\xa1") else ">"
+        units = 1e9 if magic in (b"\x4d\x3c\xb2\xa1", b"\xa1\xb2\x3c\x4d") else 1e6
+        snaplen, link = struct.unpack_from(self._endian + "II", buf, 16)
+        link &= 0xFFFF  # the upper bits carry FCS information
+        _check_link(link)
+        self._pcap_interface = _Interface(link, snaplen, units, 0)
+        self.format = fmt
+        self._pos = 24
+        return True
+
+    def _pcap_records(self, out: list) -> None:
+        buf, pos, end = self._buf, self._pos, len(self._buf)
+        iface = self._pcap_interface
+        assert iface is not None
+        head = struct.Struct(self._endian + "IIII")
+        link, units = iface.link, iface.units
+        while end - pos >= 16:
+            sec, frac, caplen, _origlen = head.unpack_from(buf, pos)
+            if caplen > MAX_RECORD:
+                self._damaged(pos, f"packet {self.packets + 1} announces {caplen} bytes")
+                break
+            if end - pos - 16 < caplen:
+                break
+            self.packets += 1
+            out.append((sec + frac / units, link, buf[pos + 16 : pos + 16 + caplen]))
+            pos += 16 + caplen
+        self._pos = pos
+
+    # -- pcapng ---------------------------------------------------------------------------
+    def _pcapng_blocks(self, out: list) -> None:
+        buf, pos, end = self._buf, self._pos, len(self._buf)
+        epb = struct.Struct(self._endian + "IIIII")
+        while end - pos >= 12:
+            if buf[pos : pos + 4] == PCAPNG_MAGIC:  # a section: its byte order
+                bom = buf[pos + 8 : pos + 12]
+                if bom == b"\x4d\x3c\x2b\x1a":
+                    self._endian = "<"
+                elif bom == b"\x1a\x2b\x3c\x4d":
+                    self._endian = ">"
+                else:
+                    self._damaged(pos, "a section header block has no byte-order magic")
+                    break
+            btype, blen = struct.unpack_from(self._endian + "II", buf, pos)
+            if blen < 12 or blen % 4 or blen > MAX_RECORD:
+                self._damaged(pos, f"a block announces a length of {blen} bytes")
+                break
+            if end - pos < blen:
+                break
+            if btype == _PCAPNG_EPB and blen >= 32:  # the packets: the common case, inline
+                iface_id, high, low, caplen, _len = epb.unpack_from(buf, pos + 8)
+                if caplen > blen - 32 or iface_id >= len(self._interfaces):
+                    self._damaged(pos, f"packet {self.packets + 1} does not fit its block")
+                    break
+                iface = self._interfaces[iface_id]
+                ts = ((high << 32) | low) / iface.units + iface.offset
+                self._last_ts = ts
+                self.packets += 1
+                out.append((ts, iface.link, buf[pos + 28 : pos + 28 + caplen]))
+                pos += blen
+                continue
+            if btype == _PCAPNG_SHB:
+                epb = struct.Struct(self._endian + "IIIII")
+            try:
+                self._block(btype, buf[pos + 8 : pos + blen - 4], out)
+            except (struct.error, IndexError):
+                self._damaged(pos, f"a block of type {btype:#x} does not fit its length")
+            if self._damage is not None:
+                break
+            pos += blen
+        self._pos = pos
+
+    def _block(self, btype: int, body: bytes, out: list) -> None:
+        e = self._endian
+        if btype == _PCAPNG_SHB:
+            self._interfaces = []
+        elif btype == _PCAPNG_IDB:
+            link, _reserved, snaplen = struct.unpack_from(e + "HHI", body)
+            units, offset = 1e6, 0
+            for code, value in _options(e, body[8:]):
+                if code == _OPT_TSRESOL and value:
+                    r = value[0]
+                    units = float(2 ** (r & 0x7F)) if r & 0x80 else float(10**r)
+                elif code == _OPT_TSOFFSET and len(value) == 8:
+                    offset = struct.unpack(e + "q", value)[0]
+            _check_link(link)
+            self._interfaces.append(_Interface(link, snaplen, units, offset))
+        elif btype in (_PCAPNG_EPB, _PCAPNG_PB):
+            if btype == _PCAPNG_EPB:
+                iface_id, high, low, caplen, _len = struct.unpack_from(e + "IIIII", body)
+            else:
+                iface_id, _drops, high, low, caplen, _len = struct.unpack_from(e + "HHIIII", body)
+            if caplen > len(body) - 20:
+                raise IndexError("caplen")
+            iface = self._interfaces[iface_id]
+            ts = ((high << 32) | low) / iface.units + iface.offset
+            self._last_ts = ts
+            self.packets += 1
+            out.append((ts, iface.link, body[20 : 20 + caplen]))
+        elif btype == _PCAPNG_SPB:
+            (origlen,) = struct.unpack_from(e + "I", body)
+            iface = self._interfaces[0]
+            caplen = min(origlen, len(body) - 4, iface.snaplen or origlen)
+            self.packets += 1  # no timestamp: the previous packet's
+            out.append((self._last_ts, iface.link, body[4 : 4 + caplen]))
+
+    def _damaged(self, pos: int, what: str) -> None:
+        self._damage = (f"damaged at byte {self.offset + pos}: {what}; the rest of the file is "
+                        "not read")  # fmt: skip
+
+
+def _options(e: str, data: bytes) -> Iterator[tuple[int, bytes]]:
+    """The (code, value) options of a pcapng block, up to opt_endofopt."""
+    pos = 0
+    while len(data) - pos >= 4:
+        code, size = struct.unpack_from(e + "HH", data, pos)
+        if code == 0:
+            return
+        yield code, data[pos + 4 : pos + 4 + size]
+        pos += 4 + (size + 3) // 4 * 4
+
+
+def _check_link(link: int) -> None:
     if link not in SUPPORTED_LINKTYPES:
         raise CaptureError(
             f"link type {link} is not supported (supported: "
             + ", ".join(sorted(set(SUPPORTED_LINKTYPES.values())))
             + ")"
         )
+
+
+def segment_of(ts: float, link: int, frame: bytes) -> Segment | None:
+    """The TCP segment in one captured frame, or None (not TCP, or not parseable)."""
+    dpkt = _dpkt()
     try:
-        for ts, buf in reader:
-            try:
-                ip = _ip_of(link, buf)
-            except (dpkt.dpkt.Error, struct.error, IndexError, ValueError):
-                continue  # not an IP packet we can parse: not ours
-            tcp = getattr(ip, "data", None)
-            if not isinstance(tcp, dpkt.tcp.TCP):
-                continue
-            family = socket.AF_INET if isinstance(ip, dpkt.ip.IP) else socket.AF_INET6
-            src = (socket.inet_ntop(family, ip.src), tcp.sport)
-            dst = (socket.inet_ntop(family, ip.dst), tcp.dport)
-            flags = tcp.flags
-            yield Segment(
-                float(ts),
-                src,
-                dst,
-                tcp.seq,
-                bool(flags & dpkt.tcp.TH_SYN),
-                bool(flags & dpkt.tcp.TH_ACK),
-                bool(flags & dpkt.tcp.TH_FIN),
-                bool(flags & dpkt.tcp.TH_RST),
-                bytes(tcp.data),
-                tcp.ack,
-            )
-    except (dpkt.dpkt.NeedData, struct.error, ValueError) as exc:
-        raise CaptureError(f"the {fmt} file is cut short or damaged: {exc}") from None
+        ip = _ip_of(link, frame)
+    except (dpkt.dpkt.Error, struct.error, IndexError, ValueError):
+        return None  # not an IP packet we can parse: not ours
+    tcp = getattr(ip, "data", None)
+    if not isinstance(tcp, dpkt.tcp.TCP):
+        return None
+    family = _AF_INET if isinstance(ip, dpkt.ip.IP) else _AF_INET6
+    flags = tcp.flags
+    return Segment(
+        float(ts),
+        (_inet_ntop(family, ip.src), tcp.sport),
+        (_inet_ntop(family, ip.dst), tcp.dport),
+        tcp.seq,
+        bool(flags & dpkt.tcp.TH_SYN),
+        bool(flags & dpkt.tcp.TH_ACK),
+        bool(flags & dpkt.tcp.TH_FIN),
+        bool(flags & dpkt.tcp.TH_RST),
+        bytes(tcp.data),
+        tcp.ack,
+    )
+
+
+def read_packets(fh: BinaryIO, chunk: int = 1 << 20) -> Iterator[Segment]:
+    """The TCP segments of a pcap or pcapng file, in capture order (other packets skipped).
+
+    Streams (one chunk of the file at a time).  Raises :class:`CaptureError` for a file that
+    is neither format or has an unsupported link type, and — after the last whole packet —
+    for a file that is cut short or damaged.
+    """
+    reader = CaptureReader()
+    while data := fh.read(chunk):
+        for record in reader.feed(data):
+            seg = segment_of(*record)
+            if seg is not None:
+                yield seg
+    ending = reader.end()
+    if ending is not None:
+        raise CaptureError(f"the {reader.format} file is {ending}")
 
 
 # --- reassembly ---------------------------------------------------------------------------

@@ -37,13 +37,17 @@ Decode MIP, Clipper (ZMTP) and y2 worker-link traffic.
 
 FILE is a pcap or pcapng capture (detected by its magic bytes; TCP connections are
 reassembled, both directions shown on one timeline, responses paired with their requests
-and given their latency) or a raw file of one direction's bytes as sent.  --client/--server
-give both directions of one connection as two raw files.  The protocol of each connection
-is detected unless --proto says.
+and given their latency) or a raw file of one direction's bytes as sent; - reads standard
+input as it comes (tcpdump -U -w - | wirekit decode -).  --client/--server give both
+directions of one connection as two raw files (merged request, then answer).  The protocol
+of each connection is detected unless --proto says.  On a terminal, standard error shows the
+progress of a long decode (not with -q).
 
 A malformed message is shown, marked [Malformed] with its error (field, offset), and
-decoding goes on with the next message wherever the framing allows.  Exit status: 0 all
-decoded; 1 some message malformed or bytes missing/skipped; 2 bad usage or unreadable input.
+decoding goes on with the next message wherever the framing allows.  A capture cut short
+is decoded up to the cut, then a line says where it ends.  Exit status: 0 all decoded; 1
+some message malformed, bytes missing/skipped or a capture cut short; 2 bad usage, an
+unreadable input, or no protocol detected.
 """
 
 
@@ -167,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-q",
         "--quiet",
         action="store_true",
-        help="do not print the messages (with --stats: the summary only)",
+        help="do not print the messages (with --stats: the summary only), nor progress",
     )
     lim = dec.add_argument_group("limits")
     lim.add_argument(
@@ -225,13 +229,16 @@ def build_parser() -> argparse.ArgumentParser:
     rec.set_defaults(handler=_record_command)
     dis = sub.add_parser(
         "dissector",
-        help="write a Wireshark Lua dissector for MIP or the y2 worker link",
+        help="write a Wireshark Lua dissector for MIP, Clipper (with ZMTP) or y2",
         description="Write a Wireshark/tshark Lua dissector generated from wirekit's own "
         "field definitions.  Use: tshark -X lua_script:FILE -r capture.pcapng -V.  It "
         "registers a heuristic TCP dissector, and the given --port(s) in tcp.port.",
     )
     dis.add_argument(
-        "--proto", required=True, choices=["mip", "y2"], help="the protocol to dissect"
+        "--proto",
+        required=True,
+        choices=["clipper", "mip", "y2"],
+        help="the protocol to dissect (clipper: its ZMTP framing too)",
     )
     dis.add_argument(
         "--port",

@@ -134,10 +134,11 @@ function P.dissector(buf, pinfo, tree)
     return offset
 end
 
+{heuristic}"""
+
+_HEURISTIC = """\
 local function heuristic(buf, pinfo, tree)
-    if buf:len() < HEADER or not plausible(buf, 0) then
-        return false
-    end
+{test}
     P.dissector(buf, pinfo, tree)
     pinfo.conversation = P
     return true
@@ -145,6 +146,18 @@ end
 P:register_heuristic("tcp", heuristic)
 {ports}
 """
+
+#: the heuristic's test of the MIP and y2 dissectors: a plausible header
+_PLAUSIBLE = """\
+    if buf:len() < HEADER or not plausible(buf, 0) then
+        return false
+    end"""
+
+
+def _heuristic(test: str, ports: list[int]) -> str:
+    """The Lua registering the dissector: a TCP heuristic (``test`` returns false when a
+    segment is not the protocol's) and the given ports."""
+    return _HEURISTIC.format(test=test, ports=_ports(ports))
 
 
 def _ports(ports: list[int]) -> str:
@@ -262,7 +275,7 @@ def mip_lua(ports: list[int], max_message: int) -> str:
         "    return info",
         "end",
         "",
-        _LOOP.format(label="MIP", n=4, ports=_ports(ports)),
+        _LOOP.format(label="MIP", n=4, heuristic=_heuristic(_PLAUSIBLE, ports)),
     ]
     return "\n".join(lines)
 
@@ -347,9 +360,557 @@ def y2_lua(ports: list[int], max_message: int) -> str:
         "    return info",
         "end",
         "",
-        _LOOP.format(label="y2", n=3, ports=_ports(ports)),
+        _LOOP.format(label="y2", n=3, heuristic=_heuristic(_PLAUSIBLE, ports)),
     ]
     return "\n".join(lines)
 
 
 GENERATORS = {"mip": mip_lua, "y2": y2_lua}
+
+
+# --- Clipper over ZMTP ---------------------------------------------------------------------
+
+
+def _clipper_frame_types() -> list[tuple[Any, str]]:
+    """``(construct, Lua frame type)`` of every frame construct of ``clipper/spec.py``.
+
+    A frame construct missing here (a new one in the spec) stops the generator: the
+    dissector cannot drift from the codec silently.
+    """
+    from wirekit.clipper import spec
+
+    return [
+        (spec.DELIMITER, "delimiter"),
+        (spec.U32, "u32"),
+        (spec.U64, "u64"),
+        (spec.SIZE_2017, "u32or64"),
+        (spec.MSG_ID_2017, "u32or64"),
+        (spec.TEXT, "text"),
+        (spec.ASCII_INT, "ascii_int"),
+        (spec.HEADER_U32, "ints"),
+        (spec.HEADER_U64, "ints"),
+        (spec.RESPONSE_HEADER_U64, "ints"),
+        (spec.RESPONSE_2017, "response_2017"),
+        (spec.RESPONSE_2016, "f32s"),
+        (spec.CONTENT, "content"),
+        (spec.INPUT_V3, "input"),
+    ]
+
+
+def _clipper_frame_type(construct: Any) -> str:
+    for known, name in _clipper_frame_types():
+        if construct is known:
+            return name
+    raise TypeError(f"no dissector for the Clipper frame construct {construct!r}")
+
+
+#: The element count of each array of the Clipper header constructs, from the fields before
+#: it (construct keeps it in a lambda): ``(field, minus)``: ``field - minus`` elements.
+_ARRAY_COUNTS = {"offsets": ("num_inputs", 1), "sizes": ("num_inputs", 0),
+                 "lengths": ("count", 0)}  # fmt: skip
+
+
+def _int_struct(struct: Any) -> list[tuple[str, int, str | None, int]]:
+    """``(name, size, count field, minus)`` of a Struct of little-endian integers and arrays
+    of them (the Clipper request and response headers)."""
+    from construct import Array
+
+    out = []
+    for sc in struct.subcons:
+        inner = sc.subcon if hasattr(sc, "subcon") else None
+        if isinstance(inner, FormatField):
+            out.append((sc.name, inner.sizeof(), None, 0))
+        elif isinstance(inner, Array):
+            count, minus = _ARRAY_COUNTS[sc.name]
+            out.append((sc.name, inner.subcon.sizeof(), count, minus))
+    return out
+
+
+_CLIPPER_ZMTP = """\
+-- ZMTP 3 framing (wirekit/zmtp/spec.py): the greeting, then frames of flags | size | body.
+local GREETING = {greeting_size}
+local GREETING_FIELDS = {greeting_fields}
+local MORE, LONG, COMMAND, RESERVED = {more}, {long}, {command}, {reserved}
+local function has(flags, bit) return math.floor(flags / bit) % 2 == 1 end
+
+local streams = {{}}  -- per TCP stream: the side of each port (READY) and the generation
+local f_stream = Field.new("tcp.stream")
+local function state(pinfo)
+    local key = tostring(f_stream())
+    local st = streams[key]
+    if st == nil then
+        st = {{sides = {{}}, generation = nil}}
+        streams[key] = st
+    end
+    return st
+end
+
+local function dissect_greeting(buf, at, tree)
+    local g = tree:add(P, buf(at, GREETING), "ZMTP greeting")
+    local p = at
+    for _, f in ipairs(GREETING_FIELDS) do
+        local name, size = f[1], f[2]
+        if F["zmtp." .. name] ~= nil then
+            if size == 1 then
+                g:add(F["zmtp." .. name], buf(p, 1))
+            else
+                g:add(F["zmtp." .. name], buf(p, size), buf(p, size):stringz())
+            end
+        end
+        p = p + size
+    end
+    local version = buf(at + 10, 1):uint() .. "." .. buf(at + 11, 1):uint()
+    g:append_text(", " .. version .. " " .. buf(at + 12, 20):stringz())
+    return "ZMTP " .. version .. " greeting"
+end
+
+-- READY's properties: name length u8 | name | value length u32 | value
+local function dissect_command(buf, fr, t, st, pinfo)
+    local at, size = fr.at, fr.size
+    if size < 1 or buf(at, 1):uint() + 1 > size then
+        t:add_proto_expert_info(E_MALFORMED, "command name longer than its frame")
+        return "command [Malformed]"
+    end
+    local n = buf(at, 1):uint()
+    local name = buf(at + 1, n):string()
+    t:add(F["zmtp.command"], buf(at + 1, n), name)
+    local p, stop = at + 1 + n, at + size
+    if name ~= "READY" then
+        return name
+    end
+    local info = "READY"
+    while p < stop do
+        local k = buf(p, 1):uint()
+        if p + 1 + k + 4 > stop then
+            t:add_proto_expert_info(E_MALFORMED, "property longer than the command")
+            return info .. " [Malformed]"
+        end
+        local pname = buf(p + 1, k):string()
+        local vlen = buf(p + 1 + k, 4):uint()
+        if p + 1 + k + 4 + vlen > stop then
+            t:add_proto_expert_info(E_MALFORMED, "property value longer than the command")
+            return info .. " [Malformed]"
+        end
+        local value = vlen > 0 and buf(p + 5 + k, vlen):string() or ""
+        local item = t:add(F["zmtp.property"], buf(p, 5 + k + vlen), pname .. "=" .. value)
+        if pname == "Socket-Type" then
+            item:add(F["zmtp.socket_type"], buf(p + 5 + k, vlen), value)
+            local side = SIDES[value]
+            if side ~= nil then
+                st.sides[tostring(pinfo.src_port)] = side
+            end
+            info = info .. " " .. value
+        end
+        p = p + 5 + k + vlen
+    end
+    return info
+end
+"""
+
+_CLIPPER_MESSAGES = """\
+-- Clipper's RPC (wirekit/clipper/spec.py): the frames of each message, per generation.
+local function u32(buf, fr)
+    if fr.size ~= 4 then return nil end
+    return buf(fr.at, 4):le_uint()
+end
+
+local function kind_of(buf, gen, dir, frames)
+    if gen == "2016" then
+        if dir == "to_container" then return "predict_request" end
+        if #frames == 4 then return "new_container" end
+        return "predict_response"
+    end
+    local at = 2
+    if gen == "v3" and dir == "to_container" then at = 3 end
+    if frames[at] == nil then return nil end
+    local mtype = u32(buf, frames[at])
+    if mtype == nil then return nil end
+    if mtype == {heartbeat} then
+        if dir == "to_clipper" then return "heartbeat" end
+        return "heartbeat_reply"
+    end
+    if mtype == {content} then
+        if dir == "to_clipper" then return "predict_response" end
+        return "predict_request"
+    end
+    return "new_container"
+end
+
+-- do the frames fit the generation's layout (frame count, fixed frame sizes)?
+local function fits(buf, gen, dir, frames)
+    if #frames < 1 or frames[1].size ~= 0 then return nil end
+    local kind = kind_of(buf, gen, dir, frames)
+    if kind == nil then return nil end
+    local layout = LAYOUTS[gen .. "/" .. dir .. "/" .. kind]
+    if layout == nil then return nil end
+    local fixed = #layout
+    if layout[fixed][3] then fixed = fixed - 1 end
+    if #frames < fixed + 1 or (not layout[#layout][3] and #frames ~= fixed + 1) then
+        return nil
+    end
+    for k = 1, fixed do
+        local t, size = layout[k][2], frames[k + 1].size
+        if (t == "u32" and size ~= 4) or (t == "u64" and size ~= 8)
+            or (t == "u32or64" and size ~= 4 and size ~= 8) then
+            return nil
+        end
+    end
+    return kind
+end
+
+local function le_int(buf, at, size)
+    if size == 8 then return buf(at, 8):le_uint64():tonumber() end
+    return buf(at, size):le_uint()
+end
+
+local function add_int(t, name, buf, at, size)
+    local v = le_int(buf, at, size)
+    if WIDE[name] then
+        t:add(F[name], buf(at, size), UInt64.new(v))  -- a 64-bit field takes a UInt64
+    else
+        t:add(F[name], buf(at, size), v)
+    end
+    return v
+end
+
+-- one frame of a Clipper message, as its layout says; returns false if it does not fit
+local function dissect_frame(buf, fr, name, ftype, struct, t, ctx)
+    local at, size = fr.at, fr.size
+    if ftype == "u32" or ftype == "u64" or ftype == "u32or64" then
+        ctx[name] = add_int(t, name, buf, at, size)
+    elseif ftype == "text" then
+        local s = size > 0 and buf(at, size):string(ENC_UTF_8) or ""
+        if size > 0 then t:add(F[name], buf(at, size), s) else t:add(F[name], s) end
+        ctx[name] = s
+    elseif ftype == "ascii_int" then
+        local s = size > 0 and buf(at, size):string() or ""
+        local v = tonumber(s:match("^%s*([+-]?%d+)"))
+        if v == nil then return false end
+        t:add(F[name], buf(at, size), v)
+        ctx[name] = v
+    elseif ftype == "ints" then
+        local p, stop = at, at + size
+        for _, f in ipairs(STRUCTS[struct]) do
+            local fname, fsize, count, minus = f[1], f[2], f[3], f[4]
+            local n = 1
+            if count ~= nil then n = math.max((ctx[count] or 0) - minus, 0) end
+            for _ = 1, n do
+                if p + fsize > stop then return false end
+                ctx[fname] = add_int(t, fname, buf, p, fsize)
+                p = p + fsize
+            end
+        end
+        if p ~= stop then return false end
+    elseif ftype == "response_2017" then
+        local p, stop = at, at + size
+        if size < 4 then return false end
+        local n = add_int(t, "count", buf, p, 4)
+        p = p + 4
+        local lengths = {{}}
+        for k = 1, n do
+            if p + 4 > stop then return false end
+            lengths[k] = add_int(t, "lengths", buf, p, 4)
+            p = p + 4
+        end
+        for k = 1, n do
+            if p + lengths[k] > stop then return false end
+            local s = lengths[k] > 0 and buf(p, lengths[k]):string(ENC_UTF_8) or ""
+            t:add(F["outputs"], buf(p, lengths[k]), s)
+            p = p + lengths[k]
+        end
+        if p ~= stop then return false end
+    elseif ftype == "f32s" then
+        if size % 4 ~= 0 then return false end
+        for p = at, at + size - 4, 4 do
+            t:add_le(F["outputs_f32"], buf(p, 4))
+        end
+    elseif ftype == "content" or ftype == "input" then
+        if size > 0 then
+            local item = t:add(F[name], buf(at, size))
+            if ctx.input_type == {strings} and ftype == "input" then
+                item:add(F["input_text"], buf(at, size), buf(at, size):string(ENC_UTF_8))
+            end
+        end
+    end
+    return true
+end
+
+local function dissect_clipper(buf, frames, st, pinfo, tree, at, stop)
+    local side = st.sides[tostring(pinfo.src_port)]
+    local c = tree:add(P, buf(at, stop - at), "Clipper RPC")
+    if side == nil then
+        c:append_text(", side unknown (no READY seen)")
+        return "message of " .. #frames .. " frames"
+    end
+    local dir = DIRECTIONS[side]
+    c:add(F["side"], side)
+    local gen, kind, found = nil, nil, 0
+    for _, g in ipairs(GENERATIONS) do
+        local k = fits(buf, g, dir, frames)
+        if k ~= nil then
+            found = found + 1
+            if found == 1 or g == st.generation then gen, kind = g, k end
+        end
+    end
+    if found == 1 and not pinfo.visited then st.generation = gen end
+    if found > 1 and st.generation ~= nil then
+        kind = fits(buf, st.generation, dir, frames)
+        if kind ~= nil then gen = st.generation end
+    end
+    if kind == nil then
+        c:add_proto_expert_info(E_MALFORMED, "frames fit no Clipper message")
+        return "[Malformed]"
+    end
+    c:add(F["generation"], gen)
+    c:add(F["kind"], kind)
+    c:append_text(", " .. gen .. " " .. kind)
+    local layout = LAYOUTS[gen .. "/" .. dir .. "/" .. kind]
+    local ctx = {{}}
+    local k = 2
+    for _, entry in ipairs(layout) do
+        local name, ftype, repeated, struct = entry[1], entry[2], entry[3], entry[4]
+        local last = k
+        if repeated then last = #frames end
+        for j = k, last do
+            if not dissect_frame(buf, frames[j], name, ftype, struct, c, ctx) then
+                c:add_proto_expert_info(E_MALFORMED, name .. " does not fit its frame")
+                return kind .. " [Malformed]"
+            end
+        end
+        k = last + 1
+    end
+    local info = kind
+    if ctx.msg_id ~= nil then info = info .. " msg_id=" .. ctx.msg_id end
+    if ctx.model_name ~= nil then info = info .. " model=" .. ctx.model_name end
+    return info
+end
+
+function P.dissector(buf, pinfo, tree)
+    local offset, total = 0, buf:len()
+    pinfo.cols.protocol = "Clipper"
+    local st = state(pinfo)
+    local infos = {{}}
+    while offset < total do
+        if buf(offset, 1):uint() == 0xff then
+            if total - offset < GREETING then
+                pinfo.desegment_offset = offset
+                pinfo.desegment_len = GREETING - (total - offset)
+                offset = total  -- all taken: the rest comes reassembled
+                break
+            end
+            infos[#infos + 1] = dissect_greeting(buf, offset, tree)
+            offset = offset + GREETING
+        else
+            -- one ZMTP message: its frames up to the first without MORE (a command: one)
+            local p, frames, lost, short = offset, {{}}, nil, nil
+            while true do
+                if total - p < 2 then short = DESEGMENT_ONE_MORE_SEGMENT break end
+                local flags = buf(p, 1):uint()
+                if flags >= RESERVED then lost = "reserved flag bits set" break end
+                local head, size = 2, buf(p + 1, 1):uint()
+                if has(flags, LONG) then
+                    if total - p < 9 then short = DESEGMENT_ONE_MORE_SEGMENT break end
+                    head, size = 9, buf(p + 1, 8):uint64():tonumber()
+                end
+                if size > MAX_MESSAGE then lost = "frame size out of range" break end
+                if total - p < head + size then short = head + size - (total - p) break end
+                frames[#frames + 1] = {{at = p + head, size = size, flags = flags, head = p}}
+                p = p + head + size
+                if has(flags, COMMAND) or not has(flags, MORE) then break end
+            end
+            if short ~= nil then
+                pinfo.desegment_offset = offset
+                pinfo.desegment_len = short
+                offset = total
+                break
+            end
+            if lost ~= nil then
+                local t = tree:add(P, buf(offset, total - offset), "ZMTP")
+                t:add_proto_expert_info(E_MALFORMED, "framing lost: " .. lost)
+                infos[#infos + 1] = "[Malformed]"
+                offset = total
+                break
+            end
+            local z = tree:add(P, buf(offset, p - offset),
+                               "ZMTP message, " .. #frames .. " frame(s)")
+            for _, fr in ipairs(frames) do
+                local ft = z:add(F["zmtp.frame"], buf(fr.head, fr.at + fr.size - fr.head))
+                ft:add(F["zmtp.flags"], buf(fr.head, 1))
+                ft:add(F["zmtp.size"], buf(fr.head + 1, fr.at - fr.head - 1), UInt64.new(fr.size))
+            end
+            if has(frames[1].flags, COMMAND) then
+                infos[#infos + 1] = dissect_command(buf, frames[1], z, st, pinfo)
+            else
+                infos[#infos + 1] = dissect_clipper(buf, frames, st, pinfo, tree, offset, p)
+            end
+            offset = p
+        end
+    end
+    if #infos > 0 then
+        local text = table.concat(infos, ", ")
+        if tostring(pinfo.cols.info):sub(1, 8) == "Clipper " then
+            pinfo.cols.info:append(", " .. text)
+        else
+            pinfo.cols.info = "Clipper " .. text
+        end
+    end
+    return offset
+end
+
+{heuristic}"""
+
+#: the Clipper dissector's heuristic: a ZMTP 3 greeting (0xff, 8 bytes of padding, 0x7f,
+#: then major version 3; libzmq sends the first 10 bytes alone: the version may be in the
+#: next segment)
+_ZMTP_GREETING = """\
+    if buf:len() < 10 or buf(0, 1):uint() ~= 0xff or buf(9, 1):uint() ~= 0x7f
+        or (buf:len() > 10 and buf(10, 1):uint() ~= {major}) then
+        return false
+    end"""
+
+
+def _lua_string_table(name: str, mapping: dict[str, str]) -> str:
+    items = ", ".join(f'["{k}"] = "{v}"' for k, v in mapping.items())
+    return f"local {name} = {{{items}}}"
+
+
+def clipper_lua(ports: list[int], max_message: int) -> str:
+    """The Lua dissector of Clipper's RPC with its ZMTP framing, from ``clipper/spec.py``
+    (every message's frames, per generation and direction), ``zmtp/spec.py`` (the greeting)
+    and the enumerations of both ``messages.py``."""
+    from wirekit.clipper import spec
+    from wirekit.clipper.dump import SIDES
+    from wirekit.clipper.messages import (
+        Generation,
+        HeartbeatType,
+        InputType,
+        MessageType,
+        RequestType,
+    )
+    from wirekit.zmtp import messages as zmtp
+    from wirekit.zmtp import spec as zmtp_spec
+
+    layouts, field_types = [], {}
+    ints: dict[str, list] = {}  # spec name of a header construct -> its integer fields
+    spec_names = {id(v): k for k, v in vars(spec).items() if k.isupper()}
+    for (gen, direction, kind), frames in spec.MESSAGES.items():
+        entries = []
+        for name, construct in frames:
+            repeated = name.startswith("*")
+            name = name.lstrip("*")
+            ftype = _clipper_frame_type(construct)
+            struct = ""
+            if ftype == "ints":
+                struct = spec_names[id(construct)]
+                ints[struct] = _int_struct(construct)
+            entries.append(f'{{"{name}", "{ftype}", {"true" if repeated else "false"}, '
+                           f'"{struct}"}}')  # fmt: skip
+            field_types.setdefault(name, set()).add(ftype)
+        layouts.append(f'    ["{gen.value}/{direction.value}/{kind}"] = {{{", ".join(entries)}}},')
+    tables = {"msg_type": "MESSAGE_TYPES", "heartbeat_type": "HEARTBEAT_TYPES",
+              "request_type": "REQUEST_TYPES", "input_type": "INPUT_TYPES"}  # fmt: skip
+    defs = []
+
+    def field(name: str, lua: str, extra: str = "") -> None:
+        defs.append(f'F["{name}"] = ProtoField.{lua}("clipper.{name}", "{name}"{extra})')
+
+    int_fields: dict[str, int] = {}
+    for struct_fields_ in ints.values():
+        for fname, size, _count, _minus in struct_fields_:
+            int_fields[fname] = max(int_fields.get(fname, 0), size)
+    int_fields["count"] = max(int_fields.get("count", 0), 4)
+    int_fields["lengths"] = max(int_fields.get("lengths", 0), 4)
+    for name, ftypes in sorted(field_types.items()):
+        if ftypes & {"u32", "u64", "u32or64", "ascii_int"}:
+            wide = ftypes & {"u64", "u32or64"}
+            int_fields[name] = max(int_fields.get(name, 0), 8 if wide else 4)
+        elif ftypes & {"text"}:
+            field(name, "string")
+        elif ftypes & {"content", "input"}:
+            field(name, "bytes")
+    wide = []
+    for name, size in sorted(int_fields.items()):
+        if name in tables:
+            field(name, "uint32", f", base.DEC, {tables[name]}")
+        else:
+            field(name, "uint64" if size == 8 else "uint32", ", base.DEC")
+            if size == 8:
+                wide.append(name)
+    if "outputs" not in field_types:  # the 2017 response's outputs, inside one frame
+        field("outputs", "string")
+    field("outputs_f32", "float")
+    field("input_text", "string")
+    for name in ("side", "generation", "kind"):
+        field(name, "string")
+    greeting = [(sc.name, sc.sizeof()) for sc in zmtp_spec.GREETING.subcons]
+    zmtp_defs = [
+        'F["zmtp.major"] = ProtoField.uint8("clipper.zmtp.major", "ZMTP major version")',
+        'F["zmtp.minor"] = ProtoField.uint8("clipper.zmtp.minor", "ZMTP minor version")',
+        'F["zmtp.mechanism"] = ProtoField.string("clipper.zmtp.mechanism", "mechanism")',
+        'F["zmtp.as_server"] = ProtoField.uint8("clipper.zmtp.as_server", "as-server")',
+        'F["zmtp.frame"] = ProtoField.bytes("clipper.zmtp.frame", "frame")',
+        'F["zmtp.flags"] = ProtoField.uint8("clipper.zmtp.flags", "flags", base.HEX)',
+        'F["zmtp.size"] = ProtoField.uint64("clipper.zmtp.size", "size")',
+        'F["zmtp.command"] = ProtoField.string("clipper.zmtp.command", "command")',
+        'F["zmtp.property"] = ProtoField.string("clipper.zmtp.property", "property")',
+        'F["zmtp.socket_type"] = ProtoField.string("clipper.zmtp.socket_type", "Socket-Type")',
+    ]
+    struct_lines = [
+        f'    ["{name}"] = {{'
+        + ", ".join(
+            f'{{"{f}", {size}, {"nil" if count is None else chr(34) + count + chr(34)}, {minus}}}'
+            for f, size, count, minus in fields_
+        )
+        + "},"
+        for name, fields_ in sorted(ints.items())
+    ]
+    lines = [
+        _COMMON.format(
+            version=__version__,
+            proto="clipper",
+            name="clipper",
+            title="Clipper RPC over ZMTP",
+            header=2,
+            max_message=max_message,
+        ).replace(
+            "wirekit/clipper/spec.py.", "wirekit/clipper/spec.py\n-- and wirekit/zmtp/spec.py."
+        ),
+        _table("MESSAGE_TYPES", MessageType),
+        _table("HEARTBEAT_TYPES", HeartbeatType),
+        _table("REQUEST_TYPES", RequestType),
+        _table("INPUT_TYPES", InputType),
+        _lua_string_table("SIDES", {st: side for st, (side, _d) in SIDES.items()}),
+        _lua_string_table("DIRECTIONS", {side: d.value for side, d in SIDES.values()}),
+        "local GENERATIONS = {" + ", ".join(f'"{g.value}"' for g in reversed(Generation)) + "}",
+        "local LAYOUTS = {",
+        *layouts,
+        "}",
+        "local STRUCTS = {",
+        *struct_lines,
+        "}",
+        *defs,
+        "local WIDE = {" + ", ".join(f"{n} = true" for n in wide) + "}",
+        *zmtp_defs,
+        "local list = {}",
+        "for _, f in pairs(F) do list[#list + 1] = f end",
+        "P.fields = list",
+        "",
+        _CLIPPER_ZMTP.format(
+            greeting_size=zmtp.GREETING_SIZE,
+            greeting_fields="{" + ", ".join(f'{{"{n}", {s}}}' for n, s in greeting) + "}",
+            more=zmtp.FLAG_MORE,
+            long=zmtp.FLAG_LONG,
+            command=zmtp.FLAG_COMMAND,
+            reserved=zmtp.FLAGS_RESERVED & -zmtp.FLAGS_RESERVED,
+        ),
+        _CLIPPER_MESSAGES.format(
+            heartbeat=int(MessageType.HEARTBEAT),
+            content=int(MessageType.CONTAINER_CONTENT),
+            strings=int(InputType.STRINGS),
+            heuristic=_heuristic(_ZMTP_GREETING.format(major=zmtp.MAJOR_VERSION), ports),
+        ),
+    ]
+    return "\n".join(lines)
+
+
+GENERATORS["clipper"] = clipper_lua
