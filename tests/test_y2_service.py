@@ -29,6 +29,7 @@ from wirekit import y2
 from wirekit.errors import DecodeError
 from wirekit.y2.cluster import ClientService, NodeService
 from wirekit.y2.service import (
+    ABORT,
     DONE,
     FINISHED,
     HELLO,
@@ -36,10 +37,13 @@ from wirekit.y2.service import (
     MAX_BATCH,
     REFUSED,
     RUNTIME,
+    STATUS,
     ClientRegistry,
     CloseWorker,
     ConnectPeers,
+    NodeActivity,
     NodeSession,
+    NodeState,
     Stop,
     ToClient,
     ToPeers,
@@ -164,6 +168,59 @@ def test_registry_refuses_a_node_too_many(y2_codec):
     assert reg.counters.refused == 1 and len(reg.nodes) == 3
 
 
+def _report(reg: ClientRegistry, node_id: int, activity: NodeActivity) -> list:
+    return reg.receive(f"node{node_id}".encode(), [STATUS, _i32(node_id), activity.to_bytes()])
+
+
+def test_registry_is_done_when_every_node_finished_or_ended(y2_codec):
+    reg = _registered(y2_codec)
+    for i in range(3):
+        assert _report(reg, i, NodeActivity(1, True, 1)) == []
+    assert reg.receive(b"node0", [FINISHED, _i32(0)]) == []
+    assert _report(reg, 1, NodeActivity(1, False, 1, 20, 80, 2, 0, 40)) == []  # ended
+    assert not reg.done and reg.outcome == "running"
+    assert reg.not_over() == ["node 2 (node2, running)"]
+    replies = _report(reg, 2, NodeActivity(1, False, 1, 20, 80, 2, 0, 40))
+    assert reg.done and reg.outcome == "ended"
+    assert sorted(to for to, _ in replies) == [b"node0", b"node1", b"node2"]
+    assert all(frames == (DONE,) for _, frames in replies)
+    assert _report(reg, 2, NodeActivity(2, True, 2, 20, 80, 2, 0, 40)) == []  # done once
+    summary = reg.summary()
+    assert [n["state"] for n in summary["nodes"]] == ["finished", "ended", "running"]
+    assert summary["nodes"][1]["activity"]["deltas_from_worker"] == 20
+    assert summary["done"] is True and summary["outcome"] == "ended"
+    assert summary["counters"]["status_received"] == 6
+
+
+def test_registry_node_whose_worker_comes_back_runs_again(y2_codec):
+    reg = _registered(y2_codec)
+    _report(reg, 0, NodeActivity(1, False, 1, 5))  # ended ...
+    assert reg.nodes[b"node0"].state is NodeState.ENDED
+    _report(reg, 0, NodeActivity(2, True, 2, 5))  # ... and a worker connected again
+    assert reg.nodes[b"node0"].state is NodeState.RUNNING
+    for i in (1, 2):
+        reg.receive(f"node{i}".encode(), [FINISHED, _i32(i)])
+    assert not reg.done  # node 0 runs
+    assert reg.receive(b"node0", [FINISHED, _i32(0)]) and reg.outcome == "finished"
+
+
+def test_registry_progress_counts_what_moved_and_abort_tells_every_node(y2_codec):
+    reg = ClientRegistry(3, codec=y2_codec)
+    reg.receive(b"node0", [HELLO, b"tcp://h:1"])
+    assert reg.progress == 1  # a registration
+    assert reg.not_over() == ["node 0 (node0, waiting)", "2 of 3 nodes not registered"]
+    reg = _registered(y2_codec)
+    assert reg.progress == 3
+    _report(reg, 0, NodeActivity(1, True))
+    _report(reg, 0, NodeActivity(1, True))  # the same again: no progress
+    assert reg.progress == 4
+    reg.receive(b"node0", [RUNTIME, _i32(0), y2_codec.encode(y2.Runtime(1, 2, 3, 4))])
+    assert reg.progress == 5
+    replies = reg.abort("no progress for 5 s")
+    assert [frames for _, frames in replies] == [(ABORT, b"no progress for 5 s")] * 3
+    assert reg.outcome == "aborted" and reg.summary()["aborted"] == "no progress for 5 s"
+
+
 def test_registry_collects_reports_and_is_done_after_every_finished(y2_codec):
     reg = _registered(y2_codec)
     rt = y2_codec.encode(y2.Runtime(600, 1, 20, 2, 1500))
@@ -197,6 +254,8 @@ def test_registry_collects_reports_and_is_done_after_every_finished(y2_codec):
         (b"node0", [RUNTIME, _i32(0), b"\x00\x00\x00\x03\x00\x00\x00\x00"]),  # not a Runtime
         (b"node0", [b"what", _i32(0)]),
         (b"node0", [HELLO, b"\xff\xfe"]),  # endpoint not UTF-8
+        (b"node0", [STATUS, _i32(0), bytes(63)]),  # an activity is 64 bytes
+        (b"node0", [STATUS, _i32(1), bytes(64)]),  # another node's id
         (b"new", [HELLO, b"tcp://0.0.0.0:5"]),  # not an address to connect to
         (b"new", [HELLO, b"tcp://h:*"]),
         (b"node0", []),
@@ -217,7 +276,8 @@ def test_session_worker_gets_index_then_deltas_go_to_peers(y2_codec):
     assert not s.accepts_worker_input  # no index yet
     index = y2_codec.encode(y2.NodeIndex(1, 3))
     events = s.client_message([INDEX, index, b"tcp://a:10", b"tcp://a:11", b"tcp://a:12"])
-    assert events == [ConnectPeers(("tcp://a:10", "tcp://a:12"))]
+    assert events[0] == ConnectPeers(("tcp://a:10", "tcp://a:12"))
+    assert events[1:] == [_status(1, NodeActivity(1, True))]  # the client: a worker is there
     assert bytes(s.data_to_worker()) == index  # the waiting worker gets its index
     s.worker_sent(len(index))
     d = _delta(y2_codec, 1, 0)
@@ -231,6 +291,71 @@ def test_session_worker_gets_index_then_deltas_go_to_peers(y2_codec):
     ]
     assert s.counters.deltas_from_worker == 1 and s.counters.words_from_worker == 3
     assert s.client_message([DONE]) == [Stop()] and s.stopped
+
+
+def _status(node_id: int, activity: NodeActivity) -> ToClient:
+    return ToClient((STATUS, _i32(node_id), activity.to_bytes()))
+
+
+def test_activity_frame_round_trips_and_refuses_other_sizes():
+    a = NodeActivity(2, True, 1, 40, 160, 3, 0, 80)
+    assert len(a.to_bytes()) == 64 and NodeActivity.from_bytes(a.to_bytes()) == a
+    assert NodeActivity.from_bytes(memoryview(a.to_bytes())) == a
+    assert NodeActivity.from_bytes(a.to_bytes()[:-1]) is None
+    assert NodeActivity.from_bytes(b"") is None
+    assert a.state is NodeState.RUNNING
+    assert NodeActivity().state is NodeState.WAITING
+    assert NodeActivity(1, False).state is NodeState.ENDED
+    assert NodeActivity(1, False, finished_from_worker=1).state is NodeState.FINISHED
+
+
+def test_session_worker_gone_before_finished_tells_the_client_with_its_counts(y2_codec):
+    # y2's main.py: Deltas and Runtime go out, Finished is queued, the link is stopped at
+    # once and the connection closes before Finished leaves the worker
+    s = _indexed_session(y2_codec, 1)
+    assert s.worker_connected() == [_status(1, NodeActivity(1, True))]
+    s.worker_sent(s.worker_buffered)  # its NodeIndex
+    d = _delta(y2_codec, 1, 0)
+    rt = y2_codec.encode(y2.Runtime(1, 2, 3, 4))
+    s.worker_data(d + d + rt)
+    assert s.peer_message([_i32(0), d])
+    gone = s.worker_closed()
+    assert gone == [_status(1, NodeActivity(1, False, 1, 2, 6, 1, 0, 1))]
+    assert NodeActivity.from_bytes(gone[0].frames[2]).state is NodeState.ENDED
+    assert s.progress() == []  # nothing moved since
+    assert s.worker_closed() == []  # nor here: no second report of the same
+
+
+def test_session_reports_progress_only_when_it_moved(y2_codec):
+    s = _indexed_session(y2_codec, 0)
+    assert s.progress() == []  # no worker yet: the client knows nothing new
+    s.worker_connected()
+    assert s.progress() == []  # reported when it connected
+    s.worker_sent(s.worker_buffered)
+    [status] = s.progress()
+    assert NodeActivity.from_bytes(status.frames[2]).node_index_to_worker == 1
+    s.worker_data(_delta(y2_codec, 0, 0) + y2_codec.encode(y2.Finished()))
+    [status] = s.progress()
+    assert NodeActivity.from_bytes(status.frames[2]).state is NodeState.FINISHED
+    [closed] = s.worker_closed()  # after Finished the node stays finished
+    assert NodeActivity.from_bytes(closed.frames[2]).state is NodeState.FINISHED
+    assert s.client_message([DONE]) == [Stop()]
+    s.worker_connected()
+    assert s.progress() == []  # stopped: nothing more for the client
+
+
+def test_session_worker_that_came_and_went_before_the_index_is_reported_with_it(y2_codec):
+    s = NodeSession("tcp://127.0.0.1:7001", codec=y2_codec)
+    assert s.worker_connected() == [] and s.worker_closed() == []  # no id yet to report under
+    index = y2_codec.encode(y2.NodeIndex(1, 3))
+    events = s.client_message([INDEX, index, b"tcp://a:10", b"tcp://a:11", b"tcp://a:12"])
+    assert events[1:] == [_status(1, NodeActivity(1, False))]
+
+
+def test_session_abort_from_the_client_stops_with_its_reason(y2_codec):
+    s = _indexed_session(y2_codec)
+    assert s.client_message([ABORT, b"no progress for 5 s"]) == [Stop("no progress for 5 s")]
+    assert s.stopped
 
 
 def test_session_newest_worker_connection_wins(y2_codec):
