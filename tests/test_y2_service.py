@@ -829,11 +829,13 @@ def _stop_all(procs: list[subprocess.Popen]) -> None:
 
 
 @contextmanager
-def _cli_cluster(tmp_path: Path, n: int = 3):
+def _cli_cluster(tmp_path: Path, n: int = 3, *client_args: str):
+    """A client (``--json`` unless ``client_args`` say otherwise) and ``n`` services, all
+    processes of the CLI; yields the client, (service, worker address) pairs, the report."""
     report = tmp_path / "run.y2"
     client = _spawn(
-        "client", "--nodes", str(n), "--listen", "tcp://127.0.0.1:*", "--json", "--report",
-        str(report),
+        "client", "--nodes", str(n), "--listen", "tcp://127.0.0.1:*", "--report", str(report),
+        *(client_args or ("--json",)),
     )  # fmt: skip
     procs = [client]
     try:
@@ -921,51 +923,245 @@ def test_cli_refused_node_exits_with_an_error(tmp_path):
         _stop_all(procs)
 
 
+# ------------------------------------------------------------------ how a cluster ends
+
+
+def _node_links(services) -> tuple[list[WorkerLink], list[y2.NodeIndex]]:
+    links = [WorkerLink(addr) for _, addr in services]
+    return links, [link.node_index(TIMEOUT) for link in links]
+
+
+def test_cli_worker_connections_closing_before_finished_end_the_cluster(tmp_path):
+    # what y2's own workers do (see the tests with y2's class below): the connection closes
+    # before Finished leaves the worker.  Node 0 finishes; the others only close.
+    deltas, per = 20, 3
+    with _cli_cluster(tmp_path) as (client, services, report):
+        links, index = _node_links(services)
+        try:
+            got = _exchange(links, deltas, per)
+            assert all(seen == {s: list(range(deltas)) for s in seen} for seen in got.values())
+            for link, ix in zip(links, index, strict=True):
+                link.send(y2.Runtime(deltas, 5, 6, 7, 100 + ix.node_id))
+            links[0].send(y2.Finished())
+        finally:
+            for link in links:
+                link.close()
+        out, err = client.communicate(timeout=TIMEOUT)  # it ends by itself
+        assert client.returncode == 0, err
+        for p, _ in services:  # and so does every service
+            p.communicate(timeout=TIMEOUT)
+            assert p.returncode == 0
+    summary = json.loads(out)
+    assert summary["done"] is True and summary["outcome"] == "ended"
+    nodes = {n["node_id"]: n for n in summary["nodes"]}
+    finished = index[0].node_id
+    assert {i: n["state"] for i, n in nodes.items()} == {
+        i: "finished" if i == finished else "ended" for i in range(3)
+    }
+    for n in nodes.values():  # what each worker did, as its service saw it
+        a = n["activity"]
+        assert a["worker_connections"] == 1 and a["worker_attached"] is False
+        assert a["node_index_to_worker"] == 1
+        assert (a["deltas_from_worker"], a["words_from_worker"]) == (deltas, deltas * per)
+        assert a["runtime_from_worker"] == 1 and a["deltas_to_worker"] == 2 * deltas
+        assert a["finished_from_worker"] == (n["node_id"] == finished)
+    runtimes = sorted(r["node_id"] for r in summary["records"] if r["kind"] == "runtime")
+    assert runtimes == [0, 1, 2]
+    assert [r["node_id"] for r in summary["records"] if r["kind"] == "finished"] == [finished]
+    assert report.stat().st_size > 0
+
+
+def test_cli_summary_for_a_person_says_which_nodes_ended(tmp_path):
+    with _cli_cluster(tmp_path, 2, "--log-level", "warning") as (client, services, _report):
+        links, index = _node_links(services)
+        links[0].send(y2.Finished())
+        for link in links:
+            link.close()
+        out, err = client.communicate(timeout=TIMEOUT)
+    assert client.returncode == 0, err
+    ended = index[1].node_id
+    lines = out.splitlines()
+    assert (
+        f"node {ended}: ended without Finished (its worker's connection closed); its worker "
+        "sent 0 Deltas (0 words), 0 Runtime, 0 Finished; got 1 NodeIndex, 0 Deltas; "
+        "1 connection(s)" in lines
+    )
+    assert any(line.startswith(f"node {index[0].node_id}: finished; ") for line in lines)
+    assert lines[-1].startswith(f"every node finished or ended; without Finished: node {ended};")
+
+
+def test_cli_timeout_gives_up_on_a_stalled_worker_and_stops_every_service(tmp_path):
+    deltas = 10
+    args = ("--timeout", "2", "--json")
+    with _cli_cluster(tmp_path, 3, *args) as (client, services, _report):
+        links, index = _node_links(services)
+        try:
+            _exchange(links, deltas)
+            # two workers end; the third stays connected and sends nothing more
+            for link in links[:2]:
+                link.send(y2.Finished())
+                link.close()
+            out, err = client.communicate(timeout=TIMEOUT)
+            service_ends = [p.communicate(timeout=TIMEOUT) for p, _ in services]
+        finally:
+            for link in links:
+                link.close()
+    stalled = index[2].node_id
+    assert client.returncode == 1
+    assert f"no progress for 2 s; still running: node {stalled} (n2, running)" in err
+    summary = json.loads(out)
+    assert summary["done"] is False and summary["outcome"] == "aborted"
+    states = {n["node_id"]: n["state"] for n in summary["nodes"]}
+    assert states == {i: "running" if i == stalled else "finished" for i in range(3)}
+    stalled_activity = summary["nodes"][stalled]["activity"]
+    assert stalled_activity["deltas_from_worker"] == deltas
+    assert stalled_activity["deltas_to_worker"] == 2 * deltas
+    for (p, _), (_out, service_err) in zip(services, service_ends, strict=True):
+        assert p.returncode == 1 and "no progress for 2 s" in service_err
+
+
+def test_cli_timeout_names_the_nodes_that_never_registered():
+    client = _spawn("client", "--nodes", "2", "--listen", "tcp://127.0.0.1:*", "--timeout", "0.5")
+    out, err = client.communicate(timeout=TIMEOUT)
+    assert client.returncode == 1
+    assert "no progress for 0.5 s; still running: 2 of 2 nodes not registered" in err
+    assert out.splitlines()[-1].startswith("gave up: no progress for 0.5 s;")
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "soon"])
+def test_cli_timeout_must_be_a_positive_number_of_seconds(bad):
+    client = _spawn("client", "--nodes", "1", "--timeout", bad)
+    _out, err = client.communicate(timeout=TIMEOUT)
+    assert client.returncode == 2 and "--timeout" in err
+
+
 # ------------------------------------------------------------------ y2's own worker class
 
 Y2_COMMUNICATION = os.environ.get("WIREKIT_Y2_COMMUNICATION")
+#: A Python with the janus y2 pins (3.7, janus 0.4.0); else this one, with a janus stand-in.
+Y2_PYTHON = os.environ.get("WIREKIT_Y2_PYTHON") or sys.executable
+EPOCHS = 2  # Runtime messages tests/y2_peer/run_y2_worker.py sends before its ending
 
-
-@pytest.mark.skipif(
+needs_y2 = pytest.mark.skipif(
     not Y2_COMMUNICATION,
     reason="set WIREKIT_Y2_COMMUNICATION to y2's worker_service/communications/"
-    "communication.py (y2's worker is not on PyPI)",
+    "communication.py (y2's worker is not on PyPI), and WIREKIT_Y2_PYTHON to a Python 3.7 "
+    "with janus==0.4.0",
 )
+
+
+def _y2_worker(port: int, deltas: int, per: int, ending: str) -> subprocess.Popen:
+    """y2's ``Communication`` class as a node's worker, ending as ``ending`` says."""
+    script = HERE / "y2_peer" / "run_y2_worker.py"
+    return subprocess.Popen(
+        [Y2_PYTHON, str(script), str(Y2_COMMUNICATION), str(port), str(deltas), str(per), ending],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _worker_results(workers: list[subprocess.Popen]) -> list[dict]:
+    results = []
+    for w in workers:
+        out, err = w.communicate(timeout=2 * TIMEOUT)
+        assert w.returncode == 0, err
+        results.append(_checked(json.loads(out.splitlines()[-1])))
+    return results
+
+
+def _checked(result: dict) -> dict:
+    """A worker's result; with ``WIREKIT_Y2_PYTHON``, it ran on the janus y2 pins."""
+    if os.environ.get("WIREKIT_Y2_PYTHON"):
+        assert result["janus"] == "0.4.0", result
+    return result
+
+
+def _assert_every_delta_arrived(results: list[dict], deltas: int) -> None:
+    assert sorted(r["node_id"] for r in results) == [0, 1, 2]
+    for r in results:
+        senders = {int(k): v for k, v in r["received"].items()}
+        assert senders == {i: list(range(deltas)) for i in range(3) if i != r["node_id"]}
+
+
+@needs_y2
 def test_y2_own_communication_class_as_the_workers(tmp_path):
     deltas, per = 20, 4
     with _cli_cluster(tmp_path) as (client, services, _report):
-        workers = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    str(HERE / "y2_peer" / "run_y2_worker.py"),
-                    str(Y2_COMMUNICATION),
-                    str(port),
-                    str(deltas),
-                    str(per),
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _, (_host, port) in services
-        ]
-        results = []
+        workers = [_y2_worker(port, deltas, per, "graceful") for _, (_h, port) in services]
         try:
-            for w in workers:
-                out, err = w.communicate(timeout=2 * TIMEOUT)
-                assert w.returncode == 0, err
-                results.append(json.loads(out.splitlines()[-1]))
+            results = _worker_results(workers)
             out, err = client.communicate(timeout=TIMEOUT)
         finally:
             _stop_all(workers)
-        assert sorted(r["node_id"] for r in results) == [0, 1, 2]
-        for r in results:
-            senders = {int(k): v for k, v in r["received"].items()}
-            assert senders == {i: list(range(deltas)) for i in range(3) if i != r["node_id"]}
-        assert client.returncode == 0, err
-        summary = json.loads(out)
-        runtimes = {r["node_id"]: r for r in summary["records"] if r["kind"] == "runtime"}
-        assert {n: r["loss_milli"] for n, r in runtimes.items()} == {i: 4000 + i for i in range(3)}
-        fins = sorted(r["node_id"] for r in summary["records"] if r["kind"] == "finished")
-        assert fins == [0, 1, 2]
+    _assert_every_delta_arrived(results, deltas)
+    assert client.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["outcome"] == "finished"
+    losses = sorted(
+        (r["node_id"], r["loss_milli"]) for r in summary["records"] if "loss_milli" in r
+    )
+    assert losses == [(i, 4000 + 10 * i + e) for i in range(3) for e in range(EPOCHS)]
+    fins = sorted(r["node_id"] for r in summary["records"] if r["kind"] == "finished")
+    assert fins == [0, 1, 2]
+
+
+@needs_y2
+def test_y2_main_py_ending_ends_the_cluster(tmp_path):
+    # y2's main.py queues Finished and stops its link at once: the last Runtime and Finished
+    # usually never leave the worker.  The client ends by itself all the same, and says, per
+    # node, whether it finished or ended without Finished, with what its worker did send.
+    deltas, per = 20, 4
+    with _cli_cluster(tmp_path) as (client, services, _report):
+        workers = [_y2_worker(port, deltas, per, "main") for _, (_h, port) in services]
+        try:
+            results = _worker_results(workers)
+            out, err = client.communicate(timeout=TIMEOUT)  # the old client waited for ever
+            service_codes = [p.wait(TIMEOUT) for p, _ in services]
+        finally:
+            _stop_all(workers)
+    _assert_every_delta_arrived(results, deltas)
+    assert client.returncode == 0, err
+    assert service_codes == [0, 0, 0]
+    summary = json.loads(out)
+    assert summary["done"] is True
+    finished = {r["node_id"] for r in summary["records"] if r["kind"] == "finished"}
+    runtimes = [r["node_id"] for r in summary["records"] if r["kind"] == "runtime"]
+    for n in summary["nodes"]:
+        a = n["activity"]
+        assert n["state"] == ("finished" if n["node_id"] in finished else "ended")
+        assert a["worker_attached"] is False and a["node_index_to_worker"] == 1
+        assert (a["deltas_from_worker"], a["words_from_worker"]) == (deltas, deltas * per)
+        assert a["deltas_to_worker"] == 2 * deltas
+        # the epochs' Runtime went out; the last one may have been lost with Finished
+        assert a["runtime_from_worker"] == runtimes.count(n["node_id"])
+        assert EPOCHS <= a["runtime_from_worker"] <= EPOCHS + 1
+    assert summary["outcome"] == ("finished" if len(finished) == 3 else "ended")
+
+
+@needs_y2
+def test_y2_stalled_worker_times_out(tmp_path):
+    deltas, per = 10, 4
+    with _cli_cluster(tmp_path, 3, "--timeout", "3", "--json") as (client, services, _report):
+        endings = ["main", "main", "stall"]
+        workers = [
+            _y2_worker(port, deltas, per, ending)
+            for (_, (_h, port)), ending in zip(services, endings, strict=True)
+        ]
+        try:
+            results = _worker_results(workers[:2])
+            stalled = _checked(json.loads(workers[2].stdout.readline()))  # then it stalls
+            out, err = client.communicate(timeout=TIMEOUT)
+            service_codes = [p.wait(TIMEOUT) for p, _ in services]
+        finally:
+            _stop_all(workers)
+    _assert_every_delta_arrived([*results, stalled], deltas)
+    assert client.returncode == 1 and service_codes == [1, 1, 1]
+    node = stalled["node_id"]
+    assert f"no progress for 3 s; still running: node {node} (n2, running)" in err
+    summary = json.loads(out)
+    assert summary["outcome"] == "aborted"
+    states = {n["node_id"]: n["state"] for n in summary["nodes"]}
+    assert states[node] == "running"
+    assert all(states[i] in ("finished", "ended") for i in range(3) if i != node)
+    assert summary["nodes"][node]["activity"]["runtime_from_worker"] == EPOCHS
