@@ -113,6 +113,7 @@ def main() -> int:
         "node_id": node_id,
         "node_count": count,
         "received": received,
+        "ending": ending,
         "janus": getattr(janus, "__version__", "stand-in"),
         "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
     }
