@@ -288,6 +288,7 @@ def test_session_worker_gets_index_then_deltas_go_to_peers(y2_codec):
         ToPeers((_i32(1), d)),
         ToClient((RUNTIME, _i32(1), rt)),
         ToClient((FINISHED, _i32(1))),
+        _status(1, NodeActivity(1, True, 1, 1, 3, 1, 1)),  # the counts at Finished
     ]
     assert s.counters.deltas_from_worker == 1 and s.counters.words_from_worker == 3
     assert s.client_message([DONE]) == [Stop()] and s.stopped
@@ -334,9 +335,12 @@ def test_session_reports_progress_only_when_it_moved(y2_codec):
     s.worker_sent(s.worker_buffered)
     [status] = s.progress()
     assert NodeActivity.from_bytes(status.frames[2]).node_index_to_worker == 1
-    s.worker_data(_delta(y2_codec, 0, 0) + y2_codec.encode(y2.Finished()))
+    s.worker_data(_delta(y2_codec, 0, 0))
     [status] = s.progress()
+    assert NodeActivity.from_bytes(status.frames[2]).deltas_from_worker == 1
+    *_, status = s.worker_data(y2_codec.encode(y2.Finished()))  # reported with Finished
     assert NodeActivity.from_bytes(status.frames[2]).state is NodeState.FINISHED
+    assert s.progress() == []
     [closed] = s.worker_closed()  # after Finished the node stays finished
     assert NodeActivity.from_bytes(closed.frames[2]).state is NodeState.FINISHED
     assert s.client_message([DONE]) == [Stop()]
@@ -831,7 +835,9 @@ def _stop_all(procs: list[subprocess.Popen]) -> None:
 @contextmanager
 def _cli_cluster(tmp_path: Path, n: int = 3, *client_args: str):
     """A client (``--json`` unless ``client_args`` say otherwise) and ``n`` services, all
-    processes of the CLI; yields the client, (service, worker address) pairs, the report."""
+    processes of the CLI, the services started together (a client's ``--timeout`` then does
+    not run out while they start one after the other); yields the client, (service, worker
+    address) pairs in the order of their names ``n0``, ``n1``..., and the report file."""
     report = tmp_path / "run.y2"
     client = _spawn(
         "client", "--nodes", str(n), "--listen", "tcp://127.0.0.1:*", "--report", str(report),
@@ -840,13 +846,11 @@ def _cli_cluster(tmp_path: Path, n: int = 3, *client_args: str):
     procs = [client]
     try:
         address = _line(client, "client listening on ")
-        services = []
         for k in range(n):
-            p = _spawn(
-                "service", "--client", address, "--worker-listen", "127.0.0.1:0", "--name",
-                f"n{k}", "--json",
-            )  # fmt: skip
-            procs.append(p)
+            args = ("--client", address, "--worker-listen", "127.0.0.1:0", "--name", f"n{k}")
+            procs.append(_spawn("service", *args, "--json"))
+        services = []
+        for p in procs[1:]:
             host, port = _line(p, "worker link on ").rsplit(":", 1)
             _line(p, "inbox ")
             services.append((p, (host, int(port))))
@@ -960,8 +964,9 @@ def test_cli_worker_connections_closing_before_finished_end_the_cluster(tmp_path
     }
     for n in nodes.values():  # what each worker did, as its service saw it
         a = n["activity"]
-        assert a["worker_connections"] == 1 and a["worker_attached"] is False
-        assert a["node_index_to_worker"] == 1
+        # the finished node's closing may reach the client after it is done
+        assert a["worker_connections"] == 1 and a["node_index_to_worker"] == 1
+        assert a["worker_attached"] is False or n["node_id"] == finished
         assert (a["deltas_from_worker"], a["words_from_worker"]) == (deltas, deltas * per)
         assert a["runtime_from_worker"] == 1 and a["deltas_to_worker"] == 2 * deltas
         assert a["finished_from_worker"] == (n["node_id"] == finished)
@@ -992,7 +997,7 @@ def test_cli_summary_for_a_person_says_which_nodes_ended(tmp_path):
 
 def test_cli_timeout_gives_up_on_a_stalled_worker_and_stops_every_service(tmp_path):
     deltas = 10
-    args = ("--timeout", "2", "--json")
+    args = ("--timeout", "6", "--json")  # far more than a service's start on a loaded machine
     with _cli_cluster(tmp_path, 3, *args) as (client, services, _report):
         links, index = _node_links(services)
         try:
@@ -1008,7 +1013,7 @@ def test_cli_timeout_gives_up_on_a_stalled_worker_and_stops_every_service(tmp_pa
                 link.close()
     stalled = index[2].node_id
     assert client.returncode == 1
-    assert f"no progress for 2 s; still running: node {stalled} (n2, running)" in err
+    assert f"no progress for 6 s; still running: node {stalled} (n2, running)" in err
     summary = json.loads(out)
     assert summary["done"] is False and summary["outcome"] == "aborted"
     states = {n["node_id"]: n["state"] for n in summary["nodes"]}
@@ -1017,7 +1022,7 @@ def test_cli_timeout_gives_up_on_a_stalled_worker_and_stops_every_service(tmp_pa
     assert stalled_activity["deltas_from_worker"] == deltas
     assert stalled_activity["deltas_to_worker"] == 2 * deltas
     for (p, _), (_out, service_err) in zip(services, service_ends, strict=True):
-        assert p.returncode == 1 and "no progress for 2 s" in service_err
+        assert p.returncode == 1 and "no progress for 6 s" in service_err
 
 
 def test_cli_timeout_names_the_nodes_that_never_registered():
@@ -1132,7 +1137,8 @@ def test_y2_main_py_ending_ends_the_cluster(tmp_path):
     for n in summary["nodes"]:
         a = n["activity"]
         assert n["state"] == ("finished" if n["node_id"] in finished else "ended")
-        assert a["worker_attached"] is False and a["node_index_to_worker"] == 1
+        assert a["node_index_to_worker"] == 1
+        assert a["worker_attached"] is False or n["state"] == "finished"
         assert (a["deltas_from_worker"], a["words_from_worker"]) == (deltas, deltas * per)
         assert a["deltas_to_worker"] == 2 * deltas
         # the epochs' Runtime went out; the last one may have been lost with Finished
@@ -1144,7 +1150,7 @@ def test_y2_main_py_ending_ends_the_cluster(tmp_path):
 @needs_y2
 def test_y2_stalled_worker_times_out(tmp_path):
     results, client, service_codes = _y2_cluster_run(
-        tmp_path, ["main", "main", "stall"], 10, 4, "--timeout", "3", "--json"
+        tmp_path, ["main", "main", "stall"], 10, 4, "--timeout", "6", "--json"
     )
     assert client.returncode == 1 and service_codes == [1, 1, 1]
     [stalled] = [r["node_id"] for r in results if r["ending"] == "stall"]
@@ -1154,4 +1160,4 @@ def test_y2_stalled_worker_times_out(tmp_path):
     assert states[stalled] == "running"
     assert all(states[i] in ("finished", "ended") for i in range(3) if i != stalled)
     assert summary["nodes"][stalled]["activity"]["runtime_from_worker"] == EPOCHS
-    assert f"no progress for 3 s; still running: node {stalled} (n2, running)" in client.stderr
+    assert f"no progress for 6 s; still running: node {stalled} (n2, running)" in client.stderr

@@ -402,12 +402,13 @@ class NodeSession:
 
         A run of consecutive Deltas goes to the other nodes as one ZeroMQ message, cut out of
         the decoder's buffer in one piece (at most ``MAX_BATCH`` bytes unless one Delta alone
-        is larger)."""
+        is larger).  After a Finished, a ``STATUS`` follows with the counts up to it."""
         decoder = self._decoder
         if decoder is None:
             return []
         events: list[Event] = []
         runs: list[tuple[bytes, int]] = []
+        finished = self.counters.finished_forwarded
         try:
             decoder.feed(data)
             while True:
@@ -427,6 +428,8 @@ class NodeSession:
             self.counters.worker_errors += 1
             self._decoder = None
             events.append(CloseWorker(exc))
+        if self.counters.finished_forwarded != finished:
+            events.extend(self._status())  # the client's report: the counts at Finished
         return events
 
     def _take_deltas(self, buf: Any, pos: int, end: int, runs: list[tuple[bytes, int]]) -> int:
