@@ -221,6 +221,22 @@ def test_registry_progress_counts_what_moved_and_abort_tells_every_node(y2_codec
     assert reg.outcome == "aborted" and reg.summary()["aborted"] == "no progress for 5 s"
 
 
+def test_registry_survives_any_frames_from_a_registered_node(y2_codec):
+    kinds = st.sampled_from([HELLO, RUNTIME, FINISHED, STATUS, DONE, b"", b"x"])
+    frame = st.one_of(st.binary(max_size=70), st.just(_i32(1)), st.binary(min_size=64, max_size=64))
+
+    @given(st.lists(st.tuples(kinds, st.lists(frame, max_size=3)), max_size=20))
+    def check(messages):
+        reg = _registered(y2_codec)
+        for kind, rest in messages:
+            for to, reply in reg.receive(b"node1", [kind, *rest]):
+                assert to in reg.nodes and reply[0] in (INDEX, DONE, REFUSED)
+        assert len(reg.nodes) == 3 and reg.outcome in ("running", "finished", "ended")
+        assert reg.done == all(r.over for r in reg.nodes.values())
+
+    check()
+
+
 def test_registry_collects_reports_and_is_done_after_every_finished(y2_codec):
     reg = _registered(y2_codec)
     rt = y2_codec.encode(y2.Runtime(600, 1, 20, 2, 1500))
