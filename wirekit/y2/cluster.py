@@ -213,9 +213,8 @@ class NodeService:
         finally:
             events = self.session.worker_closed()
         log.info("worker link: closed (%s, fd %d)", why, fd)
-        s = self.session
-        if s.node is not None and not s.stopped and s.activity().state is NodeState.ENDED:
-            a = s.activity()
+        s, a = self.session, self.session.activity()
+        if s.node is not None and not s.stopped and a.state is NodeState.ENDED:
             log.info(
                 "node %d ended without Finished: its worker sent %d Deltas (%d words) and "
                 "%d Runtime",
@@ -420,8 +419,12 @@ class ClientService:
                     except zmq.Again:
                         break
                     before = len(reg.nodes)
+                    rec = reg.nodes.get(sender)
+                    state = rec and rec.state
                     for to, reply in reg.receive(sender, frames):
                         self._sock.send_multipart([to, *reply])
+                    if rec is not None and rec.state is not state:
+                        log.info("node %d: %s", rec.node_id, rec.state.value)
                     if len(reg.nodes) != before:
                         log.info(
                             "node %r registered (%d of %d)",

@@ -297,7 +297,8 @@ class NodeSession:
             return [Stop()]
         elif kind in (REFUSED, ABORT) and len(frames) == 2:
             self.stopped = True
-            return [Stop(frames[1].decode("utf-8", "replace"))]
+            reason = frames[1].decode("utf-8", "replace")
+            return [Stop(reason if kind == REFUSED else f"the client gave up: {reason}")]
         self.counters.client_errors += 1
         return []
 
