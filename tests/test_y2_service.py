@@ -192,6 +192,15 @@ def test_registry_is_done_when_every_node_finished_or_ended(y2_codec):
     assert summary["counters"]["status_received"] == 6
 
 
+def test_registry_done_on_a_finished_has_that_nodes_counts(y2_codec):
+    reg = _registered(y2_codec)
+    for i in (1, 2):
+        _report(reg, i, NodeActivity(1, False, 1, 7))  # ended
+    at_finished = NodeActivity(1, True, 1, 20, 80, 2, 1, 40)
+    assert reg.receive(b"node0", [FINISHED, _i32(0), at_finished.to_bytes()])
+    assert reg.done and reg.nodes[b"node0"].activity == at_finished  # no status needed after
+
+
 def test_registry_node_whose_worker_comes_back_runs_again(y2_codec):
     reg = _registered(y2_codec)
     _report(reg, 0, NodeActivity(1, False, 1, 5))  # ended ...
@@ -271,6 +280,7 @@ def test_registry_collects_reports_and_is_done_after_every_finished(y2_codec):
         (b"node0", [b"what", _i32(0)]),
         (b"node0", [HELLO, b"\xff\xfe"]),  # endpoint not UTF-8
         (b"node0", [STATUS, _i32(0), bytes(63)]),  # an activity is 64 bytes
+        (b"node0", [FINISHED, _i32(0), bytes(65)]),
         (b"node0", [STATUS, _i32(1), bytes(64)]),  # another node's id
         (b"new", [HELLO, b"tcp://0.0.0.0:5"]),  # not an address to connect to
         (b"new", [HELLO, b"tcp://h:*"]),
@@ -303,9 +313,8 @@ def test_session_worker_gets_index_then_deltas_go_to_peers(y2_codec):
     assert events == [
         ToPeers((_i32(1), d)),
         ToClient((RUNTIME, _i32(1), rt)),
-        ToClient((FINISHED, _i32(1))),
-        _status(1, NodeActivity(1, True, 1, 1, 3, 1, 1)),  # the counts at Finished
-    ]
+        ToClient((FINISHED, _i32(1), NodeActivity(1, True, 1, 1, 3, 1, 1).to_bytes())),
+    ]  # Finished carries the counts up to it
     assert s.counters.deltas_from_worker == 1 and s.counters.words_from_worker == 3
     assert s.client_message([DONE]) == [Stop()] and s.stopped
 
@@ -354,8 +363,8 @@ def test_session_reports_progress_only_when_it_moved(y2_codec):
     s.worker_data(_delta(y2_codec, 0, 0))
     [status] = s.progress()
     assert NodeActivity.from_bytes(status.frames[2]).deltas_from_worker == 1
-    *_, status = s.worker_data(y2_codec.encode(y2.Finished()))  # reported with Finished
-    assert NodeActivity.from_bytes(status.frames[2]).state is NodeState.FINISHED
+    [finished] = s.worker_data(y2_codec.encode(y2.Finished()))  # the counts go with it
+    assert NodeActivity.from_bytes(finished.frames[2]).state is NodeState.FINISHED
     assert s.progress() == []
     [closed] = s.worker_closed()  # after Finished the node stays finished
     assert NodeActivity.from_bytes(closed.frames[2]).state is NodeState.FINISHED

@@ -52,7 +52,8 @@ HELLO = b"hello"
 INDEX = b"index"
 #: service -> client: ``[RUNTIME, node id (i32), Runtime bytes]``.
 RUNTIME = b"runtime"
-#: service -> client: ``[FINISHED, node id (i32)]``.
+#: service -> client: ``[FINISHED, node id (i32), NodeActivity (64 bytes)]``, the activity
+#: as of the Finished (one message: the client may be done as soon as it has read it).
 FINISHED = b"finished"
 #: client -> service: ``[DONE]``, every node has finished: the service stops.
 DONE = b"done"
@@ -403,13 +404,12 @@ class NodeSession:
 
         A run of consecutive Deltas goes to the other nodes as one ZeroMQ message, cut out of
         the decoder's buffer in one piece (at most ``MAX_BATCH`` bytes unless one Delta alone
-        is larger).  After a Finished, a ``STATUS`` follows with the counts up to it."""
+        is larger)."""
         decoder = self._decoder
         if decoder is None:
             return []
         events: list[Event] = []
         runs: list[tuple[bytes, int]] = []
-        finished = self.counters.finished_forwarded
         try:
             decoder.feed(data)
             while True:
@@ -429,8 +429,6 @@ class NodeSession:
             self.counters.worker_errors += 1
             self._decoder = None
             events.append(CloseWorker(exc))
-        if self.counters.finished_forwarded != finished:
-            events.extend(self._status())  # the client's report: the counts at Finished
         return events
 
     def _take_deltas(self, buf: Any, pos: int, end: int, runs: list[tuple[bytes, int]]) -> int:
@@ -467,7 +465,8 @@ class NodeSession:
             return ToClient((RUNTIME, self._node_id, frame))
         if kind == MessageType.FINISHED:
             self.counters.finished_forwarded += 1
-            return ToClient((FINISHED, self._node_id))
+            self._reported = self.activity()  # the client's report: the counts at Finished
+            return ToClient((FINISHED, self._node_id, self._reported.to_bytes()))
         raise DecodeError(PROTOCOL, "type", at, "a worker does not send NodeIndex")
 
     # ------------------------------------------------------------ other nodes
@@ -661,7 +660,11 @@ class ClientRegistry:
             self.progress += 1
             self.report.records.append((rec.node_id, msg))
             return []
-        if kind == FINISHED and len(frames) == 2:
+        if kind == FINISHED and len(frames) in (2, 3):
+            activity = NodeActivity.from_bytes(frames[2]) if len(frames) == 3 else rec.activity
+            if activity is None:
+                return self._error(sender, f"a finished of {len(frames[2])} bytes, not 64")
+            rec.activity = activity
             self.counters.finished_received += 1
             if not rec.finished:
                 rec.finished = True
