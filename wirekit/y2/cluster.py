@@ -21,6 +21,7 @@ import errno
 import logging
 import socket
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -30,11 +31,13 @@ from .decoder import DEFAULT_MAX_MESSAGE_SIZE
 from .service import (
     DEFAULT_MAX_WORKER_BUFFER,
     MAX_BATCH,
+    STATUS_INTERVAL,
     ClientRegistry,
     CloseWorker,
     ConnectPeers,
     Event,
     NodeSession,
+    NodeState,
     SlowWorker,
     Stop,
     ToClient,
@@ -127,8 +130,13 @@ class NodeService:
         refuses the node (returns its reason) or ``stop`` is set (returns None)."""
         stop = stop or threading.Event()
         self._to_client.append(self.session.hello().frames)
+        next_status = time.monotonic() + STATUS_INTERVAL
         try:
             while not stop.is_set() and not self.session.stopped:
+                now = time.monotonic()
+                if now >= next_status:
+                    self._handle(self.session.progress())
+                    next_status = now + STATUS_INTERVAL
                 poller = zmq.Poller()  # anew: a closed worker's descriptor must not stay
                 self._register(poller)
                 ready = dict(poller.poll(_POLL_MS))
@@ -188,7 +196,7 @@ class NodeService:
         if old is not None:
             log.warning("worker link: a new connection from %s replaces the open one", addr)
             old.close()
-        self.session.worker_connected()
+        self._handle(self.session.worker_connected())
         conn.setblocking(False)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._worker = conn
@@ -203,8 +211,19 @@ class NodeService:
             fd = worker.fileno()
             worker.close()
         finally:
-            self.session.worker_closed()
+            events = self.session.worker_closed()
         log.info("worker link: closed (%s, fd %d)", why, fd)
+        s, a = self.session, self.session.activity()
+        if s.node is not None and not s.stopped and a.state is NodeState.ENDED:
+            log.info(
+                "node %d ended without Finished: its worker sent %d Deltas (%d words) and "
+                "%d Runtime",
+                s.node.node_id,
+                a.deltas_from_worker,
+                a.words_from_worker,
+                a.runtime_from_worker,
+            )
+        self._handle(events)
 
     def _read_worker(self) -> None:
         worker = self._worker
@@ -377,13 +396,21 @@ class ClientService:
         self._sock.bind(listen)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
-    def run(self, stop: threading.Event | None = None) -> bool:
-        """Serve until every node has finished (True) or ``stop`` is set (False)."""
+    def run(self, stop: threading.Event | None = None, timeout: float | None = None) -> bool:
+        """Serve until every node has finished or ended (True), ``stop`` is set (False) or,
+        with ``timeout``, nothing moved for ``timeout`` seconds (False; every service is told
+        to stop, and ``registry.aborted`` says why)."""
         stop = stop or threading.Event()
         reg = self.registry
         errors = 0
+        seen, last_move = reg.progress, time.monotonic()
         try:
             while not stop.is_set() and not reg.done:
+                if reg.progress != seen:
+                    seen, last_move = reg.progress, time.monotonic()
+                elif timeout is not None and time.monotonic() - last_move >= timeout:
+                    self._give_up(timeout)
+                    break
                 if not self._sock.poll(_POLL_MS):
                     continue
                 for _ in range(_BATCH):
@@ -392,8 +419,12 @@ class ClientService:
                     except zmq.Again:
                         break
                     before = len(reg.nodes)
+                    rec = reg.nodes.get(sender)
+                    state = rec and rec.state
                     for to, reply in reg.receive(sender, frames):
                         self._sock.send_multipart([to, *reply])
+                    if rec is not None and rec.state is not state:
+                        log.info("node %d: %s", rec.node_id, rec.state.value)
                     if len(reg.nodes) != before:
                         log.info(
                             "node %r registered (%d of %d)",
@@ -407,3 +438,10 @@ class ClientService:
         finally:
             self._sock.close()
         return reg.done
+
+    def _give_up(self, timeout: float) -> None:
+        reg = self.registry
+        reason = f"no progress for {timeout:g} s; still running: {', '.join(reg.not_over())}"
+        log.error("client: %s", reason)
+        for to, reply in reg.abort(reason):  # a ROUTER drops what a gone service cannot take
+            self._sock.send_multipart([to, *reply], zmq.NOBLOCK)

@@ -5,8 +5,12 @@
 
 Each prints its addresses on standard output once it listens (``client listening on ADDR``;
 ``worker link on HOST:PORT``, ``inbox ADDR``), logs to standard error and stops on
-SIGINT/SIGTERM.  The client exits 0 once every node has finished; a service exits 0 when the
-client says so.  Both print their counters on exit (``--json``: one JSON object).
+SIGINT/SIGTERM.  The client exits 0 once every node has finished or ended (its worker's
+connection closed before Finished, as y2's own worker usually ends), with a summary that says
+which; with ``--timeout SECONDS`` it gives up (exit 1) when nothing moved for that long,
+naming the nodes still running, and tells every service to stop.  A service exits 0 when the
+client says every node is done, 1 when it refuses the node or gives up.  Both print their
+counters on exit (``--json``: one JSON object).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from wirekit._logging import add_logging_arguments
 
 from .cluster import DEFAULT_HWM
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE
-from .service import DEFAULT_MAX_WORKER_BUFFER, SlowWorker
+from .service import DEFAULT_MAX_WORKER_BUFFER, STATUS_INTERVAL, SlowWorker
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -65,13 +69,12 @@ def _client_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     out.write(f"client listening on {client.address}\n")
     out.flush()
     with _stop_on_signals() as stop:
-        done = client.run(stop)
+        done = client.run(stop, args.timeout)
     reg = client.registry
     if args.report:
         with open(args.report, "wb") as f:
             f.write(reg.report_bytes())
     summary = reg.summary()
-    summary["done"] = done
     if args.json:
         out.write(json.dumps(summary) + "\n")
     else:
@@ -79,10 +82,43 @@ def _client_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             out.write(f"node {node['node_id']}: {node['name']} (inbox {node['inbox']})\n")
         for rec in summary["records"]:
             out.write(_record_line(rec) + "\n")
+        for node in summary["nodes"]:
+            out.write(_node_line(node) + "\n")
         counters = " ".join(f"{k}={v}" for k, v in summary["counters"].items())
-        out.write(f"{'every node finished' if done else 'stopped'}; {counters}\n")
+        out.write(f"{_outcome_line(summary)}; {counters}\n")
     out.flush()
+    if reg.aborted is not None:
+        err.write(f"wirekit y2 client: {reg.aborted}\n")
     return EXIT_OK if done else EXIT_FAILED
+
+
+def _node_line(node: dict[str, Any]) -> str:
+    """One node's end for a person: its state and what its worker did."""
+    a = node["activity"]
+    state = {
+        "finished": "finished",
+        "ended": "ended without Finished (its worker's connection closed)",
+        "running": "still running",
+        "waiting": "waiting for its worker",
+    }[node["state"]]
+    return (
+        f"node {node['node_id']}: {state}; its worker sent {a['deltas_from_worker']} Deltas "
+        f"({a['words_from_worker']} words), {a['runtime_from_worker']} Runtime, "
+        f"{a['finished_from_worker']} Finished; got {a['node_index_to_worker']} NodeIndex, "
+        f"{a['deltas_to_worker']} Deltas; {a['worker_connections']} connection(s)"
+    )
+
+
+def _outcome_line(summary: dict[str, Any]) -> str:
+    outcome = summary["outcome"]
+    if outcome == "finished":
+        return "every node finished"
+    if outcome == "ended":
+        ended = [f"node {n['node_id']}" for n in summary["nodes"] if n["state"] == "ended"]
+        return f"every node finished or ended; without Finished: {', '.join(ended)}"
+    if outcome == "aborted":
+        return f"gave up: {summary['aborted']}"
+    return "stopped"
 
 
 def _record_line(rec: dict[str, Any]) -> str:
@@ -137,6 +173,16 @@ def _service_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return value
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -170,6 +216,14 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="write the Runtime and Finished messages here as y2 messages, each after the "
         "NodeIndex of its node (read it with wirekit decode --proto y2)",
+    )
+    client.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="give up (exit 1, every service told to stop) when nothing moved for this long: "
+        "no node registered, no worker connected or went, no Delta, Runtime or Finished "
+        f"(the services report progress every {STATUS_INTERVAL:g} s); default: wait for ever",
     )
     client.add_argument("--json", action="store_true", help="print the report as JSON")
     _common(client)

@@ -8,8 +8,9 @@ bytes between sockets and the two state machines of this module:
   :class:`~wirekit.y2.Decoder`), the messages to and from the client service and the Delta
   messages to and from the other nodes' services.
 * :class:`ClientRegistry` -- the client service: registration of N nodes (ids 0..N-1, the
-  same id again for a node that comes back under its name), Runtime and Finished reports,
-  done when every node has finished.
+  same id again for a node that comes back under its name), Runtime and Finished reports and
+  each node's :class:`NodeActivity`; done when every node has finished, or *ended*: its
+  worker's connection closed without Finished (y2's own worker usually ends so).
 
 Messages between services are ZeroMQ multipart messages (see ``specs/y2.md``, "The
 communication services"); every y2 message inside them is carried as its worker-link bytes
@@ -19,6 +20,7 @@ communication services"); every y2 message inside them is carried as its worker-
 from __future__ import annotations
 
 import enum
+import struct
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,12 +52,18 @@ HELLO = b"hello"
 INDEX = b"index"
 #: service -> client: ``[RUNTIME, node id (i32), Runtime bytes]``.
 RUNTIME = b"runtime"
-#: service -> client: ``[FINISHED, node id (i32)]``.
+#: service -> client: ``[FINISHED, node id (i32), NodeActivity (64 bytes)]``, the activity
+#: as of the Finished (one message: the client may be done as soon as it has read it).
 FINISHED = b"finished"
 #: client -> service: ``[DONE]``, every node has finished: the service stops.
 DONE = b"done"
 #: client -> service: ``[REFUSED, reason (utf-8)]``, the cluster has no room for this node.
 REFUSED = b"refused"
+#: service -> client: ``[STATUS, node id (i32), NodeActivity (64 bytes)]``: the node's worker
+#: connected or went, or its counts moved.
+STATUS = b"status"
+#: client -> service: ``[ABORT, reason (utf-8)]``, the client gave up (``--timeout``).
+ABORT = b"abort"
 #: Service -> service messages carry no kind: ``[sender node id (i32), Delta bytes]``, the
 #: bytes of one or more whole Delta messages end to end.
 
@@ -66,6 +74,8 @@ DEFAULT_MAX_WORKER_BUFFER = 16 * 1024 * 1024
 MAX_BATCH = 1024 * 1024
 #: Largest endpoint string a service may register.
 MAX_ENDPOINT = 1024
+#: Seconds between a service's reports of its worker's progress to the client (when it moved).
+STATUS_INTERVAL = 1.0
 
 
 class SlowWorker(str, enum.Enum):
@@ -131,11 +141,68 @@ class Stop:
 Event = ToClient | ToPeers | ConnectPeers | CloseWorker | Stop
 
 
+class NodeState(str, enum.Enum):
+    """Where a node is, as the client service sees it."""
+
+    #: Registered; its worker has not connected yet (or the node has no index yet).
+    WAITING = "waiting"
+    #: Its worker is connected.
+    RUNNING = "running"
+    #: Its worker sent Finished.
+    FINISHED = "finished"
+    #: Its worker's connection closed before Finished (y2's ``main.py`` stops its link right
+    #: after queueing Finished, which then rarely leaves the worker).
+    ENDED = "ended"
+
+
+_ACTIVITY = struct.Struct(">8Q")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeActivity:
+    """What a node's worker has done so far, as its service reports it to the client."""
+
+    worker_connections: int = 0
+    worker_attached: bool = False
+    #: NodeIndex messages written whole to a worker
+    node_index_to_worker: int = 0
+    deltas_from_worker: int = 0
+    words_from_worker: int = 0
+    runtime_from_worker: int = 0
+    finished_from_worker: int = 0
+    #: Deltas of the other nodes taken for the worker
+    deltas_to_worker: int = 0
+
+    def to_bytes(self) -> bytes:
+        return _ACTIVITY.pack(*(int(getattr(self, name)) for name in self.__slots__))  # type: ignore[attr-defined]
+
+    @classmethod
+    def from_bytes(cls, frame: Buffer) -> NodeActivity | None:
+        """The activity in ``frame``; None if it is not one (the wrong size)."""
+        if len(frame) != _ACTIVITY.size:
+            return None
+        values = list(_ACTIVITY.unpack(frame))
+        values[1] = bool(values[1])
+        return cls(*values)
+
+    @property
+    def state(self) -> NodeState:
+        if self.finished_from_worker:
+            return NodeState.FINISHED
+        if self.worker_attached:
+            return NodeState.RUNNING
+        return NodeState.ENDED if self.worker_connections else NodeState.WAITING
+
+    def as_dict(self) -> dict[str, int | bool]:
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
 @dataclass(slots=True)
 class NodeCounters:
     """What one node's service has done; printed on exit (``--json``: as JSON)."""
 
     worker_connections: int = 0
+    node_index_to_worker: int = 0
     worker_replaced: int = 0
     worker_errors: int = 0
     deltas_from_worker: int = 0
@@ -162,9 +229,15 @@ class NodeSession:
     The runtime calls ``worker_connected`` / ``worker_data`` / ``worker_closed`` for the
     worker's TCP connection, ``client_message`` and ``peer_message`` for what ZeroMQ
     delivers, and carries out the events they return; it writes ``data_to_worker()`` to the
-    worker (then ``worker_sent(n)``).  Flow control: it reads the worker only while
-    ``accepts_worker_input`` and takes other nodes' Deltas only while
-    ``accepts_peer_input``.
+    worker (then ``worker_sent(n)``), and calls ``progress()`` now and then (every
+    ``STATUS_INTERVAL``) to tell the client how far the worker has come.  Flow control: it
+    reads the worker only while ``accepts_worker_input`` and takes other nodes' Deltas only
+    while ``accepts_peer_input``.
+
+    The client learns at once when the worker connects or its connection closes (a
+    ``STATUS`` message): a connection that closes before the worker sent Finished ends the
+    node, as far as the client is concerned, unless a worker connects again before the
+    client has heard from every node.
     """
 
     def __init__(
@@ -196,6 +269,7 @@ class NodeSession:
         self._out_counts: deque[tuple[int, int]] = deque()  # Deltas and words per entry
         self._out_bytes = 0
         self._head = 0  # bytes of _out[0] already written
+        self._reported: NodeActivity | None = None  # the last STATUS sent
         self.stopped = False
 
     # ------------------------------------------------------------ client service
@@ -222,9 +296,10 @@ class NodeSession:
         elif kind == DONE and len(frames) == 1:
             self.stopped = True
             return [Stop()]
-        elif kind == REFUSED and len(frames) == 2:
+        elif kind in (REFUSED, ABORT) and len(frames) == 2:
             self.stopped = True
-            return [Stop(frames[1].decode("utf-8", "replace"))]
+            reason = frames[1].decode("utf-8", "replace")
+            return [Stop(reason if kind == REFUSED else f"the client gave up: {reason}")]
         self.counters.client_errors += 1
         return []
 
@@ -240,7 +315,39 @@ class NodeSession:
         if self._decoder is not None:  # a worker is waiting for its index
             self._queue(raw)
         others = tuple(p for i, p in enumerate(peers) if i != msg.node_id)
-        return [ConnectPeers(others)]
+        # a worker that came and went before the index: the client hears of it now
+        return [ConnectPeers(others), *self._status()]
+
+    # ------------------------------------------------------------ reports to the client
+
+    def activity(self) -> NodeActivity:
+        """What the worker has done so far (what ``STATUS`` carries)."""
+        c = self.counters
+        return NodeActivity(
+            worker_connections=c.worker_connections,
+            worker_attached=self._decoder is not None,
+            node_index_to_worker=c.node_index_to_worker,
+            deltas_from_worker=c.deltas_from_worker,
+            words_from_worker=c.words_from_worker,
+            runtime_from_worker=c.runtime_forwarded,
+            finished_from_worker=c.finished_forwarded,
+            deltas_to_worker=c.deltas_to_worker,
+        )
+
+    def _status(self) -> list[Event]:
+        """A ``STATUS`` for the client if the activity changed since the last one (and the
+        node knows its id); else nothing."""
+        if self.node is None or self.stopped:
+            return []
+        now = self.activity()
+        if now == self._reported:
+            return []
+        self._reported = now
+        return [ToClient((STATUS, self._node_id, now.to_bytes()))]
+
+    def progress(self) -> list[Event]:
+        """The runtime calls this every ``STATUS_INTERVAL``: a ``STATUS`` if anything moved."""
+        return self._status()
 
     # ------------------------------------------------------------ worker link
 
@@ -248,25 +355,31 @@ class NodeSession:
     def worker_attached(self) -> bool:
         return self._decoder is not None
 
-    def worker_connected(self) -> None:
-        """A worker connected.  The newest connection wins: a link still open is taken as
-        gone (``worker_closed``, counted in ``worker_replaced``; the runtime closes its
-        socket), since a worker that reconnects may do so before its old connection's end
+    def worker_connected(self) -> list[Event]:
+        """A worker connected (a ``STATUS`` for the client).  The newest connection wins: a
+        link still open is taken as gone (counted in ``worker_replaced``; the runtime closes
+        its socket), since a worker that reconnects may do so before its old connection's end
         is seen."""
         if self._decoder is not None:
             self.counters.worker_replaced += 1
-            self.worker_closed()
+            self._detach()
         self.counters.worker_connections += 1
         self._decoder = Decoder(self.max_message_size, codec=self._codec)
         if self.node is not None:  # its index first, then the Deltas kept for it
             self._out.appendleft(self._node_index)
             self._out_counts.appendleft((0, 0))
             self._out_bytes += len(self._node_index)
+        return self._status()
 
-    def worker_closed(self) -> None:
-        """The worker's connection is gone.  The Deltas queued for it stay for the next
-        worker, but for a message it had partly been sent (dropped and counted); a NodeIndex
-        not yet sent is dropped (the next worker gets its own)."""
+    def worker_closed(self) -> list[Event]:
+        """The worker's connection is gone (a ``STATUS`` for the client: without Finished
+        before it, the node has ended).  The Deltas queued for it stay for a next worker, but
+        for a message it had partly been sent (dropped and counted); a NodeIndex not yet sent
+        is dropped (the next worker gets its own)."""
+        self._detach()
+        return self._status()
+
+    def _detach(self) -> None:
         self._decoder = None
         out, counts = self._out, self._out_counts
         if out and self._head:
@@ -352,7 +465,8 @@ class NodeSession:
             return ToClient((RUNTIME, self._node_id, frame))
         if kind == MessageType.FINISHED:
             self.counters.finished_forwarded += 1
-            return ToClient((FINISHED, self._node_id))
+            self._reported = self.activity()  # the client's report: the counts at Finished
+            return ToClient((FINISHED, self._node_id, self._reported.to_bytes()))
         raise DecodeError(PROTOCOL, "type", at, "a worker does not send NodeIndex")
 
     # ------------------------------------------------------------ other nodes
@@ -428,7 +542,8 @@ class NodeSession:
                 return
             n -= left
             self._out_bytes -= len(self._out.popleft())
-            self._out_counts.popleft()
+            if self._out_counts.popleft()[0] == 0:
+                self.counters.node_index_to_worker += 1
             self._head = 0
 
 
@@ -444,6 +559,17 @@ class NodeRecord:
     inbox: str
     connections: int = 1
     finished: bool = False
+    #: the latest STATUS from its service
+    activity: NodeActivity = field(default_factory=NodeActivity)
+
+    @property
+    def state(self) -> NodeState:
+        return NodeState.FINISHED if self.finished else self.activity.state
+
+    @property
+    def over(self) -> bool:
+        """Finished, or ended without Finished."""
+        return self.state in (NodeState.FINISHED, NodeState.ENDED)
 
 
 @dataclass(slots=True)
@@ -453,6 +579,7 @@ class ClientCounters:
     refused: int = 0
     runtime_received: int = 0
     finished_received: int = 0
+    status_received: int = 0
     errors: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -473,7 +600,11 @@ class ClientRegistry:
     """The client service, sans IO: ``receive(sender, frames)`` -> replies to send.
 
     ``sender`` is the service's ZeroMQ routing id (its name): a node that registers again
-    under the same name gets its id again.  ``done`` once every node has sent Finished.
+    under the same name gets its id again.  ``done`` once every node has finished (sent
+    Finished) or ended (its worker's connection closed before Finished); then every service
+    gets ``DONE``.  ``progress`` counts what moved (a registration, a Runtime, a Finished, a
+    node's activity): the runtime gives up with ``abort(reason)`` when it stays still too
+    long (``--timeout``).
     """
 
     def __init__(
@@ -497,6 +628,9 @@ class ClientRegistry:
         self._codec: ModuleType = codec
         self._decoder = Decoder(max_message_size, codec=codec)
         self.done = False
+        self.progress = 0
+        #: why the client gave up (``abort``), or None
+        self.aborted: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -523,18 +657,63 @@ class ClientRegistry:
             if not isinstance(msg, Runtime):
                 return self._error(sender, "a runtime message without a Runtime")
             self.counters.runtime_received += 1
+            self.progress += 1
             self.report.records.append((rec.node_id, msg))
             return []
-        if kind == FINISHED and len(frames) == 2:
+        if kind == FINISHED and len(frames) in (2, 3):
+            activity = NodeActivity.from_bytes(frames[2]) if len(frames) == 3 else rec.activity
+            if activity is None:
+                return self._error(sender, f"a finished of {len(frames[2])} bytes, not 64")
+            rec.activity = activity
             self.counters.finished_received += 1
             if not rec.finished:
                 rec.finished = True
+                self.progress += 1
                 self.report.records.append((rec.node_id, Finished()))
-            if self.complete and all(r.finished for r in self.nodes.values()):
-                self.done = True
-                return [(name, (DONE,)) for name in self.nodes]
-            return []
+            return self._maybe_done()
+        if kind == STATUS and len(frames) == 3:
+            activity = NodeActivity.from_bytes(frames[2])
+            if activity is None:
+                return self._error(sender, f"a status of {len(frames[2])} bytes, not 64")
+            self.counters.status_received += 1
+            if activity != rec.activity:
+                rec.activity = activity
+                self.progress += 1
+            return self._maybe_done()
         return self._error(sender, f"unexpected message {kind[:16]!r}")
+
+    def _maybe_done(self) -> list[Reply]:
+        if self.done or not self.complete or not all(r.over for r in self.nodes.values()):
+            return []
+        self.done = True
+        return [(name, (DONE,)) for name in self.nodes]
+
+    def abort(self, reason: str) -> list[Reply]:
+        """Give up (the runtime's ``--timeout``): ``ABORT`` with ``reason`` to every
+        registered node's service."""
+        self.aborted = reason
+        return [(name, (ABORT, reason.encode())) for name in self.nodes]
+
+    def not_over(self) -> list[str]:
+        """The nodes that have neither finished nor ended, as words for a person, and how
+        many have not registered."""
+        out = [
+            f"node {r.node_id} ({r.name}, {r.state.value})"
+            for r in sorted(self.nodes.values(), key=_by_id)
+            if not r.over
+        ]
+        missing = self.node_count - len(self.nodes)
+        if missing:
+            out.append(f"{missing} of {self.node_count} nodes not registered")
+        return out
+
+    @property
+    def outcome(self) -> str:
+        """``finished`` (every node sent Finished), ``ended`` (every node finished or ended,
+        some without Finished), ``aborted`` (``abort``) or ``running``."""
+        if self.done:
+            return "finished" if all(r.finished for r in self.nodes.values()) else "ended"
+        return "aborted" if self.aborted is not None else "running"
 
     def _error(self, sender: bytes, text: str) -> list[Reply]:
         self.counters.errors += 1
@@ -552,6 +731,7 @@ class ClientRegistry:
         rec = self.nodes.get(sender)
         if rec is not None:
             self.counters.reconnections += 1
+            self.progress += 1
             rec.connections += 1
             if endpoint != rec.inbox:
                 # The other nodes are connected to the old inbox: refuse rather than split.
@@ -566,6 +746,7 @@ class ClientRegistry:
             self.counters.refused += 1
             return [(sender, (REFUSED, f"the cluster has {self.node_count} nodes".encode()))]
         self.counters.registrations += 1
+        self.progress += 1
         self.nodes[sender] = NodeRecord(
             len(self.nodes), sender.decode("utf-8", "replace"), endpoint
         )
@@ -579,7 +760,13 @@ class ClientRegistry:
 
         return {
             "nodes": [
-                {"node_id": r.node_id, "name": r.name, "inbox": r.inbox}
+                {
+                    "node_id": r.node_id,
+                    "name": r.name,
+                    "inbox": r.inbox,
+                    "state": r.state.value,
+                    "activity": r.activity.as_dict(),
+                }
                 for r in sorted(self.nodes.values(), key=_by_id)
             ],
             "records": [
@@ -587,6 +774,9 @@ class ClientRegistry:
             ],
             "counters": self.counters.as_dict(),
             "errors": list(self.errors),
+            "done": self.done,
+            "outcome": self.outcome,
+            "aborted": self.aborted,
         }
 
     def report_bytes(self) -> bytes:
