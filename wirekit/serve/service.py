@@ -38,6 +38,7 @@ from .config import (
 from .control.actuators import build_actuator
 from .control.catalog import Catalog, CatalogChange, CatalogError
 from .control.controller import (
+    DECISION_OUTCOMES,
     Controller,
     Decision,
     catalog_targets,
@@ -692,7 +693,15 @@ class Service:
             extra["batches"] = batches
         extra["in_flight"] = self.in_flight_by_device()
         extra["targets"] = catalog_targets(self.catalog)
-        extra["decisions"] = dict(self.controller.outcomes) if self.controller else {}
+        decisions: dict[tuple[str, str], int] = {}
+        if self.controller:
+            # Every counter from 0 (Prometheus' advice): the first decision is then a change
+            # that `increase()`/`changes()` see, not a series that starts at 1.
+            for model in self.catalog.models():
+                for outcome in DECISION_OUTCOMES:
+                    decisions[(model, outcome)] = 0
+            decisions.update(self.controller.outcomes)
+        extra["decisions"] = decisions
         extra["ready"] = self.readiness()["ready"]
         return extra
 

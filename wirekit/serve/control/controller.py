@@ -51,6 +51,10 @@ log = serve_logger("wirekit.serve.controller")
 
 #: decisions kept for ``GET /controller`` (the store keeps them all)
 LAST_DECISIONS = 100
+#: how a decision ended: applied (catalog and actuator), refused (the quota was not valid),
+#: failed (the actuator failed: rolled back)
+APPLIED, REFUSED, FAILED = "applied", "refused", "failed"
+DECISION_OUTCOMES = (APPLIED, REFUSED, FAILED)
 _EPS = 1e-9
 
 
@@ -606,12 +610,12 @@ class Controller:
         while this replica leads (on a shared store); ``False`` for an operator's decision
         (``Service.set_quota_doc``), stored from any replica."""
         error = set_decided_quota(self.catalog, d, self.can_serve)
-        status = "refused" if error is not None else "applied"
-        if status == "applied":
+        status = REFUSED if error is not None else APPLIED
+        if status == APPLIED:
             try:
                 await asyncio.wait_for(asyncio.to_thread(self._actuate, d), self.actuator_timeout())
             except Exception as exc:
-                status = "failed"
+                status = FAILED
                 error = str(exc) or type(exc).__name__
                 if isinstance(exc, asyncio.TimeoutError):
                     error = f"the actuator did not finish in {self.actuator_timeout():g} s"
@@ -628,7 +632,7 @@ class Controller:
                 await asyncio.to_thread(self.store.record_decision, **record, fenced=fenced)
             except Exception:
                 log.exception("controller: the decision could not be stored")
-        level = logging.WARNING if status != "applied" else logging.INFO
+        level = logging.WARNING if status != APPLIED else logging.INFO
         log.log(
             level,
             "controller: %s/%d/%s %s %g -> %g (%s)%s",
