@@ -126,5 +126,41 @@ def swapped_samples_main() -> None:
     _serve_raw(answer)
 
 
+def wrong_msg_id_container_main() -> None:
+    """A v3 Clipper container that registers properly but answers every request with the
+    msg_id after the request's.  argv[2]: Clipper's address."""
+    import zmq
+
+    from wirekit import clipper
+    from wirekit.clipper import (
+        Heartbeat,
+        HeartbeatReply,
+        HeartbeatType,
+        InputType,
+        NewContainer,
+        PredictRequest,
+        PredictResponse,
+    )
+
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(sys.argv[2])
+    sock.send_multipart(clipper.encode(Heartbeat(), "v3"))
+    while True:
+        if not sock.poll(500):
+            sock.send_multipart(clipper.encode(Heartbeat(), "v3"))
+            continue
+        msg = clipper.decode(sock.recv_multipart(), "v3", "to_container")
+        if isinstance(msg, HeartbeatReply):
+            if msg.heartbeat_type == HeartbeatType.REQUEST_CONTAINER_METADATA:
+                reg = NewContainer("off-by-one", "1", InputType.DOUBLES, 3)
+                sock.send_multipart(clipper.encode(reg, "v3"))
+        elif isinstance(msg, PredictRequest):
+            outputs = [str(len(x)) for x in msg.inputs]
+            reply = PredictResponse(msg.msg_id + 1, outputs)
+            sock.send_multipart(clipper.encode(reply, "v3"))
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()

@@ -100,7 +100,7 @@ def _conform_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_USAGE
     module = importlib.import_module(module_name)
     suite = module.SUITE
-    cases = select(suite.cases, args.case)
+    cases = select(suite.cases, args.case, suite.always)
     if not cases:
         err.write(f"wirekit conform: no case of {suite.title} matches {', '.join(args.case)}\n")
         return EXIT_USAGE

@@ -11,11 +11,16 @@ implementation in another language writes the same few lines:
   (the server answers INTERNAL).
 
 Serve it with ``wirekit mip serve --handler wirekit.conform.models:mip_model``.
+
+For a Clipper model container it is :func:`clipper_model`: each input answered with its
+length (elements; characters of a string) as text (2017, v3) or a float32
+(:func:`clipper_model_2016`).  Run it with
+``wirekit clipper container --model wirekit.conform.models:clipper_model``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 
 from wirekit.mip.messages import Item, ItemType
 
@@ -39,3 +44,14 @@ def mip_model(batch: Sequence[Sequence[Item]]) -> list[Sequence[Item]]:
             raise ConformModelFailure("the conformance case asked the model to fail")
         outputs.append(sample[:1] if marker == FIRST_ONLY else sample)
     return outputs
+
+
+def clipper_model(inputs: Sequence[Sized]) -> list[str]:
+    """The Clipper container conformance model (2017, v3): each input answered with its
+    length (the number of elements; of characters for a string) as decimal text."""
+    return [str(len(x)) for x in inputs]
+
+
+def clipper_model_2016(inputs: Sequence[Sized]) -> list[float]:
+    """:func:`clipper_model` for a 2016 container, whose outputs are float32 numbers."""
+    return [float(len(x)) for x in inputs]

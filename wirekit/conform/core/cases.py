@@ -70,10 +70,14 @@ class Case:
 class Suite:
     """The cases of one protocol and role, in the order they run."""
 
-    def __init__(self, protocol: str, role: str, title: str) -> None:
+    def __init__(
+        self, protocol: str, role: str, title: str, *, always: tuple[str, ...] = ()
+    ) -> None:
         self.protocol = protocol
         self.role = role
         self.title = title
+        #: ids of the cases every selection includes (a handshake the others build on)
+        self.always = always
         self.cases: list[Case] = []
 
     def case(

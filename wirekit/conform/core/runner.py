@@ -40,8 +40,11 @@ class Result:
         return self.status == FAIL and self.case.level is Level.MUST
 
 
-def select(cases: Iterable[Case], patterns: Sequence[str] | None) -> list[Case]:
-    """The cases whose id matches one of ``patterns`` (all when there are none).
+def select(
+    cases: Iterable[Case], patterns: Sequence[str] | None, always: Sequence[str] = ()
+) -> list[Case]:
+    """The cases whose id matches one of ``patterns`` (all when there are none), with the
+    ``always`` ones in front when any matched.
 
     A pattern with ``*``, ``?`` or ``[`` is a glob on the id; otherwise it matches that id
     and the ids below it (``error`` selects ``error.shape``)."""
@@ -58,18 +61,28 @@ def select(cases: Iterable[Case], patterns: Sequence[str] | None) -> list[Case]:
             if hit:
                 chosen.append(case)
                 break
+    if chosen:
+        chosen = [c for c in cases if c.id in always or c in chosen]
     return chosen
 
 
 def run_case(case: Case, target: Any, timeout: float = DEFAULT_TIMEOUT) -> Result:
-    """Run one case against ``target``; never raises for what the target does."""
+    """Run one case against ``target``; never raises for what the target does.  A target
+    with state across cases may have ``begin_case()``, called first, and
+    ``timeout_for(case, seconds)``, the time the case may take."""
     seconds = case.timeout if case.timeout is not None else timeout
+    timeout_for = getattr(target, "timeout_for", None)
+    if timeout_for is not None:
+        seconds = timeout_for(case, seconds)
     deadline = Deadline(seconds)
     outcome: list[Result] = []
     start = time.monotonic()
 
     def attempt() -> None:
         try:
+            begin = getattr(target, "begin_case", None)
+            if begin is not None:
+                begin()
             case.body(target, deadline)
         except Failed as exc:
             outcome.append(Result(case, FAIL, exc.expected, exc.got, exc.received))

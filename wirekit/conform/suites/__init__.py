@@ -12,4 +12,5 @@ from __future__ import annotations
 
 SUITES: dict[tuple[str, str], str] = {
     ("mip", "server"): "wirekit.conform.suites.mip_server",
+    ("clipper", "container"): "wirekit.conform.suites.clipper_container",
 }
