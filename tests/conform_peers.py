@@ -162,5 +162,32 @@ def wrong_msg_id_container_main() -> None:
             sock.send_multipart(clipper.encode(reply, "v3"))
 
 
+def kubemo_client_driver_main() -> None:
+    """KubeMo's client (from PyPI) under ``wirekit conform mip client``: the driver loop of
+    :mod:`wirekit.conform.drivers` around ``kubemo.Client``.  argv[2]: the kit's address."""
+    import re
+
+    import kubemo
+
+    from wirekit.conform.drivers import drive
+
+    address = sys.argv[2]
+    client = kubemo.Client()
+
+    def infer(texts):
+        outputs = client.inference(address, (tuple(kubemo.Text(t) for t in texts),))
+        return outputs[0][0].decode()
+
+    def typed(text, value, png):  # as KubeMo's README builds them: Json(obj)
+        sample = (kubemo.Text(text), kubemo.Json(value), kubemo.Image(io.BytesIO(png)))
+        return client.inference(address, (sample,))[0][0].decode()
+
+    def error_code(exc):
+        found = re.search(r"responded with error code: (\d+)", str(exc))
+        return int(found[1]) if found else None
+
+    drive(lambda: client.ping(address), infer, typed, error_code)
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()

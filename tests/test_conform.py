@@ -1,8 +1,10 @@
 """``wirekit conform``: wirekit's own implementations pass every case, real peers fail the
 cases of their known deviations (and pass the rest), broken targets fail the right cases.
 
-Every target is a real process on loopback: ``wirekit mip serve`` (both twins), KubeMo's
-server from PyPI, and small broken servers (``conform_peers.py``).  The reports of the real
+Every target is a real process on loopback: ``wirekit mip serve``, ``wirekit clipper
+container``, wirekit's MIP client (each on the twin the environment selects: CI runs the
+suite again with ``WIREKIT_PURE=1``), KubeMo's server and client from PyPI, Clipper's own
+``rpc.py`` of three eras, and small broken peers (``conform_peers.py``).  The reports of the real
 peers are checked against the tables in ``specs/conformance.md``.
 """
 
@@ -18,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -54,16 +57,6 @@ def peer(function: str) -> SubprocessServer:
     return SubprocessServer([sys.executable, str(TESTS / "conform_peers.py"), function])
 
 
-@pytest.fixture(params=["fast", "pure"])
-def twin(request, monkeypatch):
-    """The servers started by the test run the compiled twins, or the pure ones."""
-    if request.param == "pure":
-        monkeypatch.setenv("WIREKIT_PURE", "1")
-    else:
-        monkeypatch.delenv("WIREKIT_PURE", raising=False)
-    return request.param
-
-
 def documented(title: str, block: int = 0) -> dict[str, str]:
     """The case -> result column of the ``block``-th table under heading ``title`` in
     conformance.md."""
@@ -82,7 +75,7 @@ def documented(title: str, block: int = 0) -> dict[str, str]:
 # --------------------------------------------------------------------------- MIP server
 
 
-def test_wirekit_mip_server_passes_every_case(twin):
+def test_wirekit_mip_server_passes_every_case():
     with CliServer(
         "--listen", "tcp://127.0.0.1:0", handler="wirekit.conform.models:mip_model"
     ) as server:
@@ -299,7 +292,7 @@ SKIPPED_BY_GENERATION = {
     [("v3", "doubles"), ("v3", "strings"), ("2017", "ints"), ("2017", "bytes"),
      ("2016", "floats"), ("2016", "strings")],
 )  # fmt: skip
-def test_wirekit_clipper_container_passes_every_case(twin, gen, input_type):
+def test_wirekit_clipper_container_passes_every_case(gen, input_type):
     port = free_port()
     model = "clipper_model_2016" if gen == "2016" else "clipper_model"
     argv = [sys.executable, "-m", "wirekit.cli", "clipper", "container",
@@ -399,3 +392,55 @@ def test_a_container_answering_the_wrong_msg_id_fails_the_predict_cases():
         assert by_id[case_id]["status"] == "fail"
     assert by_id["predict.one"]["got"].startswith("a response to msg_id 1002")
     assert status == 1
+
+
+# --------------------------------------------------------------------------- MIP client
+
+
+def conform_client(driver: list[str]) -> tuple[int, dict]:
+    """``wirekit conform mip client`` (a process, listening on a free port), then the
+    ``driver`` process pointed at it: (exit status, the JSON report)."""
+    kit = subprocess.Popen(
+        [sys.executable, "-m", "wirekit.cli", "conform", "mip", "client",
+         "--listen", "tcp://127.0.0.1:0", "--json", "--timeout", "3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(kit.stderr.readline()), daemon=True)
+    reader.start()
+    reader.join(30)
+    try:
+        assert lines and "listening on " in lines[0], lines
+        address = lines[0].split()[-1]
+        with container_process([*driver, address]) as proc:
+            out, _ = kit.communicate(timeout=120)
+            proc.wait(30)
+    finally:
+        if kit.poll() is None:
+            kit.kill()
+            kit.communicate(timeout=10)
+    return kit.returncode, json.loads(out)
+
+
+def test_wirekit_mip_client_passes_every_case():
+    driver = [sys.executable, "-m", "wirekit.conform.drivers"]
+    status, doc = conform_client(driver)
+    failed = {c["id"]: c["got"] for c in doc["cases"] if c["status"] != "pass"}
+    assert failed == {}
+    assert status == 0
+
+
+def test_kubemo_client_fails_its_known_deviations_and_passes_the_rest():
+    status, doc = conform_client(
+        [sys.executable, str(TESTS / "conform_peers.py"), "kubemo_client_driver_main"]
+    )
+    result = statuses(doc)
+    # Json(obj) cannot be sent (str written into a bytes buffer); one connection per call
+    assert {k for k, v in result.items() if v == "fail"} == {
+        "request.item-types",
+        "connection.reuse",
+    }
+    by_id = {c["id"]: c for c in doc["cases"]}
+    assert "TypeError" in by_id["request.item-types"]["got"]
+    assert status == 1
+    assert result == documented("### KubeMo's client")

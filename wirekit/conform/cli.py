@@ -21,6 +21,7 @@ Play the peer of an implementation under test and run numbered cases tied to sec
 wirekit's specs; report per case what was expected and what came back.
 
   wirekit conform mip server tcp://127.0.0.1:5000
+  wirekit conform mip client --listen tcp://127.0.0.1:5000     (then run the client's driver)
   wirekit conform clipper container --gen v3 --listen tcp://127.0.0.1:7000
 
 The target serves the conformance model (see specs/conformance.md): a MIP server runs
@@ -67,14 +68,16 @@ def register(sub: Any) -> None:
         metavar="N",
         help="the batch_size of case batch.max (default 65535, the header's largest)",
     )
+    listening = p.add_argument_group("clipper container, mip client (wirekit listens)")
+    listening.add_argument(
+        "--listen",
+        metavar="tcp://HOST:PORT",
+        help="where wirekit listens for the implementation under test (port 0: any free "
+        "port; the address is printed on standard error)",
+    )
     clipper = p.add_argument_group("clipper container")
     clipper.add_argument(
         "--gen", choices=["2016", "2017", "v3"], help="the Clipper generation the container speaks"
-    )
-    clipper.add_argument(
-        "--listen",
-        metavar="tcp://HOST:PORT",
-        help="where wirekit binds Clipper's ROUTER for the container to connect to",
     )
     clipper.add_argument(
         "--connect-timeout",
@@ -132,6 +135,10 @@ def _conform_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             except OSError as exc:
                 err.write(f"wirekit conform: cannot set up {suite.title}: {exc}\n")
                 return EXIT_USAGE
+
+            if getattr(module, "LISTENS", False):
+                err.write(f"wirekit conform: listening on {target.address}\n")
+                err.flush()
 
             def progress(result: Any) -> None:
                 if not args.json:

@@ -12,5 +12,6 @@ from __future__ import annotations
 
 SUITES: dict[tuple[str, str], str] = {
     ("mip", "server"): "wirekit.conform.suites.mip_server",
+    ("mip", "client"): "wirekit.conform.suites.mip_client",
     ("clipper", "container"): "wirekit.conform.suites.clipper_container",
 }

@@ -42,6 +42,8 @@ from ..core.cases import Case, Failed, Level, Skipped, Suite
 from ..core.net import Deadline
 
 SUITE = Suite("clipper", "container", "Clipper model container", always=("handshake",))
+#: the command prints the address it listens on (the peer under test connects to it)
+LISTENS = True
 MUST, SHOULD, WIREKIT = Level.MUST, Level.SHOULD, Level.WIREKIT
 
 SPEC = "specs/clipper.md"
