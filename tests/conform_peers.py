@@ -189,5 +189,17 @@ def kubemo_client_driver_main() -> None:
     drive(lambda: client.ping(address), infer, typed, error_code)
 
 
+def silent_frontend_main() -> None:
+    """A "Clipper frontend" that binds its ROUTER on a free port and never answers."""
+    import zmq
+
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    print(f"listening on tcp://127.0.0.1:{port}", flush=True)
+    while True:
+        router.recv_multipart()
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()

@@ -25,6 +25,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from clipper_support import frontend_process, stop_processes
 from mip_net import CliServer, SubprocessServer
 
 from wirekit import cli
@@ -444,3 +445,32 @@ def test_kubemo_client_fails_its_known_deviations_and_passes_the_rest():
     assert "TypeError" in by_id["request.item-types"]["got"]
     assert status == 1
     assert result == documented("### KubeMo's client")
+
+
+# --------------------------------------------------------------------------- Clipper frontend
+
+
+@pytest.mark.parametrize("gen", ["2016", "2017", "v3"])
+def test_wirekit_clipper_frontend_passes_every_case(gen):
+    proc, containers, queries = frontend_process("--generation", gen)
+    try:
+        status, doc = conform_json(
+            "clipper", "frontend", containers, "--gen", gen, "--query", queries
+        )
+    finally:
+        stop_processes(proc)
+    failed = {c["id"]: c["got"] for c in doc["cases"] if c["status"] != "pass"}
+    assert failed == {}
+    assert status == 0
+
+
+def test_a_frontend_that_never_answers_fails_the_handshake():
+    with peer("silent_frontend_main") as frontend:
+        status, doc = conform_json(
+            "clipper", "frontend", frontend.address, "--gen", "v3", "--timeout", "1"
+        )
+    result = statuses(doc)
+    assert result.pop("handshake") == "fail"
+    assert set(result.values()) == {"skip"}
+    assert doc["cases"][0]["expected"] == "a heartbeat reply REQUEST_CONTAINER_METADATA"
+    assert status == 1

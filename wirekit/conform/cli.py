@@ -23,6 +23,7 @@ wirekit's specs; report per case what was expected and what came back.
   wirekit conform mip server tcp://127.0.0.1:5000
   wirekit conform mip client --listen tcp://127.0.0.1:5000     (then run the client's driver)
   wirekit conform clipper container --gen v3 --listen tcp://127.0.0.1:7000
+  wirekit conform clipper frontend tcp://127.0.0.1:7000 --gen v3 --query tcp://127.0.0.1:7001
 
 The target serves the conformance model (see specs/conformance.md): a MIP server runs
 wirekit.conform.models:mip_model or its equivalent.  Levels: MUST, SHOULD, MAY (optional)
@@ -75,9 +76,15 @@ def register(sub: Any) -> None:
         help="where wirekit listens for the implementation under test (port 0: any free "
         "port; the address is printed on standard error)",
     )
-    clipper = p.add_argument_group("clipper container")
+    clipper = p.add_argument_group("clipper container, clipper frontend")
     clipper.add_argument(
-        "--gen", choices=["2016", "2017", "v3"], help="the Clipper generation the container speaks"
+        "--gen", choices=["2016", "2017", "v3"], help="the Clipper generation it speaks"
+    )
+    clipper.add_argument(
+        "--query",
+        metavar="tcp://HOST:PORT",
+        help="clipper frontend: its query socket (wirekit clipper frontend --query), which "
+        "the request cases use to make it send requests (without: they skip)",
     )
     clipper.add_argument(
         "--connect-timeout",

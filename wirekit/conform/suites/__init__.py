@@ -14,4 +14,5 @@ SUITES: dict[tuple[str, str], str] = {
     ("mip", "server"): "wirekit.conform.suites.mip_server",
     ("mip", "client"): "wirekit.conform.suites.mip_client",
     ("clipper", "container"): "wirekit.conform.suites.clipper_container",
+    ("clipper", "frontend"): "wirekit.conform.suites.clipper_frontend",
 }
