@@ -201,5 +201,27 @@ def silent_frontend_main() -> None:
         router.recv_multipart()
 
 
+def wrong_index_service_main() -> None:
+    """A "y2 service" that registers at the client (argv[2]) and tells every worker it is
+    node 1 of 3, whatever the client said."""
+    import zmq
+
+    from wirekit import y2
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    host, port = listener.getsockname()
+    print(f"listening on tcp://{host}:{port}", flush=True)
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.connect(sys.argv[2])
+    dealer.send_multipart([b"hello", b"tcp://127.0.0.1:1"])
+    while True:
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(y2.encode(y2.NodeIndex(1, 3)))
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()

@@ -474,3 +474,40 @@ def test_a_frontend_that_never_answers_fails_the_handshake():
     assert set(result.values()) == {"skip"}
     assert doc["cases"][0]["expected"] == "a heartbeat reply REQUEST_CONTAINER_METADATA"
     assert status == 1
+
+
+# --------------------------------------------------------------------------- y2 service
+
+
+def test_wirekit_y2_service_passes_every_case():
+    port = free_port()
+    client = f"tcp://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "wirekit.cli", "y2", "service", "--client", client,
+            "--worker-listen", "127.0.0.1:0", "--inbox", "tcp://127.0.0.1:*"]  # fmt: skip
+    with container_process(argv) as proc:
+        line = proc.stdout.readline().decode()
+        assert line.startswith("worker link on "), line
+        worker = "tcp://" + line.split()[-1]
+        status, doc = conform_json("y2", "service", worker, "--listen", client)
+        assert proc.wait(10) == 0  # done: the service exits 0
+    failed = {c["id"]: c["got"] for c in doc["cases"] if c["status"] != "pass"}
+    assert failed == {}
+    assert status == 0
+
+
+def test_a_service_giving_the_wrong_node_index_fails():
+    port = free_port()
+    client = f"tcp://127.0.0.1:{port}"
+    with SubprocessServer(
+        [sys.executable, str(TESTS / "conform_peers.py"), "wrong_index_service_main", client]
+    ) as service:
+        status, doc = conform_json(
+            "y2", "service", service.address, "--listen", client, "--case", "node-index",
+            "--timeout", "2",
+        )  # fmt: skip
+    by_id = {c["id"]: c for c in doc["cases"]}
+    assert by_id["register"]["status"] == "pass"
+    assert by_id["node-index"]["status"] == "fail"
+    assert by_id["node-index"]["got"] == "NodeIndex(node_id=1, node_count=3)"
+    assert by_id["node-index"]["received_hex"] == "00000000000000080000000100000003"
+    assert status == 1

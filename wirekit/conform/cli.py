@@ -24,6 +24,7 @@ wirekit's specs; report per case what was expected and what came back.
   wirekit conform mip client --listen tcp://127.0.0.1:5000     (then run the client's driver)
   wirekit conform clipper container --gen v3 --listen tcp://127.0.0.1:7000
   wirekit conform clipper frontend tcp://127.0.0.1:7000 --gen v3 --query tcp://127.0.0.1:7001
+  wirekit conform y2 service tcp://127.0.0.1:8888 --listen tcp://127.0.0.1:5560
 
 The target serves the conformance model (see specs/conformance.md): a MIP server runs
 wirekit.conform.models:mip_model or its equivalent.  Levels: MUST, SHOULD, MAY (optional)
@@ -69,12 +70,19 @@ def register(sub: Any) -> None:
         metavar="N",
         help="the batch_size of case batch.max (default 65535, the header's largest)",
     )
-    listening = p.add_argument_group("clipper container, mip client (wirekit listens)")
+    listening = p.add_argument_group("clipper container, mip client, y2 service (wirekit listens)")
     listening.add_argument(
         "--listen",
         metavar="tcp://HOST:PORT",
         help="where wirekit listens for the implementation under test (port 0: any free "
         "port; the address is printed on standard error)",
+    )
+    listening.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long to wait for the implementation's first message (default 30)",
     )
     clipper = p.add_argument_group("clipper container, clipper frontend")
     clipper.add_argument(
@@ -85,13 +93,6 @@ def register(sub: Any) -> None:
         metavar="tcp://HOST:PORT",
         help="clipper frontend: its query socket (wirekit clipper frontend --query), which "
         "the request cases use to make it send requests (without: they skip)",
-    )
-    clipper.add_argument(
-        "--connect-timeout",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="how long to wait for the container's first message (default 30)",
     )
     p.set_defaults(handler=_conform_command)
 

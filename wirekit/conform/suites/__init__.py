@@ -15,4 +15,5 @@ SUITES: dict[tuple[str, str], str] = {
     ("mip", "client"): "wirekit.conform.suites.mip_client",
     ("clipper", "container"): "wirekit.conform.suites.clipper_container",
     ("clipper", "frontend"): "wirekit.conform.suites.clipper_frontend",
+    ("y2", "service"): "wirekit.conform.suites.y2_service",
 }
