@@ -361,7 +361,7 @@ RPC_DEVIATIONS = {
 def test_clipper_rpc_py_fails_its_known_deviations_and_passes_the_rest(era):
     port = free_port()
     with rpc_container(era, port) as proc:
-        status, doc = conform_container(era, port, "--timeout", "2")
+        status, doc = conform_container(era, port, "--timeout", "1")
         log = proc.stdout.read() if proc.poll() is not None else b""
     result = statuses(doc)
     assert {k for k, v in result.items() if v == "fail"} == RPC_DEVIATIONS[era], doc
@@ -373,7 +373,7 @@ def test_clipper_rpc_py_fails_its_known_deviations_and_passes_the_rest(era):
     port = free_port()
     with rpc_container(era, port):
         status, alone = conform_container(
-            era, port, "--timeout", "2", "--case", "predict.wrong-type"
+            era, port, "--timeout", "1", "--case", "predict.wrong-type"
         )
     assert statuses(alone) == {"handshake": "pass", "predict.wrong-type": "fail"}
     assert status == 1

@@ -419,7 +419,7 @@ def restart(side: ClipperSide, deadline: Deadline) -> None:
     WIREKIT,
     send="Clipper restarts: its ROUTER closed, a new one bound on the same address (2016)",
     expect="the container notices the lost connection, registers again and serves a request",
-    timeout=10.0,
+    timeout=5.0,
 )
 def restart_legacy(side: ClipperSide, deadline: Deadline) -> None:
     if side.generation is not Generation.G2016:
