@@ -5,7 +5,10 @@ implementation under test, runs numbered cases tied to sections of wirekit's spe
 reports per case what was expected and what came back.
 
     wirekit conform mip server tcp://127.0.0.1:5000
+    wirekit conform mip client --listen tcp://127.0.0.1:5000
     wirekit conform clipper container --gen v3 --listen tcp://127.0.0.1:7000
+    wirekit conform clipper frontend tcp://127.0.0.1:7000 --gen v3 --query tcp://127.0.0.1:7001
+    wirekit conform y2 service tcp://127.0.0.1:8888 --listen tcp://127.0.0.1:5560
 
 The package reads as its concerns:
 
@@ -14,7 +17,9 @@ The package reads as its concerns:
   verdicts, the exit status);
 * :mod:`wirekit.conform.report` -- the human table, ``--json`` and ``--junit FILE``;
 * :mod:`wirekit.conform.suites` -- one module per protocol and role with its cases;
-* :mod:`wirekit.conform.models` -- the small models a target serves while it is tested.
+* :mod:`wirekit.conform.models` -- the small models a target serves while it is tested;
+* :mod:`wirekit.conform.drivers` -- what a client under test runs (it reports over MIP
+  what it made of each answer).
 """
 
 from __future__ import annotations

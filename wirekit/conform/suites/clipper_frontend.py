@@ -125,6 +125,22 @@ class FrontendSide:
         return self.pool.submit(query, self.query_address, MODEL, inputs, "doubles", timeout,
                                 self.context)  # fmt: skip
 
+    def asked(
+        self, inputs: list[Any], deadline: Deadline
+    ) -> tuple[zmq.Socket, concurrent.futures.Future, PredictRequest]:
+        """A prediction asked (:meth:`ask`) and the request it made the frontend send to
+        the registered container: (the container's socket, the query, the request)."""
+        sock = self.require()
+        future = self.ask(inputs, deadline.remaining())
+        return sock, future, self.next_request(sock, deadline)
+
+    def outputs(self, *lengths: int) -> list[Any]:
+        """The conformance outputs for inputs of these lengths, as this generation sends
+        them (2016: float32 numbers; 2017/v3: text)."""
+        if self.generation is Generation.G2016:
+            return [float(n) for n in lengths]
+        return [str(n) for n in lengths]
+
     def next_request(self, sock: zmq.Socket, deadline: Deadline) -> PredictRequest:
         want = "a predict request"
         while True:
@@ -171,14 +187,12 @@ def handshake(side: FrontendSide, deadline: Deadline) -> None:
     expect="a well-formed predict request of those inputs; the query answered with the outputs",
 )
 def request_format(side: FrontendSide, deadline: Deadline) -> None:
-    sock = side.require()
-    future = side.ask([[1.0, 2.0], [3.0]], deadline.remaining())
-    request = side.next_request(sock, deadline)
+    sock, future, request = side.asked([[1.0, 2.0], [3.0]], deadline)
     got = [np.asarray(x).tolist() for x in request.inputs]
     if request.input_type != InputType.DOUBLES or got != [[1.0, 2.0], [3.0]]:
         raise Failed("inputs [[1.0, 2.0], [3.0]] (doubles)", f"{got} ({request.input_type.name})",
                      side.received)  # fmt: skip
-    outputs: list[Any] = [2.0, 1.0] if side.generation is Generation.G2016 else ["2", "1"]
+    outputs = side.outputs(2, 1)
     sock.send_multipart(side.encode(PredictResponse(request.msg_id, outputs)))
     answer, error = _answer(future, deadline)
     if error is not None or [str(a) for a in answer] != [str(o) for o in outputs]:
@@ -193,10 +207,8 @@ def request_format(side: FrontendSide, deadline: Deadline) -> None:
     expect="the stray response dropped; the query answered",
 )
 def response_unknown_id(side: FrontendSide, deadline: Deadline) -> None:
-    sock = side.require()
-    future = side.ask([[5.0]], deadline.remaining())
-    request = side.next_request(sock, deadline)
-    outputs: list[Any] = [1.0] if side.generation is Generation.G2016 else ["1"]
+    sock, future, request = side.asked([[5.0]], deadline)
+    outputs = side.outputs(1)
     stray = (request.msg_id + 7919) % 2**31
     sock.send_multipart(side.encode(PredictResponse(stray, outputs)))
     sock.send_multipart(side.encode(PredictResponse(request.msg_id, outputs)))
@@ -213,10 +225,8 @@ def response_unknown_id(side: FrontendSide, deadline: Deadline) -> None:
     expect="the query fails with an error (no hang, no answer made up)",
 )
 def response_wrong_count(side: FrontendSide, deadline: Deadline) -> None:
-    sock = side.require()
-    future = side.ask([[1.0], [2.0]], deadline.remaining())
-    request = side.next_request(sock, deadline)
-    outputs: list[Any] = [1.0] if side.generation is Generation.G2016 else ["1"]
+    sock, future, request = side.asked([[1.0], [2.0]], deadline)
+    outputs = side.outputs(1)
     sock.send_multipart(side.encode(PredictResponse(request.msg_id, outputs)))
     answer, error = _answer(future, deadline)
     if error is None:
