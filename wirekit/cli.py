@@ -27,6 +27,7 @@ COMMAND_MODULES: list[str] = [
     "wirekit.clipper.commands",
     "wirekit.serve.cli",
     "wirekit.y2.commands",
+    "wirekit.conform.cli",
 ]
 
 EXIT_BAD_INPUT = EXIT_MALFORMED

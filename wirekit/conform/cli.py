@@ -1,0 +1,168 @@
+"""``wirekit conform PROTOCOL ROLE [TARGET] [options]``: run a conformance suite.
+
+Exit status: 0 when every MUST case passed, 1 when one failed, 2 for a usage error.  The
+suites are imported only when one runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+from typing import Any, TextIO
+
+from .core.cases import DEFAULT_TIMEOUT
+from .core.runner import EXIT_USAGE
+from .suites import SUITES
+
+DESCRIPTION = """\
+Play the peer of an implementation under test and run numbered cases tied to sections of
+wirekit's specs; report per case what was expected and what came back.
+
+  wirekit conform mip server tcp://127.0.0.1:5000
+  wirekit conform mip client --listen tcp://127.0.0.1:5000     (then run the client's driver)
+  wirekit conform clipper container --gen v3 --listen tcp://127.0.0.1:7000
+  wirekit conform clipper frontend tcp://127.0.0.1:7000 --gen v3 --query tcp://127.0.0.1:7001
+  wirekit conform y2 service tcp://127.0.0.1:8888 --listen tcp://127.0.0.1:5560
+
+The target serves the conformance model (see specs/conformance.md): a MIP server runs
+wirekit.conform.models:mip_model or its equivalent.  Levels: MUST, SHOULD, MAY (optional)
+and "wirekit's choice" (where the seed implementation is silent).  Exit status: 0 every
+MUST case passed; 1 a MUST case failed; 2 bad usage.
+"""
+
+
+def register(sub: Any) -> None:
+    """Add ``wirekit conform`` to the ``wirekit`` command line."""
+    p = sub.add_parser(
+        "conform",
+        help="run a conformance suite against an implementation of a protocol",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    protocols = sorted({protocol for protocol, _ in SUITES})
+    roles = sorted({role for _, role in SUITES})
+    p.add_argument("protocol", choices=protocols, help="the protocol")
+    p.add_argument("role", choices=roles, help="the role of the implementation under test")
+    p.add_argument("target", nargs="?", help="the implementation's address (servers)")
+    p.add_argument(
+        "--case",
+        action="append",
+        metavar="PATTERN",
+        help="run only these cases: an id, an id prefix (error), or a glob (error.*); repeatable",
+    )
+    p.add_argument("--list", action="store_true", help="list the cases and exit")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--junit", metavar="FILE", help="also write the report as JUnit XML to FILE")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"the time each case may take unless it says otherwise (default {DEFAULT_TIMEOUT:g})",
+    )
+    mip = p.add_argument_group("mip server")
+    mip.add_argument(
+        "--max-batch",
+        type=int,
+        default=0xFFFF,
+        metavar="N",
+        help="the batch_size of case batch.max (default 65535, the header's largest)",
+    )
+    listening = p.add_argument_group("clipper container, mip client, y2 service (wirekit listens)")
+    listening.add_argument(
+        "--listen",
+        metavar="tcp://HOST:PORT",
+        help="where wirekit listens for the implementation under test (port 0: any free "
+        "port; the address is printed on standard error)",
+    )
+    listening.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long to wait for the implementation's first message (default 30)",
+    )
+    clipper = p.add_argument_group("clipper container, clipper frontend")
+    clipper.add_argument(
+        "--gen", choices=["2016", "2017", "v3"], help="the Clipper generation it speaks"
+    )
+    clipper.add_argument(
+        "--query",
+        metavar="tcp://HOST:PORT",
+        help="clipper frontend: its query socket (wirekit clipper frontend --query), which "
+        "the request cases use to make it send requests (without: they skip)",
+    )
+    p.set_defaults(handler=_conform_command)
+
+
+def _conform_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from . import report
+    from .core.runner import exit_status, run_suite, select
+    from .report import render_table
+
+    module_name = SUITES.get((args.protocol, args.role))
+    if module_name is None:
+        known = ", ".join(f"{p} {r}" for p, r in sorted(SUITES))
+        err.write(
+            f"wirekit conform: no suite for {args.protocol} {args.role} (there are: {known})\n"
+        )
+        return EXIT_USAGE
+    module = importlib.import_module(module_name)
+    suite = module.SUITE
+    cases = select(suite.cases, args.case, suite.always)
+    if not cases:
+        err.write(f"wirekit conform: no case of {suite.title} matches {', '.join(args.case)}\n")
+        return EXIT_USAGE
+    if args.list:
+        for case in cases:
+            out.write(
+                f"{case.id}\t{case.level.value}\t{case.section}\t{case.send} -> {case.expect}\n"
+            )
+        return 0
+    if args.timeout <= 0:
+        err.write("wirekit conform: --timeout must be positive\n")
+        return EXIT_USAGE
+    problem = module.check_arguments(args)
+    if problem is not None:
+        err.write(f"wirekit conform: {problem}\n")
+        return EXIT_USAGE
+    if args.junit is not None:
+        try:
+            junit = open(args.junit, "wb")  # noqa: SIM115 - written after the run
+        except OSError as exc:
+            err.write(f"wirekit conform: cannot write {args.junit}: {exc.strerror or exc}\n")
+            return EXIT_USAGE
+    else:
+        junit = None
+    try:
+        with contextlib.ExitStack() as stack:
+            try:
+                target = stack.enter_context(module.open_target(args))
+            except OSError as exc:
+                err.write(f"wirekit conform: cannot set up {suite.title}: {exc}\n")
+                return EXIT_USAGE
+
+            if getattr(module, "LISTENS", False):
+                err.write(f"wirekit conform: listening on {target.address}\n")
+                err.flush()
+
+            def progress(result: Any) -> None:
+                if not args.json:
+                    err.write(f"  {result.case.id}: {result.status}\n")
+                    err.flush()
+
+            results = run_suite(suite, target, cases, timeout=args.timeout, progress=progress)
+        name = str(target)
+        if args.json:
+            doc = report.to_document(args.protocol, args.role, name, results)
+            out.write(json.dumps(doc, indent=2) + "\n")
+        else:
+            out.write(render_table(f"{suite.title} at {name}: {len(results)} cases", results))
+        if junit is not None:
+            junit.write(report.to_junit(args.protocol, args.role, name, results))
+    finally:
+        if junit is not None:
+            junit.close()
+    return exit_status(results)

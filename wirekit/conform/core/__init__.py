@@ -1,0 +1,1 @@
+"""The case model and the runner of ``wirekit conform``."""
