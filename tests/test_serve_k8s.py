@@ -176,7 +176,7 @@ def test_a_gpu_node_into_a_directory(tmp_path):
     assert {x["image"] for x in c.values()} == {"registry.local/zoo:7"}
     # Clipper containers dial the dispatcher's Service on the Clipper RPC port
     assert c["gpu3-bert"]["args"] == [
-        "clipper", "container", "--model", "zoo.text:bert", "--name", "bert-gpu",
+        "clipper", "container", "--handler", "zoo.text:bert", "--name", "bert-gpu",
         "--address", "tcp://wirekit:7000", "--generation", "v3",
     ]  # fmt: skip
     assert "ports" not in c["gpu3-bert"]
