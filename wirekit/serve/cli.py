@@ -318,7 +318,7 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         dep = load_config(path)
     except ConfigError as exc:
         err.write(f"wirekit serve check: {exc}\n")
-        return EXIT_BAD_INPUT
+        return _config_status(exc)
     router = Router(dep.rows)
     for name in dep.models:
         out.write(f"{name}:\n")
@@ -340,6 +340,14 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for key, problem in results.items():
         out.write(f"probe {key}: {'reachable' if problem is None else 'UNREACHABLE: ' + problem}\n")
     return EXIT_OK if all(p is None for p in results.values()) else EXIT_BAD_INPUT
+
+
+def _config_status(exc: Exception) -> int:
+    """The exit status of a config error: 2 (usage) for a file that cannot be read, 1 (bad
+    input) for one that reads but is not a valid config."""
+    from .config import ConfigUnreadable
+
+    return EXIT_USAGE if isinstance(exc, ConfigUnreadable) else EXIT_BAD_INPUT
 
 
 async def probe(rows, timeout: float = 2.0) -> dict[str, str | None]:
@@ -382,7 +390,7 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         dep = load_config(args.config)
     except ConfigError as exc:
         err.write(f"wirekit serve: {exc}\n")
-        return EXIT_BAD_INPUT
+        return _config_status(exc)
     if args.store_url:
         if not args.store_url.startswith(("postgresql://", "postgres://")):
             err.write("wirekit serve: --store-url expects a postgresql:// URL\n")
@@ -694,7 +702,7 @@ def _models_add(args: argparse.Namespace, out: TextIO) -> int:
                 else json.loads(raw)
             )
         except OSError as exc:
-            raise _AdminError(f"{path}: cannot read: {exc.strerror or exc}") from None
+            raise _AdminError(f"{path}: cannot read: {exc.strerror or exc}", EXIT_USAGE) from None
         except (UnicodeDecodeError, ValueError) as exc:  # TOMLDecodeError is a ValueError
             raise _AdminError(f"{path}: not valid JSON/TOML: {exc}") from None
     else:
@@ -812,7 +820,7 @@ def _k8s(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return EXIT_USAGE
         source = "" if exc.source else f"{path}: "
         err.write(f"wirekit serve k8s: {source}{exc}\n")
-        return EXIT_BAD_INPUT
+        return _config_status(exc)
     directory = None if args.output == "-" else Path(args.output)
     try:
         written = write(objects, out, directory)
