@@ -160,7 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="show only malformed messages and error replies (--error=NAME: only those "
         "with this error code, such as SHAPE, or this malformed field)",
     )
-    sel.add_argument("--model", help="show only messages of connections serving this model")
+    sel.add_argument(
+        "--model", metavar="NAME", help="show only messages of connections serving this model"
+    )
     sel.add_argument(
         "--msg-id", type=int, metavar="ID", help="show only messages with this message id"
     )
