@@ -562,7 +562,8 @@ def test_models_command_with_a_toml_file(tmp_path):
             status, out, err = await asyncio.to_thread(cli, "remove", "m2", *url)
             assert (status, err) == (
                 1,
-                "wirekit serve models remove: DELETE /admin/models/m2: HTTP 404: unknown model 'm2'\n",
+                "wirekit serve models remove: DELETE /admin/models/m2: HTTP 404: unknown model"
+                " 'm2'\n",
             )
         finally:
             await stop_all(service, servers)

@@ -307,7 +307,8 @@ def test_two_replicas_cannot_share_one_journal(tmp_path, pg_url):
 def test_an_unreachable_store_is_one_clear_line(tmp_path):
     url = "postgresql://nobody@127.0.0.1:1/none"
     code, _out, err = call("serve", "stats", "--store-url", url)
-    assert code == 1 and err.startswith("wirekit serve stats: cannot reach the store at") and err[-1] == "\n"
+    assert code == 1 and err.startswith("wirekit serve stats: cannot reach the store at")
+    assert err[-1] == "\n"
     with pytest.raises(StoreUnavailable, match="cannot reach the store"):
         RequestStore(tmp_path / "x.db", url=url).open()
     code, _out, err = call("serve", "stats", "--store-url", "mysql://x")
