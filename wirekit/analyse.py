@@ -379,7 +379,7 @@ class Analyser:
                 self.malformed += 1
                 self.troubles += 1
                 where = f"#{rec.number} " if self.multi else ""
-                self.err.write(f"wirekit: {where}{rec.error}\n")
+                self.err.write(f"wirekit decode: {where}{rec.error}\n")
             else:
                 self.decoded += 1
             request = None
@@ -521,7 +521,7 @@ class Analyser:
         self.flush()
         if self.troubles:
             self.err.write(
-                f"wirekit: {self.malformed} malformed message(s)"
+                f"wirekit decode: {self.malformed} malformed message(s)"
                 + (", bytes missing or skipped" if self.troubles > self.malformed else "")
                 + " (exit status 1)\n"
             )
@@ -565,19 +565,19 @@ def _peek(fh: BinaryIO) -> tuple[bytes, BinaryIO]:
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``wirekit decode``: returns the exit status."""
     if (args.client is None) != (args.server is None):
-        err.write("wirekit: --client and --server go together\n")
+        err.write("wirekit decode: --client and --server go together\n")
         return EXIT_USAGE
     if args.client is not None and args.file is not None:
-        err.write("wirekit: give either FILE or --client/--server\n")
+        err.write("wirekit decode: give either FILE or --client/--server\n")
         return EXIT_USAGE
     if args.client is None and args.file is None:
-        err.write("wirekit: give a FILE to decode (or --client and --server)\n")
+        err.write("wirekit decode: give a FILE to decode (or --client and --server)\n")
         return EXIT_USAGE
     paths = [args.client, args.server] if args.client is not None else [args.file]
     try:
         files = [_open(p) for p in paths]
     except OSError as exc:
-        err.write(f"wirekit: cannot read {exc.filename}: {exc.strerror or exc}\n")
+        err.write(f"wirekit decode: cannot read {exc.filename}: {exc.strerror or exc}\n")
         return EXIT_USAGE
     try:
         if len(files) == 2:
@@ -587,7 +587,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return _run_capture(args, out, err, fh)
         return _run_raw(args, out, err, fh)
     except capture.CaptureError as exc:
-        err.write(f"wirekit: {paths[0]}: {exc}\n")
+        err.write(f"wirekit decode: {paths[0]}: {exc}\n")
         return EXIT_USAGE
     finally:
         for fh in files:
@@ -665,7 +665,7 @@ def _run_pair(args, out, err, files) -> int:
                 an._start(conn, name)
                 break
         else:
-            err.write("wirekit: no MIP, ZMTP or y2 message at the start of either file; "
+            err.write("wirekit decode: no MIP, ZMTP or y2 message at the start of either file; "
                       "give --proto\n")  # fmt: skip
             return EXIT_MALFORMED
         pending = [conn.streams[s].feed(heads[s]) for s in (0, 1)]
