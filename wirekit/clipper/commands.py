@@ -296,14 +296,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--poll-interval",
         type=float,
         default=5.0,
-        metavar="D",
+        metavar="SECONDS",
         help="heartbeat period in seconds (default 5)",
     )
     con.add_value(
         "--activity-timeout",
         type=float,
         default=30.0,
-        metavar="TO",
+        metavar="SECONDS",
         help="reconnect after this many silent seconds (default 30)",
     )
     add_max_message_size(
@@ -348,7 +348,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--activity-timeout",
         type=float,
         default=30.0,
-        metavar="TO",
+        metavar="SECONDS",
         help="drop containers silent this long (default 30 s)",
     )
     fe.add_value(

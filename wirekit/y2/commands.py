@@ -61,9 +61,9 @@ def _client_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except zmq.ZMQError as exc:  # the address is taken, or not this machine's
         err.write(f"wirekit y2 client: cannot listen on {args.listen}: {exc}\n")
         return EXIT_FAILED
-    out.write(f"client listening on {client.address}\n")
-    out.flush()
-    with _stop_on_signals() as stop:
+    with _stop_on_signals() as stop:  # before the line: a SIGTERM right after it stops it
+        out.write(f"client listening on {client.address}\n")
+        out.flush()
         done = client.run(stop)
     reg = client.registry
     if args.report:
@@ -120,9 +120,9 @@ def _service_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"wirekit y2 service: cannot listen: {exc}\n")
         return EXIT_FAILED
     host, port = service.worker_address
-    out.write(f"worker link on {host}:{port}\ninbox {service.inbox}\n")
-    out.flush()
-    with _stop_on_signals() as stop:
+    with _stop_on_signals() as stop:  # before the lines: a SIGTERM right after them stops it
+        out.write(f"worker link on {host}:{port}\ninbox {service.inbox}\n")
+        out.flush()
         error = service.run(stop)
     counters = service.counters()
     if args.json:
