@@ -136,7 +136,7 @@ def wirekit_cluster(tmp: Path):
     socks: list[socket.socket] = []
     try:
         client = subprocess.Popen(
-            [*base, "client", "--nodes", "3", "--listen", "tcp://127.0.0.1:*", *quiet],
+            [*base, "client", "--nodes", "3", "--listen", "tcp://127.0.0.1:0", *quiet],
             stdout=subprocess.PIPE,
             text=True,
         )

@@ -76,7 +76,7 @@ def wirekit_pair():
             "wirekit.cli",
             "clipper",
             "container",
-            "--model",
+            "--handler",
             "bench_clipper_peers:ok",
             "--name",
             "m",

@@ -185,7 +185,7 @@ def test_dialect_override_that_does_not_fit_fails_with_offset(tmp_path):
     assert code == 1
     assert "Clipper generation 2016" in out  # the override is reported
     assert "@107 [Clipper → container] unknown [Malformed]" in out  # shown, marked
-    assert "wirekit: clipper: " in err and "at byte " in err
+    assert "wirekit decode: clipper: " in err and "at byte " in err
     assert "the 2016 message at byte 107" in err
     assert out.rstrip().endswith("malformed")
 

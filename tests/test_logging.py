@@ -196,8 +196,8 @@ def test_verbose_is_a_deprecated_alias_that_says_so():
     """``wirekit clipper container|frontend -v`` (their old switch to INFO) still works,
     is ``--log-level info``, and logs a WARNING that it is deprecated."""
     err = io.StringIO()
-    status = main(["clipper", "frontend", "-v", "--listen", "nonsense://x", "--query", ""],
-                  io.StringIO(), err)  # fmt: skip
+    status = main(["clipper", "frontend", "-v", "--generation", "v3", "--max-in-flight", "0",
+                   "--query", ""], io.StringIO(), err)  # fmt: skip
     assert status != 0
     deprecation = [ln for ln in err.getvalue().splitlines() if "deprecated" in ln]
     assert len(deprecation) == 1

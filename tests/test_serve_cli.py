@@ -28,7 +28,7 @@ def test_check_prints_rows_and_probabilities():
     sample = str(ROOT / "samples/serve-deployment.json")
     assert call("serve", "--config", sample, "check") == (code, out, err)
     code, _, err = call("serve", "check")
-    assert code == 2 and "serve check needs --config FILE" in err
+    assert code == 2 and err == "wirekit serve check: give --config FILE\n"
 
 
 def test_bad_config_exits_1_naming_the_value(tmp_path):
@@ -117,7 +117,7 @@ def test_serve_without_the_serve_extra_names_it_in_one_line_and_exits_2(tmp_path
     code, out, err = without_serve_extra("serve", "--config", config)
     assert code == 2
     assert err == (
-        "wirekit: serve needs the 'serve' extra (aiohttp is not installed): "
+        "wirekit serve: needs the 'serve' extra (aiohttp is not installed): "
         "pip install 'wirekit[serve]'\n"
     )
     assert out == ""

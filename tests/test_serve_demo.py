@@ -273,7 +273,8 @@ def test_a_backend_that_cannot_listen_stops_the_command_and_the_others(tmp_path)
             demo.drain.join(TIMEOUT)
             log = "".join(demo.err)
             port = taken.getsockname()[1]
-            assert f"wirekit: backend tcp://127.0.0.1:{port} (n/1/m) exited with status" in log
+            said = f"wirekit serve: backend tcp://127.0.0.1:{port} (n/1/m) exited with status"
+            assert said in log
             assert demo.ready == {}
             assert port_is_free(free)  # the one that had started was stopped
         finally:

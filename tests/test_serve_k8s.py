@@ -176,7 +176,7 @@ def test_a_gpu_node_into_a_directory(tmp_path):
     assert {x["image"] for x in c.values()} == {"registry.local/zoo:7"}
     # Clipper containers dial the dispatcher's Service on the Clipper RPC port
     assert c["gpu3-bert"]["args"] == [
-        "clipper", "container", "--model", "zoo.text:bert", "--name", "bert-gpu",
+        "clipper", "container", "--handler", "zoo.text:bert", "--name", "bert-gpu",
         "--address", "tcp://wirekit:7000", "--generation", "v3",
     ]  # fmt: skip
     assert "ports" not in c["gpu3-bert"]
@@ -224,7 +224,7 @@ def test_a_config_kubernetes_cannot_take_is_refused_naming_the_value(tmp_path, d
     done = wirekit("serve", "k8s", "--config", str(config))
     assert done.returncode == 1
     assert done.stdout == ""
-    assert done.stderr.startswith(f"wirekit: {config}: ")
+    assert done.stderr.startswith(f"wirekit serve k8s: {config}: ")
     assert message in done.stderr
     assert done.stderr.count("\n") == 1  # one line, no traceback
 
@@ -232,8 +232,8 @@ def test_a_config_kubernetes_cannot_take_is_refused_naming_the_value(tmp_path, d
 def test_unreadable_config_and_bad_flags(tmp_path):
     missing = tmp_path / "none.json"
     done = wirekit("serve", "k8s", "--config", str(missing))
-    assert (done.returncode, done.stdout) == (1, "")
-    assert done.stderr.startswith(f"wirekit: {missing}: config: cannot read")
+    assert (done.returncode, done.stdout) == (2, "")  # a file that is not there: usage
+    assert done.stderr.startswith(f"wirekit serve k8s: {missing}: config: cannot read")
     bad_json = tmp_path / "bad.json"
     bad_json.write_text("{")
     done = wirekit("serve", "k8s", "--config", str(bad_json))
@@ -244,7 +244,7 @@ def test_unreadable_config_and_bad_flags(tmp_path):
     done = wirekit("serve", "k8s", "--config", str(SAMPLE), "--cpu-cores", "0")
     assert done.returncode == 2 and "--cpu-cores: must be > 0" in done.stderr
     done = wirekit("serve", "k8s")
-    assert done.returncode == 2 and "needs --config FILE" in done.stderr
+    assert done.returncode == 2 and "give --config FILE" in done.stderr
 
 
 def test_toml_sample_gives_the_same_pods_as_the_json_one():

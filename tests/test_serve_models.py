@@ -562,7 +562,8 @@ def test_models_command_with_a_toml_file(tmp_path):
             status, out, err = await asyncio.to_thread(cli, "remove", "m2", *url)
             assert (status, err) == (
                 1,
-                "wirekit: DELETE /admin/models/m2: HTTP 404: unknown model 'm2'\n",
+                "wirekit serve models remove: DELETE /admin/models/m2: HTTP 404: unknown model"
+                " 'm2'\n",
             )
         finally:
             await stop_all(service, servers)
@@ -609,4 +610,4 @@ def test_models_command_unreachable_or_bad_file(tmp_path) -> None:
     status, _out, err = cli("add", str(bad), "--url", "http://127.0.0.1:1")
     assert status == 1 and "not valid JSON/TOML" in err
     status, _out, err = cli("add", str(tmp_path / "missing.json"), "--url", "http://127.0.0.1:1")
-    assert status == 1 and "cannot read" in err
+    assert status == 2 and "cannot read" in err  # a file named that is not there: usage

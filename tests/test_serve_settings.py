@@ -244,8 +244,8 @@ def test_settings_refusals_and_the_command_line(tmp_path, host):
                 )
                 assert (status, err) == (
                     1,
-                    "wirekit: PATCH /admin/models/m1: HTTP 400: attempts: must be between 1"
-                    " and 100, got 0\n",
+                    "wirekit serve models set: PATCH /admin/models/m1: HTTP 400: attempts: must be"
+                    " between 1 and 100, got 0\n",
                 )
                 status, _out, err = await asyncio.to_thread(
                     cli, "set", "nope", "--attempts", "2", *url

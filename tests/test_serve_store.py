@@ -307,7 +307,8 @@ def test_two_replicas_cannot_share_one_journal(tmp_path, pg_url):
 def test_an_unreachable_store_is_one_clear_line(tmp_path):
     url = "postgresql://nobody@127.0.0.1:1/none"
     code, _out, err = call("serve", "stats", "--store-url", url)
-    assert code == 1 and err.startswith("wirekit: cannot reach the store at") and err[-1] == "\n"
+    assert code == 1 and err.startswith("wirekit serve stats: cannot reach the store at")
+    assert err[-1] == "\n"
     with pytest.raises(StoreUnavailable, match="cannot reach the store"):
         RequestStore(tmp_path / "x.db", url=url).open()
     code, _out, err = call("serve", "stats", "--store-url", "mysql://x")
@@ -444,7 +445,7 @@ def test_serve_store_url_flag_replaces_the_config(tmp_path):
     )
     url = "postgresql://someone:secret@127.0.0.1:1/none"
     code, _out, err = call("serve", "--config", str(config), "--store-url", url)
-    assert code == 1 and err.startswith("wirekit: cannot reach the store at postgresql://")
+    assert code == 1 and err.startswith("wirekit serve: cannot reach the store at postgresql://")
     assert "secret" not in err and "someone:***@" in err and err.count("\n") == 1
     code, _out, err = call("serve", "--config", str(config), "--store-url", "sqlite:///x")
     assert code == 2 and "postgresql://" in err

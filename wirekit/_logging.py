@@ -244,7 +244,7 @@ def add_logging_arguments(
             "--verbose",
             dest="log_level",
             action=_VerboseAction,
-            help="deprecated: the same as --log-level info (the default)",
+            help=argparse.SUPPRESS,  # deprecated: --log-level info, the default
         )
 
 

@@ -1,6 +1,6 @@
 """Which event loop the runtime commands (``wirekit mip serve``, ``wirekit serve``) run on.
 
-``asyncio`` always works.  ``uvloop`` (optional: ``pip install uvloop`` or the ``fast``
+``asyncio`` always works.  ``uvloop`` (optional: ``pip install uvloop`` or the ``uvloop``
 extra) is a libuv-based drop-in loop that cuts the per-request cost of the event loop
 itself; ``auto`` (the default) uses it when it is installed.  ``WIREKIT_LOOP`` in the
 environment overrides the default.
@@ -29,7 +29,9 @@ def resolve(choice: str | None = None) -> str:
         import uvloop  # noqa: F401
     except ImportError:
         if choice == "uvloop":
-            raise ValueError("the uvloop event loop was asked for but is not installed") from None
+            raise ValueError(
+                "the uvloop event loop needs the 'uvloop' extra: pip install 'wirekit[uvloop]'"
+            ) from None
         return "asyncio"
     return "uvloop"
 

@@ -443,7 +443,7 @@ class Analyser:
                 self.malformed += 1
                 self.troubles += 1
                 where = f"#{rec.number} " if self.multi else ""
-                self._error(f"wirekit: {where}{rec.error}\n")
+                self._error(f"wirekit decode: {where}{rec.error}\n")
             else:
                 self.decoded += 1
             request = None
@@ -602,9 +602,9 @@ class Analyser:
             self.flush()
             what = "any TCP connection of the capture" if self.multi else "the input"
             self.err.write(
-                f"wirekit: {self.source}: no protocol detected: no MIP header, ZMTP greeting "
-                f"or y2 handshake in {what}; give --proto {'|'.join(sorted(DUMPERS))} to decode "
-                "it as one\n"
+                f"wirekit decode: {self.source}: no protocol detected: no MIP header, ZMTP "
+                f"greeting or y2 handshake in {what}; give --proto "
+                f"{'|'.join(sorted(DUMPERS))} to decode it as one\n"
             )
             return EXIT_USAGE
         if self.stats is not None:
@@ -627,7 +627,7 @@ class Analyser:
                 what.append("bytes missing or skipped")
             if self.ending:
                 what.append(self.ending)
-            self.err.write(f"wirekit: {'; '.join(what)} (exit status 1)\n")
+            self.err.write(f"wirekit decode: {'; '.join(what)} (exit status 1)\n")
             return EXIT_MALFORMED
         return EXIT_OK
 
@@ -713,19 +713,19 @@ def _peek(fh: BinaryIO) -> tuple[bytes, BinaryIO]:
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``wirekit decode``: returns the exit status."""
     if (args.client is None) != (args.server is None):
-        err.write("wirekit: --client and --server go together\n")
+        err.write("wirekit decode: --client and --server go together\n")
         return EXIT_USAGE
     if args.client is not None and args.file is not None:
-        err.write("wirekit: give either FILE or --client/--server\n")
+        err.write("wirekit decode: give either FILE or --client/--server\n")
         return EXIT_USAGE
     if args.client is None and args.file is None:
-        err.write("wirekit: give a FILE to decode (or --client and --server)\n")
+        err.write("wirekit decode: give a FILE to decode (or --client and --server)\n")
         return EXIT_USAGE
     paths = [args.client, args.server] if args.client is not None else [args.file]
     try:
         files = [_open(p) for p in paths]
     except OSError as exc:
-        err.write(f"wirekit: cannot read {exc.filename}: {exc.strerror or exc}\n")
+        err.write(f"wirekit decode: cannot read {exc.filename}: {exc.strerror or exc}\n")
         return EXIT_USAGE
     try:
         if len(files) == 2:
@@ -757,7 +757,7 @@ def _guarded(analyser: Analyser, body) -> int:
         if analyser.progress is not None:
             analyser.progress.clear()
         analyser.flush()
-        analyser.err.write(f"wirekit: {analyser.source}: {exc}\n")
+        analyser.err.write(f"wirekit decode: {analyser.source}: {exc}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:  # Ctrl-C on a live capture: what came so far, summed up
         interrupted = True
@@ -826,7 +826,7 @@ def _run_pair(args, out, err, files) -> int:
                 an._start(conn, name)
                 break
         else:
-            err.write(f"wirekit: {an.source}: no protocol detected: no MIP header, ZMTP "
+            err.write(f"wirekit decode: {an.source}: no protocol detected: no MIP header, ZMTP "
                       "greeting or y2 handshake at the start of either file; give --proto "
                       f"{'|'.join(sorted(DUMPERS))} to decode them as one\n")  # fmt: skip
             return EXIT_USAGE

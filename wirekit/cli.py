@@ -18,7 +18,13 @@ from typing import TextIO
 
 from wirekit import __version__, analyse, capture
 from wirekit._dumping import DEFAULT_MAX_MESSAGE, hex_excerpt
-from wirekit._logging import command_logging
+from wirekit._logging import add_logging_arguments, command_logging
+from wirekit._vocabulary import (
+    add_address,
+    add_max_message_size,
+    deprecation_notes,
+    tcp_address_or_port,
+)
 from wirekit.analyse import DUMPERS, EXIT_MALFORMED, EXIT_OK, EXIT_USAGE
 
 #: modules with ``register(subparsers)`` adding ``wirekit <name> ...`` commands
@@ -52,11 +58,6 @@ unreadable input, or no protocol detected.
 """
 
 
-def _endpoint(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    return (host.strip("[]") or default_host), int(port)
-
-
 def _record_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     import signal
     import threading
@@ -64,15 +65,11 @@ def _record_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     from wirekit.zmtp.record import RecordingProxy
 
-    try:
-        listen, target = _endpoint(args.listen), _endpoint(args.target)
-    except ValueError:
-        err.write("wirekit: --listen and --target take [HOST:]PORT\n")
-        return EXIT_USAGE
+    listen, target = args.listen.host_port, args.target.host_port
     try:
         fh = open(args.write, "wb")  # noqa: SIM115 - closed below, after the proxy
     except OSError as exc:
-        err.write(f"wirekit: cannot write {args.write}: {exc.strerror or exc}\n")
+        err.write(f"wirekit record: cannot write {args.write}: {exc.strerror or exc}\n")
         return EXIT_USAGE
     stop = threading.Event()
     previous = None
@@ -95,17 +92,29 @@ def _record_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             except KeyboardInterrupt:
                 pass
         out.write(f"{proxy.connections} connection(s) recorded\n")
-        if proxy.error is not None and proxy.connections == 0 and args.connections:
-            err.write(f"wirekit: {proxy.error}\n")
+        if proxy.refused and proxy.connections == 0:
+            why = getattr(proxy.error, "strerror", None) or proxy.error
+            err.write(
+                f"wirekit record: nothing recorded: {proxy.refused} client(s) came, but the "
+                f"target {target[0]}:{target[1]} could not be reached ({why})\n"
+            )
             return EXIT_BAD_INPUT
         return EXIT_OK
-    except OSError as exc:
-        err.write(f"wirekit: cannot listen on {args.listen}: {exc.strerror or exc}\n")
-        return EXIT_USAGE
+    except OSError as exc:  # the address is taken, or not this machine's
+        err.write(f"wirekit record: cannot listen on {args.listen}: {exc.strerror or exc}\n")
+        return EXIT_BAD_INPUT
     finally:
         fh.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _decode_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    # `wirekit decode --error cap.pcapng`: the optional NAME of --error took the file name.
+    # With no FILE and no --client/--server that word can only be the file.
+    if args.error and args.file is None and args.client is None and args.server is None:
+        args.file, args.error = args.error, ""
+    return analyse.run(args, out, err)
 
 
 def _dissector_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -119,7 +128,7 @@ def _dissector_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> in
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(lua)
     except OSError as exc:
-        err.write(f"wirekit: cannot write {args.output}: {exc.strerror or exc}\n")
+        err.write(f"wirekit dissector: cannot write {args.output}: {exc.strerror or exc}\n")
         return EXIT_USAGE
     return EXIT_OK
 
@@ -153,10 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const="",
         metavar="NAME",
-        help="show only malformed messages and error replies (NAME: an error "
-        "code such as SHAPE, or the malformed field)",
+        help="show only malformed messages and error replies (--error=NAME: only those "
+        "with this error code, such as SHAPE, or this malformed field)",
     )
-    sel.add_argument("--model", help="show only messages of connections serving this model")
+    sel.add_argument(
+        "--model", metavar="NAME", help="show only messages of connections serving this model"
+    )
     sel.add_argument(
         "--msg-id", type=int, metavar="ID", help="show only messages with this message id"
     )
@@ -175,11 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not print the messages (with --stats: the summary only), nor progress",
     )
     lim = dec.add_argument_group("limits")
-    lim.add_argument(
-        "--max-message",
-        type=int,
+    add_max_message_size(
+        lim,
+        dest="max_message",
         default=DEFAULT_MAX_MESSAGE,
-        metavar="BYTES",
+        old=["--max-message"],
         help=f"a header announcing more is lost framing (default {DEFAULT_MAX_MESSAGE})",
     )
     lim.add_argument(
@@ -194,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(DUMPERS[name])
         if hasattr(module, "add_arguments"):
             module.add_arguments(dec)
-    dec.set_defaults(handler=analyse.run)
+    dec.set_defaults(handler=_decode_command)
     rec = sub.add_parser(
         "record",
         help="record a connection through a forwarding proxy into a pcapng file",
@@ -203,13 +214,21 @@ def build_parser() -> argparse.ArgumentParser:
         "after --connections connections have closed, after --duration seconds, or on "
         "Ctrl-C / SIGTERM (the file is complete in every case).",
     )
-    rec.add_argument(
+    add_address(
+        rec,
         "--listen",
+        kind=tcp_address_or_port,
         required=True,
-        metavar="[HOST:]PORT",
-        help="where clients connect (port 0: any free port, printed)",
+        help="where clients connect: HOST:PORT, tcp://HOST:PORT, or PORT on 127.0.0.1 (port "
+        "0: any free port, printed)",
     )
-    rec.add_argument("--target", required=True, metavar="HOST:PORT", help="the real peer")
+    add_address(
+        rec,
+        "--target",
+        kind=tcp_address_or_port,
+        required=True,
+        help="the real peer, HOST:PORT or tcp://HOST:PORT",
+    )
     rec.add_argument("-w", "--write", required=True, metavar="FILE", help="the pcapng to write")
     rec.add_argument(
         "--connections",
@@ -227,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="close a connection idle this long (default: never)",
     )
+    add_logging_arguments(rec, what="connections forwarded; WARNING: a target not reached")
     rec.set_defaults(handler=_record_command)
     dis = sub.add_parser(
         "dissector",
@@ -249,11 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PORT",
         help="a TCP port the protocol runs on (repeatable)",
     )
-    dis.add_argument(
-        "--max-message",
-        type=int,
+    add_max_message_size(
+        dis,
+        dest="max_message",
         default=DEFAULT_MAX_MESSAGE,
-        metavar="BYTES",
+        old=["--max-message"],
         help="a larger announced size is shown as lost framing",
     )
     dis.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
@@ -270,9 +290,12 @@ def main(
     err = err or sys.stderr
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        with contextlib.redirect_stderr(err):  # a usage error goes where the others go
+            args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
+    for note in deprecation_notes(args):  # an old spelling: it works, and says so
+        err.write(f"{note}\n")
     # a command that logs (it has --log-level/--log-format) logs as they say, to `err`
     logs = command_logging(args, err) if hasattr(args, "log_format") else contextlib.nullcontext()
     try:

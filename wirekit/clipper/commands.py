@@ -10,6 +10,14 @@ import threading
 from typing import TextIO
 
 from wirekit._logging import add_logging_arguments
+from wirekit._vocabulary import (
+    add_address,
+    add_deprecated_alias,
+    add_deprecated_flag,
+    add_max_message_size,
+    zmq_address,
+    zmq_address_or_off,
+)
 from wirekit.errors import WirekitError
 
 from .queries import (
@@ -86,8 +94,11 @@ def _container(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .container import ModelContainer, address_from_env, load_function
     from .session import VersionMismatch
 
+    if not args.handler_spec:
+        err.write("wirekit clipper container: give --handler MODULE:FUNCTION\n")
+        return EXIT_USAGE
     try:
-        fn = load_function(args.model)
+        fn = load_function(args.handler_spec)
         env = dict(os.environ)
         if args.ip:
             env["CLIPPER_IP"] = args.ip
@@ -154,7 +165,8 @@ def _frontend(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         frontend.start()
     except zmq.ZMQError as exc:
-        err.write(f"wirekit clipper frontend: cannot bind: {exc}\n")
+        where = f"{args.listen} and {args.query}" if args.query else args.listen
+        err.write(f"wirekit clipper frontend: cannot listen on {where}: {exc}\n")
         return EXIT_FAIL
     out.write(
         f"Clipper RPC {frontend.generation.value} frontend on {frontend.endpoint}"
@@ -246,12 +258,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Defaults come from CLIPPER_MODEL_NAME, CLIPPER_MODEL_VERSION, CLIPPER_IP, "
         "CLIPPER_PORT (7000) and CLIPPER_INPUT_TYPE (doubles).",
     )
-    con.add_argument(
-        "--model",
-        required=True,
+    # --handler, as in `wirekit mip serve`: --model names a model in predict and decode.
+    # Not required=True: argparse would refuse the old spelling, --model, as missing it.
+    handler = con.add_argument(
+        "--handler",
+        dest="handler_spec",
         metavar="MODULE:FUNCTION",
-        help="the predict function: gets the inputs, returns one output each",
+        help="the predict function (required): gets the inputs, returns one output each",
     )
+    add_deprecated_alias(con, "--model", of=handler)
     con.add_argument("--name", metavar="NAME", help="model name (CLIPPER_MODEL_NAME)")
     con.add_argument(
         "--model-version", metavar="VERSION", help="model version (CLIPPER_MODEL_VERSION)"
@@ -261,15 +276,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="TYPE",
         help="bytes, ints, floats, doubles or strings (CLIPPER_INPUT_TYPE, default doubles)",
     )
-    con.add_argument(
-        "--address", metavar="ADDRESS", help="tcp://HOST:PORT of Clipper (overrides --ip/--port)"
+    add_address(
+        con,
+        "--address",
+        kind=zmq_address,
+        help="Clipper's RPC address, tcp://HOST:PORT or HOST:PORT (default from CLIPPER_IP "
+        "and CLIPPER_PORT: tcp://127.0.0.1:7000)",
     )
-    con.add_argument(
-        "--ip", metavar="HOST", help="Clipper's address (CLIPPER_IP, default 127.0.0.1)"
-    )
-    con.add_value(
-        "--port", type=int, metavar="PORT", help="Clipper's RPC port (CLIPPER_PORT, default 7000)"
-    )
+    # the two halves of --address, as the environment variables have them
+    add_deprecated_flag(con, "--ip", instead="--address", metavar="HOST")
+    add_deprecated_flag(con, "--port", instead="--address", type=int, metavar="PORT")
     con.add_argument(
         "--generation",
         choices=GENERATIONS,
@@ -280,22 +296,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--poll-interval",
         type=float,
         default=5.0,
-        metavar="D",
+        metavar="SECONDS",
         help="heartbeat period in seconds (default 5)",
     )
     con.add_value(
         "--activity-timeout",
         type=float,
         default=30.0,
-        metavar="TO",
+        metavar="SECONDS",
         help="reconnect after this many silent seconds (default 30)",
     )
-    con.add_value(
-        "--max-frame-size",
-        type=int,
+    add_max_message_size(
+        con,
+        dest="max_frame_size",
         default=DEFAULT_MAX_FRAME_SIZE,
-        metavar="BYTES",
-        help="largest frame Clipper may send; a peer announcing more is "
+        old=["--max-frame-size"],
+        help="largest message part (ZMTP frame) Clipper may send; a peer announcing more is "
         "disconnected (default 256 MiB; 0: no limit)",
     )
     add_logging_arguments(con, verbose_alias=True, what="sessions to Clipper")
@@ -307,16 +323,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Bind a ROUTER for model containers and a query socket for "
         "wirekit clipper predict.",
     )
-    fe.add_argument(
+    add_address(
+        fe,
         "--listen",
+        kind=zmq_address,
         default="tcp://127.0.0.1:7000",
-        metavar="ADDRESS",
-        help="where containers connect (default tcp://127.0.0.1:7000)",
+        help="where containers connect (port 0: any free port; default tcp://127.0.0.1:7000)",
     )
-    fe.add_argument(
+    add_address(
+        fe,
         "--query",
+        kind=zmq_address_or_off,
         default="tcp://127.0.0.1:7001",
-        metavar="ADDRESS",
         help="where wirekit clipper predict connects (default "
         "tcp://127.0.0.1:7001; empty to disable)",
     )
@@ -330,7 +348,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--activity-timeout",
         type=float,
         default=30.0,
-        metavar="TO",
+        metavar="SECONDS",
         help="drop containers silent this long (default 30 s)",
     )
     fe.add_value(
@@ -347,13 +365,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="peers of another generation remembered (default 256; the oldest is forgotten first)",
     )
-    fe.add_value(
-        "--max-frame-size",
-        type=int,
+    add_max_message_size(
+        fe,
+        dest="max_frame_size",
         default=DEFAULT_MAX_FRAME_SIZE,
-        metavar="BYTES",
-        help="largest frame a container may send; a peer announcing more is "
-        "disconnected (default 256 MiB; 0: no limit)",
+        old=["--max-frame-size"],
+        help="largest message part (ZMTP frame) a container may send; a peer announcing more "
+        "is disconnected (default 256 MiB; 0: no limit)",
     )
     fe.add_value(
         "--max-query-size",
@@ -396,14 +414,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Send one batch to a model; repeat an input flag for several inputs.",
     )
     # The address is positional, as in `wirekit mip ping|infer`; --frontend is its old name.
-    pr.add_argument(
+    add_address(
+        pr,
         "address",
+        kind=zmq_address,
         nargs="?",
-        metavar="ADDRESS",
         help="the frontend's query address (default tcp://127.0.0.1:7001)",
     )
     pr.add_argument("--model", required=True, metavar="NAME", help="the model name")
-    pr.add_argument("--frontend", metavar="ADDRESS", help="the same as ADDRESS")
+    add_deprecated_flag(pr, "--frontend", instead="ADDRESS", type=zmq_address, metavar="ADDRESS")
     pr.add_value("--doubles", action="append", metavar="X,Y,...", help="one input")
     pr.add_value("--floats", action="append", metavar="X,Y,...", help="one input")
     pr.add_value("--ints", action="append", metavar="X,Y,...", help="one input")

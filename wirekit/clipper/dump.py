@@ -16,6 +16,7 @@ from typing import Any
 
 from wirekit import clipper, zmtp
 from wirekit._dumping import MALFORMED_SHOWN, Record, hex_excerpt
+from wirekit._vocabulary import add_deprecated_alias
 from wirekit.clipper.messages import to_jsonable
 from wirekit.errors import DecodeError
 
@@ -34,14 +35,14 @@ _WINDOW = 1 << 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    generation = parser.add_argument(
         "--generation",
-        "--dialect",
         dest="dialect",
         choices=[g.value for g in clipper.Generation],
         help="clipper: the Clipper RPC generation, as in wirekit clipper (default: detected "
-        "from the messages; --dialect is the old name)",
+        "from the messages)",
     )
+    add_deprecated_alias(parser, "--dialect", of=generation)
 
 
 def _frame_offsets(data: bytes, start: int, count: int) -> list[int] | None:

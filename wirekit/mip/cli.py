@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from wirekit import _loop
 from wirekit._callables import load_callable
 from wirekit._logging import add_logging_arguments
+from wirekit._vocabulary import add_address, add_deprecated_alias, mip_address
 from wirekit.errors import WirekitError
 
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE
@@ -224,12 +225,20 @@ def register(subparsers: Any) -> None:
     )
     sub = mip_parser.add_subparsers(dest="mip_command", required=True, metavar="ACTION")
 
-    serve = sub.add_parser("serve", help="serve a handler over MIP")
-    serve.add_argument(
+    serve = sub.add_parser(
+        "serve",
+        help="serve a handler over MIP",
+        description="Serve a Python handler to MIP (KubeMo) clients: print 'listening on "
+        "ADDRESS' once it accepts connections, log to standard error, stop gracefully on "
+        "SIGINT/SIGTERM.  The limits drop clients that misbehave (wirekit.mip.limits).",
+    )
+    add_address(
+        serve,
         "--listen",
+        kind=mip_address,
         action="append",
-        metavar="ADDRESS",
-        help="tcp://host:port or unix:///path (repeatable; default tcp://127.0.0.1:5000)",
+        help="tcp://HOST:PORT, HOST:PORT or unix:///PATH (repeatable; port 0: any free "
+        "port; default tcp://127.0.0.1:5000)",
     )
     serve.add_argument(
         "--handler",
@@ -256,21 +265,19 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_MAX_ITEMS,
         help="items per request; more get MEMORY (default %(default)s)",
     )
-    serve.add_argument(
+    budget = serve.add_argument(
         "--memory-budget",
-        "--max-buffered",
         dest="memory_budget",
         type=int,
         metavar="BYTES",
         default=DEFAULT_MEMORY_BUDGET,
         help="bytes all connections together may hold: bytes read, requests in flight, "
         "replies unsent; past it a connection owing answers stops being read, one holding "
-        "only a partial request gets MEMORY and is closed (old name --max-buffered; "
-        "default %(default)s)",
+        "only a partial request gets MEMORY and is closed (default %(default)s)",
     )
-    serve.add_argument(
+    add_deprecated_alias(serve, "--max-buffered", of=budget)
+    request_timeout = serve.add_argument(
         "--request-timeout",
-        "--timeout",
         dest="request_timeout",
         type=float,
         metavar="SECONDS",
@@ -278,6 +285,8 @@ def register(subparsers: Any) -> None:
         help="drop a client whose request is not complete this long after its first byte "
         "(s, 0: off; default %(default)s)",
     )
+    # a server's --timeout would read as "wait for an answer", what it means in every client
+    add_deprecated_alias(serve, "--timeout", of=request_timeout)
     serve.add_argument(
         "--idle-timeout",
         type=float,
@@ -329,8 +338,15 @@ def register(subparsers: Any) -> None:
     add_logging_arguments(serve, what="listening, stopped, dropped connections")
     serve.set_defaults(func=_serve_command)
 
-    ping = sub.add_parser("ping", help="ping a MIP server")
-    ping.add_argument("address", help="tcp://host:port or unix:///path of the server")
+    ping = sub.add_parser(
+        "ping",
+        help="ping a MIP server",
+        description="Send MIP pings to a server and print each round trip, then a summary "
+        "as ping(8) does; exit 0 when a pong came back, 1 when none did.",
+    )
+    add_address(
+        ping, "address", kind=mip_address, help="the server: tcp://HOST:PORT or unix:///PATH"
+    )
     ping.add_argument(
         "-c", "--count", type=int, default=1, metavar="N", help="pings to send (default 1)"
     )
@@ -343,8 +359,15 @@ def register(subparsers: Any) -> None:
     )
     ping.set_defaults(func=_ping_command)
 
-    infer = sub.add_parser("infer", help="send one sample and print the outputs")
-    infer.add_argument("address", help="tcp://host:port or unix:///path of the server")
+    infer = sub.add_parser(
+        "infer",
+        help="send one sample and print the outputs",
+        description="Send one sample (its items in the order given) to a MIP server and "
+        "print the outputs; exit 1 when the server answers with an error.",
+    )
+    add_address(
+        infer, "address", kind=mip_address, help="the server: tcp://HOST:PORT or unix:///PATH"
+    )
     # Inputs are items named after their MIP type; --json is the JSON *output* switch, as in
     # every other command, so a JSON input is --json-item.
     for flag, kind, metavar, text in (
@@ -368,9 +391,8 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help="wait this long for the answer (default 10)",
     )
-    infer.add_argument("--json", action="store_true", help="print the outputs as JSON")
-    # the old name of --json, kept working for scripts written against 0.1
-    infer.add_argument("--print-json", dest="json", action="store_true", help=argparse.SUPPRESS)
+    json_flag = infer.add_argument("--json", action="store_true", help="print the outputs as JSON")
+    add_deprecated_alias(infer, "--print-json", of=json_flag)  # its name in 0.1
     infer.set_defaults(func=_infer_command)
 
     mip_parser.set_defaults(handler=_dispatch)

@@ -32,6 +32,7 @@ from typing import Any, TextIO
 
 from wirekit import _loop
 from wirekit._logging import add_logging_arguments
+from wirekit._vocabulary import add_address, tcp_address
 
 from .logs import serve_logger
 
@@ -50,6 +51,14 @@ def register(subparsers) -> None:
         "--with-backends (samples/tiny_model.py says what to curl).",
     )
     p.add_argument("--config", metavar="FILE", help="deployment config (.json or .toml)")
+    add_address(
+        p,
+        "--listen",
+        kind=tcp_address,
+        help="HOST:PORT or tcp://HOST:PORT: the HTTP front door's port, and the host every "
+        "front door binds (replaces the config's listen.host and listen.http_port; port 0: "
+        "any free port, printed in the ready line)",
+    )
     add_logging_arguments(p, what="started, stopped, models added and removed, leads taken")
     p.add_argument(
         "--access-log",
@@ -84,13 +93,24 @@ def register(subparsers) -> None:
     )
     p.set_defaults(handler=_serve)
     sub = p.add_subparsers(dest="serve_command", metavar="SUBCOMMAND")
-    st = sub.add_parser("stats", help="print the metrics of a requests store")
+    st = sub.add_parser(
+        "stats",
+        help="print the metrics of a requests store",
+        description="Print the metrics of a requests store (a SQLite file or a PostgreSQL "
+        "database), running or not: requests per model and status, latency percentiles.",
+    )
     where = st.add_mutually_exclusive_group(required=True)
     where.add_argument("--store", help="the SQLite store file")
     where.add_argument("--store-url", dest="stats_url", metavar="URL", help="a postgresql:// store")
     st.add_argument("--json", action="store_true", help="print the metrics as JSON")
     st.set_defaults(handler=_stats)
-    ck = sub.add_parser("check", help="validate a deployment config and print its devices")
+    ck = sub.add_parser(
+        "check",
+        help="validate a deployment config and print its devices",
+        description="Validate a deployment config and print, per model, its devices, quotas, "
+        "routing probabilities and backends; exit 1 when the config is not valid (or, with "
+        "--probe, a backend cannot be reached).",
+    )
     ck.add_argument(
         "--config",
         dest="check_config",
@@ -129,7 +149,13 @@ def _register_models(sub) -> None:
         help="a file holding the token (env WIREKIT_ADMIN_TOKEN_FILE), e.g. the dispatcher's"
         " admin.token_file",
     )
-    common.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    common.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="wait this long for the dispatcher's answer (default 60)",
+    )
     mo = sub.add_parser(
         "models",
         help="list, add, remove, change models or set a quota in a running dispatcher (its"
@@ -141,7 +167,13 @@ def _register_models(sub) -> None:
         " found included).",
     )
     msub = mo.add_subparsers(dest="models_command", metavar="ACTION", required=True)
-    ls = msub.add_parser("list", parents=[common], help="the models, their devices and quotas")
+    ls = msub.add_parser(
+        "list",
+        parents=[common],
+        help="the models, their devices and quotas",
+        description="List the models a running dispatcher serves, their devices, quotas and "
+        "ports, and what each device has free.",
+    )
     ls.add_argument("--json", action="store_true", help="print the admin API's JSON")
     ls.set_defaults(handler=_models_list)
     # the settings a model can change live (models add and models set; --target apart:
@@ -204,6 +236,8 @@ def _register_models(sub) -> None:
         "remove",
         parents=[common],
         help="remove a model (requests in flight are answered first)",
+        description="Remove a model from a running dispatcher: its front door stops taking "
+        "requests, the requests in flight are answered first.",
     )
     rm.add_argument("name", help="the model")
     rm.set_defaults(handler=_models_remove)
@@ -229,7 +263,7 @@ def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return _stats_url(args.stats_url, args.json, out, err)
     path = Path(args.store)
     if not path.is_file():
-        err.write(f"wirekit: no store at {path}\n")
+        err.write(f"wirekit serve stats: no store at {path}\n")
         return EXIT_USAGE
     try:
         conn = connect(path, readonly=True)
@@ -238,7 +272,7 @@ def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:
-        err.write(f"wirekit: {path} is not a requests store: {exc}\n")
+        err.write(f"wirekit serve stats: {path} is not a requests store: {exc}\n")
         return EXIT_BAD_INPUT
     out.write((json.dumps(stats, indent=2) if args.json else render_stats(stats)) + "\n")
     return EXIT_OK
@@ -247,21 +281,24 @@ def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _stats_url(url: str, as_json: bool, out: TextIO, err: TextIO) -> int:
     """``serve stats --store-url``: the same figures from a PostgreSQL store."""
     from .control.metrics import render_stats, stats_from_store
-    from .record.storedb import StoreUnavailable, is_url, open_db, redact
+    from .record.storedb import ExtraMissing, StoreUnavailable, is_url, open_db, redact
 
     if not is_url(url):
-        err.write("wirekit: --store-url expects a postgresql:// URL\n")
+        err.write("wirekit serve stats: --store-url expects a postgresql:// URL\n")
         return EXIT_USAGE
     try:
         db = open_db(url)
-    except StoreUnavailable as exc:  # cannot connect, or the pg extra is missing
-        err.write(f"wirekit: {exc}\n")
+    except ExtraMissing as exc:
+        err.write(f"wirekit serve stats: {exc}\n")
+        return EXIT_USAGE
+    except StoreUnavailable as exc:  # cannot connect
+        err.write(f"wirekit serve stats: {exc}\n")
         return EXIT_BAD_INPUT
     try:
         stats = stats_from_store(db)
     except Exception as exc:  # psycopg.Error: no requests table
         why = (str(exc).splitlines() or [type(exc).__name__])[0]
-        err.write(f"wirekit: {redact(url)} is not a requests store: {why}\n")
+        err.write(f"wirekit serve stats: {redact(url)} is not a requests store: {why}\n")
         return EXIT_BAD_INPUT
     finally:
         db.close()
@@ -275,13 +312,13 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     path = args.check_config or args.config
     if not path:
-        err.write("wirekit: serve check needs --config FILE\n")
+        err.write("wirekit serve check: give --config FILE\n")
         return EXIT_USAGE
     try:
         dep = load_config(path)
     except ConfigError as exc:
-        err.write(f"wirekit: {exc}\n")
-        return EXIT_BAD_INPUT
+        err.write(f"wirekit serve check: {exc}\n")
+        return _config_status(exc)
     router = Router(dep.rows)
     for name in dep.models:
         out.write(f"{name}:\n")
@@ -303,6 +340,14 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for key, problem in results.items():
         out.write(f"probe {key}: {'reachable' if problem is None else 'UNREACHABLE: ' + problem}\n")
     return EXIT_OK if all(p is None for p in results.values()) else EXIT_BAD_INPUT
+
+
+def _config_status(exc: Exception) -> int:
+    """The exit status of a config error: 2 (usage) for a file that cannot be read, 1 (bad
+    input) for one that reads but is not a valid config."""
+    from .config import ConfigUnreadable
+
+    return EXIT_USAGE if isinstance(exc, ConfigUnreadable) else EXIT_BAD_INPUT
 
 
 async def probe(rows, timeout: float = 2.0) -> dict[str, str | None]:
@@ -332,40 +377,42 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .config import ConfigError, load_config
 
     if not args.config:
-        err.write("wirekit: serve needs --config FILE (or a subcommand: stats, check)\n")
+        err.write("wirekit serve: give --config FILE (or a subcommand: check, stats, k8s...)\n")
         return EXIT_USAGE
     missing = _missing_extra()
     if missing is not None:
         err.write(
-            f"wirekit: serve needs the 'serve' extra ({missing} is not installed): "
+            f"wirekit serve: needs the 'serve' extra ({missing} is not installed): "
             "pip install 'wirekit[serve]'\n"
         )
         return EXIT_USAGE
     try:
         dep = load_config(args.config)
     except ConfigError as exc:
-        err.write(f"wirekit: {exc}\n")
-        return EXIT_BAD_INPUT
+        err.write(f"wirekit serve: {exc}\n")
+        return _config_status(exc)
     if args.store_url:
         if not args.store_url.startswith(("postgresql://", "postgres://")):
-            err.write("wirekit: --store-url expects a postgresql:// URL\n")
+            err.write("wirekit serve: --store-url expects a postgresql:// URL\n")
             return EXIT_USAGE
         dep = dataclasses.replace(dep, store=dataclasses.replace(dep.store, url=args.store_url))
     if args.access_log:
         dep = dataclasses.replace(dep, http=dataclasses.replace(dep.http, access_log=True))
+    if args.listen is not None:
+        dep = dataclasses.replace(dep, host=args.listen.host, http_port=args.listen.port)
     if args.memory_budget is not None:
         try:
             limits = dataclasses.replace(dep.mip, memory_budget=args.memory_budget)
         except ValueError as exc:
-            err.write(f"wirekit: --memory-budget: {exc}\n")
+            err.write(f"wirekit serve: --memory-budget: {exc}\n")
             return EXIT_USAGE
         dep = dataclasses.replace(dep, mip=limits)
     try:
         _loop.resolve(args.loop)
     except ValueError as exc:
-        err.write(f"wirekit: {exc}\n")
+        err.write(f"wirekit serve: {exc}\n")
         return EXIT_USAGE
-    from .record.storedb import StoreUnavailable
+    from .record.storedb import ExtraMissing, StoreUnavailable
 
     backends = None
     if args.with_backends:
@@ -380,22 +427,25 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             )
             backends.start()
         except ConfigError as exc:
-            err.write(f"wirekit: {args.config}: {exc}\n")
+            err.write(f"wirekit serve: {args.config}: {exc}\n")
             return EXIT_BAD_INPUT
         except BackendStartError as exc:
-            err.write(f"wirekit: {exc}\n")
+            err.write(f"wirekit serve: {exc}\n")
             return EXIT_BAD_INPUT
     return_freed_buffers()  # a long-running server: freed big buffers go back to the system
     try:
         return _loop.run(_run(dep, out, backends.addresses() if backends else None), args.loop)
     except OSError as exc:
-        err.write(f"wirekit: cannot listen: {exc.strerror or exc}\n")
+        err.write(f"wirekit serve: cannot listen: {exc.strerror or exc}\n")
         return EXIT_BAD_INPUT
+    except ExtraMissing as exc:  # the pg extra, for a postgresql:// store
+        err.write(f"wirekit serve: {exc}\n")
+        return EXIT_USAGE
     except StoreUnavailable as exc:
-        err.write(f"wirekit: {exc}\n")
+        err.write(f"wirekit serve: {exc}\n")
         return EXIT_BAD_INPUT
     except ConfigError as exc:  # found at start-up (the admin token, controller.policy)
-        err.write(f"wirekit: {args.config}: {exc}\n")
+        err.write(f"wirekit serve: {args.config}: {exc}\n")
         return EXIT_BAD_INPUT
     finally:
         if backends is not None:
@@ -567,7 +617,7 @@ def _admin_command(run):
         try:
             return run(args, out)
         except _AdminError as exc:
-            err.write(f"wirekit: {exc}\n")
+            err.write(f"wirekit serve models {args.models_command}: {exc}\n")
             return exc.status
 
     return handler
@@ -652,7 +702,7 @@ def _models_add(args: argparse.Namespace, out: TextIO) -> int:
                 else json.loads(raw)
             )
         except OSError as exc:
-            raise _AdminError(f"{path}: cannot read: {exc.strerror or exc}") from None
+            raise _AdminError(f"{path}: cannot read: {exc.strerror or exc}", EXIT_USAGE) from None
         except (UnicodeDecodeError, ValueError) as exc:  # TOMLDecodeError is a ValueError
             raise _AdminError(f"{path}: not valid JSON/TOML: {exc}") from None
     else:
@@ -757,7 +807,7 @@ def _k8s(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     path = args.k8s_config or args.config
     if not path:
-        err.write("wirekit: serve k8s needs --config FILE\n")
+        err.write("wirekit serve k8s: give --config FILE\n")
         return EXIT_USAGE
     options = K8sOptions(
         image=args.image, namespace=args.namespace, name=args.name, cpu_cores=args.cpu_cores
@@ -766,16 +816,16 @@ def _k8s(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         objects = manifests(read_document(path), options)
     except ConfigError as exc:
         if exc.where.startswith("--"):  # a flag, not the config
-            err.write(f"wirekit: serve k8s: {exc}\n")
+            err.write(f"wirekit serve k8s: {exc}\n")
             return EXIT_USAGE
         source = "" if exc.source else f"{path}: "
-        err.write(f"wirekit: {source}{exc}\n")
-        return EXIT_BAD_INPUT
+        err.write(f"wirekit serve k8s: {source}{exc}\n")
+        return _config_status(exc)
     directory = None if args.output == "-" else Path(args.output)
     try:
         written = write(objects, out, directory)
     except OSError as exc:
-        err.write(f"wirekit: cannot write {args.output}: {exc.strerror or exc}\n")
+        err.write(f"wirekit serve k8s: cannot write {args.output}: {exc.strerror or exc}\n")
         return EXIT_USAGE
     for name in written:
         out.write(f"{name}\n")

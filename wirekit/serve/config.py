@@ -59,6 +59,12 @@ class ConfigError(WirekitError, ValueError):
         super().__init__(f"{prefix}{where or 'config'}: {message}")
 
 
+class ConfigUnreadable(ConfigError):
+    """A config file that cannot be read at all (missing, no permission): the command names a
+    file it cannot use, a usage error (exit 2), where a config that reads but is not valid is
+    bad input (exit 1)."""
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceRow:
     """One row of the models metadata: a model on one device of one node."""
@@ -306,7 +312,7 @@ def read_document(path: str | Path) -> Any:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise ConfigError("", f"cannot read: {exc.strerror or exc}", source) from None
+        raise ConfigUnreadable("", f"cannot read: {exc.strerror or exc}", source) from None
     if path.suffix.lower() == ".toml":
         try:
             doc = tomllib.loads(raw.decode("utf-8"))

@@ -24,17 +24,13 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from wirekit._logging import add_logging_arguments
+from wirekit._vocabulary import add_address, add_max_message_size, tcp_address, zmq_address
 
 from .cluster import DEFAULT_HWM
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE
 from .service import DEFAULT_MAX_WORKER_BUFFER, STATUS_INTERVAL, SlowWorker
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-def _host_port(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    return (host.strip("[]") or "127.0.0.1"), int(port)
 
 
 @contextlib.contextmanager
@@ -63,12 +59,15 @@ def _client_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     try:
         client = ClientService(args.nodes, args.listen, max_message_size=args.max_message_size)
-    except (ValueError, zmq.ZMQError) as exc:
+    except ValueError as exc:
         err.write(f"wirekit y2 client: {exc}\n")
         return EXIT_USAGE
-    out.write(f"client listening on {client.address}\n")
-    out.flush()
-    with _stop_on_signals() as stop:
+    except zmq.ZMQError as exc:  # the address is taken, or not this machine's
+        err.write(f"wirekit y2 client: cannot listen on {args.listen}: {exc}\n")
+        return EXIT_FAILED
+    with _stop_on_signals() as stop:  # before the line: a SIGTERM right after it stops it
+        out.write(f"client listening on {client.address}\n")
+        out.flush()
         done = client.run(stop, args.timeout)
     reg = client.registry
     if args.report:
@@ -141,7 +140,7 @@ def _service_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         service = NodeService(
             args.client,
-            _host_port(args.worker_listen),
+            args.worker_listen.host_port,
             name=args.name,
             inbox=args.inbox,
             advertise=args.advertise,
@@ -157,9 +156,9 @@ def _service_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"wirekit y2 service: cannot listen: {exc}\n")
         return EXIT_FAILED
     host, port = service.worker_address
-    out.write(f"worker link on {host}:{port}\ninbox {service.inbox}\n")
-    out.flush()
-    with _stop_on_signals() as stop:
+    with _stop_on_signals() as stop:  # before the lines: a SIGTERM right after them stops it
+        out.write(f"worker link on {host}:{port}\ninbox {service.inbox}\n")
+        out.flush()
         error = service.run(stop)
     counters = service.counters()
     if args.json:
@@ -200,16 +199,22 @@ def register(subparsers: Any) -> None:
     sub = y2_parser.add_subparsers(dest="y2_command", required=True, metavar="ACTION")
 
     client = sub.add_parser(
-        "client", help="the client service: registers the nodes, collects their reports"
+        "client",
+        help="the client service: registers the nodes, collects their reports",
+        description="Run y2's client service: give each node's service its index and the "
+        "others' inboxes, collect the nodes' Runtime and Finished reports, and exit 0 once "
+        "every node has finished (1 when stopped before).",
     )
     client.add_argument(
         "--nodes", type=_positive, required=True, metavar="N", help="nodes in the cluster"
     )
-    client.add_argument(
+    add_address(
+        client,
         "--listen",
+        kind=zmq_address,
         default="tcp://127.0.0.1:5560",
-        metavar="ADDRESS",
-        help="ZeroMQ endpoint to bind (default tcp://127.0.0.1:5560; port * for any)",
+        help="where the nodes' services connect, tcp://HOST:PORT or HOST:PORT (port 0: any "
+        "free port; default tcp://127.0.0.1:5560)",
     )
     client.add_argument(
         "--report",
@@ -230,16 +235,25 @@ def register(subparsers: Any) -> None:
     client.set_defaults(func=_client_command)
 
     service = sub.add_parser(
-        "service", help="one node's service: its worker's link, Deltas to and from the others"
+        "service",
+        help="one node's service: its worker's link, Deltas to and from the others",
+        description="Run one node's y2 communication service: its worker connects on the "
+        "worker link; it registers at the client service, sends the worker's Deltas to the "
+        "other nodes and theirs to the worker; exit 0 when the client says the run is over.",
     )
-    service.add_argument(
-        "--client", required=True, metavar="ADDRESS", help="the client service, tcp://host:port"
+    add_address(
+        service,
+        "--client",
+        kind=zmq_address,
+        required=True,
+        help="the client service, tcp://HOST:PORT or HOST:PORT",
     )
-    service.add_argument(
+    add_address(
+        service,
         "--worker-listen",
+        kind=tcp_address,
         default="127.0.0.1:8888",
-        metavar="HOST:PORT",
-        help="where the worker connects (default 127.0.0.1:8888, y2's; port 0 for any)",
+        help="where the worker connects (port 0: any free port; default 127.0.0.1:8888, y2's)",
     )
     service.add_argument(
         "--name",
@@ -247,15 +261,17 @@ def register(subparsers: Any) -> None:
         help="this node's name at the client; the same name gets the same id "
         "(default HOSTNAME:WORKER_PORT)",
     )
-    service.add_argument(
+    add_address(
+        service,
         "--inbox",
-        default="tcp://127.0.0.1:*",
-        metavar="ADDRESS",
-        help="ZeroMQ endpoint to bind for the other nodes' Deltas (default tcp://127.0.0.1:*)",
+        kind=zmq_address,
+        default="tcp://127.0.0.1:0",
+        help="where to bind for the other nodes' Deltas (default tcp://127.0.0.1:0, any free port)",
     )
-    service.add_argument(
+    add_address(
+        service,
         "--advertise",
-        metavar="ADDRESS",
+        kind=zmq_address,
         help="the inbox address the other nodes connect to (default: the bound one; "
         "give it when binding 0.0.0.0)",
     )
@@ -289,12 +305,11 @@ def register(subparsers: Any) -> None:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--max-message",
-        dest="max_message_size",
+    add_max_message_size(
+        parser,
         type=_positive,
         default=DEFAULT_MAX_MESSAGE_SIZE,
-        metavar="BYTES",
+        old=["--max-message"],
         help=f"largest y2 message accepted (default {DEFAULT_MAX_MESSAGE_SIZE})",
     )
     add_logging_arguments(parser, what="links opened and closed, nodes registered")

@@ -1,7 +1,8 @@
 """A small recording TCP proxy: capture both directions of connections for ``wirekit decode``.
 
 Plain sockets and threads, bounded: it accepts up to ``max_connections`` connections (each
-within ``accept_timeout`` of the previous), forwards bytes both ways until either side closes
+within ``accept_timeout`` of the previous; one whose target cannot be reached counts too: it
+is logged, counted in ``refused``, and closed), forwards bytes both ways until either side closes
 or stays idle for ``idle_timeout`` seconds, and keeps at most ``max_bytes`` per direction of
 the first connection in ``upstream``/``downstream`` (``overflow`` says when it stopped
 recording them).  With ``pcapng`` (a binary file), every connection is also written there as
@@ -16,10 +17,13 @@ TCP traffic with capture timestamps — what ``wirekit record`` does — for ``w
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
 from typing import BinaryIO
+
+log = logging.getLogger(__name__)
 
 
 class RecordingProxy:
@@ -50,7 +54,8 @@ class RecordingProxy:
         self.downstream = bytearray()
         self.overflow = False
         self.error: BaseException | None = None
-        self.connections = 0
+        self.connections = 0  #: connections forwarded to the target
+        self.refused = 0  #: clients accepted whose connection to the target failed
         self._listener = socket.create_server((listen_host, listen_port))
         self._listener.settimeout(accept_timeout)
         self.port: int = self._listener.getsockname()[1]
@@ -95,7 +100,10 @@ class RecordingProxy:
 
     def _serve(self) -> None:
         try:
-            while self.max_connections is None or self.connections < self.max_connections:
+            while (
+                self.max_connections is None
+                or self.connections + self.refused < self.max_connections
+            ):
                 try:
                     client, peer = self._listener.accept()
                 except OSError as exc:  # timeout, or closed
@@ -112,10 +120,17 @@ class RecordingProxy:
             server = socket.create_connection(self.target, timeout=self.accept_timeout)
         except OSError as exc:
             self.error = exc
+            self.refused += 1
+            log.warning(
+                "cannot connect to the target %s:%s for the client from %s:%s (%s); "
+                "the client is closed",
+                self.target[0], self.target[1], peer[0], peer[1], exc.strerror or exc,
+            )  # fmt: skip
             client.close()
             return
         first = self.connections == 0
         self.connections += 1
+        log.info("connection %d: %s:%s -> %s:%s", self.connections, peer[0], peer[1], *self.target)
         with self._lock:
             self._sockets += [client, server]
         for sock in (client, server):

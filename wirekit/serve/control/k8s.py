@@ -326,7 +326,7 @@ def _backend_container(
     handler = model.handler
     if row.backend == "clipper":
         args = [
-            "clipper", "container", "--model", handler, "--name", row.clipper_name or row.model,
+            "clipper", "container", "--handler", handler, "--name", row.clipper_name or row.model,
             "--address", f"tcp://{opts.name}:{dep.clipper_rpc_port}",
             "--generation", dep.clipper_generation,
         ]  # fmt: skip

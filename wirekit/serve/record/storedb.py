@@ -298,6 +298,11 @@ class StoreUnavailable(RuntimeError):
     """The store cannot be opened (a database that cannot be reached, a journal in use)."""
 
 
+class ExtraMissing(StoreUnavailable):
+    """The store needs an extra that is not installed (``pg`` for ``postgresql://``): the
+    command cannot run as installed, a usage error rather than a store that failed."""
+
+
 def is_row_error(exc: BaseException) -> bool:
     """Whether a write failed because of the values of a row (a type or a text the database
     cannot hold, a constraint), not because the database is away or busy: what the journal's
@@ -530,7 +535,7 @@ def _psycopg() -> Any:
     try:
         import psycopg
     except ImportError as exc:  # pragma: no cover - the pg extra is missing
-        raise StoreUnavailable(
+        raise ExtraMissing(
             "a postgresql:// store needs the 'pg' extra: pip install 'wirekit[pg]'"
         ) from exc
     return psycopg
