@@ -21,6 +21,7 @@ import zmq
 from wirekit import y2
 from wirekit.errors import DecodeError
 from wirekit.y2 import Delta, Finished, NodeIndex, Runtime
+from wirekit.y2.service import FINISHED, STATUS
 
 from ..core.cases import Failed, Level, Skipped, Suite
 from ..core.net import Deadline, Stream
@@ -88,13 +89,18 @@ class ClusterSide:
     # -- the client and node 1
 
     def from_service(self, deadline: Deadline, waiting_for: str) -> list[bytes]:
-        """The service's next message to the client (without its routing id)."""
-        if not self.client.poll(int(deadline.remaining() * 1000)):
-            raise Failed(waiting_for, f"nothing within {deadline.seconds:g} s", self.received)
-        frames = self.client.recv_multipart()
-        self.received += b"".join(frames[1:])
-        self.client_identity = frames[0]
-        return frames[1:]
+        """The service's next message to the client (without its routing id), its progress
+        reports (``[status][node id][activity]``, sent whenever its worker's counts move or
+        its worker comes or goes) read past: they may come between any two others."""
+        while True:
+            if not self.client.poll(int(deadline.remaining() * 1000)):
+                raise Failed(waiting_for, f"nothing within {deadline.seconds:g} s", self.received)
+            frames = self.client.recv_multipart()
+            self.client_identity = frames[0]
+            if frames[1:2] == [STATUS]:
+                continue
+            self.received += b"".join(frames[1:])
+            return frames[1:]
 
     def from_peer(self, deadline: Deadline, waiting_for: str) -> list[bytes]:
         if not self.inbox.poll(int(deadline.remaining() * 1000)):
@@ -294,15 +300,16 @@ def worker_malformed(side: ClusterSide, deadline: Deadline) -> None:
     SERVICES,
     MUST,
     send="(as the worker) Finished; then (as the client) done",
-    expect="[finished][node id 0] at the client; after done the worker link closes",
+    expect="[finished][node id 0][activity] at the client; after done the worker link closes",
 )
 def finished(side: ClusterSide, deadline: Deadline) -> None:
     side.require()
     assert side.worker is not None
     side.worker.send(y2.encode(Finished()))
-    frames = side.from_service(deadline, "[finished] [00000000]")
-    if frames != [b"finished", i32(0)]:
-        raise Failed("[finished] [00000000]", repr(frames)[:200], side.received)
+    want = "[finished] [00000000] [the node's activity]"
+    frames = side.from_service(deadline, want)
+    if frames[:2] != [FINISHED, i32(0)] or len(frames) != 3:
+        raise Failed(want, repr(frames)[:200], side.received)
     side.client.send_multipart([side.client_identity, b"done"])
     if not side.worker.closed_by_peer(deadline.remaining()):
         raise Failed("the worker link closed after done", "still open", side.received)
