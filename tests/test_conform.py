@@ -108,7 +108,7 @@ def test_kubemo_server_fails_its_known_deviations_and_passes_the_rest():
     # 4096 keeps batch.max quick; the short timeout bounds the cases it never answers.
     with peer("kubemo_conform_main") as server:
         status, doc = conform_json(
-            "mip", "server", server.address, "--max-batch", "4096", "--timeout", "1.5"
+            "mip", "server", server.address, "--max-batch", "4096", "--case-timeout", "1.5"
         )
     got = {c["id"]: c.get("got", "") for c in doc["cases"]}
     failed = {c["id"] for c in doc["cases"] if c["status"] == "fail"}
@@ -196,10 +196,10 @@ def test_the_command_line_exit_status_and_junit(tmp_path):
     ("argv", "message"),
     [
         (["mip", "server"], "give the server's address"),
-        (["mip", "server", "http://x:1"], "mip server:"),
+        (["mip", "server", "http://x:1"], "unknown scheme http://"),
         (["mip", "server", "tcp://127.0.0.1:1", "--case", "nothing.like.this"], "no case"),
         (["mip", "server", "tcp://127.0.0.1:1", "--max-batch", "0"], "--max-batch"),
-        (["mip", "server", "tcp://127.0.0.1:1", "--timeout", "0"], "--timeout"),
+        (["mip", "server", "tcp://127.0.0.1:1", "--case-timeout", "0"], "--case-timeout"),
     ],
 )
 def test_usage_errors_exit_2(argv, message):
@@ -366,7 +366,7 @@ RPC_DEVIATIONS = {
 def test_clipper_rpc_py_fails_its_known_deviations_and_passes_the_rest(era):
     port = free_port()
     with rpc_container(era, port) as proc:
-        status, doc = conform_container(era, port, "--timeout", "1")
+        status, doc = conform_container(era, port, "--case-timeout", "1")
         log = proc.stdout.read() if proc.poll() is not None else b""
     result = statuses(doc)
     assert {k for k, v in result.items() if v == "fail"} == RPC_DEVIATIONS[era], doc
@@ -378,7 +378,7 @@ def test_clipper_rpc_py_fails_its_known_deviations_and_passes_the_rest(era):
     port = free_port()
     with rpc_container(era, port):
         status, alone = conform_container(
-            era, port, "--timeout", "1", "--case", "predict.wrong-type"
+            era, port, "--case-timeout", "1", "--case", "predict.wrong-type"
         )
     assert statuses(alone) == {"handshake": "pass", "predict.wrong-type": "fail"}
     assert status == 1
@@ -391,7 +391,7 @@ def test_a_container_answering_the_wrong_msg_id_fails_the_predict_cases():
     argv = [sys.executable, str(TESTS / "conform_peers.py"), "wrong_msg_id_container_main",
             f"tcp://127.0.0.1:{port}"]  # fmt: skip
     with container_process(argv):
-        status, doc = conform_container("v3", port, "--timeout", "1", "--case", "predict")
+        status, doc = conform_container("v3", port, "--case-timeout", "1", "--case", "predict")
     by_id = {c["id"]: c for c in doc["cases"]}
     assert by_id["handshake"]["status"] == "pass"
     for case_id in ("predict.one", "predict.msg-id", "predict.interleaved"):
@@ -408,7 +408,7 @@ def conform_client(driver: list[str]) -> tuple[int, dict]:
     ``driver`` process pointed at it: (exit status, the JSON report)."""
     kit = subprocess.Popen(
         [sys.executable, "-m", "wirekit.cli", "conform", "mip", "client",
-         "--listen", "tcp://127.0.0.1:0", "--json", "--timeout", "3"],
+         "--listen", "tcp://127.0.0.1:0", "--json", "--case-timeout", "3"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
     lines: list[str] = []
@@ -472,7 +472,7 @@ def test_wirekit_clipper_frontend_passes_every_case(gen):
 def test_a_frontend_that_never_answers_fails_the_handshake():
     with peer("silent_frontend_main") as frontend:
         status, doc = conform_json(
-            "clipper", "frontend", frontend.address, "--gen", "v3", "--timeout", "1"
+            "clipper", "frontend", frontend.address, "--gen", "v3", "--case-timeout", "1"
         )
     result = statuses(doc)
     assert result.pop("handshake") == "fail"
@@ -508,7 +508,7 @@ def test_a_service_giving_the_wrong_node_index_fails():
     ) as service:
         status, doc = conform_json(
             "y2", "service", service.address, "--listen", client, "--case", "node-index",
-            "--timeout", "2",
+            "--case-timeout", "2",
         )  # fmt: skip
     by_id = {c["id"]: c for c in doc["cases"]}
     assert by_id["register"]["status"] == "pass"

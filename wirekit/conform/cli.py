@@ -12,6 +12,9 @@ import importlib
 import json
 from typing import Any, TextIO
 
+from wirekit._logging import add_logging_arguments
+from wirekit._vocabulary import mip_address, tcp_address
+
 from .core.cases import DEFAULT_TIMEOUT
 from .core.runner import EXIT_USAGE
 from .suites import SUITES
@@ -45,7 +48,14 @@ def register(sub: Any) -> None:
     roles = sorted({role for _, role in SUITES})
     p.add_argument("protocol", choices=protocols, help="the protocol")
     p.add_argument("role", choices=roles, help="the role of the implementation under test")
-    p.add_argument("target", nargs="?", help="the implementation's address (servers)")
+    p.add_argument(
+        "target",
+        nargs="?",
+        type=mip_address,
+        metavar="ADDRESS",
+        help="the implementation's address (servers): tcp://HOST:PORT (a MIP server also "
+        "unix:///PATH)",
+    )
     p.add_argument(
         "--case",
         action="append",
@@ -56,7 +66,7 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--junit", metavar="FILE", help="also write the report as JUnit XML to FILE")
     p.add_argument(
-        "--timeout",
+        "--case-timeout",
         type=float,
         default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
@@ -73,6 +83,7 @@ def register(sub: Any) -> None:
     listening = p.add_argument_group("clipper container, mip client, y2 service (wirekit listens)")
     listening.add_argument(
         "--listen",
+        type=tcp_address,
         metavar="tcp://HOST:PORT",
         help="where wirekit listens for the implementation under test (port 0: any free "
         "port; the address is printed on standard error)",
@@ -90,10 +101,12 @@ def register(sub: Any) -> None:
     )
     clipper.add_argument(
         "--query",
+        type=tcp_address,
         metavar="tcp://HOST:PORT",
         help="clipper frontend: its query socket (wirekit clipper frontend --query), which "
         "the request cases use to make it send requests (without: they skip)",
     )
+    add_logging_arguments(p, what="nothing but problems of wirekit's own side")
     p.set_defaults(handler=_conform_command)
 
 
@@ -121,8 +134,8 @@ def _conform_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 f"{case.id}\t{case.level.value}\t{case.section}\t{case.send} -> {case.expect}\n"
             )
         return 0
-    if args.timeout <= 0:
-        err.write("wirekit conform: --timeout must be positive\n")
+    if args.case_timeout <= 0:
+        err.write("wirekit conform: --case-timeout must be positive\n")
         return EXIT_USAGE
     problem = module.check_arguments(args)
     if problem is not None:
@@ -153,7 +166,7 @@ def _conform_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                     err.write(f"  {result.case.id}: {result.status}\n")
                     err.flush()
 
-            results = run_suite(suite, target, cases, timeout=args.timeout, progress=progress)
+            results = run_suite(suite, target, cases, timeout=args.case_timeout, progress=progress)
         name = str(target)
         if args.json:
             doc = report.to_document(args.protocol, args.role, name, results)

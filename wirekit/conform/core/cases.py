@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-#: The time a case may take unless it says otherwise (``--timeout`` changes it).
+#: The time a case may take unless it says otherwise (``--case-timeout`` changes it).
 DEFAULT_TIMEOUT = 5.0
 
 

@@ -422,6 +422,6 @@ def open_target(args: argparse.Namespace) -> Iterator[MipClientHarness]:
     harness = MipClientHarness(args.listen)
     try:
         yield harness
-        harness.finish(args.timeout)
+        harness.finish(args.case_timeout)
     finally:
         harness.close()
