@@ -53,7 +53,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,7 +256,9 @@ class Background:
             ) from None
         if line is None:
             self.proc.wait(STOP_TIMEOUT)
-            raise AssertionError(f"exited {self.proc.returncode} before it was ready: {self.command}")
+            raise AssertionError(
+                f"exited {self.proc.returncode} before it was ready: {self.command}"
+            )
 
     def stop(self) -> int:
         """SIGINT (Ctrl-C) to its process group; its exit status (SIGKILL after a timeout)."""
