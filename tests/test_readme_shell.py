@@ -24,7 +24,8 @@ block is a deliberate choice -- an unmarked one fails :func:`test_every_shell_bl
   wirekit server prints its address once it listens); the test waits for that, in order,
   before the next one.  When the block is done each background command gets SIGINT (Ctrl-C)
   and must exit 0: the servers stop gracefully, as the README says they do.  Every step has
-  a timeout, so a block that hangs fails instead of blocking the suite.
+  a timeout, so a block that hangs fails instead of blocking the suite.  ``curl`` runs with
+  ``fail-with-body`` (from a ``.curlrc`` of the test's): an HTTP error status fails a block.
 
 The copy holds what the README's placeholders name, made by the test from real sessions:
 ``cap.pcapng`` (``wirekit record`` between ``wirekit mip ping/infer`` and a ``wirekit mip
@@ -58,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from capture_tools import need
 from docblocks import DOCS, ROOT, SHELL, Block, code_blocks, find_block
 
 BLOCK_TIMEOUT = 240.0  # seconds for a block's foreground commands (a loaded 2-core machine)
@@ -182,6 +184,7 @@ def netns() -> list[str]:
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory, netns: list[str]) -> Path:
     """A copy of the checkout with the README's placeholder files made from real sessions."""
+    need("tcpdump")  # cap.pcap: as root (a skip elsewhere, a failure under CI)
     template = tmp_path_factory.mktemp("readme") / "checkout"
     _copy_checkout(template)
     proc = subprocess.run(
@@ -204,6 +207,7 @@ def test_block_runs(block: Block, prepared: Path, netns: list[str], tmp_path: Pa
         text=True,
         timeout=RUNNER_TIMEOUT,
     )
+    print(proc.stdout, proc.stderr)  # what the block printed (pytest -rP shows it)
     assert proc.returncode == 0, f"{block.name} failed:\n{proc.stdout}\n{proc.stderr}"
 
 
@@ -281,6 +285,11 @@ def _environment(workdir: Path) -> dict[str, str]:
     runtime = workdir.parent / "xdg-runtime"  # the admin token file, per block
     runtime.mkdir(mode=0o700, exist_ok=True)
     env["XDG_RUNTIME_DIR"] = str(runtime)
+    # curl exits 0 on an HTTP error status unless told: a 404 from a README block is a failure.
+    curl_home = workdir.parent / "curl-home"
+    curl_home.mkdir(exist_ok=True)
+    (curl_home / ".curlrc").write_text("fail-with-body\n")
+    env["CURL_HOME"] = str(curl_home)
     env.pop("PYTHONPATH", None)
     return env
 
