@@ -70,9 +70,9 @@ RUNNER_TIMEOUT = BLOCK_TIMEOUT + 3 * READY_TIMEOUT + 3 * STOP_TIMEOUT  # the who
 BLOCKS = [block for path in DOCS for block in code_blocks(path, SHELL)]
 NOT_RUN = [block for block in BLOCKS if block.not_run]
 RUN = [block for block in BLOCKS if block.run]
-# README: the quick start's install and suite, the benchmarks' install and full run, a y2
-# cluster across hosts; specs: the controller's cgroup example, kubectl (2), the y2 cluster
-# across hosts and y2's own Python 3.7 worker.
+# README: the quick start's install and suite, the live tcpdump pipe (runs until stopped), a
+# y2 cluster across hosts, the benchmarks' install and full run; specs: the controller's
+# cgroup example, kubectl (2), the y2 cluster across hosts and y2's own Python 3.7 worker.
 EXPECTED_NOT_RUN = 9
 
 _COPY = "in a copy of the checkout"
