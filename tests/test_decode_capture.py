@@ -192,6 +192,23 @@ def test_ipv6_and_several_connections_each_detected(tmp_path):
     assert {r["conn"] for r in recs} == {2}
 
 
+def test_a_client_port_reused_after_a_close_is_a_new_connection(tmp_path):
+    # The kernel hands a client the same port again once its connection has closed (wirekit
+    # record's capture of `mip infer` run twice had it): the second SYN opens connection 2,
+    # whose bytes are its own, not a retransmission of the first's (same sequence numbers).
+    first = mip.Inference.request([[mip.Item.text("hello")]])
+    second = mip.Inference.request([[mip.Item.json({"k": 1})]])
+    convs = [
+        (C, S, [(0, 1.0, mip.encode(first)), (1, 1.001, mip.encode(first))], True),
+        (C, S, [(0, 2.0, mip.encode(second)), (1, 2.001, mip.encode(second))], True),
+    ]
+    code, out, err = run(pcapng(tmp_path / "reuse.pcapng", convs))
+    assert code == 0, out + err
+    assert out.count("127.0.0.1:40000 -> 127.0.0.1:7000 (mip)") == 2
+    assert "== connection 2:" in out and "'hello'" in out and '{"k":1}' in out
+    assert "4 message(s)" in out and "2 connection(s)" in out
+
+
 def test_client_server_raw_files_on_one_timeline(tmp_path):
     sends = kubemo_session()
     for side, name in ((0, "c.bin"), (1, "s.bin")):

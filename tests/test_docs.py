@@ -2,8 +2,9 @@
 
 How the blocks are found and run (keep the markdown to these rules):
 
-- A block is a fence line ```` ```python ```` up to the next ```` ``` ````.  Other fences
-  (``sh``, ``json``, plain) are not Python and are left alone.
+- A block is a fence line ```` ```python ```` up to the next ```` ``` ```` (found by
+  tests/docblocks.py, which tests/test_readme_shell.py shares for the shell blocks).  Other
+  fences (``json``, plain) are data and are left alone.
 - Each block runs on its own, in a fresh interpreter and a fresh namespace: every block of the
   README and the specs reads as a self-contained snippet (its own imports), so none may lean
   on an earlier one.
@@ -27,65 +28,18 @@ from __future__ import annotations
 
 import doctest
 import os
-import re
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from docblocks import DOCS, PYTHON, ROOT, Block, code_blocks, find_block
 
-ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "specs").glob("*.md"))]
 TIMEOUT = 120.0  # seconds per block: generous for a loaded 2-core machine; a hang fails
-
-_NOT_RUN = re.compile(r"^<!--\s*not run:\s*(?P<reason>.+?)\s*-->$")
-
-
-@dataclass(frozen=True)
-class Block:
-    path: Path
-    line: int  # 1-based line of the first code line
-    code: str
-    not_run: str | None  # the reason, when marked
-
-    @property
-    def name(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
-
-    @property
-    def is_doctest(self) -> bool:
-        return any(line.lstrip().startswith(">>>") for line in self.code.splitlines())
 
 
 def python_blocks(path: Path) -> list[Block]:
-    blocks: list[Block] = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    k = 0
-    while k < len(lines):
-        if lines[k].strip() == "```python":
-            start = k + 1
-            end = start
-            while end < len(lines) and lines[end].strip() != "```":
-                end += 1
-            if end == len(lines):
-                raise AssertionError(f"{path.name}:{k + 1}: ```python block never closed")
-            marker = _NOT_RUN.match(lines[k - 1].strip()) if k else None
-            blocks.append(
-                Block(
-                    path,
-                    start + 1,
-                    "\n".join(lines[start:end]) + "\n",
-                    marker.group("reason") if marker else None,
-                )
-            )
-            k = end
-        elif _NOT_RUN.match(lines[k].strip()) and (
-            k + 1 >= len(lines) or lines[k + 1].strip() != "```python"
-        ):
-            raise AssertionError(f"{path.name}:{k + 1}: a not-run marker not before ```python")
-        k += 1
-    return blocks
+    return code_blocks(path, PYTHON)
 
 
 BLOCKS = [block for path in DOCS for block in python_blocks(path)]
@@ -95,7 +49,7 @@ EXPECTED_NOT_RUN = 1  # README: the y2 DDP hook (needs torch.distributed process
 
 def run_block(path: str, line: int) -> int:
     """Run one block in this process (the subprocess side); return an exit status."""
-    block = next(b for b in python_blocks(Path(path).resolve()) if b.line == line)
+    block = find_block(Path(path).resolve(), line, PYTHON)
     if block.is_doctest:
         test = doctest.DocTestParser().get_doctest(block.code, {}, block.name, path, line - 1)
         runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

@@ -17,7 +17,8 @@ not reassemble, and the libraries that do (scapy's sessions, pyshark through tsh
 large, keep whole sessions in memory, and do not say where bytes went missing, which is what
 a debugging user needs to know.  The rules (sequence numbers modulo 2**32):
 
-* a SYN fixes a direction's first sequence number; without one (a capture that starts
+* a SYN fixes a direction's first sequence number (a client's SYN after its FIN on the same
+  addresses and ports opens a new connection: ports are reused); without one (a capture that starts
   mid-stream) the first segment seen does, and the direction is marked ``mid_stream``;
 * a segment at the expected sequence number is delivered at once, then any queued segments
   it makes contiguous;
@@ -495,10 +496,18 @@ class Reassembler:
         self.max_pending = max_pending
         self.stats = Stats()
         self._conns: dict[tuple[Endpoint, Endpoint], _Connection] = {}
+        self._opened: list[_Connection] = []  # every connection, in order (ports get reused)
 
     def _connection(self, seg: Segment, out: list) -> tuple[_Connection, int]:
         conn = self._conns.get((seg.src, seg.dst))
-        if conn is not None:
+        reused = (  # a client's new SYN after its FIN: the same ports, a new connection
+            conn is not None
+            and seg.syn
+            and not seg.ack
+            and conn.client == seg.src
+            and conn.dirs[0].fin_seq is not None
+        )
+        if conn is not None and not reused:
             return conn, 0 if conn.client == seg.src else 1
         if seg.syn and seg.ack:  # a SYN-ACK comes from the server
             client, server = seg.dst, seg.src
@@ -506,7 +515,8 @@ class Reassembler:
             client, server = seg.src, seg.dst
         else:  # mid-stream: guess that the lower port is the server's (listening) port
             client, server = (seg.src, seg.dst) if seg.src[1] >= seg.dst[1] else (seg.dst, seg.src)
-        conn = _Connection(len(self._conns) // 2 + 1, client, server, (_Direction(), _Direction()))
+        conn = _Connection(len(self._opened) + 1, client, server, (_Direction(), _Direction()))
+        self._opened.append(conn)
         self._conns[(client, server)] = self._conns[(server, client)] = conn
         out.append(Opened(conn.number, seg.ts, client, server, not seg.syn))
         return conn, 0 if client == seg.src else 1
@@ -581,11 +591,7 @@ class Reassembler:
     def finish(self) -> list[Chunk | Gap | Opened]:
         """End of the capture: give up on missing bytes, deliver what waits behind them."""
         out: list[Chunk | Gap | Opened] = []
-        seen = set()
-        for conn in self._conns.values():
-            if conn.number in seen:
-                continue
-            seen.add(conn.number)
+        for conn in self._opened:
             for side, d in enumerate(conn.dirs):
                 while d.pending:
                     self._skip_gap(conn, side, d, d.last_ts, out)
