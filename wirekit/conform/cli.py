@@ -84,7 +84,7 @@ def register(sub: Any) -> None:
     listening.add_argument(
         "--listen",
         type=tcp_address,
-        metavar="tcp://HOST:PORT",
+        metavar="ADDRESS",
         help="where wirekit listens for the implementation under test (port 0: any free "
         "port; the address is printed on standard error)",
     )
@@ -102,7 +102,7 @@ def register(sub: Any) -> None:
     clipper.add_argument(
         "--query",
         type=tcp_address,
-        metavar="tcp://HOST:PORT",
+        metavar="ADDRESS",
         help="clipper frontend: its query socket (wirekit clipper frontend --query), which "
         "the request cases use to make it send requests (without: they skip)",
     )
