@@ -641,16 +641,18 @@ def _models_add(args: argparse.Namespace, out: TextIO) -> int:
     if args.file:
         if args.name or args.place:
             raise _AdminError("models add: give FILE or --name/--place, not both", EXIT_USAGE)
-        from .config import tomllib
+        from .config import ConfigError, loads_toml
 
         path = Path(args.file)
         try:
             raw = path.read_bytes()
             doc = (
-                tomllib.loads(raw.decode("utf-8"))
+                loads_toml(raw.decode("utf-8"))
                 if path.suffix.lower() == ".toml"
                 else json.loads(raw)
             )
+        except ConfigError as exc:  # no TOML parser here
+            raise _AdminError(f"{path}: {exc.reason}") from None
         except OSError as exc:
             raise _AdminError(f"{path}: cannot read: {exc.strerror or exc}") from None
         except (UnicodeDecodeError, ValueError) as exc:  # TOMLDecodeError is a ValueError
