@@ -1,6 +1,6 @@
 """Which event loop the runtime commands (``wirekit mip serve``, ``wirekit serve``) run on.
 
-``asyncio`` always works.  ``uvloop`` (optional: ``pip install uvloop`` or the ``fast``
+``asyncio`` always works.  ``uvloop`` (optional: ``pip install uvloop`` or the ``uvloop``
 extra) is a libuv-based drop-in loop that cuts the per-request cost of the event loop
 itself; ``auto`` (the default) uses it when it is installed.  ``WIREKIT_LOOP`` in the
 environment overrides the default.
@@ -29,16 +29,25 @@ def resolve(choice: str | None = None) -> str:
         import uvloop  # noqa: F401
     except ImportError:
         if choice == "uvloop":
-            raise ValueError("the uvloop event loop was asked for but is not installed") from None
+            raise ValueError(
+                "the uvloop event loop was asked for but is not installed "
+                "(pip install 'wirekit[uvloop]')"
+            ) from None
         return "asyncio"
     return "uvloop"
 
 
 def run(main: Coroutine[Any, Any, T], choice: str | None = None) -> T:
-    """``asyncio.run(main)`` on the chosen loop."""
-    if resolve(choice) == "uvloop":
+    """``asyncio.run(main)`` on the chosen loop.  When the choice cannot be had (ValueError,
+    as :func:`resolve`), ``main`` is closed unstarted."""
+    try:
+        chosen = resolve(choice)
+    except BaseException:
+        main.close()  # never awaited, on purpose: no warning saying it was forgotten
+        raise
+    if chosen == "uvloop":
         import uvloop
 
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(main)
+        # uvloop's own runner: asyncio.Runner on Python 3.11+, a loop policy on 3.10
+        return uvloop.run(main)
     return asyncio.run(main)

@@ -223,7 +223,7 @@ def _register_models(sub) -> None:
 
 def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .control.metrics import render_stats, stats_from_store
-    from .record.store import connect
+    from .record.store import connect, with_journals
 
     if args.stats_url:
         return _stats_url(args.stats_url, args.json, out, err)
@@ -234,6 +234,8 @@ def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         conn = connect(path, readonly=True)
         try:
+            # what a dispatcher journaled but had not written (killed, or still running)
+            journaled = with_journals(conn, path)
             stats = stats_from_store(conn)
         finally:
             conn.close()
@@ -241,6 +243,11 @@ def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"wirekit: {path} is not a requests store: {exc}\n")
         return EXIT_BAD_INPUT
     out.write((json.dumps(stats, indent=2) if args.json else render_stats(stats)) + "\n")
+    if journaled:
+        err.write(
+            f"wirekit: {journaled} answered request(s) counted from the store's journal, not "
+            "yet in the store file (the next wirekit serve on it writes them)\n"
+        )
     return EXIT_OK
 
 
