@@ -279,6 +279,7 @@ def _stats_url(url: str, as_json: bool, out: TextIO, err: TextIO) -> int:
 def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .config import ConfigError, load_config
     from .dispatch.router import Router
+    from .doors.adminauth import admin_token
 
     path = args.check_config or args.config
     if not path:
@@ -286,8 +287,10 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_USAGE
     try:
         dep = load_config(path)
+        admin_token(dep)  # what `wirekit serve` refuses at its start, refused here too
     except ConfigError as exc:
-        err.write(f"wirekit: {exc}\n")
+        source = "" if exc.source else f"{path}: "
+        err.write(f"wirekit: {source}{exc}\n")
         return EXIT_BAD_INPUT
     router = Router(dep.rows)
     for name in dep.models:
@@ -720,8 +723,10 @@ def _add_k8s_parser(sub) -> None:
         help="write the Kubernetes manifests of a deployment config",
         description="Write the Kubernetes objects of a deployment config as JSON (which "
         "kubectl reads as YAML): per node a StatefulSet with a container per model's CPU "
-        "share and per GPU, and its Service; the dispatcher's Deployment, Service and "
-        "ConfigMap; the actuator's Role. specs/k8s.md has the mapping.",
+        "share and per GPU, and its Service; the dispatcher's Deployment, Service, "
+        "ConfigMap, admin token Secret and data volume claim; the actuator's Role. The "
+        "image they name is built by the repository's Dockerfile. specs/k8s.md has the "
+        "mapping.",
     )
     k8s.add_argument(
         "--config", dest="k8s_config", metavar="FILE", help="deployment config (.json or .toml)"
@@ -757,6 +762,20 @@ def _add_k8s_parser(sub) -> None:
         help="the cores one CPU device of the config stands for: a quota q is q × N CPUs "
         "(default %(default)s)",
     )
+    k8s.add_argument(
+        "--admin-secret",
+        metavar="NAME",
+        help="an existing Secret holding the admin API's token under the key 'token' "
+        "(default: a Secret NAME-admin with a token generated at each run, or the config's "
+        "admin.token, is written with the manifests)",
+    )
+    k8s.add_argument(
+        "--store-size",
+        default=default.store_size,
+        metavar="QUANTITY",
+        help="the size of the dispatcher's data volume, for the requests store and its "
+        "journals (default %(default)s)",
+    )
     k8s.set_defaults(handler=_k8s)
 
 
@@ -769,7 +788,12 @@ def _k8s(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write("wirekit: serve k8s needs --config FILE\n")
         return EXIT_USAGE
     options = K8sOptions(
-        image=args.image, namespace=args.namespace, name=args.name, cpu_cores=args.cpu_cores
+        image=args.image,
+        namespace=args.namespace,
+        name=args.name,
+        cpu_cores=args.cpu_cores,
+        admin_secret=args.admin_secret,
+        store_size=args.store_size,
     )
     try:
         objects = manifests(read_document(path), options)
