@@ -70,7 +70,9 @@ for version in "${versions[@]}"; do
         unset WIREKIT_PURE WIREKIT_REQUIRE_FAST PYTHONPATH
         export PATH="$venv:$PATH" VIRTUAL_ENV="$clone/.venv"
         python -m pip install --quiet --upgrade pip
-        python -m pip install --quiet . || fail "pip install . failed"
+        # the build's own chatter (setuptools' notices) shown only when the install fails
+        python -m pip install --quiet . > pip-install.log 2>&1 ||
+            { tail -n 60 pip-install.log >&2; fail "pip install . failed"; }
 
         # the main job, as the README gives it, on the compiled twins
         WIREKIT_REQUIRE_FAST=1 wirekit decode --proto mip samples/mip-session.bin > decoded.txt ||
