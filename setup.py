@@ -36,7 +36,13 @@ def _explain_failure(exc):
 
 
 class LoudBuildExt(build_ext):
-    """build_ext that turns a compile failure into an actionable message."""
+    """build_ext that compiles the twins in parallel (one job per core, unless ``-j`` says
+    otherwise) and turns a compile failure into an actionable message."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
 
     def run(self):
         try:
@@ -64,7 +70,10 @@ def _extensions():
         for src in sources
     ]
     try:
-        return cythonize(extensions, language_level=3, quiet=True)
+        # generate the C in parallel too (worker processes: forked on Linux only, where no
+        # process re-runs this file)
+        jobs = (os.cpu_count() or 1) if sys.platform == "linux" else 0
+        return cythonize(extensions, language_level=3, quiet=True, nthreads=jobs)
     except Exception as exc:
         _explain_failure(exc)
         raise

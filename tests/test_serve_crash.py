@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -28,7 +31,7 @@ from serve_support import TIMEOUT, BackendProcess, DispatcherProcess, deployment
 from wirekit import mip
 from wirekit.mip.client import Client
 from wirekit.mip.runtime import ConnectionLost
-from wirekit.serve.record.store import connect
+from wirekit.serve.record.store import connect, journal_files
 
 #: the end states a row may have after the restart (``queued`` is not one)
 FINAL = {"ok", "error", "failed", "abandoned", "lost"}
@@ -259,3 +262,55 @@ def test_kill9_keeps_every_request_that_reached_the_backend(tmp_path, monkeypatc
         assert status != "abandoned", text
         if status == "lost":
             assert reason == "the dispatcher stopped before answering", (text, reason)
+
+
+def serve_stats(store: Path) -> tuple[dict, str]:
+    """``wirekit serve stats --store STORE --json``: the figures, and what it said on stderr."""
+    done = subprocess.run(
+        [sys.executable, "-m", "wirekit", "serve", "stats", "--store", str(store), "--json"],
+        capture_output=True, text=True, timeout=TIMEOUT,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), done.stderr
+
+
+def test_stats_right_after_a_kill9_counts_the_journaled_answers(tmp_path):
+    # the answers a killed dispatcher had journaled but not yet written to the store file:
+    # `serve stats --store` counted them only after the next start had replayed them
+    store = tmp_path / "requests.db"
+    with BackendProcess("wirekit.mip.runtime:echo") as backend:
+        doc = deployment(
+            store,
+            {"m": {}},
+            [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1],
+              "ports": [backend.port]}],
+            # written to the file at most every minute: the answers stay in the journal
+            store={"path": str(store), "flush_interval": 60},
+            cache={"max_entries": 0},
+        )  # fmt: skip
+        with DispatcherProcess.of(doc, tmp_path) as proc:
+            with Client(proc.mip_address("m"), timeout=TIMEOUT) as client:
+                for k in range(5):
+                    assert client.infer_one(f"q{k}")[0].as_text() == f"q{k}"
+            (journal,) = journal_files(store)
+            # a data file: not executable, the store file's own mode
+            assert journal.stat().st_mode & 0o777 == store.stat().st_mode & 0o777
+            assert not journal.stat().st_mode & 0o111
+            proc.kill9()
+        before = {p: p.read_bytes() for p in [store, *journal_files(store)]}
+        stats, said = serve_stats(store)
+        assert stats["models"]["m"]["requests"] == 5
+        assert stats["models"]["m"]["response_time"]["count"] == 5
+        assert stats["queue"] == 0
+        assert "5 answered request(s) counted from the store's journal" in said
+        # read only: neither the store file nor a journal changed
+        assert {p: p.read_bytes() for p in before} == before
+        assert journal_files(store) == list(before)[1:]
+        # the restart writes them; counted once, and nothing more is said
+        with DispatcherProcess.of(doc, tmp_path) as proc:
+            assert proc.stop() == 0
+        stats, said = serve_stats(store)
+        assert stats["models"]["m"]["requests"] == 5
+        assert stats["models"]["m"]["response_time"]["count"] == 5
+        assert said == ""

@@ -91,10 +91,10 @@ def alive(pid: int) -> bool:
 class Demo:
     """The one command, in a subprocess; ``ready`` is its ready line."""
 
-    def __init__(self, config: Path, cwd: Path) -> None:
+    def __init__(self, config: Path, cwd: Path, wirekit: list[str] | None = None) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "wirekit", "serve", "--config", str(config),
+            [*(wirekit or [sys.executable, "-m", "wirekit"]), "serve", "--config", str(config),
              "--with-backends", "--log-level", "info"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
         )  # fmt: skip
@@ -168,6 +168,30 @@ def test_the_sample_runs_whole_with_one_command_and_one_ctrl_c_stops_it(tmp_path
             with pytest.raises(OSError), socket.create_connection((host, int(port)), 5):
                 pass
         assert (tmp_path / "requests.db").is_file()  # the store is where the command ran
+    finally:
+        demo.close()
+
+
+def test_backends_run_on_the_dispatchers_wirekit_not_a_source_tree_beside_them(tmp_path):
+    # `pip install .` then `wirekit serve --with-backends` from the checkout: the backends
+    # were `python -m wirekit` in the checkout, which imports its uncompiled ./wirekit tree
+    # (the pure path, a FastPathMissing warning each) instead of the installed package.
+    # Here the folder the command runs in has a wirekit tree that must not be imported.
+    shadow = tmp_path / "wirekit"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text(
+        "raise SystemExit('the wirekit tree of the working directory was imported')\n"
+    )
+    config = sample_config(tmp_path)
+    console_script = Path(sys.executable).with_name("wirekit")  # as a user runs it
+    demo = Demo(config, cwd=tmp_path, wirekit=[str(console_script)])
+    try:
+        assert demo.ready.get("event") == "ready", "".join(demo.err)
+        http = f"http://127.0.0.1:{demo.ready['http']}"
+        m1 = post(f"{http}/v1/models/m1:predict", {"inputs": [["one two"]]})
+        assert m1["outputs"][0][0]["words"] == 2  # tiny_model, found beside the config
+        assert demo.stop(signal.SIGINT) == 0
+        assert "working directory was imported" not in "".join(demo.err)
     finally:
         demo.close()
 

@@ -6,17 +6,23 @@ bundles (strict: an unknown field fails), through the real command line.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 
 from wirekit.serve.config import ConfigError, load_config, parse_config
-from wirekit.serve.control.k8s import K8sOptions, manifests
+from wirekit.serve.control.k8s import CONFIG_FILE, DATA_DIR, RUN_AS, K8sOptions, manifests
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "samples" / "serve-deployment.json"
@@ -61,6 +67,8 @@ def test_the_sample_deployment_as_valid_kubernetes_objects():
             ("Role", "wirekit-actuator"),
             ("RoleBinding", "wirekit-actuator"),
             ("ConfigMap", "wirekit-config"),
+            ("Secret", "wirekit-admin"),
+            ("PersistentVolumeClaim", "wirekit-data"),
             ("Service", "wirekit-node-n1"),
             ("StatefulSet", "wirekit-node-n1"),
             ("Service", "wirekit-node-n2"),
@@ -152,10 +160,12 @@ def test_a_gpu_node_into_a_directory(tmp_path):
         "01-role-wirekit-actuator.json",
         "02-rolebinding-wirekit-actuator.json",
         "03-configmap-wirekit-config.json",
-        "04-service-wirekit-node-gpu-box-example-org.json",
-        "05-statefulset-wirekit-node-gpu-box-example-org.json",
-        "06-deployment-wirekit-dispatcher.json",
-        "07-service-wirekit.json",
+        "04-secret-wirekit-admin.json",
+        "05-persistentvolumeclaim-wirekit-data.json",
+        "06-service-wirekit-node-gpu-box-example-org.json",
+        "07-statefulset-wirekit-node-gpu-box-example-org.json",
+        "08-deployment-wirekit-dispatcher.json",
+        "09-service-wirekit.json",
     ]
     assert done.stdout.splitlines() == [str(f) for f in files]
     objects = [json.loads(f.read_text()) for f in files]
@@ -287,3 +297,248 @@ def test_a_resize_patch_names_the_container_the_manifests_made():
         container["resources"] = change["resources"]  # as the resize leaves it
         validate_all([node])
     assert cpu_quantity(0) == "1m"  # a share of 0: the container stays, throttled
+
+
+# --- the deployment starts as generated (issue 29) ------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def container_env(container: dict, objects: list[dict]) -> dict[str, str]:
+    """The environment Kubernetes gives ``container``: its values, and its Secret keys from
+    the Secrets among ``objects``."""
+    secrets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Secret"}
+    env = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        else:
+            ref = item["valueFrom"]["secretKeyRef"]
+            env[item["name"]] = secrets[ref["name"]]["stringData"][ref["key"]]
+    return env
+
+
+def http_get(url: str, token: str | None = None) -> tuple[int, bytes]:
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read()
+
+
+def test_the_generated_dispatcher_starts_as_generated(tmp_path):
+    # Before: the ConfigMap listened on 0.0.0.0 with no admin token and no Secret, so the
+    # dispatcher exited 1 at every start (a crash loop); its store was on an emptyDir.
+    # Here the pod is played locally: the ConfigMap's file at the container's mount path,
+    # the container's environment with the Secret's value, its working directory (the
+    # data volume), its command and arguments.
+    doc = json.loads(SAMPLE.read_text())
+    doc["listen"]["http_port"] = free_port()  # fixed ports, free on this shared machine
+    for model in doc["models"].values():
+        model["port"] = free_port()
+    config = tmp_path / "deployment.json"
+    config.write_text(json.dumps(doc))
+    done = wirekit("serve", "k8s", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    objects = json.loads(done.stdout)["items"]
+    validate_all(objects)
+    got = by_kind(objects)
+    deployment = got["Deployment", "wirekit-dispatcher"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    # the admin token from a Secret of the manifests, never in the ConfigMap
+    secret = got["Secret", "wirekit-admin"]
+    token = secret["stringData"]["token"]
+    assert len(token) >= 32
+    config_text = got["ConfigMap", "wirekit-config"]["data"]["deployment.json"]
+    assert token not in config_text
+    env = container_env(container, objects)
+    assert env == {"WIREKIT_ADMIN_TOKEN": token}
+    # the store on a PersistentVolumeClaim mounted where the dispatcher works
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    claim = volumes[mounts[container["workingDir"]]]["persistentVolumeClaim"]["claimName"]
+    assert got["PersistentVolumeClaim", claim]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert json.loads(config_text)["store"]["path"] == "requests.db"  # in the working dir
+    # non-root, as the image's user (the Dockerfile's USER)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == dockerfile_user()
+    # play it: the ConfigMap at its mount path, the data volume as working directory
+    config_dir = next(m for m in container["volumeMounts"] if m["name"] == "config")["mountPath"]
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / CONFIG_FILE).write_text(config_text)
+    data = tmp_path / "data"
+    data.mkdir()
+    args = [a.replace(config_dir, str(etc)) for a in container["args"]]
+    run_env = dict(os.environ, PYTHONPATH=str(ROOT), **env)
+    run_env.pop("WIREKIT_ADMIN_TOKEN_FILE", None)
+    check = subprocess.run(
+        [sys.executable, "-m", "wirekit", "serve", "check", "--config", str(etc / CONFIG_FILE)],
+        capture_output=True, text=True, timeout=60, env=run_env, cwd=data,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stderr
+    assert container["command"] == ["wirekit"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wirekit", *args], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=run_env, cwd=data,
+    )  # fmt: skip
+    try:
+        ready = json.loads(proc.stdout.readline() or "{}")
+        assert ready.get("event") == "ready", proc.stderr.read() if proc.poll() else ready
+        http = f"http://127.0.0.1:{ready['http']}"
+        # the probes the manifests give it answer (the backends' Services do not resolve
+        # here: not ready, but alive)
+        assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
+        assert http_get(http + container["livenessProbe"]["httpGet"]["path"])[0] == 200
+        status, body = http_get(http + container["readinessProbe"]["httpGet"]["path"])
+        assert status in (200, 503) and "ready" in json.loads(body)
+        # the admin API takes the Secret's token, and only it
+        assert http_get(f"{http}/admin/models", token)[0] == 200
+        assert http_get(f"{http}/admin/models")[0] == 401
+        assert http_get(f"{http}/admin/models", "not-the-token")[0] == 401
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert (data / "requests.db").is_file()  # on the volume
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=60)
+
+
+def test_the_same_config_without_the_secrets_value_is_refused_by_check(tmp_path):
+    # `serve check` says what `serve` would refuse at its start (it said nothing before)
+    doc = json.loads(SAMPLE.read_text())
+    doc["listen"]["host"] = "0.0.0.0"
+    config = tmp_path / "deployment.json"
+    config.write_text(json.dumps(doc))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WIREKIT_ADMIN")}
+    done = subprocess.run(
+        [sys.executable, "-m", "wirekit", "serve", "check", "--config", str(config)],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env=dict(env, PYTHONPATH=str(ROOT)),
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"wirekit: {config}: admin.token: the HTTP front door")
+    assert done.stderr.count("\n") == 1
+
+
+def test_an_existing_secret_and_the_volume_size_by_flag():
+    opts = K8sOptions(admin_secret="zoo-admin-token", store_size="20Gi")
+    from wirekit.serve.config import read_document
+
+    doc = read_document(SAMPLE)
+    doc["admin"] = {"token": "from-the-config"}
+    objects = manifests(doc, opts)
+    validate_all(objects)
+    got = by_kind(objects)
+    assert not [o for o in objects if o["kind"] == "Secret"]  # the cluster's own is used
+    (container,) = got["Deployment", "wirekit-dispatcher"]["spec"]["template"]["spec"]["containers"]
+    assert container["env"][0]["valueFrom"]["secretKeyRef"] == {
+        "name": "zoo-admin-token", "key": "token",
+    }  # fmt: skip
+    claim = got["PersistentVolumeClaim", "wirekit-data"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    # a token written in the config goes to no ConfigMap
+    assert "from-the-config" not in json.dumps(objects)
+    # without the flag, the config's token is the generated Secret's
+    got = by_kind(manifests(doc))
+    assert got["Secret", "wirekit-admin"]["stringData"]["token"] == "from-the-config"
+
+
+# --- the image the manifests name: the repository's Dockerfile -------------------------------
+# No Docker engine runs on the machines CI uses (`docker build` cannot be run here), so the
+# Dockerfile is read: its stages, what it copies (every path exists and is not excluded by
+# .dockerignore), that it compiles the twins and checks they load, and its non-root user.
+
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined."""
+    logical, pending = [], ""
+    for raw in DOCKERFILE.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    assert not pending, "a continued line at the end of the Dockerfile"
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in logical]
+
+
+def dockerfile_user() -> int:
+    (user,) = [args for ins, args in dockerfile_instructions() if ins == "USER"]
+    return int(user.split(":")[0])
+
+
+def dockerignored(path: str) -> bool:
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    return any(fnmatch.fnmatch(path, p.removeprefix("**/")) or fnmatch.fnmatch(path, p)
+               or path == p or path.startswith(p + "/") for p in patterns)  # fmt: skip
+
+
+def test_the_dockerfile_builds_the_image_the_manifests_name():
+    instructions = dockerfile_instructions()
+    stages = [args.split() for ins, args in instructions if ins == "FROM"]
+    assert len(stages) >= 2, "multi-stage: a build stage with a compiler, a run stage without"
+    names = [s[2].lower() for s in stages if len(s) == 3 and s[1].upper() == "AS"]
+    # what is copied from the checkout exists, and is in the build context
+    copied = 0
+    for ins, args in instructions:
+        if ins not in ("COPY", "ADD"):
+            continue
+        words = args.split()
+        from_stage = [w for w in words if w.startswith("--from=")]
+        sources = [w for w in words if not w.startswith("--")][:-1]
+        if from_stage:
+            assert from_stage[0].removeprefix("--from=").lower() in names
+            continue
+        for source in sources:
+            assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
+            assert not dockerignored(source), f"COPY {source}: excluded by .dockerignore"
+            copied += 1
+    assert copied >= 4
+    # the build stage compiles the twins (a wheel of the checkout, C compiler installed) and
+    # the run stage refuses an image whose twins do not load
+    build_stage = instructions[: [i for i, (ins, _) in enumerate(instructions) if ins == "FROM"][1]]
+    run_stage = instructions[len(build_stage) :]
+    build_runs = " ".join(a for i, a in build_stage if i == "RUN")
+    assert "gcc" in build_runs and "pip wheel" in build_runs
+    run_runs = " ".join(a for i, a in run_stage if i == "RUN")
+    assert "WIREKIT_REQUIRE_FAST=1" in run_runs and "IMPLEMENTATION" in run_runs
+    assert "gcc" not in run_runs
+    # wirekit serve's extra, and the sample's handler module where Python finds it
+    assert "wirekit[serve" in run_runs
+    env = " ".join(a for i, a in run_stage if i == "ENV")
+    model_dirs = re.search(r"PYTHONPATH=(\S+)", env).group(1).split(":")
+    copies = [a.split() for i, a in run_stage if i == "COPY" and "--from" not in a]
+    assert ["samples/tiny_model.py", model_dirs[0] + "/"] in copies
+    # a non-root user, the one the manifests run as; the dispatcher's working directory
+    assert dockerfile_user() != 0
+    assert dockerfile_user() == RUN_AS
+    (workdir,) = [a for i, a in run_stage if i == "WORKDIR"]
+    assert workdir == DATA_DIR
+    # the tag the manifests name by default is the version this Dockerfile builds
+    assert K8sOptions().image == f"wirekit:{wirekit_version()}"
+    assert f"docker build -t {K8sOptions().image} ." in DOCKERFILE.read_text()
+
+
+def wirekit_version() -> str:
+    import wirekit
+
+    return wirekit.__version__

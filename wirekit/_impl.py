@@ -65,10 +65,24 @@ def fallback(name: str, reason: str, *, stacklevel: int = 3) -> None:
     _warned.add((name, reason))
     warnings.warn(
         f"wirekit: compiled twin wirekit._fast.{name} is not used ({reason}); "
-        f"using the pure-Python path, which is much slower. "
+        f"using the pure-Python path, which is much slower.{_source_tree_hint()} "
         f"Set {ENV_VAR}=1 to choose it explicitly.",
         FastPathMissing,
         stacklevel=stacklevel,
+    )
+
+
+def _source_tree_hint() -> str:
+    """When the imported wirekit is a source checkout's folder (``setup.py`` beside it): the
+    sentence that says so and how to get its compiled twins."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    checkout = os.path.dirname(package)
+    if not os.path.isfile(os.path.join(checkout, "setup.py")):
+        return ""
+    return (
+        f" The wirekit imported is the source tree {package}, not built: install it with "
+        f"`pip install -e .` in {checkout}, or run from another directory to import an "
+        "installed wirekit."
     )
 
 

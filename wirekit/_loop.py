@@ -37,10 +37,16 @@ def resolve(choice: str | None = None) -> str:
 
 
 def run(main: Coroutine[Any, Any, T], choice: str | None = None) -> T:
-    """``asyncio.run(main)`` on the chosen loop."""
-    if resolve(choice) == "uvloop":
+    """``asyncio.run(main)`` on the chosen loop.  When the choice cannot be had (ValueError,
+    as :func:`resolve`), ``main`` is closed unstarted."""
+    try:
+        chosen = resolve(choice)
+    except BaseException:
+        main.close()  # never awaited, on purpose: no warning saying it was forgotten
+        raise
+    if chosen == "uvloop":
         import uvloop
 
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(main)
+        # uvloop's own runner: asyncio.Runner on Python 3.11+, a loop policy on 3.10
+        return uvloop.run(main)
     return asyncio.run(main)

@@ -4,7 +4,8 @@
 package has a ``dump`` module with ``walk(data, args)`` (yields ``(offset, record)`` pairs,
 raises :class:`~wirekit.errors.DecodeError` where the input goes bad) and
 ``render(record) -> str`` (the human form); optionally ``add_arguments(parser)`` for its own
-options.  Protocol runtimes add their own subcommands through ``COMMAND_MODULES``.
+options.  Protocol runtimes add their own subcommands through ``COMMAND_MODULES``; a command's
+module is imported only when that command runs (or when the whole list is shown).
 """
 
 from __future__ import annotations
@@ -27,14 +28,16 @@ from wirekit._vocabulary import (
 )
 from wirekit.analyse import DUMPERS, EXIT_MALFORMED, EXIT_OK, EXIT_USAGE
 
-#: modules with ``register(subparsers)`` adding ``wirekit <name> ...`` commands
-COMMAND_MODULES: list[str] = [
-    "wirekit.mip.cli",
-    "wirekit.clipper.commands",
-    "wirekit.serve.cli",
-    "wirekit.y2.commands",
-    "wirekit.conform.cli",
-]
+#: ``wirekit <name> ...`` commands of other modules: name -> the module whose
+#: ``register(subparsers)`` adds it.  Only the module of the command being run is imported
+#: (``wirekit decode`` does not import the dispatcher, nor need its extra).
+COMMAND_MODULES: dict[str, str] = {
+    "mip": "wirekit.mip.cli",
+    "clipper": "wirekit.clipper.commands",
+    "serve": "wirekit.serve.cli",
+    "y2": "wirekit.y2.commands",
+    "conform": "wirekit.conform.cli",
+}
 
 EXIT_BAD_INPUT = EXIT_MALFORMED
 __all__ = ["EXIT_BAD_INPUT", "EXIT_OK", "EXIT_USAGE", "build_parser", "hex_excerpt", "main"]
@@ -133,12 +136,31 @@ def _dissector_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> in
     return EXIT_OK
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_of(argv: Sequence[str]) -> str | None:
+    """The command word of a ``wirekit`` command line (its first argument that is not an
+    option: the top-level parser has only ``--version`` and ``--help``), or None."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``wirekit`` parser: every command, or only ``command`` when it names one (what
+    :func:`main` builds to run it, importing nothing the other commands need)."""
     parser = argparse.ArgumentParser(
         prog="wirekit", description="Decode, serve and test ML wire protocols."
     )
     parser.add_argument("--version", action="version", version=f"wirekit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    known = command in BUILT_IN or command in COMMAND_MODULES
+    for name, add in BUILT_IN.items():
+        if not known or name == command:
+            add(sub)
+    for name, module in COMMAND_MODULES.items():
+        if not known or name == command:
+            importlib.import_module(module).register(sub)
+    return parser
+
+
+def _add_decode(sub: argparse._SubParsersAction) -> None:
     dec = sub.add_parser(
         "decode",
         help="decode a capture (pcap/pcapng) or a raw dump",
@@ -206,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
         if hasattr(module, "add_arguments"):
             module.add_arguments(dec)
     dec.set_defaults(handler=_decode_command)
+
+
+def _add_record(sub: argparse._SubParsersAction) -> None:
     rec = sub.add_parser(
         "record",
         help="record a connection through a forwarding proxy into a pcapng file",
@@ -248,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_logging_arguments(rec, what="connections forwarded; WARNING: a target not reached")
     rec.set_defaults(handler=_record_command)
+
+
+def _add_dissector(sub: argparse._SubParsersAction) -> None:
     dis = sub.add_parser(
         "dissector",
         help="write a Wireshark Lua dissector for MIP, Clipper (with ZMTP) or y2",
@@ -278,9 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dis.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
     dis.set_defaults(handler=_dissector_command)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
-    return parser
+
+
+#: the commands defined here, in the order ``wirekit --help`` lists them (before the
+#: :data:`COMMAND_MODULES`)
+BUILT_IN = {"decode": _add_decode, "record": _add_record, "dissector": _add_dissector}
 
 
 def main(
@@ -288,7 +318,8 @@ def main(
 ) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(command_of(argv))
     try:
         with contextlib.redirect_stderr(err):  # a usage error goes where the others go
             args = parser.parse_args(argv)

@@ -257,7 +257,7 @@ def _register_models(sub) -> None:
 
 def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .control.metrics import render_stats, stats_from_store
-    from .record.store import connect
+    from .record.store import connect, with_journals
 
     if args.stats_url:
         return _stats_url(args.stats_url, args.json, out, err)
@@ -268,6 +268,8 @@ def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         conn = connect(path, readonly=True)
         try:
+            # what a dispatcher journaled but had not written (killed, or still running)
+            journaled = with_journals(conn, path)
             stats = stats_from_store(conn)
         finally:
             conn.close()
@@ -275,6 +277,12 @@ def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"wirekit serve stats: {path} is not a requests store: {exc}\n")
         return EXIT_BAD_INPUT
     out.write((json.dumps(stats, indent=2) if args.json else render_stats(stats)) + "\n")
+    if journaled:
+        err.write(
+            f"wirekit serve stats: {journaled} answered request(s) counted from the store's "
+            "journal, not "
+            "yet in the store file (the next wirekit serve on it writes them)\n"
+        )
     return EXIT_OK
 
 
@@ -309,6 +317,7 @@ def _stats_url(url: str, as_json: bool, out: TextIO, err: TextIO) -> int:
 def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .config import ConfigError, load_config
     from .dispatch.router import Router
+    from .doors.adminauth import admin_token
 
     path = args.check_config or args.config
     if not path:
@@ -316,8 +325,10 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_USAGE
     try:
         dep = load_config(path)
+        admin_token(dep)  # what `wirekit serve` refuses at its start, refused here too
     except ConfigError as exc:
-        err.write(f"wirekit serve check: {exc}\n")
+        source = "" if exc.source else f"{path}: "
+        err.write(f"wirekit serve check: {source}{exc}\n")
         return _config_status(exc)
     router = Router(dep.rows)
     for name in dep.models:
@@ -691,16 +702,18 @@ def _models_add(args: argparse.Namespace, out: TextIO) -> int:
     if args.file:
         if args.name or args.place:
             raise _AdminError("models add: give FILE or --name/--place, not both", EXIT_USAGE)
-        from .config import tomllib
+        from .config import ConfigError, loads_toml
 
         path = Path(args.file)
         try:
             raw = path.read_bytes()
             doc = (
-                tomllib.loads(raw.decode("utf-8"))
+                loads_toml(raw.decode("utf-8"))
                 if path.suffix.lower() == ".toml"
                 else json.loads(raw)
             )
+        except ConfigError as exc:  # no TOML parser here
+            raise _AdminError(f"{path}: {exc.reason}") from None
         except OSError as exc:
             raise _AdminError(f"{path}: cannot read: {exc.strerror or exc}", EXIT_USAGE) from None
         except (UnicodeDecodeError, ValueError) as exc:  # TOMLDecodeError is a ValueError
@@ -761,8 +774,10 @@ def _add_k8s_parser(sub) -> None:
         help="write the Kubernetes manifests of a deployment config",
         description="Write the Kubernetes objects of a deployment config as JSON (which "
         "kubectl reads as YAML): per node a StatefulSet with a container per model's CPU "
-        "share and per GPU, and its Service; the dispatcher's Deployment, Service and "
-        "ConfigMap; the actuator's Role. specs/k8s.md has the mapping.",
+        "share and per GPU, and its Service; the dispatcher's Deployment, Service, "
+        "ConfigMap, admin token Secret and data volume claim; the actuator's Role. The "
+        "image they name is built by the repository's Dockerfile. specs/k8s.md has the "
+        "mapping.",
     )
     k8s.add_argument(
         "--config", dest="k8s_config", metavar="FILE", help="deployment config (.json or .toml)"
@@ -798,6 +813,20 @@ def _add_k8s_parser(sub) -> None:
         help="the cores one CPU device of the config stands for: a quota q is q × N CPUs "
         "(default %(default)s)",
     )
+    k8s.add_argument(
+        "--admin-secret",
+        metavar="NAME",
+        help="an existing Secret holding the admin API's token under the key 'token' "
+        "(default: a Secret NAME-admin with a token generated at each run, or the config's "
+        "admin.token, is written with the manifests)",
+    )
+    k8s.add_argument(
+        "--store-size",
+        default=default.store_size,
+        metavar="QUANTITY",
+        help="the size of the dispatcher's data volume, for the requests store and its "
+        "journals (default %(default)s)",
+    )
     k8s.set_defaults(handler=_k8s)
 
 
@@ -810,7 +839,12 @@ def _k8s(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write("wirekit serve k8s: give --config FILE\n")
         return EXIT_USAGE
     options = K8sOptions(
-        image=args.image, namespace=args.namespace, name=args.name, cpu_cores=args.cpu_cores
+        image=args.image,
+        namespace=args.namespace,
+        name=args.name,
+        cpu_cores=args.cpu_cores,
+        admin_secret=args.admin_secret,
+        store_size=args.store_size,
     )
     try:
         objects = manifests(read_document(path), options)

@@ -37,11 +37,6 @@ from typing import Any
 from wirekit.errors import WirekitError
 from wirekit.mip.limits import Limits
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
 BACKEND_KINDS = ("mip", "kubemo", "clipper")
 #: what a model's backends run when its config names no ``handler``
 DEFAULT_HANDLER = "wirekit.mip.runtime:echo"
@@ -304,6 +299,24 @@ def load_config(path: str | Path) -> Deployment:
         raise ConfigError(exc.where, exc.reason, str(path)) from None
 
 
+def loads_toml(text: str) -> Any:
+    """Parse TOML text: ``tomllib`` (Python 3.11+), else ``tomli`` (the ``serve`` extra), so
+    that wirekit imports without it.  ValueError for text that is not TOML;
+    :class:`ConfigError` when no TOML parser is installed."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only (scripts/test-pythons.sh)
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise ConfigError(
+                "",
+                f"reading TOML on Python {sys.version_info[0]}.{sys.version_info[1]} needs "
+                "tomli (pip install 'wirekit[serve]'), or give the config as JSON",
+            ) from None
+    return tomllib.loads(text)
+
+
 def read_document(path: str | Path) -> Any:
     """The parsed, not yet validated document of a config file (``.toml`` is TOML, anything
     else JSON); :class:`ConfigError` naming the file if it cannot be read or parsed."""
@@ -315,8 +328,10 @@ def read_document(path: str | Path) -> Any:
         raise ConfigUnreadable("", f"cannot read: {exc.strerror or exc}", source) from None
     if path.suffix.lower() == ".toml":
         try:
-            doc = tomllib.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            doc = loads_toml(raw.decode("utf-8"))
+        except ConfigError as exc:
+            raise ConfigError(exc.where, exc.reason, source) from None
+        except ValueError as exc:  # UnicodeDecodeError, TOMLDecodeError
             raise ConfigError("", f"not valid TOML: {exc}", source) from None
     else:
         try:

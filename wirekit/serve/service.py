@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import random
 import time
 import weakref
@@ -65,6 +64,7 @@ from .doors.adminauth import (
     ADMIN_TOKEN_ENV,
     AdminAccess,
     TokenFileError,
+    admin_token,
     default_token_file,
     is_loopback,
     new_token,
@@ -96,29 +96,6 @@ PROBE_TIMEOUT = 1.0
 SNAPSHOT_INTERVAL = 1.0
 
 __all__ = ["ADMIN_TOKEN_ENV", "Service", "admin_token", "is_loopback"]
-
-
-def admin_token(deployment: Deployment, environ: Any = os.environ) -> str | None:
-    """The admin API's configured bearer token: ``admin.token``, else
-    ``WIREKIT_ADMIN_TOKEN``, else None (then :class:`Service` generates one at start and
-    writes it to a file only the user can read).  Raises :class:`ConfigError` when the HTTP
-    front door listens beyond loopback with the admin API on and no token configured: a
-    client on another machine could not read the generated one."""
-    admin = deployment.admin
-    token = admin.token or environ.get(ADMIN_TOKEN_ENV) or None
-    if (
-        admin.enabled
-        and token is None
-        and deployment.http_port is not None
-        and not is_loopback(deployment.host)
-    ):
-        raise ConfigError(
-            "admin.token",
-            f"the HTTP front door listens on {deployment.host}, beyond loopback: the admin API"
-            f" (/admin/models) needs a bearer token (admin.token or {ADMIN_TOKEN_ENV}),"
-            " or turn it off with admin.enabled = false",
-        )
-    return token
 
 
 class Service:

@@ -1,8 +1,9 @@
 """The backends of a deployment, started on this machine (``wirekit serve --with-backends``).
 
 For every MIP/KubeMo device of the config with a quota > 0, one ``wirekit mip serve`` process
-listens on the device's ``endpoint:port`` and serves its model's ``handler`` (the built-in
-echo when the config names none); the config file's directory is put on the processes'
+(on the dispatcher's own wirekit package: :func:`wirekit_command`) listens on the device's
+``endpoint:port`` and serves its model's ``handler`` (the built-in echo when the config
+names none); the config file's directory is put on the processes'
 ``PYTHONPATH``, so a handler module beside the config is found.  Each process learns its
 row from ``WIREKIT_ROW`` (``node/device/model``; several, comma-separated, when rows share
 one backend).
@@ -42,6 +43,22 @@ DEFAULT_GRACE = 10.0
 #: bytes of a backend's unfinished output line held between reads at most (plus one read,
 #: 64 KiB); a longer line is passed on in pieces
 MAX_LINE = 64 * 1024
+
+
+def wirekit_command(*args: str) -> list[str]:
+    """The argv of a child process that runs ``wirekit ARGS`` on this process's own wirekit
+    package.  (``python -m wirekit`` would import the ``wirekit`` folder of its working
+    directory first: in a source checkout with an installed wirekit, an uncompiled tree,
+    the pure-Python path.)  The child imports the package from where this process did,
+    then puts its path back as Python set it, so a handler module is looked up as before."""
+    import wirekit
+
+    home = str(Path(wirekit.__file__).resolve().parent.parent)
+    launch = (
+        f"import sys; sys.path.insert(0, {home!r}); import wirekit; del sys.path[0]; "
+        "import runpy; runpy.run_module('wirekit', run_name='__main__', alter_sys=True)"
+    )
+    return [sys.executable, "-c", launch, *args]
 
 
 class BackendStartError(RuntimeError):
@@ -159,11 +176,10 @@ class LocalBackends:
         return {key: b.address for b in self.backends for key in b.rows}
 
     def _command(self, backend: LocalBackend) -> list[str]:
-        return [
-            sys.executable, "-m", "wirekit", "mip", "serve", "--listen", backend.address,
-            "--handler", backend.handler, "--log-level", "warning",
-            "--log-format", self.log_format,
-        ]  # fmt: skip
+        return wirekit_command(
+            "mip", "serve", "--listen", backend.address, "--handler", backend.handler,
+            "--log-level", "warning", "--log-format", self.log_format,
+        )  # fmt: skip
 
     def _env(self, backend: LocalBackend) -> dict[str, str]:
         env = dict(os.environ, WIREKIT_ROW=",".join(backend.rows))

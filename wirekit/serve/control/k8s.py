@@ -22,7 +22,16 @@ no YAML library is needed.  The mapping (specs/k8s.md has it with an example):
 - the **dispatcher** (``wirekit serve``) is a one-replica ``Deployment`` (the SQLite store
   has one writer: strategy ``Recreate``) and a ``Service`` named ``<name>`` with its HTTP,
   MIP front door and Clipper RPC ports; its config is a ``ConfigMap``: the given config with
-  ``listen.host`` ``0.0.0.0`` and each node's ``endpoint`` replaced by its Service.
+  ``listen.host`` ``0.0.0.0``, each node's ``endpoint`` replaced by its Service and the
+  store's file name relative (in the working directory: the data volume).  Listening beyond
+  loopback, its admin API needs a token: a ``Secret`` ``<name>-admin`` (key ``token``:
+  generated here, or the config's ``admin.token``, which stays out of the ConfigMap;
+  ``--admin-secret`` names an existing one instead) reaches it as ``WIREKIT_ADMIN_TOKEN``.
+  Its requests store and journals are on a ``PersistentVolumeClaim`` ``<name>-data``;
+  probes: startup and liveness on ``/healthz``, readiness on ``/readyz`` (a TCP check of
+  the first front door without HTTP).
+- every pod runs as the image's non-root user (:data:`RUN_AS`, the ``Dockerfile``'s), which
+  owns the data volume (``fsGroup``).
 
 Kubernetes needs fixed ports: a listener on port 0 (any free port) is refused with a
 :class:`~wirekit.serve.config.ConfigError` naming it, as is a name that cannot become a
@@ -33,7 +42,9 @@ from __future__ import annotations
 
 import copy
 import json
+import posixpath
 import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,11 +53,16 @@ from typing import Any, TextIO
 from wirekit import __version__
 
 from ..config import ConfigError, Deployment, DeviceRow, parse_config
+from ..doors.adminauth import ADMIN_TOKEN_ENV
 
 CONFIG_DIR = "/etc/wirekit"  #: where the dispatcher's container finds the ConfigMap
 CONFIG_FILE = "deployment.json"
 DATA_DIR = "/var/lib/wirekit"  #: the dispatcher's working directory (the store, the journal)
 GPU_RESOURCE = "nvidia.com/gpu"
+#: the user and group every container runs as: the image's non-root ``wirekit`` user (the
+#: repository's ``Dockerfile``, ``USER 10001:10001``)
+RUN_AS = 10001
+ADMIN_TOKEN_KEY = "token"  #: the key of the admin token in its Secret
 NODE_LABEL = "kubernetes.io/hostname"
 
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -62,6 +78,9 @@ class K8sOptions:
     namespace: str = "default"
     name: str = "wirekit"  #: prefix of every object's name
     cpu_cores: float = 1.0  #: the cores one CPU device of the config stands for
+    #: an existing Secret with the admin token under ``token`` (None: one is generated)
+    admin_secret: str | None = None
+    store_size: str = "1Gi"  #: the size the data volume (store and journals) asks for
 
 
 def manifests(doc: Any, options: K8sOptions | None = None) -> list[dict[str, Any]]:
@@ -85,12 +104,21 @@ def manifests(doc: Any, options: K8sOptions | None = None) -> list[dict[str, Any
             "data": {CONFIG_FILE: json.dumps(cluster_doc, indent=2) + "\n"},
         },
     ]
+    if dep.admin.enabled and opts.admin_secret is None:
+        objects.append(_admin_secret(dep, opts))
+    objects.append(_data_claim(opts))
     for node_id, service in node_ids.items():
         rows = [r for r in dep.rows if r.node == node_id and r.quota > 0]
         if rows:  # a node without a model to serve has no pod
             objects.extend(_node_objects(node_id, service, rows, dep, opts))
     objects.extend(_dispatcher_objects(dep, opts))
     return objects
+
+
+def admin_secret_name(options: K8sOptions | None = None) -> str:
+    """The name of the Secret the dispatcher's admin token comes from."""
+    opts = options or K8sOptions()
+    return opts.admin_secret or f"{opts.name}-admin"
 
 
 def write(objects: list[dict[str, Any]], out: TextIO | None, directory: Path | None) -> list[str]:
@@ -129,9 +157,23 @@ def _fits(name: str, where: str, what: str) -> str:
     return name
 
 
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
 def _check_options(opts: K8sOptions) -> None:
     _fits(opts.name, "--name", "name")
     _fits(opts.namespace, "--namespace", "namespace")
+    if opts.admin_secret is not None and (
+        len(opts.admin_secret) > 253 or not _SUBDOMAIN.match(opts.admin_secret)
+    ):
+        raise ConfigError(
+            "--admin-secret", f"{opts.admin_secret!r} is not a Kubernetes Secret name"
+        )
+    if not _QUANTITY.match(opts.store_size):
+        raise ConfigError(
+            "--store-size", f"not a Kubernetes quantity (such as 1Gi): {opts.store_size!r}"
+        )
     if not opts.image or any(c.isspace() for c in opts.image):
         raise ConfigError("--image", f"not an image reference: {opts.image!r}")
     if not opts.cpu_cores > 0 or opts.cpu_cores > 4096:
@@ -258,7 +300,45 @@ def _cluster_config(doc: Mapping[str, Any], dep: Deployment, nodes: dict[str, st
     cluster = copy.deepcopy(dict(doc))
     cluster["listen"] = {**cluster.get("listen", {}), "host": "0.0.0.0"}
     cluster["nodes"] = [{**node, "endpoint": nodes[node["id"]]} for node in cluster["nodes"]]
+    # the store (or, with a PostgreSQL url, this replica's journals) on the data volume,
+    # the dispatcher's working directory
+    store_name = posixpath.basename(dep.store.path.replace("\\", "/")) or "requests.db"
+    cluster["store"] = {**cluster.get("store", {}), "path": store_name}
+    if "admin" in cluster:  # a token belongs in the Secret, not in a ConfigMap
+        cluster["admin"] = {k: v for k, v in cluster["admin"].items() if k != "token"}
     return cluster
+
+
+def _admin_secret(dep: Deployment, opts: K8sOptions) -> dict[str, Any]:
+    """The Secret of the admin token: the config's ``admin.token``, else a new random one
+    (each run makes another: ``--admin-secret`` keeps one across runs)."""
+    token = dep.admin.token or secrets.token_urlsafe(32)
+    return {
+        **_object("v1", "Secret", admin_secret_name(opts), opts),
+        "type": "Opaque",
+        "stringData": {ADMIN_TOKEN_KEY: token},
+    }
+
+
+def _data_claim(opts: K8sOptions) -> dict[str, Any]:
+    """The dispatcher's data volume: its requests store and journals outlive its pod."""
+    return {
+        **_object("v1", "PersistentVolumeClaim", f"{opts.name}-data", opts),
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],  # one dispatcher (strategy Recreate)
+            "resources": {"requests": {"storage": opts.store_size}},
+        },
+    }
+
+
+def _pod_security() -> dict[str, Any]:
+    """Every pod: the image's non-root user, which also owns the mounted volumes."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+    }
 
 
 def _node_objects(
@@ -298,6 +378,7 @@ def _node_objects(
                 "metadata": {"labels": labels},
                 "spec": {
                     "nodeSelector": {NODE_LABEL: node_id},
+                    "securityContext": _pod_security(),
                     "containers": containers,
                 },
             },
@@ -378,18 +459,27 @@ def _dispatcher_objects(dep: Deployment, opts: K8sOptions) -> list[dict[str, Any
             {"name": "data", "mountPath": DATA_DIR},
         ],
     }
+    if dep.admin.enabled:
+        # beyond loopback the admin API needs a configured token: the Secret's
+        container["env"] = [
+            {
+                "name": ADMIN_TOKEN_ENV,
+                "valueFrom": {
+                    "secretKeyRef": {"name": admin_secret_name(opts), "key": ADMIN_TOKEN_KEY}
+                },
+            }
+        ]
     if dep.http_port is not None:
         # alive: the process and its loop answer (restarted otherwise); ready: it can serve
-        # (its store takes writes, a backend of every model is reachable), else no traffic
-        container["livenessProbe"] = {
-            "httpGet": {"path": "/healthz", "port": "http"},
-            "periodSeconds": 10,
-            "failureThreshold": 3,
-        }
-        container["readinessProbe"] = {
-            "httpGet": {"path": "/readyz", "port": "http"},
-            "periodSeconds": 5,
-        }
+        # (its store takes writes, a backend of every model is reachable), else no traffic;
+        # started: a long journal replay at start is not taken for a hung process
+        alive: dict[str, Any] = {"httpGet": {"path": "/healthz", "port": "http"}}
+        ready: dict[str, Any] = {"httpGet": {"path": "/readyz", "port": "http"}}
+    else:  # no HTTP front door: its first listener takes connections
+        alive = ready = {"tcpSocket": {"port": ports[0]["port"]}}
+    container["startupProbe"] = {**alive, "periodSeconds": 5, "failureThreshold": 60}
+    container["livenessProbe"] = {**alive, "periodSeconds": 10, "failureThreshold": 3}
+    container["readinessProbe"] = {**ready, "periodSeconds": 5}
     deployment = {
         **_object("apps/v1", "Deployment", f"{opts.name}-dispatcher", opts, **labels),
         "spec": {
@@ -400,10 +490,14 @@ def _dispatcher_objects(dep: Deployment, opts: K8sOptions) -> list[dict[str, Any
                 "metadata": {"labels": labels},
                 "spec": {
                     "serviceAccountName": opts.name,
+                    "securityContext": _pod_security(),
                     "containers": [container],
                     "volumes": [
                         {"name": "config", "configMap": {"name": f"{opts.name}-config"}},
-                        {"name": "data", "emptyDir": {}},
+                        {
+                            "name": "data",
+                            "persistentVolumeClaim": {"claimName": f"{opts.name}-data"},
+                        },
                     ],
                 },
             },

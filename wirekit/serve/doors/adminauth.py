@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..config import ConfigError, Deployment
+
 #: the environment variable that gives the admin API's bearer token (``admin.token``)
 ADMIN_TOKEN_ENV = "WIREKIT_ADMIN_TOKEN"
 #: the environment variable that names a file holding the token (the clients read it)
@@ -45,6 +47,30 @@ QUOTED = 100
 
 class TokenFileError(Exception):
     """The token file cannot be written, found or read (the message says which and why)."""
+
+
+def admin_token(deployment: Deployment, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The admin API's configured bearer token: ``admin.token``, else
+    ``WIREKIT_ADMIN_TOKEN``, else None (then the ``Service`` generates one at start and
+    writes it to a file only the user can read).  Raises :class:`ConfigError` when the HTTP
+    front door listens beyond loopback with the admin API on and no token configured: a
+    client on another machine could not read the generated one.  (``wirekit serve`` and
+    ``wirekit serve check`` both ask.)"""
+    admin = deployment.admin
+    token = admin.token or environ.get(ADMIN_TOKEN_ENV) or None
+    if (
+        admin.enabled
+        and token is None
+        and deployment.http_port is not None
+        and not is_loopback(deployment.host)
+    ):
+        raise ConfigError(
+            "admin.token",
+            f"the HTTP front door listens on {deployment.host}, beyond loopback: the admin API"
+            f" (/admin/models) needs a bearer token (admin.token or {ADMIN_TOKEN_ENV}),"
+            " or turn it off with admin.enabled = false",
+        )
+    return token
 
 
 def new_token() -> str:

@@ -73,6 +73,7 @@ from .storedb import (
     LOST,
     OK,
     QUEUED,
+    REPLAY_COLUMNS,
     RequestRow,
     StoreDB,
     StoreUnavailable,
@@ -175,6 +176,62 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
 def read_rows(conn: sqlite3.Connection | StoreDB) -> Iterator[RequestRow]:
     """Every row of the store, oldest first."""
     return as_db(conn).rows()
+
+
+def journal_files(store: Path) -> list[Path]:
+    """The journal files of the store file ``store`` (``<store>.journal.<n>``), oldest
+    first."""
+    found = []
+    for p in store.parent.glob(store.name + ".journal.*"):
+        suffix = p.name.rsplit(".", 1)[1]
+        if suffix.isdigit():
+            found.append((int(suffix), p))
+    return [p for _n, p in sorted(found)]
+
+
+#: the columns of a store row the readers of :func:`with_journals` see
+_VIEW_COLUMNS = ", ".join(
+    ("id", "model", "client", "device", "time_in", "time_out", "status", "payload_size",
+     "attempts", "reason")
+)  # fmt: skip
+
+
+def with_journals(conn: sqlite3.Connection, store: Path) -> int:
+    """Make ``conn`` -- a connection to the store file ``store``, read-only is enough --
+    see the requests of the store's journals too, as the next start will replay them: the
+    answers a dispatcher journaled but had not yet written when it was killed.  Nothing is
+    written, to the file or to the journals: a temporary ``requests`` view joins the file's
+    rows and the journals' (by id, as the replay does: a completion replaces the stored row,
+    an arrival only fills in a missing one).  Returns how many answered requests the
+    journals add or change; a journal that cannot be read is skipped (OSError)."""
+    entries: list[tuple] = []
+    for path in journal_files(store):
+        with contextlib.suppress(OSError):
+            entries.extend(e[3] for e in _read_journal(path)[0])
+    if not entries:
+        return 0
+    columns = ", ".join(REPLAY_COLUMNS)
+    conn.execute(f"CREATE TEMP TABLE journaled ({columns}, PRIMARY KEY (id))")
+    conn.executemany(
+        f"INSERT INTO journaled ({columns}) VALUES ({', '.join('?' * len(REPLAY_COLUMNS))})"
+        " ON CONFLICT (id) DO UPDATE SET device = excluded.device,"
+        " time_out = excluded.time_out, status = excluded.status,"
+        " attempts = excluded.attempts, reason = COALESCE(excluded.reason, journaled.reason)"
+        f" WHERE excluded.status <> '{QUEUED}'",
+        entries,
+    )
+    answered = f"SELECT id FROM journaled WHERE status <> '{QUEUED}'"
+    conn.execute(
+        f"CREATE TEMP VIEW requests AS"
+        f" SELECT {_VIEW_COLUMNS} FROM main.requests WHERE id NOT IN ({answered})"
+        f" UNION ALL SELECT {_VIEW_COLUMNS} FROM journaled"
+        f" WHERE status <> '{QUEUED}' OR id NOT IN (SELECT id FROM main.requests)"
+    )
+    (changed,) = conn.execute(
+        "SELECT COUNT(*) FROM journaled j LEFT JOIN main.requests r ON r.id = j.id"
+        f" WHERE j.status <> '{QUEUED}' AND (r.id IS NULL OR r.status IS NOT j.status)"
+    ).fetchone()
+    return int(changed)
 
 
 class RequestStore:
@@ -605,17 +662,13 @@ class RequestStore:
     # -- journals ------------------------------------------------------------------------
 
     def _journals(self) -> list[Path]:
-        found = []
-        for p in self.path.parent.glob(self.path.name + ".journal.*"):
-            suffix = p.name.rsplit(".", 1)[1]
-            if suffix.isdigit():
-                found.append((int(suffix), p))
-        return [p for _n, p in sorted(found)]
+        return journal_files(self.path)
 
     def _new_journal(self) -> None:
         self._jseq += 1
         self._jpath = self.path.with_name(f"{self.path.name}.journal.{self._jseq}")
-        self._jfd = os.open(self._jpath, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC)
+        # rw-r--r-- (less what the umask takes), as SQLite creates the store file
+        self._jfd = os.open(self._jpath, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
         self._jsize = 0
 
     def _retire_journal(self) -> Path | None:
