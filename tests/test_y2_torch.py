@@ -370,26 +370,33 @@ def test_state_checks_its_arguments(kwargs, text):
 # --- training end to end (the example, under torchrun) --------------------------------------
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "y2_ddp_train.py")
-#: Seconds the 2-process training run (both trainings) may take.
+#: Seconds the 2-process training run (three trainings) may take.
 TRAIN_TIMEOUT = 300
+TRAIN_EPOCHS = 10
 
 
-def test_training_with_the_hook_matches_allreduce_accuracy(tmp_path):
+def test_training_with_the_hook_on_label_sorted_digits(tmp_path):
+    """digits sorted by label over 2 nodes: without an exchange a node learns its half of the
+    classes only; with y2's it learns them all, for far fewer bytes than all-reduce."""
     log = tmp_path / "run.y2"
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            "2", EXAMPLE, "--json", "--epochs", "3", "--y2-log", str(log),
+            "2", EXAMPLE, "--json", "--epochs", str(TRAIN_EPOCHS), "--split", "sorted",
+            "--hooks", "local,allreduce,y2", "--y2-log", str(log),
         ],
         capture_output=True, text=True, timeout=TRAIN_TIMEOUT, env=env, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    plain, hooked = report["runs"]
-    assert (plain["hook"], hooked["hook"]) == ("allreduce", "y2")
-    assert plain["accuracy"] > 0.8, report  # the problem is learnt (Bayes: ~0.91)
-    assert abs(hooked["accuracy"] - plain["accuracy"]) <= 0.02, report
+    local, plain, hooked = report["runs"]
+    assert (local["hook"], plain["hook"], hooked["hook"]) == ("local", "allreduce", "y2")
+    assert plain["accuracy"] > 0.9, report  # digits is learnt
+    assert local["accuracy"] < 0.6, report  # a node alone sees 5 of the 10 digits
+    # the exchange carries the other node's classes (10 epochs: 0.93 against all-reduce's
+    # 0.97 when measured; README, "y2 on PyTorch", has the longer runs)
+    assert hooked["accuracy"] > 0.85 and hooked["accuracy"] > local["accuracy"] + 0.3, report
     assert hooked["bytes_per_step"] * 10 <= plain["bytes_per_step"], report
     # rank 0's y2 log: NodeIndex per node, Runtime per node and epoch, Finished per node
     messages = []
@@ -400,10 +407,9 @@ def test_training_with_the_hook_matches_allreduce_accuracy(tmp_path):
         messages.append(msg)
     assert messages[:2] == [y2.NodeIndex(0, 2), y2.NodeIndex(1, 2)]
     runtimes = messages[2:-2]
-    assert len(runtimes) == 3 * 2 and all(isinstance(m, y2.Runtime) for m in runtimes)
-    assert [r.sample_count for r in runtimes] == [
-        len(range(*y2.partition(0, 2, 6000))) // 32 * 32
-    ] * 6
+    assert len(runtimes) == TRAIN_EPOCHS * 2 and all(isinstance(m, y2.Runtime) for m in runtimes)
+    # 1348 training samples (digits less its test quarter), 674 a node, 32 a step
+    assert [r.sample_count for r in runtimes] == [674 // 32 * 32] * (TRAIN_EPOCHS * 2)
     assert [m.loss_milli for m in runtimes] == [x for epoch in hooked["runtimes"] for x in epoch]
     assert messages[-2:] == [y2.Finished(), y2.Finished()]
 
