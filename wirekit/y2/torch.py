@@ -10,17 +10,25 @@ feedback, per DDP bucket:
    gradient's dtype, on the CPU);
 2. ``y2.compress`` the residuals with tau into delta words (every element with
    ``|r| >= tau`` sends one word of ±tau and keeps the rest; the others keep all of theirs);
-3. send every rank's words to every rank with ``all_gather`` (works on gloo and NCCL),
-   sizes first: with a fixed tau, an all-gather of ``(word count, tau)`` (16 bytes) then
-   one of the words padded to the longest; with the adaptive tau, *one* all-gather of a
-   fixed block per rank, ``(word count, tau)`` then room for ``capacity(n)`` words
-   (``CAPACITY_SLACK × density × n + CAPACITY_MIN``): one round trip instead of two, since
-   on a fast link the exchange is latency-bound.  Words beyond the block are not sent this
-   step: they are added back into the residual (sent later, nothing is lost).  Each rank
-   checks every peer's count (at most the bucket's elements, or the block) and tau (finite,
-   positive) before it allocates or reads anything for them (:class:`DecodeError`);
-4. ``y2.apply`` every rank's words (with that rank's tau) to a zero update and divide by the
-   world size: the averaged update DDP then hands to the optimizer as the gradient.
+3. exchange the words and hand DDP the average of every rank's words as the gradient, by one
+   of two exchanges (``exchange=``):
+
+   * ``"reduce-scatter"`` (the default; SparCML's and Ok-Topk's shape): every rank compresses
+     with one tau (the mean of the ranks' estimates, all-gathered first), rank ``r`` owns the
+     ``r``-th of ``W`` equal ranges of the bucket, each rank sends each owner its words there
+     (sizes all-gathered first, then one ``all_to_all_single``), the owner sums the signs
+     (integers from ``-W`` to ``W``) and sends every rank its range's sums as a bitmap plus
+     ``log2(2W)`` bits per nonzero sum (:mod:`wirekit.y2.sums`; a second all-to-all).  A rank
+     sends about ``(W - 1) / W`` of its words and of the range blocks: its bytes per step
+     stay nearly flat as ranks are added (×(W - 1) / W, and one bit more per sum at each
+     doubling), like an all-reduce's.  Four collectives per bucket (three with a fixed tau);
+   * ``"all-gather"``: every rank's words (and its own tau) to every rank, applied and
+     averaged by each.  One collective with the adaptive tau, but each rank receives
+     ``W - 1`` ranks' words: its bytes grow with the world size.
+
+   Every size and tau a peer sends is checked before anything is allocated or read for it,
+   and so is every word an owner receives (:class:`DecodeError`); an owner that refuses a
+   peer's words tells every rank through its block, so that all of them raise.
 
 The words are y2's (same layout, 0 = +tau): ``y2.encode(y2.Delta(words))`` of a step's
 words (``Y2HookState.last_words``) is read by ``wirekit decode --proto y2``.
@@ -33,16 +41,16 @@ Any other parameter gets layers of its own, in the weights slot, one per 2^21 el
 with :class:`ValueError` when the state is built, since words cannot address it.
 
 tau: fixed (``tau=``) or adaptive (``density=``, the default, 5 %).  Adaptive: each rank, per
-bucket and step, takes as tau the ``1 - density`` quantile of ``|residual|`` (estimated on at
-most ``TAU_SAMPLE`` evenly spaced elements), so about ``density`` of the elements send a word:
-the bytes per step stay near ``4 × density × parameters`` per rank whatever the gradients'
-scale, and the tau travels with the word count.  A fixed tau costs no estimate and gives
-every rank the same tau (as in y2, where it is a cluster constant), but the bytes then follow
-the gradients: a tau too small for them sends up to one word per element (as many bytes as
+bucket and step, estimates the ``1 - density`` quantile of ``|residual|`` (on at most
+``TAU_SAMPLE`` evenly spaced elements), so about ``density`` of the elements send a word
+whatever the gradients' scale; with ``all-gather`` each rank uses its own estimate (it
+travels with the word count), with ``reduce-scatter`` all ranks use the mean of theirs.  At
+most ``capacity(n)`` words go per rank and step; the rest stay in the residual.  A fixed
+tau costs no estimate and gives every rank the same tau (as in y2, where it is a cluster
+constant), but the bytes then follow the gradients: a tau too small for them sends up to one word per element (as many bytes as
 fp32) and clips every step's move to ±tau; a tau too large sends almost nothing and the
 residuals grow until they cross it (slow, stale updates).  The density trades bytes for
-accuracy: on ``benchmarks/bench_y2_torch.py`` (1 M parameters, 2 ranks) 0.05 sent 16× fewer
-bytes than fp32 all-reduce at 0.55 points less accuracy, 0.02 sent 40× fewer at 1.6 less.
+accuracy; ``benchmarks/bench_y2_torch.py`` and the README have the measurements.
 
 The kernels run on the CPU; CUDA gradients are copied to the host and back.
 """
