@@ -47,9 +47,10 @@ whatever the gradients' scale; with ``all-gather`` each rank uses its own estima
 travels with the word count), with ``reduce-scatter`` all ranks use the mean of theirs.  At
 most ``capacity(n)`` words go per rank and step; the rest stay in the residual.  A fixed
 tau costs no estimate and gives every rank the same tau (as in y2, where it is a cluster
-constant), but the bytes then follow the gradients: a tau too small for them sends up to one word per element (as many bytes as
-fp32) and clips every step's move to ±tau; a tau too large sends almost nothing and the
-residuals grow until they cross it (slow, stale updates).  The density trades bytes for
+constant), but the bytes then follow the gradients: a tau too small for them sends up to
+one word per element (as many bytes as fp32) and clips every step's move to ±tau; a tau too
+large sends almost nothing and the residuals grow until they cross it (slow, stale
+updates).  The density trades bytes for
 accuracy; ``benchmarks/bench_y2_torch.py`` and the README have the measurements.
 
 The kernels run on the CPU; CUDA gradients are copied to the host and back.
