@@ -8,6 +8,7 @@ an error, not a skip.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -194,8 +195,9 @@ def _signs_of(words: np.ndarray) -> list[np.ndarray]:
 
 
 def _check_reduce_scatter(results, world: int, adaptive: bool) -> None:
-    """Every rank's averaged gradients are the dense sum of every rank's signs × tau / world;
-    each rank's words reached the owners exactly once; the bytes add up."""
+    """Every rank's averaged gradients are the dense sum of every rank's signs × its tau, in
+    whole units of the ranks' mean tau, / world; what the units could not say went into the
+    owner's residual; each rank's words reached the owners exactly once; the bytes add up."""
     residuals = [[np.zeros(n, np.float32) for *_, n in SMALL_LAYOUT] for _ in range(world)]
     capacity = (
         min(SMALL_ELEMENTS, int(np.ceil(CAPACITY_SLACK * 0.25 * SMALL_ELEMENTS)) + CAPACITY_MIN)
@@ -204,18 +206,20 @@ def _check_reduce_scatter(results, world: int, adaptive: bool) -> None:
     )
     edges = [r * SMALL_ELEMENTS // world for r in range(world + 1)]
     expected_bytes = [0] * world
+    rounded = 0
     for step in range(len(results[0]["steps"])):
         per_rank = [results[r]["steps"][step] for r in range(world)]
         ((bucket, parts),) = per_rank[0]["exchange"].items()
-        tau = parts[0][1]
-        total = [np.zeros(n, np.int64) for *_, n in SMALL_LAYOUT]
+        taus = [t for _w, t in parts]
+        unit = taus[0] if len(set(taus)) == 1 else math.fsum(taus) / world
+        total = [np.zeros(n, np.float64) for *_, n in SMALL_LAYOUT]
         for r in range(world):
-            assert {t for _w, t in per_rank[r]["exchange"][bucket]} == {tau}  # one tau
+            assert [t for _w, t in per_rank[r]["exchange"][bucket]] == taus
             for res, grad in zip(residuals[r], per_rank[r]["local"], strict=True):
                 res += grad
-            signs = _dense_signs(residuals[r], tau, capacity)
+            signs = _dense_signs(residuals[r], taus[r], capacity)
             for acc, s in zip(total, signs, strict=True):
-                acc += s
+                acc += s * (taus[r] / unit)
             # rank r's words, as the owners received them: each exactly once
             got = [per_rank[j]["exchange"][bucket][r][0] for j in range(world)]
             sums = [np.zeros(n) for *_, n in SMALL_LAYOUT]
@@ -224,11 +228,21 @@ def _check_reduce_scatter(results, world: int, adaptive: bool) -> None:
                     acc += s
             assert all(np.array_equal(a, s) for a, s in zip(sums, signs, strict=True))
             assert sum(len(w) for w in got) == sum(int(np.abs(s).sum()) for s in signs)
-        want = [(t * (tau / world)).astype(np.float32) for t in total]
+        whole = [np.clip(np.rint(t), -world, world) for t in total]
+        # what whole units do not say: into the residual of the element's owner
+        offset = 0
+        for i in per_rank[0]["bucket"]:
+            for k in range(SMALL_LAYOUT[i][2]):
+                owner = int(np.searchsorted(edges, offset + k, side="right")) - 1
+                left = (total[i][k : k + 1] - whole[i][k : k + 1]) * unit
+                residuals[owner][i][k : k + 1] += left
+                rounded += bool(left[0])
+            offset += SMALL_LAYOUT[i][2]
+        want = [w * (unit / world) for w in whole]
         for r in range(world):
             for got_grad, want_grad in zip(per_rank[r]["averaged"], want, strict=True):
-                assert np.array_equal(got_grad, want_grad)
-        # bytes: the tau (adaptive), the counts, the words for other ranges, the sums block
+                assert np.array_equal(got_grad, want_grad.astype(np.float32))
+        # bytes: the counts and tau, the words for other ranges, the sums block
         received = [[len(w) for w, _t in per_rank[j]["exchange"][bucket]] for j in range(world)]
         for r in range(world):
             size = edges[r + 1] - edges[r]
@@ -236,15 +250,13 @@ def _check_reduce_scatter(results, world: int, adaptive: bool) -> None:
             sent = sum(received[j][r] for j in range(world))
             bound = sum_blocks.block_size(size, min(size, sum(received[r])), world)
             expected_bytes[r] += (
-                (world - 1) * 8 * adaptive
-                + (world - 1) * 8 * (world + 1)
-                + 4 * (sent - own)
-                + (world - 1) * bound
+                (world - 1) * 8 * (world + 1) + 4 * (sent - own) + (world - 1) * bound
             )
     for r in range(world):
         for got, want_res in zip(results[r]["residuals"], residuals[r], strict=True):
             assert np.array_equal(got, want_res)
         assert results[r]["bytes_sent"] == results[r]["bytes_counted"] == expected_bytes[r]
+    assert (rounded > 0) == adaptive  # own taus: some sums were not whole units
 
 
 @pytest.mark.parametrize("tau", [0.8, None], ids=["fixed-tau", "adaptive-tau"])

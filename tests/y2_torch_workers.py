@@ -123,7 +123,14 @@ def hook_steps(
     local = copy.deepcopy(model)
     ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
     state = Y2HookState(ddp, tau=tau, density=0.25, record=True, exchange=exchange)
-    ddp.register_comm_hook(state, y2_hook)
+    number = {id(p): i for i, p in enumerate(model.parameters())}
+    buckets: list[list[int]] = []
+
+    def hook(state, bucket):  # y2's, noting the parameters' order in the bucket
+        buckets.append([number[id(p)] for p in bucket.parameters()])
+        return y2_hook(state, bucket)
+
+    ddp.register_comm_hook(state, hook)
     counter = ByteCounter(rank, world)
     record = []
     for step in range(steps):
@@ -139,6 +146,7 @@ def hook_steps(
                 "local": [p.grad.numpy().ravel().copy() for p in local.parameters()],
                 "averaged": [p.grad.numpy().ravel().copy() for p in model.parameters()],
                 "exchange": {k: [(w.copy(), t) for w, t in v] for k, v in state.last_words.items()},
+                "bucket": buckets[-1],
             }
         )
     return {

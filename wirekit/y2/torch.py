@@ -13,15 +13,16 @@ feedback, per DDP bucket:
 3. exchange the words and hand DDP the average of every rank's words as the gradient, by one
    of two exchanges (``exchange=``):
 
-   * ``"reduce-scatter"`` (the default; SparCML's and Ok-Topk's shape): every rank compresses
-     with one tau (the mean of the ranks' estimates, all-gathered first), rank ``r`` owns the
+   * ``"reduce-scatter"`` (the default; SparCML's and Ok-Topk's shape): rank ``r`` owns the
      ``r``-th of ``W`` equal ranges of the bucket, each rank sends each owner its words there
-     (sizes all-gathered first, then one ``all_to_all_single``), the owner sums the signs
-     (integers from ``-W`` to ``W``) and sends every rank its range's sums as a bitmap plus
-     ``log2(2W)`` bits per nonzero sum (:mod:`wirekit.y2.sums`; a second all-to-all).  A rank
-     sends about ``(W - 1) / W`` of its words and of the range blocks: its bytes per step
-     stay nearly flat as ranks are added (×(W - 1) / W, and one bit more per sum at each
-     doubling), like an all-reduce's.  Four collectives per bucket (three with a fixed tau);
+     (counts and taus all-gathered first, then one ``all_to_all_single``), the owner sums
+     them in whole units of the ranks' mean tau (from ``-W`` to ``W``; what a whole unit
+     cannot say goes into its own residual, so nothing is lost; with one tau for all ranks,
+     as with a fixed tau, the sums are exact) and sends every rank its range's sums as a
+     bitmap plus ``log2(2W)`` bits per nonzero sum (:mod:`wirekit.y2.sums`; a second
+     all-to-all).  A rank sends about ``(W - 1) / W`` of its words and of the range blocks:
+     its bytes per step stay nearly flat as ranks are added (×(W - 1) / W, and one bit more
+     per sum at each doubling), like an all-reduce's.  Three collectives per bucket;
    * ``"all-gather"``: every rank's words (and its own tau) to every rank, applied and
      averaged by each.  One collective with the adaptive tau, but each rank receives
      ``W - 1`` ranks' words: its bytes grow with the world size.
@@ -43,8 +44,7 @@ with :class:`ValueError` when the state is built, since words cannot address it.
 tau: fixed (``tau=``) or adaptive (``density=``, the default, 5 %).  Adaptive: each rank, per
 bucket and step, estimates the ``1 - density`` quantile of ``|residual|`` (on at most
 ``TAU_SAMPLE`` evenly spaced elements), so about ``density`` of the elements send a word
-whatever the gradients' scale; with ``all-gather`` each rank uses its own estimate (it
-travels with the word count), with ``reduce-scatter`` all ranks use the mean of theirs.  At
+whatever the gradients' scale; each rank uses its own (it travels with the word count).  At
 most ``capacity(n)`` words go per rank and step; the rest stay in the residual.  A fixed
 tau costs no estimate and gives every rank the same tau (as in y2, where it is a cluster
 constant), but the bytes then follow the gradients: a tau too small for them sends up to
@@ -410,7 +410,7 @@ def _all_gather(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Step:
 
 def _reduce_scatter(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Step:
     """Rank ``r`` owns the buffer's elements ``r n / W`` to ``(r + 1) n / W``: every rank
-    sends it its words there (all-to-all), it sums their signs (one tau for all ranks) and
+    sends it its words there (all-to-all), it sums them in units of the ranks' mean tau and
     sends every rank the sums, coded by :mod:`wirekit.y2.sums` (all-to-all again)."""
     group = state.process_group
     world, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -418,10 +418,6 @@ def _reduce_scatter(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Ste
     sizes = np.diff(edges)
     tau = state._tau_for(b, n)  # the fixed tau, or this rank's quantile
     sent_bytes = 0
-    if state.tau is None:  # one tau for all ranks: the mean of their quantiles
-        got = _all_gather_array(np.array([tau], np.float64), group, device)
-        tau = _agreed_tau([float(g[0]) for g in got], b.dtype)
-        sent_bytes += (world - 1) * 8
     words = y2.compress(b.residual, tau)
     limit = n
     if state.tau is None:
@@ -437,11 +433,13 @@ def _reduce_scatter(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Ste
     counts = np.diff(np.searchsorted(positions, edges)).astype(np.int64)
     t1 = time.perf_counter()
 
-    # every rank's word count per range, and its tau (the same everywhere)
+    # every rank's word count per range, and its tau
     head = np.concatenate([counts, np.array([tau], np.float64).view(np.int64)])
     heads = _all_gather_array(head, group, device)
     sent_bytes += (world - 1) * head.nbytes
-    matrix = _checked_heads(heads, sizes, limit, tau)
+    matrix, taus = _checked_heads(heads, sizes, limit, state.tau)
+    # the sums' unit: the ranks' mean tau (the tau itself when they all have one)
+    unit = taus[0] if len(set(taus)) == 1 else math.fsum(taus) / world
     # the words to the owner of their range
     incoming = matrix[:, rank]
     got = _all_to_all(words.view(np.int32), counts, incoming, group, device).view(np.uint32)
@@ -449,14 +447,20 @@ def _reduce_scatter(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Ste
     received = np.split(got, np.cumsum(incoming)[:-1])
     # this rank's range summed and coded; a peer's bad words refused to every rank
     lo, hi = int(edges[rank]), int(edges[rank + 1])
-    total = np.zeros(n, np.float32)
+    total = np.zeros(n, np.float64)
     model = state._update_model(b, total)
     refusal: DecodeError | None = None
     try:
         for r, rank_words in enumerate(received):
             _check_range(_positions(b, rank_words, f"rank[{r}].words"), lo, hi, r)
-            y2.apply(model, rank_words, 1.0)
-        block = sum_blocks.encode(np.rint(total[lo:hi]).astype(np.int64), world)
+            y2.apply(model, rank_words, taus[r] / unit)
+        # |total| <= the sum of the taus = W units; what a whole number of units cannot
+        # say stays with this rank, in its residual (sent later, nothing is lost)
+        mine = total[lo:hi]
+        sums = np.clip(np.rint(mine), -world, world)
+        if np.any(mine != sums):
+            _add_to_residual(b, lo, (mine - sums) * unit)
+        block = sum_blocks.encode(sums.astype(np.int64), world)
     except DecodeError as exc:
         refusal, block = exc, sum_blocks.refused()
     bounds = [
@@ -474,8 +478,19 @@ def _reduce_scatter(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Ste
     out = np.zeros(n, b.dtype)
     for j, part in enumerate(np.split(blocks, np.cumsum(bounds)[:-1])):
         where, sums = sum_blocks.decode(part, int(sizes[j]), world, f"rank[{j}].sums")
-        out[edges[j] + where] = sums * (tau / world)
-    return _Step(out, len(words), sent_bytes, received, [tau] * world, t1, t2)
+        out[edges[j] + where] = sums * (unit / world)
+    return _Step(out, len(words), sent_bytes, received, taus, t1, t2)
+
+
+def _add_to_residual(b: _Bucket, start: int, values: np.ndarray) -> None:
+    """Add ``values`` to the residual of the buffer's elements ``start:start + len``."""
+    stop = start + values.size
+    for offset, _layer, seg in b.places:
+        first, last = offset + seg.start, offset + seg.stop
+        lo, hi = max(first, start), min(last, stop)
+        if lo < hi:
+            res = b.residual[seg.layer][0 if seg.is_weight else 1]
+            res[lo - first : hi - first] += values[lo - start : hi - start]
 
 
 def _positions(b: _Bucket, words: np.ndarray, field_name: str) -> np.ndarray:
@@ -537,11 +552,13 @@ def _all_to_all(
     return out.cpu().numpy()
 
 
-def _checked_heads(heads: np.ndarray, sizes: np.ndarray, limit: int, tau: float) -> np.ndarray:
-    """Every rank's words per range (a rank × range matrix), checked: a count from 0 to the
-    range's elements, at most ``limit`` in all, and the rank's tau is ``tau``.
-    :class:`DecodeError` (``rank[r].counts[j]`` / ``rank[r].tau``, the offset in that rank's
-    head) otherwise."""
+def _checked_heads(
+    heads: np.ndarray, sizes: np.ndarray, limit: int, fixed: float | None
+) -> tuple[np.ndarray, list[float]]:
+    """Every rank's words per range (a rank × range matrix) and tau, checked: a count from
+    0 to the range's elements, at most ``limit`` in all, a tau finite and positive (and
+    ``fixed``, when the tau is fixed: the same on every rank).  :class:`DecodeError`
+    (``rank[r].counts[j]`` / ``rank[r].tau``, the offset in that rank's head) otherwise."""
     world = sizes.size
     matrix = heads[:, :world]
     taus = heads[:, world].view(np.float64)
@@ -560,24 +577,19 @@ def _checked_heads(heads: np.ndarray, sizes: np.ndarray, limit: int, tau: float)
             raise DecodeError(
                 PROTOCOL, f"rank[{r}].counts", 0, f"{int(row.sum())} words for at most {limit}"
             )
-        if float(taus[r]) != tau:
+        tau = float(taus[r])
+        if not (math.isfinite(tau) and tau > 0):
+            raise DecodeError(
+                PROTOCOL, f"rank[{r}].tau", 8 * world, f"{tau!r} is not a positive tau"
+            )
+        if fixed is not None and tau != fixed:
             raise DecodeError(
                 PROTOCOL,
                 f"rank[{r}].tau",
                 8 * world,
-                f"{float(taus[r])!r} is not this rank's tau {tau!r} (one tau for all ranks)",
+                f"{tau!r} is not this rank's fixed tau {fixed!r} (one tau for all ranks)",
             )
-    return matrix
-
-
-def _agreed_tau(estimates: list[float], dtype: Any) -> float:
-    """The tau every rank uses: the mean of the ranks' estimates (checked finite and
-    positive; :class:`DecodeError` ``rank[r].tau``), at least ``dtype``'s smallest normal
-    number."""
-    for r, tau in enumerate(estimates):
-        if not (math.isfinite(tau) and tau > 0):
-            raise DecodeError(PROTOCOL, f"rank[{r}].tau", 0, f"{tau!r} is not a positive tau")
-    return max(math.fsum(estimates) / len(estimates), float(np.finfo(dtype).tiny))
+    return matrix, [float(t) for t in taus]
 
 
 class Y2Cluster:
