@@ -1,17 +1,24 @@
-"""y2 DDP hook against PyTorch's own hooks, 2 gloo processes on this machine, in one run.
+"""y2 DDP hook against PyTorch's own hooks on 2, 4 and 8 gloo processes, in one run.
 
-    python benchmarks/bench_y2_torch.py                 # ~1 M parameters, 2 epochs
-    python benchmarks/bench_y2_torch.py --hidden 256    # quicker
+    python benchmarks/bench_y2_torch.py                  # the README's table (long: ~1 h)
+    python benchmarks/bench_y2_torch.py --ranks 2,4 --seeds 0 --epochs 2   # quick
 
-Runs ``examples/y2_ddp_train.py`` under ``torch.distributed.run`` with every hook on the same
-model, data and seeds (``allreduce`` = PyTorch's default fp32 all-reduce hook, ``fp16`` its
-``fp16_compress_hook``, ``powersgd`` its PowerSGD hook at rank 2, ``y2`` wirekit's hook,
-``local`` no exchange at all) and prints, against all-reduce: time per step, bytes one rank
-sends per step, final accuracy; and for y2 where its time goes: compress (+ residual update
-and tau) and apply per step against the exchange time it saves (all-reduce's step time
-minus y2's step time without compress and apply).
-Ratios only: the absolute times depend on the machine and its load.  (A standalone script,
-not a pytest-benchmark group: every row is a multi-process training run.)
+Runs ``examples/y2_ddp_train.py`` under ``torch.distributed.run`` once per world size and
+split of the data over the ranks (``shuffled``, ``sorted`` by label), every hook on the same
+model, data and seeds: ``allreduce`` (PyTorch's default fp32 all-reduce hook), ``fp16`` (its
+``fp16_compress_hook``), ``powersgd`` (its PowerSGD hook at rank 2), ``y2`` (wirekit's hook,
+default settings: the reduce-scatter exchange), ``y2-all-gather`` (the same with the
+all-gather exchange) and ``local`` (no exchange: what the accuracy would be without one).
+
+For each world size and split it prints, per hook: the test accuracy on digits' held-out
+quarter (mean ± standard deviation over the seeds, and the worst seed against all-reduce's
+on the same seed), the bytes one rank sends per step, counted at the collectives and, where
+``unshare -n`` gives each run a network namespace of its own (as root), as really crossed
+the loopback interface (TCP/IP headers and gloo's own messages included), how many times
+fewer than all-reduce's, and the time per step against all-reduce's.  Then how each hook's
+bytes per rank scale with the ranks.  The machine's cores are shared by all ranks of a run
+(and maybe with other work): times are ratios within one run, bytes do not depend on it.
+(A standalone script, not a pytest-benchmark group: every row is a multi-process training.)
 """
 
 from __future__ import annotations
@@ -19,67 +26,140 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "y2_ddp_train.py"
-HOOKS = "local,allreduce,fp16,powersgd,y2"
+HOOKS = "local,allreduce,fp16,powersgd,y2,y2-all-gather"
+
+
+def own_network_namespace() -> bool:
+    """Whether ``unshare -n`` works here (root, and a kernel that allows it)."""
+    try:
+        return (
+            subprocess.run(
+                ["unshare", "-n", "true"], capture_output=True, timeout=30, check=False
+            ).returncode
+            == 0
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def run_world(world: int, split: str, args: argparse.Namespace, netns: bool) -> dict:
+    """One ``torch.distributed.run`` of every hook and seed; the example's JSON report."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+        str(world), str(EXAMPLE), "--json", "--hooks", args.hooks, "--split", split,
+        "--seeds", args.seeds, "--epochs", str(args.epochs), "--hidden", str(args.hidden),
+        "--density", str(args.density),
+    ]  # fmt: skip
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    if netns:  # a namespace of its own: its loopback carries this run's bytes only
+        line = shlex.join([*cmd, "--netns"])
+        cmd = ["unshare", "-n", "sh", "-c", f"ip link set lo up && exec {line}"]
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, timeout=args.timeout, check=False
+    )
+    lines = out.stdout.strip().splitlines()
+    if out.returncode and not (lines and lines[-1].startswith('{"world"')):
+        raise SystemExit(f"{world} ranks, {split}: exit {out.returncode}\n{out.stderr[-4000:]}")
+    if out.returncode:  # every training ran and reported; a rank failed while exiting
+        print(f"{world} ranks, {split}: exit {out.returncode} after the report", file=sys.stderr)
+    return json.loads(lines[-1])
+
+
+def _bytes(run: dict) -> float:
+    """Bytes per rank and step: on the wire where measured, else counted."""
+    wire = run["wire_bytes_per_step"]
+    return run["bytes_per_step"] if wire is None else wire
+
+
+def summarize(report: dict, hooks: list[str]) -> dict[str, dict]:
+    """Per hook: accuracies over the seeds, bytes and time per step (means over seeds)."""
+    by_hook: dict[str, list[dict]] = {h: [] for h in hooks}
+    for run in report["runs"]:
+        by_hook[run["hook"]].append(run)
+    base = {r["seed"]: r for r in by_hook["allreduce"]}
+    rows = {}
+    for hook, runs in by_hook.items():
+        acc = [r["accuracy"] for r in runs]
+        wire = [r["wire_bytes_per_step"] for r in runs]
+        rows[hook] = {
+            "accuracy_mean": statistics.fmean(acc),
+            "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
+            # the seed where this hook did worst against all-reduce on the same seed
+            "worst_delta": min(r["accuracy"] - base[r["seed"]]["accuracy"] for r in runs),
+            "bytes": statistics.fmean(r["bytes_per_step"] for r in runs),
+            "wire": None if None in wire else statistics.fmean(wire),  # type: ignore[type-var]
+            "measured": statistics.fmean(_bytes(r) for r in runs),
+            "ms": statistics.fmean(r["ms_per_step"] for r in runs),
+            "parameters": runs[0]["parameters"],
+            "steps": runs[0]["steps"],
+        }
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hidden", type=int, default=1000)
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--ranks", default="2,4,8", help="world sizes, comma-separated")
+    parser.add_argument("--splits", default="shuffled,sorted")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--hooks", default=HOOKS)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--density", type=float, default=0.05)
-    parser.add_argument("--timeout", type=float, default=1200, help="seconds for the run")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per world size")
     parser.add_argument("--json", default=None, help="also write the raw results here")
     args = parser.parse_args(argv)
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        str(EXAMPLE), "--json", "--hooks", HOOKS, "--hidden", str(args.hidden),
-        "--epochs", str(args.epochs), "--density", str(args.density),
-    ]  # fmt: skip
-    out = subprocess.run(
-        cmd, capture_output=True, text=True, env=env, timeout=args.timeout, check=False
-    )
-    if out.returncode:
-        sys.stderr.write(out.stderr[-4000:])
-        return out.returncode
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    hooks = args.hooks.split(",")
+    netns = own_network_namespace()
+    reports, tables = [], {}
+    for world in [int(w) for w in args.ranks.split(",")]:
+        for split in args.splits.split(","):
+            report = run_world(world, split, args, netns)
+            reports.append(report)
+            tables[world, split] = summarize(report, hooks)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
-    runs = {r["hook"]: r for r in report["runs"]}
-    base, local = runs["allreduce"], runs["local"]
+        Path(args.json).write_text(json.dumps(reports, indent=1))
+
+    first = next(iter(tables.values()))["allreduce"]
     print(
-        f"{base['parameters']:,} parameters, {base['steps']} steps, 2 gloo processes; "
-        f"Bayes accuracy {report['bayes_accuracy']:.3f}"
+        f"digits, {first['parameters']:,} parameters, seeds {args.seeds}, {args.epochs} epochs; "
+        f"bytes per rank and step {'on the loopback wire' if netns else 'counted'}"
+        f"{'' if netns else ' (no network namespace here: unshare -n failed)'}"
     )
-    print(
-        f"{'hook':10} {'ms/step':>8} {'time×':>6} {'bytes/step':>11} {'bytes÷':>7} "
-        f"{'accuracy':>8} {'Δacc pp':>7}"
-    )
-    for name in HOOKS.split(","):
-        r = runs[name]
-        fewer = base["bytes_per_step"] / r["bytes_per_step"] if r["bytes_per_step"] else 0.0
+    for (world, split), rows in tables.items():
+        base = rows["allreduce"]
+        print(f"\n{world} ranks, {split} split, {base['steps']} steps")
         print(
-            f"{name:10} {r['ms_per_step']:8.2f} {r['ms_per_step'] / base['ms_per_step']:6.2f} "
-            f"{r['bytes_per_step']:11.0f} {fewer:7.1f} {r['accuracy']:8.3f} "
-            f"{(r['accuracy'] - base['accuracy']) * 100:+7.2f}"
+            f"{'hook':14} {'accuracy':>13} {'worst Δ':>8} {'counted B':>10} {'wire B':>9} "
+            f"{'fewer':>6} {'time×':>6}"
         )
-    y = runs["y2"]
-    cost = y["compress_ms_per_step"] + y["apply_ms_per_step"]
-    # the exchange y2 saves: all-reduce's step against y2's step without its own kernels
-    saved = base["ms_per_step"] - (y["ms_per_step"] - cost)
-    print(
-        f"y2 per step: compress {y['compress_ms_per_step']:.2f} ms + apply "
-        f"{y['apply_ms_per_step']:.2f} ms = {cost:.2f} ms, against {saved:.2f} ms of exchange "
-        f"saved (all-reduce step - (y2 step - compress - apply)); cost/saved "
-        f"{cost / saved if saved > 0 else float('inf'):.2f}; y2's own exchange ("
-        f"all-gathers, waiting for the other rank included) {y['exchange_ms_per_step']:.2f} "
-        f"ms, all-reduce step - local step {base['ms_per_step'] - local['ms_per_step']:.2f} ms"
-    )
+        for hook in hooks:
+            r = rows[hook]
+            fewer = base["measured"] / r["measured"] if r["measured"] else float("inf")
+            wire = "-" if r["wire"] is None else f"{r['wire']:.0f}"
+            print(
+                f"{hook:14} {r['accuracy_mean']:7.3f}±{r['accuracy_std']:.3f} "
+                f"{r['worst_delta'] * 100:+7.1f}p {r['bytes']:10.0f} {wire:>9} {fewer:6.1f} "
+                f"{r['ms'] / base['ms']:6.2f}"
+            )
+    worlds = sorted({w for w, _s in tables})
+    split = args.splits.split(",")[0]
+    print(f"\nbytes per rank and step as ranks grow ({split} split; × fewer than all-reduce)")
+    print(f"{'hook':14} " + " ".join(f"{f'{w} ranks':>17}" for w in worlds))
+    for hook in hooks:
+        if hook == "local":
+            continue
+        cells = []
+        for w in worlds:
+            r, base = tables[w, split][hook], tables[w, split]["allreduce"]
+            cells.append(f"{r['measured']:9.0f} ({base['measured'] / r['measured']:4.1f}×)")
+        print(f"{hook:14} " + " ".join(f"{c:>17}" for c in cells))
     return 0
 
 

@@ -8,6 +8,7 @@ an error, not a skip.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -24,7 +25,8 @@ import y2_torch_workers as workers
 from strategies import y2_word
 
 from wirekit import y2
-from wirekit.y2.torch import Segment, Y2HookState, y2_layout
+from wirekit.y2 import sums as sum_blocks
+from wirekit.y2.torch import CAPACITY_MIN, CAPACITY_SLACK, Segment, Y2HookState, y2_layout
 
 #: The small model's parameters (in ``parameters()`` order) and their y2 (layer, is_weight):
 #: Linear(5, 4) is layer 0, the bias-less Linear(4, 3) layer 1, Gain's ``gain`` layer 2.
@@ -97,6 +99,7 @@ def _check_against_reference(results, world=2, capacity=None):
         for got, want in zip(results[r]["residuals"], residuals[r], strict=True):
             assert np.array_equal(got, want)
     assert results[0]["bytes_sent"] == expected_bytes
+    assert all(r["bytes_counted"] == r["bytes_sent"] for r in results)
 
 
 def test_hook_equals_numpy_reference_fixed_tau_many_buckets(tmp_path):
@@ -151,6 +154,178 @@ def test_a_steps_words_decode_as_y2_deltas(tmp_path):
         assert {(x["layer"], x["weight"]) for x in d["words"]} <= {
             (layer, w) for layer, w, _n in SMALL_LAYOUT
         }
+
+
+# --- the reduce-scatter exchange (the default) -------------------------------------------------
+
+SMALL_ELEMENTS = sum(n for *_, n in SMALL_LAYOUT)
+
+
+def _compress_order() -> list[tuple[int, int]]:
+    """(parameter, element) in the order ``y2.compress`` emits words: by layer, weights
+    before biases, index ascending."""
+    order = sorted(
+        range(len(SMALL_LAYOUT)), key=lambda i: (SMALL_LAYOUT[i][0], not SMALL_LAYOUT[i][1])
+    )
+    return [(i, k) for i in order for k in range(SMALL_LAYOUT[i][2])]
+
+
+def _dense_signs(residual: list[np.ndarray], tau: float, capacity: int | None) -> list[np.ndarray]:
+    """A rank's step written out densely: +1 / -1 where ``|r| >= tau`` (r moves by ∓tau),
+    at most ``capacity`` of them (an even spread in word order; the rest stay)."""
+    t = np.float32(tau)
+    hits = [(i, k) for i, k in _compress_order() if abs(residual[i][k]) >= t]
+    if capacity is not None and len(hits) > capacity:
+        hits = [hits[j * len(hits) // capacity] for j in range(capacity)]
+    signs = [np.zeros(r.size, np.int64) for r in residual]
+    for i, k in hits:
+        signs[i][k] = 1 if residual[i][k] >= t else -1
+        residual[i][k] -= t * np.float32(signs[i][k])
+    return signs
+
+
+def _signs_of(words: np.ndarray) -> list[np.ndarray]:
+    """What ``words`` add up to per element of the small model (applied with tau 1)."""
+    model = [
+        (np.zeros(20, np.float64), np.zeros(4, np.float64)),
+        (np.zeros(12, np.float64), np.zeros(0, np.float64)),
+        (np.zeros(3, np.float64), np.zeros(0, np.float64)),
+    ]
+    y2.apply(model, words, 1.0)
+    return [model[0][0], model[0][1], model[1][0], model[2][0]]
+
+
+def _check_reduce_scatter(results, world: int, adaptive: bool) -> None:
+    """Every rank's averaged gradients are the dense sum of every rank's signs × its tau, in
+    whole units of the ranks' mean tau, / world; what the units could not say went into the
+    owner's residual; each rank's words reached the owners exactly once; the bytes add up."""
+    residuals = [[np.zeros(n, np.float32) for *_, n in SMALL_LAYOUT] for _ in range(world)]
+    capacity = (
+        min(SMALL_ELEMENTS, int(np.ceil(CAPACITY_SLACK * 0.25 * SMALL_ELEMENTS)) + CAPACITY_MIN)
+        if adaptive
+        else None
+    )
+    edges = [r * SMALL_ELEMENTS // world for r in range(world + 1)]
+    expected_bytes = [0] * world
+    rounded = 0
+    for step in range(len(results[0]["steps"])):
+        per_rank = [results[r]["steps"][step] for r in range(world)]
+        ((bucket, parts),) = per_rank[0]["exchange"].items()
+        taus = [t for _w, t in parts]
+        unit = taus[0] if len(set(taus)) == 1 else math.fsum(taus) / world
+        total = [np.zeros(n, np.float64) for *_, n in SMALL_LAYOUT]
+        for r in range(world):
+            assert [t for _w, t in per_rank[r]["exchange"][bucket]] == taus
+            for res, grad in zip(residuals[r], per_rank[r]["local"], strict=True):
+                res += grad
+            signs = _dense_signs(residuals[r], taus[r], capacity)
+            for acc, s in zip(total, signs, strict=True):
+                acc += s * (taus[r] / unit)
+            # rank r's words, as the owners received them: each exactly once
+            got = [per_rank[j]["exchange"][bucket][r][0] for j in range(world)]
+            sums = [np.zeros(n) for *_, n in SMALL_LAYOUT]
+            for words in got:
+                for acc, s in zip(sums, _signs_of(words), strict=True):
+                    acc += s
+            assert all(np.array_equal(a, s) for a, s in zip(sums, signs, strict=True))
+            assert sum(len(w) for w in got) == sum(int(np.abs(s).sum()) for s in signs)
+        whole = [np.clip(np.rint(t), -world, world) for t in total]
+        # what whole units do not say: into the residual of the element's owner
+        offset = 0
+        for i in per_rank[0]["bucket"]:
+            for k in range(SMALL_LAYOUT[i][2]):
+                owner = int(np.searchsorted(edges, offset + k, side="right")) - 1
+                left = (total[i][k : k + 1] - whole[i][k : k + 1]) * unit
+                residuals[owner][i][k : k + 1] += left
+                rounded += bool(left[0])
+            offset += SMALL_LAYOUT[i][2]
+        want = [w * (unit / world) for w in whole]
+        for r in range(world):
+            for got_grad, want_grad in zip(per_rank[r]["averaged"], want, strict=True):
+                assert np.array_equal(got_grad, want_grad.astype(np.float32))
+        # bytes: the counts and tau, the words for other ranges, the sums block
+        received = [[len(w) for w, _t in per_rank[j]["exchange"][bucket]] for j in range(world)]
+        for r in range(world):
+            size = edges[r + 1] - edges[r]
+            own = received[r][r]
+            sent = sum(received[j][r] for j in range(world))
+            bound = sum_blocks.block_size(size, min(size, sum(received[r])), world)
+            expected_bytes[r] += (
+                (world - 1) * 8 * (world + 1) + 4 * (sent - own) + (world - 1) * bound
+            )
+    for r in range(world):
+        for got, want_res in zip(results[r]["residuals"], residuals[r], strict=True):
+            assert np.array_equal(got, want_res)
+        assert results[r]["bytes_sent"] == results[r]["bytes_counted"] == expected_bytes[r]
+    assert (rounded > 0) == adaptive  # own taus: some sums were not whole units
+
+
+@pytest.mark.parametrize("tau", [0.8, None], ids=["fixed-tau", "adaptive-tau"])
+def test_reduce_scatter_equals_the_dense_sum_on_4_ranks(tmp_path, tau):
+    results = workers.run(
+        "hook_steps", tmp_path, world=4, tau=tau, steps=3, bucket_cap_mb=25.0,
+        exchange="reduce-scatter",
+    )  # fmt: skip
+    assert all(r["words_sent"] > 0 for r in results)
+    # every rank received words from several ranks: the ranges were really scattered
+    (parts,) = results[0]["steps"][-1]["exchange"].values()
+    assert sum(len(w) > 0 for w, _t in parts) >= 2
+    _check_reduce_scatter(results, world=4, adaptive=tau is None)
+
+
+def test_bytes_per_rank_stay_flat_with_reduce_scatter_and_grow_with_all_gather(tmp_path):
+    """Counted at the collectives (what each rank hands them for the other ranks), a model
+    of 19,210 parameters, default settings, 2 and 8 real gloo processes."""
+    runs = {}
+    for world in (2, 8):
+        (tmp_path / str(world)).mkdir()
+        results = workers.run(
+            "byte_scaling", tmp_path / str(world), world=world, steps=3, hidden=256
+        )
+        for r in results:  # the hook's own counter says what the collectives were handed
+            for exchange in ("reduce-scatter", "all-gather"):
+                assert r[exchange]["counted"] == r[exchange]["state"], r
+        runs[world] = {
+            k: max(r[k]["counted"] if isinstance(r[k], dict) else r[k] for r in results)
+            for k in ("reduce-scatter", "all-gather", "allreduce")
+        }
+    fewer = {w: {k: runs[w]["allreduce"] / runs[w][k] for k in runs[w]} for w in runs}
+    # all-gather: each rank receives every other rank's words, (W - 1) blocks
+    assert runs[8]["all-gather"] >= 6 * runs[2]["all-gather"], runs
+    assert fewer[8]["all-gather"] < 10, fewer
+    # reduce-scatter: the words go to one owner each, the sums come back as a bitmap and
+    # log2(2 W) bits per nonzero sum: ×(W - 1) / W and a few bits more, like all-reduce's
+    assert runs[8]["reduce-scatter"] <= 2.5 * runs[2]["reduce-scatter"], runs
+    assert fewer[8]["reduce-scatter"] >= 10, fewer
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "texts"),
+    [
+        (
+            "count",
+            ["rank[1].counts[0] at byte 0: 1000000 words for a range of 19 elements"] * 2,
+        ),
+        (
+            "word",
+            [
+                "rank[1].words[0] at byte 0: word 0xffffffff addresses no element",
+                "rank[0].sums at byte 0: that rank refused the words it received",
+            ],
+        ),
+        (
+            "order",
+            [
+                "rank[1].words[1] at byte 4: element",
+                "rank[0].sums at byte 0: that rank refused the words it received",
+            ],
+        ),
+        ("sums", ["rank[1].sums at byte 0: 1000 nonzero sums do not fit"] * 2),
+    ],
+)
+def test_reduce_scatter_refuses_a_peers_bad_exchange_on_every_rank(tmp_path, corrupt, texts):
+    results = workers.run("bad_reduce_scatter_peer", tmp_path, corrupt=corrupt)
+    assert all(r is not None and text in r for r, text in zip(results, texts, strict=True)), results
 
 
 # --- the layout -----------------------------------------------------------------------------
@@ -208,26 +383,33 @@ def test_state_checks_its_arguments(kwargs, text):
 # --- training end to end (the example, under torchrun) --------------------------------------
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "y2_ddp_train.py")
-#: Seconds the 2-process training run (both trainings) may take.
+#: Seconds the 2-process training run (three trainings) may take.
 TRAIN_TIMEOUT = 300
+TRAIN_EPOCHS = 10
 
 
-def test_training_with_the_hook_matches_allreduce_accuracy(tmp_path):
+def test_training_with_the_hook_on_label_sorted_digits(tmp_path):
+    """digits sorted by label over 2 nodes: without an exchange a node learns its half of the
+    classes only; with y2's it learns them all, for far fewer bytes than all-reduce."""
     log = tmp_path / "run.y2"
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            "2", EXAMPLE, "--json", "--epochs", "3", "--y2-log", str(log),
+            "2", EXAMPLE, "--json", "--epochs", str(TRAIN_EPOCHS), "--split", "sorted",
+            "--hooks", "local,allreduce,y2", "--y2-log", str(log),
         ],
         capture_output=True, text=True, timeout=TRAIN_TIMEOUT, env=env, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    plain, hooked = report["runs"]
-    assert (plain["hook"], hooked["hook"]) == ("allreduce", "y2")
-    assert plain["accuracy"] > 0.8, report  # the problem is learnt (Bayes: ~0.91)
-    assert abs(hooked["accuracy"] - plain["accuracy"]) <= 0.02, report
+    local, plain, hooked = report["runs"]
+    assert (local["hook"], plain["hook"], hooked["hook"]) == ("local", "allreduce", "y2")
+    assert plain["accuracy"] > 0.9, report  # digits is learnt
+    assert local["accuracy"] < 0.6, report  # a node alone sees 5 of the 10 digits
+    # the exchange carries the other node's classes (10 epochs: 0.93 against all-reduce's
+    # 0.97 when measured; README, "y2 on PyTorch", has the longer runs)
+    assert hooked["accuracy"] > 0.85 and hooked["accuracy"] > local["accuracy"] + 0.3, report
     assert hooked["bytes_per_step"] * 10 <= plain["bytes_per_step"], report
     # rank 0's y2 log: NodeIndex per node, Runtime per node and epoch, Finished per node
     messages = []
@@ -238,10 +420,9 @@ def test_training_with_the_hook_matches_allreduce_accuracy(tmp_path):
         messages.append(msg)
     assert messages[:2] == [y2.NodeIndex(0, 2), y2.NodeIndex(1, 2)]
     runtimes = messages[2:-2]
-    assert len(runtimes) == 3 * 2 and all(isinstance(m, y2.Runtime) for m in runtimes)
-    assert [r.sample_count for r in runtimes] == [
-        len(range(*y2.partition(0, 2, 6000))) // 32 * 32
-    ] * 6
+    assert len(runtimes) == TRAIN_EPOCHS * 2 and all(isinstance(m, y2.Runtime) for m in runtimes)
+    # 1348 training samples (digits less its test quarter), 674 a node, 32 a step
+    assert [r.sample_count for r in runtimes] == [674 // 32 * 32] * (TRAIN_EPOCHS * 2)
     assert [m.loss_milli for m in runtimes] == [x for epoch in hooked["runtimes"] for x in epoch]
     assert messages[-2:] == [y2.Finished(), y2.Finished()]
 

@@ -104,10 +104,12 @@ def hook_steps(
     steps: int,
     bucket_cap_mb: float,
     capacity: tuple[float, int] | None = None,
+    exchange: str = "all-gather",
 ):
     """A few backward passes with the y2 hook (weights fixed); per step the local gradients
-    (from an unwrapped copy), the hook's averaged gradients and every rank's words.
-    ``capacity``: (CAPACITY_SLACK, CAPACITY_MIN) to use instead of the defaults."""
+    (from an unwrapped copy), the hook's averaged gradients and the words this rank received
+    (every rank's with ``all-gather``).  ``capacity``: (CAPACITY_SLACK, CAPACITY_MIN) to use
+    instead of the defaults."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -120,14 +122,23 @@ def hook_steps(
     model = small_model()
     local = copy.deepcopy(model)
     ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
-    state = Y2HookState(ddp, tau=tau, density=0.25, record=True)
-    ddp.register_comm_hook(state, y2_hook)
+    state = Y2HookState(ddp, tau=tau, density=0.25, record=True, exchange=exchange)
+    number = {id(p): i for i, p in enumerate(model.parameters())}
+    buckets: list[list[int]] = []
+
+    def hook(state, bucket):  # y2's, noting the parameters' order in the bucket
+        buckets.append([number[id(p)] for p in bucket.parameters()])
+        return y2_hook(state, bucket)
+
+    ddp.register_comm_hook(state, hook)
+    counter = ByteCounter(rank, world)
     record = []
     for step in range(steps):
         gen = torch.Generator().manual_seed(100 * step + rank)
         x = torch.randn(8, 5, generator=gen) * (1 + step)
         ddp.zero_grad()
-        ddp(x).pow(2).sum().backward()
+        with counter:
+            ddp(x).pow(2).sum().backward()
         local.zero_grad()
         local(x).pow(2).sum().backward()
         record.append(
@@ -135,15 +146,80 @@ def hook_steps(
                 "local": [p.grad.numpy().ravel().copy() for p in local.parameters()],
                 "averaged": [p.grad.numpy().ravel().copy() for p in model.parameters()],
                 "exchange": {k: [(w.copy(), t) for w, t in v] for k, v in state.last_words.items()},
+                "bucket": buckets[-1],
             }
         )
     return {
         "steps": record,
         "bytes_sent": state.bytes_sent,
+        "bytes_counted": counter.bytes,
         "words_sent": state.words_sent,
         "capacity": state.capacity(39),
         "residuals": [state.residual(p).copy() for p in model.parameters()],
     }
+
+
+class ByteCounter:
+    """Counts the bytes this rank hands to ``dist.all_gather`` and ``dist.all_to_all_single``
+    for the other ranks (what a ring all-gather and a direct all-to-all send), while entered."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank, self.world, self.bytes = rank, world, 0
+
+    def __enter__(self) -> ByteCounter:
+        import torch.distributed as dist
+
+        self._saved = dist.all_gather, dist.all_to_all_single
+        gather, all_to_all = self._saved
+
+        def all_gather(outputs, tensor, *args, **kwargs):
+            self.bytes += (self.world - 1) * tensor.numel() * tensor.element_size()
+            return gather(outputs, tensor, *args, **kwargs)
+
+        def all_to_all_single(output, tensor, out_sizes, in_sizes, *args, **kwargs):
+            self.bytes += (sum(in_sizes) - in_sizes[self.rank]) * tensor.element_size()
+            return all_to_all(output, tensor, out_sizes, in_sizes, *args, **kwargs)
+
+        dist.all_gather, dist.all_to_all_single = all_gather, all_to_all_single
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch.distributed as dist
+
+        dist.all_gather, dist.all_to_all_single = self._saved
+
+
+def byte_scaling(rank: int, world: int, steps: int, hidden: int):
+    """The bytes one rank sends per step with each exchange (counted at the collectives and
+    by the state) and PyTorch's all-reduce (its ring: ``2 (W - 1) / W`` of the gradient)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from wirekit.y2.torch import EXCHANGES, Y2HookState, y2_hook
+
+    out: dict[str, Any] = {}
+    for exchange in EXCHANGES:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10)
+        )
+        ddp = DDP(model, bucket_cap_mb=1024)
+        state = Y2HookState(ddp, exchange=exchange)
+        ddp.register_comm_hook(state, y2_hook)
+        counter = ByteCounter(rank, world)
+        gen = torch.Generator().manual_seed(rank)
+        for _ in range(steps):
+            x = torch.randn(32, 64, generator=gen)
+            y = torch.randint(0, 10, (32,), generator=gen)
+            ddp.zero_grad()
+            with counter:
+                torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        n = sum(p.numel() for p in model.parameters())
+        out[exchange] = {"counted": counter.bytes / steps, "state": state.bytes_sent / steps}
+        out["allreduce"] = 2 * (world - 1) / world * 4 * n
+        del ddp, state
+        gc.collect()
+    return out
 
 
 def cluster_roles(rank: int, world: int, log_path: str, n: int):
@@ -188,11 +264,57 @@ def bad_peer(rank: int, world: int, corrupt: int, value: float, tau: float | Non
     dist.all_gather = all_gather
     model = small_model()
     ddp = DDP(model)
-    ddp.register_comm_hook(Y2HookState(ddp, tau=tau), y2_hook)
+    ddp.register_comm_hook(Y2HookState(ddp, tau=tau, exchange="all-gather"), y2_hook)
     try:
         ddp(torch.ones(2, 5)).sum().backward()
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     finally:
         dist.all_gather = real
+    return None
+
+
+def bad_reduce_scatter_peer(rank: int, world: int, corrupt: str):
+    """Rank 1 breaks one part of the reduce-scatter exchange (fixed tau: every element sends
+    a word): ``count`` (its word count for range 0), ``word`` (its first word for rank 0
+    addresses nothing), ``order`` (its second word for rank 0 repeats the first) or ``sums``
+    (the nonzero count of its sums block, to every rank).  The error text by rank (None:
+    the step went through)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from wirekit.y2.torch import Y2HookState, y2_hook
+
+    real_gather, real_all_to_all = dist.all_gather, dist.all_to_all_single
+
+    def all_gather(outputs, tensor, *args, **kwargs):
+        if rank == 1 and corrupt == "count" and tensor.dtype == torch.int64:
+            tensor = tensor.clone()
+            tensor[0] = 10**6
+        return real_gather(outputs, tensor, *args, **kwargs)
+
+    def all_to_all_single(output, tensor, out_sizes, in_sizes, *args, **kwargs):
+        if rank == 1 and tensor.dtype == torch.int32 and corrupt == "word":
+            tensor = tensor.clone()
+            tensor[0] = -1  # 0xffffffff: layer 511
+        if rank == 1 and tensor.dtype == torch.int32 and corrupt == "order":
+            tensor = tensor.clone()
+            tensor[1] = tensor[0]
+        if rank == 1 and tensor.dtype == torch.uint8 and corrupt == "sums":
+            tensor = tensor.clone().view(world, -1)
+            tensor[:, :4] = torch.tensor([0xE8, 0x03, 0, 0], dtype=torch.uint8)  # 1000
+            tensor = tensor.view(-1)
+        return real_all_to_all(output, tensor, out_sizes, in_sizes, *args, **kwargs)
+
+    dist.all_gather, dist.all_to_all_single = all_gather, all_to_all_single
+    model = small_model()
+    ddp = DDP(model)
+    ddp.register_comm_hook(Y2HookState(ddp, tau=1e-6, exchange="reduce-scatter"), y2_hook)
+    try:
+        ddp(torch.ones(2, 5)).sum().backward()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        dist.all_gather, dist.all_to_all_single = real_gather, real_all_to_all
     return None

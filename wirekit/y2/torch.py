@@ -10,17 +10,26 @@ feedback, per DDP bucket:
    gradient's dtype, on the CPU);
 2. ``y2.compress`` the residuals with tau into delta words (every element with
    ``|r| >= tau`` sends one word of ±tau and keeps the rest; the others keep all of theirs);
-3. send every rank's words to every rank with ``all_gather`` (works on gloo and NCCL),
-   sizes first: with a fixed tau, an all-gather of ``(word count, tau)`` (16 bytes) then
-   one of the words padded to the longest; with the adaptive tau, *one* all-gather of a
-   fixed block per rank, ``(word count, tau)`` then room for ``capacity(n)`` words
-   (``CAPACITY_SLACK × density × n + CAPACITY_MIN``): one round trip instead of two, since
-   on a fast link the exchange is latency-bound.  Words beyond the block are not sent this
-   step: they are added back into the residual (sent later, nothing is lost).  Each rank
-   checks every peer's count (at most the bucket's elements, or the block) and tau (finite,
-   positive) before it allocates or reads anything for them (:class:`DecodeError`);
-4. ``y2.apply`` every rank's words (with that rank's tau) to a zero update and divide by the
-   world size: the averaged update DDP then hands to the optimizer as the gradient.
+3. exchange the words and hand DDP the average of every rank's words as the gradient, by one
+   of two exchanges (``exchange=``):
+
+   * ``"reduce-scatter"`` (the default; SparCML's and Ok-Topk's shape): rank ``r`` owns the
+     ``r``-th of ``W`` equal ranges of the bucket, each rank sends each owner its words there
+     (counts and taus all-gathered first, then one ``all_to_all_single``), the owner sums
+     them in whole units of the ranks' mean tau (from ``-W`` to ``W``; what a whole unit
+     cannot say goes into its own residual, so nothing is lost; with one tau for all ranks,
+     as with a fixed tau, the sums are exact) and sends every rank its range's sums as a
+     bitmap plus ``log2(2W)`` bits per nonzero sum (:mod:`wirekit.y2.sums`; a second
+     all-to-all).  A rank sends about ``(W - 1) / W`` of its words and of the range blocks:
+     its bytes per step stay nearly flat as ranks are added (×(W - 1) / W, and one bit more
+     per sum at each doubling), like an all-reduce's.  Three collectives per bucket;
+   * ``"all-gather"``: every rank's words (and its own tau) to every rank, applied and
+     averaged by each.  One collective with the adaptive tau, but each rank receives
+     ``W - 1`` ranks' words: its bytes grow with the world size.
+
+   Every size and tau a peer sends is checked before anything is allocated or read for it,
+   and so is every word an owner receives (:class:`DecodeError`); an owner that refuses a
+   peer's words tells every rank through its block, so that all of them raise.
 
 The words are y2's (y2's trainer's layout: parameter index ``2 × layer`` for a weight,
 ``2 × layer + 1`` for a bias, bit 0 set for +tau): ``y2.encode(y2.Delta(words))`` of a
@@ -34,16 +43,16 @@ Any other parameter gets layers of its own, in the weights slot, one per 2^21 el
 with :class:`ValueError` when the state is built, since words cannot address it.
 
 tau: fixed (``tau=``) or adaptive (``density=``, the default, 5 %).  Adaptive: each rank, per
-bucket and step, takes as tau the ``1 - density`` quantile of ``|residual|`` (estimated on at
-most ``TAU_SAMPLE`` evenly spaced elements), so about ``density`` of the elements send a word:
-the bytes per step stay near ``4 × density × parameters`` per rank whatever the gradients'
-scale, and the tau travels with the word count.  A fixed tau costs no estimate and gives
-every rank the same tau (as in y2, where it is a cluster constant), but the bytes then follow
-the gradients: a tau too small for them sends up to one word per element (as many bytes as
-fp32) and clips every step's move to ±tau; a tau too large sends almost nothing and the
-residuals grow until they cross it (slow, stale updates).  The density trades bytes for
-accuracy: on ``benchmarks/bench_y2_torch.py`` (1 M parameters, 2 ranks) 0.05 sent 16× fewer
-bytes than fp32 all-reduce at 0.55 points less accuracy, 0.02 sent 40× fewer at 1.6 less.
+bucket and step, estimates the ``1 - density`` quantile of ``|residual|`` (on at most
+``TAU_SAMPLE`` evenly spaced elements), so about ``density`` of the elements send a word
+whatever the gradients' scale; each rank uses its own (it travels with the word count).  At
+most ``capacity(n)`` words go per rank and step; the rest stay in the residual.  A fixed
+tau costs no estimate and gives every rank the same tau (as in y2, where it is a cluster
+constant), but the bytes then follow the gradients: a tau too small for them sends up to
+one word per element (as many bytes as fp32) and clips every step's move to ±tau; a tau too
+large sends almost nothing and the residuals grow until they cross it (slow, stale
+updates).  The density trades bytes for
+accuracy; ``benchmarks/bench_y2_torch.py`` and the README have the measurements.
 
 The kernels run on the CPU; CUDA gradients are copied to the host and back.
 """
@@ -53,7 +62,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -61,11 +70,13 @@ import torch.distributed as dist
 
 from wirekit import y2
 from wirekit.errors import DecodeError
+from wirekit.y2 import sums as sum_blocks
 from wirekit.y2.messages import MAX_ARRAY_SIZE, MAX_LAYERS, PROTOCOL
 
 __all__ = [
     "CAPACITY_MIN",
     "CAPACITY_SLACK",
+    "EXCHANGES",
     "TAU_SAMPLE",
     "Segment",
     "Y2Cluster",
@@ -81,6 +92,8 @@ TAU_SAMPLE = 65536
 CAPACITY_SLACK = 1.25
 CAPACITY_MIN = 16
 _HEAD = 4  # int32s before the words in a block: count (int64), tau (float64)
+#: How the hook moves the words (:class:`Y2HookState` ``exchange``).
+EXCHANGES = ("reduce-scatter", "all-gather")
 
 _NUMPY_DTYPES = {
     torch.float16: np.float16,
@@ -147,6 +160,10 @@ class _Bucket:
     places: list[tuple[int, int, Segment]]  # (offset in buffer, layer entry, segment)
     layers: int
     dtype: Any
+    # reduce-scatter: where each (layer, weight or bias) array of the y2 model starts in the
+    # buffer and its length, at 2 × layer + (0 weights, 1 biases)
+    slot_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    slot_size: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 @dataclass
@@ -155,20 +172,27 @@ class Y2HookState:
 
     ``module``: the model (or its DDP wrapper), for the layer ids.  ``tau``: a fixed
     threshold; ``None`` (the default) adapts it so that about ``density`` of a bucket's
-    elements send a word each step.  ``process_group``: the group DDP uses (default group if
-    None).  ``record``: keep every rank's words of the last step in ``last_words``
-    (bucket index → ``(words, tau)`` per rank).
+    elements send a word each step.  ``exchange``: ``"reduce-scatter"`` (the default: each
+    rank sums the words of one range of the bucket and sends every rank the sums, coded
+    compactly; the bytes per rank stay nearly flat as ranks are added) or ``"all-gather"``
+    (every rank's words to every rank; bytes per rank grow with the world size).
+    ``process_group``: the group DDP uses (default group if None).  ``record``: keep the
+    words of the last step in ``last_words`` (bucket index → ``(words, tau)`` per rank:
+    every rank's words with ``all-gather``, the words this rank received from each rank,
+    those of its range, with ``reduce-scatter``).
 
     Counters (this rank): ``steps`` (buckets hooked), ``words_sent``, ``bytes_sent``
-    (what this rank puts on the wire in a ring all-gather: ``(world - 1) ×`` its padded
-    block, sizes included), ``elements`` (gradient elements seen), and the seconds spent in
-    ``compress_seconds`` (residual update, tau, compress), ``exchange_seconds`` (the two
-    all-gathers) and ``apply_seconds`` (apply and average).
+    (what this rank puts on the wire: ``(world - 1) ×`` its block in a ring all-gather,
+    sizes included; its parts for the other ranks in an all-to-all), ``elements`` (gradient
+    elements seen), and the seconds spent in ``compress_seconds`` (residual update, tau,
+    compress), ``exchange_seconds`` (the collectives, and with ``reduce-scatter`` the
+    summing and coding of its range) and ``apply_seconds`` (apply and average).
     """
 
     module: torch.nn.Module
     tau: float | None = None
     density: float = 0.05
+    exchange: str = "reduce-scatter"
     process_group: Any = None
     record: bool = False
     steps: int = 0
@@ -189,6 +213,10 @@ class Y2HookState:
             raise ValueError(f"{PROTOCOL}: tau must be a finite positive number, got {self.tau}")
         if not 0 < self.density <= 1:
             raise ValueError(f"{PROTOCOL}: density must be in (0, 1], got {self.density}")
+        if self.exchange not in EXCHANGES:
+            raise ValueError(
+                f"{PROTOCOL}: exchange must be one of {', '.join(EXCHANGES)}, got {self.exchange!r}"
+            )
         if isinstance(self.module, torch.nn.parallel.DistributedDataParallel):
             # keep the model, not its wrapper: DDP holds this state (a cycle through the
             # wrapper would keep its process group alive until a garbage collection)
@@ -229,12 +257,17 @@ class Y2HookState:
             offset += p.numel()
         residual = [tuple(entries.get(k, (empty, empty))) for k in range(layers)]
         bucket = _Bucket(residual, places, layers, dtype)  # type: ignore[arg-type]
+        # the model over the buffer positions themselves: each array's first position
+        positions = self._update_model(bucket, np.arange(offset, dtype=np.int64))
+        arrays = [a for pair in positions for a in pair]
+        bucket.slot_start = np.array([a[0] if a.size else 0 for a in arrays], np.int64)
+        bucket.slot_size = np.array([a.size for a in arrays], np.int64)
         self._buckets[key] = bucket
         return bucket
 
     def _update_model(self, bucket: _Bucket, out: np.ndarray) -> list[tuple[Any, Any]]:
         """The bucket's y2 model over ``out`` (flat, laid out as the bucket's buffer)."""
-        empty = np.zeros(0, bucket.dtype)
+        empty = np.zeros(0, out.dtype)
         entries: dict[int, list[np.ndarray]] = {}
         for offset, layer, seg in bucket.places:
             view = out[offset + seg.start : offset + seg.stop]
@@ -272,6 +305,18 @@ def _checked_metas(metas: list[tuple[float, float]], limit: int) -> tuple[list[i
     return sizes, taus
 
 
+class _Step(NamedTuple):
+    """What one exchange did for a bucket on this rank."""
+
+    out: np.ndarray  # the averaged update, laid out as the bucket's buffer
+    words: int  # words this rank sent
+    sent_bytes: int
+    received: list[np.ndarray]  # the words received from each rank
+    taus: list[float]  # and the tau of each rank's words
+    compressed: float  # time.perf_counter() when the words were made
+    exchanged: float  # ... and when the collectives were done
+
+
 def y2_hook(state: Y2HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: y2 threshold compression with error feedback (see module doc).
 
@@ -282,8 +327,6 @@ def y2_hook(state: Y2HookState, bucket: dist.GradBucket) -> torch.futures.Future
     dtype = _NUMPY_DTYPES.get(buffer.dtype)
     if dtype is None:
         raise TypeError(f"{PROTOCOL}: y2 words carry float16/32/64 updates, not {buffer.dtype}")
-    group = state.process_group
-    world = dist.get_world_size(group)
     params = list(bucket.parameters())
     b = state._bucket(params, dtype)
     t0 = time.perf_counter()
@@ -292,11 +335,35 @@ def y2_hook(state: Y2HookState, bucket: dist.GradBucket) -> torch.futures.Future
     for offset, _layer, seg in b.places:  # residual += gradient
         res = b.residual[seg.layer][0 if seg.is_weight else 1]
         res += grads[offset + seg.start : offset + seg.stop]
+    exchange = _reduce_scatter if state.exchange == "reduce-scatter" else _all_gather
+    step = exchange(state, b, n, buffer.device)
+    buffer.copy_(torch.from_numpy(step.out).to(buffer.device))
+
+    state.compress_seconds += step.compressed - t0
+    state.exchange_seconds += step.exchanged - step.compressed
+    state.apply_seconds += time.perf_counter() - step.exchanged
+    state.steps += 1
+    state.words_sent += step.words
+    state.bytes_sent += step.sent_bytes
+    state.elements += n
+    if state.record:
+        if state._step_done:  # the first bucket of a step: forget the last step's words
+            state.last_words.clear()
+        state.last_words[bucket.index()] = list(zip(step.received, step.taus, strict=True))
+    state._step_done = bucket.is_last()
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(buffer)
+    return fut
+
+
+def _all_gather(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Step:
+    """Every rank's words (and tau) to every rank; each applies them all and averages."""
+    group = state.process_group
+    world = dist.get_world_size(group)
     tau = state._tau_for(b, n)
     words = y2.compress(b.residual, tau)
     t1 = time.perf_counter()
 
-    device = buffer.device
     if state.tau is None:  # one all-gather: (count, tau) and the words in a fixed block
         capacity = state.capacity(n)
         if len(words) > capacity:  # not sent this step: back into the residual
@@ -334,28 +401,196 @@ def y2_hook(state: Y2HookState, bucket: dist.GradBucket) -> torch.futures.Future
         sent_bytes = (world - 1) * (16 + 4 * longest)
 
     t2 = time.perf_counter()
-    out = np.zeros(n, dtype)
+    out = np.zeros(n, b.dtype)
     model = state._update_model(b, out)
     for rank_words, rank_tau in zip(received, taus, strict=True):
         y2.apply(model, rank_words, rank_tau)
-    out /= dtype(world)
-    buffer.copy_(torch.from_numpy(out).to(device))
+    out /= b.dtype(world)
+    return _Step(out, len(words), sent_bytes, received, taus, t1, t2)
 
-    state.compress_seconds += t1 - t0
-    state.exchange_seconds += t2 - t1
-    state.apply_seconds += time.perf_counter() - t2
-    state.steps += 1
-    state.words_sent += len(words)
-    state.bytes_sent += sent_bytes
-    state.elements += n
-    if state.record:
-        if state._step_done:  # the first bucket of a step: forget the last step's words
-            state.last_words.clear()
-        state.last_words[bucket.index()] = list(zip(received, taus, strict=True))
-    state._step_done = bucket.is_last()
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(buffer)
-    return fut
+
+def _reduce_scatter(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Step:
+    """Rank ``r`` owns the buffer's elements ``r n / W`` to ``(r + 1) n / W``: every rank
+    sends it its words there (all-to-all), it sums them in units of the ranks' mean tau and
+    sends every rank the sums, coded by :mod:`wirekit.y2.sums` (all-to-all again)."""
+    group = state.process_group
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    edges = np.array([r * n // world for r in range(world + 1)], np.int64)
+    sizes = np.diff(edges)
+    tau = state._tau_for(b, n)  # the fixed tau, or this rank's quantile
+    sent_bytes = 0
+    words = y2.compress(b.residual, tau)
+    limit = n
+    if state.tau is None:
+        limit = state.capacity(n)
+        if len(words) > limit:  # an even spread of them goes, the rest back into the residual
+            keep = np.zeros(len(words), bool)
+            keep[np.arange(limit) * len(words) // limit] = True
+            y2.apply(b.residual, words[~keep], tau)
+            words = words[keep]
+    positions = _positions(b, words, "words")
+    order = np.argsort(positions, kind="stable")
+    words, positions = words[order], positions[order]
+    counts = np.diff(np.searchsorted(positions, edges)).astype(np.int64)
+    t1 = time.perf_counter()
+
+    # every rank's word count per range, and its tau
+    head = np.concatenate([counts, np.array([tau], np.float64).view(np.int64)])
+    heads = _all_gather_array(head, group, device)
+    sent_bytes += (world - 1) * head.nbytes
+    matrix, taus = _checked_heads(heads, sizes, limit, state.tau)
+    # the sums' unit: the ranks' mean tau (the tau itself when they all have one)
+    unit = taus[0] if len(set(taus)) == 1 else math.fsum(taus) / world
+    # the words to the owner of their range
+    incoming = matrix[:, rank]
+    got = _all_to_all(words.view(np.int32), counts, incoming, group, device).view(np.uint32)
+    sent_bytes += 4 * (len(words) - int(counts[rank]))
+    received = np.split(got, np.cumsum(incoming)[:-1])
+    # this rank's range summed and coded; a peer's bad words refused to every rank
+    lo, hi = int(edges[rank]), int(edges[rank + 1])
+    total = np.zeros(n, np.float64)
+    model = state._update_model(b, total)
+    refusal: DecodeError | None = None
+    try:
+        for r, rank_words in enumerate(received):
+            _check_range(_positions(b, rank_words, f"rank[{r}].words"), lo, hi, r)
+            y2.apply(model, rank_words, taus[r] / unit)
+        # |total| <= the sum of the taus = W units; what a whole number of units cannot
+        # say stays with this rank, in its residual (sent later, nothing is lost)
+        mine = total[lo:hi]
+        sums = np.clip(np.rint(mine), -world, world)
+        if np.any(mine != sums):
+            _add_to_residual(b, lo, (mine - sums) * unit)
+        block = sum_blocks.encode(sums.astype(np.int64), world)
+    except DecodeError as exc:
+        refusal, block = exc, sum_blocks.refused()
+    bounds = [
+        sum_blocks.block_size(int(sizes[j]), int(min(sizes[j], matrix[:, j].sum())), world)
+        for j in range(world)
+    ]
+    padded = np.zeros(bounds[rank], np.uint8)
+    padded[: block.size] = block
+    blocks = _all_to_all(np.tile(padded, world), [bounds[rank]] * world, bounds, group, device)
+    sent_bytes += (world - 1) * bounds[rank]
+    if refusal is not None:
+        raise refusal
+    t2 = time.perf_counter()
+
+    out = np.zeros(n, b.dtype)
+    for j, part in enumerate(np.split(blocks, np.cumsum(bounds)[:-1])):
+        where, sums = sum_blocks.decode(part, int(sizes[j]), world, f"rank[{j}].sums")
+        out[edges[j] + where] = sums * (unit / world)
+    return _Step(out, len(words), sent_bytes, received, taus, t1, t2)
+
+
+def _add_to_residual(b: _Bucket, start: int, values: np.ndarray) -> None:
+    """Add ``values`` to the residual of the buffer's elements ``start:start + len``."""
+    stop = start + values.size
+    for offset, _layer, seg in b.places:
+        first, last = offset + seg.start, offset + seg.stop
+        lo, hi = max(first, start), min(last, stop)
+        if lo < hi:
+            res = b.residual[seg.layer][0 if seg.is_weight else 1]
+            res[lo - first : hi - first] += values[lo - start : hi - start]
+
+
+def _positions(b: _Bucket, words: np.ndarray, field_name: str) -> np.ndarray:
+    """Where in the bucket's buffer each word's element is; :class:`DecodeError`
+    (``field_name[i]``) for a word that addresses no element of the bucket."""
+    layer, is_weight, index, _sign = y2.unpack(words)
+    slot = 2 * layer.astype(np.int64) + ~is_weight
+    index = index.astype(np.int64)
+    known = slot < b.slot_size.size
+    inside = known.copy()
+    inside[known] = index[known] < b.slot_size[slot[known]]
+    if not inside.all():
+        i = int(np.argmin(inside))
+        raise DecodeError(
+            PROTOCOL,
+            f"{field_name}[{i}]",
+            4 * i,
+            f"word {int(words[i]):#010x} addresses no element of this bucket",
+        )
+    return b.slot_start[slot] + index
+
+
+def _check_range(positions: np.ndarray, lo: int, hi: int, rank: int) -> None:
+    """A rank's words for this range: inside ``lo:hi``, one per element, in buffer order."""
+    bad = (positions < lo) | (positions >= hi)
+    bad[1:] |= positions[1:] <= positions[:-1]
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DecodeError(
+            PROTOCOL,
+            f"rank[{rank}].words[{i}]",
+            4 * i,
+            f"element {int(positions[i])} is not after the previous word's in range {lo}:{hi}",
+        )
+
+
+def _all_gather_array(array: np.ndarray, group: Any, device: Any) -> np.ndarray:
+    """Every rank's ``array`` (same shape and dtype everywhere), stacked by rank."""
+    tensor = torch.from_numpy(array).to(device)
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, tensor, group=group)
+    return np.stack([p.cpu().numpy() for p in parts])
+
+
+def _all_to_all(
+    send: np.ndarray, send_counts: Any, receive_counts: Any, group: Any, device: Any
+) -> np.ndarray:
+    """``send`` cut into ``send_counts`` items for each rank in turn; what each rank sent
+    this one (``receive_counts`` items from each), concatenated by rank."""
+    tensor = torch.from_numpy(np.ascontiguousarray(send)).to(device)
+    out = torch.empty(int(sum(receive_counts)), dtype=tensor.dtype, device=device)
+    dist.all_to_all_single(
+        out,
+        tensor,
+        [int(c) for c in receive_counts],
+        [int(c) for c in send_counts],
+        group=group,
+    )
+    return out.cpu().numpy()
+
+
+def _checked_heads(
+    heads: np.ndarray, sizes: np.ndarray, limit: int, fixed: float | None
+) -> tuple[np.ndarray, list[float]]:
+    """Every rank's words per range (a rank × range matrix) and tau, checked: a count from
+    0 to the range's elements, at most ``limit`` in all, a tau finite and positive (and
+    ``fixed``, when the tau is fixed: the same on every rank).  :class:`DecodeError`
+    (``rank[r].counts[j]`` / ``rank[r].tau``, the offset in that rank's head) otherwise."""
+    world = sizes.size
+    matrix = heads[:, :world]
+    taus = heads[:, world].view(np.float64)
+    for r in range(world):
+        row = matrix[r]
+        bad = (row < 0) | (row > sizes)
+        if bad.any():
+            j = int(np.argmax(bad))
+            raise DecodeError(
+                PROTOCOL,
+                f"rank[{r}].counts[{j}]",
+                8 * j,
+                f"{int(row[j])} words for a range of {int(sizes[j])} elements",
+            )
+        if int(row.sum()) > limit:
+            raise DecodeError(
+                PROTOCOL, f"rank[{r}].counts", 0, f"{int(row.sum())} words for at most {limit}"
+            )
+        tau = float(taus[r])
+        if not (math.isfinite(tau) and tau > 0):
+            raise DecodeError(
+                PROTOCOL, f"rank[{r}].tau", 8 * world, f"{tau!r} is not a positive tau"
+            )
+        if fixed is not None and tau != fixed:
+            raise DecodeError(
+                PROTOCOL,
+                f"rank[{r}].tau",
+                8 * world,
+                f"{tau!r} is not this rank's fixed tau {fixed!r} (one tau for all ranks)",
+            )
+    return matrix, [float(t) for t in taus]
 
 
 class Y2Cluster:
