@@ -32,11 +32,11 @@ if ((${#missing[@]})); then
     fi
 fi
 
+# Clipper's own rpc.py of three eras (and pyzmq/numpy for a Python 2.7, when there is
+# one), the real peers of tests/test_conform.py (skipped where GitHub cannot be reached).
+scripts/fetch-clipper-rpc.sh
 # The test extra (pytest, hypothesis, kubemo, pyzmq, psycopg, uvloop, ...) and the torch
 # extra (torch==2.13.0, for the y2 DDP tests); the install compiles the Cython twins.
 python -m pip install -e '.[test,torch]'
-# Clipper's own rpc.py of three eras (and pyzmq/numpy for a Python 2.7, when there is
-# one), the real peers of tests/test_conform.py.
-scripts/fetch-clipper-rpc.sh
 python -m pytest
 WIREKIT_PURE=1 python -m pytest tests

@@ -68,6 +68,6 @@ def test_asking_for_uvloop_without_it_names_the_extra_that_brings_it():
     )  # fmt: skip
     assert done.returncode == 2
     (line,) = done.stderr.splitlines()  # one line: no warning of an unawaited coroutine
-    assert "uvloop event loop was asked for but is not installed" in line
+    assert "the uvloop event loop needs the 'uvloop' extra" in line
     (extra,) = named_extras(line)
     assert extra in EXTRAS

@@ -426,7 +426,9 @@ def test_the_same_config_without_the_secrets_value_is_refused_by_check(tmp_path)
         env=dict(env, PYTHONPATH=str(ROOT)),
     )  # fmt: skip
     assert done.returncode == 1
-    assert done.stderr.startswith(f"wirekit: {config}: admin.token: the HTTP front door")
+    assert done.stderr.startswith(
+        f"wirekit serve check: {config}: admin.token: the HTTP front door"
+    ), done.stderr
     assert done.stderr.count("\n") == 1
 
 

@@ -28,5 +28,5 @@ def test_ci_installs_torch_and_requires_its_tests():
     script = (ROOT / "scripts" / "test.sh").read_text()
     assert "\npython -m pip install -e '.[test,torch]'\npython -m pytest\n" in script
     readme = (ROOT / "README.md").read_text()
-    assert "```sh\npip install . && wirekit decode" in readme
+    assert "```sh\npip install -e '.[serve]' && wirekit decode" in readme
     assert "\nbash scripts/test.sh\n```" in readme
