@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--hooks", default=HOOKS)
     parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--density", type=float, default=0.05)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per world size")
     parser.add_argument("--json", default=None, help="also write the raw results here")

@@ -1,24 +1,48 @@
-"""Compact coding of a range's sums of y2 signs, for the DDP hook's reduce-scatter exchange.
+"""Compact coding of a range's sums of y2 words, for the DDP hook's reduce-scatter exchange.
 
 In :mod:`wirekit.y2.torch`'s ``reduce-scatter`` exchange every rank owns a range of a bucket's
-elements: the other ranks send it their delta words there, it sums them, and sends every rank
-the sums.  All ranks use one tau, so a sum is a whole number of taus between ``-W`` and ``W``
-(``W`` ranks, at most one word per rank and element), most of them 0.  A block codes one
-range's sums as::
+elements: the other ranks send it their delta words there, it adds them up (a word of rank
+``r`` is ``±tau_r``) and sends every rank the sums.  A sum is sent as a signed index into a
+table of magnitudes that every rank builds from the ranks' taus (all ranks have them all),
+:func:`magnitudes`, in units of the smallest tau:
+
+* every rank has the same tau (a fixed tau, as in y2): the table is ``1, 2, ... W`` (``W``
+  ranks, at most one word per rank and element): every sum is exact;
+* otherwise (each rank's own adaptive tau): ``LEVELS`` magnitudes from 1 (the smallest tau)
+  in equal ratios towards the sum of all taus: a sum is rounded to the nearest magnitude
+  (or 0), which is exact for the smallest tau's lone words and within half a step of the
+  others; the owner keeps what was rounded off in its residual (nothing is lost).
+
+Whole units of one common tau would need no table, but with ranks' taus far apart they
+round the words of a rank with a small tau to 0 step after step; the geometric table keeps
+every lone word within about ``(ratio ** (1/16) - 1) / 2`` of its value.
+
+A block codes one range's codes as::
 
     nonzeros k (uint32, little-endian) | bitmap (one bit per element of the range) | codes
 
-The bitmap's bit ``i`` (least significant bit of each byte first) is set where the sum of
-element ``i`` is not 0; then, in element order, one code of ``value_bits(W)`` bits per
-nonzero sum (``v + W`` for ``v < 0``, ``v + W - 1`` for ``v > 0``: the ``2 W`` possible values,
-4 bits at 8 ranks), packed the same way.  A block for ``m`` elements with ``k`` nonzero sums
-takes ``block_size(m, k, W)`` bytes: ``m / 8`` bytes of bitmap whatever the sums, plus
-``k × value_bits(W) / 8``.
+The bitmap's bit ``i`` (least significant bit of each byte first) is set where the code of
+element ``i`` is not 0; then, in element order, one code of ``value_bits(L)`` bits per nonzero
+(``L`` magnitudes; ``v + L`` for ``v < 0``, ``v + L - 1`` for ``v > 0``: the ``2 L`` possible
+values, 5 bits for the 16 levels), packed the same way.  A block for ``m`` elements with ``k``
+nonzero codes takes ``block_size(m, k, L)`` bytes: ``m / 8`` bytes of bitmap whatever the
+sums, plus ``k × value_bits(L) / 8``.
+
+    >>> import numpy as np
+    >>> table = magnitudes([0.5, 2.0])           # two ranks' taus, unit 0.5
+    >>> table.size, float(table[0])
+    (16, 1.0)
+    >>> codes = quantize(np.array([0.0, 1.0, -5.0]), table)  # none, +0.5, -(0.5 + 2.0)
+    >>> codes.tolist(), values(codes, table).round(3).tolist()   # the sum 5 beyond the table
+    ([0, 1, -16], [0.0, 1.0, -4.522])
 
 NumPy only: the blocks are a few kilobytes to a few megabytes per step.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -26,21 +50,63 @@ from wirekit.errors import DecodeError, EncodeError
 
 from .messages import PROTOCOL
 
-#: Bytes before the bitmap: the count of nonzero sums.
+#: Bytes before the bitmap: the count of nonzero codes.
 HEADER = 4
 #: The count of a block that stands for none: its range's owner refused a peer's words (and
 #: says why in its own error), so that every rank stops, not only the owner.
 REFUSED = 0xFFFFFFFF
+#: Magnitudes in the table of ranks with different taus: 5-bit codes.
+LEVELS = 16
 
 
-def value_bits(world: int) -> int:
-    """Bits of one nonzero sum's code with ``world`` ranks (its ``2 × world`` values)."""
-    return max(1, (2 * world - 1).bit_length())
+def magnitudes(taus: Sequence[float]) -> np.ndarray:
+    """The table of sum magnitudes for ranks with these taus, ascending, in units of the
+    smallest tau (float64).
+
+    One tau for all: ``1 .. W``.  Otherwise ``LEVELS`` values ``q ** k`` (``k = 0 ..
+    LEVELS - 1``) with ``q = (sum(taus) / min(taus)) ** (1 / 16)``; ``q`` is taken by four
+    square roots and the powers by repeated products, each correctly rounded in IEEE
+    arithmetic, so every rank builds the same table bit for bit from the same taus.
+    """
+    smallest = min(taus)
+    if all(t == smallest for t in taus):
+        return np.arange(1, len(taus) + 1, dtype=np.float64)
+    ratio = math.fsum(taus) / smallest
+    for _ in range(4):
+        ratio = math.sqrt(ratio)
+    table = [1.0]
+    for _ in range(LEVELS - 1):
+        table.append(table[-1] * ratio)
+    return np.array(table, np.float64)
 
 
-def block_size(size: int, nonzeros: int, world: int) -> int:
-    """Bytes of the block of a range of ``size`` elements with ``nonzeros`` nonzero sums."""
-    return HEADER + (size + nonzeros * value_bits(world) + 7) // 8
+def quantize(sums: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Each sum's code (int64): ``±(k + 1)`` for the nearest magnitude ``table[k]``, 0 where
+    0 is nearer than ``table[0]``; beyond the table, its largest magnitude."""
+    sums = np.asarray(sums, np.float64)
+    size = np.abs(sums)
+    above = np.searchsorted(table, size)  # table[above - 1] < size <= table[above]
+    padded = np.concatenate([[0.0], table, [table[-1]]])
+    lower, upper = padded[above], padded[above + 1]
+    index = np.where(size - lower <= upper - size, above, np.minimum(above + 1, table.size))
+    return (np.sign(sums) * index).astype(np.int64)
+
+
+def values(codes: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """The sums that ``codes`` stand for (float64, in the table's unit)."""
+    codes = np.asarray(codes, np.int64)
+    padded = np.concatenate([[0.0], table])
+    return np.sign(codes) * padded[np.abs(codes)]
+
+
+def value_bits(levels: int) -> int:
+    """Bits of one nonzero code for a table of ``levels`` magnitudes (``2 × levels`` codes)."""
+    return max(1, (2 * levels - 1).bit_length())
+
+
+def block_size(size: int, nonzeros: int, levels: int) -> int:
+    """Bytes of the block of a range of ``size`` elements with ``nonzeros`` nonzero codes."""
+    return HEADER + (size + nonzeros * value_bits(levels) + 7) // 8
 
 
 def refused() -> np.ndarray:
@@ -53,34 +119,35 @@ def _bits(values: np.ndarray, width: int) -> np.ndarray:
     return ((values[:, None] >> np.arange(width, dtype=values.dtype)) & 1).astype(np.uint8).ravel()
 
 
-def encode(sums: np.ndarray, world: int) -> np.ndarray:
-    """The block (``uint8``) of one range's ``sums`` (integers in ``-world..world``).
+def encode(codes: np.ndarray, levels: int) -> np.ndarray:
+    """The block (``uint8``) of one range's ``codes`` (integers in ``-levels..levels``).
 
-    :class:`EncodeError` (field ``sums``) for a sum outside that range.
+    :class:`EncodeError` (field ``codes``) for a code outside that range.
     """
-    sums = np.asarray(sums, dtype=np.int64)
-    nonzero = np.flatnonzero(sums)
-    values = sums[nonzero]
-    if values.size and int(np.abs(values).max()) > world:
-        at = int(nonzero[np.argmax(np.abs(values) > world)])
+    codes = np.asarray(codes, dtype=np.int64)
+    nonzero = np.flatnonzero(codes)
+    chosen = codes[nonzero]
+    if chosen.size and int(np.abs(chosen).max()) > levels:
+        at = int(nonzero[np.argmax(np.abs(chosen) > levels)])
         raise EncodeError(
-            PROTOCOL, f"sums[{at}]", f"sum {int(sums[at])} of {world} ranks' signs is impossible"
+            PROTOCOL, f"codes[{at}]", f"code {int(codes[at])} is beyond ±{levels} magnitudes"
         )
-    codes = np.where(values < 0, values + world, values + world - 1)
-    bits = np.zeros(sums.size + values.size * value_bits(world), np.uint8)
+    width = value_bits(levels)
+    coded = np.where(chosen < 0, chosen + levels, chosen + levels - 1)
+    bits = np.zeros(codes.size + chosen.size * width, np.uint8)
     bits[nonzero] = 1
-    bits[sums.size :] = _bits(codes, value_bits(world))
-    head = np.array([values.size], "<u4").view(np.uint8)
+    bits[codes.size :] = _bits(coded, width)
+    head = np.array([chosen.size], "<u4").view(np.uint8)
     return np.concatenate([head, np.packbits(bits, bitorder="little")])
 
 
-def decode(block: np.ndarray, size: int, world: int, field: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(positions, sums)`` of a block of ``size`` elements: where in the range the sums
-    are not 0 (ascending) and those sums, checked first.
+def decode(block: np.ndarray, size: int, levels: int, field: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(positions, codes)`` of a block of ``size`` elements: where in the range the codes
+    are not 0 (ascending) and those codes (``±1 .. ±levels``), checked first.
 
     ``block`` may be longer than the block (padding is ignored).  :class:`DecodeError`
     (``field``, the offset in the block) for a count beyond the range or the block, a
-    bitmap that does not hold that many bits, or a code that is no sum of ``world`` signs.
+    bitmap that does not hold that many bits, or a code beyond the table.
     """
     block = np.asarray(block, dtype=np.uint8)
     if block.size < HEADER:
@@ -90,8 +157,8 @@ def decode(block: np.ndarray, size: int, world: int, field: str) -> tuple[np.nda
         raise DecodeError(
             PROTOCOL, field, 0, "that rank refused the words it received (its error says why)"
         )
-    width = value_bits(world)
-    if count > size or block_size(size, count, world) > block.size:
+    width = value_bits(levels)
+    if count > size or block_size(size, count, levels) > block.size:
         raise DecodeError(
             PROTOCOL,
             field,
@@ -105,13 +172,13 @@ def decode(block: np.ndarray, size: int, world: int, field: str) -> tuple[np.nda
             PROTOCOL, field, HEADER, f"the bitmap marks {positions.size} sums, not {count}"
         )
     weights = np.left_shift(np.int64(1), np.arange(width, dtype=np.int64))
-    codes = bits[size:].reshape(count, width).astype(np.int64) @ weights
-    if codes.size and int(codes.max()) >= 2 * world:
-        at = int(np.argmax(codes >= 2 * world))
+    coded = bits[size:].reshape(count, width).astype(np.int64) @ weights
+    if coded.size and int(coded.max()) >= 2 * levels:
+        at = int(np.argmax(coded >= 2 * levels))
         raise DecodeError(
             PROTOCOL,
             field,
             HEADER + (size + at * width) // 8,
-            f"code {int(codes[at])} is no sum of {world} signs",
+            f"code {int(coded[at])} is beyond a table of {levels} magnitudes",
         )
-    return positions, np.where(codes < world, codes - world, codes - world + 1)
+    return positions, np.where(coded < levels, coded - levels, coded - levels + 1)
