@@ -32,10 +32,22 @@ from wirekit.y2.torch import CAPACITY_MIN, CAPACITY_SLACK, Segment, Y2HookState,
 SMALL_LAYOUT = [(0, True, 20), (0, False, 4), (1, True, 12), (2, True, 3)]
 
 
-def _reference_compress(residuals: list[np.ndarray], tau: float) -> np.ndarray:
+def _reference_tau(residuals: list[np.ndarray], density: float | None, fixed: float) -> tuple:
+    """(threshold, tau) of a rank's step: the fixed tau for both, or the ``1 - density``
+    quantile of ``|residual|`` and the mean ``|residual|`` of the elements reaching it."""
+    if density is None:
+        return fixed, fixed
+    sample = np.abs(np.concatenate(residuals))
+    k = int(len(sample) * (1 - density))
+    threshold = float(np.partition(sample, k)[k])
+    return threshold, float(sample[sample >= threshold].mean(dtype=np.float64))
+
+
+def _reference_compress(residuals: list[np.ndarray], threshold: float, tau: float) -> np.ndarray:
     """y2's compression, written out: per layer its weights then its biases, index
-    ascending; |r| >= tau sends one word of ±tau (bit 0 set for +tau), r moves by it."""
-    t = np.float32(tau)
+    ascending; |r| >= threshold sends one word of ±tau (bit 0 set for +tau), r moves by
+    the threshold, then by the rest of the tau."""
+    t, extra = np.float32(threshold), np.float32(tau - threshold)
     words = []
     order = sorted(
         range(len(SMALL_LAYOUT)), key=lambda i: (SMALL_LAYOUT[i][0], not SMALL_LAYOUT[i][1])
@@ -47,9 +59,13 @@ def _reference_compress(residuals: list[np.ndarray], tau: float) -> np.ndarray:
             if r[idx] >= t:
                 words.append(y2_word(layer, is_weight, idx, 1))
                 r[idx] -= t
+                if tau > threshold:
+                    r[idx] -= extra
             elif r[idx] <= -t:
                 words.append(y2_word(layer, is_weight, idx, 0))
                 r[idx] += t
+                if tau > threshold:
+                    r[idx] += extra
     return np.array(words, dtype=np.uint32)
 
 
@@ -61,9 +77,10 @@ def _reference_apply(update: list[np.ndarray], words: np.ndarray, tau: float) ->
         arr[(word >> 1) & (2**21 - 1)] += t if word & 1 else -t
 
 
-def _check_against_reference(results, world=2, capacity=None):
+def _check_against_reference(results, world=2, capacity=None, density=None):
     """``capacity``: the adaptive tau's block size in words (None: fixed tau, two
-    all-gathers); words beyond it stay in the residual."""
+    all-gathers); words beyond it stay in the residual.  ``density``: the adaptive tau's
+    (None: the tau is fixed)."""
     residuals = [[np.zeros(n, np.float32) for *_, n in SMALL_LAYOUT] for _ in range(world)]
     expected_bytes = 0
     for step in range(len(results[0]["steps"])):
@@ -76,7 +93,9 @@ def _check_against_reference(results, world=2, capacity=None):
             tau = taus.pop()
             for res, grad in zip(residuals[r], per_rank[r]["local"], strict=True):
                 res += grad
-            words = _reference_compress(residuals[r], tau)
+            threshold, want_tau = _reference_tau(residuals[r], density, tau)
+            assert tau == want_tau
+            words = _reference_compress(residuals[r], threshold, tau)
             if capacity is not None:  # not sent: back into the residual
                 _reference_apply(residuals[r], words[capacity:], tau)
                 words = words[:capacity]
@@ -118,7 +137,7 @@ def test_hook_equals_numpy_reference_adaptive_tau(tmp_path):
     # density 0.25 of 39 elements: about 10 words per rank and step
     assert all(8 <= len(w) <= 12 for w, _t in exchange)
     assert results[0]["capacity"] == 29  # 1.25 × 0.25 × 39, rounded up, + 16
-    _check_against_reference(results, capacity=29)
+    _check_against_reference(results, capacity=29, density=0.25)
 
 
 def test_adaptive_tau_words_beyond_the_block_stay_in_the_residual(tmp_path):
@@ -131,7 +150,7 @@ def test_adaptive_tau_words_beyond_the_block_stay_in_the_residual(tmp_path):
         len(w) == 3 for step in results[0]["steps"] for parts in step["exchange"].values()
         for w, _t in parts
     )  # fmt: skip
-    _check_against_reference(results, capacity=3)
+    _check_against_reference(results, capacity=3, density=0.25)
 
 
 def test_a_steps_words_decode_as_y2_deltas(tmp_path):
@@ -169,17 +188,27 @@ def _compress_order() -> list[tuple[int, int]]:
     return [(i, k) for i in order for k in range(SMALL_LAYOUT[i][2])]
 
 
-def _dense_signs(residual: list[np.ndarray], tau: float, capacity: int | None) -> list[np.ndarray]:
-    """A rank's step written out densely: +1 / -1 where ``|r| >= tau`` (r moves by ∓tau),
-    at most ``capacity`` of them (an even spread in word order; the rest stay)."""
-    t = np.float32(tau)
+def _dense_signs(
+    residual: list[np.ndarray], threshold: float, tau: float, capacity: int | None
+) -> list[np.ndarray]:
+    """A rank's step written out densely: +1 / -1 where ``|r| >= threshold`` (r moves by
+    the threshold, then by the rest of the tau), at most ``capacity`` of them (an even
+    spread in word order; the others get their tau back)."""
+    t, extra, back = np.float32(threshold), np.float32(tau - threshold), np.float32(tau)
     hits = [(i, k) for i, k in _compress_order() if abs(residual[i][k]) >= t]
+    kept = hits
     if capacity is not None and len(hits) > capacity:
-        hits = [hits[j * len(hits) // capacity] for j in range(capacity)]
+        kept = [hits[j * len(hits) // capacity] for j in range(capacity)]
     signs = [np.zeros(r.size, np.int64) for r in residual]
     for i, k in hits:
-        signs[i][k] = 1 if residual[i][k] >= t else -1
-        residual[i][k] -= t * np.float32(signs[i][k])
+        sign = 1 if residual[i][k] >= t else -1
+        residual[i][k] -= t * np.float32(sign)
+        if tau > threshold:
+            residual[i][k] -= extra * np.float32(sign)
+        if (i, k) in kept:
+            signs[i][k] = sign
+        else:
+            residual[i][k] += back * np.float32(sign)
     return signs
 
 
@@ -228,7 +257,9 @@ def _check_reduce_scatter(results, world: int, adaptive: bool) -> None:
             assert [t for _w, t in per_rank[r]["exchange"][bucket]] == taus
             for res, grad in zip(residuals[r], per_rank[r]["local"], strict=True):
                 res += grad
-            signs = _dense_signs(residuals[r], taus[r], capacity)
+            threshold, want_tau = _reference_tau(residuals[r], 0.25 if adaptive else None, taus[r])
+            assert taus[r] == want_tau
+            signs = _dense_signs(residuals[r], threshold, taus[r], capacity)
             for acc, s in zip(total, signs, strict=True):
                 acc += s * (taus[r] / unit)
             # rank r's words, as the owners received them: each exactly once
