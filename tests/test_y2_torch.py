@@ -469,6 +469,34 @@ def test_training_with_the_hook_on_label_sorted_digits(tmp_path):
     assert messages[-2:] == [y2.Finished(), y2.Finished()]
 
 
+#: Seconds the 8-process run (two trainings of 30 epochs) may take on 2 shared cores.
+EIGHT_RANKS_TIMEOUT = 900
+
+
+def test_eight_ranks_keep_all_reduces_accuracy_for_a_tenth_of_the_bytes():
+    """Issue 27's bar at the defaults, on the hardest case the benchmark has: 8 ranks,
+    digits sorted by label (a rank sees one or two digits), 30 epochs, seed 0.  Training is
+    deterministic for a seed (gloo on the CPU, a deterministic hook), so this is the
+    benchmark's number, not a sample of it.  With the threshold as the words' tau and the
+    sums in whole units of the mean tau (before issue 27's fix) the benchmark's mean here
+    was 0.929 against all-reduce's 0.984."""
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            "8", EXAMPLE, "--json", "--epochs", "30", "--split", "sorted", "--seeds", "0",
+            "--hooks", "allreduce,y2",
+        ],
+        capture_output=True, text=True, timeout=EIGHT_RANKS_TIMEOUT, env=env, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    plain, hooked = json.loads(out.stdout.strip().splitlines()[-1])["runs"]
+    assert (plain["hook"], hooked["hook"]) == ("allreduce", "y2")
+    assert plain["accuracy"] > 0.97, plain
+    assert hooked["accuracy"] >= plain["accuracy"] - 0.01, (hooked, plain)
+    assert hooked["bytes_per_step"] * 10 <= plain["bytes_per_step"], (hooked, plain)
+
+
 # --- the cluster roles ----------------------------------------------------------------------
 
 
