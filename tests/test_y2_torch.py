@@ -363,6 +363,7 @@ def test_bytes_per_rank_stay_flat_with_reduce_scatter_and_grow_with_all_gather(t
             ],
         ),
         ("sums", ["rank[1].sums at byte 0: 1000 nonzero sums do not fit"] * 2),
+        ("tau", ["rank[1].tau at byte 16: 1e+308 makes the sum of the ranks' taus too large"] * 2),
     ],
 )
 def test_reduce_scatter_refuses_a_peers_bad_exchange_on_every_rank(tmp_path, corrupt, texts):
@@ -537,6 +538,7 @@ def test_cluster_roles_on_two_gloo_processes(tmp_path):
         # the adaptive tau's one block (capacity 19 for 39 elements at density 0.05)
         (None, 0, 20, "rank[1].words at byte 0: 20.0 words for at most 19"),
         (None, 3, -1, "rank[1].tau at byte 8: nan is not a positive tau"),  # all-ones high half
+        (0.5, 1, 1e300, "rank[1].tau at byte 8: 1e+300 makes the sum of the ranks' taus too large"),
     ],
 )
 def test_a_peers_bad_sizes_are_refused_before_allocating(tmp_path, tau, corrupt, value, text):

@@ -277,8 +277,9 @@ def bad_peer(rank: int, world: int, corrupt: int, value: float, tau: float | Non
 def bad_reduce_scatter_peer(rank: int, world: int, corrupt: str):
     """Rank 1 breaks one part of the reduce-scatter exchange (fixed tau: every element sends
     a word): ``count`` (its word count for range 0), ``word`` (its first word for rank 0
-    addresses nothing), ``order`` (its second word for rank 0 repeats the first) or ``sums``
-    (the nonzero count of its sums block, to every rank).  The error text by rank (None:
+    addresses nothing), ``order`` (its second word for rank 0 repeats the first), ``sums``
+    (the nonzero count of its sums block, to every rank) or, with the adaptive tau, ``tau``
+    (its tau 1e308, beyond float32).  The error text by rank (None:
     the step went through)."""
     import torch
     import torch.distributed as dist
@@ -292,6 +293,9 @@ def bad_reduce_scatter_peer(rank: int, world: int, corrupt: str):
         if rank == 1 and corrupt == "count" and tensor.dtype == torch.int64:
             tensor = tensor.clone()
             tensor[0] = 10**6
+        if rank == 1 and corrupt == "tau" and tensor.dtype == torch.int64:
+            tensor = tensor.clone()
+            tensor[-1] = torch.tensor([1e308], dtype=torch.float64).view(torch.int64)[0]
         return real_gather(outputs, tensor, *args, **kwargs)
 
     def all_to_all_single(output, tensor, out_sizes, in_sizes, *args, **kwargs):
@@ -310,7 +314,8 @@ def bad_reduce_scatter_peer(rank: int, world: int, corrupt: str):
     dist.all_gather, dist.all_to_all_single = all_gather, all_to_all_single
     model = small_model()
     ddp = DDP(model)
-    ddp.register_comm_hook(Y2HookState(ddp, tau=1e-6, exchange="reduce-scatter"), y2_hook)
+    tau = None if corrupt == "tau" else 1e-6  # the adaptive tau: each rank its own
+    ddp.register_comm_hook(Y2HookState(ddp, tau=tau, exchange="reduce-scatter"), y2_hook)
     try:
         ddp(torch.ones(2, 5)).sum().backward()
     except Exception as exc:

@@ -402,6 +402,7 @@ def _all_gather(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Step:
         got = [blk.cpu().numpy() for blk in blocks]
         metas = [(float(g[:2].view(np.int64)[0]), float(g[2:4].view(np.float64)[0])) for g in got]
         sizes, taus = _checked_metas(metas, capacity)
+        _check_tau_sum(taus, b.dtype, 8)
         received = [g[_HEAD : _HEAD + k].view(np.uint32) for g, k in zip(got, sizes, strict=True)]
         sent_bytes = (world - 1) * 4 * (_HEAD + capacity)
     else:  # fixed tau: (count, tau) first, then the words padded to the longest
@@ -409,6 +410,7 @@ def _all_gather(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Step:
         meta_list = [torch.empty_like(meta) for _ in range(world)]
         dist.all_gather(meta_list, meta, group=group)
         sizes, taus = _checked_metas([tuple(m.tolist()) for m in meta_list], n)
+        _check_tau_sum(taus, b.dtype, 8)
         longest = max(sizes)
         received = [np.zeros(0, np.uint32)] * world
         if longest:
@@ -462,6 +464,7 @@ def _reduce_scatter(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Ste
     sent_bytes += (world - 1) * head.nbytes
     matrix, taus = _checked_heads(heads, sizes, limit, state.tau)
     # the sums' unit is the smallest tau; the table of magnitudes they are coded by
+    _check_tau_sum(taus, b.dtype, 8 * world)
     unit = min(taus)
     table = sum_blocks.magnitudes(taus)
     # the words to the owner of their range
@@ -575,6 +578,23 @@ def _all_to_all(
         group=group,
     )
     return out.cpu().numpy()
+
+
+def _check_tau_sum(taus: list[float], dtype: Any, offset: int) -> None:
+    """The ranks' taus together must fit the gradient's dtype (the average of one word per
+    rank on an element is at most their sum), and the sums' table must be finite.  Every
+    rank checks the same gathered taus, so every rank raises :class:`DecodeError`
+    (``rank[r].tau`` at ``offset`` of the largest tau's rank) at the same point."""
+    total = math.fsum(taus)
+    if total <= float(np.finfo(dtype).max) and total / min(taus) < math.inf:
+        return
+    r = int(np.argmax(taus))
+    raise DecodeError(
+        PROTOCOL,
+        f"rank[{r}].tau",
+        offset,
+        f"{taus[r]!r} makes the sum of the ranks' taus too large for {np.dtype(dtype).name}",
+    )
 
 
 def _checked_heads(
