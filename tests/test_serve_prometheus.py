@@ -439,6 +439,14 @@ def test_every_rule_and_dashboard_query_has_data_and_the_alerts_fire(tmp_path):
         replica = f"127.0.0.1:{dispatcher.addresses['http']}"
         down = f"127.0.0.1:{refusing[2]}"  # a replica that is down: nothing answers there
         prom = stack.enter_context(Prometheus(prometheus, tmp_path, [replica, down], rules))
+        # The load starts once Prometheus has scraped the dispatcher: a counter's first
+        # sample must come before the load moves it, or `changes()` sees no change (the
+        # controller's decisions, all made in the first seconds of load, were missed
+        # when Prometheus was slow to start).
+        scraped = time.monotonic() + DEADLINE
+        while not prom.query(f'up{{instance="{replica}"}} == 1'):
+            assert time.monotonic() < scraped, f"Prometheus never scraped {replica}"
+            time.sleep(0.2)
         load = stack.enter_context(Load(dispatcher.addresses["http"]))
 
         seen_alerts: list[dict[str, Any]] = []
