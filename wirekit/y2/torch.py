@@ -309,12 +309,15 @@ class Y2HookState:
         return words, tau
 
 
-def _checked_metas(metas: list[tuple[float, float]], limit: int) -> tuple[list[int], list[float]]:
+def _checked_metas(
+    metas: list[tuple[float, float]], limit: int, dtype: Any
+) -> tuple[list[int], list[float]]:
     """Every rank's (word count, tau), checked before anything is allocated or read for
     them: a count is a whole number from 0 to ``limit`` (the bucket's element count: one
-    word per element at most; or the block's capacity), a tau a finite positive number.
-    :class:`DecodeError` (field ``rank[r].words`` at byte 0 or ``rank[r].tau`` at byte 8 of
-    that rank's 16 bytes) otherwise."""
+    word per element at most; or the block's capacity), a tau a finite positive number,
+    the taus' sum within ``dtype`` (:func:`_check_tau_sum`).  :class:`DecodeError` (field
+    ``rank[r].words`` at byte 0 or ``rank[r].tau`` at byte 8 of that rank's 16 bytes)
+    otherwise."""
     sizes, taus = [], []
     for r, (count, tau) in enumerate(metas):
         if not (math.isfinite(count) and count.is_integer() and 0 <= count <= limit):
@@ -325,6 +328,7 @@ def _checked_metas(metas: list[tuple[float, float]], limit: int) -> tuple[list[i
             raise DecodeError(PROTOCOL, f"rank[{r}].tau", 8, f"{tau!r} is not a positive tau")
         sizes.append(int(count))
         taus.append(tau)
+    _check_tau_sum(taus, dtype, 8)
     return sizes, taus
 
 
@@ -401,16 +405,14 @@ def _all_gather(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Step:
         dist.all_gather(blocks, block, group=group)
         got = [blk.cpu().numpy() for blk in blocks]
         metas = [(float(g[:2].view(np.int64)[0]), float(g[2:4].view(np.float64)[0])) for g in got]
-        sizes, taus = _checked_metas(metas, capacity)
-        _check_tau_sum(taus, b.dtype, 8)
+        sizes, taus = _checked_metas(metas, capacity, b.dtype)
         received = [g[_HEAD : _HEAD + k].view(np.uint32) for g, k in zip(got, sizes, strict=True)]
         sent_bytes = (world - 1) * 4 * (_HEAD + capacity)
     else:  # fixed tau: (count, tau) first, then the words padded to the longest
         meta = torch.tensor([len(words), tau], dtype=torch.float64, device=device)
         meta_list = [torch.empty_like(meta) for _ in range(world)]
         dist.all_gather(meta_list, meta, group=group)
-        sizes, taus = _checked_metas([tuple(m.tolist()) for m in meta_list], n)
-        _check_tau_sum(taus, b.dtype, 8)
+        sizes, taus = _checked_metas([tuple(m.tolist()) for m in meta_list], n, b.dtype)
         longest = max(sizes)
         received = [np.zeros(0, np.uint32)] * world
         if longest:
@@ -462,9 +464,8 @@ def _reduce_scatter(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Ste
     head = np.concatenate([counts, np.array([tau], np.float64).view(np.int64)])
     heads = _all_gather_array(head, group, device)
     sent_bytes += (world - 1) * head.nbytes
-    matrix, taus = _checked_heads(heads, sizes, limit, state.tau)
+    matrix, taus = _checked_heads(heads, sizes, limit, state.tau, b.dtype)
     # the sums' unit is the smallest tau; the table of magnitudes they are coded by
-    _check_tau_sum(taus, b.dtype, 8 * world)
     unit = min(taus)
     table = sum_blocks.magnitudes(taus)
     # the words to the owner of their range
@@ -598,11 +599,12 @@ def _check_tau_sum(taus: list[float], dtype: Any, offset: int) -> None:
 
 
 def _checked_heads(
-    heads: np.ndarray, sizes: np.ndarray, limit: int, fixed: float | None
+    heads: np.ndarray, sizes: np.ndarray, limit: int, fixed: float | None, dtype: Any
 ) -> tuple[np.ndarray, list[float]]:
     """Every rank's words per range (a rank × range matrix) and tau, checked: a count from
     0 to the range's elements, at most ``limit`` in all, a tau finite and positive (and
-    ``fixed``, when the tau is fixed: the same on every rank).  :class:`DecodeError`
+    ``fixed``, when the tau is fixed: the same on every rank), the taus' sum within
+    ``dtype`` (:func:`_check_tau_sum`).  :class:`DecodeError`
     (``rank[r].counts[j]`` / ``rank[r].tau``, the offset in that rank's head) otherwise."""
     world = sizes.size
     matrix = heads[:, :world]
@@ -634,7 +636,9 @@ def _checked_heads(
                 8 * world,
                 f"{tau!r} is not this rank's fixed tau {fixed!r} (one tau for all ranks)",
             )
-    return matrix, [float(t) for t in taus]
+    checked = [float(t) for t in taus]
+    _check_tau_sum(checked, dtype, 8 * world)
+    return matrix, checked
 
 
 class Y2Cluster:
