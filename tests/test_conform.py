@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from pathlib import Path
 import pytest
 from clipper_support import frontend_process, stop_processes
 from mip_net import CliServer, SubprocessServer
+from support.ports import free_port
 
 from wirekit import cli
 from wirekit.conform.suites import SUITES
@@ -250,12 +250,6 @@ def test_every_case_cites_an_existing_spec_section():
 
 CLIPPER_RPC = Path(os.environ.get("WIREKIT_CLIPPER_RPC", ROOT / ".cache" / "clipper-rpc"))
 RPC_RUNNER = TESTS / "clipper_peer" / "run_rpc.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

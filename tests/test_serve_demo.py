@@ -20,6 +20,7 @@ from pathlib import Path
 from unittest.mock import ANY
 
 import pytest
+from support.ports import free_port, port_is_free
 
 from wirekit import mip
 from wirekit.mip.client import Client
@@ -29,21 +30,6 @@ from wirekit.serve.config import DEFAULT_HANDLER, ConfigError, load_config, pars
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "samples" / "serve-deployment.json"
 TIMEOUT = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def sample_config(tmp_path: Path) -> Path:

@@ -23,6 +23,7 @@ from serve_support import (
     start_backend,
     tagged,
 )
+from support.ports import free_port
 
 from wirekit import mip
 from wirekit.mip.client import AsyncClient, Client
@@ -30,13 +31,6 @@ from wirekit.mip.runtime import ConnectionLost
 from wirekit.serve.config import parse_config
 from wirekit.serve.record.store import connect, read_rows
 from wirekit.serve.service import Service
-
-
-def closed_port() -> int:
-    """A port nothing listens on (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def store_rows(path):
@@ -79,7 +73,7 @@ def test_timeout_and_refusal_are_resubmitted_and_answered_once(tmp_path):
                     "devices": ["CPU", "CPU", "CPU"],
                     "models": ["m"],
                     "quotas": [0.4, 0.3, 0.3],
-                    "ports": [slow_port, closed_port(), fast_port],
+                    "ports": [slow_port, free_port(), fast_port],
                 },
                 {
                     "id": "n2",

@@ -18,6 +18,7 @@ import time
 
 import pytest
 from serve_support import ROOT
+from support.ports import free_port
 
 from wirekit.cli import main
 from wirekit.serve.control.metrics import Metrics, stats_from_store
@@ -318,7 +319,6 @@ def test_an_unreachable_store_is_one_clear_line(tmp_path):
 def test_a_failed_request_row_records_why(tmp_path, store_url):
     """Issue 21: the dispatcher stores the reason of a failed request (every device
     refused) and of an error answer, on both backends."""
-    import socket
 
     from serve_support import deployment, run
 
@@ -326,9 +326,7 @@ def test_a_failed_request_row_records_why(tmp_path, store_url):
     from wirekit.serve.config import parse_config
     from wirekit.serve.service import Service
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    closed = free_port()
     path = tmp_path / "f.db"
     store = {"path": str(path), "url": store_url} if store_url else {"path": str(path)}
     doc = deployment(
