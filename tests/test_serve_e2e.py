@@ -10,12 +10,12 @@ import aiohttp
 from mip_net import KubemoServer, kubemo_echo
 from prometheus_client.parser import text_string_to_metric_families
 from serve_support import answer_of, deployment, run, start_backend, tagged
+from support.rows import store_rows
 
 from wirekit import mip
 from wirekit.mip.client import AsyncClient
 from wirekit.serve.config import parse_config
 from wirekit.serve.control.metrics import stats_from_store
-from wirekit.serve.record.store import read_rows
 from wirekit.serve.record.storedb import open_db
 from wirekit.serve.service import Service
 
@@ -25,11 +25,7 @@ HTTP_TIMEOUT = aiohttp.ClientTimeout(total=10)
 def direct_stats(path, url=None):
     """The metrics computed straight from the rows, in Python (no SQL aggregates); from the
     PostgreSQL store at ``url`` when given."""
-    db = open_db(url or path, readonly=True)
-    try:
-        rows = list(read_rows(db))
-    finally:
-        db.close()
+    rows = store_rows(url or path)
     out = {}
     for r in rows:
         s = out.setdefault(r.model, {"requests": 0, "queue": 0, "rts": [], "statuses": Counter()})

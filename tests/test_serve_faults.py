@@ -24,37 +24,22 @@ from serve_support import (
     tagged,
 )
 from support.ports import free_port
+from support.rows import rows_by_text, store_rows
 
 from wirekit import mip
 from wirekit.mip.client import AsyncClient, Client
 from wirekit.mip.runtime import ConnectionLost
 from wirekit.serve.config import parse_config
-from wirekit.serve.record.store import connect, read_rows
 from wirekit.serve.service import Service
-
-
-def store_rows(path):
-    conn = connect(path, readonly=True)
-    try:
-        return list(read_rows(conn))
-    finally:
-        conn.close()
 
 
 def payload_inputs(path):
     """request text -> (status, device) for every row, from the stored payloads."""
-    conn = connect(path, readonly=True)
-    try:
-        out = {}
-        for payload, status, device, t_out in conn.execute(
-            "SELECT payload, status, device, time_out FROM requests"
-        ):
-            text = mip.decode(payload).items[0].as_text()
-            assert text not in out, f"{text} stored twice"
-            out[text] = (status, device, t_out)
-        return out
-    finally:
-        conn.close()
+    out = {}
+    for text, found in rows_by_text(path, "status, device, time_out").items():
+        assert len(found) == 1, f"{text} stored twice"
+        out[text] = found[0]
+    return out
 
 
 def test_timeout_and_refusal_are_resubmitted_and_answered_once(tmp_path):

@@ -19,6 +19,7 @@ import time
 import pytest
 from serve_support import ROOT
 from support.ports import free_port
+from support.rows import select
 
 from wirekit.cli import main
 from wirekit.serve.control.metrics import Metrics, stats_from_store
@@ -44,16 +45,7 @@ def stats_args(store: RequestStore) -> list[str]:
 
 def db_rows(store: RequestStore, columns: str = "id, status") -> list[tuple]:
     """Rows straight from the database, by id."""
-    if store.url:
-        import psycopg
-
-        with psycopg.connect(store.url) as conn:
-            return conn.execute(f"SELECT {columns} FROM requests ORDER BY id").fetchall()
-    conn = sqlite3.connect(store.path)
-    try:
-        return conn.execute(f"SELECT {columns} FROM requests ORDER BY id").fetchall()
-    finally:
-        conn.close()
+    return select(store.url or store.path, f"SELECT {columns} FROM requests ORDER BY id")
 
 
 _CRASH = """
