@@ -44,13 +44,9 @@ def kubemo_conform_model(*samples):
 
 def kubemo_conform_main() -> None:
     """KubeMo's server with :func:`kubemo_conform_model` on a free port, until killed."""
-    import kubemo
+    from mip_net import serve_kubemo
 
-    server = kubemo.Server("tcp", ("127.0.0.1", 0))
-    server.handle(kubemo.InferenceHandler(kubemo_conform_model))
-    host, port = server.socket.getsockname()
-    print(f"listening on tcp://{host}:{port}", flush=True)
-    server.serve()
+    serve_kubemo(kubemo_conform_model)
 
 
 # --------------------------------------------------------------------------- broken servers

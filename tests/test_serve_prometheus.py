@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serve_support import ROOT, TIMEOUT, BackendProcess, DispatcherProcess, deployment, terminate
+from serve_support import ROOT, TIMEOUT, BackendProcess, DispatcherProcess, deployment
 from support.ports import free_port
+from support.process import terminate
 
 RULES = ROOT / "deploy" / "prometheus" / "wirekit-serve-rules.yml"
 PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
