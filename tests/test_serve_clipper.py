@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 from serve_support import answer_of, deployment, run
 from support.rows import store_rows
+from support.service import start_service
 
 from wirekit.clipper.container import ModelContainer
 from wirekit.mip.client import AsyncClient
-from wirekit.serve.config import parse_config
-from wirekit.serve.service import Service
 
 WAIT = 10.0
 
@@ -51,8 +50,7 @@ def test_clipper_containers_behind_both_front_doors(tmp_path):
     doc["listen"]["clipper_rpc_port"] = 0
 
     async def main():
-        service = Service(parse_config(doc))
-        await service.start()
+        service = await start_service(doc)
         containers = []
         try:
             rpc = f"tcp://127.0.0.1:{service.addresses()['clipper_rpc']}"
@@ -130,8 +128,7 @@ def test_inputs_a_model_does_not_take_are_the_clients_error_and_a_closed_port_is
     doc["listen"]["clipper_rpc_port"] = 0
 
     async def main():
-        service = Service(parse_config(doc))
-        await service.start()
+        service = await start_service(doc)
         container = None
         try:
             rpc = f"tcp://127.0.0.1:{service.addresses()['clipper_rpc']}"

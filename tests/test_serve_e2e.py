@@ -11,13 +11,12 @@ from mip_net import KubemoServer, kubemo_echo
 from prometheus_client.parser import text_string_to_metric_families
 from serve_support import answer_of, deployment, run, start_backend, tagged
 from support.rows import store_rows
+from support.service import start_service, stop_service
 
 from wirekit import mip
 from wirekit.mip.client import AsyncClient
-from wirekit.serve.config import parse_config
 from wirekit.serve.control.metrics import stats_from_store
 from wirekit.serve.record.storedb import open_db
-from wirekit.serve.service import Service
 
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=10)
 
@@ -88,14 +87,11 @@ def test_both_front_doors_to_wirekit_and_kubemo_backends(tmp_path, store_url):
                 ],
                 store=store_doc(store, store_url),
             )
-            service = Service(parse_config(doc))
-            await service.start()
+            service = await start_service(doc)
             try:
                 await exercise(service)
             finally:
-                await service.stop()
-        await a.shutdown()
-        await b.shutdown()
+                await stop_service(service, [a, b])
 
     async def exercise(service):
         ports = service.addresses()
@@ -219,8 +215,7 @@ def test_queue_length_counts_waiting_and_running_requests(tmp_path, store_url):
             cache={"max_entries": 0},
             store=store_doc(store, store_url),
         )
-        service = Service(parse_config(doc))
-        await service.start()
+        service = await start_service(doc)
         try:
             address = f"tcp://127.0.0.1:{service.addresses()['mip']['slow']}"
             async with AsyncClient(address, timeout=10) as c:
@@ -244,7 +239,6 @@ def test_queue_length_counts_waiting_and_running_requests(tmp_path, store_url):
             assert_stats_match(await service.http_stats(), direct)
         finally:
             gate.set()
-            await service.stop()
-            await srv.shutdown()
+            await stop_service(service, [srv])
 
     run(main())

@@ -25,12 +25,11 @@ from serve_support import (
 )
 from support.ports import free_port
 from support.rows import rows_by_text, store_rows
+from support.service import start_service, stop_service
 
 from wirekit import mip
 from wirekit.mip.client import AsyncClient, Client
 from wirekit.mip.runtime import ConnectionLost
-from wirekit.serve.config import parse_config
-from wirekit.serve.service import Service
 
 
 def payload_inputs(path):
@@ -71,8 +70,7 @@ def test_timeout_and_refusal_are_resubmitted_and_answered_once(tmp_path):
             backoff=60,
             cache={"max_entries": 0},
         )
-        service = Service(parse_config(doc))
-        await service.start()
+        service = await start_service(doc)
         try:
             ports = service.addresses()
             async with AsyncClient(f"tcp://127.0.0.1:{ports['mip']['m']}", timeout=10) as c:
@@ -109,9 +107,7 @@ def test_timeout_and_refusal_are_resubmitted_and_answered_once(tmp_path):
             assert sum(r.attempts for r in rows if r.model == "m") == 40 + 2
         finally:
             release.set()
-            await service.stop()
-            await slow.shutdown()
-            await fast.shutdown()
+            await stop_service(service, [slow, fast])
 
     run(main())
 
@@ -145,8 +141,7 @@ def test_backend_killed_mid_run_loses_no_request(tmp_path):
                 cache={"max_entries": 0},
                 store={"path": str(store), "payloads": True},
             )
-            service = Service(parse_config(doc))
-            await service.start()
+            service = await start_service(doc)
             answered = 0
             killed = asyncio.Event()
             answers: dict[str, str] = {}

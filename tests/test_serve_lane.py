@@ -22,15 +22,14 @@ from hypothesis import strategies as st
 from serve_support import answer_of, deployment, run, start_backend, tagged
 from strategies import mip_messages, mutated
 from support.rows import rows_by_text, store_rows
+from support.service import running_service
 from test_serve_e2e import assert_stats_match, direct_stats
 
 from wirekit import mip
 from wirekit._impl import pure_requested
 from wirekit.errors import DecodeError
 from wirekit.mip.client import AsyncClient
-from wirekit.serve.config import parse_config
 from wirekit.serve.record.store import RequestStore
-from wirekit.serve.service import Service
 
 
 @pytest.fixture(scope="module", params=["fast", "pure"])
@@ -97,21 +96,10 @@ async def lane_service(lane, path, handlers, *, model=None, quotas=None, rng=Non
         ],
         **top,
     )
-    service = Service(parse_config(doc), lane=lane, rng=rng)
-    try:
-        await service.start()
-        await _connect_backends(service)
+    async with running_service(
+        doc, backends=backends, connect_lane=True, lane=lane, rng=rng
+    ) as service:
         yield service, f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
-    finally:
-        await service.stop()
-        for server, _port in backends:
-            await server.shutdown()
-
-
-async def _connect_backends(service):
-    """Open every backend connection now, so that the lane takes the first request too."""
-    for backend in service.dispatcher.backends.values():
-        await backend.lane_client.connect()
 
 
 @pytest.mark.parametrize("payloads", [False, True], ids=["journal-lines", "payloads"])

@@ -20,6 +20,7 @@ import pytest
 from serve_support import ROOT
 from support.ports import free_port
 from support.rows import select
+from support.service import start_service
 
 from wirekit.cli import main
 from wirekit.serve.control.metrics import Metrics, stats_from_store
@@ -315,8 +316,6 @@ def test_a_failed_request_row_records_why(tmp_path, store_url):
     from serve_support import deployment, run
 
     from wirekit.mip.client import AsyncClient
-    from wirekit.serve.config import parse_config
-    from wirekit.serve.service import Service
 
     closed = free_port()
     path = tmp_path / "f.db"
@@ -331,8 +330,7 @@ def test_a_failed_request_row_records_why(tmp_path, store_url):
     )
 
     async def main():
-        service = Service(parse_config(doc))
-        await service.start()
+        service = await start_service(doc)
         try:
             address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
             async with AsyncClient(address, timeout=10) as c:
