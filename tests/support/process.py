@@ -178,11 +178,6 @@ class ServerProcess:
                 raise AssertionError(f"no log line with {text!r} in {timeout} s: {self.log_lines}")
             time.sleep(0.05)
 
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
     def kill9(self) -> None:
         """SIGKILL it (no goodbye) and reap it."""
         assert self.proc is not None
