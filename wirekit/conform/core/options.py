@@ -45,12 +45,15 @@ LISTENING = Group("listening", note="wirekit listens")
 
 
 @dataclass
-class _Declared:
-    group: argparse._ArgumentGroup
-    users: set[str] = field(default_factory=set)
-    note: str = ""
+class _TitledGroup:
+    """An argparse group and the suites with options in it (its title names them)."""
 
-    def retitle(self) -> None:
+    group: argparse._ArgumentGroup
+    note: str = ""
+    users: set[str] = field(default_factory=set)
+
+    def add_user(self, name: str) -> None:
+        self.users.add(name)
         title = ", ".join(sorted(self.users))
         self.group.title = f"{title} ({self.note})" if self.note else title
 
@@ -65,7 +68,8 @@ class CommandOptions:
         self.targets: dict[tuple[str, str], TargetType] = {}
         #: what the suites add to the help of TARGET (``a MIP server also unix:///PATH``)
         self.target_notes: list[str] = []
-        self._groups: dict[str, _Declared] = {}
+        self._groups: dict[str, _TitledGroup] = {}
+        #: flags -> (the suite that declared them first, its keywords, its group's key)
         self._flags: dict[tuple[str, ...], tuple[str, dict[str, Any], str]] = {}
 
     def of(self, suite: Suite) -> SuiteOptions:
@@ -74,26 +78,24 @@ class CommandOptions:
 
     def add(self, suite: Suite, flags: tuple[str, ...], group: Group | None,
             kwargs: dict[str, Any]) -> None:  # fmt: skip
-        """Add one option of ``suite`` (once, however many suites declare it the same way)."""
+        """Add one option of ``suite`` (once, however many suites declare it the same way;
+        a ``ValueError`` when one declares it another way)."""
         name = f"{suite.protocol} {suite.role}"
         group = group or Group(name)
-        declared = self._flags.get(flags)
-        if declared is not None:
-            first, first_kwargs, first_group = declared
-            if (first_kwargs, first_group) != (kwargs, group.key):
-                raise ValueError(
-                    f"wirekit conform: {'/'.join(flags)} of {name} differs from {first}'s"
-                )
-        target = self._groups.get(group.key)
-        if target is None:
-            target = _Declared(self.parser.add_argument_group(group.key), note=group.note)
-            self._groups[group.key] = target
-        elif target.note != group.note:
+        first = self._flags.get(flags)
+        if first is not None and first[1:] != (kwargs, group.key):
+            raise ValueError(
+                f"wirekit conform: {'/'.join(flags)} of {name} differs from {first[0]}'s"
+            )
+        titled = self._groups.get(group.key)
+        if titled is None:
+            titled = _TitledGroup(self.parser.add_argument_group(group.key), group.note)
+            self._groups[group.key] = titled
+        elif titled.note != group.note:
             raise ValueError(f"wirekit conform: group {group.key!r} of {name} has another note")
-        target.users.add(name)
-        target.retitle()
-        if declared is None:
-            target.group.add_argument(*flags, **kwargs)
+        titled.add_user(name)
+        if first is None:
+            titled.group.add_argument(*flags, **kwargs)
             self._flags[flags] = (name, kwargs, group.key)
 
 
