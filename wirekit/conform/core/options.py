@@ -25,9 +25,10 @@ from .cases import Suite
 #: types for the protocols wirekit has; a suite may bring its own, an ``http://`` one say)
 TargetType = Callable[[str], Any]
 
-#: what TARGET is parsed as for a suite that declares no type of its own (one that takes
-#: no TARGET refuses it in its ``check_arguments``) or that there is no suite for:
-#: ``tcp://HOST:PORT``, ``HOST:PORT`` or ``unix:///PATH``
+#: what TARGET is parsed as for a suite that declares no type of its own, and for a
+#: PROTOCOL ROLE there is no suite for: ``tcp://HOST:PORT``, ``HOST:PORT`` or
+#: ``unix:///PATH`` (clipper frontend and y2 service take it, then require ``tcp://`` in
+#: their ``check_arguments``; mip client and clipper container refuse any TARGET there)
 DEFAULT_TARGET: TargetType = mip_address
 
 
