@@ -288,10 +288,11 @@ def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _stats_url(url: str, as_json: bool, out: TextIO, err: TextIO) -> int:
     """``serve stats --store-url``: the same figures from a PostgreSQL store."""
+    from .config import is_postgresql_url
     from .control.metrics import render_stats, stats_from_store
-    from .record.storedb import ExtraMissing, StoreUnavailable, is_url, open_db, redact
+    from .record.storedb import ExtraMissing, StoreUnavailable, open_db, redact
 
-    if not is_url(url):
+    if not is_postgresql_url(url):
         err.write("wirekit serve stats: --store-url expects a postgresql:// URL\n")
         return EXIT_USAGE
     try:
@@ -315,9 +316,8 @@ def _stats_url(url: str, as_json: bool, out: TextIO, err: TextIO) -> int:
 
 
 def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .config import ConfigError, load_config
+    from .config import ConfigError, load_config, validate
     from .dispatch.router import Router
-    from .doors.adminauth import admin_token
 
     path = args.check_config or args.config
     if not path:
@@ -325,7 +325,7 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_USAGE
     try:
         dep = load_config(path)
-        admin_token(dep)  # what `wirekit serve` refuses at its start, refused here too
+        validate(dep)  # what `wirekit serve` refuses at its start, refused here too
     except ConfigError as exc:
         source = "" if exc.source else f"{path}: "
         err.write(f"wirekit serve check: {source}{exc}\n")
@@ -385,7 +385,7 @@ async def probe(rows, timeout: float = 2.0) -> dict[str, str | None]:
 def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from wirekit._memory import return_freed_buffers
 
-    from .config import ConfigError, load_config
+    from .config import ConfigError, is_postgresql_url, load_config
 
     if not args.config:
         err.write("wirekit serve: give --config FILE (or a subcommand: check, stats, k8s...)\n")
@@ -403,7 +403,7 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"wirekit serve: {exc}\n")
         return _config_status(exc)
     if args.store_url:
-        if not args.store_url.startswith(("postgresql://", "postgres://")):
+        if not is_postgresql_url(args.store_url):
             err.write("wirekit serve: --store-url expects a postgresql:// URL\n")
             return EXIT_USAGE
         dep = dataclasses.replace(dep, store=dataclasses.replace(dep.store, url=args.store_url))

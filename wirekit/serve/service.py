@@ -33,8 +33,8 @@ from .config import (
     parse_model,
     parse_quota,
     parse_settings,
+    validate,
 )
-from .control.actuators import build_actuator
 from .control.catalog import Catalog, CatalogChange, CatalogError
 from .control.controller import (
     DECISION_OUTCOMES,
@@ -110,6 +110,7 @@ class Service:
         lane: ModuleType | None = None,
     ) -> None:
         self.deployment = deployment
+        checked = validate(deployment)  # ConfigError: what `serve check` refuses too
         self.store = RequestStore(
             deployment.store.path,
             url=deployment.store.url,
@@ -141,7 +142,7 @@ class Service:
         self.catalog = Catalog(deployment.models, deployment.rows)
         #: the admin API's bearer token: the configured one, else one generated here and
         #: written to :attr:`admin_token_file` at start (None: no admin API)
-        self.admin_token = admin_token(deployment)
+        self.admin_token = checked.admin_token
         self._token_generated = False
         admin = deployment.admin
         if self.admin_token is None and admin.enabled and deployment.http_port is not None:
@@ -180,22 +181,16 @@ class Service:
         self.controller: Controller | None = None
         self._controller_task: asyncio.Task | None = None
         if ctl is not None:
-            try:
-                actuator = build_actuator(ctl.actuator)
-            except ValueError as exc:
-                raise ConfigError("controller.actuator.kind", str(exc)) from None
-            try:
-                self.controller = Controller(
-                    ctl,
-                    self.catalog,
-                    self._recent,
-                    actuator,
-                    store=self.store,
-                    recent_rows=self._recent_rows,
-                    can_serve=self._can_serve,
-                )
-            except ValueError as exc:
-                raise ConfigError("controller.policy", str(exc)) from None
+            self.controller = Controller(
+                ctl,
+                self.catalog,
+                self._recent,
+                checked.actuator,
+                store=self.store,
+                recent_rows=self._recent_rows,
+                policy=checked.policy,
+                can_serve=self._can_serve,
+            )
 
     def _recent(self) -> dict[str, RecentStats]:
         """What the controller's policy reads: this process's window, or on a shared store
