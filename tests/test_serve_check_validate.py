@@ -92,3 +92,36 @@ def test_serve_check_accepts_a_loadable_controller(tmp_path: Path) -> None:
     checked = wirekit("serve", "check", "--config", str(path))
     assert checked.returncode == 0, checked.stderr
     assert "n/0/m" in checked.stdout
+
+
+def test_check_probe_leaves_a_kubemo_server_alone(tmp_path: Path) -> None:
+    """``serve check --probe`` probes as the dispatcher does (one probe function): a KubeMo
+    server, which stops serving when a connection closes without a request, is not probed."""
+    import socket
+
+    with (
+        socket.create_server(("127.0.0.1", 0)) as kubemo,
+        socket.create_server(("127.0.0.1", 0)) as mip,
+    ):
+        kubemo.settimeout(0.5)
+        doc = {
+            "store": {"path": str(tmp_path / "requests.db")},
+            "models": {"k": {"backend": "kubemo"}, "m": {}},
+            "nodes": [
+                {
+                    "id": "n",
+                    "devices": ["CPU"],
+                    "models": ["k", "m"],
+                    "quotas": [0.5, 0.5],
+                    "ports": [kubemo.getsockname()[1], mip.getsockname()[1]],
+                }
+            ],
+        }
+        path = tmp_path / "deployment.json"
+        path.write_text(json.dumps(doc))
+        checked = wirekit("serve", "check", "--config", str(path), "--probe")
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "probe n/0/k: not probed (kubemo)" in checked.stdout
+        assert "probe n/0/m: reachable" in checked.stdout
+        with pytest.raises(TimeoutError):
+            kubemo.accept()
