@@ -71,8 +71,9 @@ from .doors.adminauth import (
     remove_token_file,
     write_token_file,
 )
+from .doors.fdwatch import FdWatch
 from .doors.http import build_app
-from .doors.httpdoor import FdWatch, HttpDoor
+from .doors.httpdoor import HttpDoor
 from .doors.mipfront import MipFrontDoor
 from .logs import serve_logger
 from .record.store import RequestStore
