@@ -42,7 +42,8 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from wirekit._logging import FIELDS
-from wirekit.mip.limits import BufferBudget
+from wirekit.mip.limits import BufferBudget, Deadlines, UnsentReplies
+from wirekit.mip.server import Watchdog
 
 from ..config import HttpLimits
 from ..logs import serve_logger
@@ -105,17 +106,22 @@ class AccessLogger(AbstractAccessLogger):
 
 class GatedConnection(asyncio.Protocol):
     """One HTTP connection: aiohttp's handler for it, behind the door's cap and header
-    timeout.  Everything the transport says is passed on to the handler unchanged."""
+    timeout.  Everything the transport says is passed on to the handler unchanged.
+
+    An answer its client does not read is charged to the memory budget and its write stall
+    timed by the same :class:`~wirekit.mip.limits.Guard` and
+    :class:`~wirekit.mip.server.Watchdog` as a MIP connection's, through
+    :class:`~wirekit.mip.limits.UnsentReplies` (``http.write_stall_timeout``)."""
 
     __slots__ = (
         "door",
         "handler",
         "in_request",
-        "stall_timer",
+        "replies",
         "timer",
         "transport",
-        "unsent",
         "waiting_since",
+        "watchdog",
     )
 
     def __init__(self, door: HttpDoor) -> None:
@@ -126,10 +132,11 @@ class GatedConnection(asyncio.Protocol):
         self.waiting_since: float | None = None
         self.in_request = False
         self.timer: asyncio.TimerHandle | None = None
-        #: bytes of answers the transport holds unsent while it asked for a pause (the
-        #: client does not read): charged to the memory budget until it resumes
-        self.unsent = 0
-        self.stall_timer: asyncio.TimerHandle | None = None
+        loop = door.loop
+        #: what the transport holds unsent while it asked for a pause (the client does not
+        #: read): charged to the memory budget until it resumes, its write stall timed
+        self.replies = UnsentReplies(door.write_deadlines, door.budget, loop.time())
+        self.watchdog = Watchdog(self.replies, loop, loop.time, self._unsent, self._stalled)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         door = self.door
@@ -164,47 +171,30 @@ class GatedConnection(asyncio.Protocol):
         if self.handler is None:
             return
         self.handler.pause_writing()
-        self._charge_unsent()
-        if self.stall_timer is None:
-            self.stall_timer = self.door.loop.call_later(
-                self.door.limits.write_stall_timeout, self.check_stall
-            )
+        now = self.door.loop.time()
+        self.replies.writing(True, now, self._unsent())
+        self.watchdog.arm(now)
 
     def resume_writing(self) -> None:
         self._stop_stall_clock()
         if self.handler is not None:
             self.handler.resume_writing()
 
-    def _charge_unsent(self) -> int:
-        """Charge the transport's unsent bytes now (memory already in use: counted whatever
-        the budget holds, so the other doors see it); returns them."""
+    def _unsent(self) -> int:
         transport = self.transport
-        unsent = transport.get_write_buffer_size() if transport is not None else 0
-        self.door.budget.force(self.unsent, unsent)
-        self.unsent = unsent
-        return unsent
+        return transport.get_write_buffer_size() if transport is not None else 0
 
     def _stop_stall_clock(self) -> None:
-        if self.stall_timer is not None:
-            self.stall_timer.cancel()
-            self.stall_timer = None
-        self.door.budget.force(self.unsent, 0)
-        self.unsent = 0
+        self.watchdog.stop()
+        self.replies.writing(False, self.door.loop.time())
 
-    def check_stall(self) -> None:
-        """The write-stall timer: drop the connection if nothing of its answer left since
-        the last look, else look again a timeout later."""
-        self.stall_timer = None
+    def _stalled(self, _why: str) -> None:
+        """The watchdog's verdict: nothing of the answer left for ``http.write_stall_timeout``
+        (the guard's reason is the MIP doors' words; the door logs its own line)."""
         transport = self.transport
         if transport is None:
             return
-        before = self.unsent
-        if self._charge_unsent() < before:  # the client reads, slowly: give it more time
-            self.stall_timer = self.door.loop.call_later(
-                self.door.limits.write_stall_timeout, self.check_stall
-            )
-            return
-        self.door.write_stalled(self.door.loop.time(), before)
+        self.door.write_stalled(self.door.loop.time(), self.replies.unsent)
         self._stop_stall_clock()
         transport.abort()  # close() would wait for the unsent bytes to leave: they never do
 
@@ -215,7 +205,8 @@ class GatedConnection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        self._stop_stall_clock()
+        self.watchdog.stop()
+        self.replies.release()
         self.door.left(self)
         self.handler = None
         self.transport = None
@@ -256,6 +247,9 @@ class HttpDoor:
     def __init__(self, app: web.Application, limits: HttpLimits, budget: BufferBudget) -> None:
         self.limits = limits
         self.budget = budget  #: the process's: request bodies are charged to it
+        #: the deadline a connection's :class:`~wirekit.mip.limits.Guard` keeps: the write
+        #: stall (aiohttp and the header timer keep the others)
+        self.write_deadlines = Deadlines(write_stall_timeout=limits.write_stall_timeout)
         self.open = 0  #: connections open (refused ones not counted)
         self._by_transport: dict[asyncio.BaseTransport, GatedConnection] = {}
         app.middlewares.append(self._middleware())
