@@ -17,7 +17,9 @@ wrapped in :class:`GatedConnection`, which
   back when the request ends);
 * charges an answer the client does not read (what the transport holds unsent once it asks
   for a pause) to the memory budget, and drops the connection when nothing of it leaves for
-  ``http.write_stall_timeout``.
+  ``http.write_stall_timeout``: decided by the MIP doors' own
+  :class:`~wirekit.mip.limits.Guard`, run by their :class:`~wirekit.mip.server.Watchdog`
+  (through :class:`~wirekit.mip.limits.UnsentReplies`), not by a copy of them.
 
 Every refusal and drop is logged once per burst
 (:class:`~wirekit.serve.doors.fdwatch.BurstLog`), never once per connection: a flood is one
