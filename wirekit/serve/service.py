@@ -37,8 +37,9 @@ from .dispatch.dispatcher import Dispatcher
 from .dispatch.payload import Payload
 from .dispatch.router import Router
 from .doors.adminauth import ADMIN_TOKEN_ENV, admin_token, is_loopback
+from .doors.fdwatch import FdWatch
 from .doors.http import build_app
-from .doors.httpdoor import FdWatch, HttpDoor
+from .doors.httpdoor import HttpDoor
 from .doors.mipfront import MipFrontDoor
 from .health import PROBE_INTERVAL, PROBE_TIMEOUT, Health
 from .logs import serve_logger
