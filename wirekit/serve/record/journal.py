@@ -187,11 +187,12 @@ def line_end(
 ) -> str:
     """The whole record from its :func:`line_head` (``time_out`` from :func:`json_time`,
     ``blob`` from :func:`json_blob`); ``reason`` when not empty."""
-    end = f",{json_str(reason)}]\n" if reason else "]\n"
+    if reason:  # the last field, after the payload
+        blob = f"{blob},{json_str(reason)}"
     return (
         f"{head}{time_out},{_STATUS_JSON.get(status) or json_str(status)},"
         f"{size if type(size) is int else json_num(size)},"
-        f"{attempts if type(attempts) is int else json_num(attempts)},{blob}{end}"
+        f"{attempts if type(attempts) is int else json_num(attempts)},{blob}]\n"
     )
 
 
