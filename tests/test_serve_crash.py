@@ -31,7 +31,7 @@ from serve_support import TIMEOUT, BackendProcess, DispatcherProcess, deployment
 from wirekit import mip
 from wirekit.mip.client import Client
 from wirekit.mip.runtime import ConnectionLost
-from wirekit.serve.record.journal import journal_files
+from wirekit.serve.record.replay import journal_files
 from wirekit.serve.record.store import connect
 
 #: the end states a row may have after the restart (``queued`` is not one)

@@ -2,8 +2,9 @@
 
 - :mod:`.store` -- the requests store: the row API the dispatcher calls (arrivals and
   answers, journaled before the request leaves or the answer goes back);
-- :mod:`.journal` -- the journal record (declared once), its writers and reader, the replay
-  at start and the quarantine (specs/journal.md);
+- :mod:`.journal` -- the journal record (declared once), its writers and reader
+  (specs/journal.md);
+- :mod:`.replay` -- the journal files read back: the replay at start, the quarantine;
 - :mod:`.writer` -- the writer thread: each hand-over of rows in one transaction;
 - :mod:`.decisions` -- the controller's decisions, a table of their own;
 - :mod:`.storedb` -- the database under it: SQLite or PostgreSQL;

@@ -24,7 +24,7 @@ are committed; after a failed write (the database away), each journal is replaye
 retired, and kept for the next start if that fails too.  The journals are local files even
 when the rows go to PostgreSQL: a replica that restarts with the same ``path`` replays its
 own.  (A power loss can still take back the last moments; that needs fsync.)  A record that
-cannot be stored is quarantined (see :mod:`.journal`).
+cannot be stored is quarantined (see :mod:`.replay`).
 
 A failed or errored request's row records why (``reason``).
 
@@ -57,13 +57,11 @@ from .journal import (
     json_time,
     line_end,
     line_head,
-    lock_journals,
     names_text,
     ok_writer,
-    quarantine_path,
-    replay_journals,
     storable_text,
 )
+from .replay import lock_journals, quarantine_path, replay_journals
 from .storedb import (
     ABANDONED,
     ERROR,
@@ -458,8 +456,8 @@ class RequestStore:
         return names if names is not None else self._names(key)
 
     def _time(self, value: Any) -> str:
-        """:func:`~.journal.json_time`, remembering the last time (the requests of one read, and the
-        answers of one flush, share theirs)."""
+        """:func:`~.journal.json_time`, remembering the last time (the requests of one read,
+        and the answers of one flush, share theirs)."""
         if value is not self._hex_of:
             self._hex_of, self._hex = value, json_time(value)
         return self._hex

@@ -21,7 +21,8 @@ from typing import Any
 
 from wirekit._impl import load_fast
 
-from .journal import ARRIVAL, journal_number, replay_journal
+from .journal import ARRIVAL
+from .replay import journal_number, replay_journal
 from .storedb import QUEUED, StoreDB
 
 _BATCH, _STOP = 2, 3
