@@ -258,7 +258,8 @@ def _register_models(sub) -> None:
 
 def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .control.metrics import render_stats, stats_from_store
-    from .record.store import connect, with_journals
+    from .record.replay import with_journals
+    from .record.store import connect
 
     if args.stats_url:
         return _stats_url(args.stats_url, args.json, out, err)
