@@ -31,7 +31,7 @@ from support.rows import rows_by_text
 
 from wirekit.mip.client import Client
 from wirekit.mip.runtime import ConnectionLost
-from wirekit.serve.record.store import journal_files
+from wirekit.serve.record.replay import journal_files
 
 #: the end states a row may have after the restart (``queued`` is not one)
 FINAL = {"ok", "error", "failed", "abandoned", "lost"}
