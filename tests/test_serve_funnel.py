@@ -255,3 +255,44 @@ def test_the_refusal_row_is_written_before_the_answer(lane, tmp_path):  # noqa: 
 
     run(main())
     assert [r[0] for r in store_rows(tmp_path / "r.db", "failed")] == ["model 'm' was removed"]
+
+
+def test_a_cancelled_request_passes_the_funnel(tmp_path, funnel, monkeypatch):
+    """A request whose attempt loop is cancelled -- the HTTP door's ``submit``, a started
+    job's task at shutdown -- ends ``failed`` ("cancelled before an answer") through the
+    funnel too."""
+    from wirekit.serve.dispatch import lane as pure_lane
+    from wirekit.serve.dispatch.payload import Payload
+
+    async def main():
+        gate = asyncio.Event()
+        async with lane_service(pure_lane, tmp_path / "r.db", [tagged("H", gate=gate)]) as (
+            service,
+            _address,
+        ):
+            d = service.dispatcher
+            wire = mip.encode(mip.Inference.request([[mip.Item.text("x")]]))
+            submitted = asyncio.ensure_future(d.submit("m", Payload(wire), "test"))
+            await _wait_for(lambda: service.metrics.in_flight("m") == 1)
+            submitted.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await submitted
+            # no free slot for a callback: the attempt loop (a task) sends it
+            monkeypatch.setattr(d.backends["n/0/m"], "send_nowait", lambda *args: False)
+            answered: list = []
+            d.start(d.new_job("m", wire, "test", 0.0, answered.append))
+            await _wait_for(lambda: service.metrics.in_flight("m") == 1 and d.tasks)
+            await asyncio.sleep(0.05)  # the task waits for the backend's answer
+            for task in list(d.tasks):
+                task.cancel()  # it stops once the backend's call returns
+            gate.set()
+            await _wait_for(lambda: answered)
+            assert isinstance(answered[0].error, asyncio.CancelledError)
+            assert answered[0].outcome is None
+            assert service.metrics.in_flight("m") == 0
+
+    run(main())
+    assert funnel == store_statuses(tmp_path / "r.db") == Counter(failed=2)
+    assert [r[0] for r in store_rows(tmp_path / "r.db", "failed")] == [
+        "cancelled before an answer"
+    ] * 2
