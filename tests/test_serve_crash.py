@@ -31,7 +31,8 @@ from serve_support import TIMEOUT, BackendProcess, DispatcherProcess, deployment
 from wirekit import mip
 from wirekit.mip.client import Client
 from wirekit.mip.runtime import ConnectionLost
-from wirekit.serve.record.store import connect, journal_files
+from wirekit.serve.record.replay import journal_files
+from wirekit.serve.record.store import connect
 
 #: the end states a row may have after the restart (``queued`` is not one)
 FINAL = {"ok", "error", "failed", "abandoned", "lost"}

@@ -10,7 +10,6 @@ from libc.stdint cimport uint8_t, uint32_t
 from wirekit._fast.mip cimport _frame_ok
 
 import asyncio
-import json
 import logging
 
 from wirekit import mip
@@ -21,7 +20,6 @@ from wirekit.serve.dispatch.payload import Payload
 cdef object log = logging.getLogger("wirekit.serve")
 cdef object _CANCELLED = asyncio.CancelledError
 
-cdef int _ARRIVAL = 0, _COMPLETION = 1
 cdef bytes _INTERNAL = mip.encode(ErrorReply(int(ErrorCode.INTERNAL)))
 cdef object _ZERO = 0, _ONE = 1
 cdef str _CACHE = "cache"
@@ -412,120 +410,3 @@ cdef object _job_answer(job):
     if not isinstance(job.error, _CANCELLED):
         log.error("dispatch failed: %r", job.error)
     return _INTERNAL
-
-
-cdef tuple _QUEUED_TAIL = (None, None, "queued", 0)
-
-
-def merge_ops(list ops, Py_ssize_t chunk):
-    """One hand-over of the store as statements (see ``wirekit.serve.record.store.merge_ops``):
-    the INSERT rows ``chunk`` at a time, flattened, the rows left over, the UPDATEs."""
-    cdef dict rows = {}
-    cdef list updates = [], inserts, chunks = [], flat
-    cdef tuple op, row, arrived
-    cdef Py_ssize_t i, j, k, full, width
-    cdef object rid, item
-    for op in ops:
-        row = <tuple>op[1]
-        if op[0] == _ARRIVAL:
-            rows[row[0]] = row + _QUEUED_TAIL
-        else:
-            rid = row[4]
-            arrived = rows.get(rid)
-            if arrived is not None:
-                rows[rid] = arrived[:6] + row[:4]
-            else:
-                updates.append(row)
-    inserts = list(rows.values())
-    full = len(inserts) - len(inserts) % chunk
-    for i in range(0, full, chunk):
-        flat = []
-        for j in range(i, i + chunk):
-            flat.extend(<tuple>inserts[j])
-        chunks.append(tuple(flat))
-    return chunks, inserts[full:], updates
-
-
-# -- the store's batch records (compiled twins of wirekit.serve.record.store.arrival_records and
-# -- ok_records; the journal line is the one of store._line_head/_line_end) -------------
-
-cdef object _json_str = json.encoder.encode_basestring_ascii
-cdef object _json_time = None, _json_num = None, _json_blob = None
-cdef str _OK_JSON = '"ok"'
-
-
-def bind_store(json_time, json_num, json_blob):
-    """The store's field encoders, for the values the fast paths below do not write
-    themselves (non-float times, non-int counts, payloads)."""
-    global _json_time, _json_num, _json_blob
-    _json_time, _json_num, _json_blob = json_time, json_num, json_blob
-
-
-cdef inline str _time_text(object t):
-    cdef double v
-    if type(t) is float:
-        v = t
-        if v - v == 0:  # finite
-            return '"' + float.hex(t) + '"'
-    return _json_time(t)
-
-
-cdef str _QUEUED_JSON = '"queued"'
-
-
-def arrival_records(list requests, str model, str client, object time_in, str names,
-                    str tin, bint journal, bint payloads):
-    """The journal lines, their length and the arrival rows of ``RequestStore.arrivals``
-    (see ``store.arrival_records``): one call for the requests of one read."""
-    cdef list lines = [], ops = []
-    cdef Py_ssize_t nbytes = 0
-    cdef object rid, size, wire
-    cdef str line, blob
-    cdef tuple r
-    for r in requests:
-        rid, size, wire = r
-        if payloads and wire is not None:
-            wire = bytes(wire)
-        else:
-            wire = None
-        if journal:
-            blob = "null" if wire is None else _json_blob(wire)
-            line = (f"[{_json_str(rid)},{names}{tin},null,{_QUEUED_JSON},"
-                    f"{size if type(size) is int else _json_num(size)},0,{blob}]\n")
-            nbytes += len(line)
-            lines.append(line)
-        ops.append((_ARRIVAL, (rid, model, client, time_in, size, wire)))
-    return lines, nbytes, ops
-
-
-def ok_records(list answers, object time_out, str tout, object names_of, bint journal,
-               bint payloads):
-    """The journal lines, their length and the completion rows of
-    ``RequestStore.completions_ok`` (see ``store._ok_records``)."""
-    cdef list lines = [], ops = []
-    cdef Py_ssize_t nbytes = 0
-    cdef dict names = {}
-    cdef object last = None, rid, device, t_in, size, attempts, wire
-    cdef str tin = "", text, line, blob
-    cdef tuple a
-    for a in answers:
-        rid, device, t_in, size, attempts, wire = a
-        if journal:
-            text = names.get(device)
-            if text is None:
-                text = names_of(device)
-                names[device] = text
-            if t_in is not last:  # the requests of one read share their time
-                last = t_in
-                tin = _time_text(t_in)
-            if payloads and wire is not None:
-                blob = _json_blob(wire)
-            else:
-                blob = "null"
-            line = (f"[{_json_str(rid)},{text}{tin},{tout},{_OK_JSON},"
-                    f"{size if type(size) is int else _json_num(size)},"
-                    f"{attempts if type(attempts) is int else _json_num(attempts)},{blob}]\n")
-            nbytes += len(line)
-            lines.append(line)
-        ops.append((_COMPLETION, (device, time_out, "ok", attempts, rid)))
-    return lines, nbytes, ops

@@ -16,7 +16,8 @@ The package reads as its concerns:
   declared once with its spec section and level) and the runner (selection, time bounds,
   verdicts, the exit status);
 * :mod:`wirekit.conform.report` -- the human table, ``--json`` and ``--junit FILE``;
-* :mod:`wirekit.conform.suites` -- one module per protocol and role with its cases;
+* :mod:`wirekit.conform.suites` -- one module per protocol and role with its cases, its
+  options and the type of its TARGET (declared through :mod:`wirekit.conform.core.options`);
 * :mod:`wirekit.conform.models` -- the small models a target serves while it is tested;
 * :mod:`wirekit.conform.drivers` -- what a client under test runs (it reports over MIP
   what it made of each answer).

@@ -1,21 +1,25 @@
 """``wirekit conform PROTOCOL ROLE [TARGET] [options]``: run a conformance suite.
 
 Exit status: 0 when every MUST case passed, 1 when one failed, 2 for a usage error.  The
-suites are imported only when one runs.
+options and the TARGET type of each suite are the suite's own (its ``add_arguments``, see
+:mod:`wirekit.conform.core.options`): this module declares only what every suite shares, so
+a suite plugs in with its entry in :data:`~wirekit.conform.suites.SUITES`.  The suites are
+imported when this command's parser is built (``wirekit conform``, or ``wirekit --help``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import json
 from typing import Any, TextIO
 
 from wirekit._logging import add_logging_arguments
-from wirekit._vocabulary import mip_address, tcp_address
 
 from .core.cases import DEFAULT_TIMEOUT
+from .core.options import DEFAULT_TARGET, CommandOptions
 from .core.runner import EXIT_USAGE
 from .suites import SUITES
 
@@ -37,24 +41,30 @@ MUST case passed; 1 a MUST case failed; 2 bad usage.
 
 
 def register(sub: Any) -> None:
-    """Add ``wirekit conform`` to the ``wirekit`` command line."""
+    """Add ``wirekit conform`` to the ``wirekit`` command line: the options every suite
+    shares, then each suite's own (its ``add_arguments``) and the type of its TARGET."""
+    suites = {key: load_suite(entry) for key, entry in SUITES.items()}
     p = sub.add_parser(
         "conform",
         help="run a conformance suite against an implementation of a protocol",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    protocols = sorted({protocol for protocol, _ in SUITES})
-    roles = sorted({role for _, role in SUITES})
+    protocols = sorted({protocol for protocol, _ in suites})
+    roles = sorted({role for _, role in suites})
     p.add_argument("protocol", choices=protocols, help="the protocol")
-    p.add_argument("role", choices=roles, help="the role of the implementation under test")
-    p.add_argument(
+    role = p.add_argument(
+        "role",
+        choices=roles,
+        action=_SuiteRole,
+        help="the role of the implementation under test",
+    )
+    target = p.add_argument(
         "target",
         nargs="?",
-        type=mip_address,
+        type=DEFAULT_TARGET,
         metavar="ADDRESS",
-        help="the implementation's address (servers): tcp://HOST:PORT (a MIP server also "
-        "unix:///PATH)",
+        help="the implementation's address (servers): tcp://HOST:PORT",
     )
     p.add_argument(
         "--case",
@@ -72,57 +82,55 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help=f"the time each case may take unless it says otherwise (default {DEFAULT_TIMEOUT:g})",
     )
-    mip = p.add_argument_group("mip server")
-    mip.add_argument(
-        "--max-batch",
-        type=int,
-        default=0xFFFF,
-        metavar="N",
-        help="the batch_size of case batch.max (default 65535, the header's largest)",
-    )
-    listening = p.add_argument_group("clipper container, mip client, y2 service (wirekit listens)")
-    listening.add_argument(
-        "--listen",
-        type=tcp_address,
-        metavar="ADDRESS",
-        help="where wirekit listens for the implementation under test (port 0: any free "
-        "port; the address is printed on standard error)",
-    )
-    listening.add_argument(
-        "--connect-timeout",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="how long to wait for the implementation's first message (default 30)",
-    )
-    clipper = p.add_argument_group("clipper container, clipper frontend")
-    clipper.add_argument(
-        "--gen", choices=["2016", "2017", "v3"], help="the Clipper generation it speaks"
-    )
-    clipper.add_argument(
-        "--query",
-        type=tcp_address,
-        metavar="ADDRESS",
-        help="clipper frontend: its query socket (wirekit clipper frontend --query), which "
-        "the request cases use to make it send requests (without: they skip)",
-    )
+    options = CommandOptions(p)
+    for module in suites.values():
+        add_arguments = getattr(module, "add_arguments", None)
+        if add_arguments is not None:
+            add_arguments(options.of(module.SUITE))
+    if options.target_notes:
+        target.help = f"{target.help} ({'; '.join(options.target_notes)})"
+    assert isinstance(role, _SuiteRole)
+    role.target, role.target_types = target, options.targets
     add_logging_arguments(p, what="nothing but problems of wirekit's own side")
-    p.set_defaults(handler=_conform_command)
+    p.set_defaults(handler=functools.partial(_conform_command, suites))
 
 
-def _conform_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+def load_suite(entry: Any) -> Any:
+    """The suite an entry of ``SUITES`` names: a module's name (imported), or the suite
+    itself (a module, or any object with the same attributes)."""
+    return importlib.import_module(entry) if isinstance(entry, str) else entry
+
+
+class _SuiteRole(argparse.Action):
+    """ROLE: stores it, and has TARGET (the next positional; PROTOCOL is the one before)
+    parsed by the type the suite of PROTOCOL ROLE declared."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.target: argparse.Action | None = None
+        self.target_types: dict[tuple[str, str], Any] = {}
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
+        setattr(namespace, self.dest, values)
+        if self.target is not None:
+            key = (namespace.protocol, values)
+            self.target.type = self.target_types.get(key, DEFAULT_TARGET)
+
+
+def _conform_command(
+    suites: dict[tuple[str, str], Any], args: argparse.Namespace, out: TextIO, err: TextIO
+) -> int:
     from . import report
     from .core.runner import exit_status, run_suite, select
     from .report import render_table
 
-    module_name = SUITES.get((args.protocol, args.role))
-    if module_name is None:
-        known = ", ".join(f"{p} {r}" for p, r in sorted(SUITES))
+    module = suites.get((args.protocol, args.role))
+    if module is None:
+        known = ", ".join(f"{p} {r}" for p, r in sorted(suites))
         err.write(
             f"wirekit conform: no suite for {args.protocol} {args.role} (there are: {known})\n"
         )
         return EXIT_USAGE
-    module = importlib.import_module(module_name)
     suite = module.SUITE
     cases = select(suite.cases, args.case, suite.always)
     if not cases:

@@ -5,7 +5,10 @@ Both MIP front doors -- :class:`wirekit.mip.server.Server` and the dispatcher's
 charge what their connections hold to one :class:`MemoryBudget` per process, and keep one
 :class:`Guard` per connection, which makes every timing decision: the caller passes the time
 (``now``, seconds on a monotonic clock) and what it holds, and gets back what to do.  No
-sockets and no clock reading here.
+sockets and no clock reading here.  The dispatcher's HTTP door
+(:class:`wirekit.serve.doors.httpdoor.HttpDoor`) charges and times the answers its clients
+do not read with the same :class:`Guard`, through :class:`UnsentReplies` (aiohttp reads its
+connections, with deadlines of its own: only the write stall is the guard's there).
 
 >>> limits = Limits(request_timeout=3.0, idle_timeout=60.0)
 >>> guard = Guard(limits, MemoryBudget(limits.memory_budget), now=0.0)
@@ -202,6 +205,17 @@ class MemoryBudget:
 BufferBudget = MemoryBudget
 
 
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """The deadlines a :class:`Guard` keeps (a :class:`Limits` has them with the rest), for a
+    connection whose other limits are kept elsewhere: the HTTP door's keeps
+    ``write_stall_timeout`` alone.  None: off."""
+
+    request_timeout: float | None = None
+    idle_timeout: float | None = None
+    write_stall_timeout: float | None = None
+
+
 class Guard:
     """The limits of one connection: its charge to the budget and its deadlines.
 
@@ -225,7 +239,7 @@ class Guard:
         "write_stall_timeout",
     )
 
-    def __init__(self, limits: Limits, budget: MemoryBudget, now: float) -> None:
+    def __init__(self, limits: Limits | Deadlines, budget: MemoryBudget, now: float) -> None:
         self.budget = budget
         self.request_timeout = limits.request_timeout
         self.idle_timeout = limits.idle_timeout
@@ -356,6 +370,68 @@ class Guard:
         return due if due > now else now + min(steps)
 
 
+class UnsentReplies:
+    """The write side alone of a connection that something else reads and answers (the HTTP
+    door's: aiohttp), sans-IO: what its transport holds unsent while it asks for a pause is
+    charged to the budget, and the write stall timed, by a :class:`Guard` -- the same calls
+    and decisions as a MIP :class:`~wirekit.mip.connection.Connection`'s write side
+    (:meth:`writing`, :meth:`written`, :meth:`expired`, :meth:`release`), so one
+    :class:`~wirekit.mip.server.Watchdog` runs either.
+
+    >>> budget = MemoryBudget(1 << 20)
+    >>> replies = UnsentReplies(Deadlines(write_stall_timeout=30.0), budget, now=0.0)
+    >>> replies.writing(True, now=0.0, unsent=70_000)     # the client does not read
+    >>> budget.total, replies.guard.next_check(0.0)
+    (70000, 30.0)
+    >>> replies.written(60_000, now=30.0)                 # it read some: 30 s more
+    >>> replies.expired(now=59.9) is None
+    True
+    >>> replies.expired(now=60.0)
+    'no progress writing replies for 30.0 s (60000 bytes unsent)'
+    """
+
+    __slots__ = ("guard", "write_paused")
+
+    def __init__(self, limits: Limits | Deadlines, budget: MemoryBudget, now: float) -> None:
+        self.guard = Guard(limits, budget, now)
+        self.write_paused = False  #: the transport asked for a pause and did not resume
+
+    def writing(self, paused: bool, now: float, unsent: int = 0) -> None:
+        """The transport stopped (True) or resumed (False) taking writes; ``unsent``: the
+        bytes it holds not yet sent, charged to the budget while it is stopped (whatever the
+        budget holds: memory already in use).  Stopping starts the write-stall clock."""
+        self.write_paused = paused
+        guard = self.guard
+        if paused:
+            guard.writes_blocked(now, unsent)
+        else:
+            guard.writes_flowing()
+            unsent = 0
+        guard.overdraw(unsent)
+
+    def written(self, unsent: int, now: float) -> None:
+        """While stopped: the transport holds ``unsent`` bytes now.  Fewer than before is
+        progress: the write-stall clock starts again."""
+        if self.write_paused:
+            self.guard.writes_blocked(now, unsent)
+            self.guard.overdraw(unsent)
+
+    def expired(self, now: float) -> str | None:
+        """Why the connection must be dropped now (its write stall is too long), or None."""
+        return self.guard.expired(now, True, True)  # no request or idle deadline here
+
+    @property
+    def unsent(self) -> int:
+        """The bytes the transport held unsent at the last report."""
+        return self.guard.unsent
+
+    def release(self) -> None:
+        """The connection ended: give what it holds back to the budget."""
+        self.write_paused = False
+        self.guard.writes_flowing()
+        self.guard.release()
+
+
 class OverBudget(Exception):
     """A connection would take the process's memory past ``memory_budget``."""
 
@@ -380,9 +456,11 @@ __all__ = [
     "SMALL_FRAME",
     "SMALL_REQUEST_COST",
     "BufferBudget",
+    "Deadlines",
     "Guard",
     "Limits",
     "MemoryBudget",
     "OverBudget",
+    "UnsentReplies",
     "request_cost",
 ]

@@ -296,8 +296,12 @@ class Watchdog:
     event loop: one timer, armed for its guard's ``next_check``; when it fires the runtime's
     transport says how many bytes it holds unsent (``unsent()``, given to
     ``conn.written``), the connection decides (``conn.expired``), and a reason to drop it
-    goes to ``drop(reason)``.  Both MIP front doors use it (this server and
-    :mod:`wirekit.serve.doors.mipfront`); ``clock`` is the guard's clock (monotonic seconds)."""
+    goes to ``drop(reason)``.  Every front door uses it: both MIP front doors (this server
+    and :mod:`wirekit.serve.doors.mipfront`) over their connection, the dispatcher's HTTP
+    door (:mod:`wirekit.serve.doors.httpdoor`) over a
+    :class:`~wirekit.mip.limits.UnsentReplies`, which answers as a connection's write side
+    does (``guard``, ``write_paused``, ``written``, ``expired``); ``clock`` is the guard's
+    clock (monotonic seconds)."""
 
     __slots__ = ("clock", "conn", "drop", "due", "guard", "loop", "timer", "unsent")
 

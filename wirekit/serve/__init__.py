@@ -5,8 +5,10 @@ per model, HTTP/JSON), takes the request path (:mod:`.dispatch`: routing by quot
 resubmission, the one place its end is decided) to a backend (:mod:`.backends`), and is
 recorded from arrival to its end (:mod:`.record`: the store, its journal, the PostgreSQL
 replicas).  Around it, :mod:`.control` holds the catalog of models, the metrics, the
-controller and its actuators and the Kubernetes manifests.  :mod:`.config` reads a
-deployment, :mod:`.service` assembles the parts and opens the doors, :mod:`.cli` is the
+controller and its actuators and the Kubernetes manifests.  :mod:`.config` reads and
+validates a deployment, :mod:`.service` assembles the parts, opens the doors and stops them;
+what the running service tells of itself is :mod:`.observability`'s, whether it can serve
+:mod:`.health`'s, the models changed while it serves :mod:`.admin`'s.  :mod:`.cli` is the
 command line.
 """
 

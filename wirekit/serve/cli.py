@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import gc
 import importlib
@@ -37,6 +36,8 @@ from wirekit._vocabulary import add_address, tcp_address
 from .logs import serve_logger
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_USAGE = 0, 1, 2
+#: seconds ``serve check --probe`` gives each backend to accept a connection
+CHECK_TIMEOUT = 2.0
 ADMIN_URL_ENV = "WIREKIT_ADMIN_URL"
 log = serve_logger()
 
@@ -257,7 +258,8 @@ def _register_models(sub) -> None:
 
 def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .control.metrics import render_stats, stats_from_store
-    from .record.store import connect, with_journals
+    from .record.replay import with_journals
+    from .record.store import connect
 
     if args.stats_url:
         return _stats_url(args.stats_url, args.json, out, err)
@@ -288,10 +290,11 @@ def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _stats_url(url: str, as_json: bool, out: TextIO, err: TextIO) -> int:
     """``serve stats --store-url``: the same figures from a PostgreSQL store."""
+    from .config import is_postgresql_url
     from .control.metrics import render_stats, stats_from_store
-    from .record.storedb import ExtraMissing, StoreUnavailable, is_url, open_db, redact
+    from .record.storedb import ExtraMissing, StoreUnavailable, open_db, redact
 
-    if not is_url(url):
+    if not is_postgresql_url(url):
         err.write("wirekit serve stats: --store-url expects a postgresql:// URL\n")
         return EXIT_USAGE
     try:
@@ -315,9 +318,9 @@ def _stats_url(url: str, as_json: bool, out: TextIO, err: TextIO) -> int:
 
 
 def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .config import ConfigError, load_config
+    from .config import ConfigError, load_config, validate
     from .dispatch.router import Router
-    from .doors.adminauth import admin_token
+    from .health import probe_rows, probed
 
     path = args.check_config or args.config
     if not path:
@@ -325,7 +328,7 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_USAGE
     try:
         dep = load_config(path)
-        admin_token(dep)  # what `wirekit serve` refuses at its start, refused here too
+        validate(dep)  # what `wirekit serve` refuses at its start, refused here too
     except ConfigError as exc:
         source = "" if exc.source else f"{path}: "
         err.write(f"wirekit serve check: {source}{exc}\n")
@@ -347,9 +350,16 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             )
     if not args.probe:
         return EXIT_OK
-    results = asyncio.run(probe(dep.rows))
-    for key, problem in results.items():
-        out.write(f"probe {key}: {'reachable' if problem is None else 'UNREACHABLE: ' + problem}\n")
+    # the dispatcher's own probe; a Clipper container connects to it, and is not probed here
+    rows = [r for r in dep.rows if r.quota > 0 and r.port is not None]
+    results = asyncio.run(probe_rows([r for r in rows if probed(r)], timeout=CHECK_TIMEOUT))
+    for row in rows:
+        if row.key not in results:  # KubeMo: a connection without a request stops its server
+            out.write(f"probe {row.key}: not probed ({row.backend})\n")
+        elif (problem := results[row.key]) is not None:
+            out.write(f"probe {row.key}: UNREACHABLE: {problem}\n")
+        else:
+            out.write(f"probe {row.key}: reachable\n")
     return EXIT_OK if all(p is None for p in results.values()) else EXIT_BAD_INPUT
 
 
@@ -361,31 +371,10 @@ def _config_status(exc: Exception) -> int:
     return EXIT_USAGE if isinstance(exc, ConfigUnreadable) else EXIT_BAD_INPUT
 
 
-async def probe(rows, timeout: float = 2.0) -> dict[str, str | None]:
-    """Try a TCP connection to the backend of every row that has one (quota > 0): row key →
-    None when it accepted, else why not."""
-
-    async def one(row) -> str | None:
-        try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(row.endpoint, row.port), timeout
-            )
-        except (OSError, asyncio.TimeoutError) as exc:
-            return str(exc) or type(exc).__name__
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-        return None
-
-    reachable = [row for row in rows if row.port is not None and row.quota > 0]
-    results = await asyncio.gather(*(one(row) for row in reachable))
-    return {row.key: result for row, result in zip(reachable, results, strict=True)}
-
-
 def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from wirekit._memory import return_freed_buffers
 
-    from .config import ConfigError, load_config
+    from .config import ConfigError, is_postgresql_url, load_config
 
     if not args.config:
         err.write("wirekit serve: give --config FILE (or a subcommand: check, stats, k8s...)\n")
@@ -403,7 +392,7 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(f"wirekit serve: {exc}\n")
         return _config_status(exc)
     if args.store_url:
-        if not args.store_url.startswith(("postgresql://", "postgres://")):
+        if not is_postgresql_url(args.store_url):
             err.write("wirekit serve: --store-url expects a postgresql:// URL\n")
             return EXIT_USAGE
         dep = dataclasses.replace(dep, store=dataclasses.replace(dep.store, url=args.store_url))
@@ -513,11 +502,15 @@ async def _run(dep, out: TextIO, backends: dict[str, str] | None = None) -> int:
             ", ".join(f"{model} on {port}" for model, port in ready["mip"].items()) or "none",
             ready["clipper_rpc"] or "off",
         )
-        # Said once at start (the dispatcher already serves meanwhile): a backend that
-        # cannot be reached now has its requests resubmitted elsewhere and is backed off.
-        for key, problem in (await probe(dep.rows)).items():
-            if problem is not None:
-                log.warning("wirekit serve: backend of %s cannot be reached now (%s)", key, problem)
+        # Said once at start, from the probe the service made before it was ready: a backend
+        # that cannot be reached has its requests resubmitted elsewhere and is backed off (a
+        # Clipper container connects to the dispatcher: not one yet is no news at start).
+        for row in service.catalog.rows():
+            problem = service.health.problem(row.key)
+            if problem is not None and row.backend != "clipper":
+                log.warning(
+                    "wirekit serve: backend of %s cannot be reached now (%s)", row.key, problem
+                )
         await stop.wait()
         log.info(
             "wirekit serve: %s received; stopping (requests in flight are answered)",

@@ -15,21 +15,35 @@ name the device's container registers under (``null``: the model's own name).  A
 ``handler`` (``module:function``) names the code its backends run: the dispatcher does not
 use it, ``wirekit serve --with-backends`` and ``wirekit serve k8s`` start backends with it.
 
-:func:`load_config` reads JSON or TOML (by file suffix) and :func:`parse_config` checks a
-parsed document; both raise :class:`ConfigError` naming the file and the path of the bad
-value (``nodes[0].quotas[3]``).  The result lists one :class:`DeviceRow` per (device, model)
-pair: the design's models metadata.
+Validation, in two steps:
+
+* :func:`load_config` reads JSON or TOML (by file suffix) and :func:`parse_config` checks a
+  parsed document; both raise :class:`ConfigError` naming the file and the path of the bad
+  value (``nodes[0].quotas[3]``).  Each table (``store``, ``cache``, ``http``, ``admin``,
+  ``controller``, ``controller.actuator``, ``listen``, a model's) is read from its dataclass:
+  a field made by :func:`setting` holds its default, its key and the check of its value (the
+  range of a number), written once; the table's allowed keys are its fields' keys.  What
+  involves several values (the quotas of a device, a port used twice) is checked after.
+* :func:`validate` checks what the document alone cannot say: it loads the controller's
+  policy and actuator plugins and checks the admin token and the store URL.  ``wirekit
+  serve`` (the :class:`~wirekit.serve.service.Service`) and ``wirekit serve check`` both call
+  it, so the check refuses what the dispatcher would refuse at its start.
+
+The result lists one :class:`DeviceRow` per (device, model) pair: the design's models
+metadata.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+import os
 import re
 import string
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +55,8 @@ BACKEND_KINDS = ("mip", "kubemo", "clipper")
 #: what a model's backends run when its config names no ``handler``
 DEFAULT_HANDLER = "wirekit.mip.runtime:echo"
 DEVICE_TYPES = ("CPU", "GPU")
+#: the URL schemes of a PostgreSQL store (``store.url``, ``--store-url``)
+POSTGRESQL_SCHEMES = ("postgresql://", "postgres://")
 
 
 class ConfigError(WirekitError, ValueError):
@@ -60,288 +76,7 @@ class ConfigUnreadable(ConfigError):
     bad input (exit 1)."""
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceRow:
-    """One row of the models metadata: a model on one device of one node."""
-
-    model: str
-    node: str
-    device: int  #: index of the device on its node
-    device_type: str  #: "CPU" or "GPU"
-    endpoint: str  #: host of the backend (MIP kinds)
-    port: int | None  #: port of the backend (MIP kinds); None for Clipper
-    quota: float  #: share of the device given to the model, 0..1
-    backend: str  #: "mip", "kubemo" or "clipper"
-    clipper_name: str | None = None  #: the name its Clipper container registers under
-    #: ``node/device/model``: the name of this row in the store and the metrics (derived)
-    key: str = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "key", f"{self.node}/{self.device}/{self.model}")
-
-
-@dataclass(frozen=True, slots=True)
-class ModelConfig:
-    """Per-model settings: the MIP front door port, the backend kind, resubmission."""
-
-    name: str
-    mip_port: int | None = 0  #: MIP front door (0: any free port, None: no MIP front door)
-    backend: str = "mip"
-    timeout: float = 5.0  #: seconds one attempt may take before it is resubmitted
-    attempts: int = 3  #: attempts per request, the first one included
-    apps: tuple[str, ...] = ()  #: extra names for Clipper's ``POST /{app}/predict``
-    #: adaptive batching to MIP backends: requests from the MIP front door waiting for the
-    #: same device in one loop pass go out as one MIP batch of at most this many samples
-    #: (1: off, every request is sent on its own)
-    max_batch: int = 1
-    #: the code a backend of this model runs (``module:function``); the dispatcher does not
-    #: use it: ``wirekit serve --with-backends`` and ``wirekit serve k8s`` start backends
-    #: with it (default: the built-in echo)
-    handler: str = DEFAULT_HANDLER
-    #: the response time (seconds) the controller holds the model to (None: none, the
-    #: controller leaves its quotas alone); ``controller.targets`` gives it too
-    target: float | None = None
-
-
-#: the per-model settings that change while the model is served (``PATCH
-#: /admin/models/{name}``): new requests use them, requests in flight keep theirs
-LIVE_SETTINGS = ("timeout", "attempts", "max_batch", "target")
-#: the config keys of a model (``models.<name>``): the ones not in :data:`LIVE_SETTINGS`
-#: (``port``, ``backend``, ``apps``, ``handler``) change only by removing and adding the model
-MODEL_KEYS = ("port", "backend", "timeout", "attempts", "apps", "max_batch", "handler", "target")
-
-
-def live_settings(model: ModelConfig) -> dict[str, Any]:
-    """The :data:`LIVE_SETTINGS` of ``model``, by name."""
-    return {key: getattr(model, key) for key in LIVE_SETTINGS}
-
-
-@dataclass(frozen=True, slots=True)
-class StoreConfig:
-    #: the SQLite file; with ``url``, the base name of this replica's local journal files
-    path: str = "requests.db"
-    #: a ``postgresql://`` URL: the store several replicas share (None: the SQLite file)
-    url: str | None = None
-    #: this replica's name in the shared store (default ``<host>:<absolute path>``)
-    replica: str = ""
-    payloads: bool = False  #: also keep request payloads in the store
-    journal: bool = True  #: journal each completion before answering (crash-safe)
-    batch_max: int = 1024  #: rows per write transaction at most
-    flush_interval: float = 0.05  #: seconds between hand-overs to the writer thread
-    #: with ``url``: seconds between two compactions of the catalog's change log by this
-    #: replica (0: never)
-    compact_every: float = 300.0
-    #: with ``url``: the changes younger than this (seconds) stay in the log when compacted
-    compact_keep: float = 60.0
-    #: with ``url``: seconds this replica's lease lasts after a renewal; once it has expired
-    #: the leader ends the replica's queued rows ``lost``
-    lease: float = 10.0
-    #: with ``url``: seconds between two renewals of the lease, and between two sweeps of
-    #: the expired leases by the leader (below ``lease``): rows end within lease + period
-    lease_period: float = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class CacheConfig:
-    max_entries: int = 4096  #: 0 disables the cache
-    ttl: float = 60.0  #: seconds an entry stays valid
-    max_bytes: int = 64 * 1024 * 1024  #: total size of cached responses at most
-
-
-ACTUATOR_KINDS = ("log", "command", "cgroup")
-#: the placeholders of a ``command`` actuator's argv templates
-ACTUATOR_FIELDS = ("node", "model", "share", "cpus", "gpus", "container")
-METRICS = ("avg", "p50", "p95", "p99")
-
-
-@dataclass(frozen=True, slots=True)
-class ActuatorConfig:
-    """The ``controller.actuator`` table: how a decision reaches the node (see
-    :mod:`wirekit.serve.control.actuators`)."""
-
-    kind: str = "log"
-    #: ``command``: the argv template run for a CPU share, and the one for a GPU count
-    #: (``{node} {model} {share} {cpus} {gpus} {container}``; empty: that kind is not run)
-    argv: tuple[str, ...] = ()
-    gpu_argv: tuple[str, ...] = ()
-    timeout: float = 10.0  #: ``command``: seconds a command may run before it is killed
-    #: ``command``: ``{container}`` per ``node/model`` (default ``<node>-<model>``)
-    containers: tuple[tuple[str, str], ...] = ()
-    #: ``cgroup``: the cgroup directory per ``node/model`` (or ``model``)
-    cgroups: tuple[tuple[str, str], ...] = ()
-    cpus: float = 1.0  #: ``cgroup``/``command``: the CPUs a share of 1 stands for
-    period_us: int = 100_000  #: ``cgroup``: the CFS period written with the quota
-    #: ``module:Class`` kinds: the ``options`` table, given to ``Class(options)``
-    options: tuple[tuple[str, Any], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ControllerConfig:
-    """The ``controller`` table (absent: no controller).  The built-in policy's keys are
-    explained in :mod:`wirekit.serve.control.controller`."""
-
-    period: float = 5.0  #: seconds between two looks at the metrics
-    window: float = 30.0  #: seconds of requests the metrics snapshot covers
-    policy: str = "wirekit.serve.control.controller:TargetPolicy"  #: ``module:Class``
-    targets: tuple[tuple[str, float], ...] = ()  #: model -> response time target, seconds
-    metric: str = "p95"  #: which response time is held to the target
-    tolerance: float = 0.1  #: no change while within target × (1 ± tolerance)
-    max_step: float = 0.1  #: largest change of a CPU share in one decision
-    min_share: float = 0.05  #: floor: a CPU share in use never goes below it
-    cooldown: float = 10.0  #: seconds a row is left alone after a change
-    stabilization: float = 30.0  #: seconds of recommendations a decrease must agree with
-    min_requests: int = 5  #: fewer answered in the window: no figure to act on
-    actuator: ActuatorConfig = field(default_factory=ActuatorConfig)
-    #: anything else for a custom policy (the ``options`` table, unchecked)
-    options: tuple[tuple[str, Any], ...] = ()
-
-    def target(self, model: str) -> float | None:
-        return dict(self.targets).get(model)
-
-
-@dataclass(frozen=True, slots=True)
-class AdminConfig:
-    """The admin API (``/admin/models``) of the HTTP front door: models added and removed
-    while the dispatcher runs.  It always needs a bearer token: ``token``, else one
-    generated at start and written to ``token_file``; any HTTP bind but loopback needs a
-    configured ``token`` (see :mod:`wirekit.serve.doors.adminauth`)."""
-
-    enabled: bool = True
-    token: str | None = None  #: the bearer token (or env WIREKIT_ADMIN_TOKEN)
-    #: where a generated token is written (None: the runtime directory, named after the
-    #: HTTP address)
-    token_file: str | None = None
-    #: host names a client may use besides the listening address and localhost
-    allowed_hosts: tuple[str, ...] = ()
-    drain_timeout: float = 30.0  #: seconds a removal waits for requests in flight at most
-
-
-@dataclass(frozen=True, slots=True)
-class HttpLimits:
-    """The ``http`` table: the HTTP front door's time limits, connection cap and body size
-    (what each does when hit: ``SECURITY.md``, "HTTP front door"), and its access log.
-    Every timeout is in seconds and must be > 0: an HTTP door exposed without one can be
-    held open for ever."""
-
-    #: a request's headers not complete this long after the connection opened, or after the
-    #: first byte of a request on a kept-alive connection: the connection is dropped
-    header_timeout: float = 10.0
-    #: a request's body not received in full this long after its headers: 408, closed
-    body_timeout: float = 60.0
-    #: a kept-alive connection with no request this long after the last answer: closed
-    idle_timeout: float = 75.0
-    #: connections open at once at most; one more is answered 503 and closed at once
-    max_connections: int = 512
-    #: a request body of more bytes: 413
-    max_body_size: int = 64 * 1024 * 1024
-    #: an answer the client does not read (the transport holds it unsent) and no progress
-    #: writing it this long: the connection is dropped (as ``mip.write_stall_timeout``)
-    write_stall_timeout: float = 30.0
-    #: log one line per request answered (logger ``wirekit.serve.access``, INFO; the
-    #: ``--access-log`` flag sets it too); off: no cost at all
-    access_log: bool = False
-
-
-#: the keys of the ``http`` table, in the order of :class:`HttpLimits`
-HTTP_KEYS = (
-    "header_timeout",
-    "body_timeout",
-    "idle_timeout",
-    "max_connections",
-    "max_body_size",
-    "write_stall_timeout",
-    "access_log",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Deployment:
-    """A validated deployment: listeners, store, cache, models and the metadata rows."""
-
-    host: str = "127.0.0.1"
-    http_port: int | None = 0
-    clipper_rpc_port: int | None = None
-    clipper_generation: str = "v3"  #: Clipper RPC generation the containers speak
-    backoff: float = 5.0  #: seconds a failing device stays out of rotation
-    connections: int = 128  #: requests in flight per MIP backend at most
-    store: StoreConfig = field(default_factory=StoreConfig)
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    #: the MIP front doors' limits (the ``mip`` table; the names and defaults of
-    #: ``wirekit mip serve``'s flags, see :mod:`wirekit.mip.limits`), and the process's
-    #: memory budget every door charges (``memory_budget``, the top-level key)
-    mip: Limits = field(default_factory=Limits)
-    #: the HTTP front door's limits (the ``http`` table)
-    http: HttpLimits = field(default_factory=HttpLimits)
-    models: dict[str, ModelConfig] = field(default_factory=dict)
-    rows: tuple[DeviceRow, ...] = ()
-    admin: AdminConfig = field(default_factory=AdminConfig)
-    controller: ControllerConfig | None = None  #: the ``controller`` table (None: off)
-
-    def rows_of(self, model: str) -> list[DeviceRow]:
-        """The metadata rows of ``model`` (quota 0 included)."""
-        return [r for r in self.rows if r.model == model]
-
-    def app_models(self) -> dict[str, str]:
-        """Clipper application name -> model (each model is also an app of its own name)."""
-        apps = {name: name for name in self.models}
-        for m in self.models.values():
-            for app in m.apps:
-                apps[app] = m.name
-        return apps
-
-
-def load_config(path: str | Path) -> Deployment:
-    """Read and validate a deployment config (``.toml`` is TOML, anything else JSON)."""
-    doc = read_document(path)
-    try:
-        return parse_config(doc)
-    except ConfigError as exc:
-        raise ConfigError(exc.where, exc.reason, str(path)) from None
-
-
-def loads_toml(text: str) -> Any:
-    """Parse TOML text: ``tomllib`` (Python 3.11+), else ``tomli`` (the ``serve`` extra), so
-    that wirekit imports without it.  ValueError for text that is not TOML;
-    :class:`ConfigError` when no TOML parser is installed."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - exercised on 3.10 only (scripts/test-pythons.sh)
-        try:
-            import tomli as tomllib
-        except ImportError:
-            raise ConfigError(
-                "",
-                f"reading TOML on Python {sys.version_info[0]}.{sys.version_info[1]} needs "
-                "tomli (pip install 'wirekit[serve]'), or give the config as JSON",
-            ) from None
-    return tomllib.loads(text)
-
-
-def read_document(path: str | Path) -> Any:
-    """The parsed, not yet validated document of a config file (``.toml`` is TOML, anything
-    else JSON); :class:`ConfigError` naming the file if it cannot be read or parsed."""
-    path = Path(path)
-    source = str(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigUnreadable("", f"cannot read: {exc.strerror or exc}", source) from None
-    if path.suffix.lower() == ".toml":
-        try:
-            doc = loads_toml(raw.decode("utf-8"))
-        except ConfigError as exc:
-            raise ConfigError(exc.where, exc.reason, source) from None
-        except ValueError as exc:  # UnicodeDecodeError, TOMLDecodeError
-            raise ConfigError("", f"not valid TOML: {exc}", source) from None
-    else:
-        try:
-            doc = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError("", f"not valid JSON: {exc}", source) from None
-    return doc
-
-
-# --- validation helpers ----------------------------------------------------------------------
+# --- the checks of one value -----------------------------------------------------------------
 
 
 def _table(doc: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
@@ -500,98 +235,538 @@ def _host_names(value: Any, where: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+def is_postgresql_url(value: Any) -> bool:
+    """Whether ``value`` is a ``postgresql://`` (or ``postgres://``) URL: a shared store."""
+    return isinstance(value, str) and value.startswith(POSTGRESQL_SCHEMES)
+
+
+def _store_url(value: Any, where: str) -> str:
+    url = _str(value, where)
+    if not is_postgresql_url(url):
+        raise ConfigError(where, "expected a postgresql:// URL")
+    return url
+
+
+def _names(value: Any, where: str) -> tuple[str, ...]:
+    """A list of names (a model's ``apps``), each checked by :func:`check_name`."""
+    items = _list(value, where, nonempty=False)
+    return tuple(check_name(name, f"{where}[{k}]") for k, name in enumerate(items))
+
+
+def _free_table(value: Any, where: str) -> tuple[tuple[str, Any], ...]:
+    """A table of any keys and values (a plugin's ``options``), as its items."""
+    keys = set(value) if isinstance(value, Mapping) else set()
+    return tuple(_table(value, where, keys).items())
+
+
+def _name_table(value: Any, where: str) -> tuple[tuple[str, str], ...]:
+    """A table of any keys whose values are non-empty strings, as its items."""
+    keys = set(value) if isinstance(value, Mapping) else set()
+    table = _table(value, where, keys)
+    return tuple((k, _str(v, f"{where}.{k}")) for k, v in table.items())
+
+
+def _plugin(value: Any, where: str) -> str:
+    """A plugin's ``module:Class``."""
+    spec = _str(value, where)
+    if spec.count(":") != 1 or not all(spec.split(":")):
+        raise ConfigError(where, f"expected module:Class, got {spec!r}")
+    return spec
+
+
+#: ``check(value, where)``: the value to keep, or :class:`ConfigError` at ``where``
+Check = Callable[[Any, str], Any]
+
+
+def _number(*, lo: float, hi: float = MAX_SECONDS, lo_open: bool = False) -> Check:
+    """The check of a finite number from ``lo`` to ``hi`` (see :func:`_num`)."""
+    return functools.partial(_num, lo=lo, hi=hi, lo_open=lo_open)
+
+
+def _integer(*, lo: int, hi: int) -> Check:
+    """The check of an integer from ``lo`` to ``hi``."""
+    return functools.partial(_int, lo=lo, hi=hi)
+
+
+def _optional(check: Check) -> Check:
+    """``check``, with null allowed (kept as None)."""
+
+    def optional(value: Any, where: str) -> Any:
+        return None if value is None else check(value, where)
+
+    return optional
+
+
+def _one_of(choices: tuple[str, ...]) -> Check:
+    """The check of one of ``choices``."""
+
+    def one_of(value: Any, where: str) -> Any:
+        if value not in choices:
+            raise ConfigError(where, f"must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    return one_of
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    check: Check | None,
+    key: str | None = None,
+    table: str | None = None,
+    default_factory: Any = dataclasses.MISSING,
+) -> Any:
+    """A field of a config table: its default, and what reads it from a document.
+
+    ``check(value, where)`` checks the value the document gives and returns the one to keep
+    (None: the field is read by its table's own function, being checked against other
+    values); ``key`` is its key in the table (default: the field's name; ``""``: not a key
+    of the table); ``table`` the sub-table it is in (``listen``).  A key the document leaves
+    out keeps the dataclass's default: defaults are written here only."""
+    metadata = {"check": check, "key": key, "table": table}
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _keys(cls: Any, table: str | None = None) -> dict[str, dataclasses.Field]:
+    """Key -> field of each setting of the dataclass ``cls`` that a document's table gives
+    (``table``: those of that sub-table), in the order of the fields."""
+    keys = {}
+    for f in dataclasses.fields(cls):
+        key = f.metadata.get("key")
+        key = f.name if key is None else key
+        if key and f.metadata.get("table") == table:
+            keys[key] = f
+    return keys
+
+
+def _settings(
+    cls: Any, doc: Mapping[str, Any], where: str, table: str | None = None
+) -> dict[str, Any]:
+    """Field name -> checked value of each setting of ``cls`` that ``doc`` gives (and that
+    has a check); the others keep their defaults."""
+    values = {}
+    for key, f in _keys(cls, table).items():
+        check = f.metadata.get("check")
+        if key in doc and check is not None:
+            values[f.name] = check(doc[key], _join(where, key))
+    return values
+
+
+def _parse_table(cls: Any, doc: Any, where: str, **given: Any) -> Any:
+    """The dataclass ``cls`` read from the table ``doc`` (at ``where``): its keys, no other,
+    each checked; ``given``: the values of fields the table does not hold."""
+    return cls(**_settings(cls, _table(doc, where, set(_keys(cls))), where), **given)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRow:
+    """One row of the models metadata: a model on one device of one node."""
+
+    model: str
+    node: str
+    device: int  #: index of the device on its node
+    device_type: str  #: "CPU" or "GPU"
+    endpoint: str  #: host of the backend (MIP kinds)
+    port: int | None  #: port of the backend (MIP kinds); None for Clipper
+    quota: float  #: share of the device given to the model, 0..1
+    backend: str  #: "mip", "kubemo" or "clipper"
+    clipper_name: str | None = None  #: the name its Clipper container registers under
+    #: ``node/device/model``: the name of this row in the store and the metrics (derived)
+    key: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", f"{self.node}/{self.device}/{self.model}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Per-model settings: the MIP front door port, the backend kind, resubmission."""
+
+    name: str = setting(check=None, key="")
+    #: MIP front door (0: any free port, None: no MIP front door); key ``port``
+    mip_port: int | None = setting(0, check=_port, key="port")
+    backend: str = setting("mip", check=_one_of(BACKEND_KINDS))
+    #: seconds one attempt may take before it is resubmitted
+    timeout: float = setting(5.0, check=_number(lo=0, lo_open=True))
+    #: attempts per request, the first one included
+    attempts: int = setting(3, check=_integer(lo=1, hi=100))
+    #: extra names for Clipper's ``POST /{app}/predict``
+    apps: tuple[str, ...] = setting((), check=_names)
+    #: adaptive batching to MIP backends: requests from the MIP front door waiting for the
+    #: same device in one loop pass go out as one MIP batch of at most this many samples
+    #: (1: off, every request is sent on its own)
+    max_batch: int = setting(1, check=_integer(lo=1, hi=65535))
+    #: the code a backend of this model runs (``module:function``); the dispatcher does not
+    #: use it: ``wirekit serve --with-backends`` and ``wirekit serve k8s`` start backends
+    #: with it (default: the built-in echo)
+    handler: str = setting(DEFAULT_HANDLER, check=_handler)
+    #: the response time (seconds) the controller holds the model to (None: none, the
+    #: controller leaves its quotas alone); ``controller.targets`` gives it too
+    target: float | None = setting(None, check=_optional(_number(lo=0, lo_open=True)))
+
+
+#: the per-model settings that change while the model is served (``PATCH
+#: /admin/models/{name}``): new requests use them, requests in flight keep theirs
+LIVE_SETTINGS = ("timeout", "attempts", "max_batch", "target")
+#: the config keys of a model (``models.<name>``): the ones not in :data:`LIVE_SETTINGS`
+#: (``port``, ``backend``, ``apps``, ``handler``) change only by removing and adding the model
+MODEL_KEYS = tuple(_keys(ModelConfig))
+
+
+def live_settings(model: ModelConfig) -> dict[str, Any]:
+    """The :data:`LIVE_SETTINGS` of ``model``, by name."""
+    return {key: getattr(model, key) for key in LIVE_SETTINGS}
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    #: the SQLite file; with ``url``, the base name of this replica's local journal files
+    path: str = setting("requests.db", check=_str)
+    #: a ``postgresql://`` URL: the store several replicas share (None: the SQLite file)
+    url: str | None = setting(None, check=_optional(_store_url))
+    #: this replica's name in the shared store (default ``<host>:<absolute path>``)
+    replica: str = setting("", check=_str)
+    #: also keep request payloads in the store
+    payloads: bool = setting(False, check=_bool)
+    #: journal each completion before answering (crash-safe)
+    journal: bool = setting(True, check=_bool)
+    #: rows per write transaction at most
+    batch_max: int = setting(1024, check=_integer(lo=1, hi=1_000_000))
+    #: seconds between hand-overs to the writer thread
+    flush_interval: float = setting(0.05, check=_number(lo=0, hi=60))
+    #: with ``url``: seconds between two compactions of the catalog's change log by this
+    #: replica (0: never)
+    compact_every: float = setting(300.0, check=_number(lo=0))
+    #: with ``url``: the changes younger than this (seconds) stay in the log when compacted
+    compact_keep: float = setting(60.0, check=_number(lo=0))
+    #: with ``url``: seconds this replica's lease lasts after a renewal; once it has expired
+    #: the leader ends the replica's queued rows ``lost``
+    lease: float = setting(10.0, check=_number(lo=0, lo_open=True))
+    #: with ``url``: seconds between two renewals of the lease, and between two sweeps of
+    #: the expired leases by the leader (below ``lease``): rows end within lease + period;
+    #: not given, it is this or half the lease, whichever is shorter
+    lease_period: float = setting(2.0, check=_number(lo=0, lo_open=True))
+
+
+def _store(doc: Any, where: str) -> StoreConfig:
+    """The ``store`` table."""
+    table = _table(doc, where, set(_keys(StoreConfig)))
+    store = StoreConfig(**_settings(StoreConfig, table, where))
+    if "lease_period" not in table:
+        lease_period = min(StoreConfig().lease_period, store.lease / 2)
+        store = dataclasses.replace(store, lease_period=lease_period)
+    if store.lease_period >= store.lease:
+        raise ConfigError(
+            _join(where, "lease_period"),
+            f"must be below {_join(where, 'lease')} ({store.lease:g}): a lease would expire"
+            f" between two renewals, got {store.lease_period:g}",
+        )
+    return store
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    #: 0 disables the cache
+    max_entries: int = setting(4096, check=_integer(lo=0, hi=10**9))
+    #: seconds an entry stays valid
+    ttl: float = setting(60.0, check=_number(lo=0, lo_open=True))
+    #: total size of cached responses at most
+    max_bytes: int = setting(64 * 1024 * 1024, check=_integer(lo=0, hi=1 << 40))
+
+
+ACTUATOR_KINDS = ("log", "command", "cgroup")
+#: the placeholders of a ``command`` actuator's argv templates
+ACTUATOR_FIELDS = ("node", "model", "share", "cpus", "gpus", "container")
+METRICS = ("avg", "p50", "p95", "p99")
+
+
+def _actuator_kind(value: Any, where: str) -> str:
+    """A shipped actuator kind, or a plugin's ``module:Class``."""
+    custom = isinstance(value, str) and value.count(":") == 1 and all(value.split(":"))
+    if value not in ACTUATOR_KINDS and not custom:
+        raise ConfigError(
+            where, f"must be one of {', '.join(ACTUATOR_KINDS)} or module:Class, got {value!r}"
+        )
+    return value
+
+
+def _template(value: Any, where: str) -> str:
+    """One argument of a ``command`` actuator: text with :data:`ACTUATOR_FIELDS` placeholders."""
+    text = _str(value, where)
+    allowed = ", ".join(f"{{{f}}}" for f in ACTUATOR_FIELDS)
+    try:
+        names = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+        bad = [n for n in names if n not in ACTUATOR_FIELDS]
+        if bad:
+            raise ConfigError(where, f"unknown placeholder {{{bad[0]}}} (allowed: {allowed})")
+        text.format(**dict.fromkeys(ACTUATOR_FIELDS, "1"))
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(where, f"not a template of {allowed}: {exc}") from None
+    return text
+
+
+def _templates(value: Any, where: str) -> tuple[str, ...]:
+    """A ``command`` actuator's argv: a list of :func:`_template`."""
+    items = _list(value, where, nonempty=False)
+    return tuple(_template(a, f"{where}[{k}]") for k, a in enumerate(items))
+
+
+@dataclass(frozen=True, slots=True)
+class ActuatorConfig:
+    """The ``controller.actuator`` table: how a decision reaches the node (see
+    :mod:`wirekit.serve.control.actuators`)."""
+
+    kind: str = setting("log", check=_actuator_kind)
+    #: ``command``: the argv template run for a CPU share, and the one for a GPU count
+    #: (``{node} {model} {share} {cpus} {gpus} {container}``; empty: that kind is not run)
+    argv: tuple[str, ...] = setting((), check=_templates)
+    gpu_argv: tuple[str, ...] = setting((), check=_templates)
+    #: ``command``: seconds a command may run before it is killed
+    timeout: float = setting(10.0, check=_number(lo=0, lo_open=True))
+    #: ``command``: ``{container}`` per ``node/model`` (default ``<node>-<model>``)
+    containers: tuple[tuple[str, str], ...] = setting((), check=_name_table)
+    #: ``cgroup``: the cgroup directory per ``node/model`` (or ``model``)
+    cgroups: tuple[tuple[str, str], ...] = setting((), check=_name_table)
+    #: ``cgroup``/``command``: the CPUs a share of 1 stands for
+    cpus: float = setting(1.0, check=_number(lo=0, lo_open=True, hi=4096))
+    #: ``cgroup``: the CFS period written with the quota
+    period_us: int = setting(100_000, check=_integer(lo=1000, hi=1000000))
+    #: ``module:Class`` kinds: the ``options`` table, given to ``Class(options)``
+    options: tuple[tuple[str, Any], ...] = setting((), check=_free_table)
+
+
+def _actuator(doc: Any, where: str) -> ActuatorConfig:
+    """The ``controller.actuator`` table."""
+    cfg = _parse_table(ActuatorConfig, doc, where)
+    if cfg.kind == "command" and not (cfg.argv or cfg.gpu_argv):
+        raise ConfigError(f"{where}.argv", "the command actuator needs argv (or gpu_argv)")
+    if cfg.kind == "cgroup" and not cfg.cgroups:
+        raise ConfigError(f"{where}.cgroups", "the cgroup actuator needs a cgroup per model")
+    return cfg
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """The ``controller`` table (absent: no controller).  The built-in policy's keys are
+    explained in :mod:`wirekit.serve.control.controller`."""
+
+    #: seconds between two looks at the metrics
+    period: float = setting(5.0, check=_number(lo=0.05, hi=86400))
+    #: seconds of requests the metrics snapshot covers (at least ``period``)
+    window: float = setting(30.0, check=None)
+    #: ``module:Class``
+    policy: str = setting("wirekit.serve.control.controller:TargetPolicy", check=_plugin)
+    #: model -> response time target, seconds (the models' names: read with the models)
+    targets: tuple[tuple[str, float], ...] = setting((), check=None)
+    #: which response time is held to the target
+    metric: str = setting("p95", check=_one_of(METRICS))
+    #: no change while within target × (1 ± tolerance)
+    tolerance: float = setting(0.1, check=_number(lo=0, hi=0.9))
+    #: largest change of a CPU share in one decision
+    max_step: float = setting(0.1, check=_number(lo=0.01, hi=1))
+    #: floor: a CPU share in use never goes below it
+    min_share: float = setting(0.05, check=_number(lo=0.001, hi=1))
+    #: seconds a row is left alone after a change
+    cooldown: float = setting(10.0, check=_number(lo=0))
+    #: seconds of recommendations a decrease must agree with
+    stabilization: float = setting(30.0, check=_number(lo=0))
+    #: fewer answered in the window: no figure to act on
+    min_requests: int = setting(5, check=_integer(lo=1, hi=10**9))
+    actuator: ActuatorConfig = setting(default_factory=ActuatorConfig, check=_actuator)
+    #: anything else for a custom policy (the ``options`` table, unchecked)
+    options: tuple[tuple[str, Any], ...] = setting((), check=_free_table)
+
+    def target(self, model: str) -> float | None:
+        return dict(self.targets).get(model)
+
+
+@dataclass(frozen=True, slots=True)
+class AdminConfig:
+    """The admin API (``/admin/models``) of the HTTP front door: models added and removed
+    while the dispatcher runs.  It always needs a bearer token: ``token``, else one
+    generated at start and written to ``token_file``; any HTTP bind but loopback needs a
+    configured ``token`` (see :mod:`wirekit.serve.doors.adminauth`)."""
+
+    enabled: bool = setting(True, check=_bool)
+    #: the bearer token (or env WIREKIT_ADMIN_TOKEN)
+    token: str | None = setting(None, check=_optional(_str))
+    #: where a generated token is written (None: the runtime directory, named after the
+    #: HTTP address)
+    token_file: str | None = setting(None, check=_optional(_str))
+    #: host names a client may use besides the listening address and localhost
+    allowed_hosts: tuple[str, ...] = setting((), check=_host_names)
+    #: seconds a removal waits for requests in flight at most
+    drain_timeout: float = setting(30.0, check=_number(lo=0, hi=3600))
+
+
+#: the check of an HTTP door's timeout: > 0 (no "off": an HTTP door exposed without one can
+#: be held open for ever), a day at most
+_http_timeout = _number(lo=0, hi=86400, lo_open=True)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """The ``http`` table: the HTTP front door's time limits, connection cap and body size
+    (what each does when hit: ``SECURITY.md``, "HTTP front door"), and its access log.
+    Every timeout is in seconds and must be > 0: an HTTP door exposed without one can be
+    held open for ever."""
+
+    #: a request's headers not complete this long after the connection opened, or after the
+    #: first byte of a request on a kept-alive connection: the connection is dropped
+    header_timeout: float = setting(10.0, check=_http_timeout)
+    #: a request's body not received in full this long after its headers: 408, closed
+    body_timeout: float = setting(60.0, check=_http_timeout)
+    #: a kept-alive connection with no request this long after the last answer: closed
+    idle_timeout: float = setting(75.0, check=_http_timeout)
+    #: connections open at once at most; one more is answered 503 and closed at once
+    max_connections: int = setting(512, check=_integer(lo=1, hi=1 << 20))
+    #: a request body of more bytes: 413
+    max_body_size: int = setting(64 * 1024 * 1024, check=_integer(lo=1, hi=1 << 40))
+    #: an answer the client does not read (the transport holds it unsent) and no progress
+    #: writing it this long: the connection is dropped (as ``mip.write_stall_timeout``)
+    write_stall_timeout: float = setting(30.0, check=_http_timeout)
+    #: log one line per request answered (logger ``wirekit.serve.access``, INFO; the
+    #: ``--access-log`` flag sets it too); off: no cost at all
+    access_log: bool = setting(False, check=_bool)
+
+
+#: the keys of the ``http`` table, in the order of :class:`HttpLimits`
+HTTP_KEYS = tuple(_keys(HttpLimits))
+
+CLIPPER_GENERATIONS = ("2016", "2017", "v3")
+
+
+def _clipper_generation(value: Any, where: str) -> str:
+    if value not in CLIPPER_GENERATIONS:
+        raise ConfigError(where, f"must be 2016, 2017 or v3, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """A validated deployment: listeners, store, cache, models and the metadata rows."""
+
+    host: str = setting("127.0.0.1", check=_str, table="listen")
+    http_port: int | None = setting(0, check=_port, table="listen")
+    clipper_rpc_port: int | None = setting(None, check=_port, table="listen")
+    #: Clipper RPC generation the containers speak
+    clipper_generation: str = setting("v3", check=_clipper_generation, table="listen")
+    #: seconds a failing device stays out of rotation
+    backoff: float = setting(5.0, check=_number(lo=0))
+    #: requests in flight per MIP backend at most
+    connections: int = setting(128, check=_integer(lo=1, hi=4096))
+    store: StoreConfig = setting(default_factory=StoreConfig, check=_store)
+    cache: CacheConfig = setting(
+        default_factory=CacheConfig, check=functools.partial(_parse_table, CacheConfig)
+    )
+    #: the MIP front doors' limits (the ``mip`` table; the names and defaults of
+    #: ``wirekit mip serve``'s flags, see :mod:`wirekit.mip.limits`), and the process's
+    #: memory budget every door charges (``memory_budget``, the top-level key)
+    mip: Limits = setting(default_factory=Limits, check=None)
+    #: the HTTP front door's limits (the ``http`` table)
+    http: HttpLimits = setting(
+        default_factory=HttpLimits, check=functools.partial(_parse_table, HttpLimits)
+    )
+    models: dict[str, ModelConfig] = setting(default_factory=dict, check=None)
+    #: the metadata rows (read from ``nodes``)
+    rows: tuple[DeviceRow, ...] = setting((), check=None, key="nodes")
+    admin: AdminConfig = setting(
+        default_factory=AdminConfig, check=functools.partial(_parse_table, AdminConfig)
+    )
+    #: the ``controller`` table (None: off)
+    controller: ControllerConfig | None = setting(None, check=None)
+
+    def rows_of(self, model: str) -> list[DeviceRow]:
+        """The metadata rows of ``model`` (quota 0 included)."""
+        return [r for r in self.rows if r.model == model]
+
+    def app_models(self) -> dict[str, str]:
+        """Clipper application name -> model (each model is also an app of its own name)."""
+        apps = {name: name for name in self.models}
+        for m in self.models.values():
+            for app in m.apps:
+                apps[app] = m.name
+        return apps
+
+
+#: the top-level keys of a config document: the :class:`Deployment`'s, its sub-tables
+#: (``listen``), and ``memory_budget`` (read with the ``mip`` table)
+TOP_KEYS = frozenset(
+    {*_keys(Deployment), "memory_budget"}
+    | {f.metadata["table"] for f in dataclasses.fields(Deployment) if f.metadata.get("table")}
+)
+
+
+def load_config(path: str | Path) -> Deployment:
+    """Read and validate a deployment config (``.toml`` is TOML, anything else JSON)."""
+    doc = read_document(path)
+    try:
+        return parse_config(doc)
+    except ConfigError as exc:
+        raise ConfigError(exc.where, exc.reason, str(path)) from None
+
+
+def loads_toml(text: str) -> Any:
+    """Parse TOML text: ``tomllib`` (Python 3.11+), else ``tomli`` (the ``serve`` extra), so
+    that wirekit imports without it.  ValueError for text that is not TOML;
+    :class:`ConfigError` when no TOML parser is installed."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only (scripts/test-pythons.sh)
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise ConfigError(
+                "",
+                f"reading TOML on Python {sys.version_info[0]}.{sys.version_info[1]} needs "
+                "tomli (pip install 'wirekit[serve]'), or give the config as JSON",
+            ) from None
+    return tomllib.loads(text)
+
+
+def read_document(path: str | Path) -> Any:
+    """The parsed, not yet validated document of a config file (``.toml`` is TOML, anything
+    else JSON); :class:`ConfigError` naming the file if it cannot be read or parsed."""
+    path = Path(path)
+    source = str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigUnreadable("", f"cannot read: {exc.strerror or exc}", source) from None
+    if path.suffix.lower() == ".toml":
+        try:
+            doc = loads_toml(raw.decode("utf-8"))
+        except ConfigError as exc:
+            raise ConfigError(exc.where, exc.reason, source) from None
+        except ValueError as exc:  # UnicodeDecodeError, TOMLDecodeError
+            raise ConfigError("", f"not valid TOML: {exc}", source) from None
+    else:
+        try:
+            doc = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError("", f"not valid JSON: {exc}", source) from None
+    return doc
+
+
 # --- the document ----------------------------------------------------------------------------
+
+#: the keys of an entry of ``nodes``
+NODE_KEYS = frozenset({"id", "endpoint", "devices", "models", "quotas", "ports"})
 
 
 def parse_config(doc: Any) -> Deployment:
     """Validate a parsed JSON/TOML document and build the :class:`Deployment`."""
-    top = _table(
-        doc,
-        "",
-        {"listen", "store", "cache", "mip", "models", "nodes", "backoff", "connections", "admin"}
-        | {"controller", "http", "memory_budget"},
-    )
-    listen = _table(
-        top.get("listen", {}),
-        "listen",
-        {"host", "http_port", "clipper_rpc_port", "clipper_generation"},
-    )
-    clipper_generation = listen.get("clipper_generation", "v3")
-    if clipper_generation not in ("2016", "2017", "v3"):
-        raise ConfigError(
-            "listen.clipper_generation", f"must be 2016, 2017 or v3, got {clipper_generation!r}"
-        )
-    host = _str(listen.get("host", "127.0.0.1"), "listen.host")
-    http_port = _port(listen.get("http_port", 0), "listen.http_port")
-    clipper_rpc_port = _port(listen.get("clipper_rpc_port"), "listen.clipper_rpc_port")
-    backoff = _num(top.get("backoff", 5.0), "backoff", lo=0)
-    connections = _int(top.get("connections", 128), "connections", lo=1, hi=4096)
-
-    st = _table(
-        top.get("store", {}),
-        "store",
-        {
-            "path",
-            "url",
-            "replica",
-            "payloads",
-            "journal",
-            "batch_max",
-            "flush_interval",
-            "compact_every",
-            "compact_keep",
-            "lease",
-            "lease_period",
-        },
-    )
-    url = st.get("url")
-    if url is not None:
-        url = _str(url, "store.url")
-        if not url.startswith(("postgresql://", "postgres://")):
-            raise ConfigError("store.url", "expected a postgresql:// URL")
-    store = StoreConfig(
-        path=_str(st.get("path", "requests.db"), "store.path"),
-        url=url,
-        replica=_str(st["replica"], "store.replica") if "replica" in st else "",
-        payloads=_bool(st.get("payloads", False), "store.payloads"),
-        journal=_bool(st.get("journal", True), "store.journal"),
-        batch_max=_int(st.get("batch_max", 1024), "store.batch_max", lo=1, hi=1_000_000),
-        flush_interval=_num(st.get("flush_interval", 0.05), "store.flush_interval", lo=0, hi=60),
-        compact_every=_num(st.get("compact_every", 300.0), "store.compact_every", lo=0),
-        compact_keep=_num(st.get("compact_keep", 60.0), "store.compact_keep", lo=0),
-        lease=(lease := _num(st.get("lease", 10.0), "store.lease", lo=0, lo_open=True)),
-        lease_period=_num(
-            st.get("lease_period", min(2.0, lease / 2)), "store.lease_period", lo=0, lo_open=True
-        ),
-    )
-    if store.lease_period >= store.lease:
-        raise ConfigError(
-            "store.lease_period",
-            f"must be below store.lease ({store.lease:g}): a lease would expire between two"
-            f" renewals, got {store.lease_period:g}",
-        )
-    ca = _table(top.get("cache", {}), "cache", {"max_entries", "ttl", "max_bytes"})
-    cache = CacheConfig(
-        max_entries=_int(ca.get("max_entries", 4096), "cache.max_entries", lo=0, hi=10**9),
-        ttl=_num(ca.get("ttl", 60.0), "cache.ttl", lo=0, lo_open=True),
-        max_bytes=_int(ca.get("max_bytes", 64 << 20), "cache.max_bytes", lo=0, hi=1 << 40),
-    )
-
-    mip_limits = _mip_limits(top.get("mip", {}), top.get("memory_budget"))
-    http_limits = _http_limits(top.get("http", {}))
-    ad = _table(
-        top.get("admin", {}),
-        "admin",
-        {"enabled", "token", "token_file", "allowed_hosts", "drain_timeout"},
-    )
-    token, token_file = ad.get("token"), ad.get("token_file")
-    admin = AdminConfig(
-        enabled=_bool(ad.get("enabled", True), "admin.enabled"),
-        token=None if token is None else _str(token, "admin.token"),
-        token_file=None if token_file is None else _str(token_file, "admin.token_file"),
-        allowed_hosts=_host_names(ad.get("allowed_hosts", []), "admin.allowed_hosts"),
-        drain_timeout=_num(ad.get("drain_timeout", 30.0), "admin.drain_timeout", lo=0, hi=3600),
-    )
+    top = _table(doc, "", set(TOP_KEYS))
+    listen = _table(top.get("listen", {}), "listen", set(_keys(Deployment, "listen")))
+    values = _settings(Deployment, listen, "listen", table="listen")
+    values.update(_settings(Deployment, top, ""))
+    values["mip"] = _mip_limits(top.get("mip", {}), top.get("memory_budget"))
+    http_port = values.get("http_port", Deployment().http_port)
+    clipper_rpc_port = values.get("clipper_rpc_port")
 
     model_docs = _table(top.get("models", {}), "models", set(top.get("models", {}) or ()))
     for name in model_docs:
@@ -602,7 +777,7 @@ def parse_config(doc: Any) -> Deployment:
     seen_models: list[str] = []
     for n, node in enumerate(nodes):
         where = f"nodes[{n}]"
-        node = _table(node, where, {"id", "endpoint", "devices", "models", "quotas", "ports"})
+        node = _table(node, where, set(NODE_KEYS))
         for m, name in enumerate(_list(node.get("models"), f"{where}.models")):
             name = check_name(name, f"{where}.models[{m}]")
             if name not in seen_models:
@@ -662,52 +837,17 @@ def parse_config(doc: Any) -> Deployment:
             controller,
             targets=tuple((m.name, m.target) for m in models.values() if m.target is not None),
         )
-    return Deployment(
-        host=host,
-        http_port=http_port,
-        clipper_rpc_port=clipper_rpc_port,
-        clipper_generation=clipper_generation,
-        backoff=backoff,
-        connections=connections,
-        store=store,
-        cache=cache,
-        mip=mip_limits,
-        http=http_limits,
-        models=models,
-        rows=tuple(rows),
-        admin=admin,
-        controller=controller,
+    values.update(
+        clipper_rpc_port=clipper_rpc_port, models=models, rows=tuple(rows), controller=controller
     )
+    return Deployment(**values)
 
 
 def _model_config(name: str, doc: Any, where: str) -> ModelConfig:
     """One model's table (``models.<name>``; ``where``: its path in the document) -- the one
     validator of a model's settings, for the config file, ``POST /admin/models`` and
     ``PATCH /admin/models/{name}`` alike."""
-    md = _table(doc, where, set(MODEL_KEYS))
-    backend = md.get("backend", "mip")
-    if backend not in BACKEND_KINDS:
-        raise ConfigError(
-            _join(where, "backend"), f"must be one of {', '.join(BACKEND_KINDS)}, got {backend!r}"
-        )
-    apps = tuple(
-        check_name(a, _join(where, f"apps[{k}]"))
-        for k, a in enumerate(_list(md.get("apps", []), _join(where, "apps"), nonempty=False))
-    )
-    target = md.get("target")
-    return ModelConfig(
-        name=name,
-        mip_port=_port(md.get("port", 0), _join(where, "port")),
-        backend=backend,
-        timeout=_num(md.get("timeout", 5.0), _join(where, "timeout"), lo=0, lo_open=True),
-        attempts=_int(md.get("attempts", 3), _join(where, "attempts"), lo=1, hi=100),
-        apps=apps,
-        max_batch=_int(md.get("max_batch", 1), _join(where, "max_batch"), lo=1, hi=65535),
-        handler=_handler(md.get("handler"), _join(where, "handler")),
-        target=(
-            None if target is None else _num(target, _join(where, "target"), lo=0, lo_open=True)
-        ),
-    )
+    return _parse_table(ModelConfig, doc, where, name=name)
 
 
 def parse_settings(doc: Any, model: ModelConfig) -> ModelConfig:
@@ -753,96 +893,20 @@ def parse_quota(doc: Any) -> tuple[str, int, float]:
 
 
 def _controller(doc: Any, models: Mapping[str, ModelConfig]) -> ControllerConfig:
-    """The ``controller`` table."""
+    """The ``controller`` table: its settings, the window (at least the period) and the
+    targets (of the models served)."""
     where = "controller"
-    keys = {f.name for f in dataclasses.fields(ControllerConfig)}
-    t = _table(doc, where, keys)
-    d = ControllerConfig()
-    period = _num(t.get("period", d.period), f"{where}.period", lo=0.05, hi=86400)
-    window = _num(t.get("window", d.window), f"{where}.window", lo=period, hi=86400)
-    policy = _str(t.get("policy", d.policy), f"{where}.policy")
-    if policy.count(":") != 1 or not all(policy.split(":")):
-        raise ConfigError(f"{where}.policy", f"expected module:Class, got {policy!r}")
+    t = _table(doc, where, set(_keys(ControllerConfig)))
+    cfg = ControllerConfig(**_settings(ControllerConfig, t, where))
+    window = _num(t.get("window", cfg.window), f"{where}.window", lo=cfg.period, hi=86400)
     targets = _table(t.get("targets", {}), f"{where}.targets", set(models))
-    metric = t.get("metric", d.metric)
-    if metric not in METRICS:
-        raise ConfigError(f"{where}.metric", f"must be one of {', '.join(METRICS)}, got {metric!r}")
-    options = _table(t.get("options", {}), f"{where}.options", set(t.get("options", {}) or ()))
-    return ControllerConfig(
-        period=period,
+    return dataclasses.replace(
+        cfg,
         window=window,
-        policy=policy,
         targets=tuple(
             (m, _num(v, f"{where}.targets.{m}", lo=0, lo_open=True)) for m, v in targets.items()
         ),
-        metric=metric,
-        tolerance=_num(t.get("tolerance", d.tolerance), f"{where}.tolerance", lo=0, hi=0.9),
-        max_step=_num(t.get("max_step", d.max_step), f"{where}.max_step", lo=0.01, hi=1),
-        min_share=_num(t.get("min_share", d.min_share), f"{where}.min_share", lo=0.001, hi=1),
-        cooldown=_num(t.get("cooldown", d.cooldown), f"{where}.cooldown", lo=0),
-        stabilization=_num(t.get("stabilization", d.stabilization), f"{where}.stabilization", lo=0),
-        min_requests=_int(
-            t.get("min_requests", d.min_requests), f"{where}.min_requests", lo=1, hi=10**9
-        ),
-        actuator=_actuator(t.get("actuator", {}), f"{where}.actuator"),
-        options=tuple(options.items()),
     )
-
-
-def _template(value: Any, where: str) -> str:
-    """One argument of a ``command`` actuator: text with :data:`ACTUATOR_FIELDS` placeholders."""
-    text = _str(value, where)
-    allowed = ", ".join(f"{{{f}}}" for f in ACTUATOR_FIELDS)
-    try:
-        names = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
-        bad = [n for n in names if n not in ACTUATOR_FIELDS]
-        if bad:
-            raise ConfigError(where, f"unknown placeholder {{{bad[0]}}} (allowed: {allowed})")
-        text.format(**dict.fromkeys(ACTUATOR_FIELDS, "1"))
-    except ValueError as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(where, f"not a template of {allowed}: {exc}") from None
-    return text
-
-
-def _actuator(doc: Any, where: str) -> ActuatorConfig:
-    """The ``controller.actuator`` table."""
-    t = _table(doc, where, {f.name for f in dataclasses.fields(ActuatorConfig)})
-    d = ActuatorConfig()
-    kind = t.get("kind", d.kind)
-    custom = isinstance(kind, str) and kind.count(":") == 1 and all(kind.split(":"))
-    if kind not in ACTUATOR_KINDS and not custom:
-        raise ConfigError(
-            f"{where}.kind",
-            f"must be one of {', '.join(ACTUATOR_KINDS)} or module:Class, got {kind!r}",
-        )
-    options = _table(t.get("options", {}), f"{where}.options", set(t.get("options", {}) or ()))
-
-    def argv(key: str) -> tuple[str, ...]:
-        items = _list(t.get(key, []), f"{where}.{key}", nonempty=False)
-        return tuple(_template(a, f"{where}.{key}[{k}]") for k, a in enumerate(items))
-
-    def names(key: str) -> tuple[tuple[str, str], ...]:
-        table = _table(t.get(key, {}), f"{where}.{key}", set(t.get(key, {}) or ()))
-        return tuple((k, _str(v, f"{where}.{key}.{k}")) for k, v in table.items())
-
-    cfg = ActuatorConfig(
-        kind=kind,
-        argv=argv("argv"),
-        gpu_argv=argv("gpu_argv"),
-        timeout=_num(t.get("timeout", d.timeout), f"{where}.timeout", lo=0, lo_open=True),
-        containers=names("containers"),
-        cgroups=names("cgroups"),
-        cpus=_num(t.get("cpus", d.cpus), f"{where}.cpus", lo=0, lo_open=True, hi=4096),
-        period_us=_int(t.get("period_us", d.period_us), f"{where}.period_us", lo=1000, hi=1000000),
-        options=tuple(options.items()),
-    )
-    if kind == "command" and not (cfg.argv or cfg.gpu_argv):
-        raise ConfigError(f"{where}.argv", "the command actuator needs argv (or gpu_argv)")
-    if kind == "cgroup" and not cfg.cgroups:
-        raise ConfigError(f"{where}.cgroups", "the cgroup actuator needs a cgroup per model")
-    return cfg
 
 
 def parse_model(
@@ -922,32 +986,6 @@ def _placements_doc(
             for node in quotas
         ],
     }
-
-
-def _http_limits(doc: Any) -> HttpLimits:
-    """The ``http`` table: the HTTP front door's limits (timeouts > 0, no "off")."""
-    t = _table(doc, "http", set(HTTP_KEYS))
-    default = HttpLimits()
-    values: dict[str, Any] = {}
-    for key in HTTP_KEYS[:3]:
-        values[key] = _num(
-            t.get(key, getattr(default, key)), f"http.{key}", lo=0, hi=86400, lo_open=True
-        )
-    values["max_connections"] = _int(
-        t.get("max_connections", default.max_connections), "http.max_connections", lo=1, hi=1 << 20
-    )
-    values["max_body_size"] = _int(
-        t.get("max_body_size", default.max_body_size), "http.max_body_size", lo=1, hi=1 << 40
-    )
-    values["access_log"] = _bool(t.get("access_log", default.access_log), "http.access_log")
-    values["write_stall_timeout"] = _num(
-        t.get("write_stall_timeout", default.write_stall_timeout),
-        "http.write_stall_timeout",
-        lo=0,
-        hi=86400,
-        lo_open=True,
-    )
-    return HttpLimits(**values)
 
 
 def _mip_limits(doc: Any, memory_budget: Any = None) -> Limits:
@@ -1070,3 +1108,48 @@ def _node_rows(
                 f"{where}.quotas", f"device {d} ({dev}) is given {total:g} of itself (> 1)"
             )
     return rows
+
+
+# --- what the document alone cannot say ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Validated:
+    """What :func:`validate` loaded, for the service to use (loaded once)."""
+
+    #: the admin API's configured bearer token (None: none configured)
+    admin_token: str | None = None
+    #: the controller's actuator and policy (None: no controller)
+    actuator: Any = None
+    policy: Any = None
+
+
+def validate(deployment: Deployment, environ: Mapping[str, str] = os.environ) -> Validated:
+    """Check what ``wirekit serve`` needs beyond a valid document, as it would at its start:
+    the store URL, the admin token (:func:`~wirekit.serve.doors.adminauth.admin_token`: one
+    is needed on an HTTP bind beyond loopback), the controller's actuator and policy plugins
+    (imported and built).  :class:`ConfigError` naming the key when one cannot be used.
+
+    The one check of a deployment before it is served: the
+    :class:`~wirekit.serve.service.Service` calls it (and uses what it loaded), and so does
+    ``wirekit serve check``, which therefore refuses what ``wirekit serve`` refuses."""
+    from .doors.adminauth import admin_token
+
+    if deployment.store.url is not None:
+        _store_url(deployment.store.url, "store.url")
+    token = admin_token(deployment, environ)
+    ctl = deployment.controller
+    if ctl is None:
+        return Validated(token)
+    from .control.actuators import build_actuator
+    from .control.controller import load_policy
+
+    try:
+        actuator = build_actuator(ctl.actuator)
+    except ValueError as exc:
+        raise ConfigError("controller.actuator.kind", str(exc)) from None
+    try:
+        policy = load_policy(ctl.policy, ctl)
+    except ValueError as exc:
+        raise ConfigError("controller.policy", str(exc)) from None
+    return Validated(token, actuator, policy)

@@ -40,11 +40,14 @@ from wirekit.errors import DecodeError
 
 from ..core.cases import Case, Failed, Level, Skipped, Suite
 from ..core.net import Deadline
+from ..core.options import Group, SuiteOptions, add_connect_timeout, add_listen
 
 SUITE = Suite("clipper", "container", "Clipper model container", always=("handshake",))
 #: the command prints the address it listens on (the peer under test connects to it)
 LISTENS = True
 MUST, SHOULD, WIREKIT = Level.MUST, Level.SHOULD, Level.WIREKIT
+#: the options of the Clipper suites (container and frontend)
+CLIPPER = Group("clipper")
 
 SPEC = "specs/clipper.md"
 FORMAT = SPEC
@@ -512,6 +515,24 @@ def predict_wrong_type(side: ClipperSide, deadline: Deadline) -> None:
 
 
 # --------------------------------------------------------------------------- the command
+
+
+def add_generation(options: SuiteOptions) -> None:
+    """``--gen 2016|2017|v3``: the Clipper generation the implementation speaks."""
+    options.add_argument(
+        "--gen",
+        group=CLIPPER,
+        choices=[g.value for g in Generation],
+        help="the Clipper generation it speaks",
+    )
+
+
+def add_arguments(options: SuiteOptions) -> None:
+    """No TARGET: ``--listen`` (where the container connects), ``--connect-timeout``,
+    ``--gen``."""
+    add_listen(options)
+    add_connect_timeout(options)
+    add_generation(options)
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:

@@ -18,6 +18,7 @@ import numpy as np
 import zmq
 
 from wirekit import clipper
+from wirekit._vocabulary import tcp_address
 from wirekit.clipper import (
     Generation,
     Heartbeat,
@@ -32,6 +33,8 @@ from wirekit.errors import DecodeError
 
 from ..core.cases import Failed, Level, Skipped, Suite
 from ..core.net import Deadline
+from ..core.options import SuiteOptions
+from .clipper_container import CLIPPER, add_generation
 
 SUITE = Suite("clipper", "frontend", "Clipper frontend", always=("handshake",))
 MUST, SHOULD, WIREKIT = Level.MUST, Level.SHOULD, Level.WIREKIT
@@ -276,6 +279,20 @@ def version_mismatch(side: FrontendSide, deadline: Deadline) -> None:
 
 
 # --------------------------------------------------------------------------- the command
+
+
+def add_arguments(options: SuiteOptions) -> None:
+    """TARGET (parsed as the command's default, then required to be ``tcp://``: see
+    :func:`check_arguments`), ``--gen`` and ``--query``."""
+    add_generation(options)
+    options.add_argument(
+        "--query",
+        group=CLIPPER,
+        type=tcp_address,
+        metavar="ADDRESS",
+        help="clipper frontend: its query socket (wirekit clipper frontend --query), which "
+        "the request cases use to make it send requests (without: they skip)",
+    )
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:

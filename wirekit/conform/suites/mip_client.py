@@ -26,6 +26,7 @@ from wirekit.mip import ErrorCode, ErrorReply, Inference, Item, ItemType, Messag
 
 from ..core.cases import Failed, Level, Suite
 from ..core.net import Deadline
+from ..core.options import SuiteOptions, add_listen
 from ..drivers import DONE, JSON_VALUE, NEXT, OUTCOME, TYPES, image
 
 SUITE = Suite("mip", "client", "MIP client", always=("ping", "request.item-types"))
@@ -407,6 +408,11 @@ def connection_reuse(harness: MipClientHarness, deadline: Deadline) -> None:
 
 
 # --------------------------------------------------------------------------- the command
+
+
+def add_arguments(options: SuiteOptions) -> None:
+    """No TARGET: ``--listen``, where the client under test connects."""
+    add_listen(options)
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:

@@ -17,11 +17,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from wirekit import mip
+from wirekit._vocabulary import mip_address
 from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply, Inference, Item, ItemType, Message, Ping
 
 from ..core.cases import Failed, Level, Suite
 from ..core.net import Deadline, Stream
+from ..core.options import SuiteOptions
 from ..models import FAIL, FIRST_ONLY
 
 SUITE = Suite("mip", "server", "MIP server")
@@ -515,6 +517,18 @@ def connection_abandoned(target: MipServerTarget, deadline: Deadline) -> None:
 
 
 # --------------------------------------------------------------------------- the command
+
+
+def add_arguments(options: SuiteOptions) -> None:
+    """TARGET is the server's MIP address; ``--max-batch``."""
+    options.target(mip_address, note="a MIP server also unix:///PATH")
+    options.add_argument(
+        "--max-batch",
+        type=int,
+        default=MAX_BATCH,
+        metavar="N",
+        help="the batch_size of case batch.max (default 65535, the header's largest)",
+    )
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:

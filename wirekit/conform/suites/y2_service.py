@@ -25,6 +25,7 @@ from wirekit.y2.service import FINISHED, STATUS
 
 from ..core.cases import Failed, Level, Skipped, Suite
 from ..core.net import Deadline, Stream
+from ..core.options import SuiteOptions, add_connect_timeout, add_listen
 
 SUITE = Suite("y2", "service", "y2 communication service", always=("register", "node-index"))
 #: the command prints the address it listens on (the service under test connects to it)
@@ -316,6 +317,13 @@ def finished(side: ClusterSide, deadline: Deadline) -> None:
 
 
 # --------------------------------------------------------------------------- the command
+
+
+def add_arguments(options: SuiteOptions) -> None:
+    """TARGET (parsed as the command's default, then required to be ``tcp://``: see
+    :func:`check_arguments`), ``--listen`` (the client's ROUTER) and ``--connect-timeout``."""
+    add_listen(options)
+    add_connect_timeout(options)
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:

@@ -4,6 +4,7 @@
 - :mod:`.http` / :mod:`.httpdoor` / :mod:`.httpbody` -- the HTTP/JSON door (predictions,
   ``/metrics``, ``/stats``, ``/readyz``, the admin API) and the limits it reads within;
 - :mod:`.adminauth` -- who may use the admin API;
+- :mod:`.fdwatch` -- every door's file descriptors: running out of them, logged once a burst;
 - :mod:`.page` and ``static/`` -- the live page at ``GET /``.
 
 A door turns bytes into a request and hands it to :mod:`wirekit.serve.dispatch`; it decides

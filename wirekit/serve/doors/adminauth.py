@@ -54,8 +54,9 @@ def admin_token(deployment: Deployment, environ: Mapping[str, str] = os.environ)
     ``WIREKIT_ADMIN_TOKEN``, else None (then the ``Service`` generates one at start and
     writes it to a file only the user can read).  Raises :class:`ConfigError` when the HTTP
     front door listens beyond loopback with the admin API on and no token configured: a
-    client on another machine could not read the generated one.  (``wirekit serve`` and
-    ``wirekit serve check`` both ask.)"""
+    client on another machine could not read the generated one.  (Asked by
+    :func:`wirekit.serve.config.validate`, for ``wirekit serve`` and ``wirekit serve check``
+    alike.)"""
     admin = deployment.admin
     token = admin.token or environ.get(ADMIN_TOKEN_ENV) or None
     if (

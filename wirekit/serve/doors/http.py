@@ -150,7 +150,7 @@ def _unknown(dispatcher: Dispatcher, name: str, what: str = "model") -> web.Resp
 
 
 class Admin(Protocol):
-    """What the admin API calls (:class:`wirekit.serve.service.Service`)."""
+    """What the admin API calls (:class:`wirekit.serve.admin.ModelAdmin`)."""
 
     def models_doc(self) -> dict[str, Any]: ...
 
@@ -161,6 +161,194 @@ class Admin(Protocol):
     def set_quota_doc(self, name: str, doc: Any) -> Awaitable[dict[str, Any]]: ...
 
     def set_model_doc(self, name: str, doc: Any) -> dict[str, Any]: ...
+
+
+def _samples(doc: dict[str, Any]) -> tuple[list[Any], bool] | web.Response:
+    """The samples of a ``:predict`` body and whether each is a list of inputs
+    (``"inputs"``) or one input (``"instances"``), or the 400 that refuses the body."""
+    if "inputs" in doc:
+        samples, multi = doc["inputs"], True
+    elif "instances" in doc:
+        samples, multi = doc["instances"], False
+    else:
+        return _error(400, 'the body needs "inputs" or "instances"')
+    if not isinstance(samples, list) or not samples:
+        return _error(400, "inputs/instances must be a non-empty list")
+    return samples, multi
+
+
+def _item_count(samples: list[Any], multi: bool) -> int:
+    """The MIP items ``samples`` ask for (an empty sample counts as one)."""
+    return sum(max(len(s), 1) if multi and isinstance(s, list) else 1 for s in samples)
+
+
+def _clipper_values(doc: dict[str, Any]) -> tuple[list[Any], bool] | web.Response:
+    """The queries of a Clipper body and whether it is a batch, or the 400 that refuses it."""
+    if "input" in doc:
+        return [doc["input"]], False
+    batch = doc.get("input_batch")
+    if "input_batch" in doc and isinstance(batch, list) and batch:
+        return batch, True
+    return _error(400, 'the body needs "input" or a non-empty "input_batch"')
+
+
+def _payload(samples: list[Any], multi: bool) -> Payload | web.Response:
+    """The request of ``samples``, encoded now (an input that cannot be encoded is the
+    client's fault: 400)."""
+    try:
+        payload = Payload(None, request_from_json(samples, multi=multi))
+        payload.wire  # noqa: B018 - encode now: an EncodeError is the client's fault
+    except ValueError as exc:
+        return _error(400, str(exc))
+    except RecursionError:
+        return _error(400, "an input is nested too deeply to encode as JSON")
+    return payload
+
+
+def _clipper_answer(outcome: Outcome, query_id: int) -> dict[str, Any]:
+    """One Clipper query's answer: its output, or Clipper's default form when no device
+    answered it."""
+    msg = outcome.response.message
+    if outcome.ok and isinstance(msg, Inference) and msg.batch_size == 1:
+        outs = outputs_json(msg)[0]
+        return {
+            "query_id": query_id,
+            "output": outs[0] if len(outs) == 1 else outs,
+            "default": False,
+        }
+    return {
+        "query_id": query_id,
+        "output": None,
+        "default": True,
+        "default_explanation": outcome.detail or f"backend answered {msg}",
+    }
+
+
+class Handlers:
+    """The handlers of the HTTP door's routes but the admin API's, over what they read:
+    ``dispatcher`` (the models served, where requests go), ``app_models`` (Clipper's
+    applications, read at each request), ``max_items`` (MIP items per body), and the
+    documents of ``/stats``, ``/metrics``, ``/controller``, ``/healthz`` and ``/readyz``
+    (see :func:`build_app`)."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        app_models: dict[str, str],
+        stats: Callable[[], dict[str, Any] | Awaitable[dict[str, Any]]],
+        metrics_text: Callable[[], bytes | Awaitable[bytes]],
+        max_items: int = DEFAULT_MAX_ITEMS,
+        controller: Callable[[], dict[str, Any]] | None = None,
+        health: Callable[[], dict[str, Any]] | None = None,
+        readiness: Callable[[str | None], dict[str, Any]] | None = None,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.app_models = app_models
+        self.stats = stats
+        self.metrics_text = metrics_text
+        self.max_items = max_items
+        self.controller = controller
+        self.health = health
+        self.readiness = readiness
+        self.query_ids = itertools.count()  #: Clipper's query ids, one per query answered
+
+    async def predict(self, request: web.Request) -> web.Response:
+        """``POST /v1/models/{model}:predict``."""
+        dispatcher = self.dispatcher
+        model = request.match_info["model"]
+        if model not in dispatcher.models:
+            return _unknown(dispatcher, model)
+        found = _samples(await _body(request))
+        if isinstance(found, web.Response):
+            return found
+        samples, multi = found
+        refusal = _too_many_items(_item_count(samples, multi), self.max_items)
+        if refusal is not None:
+            return refusal
+        payload = _payload(samples, multi)
+        if isinstance(payload, web.Response):
+            return payload
+        try:
+            outcome = await dispatcher.submit(model, payload, _client(request))
+        except UnknownModel:  # removed while the body was read
+            return _unknown(dispatcher, model)
+        if not outcome.ok:
+            return _outcome_error(outcome)
+        msg = outcome.response.message
+        assert isinstance(msg, Inference)
+        return _json({"id": outcome.id, "outputs": outputs_json(msg)})
+
+    async def clipper_predict(self, request: web.Request) -> web.Response:
+        """``POST /{app}/predict``: Clipper's query frontend, each query of a batch answered
+        on its own."""
+        dispatcher = self.dispatcher
+        app = request.match_info["app"]
+        model = self.app_models.get(app)
+        if model is None:
+            return _unknown(dispatcher, app, "application")
+        found = _clipper_values(await _body(request))
+        if isinstance(found, web.Response):
+            return found
+        values, batch = found
+        refusal = _too_many_items(len(values), self.max_items)
+        if refusal is not None:
+            return refusal
+        answers = []
+        for value in values:
+            payload = _payload([value], False)
+            if isinstance(payload, web.Response):
+                return payload
+            try:
+                outcome = await dispatcher.submit(model, payload, _client(request))
+            except UnknownModel:  # removed while the body was read, or during the batch
+                return _unknown(dispatcher, app, "application")
+            answers.append(_clipper_answer(outcome, next(self.query_ids)))
+        return _json({"batch_predictions": answers} if batch else answers[0])
+
+    async def get_stats(self, _request: web.Request) -> web.Response:
+        """``GET /stats``."""
+        doc = self.stats()
+        return _json(await doc if inspect.isawaitable(doc) else doc)
+
+    async def get_metrics(self, _request: web.Request) -> web.Response:
+        """``GET /metrics``: Prometheus' text format."""
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        text = self.metrics_text()
+        resp = web.Response(body=await text if inspect.isawaitable(text) else text)
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        """``GET /healthz``."""
+        return _json(self.health() if self.health is not None else {"ok": True})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        """``GET /readyz`` (``?model=m``: that model's readiness)."""
+        model = request.query.get("model")
+        if self.readiness is None:
+            return _json({"ready": True, "reasons": []})
+        if model is not None and model not in self.dispatcher.models:
+            return _unknown(self.dispatcher, model)
+        doc = self.readiness(model)
+        return _json(doc, 200 if doc["ready"] else 503)
+
+    async def get_controller(self, _request: web.Request) -> web.Response:
+        """``GET /controller``."""
+        if self.controller is None:
+            return _error(404, "no controller in this service")
+        return _json(self.controller())
+
+    def add_routes(self, app: web.Application) -> None:
+        """Route the requests of ``app`` (the live page's too) to these handlers."""
+        app.router.add_post(f"/v1/models/{{model:{NAME}}}:predict", self.predict)
+        app.router.add_get("/metrics", self.get_metrics)
+        app.router.add_get("/stats", self.get_stats)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/controller", self.get_controller)
+        app.router.add_post(f"/{{app:{NAME}}}/predict", self.clipper_predict)
+        add_page_routes(app)  # GET /: the live page (read-only; wirekit.serve.doors.page)
 
 
 def build_app(
@@ -185,206 +373,104 @@ def build_app(
     ``readiness``: the documents of ``/healthz`` and ``/readyz`` (``readiness(model)``,
     ``model`` from ``/readyz?model=...`` or None for every model; ``["ready"]`` false: 503);
     without them ``/healthz`` answers ``{"ok": true}`` and ``/readyz`` 200."""
-    query_ids = itertools.count()
-
-    async def predict(request: web.Request) -> web.Response:
-        model = request.match_info["model"]
-        if model not in dispatcher.models:
-            return _unknown(dispatcher, model)
-        doc = await _body(request)
-        try:
-            if "inputs" in doc:
-                samples, multi = doc["inputs"], True
-            elif "instances" in doc:
-                samples, multi = doc["instances"], False
-            else:
-                return _error(400, 'the body needs "inputs" or "instances"')
-            if not isinstance(samples, list) or not samples:
-                return _error(400, "inputs/instances must be a non-empty list")
-            count = sum(max(len(s), 1) if multi and isinstance(s, list) else 1 for s in samples)
-            refusal = _too_many_items(count, max_items)
-            if refusal is not None:
-                return refusal
-            payload = Payload(None, request_from_json(samples, multi=multi))
-            payload.wire  # noqa: B018 - encode now: an EncodeError is the client's fault
-        except ValueError as exc:
-            return _error(400, str(exc))
-        except RecursionError:
-            return _error(400, "an input is nested too deeply to encode as JSON")
-        try:
-            outcome = await dispatcher.submit(model, payload, _client(request))
-        except UnknownModel:  # removed while the body was read
-            return _unknown(dispatcher, model)
-        if not outcome.ok:
-            return _outcome_error(outcome)
-        msg = outcome.response.message
-        assert isinstance(msg, Inference)
-        return _json({"id": outcome.id, "outputs": outputs_json(msg)})
-
-    async def clipper_predict(request: web.Request) -> web.Response:
-        app = request.match_info["app"]
-        model = app_models.get(app)
-        if model is None:
-            return _unknown(dispatcher, app, "application")
-        doc = await _body(request)
-        if "input" in doc:
-            values, batch = [doc["input"]], False
-        elif "input_batch" in doc and isinstance(doc["input_batch"], list) and doc["input_batch"]:
-            values, batch = doc["input_batch"], True
-        else:
-            return _error(400, 'the body needs "input" or a non-empty "input_batch"')
-        refusal = _too_many_items(len(values), max_items)
-        if refusal is not None:
-            return refusal
-        answers = []
-        for value in values:  # Clipper answers each query of a batch on its own
-            try:
-                payload = Payload(None, request_from_json([value], multi=False))
-                payload.wire  # noqa: B018
-            except ValueError as exc:
-                return _error(400, str(exc))
-            except RecursionError:
-                return _error(400, "an input is nested too deeply to encode as JSON")
-            try:
-                outcome = await dispatcher.submit(model, payload, _client(request))
-            except UnknownModel:  # removed while the body was read, or during the batch
-                return _unknown(dispatcher, app, "application")
-            qid = next(query_ids)
-            msg = outcome.response.message
-            if outcome.ok and isinstance(msg, Inference) and msg.batch_size == 1:
-                outs = outputs_json(msg)[0]
-                answers.append(
-                    {
-                        "query_id": qid,
-                        "output": outs[0] if len(outs) == 1 else outs,
-                        "default": False,
-                    }
-                )
-            else:
-                answers.append(
-                    {
-                        "query_id": qid,
-                        "output": None,
-                        "default": True,
-                        "default_explanation": outcome.detail or f"backend answered {msg}",
-                    }
-                )
-        return _json({"batch_predictions": answers} if batch else answers[0])
-
-    async def get_stats(_request: web.Request) -> web.Response:
-        doc = stats()
-        return _json(await doc if inspect.isawaitable(doc) else doc)
-
-    async def get_metrics(_request: web.Request) -> web.Response:
-        from prometheus_client import CONTENT_TYPE_LATEST
-
-        text = metrics_text()
-        resp = web.Response(body=await text if inspect.isawaitable(text) else text)
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return resp
-
-    async def healthz(_request: web.Request) -> web.Response:
-        return _json(health() if health is not None else {"ok": True})
-
-    async def readyz(request: web.Request) -> web.Response:
-        model = request.query.get("model")
-        if readiness is None:
-            return _json({"ready": True, "reasons": []})
-        if model is not None and model not in dispatcher.models:
-            return _unknown(dispatcher, model)
-        doc = readiness(model)
-        return _json(doc, 200 if doc["ready"] else 503)
-
-    async def get_controller(_request: web.Request) -> web.Response:
-        if controller is None:
-            return _error(404, "no controller in this service")
-        return _json(controller())
-
     limits = limits or HttpLimits()
     app = web.Application(client_max_size=limits.max_body_size)
     if admin is not None:
         if admin_access is None:
             raise ValueError("the admin API needs its admin_access (a token, the host checks)")
-        _admin_routes(app, admin, admin_access)
-    app.router.add_post(f"/v1/models/{{model:{NAME}}}:predict", predict)
-    app.router.add_get("/metrics", get_metrics)
-    app.router.add_get("/stats", get_stats)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/controller", get_controller)
-    app.router.add_post(f"/{{app:{NAME}}}/predict", clipper_predict)
-    add_page_routes(app)  # GET /: the live page (read-only; wirekit.serve.doors.page)
+        AdminHandlers(admin).add_routes(app, admin_access)
+    handlers = Handlers(
+        dispatcher, app_models, stats, metrics_text, max_items, controller, health, readiness
+    )
+    handlers.add_routes(app)
     return app
 
 
-def _admin_routes(app: web.Application, admin: Admin, access: AdminAccess) -> None:
-    """``/admin/models``: list, add, remove (see the module docstring); every route is
-    guarded by ``access`` before its body is read."""
+Handler = Callable[[web.Request], Awaitable[web.Response]]
 
-    def guarded(handler):
-        async def check(request: web.Request) -> web.Response:
-            headers = request.headers
-            refusal = access.refusal(
-                method=request.method,
-                host=headers.get("Host"),
-                origin=headers.get("Origin"),
-                authorization=headers.get("Authorization"),
-                content_type=headers.get("Content-Type"),
-                has_body=request.body_exists,
-            )
-            if refusal is not None:
-                resp = _error(refusal.status, refusal.message)
-                resp.headers.update(refusal.headers)
-                return resp
-            return await handler(request)
 
-        return check
+def guarded(access: AdminAccess, handler: Handler) -> Handler:
+    """``handler`` behind ``access``: a request it refuses is answered its refusal (401,
+    403, 415) before its body is read."""
 
-    async def list_models(_request: web.Request) -> web.Response:
-        return _json(admin.models_doc())
+    async def check(request: web.Request) -> web.Response:
+        headers = request.headers
+        refusal = access.refusal(
+            method=request.method,
+            host=headers.get("Host"),
+            origin=headers.get("Origin"),
+            authorization=headers.get("Authorization"),
+            content_type=headers.get("Content-Type"),
+            has_body=request.body_exists,
+        )
+        if refusal is not None:
+            resp = _error(refusal.status, refusal.message)
+            resp.headers.update(refusal.headers)
+            return resp
+        return await handler(request)
 
-    async def add_model(request: web.Request) -> web.Response:
+    return check
+
+
+class AdminHandlers:
+    """The handlers of the admin API (``/admin/models``: list, add, change, remove, set a
+    quota; see the module docstring), over the :class:`Admin` they call."""
+
+    def __init__(self, admin: Admin) -> None:
+        self.admin = admin
+
+    def _free_devices(self) -> list[dict[str, Any]]:
+        """The devices with a share free (a 409's ``free``)."""
+        return [d for d in self.admin.models_doc()["devices"] if d["free"] > 0]
+
+    async def list_models(self, _request: web.Request) -> web.Response:
+        """``GET /admin/models``."""
+        return _json(self.admin.models_doc())
+
+    async def add_model(self, request: web.Request) -> web.Response:
+        """``POST /admin/models``."""
         doc = await _body(request)
         try:
-            added = await admin.add_model_doc(doc)
+            added = await self.admin.add_model_doc(doc)
         except ConfigError as exc:
             return _error(400, str(exc), where=exc.where)
         except CatalogError as exc:  # the share asked for is not free (the message says what is)
-            free = [d for d in admin.models_doc()["devices"] if d["free"] > 0]
-            return _error(409, str(exc), free=free)
+            return _error(409, str(exc), free=self._free_devices())
         return _json(added, 201)
 
-    async def remove_model(request: web.Request) -> web.Response:
+    async def remove_model(self, request: web.Request) -> web.Response:
+        """``DELETE /admin/models/{name}``."""
         name = request.match_info["name"]
         try:
-            removed = await admin.remove_model(name)
+            removed = await self.admin.remove_model(name)
         except KeyError:
             return _error(404, f"unknown model {name!r}")
         except CatalogError as exc:
             return _error(409, str(exc))
         return _json(removed)
 
-    async def set_quota(request: web.Request) -> web.Response:
+    async def set_quota(self, request: web.Request) -> web.Response:
+        """``PUT /admin/models/{name}/quota``."""
         name = request.match_info["name"]
         doc = await _body(request)
         try:
-            decision = await admin.set_quota_doc(name, doc)
+            decision = await self.admin.set_quota_doc(name, doc)
         except KeyError:
             return _error(404, f"unknown model {name!r}")
         except ConfigError as exc:
             return _error(400, str(exc), where=exc.where)
         if decision["status"] == "refused":  # the catalog's message says what is free
-            free = [d for d in admin.models_doc()["devices"] if d["free"] > 0]
-            return _error(409, decision["error"], decision=decision, free=free)
+            return _error(409, decision["error"], decision=decision, free=self._free_devices())
         if decision["status"] == "failed":  # the actuator failed: the quota was put back
             return _error(502, decision["error"], decision=decision)
         return _json(decision)
 
-    async def set_model(request: web.Request) -> web.Response:
+    async def set_model(self, request: web.Request) -> web.Response:
+        """``PATCH /admin/models/{name}``: its settings."""
         name = request.match_info["name"]
         doc = await _body(request)
         try:
-            changed = admin.set_model_doc(name, doc)
+            changed = self.admin.set_model_doc(name, doc)
         except KeyError:
             return _error(404, f"unknown model {name!r}")
         except ConfigError as exc:  # the config's own message, and where
@@ -393,8 +479,14 @@ def _admin_routes(app: web.Application, admin: Admin, access: AdminAccess) -> No
             return _error(409, str(exc))
         return _json(changed)
 
-    app.router.add_get("/admin/models", guarded(list_models))
-    app.router.add_patch(f"/admin/models/{{name:{NAME}}}", guarded(set_model))
-    app.router.add_put(f"/admin/models/{{name:{NAME}}}/quota", guarded(set_quota))
-    app.router.add_post("/admin/models", guarded(add_model))
-    app.router.add_delete(f"/admin/models/{{name:{NAME}}}", guarded(remove_model))
+    def add_routes(self, app: web.Application, access: AdminAccess) -> None:
+        """Route ``/admin/models`` of ``app`` to these handlers, each behind ``access``."""
+        router = app.router
+        router.add_get("/admin/models", guarded(access, self.list_models))
+        router.add_patch(f"/admin/models/{{name:{NAME}}}", guarded(access, self.set_model))
+        router.add_put(f"/admin/models/{{name:{NAME}}}/quota", guarded(access, self.set_quota))
+        router.add_post("/admin/models", guarded(access, self.add_model))
+        router.add_delete(f"/admin/models/{{name:{NAME}}}", guarded(access, self.remove_model))
+
+
+__all__ = ["NAME", "Admin", "AdminHandlers", "Handlers", "build_app", "guarded"]

@@ -31,7 +31,7 @@ import asyncio
 import json
 from typing import Any
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 from wirekit.mip.limits import BufferBudget
 
@@ -102,14 +102,31 @@ def _too_large(message: str) -> web.HTTPException:
     )
 
 
+def _over_max_body_size(limits: HttpLimits) -> web.HTTPException:
+    return _too_large(
+        f"the body is over the limit of {limits.max_body_size} bytes (http.max_body_size)"
+    )
+
+
+def _refuse_compressed(request: web.Request) -> None:
+    """415 for a body sent compressed: it is never inflated."""
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise _refusal(
+            web.HTTPUnsupportedMediaType,
+            f"Content-Encoding {encoding!r} is not accepted: send the body uncompressed",
+        )
+
+
 class BodyReader:
     """Reads one request's body within the limits and holds its :class:`Charge`."""
 
-    __slots__ = ("charge", "limits")
+    __slots__ = ("charge", "limits", "received")
 
     def __init__(self, limits: HttpLimits, budget: BufferBudget) -> None:
         self.limits = limits
         self.charge = Charge(budget)
+        self.received = 0  #: bytes of the body received so far (as it is read in chunks)
 
     def _hold(self, size: int, what: str) -> None:
         """Charge ``size`` bytes for ``what``, or refuse the request (413 or 503)."""
@@ -130,72 +147,74 @@ class BodyReader:
 
     async def read(self, request: web.Request) -> bytes | bytearray:
         """The whole body, charged as it arrives."""
-        limits = self.limits
-        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
-            raise _refusal(
-                web.HTTPUnsupportedMediaType,
-                f"Content-Encoding {encoding!r} is not accepted: send the body uncompressed",
-            )
-        try:
-            announced = request.content_length
-        except ValueError:  # aiohttp answers a malformed Content-Length before the handler
-            announced = None
-        if announced is not None:
-            if announced > limits.max_body_size:
-                raise _too_large(
-                    f"a body of {announced} bytes is over the limit of"
-                    f" {limits.max_body_size} (http.max_body_size)"
-                )
-            self._hold(announced, "the body")
+        _refuse_compressed(request)
+        announced = self._announced(request)
         content = request.content
         if content.is_eof():  # all there already (small bodies come with their headers)
-            data = content.read_nowait(-1)
-            if len(data) > limits.max_body_size:
-                raise _too_large(
-                    f"the body is over the limit of {limits.max_body_size} bytes"
-                    " (http.max_body_size)"
-                )
-            if announced is None:
-                self._hold(len(data), "the body")
-            return data
+            return self._whole(content.read_nowait(-1), announced)
         # an announced body is read into its final place (no copy when it grows: what is held
         # is what is charged); a chunked one grows as it comes
         body = bytearray(announced) if announced is not None else bytearray()
-        received = 0
-
-        async def pull() -> None:
-            nonlocal received
-            while True:
-                chunk = await content.readany()
-                if not chunk:
-                    return
-                size = received + len(chunk)
-                if size > limits.max_body_size:
-                    raise _too_large(
-                        f"the body is over the limit of {limits.max_body_size} bytes"
-                        " (http.max_body_size)"
-                    )
-                if announced is None:
-                    self._hold(len(chunk), "the body")
-                    body.extend(chunk)
-                else:  # aiohttp never passes on more than Content-Length says
-                    body[received:size] = chunk
-                received = size
-
-        try:
-            await asyncio.wait_for(pull(), limits.body_timeout)
-        except asyncio.TimeoutError:
-            exc = _refusal(
-                web.HTTPRequestTimeout,
-                f"the body was not complete {limits.body_timeout:g} s after the headers"
-                f" ({received} bytes received; http.body_timeout)",
-            )
-            exc.force_close()
-            raise exc from None
+        received = await self._receive(content, body, announced)
         if received < len(body):  # fewer bytes than announced (aiohttp raises before this)
             del body[received:]
         return body
+
+    def _announced(self, request: web.Request) -> int | None:
+        """The body's ``Content-Length``, charged now (None: not announced; chunked)."""
+        try:
+            announced = request.content_length
+        except ValueError:  # aiohttp answers a malformed Content-Length before the handler
+            return None
+        if announced is not None:
+            if announced > self.limits.max_body_size:
+                raise _too_large(
+                    f"a body of {announced} bytes is over the limit of"
+                    f" {self.limits.max_body_size} (http.max_body_size)"
+                )
+            self._hold(announced, "the body")
+        return announced
+
+    def _whole(self, data: bytes, announced: int | None) -> bytes:
+        """A body that came whole with its headers, checked and charged (if not yet)."""
+        if len(data) > self.limits.max_body_size:
+            raise _over_max_body_size(self.limits)
+        if announced is None:
+            self._hold(len(data), "the body")
+        return data
+
+    async def _receive(self, content: StreamReader, body: bytearray, announced: int | None) -> int:
+        """Read the rest of the body into ``body`` within ``http.body_timeout`` (408 and the
+        connection closed when it is not complete by then); returns the bytes received."""
+        try:
+            await asyncio.wait_for(self._pull(content, body, announced), self.limits.body_timeout)
+        except asyncio.TimeoutError:
+            exc = _refusal(
+                web.HTTPRequestTimeout,
+                f"the body was not complete {self.limits.body_timeout:g} s after the headers"
+                f" ({self.received} bytes received; http.body_timeout)",
+            )
+            exc.force_close()
+            raise exc from None
+        return self.received
+
+    async def _pull(self, content: StreamReader, body: bytearray, announced: int | None) -> None:
+        """Read chunks into ``body`` until the body ends, each one checked against
+        ``http.max_body_size`` and charged (a chunked body's) as it comes."""
+        while True:
+            chunk = await content.readany()
+            if not chunk:
+                return
+            received = self.received
+            size = received + len(chunk)
+            if size > self.limits.max_body_size:
+                raise _over_max_body_size(self.limits)
+            if announced is None:
+                self._hold(len(chunk), "the body")
+                body.extend(chunk)
+            else:  # aiohttp never passes on more than Content-Length says
+                body[received:size] = chunk
+            self.received = size
 
     async def json(self, request: web.Request) -> Any:
         """The body parsed as JSON, refused before parsing when its parsed form would not

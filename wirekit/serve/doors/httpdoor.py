@@ -17,15 +17,14 @@ wrapped in :class:`GatedConnection`, which
   back when the request ends);
 * charges an answer the client does not read (what the transport holds unsent once it asks
   for a pause) to the memory budget, and drops the connection when nothing of it leaves for
-  ``http.write_stall_timeout``.
+  ``http.write_stall_timeout``: decided by the MIP doors' own
+  :class:`~wirekit.mip.limits.Guard`, run by their :class:`~wirekit.mip.server.Watchdog`
+  (through :class:`~wirekit.mip.limits.UnsentReplies`), not by a copy of them.
 
-:class:`FdWatch` notices the process running out of file descriptors, whichever door's
-accept fails: plain asyncio reports each failed ``accept`` to the loop's exception handler
-(once per attempt, at ERROR), uvloop (libuv) accepts and closes the connection in silence.
-Both are turned into one WARNING per burst.
-
-Every refusal and drop is logged once per burst (:class:`BurstLog`), never once per
-connection: a flood is one line every few seconds, with a count.
+Every refusal and drop is logged once per burst
+(:class:`~wirekit.serve.doors.fdwatch.BurstLog`), never once per connection: a flood is one
+line every few seconds, with a count.  Running out of file descriptors, which concerns every
+door, is watched by :class:`~wirekit.serve.doors.fdwatch.FdWatch`.
 
 The access log (``http.access_log`` or ``--access-log``; off by default) is one INFO line per
 request answered, from :class:`AccessLogger` to the logger ``wirekit.serve.access``.  Off,
@@ -35,10 +34,8 @@ aiohttp is given no access logger at all: not even the clock is read for it.
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from time import perf_counter
 from typing import Any, cast
@@ -47,10 +44,12 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from wirekit._logging import FIELDS
-from wirekit.mip.limits import BufferBudget
+from wirekit.mip.limits import BufferBudget, Deadlines, UnsentReplies
+from wirekit.mip.server import Watchdog
 
 from ..config import HttpLimits
 from ..logs import serve_logger
+from .fdwatch import BurstLog, warn_if_cap_exceeds_fds
 from .httpbody import READER_KEY, BodyReader
 
 log = serve_logger()
@@ -63,41 +62,6 @@ ACCESS_START: Any = (
     if hasattr(web, "RequestKey")
     else "wirekit.access_start"
 )
-
-#: seconds between two log lines about the same kind of event (a burst is one line, then at
-#: most one line per this many seconds while it goes on, with the count)
-BURST_QUIET = 10.0
-#: seconds between two looks for a process out of file descriptors
-FD_CHECK_PERIOD = 1.0
-#: file descriptors the HTTP door's connection cap should leave to the rest of the process
-#: (the MIP doors, backends, the store); fewer: a WARNING at start
-FD_RESERVE = 128
-_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
-
-
-class BurstLog:
-    """One WARNING per burst of like events: the first at once, then at most one every
-    ``quiet`` seconds, saying how many were not logged."""
-
-    __slots__ = ("last", "logger", "quiet", "unlogged")
-
-    def __init__(self, logger: logging.Logger, quiet: float = BURST_QUIET) -> None:
-        self.logger = logger
-        self.quiet = quiet
-        self.last: float | None = None
-        self.unlogged = 0
-
-    def event(self, now: float, message: str, *args: Any) -> bool:
-        """One event at ``now`` (seconds, monotonic): logged, or counted.  True if logged."""
-        if self.last is not None and now - self.last < self.quiet:
-            self.unlogged += 1
-            return False
-        if self.unlogged:
-            message += f" ({self.unlogged} more since the last such line)"
-        self.logger.warning(message, *args)
-        self.last = now
-        self.unlogged = 0
-        return True
 
 
 class AccessLogger(AbstractAccessLogger):
@@ -144,17 +108,22 @@ class AccessLogger(AbstractAccessLogger):
 
 class GatedConnection(asyncio.Protocol):
     """One HTTP connection: aiohttp's handler for it, behind the door's cap and header
-    timeout.  Everything the transport says is passed on to the handler unchanged."""
+    timeout.  Everything the transport says is passed on to the handler unchanged.
+
+    An answer its client does not read is charged to the memory budget and its write stall
+    timed by the same :class:`~wirekit.mip.limits.Guard` and
+    :class:`~wirekit.mip.server.Watchdog` as a MIP connection's, through
+    :class:`~wirekit.mip.limits.UnsentReplies` (``http.write_stall_timeout``)."""
 
     __slots__ = (
         "door",
         "handler",
         "in_request",
-        "stall_timer",
+        "replies",
         "timer",
         "transport",
-        "unsent",
         "waiting_since",
+        "watchdog",
     )
 
     def __init__(self, door: HttpDoor) -> None:
@@ -165,10 +134,11 @@ class GatedConnection(asyncio.Protocol):
         self.waiting_since: float | None = None
         self.in_request = False
         self.timer: asyncio.TimerHandle | None = None
-        #: bytes of answers the transport holds unsent while it asked for a pause (the
-        #: client does not read): charged to the memory budget until it resumes
-        self.unsent = 0
-        self.stall_timer: asyncio.TimerHandle | None = None
+        loop = door.loop
+        #: what the transport holds unsent while it asked for a pause (the client does not
+        #: read): charged to the memory budget until it resumes, its write stall timed
+        self.replies = UnsentReplies(door.write_deadlines, door.budget, loop.time())
+        self.watchdog = Watchdog(self.replies, loop, loop.time, self._unsent, self._stalled)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         door = self.door
@@ -203,47 +173,30 @@ class GatedConnection(asyncio.Protocol):
         if self.handler is None:
             return
         self.handler.pause_writing()
-        self._charge_unsent()
-        if self.stall_timer is None:
-            self.stall_timer = self.door.loop.call_later(
-                self.door.limits.write_stall_timeout, self.check_stall
-            )
+        now = self.door.loop.time()
+        self.replies.writing(True, now, self._unsent())
+        self.watchdog.arm(now)
 
     def resume_writing(self) -> None:
         self._stop_stall_clock()
         if self.handler is not None:
             self.handler.resume_writing()
 
-    def _charge_unsent(self) -> int:
-        """Charge the transport's unsent bytes now (memory already in use: counted whatever
-        the budget holds, so the other doors see it); returns them."""
+    def _unsent(self) -> int:
         transport = self.transport
-        unsent = transport.get_write_buffer_size() if transport is not None else 0
-        self.door.budget.force(self.unsent, unsent)
-        self.unsent = unsent
-        return unsent
+        return transport.get_write_buffer_size() if transport is not None else 0
 
     def _stop_stall_clock(self) -> None:
-        if self.stall_timer is not None:
-            self.stall_timer.cancel()
-            self.stall_timer = None
-        self.door.budget.force(self.unsent, 0)
-        self.unsent = 0
+        self.watchdog.stop()
+        self.replies.writing(False, self.door.loop.time())
 
-    def check_stall(self) -> None:
-        """The write-stall timer: drop the connection if nothing of its answer left since
-        the last look, else look again a timeout later."""
-        self.stall_timer = None
+    def _stalled(self, _why: str) -> None:
+        """The watchdog's verdict: nothing of the answer left for ``http.write_stall_timeout``
+        (the guard's reason is the MIP doors' words; the door logs its own line)."""
         transport = self.transport
         if transport is None:
             return
-        before = self.unsent
-        if self._charge_unsent() < before:  # the client reads, slowly: give it more time
-            self.stall_timer = self.door.loop.call_later(
-                self.door.limits.write_stall_timeout, self.check_stall
-            )
-            return
-        self.door.write_stalled(self.door.loop.time(), before)
+        self.door.write_stalled(self.door.loop.time(), self.replies.unsent)
         self._stop_stall_clock()
         transport.abort()  # close() would wait for the unsent bytes to leave: they never do
 
@@ -254,7 +207,8 @@ class GatedConnection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        self._stop_stall_clock()
+        self.watchdog.stop()
+        self.replies.release()
         self.door.left(self)
         self.handler = None
         self.transport = None
@@ -295,6 +249,9 @@ class HttpDoor:
     def __init__(self, app: web.Application, limits: HttpLimits, budget: BufferBudget) -> None:
         self.limits = limits
         self.budget = budget  #: the process's: request bodies are charged to it
+        #: the deadline a connection's :class:`~wirekit.mip.limits.Guard` keeps: the write
+        #: stall (aiohttp and the header timer keep the others)
+        self.write_deadlines = Deadlines(write_stall_timeout=limits.write_stall_timeout)
         self.open = 0  #: connections open (refused ones not counted)
         self._by_transport: dict[asyncio.BaseTransport, GatedConnection] = {}
         app.middlewares.append(self._middleware())
@@ -432,85 +389,4 @@ def _not_started() -> asyncio.Protocol:
     raise RuntimeError("the HTTP door is not started")
 
 
-def warn_if_cap_exceeds_fds(max_connections: int) -> None:
-    """A WARNING when ``http.max_connections`` leaves fewer than :data:`FD_RESERVE` file
-    descriptors of the process's limit to everything else."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not on Unix
-        return
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and max_connections > soft - FD_RESERVE:
-        log.warning(
-            "wirekit serve: http.max_connections (%d) leaves fewer than %d of the process's %d"
-            " file descriptors (ulimit -n) to the other doors: the fd limit will be hit first;"
-            " raise ulimit -n or lower http.max_connections",
-            max_connections,
-            FD_RESERVE,
-            soft,
-        )
-
-
-class FdWatch:
-    """Notices the process out of file descriptors (accept fails with EMFILE/ENFILE on any
-    door) and says so once per burst.
-
-    Two sources, one log: the loop's exception handler (plain asyncio reports every failed
-    ``accept`` there; those reports are taken over, everything else goes on to the handler
-    there was before), and a look every :data:`FD_CHECK_PERIOD` seconds whether one more
-    descriptor can be had at all (uvloop's libuv closes the connections it cannot accept
-    without telling Python).
-    """
-
-    def __init__(self, period: float = FD_CHECK_PERIOD) -> None:
-        self.period = period
-        self.burst = BurstLog(log)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._previous: Any = None
-        self._timer: asyncio.TimerHandle | None = None
-
-    def start(self) -> None:
-        loop = self._loop = asyncio.get_running_loop()
-        self._previous = loop.get_exception_handler()
-        loop.set_exception_handler(self._exception)
-        self._timer = loop.call_later(self.period, self._look)
-
-    def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._loop is not None:
-            self._loop.set_exception_handler(self._previous)
-            self._loop = None
-
-    def out_of_fds(self, now: float, why: str) -> None:
-        self.burst.event(
-            now,
-            "wirekit serve: out of file descriptors (%s): new connections to every door are"
-            " refused until some close; raise ulimit -n or lower http.max_connections",
-            why,
-        )
-
-    def _exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        exc = context.get("exception")
-        if isinstance(exc, OSError) and exc.errno in _OUT_OF_FDS and "socket" in context:
-            self.out_of_fds(loop.time(), f"accept: {errno.errorcode[exc.errno]}")
-            return
-        if self._previous is not None:
-            self._previous(loop, context)
-        else:
-            loop.default_exception_handler(context)
-
-    def _look(self) -> None:
-        loop = self._loop
-        if loop is None:
-            return
-        try:  # one more descriptor, given back at once
-            os.close(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
-        except OSError as exc:
-            if exc.errno in _OUT_OF_FDS:
-                self.out_of_fds(loop.time(), errno.errorcode[exc.errno])
-        self._timer = loop.call_later(self.period, self._look)
-
-
-__all__ = ["BurstLog", "FdWatch", "GatedConnection", "HttpDoor", "warn_if_cap_exceeds_fds"]
+__all__ = ["AccessLogger", "GatedConnection", "HttpDoor"]

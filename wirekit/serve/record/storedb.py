@@ -47,7 +47,7 @@ LOST_REASON = "the dispatcher stopped before answering"
 #: the PostgreSQL advisory lock key under which migrations run ("wirekit" in ASCII, as int)
 MIGRATION_LOCK = 0x7769726B6974
 
-#: columns of an INSERT row, in the order :func:`wirekit.serve.record.store.merge_ops` makes them
+#: columns of an INSERT row, in the order :func:`wirekit.serve.record.writer.merge_ops` makes them
 INSERT_COLUMNS = (
     "id",
     "model",
@@ -254,7 +254,7 @@ class StoreDB(Protocol):
         reasons: list[tuple[str, str]],
     ) -> None:
         """One hand-over in one transaction: the INSERT rows of
-        :func:`~wirekit.serve.record.store.merge_ops` (``chunks``: many rows flattened per tuple,
+        :func:`~wirekit.serve.record.writer.merge_ops` (``chunks``: many rows flattened per tuple,
         ``rest``: one row per tuple), the UPDATEs ``(device, time_out, status, attempts,
         id)``, then the ``(reason, id)`` of failed rows."""
         ...
@@ -566,7 +566,7 @@ class PostgresDB:
     """
 
     kind = "postgresql"
-    #: rows per INSERT statement of :func:`~wirekit.serve.record.store.merge_ops`: COPY takes them
+    #: rows per INSERT statement of :func:`~wirekit.serve.record.writer.merge_ops`: COPY takes them
     #: one by one, so none are flattened into chunks
     chunk = 1 << 30
 

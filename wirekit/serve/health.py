@@ -1,0 +1,169 @@
+"""Whether ``wirekit serve`` can serve: the one probe of a backend, liveness and readiness.
+
+:func:`probe_row` is the one way a backend is probed: by ``wirekit serve check --probe``, and
+by the running service every :data:`PROBE_INTERVAL` (:class:`Health`, the first time before
+the dispatcher says it is ready; the backends that cannot be reached then are logged once).
+:class:`Health` keeps the last probes and answers ``/healthz`` (:meth:`Health.liveness`) and
+``/readyz`` (:meth:`Health.readiness`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Callable, Collection, Iterable
+from typing import Any
+
+from .config import DeviceRow
+from .control.metrics import device_label
+
+#: seconds between two probes of the backends (what ``/readyz`` says of them), and how
+#: long one TCP connection attempt of a probe may take
+PROBE_INTERVAL = 2.0
+PROBE_TIMEOUT = 1.0
+
+
+def probed(row: DeviceRow) -> bool:
+    """Whether :func:`probe_row` probes ``row``'s backend: all but KubeMo's, whose server
+    stops its serving thread when a connection closes without a request (the router's
+    back-off alone says whether it answers)."""
+    return row.backend != "kubemo"
+
+
+async def probe_row(
+    row: DeviceRow, clipper: Any = None, timeout: float = PROBE_TIMEOUT
+) -> str | None:
+    """Why the backend of ``row`` cannot be reached now, or None: a TCP connection opened
+    and closed within ``timeout`` seconds (MIP), a live container registered with
+    ``clipper``, the embedded Clipper RPC frontend (Clipper).  Not for a row that is not
+    :func:`probed`."""
+    if row.backend == "clipper":
+        if clipper is None or not row.clipper_name:
+            return "no Clipper RPC port"
+        if any(r.alive for r in clipper.replicas(row.clipper_name)):
+            return None
+        return f"no Clipper container {row.clipper_name!r} registered"
+    if row.port is None:
+        return "no port"
+    try:
+        _reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(row.endpoint, row.port), timeout
+        )
+    except (OSError, asyncio.TimeoutError) as exc:
+        text = getattr(exc, "strerror", None) or str(exc) or "no answer in time"
+        return f"{row.endpoint}:{row.port}: {text}"
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return None
+
+
+async def probe_rows(
+    rows: Iterable[DeviceRow], clipper: Any = None, timeout: float = PROBE_TIMEOUT
+) -> dict[str, str | None]:
+    """:func:`probe_row` of every row at once: row key -> None or why it cannot be reached
+    (a probe's own error is its result)."""
+    rows = list(rows)
+    results = await asyncio.gather(
+        *(probe_row(row, clipper, timeout) for row in rows), return_exceptions=True
+    )
+    out: dict[str, str | None] = {}
+    for row, result in zip(rows, results, strict=True):
+        if isinstance(result, BaseException):
+            result = str(result) or type(result).__name__
+        out[row.key] = result
+    return out
+
+
+class Health:
+    """The service's health: its loop's lag, the last probe of each backend, and the
+    ``/healthz`` and ``/readyz`` documents drawn from them.
+
+    ``service`` is the :class:`~wirekit.serve.service.Service` (its ``store``, ``router``,
+    ``dispatcher`` and ``clipper`` are read); ``given``: the keys of rows whose backend the
+    caller gave (tests), taken as reachable."""
+
+    def __init__(self, service: Any, given: Collection[str] = ()) -> None:
+        self.service = service
+        self.given = frozenset(given)
+        #: how late the watch task woke up last (the loop's lag, seconds)
+        self.loop_lag = 0.0
+        #: row key -> (router clock time, why it could not be reached or None) of its last
+        #: probe
+        self.probes: dict[str, tuple[float, str | None]] = {}
+
+    def liveness(self) -> dict[str, Any]:
+        """The ``/healthz`` document: the loop answers (this runs on it)."""
+        return {"ok": True, "loop_lag_seconds": self.loop_lag}
+
+    def readiness(self, model: str | None = None) -> dict[str, Any]:
+        """The ``/readyz`` document: ready when the store takes writes and every model
+        (``model``: that one) has at least one device (a row with a quota) whose backend is
+        reachable -- its last probe connected, and no failure of it since (the router's
+        back-off); otherwise the reasons."""
+        service = self.service
+        reasons: list[str] = []
+        store = service.store.write_problem()
+        if store is not None:
+            reasons.append(store)
+        d = service.dispatcher
+        models: dict[str, Any] = {}
+        if d is None:
+            reasons.append("not started")
+        else:
+            router = service.router
+            backed_off = set(router.backed_off())
+            failed_at = router.failed_at
+            for name in sorted(d.models) if model is None else [model]:
+                devices: dict[str, str] = {}
+                for row in router.rows(name):
+                    probe = self.probes.get(row.key)
+                    if not probed(row):  # the router's word alone
+                        probe = (-math.inf, None)
+                    if probe is None:
+                        state = "not probed yet"
+                    elif probe[1] is not None:
+                        state = f"unreachable: {probe[1]}"
+                    elif row.key in backed_off and failed_at.get(row.key, 0.0) > probe[0]:
+                        state = "backed off after a failure"
+                    else:
+                        state = "reachable"
+                    devices[device_label(row.key, name)] = state
+                ok = "reachable" in devices.values()
+                if not ok:
+                    why = (
+                        "; ".join(f"{k}: {v}" for k, v in devices.items())
+                        or "no device has a quota for it"
+                    )
+                    reasons.append(f"model {name}: no reachable device ({why})")
+                models[name] = {"ready": ok, "devices": devices}
+        return {
+            "ready": not reasons,
+            "reasons": reasons,
+            "store": {"kind": service.store.kind, "ok": store is None},
+            "models": models,
+        }
+
+    def problem(self, key: str) -> str | None:
+        """Why the backend of row ``key`` could not be reached at its last probe (None: it
+        could, or it was not probed)."""
+        probe = self.probes.get(key)
+        return None if probe is None else probe[1]
+
+    async def probe(self) -> dict[str, str | None]:
+        """Probe the backend of every routed row at once (:func:`probe_rows`; a backend
+        the caller gave is taken as reachable) and keep the results for :meth:`readiness`;
+        returns them (row key -> None or why it cannot be reached)."""
+        service = self.service
+        d = service.dispatcher
+        if d is None:
+            return {}
+        router = service.router
+        rows = [row for name in list(d.models) for row in router.rows(name) if probed(row)]
+        clock: Callable[[], float] = router.clock
+        results = await probe_rows([r for r in rows if r.key not in self.given], service.clipper)
+        results.update({r.key: None for r in rows if r.key in self.given})
+        now = clock()
+        self.probes = {key: (now, result) for key, result in results.items()}
+        return results

@@ -1,0 +1,186 @@
+"""The request store's writer thread: the rows handed over by the event loop, written to the
+database in one transaction per hand-over, off the request path.
+
+A hand-over is a list of store rows (:data:`~.journal.ARRIVAL` and
+:data:`~.journal.COMPLETION` rows), the reasons of the failed ones, and maybe a retired
+journal: once the hand-over is committed, the journal is deleted -- replayed first when a
+write failed while it was open (the database was away), so that what was answered meanwhile
+reaches the store once the database is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from wirekit._impl import load_fast
+
+from .journal import ARRIVAL
+from .replay import journal_number, replay_journal
+from .storedb import QUEUED, StoreDB
+
+_BATCH, _STOP = 2, 3
+
+
+class Writer:
+    """The writer thread of one store, and what it has done (``commits``, ``rows_written``,
+    ``healed``, the last ``error``; ``failing``: the failure of the last write, None once a
+    write succeeds)."""
+
+    def __init__(self, store: Path, journal_seq: Callable[[], int]) -> None:
+        #: the store file (its journals' base name)
+        self.store = store
+        self._journal_seq = journal_seq  # the number of the journal open now
+        self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._db: StoreDB | None = None
+        self.commits = 0  #: write transactions so far
+        self.rows_written = 0  #: inserts + updates so far
+        self.error: BaseException | None = None  #: the last write failure, if any
+        #: the failure of the last write, None once a write succeeds (readiness)
+        self.failing: BaseException | None = None
+        self.healed = 0  #: completions replayed from journals after a failed write
+        self._dirty_upto = 0  # journals up to this number hold rows a failed write lost
+        self._held: list[Path] = []  # retired journals not replayed yet
+
+    def start(self, db: StoreDB) -> None:
+        """Start writing to ``db``."""
+        self._db = db
+        self._thread = threading.Thread(target=self._run, name="wirekit-store", daemon=True)
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """Started and not stopped."""
+        return self._thread is not None
+
+    def is_alive(self) -> bool:
+        """The thread runs (it stops only when told to, or when it breaks)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def hand_over(
+        self,
+        ops: list[tuple[int, tuple[Any, ...]]],
+        reasons: list[tuple[str, str]],
+        retire: Path | None,
+        fut: asyncio.Future[None] | None,
+    ) -> None:
+        """Write ``ops`` and ``reasons`` (``(why, id)``) in one transaction, then settle the
+        retired journal ``retire``, then resolve ``fut`` (with the write's failure, if any)."""
+        self._queue.put((_BATCH, ops, reasons, retire, fut))
+
+    def stop(self, timeout: float) -> None:
+        """Write what was handed over, then stop (waiting up to ``timeout`` seconds)."""
+        if self._thread is not None:
+            self._queue.put((_STOP,))
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        db = self._db
+        assert db is not None
+        get = self._queue.get
+        while True:
+            item = get()
+            if item[0] == _STOP:
+                return
+            _kind, ops, reasons, retire, fut = item
+            failed: BaseException | None = None
+            if ops or reasons:
+                chunks, rest, updates = _merge_ops(ops, db.chunk)
+                try:
+                    try:
+                        db.write(chunks, rest, updates, reasons)
+                    except Exception:  # once more: a shared store's connection may be reset
+                        db.write(chunks, rest, updates, reasons)
+                    self.commits += 1
+                    self.rows_written += len(ops)
+                    self.failing = None
+                except BaseException as exc:  # keep going: the journal has the completions
+                    self.error = self.failing = failed = exc
+                    # the journals open until now hold completions that are not stored
+                    self._dirty_upto = self._journal_seq()
+            if retire is not None:
+                self._settle_journal(db, retire)
+            if fut is not None:
+                _resolve([fut], failed)
+
+    def _settle_journal(self, db: StoreDB, path: Path) -> None:
+        """A retired journal whose rows are committed: delete it.  When a write failed
+        while it was open (the database was away), replay it first (by id: idempotent), so
+        that what was answered meanwhile reaches the store once the database is back.  A
+        journal whose replay fails too is held, and tried again at the next retirement
+        (or replayed by the next start).  Its records that cannot be stored are
+        quarantined, as at the start."""
+        self._held.append(path)
+        while self._held:
+            held = self._held[0]
+            try:
+                if journal_number(held) <= self._dirty_upto:
+                    self.healed += replay_journal(db, held, self.store)
+                held.unlink()
+            except FileNotFoundError:
+                pass
+            except Exception as exc:
+                self.error = exc
+                return
+            self._held.pop(0)
+
+
+def merge_ops(
+    ops: list[tuple[int, tuple[Any, ...]]], chunk: int
+) -> tuple[list[tuple], list[tuple], list[tuple]]:
+    """One hand-over as statements: a request that arrived and finished within it becomes
+    one complete INSERT row (not an INSERT and an UPDATE); other arrivals are inserted queued,
+    in arrival order; completions of earlier arrivals are UPDATEs.  Returns the INSERT rows
+    ``chunk`` at a time, flattened (one tuple per many-row statement), the rows left over,
+    and the UPDATEs.  (Compiled twin: ``wirekit._fast.storewriter.merge_ops``.)"""
+    rows: dict[str, tuple] = {}
+    updates = []
+    for kind, row in ops:
+        if kind == ARRIVAL:
+            rows[row[0]] = (*row, None, None, QUEUED, 0)
+        else:
+            device, time_out, status, attempts, rid = row
+            arrived = rows.get(rid)
+            if arrived is not None:
+                rows[rid] = (*arrived[:6], device, time_out, status, attempts)
+            else:
+                updates.append(row)
+    inserts = list(rows.values())
+    full = len(inserts) - len(inserts) % chunk
+    chunks = [
+        tuple(itertools.chain.from_iterable(inserts[i : i + chunk])) for i in range(0, full, chunk)
+    ]
+    return chunks, inserts[full:], updates
+
+
+def _resolve(waiters: list[asyncio.Future[None]], exc: BaseException | None) -> None:
+    """Resolve futures from the writer thread, one loop callback per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+    for fut in waiters:
+        by_loop.setdefault(fut.get_loop(), []).append(fut)
+    for loop, futs in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            loop.call_soon_threadsafe(_settle, futs, exc)
+
+
+def _settle(futs: list[asyncio.Future[None]], exc: BaseException | None) -> None:
+    for fut in futs:
+        if not fut.done():
+            if exc is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(RuntimeError(f"request store write failed: {exc}"))
+
+
+_merge_ops = merge_ops  # the compiled twin when built
+_fast = load_fast("storewriter")
+if _fast is not None:
+    _merge_ops = _fast.merge_ops
