@@ -416,7 +416,7 @@ class Dispatcher:
                 # arrivals; they are written in one system call by whichever request of
                 # them is sent first, after the pass.
                 await asyncio.sleep(0)
-            outcome = self._cached(job) or await self._answer(job)
+            outcome = (self.cache.enabled and self._cached(job)) or await self._answer(job)
         except BaseException:
             # Cancelled (the client went away, or shutdown): still close the row.
             self.settle(job, _cancelled(job.rid), defer=False)
@@ -491,7 +491,7 @@ class Dispatcher:
         ``attempt``) makes of it: ``ok`` when it is an inference response (then cached),
         else ``error`` ("backend answered ...")."""
         msg = reply.message
-        if is_answer(msg):
+        if type(msg) is Inference and msg.response:  # is_answer(msg), inline: per request
             return self._answered(job, reply, device, attempt)
         return Outcome(job.rid, ERROR, reply, device, attempt, f"backend answered {msg}")
 
@@ -548,9 +548,20 @@ class Dispatcher:
                 sent = True
                 self.metrics.waited(cfg.name, t_sent - job.t_in)
             self.store.write_journal()  # its arrival on record before it leaves
-            outcome = await self._attempt(job, row, backend, attempt, t_sent)
-            if outcome is not None:
-                return outcome
+            try:
+                reply = await _infer_within(backend, job.request, cfg.timeout)
+            except (asyncio.TimeoutError, TimeoutError, BackendUnavailable, OSError) as exc:
+                self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
+                self._attempt_failed(job, row, *_failure(row.key, exc, cfg.timeout))
+                continue
+            except BadRequest as exc:  # the client's error: the device is fine
+                self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
+                self.router.succeed(row)
+                reply = _error_payload(ErrorCode.SHAPE)
+                return Outcome(job.rid, ERROR, reply, row.key, attempt, str(exc), BAD_REQUEST)
+            self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
+            self.router.succeed(row)
+            return self.classify_reply(job, reply, row.key, attempt)
         n = len(state.tried)
         return Outcome(
             job.rid,
@@ -579,27 +590,6 @@ class Dispatcher:
         if row.key not in state.tried:
             state.tried.append(row.key)
         return row
-
-    async def _attempt(
-        self, job: Job, row: DeviceRow, backend: Backend, attempt: int, t_sent: float
-    ) -> Outcome | None:
-        """One attempt of ``job`` on ``row`` (sent at ``t_sent``): its outcome, or None when
-        the device failed (backed off; ``job.attempts`` says why)."""
-        cfg = job.cfg
-        try:
-            reply = await _infer_within(backend, job.request, cfg.timeout)
-        except (asyncio.TimeoutError, TimeoutError, BackendUnavailable, OSError) as exc:
-            self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
-            self._attempt_failed(job, row, *_failure(row.key, exc, cfg.timeout))
-            return None
-        except BadRequest as exc:  # the client's error: the device is fine
-            self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
-            self.router.succeed(row)
-            reply = _error_payload(ErrorCode.SHAPE)
-            return Outcome(job.rid, ERROR, reply, row.key, attempt, str(exc), BAD_REQUEST)
-        self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
-        self.router.succeed(row)
-        return self.classify_reply(job, reply, row.key, attempt)
 
     def _attempt_failed(self, job: Job, row: DeviceRow, last: str, timed_out: bool) -> None:
         """An attempt of ``job`` on ``row`` failed (``last``: why; ``timed_out``: it took too
