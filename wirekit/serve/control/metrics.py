@@ -78,19 +78,27 @@ class ModelStats:
         if self.recent is not None:
             self.recent.arrive(n)
 
-    def answered_ok(self, n: int, total: float, lo: float, hi: float) -> None:
-        """``n`` requests finished with status ok, their response times summing to
-        ``total``, the shortest ``lo`` and the longest ``hi``."""
+    def finished(self, status: str, n: int, total: float, lo: float, hi: float) -> None:
+        """``n`` requests finished with ``status``, their response times summing to
+        ``total``, the shortest ``lo`` and the longest ``hi`` (the one way a model's
+        figures count an end: a single request is ``n`` = 1)."""
         self.queue -= n
-        self.statuses[OK] = self.statuses.get(OK, 0) + n
-        self.count += n
-        self.total += total
-        if lo < self.min:
-            self.min = lo
-        if hi > self.max:
-            self.max = hi
-        if self.recent is not None:
-            self.recent.answered_ok(n, total, lo, hi)
+        self.statuses[status] = self.statuses.get(status, 0) + n
+        if status == OK:
+            self.count += n
+            self.total += total
+            if lo < self.min:
+                self.min = lo
+            if hi > self.max:
+                self.max = hi
+            if self.recent is not None:
+                self.recent.answered_ok(n, total, lo, hi)
+        elif self.recent is not None and status != ABANDONED:  # a client gone: no one's error
+            self.recent.failed(n)
+
+    def answered_ok(self, n: int, total: float, lo: float, hi: float) -> None:
+        """``n`` requests finished with status ok (:meth:`finished`)."""
+        self.finished(OK, n, total, lo, hi)
 
     def as_dict(self) -> dict[str, Any]:
         rt: dict[str, Any] = {"count": self.count, "avg": None, "min": None, "max": None}
@@ -233,6 +241,18 @@ class Histogram:
         self.counts[bisect_left(DURATION_BUCKETS, seconds)] += n
         self.sum += seconds * n
 
+    def observe_each(self, times: Iterable[float]) -> None:
+        """One observation of each of ``times`` (what :meth:`observe` does for each, in one
+        call: the MIP lane's backend times of one flush)."""
+        counts = self.counts
+        total = self.sum
+        for seconds in times:
+            if seconds < 0.0:
+                seconds = 0.0
+            counts[bisect_left(DURATION_BUCKETS, seconds)] += 1
+            total += seconds
+        self.sum = total
+
     @property
     def count(self) -> int:
         return sum(self.counts)
@@ -361,11 +381,11 @@ class WindowCounters:
     def arrive(self, n: int) -> None:
         self._slot().arrivals += n
 
-    def failed(self, counted: int = 0) -> None:
-        """One finished otherwise than ok (``counted``: also count it as a request, as a
+    def failed(self, n: int = 1, counted: int = 0) -> None:
+        """``n`` finished otherwise than ok (``counted``: also count them as requests, as a
         row's window does)."""
         slot = self._slot()
-        slot.errors += 1
+        slot.errors += n
         slot.arrivals += counted
 
     def answered_ok(self, n: int, total: float, lo: float, hi: float, counted: int = 0) -> None:
@@ -535,49 +555,46 @@ class Metrics:
         model: str,
         t_out: float,
         answers: list[tuple[Any, ...]],
+        total: float,
+        lo: float,
+        hi: float,
         backend: list[float] | None = None,
+        by_row: dict[str, list[Any]] | None = None,
+        stats: ModelStats | None = None,
     ) -> None:
         """The MIP lane answered ``answers`` ok at ``t_out``: each ``(id, device, t_in,
-        ...)`` (device a row key, or ``"cache"``), ``backend`` the backend time of each
-        that is not from the cache, in order (its queue time is 0: the lane sends a
-        request in the pass it reads it).  Answers of one device and one read are counted
-        together (the hot path of the lane: the histograms are updated inline)."""
-        by_key = self._by_key
-        bounds = DURATION_BUCKETS
+        ...)`` (device a row key, or ``"cache"``), their response times summing to
+        ``total``, from ``lo`` to ``hi``; ``backend`` the backend time of each that is not
+        from the cache, in order (its queue time is 0: the lane sends a request in the pass
+        it reads it); ``by_row`` the same figures per row key (``[n, total, lo, hi]``, with
+        a window only).  Counted as :meth:`finished` counts one request, a group at a time:
+        the answers of one device and one read share their response time."""
+        (stats or self.stats(model)).finished(OK, len(answers), total, lo, hi)
         times = backend or ()
-        series: DeviceSeries | None = None
-        last: Any = None
-        run_in: Any = None
-        run = 0
         sent = 0
-        counts: list[int] = []
-        for answer in answers:
-            device = answer[1]
-            t_in = answer[2]
-            if device is not last or t_in is not run_in:
-                if run:
-                    assert series is not None
-                    self._count_ok(series, t_out - run_in, run)
-                series = by_key.get(device) or self.device_series(model, device)
-                counts = series.backend.counts
-                last, run_in, run = device, t_in, 0
-            run += 1
+        start = 0
+        n = len(answers)
+        while start < n:  # runs of one device and one read
+            device, t_in = answers[start][1], answers[start][2]
+            stop = start + 1
+            while stop < n and answers[stop][1] is device and answers[stop][2] is t_in:
+                stop += 1
+            series = self._by_key.get(device) or self.device_series(model, device)
+            self._count(series, OK, t_out - t_in, stop - start)
             if device != _CACHE and sent < len(times):
-                seconds = times[sent]
-                sent += 1
-                if seconds < 0.0:
-                    seconds = 0.0
-                counts[bisect_left(bounds, seconds)] += 1
-                series.backend.sum += seconds  # type: ignore[union-attr]
-        if run:
-            assert series is not None
-            self._count_ok(series, t_out - run_in, run)
+                took = times[sent : sent + stop - start]
+                series.backend.observe_each(took)
+                sent += len(took)
+            start = stop
         if sent:
-            self.model_counters(model).queue.counts[0] += sent  # waited 0 s each
+            self.model_counters(model).queue.observe(0.0, sent)  # waited 0 s each
+        if by_row:
+            self.rows_answered(by_row)
 
     @staticmethod
-    def _count_ok(series: DeviceSeries, seconds: float, n: int) -> None:
-        series.states[OK] = series.states.get(OK, 0) + n
+    def _count(series: DeviceSeries, status: str, seconds: float, n: int) -> None:
+        """``n`` requests of ``series`` ended with ``status`` after ``seconds`` each."""
+        series.states[status] = series.states.get(status, 0) + n
         series.duration.observe(seconds, n)
 
     def stats(self, model: str) -> ModelStats:
@@ -612,29 +629,23 @@ class Metrics:
         self, model: str, status: str, response_time: float, device: str | None = None
     ) -> None:
         """A request of ``model`` finished with ``status`` after ``response_time`` seconds,
-        answered by the row ``device`` (its key; None or ``"cache"``: no row)."""
+        answered by the row ``device`` (its key; None or ``"cache"``: no row): the batched
+        accounting (:meth:`lane_answered`'s) with n = 1."""
+        rt = response_time
         s = self.stats(model)
-        s.queue -= 1
-        s.statuses[status] = s.statuses.get(status, 0) + 1
-        series = self.device_series(model, device)
-        series.states[status] = series.states.get(status, 0) + 1
-        series.duration.observe(response_time)
+        s.finished(status, 1, rt, rt, rt)
+        self._count(self.device_series(model, device), status, rt, 1)
+        if s.recent is not None and device is not None and device != _CACHE:
+            self._row_finished(device, status, 1, rt, rt, rt)
+
+    def _row_finished(
+        self, key: str, status: str, n: int, total: float, lo: float, hi: float
+    ) -> None:
+        """``n`` requests the row ``key`` answered ended with ``status`` (its window)."""
         if status == OK:
-            s.count += 1
-            s.total += response_time
-            if response_time < s.min:
-                s.min = response_time
-            if response_time > s.max:
-                s.max = response_time
-            if s.recent is not None:
-                s.recent.answered_ok(1, response_time, response_time, response_time)
-                if device is not None and device != _CACHE:
-                    rt = response_time
-                    self.row(device).answered_ok(1, rt, rt, rt, 1)
-        elif s.recent is not None and status != ABANDONED:  # a client gone: no one's error
-            s.recent.failed()
-            if device is not None and device != _CACHE:
-                self.row(device).failed(1)
+            self.row(key).answered_ok(n, total, lo, hi, n)
+        elif status != ABANDONED:
+            self.row(key).failed(n, n)
 
     def ended_lost(self, model: str, n: int) -> None:
         """``n`` requests of ``model`` another process took were ended ``lost`` by this one:
@@ -659,7 +670,7 @@ class Metrics:
         (``n`` answered ok, their response times summing to ``total``, from ``lo`` to
         ``hi``), counted on each row's window as :meth:`finished` counts one."""
         for key, (n, total, lo, hi) in groups.items():
-            self.row(key).answered_ok(n, total, lo, hi, n)
+            self._row_finished(key, OK, n, total, lo, hi)
 
     def recent(self) -> dict[str, RecentStats]:
         """Per model, the figures of the recent window (empty without a window)."""

@@ -39,7 +39,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeGuard
 
 from wirekit import mip
 from wirekit._impl import select
@@ -120,11 +120,36 @@ def _samples(job: Job) -> int:
     return msg.batch_size if type(msg) is Inference else 0
 
 
+class Attempts:
+    """Where the attempt loop of a :class:`Job` stands when it goes on from a first attempt
+    made elsewhere (the fast path, a batch, the MIP lane): its retry state."""
+
+    __slots__ = ("done", "first", "last", "timed_out", "tried")
+
+    def __init__(
+        self,
+        *,
+        first: DeviceRow | None = None,
+        tried: list[str] | None = None,
+        done: int = 0,
+        last: str = "",
+        timed_out: bool = False,
+    ) -> None:
+        self.first = first  #: the device to try next instead of drawing one
+        self.tried: list[str] = [] if tried is None else tried  #: row keys tried so far
+        self.done = done  #: attempts made so far
+        self.last = last  #: why the last one failed
+        self.timed_out = timed_out  #: the last one took too long
+
+
 class Job:
-    """One request taken by :meth:`Dispatcher.start` (the MIP front door's way in)."""
+    """One request on its way through the dispatcher, from arrival to its end
+    (:meth:`Dispatcher.settle`): taken by :meth:`Dispatcher.start` (the MIP front door's way
+    in), or by :meth:`Dispatcher.submit` (the HTTP door's; ``notify`` None: awaited)."""
 
     __slots__ = (
         "abandoned",
+        "attempts",
         "cfg",
         "client",
         "error",
@@ -143,7 +168,8 @@ class Job:
         self.model = model
         self.request = request
         self.client = client
-        self.notify = notify  #: called with the job once it is answered
+        #: called with the job once it is answered (None: :meth:`Dispatcher.submit` awaits it)
+        self.notify = notify
         self.outcome: Outcome | None = None
         self.error: BaseException | None = None  #: set instead when the loop was cancelled
         self.rid = ""
@@ -158,6 +184,8 @@ class Job:
         #: its client went away before the answer: it ended ``abandoned``
         #: (:meth:`Dispatcher.abandon`); its attempt, if any, records and answers nothing
         self.abandoned = False
+        #: the attempt loop's state when it goes on from an attempt made elsewhere
+        self.attempts: Attempts | None = None
 
 
 class UnknownModel(LookupError):
@@ -202,6 +230,42 @@ class Outcome:
 def _error_payload(code: ErrorCode) -> Payload:
     msg = ErrorReply(int(code))
     return Payload(None, msg)
+
+
+def is_answer(msg: Any) -> TypeGuard[Inference]:
+    """Whether the backend's reply ``msg`` answers a request (an inference response; an
+    error reply, or anything else, does not)."""
+    return type(msg) is Inference and bool(msg.response)
+
+
+def _failure(
+    key: str, why: BaseException | str, timeout: float, address: str | None = None
+) -> tuple[str, bool]:
+    """Why an attempt on the row ``key`` failed (``why``: its exception, or the text of a
+    lost connection; ``address``: the backend's, when the exception does not say it), and
+    whether it took too long (more than ``timeout`` seconds)."""
+    if isinstance(why, (asyncio.TimeoutError, TimeoutError)):
+        return f"{key}: no answer within {timeout} s", True
+    if address is None:
+        return f"{key}: {why}", False
+    return f"{key}: {address}: {why}", False
+
+
+def _cancelled(rid: str) -> Outcome:
+    """The end of the request ``rid`` whose attempt loop was cancelled (shutdown, or the
+    HTTP client went away)."""
+    return Outcome(
+        rid, FAILED, _error_payload(ErrorCode.INTERNAL), None, 0, "cancelled before an answer"
+    )
+
+
+def _gone(rid: str, attempts: int) -> Outcome:
+    """The end of the request ``rid`` whose client went away (sent ``attempts`` times)."""
+    return Outcome(rid, ABANDONED, _error_payload(ErrorCode.INTERNAL), None, attempts, CLIENT_GONE)
+
+
+def _no_one(job: Job) -> None:
+    """The ``notify`` of a job that ended ``abandoned``: no one is left to answer."""
 
 
 class Dispatcher:
@@ -340,12 +404,11 @@ class Dispatcher:
         cfg = self.models.get(model)
         if cfg is None:
             raise self._unknown(model)
-        rid = self.new_id()
-        wire = request.wire
-        t_in = self.clock()
+        job = Job(model, request, client, None)
+        job.cfg = cfg
+        job.t_in = self.clock()
         # its arrival record waits for the journal write that comes before it is sent
-        self.store.arrival(rid, model, client, t_in, len(wire), wire, True)
-        self.metrics.arrived(model)
+        self._arrive(job)
         self.submitting += 1
         try:
             if self.submitting > 1 or self.active:
@@ -353,141 +416,189 @@ class Dispatcher:
                 # arrivals; they are written in one system call by whichever request of
                 # them is sent first, after the pass.
                 await asyncio.sleep(0)
-            outcome = await self._answer(rid, cfg, request, wire, t_in=t_in)
+            outcome = (self.cache.enabled and self._cached(job)) or await self._answer(job)
         except BaseException:
             # Cancelled (the client went away, or shutdown): still close the row.
-            self._finish(
-                model, rid, client, t_in, wire, None, FAILED, 0, False, "cancelled before an answer"
-            )
+            self.settle(job, _cancelled(job.rid), defer=False)
             raise
         finally:
             self.submitting -= 1
-        self._finish(
-            model,
-            rid,
-            client,
-            t_in,
-            wire,
-            outcome.device,
-            outcome.status,
-            outcome.attempts,
-            defer_journal,
-            outcome.detail,
-        )
+        self.settle(job, outcome, defer=defer_journal)
         return outcome
 
-    def _finish(
-        self, model, rid, client, t_in, wire, device, status, attempts, defer, reason=""
-    ) -> None:
-        t_out = self.clock()
-        self.metrics.finished(model, status, t_out - t_in, device)
-        self.store.complete(
-            rid,
-            model,
-            client,
-            device,
-            t_in,
-            t_out,
-            status,
-            len(wire),
-            attempts,
-            wire,
-            defer,
-            reason if status != OK else None,
-        )
+    # ------------------------------------------------------------------ the end of a request
 
-    async def _answer(
+    def settle(
         self,
-        rid: str,
-        cfg: ModelConfig,
-        request: Payload,
-        wire: bytes,
+        job: Job,
+        outcome: Outcome,
+        t_out: float | None = None,
         *,
-        checked: bool = False,
-        key: bytes | None = None,
-        tried: list[str] | None = None,
-        done: int = 0,
-        last: str = "",
-        timed_out: bool = False,
-        first: DeviceRow | None = None,
-        t_in: float = 0.0,
-        sent: bool = False,
-    ):
-        """The attempt loop.  A :class:`Job` whose fast first attempt failed continues here:
-        ``checked`` (the cache was looked up, ``key`` its key), ``tried``/``done``/``last``
-        (the attempts made so far; ``timed_out``: the last one took too long), ``first``
-        (the device to try next instead of choosing).
-        ``t_in``: when the request arrived; ``sent``: it was sent to a backend before (its
-        time in the queue is recorded at its first send)."""
+        defer: bool = True,
+        error: BaseException | None = None,
+    ) -> None:
+        """The one place where a request ends: ``job`` ends as ``outcome`` says (``t_out``:
+        when, if already known) -- its completion record (the store row and its journal
+        line, deferred unless ``defer`` is false: the caller writes the journal before it
+        answers), the metrics, then its answer (``job.notify``; ``error`` instead of the
+        outcome when its attempt loop was cancelled).  Every end state of a single request
+        passes here; the MIP lane's ``ok`` answers pass through the batched form,
+        :meth:`lane_answered`.  A job whose client went away has ended ``abandoned``: what
+        comes after that records and answers nothing."""
+        status = outcome.status
+        if job.abandoned and status != ABANDONED:
+            return
+        wire = job.request.wire
+        head = job.head
+        reason = outcome.detail if status != OK else None
+        if head:  # answered by the device its first attempt went to: the line is started
+            if t_out is None:
+                t_out = self.clock()
+            self.metrics.finished(job.model, status, t_out - job.t_in, outcome.device)
+            self.store.complete_head(
+                head, job.rid, outcome.device, t_out, status, len(wire), outcome.attempts, reason
+            )
+        else:
+            t_out = self.clock()
+            self.metrics.finished(job.model, status, t_out - job.t_in, outcome.device)
+            self.store.complete(
+                job.rid,
+                job.model,
+                job.client,
+                outcome.device,
+                job.t_in,
+                t_out,
+                status,
+                len(wire),
+                outcome.attempts,
+                wire,
+                defer,
+                reason,
+            )
+        if job.notify is None:  # submit's: awaited, not counted in ``active``
+            return
+        self.active -= 1
+        if error is not None:
+            job.error = error
+        elif status == ABANDONED:  # no one to answer
+            return
+        else:
+            job.outcome = outcome
+        job.notify(job)
+
+    def classify_reply(self, job: Job, reply: Payload, device: str, attempt: int) -> Outcome:
+        """What a backend's ``reply`` to ``job`` (from the row ``device``, its attempt
+        ``attempt``) makes of it: ``ok`` when it is an inference response (then cached),
+        else ``error`` ("backend answered ...")."""
+        msg = reply.message
+        if type(msg) is Inference and msg.response:  # is_answer(msg), inline: per request
+            return self._answered(job, reply, device, attempt)
+        return Outcome(job.rid, ERROR, reply, device, attempt, f"backend answered {msg}")
+
+    def _answered(self, job: Job, reply: Payload, device: str, attempt: int) -> Outcome:
+        """``job`` answered ``reply`` (an inference response), cached when the cache is on."""
+        if job.key is not None:
+            self.cache.put(job.cfg.name, job.key, reply, len(reply.wire))
+        return Outcome(job.rid, OK, reply, device, attempt)
+
+    def refuse(self, job: Job, reason: str, response: Payload) -> None:
+        """A door refuses ``job`` before it is started (:meth:`start` raised
+        :class:`UnknownModel`: its model was removed): it arrives and ends ``failed`` at
+        once, with ``reason``, answered ``response`` -- recorded and counted as every
+        request."""
+        if not job.t_in:
+            job.t_in = self.clock()
+        self._arrive(job)
+        self.active += 1  # as a started job: settle takes it off
+        self.settle(job, Outcome(job.rid, FAILED, response, None, 0, reason))
+
+    # ------------------------------------------------------------------ the attempt loop
+
+    def _cached(self, job: Job) -> Outcome | None:
+        """``job``'s answer from the cache (None: not there, or no cache); its cache key is
+        kept for the answer to come."""
         cache = self.cache
-        if not checked and cache.enabled:
-            key = digest(memoryview(wire)[8:])
-            hit = cache.get(cfg.name, key)
-            if hit is not None:
-                return Outcome(rid, OK, hit, "cache", 0)
-        tried = [] if tried is None else tried
-        for attempt in range(done + 1, cfg.attempts + 1):
-            if self.closing:
-                last = last or "the dispatcher is shutting down"
+        if not cache.enabled:
+            return None
+        job.key = key = digest(memoryview(job.request.wire)[8:])
+        hit = cache.get(job.cfg.name, key)
+        return None if hit is None else Outcome(job.rid, OK, hit, "cache", 0)
+
+    async def _answer(self, job: Job) -> Outcome:
+        """The attempt loop: the attempts of ``job`` from where ``job.attempts`` stands (a
+        first attempt made elsewhere, or none) until one is answered or none is left."""
+        state = job.attempts
+        if state is None:
+            state = job.attempts = Attempts()
+        cfg = job.cfg
+        sent = job.t_sent > 0  # its time in the queue is recorded at its first send
+        for attempt in range(state.done + 1, cfg.attempts + 1):
+            row = self._next_row(cfg, state)
+            if row is None:
                 break
-            if first is not None:
-                row, first = first, None
-            else:
-                try:
-                    row = self.router.choose(cfg.name, tried)
-                except NoDevice as exc:
-                    last = last or str(exc)
-                    break
-            if row.key not in tried:
-                tried.append(row.key)
             if attempt > 1:
                 self.resubmissions += 1
                 self.metrics.resubmitted(cfg.name)
             backend = self.backends.get(row.key)
             if backend is None:  # its model was removed meanwhile
-                last = f"{row.key}: no longer served"
+                state.last = f"{row.key}: no longer served"
                 continue
             t_sent = self.clock()
             if not sent:
                 sent = True
-                self.metrics.waited(cfg.name, t_sent - t_in)
+                self.metrics.waited(cfg.name, t_sent - job.t_in)
             self.store.write_journal()  # its arrival on record before it leaves
             try:
-                reply = await _infer_within(backend, request, cfg.timeout)
-            except (asyncio.TimeoutError, TimeoutError):
+                reply = await _infer_within(backend, job.request, cfg.timeout)
+            except (asyncio.TimeoutError, TimeoutError, BackendUnavailable, OSError) as exc:
                 self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
-                last, timed_out = f"{row.key}: no answer within {cfg.timeout} s", True
-                log.warning("request %s: %s", rid, last)
-                self.router.fail(row)
-                continue
-            except (BackendUnavailable, OSError) as exc:
-                self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
-                last, timed_out = f"{row.key}: {exc}", False
-                log.warning("request %s: %s", rid, last)
-                self.router.fail(row)
+                self._attempt_failed(job, row, *_failure(row.key, exc, cfg.timeout))
                 continue
             except BadRequest as exc:  # the client's error: the device is fine
                 self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
                 self.router.succeed(row)
                 reply = _error_payload(ErrorCode.SHAPE)
-                return Outcome(rid, ERROR, reply, row.key, attempt, str(exc), BAD_REQUEST)
+                return Outcome(job.rid, ERROR, reply, row.key, attempt, str(exc), BAD_REQUEST)
             self.metrics.backend_time(cfg.name, row.key, self.clock() - t_sent)
             self.router.succeed(row)
-            msg = reply.message
-            if isinstance(msg, Inference) and msg.response:
-                if key is not None:
-                    cache.put(cfg.name, key, reply, len(reply.wire))
-                return Outcome(rid, OK, reply, row.key, attempt)
-            return Outcome(rid, ERROR, reply, row.key, attempt, f"backend answered {msg}")
+            return self.classify_reply(job, reply, row.key, attempt)
+        n = len(state.tried)
         return Outcome(
-            rid,
+            job.rid,
             FAILED,
             _error_payload(ErrorCode.INTERNAL),
             None,
-            len(tried),
-            f"no device answered after {len(tried)} attempt(s): {last}",
-            TIMED_OUT if timed_out else UNAVAILABLE,
+            n,
+            f"no device answered after {n} attempt(s): {state.last}",
+            TIMED_OUT if state.timed_out else UNAVAILABLE,
         )
+
+    def _next_row(self, cfg: ModelConfig, state: Attempts) -> DeviceRow | None:
+        """The device of the next attempt (None: none is left, ``state.last`` says why)."""
+        if self.closing:
+            state.last = state.last or "the dispatcher is shutting down"
+            return None
+        row = state.first
+        if row is not None:
+            state.first = None
+        else:
+            try:
+                row = self.router.choose(cfg.name, state.tried)
+            except NoDevice as exc:
+                state.last = state.last or str(exc)
+                return None
+        if row.key not in state.tried:
+            state.tried.append(row.key)
+        return row
+
+    def _attempt_failed(self, job: Job, row: DeviceRow, last: str, timed_out: bool) -> None:
+        """An attempt of ``job`` on ``row`` failed (``last``: why; ``timed_out``: it took too
+        long): logged, the device backed off, kept in ``job.attempts`` for the next one."""
+        log.warning("request %s: %s", job.rid, last)
+        self.router.fail(row)
+        state = job.attempts
+        assert state is not None  # made by the attempt loop, or by the first attempt's
+        state.last, state.timed_out = last, timed_out
 
     # ------------------------------------------------------------------ the fast path
 
@@ -508,7 +619,7 @@ class Dispatcher:
         ``job.notify(job)`` is called once, when ``job.outcome`` (or ``job.error``) is set,
         possibly before this returns.  The completion record is deferred: the caller writes
         the journal (``store.write_journal()``) before it answers.  Raises
-        :class:`UnknownModel`.
+        :class:`UnknownModel` (the door then calls :meth:`refuse`).
 
         ``row``: the device already drawn for ``job`` (by the MIP lane, which found no free
         slot on it): the job goes there -- waiting for a slot -- instead of drawing again,
@@ -521,34 +632,19 @@ class Dispatcher:
         if not job.t_in:
             job.t_in = self.clock()
         self.active += 1
-        batching = cfg.max_batch > 1
-        cache = self.cache
-        if cache.enabled:
+        if self.cache.enabled:
             self._arrive(job)
-            job.key = key = digest(memoryview(job.request.wire)[8:])
-            hit = cache.get(cfg.name, key)
+            hit = self._cached(job)
             if hit is not None:
-                self._settle(job, Outcome(job.rid, OK, hit, "cache", 0))
+                self.settle(job, hit)
                 return
-        if self.closing:
-            row = None
-        elif row is None:
-            try:
-                row = self.router.choose(cfg.name, ())
-            except NoDevice:
-                row = None
-        if batching and row is not None and getattr(self.backends.get(row.key), "batchable", False):
-            # Joined with the other requests for this device at the end of the loop pass;
-            # its arrival is recorded once the batch is on its way (while the backend works).
-            waiting = self._waiting.get(row.key)
-            if waiting is None:
-                self._waiting[row.key] = [job]
-                loop = self._loop
-                if loop is None:
-                    loop = self._loop = asyncio.get_running_loop()
-                loop.call_soon(self._send_waiting, row)
-            else:
-                waiting.append(job)
+        row = self._first_row(cfg, row)
+        if (
+            cfg.max_batch > 1
+            and row is not None
+            and getattr(self.backends.get(row.key), "batchable", False)
+        ):
+            self._wait_for_batch(job, row)
             return
         if not job.rid:
             # Recorded first; its arrival is journaled (with every other of this loop pass,
@@ -564,10 +660,36 @@ class Dispatcher:
             outbox = self._outbox
             outbox.append((job, row))
             if len(outbox) == 1:
-                loop = self._loop
-                if loop is None:
-                    loop = self._loop = asyncio.get_running_loop()
-                loop.call_soon(self._send_arrived)
+                self._at_end_of_pass(self._send_arrived)
+
+    def _first_row(self, cfg: ModelConfig, row: DeviceRow | None) -> DeviceRow | None:
+        """The device of a started job's first attempt: ``row`` (drawn already) or a draw;
+        None when there is none, or the dispatcher is closing (the attempt loop says why)."""
+        if self.closing:
+            return None
+        if row is None:
+            try:
+                return self.router.choose(cfg.name, ())
+            except NoDevice:
+                return None
+        return row
+
+    def _at_end_of_pass(self, callback, *args) -> None:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        loop.call_soon(callback, *args)
+
+    def _wait_for_batch(self, job: Job, row: DeviceRow) -> None:
+        """Adaptive batching: ``job`` is joined with the other requests for ``row`` at the
+        end of the loop pass; its arrival is recorded once the batch is on its way (while
+        the backend works)."""
+        waiting = self._waiting.get(row.key)
+        if waiting is None:
+            self._waiting[row.key] = [job]
+            self._at_end_of_pass(self._send_waiting, row)
+        else:
+            waiting.append(job)
 
     def _send_arrived(self) -> None:
         """Group commit (end of a loop pass): write the journal -- the arrival records of
@@ -606,7 +728,7 @@ class Dispatcher:
                 self.metrics.waited(job.model, t_sent - job.t_in)
             job.t_sent = t_sent
             return True
-        self._spawn(job, first=row)
+        self._spawn(job, Attempts(first=row))
         return False
 
     # ------------------------------------------------------------------ adaptive batching
@@ -719,121 +841,63 @@ class Dispatcher:
             except DecodeError as err:
                 exc = err
             else:
-                t_out = self.clock()  # answered together
-                self.metrics.backend_time(jobs[0].model, row.key, t_out - jobs[0].t_sent, len(jobs))
-                self.router.succeed(row)
-                parts = None
-                if type(msg) is Inference and msg.response:
-                    parts = split_reply(frame, msg, [_samples(j) for j in jobs])
-                if parts is None:
-                    # An error reply (or a reply not shaped like the batch) may be the fault
-                    # of one request: each is sent again alone and gets its own answer.
-                    self.batch_retries += 1
-                    self.row_batches[row.key][1] += 1
-                    log.info(
-                        "a batch of %d requests to %s was answered %s: sending them one by one",
-                        len(jobs),
-                        row.key,
-                        msg,
-                    )
-                    for job in jobs:
-                        if not job.abandoned:  # its client is still there
-                            self._send_one(job, row)
-                    return
-                cache, key = self.cache, row.key
-                for job, wire in zip(jobs, parts, strict=True):
-                    reply = Payload(wire)
-                    if job.key is not None:
-                        cache.put(job.cfg.name, job.key, reply, len(wire))
-                    self._settle(job, Outcome(job.rid, OK, reply, key, 1), t_out)
+                self._group_answered(jobs, row, frame, msg)
                 return
         for job in jobs:
             self._fast_reply(job, row, None, exc)
 
-    def _spawn(self, job: Job, **resume) -> None:
+    def _group_answered(self, jobs: list[Job], row: DeviceRow, frame: bytes, msg) -> None:
+        """The backend answered the joined batch of ``jobs`` with ``frame`` (``msg``)."""
+        t_out = self.clock()  # answered together
+        self.metrics.backend_time(jobs[0].model, row.key, t_out - jobs[0].t_sent, len(jobs))
+        self.router.succeed(row)
+        parts = None
+        if is_answer(msg):
+            parts = split_reply(frame, msg, [_samples(j) for j in jobs])
+        if parts is None:
+            # An error reply (or a reply not shaped like the batch) may be the fault of one
+            # request: each is sent again alone and gets its own answer.
+            self.batch_retries += 1
+            self.row_batches[row.key][1] += 1
+            log.info(
+                "a batch of %d requests to %s was answered %s: sending them one by one",
+                len(jobs),
+                row.key,
+                msg,
+            )
+            for job in jobs:
+                if not job.abandoned:  # its client is still there
+                    self._send_one(job, row)
+            return
+        key = row.key
+        for job, wire in zip(jobs, parts, strict=True):
+            self.settle(job, self._answered(job, Payload(wire), key, 1), t_out)
+
+    def _spawn(self, job: Job, attempts: Attempts | None = None) -> None:
+        """``job`` goes on in the attempt loop (a task), from ``attempts`` (None: none
+        made yet)."""
         job.head = ""  # no line made ahead: the device that answers is not known yet
-        task = asyncio.get_running_loop().create_task(self._slow(job, **resume))
+        job.attempts = attempts
+        task = asyncio.get_running_loop().create_task(self._slow(job))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _slow(self, job: Job, **resume) -> None:
-        request = job.request
+    async def _slow(self, job: Job) -> None:
         try:
-            outcome = await self._answer(
-                job.rid,
-                job.cfg,
-                request,
-                request.wire,
-                checked=True,
-                key=job.key,
-                t_in=job.t_in,
-                sent=job.t_sent > 0,
-                **resume,
-            )
+            outcome = await self._answer(job)
         except BaseException as exc:
             self._abort(job, exc)
             raise
-        self._settle(job, outcome)
+        self.settle(job, outcome)
 
     def _abort(self, job: Job, exc: BaseException) -> None:
         """Cancelled (shutdown): still close the row, and answer."""
-        if job.abandoned:  # ended when its client went away
-            return
-        self._finish(
-            job.model,
-            job.rid,
-            job.client,
-            job.t_in,
-            job.request.wire,
-            None,
-            FAILED,
-            0,
-            True,
-            "cancelled before an answer",
-        )
-        job.error = exc
-        self.active -= 1
-        job.notify(job)
-
-    def _settle(self, job: Job, outcome: Outcome, t_out: float | None = None) -> None:
-        """Record how ``job`` ended and answer it (``t_out``: when, if already known)."""
-        if job.abandoned:  # ended when its client went away
-            return
-        head = job.head
-        if not head:
-            self._finish(
-                job.model,
-                job.rid,
-                job.client,
-                job.t_in,
-                job.request.wire,
-                outcome.device,
-                outcome.status,
-                outcome.attempts,
-                True,
-                outcome.detail,
-            )
-        else:  # answered by the device its first attempt went to: the line is started
-            if t_out is None:
-                t_out = self.clock()
-            self.metrics.finished(job.model, outcome.status, t_out - job.t_in, outcome.device)
-            self.store.complete_head(
-                head,
-                job.rid,
-                outcome.device,
-                t_out,
-                outcome.status,
-                len(job.request.wire),
-                outcome.attempts,
-                outcome.detail if outcome.status != OK else None,
-            )
-        job.outcome = outcome
-        self.active -= 1
-        job.notify(job)
+        if not job.abandoned:
+            job.head = ""  # a line started names a device: it ends on none
+        self.settle(job, _cancelled(job.rid), error=exc)
 
     def _fast_reply(self, job: Job, row: DeviceRow, frame: bytes | None, exc) -> None:
         """The first attempt's reply (or failure), from the backend connection's callback."""
-        cfg = job.cfg
         t_back = self.clock()
         self.metrics.backend_time(job.model, row.key, t_back - job.t_sent)
         if exc is None:
@@ -844,71 +908,60 @@ class Dispatcher:
                 exc = err
             else:
                 self.router.succeed(row)
-                wire = frame
-                if type(msg) is Inference and msg.response:
-                    if msg.n_output != frame[9]:  # KubeMo's quirk, corrected
-                        wire = mip.encode(msg)
-                    reply = Payload(wire, msg)
-                    if job.key is not None:
-                        self.cache.put(cfg.name, job.key, reply, len(wire))
-                    outcome = Outcome(job.rid, OK, reply, row.key, 1)
-                else:
-                    outcome = Outcome(
-                        job.rid, ERROR, Payload(wire, msg), row.key, 1, f"backend answered {msg}"
-                    )
-                self._settle(job, outcome, t_back)
+                if is_answer(msg) and msg.n_output != frame[9]:  # KubeMo's quirk, corrected
+                    frame = mip.encode(msg)
+                self.settle(job, self.classify_reply(job, Payload(frame, msg), row.key, 1), t_back)
                 return
         if job.abandoned:  # its client is gone: no other attempt
             return
+        self._first_failed(job, row, exc)
+
+    def _first_failed(self, job: Job, row: DeviceRow, exc: BaseException) -> None:
+        """The first attempt of ``job`` on ``row`` failed with ``exc``: the attempt loop
+        goes on from there."""
         retryable = unanswered_retryable(exc)
         if retryable:
             # The server closed a kept-alive connection before reading this request (as
             # KubeMo's does after every answer): the client would send it again, and so
             # does the attempt loop, to the same device.
-            self._spawn(job, first=row)
+            self._spawn(job, Attempts(first=row))
             return
-        if isinstance(exc, TimeoutError):
-            last = f"{row.key}: no answer within {cfg.timeout} s"
-        else:
-            address = getattr(self.backends.get(row.key), "address", "?")
-            text = (
-                f"mip: {address} closed the connection without replying"
-                if retryable is not None
-                else str(exc)
-            )
-            last = f"{row.key}: {address}: {text}"
-        log.warning("request %s: %s", job.rid, last)
-        self.router.fail(row)
-        self._spawn(
-            job, tried=[row.key], done=1, last=last, timed_out=isinstance(exc, TimeoutError)
-        )
+        address = getattr(self.backends.get(row.key), "address", "?")
+        why: BaseException | str = exc
+        if retryable is not None:
+            why = f"mip: {address} closed the connection without replying"
+        job.attempts = Attempts(tried=[row.key], done=1)
+        self._attempt_failed(job, row, *_failure(row.key, why, job.cfg.timeout, address))
+        self._spawn(job, job.attempts)
 
     # ------------------------------------------------------------------ a client gone
 
     def abandon(self, job: Job) -> None:
         """The client of ``job`` went away before its answer: the request ends now, as
-        ``abandoned`` (:meth:`abandoned`); one already answered keeps the end it was
-        recorded with.  An attempt still on its way is not recalled: its reply (or failure)
-        frees its backend slot and records, resubmits and answers nothing."""
+        ``abandoned`` (:meth:`settle`); one already answered keeps the end it was recorded
+        with.  An attempt still on its way is not recalled: its reply (or failure) frees its
+        backend slot and records, resubmits and answers nothing."""
         if job.outcome is not None or job.error is not None or job.abandoned:
             return
         job.abandoned = True
         if not job.rid:  # waiting to be joined in a batch: not recorded as arrived yet
             self._arrive(job)
-        sent = int(job.t_sent > 0)
-        self.abandoned(job.model, job.client, job.rid, job.t_in, job.request.wire, sent)
+        job.head = ""  # a line started names a device: it ends on none
+        self.settle(job, _gone(job.rid, int(job.t_sent > 0)))
 
     def abandoned(
         self, model: str, client: str, rid: str, t_in: float, wire: bytes, attempts: int
     ) -> None:
         """The request ``rid`` of ``model`` from ``client`` (arrived at ``t_in``, sent
-        ``attempts`` times) ends as ``abandoned``: its client went away before its answer.
-        It leaves the queue at once (a drain waits for it no more), through the same
-        completion record as every other end (:meth:`_finish`; the journal line is
-        deferred: the caller writes the journal).  Called once per request, by
-        :meth:`abandon` or by the MIP lane (``Lane.abandon``)."""
-        self.active -= 1
-        self._finish(model, rid, client, t_in, wire, None, ABANDONED, attempts, True, CLIENT_GONE)
+        ``attempts`` times; a MIP lane's, ``Lane.abandon``) ends as ``abandoned``: its
+        client went away before its answer.  It leaves the queue at once (a drain waits for
+        it no more), through :meth:`settle` (the journal line is deferred: the caller
+        writes the journal)."""
+        job = Job(model, Payload(wire), client, _no_one)
+        job.rid = rid
+        job.t_in = t_in
+        job.abandoned = True
+        self.settle(job, _gone(rid, attempts))
 
     # ------------------------------------------------------------------ the MIP lane
 
@@ -961,19 +1014,16 @@ class Dispatcher:
         by_row: dict[str, list[Any]] | None = None,
         backend: list[float] | None = None,
     ) -> None:
-        """The MIP lane answered ``answers`` (``ok``, at ``t_out``; their response times
-        summing to ``total``, from ``lo`` to ``hi``), from the devices ``rows`` (back in
-        rotation): counted and stored (:meth:`RequestStore.completions_ok`; the journal is
-        written before the answers go out).  ``by_row``: the same figures per row key,
-        ``[n, total, lo, hi]``, which the lane gathers only when a window is kept.
-        ``backend``: the backend time of each answer not from the cache, in order
-        (:meth:`Metrics.lane_answered`)."""
-        n = len(answers)
-        self.active -= n
-        stats.answered_ok(n, total, lo, hi)
-        self.metrics.lane_answered(model, t_out, answers, backend)
-        if by_row:
-            self.metrics.rows_answered(by_row)
+        """The batched form of :meth:`settle`, for the MIP lane's answers that end ``ok``:
+        ``answers`` (at ``t_out``; their response times summing to ``total``, from ``lo``
+        to ``hi``), from the devices ``rows`` (back in rotation), are counted
+        (:meth:`Metrics.lane_answered`; ``stats``: the model's live counters) and stored
+        (:meth:`RequestStore.completions_ok`; the journal is written before the answers go
+        out).  ``by_row``: the same figures per row key, ``[n, total, lo, hi]``, which the
+        lane gathers only when a window is kept.  ``backend``: the backend time of each
+        answer not from the cache, in order."""
+        self.active -= len(answers)
+        self.metrics.lane_answered(model, t_out, answers, total, lo, hi, backend, by_row, stats)
         succeed = self.router.succeed
         for row in rows:
             succeed(row)

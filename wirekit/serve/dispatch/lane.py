@@ -234,63 +234,72 @@ class Lane:
             self._route(d.lane_route(self.model))
         if not self.enabled or self.off or d.closing:
             return pos
-        pending = self.pending
-        # row key -> [client, connection, deadline, free slots, frames, calls]
-        groups: dict[str, list[Any]] = {}
-        handed: list[tuple[Any, Any]] = []  # (job, row): for the dispatcher, after the sends
-        arrived: list[LaneCall] = []  # their ids are given at the end
-        single = self.single
-        model, client_name = self.model, self.client
-        cache = self.cache
+        read = _Read(t_in)
         whole = type(src) is bytes
         while True:
             size = inference_size(src, pos, end, 0, self.max_items)
             if size < 0 or size > self.max_size:
                 break
-            # The one draw for this request (wirekit.serve.dispatch.router): it is sent to this
-            # device now, or waits for it in the dispatcher's attempt loop.
-            row = single if single is not None else d.router.choose(model, ())
-            client = self.clients[row.key]
             # the read itself when it is exactly this request
             frame = src if whole and size == end and pos == 0 else bytes(src[pos : pos + size])
-            group = groups.get(row.key)
-            if group is None:
-                slots = client.free_slots()
-                conn, free, deadline = (None, 0, 0.0) if slots is None else slots
-                group = groups[row.key] = [client, conn, deadline, free, [], []]
-            if group[3] <= 0:  # no open connection or no free slot
-                handed.append((self._hand_over(frame, t_in), row))
-                pos += size
-                continue
-            call = LaneCall(self, row, client, group[1], "", frame, t_in, group[2])
-            pending.append(call)
-            if cache is not None:
-                call.key = digest(memoryview(frame)[8:])
-                hit = cache.get(model, call.key)
-                if hit is not None:  # answered at once, nothing sent
-                    call.state = ANSWERED
-                    call.row = None
-                    call.reply = hit.wire
-                    call.key = None
-            if call.state == IN_FLIGHT:
-                group[3] -= 1
-                group[4].append(frame)
-                group[5].append(call)
-            arrived.append(call)
+            self._take_one(read, frame)
             pos += size
-        if arrived:
-            requests = []
-            for call, rid in zip(arrived, d.new_ids(len(arrived)), strict=True):
-                call.rid = rid
-                requests.append((rid, len(call.wire), call.wire))
-            # recorded (their arrivals journaled) before they leave
-            d.lane_arrived(self.stats, model, client_name, t_in, requests)
-            for client, conn, deadline, _free, frames, calls in groups.values():
-                if calls:
-                    client.send_calls(conn, frames, calls, deadline)
-        if handed:
-            self._start(handed)
+        if read.arrived:
+            self._send(read)
+        if read.handed:
+            self._start(read.handed)
         return pos
+
+    def _take_one(self, read: _Read, frame: bytes) -> None:
+        """One request of ``read``: sent with the others for its device, answered from the
+        cache, or handed to the dispatcher (no open connection or no free slot)."""
+        # The one draw for this request (wirekit.serve.dispatch.router): it is sent to this
+        # device now, or waits for it in the dispatcher's attempt loop.
+        row = (
+            self.single
+            if self.single is not None
+            else self.dispatcher.router.choose(self.model, ())
+        )
+        group = read.groups.get(row.key)
+        if group is None:
+            group = read.groups[row.key] = _Group(self.clients[row.key])
+        if group.free <= 0:  # no open connection or no free slot
+            read.handed.append((self._hand_over(frame, read.t_in), row))
+            return
+        call = LaneCall(self, row, group.client, group.conn, "", frame, read.t_in, group.deadline)
+        self.pending.append(call)
+        if self.cache is not None:
+            self._look_up(call)
+        if call.state == IN_FLIGHT:
+            group.free -= 1
+            group.frames.append(frame)
+            group.calls.append(call)
+        read.arrived.append(call)
+
+    def _look_up(self, call: LaneCall) -> None:
+        """Answer ``call`` from the cache when it holds its answer (nothing sent); else keep
+        its key, for its answer."""
+        assert self.cache is not None
+        call.key = digest(memoryview(call.wire)[8:])
+        hit = self.cache.get(self.model, call.key)
+        if hit is not None:  # answered at once, nothing sent
+            call.state = ANSWERED
+            call.row = None
+            call.reply = hit.wire
+            call.key = None
+
+    def _send(self, read: _Read) -> None:
+        """The requests of ``read`` get their ids and are recorded as arrived (their
+        arrivals journaled), then leave: one write per connection."""
+        d = self.dispatcher
+        requests = []
+        for call, rid in zip(read.arrived, d.new_ids(len(read.arrived)), strict=True):
+            call.rid = rid
+            requests.append((rid, len(call.wire), call.wire))
+        d.lane_arrived(self.stats, self.model, self.client, read.t_in, requests)
+        for group in read.groups.values():
+            if group.calls:
+                group.client.send_calls(group.conn, group.frames, group.calls, group.deadline)
 
     def _hand_over(self, frame: bytes, t_in: float) -> Any:
         """A request that cannot be sent now (no open connection or no free slot on the
@@ -312,20 +321,10 @@ class Lane:
 
     def answers(self, pending: deque) -> list[bytes]:
         """Pop the answers ready at the head of ``pending`` (bytes, the dispatcher's jobs,
-        lane calls), in order, recording the lane's own; return them."""
+        lane calls), in order, recording the lane's own (:meth:`Dispatcher.lane_answered`,
+        the batched end of the requests that end ``ok``); return them."""
         out: list[bytes] = []
-        done: list[tuple[str, str, float, int, int, bytes]] = []  # for the store
-        backend: list[float] = []  # the backend time of each sent (not from the cache)
-        t_out = 0.0
-        n = 0
-        total = 0.0
-        lo = math.inf
-        hi = -math.inf
-        succeeded = set()
-        last = None
-        # per row key [n, total, lo, hi], for the window per device (gathered only when the
-        # controller keeps a window)
-        by_row: dict[str, list[Any]] | None = {} if self.stats.recent is not None else None
+        flush: _Flush | None = None
         while pending:
             head = pending[0]
             cls = type(head)
@@ -333,37 +332,9 @@ class Lane:
                 out.append(head)
             elif cls is LaneCall:
                 if head.state == ANSWERED:
-                    if not n:
-                        t_out = self._clock()
-                    n += 1
-                    rt = t_out - head.t_in
-                    total += rt
-                    if rt < lo:
-                        lo = rt
-                    if rt > hi:
-                        hi = rt
-                    row = head.row
-                    if row is None:  # answered from the cache
-                        device, attempts = _CACHE, 0
-                    else:
-                        device, attempts = row.key, 1
-                        backend.append(head.t_back - head.t_in)
-                        if row is not last:  # DeviceRow hashes its fields: once per run
-                            succeeded.add(row)
-                            last = row
-                        if by_row is not None:
-                            g = by_row.get(device)
-                            if g is None:
-                                by_row[device] = [1, rt, rt, rt]
-                            else:
-                                g[0] += 1
-                                g[1] += rt
-                                if rt < g[2]:
-                                    g[2] = rt
-                                if rt > g[3]:
-                                    g[3] = rt
-                    wire = head.wire
-                    done.append((head.rid, device, head.t_in, len(wire), attempts, wire))
+                    if flush is None:
+                        flush = _Flush(self._clock(), self.stats.recent is not None)
+                    flush.add(head)
                     out.append(head.reply)
                 elif head.job is not None:
                     out.append(_job_answer(head.job))
@@ -374,19 +345,19 @@ class Lane:
             else:
                 break
             pending.popleft()
-        if n:
+        if flush is not None:
             self.dispatcher.lane_answered(
                 self.stats,
                 self.model,
                 self.client,
-                t_out,
-                total,
-                lo,
-                hi,
-                succeeded,
-                done,
-                by_row,
-                backend,
+                flush.t_out,
+                flush.total,
+                flush.lo,
+                flush.hi,
+                flush.succeeded,
+                flush.done,
+                flush.by_row,
+                flush.backend,
             )
         return out
 
@@ -415,6 +386,89 @@ class Lane:
                 d.abandon(entry)
         if complete:
             self.answers(complete)
+
+
+class _Group:
+    """The requests of one :meth:`Lane.take` for one backend connection (the compiled
+    twin's ``_Group``)."""
+
+    __slots__ = ("calls", "client", "conn", "deadline", "frames", "free")
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        slots = client.free_slots()
+        self.conn: Any = None
+        self.free = 0
+        self.deadline = 0.0
+        if slots is not None:
+            self.conn, self.free, self.deadline = slots
+        self.frames: list[bytes] = []
+        self.calls: list[LaneCall] = []
+
+
+class _Read:
+    """What one :meth:`Lane.take` gathers: the requests of one read that arrived at
+    ``t_in``."""
+
+    __slots__ = ("arrived", "groups", "handed", "t_in")
+
+    def __init__(self, t_in: float) -> None:
+        self.t_in = t_in
+        self.groups: dict[str, _Group] = {}  # row key -> its requests
+        self.arrived: list[LaneCall] = []  # their ids are given at the end
+        self.handed: list[tuple[Any, Any]] = []  # (job, row): for the dispatcher, after
+
+
+class _Flush:
+    """The lane's answers of one :meth:`Lane.answers` that end ``ok`` (answered at
+    ``t_out``): what :meth:`Dispatcher.lane_answered` records."""
+
+    __slots__ = ("backend", "by_row", "done", "hi", "last", "lo", "succeeded", "t_out", "total")
+
+    def __init__(self, t_out: float, per_row: bool) -> None:
+        self.t_out = t_out
+        self.total = 0.0
+        self.lo = math.inf
+        self.hi = -math.inf
+        self.done: list[tuple[str, str, float, int, int, bytes]] = []  # for the store
+        self.backend: list[float] = []  # the backend time of each sent (not from the cache)
+        self.succeeded: set[Any] = set()
+        self.last: Any = None
+        # per row key [n, total, lo, hi], for the window per device (gathered only when the
+        # controller keeps a window)
+        self.by_row: dict[str, list[Any]] | None = {} if per_row else None
+
+    def add(self, call: LaneCall) -> None:
+        """``call`` answered: its response time, device and row."""
+        rt = self.t_out - call.t_in
+        self.total += rt
+        self.lo = min(self.lo, rt)
+        self.hi = max(self.hi, rt)
+        row = call.row
+        if row is None:  # answered from the cache
+            device, attempts = _CACHE, 0
+        else:
+            device, attempts = row.key, 1
+            self.backend.append(call.t_back - call.t_in)
+            if row is not self.last:  # DeviceRow hashes its fields: once per run
+                self.succeeded.add(row)
+                self.last = row
+            if self.by_row is not None:
+                _add_time(self.by_row, device, rt)
+        wire = call.wire
+        self.done.append((call.rid, device, call.t_in, len(wire), attempts, wire))
+
+
+def _add_time(by_row: dict[str, list[Any]], key: str, rt: float) -> None:
+    """One response time ``rt`` of the row ``key`` into ``by_row``'s ``[n, total, lo, hi]``."""
+    g = by_row.get(key)
+    if g is None:
+        by_row[key] = [1, rt, rt, rt]
+    else:
+        g[0] += 1
+        g[1] += rt
+        g[2] = min(g[2], rt)
+        g[3] = max(g[3], rt)
 
 
 def _job_answer(job: Any) -> bytes:

@@ -150,6 +150,13 @@ class Router:
         out = self._out_until
         if not exclude and not out:  # the common case: one draw, no filtering
             return rows[bisect.bisect_right(cum, self._rng.random() * cum[-1])]
+        return self._choose_filtered(model, rows, exclude)
+
+    def _choose_filtered(
+        self, model: str, rows: list[DeviceRow], exclude: Collection[str]
+    ) -> DeviceRow:
+        """:meth:`choose` among ``rows`` of ``model`` when some are excluded or backed off."""
+        out = self._out_until
         now = self._clock()
         if out and min(out.values()) <= now:
             for key in [k for k, t in out.items() if t <= now]:

@@ -43,10 +43,9 @@ from wirekit.mip.connection import Connection, Rejected, Request
 from wirekit.mip.limits import Limits, MemoryBudget
 from wirekit.mip.server import Watchdog
 
-from ..dispatch.dispatcher import Dispatcher, Job, Outcome, UnknownModel
+from ..dispatch.dispatcher import Dispatcher, Job, UnknownModel
 from ..dispatch.payload import Payload
 from ..logs import serve_logger
-from ..record.store import FAILED
 
 log = serve_logger()
 
@@ -215,7 +214,7 @@ class MipFrontDoor(asyncio.Protocol):
             self.dispatcher.start(job)
         except UnknownModel as exc:  # removed while this connection is open
             log.info("%s: %s", self.client, exc)
-            job.outcome = Outcome("", FAILED, REMOVED, None, 0, str(exc))
+            self.dispatcher.refuse(job, str(exc), REMOVED)  # recorded: ends failed
         except Exception as exc:  # answered INTERNAL, logged in _write
             job.error = exc
 
