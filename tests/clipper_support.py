@@ -13,11 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import selectors
 import signal
 import subprocess
 import sys
-import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any
 
 import pytest
 import zmq
+from support.process import read_line
 
 WAIT = 10.0  # bound on any one step; never a threshold
 MS = int(WAIT * 1000)
@@ -126,7 +125,7 @@ def clipper_process(*args: str, env: dict[str, str] | None = None, **popen: Any)
     )
 
 
-_BANNER = re.compile(rb" frontend on (\S+?)(?:, queries on (\S+))?\n")
+_BANNER = re.compile(r" frontend on (\S+?)(?:, queries on (\S+))?\n")
 
 
 def frontend_process(*args: str, env: dict[str, str] | None = None):
@@ -138,31 +137,12 @@ def frontend_process(*args: str, env: dict[str, str] | None = None):
         "frontend", "--listen", "tcp://127.0.0.1:0", "--query", "tcp://127.0.0.1:0", *args,
         env=env, stderr=subprocess.PIPE,
     )  # fmt: skip
-    line = _first_line(proc, WAIT)
+    line = read_line(proc.stdout, WAIT)
     found = _BANNER.search(line)
     if found is None:
         stop_processes(proc)
         raise AssertionError(f"the frontend did not start: {line!r} {proc.stderr.read()!r}")
-    return proc, found[1].decode(), found[2].decode()
-
-
-def _first_line(proc: subprocess.Popen, timeout: float) -> bytes:
-    """The first line ``proc`` writes to stdout (b"" if it ends or ``timeout`` passes
-    first), read without blocking past the timeout."""
-    fd = proc.stdout.fileno()
-    line = b""
-    end = time.monotonic() + timeout
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while not line.endswith(b"\n"):
-            left = end - time.monotonic()
-            if left <= 0 or not sel.select(left):
-                break
-            chunk = os.read(fd, 1)  # one byte: nothing past the line is taken from the pipe
-            if not chunk:
-                break
-            line += chunk
-    return line
+    return proc, found[1], found[2]
 
 
 def stop_processes(*procs: subprocess.Popen) -> None:

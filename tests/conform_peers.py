@@ -24,15 +24,10 @@ def kubemo_conform_model(*samples):
     """The conformance model in KubeMo's API: each sample's inputs echoed; ``conform:first``
     answers the first input only; ``conform:fail`` raises."""
     import kubemo
+    from mip_net import kubemo_echo
 
     outputs = []
-    for sample in samples:
-        row = []
-        for value in sample:
-            data = value.encode()
-            kind = value.serial.kind
-            cls = {kubemo.IMAGE: kubemo.Image, kubemo.JSON: kubemo.Json}.get(kind, kubemo.Text)
-            row.append(cls(io.BytesIO(data)))
+    for sample, row in zip(samples, kubemo_echo(*samples), strict=True):
         first = bytes(row[0].reader.getvalue()) if row else b""
         if row and sample[0].serial.kind == kubemo.TEXT and first == FAIL:
             raise RuntimeError("the conformance case asked the model to fail")
@@ -44,13 +39,9 @@ def kubemo_conform_model(*samples):
 
 def kubemo_conform_main() -> None:
     """KubeMo's server with :func:`kubemo_conform_model` on a free port, until killed."""
-    import kubemo
+    from mip_net import serve_kubemo
 
-    server = kubemo.Server("tcp", ("127.0.0.1", 0))
-    server.handle(kubemo.InferenceHandler(kubemo_conform_model))
-    host, port = server.socket.getsockname()
-    print(f"listening on tcp://{host}:{port}", flush=True)
-    server.serve()
+    serve_kubemo(kubemo_conform_model)
 
 
 # --------------------------------------------------------------------------- broken servers

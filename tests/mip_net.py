@@ -9,7 +9,6 @@ import contextlib
 import io
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -18,12 +17,11 @@ from pathlib import Path
 
 import kubemo
 from PIL import Image
+from support.process import TIMEOUT as TIMEOUT  # the tests import it from here too
+from support.process import ServerProcess, listening_line
 
 from wirekit import mip
 from wirekit.mip.runtime import parse_address
-
-TIMEOUT = 10.0
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def png_bytes(
@@ -137,45 +135,17 @@ def read_eof(sock: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
-class SubprocessServer:
+class SubprocessServer(ServerProcess):
     """A server in a subprocess that prints ``listening on ADDRESS`` first; stopped by SIGTERM."""
 
     def __init__(self, argv: list[str]) -> None:
-        self.args = argv
-        self.proc: subprocess.Popen | None = None
+        super().__init__(argv, ready=listening_line)
         self.address = ""
 
-    def __enter__(self):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
-        self.proc = subprocess.Popen(
-            self.args,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        line = _readline_with_timeout(self.proc, TIMEOUT * 3)
-        if not line.startswith("listening on "):
-            self.proc.kill()
-            _out, err = self.proc.communicate(timeout=TIMEOUT)
-            raise AssertionError(f"{self.args} did not start: {line!r} {err}")
-        self.address = line.split()[-1]
+    def start(self) -> SubprocessServer:
+        super().start()
+        self.address = self.first_line.split()[-1]
         return self
-
-    def stop(self) -> tuple[int, str]:
-        """SIGTERM, then wait; return the exit status and everything logged."""
-        assert self.proc is not None
-        self.proc.terminate()
-        try:
-            _out, err = self.proc.communicate(timeout=TIMEOUT * 3)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _out, err = self.proc.communicate(timeout=TIMEOUT)
-        return self.proc.returncode, err
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.stop()
 
 
 class CliServer(SubprocessServer):
@@ -192,13 +162,19 @@ def python_server(function: str) -> SubprocessServer:
     return SubprocessServer([sys.executable, "-c", code])
 
 
-def kubemo_server_main() -> None:
-    """KubeMo's server with :func:`kubemo_echo`, on a free port, until killed."""
+def serve_kubemo(model: Callable) -> None:
+    """KubeMo's server with ``model``, on a free port, until killed; its first line is
+    ``listening on ADDRESS`` (for a :class:`SubprocessServer`)."""
     server = kubemo.Server("tcp", ("127.0.0.1", 0))
-    server.handle(kubemo.InferenceHandler(kubemo_echo))
+    server.handle(kubemo.InferenceHandler(model))
     host, port = server.socket.getsockname()
     print(f"listening on tcp://{host}:{port}", flush=True)
     server.serve()
+
+
+def kubemo_server_main() -> None:
+    """KubeMo's server with :func:`kubemo_echo`, on a free port, until killed."""
+    serve_kubemo(kubemo_echo)
 
 
 def echo_server_main() -> None:
@@ -245,11 +221,3 @@ def pure_connection_serve_main() -> None:
     server.Connection = connection.PyConnection  # type: ignore[misc]
     args = ["mip", "serve", "--handler", "wirekit.mip.runtime:async_echo"]
     sys.exit(cli.main([*args, "--listen", "tcp://127.0.0.1:0"]))
-
-
-def _readline_with_timeout(proc: subprocess.Popen, timeout: float) -> str:
-    result: list[str] = []
-    reader = threading.Thread(target=lambda: result.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    return result[0].strip() if result else ""

@@ -18,12 +18,13 @@ import contextlib
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from support.ports import free_port
 
 TIMEOUT = 60.0
 
@@ -41,12 +42,6 @@ def pg_bindir() -> Path | None:
     if initdb and shutil.which("pg_ctl"):
         return Path(initdb).resolve().parent
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PgServer:
@@ -91,7 +86,7 @@ class PgServer:
         if done.returncode:
             raise RuntimeError(f"initdb failed: {done.stderr[-2000:]}")
         for _attempt in range(5):  # a free port can be taken between probe and bind
-            self.port = _free_port()
+            self.port = free_port()
             opts = (
                 f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir}"
                 " -c max_connections=200 -c fsync=off -c synchronous_commit=off"

@@ -7,21 +7,17 @@ Every blocking call has a timeout; every server, subprocess and session is close
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from wirekit.mip.server import Server
-
-TIMEOUT = 10.0
-ROOT = Path(__file__).resolve().parent.parent
+from support.process import ROOT as ROOT  # the tests import it from here too
+from support.process import TIMEOUT as TIMEOUT
+from support.process import ServerProcess, listening_line
+from support.service import start_backend as start_backend
 
 
 def tagged(tag: str, *, gate: asyncio.Event | None = None, delay: float = 0.0):
@@ -42,13 +38,6 @@ def answer_of(text: str) -> tuple[str, str]:
     """``"tag:VALUE"`` -> ``(tag, "VALUE")``."""
     tag, _, value = text.partition(":")
     return tag, value
-
-
-async def start_backend(handler, **options: Any) -> tuple[Server, int]:
-    """A wirekit MIP server on 127.0.0.1, port 0, in the running loop."""
-    server = Server(handler, **options)
-    await server.start("tcp://127.0.0.1:0")
-    return server, int(server.address.rsplit(":", 1)[1])
 
 
 def deployment(
@@ -74,18 +63,15 @@ def admin_headers(service: Any) -> dict[str, str]:
     return {"Authorization": f"Bearer {service.admin_token}"}
 
 
-def terminate(proc: subprocess.Popen) -> None:
-    """SIGTERM ``proc`` if it still runs, SIGKILL it if it does not end in time."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(TIMEOUT * 3)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(TIMEOUT)
+def _is_ready(line: str) -> bool:
+    """Whether ``line`` is the JSON ready line of ``wirekit serve``."""
+    try:
+        return json.loads(line).get("event") == "ready"
+    except (ValueError, AttributeError):
+        return False
 
 
-class DispatcherProcess:
+class DispatcherProcess(ServerProcess):
     """``wirekit serve --config FILE`` in a subprocess; ``addresses`` from its ready line.
 
     ``env``: more environment variables (``WIREKIT_LOOP``...); ``max_fds``: its file
@@ -100,14 +86,11 @@ class DispatcherProcess:
         max_fds: int | None = None,
         args: tuple[str, ...] = (),
     ) -> None:
+        argv = [sys.executable, "-m", "wirekit.cli", "serve", "--config", str(config), *args]
+        super().__init__(argv, ready=_is_ready, env=env, max_fds=max_fds)
         self.config = config
         self.args = args
-        self.env = env or {}
-        self.max_fds = max_fds
-        self.proc: subprocess.Popen | None = None
         self.addresses: dict[str, Any] = {}
-        #: its log lines (stderr), as they are read (from the ready line on)
-        self.log_lines: list[str] = []
 
     @classmethod
     def of(cls, doc: dict[str, Any], directory: Path, **options: Any) -> DispatcherProcess:
@@ -116,68 +99,10 @@ class DispatcherProcess:
         config.write_text(json.dumps(doc))
         return cls(config, **options)
 
-    def _limit_fds(self) -> None:  # in the child, before exec
-        import resource
-
-        assert self.max_fds is not None
-        resource.setrlimit(resource.RLIMIT_NOFILE, (self.max_fds, self.max_fds))
-
-    def __enter__(self) -> DispatcherProcess:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
-        env.update(self.env)
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "wirekit.cli",
-                "serve",
-                "--config",
-                str(self.config),
-                *self.args,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            preexec_fn=self._limit_fds if self.max_fds is not None else None,
-        )
-        line = _readline(self.proc, TIMEOUT * 3)
-        try:
-            ready = json.loads(line)
-        except ValueError:
-            ready = {}
-        if ready.get("event") != "ready":
-            self.proc.kill()
-            _out, err = self.proc.communicate(timeout=TIMEOUT)
-            raise AssertionError(f"wirekit serve did not start: {line!r} {err}")
-        self.addresses = ready
-        # Drain stderr so a chatty log can never block the dispatcher (kept: its log lines).
-        self._drain = threading.Thread(target=self._read_log, daemon=True)
-        self._drain.start()
+    def start(self) -> DispatcherProcess:
+        super().start()
+        self.addresses = json.loads(self.first_line)
         return self
-
-    def _read_log(self) -> None:
-        assert self.proc is not None and self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.log_lines.append(line.rstrip("\n"))
-
-    def wait_for_log(self, text: str, timeout: float = TIMEOUT) -> list[str]:
-        """The lines logged containing ``text``, once there is one (AssertionError if none
-        comes within ``timeout`` seconds)."""
-        until = time.monotonic() + timeout
-        while True:
-            found = [line for line in list(self.log_lines) if text in line]
-            if found:
-                return found
-            if time.monotonic() > until:
-                raise AssertionError(f"no log line with {text!r} in {timeout} s: {self.log_lines}")
-            time.sleep(0.05)
-
-    @property
-    def log(self) -> str:
-        """What the dispatcher wrote to standard error (complete once it has stopped)."""
-        self._drain.join(TIMEOUT)
-        return "\n".join(self.log_lines)
 
     def mip_address(self, model: str) -> str:
         return f"tcp://127.0.0.1:{self.addresses['mip'][model]}"
@@ -197,66 +122,22 @@ class DispatcherProcess:
         """The headers of an admin API request: its generated token, a JSON body."""
         return {"Authorization": f"Bearer {self.admin_token}", "Content-Type": "application/json"}
 
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(TIMEOUT)
 
-    def stop(self) -> int:
-        assert self.proc is not None
-        terminate(self.proc)
-        return self.proc.returncode
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            self.stop()
-            self._drain.join(TIMEOUT)
-            for pipe in (self.proc.stdout, self.proc.stderr):
-                with contextlib.suppress(Exception):
-                    pipe.close()
-
-
-def _readline(proc: subprocess.Popen, timeout: float) -> str:
-    result: list[str] = []
-    reader = threading.Thread(target=lambda: result.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    return result[0].strip() if result else ""
-
-
-class BackendProcess:
+class BackendProcess(ServerProcess):
     """``wirekit mip serve --handler HANDLER [--cgroup PATH]`` on port 0 in a subprocess."""
 
     def __init__(self, handler: str, *, cgroup: Path | None = None) -> None:
-        self.argv = [sys.executable, "-m", "wirekit.cli", "mip", "serve", "--handler", handler]
-        self.argv += ["--listen", "tcp://127.0.0.1:0", "--log-level", "warning"]
+        argv = [sys.executable, "-m", "wirekit.cli", "mip", "serve", "--handler", handler]
+        argv += ["--listen", "tcp://127.0.0.1:0", "--log-level", "warning"]
         if cgroup is not None:
-            self.argv += ["--cgroup", str(cgroup)]
-        self.proc: subprocess.Popen | None = None
+            argv += ["--cgroup", str(cgroup)]
+        super().__init__(argv, ready=listening_line)
         self.port = 0
 
-    def __enter__(self) -> BackendProcess:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
-        self.proc = subprocess.Popen(
-            self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-        )
-        line = _readline(self.proc, TIMEOUT * 3)
-        if not line.startswith("listening on "):
-            self.proc.kill()
-            _out, err = self.proc.communicate(timeout=TIMEOUT)
-            raise AssertionError(f"wirekit mip serve did not start: {line!r} {err}")
-        self.port = int(line.rsplit(":", 1)[1])
-        self._drain = threading.Thread(target=self.proc.stderr.read, daemon=True)
-        self._drain.start()
+    def start(self) -> BackendProcess:
+        super().start()
+        self.port = int(self.first_line.rsplit(":", 1)[1])
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self.proc is not None
-        terminate(self.proc)
-        self._drain.join(TIMEOUT)
-        for pipe in (self.proc.stdout, self.proc.stderr):
-            with contextlib.suppress(Exception):
-                pipe.close()
 
 
 def cgroup_root() -> Path:
@@ -286,7 +167,6 @@ def cgroup_root() -> Path:
 def remove_cgroup(path: Path) -> None:
     """Remove a test's cgroup once its processes are gone (retried briefly: the kernel
     takes a moment to let go of exited tasks)."""
-    import time
 
     for _ in range(100):
         try:

@@ -17,16 +17,16 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from clipper_support import frontend_process, stop_processes
 from mip_net import CliServer, SubprocessServer
+from support.ports import free_port
+from support.process import read_line
 
 from wirekit import cli
 from wirekit.conform.suites import SUITES
@@ -252,12 +252,6 @@ CLIPPER_RPC = Path(os.environ.get("WIREKIT_CLIPPER_RPC", ROOT / ".cache" / "clip
 RPC_RUNNER = TESTS / "clipper_peer" / "run_rpc.py"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def container_process(argv: list[str], env: dict[str, str] | None = None):
     """A container under test (it connects to the kit, which binds after it starts)."""
@@ -411,13 +405,10 @@ def conform_client(driver: list[str]) -> tuple[int, dict]:
          "--listen", "tcp://127.0.0.1:0", "--json", "--case-timeout", "3"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.append(kit.stderr.readline()), daemon=True)
-    reader.start()
-    reader.join(30)
+    line = read_line(kit.stderr, 30)
     try:
-        assert lines and "listening on " in lines[0], lines
-        address = lines[0].split()[-1]
+        assert "listening on " in line, line
+        address = line.split()[-1]
         with container_process([*driver, address]) as proc:
             out, _ = kit.communicate(timeout=120)
             proc.wait(30)

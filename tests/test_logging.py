@@ -341,7 +341,7 @@ def test_mip_serve_json_log_holds_a_traceback_in_one_line():
     ) as server:  # fmt: skip
         with Client(server.address, timeout=TIMEOUT) as client, pytest.raises(ServerError):
             client.infer([["x"]])
-        status, log = server.stop()
+        status, log = server.stop(), server.log
     assert status == 0
     docs = json_lines(log)
     assert level_of(docs, "listening on tcp://127.0.0.1:") == "INFO"
@@ -359,7 +359,7 @@ def test_mip_serve_text_log_shows_a_forged_line_inside_the_traceback():
     ) as server:
         with Client(server.address, timeout=TIMEOUT) as client, pytest.raises(ServerError):
             client.infer([["x"]])
-        status, log = server.stop()
+        status, log = server.stop(), server.log
     assert status == 0
     records = [line for line in log.splitlines() if not line.startswith("  ")]
     assert all(TEXT_LINE.match(line) for line in records), log

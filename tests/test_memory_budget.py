@@ -24,10 +24,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import os
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -37,6 +35,7 @@ from pathlib import Path
 import pytest
 from procstat import memory as rss
 from serve_support import deployment
+from support.process import ServerProcess
 
 from wirekit import mip
 from wirekit._impl import pure_requested
@@ -48,7 +47,6 @@ pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the server's RSS is read from /proc"
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 10.0
 MiB = 1 << 20
 MESSAGE = 16 * MiB  #: the hogs' requests (one TEXT item); the echo's reply is as big
@@ -80,61 +78,6 @@ def empty_items_request(n: int = 65535) -> bytes:
     return head + bytes([1, 0]) + n.to_bytes(2, "big") + body
 
 
-class ServerProcess:
-    """A server command in a subprocess: its first line says where it listens; standard
-    error is kept (``log``) for the test to read."""
-
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.argv = argv
-        self.env = {**os.environ, **env}
-        self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT)])
-        self.proc: subprocess.Popen | None = None
-        self.first_line = ""
-        self.log: list[str] = []
-
-    def __enter__(self) -> ServerProcess:
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=self.env,
-        )
-        got: list[str] = []
-        reader = threading.Thread(target=lambda: got.append(self.proc.stdout.readline()))
-        reader.start()
-        reader.join(3 * TIMEOUT)
-        self.first_line = got[0].strip() if got else ""
-        self._stderr = threading.Thread(target=self._keep_log, daemon=True)
-        self._stderr.start()
-        if not self.first_line:
-            self.__exit__()
-            raise AssertionError(f"{self.argv} did not start: {self.log}")
-        return self
-
-    def _keep_log(self) -> None:
-        assert self.proc is not None
-        for line in self.proc.stderr:
-            self.log.append(line)
-
-    def count(self, text: str) -> int:
-        return sum(text in line for line in list(self.log))
-
-    def __exit__(self, *exc: object) -> None:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(3 * TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(TIMEOUT)
-        self._stderr.join(TIMEOUT)
-        for pipe in (self.proc.stdout, self.proc.stderr):
-            with contextlib.suppress(Exception):
-                pipe.close()
-
-
 @contextlib.contextmanager
 def mip_serve(env: dict[str, str]) -> Iterator[tuple[ServerProcess, tuple[str, int]]]:
     argv = [sys.executable, "-m", "wirekit.cli", "mip", "serve"]
@@ -142,7 +85,7 @@ def mip_serve(env: dict[str, str]) -> Iterator[tuple[ServerProcess, tuple[str, i
     argv += ["--handler", "wirekit.mip.runtime:echo", "--listen", "tcp://127.0.0.1:0"]
     argv += ["--memory-budget", str(BUDGET), "--max-message-size", str(MAX_MESSAGE)]
     argv += ["--write-stall-timeout", str(STALL), "--log-level", "info"]
-    with ServerProcess(argv, env) as server:
+    with ServerProcess(argv, env=env) as server:
         host, port = server.first_line.split()[-1].removeprefix("tcp://").rsplit(":", 1)
         yield server, (host, int(port))
 
@@ -154,7 +97,7 @@ def dispatcher(
     backend_argv = [sys.executable, "-m", "wirekit.cli", "mip", "serve", "--listen"]
     backend_argv += ["tcp://127.0.0.1:0", "--handler", "wirekit.mip.runtime:async_echo"]
     # the backend runs compiled whatever the twin under test: it is not what is measured
-    with ServerProcess(backend_argv, {"WIREKIT_PURE": ""}) as backend:
+    with ServerProcess(backend_argv, env={"WIREKIT_PURE": ""}) as backend:
         doc = deployment(
             directory / "r.db",
             {"m": {"timeout": 60}},
@@ -167,7 +110,7 @@ def dispatcher(
         config = directory / "deployment.json"
         config.write_text(json.dumps(doc))
         argv = [sys.executable, "-m", "wirekit.cli", "serve", "--config", str(config)]
-        with ServerProcess([*argv, "--log-level", "info"], env) as server:
+        with ServerProcess([*argv, "--log-level", "info"], env=env) as server:
             port = json.loads(server.first_line)["mip"]["m"]
             yield server, ("127.0.0.1", port)
 

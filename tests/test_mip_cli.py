@@ -87,7 +87,7 @@ def test_serve_command_serves_tcp_and_unix_and_stops_on_sigterm(tmp_path):
             assert client.infer([["abc"]]) == [(Item.text("cba"),)]
         with Client(f"unix://{sock}") as client:
             assert client.ping() > 0
-        status, log = server.stop()
+        status, log = server.stop(), server.log
     assert status == 0
     assert f"listening on unix://{sock}" in log and "stopped" in log
     assert not sock.exists()

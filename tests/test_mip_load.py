@@ -90,7 +90,7 @@ def test_eight_clients_ten_thousand_requests_each(handler):
             return counts, reply, rest, pong
 
         counts, reply, rest, pong = asyncio.run(main())
-        status, log = server.stop()
+        status, log = server.stop(), server.log
     assert counts == [requests] * CLIENTS
     assert reply == ErrorReply(ErrorCode.MEMORY) and rest == b""
     assert pong > 0

@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from support.ports import free_port
 
 from wirekit._impl import pure_requested
 
@@ -158,12 +158,6 @@ def test_the_benchmarks_agree_to_run_after_the_quick_start(clone):
     assert " passed" in done.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 TWINS_HANDLER = '''\
 """A handler that says which wirekit its backend runs (tests/test_quickstart.py)."""
 import os
@@ -182,11 +176,11 @@ def test_the_headline_demo_runs_compiled_backends_from_the_checkout(clone):
     # with m1's backends answering which wirekit they run
     samples = clone.dir / "samples"
     doc = json.loads((samples / "serve-deployment.json").read_text())
-    doc["listen"]["http_port"] = _free_port()
+    doc["listen"]["http_port"] = free_port()
     for model in doc["models"].values():
-        model["port"] = _free_port()
+        model["port"] = free_port()
     for node in doc["nodes"]:
-        node["ports"] = [p and _free_port() for p in node["ports"]]
+        node["ports"] = [p and free_port() for p in node["ports"]]
     doc["models"]["m1"]["handler"] = "which_twins:twins"
     (samples / "which_twins.py").write_text(TWINS_HANDLER)
     config = samples / "quickstart-deployment.json"

@@ -10,6 +10,7 @@ import socket
 import pytest
 from mip_net import KubemoServer, kubemo_echo
 from serve_support import answer_of, deployment, run, start_backend, tagged
+from support.service import start_service, stop_service
 from test_serve_e2e import assert_stats_match, direct_stats
 
 from wirekit import mip
@@ -17,7 +18,6 @@ from wirekit.mip import Decoder, ErrorCode, ErrorReply, Inference, Item
 from wirekit.mip.client import AsyncClient
 from wirekit.serve.config import ConfigError, parse_config
 from wirekit.serve.dispatch.dispatcher import join_requests, split_reply
-from wirekit.serve.service import Service
 
 IO_TIMEOUT = 10.0
 
@@ -99,25 +99,22 @@ def test_pipelined_requests_are_joined_and_answered_each(tmp_path):
 
     async def main():
         backend, port = await start_backend(recording("A", sizes))
-        service = Service(
-            parse_config(
-                deployment(
-                    store,
-                    {"m": {"max_batch": 8}},
-                    [
-                        {
-                            "id": "n",
-                            "devices": ["CPU"],
-                            "models": ["m"],
-                            "quotas": [1],
-                            "ports": [port],
-                        }
-                    ],
-                    cache={"max_entries": 0},
-                )
+        service = await start_service(
+            deployment(
+                store,
+                {"m": {"max_batch": 8}},
+                [
+                    {
+                        "id": "n",
+                        "devices": ["CPU"],
+                        "models": ["m"],
+                        "quotas": [1],
+                        "ports": [port],
+                    }
+                ],
+                cache={"max_entries": 0},
             )
         )
-        await service.start()
         try:
             address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
             # One read holding 30 requests (one of them 2 samples): joined 8 samples at most.
@@ -143,8 +140,7 @@ def test_pipelined_requests_are_joined_and_answered_each(tmp_path):
             await service.store.flush()
             stats = service.stats()
         finally:
-            await service.stop()
-            await backend.shutdown()
+            await stop_service(service, [backend])
         rows, direct = direct_stats(store)
         assert len(rows) == 140 and len({r.id for r in rows}) == 140
         assert {r.status for r in rows} == {"ok"} and {r.attempts for r in rows} == {1}
@@ -161,24 +157,21 @@ def test_an_error_reply_to_a_batch_fails_only_the_bad_request(tmp_path):
 
     async def main():
         backend, port = await start_backend(recording("A", sizes, fail_on="boom"))
-        service = Service(
-            parse_config(
-                deployment(
-                    store,
-                    {"m": {"max_batch": 32}},
-                    [
-                        {
-                            "id": "n",
-                            "devices": ["CPU"],
-                            "models": ["m"],
-                            "quotas": [1],
-                            "ports": [port],
-                        }
-                    ],
-                )
+        service = await start_service(
+            deployment(
+                store,
+                {"m": {"max_batch": 32}},
+                [
+                    {
+                        "id": "n",
+                        "devices": ["CPU"],
+                        "models": ["m"],
+                        "quotas": [1],
+                        "ports": [port],
+                    }
+                ],
             )
         )
-        await service.start()
         try:
             address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
             texts = [f"x{k}" for k in range(12)]
@@ -187,8 +180,7 @@ def test_an_error_reply_to_a_batch_fails_only_the_bad_request(tmp_path):
             stats = service.stats()
             await service.store.flush()
         finally:
-            await service.stop()
-            await backend.shutdown()
+            await stop_service(service, [backend])
         for t, reply in zip(texts, replies, strict=True):
             if t == "boom":
                 assert reply == ErrorReply(int(ErrorCode.INTERNAL))
@@ -210,26 +202,23 @@ def test_a_batch_that_times_out_is_resubmitted_request_by_request(tmp_path):
         never = asyncio.Event()
         stuck, stuck_port = await start_backend(tagged("S", gate=never))
         good, good_port = await start_backend(tagged("G"))
-        service = Service(
-            parse_config(
-                deployment(
-                    store,
-                    {"m": {"max_batch": 16, "timeout": 0.3, "attempts": 2}},
-                    [
-                        {
-                            "id": "n",
-                            "devices": ["CPU", "CPU"],
-                            "models": ["m"],
-                            "quotas": [1, 1],
-                            "ports": [stuck_port, good_port],
-                        }
-                    ],
-                    cache={"max_entries": 0},
-                    backoff=60,
-                )
+        service = await start_service(
+            deployment(
+                store,
+                {"m": {"max_batch": 16, "timeout": 0.3, "attempts": 2}},
+                [
+                    {
+                        "id": "n",
+                        "devices": ["CPU", "CPU"],
+                        "models": ["m"],
+                        "quotas": [1, 1],
+                        "ports": [stuck_port, good_port],
+                    }
+                ],
+                cache={"max_entries": 0},
+                backoff=60,
             )
         )
-        await service.start()
         try:
             address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
             replies = await asyncio.to_thread(
@@ -239,9 +228,7 @@ def test_a_batch_that_times_out_is_resubmitted_request_by_request(tmp_path):
             stats = service.stats()
         finally:
             never.set()
-            await service.stop()
-            await stuck.shutdown()
-            await good.shutdown()
+            await stop_service(service, [stuck, good])
         assert [r.items[0].as_text() for r in replies] == [f"G:T{k}" for k in range(40)]
         rows, direct = direct_stats(store)
         assert len(rows) == 40 and {r.status for r in rows} == {"ok"}
@@ -259,24 +246,21 @@ def test_batches_to_kubemo_server(tmp_path):
     async def main():
         with KubemoServer(kubemo_echo) as km:
             port = int(km.address.rsplit(":", 1)[1])
-            service = Service(
-                parse_config(
-                    deployment(
-                        store,
-                        {"km": {"backend": "kubemo", "max_batch": 8}},
-                        [
-                            {
-                                "id": "n",
-                                "devices": ["CPU"],
-                                "models": ["km"],
-                                "quotas": [1],
-                                "ports": [port],
-                            }
-                        ],
-                    )
+            service = await start_service(
+                deployment(
+                    store,
+                    {"km": {"backend": "kubemo", "max_batch": 8}},
+                    [
+                        {
+                            "id": "n",
+                            "devices": ["CPU"],
+                            "models": ["km"],
+                            "quotas": [1],
+                            "ports": [port],
+                        }
+                    ],
                 )
             )
-            await service.start()
             try:
                 address = f"tcp://127.0.0.1:{service.addresses()['mip']['km']}"
                 reqs = [
@@ -321,31 +305,27 @@ def test_a_large_group_goes_as_two_batches(tmp_path):
 
     async def main():
         backend, port = await start_backend(recording("A", sizes))
-        service = Service(
-            parse_config(
-                deployment(
-                    tmp_path / "requests.db",
-                    {"m": {"max_batch": 64}},
-                    [
-                        {
-                            "id": "n",
-                            "devices": ["CPU"],
-                            "models": ["m"],
-                            "quotas": [1],
-                            "ports": [port],
-                        }
-                    ],
-                )
+        service = await start_service(
+            deployment(
+                tmp_path / "requests.db",
+                {"m": {"max_batch": 64}},
+                [
+                    {
+                        "id": "n",
+                        "devices": ["CPU"],
+                        "models": ["m"],
+                        "quotas": [1],
+                        "ports": [port],
+                    }
+                ],
             )
         )
-        await service.start()
         try:
             address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
             reqs = [text_request(f"h{k}") for k in range(32)]
             replies = await asyncio.to_thread(one_read, address, reqs)
         finally:
-            await service.stop()
-            await backend.shutdown()
+            await stop_service(service, [backend])
         assert [r.items[0].as_text() for r in replies] == [f"A:H{k}" for k in range(32)]
         # one read of 32 requests: two batches of 16, so the first answers can go back
         # while the backend works on the second

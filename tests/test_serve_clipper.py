@@ -11,12 +11,11 @@ import aiohttp
 import numpy as np
 import pytest
 from serve_support import answer_of, deployment, run
+from support.rows import store_rows
+from support.service import start_service
 
 from wirekit.clipper.container import ModelContainer
 from wirekit.mip.client import AsyncClient
-from wirekit.serve.config import parse_config
-from wirekit.serve.record.store import connect, read_rows
-from wirekit.serve.service import Service
 
 WAIT = 10.0
 
@@ -51,8 +50,7 @@ def test_clipper_containers_behind_both_front_doors(tmp_path):
     doc["listen"]["clipper_rpc_port"] = 0
 
     async def main():
-        service = Service(parse_config(doc))
-        await service.start()
+        service = await start_service(doc)
         containers = []
         try:
             rpc = f"tcp://127.0.0.1:{service.addresses()['clipper_rpc']}"
@@ -89,11 +87,7 @@ def test_clipper_containers_behind_both_front_doors(tmp_path):
                     outs_ = (await r.json())["outputs"]
                 assert [answer_of(o[0])[1] for o in outs_] == ["A", "B"]
             await service.store.flush()
-            conn = connect(store, readonly=True)
-            try:
-                rows = list(read_rows(conn))
-            finally:
-                conn.close()
+            rows = store_rows(store)
             assert Counter(r.status for r in rows) == {"ok": 90 + 2}
             assert {r.device for r in rows} == {"n1/0/words", "n1/1/words", "n1/0/sum"}
         finally:
@@ -134,8 +128,7 @@ def test_inputs_a_model_does_not_take_are_the_clients_error_and_a_closed_port_is
     doc["listen"]["clipper_rpc_port"] = 0
 
     async def main():
-        service = Service(parse_config(doc))
-        await service.start()
+        service = await start_service(doc)
         container = None
         try:
             rpc = f"tcp://127.0.0.1:{service.addresses()['clipper_rpc']}"
@@ -173,11 +166,7 @@ def test_inputs_a_model_does_not_take_are_the_clients_error_and_a_closed_port_is
                     await c.infer_one("hello")
             assert getattr(caught.value, "code", None) == ErrorCode.SHAPE, caught.value
             await service.store.flush()
-            conn = connect(store, readonly=True)
-            try:
-                rows = {(r.model, r.status, r.attempts) for r in read_rows(conn)}
-            finally:
-                conn.close()
+            rows = {(r.model, r.status, r.attempts) for r in store_rows(store)}
             assert ("sum", "error", 1) in rows  # answered at once, one attempt
             assert ("gone", "failed", 1) in rows or ("gone", "failed", 2) in rows
         finally:

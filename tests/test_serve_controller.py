@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from serve_policy_plugin import Fixed
 from serve_support import deployment, run, start_backend, tagged
+from support.service import start_service, stop_service
 
 from wirekit.serve.config import ControllerConfig, DeviceRow, ModelConfig, parse_config
 from wirekit.serve.control.actuators import ActuatorError, LogActuator
@@ -200,8 +201,7 @@ def test_service_runs_the_controller_and_shows_it(tmp_path):
                 "options": {"share": 0.25},
             },
         )
-        service = Service(parse_config(doc))
-        await service.start()
+        service = await start_service(doc)
         try:
             assert isinstance(service.controller.policy, Fixed)
             base = f"http://127.0.0.1:{service.addresses()['http']}"
@@ -221,9 +221,7 @@ def test_service_runs_the_controller_and_shows_it(tmp_path):
             # what the policy sees of the row that answered: its own window
             assert service.controller.snapshot().rows_recent["n1/0/a"].ok == 1
         finally:
-            await service.stop()
-            await a.shutdown()
-            await b.shutdown()
+            await stop_service(service, [a, b])
         return state, metrics, stats
 
     state, metrics, stats = run(main())

@@ -27,12 +27,11 @@ from pathlib import Path
 import pytest
 from serve_handlers import JOURNAL_ENV, RECEIVED_ENV
 from serve_support import TIMEOUT, BackendProcess, DispatcherProcess, deployment
+from support.rows import rows_by_text
 
-from wirekit import mip
 from wirekit.mip.client import Client
 from wirekit.mip.runtime import ConnectionLost
 from wirekit.serve.record.replay import journal_files
-from wirekit.serve.record.store import connect
 
 #: the end states a row may have after the restart (``queued`` is not one)
 FINAL = {"ok", "error", "failed", "abandoned", "lost"}
@@ -43,19 +42,6 @@ MODELS = ("lane", "batching", "one")
 LOADS = (*((m, "mip", m) for m in MODELS), ("http", "http", "lane"))
 CLIENTS_PER_LOAD = 3
 KILLS = 3
-
-
-def rows_by_input(store: Path) -> dict[str, list[tuple[str, str | None]]]:
-    """request text -> [(status, reason)] of every row (a list: a text stored twice shows)."""
-    conn = connect(store, readonly=True)
-    try:
-        out: dict[str, list[tuple[str, str | None]]] = {}
-        for payload, status, reason in conn.execute("SELECT payload, status, reason FROM requests"):
-            text = mip.decode(payload).items[0].as_text()
-            out.setdefault(text, []).append((status, reason))
-        return out
-    finally:
-        conn.close()
 
 
 def received_lines(path: Path) -> list[str]:
@@ -248,7 +234,7 @@ def test_kill9_keeps_every_request_that_reached_the_backend(tmp_path, monkeypatc
     assert sent, "nothing reached the backend"
     for name, _kind, _model in LOADS:
         assert any(f"-{name}-" in text for text in sent), f"no request of {name} was sent"
-    rows = rows_by_input(store)
+    rows = rows_by_text(store, "status, reason")
     missing = [text for text in sent if text not in rows]
     assert not missing, f"{len(missing)} of {len(sent)} requests at the backend have no row"
     twice = {text: rows[text] for text in sent if len(rows[text]) != 1}

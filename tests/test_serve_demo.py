@@ -6,20 +6,20 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 from unittest.mock import ANY
 
 import pytest
+from support.ports import free_port, port_is_free
+from support.process import ServerProcess
 
 from wirekit import mip
 from wirekit.mip.client import Client
@@ -29,21 +29,6 @@ from wirekit.serve.config import DEFAULT_HANDLER, ConfigError, load_config, pars
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "samples" / "serve-deployment.json"
 TIMEOUT = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def sample_config(tmp_path: Path) -> Path:
@@ -88,41 +73,21 @@ def alive(pid: int) -> bool:
     return state != "Z"  # a zombie has stopped; only its exit status is left to collect
 
 
-class Demo:
+class Demo(ServerProcess):
     """The one command, in a subprocess; ``ready`` is its ready line."""
 
     def __init__(self, config: Path, cwd: Path, wirekit: list[str] | None = None) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        self.proc = subprocess.Popen(
+        super().__init__(
             [*(wirekit or [sys.executable, "-m", "wirekit"]), "serve", "--config", str(config),
              "--with-backends", "--log-level", "info"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+            ready=None, pythonpath=[ROOT], cwd=cwd, start_timeout=TIMEOUT * 2,
+            stop_timeout=TIMEOUT,
         )  # fmt: skip
-        self.err: list[str] = []
-        self.drain = threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True)
-        self.drain.start()
-        line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()))
-        reader.daemon = True
-        reader.start()
-        reader.join(TIMEOUT * 2)
-        self.ready = json.loads(line[0]) if line and line[0] else {}
+        self.start()
+        self.ready = json.loads(self.first_line) if self.first_line else {}
 
     def stop(self, sig: signal.Signals = signal.SIGINT) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(TIMEOUT)
-        finally:
-            self.drain.join(TIMEOUT)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(TIMEOUT)
-        self.drain.join(TIMEOUT)
-        self.proc.stdout.close()
-        self.proc.stderr.close()
+        return super().stop(sig)
 
 
 def post(url: str, doc: object) -> object:
@@ -136,7 +101,7 @@ def test_the_sample_runs_whole_with_one_command_and_one_ctrl_c_stops_it(tmp_path
     doc = json.loads(config.read_text())
     demo = Demo(config, cwd=tmp_path)
     try:
-        assert demo.ready.get("event") == "ready", "".join(demo.err)
+        assert demo.ready.get("event") == "ready", demo.log
         rows = {r.key for r in load_config(config).rows if r.quota > 0}
         assert set(demo.ready["backends"]) == rows  # five backends, one per device in use
         backends = children(demo.proc.pid)
@@ -159,7 +124,7 @@ def test_the_sample_runs_whole_with_one_command_and_one_ctrl_c_stops_it(tmp_path
         assert answer.as_json()["label"] == "negative"
         assert answer.as_json()["row"] in {"n1/0/m2", "n1/2/m2"}
         assert demo.stop(signal.SIGINT) == 0
-        log = "".join(demo.err)
+        log = demo.log
         assert "SIGINT received" in log
         assert log.index("wirekit serve: stopped") < log.index("backends stopped")
         assert not [pid for pid in backends if alive(pid)]
@@ -186,12 +151,12 @@ def test_backends_run_on_the_dispatchers_wirekit_not_a_source_tree_beside_them(t
     console_script = Path(sys.executable).with_name("wirekit")  # as a user runs it
     demo = Demo(config, cwd=tmp_path, wirekit=[str(console_script)])
     try:
-        assert demo.ready.get("event") == "ready", "".join(demo.err)
+        assert demo.ready.get("event") == "ready", demo.log
         http = f"http://127.0.0.1:{demo.ready['http']}"
         m1 = post(f"{http}/v1/models/m1:predict", {"inputs": [["one two"]]})
         assert m1["outputs"][0][0]["words"] == 2  # tiny_model, found beside the config
         assert demo.stop(signal.SIGINT) == 0
-        assert "working directory was imported" not in "".join(demo.err)
+        assert "working directory was imported" not in demo.log
     finally:
         demo.close()
 
@@ -209,7 +174,7 @@ def test_no_backend_outlives_a_killed_dispatcher(tmp_path):
     }))  # fmt: skip
     demo = Demo(config, cwd=tmp_path)
     try:
-        assert demo.ready.get("event") == "ready", "".join(demo.err)
+        assert demo.ready.get("event") == "ready", demo.log
         backends = children(demo.proc.pid)
         assert len(backends) == 2
         demo.stop(signal.SIGKILL)  # no chance to stop anything itself
@@ -245,36 +210,27 @@ def test_the_dispatcher_as_pid_1_of_a_container(tmp_path):
         "nodes": [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1],
                    "ports": [free_port()]}],
     }))  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM",
-         sys.executable, "-m", "wirekit", "serve", "--config", str(config), "--with-backends"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
-    )  # fmt: skip
-    try:
-        line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()))
-        reader.daemon = True
-        reader.start()
-        reader.join(TIMEOUT * 2)
-        ready = json.loads(line[0]) if line and line[0] else {}
+    command = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM",
+               sys.executable, "-m", "wirekit", "serve", "--config", str(config),
+               "--with-backends"]  # fmt: skip
+    with ServerProcess(
+        command, ready=None, pythonpath=[ROOT], cwd=tmp_path, start_timeout=TIMEOUT * 2,
+        stop_timeout=TIMEOUT,
+    ) as proc:  # fmt: skip
+        ready = json.loads(proc.first_line) if proc.first_line else {}
         if ready.get("event") != "ready":
-            proc.kill()
-            pytest.fail(f"not ready: {proc.communicate(timeout=TIMEOUT)[1]}")
+            proc.stop(signal.SIGKILL)
+            pytest.fail(f"not ready: {proc.log}")
         http = f"http://127.0.0.1:{ready['http']}"
         assert post(f"{http}/v1/models/m:predict", {"inputs": [["pid 1"]]}) == {
             "id": ANY, "outputs": [["pid 1"]],
         }  # fmt: skip
         # unshare ignores SIGTERM while it waits; when it dies, --kill-child sends SIGTERM to
         # the dispatcher, which stops its backends (its stderr ends when it has exited)
-        proc.kill()
-        _, err = proc.communicate(timeout=TIMEOUT)
+        proc.stop(signal.SIGKILL)
+        err = proc.log
         assert "SIGTERM received" in err
         assert "backends stopped" in err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=TIMEOUT)
 
 
 def test_a_backend_that_cannot_listen_stops_the_command_and_the_others(tmp_path):
@@ -294,8 +250,7 @@ def test_a_backend_that_cannot_listen_stops_the_command_and_the_others(tmp_path)
         demo = Demo(config, cwd=tmp_path)
         try:
             assert demo.proc.wait(TIMEOUT) == 1
-            demo.drain.join(TIMEOUT)
-            log = "".join(demo.err)
+            log = demo.log
             port = taken.getsockname()[1]
             said = f"wirekit serve: backend tcp://127.0.0.1:{port} (n/1/m) exited with status"
             assert said in log
@@ -329,13 +284,13 @@ def test_a_handler_that_prints_beside_the_config_keeps_answering(tmp_path):
     }))  # fmt: skip
     demo = Demo(config, cwd=ROOT)
     try:
-        assert demo.ready.get("event") == "ready", "".join(demo.err)
+        assert demo.ready.get("event") == "ready", demo.log
         http = f"http://127.0.0.1:{demo.ready['http']}"
         for i in range(3):
             answer = post(f"{http}/v1/models/m:predict", {"inputs": [[f"hello {i}"]]})
             assert answer["outputs"] == [[f"hello {i}"]]
         assert demo.stop() == 0
-        log = "".join(demo.err)
+        log = demo.log
         # all of it (a line longer than MAX_LINE may come in pieces)
         assert sum(len(run) for run in re.findall("x{1000,}", log)) == 3 * 100_000
         assert "chatty: no newline at the end" in log

@@ -10,14 +10,13 @@ import aiohttp
 from mip_net import KubemoServer, kubemo_echo
 from prometheus_client.parser import text_string_to_metric_families
 from serve_support import answer_of, deployment, run, start_backend, tagged
+from support.rows import store_rows
+from support.service import start_service, stop_service
 
 from wirekit import mip
 from wirekit.mip.client import AsyncClient
-from wirekit.serve.config import parse_config
 from wirekit.serve.control.metrics import stats_from_store
-from wirekit.serve.record.store import read_rows
 from wirekit.serve.record.storedb import open_db
-from wirekit.serve.service import Service
 
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=10)
 
@@ -25,11 +24,7 @@ HTTP_TIMEOUT = aiohttp.ClientTimeout(total=10)
 def direct_stats(path, url=None):
     """The metrics computed straight from the rows, in Python (no SQL aggregates); from the
     PostgreSQL store at ``url`` when given."""
-    db = open_db(url or path, readonly=True)
-    try:
-        rows = list(read_rows(db))
-    finally:
-        db.close()
+    rows = store_rows(url or path)
     out = {}
     for r in rows:
         s = out.setdefault(r.model, {"requests": 0, "queue": 0, "rts": [], "statuses": Counter()})
@@ -92,14 +87,11 @@ def test_both_front_doors_to_wirekit_and_kubemo_backends(tmp_path, store_url):
                 ],
                 store=store_doc(store, store_url),
             )
-            service = Service(parse_config(doc))
-            await service.start()
+            service = await start_service(doc)
             try:
                 await exercise(service)
             finally:
-                await service.stop()
-        await a.shutdown()
-        await b.shutdown()
+                await stop_service(service, [a, b])
 
     async def exercise(service):
         ports = service.addresses()
@@ -223,8 +215,7 @@ def test_queue_length_counts_waiting_and_running_requests(tmp_path, store_url):
             cache={"max_entries": 0},
             store=store_doc(store, store_url),
         )
-        service = Service(parse_config(doc))
-        await service.start()
+        service = await start_service(doc)
         try:
             address = f"tcp://127.0.0.1:{service.addresses()['mip']['slow']}"
             async with AsyncClient(address, timeout=10) as c:
@@ -248,7 +239,6 @@ def test_queue_length_counts_waiting_and_running_requests(tmp_path, store_url):
             assert_stats_match(await service.http_stats(), direct)
         finally:
             gate.set()
-            await service.stop()
-            await srv.shutdown()
+            await stop_service(service, [srv])
 
     run(main())

@@ -23,44 +23,22 @@ from serve_support import (
     start_backend,
     tagged,
 )
+from support.ports import free_port
+from support.rows import rows_by_text, store_rows
+from support.service import start_service, stop_service
 
 from wirekit import mip
 from wirekit.mip.client import AsyncClient, Client
 from wirekit.mip.runtime import ConnectionLost
-from wirekit.serve.config import parse_config
-from wirekit.serve.record.store import connect, read_rows
-from wirekit.serve.service import Service
-
-
-def closed_port() -> int:
-    """A port nothing listens on (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def store_rows(path):
-    conn = connect(path, readonly=True)
-    try:
-        return list(read_rows(conn))
-    finally:
-        conn.close()
 
 
 def payload_inputs(path):
     """request text -> (status, device) for every row, from the stored payloads."""
-    conn = connect(path, readonly=True)
-    try:
-        out = {}
-        for payload, status, device, t_out in conn.execute(
-            "SELECT payload, status, device, time_out FROM requests"
-        ):
-            text = mip.decode(payload).items[0].as_text()
-            assert text not in out, f"{text} stored twice"
-            out[text] = (status, device, t_out)
-        return out
-    finally:
-        conn.close()
+    out = {}
+    for text, found in rows_by_text(path, "status, device, time_out").items():
+        assert len(found) == 1, f"{text} stored twice"
+        out[text] = found[0]
+    return out
 
 
 def test_timeout_and_refusal_are_resubmitted_and_answered_once(tmp_path):
@@ -79,7 +57,7 @@ def test_timeout_and_refusal_are_resubmitted_and_answered_once(tmp_path):
                     "devices": ["CPU", "CPU", "CPU"],
                     "models": ["m"],
                     "quotas": [0.4, 0.3, 0.3],
-                    "ports": [slow_port, closed_port(), fast_port],
+                    "ports": [slow_port, free_port(), fast_port],
                 },
                 {
                     "id": "n2",
@@ -92,8 +70,7 @@ def test_timeout_and_refusal_are_resubmitted_and_answered_once(tmp_path):
             backoff=60,
             cache={"max_entries": 0},
         )
-        service = Service(parse_config(doc))
-        await service.start()
+        service = await start_service(doc)
         try:
             ports = service.addresses()
             async with AsyncClient(f"tcp://127.0.0.1:{ports['mip']['m']}", timeout=10) as c:
@@ -130,9 +107,7 @@ def test_timeout_and_refusal_are_resubmitted_and_answered_once(tmp_path):
             assert sum(r.attempts for r in rows if r.model == "m") == 40 + 2
         finally:
             release.set()
-            await service.stop()
-            await slow.shutdown()
-            await fast.shutdown()
+            await stop_service(service, [slow, fast])
 
     run(main())
 
@@ -166,8 +141,7 @@ def test_backend_killed_mid_run_loses_no_request(tmp_path):
                 cache={"max_entries": 0},
                 store={"path": str(store), "payloads": True},
             )
-            service = Service(parse_config(doc))
-            await service.start()
+            service = await start_service(doc)
             answered = 0
             killed = asyncio.Event()
             answers: dict[str, str] = {}

@@ -13,34 +13,27 @@ from collections import Counter
 import aiohttp
 import pytest
 from serve_support import run, tagged
+from support.rows import select
 from test_serve_lane import lane, lane_service  # noqa: F401 - the twins
 
 from wirekit import mip
 from wirekit.mip.client import AsyncClient
 from wirekit.serve.dispatch.dispatcher import Dispatcher
-from wirekit.serve.record.store import ABANDONED, connect
+from wirekit.serve.record.store import ABANDONED
 
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=10)
 
 
 def store_statuses(path) -> Counter:
     """How many rows of the store at ``path`` end in each state."""
-    conn = connect(path, readonly=True)
-    try:
-        return Counter(dict(conn.execute("SELECT status, count(*) FROM requests GROUP BY status")))
-    finally:
-        conn.close()
+    return Counter(dict(select(path, "SELECT status, count(*) FROM requests GROUP BY status")))
 
 
 def store_rows(path, status: str) -> list[tuple]:
     """``(reason, device, attempts, client)`` of the rows of the store at ``path`` that end
     in ``status``."""
-    conn = connect(path, readonly=True)
-    try:
-        query = "SELECT reason, device, attempts, client FROM requests WHERE status = ?"
-        return [tuple(row) for row in conn.execute(query, (status,))]
-    finally:
-        conn.close()
+    query = "SELECT reason, device, attempts, client FROM requests WHERE status = ?"
+    return select(path, query, (status,))
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import tracemalloc
 import aiohttp
 import pytest
 from serve_support import deployment, run, start_backend, tagged
+from support.service import running_service
 
-from wirekit.serve.config import parse_config
 from wirekit.serve.service import Service
 
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=20)
@@ -36,15 +36,10 @@ async def http_service(path, *, service_out: list | None = None, **top):
         cache={"max_entries": 0},
         **{"mip": {"max_items": MAX_ITEMS}, **top},
     )
-    service = Service(parse_config(doc))
-    if service_out is not None:
-        service_out.append(service)
-    try:
-        await service.start()
+    async with running_service(doc, backends=[backend]) as service:
+        if service_out is not None:
+            service_out.append(service)
         yield f"http://127.0.0.1:{service.addresses()['http']}"
-    finally:
-        await service.stop()
-        await backend.shutdown()
 
 
 async def _post(http, url, body: bytes):

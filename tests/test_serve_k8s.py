@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import kubernetes_validate
 import pytest
+from support.ports import free_port
 
 from wirekit.serve.config import ConfigError, load_config, parse_config
 from wirekit.serve.control.k8s import CONFIG_FILE, DATA_DIR, RUN_AS, K8sOptions, manifests
@@ -302,12 +302,6 @@ def test_a_resize_patch_names_the_container_the_manifests_made():
 # --- the deployment starts as generated (issue 29) ------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def container_env(container: dict, objects: list[dict]) -> dict[str, str]:
     """The environment Kubernetes gives ``container``: its values, and its Secret keys from
     the Secrets among ``objects``."""
@@ -340,9 +334,9 @@ def test_the_generated_dispatcher_starts_as_generated(tmp_path):
     # the container's environment with the Secret's value, its working directory (the
     # data volume), its command and arguments.
     doc = json.loads(SAMPLE.read_text())
-    doc["listen"]["http_port"] = free_port()  # fixed ports, free on this shared machine
+    doc["listen"]["http_port"] = free_port("")  # fixed ports, free on this shared machine
     for model in doc["models"].values():
-        model["port"] = free_port()
+        model["port"] = free_port("")
     config = tmp_path / "deployment.json"
     config.write_text(json.dumps(doc))
     done = wirekit("serve", "k8s", "--config", str(config))

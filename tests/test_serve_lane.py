@@ -21,16 +21,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from serve_support import answer_of, deployment, run, start_backend, tagged
 from strategies import mip_messages, mutated
+from support.rows import rows_by_text, store_rows
+from support.service import running_service
 from test_serve_e2e import assert_stats_match, direct_stats
-from test_serve_faults import store_rows
 
 from wirekit import mip
 from wirekit._impl import pure_requested
 from wirekit.errors import DecodeError
 from wirekit.mip.client import AsyncClient
-from wirekit.serve.config import parse_config
-from wirekit.serve.record.store import RequestStore, connect
-from wirekit.serve.service import Service
+from wirekit.serve.record.store import RequestStore
 
 
 @pytest.fixture(scope="module", params=["fast", "pure"])
@@ -97,21 +96,10 @@ async def lane_service(lane, path, handlers, *, model=None, quotas=None, rng=Non
         ],
         **top,
     )
-    service = Service(parse_config(doc), lane=lane, rng=rng)
-    try:
-        await service.start()
-        await _connect_backends(service)
+    async with running_service(
+        doc, backends=backends, connect_lane=True, lane=lane, rng=rng
+    ) as service:
         yield service, f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
-    finally:
-        await service.stop()
-        for server, _port in backends:
-            await server.shutdown()
-
-
-async def _connect_backends(service):
-    """Open every backend connection now, so that the lane takes the first request too."""
-    for backend in service.dispatcher.backends.values():
-        await backend.lane_client.connect()
 
 
 @pytest.mark.parametrize("payloads", [False, True], ids=["journal-lines", "payloads"])
@@ -150,13 +138,9 @@ def test_pipelined_requests_through_the_lane_are_answered_and_recorded(lane, tmp
         assert r.payload_size >= request_size
     assert Counter(tag_of[r.device] for r in rows) == Counter(t for t, _v in answers.values())
     if payloads:  # each row is the request it says, answered by the device that answered it
-        conn = connect(store, readonly=True)
-        try:
-            for payload, device in conn.execute("SELECT payload, device FROM requests"):
-                text = mip.decode(payload).items[0].as_text()
+        for text, found in rows_by_text(store, "device").items():
+            for (device,) in found:
                 assert answers[text][0] == tag_of[device]
-        finally:
-            conn.close()
 
 
 def test_a_crash_replays_exactly_the_rows_a_clean_stop_writes(lane, tmp_path):

@@ -17,6 +17,7 @@ import struct
 
 import pytest
 from serve_support import TIMEOUT, answer_of, deployment, run, start_backend, tagged
+from support.service import running_service
 
 from wirekit import mip
 from wirekit._impl import pure_requested
@@ -24,7 +25,6 @@ from wirekit.mip import ErrorCode, ErrorReply, Item, Ping
 from wirekit.mip.client import AsyncClient
 from wirekit.mip.limits import DEFAULT_IDLE_TIMEOUT, Limits
 from wirekit.serve.config import ConfigError, parse_config
-from wirekit.serve.service import Service
 
 HEADER = struct.Struct(">BBBBI")
 CAP = 64 * 1024
@@ -58,15 +58,8 @@ async def limited_service(lane, path, **mip_limits):
         cache={"max_entries": 0},
         mip=mip_limits,
     )
-    service = Service(parse_config(doc), lane=lane)
-    try:
-        await service.start()
-        for b in service.dispatcher.backends.values():
-            await b.lane_client.connect()  # so that the lane takes the first request too
+    async with running_service(doc, backends=[backend], connect_lane=True, lane=lane) as service:
         yield service, ("127.0.0.1", service.addresses()["mip"]["m"])
-    finally:
-        await service.stop()
-        await backend.shutdown()
 
 
 def request_wire(text: str) -> bytes:

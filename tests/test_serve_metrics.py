@@ -14,7 +14,6 @@ subprocess (issue 28), on loopback, with real ``wirekit mip serve`` backends:
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections import Counter, defaultdict
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import aiohttp
 from mip_net import CliServer
 from serve_support import TIMEOUT, DispatcherProcess, deployment, run
+from support.ports import free_port
 
 from wirekit.mip.client import AsyncClient
 from wirekit.serve.control.metrics import DURATION_BUCKETS, METRIC_NAMES, quantile
@@ -31,13 +31,6 @@ HTTP_TIMEOUT = aiohttp.ClientTimeout(total=TIMEOUT)
 
 def _port_of(server: CliServer) -> int:
     return int(server.address.rsplit(":", 1)[1])
-
-
-def _free_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _node(name: str, models: list[str], ports: list[int]) -> dict[str, Any]:
@@ -141,7 +134,7 @@ def test_metrics_after_a_known_load_say_what_happened_and_stats_agree(tmp_path):
         CliServer(handler="serve_handlers:tag_fast") as fast,
         CliServer(handler="serve_handlers:tag_slow") as slow,
     ):
-        nowhere = _free_port()
+        nowhere = free_port()
         doc = deployment(
             tmp_path / "requests.db",
             {

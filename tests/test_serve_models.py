@@ -13,6 +13,7 @@ from collections import Counter
 import aiohttp
 import pytest
 from serve_support import admin_headers, answer_of, deployment, run, start_backend, tagged
+from support.service import start_service, stop_service
 from test_serve_lane import lane, lane_service  # noqa: F401 - the twin fixture
 
 from wirekit import mip
@@ -80,15 +81,10 @@ async def admin_service(tmp_path, **top):
         cache={"max_entries": 0},
         **top,
     )
-    service = Service(parse_config(doc))
-    await service.start()
-    return service, servers
+    return await start_service(doc), servers
 
 
-async def stop_all(service, servers):
-    await service.stop()
-    for server, _port in servers:
-        await server.shutdown()
+stop_all = stop_service
 
 
 def shared_store(tmp_path, store_url) -> dict:

@@ -15,12 +15,12 @@ from collections import Counter
 import aiohttp
 from mip_net import CliServer
 from serve_support import DispatcherProcess, answer_of, deployment, run
+from support.rows import select
 
 from wirekit import mip
 from wirekit.cli import main as wirekit_main
 from wirekit.mip.client import AsyncClient
 from wirekit.mip.runtime import ConnectionLost, ServerError
-from wirekit.serve.record.store import connect
 
 TOKEN = "live-test-token"
 
@@ -78,11 +78,7 @@ class Load:
 
 def store_payloads(path) -> dict[str, Counter]:
     """model -> Counter of (request text, status) over the store's rows."""
-    conn = connect(path, readonly=True)
-    try:
-        rows = conn.execute("SELECT model, status, payload FROM requests").fetchall()
-    finally:
-        conn.close()
+    rows = select(path, "SELECT model, status, payload FROM requests")
     out: dict[str, Counter] = {}
     for model, status, payload in rows:
         (sample,) = mip.decode(payload).samples

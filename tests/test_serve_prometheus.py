@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serve_support import ROOT, TIMEOUT, BackendProcess, DispatcherProcess, deployment, terminate
+from serve_support import ROOT, TIMEOUT, BackendProcess, DispatcherProcess, deployment
+from support.ports import free_port
+from support.process import terminate
 
 RULES = ROOT / "deploy" / "prometheus" / "wirekit-serve-rules.yml"
 PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
@@ -141,12 +143,6 @@ def test_the_dashboard_follows_grafanas_json_model():
 # --- against a real Prometheus -----------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def _refusing_ports(n: int) -> Iterator[list[int]]:
     """``n`` loopback ports bound but not listening (a connection is refused at once), held
@@ -199,7 +195,7 @@ class Prometheus:
 
     def __enter__(self) -> Prometheus:
         for _attempt in range(3):  # a free port taken between the probe and the bind: again
-            self.port = _free_port()
+            self.port = free_port()
             with self.log.open("wb") as log:
                 self.proc = subprocess.Popen(
                     [

@@ -33,6 +33,8 @@ from pathlib import Path
 import pytest
 from serve_handlers import RECEIVED_ENV
 from serve_support import ROOT, TIMEOUT, BackendProcess, DispatcherProcess, deployment
+from support.rows import rows_by_text
+from support.rows import select as sql
 
 from wirekit import mip
 from wirekit.mip.client import Client
@@ -49,13 +51,6 @@ LEASE, PERIOD = 1.0, 0.25
 #: the test that restarts a replica: a lease longer than a restart takes, so that a restart
 #: "at once" comes before the leader's sweep
 RESTART_LEASE, RESTART_PERIOD = 3.0, 0.5
-
-
-def sql(url: str, query: str, params: tuple = ()) -> list[tuple]:
-    import psycopg
-
-    with psycopg.connect(url) as conn:
-        return conn.execute(query, params).fetchall()
 
 
 def wait_until(predicate, what: str, limit: float = 20.0) -> None:
@@ -249,17 +244,6 @@ def replica_doc(
     return config
 
 
-def rows_by_text(url: str) -> dict[str, list[tuple[str, str | None, str]]]:
-    """request text -> [(status, reason, replica)] of every row holding it."""
-    out: dict[str, list[tuple[str, str | None, str]]] = {}
-    for payload, status, reason, replica in sql(
-        url, "SELECT payload, status, reason, replica FROM requests"
-    ):
-        text = mip.decode(bytes(payload)).items[0].as_text()
-        out.setdefault(text, []).append((status, reason, replica))
-    return out
-
-
 def in_flight_at_backend(url: str, replica: str, received: Path) -> bool:
     """Whether the store has a queued row of ``replica`` whose request reached the backend
     (so that a kill now leaves one the leader must end)."""
@@ -380,7 +364,7 @@ def test_a_dead_replica_that_does_not_come_back_has_its_rows_ended_lost(
             with Client(b.mip_address("lane"), timeout=TIMEOUT) as client:
                 assert client.infer_one("still")[0].as_text() == "R:STILL"  # b serves on
             lost_counted = lost_in_metrics(b.http)
-    rows = rows_by_text(pg_url)
+    rows = rows_by_text(pg_url, "status, reason, replica")
     lost = {t: r for t, r in rows.items() if r[0][0] == "lost"}
     assert lost, "no request of a was in flight"
     assert all(len(r) == 1 and r[0][2] == "a" for r in lost.values())
@@ -440,7 +424,7 @@ def test_a_replica_killed_again_and_again_leaves_one_final_row_per_request(
                 assert client.infer_one("after")[0].as_text() == "R:AFTER"
             load_b.stop()
     sent = received_lines(received)
-    rows = rows_by_text(pg_url)
+    rows = rows_by_text(pg_url, "status, reason, replica")
     for kill in range(KILLS):
         assert any(text.startswith(f"a{kill}-") for text in sent), f"round {kill} sent nothing"
     missing = [text for text in sent if text not in rows]

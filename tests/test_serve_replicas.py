@@ -17,8 +17,8 @@ import time
 import aiohttp
 from mip_net import CliServer
 from serve_support import TIMEOUT, DispatcherProcess, deployment
+from support.rows import rows_by_text
 
-from wirekit import mip
 from wirekit.mip.client import Client
 from wirekit.mip.runtime import ConnectionLost
 from wirekit.serve.control.metrics import stats_from_store
@@ -167,14 +167,9 @@ def test_two_replicas_report_the_same_figures_as_sql_over_the_store(tmp_path, pg
 
 def stored_texts(url: str) -> dict[str, list[str]]:
     """request text -> the statuses of every row holding it (from the stored payloads)."""
-    import psycopg
-
-    out: dict[str, list[str]] = {}
-    with psycopg.connect(url) as conn:
-        for payload, status in conn.execute("SELECT payload, status FROM requests"):
-            text = mip.decode(bytes(payload)).items[0].as_text()
-            out.setdefault(text, []).append(status)
-    return out
+    return {
+        text: [status for (status,) in found] for text, found in rows_by_text(url, "status").items()
+    }
 
 
 def test_a_replica_killed_mid_load_loses_nothing_and_counts_nothing_twice(tmp_path, pg_url):

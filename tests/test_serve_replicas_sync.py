@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 from serve_support import TIMEOUT, admin_headers, deployment, run, start_backend, tagged
+from support.rows import select as sql
 
 from wirekit.serve.config import parse_config
 from wirekit.serve.service import Service
@@ -80,13 +81,6 @@ async def until(predicate: Callable[[], Any], limit: int = 400, pause: float = 0
             return value
         await asyncio.sleep(pause)
     raise AssertionError(f"never true: {predicate}")
-
-
-def sql(url: str, query: str, params: tuple = ()) -> list[tuple]:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        return conn.execute(query, params).fetchall()
 
 
 def quota(service: Service, model: str = "a") -> float:

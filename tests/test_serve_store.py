@@ -18,6 +18,9 @@ import time
 
 import pytest
 from serve_support import ROOT
+from support.ports import free_port
+from support.rows import select
+from support.service import start_service
 
 from wirekit.cli import main
 from wirekit.serve.control.metrics import Metrics, stats_from_store
@@ -43,16 +46,7 @@ def stats_args(store: RequestStore) -> list[str]:
 
 def db_rows(store: RequestStore, columns: str = "id, status") -> list[tuple]:
     """Rows straight from the database, by id."""
-    if store.url:
-        import psycopg
-
-        with psycopg.connect(store.url) as conn:
-            return conn.execute(f"SELECT {columns} FROM requests ORDER BY id").fetchall()
-    conn = sqlite3.connect(store.path)
-    try:
-        return conn.execute(f"SELECT {columns} FROM requests ORDER BY id").fetchall()
-    finally:
-        conn.close()
+    return select(store.url or store.path, f"SELECT {columns} FROM requests ORDER BY id")
 
 
 _CRASH = """
@@ -318,17 +312,12 @@ def test_an_unreachable_store_is_one_clear_line(tmp_path):
 def test_a_failed_request_row_records_why(tmp_path, store_url):
     """Issue 21: the dispatcher stores the reason of a failed request (every device
     refused) and of an error answer, on both backends."""
-    import socket
 
     from serve_support import deployment, run
 
     from wirekit.mip.client import AsyncClient
-    from wirekit.serve.config import parse_config
-    from wirekit.serve.service import Service
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    closed = free_port()
     path = tmp_path / "f.db"
     store = {"path": str(path), "url": store_url} if store_url else {"path": str(path)}
     doc = deployment(
@@ -341,8 +330,7 @@ def test_a_failed_request_row_records_why(tmp_path, store_url):
     )
 
     async def main():
-        service = Service(parse_config(doc))
-        await service.start()
+        service = await start_service(doc)
         try:
             address = f"tcp://127.0.0.1:{service.addresses()['mip']['m']}"
             async with AsyncClient(address, timeout=10) as c:

@@ -8,20 +8,15 @@ import gc
 import multiprocessing
 import os
 import pickle
-import socket
 import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from support.ports import free_port
+
 #: Seconds a whole multi-process run may take before its processes are killed.
 RUN_TIMEOUT = 240
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _child(rank: int, world: int, port: int, body: str, out: str, kwargs: dict) -> None:
