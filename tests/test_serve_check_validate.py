@@ -48,12 +48,11 @@ def wirekit(*args: str) -> subprocess.CompletedProcess[str]:
 REFUSED = {
     "policy": (
         {"controller": {"policy": "no_such_policy_module:P"}},
-        "controller.policy: controller.policy 'no_such_policy_module:P': cannot import",
+        "controller.policy: 'no_such_policy_module:P': cannot import",
     ),
     "actuator": (
         {"controller": {"actuator": {"kind": "no_such_actuator_module:A"}}},
-        "controller.actuator.kind: controller.actuator.kind 'no_such_actuator_module:A':"
-        " cannot import",
+        "controller.actuator.kind: 'no_such_actuator_module:A': cannot import",
     ),
     "actuator without its methods": (
         {"controller": {"actuator": {"kind": "collections:OrderedDict"}}},

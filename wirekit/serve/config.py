@@ -1147,9 +1147,18 @@ def validate(deployment: Deployment, environ: Mapping[str, str] = os.environ) ->
     try:
         actuator = build_actuator(ctl.actuator)
     except ValueError as exc:
-        raise ConfigError("controller.actuator.kind", str(exc)) from None
+        raise _plugin_error("controller.actuator.kind", exc) from None
     try:
         policy = load_policy(ctl.policy, ctl)
     except ValueError as exc:
-        raise ConfigError("controller.policy", str(exc)) from None
+        raise _plugin_error("controller.policy", exc) from None
     return Validated(token, actuator, policy)
+
+
+def _plugin_error(key: str, exc: ValueError) -> ConfigError:
+    """The :class:`ConfigError` of a plugin at ``key`` that cannot be loaded; the loader's
+    message names the key too, which the error says once."""
+    message = str(exc)
+    if message.startswith(f"{key} "):
+        message = message[len(key) + 1 :]
+    return ConfigError(key, message)
