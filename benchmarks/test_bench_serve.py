@@ -44,24 +44,16 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from typing import Any
 
 import pytest
 from mip_net import cpu_ns
+from support.process import read_line, terminate
 
 from wirekit.mip.client import Client
 
 TIMEOUT = 30.0
 ECHO = "wirekit.mip.runtime:async_echo"
-
-
-def _readline(proc: subprocess.Popen, timeout: float) -> str:
-    got: list[str] = []
-    t = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
-    t.start()
-    t.join(timeout)
-    return got[0].strip() if got else ""
 
 
 def _before_trees(spec: str) -> dict[str, str]:
@@ -98,7 +90,7 @@ def _spawn_python(args: list[str], pythonpath: str | None = None) -> tuple[subpr
         env=env,
         cwd=pythonpath,  # -m puts the working directory first on the path
     )
-    line = _readline(proc, TIMEOUT)
+    line = read_line(proc.stdout, TIMEOUT).strip()
     if not line:
         proc.kill()
         proc.wait(TIMEOUT)
@@ -107,12 +99,7 @@ def _spawn_python(args: list[str], pythonpath: str | None = None) -> tuple[subpr
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(TIMEOUT)
+    terminate(proc, TIMEOUT)
     proc.stdout.close()
 
 
