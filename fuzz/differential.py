@@ -1149,6 +1149,238 @@ def serve_lane(data: bytes) -> None:
     same("servelane.Lane", lane_trace(fast, buf), lane_trace(pure, buf))
 
 
+# --- the request store's writers (wirekit._fast.journal, wirekit._fast.storewriter) ----------
+
+
+def serve_store_twins() -> tuple[Any, Any]:
+    """The store's batch writers and hand-over merge, compiled and pure: namespaces with
+    ``arrival_records``, ``ok_records`` (``wirekit._fast.journal`` /
+    ``wirekit.serve.record.journal``) and ``merge_ops`` (``wirekit._fast.storewriter`` /
+    ``wirekit.serve.record.writer``).  The compiled ones must be what the store uses (the
+    journal module binds its field writers into the compiled module when it loads it)."""
+    import importlib
+    from types import SimpleNamespace
+
+    from wirekit.serve.record import journal, writer
+
+    fast_journal = importlib.import_module("wirekit._fast.journal")
+    fast_writer = importlib.import_module("wirekit._fast.storewriter")
+    if (
+        journal.arrivals_writer is not fast_journal.arrival_records
+        or journal.ok_writer is not fast_journal.ok_records
+        or writer._merge_ops is not fast_writer.merge_ops
+    ):
+        raise RuntimeError("the request store does not use its compiled writers")
+    fast = SimpleNamespace(
+        arrival_records=fast_journal.arrival_records,
+        ok_records=fast_journal.ok_records,
+        merge_ops=fast_writer.merge_ops,
+    )
+    pure = SimpleNamespace(
+        arrival_records=journal.arrival_records,
+        ok_records=journal.ok_records,
+        merge_ops=writer.merge_ops,
+    )
+    return fast, pure
+
+
+#: pieces of text a record must escape: quotes, backslashes, control and line-separator
+#: characters, NUL, lone surrogates, non-ASCII and astral characters
+_AWKWARD_TEXT = ('"', "\\", "\n", "\r", "\u2028", "\x00", "\ud800", "\udfff", "é", "😀", "\x7f", "")
+
+
+def _unicode_from(r: Reader, limit: int = 16) -> str:
+    """Text of any code points (the ids, model, client and device names a record holds)."""
+    kind = r.byte() % 4
+    raw = r.take(r.byte() % limit)
+    if kind == 0:
+        return raw.decode("latin-1")
+    if kind == 1:
+        return raw.decode("utf-8", "surrogateescape")  # lone low surrogates
+    if kind == 2:  # any BMP code point, surrogates (paired or not) included
+        return raw[: len(raw) & ~1].decode("utf-16-le", "surrogatepass")
+    return "".join(_AWKWARD_TEXT[b % len(_AWKWARD_TEXT)] for b in raw)
+
+
+_SPECIAL_FLOATS = (
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    -0.0,
+    0.0,
+    1763790000.5,
+    5e-324,
+    1.7976931348623157e308,
+)
+
+
+def _time_from(r: Reader) -> Any:
+    """A time as the store may be given one: any double (NaN, infinities, -0.0, subnormal
+    included), an int (past 64 bits too), a bool, None, a numpy float."""
+    kind = r.byte() % 8
+    if kind <= 1:
+        return struct.unpack("<d", r.take(8).ljust(8, b"\0"))[0]
+    if kind == 2:
+        return _SPECIAL_FLOATS[r.byte() % len(_SPECIAL_FLOATS)]
+    if kind == 3:
+        return int.from_bytes(r.take(1 + r.byte() % 10), "little", signed=True)
+    if kind == 4:
+        return bool(r.byte() & 1)
+    if kind == 5:
+        return None
+    if kind == 6:
+        return np.float64(_SPECIAL_FLOATS[r.byte() % len(_SPECIAL_FLOATS)])
+    return float(r.byte())  # a plain, small time: shared by many
+
+
+def _count_from(r: Reader) -> Any:
+    """A payload size or attempt count: mostly a non-negative int, sometimes a negative or
+    huge one, a bool or a float."""
+    kind = r.byte() % 8
+    if kind <= 3:
+        return r.byte()
+    if kind == 4:
+        return int.from_bytes(r.take(8), "little")
+    if kind == 5:
+        return -int.from_bytes(r.take(9), "little")
+    if kind == 6:
+        return bool(r.byte() & 1)
+    return _time_from(r)
+
+
+def _payload_from(r: Reader) -> Any:
+    """A request's bytes: None, bytes (maybe empty), a bytearray or a memoryview."""
+    kind = r.byte() % 6
+    if kind == 0:
+        return None
+    raw = r.take(r.byte() % 24)
+    if kind == 3:
+        return bytearray(raw)
+    if kind == 4:
+        return memoryview(b"<" + raw + b">")[1:-1]
+    if kind == 5 and len(raw) % 2 == 0:
+        return memoryview(raw).cast("H")  # items of two bytes
+    return raw
+
+
+class _NamesOf:
+    """``names_of`` as ``RequestStore.completions_ok`` passes it (the names text of model,
+    client and a device), recording the devices it is asked about."""
+
+    def __init__(self, model: str, client: str) -> None:
+        from wirekit.serve.record.journal import names_text
+
+        self.text = names_text
+        self.model = model
+        self.client = client
+        self.asked: list[Any] = []
+
+    def __call__(self, device: str | None) -> str:
+        self.asked.append(device)
+        return self.text(self.model, self.client, device)
+
+
+#: rows per INSERT statement a hand-over may be asked for (SQLite's is 32, PostgreSQL's 1 << 30)
+_STORE_CHUNKS = (1, 2, 3, 4, 7, 32, 1 << 30, (1 << 63) - 1)
+_STORE_STATUSES = ("ok", "error", "failed", "abandoned", "lost", "queued")
+
+
+def store_program_trace(fast: Any, pure: Any, data: bytes) -> int:
+    """Run the store program ``data`` (see :func:`serve_store`) on both twins, comparing every
+    call; returns the number of hand-overs merged."""
+    from wirekit.serve.record.journal import ARRIVAL, COMPLETION, json_time, names_text
+
+    r = Reader(data)
+    arrived: list[str] = []  # ids that arrived: the completions mostly refer to them
+    pending: list[tuple[int, tuple[Any, ...]]] = []  # the rows of the next hand-over
+    merged = 0
+
+    def rid() -> str:  # one that arrived (top bit set), or a new one
+        pick = r.byte()
+        if pick & 0x80 and arrived:
+            return arrived[pick % len(arrived)]
+        return _unicode_from(r)
+
+    def hand_over(chunk: int) -> None:
+        nonlocal merged, pending
+        ops, pending = pending, []
+        a = outcome(lambda: fast.merge_ops(ops, chunk))
+        b = outcome(lambda: pure.merge_ops(ops, chunk))
+        same(f"storewriter.merge_ops(chunk={chunk})", a, b)
+        merged += 1
+
+    steps = 0
+    while r.pos < len(data) and steps < 64:
+        steps += 1
+        op = r.byte()
+        kind = op % 4
+        journal_on, payloads = bool(op & 0x10), bool(op & 0x20)
+        if kind == 0:  # RequestStore.arrivals: the requests of one read
+            model, client, time_in = _unicode_from(r), _unicode_from(r), _time_from(r)
+            requests = []
+            for _ in range(r.byte() % 9):
+                requests.append((rid(), _count_from(r), _payload_from(r)))
+                arrived.append(requests[-1][0])
+            names = names_text(model, client, None) if journal_on else ""
+            tin = json_time(time_in) if journal_on else ""
+            args = (requests, model, client, time_in, names, tin, journal_on, payloads)
+            a = outcome(lambda a=args: fast.arrival_records(*a))
+            result = pure.arrival_records(*args)
+            same("journal.arrival_records", a, ("ok", snapshot(result)))
+            pending.extend(result[2])
+        elif kind == 1:  # RequestStore.completions_ok: the answers of one flush
+            model, client, time_out = _unicode_from(r), _unicode_from(r), _time_from(r)
+            times = [_time_from(r) for _ in range(1 + r.byte() % 3)]  # one per read
+            devices = [_unicode_from(r) for _ in range(1 + r.byte() % 3)]
+            answers = []
+            for _ in range(r.byte() % 9):
+                at = r.byte()
+                device = None if at % 7 == 6 else devices[at % len(devices)]
+                t_in = times[(at >> 3) % len(times)]
+                answers.append(
+                    (rid(), device, t_in, _count_from(r), _count_from(r), _payload_from(r))
+                )
+            tout = json_time(time_out) if journal_on else ""
+            fast_names, pure_names = _NamesOf(model, client), _NamesOf(model, client)
+            args = (answers, time_out, tout, fast_names, journal_on, payloads)
+            a = outcome(lambda a=args: fast.ok_records(*a))
+            result = pure.ok_records(answers, time_out, tout, pure_names, journal_on, payloads)
+            same("journal.ok_records", a, ("ok", snapshot(result)))
+            same("journal.ok_records: names_of asked", fast_names.asked, pure_names.asked)
+            pending.extend(result[2])
+        elif kind == 2:  # rows the store adds one by one (RequestStore.arrival / complete)
+            for _ in range(1 + r.byte() % 4):
+                if r.byte() & 1:
+                    row = (rid(), _unicode_from(r), _unicode_from(r), _time_from(r))
+                    pending.append((ARRIVAL, (*row, _count_from(r), _payload_from(r))))
+                    arrived.append(row[0])
+                else:
+                    at = r.byte()
+                    status = _STORE_STATUSES[at % len(_STORE_STATUSES)]
+                    device = None if at & 0x80 else _unicode_from(r)
+                    row = (device, _time_from(r), status, _count_from(r), rid())
+                    pending.append((COMPLETION, row))
+        else:  # the hand-over to the writer thread
+            hand_over(_STORE_CHUNKS[(op >> 4) % len(_STORE_CHUNKS)])
+    if pending:
+        hand_over(_STORE_CHUNKS[r.byte() % len(_STORE_CHUNKS)])
+    return merged
+
+
+def serve_store(data: bytes) -> None:
+    """The request store's writers: ``arrival_records`` and ``ok_records`` (the journal
+    records, their length and the store rows of the requests of one read and the answers of
+    one flush) and ``merge_ops`` (one hand-over to the writer thread as statements, at any
+    rows per statement), in a program the input spells: reads, flushes, single arrivals and
+    completions, hand-overs; ids, names and devices of any code points (quotes, backslashes,
+    newlines, NULs, lone surrogates), times of any double (NaN, infinities), int, bool or
+    None, sizes and counts out of range, payloads of every buffer type, journal and payloads
+    on or off.  Both twins must write the same records and rows, ask for the same device
+    names, and merge the rows into the same statements."""
+    fast, pure = serve_store_twins()
+    store_program_trace(fast, pure, data)
+
+
 # --- ZeroMQ plumbing shared by the Clipper runtime targets -----------------------------------
 
 _ZMQ: dict[str, Any] = {}
@@ -2052,6 +2284,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "mip_net": mip_net,
     "mip_dump": mip_dump,
     "serve_lane": serve_lane,
+    "serve_store": serve_store,
     "clipper_front": clipper_front,
     "clipper_container": clipper_container,
     "zio_frames": zio_frames,
@@ -2076,6 +2309,7 @@ COMPILED: dict[str, tuple[str, ...]] = {
     "mip_net": ("mipnet", "mip"),
     "mip_dump": ("mipdump", "mip"),
     "serve_lane": ("servelane", "mip"),
+    "serve_store": ("journal", "storewriter"),
     "clipper_front": ("clipperfront", "zio", "clipper"),
     "clipper_container": ("clippercontainer", "zio", "clipper"),
     "zio_frames": ("zio",),

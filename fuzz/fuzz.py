@@ -54,11 +54,20 @@ def _load(name: str):
         from wirekit.clipper import _lane, _zio, session  # noqa: F401  (the pure Clipper lanes)
         from wirekit.mip import connection, dump, runtime  # noqa: F401  (the pure MIP twins)
         from wirekit.serve.dispatch import lane  # noqa: F401  (the dispatcher's pure lane)
+        from wirekit.serve.record import journal, writer  # noqa: F401  (the store's writers)
 
         for proto in ("mip", "clipper", "y2", "zmtp"):
             twin(proto, "pure")
             twin(proto, "fast")
-        for module in ("mipnet", "mipdump", "servelane", "clipperfront", "clippercontainer"):
+        for module in (
+            "mipnet",
+            "mipdump",
+            "servelane",
+            "clipperfront",
+            "clippercontainer",
+            "journal",
+            "storewriter",
+        ):
             importlib.import_module(f"wirekit._fast.{module}")
     return differential.TARGETS[name]
 

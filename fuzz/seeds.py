@@ -10,6 +10,7 @@ a control byte.
 from __future__ import annotations
 
 import json
+import struct
 import sys
 from pathlib import Path
 
@@ -212,6 +213,59 @@ def _y2_threads() -> dict[str, bytes]:
     }
 
 
+def _serve_store() -> dict[str, bytes]:
+    """Programs (``differential.store_program_trace``): reads of requests, flushes of their
+    answers, single rows, hand-overs at SQLite's and PostgreSQL's rows per statement; the
+    journal and payloads on and off.  Spelled with the helpers below, one per choice the
+    program reads."""
+
+    def text(raw: bytes, kind: int = 0) -> bytes:  # kind 0 latin-1, 1 UTF-8, 2 UTF-16
+        return bytes([kind, len(raw)]) + raw
+
+    def new_id(raw: bytes, kind: int = 0) -> bytes:
+        return b"\x00" + text(raw, kind)
+
+    def old_id(k: int) -> bytes:  # the k-th id that arrived (modulo their number)
+        return bytes([0x80 | k])
+
+    def time(value: float) -> bytes:
+        return b"\x00" + struct.pack("<d", value)
+
+    def count(n: int) -> bytes:
+        return bytes([0, n]) if n < 256 else b"\x04" + n.to_bytes(8, "little")
+
+    def payload(raw: bytes | None, kind: int = 1) -> bytes:  # 1 bytes, 3 bytearray, 4/5 views
+        return b"\x00" if raw is None else bytes([kind, len(raw)]) + raw
+
+    nan, none_time, int_time = b"\x02\x00", b"\x05", b"\x03\x03" + (1 << 20).to_bytes(4, "little")
+    read = text(b"m") + text(b'c"1') + time(1763790000.5) + b"\x04"  # 4 requests
+    read += new_id(b"r-1") + count(32) + payload(b"abcd")
+    read += new_id(b'r\\2\n"') + count((1 << 63) - 1) + payload(None)
+    read += new_id(b"\xed\xa0\x80\xff", 1) + b"\x06\x01" + payload(b"xyzw", 5)  # a bool size
+    read += new_id(b"\x00\xd8\x3d\xd8\x00\xde", 2) + count(0) + payload(b"", 4)
+    flush = text(b"m") + text(b'c"1') + nan + b"\x02" + time(2.5) + none_time + int_time
+    # 2 devices, 5 answers: each its (device, time) choice, id, size, attempts, payload
+    flush += b"\x01" + text(b"n1/0/m") + text(b"n\x002", 1) + b"\x05"
+    flush += b"\x00" + old_id(0) + count(32) + count(1) + payload(b"abcd", 3)
+    flush += b"\x09" + old_id(1) + count(7) + count(0) + payload(b"")
+    flush += b"\x10" + old_id(2) + b"\x07\x02\x01" + count(2) + payload(b"ab", 4)  # inf size
+    flush += b"\x06" + old_id(3) + count(9) + b"\x06\x00" + payload(None)
+    flush += b"\x11" + new_id(b"unknown") + count(1) + count(1) + payload(b"q")
+    singles = b"\x02" + b"\x02"  # three rows one by one
+    singles += b"\x01" + new_id(b"late") + text(b"m") + text(b"c") + time(-0.0)
+    singles += count(5) + payload(b"late")
+    singles += b"\x00" + b"\x81" + time(3.0) + count(2) + old_id(4)  # abandoned, no device
+    singles += b"\x00" + b"\x02" + text(b"d") + nan + count(1) + new_id(b"gone")  # failed
+    out = {}
+    for k, flags in enumerate((0x00, 0x10, 0x30, 0x20)):
+        for chunk in (0x00, 0x50, 0x60):  # 1, 32, 1 << 30 rows per statement
+            program = bytes([flags]) + read + bytes([flags | 1]) + flush
+            program += singles + bytes([chunk | 3])
+            program += bytes([flags | 1]) + flush + bytes([0x23])  # completions of earlier ones
+            out[f"flags{k}-chunk{chunk >> 4}"] = program
+    return out
+
+
 def seeds(target: str) -> dict[str, bytes]:
     mip = _bins("mip")
     y2 = _bins("y2")
@@ -247,6 +301,8 @@ def seeds(target: str) -> dict[str, bytes]:
         return _mip_dump(mip)
     if target == "serve_lane":
         return _serve_lane(mip)
+    if target == "serve_store":
+        return _serve_store()
     if target == "clipper_front":
         return _clipper_front()
     if target == "clipper_container":
