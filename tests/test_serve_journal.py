@@ -308,3 +308,27 @@ def test_compiled_merge_of_store_rows_agrees(ops, chunk):
             late.append(row)
     assert len(chunks) * chunk + len(rest) == len(seen)
     assert updates == late
+
+
+def test_an_answer_whose_time_in_is_none_is_written_null(twin):
+    """A first answer with no time in still writes the field (``null``), the line stays
+    JSON (a ``None`` time in once matched the writers' "no time yet" mark: an empty field)."""
+    done = [("r1", "n/0/m", None, 3, 1, None), ("r2", "n/0/m", 1.5, 3, 1, None)]
+    tout = journal.json_time(2.0)
+    lines, _, _ = twin.ok_records(done, 2.0, tout, _names_of, True, False)
+    assert [json.loads(line)[4] for line in lines] == [None, journal.json_time(1.5)[1:-1]]
+
+
+@pytest.mark.parametrize("chunk", [0, -3])
+def test_merge_refuses_a_chunk_below_one(chunk):
+    """Both twins refuse a chunk below 1 with the same ValueError (the compiled one divided
+    by it: SIGFPE at 0, rows kept back below 0)."""
+    ops = [(0, (f"r{k}", "m", "c", 1.0, 1, None)) for k in range(5)]
+    merges = [writer.merge_ops]
+    if not pure_requested():
+        from wirekit._fast import storewriter
+
+        merges.append(storewriter.merge_ops)
+    for merge in merges:
+        with pytest.raises(ValueError, match=f"chunk must be at least 1, not {chunk}"):
+            merge(ops, chunk)

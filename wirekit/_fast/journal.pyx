@@ -53,6 +53,10 @@ def arrival_records(list requests, str model, str client, object time_in, str na
     return lines, nbytes, ops
 
 
+# the time in of no answer yet (None is a time in that must still be written: null)
+cdef object _NO_TIME = object()
+
+
 def ok_records(list answers, object time_out, str tout, object names_of, bint journal,
                bint payloads):
     """The records, their length and the completion rows of
@@ -60,7 +64,7 @@ def ok_records(list answers, object time_out, str tout, object names_of, bint jo
     cdef list lines = [], ops = []
     cdef Py_ssize_t nbytes = 0
     cdef dict names = {}
-    cdef object last = None, rid, device, t_in, size, attempts, wire
+    cdef object last = _NO_TIME, rid, device, t_in, size, attempts, wire
     cdef str tin = "", text, line, blob
     cdef tuple a
     for a in answers:

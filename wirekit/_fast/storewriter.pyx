@@ -8,7 +8,10 @@ cdef tuple _QUEUED_TAIL = (None, None, "queued", 0)
 
 def merge_ops(list ops, Py_ssize_t chunk):
     """One hand-over of the store as statements (see ``wirekit.serve.record.writer.merge_ops``):
-    the INSERT rows ``chunk`` at a time, flattened, the rows left over, the UPDATEs."""
+    the INSERT rows ``chunk`` at a time, flattened, the rows left over, the UPDATEs.
+    :class:`ValueError` when ``chunk`` is below 1 (checked before the modulo: cdivision)."""
+    if chunk < 1:
+        raise ValueError(f"merge_ops: chunk must be at least 1, not {chunk}")
     cdef dict rows = {}
     cdef list updates = [], inserts, chunks = [], flat
     cdef tuple op, row, arrived

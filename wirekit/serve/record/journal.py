@@ -221,6 +221,10 @@ def arrival_records(
     return lines, nbytes, ops
 
 
+#: the time in of no answer yet (None is a time in that must still be written: ``null``)
+_NO_TIME = object()
+
+
 def ok_records(
     answers: list[tuple[str, str, float, int, int, Any]],
     time_out: float,
@@ -237,7 +241,7 @@ def ok_records(
     nbytes = 0
     if journal:
         names: dict[str, str] = {}
-        last: Any = None
+        last: Any = _NO_TIME
         tin = ""
         for rid, device, t_in, size, attempts, wire in answers:
             text = names.get(device)

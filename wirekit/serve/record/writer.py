@@ -140,7 +140,10 @@ def merge_ops(
     one complete INSERT row (not an INSERT and an UPDATE); other arrivals are inserted queued,
     in arrival order; completions of earlier arrivals are UPDATEs.  Returns the INSERT rows
     ``chunk`` at a time, flattened (one tuple per many-row statement), the rows left over,
-    and the UPDATEs.  (Compiled twin: ``wirekit._fast.storewriter.merge_ops``.)"""
+    and the UPDATEs.  (Compiled twin: ``wirekit._fast.storewriter.merge_ops``.)
+    :class:`ValueError` when ``chunk`` is below 1."""
+    if chunk < 1:
+        raise ValueError(f"merge_ops: chunk must be at least 1, not {chunk}")
     rows: dict[str, tuple] = {}
     updates = []
     for kind, row in ops:
