@@ -14,7 +14,6 @@ wait is for an event, bounded; nothing depends on how long something took.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import socket
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from support.loops import LOOPS
 
 from wirekit import mip
 from wirekit.mip import Inference, Item
@@ -30,15 +30,6 @@ from wirekit.mip.server import Server, echo
 from wirekit.serve.config import HttpLimits
 from wirekit.serve.doors.httpdoor import HttpDoor
 
-LOOPS = [
-    "asyncio",
-    pytest.param(
-        "uvloop",
-        marks=pytest.mark.skipif(
-            importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed"
-        ),
-    ),
-]
 STALL = 0.5  #: both doors' write_stall_timeout
 BIG = 16 << 20  #: an answer far past what the kernel buffers hold
 TIMEOUT = 20.0  #: the bound of every wait

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import importlib.util
 import json
 import socket
 import threading
@@ -22,19 +21,11 @@ from typing import Any
 import pytest
 from procstat import memory
 from serve_support import TIMEOUT, BackendProcess, DispatcherProcess, deployment
+from support.loops import LOOPS
 
 from wirekit.mip.client import Client
 from wirekit.serve.config import ConfigError, HttpLimits, parse_config
 
-LOOPS = [
-    "asyncio",
-    pytest.param(
-        "uvloop",
-        marks=pytest.mark.skipif(
-            importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed"
-        ),
-    ),
-]
 MiB = 1024 * 1024
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import importlib
 import itertools
 import json
 import math
@@ -24,6 +23,7 @@ from strategies import mip_messages, mutated
 from support.rows import rows_by_text, store_rows
 from support.service import running_service
 from test_serve_e2e import assert_stats_match, direct_stats
+from twins import load_lane
 
 from wirekit import mip
 from wirekit._impl import pure_requested
@@ -35,11 +35,7 @@ from wirekit.serve.record.store import RequestStore
 @pytest.fixture(scope="module", params=["fast", "pure"])
 def lane(request):
     """Each twin of the lane (the compiled one fails, not skips, when it is not built)."""
-    if request.param == "fast":
-        if pure_requested():
-            pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
-        return importlib.import_module("wirekit._fast.servelane")
-    return importlib.import_module("wirekit.serve.dispatch.lane")
+    return load_lane(request.param)
 
 
 def expected_size(buf: bytes, pos: int, end: int, subtype: int, max_items: int = 1 << 40) -> int:

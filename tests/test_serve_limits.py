@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import random
 import struct
 
 import pytest
 from serve_support import TIMEOUT, answer_of, deployment, run, start_backend, tagged
 from support.service import running_service
+from twins import load_lane
 
 from wirekit import mip
-from wirekit._impl import pure_requested
 from wirekit.mip import ErrorCode, ErrorReply, Item, Ping
 from wirekit.mip.client import AsyncClient
 from wirekit.mip.limits import DEFAULT_IDLE_TIMEOUT, Limits
@@ -39,11 +38,8 @@ LIMITS = {
 
 @pytest.fixture(scope="module", params=["fast", "pure"])
 def lane(request):
-    if request.param == "fast":
-        if pure_requested():
-            pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
-        return importlib.import_module("wirekit._fast.servelane")
-    return importlib.import_module("wirekit.serve.dispatch.lane")
+    """Each twin of the lane (the compiled one fails, not skips, when it is not built)."""
+    return load_lane(request.param)
 
 
 @contextlib.asynccontextmanager

@@ -31,3 +31,13 @@ def load_connection(impl: str):
     from wirekit.mip.connection import PyConnection
 
     return PyConnection
+
+
+def load_lane(impl: str):
+    """The ``impl`` twin of the dispatcher's MIP lane: ``wirekit._fast.servelane`` (which
+    must load) or ``wirekit.serve.dispatch.lane`` (the pure one)."""
+    if impl == "fast":
+        if pure_requested():
+            pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
+        return importlib.import_module("wirekit._fast.servelane")
+    return importlib.import_module("wirekit.serve.dispatch.lane")
