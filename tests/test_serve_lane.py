@@ -471,7 +471,7 @@ class _FakeLaneDispatcher:
         self, stats, model, client, t_out, total, lo, hi, rows, done, by_row=None, backend=None
     ):
         self.answered.append((len(done), total, lo, hi, by_row, backend))
-        stats.answered_ok(len(done), total, lo, hi)
+        stats.finished("ok", len(done), total, lo, hi)
         if by_row:
             self.metrics.rows_answered(by_row)
 

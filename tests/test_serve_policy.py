@@ -384,7 +384,7 @@ def test_window_counts_lane_groups():
     metrics = Metrics(["m"], window=Window(10.0, 1.0, clock))
     s = metrics.stats("m")
     s.arrive(10)
-    s.answered_ok(10, 10 * 0.05, 0.01, 0.2)
+    s.finished("ok", 10, 10 * 0.05, 0.01, 0.2)
     r = metrics.recent()["m"]
     assert (r.ok, r.requests, r.max) == (10, 10, 0.2)
     assert r.avg == pytest.approx(0.05)

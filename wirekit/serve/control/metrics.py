@@ -96,10 +96,6 @@ class ModelStats:
         elif self.recent is not None and status != ABANDONED:  # a client gone: no one's error
             self.recent.failed(n)
 
-    def answered_ok(self, n: int, total: float, lo: float, hi: float) -> None:
-        """``n`` requests finished with status ok (:meth:`finished`)."""
-        self.finished(OK, n, total, lo, hi)
-
     def as_dict(self) -> dict[str, Any]:
         rt: dict[str, Any] = {"count": self.count, "avg": None, "min": None, "max": None}
         if self.count:
