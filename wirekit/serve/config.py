@@ -51,12 +51,12 @@ from typing import Any
 from wirekit.errors import WirekitError
 from wirekit.mip.limits import Limits
 
+from .record.storedb import is_url
+
 BACKEND_KINDS = ("mip", "kubemo", "clipper")
 #: what a model's backends run when its config names no ``handler``
 DEFAULT_HANDLER = "wirekit.mip.runtime:echo"
 DEVICE_TYPES = ("CPU", "GPU")
-#: the URL schemes of a PostgreSQL store (``store.url``, ``--store-url``)
-POSTGRESQL_SCHEMES = ("postgresql://", "postgres://")
 
 
 class ConfigError(WirekitError, ValueError):
@@ -235,9 +235,9 @@ def _host_names(value: Any, where: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def is_postgresql_url(value: Any) -> bool:
-    """Whether ``value`` is a ``postgresql://`` (or ``postgres://``) URL: a shared store."""
-    return isinstance(value, str) and value.startswith(POSTGRESQL_SCHEMES)
+#: whether a value is a ``postgresql://`` (or ``postgres://``) URL: a shared store
+#: (``store.url``, ``--store-url``); the store's own test of its target
+is_postgresql_url = is_url
 
 
 def _store_url(value: Any, where: str) -> str:

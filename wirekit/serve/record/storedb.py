@@ -324,9 +324,14 @@ def _text(raw: bytes) -> str:
         return raw.decode("utf-8", "replace")
 
 
-def is_url(target: str | Path | None) -> bool:
-    """Whether a store target names a PostgreSQL database rather than a SQLite file."""
-    return isinstance(target, str) and target.startswith(("postgresql://", "postgres://"))
+#: the URL schemes of a PostgreSQL store (any other target is a SQLite file)
+POSTGRESQL_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_url(target: Any) -> bool:
+    """Whether a store target names a PostgreSQL database (a ``postgresql://`` or
+    ``postgres://`` URL) rather than a SQLite file: the one test of it, the config's too."""
+    return isinstance(target, str) and target.startswith(POSTGRESQL_SCHEMES)
 
 
 def open_db(
