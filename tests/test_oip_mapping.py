@@ -306,3 +306,27 @@ def test_request_to_mip_copies_the_tensor_bytes_once(oip_twin):
         tracemalloc.stop()
     assert len(wire) - len(body) < 100
     assert peak < len(body) + (64 << 10)
+
+
+def _mutations(data: bytes):
+    """A valid TENSOR item's bytes with one byte changed, cut, or extended."""
+    return st.one_of(
+        st.tuples(st.integers(0, max(len(data) - 1, 0)), st.integers(0, 255)).map(
+            lambda c: data[: c[0]] + bytes([c[1]]) + data[c[0] + 1 :]
+        ),
+        st.integers(0, len(data)).map(lambda n: data[:n]),
+        st.binary(max_size=8).map(lambda tail: data + tail),
+    )
+
+
+@settings(max_examples=300)
+@given(st.data())
+def test_damaged_tensor_items_same_outcome_from_both_twins(data):
+    if _pure_only():
+        pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
+    t = data.draw(tensors())
+    item = data.draw(st.one_of(st.binary(max_size=40), _mutations(spec.tensor_item(t))))
+    msg = mip.Inference.reply([[mip.Item(int(items.OipItem.TENSOR), item)]])
+    fast = _outcome(load_codec("oip", "fast").response_from_mip, msg)
+    pure = _outcome(load_codec("oip", "pure").response_from_mip, msg)
+    assert fast == pure
