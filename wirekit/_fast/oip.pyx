@@ -113,6 +113,22 @@ cdef bint _data_ok(int code, const uint8_t* p, Py_ssize_t size, uint64_t count,
     return count * <uint64_t>width == <uint64_t>size
 
 
+def bytes_framing_ok(data, count) -> bool:
+    """True when ``data`` is exactly ``count`` well-framed BYTES elements (the C walk behind
+    :func:`wirekit.oip.check_tensor`; False: the pure walk finds and names the problem)."""
+    cdef Py_buffer view
+    cdef bint ok
+    if type(count) is not int or count < 0 or count > 0xFFFFFFFFFFFFFFFF:
+        return False
+    if PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) != 0:
+        return False
+    try:
+        ok = _bytes_ok(<const uint8_t*>view.buf, view.len, <uint64_t>count)
+    finally:
+        PyBuffer_Release(&view)
+    return ok
+
+
 # --------------------------------------------------------------------------- request_to_mip
 
 

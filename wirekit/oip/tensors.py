@@ -141,8 +141,25 @@ def check_tensor(t: Tensor, field: str | None = None, base: int = 0) -> None:
                 f"{dtype.name} needs {need}",
             )
         return
+    walk = _compiled_walk()
+    if walk is not None and walk(t.data, count):
+        return
     for _ in bytes_elements(t.name, t.data, count, where, base):
-        pass
+        pass  # the pure walk: the reference, and the one that names a problem
+
+
+_WALK: list[Any] = []
+
+
+def _compiled_walk() -> Any:
+    """The compiled twin's BYTES framing check (``wirekit._fast.oip.bytes_framing_ok``), or
+    None on the pure path; looked up once, at first use (the twin imports this module)."""
+    if not _WALK:
+        from wirekit._impl import load_fast
+
+        fast = load_fast("oip")
+        _WALK.append(None if fast is None else fast.bytes_framing_ok)
+    return _WALK[0]
 
 
 # --------------------------------------------------------------------------- JSON data
