@@ -39,16 +39,10 @@ from wirekit.mip.limits import BufferBudget
 
 from ..config import ConfigError, HttpLimits
 from ..control.catalog import CatalogError
-from ..dispatch.dispatcher import (
-    BAD_REQUEST,
-    TIMED_OUT,
-    Dispatcher,
-    Outcome,
-    UnknownModel,
-)
+from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload, dumps, outputs_json, request_from_json
-from ..record.store import FAILED
 from .adminauth import AdminAccess
+from .answers import outcome_status as _outcome_status
 from .httpbody import READER_KEY, BodyReader
 from .page import add_page_routes
 
@@ -105,29 +99,6 @@ def _too_many_items(count: int, max_items: int) -> web.Response | None:
 
 def _client(request: web.Request) -> str:
     return f"http:{request.remote or '?'}"
-
-
-#: MIP error codes a backend answers for what the client sent (its shape, its item types):
-#: the client's error (400), not the server's
-_CLIENT_CODES = frozenset({ErrorCode.PROTOCOL, ErrorCode.SUBTYPE, ErrorCode.SHAPE})
-
-
-def _outcome_status(outcome: Outcome) -> int:
-    """The HTTP status of a request that did not end ``ok``, as an HTTP client reads it:
-    400 its inputs are not what the model takes; 413 the backend could not hold them;
-    502 the backend failed on them; 503 no device could be reached (nothing listening, none
-    left); 504 the last device tried took too long."""
-    if outcome.status == FAILED:
-        return 504 if outcome.cause == TIMED_OUT else 503
-    if outcome.cause == BAD_REQUEST:
-        return 400
-    msg = outcome.response.message
-    if isinstance(msg, ErrorReply):
-        if msg.code in _CLIENT_CODES:
-            return 400
-        if msg.code == ErrorCode.MEMORY:
-            return 413
-    return 502
 
 
 def _outcome_error(outcome: Outcome) -> web.Response:
