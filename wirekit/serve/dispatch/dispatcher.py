@@ -47,6 +47,7 @@ from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply, Inference
 from wirekit.mip.client import unanswered_retryable
 from wirekit.mip.runtime import decode_reply
+from wirekit.oip.items import OipItem
 
 from ..backends.remote import Backend, BackendUnavailable, BadRequest
 from ..config import DeviceRow, ModelConfig
@@ -68,6 +69,8 @@ TIMED_OUT, UNAVAILABLE, BAD_REQUEST = "timeout", "unavailable", "bad request"
 BATCH_BYTES = 1 << 20  #: a joined batch stays under this many bytes (larger requests go alone)
 SPLIT_SAMPLES = 16  #: requests joined to this many samples or more go as two batches
 _HEAD = struct.Struct(">BBBBIBBH")  # MIP header + the inference counts
+#: the item type of a model's error in the Open Inference Protocol mapping (specs/oip.md)
+OIP_ERROR = int(OipItem.ERROR)
 
 
 def join_requests(wires: list[bytes], n_input: int, samples: int) -> bytes:
@@ -230,6 +233,12 @@ class Outcome:
 def _error_payload(code: ErrorCode) -> Payload:
     msg = ErrorReply(int(code))
     return Payload(None, msg)
+
+
+def oip_error(msg: Inference) -> str:
+    """The message of a model's Open Inference Protocol ERROR item, the first item of
+    ``msg`` (:func:`wirekit.oip.error_to_mip`): what the request's row records as why."""
+    return bytes(msg.items[0][1]).decode("utf-8", "replace")
 
 
 def is_answer(msg: Any) -> TypeGuard[Inference]:
@@ -489,9 +498,13 @@ class Dispatcher:
     def classify_reply(self, job: Job, reply: Payload, device: str, attempt: int) -> Outcome:
         """What a backend's ``reply`` to ``job`` (from the row ``device``, its attempt
         ``attempt``) makes of it: ``ok`` when it is an inference response (then cached),
-        else ``error`` ("backend answered ...")."""
+        but ``error`` with the model's message when it is the Open Inference Protocol's
+        ERROR item (a one-output reply whose first item is one: :func:`oip_error`); else
+        ``error`` ("backend answered ...")."""
         msg = reply.message
         if type(msg) is Inference and msg.response:  # is_answer(msg), inline: per request
+            if msg.n_output == 1 and msg.items and msg.items[0][0] == OIP_ERROR:
+                return Outcome(job.rid, ERROR, reply, device, attempt, oip_error(msg))
             return self._answered(job, reply, device, attempt)
         return Outcome(job.rid, ERROR, reply, device, attempt, f"backend answered {msg}")
 

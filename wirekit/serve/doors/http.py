@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from wirekit.mip import DEFAULT_MAX_ITEMS, ErrorCode, ErrorReply, Inference
+from wirekit.mip.decoder import DEFAULT_MAX_MESSAGE_SIZE
 from wirekit.mip.limits import BufferBudget
 
 from ..config import ConfigError, HttpLimits
@@ -44,6 +45,7 @@ from ..dispatch.payload import Payload, dumps, outputs_json, request_from_json
 from .adminauth import AdminAccess
 from .answers import outcome_status as _outcome_status
 from .httpbody import READER_KEY, BodyReader
+from .oiprest import OipRestHandlers
 from .page import add_page_routes
 
 #: the route pattern of a name in a path (a model, an app): one whole, percent-decoded path
@@ -334,6 +336,7 @@ def build_app(
     limits: HttpLimits | None = None,
     health: Callable[[], dict[str, Any]] | None = None,
     readiness: Callable[[str | None], dict[str, Any]] | None = None,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
 ) -> web.Application:
     """The aiohttp application of the front door; ``max_items`` bounds the MIP items one
     body may ask for (the config's ``mip.max_items``).  ``app_models`` is read at each
@@ -343,7 +346,9 @@ def build_app(
     are read within it and charged to the process's memory budget.  ``health`` and
     ``readiness``: the documents of ``/healthz`` and ``/readyz`` (``readiness(model)``,
     ``model`` from ``/readyz?model=...`` or None for every model; ``["ready"]`` false: 503);
-    without them ``/healthz`` answers ``{"ok": true}`` and ``/readyz`` 200."""
+    without them ``/healthz`` answers ``{"ok": true}`` and ``/readyz`` 200.
+    ``max_message_size``: the bytes of a MIP request an Open Inference Protocol body may
+    become (the config's ``mip.max_message_size``; :mod:`wirekit.serve.doors.oiprest`)."""
     limits = limits or HttpLimits()
     app = web.Application(client_max_size=limits.max_body_size)
     if admin is not None:
@@ -354,6 +359,10 @@ def build_app(
         dispatcher, app_models, stats, metrics_text, max_items, controller, health, readiness
     )
     handlers.add_routes(app)
+    oip_rest = OipRestHandlers(
+        dispatcher, readiness, max_items=max_items, max_message_size=max_message_size
+    )
+    oip_rest.add_routes(app)
     return app
 
 
