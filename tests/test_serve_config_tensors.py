@@ -210,10 +210,12 @@ def _model(**declared) -> ModelConfig:
 
 
 def _tensor(name="image", datatype="FP32", shape=(2, 3)) -> Tensor:
+    """A tensor of zeros (BYTES: of empty elements)."""
     count = 1
     for dim in shape:
         count *= dim
-    return Tensor(name, datatype, tuple(shape), b"\0" * 4 * count)
+    size = {"FP32": 4, "FP64": 8, "BOOL": 1, "INT8": 1, "BYTES": 4}[datatype]
+    return Tensor(name, datatype, tuple(shape), b"\0" * size * count)
 
 
 SPECS = (TensorSpec("image", "FP32", (-1, 3)), TensorSpec("mask", "BOOL", (-1,)))
@@ -281,3 +283,16 @@ def test_metadata_documents():
         "version": wirekit.__version__,
         "extensions": ["binary_tensor_data"],
     }
+
+
+def test_check_inputs_checks_the_data_against_the_shape():
+    short = Tensor("image", "FP32", (2, 3), b"\0" * 20)
+    mask = _tensor("mask", "BOOL", (1,))
+    assert check_inputs(_model(inputs=SPECS), InferRequest([short, mask])) == (
+        'tensor "image": 20 bytes of data, shape [2, 3] of FP32 needs 24'
+    )
+    assert check_inputs(_model(), InferRequest([short])) == (
+        'tensor "image": 20 bytes of data, shape [2, 3] of FP32 needs 24'
+    )
+    framed = Tensor("s", "BYTES", (1,), b"\5\0\0\0abc")
+    assert "BYTES element 0 of 1" in check_inputs(_model(), InferRequest([framed]))

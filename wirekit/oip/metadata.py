@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import wirekit
+from wirekit.errors import DecodeError
 
 from .messages import InferRequest, Tensor
+from .tensors import check_tensor
 
 if TYPE_CHECKING:  # the config imports this module: no import of it at run time
     from wirekit.serve.config import ModelConfig
@@ -72,21 +74,26 @@ def check_inputs(model: ModelConfig, req: InferRequest) -> str | None:
 
     Against the model's declared inputs (none declared: not checked): an input it does not
     declare, one given twice, one missing, a wrong datatype or a wrong shape, each naming the
-    tensor."""
+    tensor.  Then each tensor's data against its own datatype and shape
+    (:func:`~wirekit.oip.check_tensor`: its byte count, its BYTES framing), declared or not."""
     declared = {spec.name: spec for spec in model.inputs}
     given: set[str] = set()
     for tensor in req.inputs:
         if tensor.name in given:
             return f"input {tensor.name!r} is given twice"
         given.add(tensor.name)
-        if not declared:
-            continue
-        spec = declared.get(tensor.name)
-        if spec is None:
-            return f"unknown input {tensor.name!r} (the model's inputs: {', '.join(declared)})"
-        problem = check_tensor_against(spec, tensor)
-        if problem is not None:
-            return problem
+        if declared:
+            spec = declared.get(tensor.name)
+            if spec is None:
+                names = ", ".join(declared)
+                return f"unknown input {tensor.name!r} (the model's inputs: {names})"
+            problem = check_tensor_against(spec, tensor)
+            if problem is not None:
+                return problem
+        try:
+            check_tensor(tensor)
+        except DecodeError as exc:
+            return exc.reason
     missing = [name for name in declared if name not in given]
     if missing:
         return f"missing input {missing[0]!r} (the model's inputs: {', '.join(declared)})"
