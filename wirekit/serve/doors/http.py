@@ -40,6 +40,7 @@ from wirekit.mip.limits import BufferBudget
 
 from ..config import ConfigError, HttpLimits
 from ..control.catalog import CatalogError
+from ..control.metrics import DOOR_CLIPPER, DOOR_HTTP
 from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload, dumps, outputs_json, request_from_json
 from .adminauth import AdminAccess
@@ -242,7 +243,7 @@ class Handlers:
         if isinstance(payload, web.Response):
             return payload
         try:
-            outcome = await dispatcher.submit(model, payload, _client(request))
+            outcome = await dispatcher.submit(model, payload, _client(request), door=DOOR_HTTP)
         except UnknownModel:  # removed while the body was read
             return _unknown(dispatcher, model)
         if not outcome.ok:
@@ -272,7 +273,9 @@ class Handlers:
             if isinstance(payload, web.Response):
                 return payload
             try:
-                outcome = await dispatcher.submit(model, payload, _client(request))
+                outcome = await dispatcher.submit(
+                    model, payload, _client(request), door=DOOR_CLIPPER
+                )
             except UnknownModel:  # removed while the body was read, or during the batch
                 return _unknown(dispatcher, app, "application")
             answers.append(_clipper_answer(outcome, next(self.query_ids)))
