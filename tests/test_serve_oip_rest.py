@@ -299,6 +299,15 @@ def test_tritonclient_binary_answer_when_no_output_is_named(client):
     same_bytes(result.as_numpy("x"), array)
 
 
+def test_tritonclient_a_large_binary_tensor_round_trips(client):
+    """An answer large enough to be written piece by piece (``oiprest.STREAM_FROM``)."""
+    array = sample("FP32", True, (384, 1024))  # 1.5 MiB
+    tensor = triton.InferInput("big", list(array.shape), "FP32").set_data_from_numpy(array)
+    result = client.infer("echo", [tensor], request_id="large")
+    assert result.get_response()["id"] == "large"
+    same_bytes(result.as_numpy("big"), array)
+
+
 def test_tritonclient_outputs_asked_for_are_the_ones_answered(client):
     """Of two echoed tensors, only the one named in ``outputs`` comes back, in the form it
     was asked (JSON here while the other input went binary)."""

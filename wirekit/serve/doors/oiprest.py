@@ -50,6 +50,7 @@ from wirekit.mip.limits import BufferBudget
 from wirekit.oip.metadata import check_inputs, model_metadata, server_metadata
 
 from ..config import HttpLimits, ModelConfig
+from ..control.metrics import DOOR_OIP_REST
 from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload
 from ..record.store import OK
@@ -61,6 +62,9 @@ HEADER_LENGTH = oip.HEADER_LENGTH
 #: the status of an inference the model itself answered with an error (its OIP ERROR item):
 #: 400, as Triton answers a model's error (:class:`wirekit.oip.BackendError`)
 MODEL_ERROR = 400
+#: a binary answer of this many bytes or more is written piece by piece (:func:`send`)
+STREAM_FROM = 64 * 1024
+OCTET_STREAM = "application/octet-stream"
 #: a path segment naming a model or a version (one whole segment, as the HTTP routes' NAME)
 SEGMENT = "[^/]+"
 
@@ -261,7 +265,9 @@ class OipRestHandlers:
         rows = model.tensors == "rows"
         wire = self.mip_request(reader, model, req, rows)
         try:
-            outcome = await self.dispatcher.submit(model.name, Payload(wire=wire), client(request))
+            outcome = await self.dispatcher.submit(
+                model.name, Payload(wire=wire), client(request), door=DOOR_OIP_REST
+            )
         except UnknownModel:  # removed while the body was read
             raise Refused(*unknown_name(self.dispatcher, model.name)) from None
         if outcome.status != OK:
@@ -278,7 +284,7 @@ class OipRestHandlers:
         except DecodeError as exc:
             raise Refused(400, str(exc)) from None
         response = oip.InferResponse(model.name, outputs, version, req.id, parameters)
-        return encoded(response, oip.binary_outputs(req))
+        return await send(request, response, oip.binary_outputs(req))
 
     def decode(
         self, reader: BodyReader, body: bytes | bytearray, json_length: int | None
@@ -346,27 +352,43 @@ def client(request: web.Request) -> str:
     return f"http:{request.remote or '?'}"
 
 
-def encoded(response: oip.InferResponse, binary: Callable[[str], bool]) -> web.Response:
-    """The HTTP answer of ``response``: JSON, or with the outputs ``binary`` names in the
-    binary tensor data extension (``application/octet-stream`` and its header)."""
+async def send(
+    request: web.Request, response: oip.InferResponse, binary: Callable[[str], bool]
+) -> web.StreamResponse:
+    """Answer ``response``: JSON, or with the outputs ``binary`` names in the binary tensor
+    data extension (``application/octet-stream`` and its header).  A binary answer of
+    :data:`STREAM_FROM` bytes or more is written piece by piece, its outputs straight from
+    the backend's reply (never copied into one body); a smaller one is joined first (one
+    write costs less than several)."""
     body, json_length = oip.encode_rest_response(response, binary=binary)
-    if not isinstance(body, bytes):  # pieces to write one after another
-        body = b"".join(body)
     if json_length is None:
+        assert isinstance(body, bytes)  # no binary part: one JSON document
         return web.Response(body=body, content_type="application/json")
-    answer = web.Response(body=body, content_type="application/octet-stream")
-    answer.headers[HEADER_LENGTH] = str(json_length)
+    pieces = [body] if isinstance(body, bytes) else body
+    headers = {HEADER_LENGTH: str(json_length)}
+    size = sum(memoryview(piece).nbytes for piece in pieces)
+    if size < STREAM_FROM:
+        joined = b"".join(pieces)
+        return web.Response(body=joined, content_type=OCTET_STREAM, headers=headers)
+    answer = web.StreamResponse(headers=headers)
+    answer.content_type = OCTET_STREAM
+    answer.content_length = size
+    await answer.prepare(request)
+    for piece in pieces:
+        await answer.write(piece)
+    await answer.write_eof()
     return answer
 
 
 __all__ = [
     "HEADER_LENGTH",
     "MODEL_ERROR",
+    "STREAM_FROM",
     "OipRestHandlers",
     "Refused",
-    "encoded",
     "error_answer",
     "header_length",
     "json_answer",
     "model_version",
+    "send",
 ]
