@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 from oip_handlers import MODEL_ERROR_MESSAGE
+from prometheus_client.parser import text_string_to_metric_families
 from serve_support import TIMEOUT, BackendProcess, DispatcherProcess, deployment
 from support.ports import free_port
 from support.rows import select
@@ -352,12 +353,38 @@ def test_tritonclient_with_a_version_in_the_path(client):
     assert refused.value.message() == "unknown version '3' of model 'typed'"
 
 
+def test_bytes_that_are_not_utf8_asked_for_as_json_are_a_400(client):
+    """JSON cannot carry them: the answer says to ask for the output as binary data."""
+    words = np.array([b"ok", b"\xff\xfe"], dtype=np.object_)
+    tensor = triton.InferInput("w", [2], "BYTES").set_data_from_numpy(words)
+    as_json = [triton.InferRequestedOutput("w", binary_data=False)]
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("echo", [tensor], outputs=as_json)
+    assert refused.value.status() == "400"
+    assert "not UTF-8" in refused.value.message()
+    same_bytes(client.infer("echo", [tensor]).as_numpy("w"), words)
+
+
 def test_rows_model_round_trips_a_batch(client, served):
     """A ``tensors = "rows"`` model: every row is a MIP sample of its own, and the batch
     comes back whole."""
     array = sample("INT16", True, (5, 3))
     tensor = triton.InferInput("x", [5, 3], "INT16").set_data_from_numpy(array)
     same_bytes(client.infer("rows", [tensor]).as_numpy("x"), array)
+
+
+def test_the_requests_count_on_the_oip_rest_door(client, served):
+    tensor = triton.InferInput("x", [1], "INT8").set_data_from_numpy(np.array([3], np.int8))
+    client.infer("rows", [tensor])
+    text = call(served, "GET", "/metrics").body.decode()
+    counted = {
+        sample.labels["door"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "wirekit_serve_requests_total" and sample.labels["model"] == "rows"
+    }
+    assert set(counted) == {"oip-rest"}
+    assert counted["oip-rest"] >= 1
 
 
 def test_tritonclient_metadata_is_the_config(client):
@@ -478,7 +505,7 @@ def test_wrong_shape_is_a_400_naming_the_tensor_never_sent(served):
     strict_rows_stay(served, answer)
 
 
-@pytest.mark.parametrize("lie", ["99999", "-1", "12abc", "", "0x10", "1.5"])
+@pytest.mark.parametrize("lie", ["99999", "-1", "12abc", "", "0x10", "1.5", "\u00b2"])
 def test_a_binary_header_length_that_lies_is_a_400(served, lie):
     doc = {"inputs": [{"name": "x", "datatype": "UINT8", "shape": [4],
                        "parameters": {"binary_data_size": 4}}]}  # fmt: skip

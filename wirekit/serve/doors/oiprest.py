@@ -43,7 +43,7 @@ from typing import Any
 from aiohttp import web
 
 from wirekit import oip
-from wirekit.errors import DecodeError
+from wirekit.errors import DecodeError, EncodeError
 from wirekit.mip import DEFAULT_MAX_ITEMS, ErrorCode, ErrorReply, Inference
 from wirekit.mip.decoder import DEFAULT_MAX_MESSAGE_SIZE
 from wirekit.mip.limits import BufferBudget
@@ -96,7 +96,7 @@ def header_length(value: str | None) -> int | None:
     if value is None:
         return None
     text = value.strip()
-    if not text.isdigit():  # not a number, a sign, a fraction
+    if not (text.isascii() and text.isdigit()):  # not a number, a sign, a fraction
         raise Refused(400, f"{HEADER_LENGTH} must be a number of bytes (0 or more), got {value!r}")
     return int(text)
 
@@ -328,9 +328,16 @@ class OipRestHandlers:
         size = sum(len(tensor.data) for tensor in req.inputs)
         reader.hold(size, "the tensors copied into the MIP request")
         try:
-            return oip.request_to_mip(req, rows=rows)
+            wire = oip.request_to_mip(req, rows=rows)
         except DecodeError as exc:
             raise Refused(400, str(exc)) from None
+        if len(wire) > self.max_message_size:
+            raise Refused(
+                413,
+                f"the request is a MIP message of {len(wire)} bytes: over the limit of"
+                f" {self.max_message_size} (mip.max_message_size)",
+            )
+        return wire
 
     def add_routes(self, app: web.Application) -> None:
         """Route the ``/v2`` requests of ``app`` to these handlers."""
@@ -360,7 +367,10 @@ async def send(
     :data:`STREAM_FROM` bytes or more is written piece by piece, its outputs straight from
     the backend's reply (never copied into one body); a smaller one is joined first (one
     write costs less than several)."""
-    body, json_length = oip.encode_rest_response(response, binary=binary)
+    try:
+        body, json_length = oip.encode_rest_response(response, binary=binary)
+    except EncodeError as exc:  # an output JSON cannot hold (BYTES that are not UTF-8)
+        raise Refused(400, str(exc)) from None
     if json_length is None:
         assert isinstance(body, bytes)  # no binary part: one JSON document
         return web.Response(body=body, content_type="application/json")
