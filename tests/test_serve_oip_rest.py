@@ -447,6 +447,7 @@ def test_an_unreachable_model_is_a_503(client):
 def test_kserve_rest_v2_client(served):
     """``kserve``'s ``InferenceRESTClient`` (v2): liveness, readiness, inference with JSON
     data and with binary data."""
+    from httpx import HTTPStatusError
     from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
 
     base = f"http://{served.url}"
@@ -470,6 +471,9 @@ def test_kserve_rest_v2_client(served):
                 got = {o.name: o.as_numpy() for o in response.outputs}
                 same_bytes(got["x"], floats)
                 same_bytes(got["w"], words)
+            unknown = InferRequest("nope", [x], request_id="k-nope")
+            with pytest.raises(HTTPStatusError, match=r"unknown model 'nope'.*404"):
+                await client.infer(base, unknown, model_name="nope")
         finally:
             await client.close()
 
@@ -560,6 +564,7 @@ def test_unknown_model_or_version_is_a_404_and_a_removed_model_a_410(served):
     doc = {"inputs": [{"name": "x", "datatype": "UINT8", "shape": [1], "data": [1]}]}
     answer = infer_json(served, "nope", doc)
     assert (answer.status, answer.error) == (404, "unknown model 'nope'")
+    assert answer.headers["Content-Type"] == "application/json"  # no charset: KServe's test
     answer = infer_json(served, "echo", doc, "/versions/2")
     assert (answer.status, answer.error) == (404, "unknown version '2' of model 'echo'")
     answer = infer_json(served, "echo", doc, "/versions/one")
@@ -571,6 +576,27 @@ def test_unknown_model_or_version_is_a_404_and_a_removed_model_a_410(served):
     answer = infer_json(served, "doomed", doc)
     assert (answer.status, answer.error) == (410, "model 'doomed' was removed")
     assert call(served, "GET", "/v2/models/doomed").status == 410
+
+
+def test_rows_of_unequal_batches_are_a_400(served):
+    doc = {
+        "inputs": [
+            {"name": "a", "datatype": "INT8", "shape": [2], "data": [1, 2]},
+            {"name": "b", "datatype": "INT8", "shape": [3], "data": [1, 2, 3]},
+        ]
+    }
+    answer = infer_json(served, "rows", doc)
+    assert answer.status == 400
+    assert '"b"' in answer.error and "rows" in answer.error
+
+
+def test_other_v2_paths_are_a_readable_404(client, served):
+    """Triton's extensions this server does not implement answer a JSON 404."""
+    with pytest.raises(InferenceServerException) as refused:
+        client.get_model_config("echo")
+    assert refused.value.status() == "404"
+    assert "not an endpoint this server serves" in refused.value.message()
+    assert call(served, "GET", "/v2/health/live").json() == {"live": True}
 
 
 def test_a_body_that_is_not_an_oip_request_is_a_400(served):

@@ -339,8 +339,16 @@ class OipRestHandlers:
             )
         return wire
 
+    async def not_served(self, request: web.Request) -> web.Response:
+        """Any other ``/v2`` path (Triton's model configuration, repository, statistics
+        extensions...): a 404 an OIP client can read."""
+        return error_answer(
+            404, f"{request.method} {request.path} is not an endpoint this server serves"
+        )
+
     def add_routes(self, app: web.Application) -> None:
-        """Route the ``/v2`` requests of ``app`` to these handlers."""
+        """Route the ``/v2`` requests of ``app`` to these handlers (any other ``/v2`` path
+        to :meth:`not_served`)."""
         router = app.router
         router.add_get("/v2/health/live", self.live)
         router.add_get("/v2/health/ready", self.ready)
@@ -352,6 +360,7 @@ class OipRestHandlers:
             router.add_get(base, self.model)
             router.add_get(f"{base}/ready", self.model_ready)
             router.add_post(f"{base}/infer", self.infer)
+        router.add_route("*", "/v2/{path:.*}", self.not_served)
 
 
 def client(request: web.Request) -> str:
