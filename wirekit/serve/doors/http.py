@@ -23,6 +23,8 @@
 * ``GET /controller`` (JSON): the current quotas, the models' targets and the controller's last
   decisions (``specs/controller.md``).
 * ``GET /``: the live page, read-only (:mod:`wirekit.serve.doors.page`).
+* ``/v2/...``: the Open Inference Protocol over REST, JSON and binary tensor data
+  (:mod:`wirekit.serve.doors.oiprest`).
 """
 
 from __future__ import annotations
