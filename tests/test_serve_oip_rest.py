@@ -569,6 +569,9 @@ def test_unknown_model_or_version_is_a_404_and_a_removed_model_a_410(served):
     assert (answer.status, answer.error) == (404, "unknown version '2' of model 'echo'")
     answer = infer_json(served, "echo", doc, "/versions/one")
     assert (answer.status, answer.error) == (404, "unknown version 'one' of model 'echo'")
+    answer = infer_json(served, "echo", doc, "/versions/%C2%B9")  # a digit, not ASCII
+    assert (answer.status, answer.error) == (404, "unknown version '\u00b9' of model 'echo'")
+    assert infer_json(served, "echo", doc, "/versions/01").json()["model_version"] == "1"
     assert call(served, "GET", "/v2/models/nope").status == 404
     assert call(served, "GET", "/v2/models/nope/ready").status == 404
     removed = call(served, "DELETE", "/admin/models/doomed", headers=served.process.admin_headers)

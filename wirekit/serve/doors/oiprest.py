@@ -117,9 +117,9 @@ def model_version(model: ModelConfig, version: str | None) -> str:
     versions = model.versions
     if version is None:
         return str(max(versions))
-    if not version.isdigit() or int(version) not in versions:
+    if not (version.isascii() and version.isdigit()) or int(version) not in versions:
         raise Refused(404, f"unknown version {version!r} of model {model.name!r}")
-    return version
+    return str(int(version))
 
 
 def tensors_over_limit(req: oip.InferRequest, limit: int) -> str | None:
