@@ -163,7 +163,7 @@ def test_the_row_format_example_is_answered_predictions(base):
     """Several named outputs: a list of objects, one per instance (echoed)."""
     status, doc, headers = _call(base, "POST", "/v1/models/example:predict", ROW_EXAMPLE)
     assert (status, doc) == (200, {"predictions": ROW_EXAMPLE["instances"]})
-    assert headers["X-Request-Id"]
+    assert headers["X-Request-Id"] and headers["Content-Type"] == "application/json"
 
 
 def test_the_columnar_format_example_is_answered_outputs(base):
@@ -409,8 +409,9 @@ def test_bad_requests_get_an_error_and_nothing_else(base, model, body, status, e
 
 
 def test_bodies_that_are_not_a_json_object(base):
-    status, doc, _ = _call(base, "POST", "/v1/models/vec:predict", b"{not json")
+    status, doc, headers = _call(base, "POST", "/v1/models/vec:predict", b"{not json")
     assert status == 400 and doc["error"].startswith("body is not JSON")
+    assert headers["Content-Type"] == "application/json"
     assert _call(base, "POST", "/v1/models/vec:predict", b"[1]")[:2] == (
         400,
         {"error": "body must be a JSON object"},

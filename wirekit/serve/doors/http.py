@@ -55,19 +55,25 @@ from .page import add_page_routes
 NAME = "[^/]+"
 
 
-def _encoded(doc: Any) -> bytes:
-    """The JSON of an answer, as the bytes of its body."""
-    return dumps(doc).encode()
+#: the ``Content-Type`` of a JSON answer: exactly ``application/json`` (JSON has no charset
+#: parameter; the ``kserve`` client reads an error's message only under that type)
+JSON_TYPE = "application/json"
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
-    """A JSON answer, its ``Content-Type`` exactly ``application/json`` (JSON has no charset
-    parameter; the ``kserve`` client reads an error's message only under that type)."""
-    return web.Response(body=_encoded(doc), status=status, content_type="application/json")
+    """A JSON answer (:data:`JSON_TYPE`)."""
+    return web.Response(body=dumps(doc).encode(), status=status, content_type=JSON_TYPE)
 
 
 def _error(status: int, message: str, **extra: Any) -> web.Response:
     return _json({"error": message, **extra}, status)
+
+
+def _bad_request(message: str) -> web.HTTPBadRequest:
+    """The 400 ``{"error": message}`` that a body refused by :func:`_body` raises."""
+    refusal = web.HTTPBadRequest(text=dumps({"error": message}))
+    refusal.headers["Content-Type"] = JSON_TYPE  # the text's charset parameter dropped
+    return refusal
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -79,18 +85,11 @@ async def _body(request: web.Request) -> dict[str, Any]:
     try:
         doc = await reader.json(request)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise web.HTTPBadRequest(
-            body=_encoded({"error": f"body is not JSON: {exc}"}), content_type="application/json"
-        ) from None
+        raise _bad_request(f"body is not JSON: {exc}") from None
     except RecursionError:
-        raise web.HTTPBadRequest(
-            body=_encoded({"error": "body is not JSON this server reads: nested too deeply"}),
-            content_type="application/json",
-        ) from None
+        raise _bad_request("body is not JSON this server reads: nested too deeply") from None
     if not isinstance(doc, dict):
-        raise web.HTTPBadRequest(
-            body=_encoded({"error": "body must be a JSON object"}), content_type="application/json"
-        )
+        raise _bad_request("body must be a JSON object")
     return doc
 
 
