@@ -273,8 +273,10 @@ class OipRestHandlers:
         if outcome.status != OK:
             raise failure(outcome, rows)
         msg = outcome.response.message
+        if type(msg) is not Inference:  # an ``ok`` outcome is an inference response
+            raise Refused(502, f"unexpected backend answer: {msg}")
         try:
-            outputs, parameters = oip.response_from_mip(msg, rows=rows)  # type: ignore[arg-type]
+            outputs, parameters = oip.response_from_mip(msg, rows=rows)
         except oip.BackendError as exc:  # an error item answered as ``ok`` (not classified)
             raise Refused(MODEL_ERROR, str(exc)) from None
         except DecodeError as exc:
