@@ -246,10 +246,10 @@ def sample(datatype: str, binary: bool, shape: tuple[int, ...] = (2, 3)) -> np.n
         edges = [int(info.min), int(info.max), 0, 1]
         drawn = rng.integers(0, 256, count * dtype.itemsize, dtype=np.uint8).tobytes()
         values = np.frombuffer(drawn, dtype=dtype).copy()
-        values[:4] = edges
+        values[:4] = edges[: min(4, count)]
         return values.reshape(shape)
     values = rng.standard_normal(count).astype(dtype)
-    values[0] = -0.0
+    values[:1] = -0.0
     return values.reshape(shape)
 
 
@@ -289,6 +289,24 @@ def test_tritonclient_every_datatype_round_trips_bit_exact(client, binary):
         assert ("binary_data_size" in output.get("parameters", {})) is binary
     for name, array in sent.items():
         same_bytes(result.as_numpy(name), array)
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (1, 1, 1, 2)], ids=str)
+def test_tritonclient_shapes_round_trip(client, shape, binary):
+    """A scalar, empty tensors and many dimensions come back with their shape."""
+    array = sample("INT32", binary, shape) if shape else np.array(7, dtype=np.int32)
+    words = sample("BYTES", binary, shape) if shape else np.array(b"w", dtype=np.object_)
+    inputs = [
+        triton.InferInput("n", list(shape), "INT32").set_data_from_numpy(array, binary),
+        triton.InferInput("w", list(shape), "BYTES").set_data_from_numpy(words, binary),
+    ]
+    outputs = [triton.InferRequestedOutput(name, binary_data=binary) for name in ("n", "w")]
+    result = client.infer("echo", inputs, outputs=outputs)
+    for output in result.get_response()["outputs"]:
+        assert output["shape"] == list(shape)
+    same_bytes(result.as_numpy("n"), array)
+    same_bytes(result.as_numpy("w"), words)
 
 
 def test_tritonclient_binary_answer_when_no_output_is_named(client):
