@@ -156,7 +156,7 @@ def call(
     method: str,
     path: str,
     body: bytes | None = None,
-    headers: dict[str, str] | None = None,
+    headers: dict[str, str] | dict[str, bytes] | None = None,
 ) -> Answer:
     """One request on its own connection; the answer whatever its status."""
     conn = http.client.HTTPConnection(
@@ -532,9 +532,14 @@ def test_a_binary_header_length_that_lies_is_a_400(served, lie):
     doc = {"inputs": [{"name": "x", "datatype": "UINT8", "shape": [4],
                        "parameters": {"binary_data_size": 4}}]}  # fmt: skip
     body, _ = binary_body(doc, b"\x01\x02\x03\x04")
-    answer = call(served, "POST", "/v2/models/echo/infer", body, {HEADER: lie})
+    sent = {HEADER: lie.encode()}  # UTF-8: "\u00b2" is a digit, but not an ASCII one
+    answer = call(served, "POST", "/v2/models/echo/infer", body, sent)
     assert answer.status == 400, answer.body
-    assert answer.error
+    if lie == "99999":
+        said = f"{HEADER} is 99999: more than the {len(body)} bytes of the body"
+    else:
+        said = f"{HEADER} must be a number of bytes (0 or more), got {lie!r}"
+    assert answer.error == said
 
 
 def test_binary_sizes_that_do_not_add_up_are_a_400(served):
