@@ -579,7 +579,9 @@ class TfServingHandlers:
             router.add_get(f"{base}/metadata", self.metadata)
             router.add_get(base, self.status)
         router.add_get("/v1/models", self.list_models)
-        router.add_route("*", "/v1/models/{rest:.*}", self.not_found)
+        # GET and POST only: another method on a route above stays a 405 (no CORS preflight)
+        router.add_get("/v1/models/{rest:.*}", self.not_found)
+        router.add_post("/v1/models/{rest:.*}", self.not_found)
 
 
 __all__ = [
