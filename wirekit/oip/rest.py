@@ -36,6 +36,14 @@ def _fail(field: str, offset: int, message: str) -> DecodeError:
 
 def _document(body: Buffer, header_length: int | None) -> tuple[dict[str, Any], memoryview, int]:
     """Split ``body`` into its JSON document (parsed) and the binary part after it."""
+    if header_length is None and type(body) is bytes:  # all JSON: parse it as it is
+        try:
+            document = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _fail("body", 0, f"not a JSON document: {exc}") from None
+        if not isinstance(document, dict):
+            raise _fail("body", 0, "the JSON document must be an object")
+        return document, memoryview(body), len(body)
     view = memoryview(body).cast("B") if not isinstance(body, memoryview) else body
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
