@@ -21,8 +21,13 @@ from typing import Any
 import httpx
 import pytest
 from kserve import InferenceRESTClient, RESTConfig
+from serve_support import deployment, run
 from support.ports import free_port
 from support.process import ROOT, ServerProcess
+from support.service import running_service, start_backend
+
+from wirekit.mip import Item
+from wirekit.oip import OipItem, Tensor, reply_sample
 
 TIMEOUT = 30.0
 
@@ -442,3 +447,87 @@ def test_other_apis_are_json_errors(base):
         404,
         {"error": "unknown model 'nope'"},
     )
+
+
+# --- in process: what an echo cannot show --------------------------------------------------
+
+
+def _says_no(batch):
+    """A model answering the OIP ERROR item: its own message for the client."""
+    return [[Item(int(OipItem.ERROR), b"the model says no")] for _ in batch]
+
+
+def _answers_a_scalar(batch):
+    """A model answering one FP32 scalar (1.0): no dim 0 to split into rows."""
+    return [reply_sample([Tensor("y", "FP32", (), b"\0\0\x80?")]) for _ in batch]
+
+
+def _answers_text(batch):
+    """A model answering a TEXT item: not the OIP mapping."""
+    return [[Item.text("not a tensor")] for _ in batch]
+
+
+def test_model_errors_answers_and_limits(tmp_path):
+    async def main():
+        backends = [await start_backend(h) for h in (_says_no, _answers_a_scalar, _answers_text)]
+        ports = [port for _, port in backends]
+        models = {name: {"port": None, "inputs": [X]} for name in ("no", "scalar", "text")}
+        models["rows"] = {"port": None, "inputs": [X], "tensors": "rows"}
+        models["dead"] = {"port": None}
+        doc = deployment(
+            tmp_path / "requests.db",
+            models,
+            [
+                {
+                    "id": "n",
+                    "devices": ["CPU"],
+                    "models": list(models),
+                    "quotas": [0.2] * 5,
+                    "ports": [*ports, ports[1], free_port()],
+                }
+            ],
+            mip={"max_items": 8},
+        )
+        async with running_service(doc, backends=backends) as service:
+            url = f"http://127.0.0.1:{service.addresses()['http']}"
+            calls = [
+                ("POST", "/v1/models/no:predict", {"instances": [[1, 2]]}),
+                ("POST", "/v1/models/scalar:predict", {"inputs": [[1, 2]]}),
+                ("POST", "/v1/models/scalar:predict", {"instances": [[1, 2]]}),
+                ("POST", "/v1/models/text:predict", {"instances": [[1, 2]]}),
+                # rows: (1 + 1 input) items per row, at most 8 items
+                ("POST", "/v1/models/rows:predict", {"instances": [[1, 2]] * 4}),
+                ("POST", "/v1/models/rows:predict", {"instances": [[1, 2]] * 5}),
+                ("POST", "/v1/models/dead:predict", {"instances": list(range(9))}),
+                ("GET", "/v1/models/dead", None),
+            ]
+            return [await asyncio.to_thread(_call, url, *call) for call in calls]
+
+    answers = [(status, doc) for status, doc, _ in run(main())]
+    assert answers[0] == (400, {"error": "the model says no"})
+    assert answers[1] == (200, {"outputs": 1.0})
+    assert answers[2] == (
+        502,
+        {
+            "error": "the model's outputs do not share a 0-th dimension (y []): ask in the"
+            ' columnar format ("inputs")'
+        },
+    )
+    status, doc = answers[3]
+    assert status == 502 and doc["error"].startswith("the model's answer is not OIP's: ")
+    # rows: each row answered its scalar, stacked back along dim 0
+    assert answers[4] == (200, {"predictions": [1.0] * 4})
+    assert answers[5] == (
+        413,
+        {"error": "10 items exceed the limit of 8 per request (mip.max_items)"},
+    )
+    assert answers[6] == (
+        413,
+        {"error": "9 items exceed the limit of 8 per request (mip.max_items)"},
+    )
+    status, doc = answers[7]
+    assert status == 503 and doc["ready"] is False
+    (version,) = doc["model_version_status"]
+    assert (version["version"], version["state"]) == ("1", "UNAVAILABLE")
+    assert version["status"]["error_code"] == "UNAVAILABLE"
+    assert version["status"]["error_message"].startswith("model dead: no reachable device")

@@ -317,16 +317,19 @@ def columnar_outputs(outputs: list[Tensor]) -> Any:
 # --- the model documents -------------------------------------------------------------------
 
 
-def model_status(model: ModelConfig, versions: tuple[int, ...], ready: bool) -> dict[str, Any]:
+def model_status(
+    model: ModelConfig, versions: tuple[int, ...], unready: str | None = None
+) -> dict[str, Any]:
     """``GET /v1/models/{m}[/versions/{v}]``: TF Serving's ``GetModelStatusResponse`` of
-    ``versions``, with KServe v1's ``name`` and ``ready``."""
-    status = {"error_code": "OK", "error_message": ""}
-    state = "AVAILABLE" if ready else "UNAVAILABLE"
-    if not ready:
-        status = {"error_code": "UNAVAILABLE", "error_message": "the model cannot serve now"}
+    ``versions``, with KServe v1's ``name`` and ``ready``; ``unready``: why the model cannot
+    serve now (None: it can)."""
+    if unready is None:
+        state, status = "AVAILABLE", {"error_code": "OK", "error_message": ""}
+    else:
+        state, status = "UNAVAILABLE", {"error_code": "UNAVAILABLE", "error_message": unready}
     return {
         "name": model.name,
-        "ready": ready,
+        "ready": unready is None,
         "model_version_status": [
             {"version": str(v), "state": state, "status": dict(status)} for v in versions
         ],
@@ -429,8 +432,12 @@ class TfServingHandlers:
             return _error(404, f"model {name!r} has no version {asked} (its versions: {versions})")
         return model, version
 
-    def _ready(self, model: str) -> bool:
-        return self.readiness is None or bool(self.readiness(model)["ready"])
+    def _unready(self, model: str) -> str | None:
+        """Why ``model`` cannot serve now (``/readyz?model=``'s reasons), or None."""
+        if self.readiness is None:
+            return None
+        doc = self.readiness(model)
+        return None if doc["ready"] else "; ".join(doc["reasons"]) or "not ready"
 
     async def predict(self, request: web.Request) -> web.Response:
         """``POST /v1/models/{m}[/versions/{v}]:predict``."""
@@ -551,8 +558,8 @@ class TfServingHandlers:
             return found
         model, version = found
         versions = model.versions if "version" not in request.match_info else (version,)
-        ready = self._ready(model.name)
-        return _json(model_status(model, versions, ready), 200 if ready else 503)
+        unready = self._unready(model.name)
+        return _json(model_status(model, versions, unready), 200 if unready is None else 503)
 
     async def metadata(self, request: web.Request) -> web.Response:
         """``GET /v1/models/{m}[/versions/{v}]/metadata``."""
@@ -579,7 +586,9 @@ class TfServingHandlers:
             router.add_get(f"{base}/metadata", self.metadata)
             router.add_get(base, self.status)
         router.add_get("/v1/models", self.list_models)
-        router.add_route("*", "/v1/models/{rest:.*}", self.not_found)
+        # GET and POST only: another method on a route above stays a 405 (no CORS preflight)
+        router.add_get("/v1/models/{rest:.*}", self.not_found)
+        router.add_post("/v1/models/{rest:.*}", self.not_found)
 
 
 __all__ = [
