@@ -65,6 +65,9 @@ log = serve_logger()
 CLIENT_GONE = "the client went away before its answer"
 #: :attr:`Outcome.cause` values (see there)
 TIMED_OUT, UNAVAILABLE, BAD_REQUEST = "timeout", "unavailable", "bad request"
+#: :attr:`Outcome.cause` of an ``error`` that is the model's own (its Open Inference Protocol
+#: ERROR item): :attr:`Outcome.detail` is the model's message, for the client as it is
+MODEL_ERROR = "model error"
 
 BATCH_BYTES = 1 << 20  #: a joined batch stays under this many bytes (larger requests go alone)
 SPLIT_SAMPLES = 16  #: requests joined to this many samples or more go as two batches
@@ -228,7 +231,8 @@ class Outcome:
     detail: str = ""  #: why it failed, for humans
     #: why a ``failed`` request failed, for the HTTP status: "timeout" (its last device took
     #: too long: 504), "unavailable" (no device could be reached or none was left: 503);
-    #: "bad request" for an ``error`` the client caused (inputs its model does not take: 400)
+    #: "bad request" for an ``error`` the client caused (inputs its model does not take: 400);
+    #: "model error" for an ``error`` the model answered with its message (``detail``: 400)
     cause: str = ""
 
     @property
@@ -530,12 +534,13 @@ class Dispatcher:
         """What a backend's ``reply`` to ``job`` (from the row ``device``, its attempt
         ``attempt``) makes of it: ``ok`` when it is an inference response (then cached),
         but ``error`` with the model's message when it is the Open Inference Protocol's
-        ERROR item (a one-output reply whose first item is one: :func:`oip_error`); else
+        ERROR item (a one-output reply whose first item is one: :func:`oip_error`; cause
+        :data:`MODEL_ERROR`); else
         ``error`` ("backend answered ...")."""
         msg = reply.message
         if type(msg) is Inference and msg.response:  # is_answer(msg), inline: per request
             if msg.n_output == 1 and msg.items and msg.items[0][0] == OIP_ERROR:
-                return Outcome(job.rid, ERROR, reply, device, attempt, oip_error(msg))
+                return Outcome(job.rid, ERROR, reply, device, attempt, oip_error(msg), MODEL_ERROR)
             return self._answered(job, reply, device, attempt)
         return Outcome(job.rid, ERROR, reply, device, attempt, f"backend answered {msg}")
 

@@ -55,7 +55,7 @@ from wirekit.oip import (
 from wirekit.oip.metadata import TensorSpec, check_inputs
 
 from ..config import ModelConfig
-from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
+from ..dispatch.dispatcher import MODEL_ERROR, Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload, outputs_json
 from .http import (
     NAME,
@@ -372,6 +372,8 @@ def _with_id(response: web.Response, outcome: Outcome) -> web.Response:
 
 def _outcome_error(outcome: Outcome) -> web.Response:
     """The ``{"error"}`` answer of a request that did not end ``ok``."""
+    if outcome.cause == MODEL_ERROR:  # the model's own error message (its OIP ERROR item)
+        return _with_id(_error(400, outcome.detail), outcome)
     msg = outcome.response.message
     if isinstance(msg, ErrorReply):
         code = ErrorCode(msg.code).name if msg.code in ErrorCode._value2member_map_ else msg.code
