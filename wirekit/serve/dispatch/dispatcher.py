@@ -48,6 +48,7 @@ from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply, Inference
 from wirekit.mip.client import unanswered_retryable
 from wirekit.mip.runtime import decode_reply
+from wirekit.oip.items import OipItem
 
 from ..backends.remote import Backend, BackendUnavailable, BadRequest
 from ..config import DeviceRow, ModelConfig
@@ -65,10 +66,15 @@ log = serve_logger()
 CLIENT_GONE = "the client went away before its answer"
 #: :attr:`Outcome.cause` values (see there)
 TIMED_OUT, UNAVAILABLE, BAD_REQUEST = "timeout", "unavailable", "bad request"
+#: :attr:`Outcome.cause` of an ``error`` that is the model's own (its Open Inference Protocol
+#: ERROR item): :attr:`Outcome.detail` is the model's message, for the client as it is
+MODEL_ERROR = "model error"
 
 BATCH_BYTES = 1 << 20  #: a joined batch stays under this many bytes (larger requests go alone)
 SPLIT_SAMPLES = 16  #: requests joined to this many samples or more go as two batches
 _HEAD = struct.Struct(">BBBBIBBH")  # MIP header + the inference counts
+#: the item type of a model's error in the Open Inference Protocol mapping (specs/oip.md)
+OIP_ERROR = int(OipItem.ERROR)
 
 
 def join_requests(wires: list[bytes], n_input: int, samples: int) -> bytes:
@@ -226,7 +232,8 @@ class Outcome:
     detail: str = ""  #: why it failed, for humans
     #: why a ``failed`` request failed, for the HTTP status: "timeout" (its last device took
     #: too long: 504), "unavailable" (no device could be reached or none was left: 503);
-    #: "bad request" for an ``error`` the client caused (inputs its model does not take: 400)
+    #: "bad request" for an ``error`` the client caused (inputs its model does not take: 400);
+    #: "model error" for an ``error`` the model answered with its message (``detail``: 400)
     cause: str = ""
 
     @property
@@ -237,6 +244,12 @@ class Outcome:
 def _error_payload(code: ErrorCode) -> Payload:
     msg = ErrorReply(int(code))
     return Payload(None, msg)
+
+
+def oip_error(msg: Inference) -> str:
+    """The message of a model's Open Inference Protocol ERROR item, the first item of
+    ``msg`` (:func:`wirekit.oip.error_to_mip`): what the request's row records as why."""
+    return bytes(msg.items[0][1]).decode("utf-8", "replace")
 
 
 def is_answer(msg: Any) -> TypeGuard[Inference]:
@@ -521,9 +534,14 @@ class Dispatcher:
     def classify_reply(self, job: Job, reply: Payload, device: str, attempt: int) -> Outcome:
         """What a backend's ``reply`` to ``job`` (from the row ``device``, its attempt
         ``attempt``) makes of it: ``ok`` when it is an inference response (then cached),
-        else ``error`` ("backend answered ...")."""
+        but ``error`` with the model's message when it is the Open Inference Protocol's
+        ERROR item (a one-output reply whose first item is one: :func:`oip_error`; cause
+        :data:`MODEL_ERROR`); else
+        ``error`` ("backend answered ...")."""
         msg = reply.message
         if type(msg) is Inference and msg.response:  # is_answer(msg), inline: per request
+            if msg.n_output == 1 and msg.items and msg.items[0][0] == OIP_ERROR:
+                return Outcome(job.rid, ERROR, reply, device, attempt, oip_error(msg), MODEL_ERROR)
             return self._answered(job, reply, device, attempt)
         return Outcome(job.rid, ERROR, reply, device, attempt, f"backend answered {msg}")
 
