@@ -18,6 +18,7 @@ import struct
 import sys
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 #: one input per OIP datatype: name -> (datatype, values); dim 0 is 2 for every one (the
@@ -35,8 +36,8 @@ TENSORS: dict[str, tuple[str, Any]] = {
     "FP16": ("FP16", np.array([[0.5, -0.0, np.inf], [65504, 1e-7, -2]], dtype=np.float16)),
     "FP32": ("FP32", np.array([[1.5, -0.0, np.nan], [3.4e38, 1e-45, -np.inf]], dtype=np.float32)),
     "FP64": ("FP64", np.array([[1.5, -0.0, np.inf], [1e308, 5e-324, -1]], dtype=np.float64)),
-    # BF16: the client takes float32 values and sends their upper 16 bits
-    "BF16": ("BF16", np.array([[1.0, -2.5, 3.0], [0.0, -0.0, 256.0]], dtype=np.float32)),
+    # BF16: ml_dtypes' bfloat16 (tritonclient's type for it)
+    "BF16": ("BF16", np.array([[1.0, -2.5, 3.0], [0.0, -0.0, 256.0]], dtype=ml_dtypes.bfloat16)),
     "BYTES": (
         "BYTES",
         np.array([[b"a", b"", b"\xff\x00bytes"], ["é".encode(), b"x" * 300, b"z"]], dtype=object),
@@ -46,13 +47,12 @@ TENSORS: dict[str, tuple[str, Any]] = {
 
 def raw_bytes(datatype: str, values: Any) -> bytes:
     """The bytes OIP carries for ``values`` (little-endian, row-major; BYTES each element's
-    u32-LE length then its bytes; BF16 the upper halves of float32 values), computed here,
-    not by the client."""
+    u32-LE length then its bytes), computed here, not by the client."""
     flat = values.reshape(-1)
     if datatype == "BYTES":
         return b"".join(struct.pack("<I", len(v)) + bytes(v) for v in flat)
     if datatype == "BF16":
-        return (flat.astype("<f4").view("<u4") >> 16).astype("<u2").tobytes()
+        return flat.view("<u2").tobytes()
     return flat.astype(flat.dtype.newbyteorder("<")).tobytes()
 
 
@@ -101,7 +101,6 @@ def triton(address: str) -> dict[str, Any]:
         for i, out in enumerate(response.outputs):
             datatype, values = TENSORS[out.name]
             got = result.as_numpy(out.name)
-            sent = values.astype(np.float32) if datatype == "BF16" else values
             outputs[out.name] = {
                 "datatype": out.datatype,
                 "shape": list(out.shape),
@@ -110,9 +109,9 @@ def triton(address: str) -> dict[str, Any]:
                     got is not None
                     and got.shape == values.shape
                     and (
-                        got.tobytes() == sent.tobytes()
-                        if datatype not in ("BYTES", "BF16")
-                        else got.tolist() == sent.tolist()
+                        got.tolist() == values.tolist()
+                        if datatype == "BYTES"
+                        else got.tobytes() == values.tobytes()
                     )
                 ),
             }
@@ -120,6 +119,10 @@ def triton(address: str) -> dict[str, Any]:
             "id": response.id,
             "model_name": response.model_name,
             "model_version": response.model_version,
+            "parameters": {
+                key: getattr(value, value.WhichOneof("parameter_choice"))
+                for key, value in response.parameters.items()
+            },
             "outputs": outputs,
         }
 
@@ -168,7 +171,9 @@ def _array(tg: Any, datatype: str, values: Any, name: str = "x") -> Any:
 def _typed(tg: Any, datatype: str, shape: list[int], name: str = "x") -> Any:
     """An input ``name`` of ``datatype`` and ``shape`` (values 1, 2, ...)."""
     values = np.arange(1, int(np.prod(shape)) + 1).reshape(shape)
-    return _array(tg, datatype, values.astype({"FP32": np.float32, "INT32": np.int32}[datatype]), name)
+    return _array(
+        tg, datatype, values.astype({"FP32": np.float32, "INT32": np.int32}[datatype]), name
+    )
 
 
 def kserve(address: str) -> dict[str, Any]:
@@ -199,7 +204,10 @@ def kserve(address: str) -> dict[str, Any]:
             "equal": out.as_numpy().tobytes() == x.tobytes(),
         }
         response = await client.infer(InferRequest("echo", [words], request_id="k-2"))
-        seen["bytes"] = [v.decode() if isinstance(v, bytes) else v for v in response.outputs[0].as_numpy().tolist()]
+        seen["bytes"] = [
+            v.decode() if isinstance(v, bytes) else v
+            for v in response.outputs[0].as_numpy().tolist()
+        ]
         await client.close()
         return seen
 

@@ -227,8 +227,8 @@ class OipGrpcHandlers:
         rows = cfg.tensors == "rows"
         try:
             req = request_from_grpc(msg)
-            for tensor in req.inputs:
-                oip.check_tensor(tensor)
+            for i, tensor in enumerate(req.inputs):
+                oip.check_tensor(tensor, f"inputs[{i}]")
         except DecodeError as exc:
             raise _bad(exc) from None
         problem = metadata.check_inputs(cfg, req)
