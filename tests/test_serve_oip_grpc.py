@@ -17,6 +17,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -478,3 +479,20 @@ def test_the_grpc_table_is_checked():
     with pytest.raises(ConfigError) as refused:
         parse_config(doc)
     assert refused.value.where == "grpc.max_in_flight"
+
+
+def test_grpc_requests_are_recorded_on_the_oip_grpc_door(served, triton):
+    # the dispatcher records and counts what the door submits, under door="oip-grpc"
+    url = f"http://127.0.0.1:{served.ready['http']}/metrics"
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        text = answer.read().decode()
+    finished = [
+        line
+        for line in text.splitlines()
+        if line.startswith("wirekit_serve_requests_total{")
+        and 'door="oip-grpc"' in line
+        and 'model="echo"' in line
+        and 'state="ok"' in line
+    ]
+    assert finished, text
+    assert float(finished[0].rsplit(" ", 1)[1]) >= 3  # the datatypes, selection, typed...

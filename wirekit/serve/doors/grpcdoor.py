@@ -49,6 +49,7 @@ from wirekit.oip.grpc import messages as pb
 from wirekit.oip.grpc.convert import metadata_to_grpc, request_from_grpc, response_to_grpc
 
 from ..config import GrpcLimits, ModelConfig
+from ..control.metrics import DOOR_OIP_GRPC
 from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload
 from ..logs import serve_logger
@@ -248,7 +249,9 @@ class OipGrpcHandlers:
         del msg  # its tensors' bytes are in the MIP wire now
         self._hold(charge, len(wire), "the request's MIP items")
         try:
-            outcome = await self.dispatcher.submit(model, Payload(wire=wire), client_name(context))
+            outcome = await self.dispatcher.submit(
+                model, Payload(wire=wire), client_name(context), door=DOOR_OIP_GRPC
+            )
         except UnknownModel:  # removed while the request was read
             raise Refusal(
                 grpc.StatusCode.NOT_FOUND, unknown_model(self.dispatcher, model)
