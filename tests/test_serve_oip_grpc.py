@@ -48,11 +48,12 @@ ALL_DATATYPES = list(DATATYPES)
 MIB = 1024 * 1024
 
 
-def deployment(store: Path, port: int) -> dict[str, Any]:
+def deployment(store: Path, port: int, refusing_port: int = 0) -> dict[str, Any]:
     """The deployment tests/oip_grpc_clients.py expects: ``echo`` (nothing declared),
     ``rows`` (the ``rows`` rule), ``typed`` (declared tensors, versions, platform), each on
-    wirekit's MIP echo handler (one backend process on ``port``); gRPC messages up to 4 MiB,
-    a memory budget of 2 MiB."""
+    wirekit's MIP echo handler (one backend process on ``port``), and ``refusing``, whose
+    MIP model answers an OIP error (on ``refusing_port``); gRPC messages up to 4 MiB, a
+    memory budget of 2 MiB."""
     return {
         "listen": {"http_port": 0, "grpc_port": 0},
         "store": {"path": str(store)},
@@ -68,6 +69,7 @@ def deployment(store: Path, port: int) -> dict[str, Any]:
                 "versions": [1, 2],
                 "platform": "wirekit-test",
             },
+            "refusing": {"handler": "oip_grpc_handlers:refuse_all"},
         },
         "nodes": [
             {
@@ -76,7 +78,14 @@ def deployment(store: Path, port: int) -> dict[str, Any]:
                 "models": ["echo", "rows", "typed"],
                 "quotas": [0.3, 0.3, 0.3],
                 "ports": [port, port, port],
-            }
+            },
+            {
+                "id": "r",
+                "devices": ["CPU"],
+                "models": ["refusing"],
+                "quotas": [1],
+                "ports": [refusing_port or port + 1],
+            },
         ],
     }
 
@@ -95,7 +104,7 @@ def served(request: pytest.FixtureRequest) -> Iterator[Served]:
     """``wirekit serve --with-backends`` on the event loop of the parameter, gRPC door on."""
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "d.json"
-        config.write_text(json.dumps(deployment(Path(tmp) / "r.db", free_port())))
+        config.write_text(json.dumps(deployment(Path(tmp) / "r.db", free_port(), free_port())))
         argv = [sys.executable, "-m", "wirekit", "serve", "--config", str(config),
                 "--with-backends", "--loop", request.param]  # fmt: skip
         with ServerProcess(argv, ready=None, cwd=Path(tmp)) as proc:
@@ -329,6 +338,16 @@ def test_typed_contents_out_of_their_datatype_are_invalid_argument(served):
     refused = _infer(served, request)
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.details() == "inputs[0].contents.int_contents: a value does not fit INT8"
+
+
+def test_an_oip_error_the_model_answers_is_internal_with_its_message(served):
+    from oip_grpc_handlers import REFUSAL
+
+    request = pb.ModelInferRequest(model_name="refusing")
+    request.inputs.add(name="x", datatype="INT8", shape=[1]).contents.int_contents.append(1)
+    refused = _infer(served, request)
+    assert refused.code() == grpc.StatusCode.INTERNAL
+    assert refused.details() == REFUSAL
 
 
 def test_other_methods_of_the_service_are_unimplemented(served):
