@@ -32,11 +32,13 @@ from wirekit.errors import DecodeError
 from wirekit.oip.grpc import messages as pb
 from wirekit.oip.grpc.convert import (
     TYPED_CONTENTS,
+    encode_response,
     parameters_from_grpc,
     parameters_to_grpc,
     request_from_grpc,
+    response_to_grpc,
 )
-from wirekit.oip.messages import DATATYPES
+from wirekit.oip.messages import DATATYPES, Tensor
 from wirekit.serve.config import ConfigError, Deployment, GrpcLimits, parse_config
 
 grpc = pytest.importorskip("grpc")
@@ -515,3 +517,16 @@ def test_grpc_requests_are_recorded_on_the_oip_grpc_door(served, triton):
     ]
     assert finished, text
     assert float(finished[0].rsplit(" ", 1)[1]) >= 3  # the datatypes, selection, typed...
+
+
+def test_the_response_written_by_hand_is_the_message_protobuf_writes():
+    outputs = [
+        Tensor("a", "FP32", (2,), memoryview(b"\0\0\x80?\0\0\0@")),
+        Tensor("e", "UINT8", (0,), b""),
+        Tensor("big", "UINT8", (300_000,), bytes(range(256)) * 1171 + b"\1" * 224, {"k": 1}),
+    ]
+    args = ("m", "3", "id-1", outputs, {"p": "q"})
+    wire = encode_response(pb.ModelInferResponse, *args)
+    assert wire == response_to_grpc(pb.ModelInferResponse, *args).SerializeToString()
+    parsed = pb.ModelInferResponse.FromString(wire)
+    assert list(parsed.raw_output_contents) == [bytes(t.data) for t in outputs]

@@ -28,7 +28,7 @@ from wirekit.mip.limits import BufferBudget
 
 from .admin import ModelAdmin
 from .backends.remote import Backend, ClipperBackend, KubeMoBackend, MipBackend
-from .config import Deployment, DeviceRow, ModelConfig, validate
+from .config import ConfigError, Deployment, DeviceRow, ModelConfig, validate
 from .control.catalog import Catalog, CatalogChange
 from .control.controller import Controller
 from .control.metrics import Metrics, ModelStats, RecentStats, Window
@@ -294,8 +294,16 @@ class Service:
             self.lease = self.store.lease = None
 
     async def _open_grpc_door(self) -> None:
-        """Open the OIP gRPC door (``listen.grpc_port``) on the dispatcher."""
-        from .doors.grpcdoor import GrpcDoor, OipGrpcHandlers
+        """Open the OIP gRPC door (``listen.grpc_port``) on the dispatcher (ConfigError when
+        grpcio or protobuf, of the ``serve`` extra, is not installed)."""
+        try:
+            from .doors.grpcdoor import GrpcDoor, OipGrpcHandlers
+        except ImportError as exc:
+            raise ConfigError(
+                "listen.grpc_port",
+                f"the gRPC door needs grpcio and protobuf ({exc.name} is not installed): "
+                "pip install 'wirekit[serve]'",
+            ) from None
 
         dep = self.deployment
         assert self.dispatcher is not None and dep.grpc_port is not None

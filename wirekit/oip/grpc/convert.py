@@ -172,6 +172,48 @@ def response_to_grpc(
     return resp
 
 
+#: the tag of ``ModelInferResponse.raw_output_contents`` (field 6, length-delimited)
+RAW_OUTPUT_TAG = bytes([6 << 3 | 2])
+
+
+def _varint(value: int) -> bytes:
+    """``value`` (>= 0) as a protobuf varint."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_response(
+    response_class: Any,
+    model_name: str,
+    model_version: str,
+    request_id: str | None,
+    outputs: list[Tensor],
+    parameters: Mapping[str, Any],
+) -> bytes:
+    """The serialized ``ModelInferResponse`` that :func:`response_to_grpc` builds, with each
+    output's bytes copied once: the message without ``raw_output_contents`` is serialized by
+    protobuf, and those (field 6, the message's last) are appended to it as protobuf writes
+    them -- a tag, a varint length, the bytes -- straight from the tensors' buffers
+    (memoryviews into the backend's reply)."""
+    head = response_to_grpc(
+        response_class,
+        model_name,
+        model_version,
+        request_id,
+        (Tensor(t.name, t.datatype, t.shape, b"", t.parameters) for t in outputs),
+        parameters,
+    )
+    del head.raw_output_contents[:]
+    pieces: list[Any] = [head.SerializeToString()]
+    for tensor in outputs:
+        pieces += (RAW_OUTPUT_TAG, _varint(memoryview(tensor.data).nbytes), tensor.data)
+    return b"".join(pieces)
+
+
 def metadata_to_grpc(response_class: Any, doc: Mapping[str, Any]) -> Any:
     """The ``ModelMetadataResponse`` (of ``response_class``) of OIP's model metadata
     document ``doc`` (:func:`wirekit.oip.metadata.model_metadata`)."""
@@ -186,7 +228,9 @@ def metadata_to_grpc(response_class: Any, doc: Mapping[str, Any]) -> Any:
 
 
 __all__ = [
+    "RAW_OUTPUT_TAG",
     "TYPED_CONTENTS",
+    "encode_response",
     "metadata_to_grpc",
     "parameters_from_grpc",
     "parameters_to_grpc",

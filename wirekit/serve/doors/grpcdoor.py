@@ -46,7 +46,7 @@ from wirekit.mip import ErrorCode, ErrorReply
 from wirekit.mip.limits import BufferBudget
 from wirekit.oip import metadata
 from wirekit.oip.grpc import messages as pb
-from wirekit.oip.grpc.convert import metadata_to_grpc, request_from_grpc, response_to_grpc
+from wirekit.oip.grpc.convert import encode_response, metadata_to_grpc, request_from_grpc
 
 from ..config import GrpcLimits, ModelConfig
 from ..control.metrics import DOOR_OIP_GRPC
@@ -270,10 +270,7 @@ class OipGrpcHandlers:
             selected = oip.select_outputs(outputs, req.outputs)
         except DecodeError as exc:
             raise _bad(exc) from None
-        answer = response_to_grpc(
-            pb.ModelInferResponse, model, version, req.id, selected, parameters
-        )
-        return answer.SerializeToString()
+        return encode_response(pb.ModelInferResponse, model, version, req.id, selected, parameters)
 
     def service(self) -> grpc.GenericRpcHandler:
         """The generic handler of ``inference.GRPCInferenceService`` (its methods but
