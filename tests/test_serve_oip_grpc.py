@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from google.protobuf.message import DecodeError as ProtobufDecodeError
 from support.loops import LOOPS
 from support.ports import free_port
 from support.process import TESTS, ServerProcess, env_with
@@ -37,6 +38,7 @@ from wirekit.oip.grpc.convert import (
     parameters_to_grpc,
     request_from_grpc,
     response_to_grpc,
+    split_raw_inputs,
 )
 from wirekit.oip.messages import DATATYPES, Tensor
 from wirekit.serve.config import ConfigError, Deployment, GrpcLimits, parse_config
@@ -530,3 +532,46 @@ def test_the_response_written_by_hand_is_the_message_protobuf_writes():
     assert wire == response_to_grpc(pb.ModelInferResponse, *args).SerializeToString()
     parsed = pb.ModelInferResponse.FromString(wire)
     assert list(parsed.raw_output_contents) == [bytes(t.data) for t in outputs]
+
+
+def _request_with_raw_contents() -> Any:
+    request = pb.ModelInferRequest(model_name="m", model_version="2", id="r")
+    parameters_to_grpc({"p": 1.5, "s": "x"}, request.parameters)
+    for name, size in (("a", 0), ("b", 5), ("c", 200), ("d", 70_000)):
+        request.inputs.add(name=name, datatype="UINT8", shape=[size])
+        request.raw_input_contents.append(bytes([len(name)]) * size)
+    request.outputs.add(name="b")
+    return request
+
+
+def test_raw_inputs_are_split_from_the_message_without_a_copy():
+    request = _request_with_raw_contents()
+    body = request.SerializeToString()
+    head, raw = split_raw_inputs(body)
+    assert [bytes(r) for r in raw] == list(request.raw_input_contents)
+    assert all(r.obj is body for r in raw)  # views into the body
+    parsed = pb.ModelInferRequest.FromString(head)
+    assert not parsed.raw_input_contents
+    parsed.raw_input_contents.extend(bytes(r) for r in raw)
+    assert parsed == request
+
+
+def test_a_cut_message_is_refused_with_its_offset_or_parsed_the_same():
+    body = _request_with_raw_contents().SerializeToString()
+    for end in [*range(0, 200), *range(len(body) - 100, len(body))]:
+        cut = body[:end]
+        try:
+            head, raw = split_raw_inputs(cut)
+        except DecodeError as exc:
+            assert 0 <= exc.offset <= end
+            continue
+        try:
+            parsed = pb.ModelInferRequest.FromString(head)
+        except ProtobufDecodeError:
+            continue
+        try:
+            whole = pb.ModelInferRequest.FromString(cut)
+        except ProtobufDecodeError:  # the split found every field whole: so must protobuf
+            raise AssertionError(end) from None
+        parsed.raw_input_contents.extend(bytes(r) for r in raw)
+        assert parsed == whole

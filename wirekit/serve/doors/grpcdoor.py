@@ -46,7 +46,12 @@ from wirekit.mip import ErrorCode, ErrorReply
 from wirekit.mip.limits import BufferBudget
 from wirekit.oip import metadata
 from wirekit.oip.grpc import messages as pb
-from wirekit.oip.grpc.convert import encode_response, metadata_to_grpc, request_from_grpc
+from wirekit.oip.grpc.convert import (
+    encode_response,
+    metadata_to_grpc,
+    request_from_grpc,
+    split_raw_inputs,
+)
 
 from ..config import GrpcLimits, ModelConfig
 from ..control.metrics import DOOR_OIP_GRPC
@@ -216,9 +221,10 @@ class OipGrpcHandlers:
 
     async def _infer(self, body: bytes, charge: Charge, context: grpc.aio.ServicerContext) -> bytes:
         self._hold(charge, len(body), "the request")
-        try:
-            msg = pb.ModelInferRequest.FromString(body)
-        except ProtobufDecodeError as exc:
+        try:  # the tensors' bytes stay in ``body``: protobuf parses the rest
+            head, raw_inputs = split_raw_inputs(body)
+            msg = pb.ModelInferRequest.FromString(head)
+        except (DecodeError, ProtobufDecodeError) as exc:
             raise Refusal(
                 grpc.StatusCode.INVALID_ARGUMENT, f"not a ModelInferRequest: {exc}"
             ) from None
@@ -227,7 +233,7 @@ class OipGrpcHandlers:
         version = msg.model_version or str(max(cfg.versions))  # "": the latest
         rows = cfg.tensors == "rows"
         try:
-            req = request_from_grpc(msg)
+            req = request_from_grpc(msg, raw_inputs)
             for i, tensor in enumerate(req.inputs):
                 oip.check_tensor(tensor, f"inputs[{i}]")
         except DecodeError as exc:
@@ -246,7 +252,6 @@ class OipGrpcHandlers:
             wire = oip.request_to_mip(req, rows=rows)
         except DecodeError as exc:
             raise _bad(exc) from None
-        del msg  # its tensors' bytes are in the MIP wire now
         self._hold(charge, len(wire), "the request's MIP items")
         try:
             outcome = await self.dispatcher.submit(
