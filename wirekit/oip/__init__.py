@@ -8,9 +8,12 @@ tells which.  Everything else is the same code for both.
 
 from __future__ import annotations
 
-#: The mapping's hot path.  The Cython twin (wirekit/_fast/oip.pyx) is not built yet: the
-#: pure one is bound directly (no fallback warning).
-from ._pure import request_to_mip, response_from_mip
+from collections.abc import Callable
+from typing import Any
+
+from wirekit._impl import lazy_codec
+
+from . import _pure
 from .errors import BackendError
 from .items import OipItem
 from .mapping import (
@@ -42,8 +45,17 @@ from .rest import (
 )
 from .tensors import check_tensor, tensor_from_json, tensor_to_json_data
 
+#: The mapping's hot path, bound from the Cython twin (or the pure one) on first use.
+_API = ("request_to_mip", "response_from_mip")
+__getattr__ = lazy_codec(globals(), "oip", _pure, _API)
+
+#: ``request_to_mip(req, *, rows=False) -> bytes``: the MIP request wire carrying ``req``
+request_to_mip: Callable[..., bytes]
+#: ``response_from_mip(msg, *, rows=False) -> (outputs, parameters)``; BackendError when
+#: the backend answered an ERROR item
+response_from_mip: Callable[..., tuple[list[Tensor], dict[str, Any]]]
 #: ``"fast"`` (Cython) or ``"pure"``: which twin the two functions above come from
-IMPLEMENTATION = "pure"
+IMPLEMENTATION: str
 
 __all__ = [
     "BY_CODE",

@@ -71,7 +71,11 @@ def request_to_mip(req: InferRequest, *, rows: bool = False) -> bytes:
     [REQUEST, TENSOR per input], or (``rows=True``) one such sample per row of dim 0.  The
     tensors are checked first (DecodeError naming the one that is wrong); their bytes are
     copied once, into the wire."""
-    width, samples = request_plan(req, rows)
+    return _write(*request_plan(req, rows))
+
+
+def _write(width: int, samples: list[list[tuple[int, bytes, Buffer]]]) -> bytes:
+    """The MIP request wire of a checked plan (:func:`request_plan`)."""
     total = 4
     for sample in samples:
         for _type, head, data in sample:
@@ -122,8 +126,8 @@ def response_from_mip(msg: Any, *, rows: bool = False) -> tuple[list[Tensor], di
         if item.type == OipItem.ERROR:
             raise BackendError(bytes(item.data).decode("utf-8", "replace"))
     width = msg.width
-    if msg.batch_size == 0 or width == 0:
-        raise _fail("batch_size", 0, "a reply with no items")
+    if msg.batch_size == 0:
+        raise _fail("batch_size", 0, "a reply with no samples")
     if not rows and msg.batch_size != 1:
         raise _fail("batch_size", 0, f"{msg.batch_size} samples, a reply in sample mode holds one")
     samples = []

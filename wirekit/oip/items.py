@@ -107,6 +107,13 @@ def parameters_item(parameters: dict[str, Any]) -> bytes:
     return _json(parameters, "parameters")
 
 
+def tensor_parameters(t: Tensor, field: str) -> bytes:
+    """A TENSOR item's parameters: the tensor's own (not the transport's) as a JSON object,
+    or nothing when it has none."""
+    kept = _kept(t.parameters)
+    return _json(kept, f"{field}.parameters") if kept else b""
+
+
 def tensor_head(t: Tensor, field: str) -> bytes:
     """A TENSOR item's data up to its raw bytes (head, name, shape, parameters).  The tensor
     must be checked already (:func:`check_tensor`); a name over 65 535 UTF-8 bytes or more
@@ -124,8 +131,7 @@ def tensor_head(t: Tensor, field: str) -> bytes:
             0,
             f'tensor "{t.name}": {len(t.shape)} dimensions, at most {MAX_NDIM}',
         )
-    kept = _kept(t.parameters)
-    parameters = _json(kept, f"{field}.parameters") if kept else b""
+    parameters = tensor_parameters(t, field)
     code = DATATYPES[t.datatype].code
     return b"".join(
         (
@@ -313,4 +319,5 @@ __all__ = [
     "split_rows",
     "stack_rows",
     "tensor_head",
+    "tensor_parameters",
 ]

@@ -21,6 +21,7 @@ from wirekit.errors import DecodeError, EncodeError
 from .messages import DATATYPES, PROTOCOL, Buffer, Datatype, Tensor
 
 _U32 = struct.Struct("<I")
+INT64_MAX = 2**63 - 1
 _INTEGERS = frozenset(f"{sign}INT{bits}" for sign in ("", "U") for bits in (8, 16, 32, 64))
 
 
@@ -56,6 +57,12 @@ def check_shape(name: str, shape: Any, field: str) -> tuple[int, ...]:
     ):
         raise _fail(f"{field}.shape", 0, f'tensor "{name}": shape must be a list of integers')
     for dim in shape:
+        if dim > INT64_MAX:
+            raise _fail(
+                f"{field}.shape",
+                0,
+                f'tensor "{name}": dimension {dim} in shape {shape_text(shape)} exceeds 2**63-1',
+            )
         if dim < 0:
             raise _fail(
                 f"{field}.shape",
