@@ -288,3 +288,21 @@ def test_mip_to_request_rows_must_share_the_request():
         oip.mip_to_request(mixed, rows=True)
     with pytest.raises(DecodeError, match="2 samples, a request in sample mode holds one"):
         oip.mip_to_request(mixed)
+
+
+def test_request_to_mip_copies_the_tensor_bytes_once(oip_twin):
+    """A 4 MiB binary tensor (a view of the HTTP body) costs one allocation of its size: the
+    wire it is copied into, once."""
+    import tracemalloc
+
+    body = bytearray(4 << 20)
+    req = oip.InferRequest([oip.Tensor("x", "FP32", (1 << 20,), memoryview(body))])
+    oip_twin.request_to_mip(req)  # warm up (imports, caches)
+    tracemalloc.start()
+    try:
+        wire = oip_twin.request_to_mip(req)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(wire) - len(body) < 100
+    assert peak < len(body) + (64 << 10)
