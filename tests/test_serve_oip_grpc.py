@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ from support.loops import LOOPS
 from support.ports import free_port
 from support.process import TESTS, ServerProcess, env_with
 
+from wirekit.cli import EXIT_BAD_INPUT
 from wirekit.errors import DecodeError
 from wirekit.oip.grpc import messages as pb
 from wirekit.oip.grpc.convert import (
@@ -575,3 +577,25 @@ def test_a_cut_message_is_refused_with_its_offset_or_parsed_the_same():
             raise AssertionError(end) from None
         parsed.raw_input_contents.extend(bytes(r) for r in raw)
         assert parsed == whole
+
+
+def test_a_grpc_port_in_use_stops_the_service_saying_so(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        doc = deployment(tmp_path / "r.db", free_port(), free_port())
+        doc["listen"]["grpc_port"] = port
+        config = tmp_path / "d.json"
+        config.write_text(json.dumps(doc))
+        done = subprocess.run(
+            [sys.executable, "-m", "wirekit", "serve", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=CLIENT_TIMEOUT,
+            env=env_with(),
+            cwd=tmp_path,
+        )
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr
+    assert f"wirekit serve: cannot listen: gRPC door on 127.0.0.1:{port}" in done.stderr
+    assert done.stdout == ""  # never said ready
