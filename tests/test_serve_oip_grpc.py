@@ -599,3 +599,20 @@ def test_a_grpc_port_in_use_stops_the_service_saying_so(tmp_path):
     assert done.returncode == EXIT_BAD_INPUT, done.stderr
     assert f"wirekit serve: cannot listen: gRPC door on 127.0.0.1:{port}" in done.stderr
     assert done.stdout == ""  # never said ready
+
+
+@pytest.mark.parametrize("version", ["²", "-1", "1.0", "0", "3"])
+def test_a_version_not_among_the_model_s_is_not_found(served, version):
+    with grpc.insecure_channel(served.address) as channel:
+        call = channel.unary_unary(
+            f"/{pb.SERVICE}/ModelReady",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=pb.ModelReadyResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            call(pb.ModelReadyRequest(name="typed", version=version), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+        assert refused.value.details() == (
+            f"unknown version {version!r} of model 'typed' (its versions: 1, 2)"
+        )
+        assert call(pb.ModelReadyRequest(name="typed", version="2"), timeout=30).ready

@@ -57,11 +57,8 @@ from ..config import GrpcLimits, ModelConfig
 from ..control.metrics import DOOR_OIP_GRPC
 from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload
-from ..logs import serve_logger
 from .http import _outcome_status as outcome_status  # doors/answers.py once h-rest is in
 from .httpbody import Charge
-
-log = serve_logger()
 
 #: the HTTP status of a refusal or an outcome -> the gRPC code it is answered with
 STATUS_CODES: dict[int, grpc.StatusCode] = {
@@ -146,7 +143,9 @@ class OipGrpcHandlers:
         cfg = self.dispatcher.models.get(name)
         if cfg is None:
             raise Refusal(grpc.StatusCode.NOT_FOUND, unknown_model(self.dispatcher, name))
-        if version and not (version.isdigit() and int(version) in cfg.versions):
+        if version and not (
+            version.isascii() and version.isdigit() and int(version) in cfg.versions
+        ):
             raise Refusal(
                 grpc.StatusCode.NOT_FOUND,
                 f"unknown version {version!r} of model {name!r} (its versions: "
