@@ -346,13 +346,14 @@ def test_typed_contents_out_of_their_datatype_are_invalid_argument(served):
     assert refused.details() == "inputs[0].contents.int_contents: a value does not fit INT8"
 
 
-def test_an_oip_error_the_model_answers_is_internal_with_its_message(served):
+def test_an_oip_error_the_model_answers_is_invalid_argument_with_its_message(served):
+    """As the REST doors answer it (400 with the message): one table for both."""
     from oip_grpc_handlers import REFUSAL
 
     request = pb.ModelInferRequest(model_name="refusing")
     request.inputs.add(name="x", datatype="INT8", shape=[1]).contents.int_contents.append(1)
     refused = _infer(served, request)
-    assert refused.code() == grpc.StatusCode.INTERNAL
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.details() == REFUSAL
 
 

@@ -28,8 +28,8 @@ output asked for
 
 An outcome of the dispatcher that is not ``ok`` gets the HTTP door's status, as a gRPC code
 (specs/oip.md): 400 INVALID_ARGUMENT, 413 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 504
-DEADLINE_EXCEEDED, 502 INTERNAL; an OIP error a MIP model answered, INTERNAL with its
-message.
+DEADLINE_EXCEEDED, 502 INTERNAL; an OIP error a MIP model answered, INVALID_ARGUMENT with its
+message (as REST answers it: 400).
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ from wirekit.oip.grpc.convert import (
 
 from ..config import GrpcLimits, ModelConfig
 from ..control.metrics import DOOR_OIP_GRPC
-from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
+from ..dispatch.dispatcher import MODEL_ERROR, Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload
-from .http import _outcome_status as outcome_status  # doors/answers.py once h-rest is in
+from .answers import outcome_status
 from .httpbody import Charge
 
 #: the HTTP status of a refusal or an outcome -> the gRPC code it is answered with
@@ -260,12 +260,15 @@ class OipGrpcHandlers:
             raise Refusal(
                 grpc.StatusCode.NOT_FOUND, unknown_model(self.dispatcher, model)
             ) from None
+        if outcome.cause == MODEL_ERROR:  # the model's own OIP error: its message, intact
+            raise Refusal(STATUS_CODES[outcome_status(outcome)], outcome.detail)
         if not outcome.ok:
             raise Refusal(STATUS_CODES[outcome_status(outcome)], _outcome_message(outcome))
         try:
             outputs, parameters = oip.response_from_mip(outcome.response.message, rows=rows)
-        except oip.BackendError as exc:  # the model's own OIP error: its message
-            raise Refusal(grpc.StatusCode.INTERNAL, str(exc)) from None
+        except oip.BackendError as exc:  # the model's own OIP error (a reply the dispatcher
+            # did not classify: one of several rows): its message, as REST answers it
+            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         except DecodeError as exc:
             raise Refusal(
                 grpc.StatusCode.INTERNAL, f"the backend's answer is not OIP tensors: {exc}"
