@@ -45,7 +45,7 @@ from ..dispatch.payload import Payload, dumps, outputs_json, request_from_json
 from .adminauth import AdminAccess
 from .answers import outcome_status as _outcome_status
 from .httpbody import READER_KEY, BodyReader
-from .oiprest import OipRestHandlers
+from .oiprest import LEAN_KEY, OipRestHandlers
 from .page import add_page_routes
 
 #: the route pattern of a name in a path (a model, an app): one whole, percent-decoded path
@@ -328,6 +328,7 @@ def build_app(
         dispatcher, readiness, max_items=max_items, max_message_size=max_message_size
     )
     oip_rest.add_routes(app)
+    app[LEAN_KEY] = oip_rest  # the HTTP door's lean path answers inferences with them
     return app
 
 

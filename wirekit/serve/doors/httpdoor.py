@@ -57,6 +57,16 @@ from ..config import HttpLimits
 from ..logs import serve_logger
 from .fdwatch import BurstLog, warn_if_cap_exceeds_fds
 from .httpbody import READER_KEY, BodyReader
+from .lean import (
+    INTERNAL_ERROR,
+    Handover,
+    LeanRequest,
+    answer_bytes,
+    error_bytes,
+    exception_bytes,
+    parse,
+)
+from .oiprest import HEADER_LENGTH, LEAN_KEY, OipRestHandlers, Refused, encoded, header_length
 
 log = serve_logger()
 #: aiohttp's request handler: a request in, its response out
@@ -124,9 +134,14 @@ class GatedConnection(asyncio.Protocol):
     :class:`~wirekit.mip.limits.UnsentReplies` (``http.write_stall_timeout``)."""
 
     __slots__ = (
+        "body_timer",
+        "buffer",
+        "busy",
         "door",
         "handler",
+        "idle",
         "in_request",
+        "lean",
         "replies",
         "timer",
         "transport",
@@ -147,6 +162,13 @@ class GatedConnection(asyncio.Protocol):
         #: read): charged to the memory budget until it resumes, its write stall timed
         self.replies = UnsentReplies(door.write_deadlines, door.budget, loop.time())
         self.watchdog = Watchdog(self.replies, loop, loop.time, self._unsent, self._stalled)
+        #: the OIP handlers of the lean path while it owns the connection (None: aiohttp
+        #: has it, for good; :mod:`wirekit.serve.doors.lean`)
+        self.lean: OipRestHandlers | None = door.lean
+        self.buffer = bytearray()  #: bytes the lean path holds, from a request's start
+        self.busy = False  #: the lean path answers a request
+        self.idle: asyncio.TimerHandle | None = None  #: the lean path's keep-alive timer
+        self.body_timer: asyncio.TimerHandle | None = None  #: a lean body's timer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         door = self.door
@@ -169,9 +191,149 @@ class GatedConnection(asyncio.Protocol):
                 self.timer = self.door.loop.call_at(
                     now + self.door.limits.header_timeout, self.check
                 )
-        handler.data_received(data)
+        if self.lean is None:
+            handler.data_received(data)
+            return
+        if self.idle is not None:
+            self.idle.cancel()
+            self.idle = None
+        self.buffer += data
+        if not self.busy:
+            self._next()
+
+    # ------------------------------------------------------------------ the lean path
+
+    def _next(self) -> None:
+        """Answer the request at the start of the buffer if it is the lean path's, hand the
+        connection over to aiohttp if it is not, or wait for more bytes."""
+        lean, buffer = self.lean, self.buffer
+        if lean is None or self.transport is None:
+            return
+        if not buffer:
+            self._keep_alive()
+            return
+        found = parse(buffer)
+        if found is None:
+            return
+        if isinstance(found, Handover):
+            self._handover()
+            return
+        if isinstance(found, int):  # the head read, the body still coming
+            if not self.in_request:  # the headers are whole: the request begins
+                self.request_started()
+                self.body_timer = self.door.loop.call_later(
+                    self.door.limits.body_timeout, self._body_late
+                )
+            return
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
+        body = bytes(buffer[found.body_start : found.body_end])
+        del buffer[: found.body_end]
+        if not self.in_request:
+            self.request_started()
+        self.busy = True
+        task = self.door.loop.create_task(self._serve(lean, found, body))
+        self.door.lean_tasks.add(task)
+        task.add_done_callback(self.door.lean_tasks.discard)
+
+    async def _serve(self, lean: OipRestHandlers, req: LeanRequest, body: bytes) -> None:
+        """Answer ``req`` through the OIP handlers' logic, within the request scope."""
+        door = self.door
+        reader = BodyReader(door.limits, door.budget)
+        close = False
+        try:
+            try:
+                model, version = lean.model_named(req.model, req.version)
+                json_length = header_length(req.header_length)
+                reader.hold(len(body), "the body")
+                response, binary = await lean.infer_body(
+                    model, version, json_length, body, reader, self.peer()
+                )
+                content_type, binary_length, pieces = encoded(response, binary)
+                extra = [] if binary_length is None else [(HEADER_LENGTH, str(binary_length))]
+                out = answer_bytes(200, content_type, extra, pieces)
+            except Refused as refused:
+                out = [error_bytes(refused.status, refused.message)]
+            except web.HTTPException as exc:  # the body reader's 413, 503
+                out = [exception_bytes(exc)]
+            except Exception:
+                log.exception("wirekit serve: error answering an OIP inference")
+                out, close = [INTERNAL_ERROR], True
+            finally:
+                reader.release()
+            transport = self.transport
+            if transport is not None:
+                transport.writelines(out)
+                if close:
+                    transport.close()
+                    self.lean = None
+        finally:
+            self.busy = False
+            self.request_ended()
+            self._next()
+
+    def peer(self) -> str:
+        """The client as the store records it (as :func:`~.oiprest.client`)."""
+        transport = self.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        host = peer[0] if isinstance(peer, tuple | list) and peer else None
+        return f"http:{host or '?'}"
+
+    def _keep_alive(self) -> None:
+        """Nothing buffered after an answer: close the connection if no request comes
+        within ``http.idle_timeout`` (aiohttp's keep-alive, for the lean path)."""
+        if self.idle is None and self.transport is not None:
+            self.idle = self.door.loop.call_later(self.door.limits.idle_timeout, self._idle)
+
+    def _idle(self) -> None:
+        self.idle = None
+        if self.transport is not None and not self.busy and not self.buffer:
+            self.transport.close()
+
+    def _body_late(self) -> None:
+        """A lean request's body not whole ``http.body_timeout`` after its headers: 408 and
+        the connection closed, as the body reader answers it."""
+        self.body_timer = None
+        transport = self.transport
+        if transport is None or self.busy:
+            return
+        head_end = self.buffer.find(b"\r\n\r\n")
+        received = len(self.buffer) - head_end - 4 if head_end >= 0 else 0
+        limits = self.door.limits
+        transport.write(
+            error_bytes(
+                408,
+                f"the body was not complete {limits.body_timeout:g} s after the headers"
+                f" ({received} bytes received; http.body_timeout)",
+                close=True,
+            )
+        )
+        self.lean = None
+        self.buffer.clear()
+        self.request_ended()
+        transport.close()
+
+    def _handover(self) -> None:
+        """Give the connection to aiohttp for good, with the bytes buffered from the start
+        of the request the lean path does not take."""
+        self.lean = None
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
+        if self.idle is not None:
+            self.idle.cancel()
+            self.idle = None
+        if self.in_request:  # aiohttp's scope starts the request again
+            self.in_request = False
+            self.waiting_since = self.door.loop.time()
+        data, self.buffer = bytes(self.buffer), bytearray()
+        if self.handler is not None and data:
+            self.handler.data_received(data)
 
     def eof_received(self) -> bool | None:
+        if self.lean is not None and self.buffer and not self.busy:
+            self._handover()  # a request cut short: aiohttp's to answer as it does
         return self.handler.eof_received() if self.handler is not None else None
 
     def pause_writing(self) -> None:
@@ -212,9 +374,11 @@ class GatedConnection(asyncio.Protocol):
         handler = self.handler
         if handler is None:
             return
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        for timer in (self.timer, self.idle, self.body_timer):
+            if timer is not None:
+                timer.cancel()
+        self.timer = self.idle = self.body_timer = None
+        self.lean = None
         self.watchdog.stop()
         self.replies.release()
         self.door.left(self)
@@ -274,6 +438,10 @@ class HttpDoor:
             auto_decompress=False,
         )
         self._server: asyncio.AbstractServer | None = None
+        #: the OIP handlers the lean path answers with (:mod:`wirekit.serve.doors.lean`;
+        #: None: every request goes through aiohttp, as when the access log is on)
+        self.lean: OipRestHandlers | None = None if limits.access_log else app.get(LEAN_KEY)
+        self.lean_tasks: set[asyncio.Task[None]] = set()  #: the lean answers being made
         self.handler_factory: Callable[[], asyncio.Protocol] = _not_started
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refusals = BurstLog(log)

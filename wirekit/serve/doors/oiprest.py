@@ -234,11 +234,7 @@ class OipRestHandlers:
         """The model the path names and the version answered, or :class:`Refused` (404,
         410)."""
         info = request.match_info
-        name = info["model"]
-        model = self.dispatcher.models.get(name)
-        if model is None:
-            raise Refused(*unknown_name(self.dispatcher, name))
-        return model, model_version(model, info.get("version"))
+        return self.model_named(info["model"], info.get("version"))
 
     # ------------------------------------------------------------------ inference
 
@@ -251,16 +247,43 @@ class OipRestHandlers:
 
     async def answer(self, request: web.Request) -> web.StreamResponse:
         """The inference's answer (see the module docstring), or :class:`Refused`."""
-        model, version = self.model_of(request)
-        json_length = header_length(request.headers.get(HEADER_LENGTH))
+        info = request.match_info
         reader = body_reader(request)
+        model, version = self.model_named(info["model"], info.get("version"))
+        json_length = header_length(request.headers.get(HEADER_LENGTH))
         body = await reader.read(request)
+        response, binary = await self.infer_body(
+            model, version, json_length, body, reader, client(request)
+        )
+        return await send(request, response, binary)
+
+    def model_named(self, name: str, version: str | None) -> tuple[ModelConfig, str]:
+        """The model ``name`` and the version answered (``version``: the path's), or
+        :class:`Refused` (404, 410)."""
+        model = self.dispatcher.models.get(name)
+        if model is None:
+            raise Refused(*unknown_name(self.dispatcher, name))
+        return model, model_version(model, version)
+
+    async def infer_body(
+        self,
+        model: ModelConfig,
+        version: str,
+        json_length: int | None,
+        body: bytes | bytearray,
+        reader: BodyReader,
+        client_name: str,
+    ) -> tuple[oip.InferResponse, Callable[[str], bool]]:
+        """The inference of a request whose ``body`` has been read (``json_length``: its
+        binary extension header's value): its response and which of its outputs go binary,
+        or :class:`Refused`.  One truth for the aiohttp route (:meth:`answer`) and the HTTP
+        door's lean path (:mod:`wirekit.serve.doors.lean`)."""
         req = self.decode(reader, body, json_length)
         rows = model.tensors == "rows"
         wire = self.mip_request(reader, model, req, rows)
         try:
             outcome = await self.dispatcher.submit(
-                model.name, Payload(wire=wire), client(request), door=DOOR_OIP_REST
+                model.name, Payload(wire=wire), client_name, door=DOOR_OIP_REST
             )
         except UnknownModel:  # removed while the body was read
             raise Refused(*unknown_name(self.dispatcher, model.name)) from None
@@ -280,7 +303,7 @@ class OipRestHandlers:
         except DecodeError as exc:
             raise Refused(400, str(exc)) from None
         response = oip.InferResponse(model.name, outputs, version, req.id, parameters)
-        return await send(request, response, oip.binary_outputs(req))
+        return response, oip.binary_outputs(req)
 
     def decode(
         self, reader: BodyReader, body: bytes | bytearray, json_length: int | None
@@ -359,27 +382,47 @@ class OipRestHandlers:
         router.add_route("*", "/v2/{path:.*}", self.not_served)
 
 
+#: the application's entry holding its :class:`OipRestHandlers`: the HTTP door's lean path
+#: answers inferences with them (:mod:`wirekit.serve.doors.lean`)
+LEAN_KEY: Any = (
+    web.AppKey("wirekit.oip_rest", OipRestHandlers)
+    if hasattr(web, "AppKey")
+    else "wirekit.oip_rest"
+)
+
+
 def client(request: web.Request) -> str:
     """The client of ``request`` as the store records it (as the HTTP door's)."""
     return f"http:{request.remote or '?'}"
 
 
-async def send(
-    request: web.Request, response: oip.InferResponse, binary: Callable[[str], bool]
-) -> web.StreamResponse:
-    """Answer ``response``: JSON, or with the outputs ``binary`` names in the binary tensor
-    data extension (``application/octet-stream`` and its header).  A binary answer of
-    :data:`STREAM_FROM` bytes or more is written piece by piece, its outputs straight from
-    the backend's reply (never copied into one body); a smaller one is joined first (one
-    write costs less than several)."""
+def encoded(
+    response: oip.InferResponse, binary: Callable[[str], bool]
+) -> tuple[str, int | None, list[Any]]:
+    """``(content type, binary header value or None, body pieces)`` of ``response``: JSON,
+    or with the outputs ``binary`` names in the binary tensor data extension; the pieces
+    hold the outputs straight from the backend's reply (never copied into one body).
+    :class:`Refused` (400) for an output JSON cannot hold."""
     try:
         body, json_length = oip.encode_rest_response(response, binary=binary)
     except EncodeError as exc:  # an output JSON cannot hold (BYTES that are not UTF-8)
         raise Refused(400, str(exc)) from None
     if json_length is None:
         assert isinstance(body, bytes)  # no binary part: one JSON document
-        return web.Response(body=body, content_type="application/json")
+        return "application/json", None, [body]
     pieces = [body] if isinstance(body, bytes) else body
+    return OCTET_STREAM, json_length, pieces
+
+
+async def send(
+    request: web.Request, response: oip.InferResponse, binary: Callable[[str], bool]
+) -> web.StreamResponse:
+    """Answer ``response`` (:func:`encoded`).  A binary answer of :data:`STREAM_FROM` bytes
+    or more is written piece by piece; a smaller one is joined first (one write costs less
+    than several)."""
+    content_type, json_length, pieces = encoded(response, binary)
+    if json_length is None:
+        return web.Response(body=pieces[0], content_type=content_type)
     headers = {HEADER_LENGTH: str(json_length)}
     size = sum(memoryview(piece).nbytes for piece in pieces)
     if size < STREAM_FROM:
@@ -397,10 +440,12 @@ async def send(
 
 __all__ = [
     "HEADER_LENGTH",
+    "LEAN_KEY",
     "MODEL_ERROR",
     "STREAM_FROM",
     "OipRestHandlers",
     "Refused",
+    "encoded",
     "error_answer",
     "header_length",
     "json_answer",

@@ -1,0 +1,200 @@
+"""The HTTP door's lean path: the Open Inference Protocol's inference requests
+(``POST /v2/models/NAME[/versions/V]/infer``) parsed and answered without aiohttp, on a
+connection the door's :class:`~wirekit.serve.doors.httpdoor.GatedConnection` owns.
+
+aiohttp's request handling (its parser, request and response objects, router, writer) costs
+the door more CPU per request than the dispatcher's own work on a small inference; this path
+reads only the simplest well-formed requests and gives a connection over to aiohttp, for
+good, at the first byte sequence it does not fully understand:
+
+* the request line is exactly ``POST /v2/models/NAME[/versions/V]/infer HTTP/1.1``, the
+  path's segments of plain characters (no percent-escape, no query, no dot segment);
+* every header line is ``token: visible characters`` ending ``\\r\\n`` (a bare LF or CR, an
+  obs-fold, a control character: aiohttp's), the block within :data:`MAX_HEAD` bytes and
+  :data:`MAX_FIELDS` lines;
+* exactly one ``Content-Length`` (digits, at most :data:`MAX_BODY` bytes: a larger body is
+  read by aiohttp, whose reader streams it), a ``Host``, no ``Transfer-Encoding``, ``Expect``,
+  ``Upgrade`` nor ``Content-Encoding``, ``Connection`` absent or ``keep-alive``; no header
+  the path reads given twice.
+
+Anything else -- another route, a hostile or malformed request, a limit -- is aiohttp's to
+answer, fed the bytes this path buffered from the start of that request: aiohttp keeps
+every behaviour it has, this path only adds a shortcut for requests it would have answered
+through the very same handler logic
+(:meth:`~wirekit.serve.doors.oiprest.OipRestHandlers.infer_body`, :func:`~.oiprest.encoded`),
+the same :class:`~wirekit.serve.doors.httpbody.BodyReader` charge and the same request scope
+(the door's header timer stops while a request is answered).
+
+Why a strict hand parser and not ``httptools`` (llhttp): the subset is tiny and its check is
+a handful of C-speed bytes operations and two regular expressions; llhttp would parse
+everything, including what this path must refuse (chunked bodies, obs-folds it tolerates,
+upgrades), so each callback would still need the same checks, plus a dependency.  The
+requests are answered one at a time, in order (pipelined ones wait in the buffer).  The
+access log and the lenient cases stay aiohttp's: with ``http.access_log`` on, the door does
+not use this path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from http import HTTPStatus
+from typing import Any, NamedTuple
+
+from aiohttp import web
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http import SERVER_SOFTWARE
+
+#: header block bytes this path reads at most (aiohttp's own line limit is 8190)
+MAX_HEAD = 8190
+#: header lines this path reads at most
+MAX_FIELDS = 32
+#: body bytes this path waits for at most (a larger body is aiohttp's, streamed)
+MAX_BODY = 64 * 1024
+
+#: the request line of an inference: model, version (or None)
+_REQUEST_LINE = re.compile(
+    rb"POST /v2/models/([A-Za-z0-9_\-.~!$&'()*+,;=:@]+)"
+    rb"(?:/versions/([A-Za-z0-9_\-.~!$&'()*+,;=:@]+))?/infer HTTP/1\.1"
+)
+#: a header line this path reads: a token name, a value of visible characters and blanks
+_FIELD = re.compile(
+    rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*)?[ \t]*"
+)
+#: headers that give the request to aiohttp whatever their value
+_AIOHTTP_HEADERS = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"content-encoding"})
+#: headers this path reads: given twice, the request is aiohttp's
+_READ = frozenset({b"content-length", b"host", b"connection", b"inference-header-content-length"})
+_PREFIX = b"POST /v2/models/"
+
+
+class Handover:
+    """What :func:`parse` answers for bytes the lean path leaves to aiohttp."""
+
+
+HANDOVER = Handover()
+
+
+class LeanRequest(NamedTuple):
+    """An inference request the lean path answers: its model and version (the path's),
+    the value of its binary extension header (None: none), where its body begins and
+    ends in the buffer."""
+
+    model: str
+    version: str | None
+    header_length: str | None
+    body_start: int
+    body_end: int
+
+
+def parse(buf: bytes | bytearray) -> LeanRequest | Handover | int | None:
+    """The request at the start of ``buf``: a :class:`LeanRequest` when it is whole and
+    within the lean subset, :data:`HANDOVER` when it is not within it, None when more
+    bytes are needed to tell, or the body length (an int) when its head is read and its
+    body is not whole yet."""
+    size = len(buf)
+    if buf[: min(size, len(_PREFIX))] != _PREFIX[: min(size, len(_PREFIX))]:
+        return HANDOVER
+    end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+    if end < 0:
+        return HANDOVER if size >= MAX_HEAD + 4 else None
+    head = bytes(buf[:end])
+    if b"\n" in head.replace(b"\r\n", b"") or b"\r" in head.replace(b"\r\n", b""):
+        return HANDOVER  # a bare LF or CR: aiohttp's to refuse
+    lines = head.split(b"\r\n")
+    line = _REQUEST_LINE.fullmatch(lines[0])
+    if line is None or len(lines) > MAX_FIELDS + 1:
+        return HANDOVER
+    model, version = line.group(1), line.group(2)
+    if model.strip(b".") == b"" or (version is not None and version.strip(b".") == b""):
+        return HANDOVER  # a dot segment: aiohttp normalizes the path
+    seen: dict[bytes, bytes] = {}
+    for raw in lines[1:]:
+        field = _FIELD.fullmatch(raw)
+        if field is None:
+            return HANDOVER
+        name = field.group(1).lower()
+        if name in _AIOHTTP_HEADERS:
+            return HANDOVER
+        if name in _READ:
+            if name in seen:
+                return HANDOVER
+            seen[name] = field.group(2) or b""
+    length = seen.get(b"content-length")
+    if length is None or b"host" not in seen or not length.isdigit() or len(length) > 9:
+        return HANDOVER
+    connection = seen.get(b"connection")
+    if connection is not None and connection.lower() != b"keep-alive":
+        return HANDOVER
+    body_size = int(length)
+    if body_size > MAX_BODY:
+        return HANDOVER
+    body_start = end + 4
+    if size < body_start + body_size:
+        return body_size
+    header = seen.get(b"inference-header-content-length")
+    return LeanRequest(
+        model.decode(),
+        None if version is None else version.decode(),
+        None if header is None else header.decode(),
+        body_start,
+        body_start + body_size,
+    )
+
+
+def _head(status: int, headers: list[tuple[str, str]], length: int, close: bool = False) -> bytes:
+    """The status line and headers of an answer, as aiohttp writes them (``Date``,
+    ``Server``)."""
+    parts = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"]
+    for name, value in headers:
+        parts.append(f"{name}: {value}\r\n")
+    parts.append(f"Content-Length: {length}\r\n")
+    if close:
+        parts.append("Connection: close\r\n")
+    parts.append(f"Date: {rfc822_formatted_time()}\r\nServer: {SERVER_SOFTWARE}\r\n\r\n")
+    return "".join(parts).encode("latin-1")
+
+
+def answer_bytes(
+    status: int, content_type: str, extra: list[tuple[str, str]], pieces: list[Any]
+) -> list[Any]:
+    """The pieces to write for an answer of ``status`` with body ``pieces``."""
+    length = sum(memoryview(piece).nbytes for piece in pieces)
+    head = _head(status, [("Content-Type", content_type), *extra], length)
+    if len(pieces) == 1 and length < MAX_BODY:
+        return [head + pieces[0]]
+    return [head, *pieces]
+
+
+def error_bytes(status: int, message: str, close: bool = False) -> bytes:
+    """``{"error": message}`` answered ``status`` (as :func:`~.oiprest.error_answer`)."""
+    body = json.dumps({"error": message}, separators=(",", ":"), allow_nan=False).encode()
+    return _head(status, [("Content-Type", "application/json")], len(body), close) + body
+
+
+def exception_bytes(exc: web.HTTPException) -> bytes:
+    """An aiohttp HTTP exception a handler raised (the body reader's 413 and 503),
+    answered as aiohttp answers it."""
+    body = (exc.text or "").encode()
+    headers = [(k, v) for k, v in exc.headers.items() if k.lower() != "content-length"]
+    return _head(exc.status, headers, len(body)) + body
+
+
+#: aiohttp's answer to a handler that raised
+INTERNAL_ERROR = (
+    b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: 55\r\nConnection: close\r\n\r\n"
+    b"500 Internal Server Error\n\nServer got itself in trouble"
+)
+
+__all__ = [
+    "HANDOVER",
+    "MAX_BODY",
+    "MAX_FIELDS",
+    "MAX_HEAD",
+    "LeanRequest",
+    "answer_bytes",
+    "error_bytes",
+    "exception_bytes",
+    "parse",
+]
