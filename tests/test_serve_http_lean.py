@@ -55,8 +55,8 @@ def taken(monkeypatch):
     """The requests the lean path took (their models), counted through its parser."""
     seen: list[str] = []
 
-    def counting(buf):
-        found = lean.parse(buf)
+    def counting(buf, max_body=lean.MAX_BODY):
+        found = lean.parse(buf, max_body)
         if isinstance(found, lean.LeanRequest):
             seen.append(found.model)
         return found

@@ -59,6 +59,7 @@ from .fdwatch import BurstLog, warn_if_cap_exceeds_fds
 from .httpbody import READER_KEY, BodyReader
 from .lean import (
     INTERNAL_ERROR,
+    MAX_BODY,
     Handover,
     LeanRequest,
     answer_bytes,
@@ -212,7 +213,7 @@ class GatedConnection(asyncio.Protocol):
         if not buffer:
             self._keep_alive()
             return
-        found = parse(buffer)
+        found = parse(buffer, self.door.lean_max_body)
         if found is None:
             return
         if isinstance(found, Handover):
@@ -441,6 +442,8 @@ class HttpDoor:
         #: the OIP handlers the lean path answers with (:mod:`wirekit.serve.doors.lean`;
         #: None: every request goes through aiohttp, as when the access log is on)
         self.lean: OipRestHandlers | None = None if limits.access_log else app.get(LEAN_KEY)
+        #: the bodies the lean path reads at most (a larger one is aiohttp's: 413 or streamed)
+        self.lean_max_body = min(MAX_BODY, limits.max_body_size)
         self.lean_tasks: set[asyncio.Task[None]] = set()  #: the lean answers being made
         self.handler_factory: Callable[[], asyncio.Protocol] = _not_started
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -87,9 +87,9 @@ class LeanRequest(NamedTuple):
     body_end: int
 
 
-def parse(buf: bytes | bytearray) -> LeanRequest | Handover | int | None:
+def parse(buf: bytes | bytearray, max_body: int = MAX_BODY) -> LeanRequest | Handover | int | None:
     """The request at the start of ``buf``: a :class:`LeanRequest` when it is whole and
-    within the lean subset, :data:`HANDOVER` when it is not within it, None when more
+    within the lean subset (its body at most ``max_body`` bytes), :data:`HANDOVER` when it is not within it, None when more
     bytes are needed to tell, or the body length (an int) when its head is read and its
     body is not whole yet."""
     size = len(buf)
@@ -127,7 +127,7 @@ def parse(buf: bytes | bytearray) -> LeanRequest | Handover | int | None:
     if connection is not None and connection.lower() != b"keep-alive":
         return HANDOVER
     body_size = int(length)
-    if body_size > MAX_BODY:
+    if body_size > max_body:
         return HANDOVER
     body_start = end + 4
     if size < body_start + body_size:
