@@ -525,6 +525,49 @@ def test_request_paired(benchmark, endpoints, load):
 HTTP_PAIRED = ["dispatcher", *(w.removeprefix("http-") for w in BEFORE_HTTP), "nojournal"]
 
 
+def _oip_json(text: str) -> tuple[bytes, dict[str, str]]:
+    """An OIP REST inference of one BYTES tensor holding ``text``, all JSON."""
+    doc = {"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], "data": [text]}]}
+    return json.dumps(doc).encode(), {"Content-Type": "application/json"}
+
+
+def _oip_binary(text: str) -> tuple[bytes, dict[str, str]]:
+    """The same inference with the binary tensor data extension, its output asked binary."""
+    data = len(text).to_bytes(4, "little") + text.encode()
+    tensor = {"name": "t", "datatype": "BYTES", "shape": [1]}
+    tensor["parameters"] = {"binary_data_size": len(data)}
+    doc = json.dumps({"inputs": [tensor], "parameters": {"binary_data_output": True}}).encode()
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(doc)),
+    }
+    return doc + data, headers
+
+
+def _oip_text(body: bytes, headers: Any) -> str:
+    """The text of an OIP answer's one BYTES output (JSON or binary)."""
+    length = headers.get("Inference-Header-Content-Length")
+    if length is None:
+        return json.loads(body)["outputs"][0]["data"][0]
+    return body[int(length) + 4 :].decode()
+
+
+def _predict(text: str) -> tuple[bytes, dict[str, str]]:
+    return _predict_body(text), {"Content-Type": "application/json"}
+
+
+def _predict_text(body: bytes, _headers: Any) -> str:
+    return json.loads(body)["outputs"][0][0]
+
+
+#: the HTTP door's routes measured in paired rounds: (path, request of a text, its answer)
+HTTP_ROUTES = {
+    "predict": ("/v1/models/echo:predict", _predict, _predict_text),
+    "oip-json": ("/v2/models/echo/infer", _oip_json, _oip_text),
+    "oip-binary": ("/v2/models/echo/infer", _oip_binary, _oip_text),
+}
+
+
 @pytest.mark.benchmark(group="serve http batch 1, paired rounds")
 def test_http_request_paired(benchmark, endpoints):
     """The HTTP door's contenders of :data:`HTTP_PAIRED` in turn, round after round (a round:
@@ -534,13 +577,26 @@ def test_http_request_paired(benchmark, endpoints):
     each contender's median round, requests/s, median CPU per request of the dispatcher
     process, and the medians of its round-by-round time and CPU ratios to ``dispatcher``
     (``ratios.py`` prints them)."""
+    _http_paired(benchmark, endpoints, "predict")
+
+
+@pytest.mark.benchmark(group="serve oip rest batch 1, paired rounds")
+@pytest.mark.parametrize("route", ["oip-json", "oip-binary"])
+def test_oip_rest_request_paired(benchmark, endpoints, route):
+    """:func:`test_http_request_paired` over the Open Inference Protocol's REST route
+    (``POST /v2/models/echo/infer``, one BYTES tensor; ``oip-binary``: the binary tensor
+    data extension both ways)."""
+    _http_paired(benchmark, endpoints, route)
+
+
+def _http_paired(benchmark: Any, endpoints: Any, route: str) -> None:
     import asyncio
     import time
 
     import aiohttp
 
+    path, make, read = HTTP_ROUTES[route]
     loop = asyncio.new_event_loop()
-    headers = {"Content-Type": "application/json"}
     counter = iter(range(10**9))
     times: dict[str, list[float]] = {who: [] for who in HTTP_PAIRED}
     cpus: dict[str, list[float]] = {who: [] for who in HTTP_PAIRED}
@@ -557,12 +613,13 @@ def test_http_request_paired(benchmark, endpoints):
     sessions = loop.run_until_complete(open_sessions())
 
     async def ask(session: aiohttp.ClientSession, url: str, text: str) -> str:
-        async with session.post(url, data=_predict_body(text), headers=headers) as r:
-            return (await r.json())["outputs"][0][0]
+        body, headers = make(text)
+        async with session.post(url, data=body, headers=headers) as r:
+            return read(await r.read(), r.headers)
 
     async def burst(who: str) -> None:
         host, port = endpoints[f"http-{who}"]
-        url = f"http://{host}:{port}/v1/models/echo:predict"
+        url = f"http://{host}:{port}{path}"
         base = next(counter) * ROUND
         texts = [f"h{base + k}" for k in range(ROUND)]
         outs = await asyncio.gather(*(ask(sessions[who], url, t) for t in texts))
@@ -602,7 +659,9 @@ def test_http_request_paired(benchmark, endpoints):
                 ),
             }
         benchmark.extra_info["paired"] = paired
-        benchmark.extra_info["load"] = f"http, {IN_FLIGHT} in flight, {ROUND} requests a round"
+        benchmark.extra_info["load"] = (
+            f"http {route}, {IN_FLIGHT} in flight, {ROUND} requests a round"
+        )
     finally:
         for session in sessions.values():
             loop.run_until_complete(session.close())

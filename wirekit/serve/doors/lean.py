@@ -89,9 +89,9 @@ class LeanRequest(NamedTuple):
 
 def parse(buf: bytes | bytearray, max_body: int = MAX_BODY) -> LeanRequest | Handover | int | None:
     """The request at the start of ``buf``: a :class:`LeanRequest` when it is whole and
-    within the lean subset (its body at most ``max_body`` bytes), :data:`HANDOVER` when it is not within it, None when more
-    bytes are needed to tell, or the body length (an int) when its head is read and its
-    body is not whole yet."""
+    within the lean subset (its body at most ``max_body`` bytes), :data:`HANDOVER` when it
+    is not within it, None when more bytes are needed to tell, or the body length (an int)
+    when its head is read and its body is not whole yet."""
     size = len(buf)
     if buf[: min(size, len(_PREFIX))] != _PREFIX[: min(size, len(_PREFIX))]:
         return HANDOVER
