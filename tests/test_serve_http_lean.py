@@ -14,7 +14,8 @@ import json
 import re
 
 import pytest
-from serve_support import deployment, run
+from serve_support import deployment
+from support.loops import LOOPS
 from support.service import running_service, start_backend
 
 from wirekit.mip.runtime import echo
@@ -24,6 +25,8 @@ MAX_BODY = 4096
 WAIT = 10.0
 #: a GET that makes a fresh connection aiohttp's for good
 GET_LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+#: every test on both event loops
+pytestmark = pytest.mark.parametrize("loop", LOOPS)
 DOC = json.dumps(
     {"id": "r1", "inputs": [{"name": "x", "datatype": "INT32", "shape": [2], "data": [1, 2]}]}
 ).encode()
@@ -34,6 +37,17 @@ def infer(body: bytes = DOC, path: str = "/v2/models/m/infer", extra: bytes = b"
         b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"%sContent-Length: %d\r\n\r\n%s" % (path.encode(), extra, len(body), body)
     )
+
+
+def run(loop: str, coro, timeout: float = 60.0):
+    """Run a test coroutine on ``loop`` (asyncio or uvloop) with an overall time bound."""
+    factory = None
+    if loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(asyncio.wait_for(coro, timeout))
 
 
 @contextlib.asynccontextmanager
@@ -108,7 +122,7 @@ async def _read_answers(reader: asyncio.StreamReader, n: int) -> list:
             pass
         chunk = await reader.read(65536)
         if not chunk:
-            return [("closed", data)]
+            return [("closed", re.sub(rb"\r\nDate: [^\r]*", b"", data))]
         data += chunk
 
 
@@ -122,7 +136,7 @@ def _same_as_aiohttp(port: int, pieces: list[bytes], n: int) -> list:
     return both()
 
 
-def test_pipelined_requests_are_answered_in_order_by_the_lean_path(tmp_path, taken):
+def test_pipelined_requests_are_answered_in_order_by_the_lean_path(tmp_path, taken, loop):
     async def main():
         async with lean_service(tmp_path) as port:
             bodies = [DOC.replace(b"r1", b"r%d" % i) for i in range(5)]
@@ -132,10 +146,10 @@ def test_pipelined_requests_are_answered_in_order_by_the_lean_path(tmp_path, tak
             assert all(head.startswith(b"HTTP/1.1 200 OK") for head, _ in answers)
             assert taken.count("m") >= 5
 
-    run(main())
+    run(loop, main())
 
 
-def test_a_request_split_at_every_byte_gets_the_same_answer(tmp_path, taken):
+def test_a_request_split_at_every_byte_gets_the_same_answer(tmp_path, taken, loop):
     async def main():
         async with lean_service(tmp_path) as port:
             request = infer()
@@ -146,10 +160,10 @@ def test_a_request_split_at_every_byte_gets_the_same_answer(tmp_path, taken):
                 assert got == whole, cut
             assert len(taken) >= len(request)
 
-    run(main())
+    run(loop, main())
 
 
-def test_the_connection_goes_to_aiohttp_after_lean_requests(tmp_path, taken):
+def test_the_connection_goes_to_aiohttp_after_lean_requests(tmp_path, taken, loop):
     async def main():
         async with lean_service(tmp_path) as port:
             pieces = [infer(), infer(), GET_LIVE, infer()]
@@ -158,7 +172,7 @@ def test_the_connection_goes_to_aiohttp_after_lean_requests(tmp_path, taken):
             assert json.loads(answers[2][1]) == {"live": True}
             assert len(taken) == 2  # the last one is aiohttp's: the connection is its own
 
-    run(main())
+    run(loop, main())
 
 
 SMUGGLING = {
@@ -179,17 +193,17 @@ SMUGGLING = {
 
 
 @pytest.mark.parametrize("name", list(SMUGGLING))
-def test_requests_outside_the_lean_subset_get_aiohttps_answer(tmp_path, taken, name):
+def test_requests_outside_the_lean_subset_get_aiohttps_answer(tmp_path, taken, name, loop):
     async def main():
         async with lean_service(tmp_path) as port:
             request = SMUGGLING[name] + infer()
             await _same_as_aiohttp(port, [request], 2)
             assert taken == []
 
-    run(main())
+    run(loop, main())
 
 
-def test_errors_answered_by_the_lean_path_are_aiohttps(tmp_path, taken):
+def test_errors_answered_by_the_lean_path_are_aiohttps(tmp_path, taken, loop):
     async def main():
         async with lean_service(tmp_path) as port:
             cases = [
@@ -203,10 +217,10 @@ def test_errors_answered_by_the_lean_path_are_aiohttps(tmp_path, taken):
             assert [head.split(b" ")[1] for head, _ in answers] == [b"404"] * 2 + [b"400"] * 3
             assert len(taken) == len(cases)
 
-    run(main())
+    run(loop, main())
 
 
-def test_a_body_over_the_limit_gets_aiohttps_413(tmp_path, taken):
+def test_a_body_over_the_limit_gets_aiohttps_413(tmp_path, taken, loop):
     async def main():
         async with lean_service(tmp_path) as port:
             big = infer(b" " * (MAX_BODY + 1))
@@ -214,10 +228,10 @@ def test_a_body_over_the_limit_gets_aiohttps_413(tmp_path, taken):
             assert answers[0][0].startswith(b"HTTP/1.1 413"), answers
             assert taken == []
 
-    run(main())
+    run(loop, main())
 
 
-def test_a_slow_body_gets_408_and_the_connection_closes(tmp_path, taken):
+def test_a_slow_body_gets_408_and_the_connection_closes(tmp_path, taken, loop):
     async def main():
         async with lean_service(tmp_path, body_timeout=0.3) as port:
             request = infer()
@@ -230,4 +244,4 @@ def test_a_slow_body_gets_408_and_the_connection_closes(tmp_path, taken):
             assert data.startswith(b"HTTP/1.1 408"), data
             assert b"http.body_timeout" in data
 
-    run(main())
+    run(loop, main())
