@@ -90,6 +90,7 @@ def _answers(data: bytes, n: int) -> list[tuple[bytes, bytes]]:
         body = data[end + 4 : end + 4 + length]
         data = data[end + 4 + length :]
         head = re.sub(rb"\r\nDate: [^\r]*", b"", head)
+        head = re.sub(rb"(X-Request-Id: )[^\r]*", rb"\1(an id)", head)  # one per request
         lines = head.split(b"\r\n")
         out.append((b"\r\n".join([lines[0], *sorted(lines[1:])]), body))
     assert data == b"", data
@@ -243,5 +244,30 @@ def test_a_slow_body_gets_408_and_the_connection_closes(tmp_path, taken, loop):
                 writer.close()
             assert data.startswith(b"HTTP/1.1 408"), data
             assert b"http.body_timeout" in data
+
+    run(loop, main())
+
+
+def predict(body: bytes, path: str = "/v1/models/m:predict") -> bytes:
+    return infer(body, path)
+
+
+def test_tf_serving_predictions_are_the_lean_paths_too(tmp_path, taken, loop):
+    async def main():
+        async with lean_service(tmp_path) as port:
+            cases = [
+                predict(b'{"instances": [1, 2]}'),
+                predict(b'{"inputs": [[1, 2]]}', "/v1/models/m/versions/1:predict"),
+                predict(b'{"instances": [1]}', "/v1/models/nope:predict"),
+                predict(b'{"instances": [1]}', "/v1/models/m/versions/9:predict"),
+                predict(b"{not json"),
+                predict(b"[1]"),
+                predict(b'{"signature_name": 5, "instances": [1]}'),
+            ]
+            answers = await _same_as_aiohttp(port, [b"".join(cases)], len(cases))
+            statuses = [head.split(b" ")[1] for head, _ in answers]
+            assert statuses == [b"200", b"200", b"404", b"404", b"400", b"400", b"400"]
+            assert json.loads(answers[0][1])["predictions"] == [1, 2]
+            assert len(taken) == len(cases)
 
     run(loop, main())

@@ -41,11 +41,12 @@ from ..config import ConfigError, HttpLimits
 from ..control.catalog import CatalogError
 from ..control.metrics import DOOR_CLIPPER
 from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
-from ..dispatch.payload import Payload, dumps, outputs_json, request_from_json
+from ..dispatch.payload import Payload, dumps, loads, outputs_json, request_from_json
 from .adminauth import AdminAccess
 from .answers import outcome_status as _outcome_status
 from .httpbody import READER_KEY, BodyReader
-from .oiprest import LEAN_KEY, OipRestHandlers
+from .lean import LEAN_KEY, LeanHandlers
+from .oiprest import OipRestHandlers
 from .page import add_page_routes
 
 #: the route pattern of a name in a path (a model, an app): one whole, percent-decoded path
@@ -81,8 +82,17 @@ async def _body(request: web.Request) -> dict[str, Any]:
     reader: BodyReader | None = request.get(READER_KEY)
     if reader is None:  # an application served without the door: its default limits
         reader = BodyReader(HttpLimits(), BufferBudget(4 * HttpLimits().max_body_size))
+    return json_object(reader, await reader.read(request))
+
+
+def json_object(reader: BodyReader, raw: bytes | bytearray) -> dict[str, Any]:
+    """The JSON object of a body read (``raw``), its parsed form charged to the budget
+    first (:meth:`BodyReader.hold_json`); the 400 :func:`_bad_request` raises when it is
+    not one.  The aiohttp routes (:func:`_body`) and the HTTP door's lean path
+    (:mod:`wirekit.serve.doors.lean`) both read a body through it."""
+    reader.hold_json(raw)
     try:
-        doc = await reader.json(request)
+        doc = loads(raw)  # strict JSON: NaN and Infinity are refused (payload.loads)
     except (UnicodeDecodeError, ValueError) as exc:
         raise _bad_request(f"body is not JSON: {exc}") from None
     except RecursionError:
@@ -322,13 +332,14 @@ def build_app(
     )
     from .tfserving import TfServingHandlers  # it imports this module's answers
 
-    TfServingHandlers(dispatcher, max_items, readiness).add_routes(app)
+    tfs = TfServingHandlers(dispatcher, max_items, readiness)
+    tfs.add_routes(app)
     handlers.add_routes(app)
     oip_rest = OipRestHandlers(
         dispatcher, readiness, max_items=max_items, max_message_size=max_message_size
     )
     oip_rest.add_routes(app)
-    app[LEAN_KEY] = oip_rest  # the HTTP door's lean path answers inferences with them
+    app[LEAN_KEY] = LeanHandlers(oip_rest, tfs)  # the HTTP door's lean path answers with them
     return app
 
 

@@ -44,7 +44,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from time import perf_counter
-from typing import Any, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
@@ -57,17 +57,26 @@ from ..config import HttpLimits
 from ..logs import serve_logger
 from .fdwatch import BurstLog, warn_if_cap_exceeds_fds
 from .httpbody import READER_KEY, BodyReader
+
+if TYPE_CHECKING:
+    from .oiprest import OipRestHandlers
+    from .tfserving import TfServingHandlers
+from .http import json_object
 from .lean import (
     INTERNAL_ERROR,
+    LEAN_KEY,
     MAX_BODY,
+    OIP,
     Handover,
+    LeanHandlers,
     LeanRequest,
     answer_bytes,
     error_bytes,
     exception_bytes,
     parse,
+    response_bytes,
 )
-from .oiprest import HEADER_LENGTH, LEAN_KEY, OipRestHandlers, Refused, encoded, header_length
+from .oiprest import HEADER_LENGTH, Refused, encoded, header_length
 
 log = serve_logger()
 #: aiohttp's request handler: a request in, its response out
@@ -165,7 +174,7 @@ class GatedConnection(asyncio.Protocol):
         self.watchdog = Watchdog(self.replies, loop, loop.time, self._unsent, self._stalled)
         #: the OIP handlers of the lean path while it owns the connection (None: aiohttp
         #: has it, for good; :mod:`wirekit.serve.doors.lean`)
-        self.lean: OipRestHandlers | None = door.lean
+        self.lean: LeanHandlers | None = door.lean
         self.buffer = bytearray()  #: bytes the lean path holds, from a request's start
         self.busy = False  #: the lean path answers a request
         self.idle: asyncio.TimerHandle | None = None  #: the lean path's keep-alive timer
@@ -238,22 +247,18 @@ class GatedConnection(asyncio.Protocol):
         self.door.lean_tasks.add(task)
         task.add_done_callback(self.door.lean_tasks.discard)
 
-    async def _serve(self, lean: OipRestHandlers, req: LeanRequest, body: bytes) -> None:
-        """Answer ``req`` through the OIP handlers' logic, within the request scope."""
+    async def _serve(self, lean: LeanHandlers, req: LeanRequest, body: bytes) -> None:
+        """Answer ``req`` through its handlers' logic, within the request scope."""
         door = self.door
         reader = BodyReader(door.limits, door.budget)
         close = False
+        out: list[Any]
         try:
             try:
-                model, version = lean.model_named(req.model, req.version)
-                json_length = header_length(req.header_length)
-                reader.hold(len(body), "the body")
-                response, binary = await lean.infer_body(
-                    model, version, json_length, body, reader, self.peer()
-                )
-                content_type, binary_length, pieces = encoded(response, binary)
-                extra = [] if binary_length is None else [(HEADER_LENGTH, str(binary_length))]
-                out = answer_bytes(200, content_type, extra, pieces)
+                if req.route == OIP:
+                    out = await self._oip(lean.oip, req, body, reader)
+                else:
+                    out = await self._tfs(lean.tfs, req, body, reader)
             except Refused as refused:
                 out = [error_bytes(refused.status, refused.message)]
             except web.HTTPException as exc:  # the body reader's 413, 503
@@ -273,6 +278,31 @@ class GatedConnection(asyncio.Protocol):
             self.busy = False
             self.request_ended()
             self._next()
+
+    async def _oip(
+        self, oip: OipRestHandlers, req: LeanRequest, body: bytes, reader: BodyReader
+    ) -> list[Any]:
+        """An OIP inference's answer (:meth:`OipRestHandlers.answer`'s steps)."""
+        model, version = oip.model_named(req.model, req.version)
+        json_length = header_length(req.header_length)
+        reader.hold(len(body), "the body")
+        response, binary = await oip.infer_body(
+            model, version, json_length, body, reader, self.peer()
+        )
+        content_type, binary_length, pieces = encoded(response, binary)
+        extra = [] if binary_length is None else [(HEADER_LENGTH, str(binary_length))]
+        return answer_bytes(200, content_type, extra, pieces)
+
+    async def _tfs(
+        self, tfs: TfServingHandlers, req: LeanRequest, body: bytes, reader: BodyReader
+    ) -> list[Any]:
+        """A TF Serving prediction's answer (:meth:`TfServingHandlers.predict`'s steps)."""
+        found = tfs.model_at(req.model, req.version)
+        if isinstance(found, web.Response):
+            return response_bytes(found)
+        reader.hold(len(body), "the body")
+        doc = json_object(reader, body)
+        return response_bytes(await tfs.predict_doc(found[0], doc, self.peer()))
 
     def peer(self) -> str:
         """The client as the store records it (as :func:`~.oiprest.client`)."""
@@ -441,7 +471,7 @@ class HttpDoor:
         self._server: asyncio.AbstractServer | None = None
         #: the OIP handlers the lean path answers with (:mod:`wirekit.serve.doors.lean`;
         #: None: every request goes through aiohttp, as when the access log is on)
-        self.lean: OipRestHandlers | None = None if limits.access_log else app.get(LEAN_KEY)
+        self.lean: LeanHandlers | None = None if limits.access_log else app.get(LEAN_KEY)
         #: the bodies the lean path reads at most (a larger one is aiohttp's: 413 or streamed)
         self.lean_max_body = min(MAX_BODY, limits.max_body_size)
         self.lean_tasks: set[asyncio.Task[None]] = set()  #: the lean answers being made

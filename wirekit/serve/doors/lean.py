@@ -39,11 +39,15 @@ from __future__ import annotations
 import json
 import re
 from http import HTTPStatus
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from aiohttp import web
 from aiohttp.helpers import rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE
+
+if TYPE_CHECKING:
+    from .oiprest import OipRestHandlers
+    from .tfserving import TfServingHandlers
 
 #: header block bytes this path reads at most (aiohttp's own line limit is 8190)
 MAX_HEAD = 8190
@@ -52,10 +56,14 @@ MAX_FIELDS = 32
 #: body bytes this path waits for at most (a larger body is aiohttp's, streamed)
 MAX_BODY = 64 * 1024
 
-#: the request line of an inference: model, version (or None)
-_REQUEST_LINE = re.compile(
+#: the request line of an OIP inference: model, version (or None)
+_OIP_LINE = re.compile(
     rb"POST /v2/models/([A-Za-z0-9_\-.~!$&'()*+,;=:@]+)"
     rb"(?:/versions/([A-Za-z0-9_\-.~!$&'()*+,;=:@]+))?/infer HTTP/1\.1"
+)
+#: the request line of a TF Serving prediction: model (no colon), version (digits, or None)
+_TFS_LINE = re.compile(
+    rb"POST /v1/models/([A-Za-z0-9_\-.~!$&'()*+,;=@]+)(?:/versions/([0-9]+))?:predict HTTP/1\.1"
 )
 #: a header line this path reads: a token name, a value of visible characters and blanks
 _FIELD = re.compile(
@@ -65,7 +73,16 @@ _FIELD = re.compile(
 _AIOHTTP_HEADERS = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"content-encoding"})
 #: headers this path reads: given twice, the request is aiohttp's
 _READ = frozenset({b"content-length", b"host", b"connection", b"inference-header-content-length"})
-_PREFIX = b"POST /v2/models/"
+_PREFIXES = (b"POST /v2/models/", b"POST /v1/models/")
+#: the route of a request the lean path takes
+OIP, TFS = "oip", "tfs"
+
+
+class LeanHandlers(NamedTuple):
+    """The handlers whose logic the lean path answers with (the application's own)."""
+
+    oip: OipRestHandlers
+    tfs: TfServingHandlers
 
 
 class Handover:
@@ -73,13 +90,18 @@ class Handover:
 
 
 HANDOVER = Handover()
+#: the application's entry holding its :class:`LeanHandlers` (set by ``build_app``)
+LEAN_KEY: Any = (
+    web.AppKey("wirekit.lean", LeanHandlers) if hasattr(web, "AppKey") else "wirekit.lean"
+)
 
 
 class LeanRequest(NamedTuple):
-    """An inference request the lean path answers: its model and version (the path's),
-    the value of its binary extension header (None: none), where its body begins and
-    ends in the buffer."""
+    """An inference request the lean path answers: its route (:data:`OIP`, :data:`TFS`),
+    its model and version (the path's), the value of its OIP binary extension header
+    (None: none), where its body begins and ends in the buffer."""
 
+    route: str
     model: str
     version: str | None
     header_length: str | None
@@ -93,7 +115,8 @@ def parse(buf: bytes | bytearray, max_body: int = MAX_BODY) -> LeanRequest | Han
     is not within it, None when more bytes are needed to tell, or the body length (an int)
     when its head is read and its body is not whole yet."""
     size = len(buf)
-    if buf[: min(size, len(_PREFIX))] != _PREFIX[: min(size, len(_PREFIX))]:
+    start = bytes(buf[:16])
+    if not any(prefix.startswith(start) or start.startswith(prefix) for prefix in _PREFIXES):
         return HANDOVER
     end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
     if end < 0:
@@ -102,7 +125,8 @@ def parse(buf: bytes | bytearray, max_body: int = MAX_BODY) -> LeanRequest | Han
     if b"\n" in head.replace(b"\r\n", b"") or b"\r" in head.replace(b"\r\n", b""):
         return HANDOVER  # a bare LF or CR: aiohttp's to refuse
     lines = head.split(b"\r\n")
-    line = _REQUEST_LINE.fullmatch(lines[0])
+    route = OIP if lines[0].startswith(_PREFIXES[0]) else TFS
+    line = (_OIP_LINE if route == OIP else _TFS_LINE).fullmatch(lines[0])
     if line is None or len(lines) > MAX_FIELDS + 1:
         return HANDOVER
     model, version = line.group(1), line.group(2)
@@ -134,6 +158,7 @@ def parse(buf: bytes | bytearray, max_body: int = MAX_BODY) -> LeanRequest | Han
         return body_size
     header = seen.get(b"inference-header-content-length")
     return LeanRequest(
+        route,
         model.decode(),
         None if version is None else version.decode(),
         None if header is None else header.decode(),
@@ -166,6 +191,15 @@ def answer_bytes(
     return [head, *pieces]
 
 
+def response_bytes(response: web.Response) -> list[Any]:
+    """An aiohttp :class:`~aiohttp.web.Response` a handler made (its body whole), as
+    aiohttp writes it."""
+    body = response.body
+    assert isinstance(body, bytes | bytearray)  # the handlers' answers are JSON bytes
+    headers = [(k, v) for k, v in response.headers.items() if k.lower() != "content-length"]
+    return [_head(response.status, headers, len(body)) + body]
+
+
 def error_bytes(status: int, message: str, close: bool = False) -> bytes:
     """``{"error": message}`` answered ``status`` (as :func:`~.oiprest.error_answer`)."""
     body = json.dumps({"error": message}, separators=(",", ":"), allow_nan=False).encode()
@@ -189,12 +223,17 @@ INTERNAL_ERROR = (
 
 __all__ = [
     "HANDOVER",
+    "LEAN_KEY",
     "MAX_BODY",
     "MAX_FIELDS",
     "MAX_HEAD",
+    "OIP",
+    "TFS",
+    "LeanHandlers",
     "LeanRequest",
     "answer_bytes",
     "error_bytes",
     "exception_bytes",
     "parse",
+    "response_bytes",
 ]

@@ -382,15 +382,6 @@ class OipRestHandlers:
         router.add_route("*", "/v2/{path:.*}", self.not_served)
 
 
-#: the application's entry holding its :class:`OipRestHandlers`: the HTTP door's lean path
-#: answers inferences with them (:mod:`wirekit.serve.doors.lean`)
-LEAN_KEY: Any = (
-    web.AppKey("wirekit.oip_rest", OipRestHandlers)
-    if hasattr(web, "AppKey")
-    else "wirekit.oip_rest"
-)
-
-
 def client(request: web.Request) -> str:
     """The client of ``request`` as the store records it (as the HTTP door's)."""
     return f"http:{request.remote or '?'}"
@@ -440,7 +431,6 @@ async def send(
 
 __all__ = [
     "HEADER_LENGTH",
-    "LEAN_KEY",
     "MODEL_ERROR",
     "STREAM_FROM",
     "OipRestHandlers",

@@ -421,11 +421,15 @@ class TfServingHandlers:
     def _model(self, request: web.Request) -> tuple[ModelConfig, int] | web.Response:
         """The model the path names and the version asked for (its latest when the path
         names none), or the 404/410 that refuses the path."""
-        name = request.match_info["model"]
+        info = request.match_info
+        return self.model_at(info["model"], info.get("version"))
+
+    def model_at(self, name: str, asked: str | None) -> tuple[ModelConfig, int] | web.Response:
+        """The model ``name`` and the version ``asked`` (the path's; None: its latest), or
+        the 404/410 that refuses them."""
         model = self.dispatcher.models.get(name)
         if model is None:
             return _unknown(self.dispatcher, name)
-        asked = request.match_info.get("version")
         if asked is None:
             return model, max(model.versions)
         version = int(asked) if asked.isdigit() and len(asked) < 20 else None
@@ -446,27 +450,31 @@ class TfServingHandlers:
         found = self._model(request)
         if isinstance(found, web.Response):
             return found
-        model, _version = found
-        doc = await _body(request)
+        return await self.predict_doc(found[0], await _body(request), _client(request))
+
+    async def predict_doc(
+        self, model: ModelConfig, doc: dict[str, Any], client: str
+    ) -> web.Response:
+        """The answer to a prediction of ``model`` whose body ``doc`` has been read (the
+        JSON object; ``client``: as the store records it).  One truth for the aiohttp route
+        (:meth:`predict`) and the HTTP door's lean path (:mod:`wirekit.serve.doors.lean`)."""
         try:
             signature = _signature(doc)
             form, value = _tensors_body(doc)
             if model.inputs:
-                return await self._predict_tensors(request, model, form, value, signature)
+                return await self._predict_tensors(client, model, form, value, signature)
         except BadBody as exc:
             return _error(400, str(exc))
-        return await self._predict_items(request, model.name, form, value)
+        return await self._predict_items(client, model.name, form, value)
 
-    async def _submit(
-        self, request: web.Request, model: str, payload: Payload
-    ) -> Outcome | web.Response:
+    async def _submit(self, client: str, model: str, payload: Payload) -> Outcome | web.Response:
         try:
-            return await self.dispatcher.submit(model, payload, _client(request))
+            return await self.dispatcher.submit(model, payload, client)
         except UnknownModel:  # removed while the body was read
             return _unknown(self.dispatcher, model)
 
     async def _predict_items(
-        self, request: web.Request, model: str, form: str, samples: Any
+        self, client: str, model: str, form: str, samples: Any
     ) -> web.Response:
         """A model that declares no inputs: wirekit's JSON-item mapping."""
         multi = form == "inputs"
@@ -485,7 +493,7 @@ class TfServingHandlers:
         payload = _payload(samples, multi)
         if isinstance(payload, web.Response):
             return payload
-        outcome = await self._submit(request, model, payload)
+        outcome = await self._submit(client, model, payload)
         if isinstance(outcome, web.Response):
             return outcome
         if not outcome.ok:
@@ -500,7 +508,7 @@ class TfServingHandlers:
 
     async def _predict_tensors(
         self,
-        request: web.Request,
+        client: str,
         model: ModelConfig,
         form: str,
         value: Any,
@@ -526,7 +534,7 @@ class TfServingHandlers:
             payload = Payload(request_to_mip(req, rows=rows))
         except DecodeError as exc:
             raise BadBody(exc.reason) from None
-        outcome = await self._submit(request, model.name, payload)
+        outcome = await self._submit(client, model.name, payload)
         if isinstance(outcome, web.Response):
             return outcome
         if not outcome.ok:
