@@ -37,7 +37,6 @@ not use this path.
 from __future__ import annotations
 
 import json
-import re
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -56,19 +55,14 @@ MAX_FIELDS = 32
 #: body bytes this path waits for at most (a larger body is aiohttp's, streamed)
 MAX_BODY = 64 * 1024
 
-#: the request line of an OIP inference: model, version (or None)
-_OIP_LINE = re.compile(
-    rb"POST /v2/models/([A-Za-z0-9_\-.~!$&'()*+,;=:@]+)"
-    rb"(?:/versions/([A-Za-z0-9_\-.~!$&'()*+,;=:@]+))?/infer HTTP/1\.1"
-)
-#: the request line of a TF Serving prediction: model (no colon), version (digits, or None)
-_TFS_LINE = re.compile(
-    rb"POST /v1/models/([A-Za-z0-9_\-.~!$&'()*+,;=@]+)(?:/versions/([0-9]+))?:predict HTTP/1\.1"
-)
-#: a header line this path reads: a token name, a value of visible characters and blanks
-_FIELD = re.compile(
-    rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*)?[ \t]*"
-)
+#: the characters of a header name (RFC 9110 token)
+_TOKEN = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+#: the characters of a path segment this path reads (RFC 3986 pchar without ``%``; ``:``
+#: apart, as TF Serving's routes end ``:predict``)
+_SEGMENT = b"-._~!$&'()*+,;=@0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+#: the characters a head may hold: visible ASCII, blanks, CR and LF (CR and LF only as
+#: line ends: checked apart)
+_HEAD_CHARS = bytes(range(0x20, 0x7F)) + b"\t\r\n"
 #: headers that give the request to aiohttp whatever their value
 _AIOHTTP_HEADERS = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"content-encoding"})
 #: headers this path reads: given twice, the request is aiohttp's
@@ -122,28 +116,28 @@ def parse(buf: bytes | bytearray, max_body: int = MAX_BODY) -> LeanRequest | Han
     if end < 0:
         return HANDOVER if size >= MAX_HEAD + 4 else None
     head = bytes(buf[:end])
-    if b"\n" in head.replace(b"\r\n", b"") or b"\r" in head.replace(b"\r\n", b""):
-        return HANDOVER  # a bare LF or CR: aiohttp's to refuse
-    lines = head.split(b"\r\n")
-    route = OIP if lines[0].startswith(_PREFIXES[0]) else TFS
-    line = (_OIP_LINE if route == OIP else _TFS_LINE).fullmatch(lines[0])
-    if line is None or len(lines) > MAX_FIELDS + 1:
+    crlf = head.count(b"\r\n")
+    if head.count(b"\n") != crlf or head.count(b"\r") != crlf or head.translate(None, _HEAD_CHARS):
+        return HANDOVER  # a bare LF or CR, a control or non-ASCII byte: aiohttp's to judge
+    if crlf > MAX_FIELDS:
         return HANDOVER
-    model, version = line.group(1), line.group(2)
-    if model.strip(b".") == b"" or (version is not None and version.strip(b".") == b""):
-        return HANDOVER  # a dot segment: aiohttp normalizes the path
+    lines = head.split(b"\r\n")
+    target = _target(lines[0])
+    if target is None:
+        return HANDOVER
+    route, model, version = target
     seen: dict[bytes, bytes] = {}
     for raw in lines[1:]:
-        field = _FIELD.fullmatch(raw)
-        if field is None:
-            return HANDOVER
-        name = field.group(1).lower()
+        name, colon, value = raw.partition(b":")
+        if not colon or not name or name.translate(None, _TOKEN):
+            return HANDOVER  # not a token (an obs-fold begins with a blank)
+        name = name.lower()
         if name in _AIOHTTP_HEADERS:
             return HANDOVER
         if name in _READ:
             if name in seen:
                 return HANDOVER
-            seen[name] = field.group(2) or b""
+            seen[name] = value.strip(b" \t")
     length = seen.get(b"content-length")
     if length is None or b"host" not in seen or not length.isdigit() or len(length) > 9:
         return HANDOVER
@@ -159,25 +153,77 @@ def parse(buf: bytes | bytearray, max_body: int = MAX_BODY) -> LeanRequest | Han
     header = seen.get(b"inference-header-content-length")
     return LeanRequest(
         route,
-        model.decode(),
-        None if version is None else version.decode(),
+        model,
+        version,
         None if header is None else header.decode(),
         body_start,
         body_start + body_size,
     )
 
 
+def _target(line: bytes) -> tuple[str, str, str | None] | None:
+    """``(route, model, version or None)`` of a request line the lean path takes, or
+    None."""
+    if not line.endswith(b" HTTP/1.1"):
+        return None
+    parts = line[5:-9].split(b"/")  # after "POST ": "", "v2" or "v1", "models", ...
+    count = len(parts)
+    version: bytes | None = None
+    if parts[1] == b"v2":  # /v2/models/NAME[/versions/V]/infer
+        if count not in (5, 7) or parts[-1] != b"infer":
+            return None
+        route, model, allowed = OIP, parts[3], _SEGMENT + b":"
+        if count == 7:
+            if parts[4] != b"versions":
+                return None
+            version = parts[5]
+    else:  # /v1/models/NAME[/versions/V]:predict (the prefix said v1)
+        last, colon, verb = parts[-1].rpartition(b":")
+        if count not in (4, 6) or verb != b"predict" or not colon:
+            return None
+        route, model, allowed = TFS, last, _SEGMENT
+        if count == 6:
+            if parts[4] != b"versions" or not last.isdigit():
+                return None
+            model, version = parts[3], last
+    for segment in (model, version):
+        if segment is None:
+            continue
+        if not segment or segment.translate(None, allowed) or not segment.strip(b"."):
+            return None  # empty, an escape or another character, a dot segment
+    return route, model.decode(), None if version is None else version.decode()
+
+
+#: the status lines written, by status
+_STATUS_LINES: dict[int, bytes] = {}
+#: the end of every head: aiohttp's ``Server`` header
+_SERVER = f"Server: {SERVER_SOFTWARE}\r\n\r\n".encode()
+#: the ``Date`` header's last value, as text and as bytes (it changes once a second)
+_date: list[Any] = ["", b""]
+
+
 def _head(status: int, headers: list[tuple[str, str]], length: int, close: bool = False) -> bytes:
     """The status line and headers of an answer, as aiohttp writes them (``Date``,
     ``Server``)."""
-    parts = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"]
-    for name, value in headers:
-        parts.append(f"{name}: {value}\r\n")
-    parts.append(f"Content-Length: {length}\r\n")
-    if close:
-        parts.append("Connection: close\r\n")
-    parts.append(f"Date: {rfc822_formatted_time()}\r\nServer: {SERVER_SOFTWARE}\r\n\r\n")
-    return "".join(parts).encode("latin-1")
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        line = _STATUS_LINES[status] = b"HTTP/1.1 %d %s\r\n" % (
+            status,
+            HTTPStatus(status).phrase.encode(),
+        )
+    fields = "".join(f"{name}: {value}\r\n" for name, value in headers).encode("latin-1")
+    now = rfc822_formatted_time()  # aiohttp's: formatted once a second
+    if now != _date[0]:
+        _date[:] = [now, b"Date: %s\r\n" % now.encode()]
+    connection = b"Connection: close\r\n" if close else b""
+    return b"%s%sContent-Length: %d\r\n%s%s%s" % (
+        line,
+        fields,
+        length,
+        connection,
+        _date[1],
+        _SERVER,
+    )
 
 
 def answer_bytes(
