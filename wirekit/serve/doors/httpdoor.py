@@ -147,6 +147,7 @@ class GatedConnection(asyncio.Protocol):
         "body_timer",
         "buffer",
         "busy",
+        "client_name",
         "door",
         "handler",
         "idle",
@@ -177,6 +178,7 @@ class GatedConnection(asyncio.Protocol):
         self.lean: LeanHandlers | None = door.lean
         self.buffer = bytearray()  #: bytes the lean path holds, from a request's start
         self.busy = False  #: the lean path answers a request
+        self.client_name: str | None = None  #: the client as the store records it
         self.idle: asyncio.TimerHandle | None = None  #: the lean path's keep-alive timer
         self.body_timer: asyncio.TimerHandle | None = None  #: a lean body's timer
 
@@ -306,10 +308,13 @@ class GatedConnection(asyncio.Protocol):
 
     def peer(self) -> str:
         """The client as the store records it (as :func:`~.oiprest.client`)."""
-        transport = self.transport
-        peer = transport.get_extra_info("peername") if transport is not None else None
-        host = peer[0] if isinstance(peer, tuple | list) and peer else None
-        return f"http:{host or '?'}"
+        name = self.client_name
+        if name is None:
+            transport = self.transport
+            peer = transport.get_extra_info("peername") if transport is not None else None
+            host = peer[0] if isinstance(peer, tuple | list) and peer else None
+            name = self.client_name = f"http:{host or '?'}"
+        return name
 
     def _keep_alive(self) -> None:
         """Nothing buffered after an answer: close the connection if no request comes
