@@ -92,6 +92,10 @@ ACCESS_START: Any = (
 )
 
 
+#: how long stopping the door waits for the requests in flight (aiohttp's own default)
+SHUTDOWN_TIMEOUT = 60.0
+
+
 class AccessLogger(AbstractAccessLogger):
     """aiohttp's access logger for the HTTP door: one INFO record per request answered,
     ``CLIENT "METHOD PATH" STATUS BYTES DURATION ms``, with the same values as structured
@@ -522,6 +526,11 @@ class HttpDoor:
         server, self._server = self._server, None
         if server is not None:
             server.close()
+        # the lean path's requests in flight end too (and the pipelined ones after them),
+        # as aiohttp lets its own end, within the same bound
+        deadline = self.loop.time() + SHUTDOWN_TIMEOUT if self._loop is not None else 0.0
+        while self.lean_tasks and self.loop.time() < deadline:
+            await asyncio.wait(set(self.lean_tasks), timeout=deadline - self.loop.time())
         if self._loop is not None:  # set up (aiohttp cleans up only what it set up)
             await self._runner.cleanup()
         if server is not None:

@@ -232,8 +232,8 @@ def answer_bytes(
     """The pieces to write for an answer of ``status`` with body ``pieces``."""
     length = sum(memoryview(piece).nbytes for piece in pieces)
     head = _head(status, [("Content-Type", content_type), *extra], length)
-    if len(pieces) == 1 and length < MAX_BODY:
-        return [head + pieces[0]]
+    if length < MAX_BODY:  # one small write costs less than several
+        return [head + b"".join(pieces)]
     return [head, *pieces]
 
 
