@@ -21,12 +21,13 @@ from typing import Any
 import httpx
 import pytest
 from kserve import InferenceRESTClient, RESTConfig
-from serve_support import deployment, run
+from serve_support import admin_headers, deployment, run
 from support.ports import free_port
 from support.process import ROOT, ServerProcess
 from support.service import running_service, start_backend
 
 from wirekit.mip import Item
+from wirekit.mip.runtime import echo
 from wirekit.oip import OipItem, Tensor, reply_sample
 
 TIMEOUT = 30.0
@@ -68,12 +69,16 @@ class Serve(ServerProcess):
         self.ready = json.loads(self.first_line) if self.first_line else {}
 
 
-def _call(base: str, method: str, path: str, body: Any = None) -> tuple[int, Any, Any]:
-    """``method path`` with ``body`` (JSON, or bytes as they are): ``(status, JSON answer,
-    headers)``."""
+def _call(
+    base: str, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any, Any]:
+    """``method path`` with ``body`` (JSON, or bytes as they are) and ``headers``:
+    ``(status, JSON answer, headers)``."""
     data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
     request = urllib.request.Request(base + path, data=data, method=method)
     request.add_header("Content-Type", "application/json")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
             return response.status, json.loads(response.read()), response.headers
@@ -531,3 +536,62 @@ def test_model_errors_answers_and_limits(tmp_path):
     assert (version["version"], version["state"]) == ("1", "UNAVAILABLE")
     assert version["status"]["error_code"] == "UNAVAILABLE"
     assert version["status"]["error_message"].startswith("model dead: no reachable device")
+
+
+def test_a_model_added_at_run_time_declares_its_inputs(tmp_path):
+    """``POST /admin/models`` validates the declarations as the config file does (the same
+    message, at ``models.<name>...``); the model added is served by TF Serving's API with
+    them; ``PATCH`` cannot change them."""
+
+    async def main():
+        backends = [await start_backend(echo) for _ in range(2)]
+        ports = [port for _, port in backends]
+        doc = deployment(
+            tmp_path / "requests.db",
+            {"m1": {"port": None}},
+            [{"id": "n", "devices": ["CPU", "CPU"], "models": ["m1"], "quotas": [1, 0],
+              "ports": [ports[0], None]}],
+        )  # fmt: skip
+        async with running_service(doc, backends=backends) as service:
+            url = f"http://127.0.0.1:{service.addresses()['http']}"
+            admin = {**admin_headers(service), "Content-Type": "application/json"}
+
+            def add(model: dict) -> tuple[int, Any]:
+                place = {"node": "n", "device": 1, "quota": 1, "port": ports[1]}
+                body = {"name": "m2", "model": {"port": None, **model}, "placements": [place]}
+                return _call(url, "POST", "/admin/models", body, admin)[:2]
+
+            bad = await asyncio.to_thread(add, {"inputs": [{**X, "datatype": "FP128"}]})
+            good = await asyncio.to_thread(add, {"inputs": [X], "versions": [4]})
+            answers = [
+                await asyncio.to_thread(_call, url, *call)
+                for call in [
+                    ("POST", "/v1/models/m2/versions/4:predict", {"instances": [[1, 2]]}),
+                    ("POST", "/v1/models/m2:predict", {"instances": [[1, 2, 3]]}),
+                    ("GET", "/v1/models/m2/metadata"),
+                    ("PATCH", "/admin/models/m2", {"versions": [5]}, admin),
+                ]
+            ]
+            return bad, good, [(status, doc) for status, doc, _ in answers]
+
+    bad, good, answers = run(main())
+    where = "models.m2.inputs[0].datatype"
+    assert bad == (
+        400,
+        {
+            "error": f"{where}: must be one of BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16,"
+            " INT32, INT64, FP16, FP32, FP64, BF16, BYTES, got 'FP128'",
+            "where": where,
+        },
+    )
+    status, entry = good
+    assert status == 201
+    assert (entry["inputs"], entry["outputs"], entry["versions"]) == ([X], [], [4])
+    assert (entry["platform"], entry["tensors"]) == ("wirekit", "sample")
+    assert answers[0] == (200, {"predictions": [[1.0, 2.0]]})
+    assert answers[1] == (400, {"error": "input 'x': expected shape [-1, 2], got [1, 3]"})
+    status, metadata = answers[2]
+    assert status == 200 and metadata["model_spec"]["version"] == "4"
+    status, refused = answers[3]
+    assert status == 400 and refused["where"] == "versions"
+    assert refused["error"].startswith("versions: cannot change while the model is served")
