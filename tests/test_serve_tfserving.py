@@ -20,6 +20,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from kserve import InferenceRESTClient, RESTConfig
 from serve_support import admin_headers, deployment, run
 from support.ports import free_port
@@ -29,6 +31,8 @@ from support.service import running_service, start_backend
 from wirekit.mip import Item
 from wirekit.mip.runtime import echo
 from wirekit.oip import OipItem, Tensor, reply_sample
+from wirekit.oip.metadata import TensorSpec
+from wirekit.serve.doors.tfserving import json_tensor, tensor_json
 
 TIMEOUT = 30.0
 
@@ -595,3 +599,49 @@ def test_a_model_added_at_run_time_declares_its_inputs(tmp_path):
     status, refused = answers[3]
     assert status == 400 and refused["where"] == "versions"
     assert refused["error"].startswith("versions: cannot change while the model is served")
+
+
+# --- the conversions, for any shape --------------------------------------------------------
+
+ELEMENTS = {
+    "FP64": st.floats(allow_nan=False, allow_infinity=False),
+    "INT64": st.integers(-(2**63), 2**63 - 1),
+    "BOOL": st.booleans(),
+    "BYTES": st.text(max_size=5),
+}
+
+
+def _nested(flat: list[Any], shape: tuple[int, ...]) -> Any:
+    """``flat`` as nested lists of ``shape`` (written plainly, as the test's own truth)."""
+    if not shape:
+        return flat[0]
+    step = len(flat) // shape[0] if shape[0] else 0
+    return [_nested(flat[k * step : (k + 1) * step], shape[1:]) for k in range(shape[0])]
+
+
+@st.composite
+def json_tensors(draw: st.DrawFn) -> tuple[str, tuple[int, ...], Any]:
+    datatype = draw(st.sampled_from(sorted(ELEMENTS)))
+    shape = tuple(draw(st.lists(st.integers(1, 3), max_size=3)))
+    count = 1
+    for dim in shape:
+        count *= dim
+    flat = draw(st.lists(ELEMENTS[datatype], min_size=count, max_size=count))
+    return datatype, shape, _nested(flat, shape)
+
+
+@given(json_tensors())
+def test_json_values_round_trip_through_tensors(case):
+    """TF Serving's nested JSON -> an OIP tensor (shape from the nesting) -> the same JSON."""
+    datatype, shape, value = case
+    tensor = json_tensor(TensorSpec("t", datatype, (-1,) * len(shape)), value)
+    assert (tensor.datatype, tensor.shape) == (datatype, shape)
+    assert tensor_json(tensor) == value
+
+
+@pytest.mark.parametrize(
+    ("shape", "value"),
+    [((0,), []), ((2, 0), [[], []]), ((1, 2, 0), [[[], []]]), ((0, 3), [])],
+)
+def test_empty_tensors_are_written_as_their_shape(shape, value):
+    assert tensor_json(Tensor("t", "FP32", shape, b"")) == value
