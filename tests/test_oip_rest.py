@@ -157,6 +157,14 @@ def test_not_a_request():
     assert _decode_error(b'{"inputs":[],"outputs":[{}]}').field == "outputs[0].name"
 
 
+def test_header_length_as_the_header_text():
+    req = oip.InferRequest([oip.Tensor("a", "INT8", (2,), b"\x01\x02")])
+    body, length = oip.encode_rest_request(req, binary=True)
+    assert oip.decode_rest_request(body, f" {length}") == oip.decode_rest_request(body, length)
+    for bad in ("", "-1", "12a", "1e3", "\u0661"):
+        assert "is not a byte count" in str(_decode_error(body, bad))
+
+
 def test_binary_data_without_header_is_an_error():
     body = json.dumps(
         {
