@@ -13,8 +13,9 @@ For each request :meth:`Dispatcher.submit`:
 4. records the time out and status (journaled before the answer, see
    :mod:`wirekit.serve.record.store`) and returns exactly one :class:`Outcome`.
 
-Adaptive batching (a model's ``max_batch`` > 1, MIP backends, requests from the MIP front
-door): requests for the same device that arrive in one loop pass -- typically decoded from
+Adaptive batching (a model's ``max_batch`` > 1, MIP backends, requests from any front door:
+the MIP door's :meth:`Dispatcher.start` and the awaiting doors' :meth:`Dispatcher.submit`
+alike): requests for the same device that arrive in one loop pass -- typically decoded from
 one read of a pipelining client -- are not sent one by one but joined into one MIP batch
 (their samples concatenated, up to ``max_batch`` samples and :data:`BATCH_BYTES` bytes; MIP
 samples are independent; 16 samples or more go as two batches of about half each, so that
@@ -50,7 +51,7 @@ from wirekit.mip.runtime import decode_reply
 
 from ..backends.remote import Backend, BackendUnavailable, BadRequest
 from ..config import DeviceRow, ModelConfig
-from ..control.metrics import Metrics, ModelStats
+from ..control.metrics import DOOR_HTTP, DOOR_MIP, Metrics, ModelStats
 from ..logs import serve_logger
 from ..record.store import ABANDONED, ERROR, FAILED, OK, RequestStore
 from . import lane as pure_lane
@@ -145,13 +146,16 @@ class Attempts:
 class Job:
     """One request on its way through the dispatcher, from arrival to its end
     (:meth:`Dispatcher.settle`): taken by :meth:`Dispatcher.start` (the MIP front door's way
-    in), or by :meth:`Dispatcher.submit` (the HTTP door's; ``notify`` None: awaited)."""
+    in, and :meth:`Dispatcher.submit`'s, which awaits ``notify``'s call).
+    ``door``: the front door it came in by, its ``door`` label in the metrics
+    (:data:`~wirekit.serve.control.metrics.DOORS`)."""
 
     __slots__ = (
         "abandoned",
         "attempts",
         "cfg",
         "client",
+        "door",
         "error",
         "head",
         "key",
@@ -164,10 +168,13 @@ class Job:
         "t_sent",
     )
 
-    def __init__(self, model: str, request: Payload, client: str, notify) -> None:
+    def __init__(
+        self, model: str, request: Payload, client: str, notify, door: str = DOOR_MIP
+    ) -> None:
         self.model = model
         self.request = request
         self.client = client
+        self.door = door
         #: called with the job once it is answered (None: :meth:`Dispatcher.submit` awaits it)
         self.notify = notify
         self.outcome: Outcome | None = None
@@ -296,8 +303,10 @@ class Dispatcher:
         self._ids = itertools.count(1)
         self._prefix = f"{int(time.time()):x}{os.getpid():x}{os.urandom(2).hex()}-"
         self.resubmissions = 0
-        self.active = 0  #: requests started with :meth:`start` and not answered yet
-        self.submitting = 0  #: requests in :meth:`submit` (the HTTP door's) not answered yet
+        #: requests started with :meth:`start` (:meth:`submit`'s too) and not answered yet
+        self.active = 0
+        #: requests in :meth:`submit` (the awaiting doors': HTTP, gRPC) not answered yet
+        self.submitting = 0
         self.closing = False
         self.tasks: set[asyncio.Task] = set()  #: attempt loops of started requests
         self.batches = 0  #: joined batches sent to backends (adaptive batching)
@@ -390,41 +399,64 @@ class Dispatcher:
         return [f"{prefix}{k:x}" for k in itertools.islice(self._ids, n)]
 
     async def submit(
-        self, model: str, request: Payload, client: str, *, defer_journal: bool = False
+        self,
+        model: str,
+        request: Payload,
+        client: str,
+        *,
+        defer_journal: bool = False,
+        door: str = DOOR_HTTP,
     ) -> Outcome:
         """Answer one request (see the module docstring).  Raises :class:`UnknownModel`.
 
-        Its arrival record is journaled before it is sent, with the arrivals of the same
-        loop pass when others are in flight (it waits for the end of the pass: group
-        commit).
+        The request goes the way of :meth:`start` -- the MIP front door's -- and this waits
+        for its answer: its first attempt leaves on the backend's open connection with its
+        reply handled in a callback, its arrival journaled first (with the arrivals of the
+        same loop pass when others are in flight: group commit), and any retry runs the
+        attempt loop; so every door that awaits its answers pays what the MIP door pays.
+
+        ``door``: the front door it came in by, its ``door`` label in the metrics (one of
+        :data:`~wirekit.serve.control.metrics.DOORS`: ``"http"``, ``"clipper"``,
+        ``"tfserving"``, ``"oip-rest"``, ``"oip-grpc"``).
 
         ``defer_journal``: the completion record is not written to the journal yet; the
         caller calls ``store.write_journal()`` before it answers (see
-        :meth:`RequestStore.completion`)."""
-        cfg = self.models.get(model)
-        if cfg is None:
-            raise self._unknown(model)
-        job = Job(model, request, client, None)
-        job.cfg = cfg
-        job.t_in = self.clock()
-        # its arrival record waits for the journal write that comes before it is sent
-        self._arrive(job)
+        :meth:`RequestStore.completion`).
+
+        Cancelled (the client went away, or shutdown), the request ends ``failed``
+        ("cancelled before an answer") at once; an attempt still on its way records and
+        answers nothing when it comes back."""
+        answered = asyncio.get_running_loop().create_future()
+        job = Job(model, request, client, answered.set_result, door)
+        self.start(job)  # raises UnknownModel before anything is recorded
         self.submitting += 1
         try:
-            if self.submitting > 1 or self.active:
-                # Group commit: others are in flight, so this loop pass may bring more
-                # arrivals; they are written in one system call by whichever request of
-                # them is sent first, after the pass.
-                await asyncio.sleep(0)
-            outcome = (self.cache.enabled and self._cached(job)) or await self._answer(job)
+            if not answered.done():  # a cache hit is answered within start
+                await answered
         except BaseException:
-            # Cancelled (the client went away, or shutdown): still close the row.
-            self.settle(job, _cancelled(job.rid), defer=False)
+            self._cancel_submitted(job)
             raise
         finally:
             self.submitting -= 1
-        self.settle(job, outcome, defer=defer_journal)
+        if not defer_journal:
+            self.store.write_journal()  # its completion on record before the answer
+        outcome = job.outcome
+        if outcome is None:  # its attempt loop was cancelled (shutdown): recorded so
+            return _cancelled(job.rid)
         return outcome
+
+    def _cancel_submitted(self, job: Job) -> None:
+        """:meth:`submit` was cancelled before ``job`` was answered: it ends ``failed``
+        ("cancelled before an answer", journaled at once), and what comes after -- its
+        attempt's reply, the attempt loop's end -- records and answers nothing."""
+        if job.outcome is not None or job.error is not None or job.abandoned:
+            return
+        job.notify = _no_one  # the awaiting task is gone
+        if not job.rid:  # waiting to be joined in a batch: not recorded as arrived yet
+            self._arrive(job)
+        job.head = ""  # a line started names a device: it ends on none
+        self.settle(job, _cancelled(job.rid), defer=False)
+        job.abandoned = True
 
     # ------------------------------------------------------------------ the end of a request
 
@@ -454,13 +486,13 @@ class Dispatcher:
         if head:  # answered by the device its first attempt went to: the line is started
             if t_out is None:
                 t_out = self.clock()
-            self.metrics.finished(job.model, status, t_out - job.t_in, outcome.device)
+            self.metrics.finished(job.model, status, t_out - job.t_in, outcome.device, job.door)
             self.store.complete_head(
                 head, job.rid, outcome.device, t_out, status, len(wire), outcome.attempts, reason
             )
         else:
             t_out = self.clock()
-            self.metrics.finished(job.model, status, t_out - job.t_in, outcome.device)
+            self.metrics.finished(job.model, status, t_out - job.t_in, outcome.device, job.door)
             self.store.complete(
                 job.rid,
                 job.model,
@@ -475,7 +507,7 @@ class Dispatcher:
                 defer,
                 reason,
             )
-        if job.notify is None:  # submit's: awaited, not counted in ``active``
+        if job.notify is None:  # no one awaits it, and it is not counted in ``active``
             return
         self.active -= 1
         if error is not None:
@@ -1023,7 +1055,9 @@ class Dispatcher:
         lane gathers only when a window is kept.  ``backend``: the backend time of each
         answer not from the cache, in order."""
         self.active -= len(answers)
-        self.metrics.lane_answered(model, t_out, answers, total, lo, hi, backend, by_row, stats)
+        self.metrics.lane_answered(
+            model, t_out, answers, total, lo, hi, backend, by_row, stats, DOOR_MIP
+        )
         succeed = self.router.succeed
         for row in rows:
             succeed(row)

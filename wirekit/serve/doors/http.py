@@ -36,6 +36,7 @@ from wirekit.mip.limits import BufferBudget
 
 from ..config import ConfigError, HttpLimits
 from ..control.catalog import CatalogError
+from ..control.metrics import DOOR_CLIPPER
 from ..dispatch.dispatcher import (
     BAD_REQUEST,
     TIMED_OUT,
@@ -257,7 +258,9 @@ class Handlers:
             if isinstance(payload, web.Response):
                 return payload
             try:
-                outcome = await dispatcher.submit(model, payload, _client(request))
+                outcome = await dispatcher.submit(
+                    model, payload, _client(request), door=DOOR_CLIPPER
+                )
             except UnknownModel:  # removed while the body was read, or during the batch
                 return _unknown(dispatcher, app, "application")
             answers.append(_clipper_answer(outcome, next(self.query_ids)))

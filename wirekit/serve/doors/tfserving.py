@@ -27,7 +27,9 @@ How a body becomes MIP samples depends on what the model declares
   per sample its one value (``predictions``) or its list of values (``outputs``).
 
 Every error is ``{"error": message}``; the request's id (the store's row) is the
-``X-Request-Id`` header of every answer a request was submitted for.
+``X-Request-Id`` header of every answer a request was submitted for.  In the metrics, the
+requests of the JSON-item mapping count on ``door="http"`` (the HTTP door's JSON predict, as
+before), those of OIP tensors on ``door="tfserving"``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from wirekit.oip import (
 from wirekit.oip.metadata import TensorSpec, check_inputs
 
 from ..config import ModelConfig
+from ..control.metrics import DOOR_HTTP, DOOR_TFSERVING
 from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload, outputs_json
 from .http import (
@@ -456,10 +459,12 @@ class TfServingHandlers:
         return await self._predict_items(request, model.name, form, value)
 
     async def _submit(
-        self, request: web.Request, model: str, payload: Payload
+        self, request: web.Request, model: str, payload: Payload, door: str
     ) -> Outcome | web.Response:
+        """The outcome of ``payload`` for ``model``, counted on ``door`` in the metrics; the
+        404/410 of a model removed while the body was read."""
         try:
-            return await self.dispatcher.submit(model, payload, _client(request))
+            return await self.dispatcher.submit(model, payload, _client(request), door=door)
         except UnknownModel:  # removed while the body was read
             return _unknown(self.dispatcher, model)
 
@@ -483,7 +488,7 @@ class TfServingHandlers:
         payload = _payload(samples, multi)
         if isinstance(payload, web.Response):
             return payload
-        outcome = await self._submit(request, model, payload)
+        outcome = await self._submit(request, model, payload, DOOR_HTTP)
         if isinstance(outcome, web.Response):
             return outcome
         if not outcome.ok:
@@ -524,7 +529,7 @@ class TfServingHandlers:
             payload = Payload(request_to_mip(req, rows=rows))
         except DecodeError as exc:
             raise BadBody(exc.reason) from None
-        outcome = await self._submit(request, model.name, payload)
+        outcome = await self._submit(request, model.name, payload, DOOR_TFSERVING)
         if isinstance(outcome, web.Response):
             return outcome
         if not outcome.ok:
