@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kserve import InferenceRESTClient, RESTConfig
+from prometheus_client.parser import text_string_to_metric_families
 from serve_support import admin_headers, deployment, run
 from support.ports import free_port
 from support.process import ROOT, ServerProcess
@@ -509,10 +511,13 @@ def test_model_errors_answers_and_limits(tmp_path):
                 ("POST", "/v1/models/rows:predict", {"instances": [[1, 2]] * 5}),
                 ("POST", "/v1/models/dead:predict", {"instances": list(range(9))}),
                 ("GET", "/v1/models/dead", None),
+                ("POST", "/v1/models/dead:predict", {"instances": [1]}),
             ]
-            return [await asyncio.to_thread(_call, url, *call) for call in calls]
+            answers = [await asyncio.to_thread(_call, url, *call) for call in calls]
+            return answers, service.metrics
 
-    answers = [(status, doc) for status, doc, _ in run(main())]
+    answered, metrics = run(main())
+    answers = [(status, doc) for status, doc, _ in answered]
     assert answers[0] == (400, {"error": "the model says no"})
     assert answers[1] == (200, {"outputs": 1.0})
     assert answers[2] == (
@@ -540,6 +545,17 @@ def test_model_errors_answers_and_limits(tmp_path):
     assert (version["version"], version["state"]) == ("1", "UNAVAILABLE")
     assert version["status"]["error_code"] == "UNAVAILABLE"
     assert version["status"]["error_message"].startswith("model dead: no reachable device")
+    status, doc = answers[8]
+    assert status == 503 and doc["error"].startswith("no device answered")
+    # the door label: OIP tensors on "tfserving", JSON items (the dead model's) on "http"
+    requests: Counter = Counter()
+    for family in text_string_to_metric_families(metrics.prometheus().decode()):
+        for sample in family.samples:
+            if sample.name == "wirekit_serve_requests_total":
+                requests[sample.labels["model"], sample.labels["door"]] += sample.value
+    assert requests == {("no", "tfserving"): 1, ("scalar", "tfserving"): 2,
+                        ("text", "tfserving"): 1, ("rows", "tfserving"): 1,
+                        ("dead", "http"): 1}  # fmt: skip
 
 
 def test_a_model_added_at_run_time_declares_its_inputs(tmp_path):
