@@ -30,6 +30,7 @@ from support.ports import free_port
 from support.process import ROOT, ServerProcess
 from support.service import running_service, start_backend
 
+from wirekit.errors import DecodeError
 from wirekit.mip import Item
 from wirekit.mip.runtime import echo
 from wirekit.oip import OipItem, Tensor, reply_sample
@@ -661,3 +662,8 @@ def test_json_values_round_trip_through_tensors(case):
 )
 def test_empty_tensors_are_written_as_their_shape(shape, value):
     assert tensor_json(Tensor("t", "FP32", shape, b"")) == value
+
+
+def test_a_bytes_output_badly_framed_is_refused_not_walked():
+    with pytest.raises(DecodeError, match="length 9 exceeds the 2 bytes left"):
+        tensor_json(Tensor("t", "BYTES", (1,), b"\x09\0\0\0ab"))

@@ -48,6 +48,7 @@ from wirekit.oip import (
     BackendError,
     InferRequest,
     Tensor,
+    check_tensor,
     mip_item_count,
     request_to_mip,
     response_from_mip,
@@ -264,6 +265,7 @@ def tensor_json(tensor: Tensor) -> Any:
     not UTF-8."""
     if tensor.datatype != "BYTES":
         return _nest(tensor_to_json_data(tensor), tuple(tensor.shape))
+    check_tensor(tensor)  # its framing, before it is walked (DecodeError)
     view = memoryview(tensor.data).cast("B")
     binary = tensor.name.endswith(BINARY_SUFFIX)
     values: list[Any] = []
