@@ -38,22 +38,46 @@ REQUEST_TIMEOUT = 60.0
 
 
 class HttpConnection:
-    """One keep-alive HTTP/1.1 connection sending the same request bytes each time."""
+    """One keep-alive HTTP/1.1 connection sending the same request bytes each time; opened
+    again when the server closed it while idle (uvicorn does after 5 s, MLServer's default),
+    as HTTP clients do."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
 
     @classmethod
     async def open(cls, host: str, port: int) -> HttpConnection:
         """A connection to ``host``:``port``."""
-        reader, writer = await asyncio.open_connection(host, port, limit=1 << 24)
-        return cls(reader, writer)
+        conn = cls(host, port)
+        await conn._connect()
+        return conn
+
+    async def _connect(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader, self.writer = await asyncio.open_connection(
+            self.host, self.port, limit=1 << 24
+        )
 
     async def ask(self, request: bytes) -> tuple[int, dict[str, str], bytes]:
         """Send ``request``; the answer's status, headers (lower-case names) and body."""
+        assert self.reader is not None and self.writer is not None
+        if self.reader.at_eof():
+            await self._connect()
+            assert self.reader is not None and self.writer is not None
         self.writer.write(request)
-        head = await self.reader.readuntil(b"\r\n\r\n")
+        try:
+            head = await self.reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionResetError) as exc:
+            if isinstance(exc, asyncio.IncompleteReadError) and exc.partial:
+                raise
+            await self._connect()  # closed while idle: once more on a fresh connection
+            assert self.reader is not None and self.writer is not None
+            self.writer.write(request)
+            head = await self.reader.readuntil(b"\r\n\r\n")
         status_line, *lines = head[:-4].decode("latin-1").split("\r\n")
         status = int(status_line.split(" ", 2)[1])
         headers = {}
@@ -67,6 +91,7 @@ class HttpConnection:
         return status, headers, body
 
     async def _chunked(self) -> bytes:
+        assert self.reader is not None
         parts = []
         while True:
             size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
@@ -78,7 +103,8 @@ class HttpConnection:
 
     def close(self) -> None:
         """Close the connection."""
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 Ask = Callable[[], Awaitable[tuple[int, dict[str, str], bytes]]]
