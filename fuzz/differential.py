@@ -2271,6 +2271,126 @@ def y2_threads(data: bytes) -> None:
         fast.use_avx2(old)
 
 
+# --- OIP -------------------------------------------------------------------------------------
+
+_OIP_TYPES = (
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BF16",
+    "BYTES",
+    "FP8",
+    "BYTES",
+)
+_OIP_HUGE_DIMS = (2**31, 2**32 + 1, 2**62, 2**63 - 1, 2**63, 2**64, -1, 10**12)
+
+
+def _oip_buffer(raw: bytes, kind: int) -> Any:
+    return bytearray(raw) if kind == 1 else memoryview(raw) if kind == 2 else raw
+
+
+def _oip_request(r: Reader) -> Any:
+    """An OIP request the reader spells: up to 4 inputs of any datatype (or an unknown one),
+    shapes small or huge, data of the right size or not, BYTES framed well or not, names of
+    any code points, parameters JSON or not."""
+    from wirekit import oip
+
+    inputs = []
+    for _ in range(r.below(5)):
+        name = r.take(r.below(8)).decode("latin-1")
+        if r.byte() & 1:
+            name += "\ud800\u00e9"
+        datatype = _OIP_TYPES[r.below(len(_OIP_TYPES))]
+        dims = []
+        for _ in range(r.below(5)):
+            b = r.byte()
+            dims.append(_OIP_HUGE_DIMS[b % 8] if b >= 250 else b % 5)
+        count = 1
+        for d in dims:
+            count *= d
+        how = r.byte()
+        size = oip.DATATYPES.get(datatype, oip.DATATYPES["INT8"]).size
+        if datatype == "BYTES" and how % 4 != 3 and 0 <= count <= 16:
+            elements = [r.take(r.below(6)) for _ in range(count)]
+            raw = b"".join(struct.pack("<I", len(e)) + e for e in elements)
+        elif how % 4 != 3 and 0 <= count * size <= 256:
+            raw = (r.take(count * size) + bytes(count * size))[: count * size]
+        else:
+            raw = r.take(r.below(64))
+        parameters: dict[str, Any] = {}
+        if how & 4:
+            parameters["p"] = r.byte()
+        if how & 8:
+            parameters["binary_data_size"] = len(raw)
+        if how & 16 and how & 32:
+            parameters["bad"] = {1, 2}  # not JSON
+        inputs.append(
+            oip.Tensor(name, datatype, tuple(dims), _oip_buffer(raw, (how >> 6) % 3), parameters)
+        )
+    outputs = [oip.RequestedOutput(r.take(r.below(4)).decode("latin-1")) for _ in range(r.below(3))]
+    return oip.InferRequest(
+        inputs, outputs=outputs, parameters={"q": r.byte()} if r.byte() & 1 else {}
+    )
+
+
+def _oip_reply(rest: bytes) -> Any:
+    """The MIP reply ``rest`` decodes to (the pure MIP codec), or else one sample of one TENSOR
+    item holding ``rest`` -- so every input reaches the TENSOR item reader."""
+    from wirekit import mip
+    from wirekit.oip import OipItem
+
+    try:
+        msg = twin("mip", "pure").decode(rest)
+    except DecodeError:
+        msg = None
+    if isinstance(msg, mip.Inference):
+        return msg
+    return mip.Inference.reply([[mip.Item(int(OipItem.TENSOR), rest)]])
+
+
+def oip_mapping(data: bytes) -> None:
+    """The OIP mapping's hot path: ``request_to_mip`` of requests the input spells (rows or
+    sample rule) and ``response_from_mip`` of replies it holds; when both twins succeed the
+    result must also be what the construct spec (wirekit.oip.spec) builds or parses."""
+    from wirekit.oip import OipItem, spec
+
+    if not data:
+        return
+    control, rest = data[0], data[1:]
+    rows = bool(control & 1)
+    if control & 2:
+        req = _oip_request(Reader(rest))
+        got = differential("oip.request_to_mip", "oip", lambda c: c.request_to_mip(req, rows=rows))
+        if got[0] == "ok":
+            same("oip.request_to_mip vs spec", got[1], snapshot(spec.request_wire(req, rows)))
+        return
+    msg = _oip_reply(rest)
+    got = differential(
+        "oip.response_from_mip", "oip", lambda c: c.response_from_mip(msg, rows=rows)
+    )
+    if got[0] == "ok" and not rows:
+        parsed = [
+            spec.parse_tensor_item(bytes(item.data))
+            for item in msg.items
+            if item.type == OipItem.TENSOR
+        ]
+        fast = twin("oip", "fast").response_from_mip(msg)[0]
+        same(
+            "oip.response_from_mip vs spec",
+            snapshot([dataclasses.replace(t, data=bytes(t.data)) for t in fast]),
+            snapshot([dataclasses.replace(t, data=bytes(t.data)) for t in parsed]),
+        )
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "mip_decode": mip_decode,
     "mip_stream": mip_stream,
@@ -2290,6 +2410,7 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "zio_frames": zio_frames,
     "codec_encode": codec_encode,
     "y2_threads": y2_threads,
+    "oip_mapping": oip_mapping,
 }
 
 
@@ -2315,6 +2436,7 @@ COMPILED: dict[str, tuple[str, ...]] = {
     "zio_frames": ("zio",),
     "codec_encode": ("mip", "clipper", "y2", "zmtp"),
     "y2_threads": ("y2",),
+    "oip_mapping": ("oip",),
 }
 
 

@@ -266,6 +266,24 @@ def _serve_store() -> dict[str, bytes]:
     return out
 
 
+def _oip_mapping() -> dict[str, bytes]:
+    """Replies (control byte 0: sample rule, 1: rows) from the OIP golden vectors, and
+    request programs (control 2, 3) spelling tensors of every datatype."""
+    out: dict[str, bytes] = {}
+    for name, wire in _bins("oip").items():
+        if name.startswith("rest"):
+            continue
+        out[f"{name}-sample"] = b"\x00" + wire
+        out[f"{name}-rows"] = b"\x01" + wire
+    for code in range(16):
+        # one input: name "t", datatype ``code``, shape [2, 3], data of the right size
+        program = bytes([3, 1]) + b"t" + bytes([0, code, 2, 2, 3, 0]) + bytes(range(64))
+        out[f"request-type{code}"] = b"\x02" + program
+        out[f"request-type{code}-rows"] = b"\x03" + program
+    out["request-huge-shape"] = b"\x02" + bytes([1, 1]) + b"h" + bytes([0, 12, 2, 254, 252, 3])
+    return out
+
+
 def seeds(target: str) -> dict[str, bytes]:
     mip = _bins("mip")
     y2 = _bins("y2")
@@ -313,6 +331,8 @@ def seeds(target: str) -> dict[str, bytes]:
         return _codec_encode(mip, y2)
     if target == "y2_threads":
         return _y2_threads()
+    if target == "oip_mapping":
+        return _oip_mapping()
     raise KeyError(target)
 
 
