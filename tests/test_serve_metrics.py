@@ -128,6 +128,20 @@ def _histograms(family) -> dict[tuple, dict[str, Any]]:
     return out
 
 
+def _per_device(histograms: dict[tuple, dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    """The request histograms of :func:`_histograms` summed over the ``door`` label: labels
+    (device, model) -> {"buckets", "count"}."""
+    out: dict[tuple, dict[str, Any]] = {}
+    for labels, h in histograms.items():
+        key = tuple((k, v) for k, v in labels if k != "door")
+        total = out.setdefault(key, {"buckets": [(le, 0.0) for le, _ in h["buckets"]], "count": 0})
+        total["buckets"] = [
+            (le, a + b) for (le, a), (_, b) in zip(total["buckets"], h["buckets"], strict=True)
+        ]
+        total["count"] += h["count"]
+    return out
+
+
 def test_metrics_after_a_known_load_say_what_happened_and_stats_agree(tmp_path):
     n_ok_http, n_ok_mip, n_bad, n_slow, n_batch = 12, 40, 5, 3, 32
     with (
@@ -200,9 +214,17 @@ def test_metrics_after_a_known_load_say_what_happened_and_stats_agree(tmp_path):
         values = [n for _, n in h["buckets"]]
         assert values == sorted(values) and values[-1] == h["count"]  # monotone, +Inf = count
     assert counts == {m: sum(c.values()) for m, c in expected.items()}
-    # failed requests answered by no device; the others by their device
-    assert dict(durations[(("device", ""), ("model", "bad"))])["count"] == n_bad
-    assert dict(durations[(("device", "n/0"), ("model", "ok"))])["count"] == n_ok_http + n_ok_mip
+    # failed requests answered by no device; the others by their device; each counted on
+    # the front door it came in by
+    assert durations[(("device", ""), ("door", "http"), ("model", "bad"))]["count"] == n_bad
+    assert durations[(("device", "n/0"), ("door", "http"), ("model", "ok"))]["count"] == n_ok_http
+    assert durations[(("device", "n/0"), ("door", "mip"), ("model", "ok"))]["count"] == n_ok_mip
+    assert {dict(labels)["door"] for labels in durations} == {"http", "mip"}
+    by_door: Counter = Counter()
+    for s in fams["wirekit_serve_requests"].samples:
+        by_door[s.labels["door"]] += s.value
+    assert by_door == {"http": n_ok_http + n_bad + n_slow, "mip": n_ok_mip + n_batch}
+    by_device = _per_device(durations)
     # the queue and backend split: every request sent is in the queue histogram once; the
     # slow model's backend time is its timeout at least
     queue = _histograms(fams["wirekit_serve_queue_duration_seconds"])
@@ -237,22 +259,21 @@ def test_metrics_after_a_known_load_say_what_happened_and_stats_agree(tmp_path):
         devices = figures["devices"]
         for device, d in devices.items():
             labels = (("device", device), ("model", model))
-            if labels not in durations:  # a device with requests in flight only (none here)
+            if labels not in by_device:  # a device with requests in flight only (none here)
                 assert (d["requests"], d["states"], d["in_flight"]) == (0, {}, 0)
                 assert d["latency"] == {"p50": None, "p95": None, "p99": None}
                 continue
-            assert d["requests"] == durations[labels]["count"]
-            per_state = {
-                s.labels["state"]: s.value
-                for s in fams["wirekit_serve_requests"].samples
-                if (s.labels["model"], s.labels["device"]) == (model, device)
-            }
+            assert d["requests"] == by_device[labels]["count"]
+            per_state: Counter = Counter()
+            for s in fams["wirekit_serve_requests"].samples:  # every door's
+                if (s.labels["model"], s.labels["device"]) == (model, device):
+                    per_state[s.labels["state"]] += s.value
             assert d["states"] == per_state
             counts_of = [
                 int(b - a)
                 for (_, a), (_, b) in zip(
-                    [(0, 0.0), *durations[labels]["buckets"][:-1]],
-                    durations[labels]["buckets"],
+                    [(0, 0.0), *by_device[labels]["buckets"][:-1]],
+                    by_device[labels]["buckets"],
                     strict=True,
                 )
             ]

@@ -50,6 +50,8 @@ from typing import Any
 
 from wirekit.errors import WirekitError
 from wirekit.mip.limits import Limits
+from wirekit.oip.messages import DATATYPES
+from wirekit.oip.metadata import TensorSpec
 
 from .record.storedb import is_url
 
@@ -360,6 +362,76 @@ def _parse_table(cls: Any, doc: Any, where: str, **given: Any) -> Any:
     return cls(**_settings(cls, _table(doc, where, set(_keys(cls))), where), **given)
 
 
+#: the dimensions a declared tensor shape may have at most
+MAX_TENSOR_DIMS = 64
+#: the largest size a declared dimension may give (a signed 64-bit integer's largest)
+MAX_DIMENSION = (1 << 63) - 1
+#: the ways an OIP request becomes MIP samples (``models.<name>.tensors``): ``sample``, the
+#: whole request is one MIP sample; ``rows``, dim 0 of every input is the batch, each row a
+#: sample (``specs/oip.md``)
+TENSOR_RULES = ("sample", "rows")
+#: the highest model version a config may name (a signed 64-bit integer's largest, as TF
+#: Serving's and OIP's version numbers)
+MAX_VERSION = (1 << 63) - 1
+#: the keys of one declared tensor (an entry of ``models.<name>.inputs`` / ``outputs``)
+TENSOR_KEYS = frozenset({"name", "datatype", "shape"})
+
+
+def _tensor_shape(value: Any, where: str) -> tuple[int, ...]:
+    """A declared shape: a list of at most :data:`MAX_TENSOR_DIMS` integers, each a size
+    (>= 0) or -1 (any size)."""
+    dims = _list(value, where, nonempty=False)
+    if len(dims) > MAX_TENSOR_DIMS:
+        raise ConfigError(where, f"{MAX_TENSOR_DIMS} dimensions at most, got {len(dims)}")
+    return tuple(_int(dim, f"{where}[{k}]", lo=-1, hi=MAX_DIMENSION) for k, dim in enumerate(dims))
+
+
+def _tensor_specs(value: Any, where: str) -> tuple[TensorSpec, ...]:
+    """A model's declared ``inputs`` or ``outputs``: a list of ``{name, datatype, shape}``,
+    each name once."""
+    specs: list[TensorSpec] = []
+    for k, entry in enumerate(_list(value, where, nonempty=False)):
+        at = f"{where}[{k}]"
+        table = _table(entry, at, set(TENSOR_KEYS))
+        missing = sorted(TENSOR_KEYS - set(table))
+        if missing:
+            raise ConfigError(
+                _join(at, missing[0]), "missing (a tensor needs name, datatype, shape)"
+            )
+        name = _str(table["name"], f"{at}.name")
+        if len(name) > MAX_NAME_LENGTH or not name.isprintable():
+            raise ConfigError(
+                f"{at}.name",
+                f"a tensor name is 1 to {MAX_NAME_LENGTH} printable characters, got {name!r}",
+            )
+        if any(spec.name == name for spec in specs):
+            raise ConfigError(f"{at}.name", f"tensor {name!r} is declared twice")
+        datatype = table["datatype"]
+        if datatype not in DATATYPES:
+            raise ConfigError(
+                f"{at}.datatype",
+                f"must be one of {', '.join(DATATYPES)}, got {_shown_value(datatype)}",
+            )
+        specs.append(TensorSpec(name, datatype, _tensor_shape(table["shape"], f"{at}.shape")))
+    return tuple(specs)
+
+
+def _shown_value(value: Any) -> str:
+    """A value for a message: a string quoted, anything else by its kind."""
+    return repr(value) if isinstance(value, str) else _kind(value)
+
+
+def _versions(value: Any, where: str) -> tuple[int, ...]:
+    """A model's ``versions``: a non-empty list of integers >= 1, each once."""
+    versions: list[int] = []
+    for k, version in enumerate(_list(value, where)):
+        version = _int(version, f"{where}[{k}]", lo=1, hi=MAX_VERSION)
+        if version in versions:
+            raise ConfigError(f"{where}[{k}]", f"version {version} is listed twice")
+        versions.append(version)
+    return tuple(versions)
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceRow:
     """One row of the models metadata: a model on one device of one node."""
@@ -405,14 +477,47 @@ class ModelConfig:
     #: the response time (seconds) the controller holds the model to (None: none, the
     #: controller leaves its quotas alone); ``controller.targets`` gives it too
     target: float | None = setting(None, check=_optional(_number(lo=0, lo_open=True)))
+    #: the inputs the model takes (none declared: a request's tensors are not checked
+    #: against any): requests of the tensor doors (OIP, TF Serving's REST API) with another
+    #: input, datatype or shape are refused at the door (400), and OIP's model metadata
+    #: lists them
+    inputs: tuple[TensorSpec, ...] = setting((), check=_tensor_specs)
+    #: the outputs the model answers (listed by the model metadata; not checked)
+    outputs: tuple[TensorSpec, ...] = setting((), check=_tensor_specs)
+    #: the versions of the model (TF Serving's model status, OIP's model metadata): a
+    #: request naming another version in its path is answered 404
+    versions: tuple[int, ...] = setting((1,), check=_versions)
+    #: OIP's model metadata ``platform``
+    platform: str = setting("wirekit", check=_str)
+    #: how an OIP request becomes MIP samples: ``sample`` (the whole request is one MIP
+    #: sample) or ``rows`` (dim 0 of every input is the batch, one MIP sample per row)
+    tensors: str = setting("sample", check=_one_of(TENSOR_RULES))
 
 
 #: the per-model settings that change while the model is served (``PATCH
 #: /admin/models/{name}``): new requests use them, requests in flight keep theirs
 LIVE_SETTINGS = ("timeout", "attempts", "max_batch", "target")
 #: the config keys of a model (``models.<name>``): the ones not in :data:`LIVE_SETTINGS`
-#: (``port``, ``backend``, ``apps``, ``handler``) change only by removing and adding the model
+#: (``port``, ``backend``, ``apps``, ``handler``, and what the model declares of itself:
+#: ``inputs``, ``outputs``, ``versions``, ``platform``, ``tensors``) change only by removing
+#: and adding the model -- a client that read the model's metadata keeps reading it true
 MODEL_KEYS = tuple(_keys(ModelConfig))
+
+
+def model_from_fields(fields: Mapping[str, Any]) -> ModelConfig:
+    """The :class:`ModelConfig` of ``dataclasses.asdict(model)`` read back from JSON (a
+    shared store's change log): its lists made tuples again, the declared tensors and
+    versions checked as the config's own values are (:class:`ConfigError` at the field's
+    name).  A field left out (a document written before it existed) keeps its default."""
+    values = dict(fields)
+    if "apps" in values:
+        values["apps"] = tuple(values["apps"])
+    for key, check in (("inputs", _tensor_specs), ("outputs", _tensor_specs)):
+        if key in values:
+            values[key] = check(values[key], key)
+    if "versions" in values:
+        values["versions"] = _versions(values["versions"], "versions")
+    return ModelConfig(**values)
 
 
 def live_settings(model: ModelConfig) -> dict[str, Any]:
@@ -854,8 +959,9 @@ def parse_settings(doc: Any, model: ModelConfig) -> ModelConfig:
     """``model`` with the settings of ``doc`` changed (``PATCH /admin/models/{name}``): a
     table of :data:`LIVE_SETTINGS` (absent: unchanged; ``target`` null: no target),
     validated by the config's own validator of a model's table.  A key that cannot change
-    while the model is served (``port``, ``backend``, ``apps``, ``handler``) is refused,
-    named, with a :class:`ConfigError`."""
+    while the model is served (``port``, ``backend``, ``apps``, ``handler``, ``inputs``,
+    ``outputs``, ``versions``, ``platform``, ``tensors``) is refused, named, with a
+    :class:`ConfigError`; the others keep their values."""
     table = _table(doc, "", set(MODEL_KEYS))
     fixed = [key for key in MODEL_KEYS if key in table and key not in LIVE_SETTINGS]
     if fixed:
@@ -865,14 +971,8 @@ def parse_settings(doc: Any, model: ModelConfig) -> ModelConfig:
             f"cannot change while the model is served{nor}: remove the model and add it"
             f" again (what can change: {', '.join(LIVE_SETTINGS)})",
         )
-    current = {
-        "port": model.mip_port,
-        "backend": model.backend,
-        "apps": list(model.apps),
-        "handler": model.handler,
-        **live_settings(model),
-    }
-    return _model_config(model.name, {**current, **table}, "")
+    changed = _model_config(model.name, {**live_settings(model), **table}, "")
+    return dataclasses.replace(model, **live_settings(changed))
 
 
 #: the highest device index a document may name (the store's INTEGER column holds it)

@@ -243,6 +243,7 @@ class Service:
                     self.observability.http_stats,
                     self.observability.http_metrics,
                     max_items=dep.mip.max_items,
+                    max_message_size=dep.mip.max_message_size,
                     admin=self.admin if dep.admin.enabled else None,
                     admin_access=self.admin.access(),
                     controller=self.observability.controller_state,

@@ -128,19 +128,35 @@ STATS_WINDOW = 60.0
 #: the device label of a request no device answered (failed) or the cache answered
 NO_DEVICE = ""
 
+#: the ``door`` label: the front door a request came in by -- the MIP front door (its lane
+#: included), the HTTP door's JSON ``:predict``, Clipper's query frontend, TF Serving's REST
+#: API, the Open Inference Protocol over REST and over gRPC
+DOOR_MIP = "mip"
+DOOR_HTTP = "http"
+DOOR_CLIPPER = "clipper"
+DOOR_TFSERVING = "tfserving"
+DOOR_OIP_REST = "oip-rest"
+DOOR_OIP_GRPC = "oip-grpc"
+#: every value of the ``door`` label a door passes (:meth:`Metrics.finished`)
+DOORS: tuple[str, ...] = (
+    DOOR_MIP, DOOR_HTTP, DOOR_CLIPPER, DOOR_TFSERVING, DOOR_OIP_REST, DOOR_OIP_GRPC
+)  # fmt: skip
+#: the door label of requests no door of this process took (``lost``: another process's)
+NO_DOOR = ""
+
 #: every series ``/metrics`` exports: name -> (type, labels, what it is); the README's table
 #: and the tests follow it
 METRIC_NAMES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "wirekit_serve_requests_total": (
         "counter",
-        ("model", "device", "state"),
-        "Requests finished, by model, device that answered and end state"
-        " (ok, error, failed, abandoned, lost)",
+        ("model", "device", "door", "state"),
+        "Requests finished, by model, device that answered, front door they came in by"
+        " and end state (ok, error, failed, abandoned, lost)",
     ),
     "wirekit_serve_request_duration_seconds": (
         "histogram",
-        ("model", "device"),
-        "Response time: arrival to answer, every end state",
+        ("model", "device", "door"),
+        "Response time: arrival to answer, every end state, by the front door it came in by",
     ),
     "wirekit_serve_queue_duration_seconds": (
         "histogram",
@@ -294,18 +310,59 @@ def latency_of(counts: list[int]) -> dict[str, float | None]:
     return {f"p{round(q * 100)}": quantile(q, counts) for q in (0.50, 0.95, 0.99)}
 
 
-class DeviceSeries:
-    """One (model, device) pair's figures since the process started: its requests by end
-    state and the histograms of their response times and of the backend's time."""
+class DoorSeries:
+    """One (model, device, door) triple's figures since the process started: its requests
+    by end state and the histogram of their response times."""
 
-    __slots__ = ("backend", "device", "duration", "model", "states")
+    __slots__ = ("door", "duration", "states")
+
+    def __init__(self, door: str) -> None:
+        self.door = door  #: one of :data:`DOORS`, or :data:`NO_DOOR`
+        self.states: dict[str, int] = {}
+        self.duration = Histogram()
+
+
+class DeviceSeries:
+    """One (model, device) pair's figures since the process started: the histogram of the
+    backend's time, and per front door (:class:`DoorSeries`) its requests by end state and
+    the histogram of their response times; :attr:`states` and :attr:`duration` are those of
+    every door together."""
+
+    __slots__ = ("backend", "device", "doors", "model")
 
     def __init__(self, model: str, device: str) -> None:
         self.model = model
         self.device = device  #: ``node/index``, or :data:`NO_DEVICE`
-        self.states: dict[str, int] = {}
-        self.duration = Histogram()
         self.backend = Histogram()
+        #: door label -> its figures (made on first use: :meth:`door`)
+        self.doors: dict[str, DoorSeries] = {}
+
+    def door(self, door: str) -> DoorSeries:
+        """The figures of the requests that came in by ``door`` (made on first use)."""
+        series = self.doors.get(door)
+        if series is None:
+            series = self.doors[door] = DoorSeries(door)
+        return series
+
+    @property
+    def states(self) -> dict[str, int]:
+        """Requests by end state, every door together (a new dict)."""
+        out: dict[str, int] = {}
+        for series in self.doors.values():
+            for state, n in series.states.items():
+                out[state] = out.get(state, 0) + n
+        return out
+
+    @property
+    def duration(self) -> Histogram:
+        """The response-time histogram of every door together (a new one)."""
+        total = Histogram()
+        counts = total.counts
+        for series in self.doors.values():
+            for i, n in enumerate(series.duration.counts):
+                counts[i] += n
+            total.sum += series.duration.sum
+        return total
 
 
 def device_label(key: str, model: str) -> str:
@@ -501,6 +558,9 @@ class Metrics:
         #: (model, device label) -> its figures since start (the Prometheus series)
         self.series: dict[tuple[str, str], DeviceSeries] = {}
         self._by_key: dict[str, DeviceSeries] = {}  # row key -> its series
+        #: (model, door) -> {row key or "cache": (its device series, their door's)}: what
+        #: :meth:`lane_answered` counts on, one lookup per device of a flush
+        self._door_keys: dict[tuple[str, str], dict[str, tuple[DeviceSeries, DoorSeries]]] = {}
         self._unrouted: dict[str, DeviceSeries] = {}  # model -> its NO_DEVICE series
         #: model -> its figures since start that are not per device
         self.counters: dict[str, ModelCounters] = {}
@@ -557,26 +617,35 @@ class Metrics:
         backend: list[float] | None = None,
         by_row: dict[str, list[Any]] | None = None,
         stats: ModelStats | None = None,
+        door: str = DOOR_MIP,
     ) -> None:
-        """The MIP lane answered ``answers`` ok at ``t_out``: each ``(id, device, t_in,
-        ...)`` (device a row key, or ``"cache"``), their response times summing to
-        ``total``, from ``lo`` to ``hi``; ``backend`` the backend time of each that is not
-        from the cache, in order (its queue time is 0: the lane sends a request in the pass
-        it reads it); ``by_row`` the same figures per row key (``[n, total, lo, hi]``, with
-        a window only).  Counted as :meth:`finished` counts one request, a group at a time:
-        the answers of one device and one read share their response time."""
+        """The MIP lane (of the front door ``door``) answered ``answers`` ok at ``t_out``:
+        each ``(id, device, t_in, ...)`` (device a row key, or ``"cache"``), their response
+        times summing to ``total``, from ``lo`` to ``hi``; ``backend`` the backend time of
+        each that is not from the cache, in order (its queue time is 0: the lane sends a
+        request in the pass it reads it); ``by_row`` the same figures per row key
+        (``[n, total, lo, hi]``, with a window only).  Counted as :meth:`finished` counts
+        one request, a group at a time: the answers of one device and one read share their
+        response time."""
         (stats or self.stats(model)).finished(OK, len(answers), total, lo, hi)
         times = backend or ()
         sent = 0
         start = 0
         n = len(answers)
+        keys = self._door_keys.get((model, door))
+        if keys is None:
+            keys = self._door_keys[(model, door)] = {}
         while start < n:  # runs of one device and one read
             device, t_in = answers[start][1], answers[start][2]
             stop = start + 1
             while stop < n and answers[stop][1] is device and answers[stop][2] is t_in:
                 stop += 1
-            series = self._by_key.get(device) or self.device_series(model, device)
-            self._count(series, OK, t_out - t_in, stop - start)
+            pair = keys.get(device)
+            if pair is None:
+                series = self.device_series(model, device)
+                pair = keys[device] = (series, series.door(door))
+            series = pair[0]
+            self._count(pair[1], OK, t_out - t_in, stop - start)
             if device != _CACHE and sent < len(times):
                 took = times[sent : sent + stop - start]
                 series.backend.observe_each(took)
@@ -588,7 +657,7 @@ class Metrics:
             self.rows_answered(by_row)
 
     @staticmethod
-    def _count(series: DeviceSeries, status: str, seconds: float, n: int) -> None:
+    def _count(series: DoorSeries, status: str, seconds: float, n: int) -> None:
         """``n`` requests of ``series`` ended with ``status`` after ``seconds`` each."""
         series.states[status] = series.states.get(status, 0) + n
         series.duration.observe(seconds, n)
@@ -622,15 +691,21 @@ class Metrics:
             s.recent.arrive(1)
 
     def finished(
-        self, model: str, status: str, response_time: float, device: str | None = None
+        self,
+        model: str,
+        status: str,
+        response_time: float,
+        device: str | None = None,
+        door: str = DOOR_HTTP,
     ) -> None:
-        """A request of ``model`` finished with ``status`` after ``response_time`` seconds,
-        answered by the row ``device`` (its key; None or ``"cache"``: no row): the batched
-        accounting (:meth:`lane_answered`'s) with n = 1."""
+        """A request of ``model`` that came in by ``door`` (one of :data:`DOORS`) finished
+        with ``status`` after ``response_time`` seconds, answered by the row ``device`` (its
+        key; None or ``"cache"``: no row): the batched accounting (:meth:`lane_answered`'s)
+        with n = 1."""
         rt = response_time
         s = self.stats(model)
         s.finished(status, 1, rt, rt, rt)
-        self._count(self.device_series(model, device), status, rt, 1)
+        self._count(self.device_series(model, device).door(door), status, rt, 1)
         if s.recent is not None and device is not None and device != _CACHE:
             self._row_finished(device, status, 1, rt, rt, rt)
 
@@ -649,8 +724,8 @@ class Metrics:
         leader of a shared store, those of a replica whose lease expired.  Counted in
         ``wirekit_serve_requests_total`` (state ``lost``, no device) and nowhere else: they
         were in no queue of this process and have no response time."""
-        series = self.device_series(model, None)
-        series.states[LOST] = series.states.get(LOST, 0) + n
+        states = self.device_series(model, None).door(NO_DOOR).states
+        states[LOST] = states.get(LOST, 0) + n
 
     def row(self, key: str) -> WindowCounters:
         """The window counters of the row ``key`` (created on first use; needs a window)."""
@@ -740,10 +815,13 @@ class _Collector:
         backend = family("wirekit_serve_backend_duration_seconds")
         for (model, device), series in sorted(m.series.items()):
             labels = [_label(model), _label(device)]
-            for state, n in sorted(series.states.items()):
-                requests.add_metric([*labels, _label(state)], n)
-            if series.duration.count:
-                duration.add_metric(labels, series.duration.cumulative(), series.duration.sum)
+            for door, by_door in sorted(series.doors.items()):
+                door_labels = [*labels, _label(door)]
+                for state, n in sorted(by_door.states.items()):
+                    requests.add_metric([*door_labels, _label(state)], n)
+                hist = by_door.duration
+                if hist.count:
+                    duration.add_metric(door_labels, hist.cumulative(), hist.sum)
             if series.backend.count:
                 backend.add_metric(labels, series.backend.cumulative(), series.backend.sum)
         queue_wait = family("wirekit_serve_queue_duration_seconds")

@@ -47,10 +47,11 @@ from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply, Inference
 from wirekit.mip.client import unanswered_retryable
 from wirekit.mip.runtime import decode_reply
+from wirekit.oip.items import OipItem
 
 from ..backends.remote import Backend, BackendUnavailable, BadRequest
 from ..config import DeviceRow, ModelConfig
-from ..control.metrics import Metrics, ModelStats
+from ..control.metrics import DOOR_HTTP, DOOR_MIP, Metrics, ModelStats
 from ..logs import serve_logger
 from ..record.store import ABANDONED, ERROR, FAILED, OK, RequestStore
 from . import lane as pure_lane
@@ -68,6 +69,8 @@ TIMED_OUT, UNAVAILABLE, BAD_REQUEST = "timeout", "unavailable", "bad request"
 BATCH_BYTES = 1 << 20  #: a joined batch stays under this many bytes (larger requests go alone)
 SPLIT_SAMPLES = 16  #: requests joined to this many samples or more go as two batches
 _HEAD = struct.Struct(">BBBBIBBH")  # MIP header + the inference counts
+#: the item type of a model's error in the Open Inference Protocol mapping (specs/oip.md)
+OIP_ERROR = int(OipItem.ERROR)
 
 
 def join_requests(wires: list[bytes], n_input: int, samples: int) -> bytes:
@@ -145,13 +148,16 @@ class Attempts:
 class Job:
     """One request on its way through the dispatcher, from arrival to its end
     (:meth:`Dispatcher.settle`): taken by :meth:`Dispatcher.start` (the MIP front door's way
-    in), or by :meth:`Dispatcher.submit` (the HTTP door's; ``notify`` None: awaited)."""
+    in), or by :meth:`Dispatcher.submit` (the HTTP door's; ``notify`` None: awaited).
+    ``door``: the front door it came in by, its ``door`` label in the metrics
+    (:data:`~wirekit.serve.control.metrics.DOORS`)."""
 
     __slots__ = (
         "abandoned",
         "attempts",
         "cfg",
         "client",
+        "door",
         "error",
         "head",
         "key",
@@ -164,10 +170,13 @@ class Job:
         "t_sent",
     )
 
-    def __init__(self, model: str, request: Payload, client: str, notify) -> None:
+    def __init__(
+        self, model: str, request: Payload, client: str, notify, door: str = DOOR_MIP
+    ) -> None:
         self.model = model
         self.request = request
         self.client = client
+        self.door = door
         #: called with the job once it is answered (None: :meth:`Dispatcher.submit` awaits it)
         self.notify = notify
         self.outcome: Outcome | None = None
@@ -230,6 +239,12 @@ class Outcome:
 def _error_payload(code: ErrorCode) -> Payload:
     msg = ErrorReply(int(code))
     return Payload(None, msg)
+
+
+def oip_error(msg: Inference) -> str:
+    """The message of a model's Open Inference Protocol ERROR item, the first item of
+    ``msg`` (:func:`wirekit.oip.error_to_mip`): what the request's row records as why."""
+    return bytes(msg.items[0][1]).decode("utf-8", "replace")
 
 
 def is_answer(msg: Any) -> TypeGuard[Inference]:
@@ -390,9 +405,19 @@ class Dispatcher:
         return [f"{prefix}{k:x}" for k in itertools.islice(self._ids, n)]
 
     async def submit(
-        self, model: str, request: Payload, client: str, *, defer_journal: bool = False
+        self,
+        model: str,
+        request: Payload,
+        client: str,
+        *,
+        defer_journal: bool = False,
+        door: str = DOOR_HTTP,
     ) -> Outcome:
         """Answer one request (see the module docstring).  Raises :class:`UnknownModel`.
+
+        ``door``: the front door it came in by, its ``door`` label in the metrics (one of
+        :data:`~wirekit.serve.control.metrics.DOORS`: ``"http"``, ``"clipper"``,
+        ``"tfserving"``, ``"oip-rest"``, ``"oip-grpc"``).
 
         Its arrival record is journaled before it is sent, with the arrivals of the same
         loop pass when others are in flight (it waits for the end of the pass: group
@@ -404,7 +429,7 @@ class Dispatcher:
         cfg = self.models.get(model)
         if cfg is None:
             raise self._unknown(model)
-        job = Job(model, request, client, None)
+        job = Job(model, request, client, None, door)
         job.cfg = cfg
         job.t_in = self.clock()
         # its arrival record waits for the journal write that comes before it is sent
@@ -454,13 +479,13 @@ class Dispatcher:
         if head:  # answered by the device its first attempt went to: the line is started
             if t_out is None:
                 t_out = self.clock()
-            self.metrics.finished(job.model, status, t_out - job.t_in, outcome.device)
+            self.metrics.finished(job.model, status, t_out - job.t_in, outcome.device, job.door)
             self.store.complete_head(
                 head, job.rid, outcome.device, t_out, status, len(wire), outcome.attempts, reason
             )
         else:
             t_out = self.clock()
-            self.metrics.finished(job.model, status, t_out - job.t_in, outcome.device)
+            self.metrics.finished(job.model, status, t_out - job.t_in, outcome.device, job.door)
             self.store.complete(
                 job.rid,
                 job.model,
@@ -489,9 +514,13 @@ class Dispatcher:
     def classify_reply(self, job: Job, reply: Payload, device: str, attempt: int) -> Outcome:
         """What a backend's ``reply`` to ``job`` (from the row ``device``, its attempt
         ``attempt``) makes of it: ``ok`` when it is an inference response (then cached),
-        else ``error`` ("backend answered ...")."""
+        but ``error`` with the model's message when it is the Open Inference Protocol's
+        ERROR item (a one-output reply whose first item is one: :func:`oip_error`); else
+        ``error`` ("backend answered ...")."""
         msg = reply.message
         if type(msg) is Inference and msg.response:  # is_answer(msg), inline: per request
+            if msg.n_output == 1 and msg.items and msg.items[0][0] == OIP_ERROR:
+                return Outcome(job.rid, ERROR, reply, device, attempt, oip_error(msg))
             return self._answered(job, reply, device, attempt)
         return Outcome(job.rid, ERROR, reply, device, attempt, f"backend answered {msg}")
 
@@ -1023,7 +1052,9 @@ class Dispatcher:
         lane gathers only when a window is kept.  ``backend``: the backend time of each
         answer not from the cache, in order."""
         self.active -= len(answers)
-        self.metrics.lane_answered(model, t_out, answers, total, lo, hi, backend, by_row, stats)
+        self.metrics.lane_answered(
+            model, t_out, answers, total, lo, hi, backend, by_row, stats, DOOR_MIP
+        )
         succeed = self.router.succeed
         for row in rows:
             succeed(row)

@@ -35,21 +35,18 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from wirekit.mip import DEFAULT_MAX_ITEMS, ErrorCode, ErrorReply, Inference
+from wirekit.mip.decoder import DEFAULT_MAX_MESSAGE_SIZE
 from wirekit.mip.limits import BufferBudget
 
 from ..config import ConfigError, HttpLimits
 from ..control.catalog import CatalogError
-from ..dispatch.dispatcher import (
-    BAD_REQUEST,
-    TIMED_OUT,
-    Dispatcher,
-    Outcome,
-    UnknownModel,
-)
+from ..control.metrics import DOOR_CLIPPER, DOOR_HTTP
+from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload, dumps, outputs_json, request_from_json
-from ..record.store import FAILED
 from .adminauth import AdminAccess
+from .answers import outcome_status as _outcome_status
 from .httpbody import READER_KEY, BodyReader
+from .oiprest import OipRestHandlers
 from .page import add_page_routes
 
 #: the route pattern of a name in a path (a model, an app): one whole, percent-decoded path
@@ -105,29 +102,6 @@ def _too_many_items(count: int, max_items: int) -> web.Response | None:
 
 def _client(request: web.Request) -> str:
     return f"http:{request.remote or '?'}"
-
-
-#: MIP error codes a backend answers for what the client sent (its shape, its item types):
-#: the client's error (400), not the server's
-_CLIENT_CODES = frozenset({ErrorCode.PROTOCOL, ErrorCode.SUBTYPE, ErrorCode.SHAPE})
-
-
-def _outcome_status(outcome: Outcome) -> int:
-    """The HTTP status of a request that did not end ``ok``, as an HTTP client reads it:
-    400 its inputs are not what the model takes; 413 the backend could not hold them;
-    502 the backend failed on them; 503 no device could be reached (nothing listening, none
-    left); 504 the last device tried took too long."""
-    if outcome.status == FAILED:
-        return 504 if outcome.cause == TIMED_OUT else 503
-    if outcome.cause == BAD_REQUEST:
-        return 400
-    msg = outcome.response.message
-    if isinstance(msg, ErrorReply):
-        if msg.code in _CLIENT_CODES:
-            return 400
-        if msg.code == ErrorCode.MEMORY:
-            return 413
-    return 502
 
 
 def _outcome_error(outcome: Outcome) -> web.Response:
@@ -269,7 +243,7 @@ class Handlers:
         if isinstance(payload, web.Response):
             return payload
         try:
-            outcome = await dispatcher.submit(model, payload, _client(request))
+            outcome = await dispatcher.submit(model, payload, _client(request), door=DOOR_HTTP)
         except UnknownModel:  # removed while the body was read
             return _unknown(dispatcher, model)
         if not outcome.ok:
@@ -299,7 +273,9 @@ class Handlers:
             if isinstance(payload, web.Response):
                 return payload
             try:
-                outcome = await dispatcher.submit(model, payload, _client(request))
+                outcome = await dispatcher.submit(
+                    model, payload, _client(request), door=DOOR_CLIPPER
+                )
             except UnknownModel:  # removed while the body was read, or during the batch
                 return _unknown(dispatcher, app, "application")
             answers.append(_clipper_answer(outcome, next(self.query_ids)))
@@ -363,6 +339,7 @@ def build_app(
     limits: HttpLimits | None = None,
     health: Callable[[], dict[str, Any]] | None = None,
     readiness: Callable[[str | None], dict[str, Any]] | None = None,
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
 ) -> web.Application:
     """The aiohttp application of the front door; ``max_items`` bounds the MIP items one
     body may ask for (the config's ``mip.max_items``).  ``app_models`` is read at each
@@ -372,7 +349,9 @@ def build_app(
     are read within it and charged to the process's memory budget.  ``health`` and
     ``readiness``: the documents of ``/healthz`` and ``/readyz`` (``readiness(model)``,
     ``model`` from ``/readyz?model=...`` or None for every model; ``["ready"]`` false: 503);
-    without them ``/healthz`` answers ``{"ok": true}`` and ``/readyz`` 200."""
+    without them ``/healthz`` answers ``{"ok": true}`` and ``/readyz`` 200.
+    ``max_message_size``: the bytes of a MIP request an Open Inference Protocol body may
+    become (the config's ``mip.max_message_size``; :mod:`wirekit.serve.doors.oiprest`)."""
     limits = limits or HttpLimits()
     app = web.Application(client_max_size=limits.max_body_size)
     if admin is not None:
@@ -383,6 +362,10 @@ def build_app(
         dispatcher, app_models, stats, metrics_text, max_items, controller, health, readiness
     )
     handlers.add_routes(app)
+    oip_rest = OipRestHandlers(
+        dispatcher, readiness, max_items=max_items, max_message_size=max_message_size
+    )
+    oip_rest.add_routes(app)
     return app
 
 

@@ -221,9 +221,20 @@ class BodyReader:
         fit the budget (see :func:`json_cost`).  ``ValueError``/``RecursionError`` for a
         body that is not JSON, as ``json.loads`` raises them."""
         raw = await self.read(request)
-        values, cost = json_cost(raw)
-        self._hold(cost, f"the body parsed (up to {values} JSON values; refused before parsing)")
+        self.hold_json(raw)
         return loads(raw)  # strict JSON: NaN and Infinity are refused (payload.loads)
+
+    def hold_json(self, text: bytes | bytearray) -> None:
+        """Charge what the JSON ``text`` (a body, or the JSON part of one) takes once parsed
+        (see :func:`json_cost`), before it is parsed: 413 or 503 when the budget refuses."""
+        values, cost = json_cost(text)
+        self._hold(cost, f"the body parsed (up to {values} JSON values; refused before parsing)")
+
+    def hold(self, size: int, what: str) -> None:
+        """Charge ``size`` bytes more that the request builds from its body (``what``: what
+        they are, for the refusal): 413 when they could never fit the budget, 503 when
+        other requests hold it now.  Given back with the rest when the request ends."""
+        self._hold(size, what)
 
     def release(self) -> None:
         self.charge.release()

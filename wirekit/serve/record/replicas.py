@@ -39,7 +39,14 @@ import os
 import time
 from typing import Any
 
-from ..config import LIVE_SETTINGS, DeviceRow, ModelConfig, check_name, live_settings
+from ..config import (
+    LIVE_SETTINGS,
+    DeviceRow,
+    ModelConfig,
+    check_name,
+    live_settings,
+    model_from_fields,
+)
 from ..control.catalog import CatalogChange
 from ..control.metrics import RecentStats
 from ..logs import serve_logger
@@ -64,9 +71,7 @@ def model_of(doc: dict[str, Any]) -> tuple[ModelConfig, list[DeviceRow]]:
     """:func:`model_doc` read back; its names checked by the config's one rule
     (:func:`~wirekit.serve.config.check_name`: a change another replica logged -- or
     anything else that wrote to the log -- cannot bring in a name this one refuses)."""
-    fields = dict(doc["model"])
-    fields["apps"] = tuple(fields.get("apps", ()))
-    model, rows = ModelConfig(**fields), [DeviceRow(**r) for r in doc["rows"]]
+    model, rows = model_from_fields(doc["model"]), [DeviceRow(**r) for r in doc["rows"]]
     check_name(model.name, "model.name")
     for k, app in enumerate(model.apps):
         check_name(app, f"model.apps[{k}]")
