@@ -10,7 +10,8 @@
     wirekit serve k8s --config deployment.json [-o DIR]      # Kubernetes manifests
 
 When the dispatcher is listening it prints one JSON line to standard output:
-``{"event": "ready", "host": ..., "http": port, "mip": {model: port}, "clipper_rpc": port}``
+``{"event": "ready", "host": ..., "http": port, "grpc": port, "mip": {model: port},
+"clipper_rpc": port}`` (``grpc``: the OIP gRPC door's port, null without ``listen.grpc_port``)
 (with ``--with-backends`` also ``"backends": {"node/device/model": "tcp://host:port"}``; with
 a generated admin token, ``"admin_token_file": path``).
 """
@@ -502,6 +503,8 @@ async def _run(dep, out: TextIO, backends: dict[str, str] | None = None) -> int:
             ", ".join(f"{model} on {port}" for model, port in ready["mip"].items()) or "none",
             ready["clipper_rpc"] or "off",
         )
+        if ready["grpc"] is not None:
+            log.info("wirekit serve: OIP gRPC on %s:%s", ready["host"], ready["grpc"])
         # Said once at start, from the probe the service made before it was ready: a backend
         # that cannot be reached has its requests resubmitted elsewhere and is backed off (a
         # Clipper container connects to the dispatcher: not one yet is no news at start).

@@ -742,6 +742,18 @@ class HttpLimits:
 #: the keys of the ``http`` table, in the order of :class:`HttpLimits`
 HTTP_KEYS = tuple(_keys(HttpLimits))
 
+
+@dataclass(frozen=True, slots=True)
+class GrpcLimits:
+    """The ``grpc`` table: the OIP gRPC door's limits (``listen.grpc_port`` opens the door).
+    A request over either is refused by gRPC itself with RESOURCE_EXHAUSTED."""
+
+    #: a request message of more bytes is refused (as ``http.max_body_size`` for a body)
+    max_message_size: int = setting(64 * 1024 * 1024, check=_integer(lo=1, hi=(1 << 31) - 1))
+    #: RPCs handled at once at most; one more is refused at once
+    max_in_flight: int = setting(512, check=_integer(lo=1, hi=1 << 20))
+
+
 CLIPPER_GENERATIONS = ("2016", "2017", "v3")
 
 
@@ -758,6 +770,9 @@ class Deployment:
     host: str = setting("127.0.0.1", check=_str, table="listen")
     http_port: int | None = setting(0, check=_port, table="listen")
     clipper_rpc_port: int | None = setting(None, check=_port, table="listen")
+    #: the OIP gRPC door's port (``inference.GRPCInferenceService``): None (the default) no
+    #: gRPC door, 0 any free port (the ready line says which)
+    grpc_port: int | None = setting(None, check=_port, table="listen")
     #: Clipper RPC generation the containers speak
     clipper_generation: str = setting("v3", check=_clipper_generation, table="listen")
     #: seconds a failing device stays out of rotation
@@ -775,6 +790,10 @@ class Deployment:
     #: the HTTP front door's limits (the ``http`` table)
     http: HttpLimits = setting(
         default_factory=HttpLimits, check=functools.partial(_parse_table, HttpLimits)
+    )
+    #: the OIP gRPC door's limits (the ``grpc`` table)
+    grpc: GrpcLimits = setting(
+        default_factory=GrpcLimits, check=functools.partial(_parse_table, GrpcLimits)
     )
     models: dict[str, ModelConfig] = setting(default_factory=dict, check=None)
     #: the metadata rows (read from ``nodes``)
@@ -902,12 +921,20 @@ def parse_config(doc: Any) -> Deployment:
                     f"{where}.port", f"port {model.mip_port} is also {used_ports[model.mip_port]}"
                 )
             used_ports[model.mip_port] = where
-    for port_key in ("http_port", "clipper_rpc_port"):
-        listen_port = {"http_port": http_port, "clipper_rpc_port": clipper_rpc_port}[port_key]
+    listen_ports = {
+        "http_port": http_port,
+        "clipper_rpc_port": clipper_rpc_port,
+        "grpc_port": values.get("grpc_port"),
+    }
+    for port_key, listen_port in listen_ports.items():
         if listen_port and listen_port in used_ports:
             raise ConfigError(
                 f"listen.{port_key}", f"port {listen_port} is also {used_ports[listen_port]}"
             )
+    grpc_port = listen_ports["grpc_port"]
+    for port_key in ("http_port", "clipper_rpc_port"):
+        if grpc_port and grpc_port == listen_ports[port_key]:
+            raise ConfigError("listen.grpc_port", f"port {grpc_port} is also listen.{port_key}")
     app_names: dict[str, str] = {}
     for mc in models.values():
         for app in (mc.name, *mc.apps):

@@ -3,7 +3,7 @@ and stops it all (assembly and lifecycle).
 
 >>> service = Service(load_config("deployment.json"))   # doctest: +SKIP
 >>> await service.start(); service.addresses()           # doctest: +SKIP
-{'http': 8080, 'mip': {'m1': 9001}, 'clipper_rpc': None}
+{'http': 8080, 'grpc': None, 'mip': {'m1': 9001}, 'clipper_rpc': None}
 >>> await service.stop()                                 # doctest: +SKIP
 
 What it tells of itself is :mod:`~wirekit.serve.observability`'s (``/stats``, ``/metrics``,
@@ -28,7 +28,7 @@ from wirekit.mip.limits import BufferBudget
 
 from .admin import ModelAdmin
 from .backends.remote import Backend, ClipperBackend, KubeMoBackend, MipBackend
-from .config import Deployment, DeviceRow, ModelConfig, validate
+from .config import ConfigError, Deployment, DeviceRow, ModelConfig, validate
 from .control.catalog import Catalog, CatalogChange
 from .control.controller import Controller
 from .control.metrics import Metrics, ModelStats, RecentStats, Window
@@ -47,6 +47,7 @@ from .observability import SNAPSHOT_INTERVAL, Observability
 from .record.store import RequestStore
 
 if TYPE_CHECKING:
+    from .doors.grpcdoor import GrpcDoor
     from .record.pgsync import ReplicaLease
     from .record.replicas import ReplicaSync
 
@@ -126,6 +127,9 @@ class Service:
         self.memory_return = MemoryReturn()
         self._http: HttpDoor | None = None
         self._http_port: int | None = None
+        #: the OIP gRPC door (``listen.grpc_port``; imported only when configured)
+        self._grpc: GrpcDoor | None = None
+        self._grpc_port: int | None = None
         #: says when accept fails on any door for lack of file descriptors
         self._fd_watch = FdWatch()
         self.clipper: Any = None  # the embedded Clipper RPC frontend, when a model uses Clipper
@@ -254,6 +258,8 @@ class Service:
                 self._http = HttpDoor(app, dep.http, self.budget)
                 self._http_port = await self._http.start(dep.host, dep.http_port)
                 self.admin.write_token(self._http_port)
+            if dep.grpc_port is not None:
+                await self._open_grpc_door()
             self._fd_watch.start()
             await self.health.probe()
             self._watch_task = asyncio.ensure_future(self._watch())
@@ -287,6 +293,29 @@ class Service:
         if self.lease is not None:
             self.lease.close()
             self.lease = self.store.lease = None
+
+    async def _open_grpc_door(self) -> None:
+        """Open the OIP gRPC door (``listen.grpc_port``) on the dispatcher (ConfigError when
+        grpcio or protobuf, of the ``serve`` extra, is not installed)."""
+        try:
+            from .doors.grpcdoor import GrpcDoor, OipGrpcHandlers
+        except ImportError as exc:
+            raise ConfigError(
+                "listen.grpc_port",
+                f"the gRPC door needs grpcio and protobuf ({exc.name} is not installed): "
+                "pip install 'wirekit[serve]'",
+            ) from None
+
+        dep = self.deployment
+        assert self.dispatcher is not None and dep.grpc_port is not None
+        handlers = OipGrpcHandlers(
+            self.dispatcher,
+            self.budget,
+            max_items=dep.mip.max_items,
+            readiness=self.health.readiness,
+        )
+        self._grpc = GrpcDoor(handlers, dep.grpc)
+        self._grpc_port = await self._grpc.start(dep.host, dep.grpc_port)
 
     async def open_front_door(self, model: ModelConfig) -> asyncio.Server:
         """Open the MIP front door of ``model`` (its connections are remembered)."""
@@ -339,6 +368,7 @@ class Service:
         return {
             "host": self.deployment.host,
             "http": self._http_port,
+            "grpc": self._grpc_port,
             "mip": {
                 name: srv.sockets[0].getsockname()[1] for name, srv in self.mip_servers.items()
             },
@@ -462,6 +492,9 @@ class Service:
         if self._http is not None:
             await self._http.stop()
             self._http = None
+        if self._grpc is not None:
+            await self._grpc.stop(grace)
+            self._grpc = None
         self.admin.remove_token()
         dispatcher = self.dispatcher
         if dispatcher is not None:

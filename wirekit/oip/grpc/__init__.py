@@ -1,0 +1,27 @@
+"""The Open Inference Protocol over gRPC (``inference.GRPCInferenceService``): its messages
+(:mod:`.messages`, described by ``oip.proto``) and their conversion to and from wirekit's
+OIP types (:mod:`.convert`).  Needs ``protobuf`` (the ``serve`` extra); the door that serves
+them is :mod:`wirekit.serve.doors.grpcdoor`."""
+
+from .convert import (
+    metadata_to_grpc,
+    parameters_from_grpc,
+    parameters_to_grpc,
+    request_from_grpc,
+    response_to_grpc,
+)
+from .messages import METHODS, PACKAGE, POOL, SERVICE, file_descriptor, message_class
+
+__all__ = [
+    "METHODS",
+    "PACKAGE",
+    "POOL",
+    "SERVICE",
+    "file_descriptor",
+    "message_class",
+    "metadata_to_grpc",
+    "parameters_from_grpc",
+    "parameters_to_grpc",
+    "request_from_grpc",
+    "response_to_grpc",
+]
