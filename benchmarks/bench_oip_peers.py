@@ -258,8 +258,11 @@ def _spawn_with_line(
 def grpc_door_available(tree: Path | None = None) -> bool:
     """Whether the wirekit of ``tree`` (default: this one) has the OIP gRPC door
     (``listen.grpc_port``)."""
-    return _wirekit_has(tree, "import dataclasses, wirekit.serve.config as c; "
-                        "assert 'grpc_port' in {f.name for f in dataclasses.fields(c.ListenConfig)}")
+    check = (
+        "import dataclasses, wirekit.serve.config as c; "
+        "assert 'grpc_port' in {f.name for f in dataclasses.fields(c.Deployment)}"
+    )
+    return _wirekit_has(tree, check)
 
 
 def rest_door_available(tree: Path | None = None) -> bool:
