@@ -35,8 +35,8 @@ protocol, with the issue's targets.  ``benchmarks/test_bench_oip.py`` is its pyt
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -227,6 +227,24 @@ def _read_line(stream: IO[str], timeout: float) -> str:
     return read_line(stream, timeout)
 
 
+def _log_file(path: Path) -> int:
+    """A file descriptor of ``path`` opened for writing, for a child's output: closed in
+    this process once the child has it (:func:`_started`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    _OPEN_LOGS.append(fd)
+    return fd
+
+
+_OPEN_LOGS: list[int] = []
+
+
+def _started(proc: subprocess.Popen) -> subprocess.Popen:
+    """``proc``, once this process closed its copies of the children's log files."""
+    while _OPEN_LOGS:
+        os.close(_OPEN_LOGS.pop())
+    return proc
+
+
 def _wirekit_env(tree: Path | None) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if tree is not None:
@@ -238,13 +256,15 @@ def _spawn_with_line(
     ns: Namespace | None, argv: list[str], env: dict[str, str], log: Path, cwd: Path | None
 ) -> tuple[subprocess.Popen, str]:
     """``argv`` started (in ``ns``), its stderr to ``log``; it and its first stdout line."""
-    proc = subprocess.Popen(
-        ns.command(argv) if ns else argv,
-        stdout=subprocess.PIPE,
-        stderr=log.open("w"),
-        text=True,
-        env=env,
-        cwd=cwd,
+    proc = _started(
+        subprocess.Popen(
+            ns.command(argv) if ns else argv,
+            stdout=subprocess.PIPE,
+            stderr=_log_file(log),
+            text=True,
+            env=env,
+            cwd=cwd,
+        )
     )
     assert proc.stdout is not None
     line = _read_line(proc.stdout, START_TIMEOUT).strip()
@@ -270,11 +290,14 @@ def rest_door_available(tree: Path | None = None) -> bool:
     return _wirekit_has(tree, "import wirekit.serve.doors.oiprest")
 
 
+@functools.lru_cache
 def _wirekit_has(tree: Path | None, check: str) -> bool:
     env = _wirekit_env(tree)
     if tree is None:
         env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, cwd=tree or ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", check], env=env, capture_output=True, cwd=tree or ROOT
+    )
     return done.returncode == 0
 
 
@@ -289,10 +312,23 @@ def start_wirekit(
     backend_log, dispatcher_log = workdir / f"{who}-backend.log", workdir / f"{who}.log"
     backend, line = _spawn_with_line(
         ns,
-        [sys.executable, "-m", "wirekit.cli", "mip", "serve", "--handler", ECHO_HANDLER,
-         "--listen", "tcp://127.0.0.1:0", "--log-level", "warning"],
-        env, backend_log, cwd,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "wirekit.cli",
+            "mip",
+            "serve",
+            "--handler",
+            ECHO_HANDLER,
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--log-level",
+            "warning",
+        ],
+        env,
+        backend_log,
+        cwd,
+    )
     try:
         port = int(line.split()[-1].rsplit(":", 1)[1])
         listen: dict[str, Any] = {"host": "127.0.0.1", "http_port": 0}
@@ -304,10 +340,9 @@ def start_wirekit(
             "cache": {"max_entries": 0},
             "models": {MODEL: {"port": 0, "timeout": 30}},
             "nodes": [
-                {"id": "n", "devices": ["CPU"], "models": [MODEL], "quotas": [1.0],
-                 "ports": [port]}
+                {"id": "n", "devices": ["CPU"], "models": [MODEL], "quotas": [1.0], "ports": [port]}
             ],
-        }  # fmt: skip
+        }
         config = workdir / f"{who}-deploy.json"
         config.write_text(json.dumps(deploy))
         dispatcher, line = _spawn_with_line(
@@ -331,14 +366,22 @@ def start_kserve(ns: Namespace, workdir: Path) -> Server:
     """KServe's ``ModelServer`` with the echo model (REST and gRPC), from its virtualenv."""
     python = peer_venvs.ensure_venv(peer_venvs.KSERVE)
     log = workdir / "kserve.log"
-    argv = [str(python), str(PEER_SCRIPTS / "kserve_echo.py"),
-            "--http_port", str(KSERVE_PORTS["http"]), "--grpc_port", str(KSERVE_PORTS["grpc"])]  # fmt: skip
-    proc = subprocess.Popen(
-        ns.command(argv),
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        env={**_clean_env(), "PYTHONUNBUFFERED": "1"},
-        cwd=workdir,
+    argv = [
+        str(python),
+        str(PEER_SCRIPTS / "kserve_echo.py"),
+        "--http_port",
+        str(KSERVE_PORTS["http"]),
+        "--grpc_port",
+        str(KSERVE_PORTS["grpc"]),
+    ]
+    proc = _started(
+        subprocess.Popen(
+            ns.command(argv),
+            stdout=_log_file(log),
+            stderr=subprocess.STDOUT,
+            env={**_clean_env(), "PYTHONUNBUFFERED": "1"},
+            cwd=workdir,
+        )
     )
     return Server("kserve", [proc], dict(KSERVE_PORTS), [log])
 
@@ -365,12 +408,14 @@ def start_mlserver(ns: Namespace, workdir: Path, *, defaults: bool = False) -> S
         json.dumps({"name": MODEL, "implementation": "mlserver_echo.EchoRuntime"})
     )
     log = workdir / f"{who}.log"
-    proc = subprocess.Popen(
-        ns.command([str(python.parent / "mlserver"), "start", str(folder)]),
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        env={**_clean_env(), "PYTHONUNBUFFERED": "1"},
-        cwd=folder,
+    proc = _started(
+        subprocess.Popen(
+            ns.command([str(python.parent / "mlserver"), "start", str(folder)]),
+            stdout=_log_file(log),
+            stderr=subprocess.STDOUT,
+            env={**_clean_env(), "PYTHONUNBUFFERED": "1"},
+            cwd=folder,
+        )
     )
     return Server(who, [proc], dict(ports), [log])
 
@@ -475,10 +520,9 @@ def _proto_fields(data: bytes) -> dict[int, list[Any]]:
     return fields
 
 
-def check_echo(protocol: str, ready: dict[str, Any], raw: bytes = RAW) -> None:
-    """Raise ``AssertionError`` unless the load generator's first answer is the echo of the
-    request (``raw``: the tensor's bytes)."""
-    body = base64.b64decode(ready["body"])
+def check_echo(protocol: str, ready: dict[str, Any], body: bytes, raw: bytes = RAW) -> None:
+    """Raise ``AssertionError`` unless the load generator's first answer (``ready``: its
+    status and headers; ``body``) is the echo of the request (``raw``: the tensor's bytes)."""
     assert ready["status"] == (0 if protocol == GRPC else 200), (ready["status"], body[:300])
     count = len(raw) // 4
     floats = list(struct.unpack(f"<{count}f", raw))
@@ -520,8 +564,9 @@ class Workload:
     raw: bytes = RAW
 
     @classmethod
-    def for_server(cls, protocol: str, who: str, raw: bytes = RAW, shape: Sequence[int] = SHAPE
-                   ) -> Workload:  # fmt: skip
+    def for_server(
+        cls, protocol: str, who: str, raw: bytes = RAW, shape: Sequence[int] = SHAPE
+    ) -> Workload:
         """The request of ``protocol`` to contender ``who``'s echo model."""
         if protocol == GRPC:
             return cls(protocol, grpc_infer_request(raw, shape), raw)
@@ -545,12 +590,20 @@ class LoadGenerator:
     """``oip_load.py`` in its own process (in the namespace), aimed at one server's door;
     :meth:`round` sends a number of requests and returns what it measured."""
 
-    def __init__(self, ns: Namespace | None, workdir: Path, server: Server, work: Workload,
-                 *, warmup: int = 64) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ns: Namespace | None,
+        workdir: Path,
+        server: Server,
+        work: Workload,
+        *,
+        warmup: int = 64,
+    ) -> None:
         kind = "grpc" if work.protocol == GRPC else "http"
         port = server.ports[kind]
         request_file = workdir / f"{server.who}-{work.protocol}.req"
         request_file.write_bytes(work.request)
+        answer_file = workdir / f"{server.who}-{work.protocol}.answer"
         spec = {
             "kind": kind,
             "host": "127.0.0.1",
@@ -559,6 +612,7 @@ class LoadGenerator:
             "warmup": warmup,
             "ready_timeout": START_TIMEOUT,
             "request_file": str(request_file),
+            "answer_file": str(answer_file),
             "method": GRPC_INFER,
         }
         spec_file = workdir / f"{server.who}-{work.protocol}.json"
@@ -566,16 +620,18 @@ class LoadGenerator:
         argv = [sys.executable, str(LOAD_SCRIPT), str(spec_file)]
         self.server = server
         self.log = workdir / f"{server.who}-{work.protocol}-load.log"
-        self.proc = subprocess.Popen(
-            ns.command(argv) if ns else argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log.open("w"),
-            text=True,
+        self.proc = _started(
+            subprocess.Popen(
+                ns.command(argv) if ns else argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=_log_file(self.log),
+                text=True,
+            )
         )
         line = self._answer(START_TIMEOUT)
         self.ready: dict[str, Any] = json.loads(line)
-        check_echo(work.protocol, self.ready, work.raw)
+        check_echo(work.protocol, self.ready, answer_file.read_bytes(), work.raw)
 
     def _answer(self, timeout: float) -> str:
         assert self.proc.stdout is not None
@@ -598,8 +654,9 @@ class LoadGenerator:
         result: dict[str, Any] = json.loads(self._answer(ROUND_TIMEOUT))
         result["cpu_us"] = (self.server.cpu_ns() - before) / requests / 1e3
         if result["failed"]:
-            raise RuntimeError(f"{self.server.who}: {result['failed']} requests failed: "
-                               f"{result['first_failure']}")  # fmt: skip
+            raise RuntimeError(
+                f"{self.server.who}: {result['failed']} requests failed: {result['first_failure']}"
+            )
         return result
 
     def close(self) -> None:
@@ -628,11 +685,12 @@ SPOKEN = {
 }
 
 
-def door_missing(protocol: str, server: Server) -> str | None:
-    """Why wirekit ``server`` cannot be measured over ``protocol`` (``None``: it can)."""
+def door_missing(protocol: str, server: Server, tree: Path | None = None) -> str | None:
+    """Why wirekit ``server`` (from ``tree``, default this one) cannot be measured over
+    ``protocol`` (``None``: it can)."""
     if protocol == GRPC and "grpc" not in server.ports:
         return "the OIP gRPC door (listen.grpc_port) is not in this wirekit yet"
-    if protocol in (REST_JSON, REST_BINARY) and not rest_door_available():
+    if protocol in (REST_JSON, REST_BINARY) and not rest_door_available(tree):
         return "the OIP REST door (/v2/models/NAME/infer) is not in this wirekit yet"
     return None
 
@@ -668,7 +726,10 @@ def compare(requests: int, rounds: int, peers: Sequence[str], out: IO[str]) -> d
     for peer in {"kserve": peer_venvs.KSERVE, "mlserver": peer_venvs.MLSERVER}.items():
         if any(p.startswith(peer[0]) for p in peers):
             print(f"virtualenv: {peer_venvs.ensure_venv(peer[1])}", file=out, flush=True)
-    with tempfile.TemporaryDirectory(prefix="wirekit-oip-bench-") as tmp, contextlib.ExitStack() as stack:  # fmt: skip
+    with (
+        tempfile.TemporaryDirectory(prefix="wirekit-oip-bench-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
         workdir = Path(tmp)
         ns = stack.enter_context(Namespace()) if not reason else None
         servers = stack.enter_context(contenders(["dispatcher", *peers], workdir, ns))
@@ -681,8 +742,9 @@ def compare(requests: int, rounds: int, peers: Sequence[str], out: IO[str]) -> d
                     if missing:
                         skipped[protocol] = missing
                         continue
-                    loads[protocol, who] = LoadGenerator(ns, workdir, server,
-                                                         Workload.for_server(protocol, who))  # fmt: skip
+                    loads[protocol, who] = LoadGenerator(
+                        ns, workdir, server, Workload.for_server(protocol, who)
+                    )
             if ns is not None:
                 print(f"listening in the namespace: {' '.join(ns.listening())}", file=out)
             cpu: dict[tuple[str, str], list[float]] = {key: [] for key in loads}
@@ -703,9 +765,11 @@ def report_table(report: dict[str, Any]) -> str:
     """The comparison as text: each contender's CPU per request (min / median of the
     rounds), requests/s, and wirekit's ratio to each peer per protocol."""
     cpu, rate = report["cpu"], report["rate"]
-    lines = [f"server CPU per request, 32 in flight, {report['requests']} requests a round",
-             f"{'protocol':<12} {'contender':<18} {'min':>9} {'median':>9} {'req/s':>7}"
-             f" {'wirekit/it (median)':>20} {'target':>7}"]  # fmt: skip
+    lines = [
+        f"server CPU per request, 32 in flight, {report['requests']} requests a round",
+        f"{'protocol':<12} {'contender':<18} {'min':>9} {'median':>9} {'req/s':>7}"
+        f" {'wirekit/it (median)':>20} {'target':>7}",
+    ]
     for protocol in PROTOCOLS:
         ours = cpu.get((protocol, "dispatcher"))
         ours_median = _median(ours) if ours else None
@@ -722,13 +786,17 @@ def report_table(report: dict[str, Any]) -> str:
                 f"{_median(rate[proto, who]):>7.0f} {ratio:>20} {target:>7}"
             )
         if protocol in report["skipped"]:
-            lines.append(f"{protocol:<12} {'dispatcher':<18} skipped: {report['skipped'][protocol]}")
+            lines.append(
+                f"{protocol:<12} {'dispatcher':<18} skipped: {report['skipped'][protocol]}"
+            )
     legacy = cpu.get((V1_PREDICT, "dispatcher"))
     for who in ("kserve", "mlserver"):
         theirs = cpu.get((REST_JSON, who))
         if legacy and theirs:
-            lines.append(f"today's door (v1-predict) / {who} REST v2: "
-                         f"{_median(legacy) / _median(theirs):.2f}x")  # fmt: skip
+            lines.append(
+                f"today's door (v1-predict) / {who} REST v2: "
+                f"{_median(legacy) / _median(theirs):.2f}x"
+            )
     return "\n".join(lines)
 
 
@@ -741,8 +809,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=4000, help="requests a round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of every contender")
-    parser.add_argument("--peers", default="kserve,mlserver,mlserver-defaults",
-                        help="comma-separated peers (kserve, mlserver, mlserver-defaults)")  # fmt: skip
+    parser.add_argument(
+        "--peers",
+        default="kserve,mlserver,mlserver-defaults",
+        help="comma-separated peers (kserve, mlserver, mlserver-defaults)",
+    )
     parser.add_argument("--json", type=Path, help="write the raw report here too")
     args = parser.parse_args(argv)
     peers = [p for p in args.peers.split(",") if p]
@@ -754,8 +825,11 @@ def main(argv: list[str]) -> int:
     print(report_table(report))
     print(f"({time.monotonic() - started:.0f} s)")
     if args.json:
-        args.json.write_text(json.dumps({**report, "cpu": _keyed(report["cpu"]),
-                                         "rate": _keyed(report["rate"])}, indent=1))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {**report, "cpu": _keyed(report["cpu"]), "rate": _keyed(report["rate"])}, indent=1
+            )
+        )
     return 0
 
 

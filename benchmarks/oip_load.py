@@ -5,7 +5,8 @@
 ``SPEC.json`` says what to send and where::
 
     {"kind": "http" | "grpc", "host": "127.0.0.1", "port": 8080, "in_flight": 32,
-     "warmup": 64, "request_file": "/tmp/req.bin", "method": "/pkg.Service/Method"}
+     "warmup": 64, "ready_timeout": 120, "request_file": "/tmp/req.bin",
+     "answer_file": "/tmp/answer.bin", "method": "/pkg.Service/Method"}
 
 * ``http``: the file holds one whole HTTP/1.1 request (head and body), sent as it is again
   and again on ``in_flight`` keep-alive connections, each with one request outstanding
@@ -14,19 +15,19 @@
   channel (one HTTP/2 connection, as gRPC clients do), ``in_flight`` calls outstanding;
   ``method`` is the RPC's full name.  Messages stay bytes: no generated code is needed.
 
-It connects, sends ``warmup`` requests, then writes one JSON line to stdout:
-``{"ready": true, "status": ..., "headers": {...}, "body": BASE64}`` -- the first answer, for
-the caller to check.  Then it reads commands from stdin, one a line: ``run N`` sends ``N``
-requests (``in_flight`` at a time) and answers ``{"elapsed_s", "requests", "failed",
-"first_failure", "p50_us", "p99_us"}``; ``quit`` (or the end of stdin) ends it.  The caller
-reads the servers' CPU before writing ``run N`` and after reading the answer, so the load
-generator's own CPU is never counted.
+It waits until the server answers well (``ready_timeout`` seconds at most: servers start in
+their own time), connects, sends ``warmup`` requests, writes the first answer's body to
+``answer_file`` and one JSON line to stdout: ``{"ready": true, "status": ..., "headers":
+{...}}`` -- for the caller to check.  Then it reads commands from stdin, one a line:
+``run N`` sends ``N`` requests (``in_flight`` at a time) and answers ``{"elapsed_s",
+"requests", "failed", "first_failure", "p50_us", "p99_us"}``; ``quit`` (or the end of
+stdin) ends it.  The caller reads the servers' CPU before writing ``run N`` and after reading
+the answer, so the load generator's own CPU is never counted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import sys
 import time
@@ -219,14 +220,9 @@ async def main(spec: dict[str, Any]) -> None:
         status, headers, body = await askers[0]()
         if spec.get("warmup"):
             await run(askers, kind, spec["warmup"])
-        _say(
-            {
-                "ready": True,
-                "status": status,
-                "headers": headers,
-                "body": base64.b64encode(body).decode(),
-            }
-        )
+        with open(spec["answer_file"], "wb") as fh:
+            fh.write(body)
+        _say({"ready": True, "status": status, "headers": headers})
         loop = asyncio.get_running_loop()
         while True:
             line = (await loop.run_in_executor(None, sys.stdin.readline)).split()
