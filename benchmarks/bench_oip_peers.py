@@ -717,9 +717,23 @@ def contenders(
             server.stop()
 
 
-def compare(requests: int, rounds: int, peers: Sequence[str], out: IO[str]) -> dict[str, Any]:
+def speaks(who: str) -> tuple[str, ...]:
+    """The protocols contender ``who`` is measured over (``dispatcher-LABEL``: another
+    wirekit tree's dispatcher, as ``dispatcher``)."""
+    return SPOKEN["dispatcher" if who.startswith("dispatcher") else who]
+
+
+def compare(
+    requests: int,
+    rounds: int,
+    peers: Sequence[str],
+    out: IO[str],
+    before: dict[str, Path] | None = None,
+) -> dict[str, Any]:
     """Every contender over every protocol it speaks, in turn, ``rounds`` times; the
-    report (per protocol, per contender: the CPU per request of every round)."""
+    report (per protocol, per contender: the CPU per request of every round).  ``before``:
+    other wirekit trees by label, each measured as ``dispatcher-LABEL``."""
+    before = before or {}
     reason = namespace_unavailable()
     if reason and peers:
         raise SystemExit(f"bench_oip_peers.py: peers need a network namespace: {reason}")
@@ -733,14 +747,20 @@ def compare(requests: int, rounds: int, peers: Sequence[str], out: IO[str]) -> d
         workdir = Path(tmp)
         ns = stack.enter_context(Namespace()) if not reason else None
         servers = stack.enter_context(contenders(["dispatcher", *peers], workdir, ns))
+        for label, tree in before.items():
+            who = f"dispatcher-{label}"
+            servers[who] = start_wirekit(ns, workdir, who=who, tree=tree)
+            stack.callback(servers[who].stop)
         loads: dict[tuple[str, str], LoadGenerator] = {}
         skipped: dict[str, str] = {}
         try:
             for who, server in servers.items():
-                for protocol in SPOKEN[who]:
-                    missing = door_missing(protocol, server) if who == "dispatcher" else None
+                tree = before.get(who.removeprefix("dispatcher-")) if who != "dispatcher" else None
+                for protocol in speaks(who):
+                    mine = who.startswith("dispatcher")
+                    missing = door_missing(protocol, server, tree) if mine else None
                     if missing:
-                        skipped[protocol] = missing
+                        skipped[f"{protocol} {who}"] = missing
                         continue
                     loads[protocol, who] = LoadGenerator(
                         ns, workdir, server, Workload.for_server(protocol, who)
@@ -785,10 +805,9 @@ def report_table(report: dict[str, Any]) -> str:
                 f"{protocol:<12} {who:<18} {min(values):>6.1f} us {_median(values):>6.1f} us "
                 f"{_median(rate[proto, who]):>7.0f} {ratio:>20} {target:>7}"
             )
-        if protocol in report["skipped"]:
-            lines.append(
-                f"{protocol:<12} {'dispatcher':<18} skipped: {report['skipped'][protocol]}"
-            )
+        for key, reason in report["skipped"].items():
+            if key.split()[0] == protocol:
+                lines.append(f"{protocol:<12} {key.split()[1]:<18} skipped: {reason}")
     legacy = cpu.get((V1_PREDICT, "dispatcher"))
     for who in ("kserve", "mlserver"):
         theirs = cpu.get((REST_JSON, who))
@@ -815,13 +834,24 @@ def main(argv: list[str]) -> int:
         help="comma-separated peers (kserve, mlserver, mlserver-defaults)",
     )
     parser.add_argument("--json", type=Path, help="write the raw report here too")
+    parser.add_argument(
+        "--before",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="also measure the wirekit tree DIR (extensions built in place) as dispatcher-LABEL",
+    )
     args = parser.parse_args(argv)
     peers = [p for p in args.peers.split(",") if p]
     unknown = set(peers) - set(SPOKEN) - {"dispatcher"}
     if unknown:
         parser.error(f"unknown peer {sorted(unknown)[0]!r}")
     started = time.monotonic()
-    report = compare(args.requests, args.rounds, peers, sys.stdout)
+    before = {}
+    for entry in args.before:
+        label, sep, path = entry.partition("=")
+        before[label if sep else "before"] = Path(path if sep else entry)
+    report = compare(args.requests, args.rounds, peers, sys.stdout, before)
     print(report_table(report))
     print(f"({time.monotonic() - started:.0f} s)")
     if args.json:

@@ -93,7 +93,7 @@ class HttpConnection:
 
     async def _chunked(self) -> bytes:
         assert self.reader is not None
-        parts = []
+        parts: list[bytes] = []
         while True:
             size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
             if size == 0:

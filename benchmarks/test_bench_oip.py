@@ -129,7 +129,7 @@ def _server_for(servers: dict[str, Any], who: str, protocol: str) -> peers.Serve
     """The running server of ``who`` over ``protocol``, or skip saying why not."""
     if who in servers["skipped"]:
         pytest.skip(servers["skipped"][who])
-    speaks = peers.SPOKEN["dispatcher" if who.startswith("dispatcher") else who]
+    speaks = peers.speaks(who)
     if protocol not in speaks:
         pytest.skip(f"{who} does not serve {protocol}")
     server: peers.Server = servers["servers"][who]
@@ -260,7 +260,7 @@ def test_oip_tensor_copies(benchmark, who):
     assert copies <= 2, f"the door's codec path copies the tensor {copies:.2f} times: {per_step}"
 
 
-@pytest.mark.parametrize("who", ["dispatcher", "kserve"])
+@pytest.mark.parametrize("who", ["dispatcher"])
 def test_oip_tensor_whole_path(benchmark, servers, who):
     """The 4 MiB FP32 tensor through the whole path over the binary extension (the kernel's
     socket copies included): the server's CPU per request, against memcpy's time for 4 MiB
