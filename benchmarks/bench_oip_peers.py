@@ -747,9 +747,9 @@ def compare(
         workdir = Path(tmp)
         ns = stack.enter_context(Namespace()) if not reason else None
         servers = stack.enter_context(contenders(["dispatcher", *peers], workdir, ns))
-        for label, tree in before.items():
+        for label, other_tree in before.items():
             who = f"dispatcher-{label}"
-            servers[who] = start_wirekit(ns, workdir, who=who, tree=tree)
+            servers[who] = start_wirekit(ns, workdir, who=who, tree=other_tree)
             stack.callback(servers[who].stop)
         loads: dict[tuple[str, str], LoadGenerator] = {}
         skipped: dict[str, str] = {}
