@@ -648,11 +648,14 @@ class LoadGenerator:
         """Send ``requests`` requests; the round's measures plus ``cpu_us`` (the server's CPU
         per request over the round)."""
         assert self.proc.stdin is not None
-        before = self.server.cpu_ns()
+        before = [tree_cpu_ns([pid]) for pid in self.server.pids]
         self.proc.stdin.write(f"run {requests}\n")
         self.proc.stdin.flush()
         result: dict[str, Any] = json.loads(self._answer(ROUND_TIMEOUT))
-        result["cpu_us"] = (self.server.cpu_ns() - before) / requests / 1e3
+        spent = [tree_cpu_ns([pid]) - b for pid, b in zip(self.server.pids, before, strict=True)]
+        result["cpu_us"] = sum(spent) / requests / 1e3
+        #: per process tree (wirekit: the dispatcher's, then the backend's)
+        result["cpu_us_by_process"] = [ns / requests / 1e3 for ns in spent]
         if result["failed"]:
             raise RuntimeError(
                 f"{self.server.who}: {result['failed']} requests failed: {result['first_failure']}"

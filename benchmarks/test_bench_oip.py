@@ -122,6 +122,10 @@ def _measure(benchmark: Any, load: peers.LoadGenerator, requests: int, rounds: i
         requests_per_s=round(rates[len(rates) // 2], 1),
         p50_us=sorted(r["p50_us"] for r in results)[len(results) // 2],
         p99_us=sorted(r["p99_us"] for r in results)[len(results) // 2],
+        # per process tree, the median round's (wirekit: the dispatcher's, the backend's)
+        server_cpu_us_by_process=next(
+            r["cpu_us_by_process"] for r in results if r["cpu_us"] == cpu[len(cpu) // 2]
+        ),
     )
 
 
