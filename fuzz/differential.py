@@ -2357,6 +2357,24 @@ def _oip_reply(rest: bytes) -> Any:
     return mip.Inference.reply([[mip.Item(int(OipItem.TENSOR), rest)]])
 
 
+def _oip_bytes_walks(req: Any) -> None:
+    """The compiled BYTES framing check (behind ``check_tensor``) against the pure walk."""
+    from wirekit.oip.tensors import bytes_elements, element_count
+
+    walk = twin("oip", "fast").bytes_framing_ok
+    for t in req.inputs:
+        if t.datatype != "BYTES" or any(not isinstance(d, int) or d < 0 for d in t.shape):
+            continue
+        count = element_count(t.shape)
+        try:
+            for _ in bytes_elements(t.name, t.data, count, "t"):
+                pass
+            pure = True
+        except DecodeError:
+            pure = False
+        same("oip.bytes_framing_ok", walk(t.data, count), pure)
+
+
 def oip_mapping(data: bytes) -> None:
     """The OIP mapping's hot path: ``request_to_mip`` of requests the input spells (rows or
     sample rule) and ``response_from_mip`` of replies it holds; when both twins succeed the
@@ -2372,6 +2390,7 @@ def oip_mapping(data: bytes) -> None:
         got = differential("oip.request_to_mip", "oip", lambda c: c.request_to_mip(req, rows=rows))
         if got[0] == "ok":
             same("oip.request_to_mip vs spec", got[1], snapshot(spec.request_wire(req, rows)))
+        _oip_bytes_walks(req)
         return
     msg = _oip_reply(rest)
     got = differential(

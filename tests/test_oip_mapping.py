@@ -155,24 +155,26 @@ BAD_REQUESTS = {
 }
 
 
-@pytest.mark.parametrize("rows", [False, True])
-@pytest.mark.parametrize("case", list(BAD_REQUESTS))
-def test_bad_request_same_error_from_both_twins(case, rows):
-    req = BAD_REQUESTS[case]
-    got = {
-        impl: _outcome(load_codec("oip", impl).request_to_mip, req, rows=rows)
-        for impl in ("pure", "fast")
-        if impl == "pure" or not _pure_only()
-    }
-    outcomes = list(got.values())
-    assert outcomes[0][0] == "DecodeError", outcomes[0]
-    assert all(o == outcomes[0] for o in outcomes)
-
-
 def _pure_only() -> bool:
     from wirekit._impl import pure_requested
 
     return pure_requested()
+
+
+def _twins() -> tuple[str, ...]:
+    """The twins to compare here: both, or only the pure one under WIREKIT_PURE=1."""
+    return ("pure",) if _pure_only() else ("pure", "fast")
+
+
+@pytest.mark.parametrize("rows", [False, True])
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_request_same_error_from_both_twins(case, rows):
+    req = BAD_REQUESTS[case]
+    outcomes = [
+        _outcome(load_codec("oip", impl).request_to_mip, req, rows=rows) for impl in _twins()
+    ]
+    assert outcomes[0][0] == "DecodeError", outcomes[0]
+    assert all(o == outcomes[0] for o in outcomes)
 
 
 ROWS_ERRORS = {
@@ -244,8 +246,7 @@ BAD_REPLIES = {
 @pytest.mark.parametrize("case", list(BAD_REPLIES))
 def test_bad_reply_same_error_from_both_twins(case):
     msg = BAD_REPLIES[case]
-    impls = ("pure",) if _pure_only() else ("pure", "fast")
-    outcomes = [_outcome(load_codec("oip", impl).response_from_mip, msg) for impl in impls]
+    outcomes = [_outcome(load_codec("oip", impl).response_from_mip, msg) for impl in _twins()]
     assert outcomes[0][0] in ("DecodeError", "BackendError"), outcomes[0]
     assert all(o == outcomes[0] for o in outcomes)
 
@@ -288,3 +289,45 @@ def test_mip_to_request_rows_must_share_the_request():
         oip.mip_to_request(mixed, rows=True)
     with pytest.raises(DecodeError, match="2 samples, a request in sample mode holds one"):
         oip.mip_to_request(mixed)
+
+
+def test_request_to_mip_copies_the_tensor_bytes_once(oip_twin):
+    """A 4 MiB binary tensor (a view of the HTTP body) costs one allocation of its size: the
+    wire it is copied into, once."""
+    import tracemalloc
+
+    body = bytearray(4 << 20)
+    req = oip.InferRequest([oip.Tensor("x", "FP32", (1 << 20,), memoryview(body))])
+    oip_twin.request_to_mip(req)  # warm up (imports, caches)
+    tracemalloc.start()
+    try:
+        wire = oip_twin.request_to_mip(req)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(wire) - len(body) < 100
+    assert peak < len(body) + (64 << 10)
+
+
+def _mutations(data: bytes):
+    """A valid TENSOR item's bytes with one byte changed, cut, or extended."""
+    return st.one_of(
+        st.tuples(st.integers(0, max(len(data) - 1, 0)), st.integers(0, 255)).map(
+            lambda c: data[: c[0]] + bytes([c[1]]) + data[c[0] + 1 :]
+        ),
+        st.integers(0, len(data)).map(lambda n: data[:n]),
+        st.binary(max_size=8).map(lambda tail: data + tail),
+    )
+
+
+@settings(max_examples=300)
+@given(st.data())
+def test_damaged_tensor_items_same_outcome_from_both_twins(data):
+    if _pure_only():
+        pytest.skip("WIREKIT_PURE=1: the Cython twin is deliberately not used")
+    t = data.draw(tensors())
+    item = data.draw(st.one_of(st.binary(max_size=40), _mutations(spec.tensor_item(t))))
+    msg = mip.Inference.reply([[mip.Item(int(items.OipItem.TENSOR), item)]])
+    fast = _outcome(load_codec("oip", "fast").response_from_mip, msg)
+    pure = _outcome(load_codec("oip", "pure").response_from_mip, msg)
+    assert fast == pure

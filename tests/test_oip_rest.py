@@ -10,9 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from oip_strategies import requests, tensors
 
 from wirekit import oip
 from wirekit.errors import DecodeError, EncodeError
+from wirekit.oip import spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,6 +157,14 @@ def test_not_a_request():
     assert _decode_error(b'{"inputs":[],"outputs":[{}]}').field == "outputs[0].name"
 
 
+def test_header_length_as_the_header_text():
+    req = oip.InferRequest([oip.Tensor("a", "INT8", (2,), b"\x01\x02")])
+    body, length = oip.encode_rest_request(req, binary=True)
+    assert oip.decode_rest_request(body, f" {length}") == oip.decode_rest_request(body, length)
+    for bad in ("", "-1", "12a", "1e3", "\u0661"):
+        assert "is not a byte count" in str(_decode_error(body, bad))
+
+
 def test_binary_data_without_header_is_an_error():
     body = json.dumps(
         {
@@ -226,3 +238,31 @@ def test_check_tensor():
         oip.check_tensor(oip.Tensor("s", "BYTES", (2,), b"\0\0\0\0\x01\0\0\0xy"))
     with pytest.raises(DecodeError, match="unknown datatype"):
         oip.check_tensor(oip.Tensor("s", "STRING", (1,), b""))
+
+
+# --- properties -------------------------------------------------------------------------------
+
+
+@settings(max_examples=200)
+@given(tensors(json_safe=True))
+def test_json_data_round_trip_every_datatype(t):
+    data = json.loads(json.dumps(oip.tensor_to_json_data(t)))
+    back = oip.tensor_from_json(t.name, t.datatype, list(t.shape), data, t.parameters)
+    assert back == t
+
+
+@settings(max_examples=100)
+@given(requests(json_safe=True), st.booleans())
+def test_rest_request_round_trip(req, binary):
+    body, length = oip.encode_rest_request(req, binary=binary)
+    back = oip.decode_rest_request(body, length)
+    assert (back.inputs, back.id, back.outputs, back.parameters) == (
+        req.inputs,
+        req.id,
+        req.outputs,
+        req.parameters,
+    )
+    if binary:
+        sizes = [memoryview(t.data).nbytes for t in req.inputs]
+        framed = spec.BINARY_BODY.parse(body, header_length=length, sizes=sizes)
+        assert list(framed.tensors) == [bytes(t.data) for t in req.inputs]

@@ -13,6 +13,7 @@ against the bytes present before it is used.
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
@@ -112,6 +113,22 @@ cdef bint _data_ok(int code, const uint8_t* p, Py_ssize_t size, uint64_t count,
     return count * <uint64_t>width == <uint64_t>size
 
 
+def bytes_framing_ok(data, count) -> bool:
+    """True when ``data`` is exactly ``count`` well-framed BYTES elements (the C walk behind
+    :func:`wirekit.oip.check_tensor`; False: the pure walk finds and names the problem)."""
+    cdef Py_buffer view
+    cdef bint ok
+    if type(count) is not int or count < 0 or count > 0xFFFFFFFFFFFFFFFF:
+        return False
+    if PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) != 0:
+        return False
+    try:
+        ok = _bytes_ok(<const uint8_t*>view.buf, view.len, <uint64_t>count)
+    finally:
+        PyBuffer_Release(&view)
+    return ok
+
+
 # --------------------------------------------------------------------------- request_to_mip
 
 
@@ -174,7 +191,7 @@ def request_to_mip(req, *, bint rows=False):
                 break
             try:  # a bad name or parameters: the pure twin says which, in its order
                 name = t.name.encode("utf-8", "surrogatepass")
-                parameters = tensor_parameters(t, f"inputs[{i}]")
+                parameters = tensor_parameters(t, f"inputs[{i}]") if t.parameters else b""
             except Exception:
                 fallback = True
                 break
@@ -285,9 +302,9 @@ cdef bytes _write_plan(int width, list samples):
 # --------------------------------------------------------------------------- response_from_mip
 
 
-cdef object _read_tensor(object data, str field):
-    """A TENSOR item's tensor, read in C; the pure reader (and its error) for anything not
-    well-formed."""
+cdef object _read_tensor(object data, Py_ssize_t index):
+    """A TENSOR item's tensor (item ``index`` of the message), read in C; the pure reader
+    (and its error) for anything not well-formed."""
     cdef Py_buffer view
     cdef const uint8_t* p
     cdef Py_ssize_t size, pos, need
@@ -295,53 +312,55 @@ cdef object _read_tensor(object data, str field):
     cdef uint32_t name_length, parameters_length
     cdef int64_t dim
     cdef uint64_t count = 1
-    cdef bint counted = True
+    cdef bint counted = True, zero = False
     cdef list shape
-    cdef object name, parameters
+    cdef object name = None, parameters_json = None
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
         p = <const uint8_t*>view.buf
         size = view.len
         if size < TENSOR_HEAD:
-            return read_tensor_item(data, field)
+            return read_tensor_item(data, f"items[{index}]")
         code = p[0]
         ndim = p[1]
         name_length = (<uint32_t>p[2] << 8) | p[3]
         parameters_length = _be32(p + 4)
         if code < 1 or code >= N_CODES or _SIZES[code] < 0:
-            return read_tensor_item(data, field)
+            return read_tensor_item(data, f"items[{index}]")
         need = <Py_ssize_t>name_length + 8 * <Py_ssize_t>ndim + <Py_ssize_t>parameters_length
         if need > size - TENSOR_HEAD:
-            return read_tensor_item(data, field)
+            return read_tensor_item(data, f"items[{index}]")
+        try:
+            name = PyUnicode_DecodeUTF8(<const char*>p + TENSOR_HEAD, name_length, "surrogatepass")
+        except UnicodeDecodeError:
+            return read_tensor_item(data, f"items[{index}]")
         pos = TENSOR_HEAD + name_length
         shape = []
         for d in range(ndim):
             dim = _be64(p + pos + 8 * d)
             if dim < 0:
-                return read_tensor_item(data, field)
-            if counted and dim != 0 and count > (<uint64_t>0xFFFFFFFFFFFFFFFF) // <uint64_t>dim:
+                return read_tensor_item(data, f"items[{index}]")
+            if dim == 0:
+                zero = True
+            elif counted and count > (<uint64_t>0xFFFFFFFFFFFFFFFF) // <uint64_t>dim:
                 counted = False
             elif counted:
                 count *= <uint64_t>dim
             shape.append(dim)
-        if not counted and 0 in shape:
+        if zero:
             counted = True
             count = 0
-        pos += 8 * ndim + parameters_length
+        pos += 8 * ndim
+        if parameters_length:
+            parameters_json = PyBytes_FromStringAndSize(<const char*>p + pos, parameters_length)
+        pos += parameters_length
         if not _data_ok(code, p + pos, size - pos, count, counted):
-            return read_tensor_item(data, field)
+            return read_tensor_item(data, f"items[{index}]")
     finally:
         PyBuffer_Release(&view)
-    try:
-        name = (<bytes>bytes(memoryview(data)[TENSOR_HEAD:TENSOR_HEAD + name_length])).decode(
-            "utf-8", "surrogatepass")
-    except UnicodeDecodeError:
-        return read_tensor_item(data, field)
-    start = TENSOR_HEAD + name_length + 8 * ndim
-    if parameters_length:
-        parameters = read_json_object(memoryview(data)[start:start + parameters_length], field)
-    else:
-        parameters = {}
+    parameters = {} if parameters_json is None else read_json_object(
+        parameters_json, f"items[{index}]"
+    )
     whole = memoryview(data)
     if whole.format != "B" or whole.ndim != 1:
         whole = whole.cast("B")
@@ -356,10 +375,11 @@ cdef tuple _reply_sample(tuple items, Py_ssize_t first):
     cdef str field
     for k in range(len(items)):
         item = items[k]
-        field = f"items[{first + k}]"
         if item.type == _TENSOR:
-            outputs.append(_read_tensor(item.data, field))
-        elif item.type == _PARAMETERS or item.type == _REQUEST:
+            outputs.append(_read_tensor(item.data, first + k))
+            continue
+        field = f"items[{first + k}]"
+        if item.type == _PARAMETERS or item.type == _REQUEST:
             if parameters is not None:
                 raise DecodeError(PROTOCOL, field, 0, "a second parameters item in one sample")
             if item.type == _PARAMETERS:

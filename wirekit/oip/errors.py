@@ -6,8 +6,8 @@ from wirekit.errors import WirekitError
 
 
 class BackendError(WirekitError):
-    """The backend answered an OIP request with an ERROR item: ``message`` is its text, which
-    a door passes on to the client (a 400 over REST, as Triton answers a model's error)."""
+    """The backend answered an OIP request with an ERROR item: ``message`` is its text, the
+    model's own words, which a door passes on to the client."""
 
     def __init__(self, message: str) -> None:
         self.message = message

@@ -86,6 +86,8 @@ def _kept(parameters: dict[str, Any]) -> dict[str, Any]:
 def request_item(req: InferRequest) -> bytes:
     """The REQUEST item's data: the request's parameters and requested outputs (not its
     ``id``: the door keeps it, so equal requests make equal items and the cache can hit)."""
+    if not req.parameters and not req.outputs:
+        return b"{}"
     document: dict[str, Any] = {}
     parameters = _kept(req.parameters)
     if parameters:

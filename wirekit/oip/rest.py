@@ -34,8 +34,18 @@ def _fail(field: str, offset: int, message: str) -> DecodeError:
     return DecodeError(PROTOCOL, field, offset, message)
 
 
-def _document(body: Buffer, header_length: int | None) -> tuple[dict[str, Any], memoryview, int]:
+def _document(
+    body: Buffer, header_length: int | str | None
+) -> tuple[dict[str, Any], memoryview, int]:
     """Split ``body`` into its JSON document (parsed) and the binary part after it."""
+    if header_length is None and type(body) is bytes:  # all JSON: parse it as it is
+        try:
+            document = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _fail("body", 0, f"not a JSON document: {exc}") from None
+        if not isinstance(document, dict):
+            raise _fail("body", 0, "the JSON document must be an object")
+        return document, memoryview(body), len(body)
     view = memoryview(body).cast("B") if not isinstance(body, memoryview) else body
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
@@ -43,6 +53,11 @@ def _document(body: Buffer, header_length: int | None) -> tuple[dict[str, Any], 
     if header_length is None:
         end = size
     else:
+        if isinstance(header_length, str):  # the HTTP header's text, as it came
+            text = header_length.strip()
+            if not (text.isascii() and text.isdigit()):
+                raise _fail(HEADER_LENGTH, 0, f"{header_length!r} is not a byte count")
+            header_length = int(text)
         if isinstance(header_length, bool) or not isinstance(header_length, int):
             raise _fail(HEADER_LENGTH, 0, f"{header_length!r} is not a byte count")
         if header_length < 0 or header_length > size:
@@ -149,9 +164,10 @@ def _tensors(document: dict[str, Any], key: str, binary: _Binary) -> list[Tensor
     return tensors
 
 
-def decode_rest_request(body: Buffer, header_length: int | None = None) -> InferRequest:
+def decode_rest_request(body: Buffer, header_length: int | str | None = None) -> InferRequest:
     """The inference request a REST body holds; ``header_length`` is the value of the
-    ``Inference-Header-Content-Length`` header (None when absent: the whole body is JSON).
+    ``Inference-Header-Content-Length`` header, an int or the header's text (None when absent:
+    the whole body is JSON; anything but a byte count within the body is a DecodeError).
     Binary tensors are memoryviews into ``body``."""
     document, view, end = _document(body, header_length)
     binary = _Binary(view, end, header_length is not None)
@@ -179,7 +195,7 @@ def decode_rest_request(body: Buffer, header_length: int | None = None) -> Infer
     )
 
 
-def decode_rest_response(body: Buffer, header_length: int | None = None) -> InferResponse:
+def decode_rest_response(body: Buffer, header_length: int | str | None = None) -> InferResponse:
     """The inference response a REST body holds (the client's side of
     :func:`encode_rest_response`); binary outputs are memoryviews into ``body``."""
     document, view, end = _document(body, header_length)

@@ -23,6 +23,11 @@ from .messages import DATATYPES, PROTOCOL, Buffer, Datatype, Tensor
 _U32 = struct.Struct("<I")
 INT64_MAX = 2**63 - 1
 _INTEGERS = frozenset(f"{sign}INT{bits}" for sign in ("", "U") for bits in (8, 16, 32, 64))
+#: each integer datatype's range
+_LIMITS = {
+    name: (int(np.iinfo(DATATYPES[name].numpy).min), int(np.iinfo(DATATYPES[name].numpy).max))
+    for name in _INTEGERS
+}
 
 
 def _fail(field: str, offset: int, message: str) -> DecodeError:
@@ -52,6 +57,12 @@ def datatype_of(name: str, datatype: Any, field: str) -> Datatype:
 
 def check_shape(name: str, shape: Any, field: str) -> tuple[int, ...]:
     """``shape`` as a tuple of ints >= 0; DecodeError naming the tensor otherwise."""
+    if type(shape) is tuple or type(shape) is list:
+        for dim in shape:  # the common case: plain ints in range, one pass
+            if type(dim) is not int or dim < 0 or dim > INT64_MAX:
+                break
+        else:
+            return tuple(shape)
     if not isinstance(shape, list | tuple) or not all(
         isinstance(d, int) and not isinstance(d, bool) for d in shape
     ):
@@ -130,8 +141,25 @@ def check_tensor(t: Tensor, field: str | None = None, base: int = 0) -> None:
                 f"{dtype.name} needs {need}",
             )
         return
+    walk = _compiled_walk()
+    if walk is not None and walk(t.data, count):
+        return
     for _ in bytes_elements(t.name, t.data, count, where, base):
-        pass
+        pass  # the pure walk: the reference, and the one that names a problem
+
+
+_WALK: list[Any] = []
+
+
+def _compiled_walk() -> Any:
+    """The compiled twin's BYTES framing check (``wirekit._fast.oip.bytes_framing_ok``), or
+    None on the pure path; looked up once, at first use (the twin imports this module)."""
+    if not _WALK:
+        from wirekit._impl import load_fast
+
+        fast = load_fast("oip")
+        _WALK.append(None if fast is None else fast.bytes_framing_ok)
+    return _WALK[0]
 
 
 # --------------------------------------------------------------------------- JSON data
@@ -162,10 +190,13 @@ def _count_mismatch(name: str, field: str, got: int, shape: tuple[int, ...], nee
 
 
 def _bf16_from_float(values: np.ndarray) -> bytes:
-    """Round float values to bfloat16 (nearest, ties to even; NaN stays a quiet NaN)."""
-    bits = values.astype("<f4").view("<u4").astype(np.uint64)
+    """Round float values to bfloat16 (nearest, ties to even; beyond the range: infinity;
+    NaN stays a quiet NaN)."""
+    with np.errstate(over="ignore"):
+        single = values.astype("<f4")
+    bits = single.view("<u4").astype(np.uint64)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
-    rounded[np.isnan(values.astype("<f4"))] = 0x7FC0
+    rounded[np.isnan(single)] = 0x7FC0
     return rounded.tobytes()
 
 
@@ -229,20 +260,29 @@ def tensor_from_json(
             kind = "u"
         if kind not in "iu":
             raise _fail(f"{where}.data", 0, f'tensor "{name}": {dtype.name} data must be integers')
-        info = np.iinfo(dtype.numpy)
+        if values.dtype == np.int64 and dtype.name == "INT64":  # in range by construction
+            return Tensor(name, dtype.name, dims, values.astype("<i8").tobytes(), params)
+        bottom, top = _LIMITS[dtype.name]
         low, high = int(values.min()), int(values.max())
-        if low < info.min or high > info.max:
-            bad = low if low < info.min else high
+        if low < bottom or high > top:
+            bad = low if low < bottom else high
             raise _fail(
                 f"{where}.data", 0, f'tensor "{name}": {bad} is out of range for {dtype.name}'
             )
         return Tensor(name, dtype.name, dims, values.astype(dtype.numpy).tobytes(), params)
+    if kind == "O":  # numbers numpy could not give one type (ints beyond 64 bits)
+        flat = np.asarray(data, dtype=object).ravel().tolist()
+        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in flat):
+            values, kind = np.asarray([float(v) for v in flat]), "f"
     if kind not in "iuf":
         raise _fail(f"{where}.data", 0, f'tensor "{name}": {dtype.name} data must be numbers')
     if dtype.name == "BF16":
         return Tensor(name, dtype.name, dims, _bf16_from_float(values), params)
-    with np.errstate(over="ignore"):
-        raw = values.astype(dtype.numpy).tobytes()
+    if dtype.name == "FP64" or (dtype.name == "FP32" and kind != "f"):
+        raw = values.astype(dtype.numpy).tobytes()  # cannot overflow
+    else:
+        with np.errstate(over="ignore"):  # beyond the type's range: infinity, as C casts
+            raw = values.astype(dtype.numpy).tobytes()
     return Tensor(name, dtype.name, dims, raw, params)
 
 
