@@ -127,7 +127,7 @@ def paired_table(report: dict) -> str:
         if not lines:
             lines.append(
                 f"{'paired rounds':<40} {'contender':<24} {'round':>10} {'req/s':>9} "
-                f"{'CPU/req':>10} {'time/ours':>9} {'ours/it':>8}"
+                f"{'CPU/req':>10} {'time/ours':>9} {'ours/it':>8} {'CPU/ours':>9}"
             )
         load = bench["extra_info"].get("load", bench["name"])
         for who, row in sorted(paired.items(), key=lambda kv: kv[1]["time_vs_dispatcher"]):
@@ -136,6 +136,8 @@ def paired_table(report: dict) -> str:
                 f"{load:<40} {who:<24} {_fmt(row['round_s']):>10} "
                 f"{row['requests_per_s']:>9.0f} {row['cpu_us']:>7.2f} us {ratio:>8.3f}x "
                 f"{100 * ratio:>7.0f}%"
+                # the round-by-round CPU ratio, where the benchmark recorded it
+                + (f" {row['cpu_vs_dispatcher']:>8.3f}x" if "cpu_vs_dispatcher" in row else "")
             )
     return "\n".join(lines)
 

@@ -31,6 +31,10 @@ never asserted.
 ``test_http_request_latency`` and ``test_http_request_throughput``: the same dispatcher
 through its HTTP front door (``POST /v1/models/echo:predict``, one sample; keep-alive
 connections), the cost of the HTTP door's parsing and limits on top of the dispatch.
+``test_http_request_paired``: the HTTP door's contenders in turn, round after round (this
+tree's dispatcher, each ``WIREKIT_BENCH_BEFORE`` tree's, and this tree's without the
+journal), with the dispatcher's CPU per request and its round-by-round ratio: a change to the
+HTTP door measured before/after in one run.
 
 Two loads.  ``test_request_latency``: the blocking client, one request at a time -- through a
 middle process a request makes two round trips instead of one, so about 50% of direct is the
@@ -513,4 +517,93 @@ def test_request_paired(benchmark, endpoints, load):
     finally:
         for client in clients.values():
             loop.run_until_complete(client.close())
+        loop.close()
+
+
+#: the HTTP door's contenders of the paired rounds: ours first, then other trees' and ours
+#: without the journal
+HTTP_PAIRED = ["dispatcher", *(w.removeprefix("http-") for w in BEFORE_HTTP), "nojournal"]
+
+
+@pytest.mark.benchmark(group="serve http batch 1, paired rounds")
+def test_http_request_paired(benchmark, endpoints):
+    """The HTTP door's contenders of :data:`HTTP_PAIRED` in turn, round after round (a round:
+    256 ``POST /v1/models/echo:predict`` with 32 in flight over 32 keep-alive connections),
+    so that a busy machine's drift hits them alike: with ``WIREKIT_BENCH_BEFORE`` the HTTP
+    door's CPU per request before and after a change, in one run.  ``extra_info["paired"]``:
+    each contender's median round, requests/s, median CPU per request of the dispatcher
+    process, and the medians of its round-by-round time and CPU ratios to ``dispatcher``
+    (``ratios.py`` prints them)."""
+    import asyncio
+    import time
+
+    import aiohttp
+
+    loop = asyncio.new_event_loop()
+    headers = {"Content-Type": "application/json"}
+    counter = iter(range(10**9))
+    times: dict[str, list[float]] = {who: [] for who in HTTP_PAIRED}
+    cpus: dict[str, list[float]] = {who: [] for who in HTTP_PAIRED}
+
+    async def open_sessions() -> dict[str, aiohttp.ClientSession]:
+        return {
+            who: aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=IN_FLIGHT),
+                timeout=aiohttp.ClientTimeout(TIMEOUT),
+            )
+            for who in HTTP_PAIRED
+        }
+
+    sessions = loop.run_until_complete(open_sessions())
+
+    async def ask(session: aiohttp.ClientSession, url: str, text: str) -> str:
+        async with session.post(url, data=_predict_body(text), headers=headers) as r:
+            return (await r.json())["outputs"][0][0]
+
+    async def burst(who: str) -> None:
+        host, port = endpoints[f"http-{who}"]
+        url = f"http://{host}:{port}/v1/models/echo:predict"
+        base = next(counter) * ROUND
+        texts = [f"h{base + k}" for k in range(ROUND)]
+        outs = await asyncio.gather(*(ask(sessions[who], url, t) for t in texts))
+        assert outs == texts
+
+    def one_round_each() -> None:
+        for who in HTTP_PAIRED:
+            pid = endpoints["pids"][f"http-{who}"]
+            cpu = cpu_ns(pid)
+            start = time.perf_counter()
+            loop.run_until_complete(burst(who))
+            times[who].append(time.perf_counter() - start)
+            cpus[who].append((cpu_ns(pid) - cpu) / ROUND / 1e3)
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    try:
+        one_round_each()  # connect and warm up
+        for who in HTTP_PAIRED:
+            times[who].clear()
+            cpus[who].clear()
+        benchmark.pedantic(one_round_each, rounds=PAIRED_ROUNDS, iterations=1)
+        ours_t, ours_c = times["dispatcher"], cpus["dispatcher"]
+        paired = {}
+        for who in HTTP_PAIRED:
+            round_s = median(times[who])
+            paired[who] = {
+                "round_s": round_s,
+                "requests_per_s": round(ROUND / round_s, 1),
+                "cpu_us": round(median(cpus[who]), 2),
+                "time_vs_dispatcher": round(
+                    median([t / o for t, o in zip(times[who], ours_t, strict=True)]), 3
+                ),
+                "cpu_vs_dispatcher": round(
+                    median([c / o for c, o in zip(cpus[who], ours_c, strict=True)]), 3
+                ),
+            }
+        benchmark.extra_info["paired"] = paired
+        benchmark.extra_info["load"] = f"http, {IN_FLIGHT} in flight, {ROUND} requests a round"
+    finally:
+        for session in sessions.values():
+            loop.run_until_complete(session.close())
         loop.close()

@@ -84,8 +84,8 @@ def test_clipper_containers_behind_both_front_doors(tmp_path):
                 async with http.post(
                     f"{base}/v1/models/words:predict", json={"instances": ["a", "b"]}
                 ) as r:
-                    outs_ = (await r.json())["outputs"]
-                assert [answer_of(o[0])[1] for o in outs_] == ["A", "B"]
+                    outs_ = (await r.json())["predictions"]
+                assert [answer_of(o)[1] for o in outs_] == ["A", "B"]
             await service.store.flush()
             rows = store_rows(store)
             assert Counter(r.status for r in rows) == {"ok": 90 + 2}

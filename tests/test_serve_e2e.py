@@ -125,7 +125,7 @@ def test_both_front_doors_to_wirekit_and_kubemo_backends(tmp_path, store_url):
             async with http.post(
                 f"{base}/v1/models/km:predict", json={"instances": [{"a": [1, 2]}, "t"]}
             ) as r:
-                assert (await r.json())["outputs"] == [[{"a": [1, 2]}], ["t"]]
+                assert (await r.json()) == {"predictions": [{"a": [1, 2]}, "t"]}
             # --- HTTP: Clipper's query frontend form, by model name and by app name
             async with http.post(f"{base}/m1/predict", json={"input": "clip"}) as r:
                 doc = await r.json()

@@ -156,7 +156,7 @@ def call(
     method: str,
     path: str,
     body: bytes | None = None,
-    headers: dict[str, str] | None = None,
+    headers: dict[str, str] | dict[str, bytes] | None = None,
 ) -> Answer:
     """One request on its own connection; the answer whatever its status."""
     conn = http.client.HTTPConnection(
@@ -246,10 +246,10 @@ def sample(datatype: str, binary: bool, shape: tuple[int, ...] = (2, 3)) -> np.n
         edges = [int(info.min), int(info.max), 0, 1]
         drawn = rng.integers(0, 256, count * dtype.itemsize, dtype=np.uint8).tobytes()
         values = np.frombuffer(drawn, dtype=dtype).copy()
-        values[:4] = edges
+        values[:4] = edges[: min(4, count)]
         return values.reshape(shape)
     values = rng.standard_normal(count).astype(dtype)
-    values[0] = -0.0
+    values[:1] = -0.0
     return values.reshape(shape)
 
 
@@ -289,6 +289,24 @@ def test_tritonclient_every_datatype_round_trips_bit_exact(client, binary):
         assert ("binary_data_size" in output.get("parameters", {})) is binary
     for name, array in sent.items():
         same_bytes(result.as_numpy(name), array)
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+@pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (1, 1, 1, 2)], ids=str)
+def test_tritonclient_shapes_round_trip(client, shape, binary):
+    """A scalar, empty tensors and many dimensions come back with their shape."""
+    array = sample("INT32", binary, shape) if shape else np.array(7, dtype=np.int32)
+    words = sample("BYTES", binary, shape) if shape else np.array(b"w", dtype=np.object_)
+    inputs = [
+        triton.InferInput("n", list(shape), "INT32").set_data_from_numpy(array, binary),
+        triton.InferInput("w", list(shape), "BYTES").set_data_from_numpy(words, binary),
+    ]
+    outputs = [triton.InferRequestedOutput(name, binary_data=binary) for name in ("n", "w")]
+    result = client.infer("echo", inputs, outputs=outputs)
+    for output in result.get_response()["outputs"]:
+        assert output["shape"] == list(shape)
+    same_bytes(result.as_numpy("n"), array)
+    same_bytes(result.as_numpy("w"), words)
 
 
 def test_tritonclient_binary_answer_when_no_output_is_named(client):
@@ -514,9 +532,14 @@ def test_a_binary_header_length_that_lies_is_a_400(served, lie):
     doc = {"inputs": [{"name": "x", "datatype": "UINT8", "shape": [4],
                        "parameters": {"binary_data_size": 4}}]}  # fmt: skip
     body, _ = binary_body(doc, b"\x01\x02\x03\x04")
-    answer = call(served, "POST", "/v2/models/echo/infer", body, {HEADER: lie})
+    sent = {HEADER: lie.encode()}  # UTF-8: "\u00b2" is a digit, but not an ASCII one
+    answer = call(served, "POST", "/v2/models/echo/infer", body, sent)
     assert answer.status == 400, answer.body
-    assert answer.error
+    if lie == "99999":
+        said = f"{HEADER} is 99999: more than the {len(body)} bytes of the body"
+    else:
+        said = f"{HEADER} must be a number of bytes (0 or more), got {lie!r}"
+    assert answer.error == said
 
 
 def test_binary_sizes_that_do_not_add_up_are_a_400(served):
@@ -569,6 +592,9 @@ def test_unknown_model_or_version_is_a_404_and_a_removed_model_a_410(served):
     assert (answer.status, answer.error) == (404, "unknown version '2' of model 'echo'")
     answer = infer_json(served, "echo", doc, "/versions/one")
     assert (answer.status, answer.error) == (404, "unknown version 'one' of model 'echo'")
+    answer = infer_json(served, "echo", doc, "/versions/%C2%B9")  # a digit, not ASCII
+    assert (answer.status, answer.error) == (404, "unknown version '\u00b9' of model 'echo'")
+    assert infer_json(served, "echo", doc, "/versions/01").json()["model_version"] == "1"
     assert call(served, "GET", "/v2/models/nope").status == 404
     assert call(served, "GET", "/v2/models/nope/ready").status == 404
     removed = call(served, "DELETE", "/admin/models/doomed", headers=served.process.admin_headers)

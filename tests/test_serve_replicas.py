@@ -81,7 +81,7 @@ async def predict(session: aiohttp.ClientSession, base: str, model: str, text: s
         f"{base}/v1/models/{model}:predict", json=body, timeout=aiohttp.ClientTimeout(TIMEOUT)
     ) as resp:
         assert resp.status == 200, await resp.text()
-        return (await resp.json())["outputs"][0][0]
+        return (await resp.json())["predictions"][0]
 
 
 def per_model(metrics_text: str, sample: str, **labels: str) -> dict[str, float]:

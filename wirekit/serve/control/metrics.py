@@ -558,9 +558,9 @@ class Metrics:
         #: (model, device label) -> its figures since start (the Prometheus series)
         self.series: dict[tuple[str, str], DeviceSeries] = {}
         self._by_key: dict[str, DeviceSeries] = {}  # row key -> its series
-        #: (model, door) -> {row key or "cache": (its device series, their door's)}: what
-        #: :meth:`lane_answered` counts on, one lookup per device of a flush
-        self._door_keys: dict[tuple[str, str], dict[str, tuple[DeviceSeries, DoorSeries]]] = {}
+        #: door -> {row key: (its device series, their door's)}: what :meth:`lane_answered`
+        #: counts on, one lookup per device of a flush (a row key names its model)
+        self._door_keys: dict[str, dict[str, tuple[DeviceSeries, DoorSeries]]] = {}
         self._unrouted: dict[str, DeviceSeries] = {}  # model -> its NO_DEVICE series
         #: model -> its figures since start that are not per device
         self.counters: dict[str, ModelCounters] = {}
@@ -632,9 +632,9 @@ class Metrics:
         sent = 0
         start = 0
         n = len(answers)
-        keys = self._door_keys.get((model, door))
+        keys = self._door_keys.get(door)
         if keys is None:
-            keys = self._door_keys[(model, door)] = {}
+            keys = self._door_keys[door] = {}
         while start < n:  # runs of one device and one read
             device, t_in = answers[start][1], answers[start][2]
             stop = start + 1
@@ -643,7 +643,9 @@ class Metrics:
             pair = keys.get(device)
             if pair is None:
                 series = self.device_series(model, device)
-                pair = keys[device] = (series, series.door(door))
+                pair = (series, series.door(door))
+                if device != _CACHE:  # "cache" is every model's: not a row key
+                    keys[device] = pair
             series = pair[0]
             self._count(pair[1], OK, t_out - t_in, stop - start)
             if device != _CACHE and sent < len(times):

@@ -65,6 +65,9 @@ log = serve_logger()
 CLIENT_GONE = "the client went away before its answer"
 #: :attr:`Outcome.cause` values (see there)
 TIMED_OUT, UNAVAILABLE, BAD_REQUEST = "timeout", "unavailable", "bad request"
+#: :attr:`Outcome.cause` of an ``error`` that is the model's own (its Open Inference Protocol
+#: ERROR item): :attr:`Outcome.detail` is the model's message, for the client as it is
+MODEL_ERROR = "model error"
 
 BATCH_BYTES = 1 << 20  #: a joined batch stays under this many bytes (larger requests go alone)
 SPLIT_SAMPLES = 16  #: requests joined to this many samples or more go as two batches
@@ -148,7 +151,7 @@ class Attempts:
 class Job:
     """One request on its way through the dispatcher, from arrival to its end
     (:meth:`Dispatcher.settle`): taken by :meth:`Dispatcher.start` (the MIP front door's way
-    in), or by :meth:`Dispatcher.submit` (the HTTP door's; ``notify`` None: awaited).
+    in, and :meth:`Dispatcher.submit`'s, which awaits ``notify``'s call).
     ``door``: the front door it came in by, its ``door`` label in the metrics
     (:data:`~wirekit.serve.control.metrics.DOORS`)."""
 
@@ -228,7 +231,8 @@ class Outcome:
     detail: str = ""  #: why it failed, for humans
     #: why a ``failed`` request failed, for the HTTP status: "timeout" (its last device took
     #: too long: 504), "unavailable" (no device could be reached or none was left: 503);
-    #: "bad request" for an ``error`` the client caused (inputs its model does not take: 400)
+    #: "bad request" for an ``error`` the client caused (inputs its model does not take: 400);
+    #: "model error" for an ``error`` the model answered with its message (``detail``: 400)
     cause: str = ""
 
     @property
@@ -311,8 +315,10 @@ class Dispatcher:
         self._ids = itertools.count(1)
         self._prefix = f"{int(time.time()):x}{os.getpid():x}{os.urandom(2).hex()}-"
         self.resubmissions = 0
-        self.active = 0  #: requests started with :meth:`start` and not answered yet
-        self.submitting = 0  #: requests in :meth:`submit` (the HTTP door's) not answered yet
+        #: requests started with :meth:`start` (:meth:`submit`'s too) and not answered yet
+        self.active = 0
+        #: requests in :meth:`submit` (the awaiting doors': HTTP, gRPC) not answered yet
+        self.submitting = 0
         self.closing = False
         self.tasks: set[asyncio.Task] = set()  #: attempt loops of started requests
         self.batches = 0  #: joined batches sent to backends (adaptive batching)
@@ -415,41 +421,54 @@ class Dispatcher:
     ) -> Outcome:
         """Answer one request (see the module docstring).  Raises :class:`UnknownModel`.
 
+        The request goes the way of :meth:`start` -- the MIP front door's -- and this waits
+        for its answer: its first attempt leaves on the backend's open connection with its
+        reply handled in a callback, its arrival journaled first (with the arrivals of the
+        same loop pass when others are in flight: group commit), and any retry runs the
+        attempt loop; so every door that awaits its answers pays what the MIP door pays.
+
         ``door``: the front door it came in by, its ``door`` label in the metrics (one of
         :data:`~wirekit.serve.control.metrics.DOORS`: ``"http"``, ``"clipper"``,
         ``"tfserving"``, ``"oip-rest"``, ``"oip-grpc"``).
 
-        Its arrival record is journaled before it is sent, with the arrivals of the same
-        loop pass when others are in flight (it waits for the end of the pass: group
-        commit).
-
         ``defer_journal``: the completion record is not written to the journal yet; the
         caller calls ``store.write_journal()`` before it answers (see
-        :meth:`RequestStore.completion`)."""
-        cfg = self.models.get(model)
-        if cfg is None:
-            raise self._unknown(model)
-        job = Job(model, request, client, None, door)
-        job.cfg = cfg
-        job.t_in = self.clock()
-        # its arrival record waits for the journal write that comes before it is sent
-        self._arrive(job)
+        :meth:`RequestStore.completion`).
+
+        Cancelled (the client went away, or shutdown), the request ends ``failed``
+        ("cancelled before an answer") at once; an attempt still on its way records and
+        answers nothing when it comes back."""
+        answered = asyncio.get_running_loop().create_future()
+        job = Job(model, request, client, answered.set_result, door)
+        self.start(job)  # raises UnknownModel before anything is recorded
         self.submitting += 1
         try:
-            if self.submitting > 1 or self.active:
-                # Group commit: others are in flight, so this loop pass may bring more
-                # arrivals; they are written in one system call by whichever request of
-                # them is sent first, after the pass.
-                await asyncio.sleep(0)
-            outcome = (self.cache.enabled and self._cached(job)) or await self._answer(job)
+            if not answered.done():  # a cache hit is answered within start
+                await answered
         except BaseException:
-            # Cancelled (the client went away, or shutdown): still close the row.
-            self.settle(job, _cancelled(job.rid), defer=False)
+            self._cancel_submitted(job)
             raise
         finally:
             self.submitting -= 1
-        self.settle(job, outcome, defer=defer_journal)
+        if not defer_journal:
+            self.store.write_journal()  # its completion on record before the answer
+        outcome = job.outcome
+        if outcome is None:  # its attempt loop was cancelled (shutdown): recorded so
+            return _cancelled(job.rid)
         return outcome
+
+    def _cancel_submitted(self, job: Job) -> None:
+        """:meth:`submit` was cancelled before ``job`` was answered: it ends ``failed``
+        ("cancelled before an answer", journaled at once), and what comes after -- its
+        attempt's reply, the attempt loop's end -- records and answers nothing."""
+        if job.outcome is not None or job.error is not None or job.abandoned:
+            return
+        job.notify = _no_one  # the awaiting task is gone
+        if not job.rid:  # waiting to be joined in a batch: not recorded as arrived yet
+            self._arrive(job)
+        job.head = ""  # a line started names a device: it ends on none
+        self.settle(job, _cancelled(job.rid), defer=False)
+        job.abandoned = True
 
     # ------------------------------------------------------------------ the end of a request
 
@@ -500,7 +519,7 @@ class Dispatcher:
                 defer,
                 reason,
             )
-        if job.notify is None:  # submit's: awaited, not counted in ``active``
+        if job.notify is None:  # no one awaits it, and it is not counted in ``active``
             return
         self.active -= 1
         if error is not None:
@@ -515,12 +534,13 @@ class Dispatcher:
         """What a backend's ``reply`` to ``job`` (from the row ``device``, its attempt
         ``attempt``) makes of it: ``ok`` when it is an inference response (then cached),
         but ``error`` with the model's message when it is the Open Inference Protocol's
-        ERROR item (a one-output reply whose first item is one: :func:`oip_error`); else
+        ERROR item (a one-output reply whose first item is one: :func:`oip_error`; cause
+        :data:`MODEL_ERROR`); else
         ``error`` ("backend answered ...")."""
         msg = reply.message
         if type(msg) is Inference and msg.response:  # is_answer(msg), inline: per request
             if msg.n_output == 1 and msg.items and msg.items[0][0] == OIP_ERROR:
-                return Outcome(job.rid, ERROR, reply, device, attempt, oip_error(msg))
+                return Outcome(job.rid, ERROR, reply, device, attempt, oip_error(msg), MODEL_ERROR)
             return self._answered(job, reply, device, attempt)
         return Outcome(job.rid, ERROR, reply, device, attempt, f"backend answered {msg}")
 

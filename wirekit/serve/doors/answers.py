@@ -8,22 +8,27 @@ from __future__ import annotations
 
 from wirekit.mip import ErrorCode, ErrorReply
 
-from ..dispatch.dispatcher import BAD_REQUEST, TIMED_OUT, Dispatcher, Outcome
+from ..dispatch.dispatcher import BAD_REQUEST, MODEL_ERROR, TIMED_OUT, Dispatcher, Outcome
 from ..record.store import FAILED
 
 #: MIP error codes a backend answers for what the client sent (its shape, its item types):
 #: the client's error (400), not the server's
 CLIENT_CODES = frozenset({ErrorCode.PROTOCOL, ErrorCode.SUBTYPE, ErrorCode.SHAPE})
+#: :attr:`Outcome.cause` values answered 400: the inputs the model does not take, the
+#: model's own error message
+CLIENT_CAUSES = frozenset({BAD_REQUEST, MODEL_ERROR})
 
 
 def outcome_status(outcome: Outcome) -> int:
     """The HTTP status of a request that did not end ``ok``, as an HTTP client reads it:
-    400 its inputs are not what the model takes; 413 the backend could not hold them;
+    400 its inputs are not what the model takes, or the model answered its own error (its
+    message is ``outcome.detail``, as Triton answers a model's error); 413 the backend
+    could not hold them;
     502 the backend failed on them; 503 no device could be reached (nothing listening, none
     left); 504 the last device tried took too long."""
     if outcome.status == FAILED:
         return 504 if outcome.cause == TIMED_OUT else 503
-    if outcome.cause == BAD_REQUEST:
+    if outcome.cause in CLIENT_CAUSES:
         return 400
     msg = outcome.response.message
     if isinstance(msg, ErrorReply):
@@ -43,4 +48,4 @@ def unknown_name(dispatcher: Dispatcher, name: str, what: str = "model") -> tupl
     return 404, f"unknown {what} {name!r}"
 
 
-__all__ = ["CLIENT_CODES", "outcome_status", "unknown_name"]
+__all__ = ["CLIENT_CAUSES", "CLIENT_CODES", "outcome_status", "unknown_name"]

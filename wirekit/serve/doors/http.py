@@ -1,10 +1,7 @@
 """The HTTP/JSON front door (aiohttp): predictions, ``/metrics`` and ``/stats``.
 
-* ``POST /v1/models/{model}:predict`` with ``{"inputs": [[v, ...], ...]}`` (one list of values
-  per sample, one value per model input) or ``{"instances": [v, ...]}`` (one single-input
-  sample per value) answers ``{"id": ..., "outputs": [[v, ...], ...]}``.  A string value is a
-  TEXT item, ``{"b64": ..., "type": n}`` raw bytes, anything else a JSON item; outputs use
-  the same forms.
+* TF Serving's REST API (``/v1/models/...``: ``:predict``, model status and metadata; see
+  :mod:`wirekit.serve.doors.tfserving` and ``specs/tfserving.md``).
 * ``POST /{app}/predict`` is Clipper's query frontend: ``{"input": v}`` answers
   ``{"query_id": n, "output": v, "default": false}``; ``{"input_batch": [v, ...]}`` answers
   ``{"batch_predictions": [...]}``.  When no device answers, the answer is Clipper's default
@@ -23,6 +20,8 @@
 * ``GET /controller`` (JSON): the current quotas, the models' targets and the controller's last
   decisions (``specs/controller.md``).
 * ``GET /``: the live page, read-only (:mod:`wirekit.serve.doors.page`).
+* ``/v2/...``: the Open Inference Protocol over REST, JSON and binary tensor data
+  (:mod:`wirekit.serve.doors.oiprest`).
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from wirekit.mip.limits import BufferBudget
 
 from ..config import ConfigError, HttpLimits
 from ..control.catalog import CatalogError
-from ..control.metrics import DOOR_CLIPPER, DOOR_HTTP
+from ..control.metrics import DOOR_CLIPPER
 from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload, dumps, outputs_json, request_from_json
 from .adminauth import AdminAccess
@@ -55,12 +54,25 @@ from .page import add_page_routes
 NAME = "[^/]+"
 
 
+#: the ``Content-Type`` of a JSON answer: exactly ``application/json`` (JSON has no charset
+#: parameter; the ``kserve`` client reads an error's message only under that type)
+JSON_TYPE = "application/json"
+
+
 def _json(doc: Any, status: int = 200) -> web.Response:
-    return web.Response(text=dumps(doc), status=status, content_type="application/json")
+    """A JSON answer (:data:`JSON_TYPE`)."""
+    return web.Response(body=dumps(doc).encode(), status=status, content_type=JSON_TYPE)
 
 
 def _error(status: int, message: str, **extra: Any) -> web.Response:
     return _json({"error": message, **extra}, status)
+
+
+def _bad_request(message: str) -> web.HTTPBadRequest:
+    """The 400 ``{"error": message}`` that a body refused by :func:`_body` raises."""
+    refusal = web.HTTPBadRequest(text=dumps({"error": message}))
+    refusal.headers["Content-Type"] = JSON_TYPE  # the text's charset parameter dropped
+    return refusal
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -72,18 +84,11 @@ async def _body(request: web.Request) -> dict[str, Any]:
     try:
         doc = await reader.json(request)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise web.HTTPBadRequest(
-            text=dumps({"error": f"body is not JSON: {exc}"}), content_type="application/json"
-        ) from None
+        raise _bad_request(f"body is not JSON: {exc}") from None
     except RecursionError:
-        raise web.HTTPBadRequest(
-            text=dumps({"error": "body is not JSON this server reads: nested too deeply"}),
-            content_type="application/json",
-        ) from None
+        raise _bad_request("body is not JSON this server reads: nested too deeply") from None
     if not isinstance(doc, dict):
-        raise web.HTTPBadRequest(
-            text=dumps({"error": "body must be a JSON object"}), content_type="application/json"
-        )
+        raise _bad_request("body must be a JSON object")
     return doc
 
 
@@ -135,25 +140,6 @@ class Admin(Protocol):
     def set_quota_doc(self, name: str, doc: Any) -> Awaitable[dict[str, Any]]: ...
 
     def set_model_doc(self, name: str, doc: Any) -> dict[str, Any]: ...
-
-
-def _samples(doc: dict[str, Any]) -> tuple[list[Any], bool] | web.Response:
-    """The samples of a ``:predict`` body and whether each is a list of inputs
-    (``"inputs"``) or one input (``"instances"``), or the 400 that refuses the body."""
-    if "inputs" in doc:
-        samples, multi = doc["inputs"], True
-    elif "instances" in doc:
-        samples, multi = doc["instances"], False
-    else:
-        return _error(400, 'the body needs "inputs" or "instances"')
-    if not isinstance(samples, list) or not samples:
-        return _error(400, "inputs/instances must be a non-empty list")
-    return samples, multi
-
-
-def _item_count(samples: list[Any], multi: bool) -> int:
-    """The MIP items ``samples`` ask for (an empty sample counts as one)."""
-    return sum(max(len(s), 1) if multi and isinstance(s, list) else 1 for s in samples)
 
 
 def _clipper_values(doc: dict[str, Any]) -> tuple[list[Any], bool] | web.Response:
@@ -226,32 +212,6 @@ class Handlers:
         self.readiness = readiness
         self.query_ids = itertools.count()  #: Clipper's query ids, one per query answered
 
-    async def predict(self, request: web.Request) -> web.Response:
-        """``POST /v1/models/{model}:predict``."""
-        dispatcher = self.dispatcher
-        model = request.match_info["model"]
-        if model not in dispatcher.models:
-            return _unknown(dispatcher, model)
-        found = _samples(await _body(request))
-        if isinstance(found, web.Response):
-            return found
-        samples, multi = found
-        refusal = _too_many_items(_item_count(samples, multi), self.max_items)
-        if refusal is not None:
-            return refusal
-        payload = _payload(samples, multi)
-        if isinstance(payload, web.Response):
-            return payload
-        try:
-            outcome = await dispatcher.submit(model, payload, _client(request), door=DOOR_HTTP)
-        except UnknownModel:  # removed while the body was read
-            return _unknown(dispatcher, model)
-        if not outcome.ok:
-            return _outcome_error(outcome)
-        msg = outcome.response.message
-        assert isinstance(msg, Inference)
-        return _json({"id": outcome.id, "outputs": outputs_json(msg)})
-
     async def clipper_predict(self, request: web.Request) -> web.Response:
         """``POST /{app}/predict``: Clipper's query frontend, each query of a batch answered
         on its own."""
@@ -317,7 +277,6 @@ class Handlers:
 
     def add_routes(self, app: web.Application) -> None:
         """Route the requests of ``app`` (the live page's too) to these handlers."""
-        app.router.add_post(f"/v1/models/{{model:{NAME}}}:predict", self.predict)
         app.router.add_get("/metrics", self.get_metrics)
         app.router.add_get("/stats", self.get_stats)
         app.router.add_get("/healthz", self.healthz)
@@ -361,6 +320,9 @@ def build_app(
     handlers = Handlers(
         dispatcher, app_models, stats, metrics_text, max_items, controller, health, readiness
     )
+    from .tfserving import TfServingHandlers  # it imports this module's answers
+
+    TfServingHandlers(dispatcher, max_items, readiness).add_routes(app)
     handlers.add_routes(app)
     oip_rest = OipRestHandlers(
         dispatcher, readiness, max_items=max_items, max_message_size=max_message_size

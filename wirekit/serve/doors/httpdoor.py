@@ -12,9 +12,9 @@ wrapped in :class:`GatedConnection`, which
 * drops a connection whose request headers are not complete ``http.header_timeout`` after
   it opened, or after the first byte of a further request on a kept-alive connection; a
   request counts as begun when aiohttp hands it to the application, as ended when the
-  application has answered (the door's one middleware: it also gives each request its
-  :class:`~wirekit.serve.doors.httpbody.BodyReader`, whose charge to the memory budget it gives
-  back when the request ends);
+  application has answered (the door's request scope, :meth:`HttpDoor.scoped`: it also gives
+  each request its :class:`~wirekit.serve.doors.httpbody.BodyReader`, whose charge to the
+  memory budget it gives back when the request ends);
 * charges an answer the client does not read (what the transport holds unsent once it asks
   for a pause) to the memory budget, and drops the connection when nothing of it leaves for
   ``http.write_stall_timeout``: decided by the MIP doors' own
@@ -29,6 +29,12 @@ door, is watched by :class:`~wirekit.serve.doors.fdwatch.FdWatch`.
 The access log (``http.access_log`` or ``--access-log``; off by default) is one INFO line per
 request answered, from :class:`AccessLogger` to the logger ``wirekit.serve.access``.  Off,
 aiohttp is given no access logger at all: not even the clock is read for it.
+
+What a request costs the door beyond aiohttp's parsing and the application's routing: the
+request scope wraps aiohttp's request handler (the application) itself rather than running
+as a middleware, so that the application has no middleware at all and aiohttp builds no
+middleware chain per request -- every route of the door, the hot ones and the admin ones,
+goes the same lean way.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from time import perf_counter
-from typing import Any, cast
+from typing import Any, TypeAlias, cast
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
@@ -53,6 +59,8 @@ from .fdwatch import BurstLog, warn_if_cap_exceeds_fds
 from .httpbody import READER_KEY, BodyReader
 
 log = serve_logger()
+#: aiohttp's request handler: a request in, its response out
+RequestHandler: TypeAlias = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 #: the access log's logger (one INFO record per request answered, when it is on)
 access_log = serve_logger("wirekit.serve.access")
 #: the request's entry holding when the door's middleware took it (``perf_counter``; set
@@ -254,7 +262,6 @@ class HttpDoor:
         self.write_deadlines = Deadlines(write_stall_timeout=limits.write_stall_timeout)
         self.open = 0  #: connections open (refused ones not counted)
         self._by_transport: dict[asyncio.BaseTransport, GatedConnection] = {}
-        app.middlewares.append(self._middleware())
         # the access log, when on; off, aiohttp has no access logger (no cost per request)
         access: dict[str, Any] = {"access_log": None}
         if limits.access_log:
@@ -292,9 +299,11 @@ class HttpDoor:
         """Listen on ``host:port``; returns the port bound."""
         self._loop = asyncio.get_running_loop()
         await self._runner.setup()
-        # aiohttp's public protocol factory: one request handler per connection
+        # aiohttp's public protocol factory: one request handler per connection, each
+        # request handled by the application within the door's scope
         factory = self._runner.server
         assert factory is not None  # set up just above
+        factory.request_handler = self.scoped(factory.request_handler)
         self.handler_factory = factory
         self._server = await self._loop.create_server(
             lambda: GatedConnection(self), host, port, backlog=128
@@ -350,19 +359,17 @@ class HttpDoor:
             unsent,
         )
 
-    def _middleware(self) -> Any:
-        """The aiohttp middleware scoping each request: its connection is busy while the
-        application answers it (no header timer runs then), its body is read by a
-        :class:`BodyReader` whose charge is given back when it ends, and a body too slow
-        (408) closes the connection once answered (aiohttp would keep reading it)."""
+    def scoped(self, handler: RequestHandler) -> RequestHandler:
+        """``handler`` (the application's) within the door's scope of a request: its
+        connection is busy while the application answers it (no header timer runs then),
+        its body is read by a :class:`BodyReader` whose charge is given back when it ends,
+        and a body too slow (408) closes the connection once answered (aiohttp would keep
+        reading it)."""
         connections = self._by_transport
         limits, budget = self.limits, self.budget
         timed = limits.access_log
 
-        @web.middleware
-        async def scope(
-            request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-        ) -> web.StreamResponse:
+        async def scope(request: web.BaseRequest) -> web.StreamResponse:
             if timed:
                 request[ACCESS_START] = perf_counter()
             conn = connections.get(request.transport)  # type: ignore[arg-type]

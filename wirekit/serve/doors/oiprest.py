@@ -60,7 +60,8 @@ from .httpbody import READER_KEY, BodyReader
 #: the binary tensor data extension's header: the bytes of JSON at the start of a body
 HEADER_LENGTH = oip.HEADER_LENGTH
 #: the status of an inference the model itself answered with an error (its OIP ERROR item):
-#: 400, as Triton answers a model's error (:class:`wirekit.oip.BackendError`)
+#: 400, as Triton answers a model's error (:class:`wirekit.oip.BackendError`), as
+#: :func:`~wirekit.serve.doors.answers.outcome_status` answers the dispatcher's outcome of it
 MODEL_ERROR = 400
 #: a binary answer of this many bytes or more is written piece by piece (:func:`send`)
 STREAM_FROM = 64 * 1024
@@ -117,9 +118,9 @@ def model_version(model: ModelConfig, version: str | None) -> str:
     versions = model.versions
     if version is None:
         return str(max(versions))
-    if not version.isdigit() or int(version) not in versions:
+    if not (version.isascii() and version.isdigit()) or int(version) not in versions:
         raise Refused(404, f"unknown version {version!r} of model {model.name!r}")
-    return version
+    return str(int(version))
 
 
 def tensors_over_limit(req: oip.InferRequest, limit: int) -> str | None:
@@ -154,20 +155,13 @@ def unknown_outputs(model: ModelConfig, req: oip.InferRequest) -> str | None:
     return None
 
 
-def failure(outcome: Outcome, rows: bool) -> Refused:
+def failure(outcome: Outcome) -> Refused:
     """The answer to a request that did not end ``ok``: the model's own message (its OIP
-    ERROR item) with :data:`MODEL_ERROR`, or the outcome's status and detail."""
-    msg = outcome.response.message
-    if type(msg) is Inference and msg.response:
-        try:
-            oip.response_from_mip(msg, rows=rows)
-        except oip.BackendError as exc:
-            return Refused(MODEL_ERROR, str(exc))
-        except DecodeError:
-            pass
+    ERROR item) intact, or the outcome's status and detail."""
     status = outcome_status(outcome)
     if outcome.detail:
         return Refused(status, outcome.detail)
+    msg = outcome.response.message
     if isinstance(msg, ErrorReply):
         code = msg.code
         name = ErrorCode(code).name if code in ErrorCode._value2member_map_ else str(code)
@@ -271,10 +265,12 @@ class OipRestHandlers:
         except UnknownModel:  # removed while the body was read
             raise Refused(*unknown_name(self.dispatcher, model.name)) from None
         if outcome.status != OK:
-            raise failure(outcome, rows)
+            raise failure(outcome)
         msg = outcome.response.message
+        if type(msg) is not Inference:  # an ``ok`` outcome is an inference response
+            raise Refused(502, f"unexpected backend answer: {msg}")
         try:
-            outputs, parameters = oip.response_from_mip(msg, rows=rows)  # type: ignore[arg-type]
+            outputs, parameters = oip.response_from_mip(msg, rows=rows)
         except oip.BackendError as exc:  # an error item answered as ``ok`` (not classified)
             raise Refused(MODEL_ERROR, str(exc)) from None
         except DecodeError as exc:
