@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,10 +25,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from google.protobuf.message import DecodeError as ProtobufDecodeError
 from support.loops import LOOPS
 from support.ports import free_port
 from support.process import TESTS, ServerProcess, env_with
 
+from wirekit.cli import EXIT_BAD_INPUT
 from wirekit.errors import DecodeError
 from wirekit.oip.grpc import messages as pb
 from wirekit.oip.grpc.convert import (
@@ -37,6 +40,7 @@ from wirekit.oip.grpc.convert import (
     parameters_to_grpc,
     request_from_grpc,
     response_to_grpc,
+    split_raw_inputs,
 )
 from wirekit.oip.messages import DATATYPES, Tensor
 from wirekit.serve.config import ConfigError, Deployment, GrpcLimits, parse_config
@@ -530,3 +534,85 @@ def test_the_response_written_by_hand_is_the_message_protobuf_writes():
     assert wire == response_to_grpc(pb.ModelInferResponse, *args).SerializeToString()
     parsed = pb.ModelInferResponse.FromString(wire)
     assert list(parsed.raw_output_contents) == [bytes(t.data) for t in outputs]
+
+
+def _request_with_raw_contents() -> Any:
+    request = pb.ModelInferRequest(model_name="m", model_version="2", id="r")
+    parameters_to_grpc({"p": 1.5, "s": "x"}, request.parameters)
+    for name, size in (("a", 0), ("b", 5), ("c", 200), ("d", 70_000)):
+        request.inputs.add(name=name, datatype="UINT8", shape=[size])
+        request.raw_input_contents.append(bytes([len(name)]) * size)
+    request.outputs.add(name="b")
+    return request
+
+
+def test_raw_inputs_are_split_from_the_message_without_a_copy():
+    request = _request_with_raw_contents()
+    body = request.SerializeToString()
+    head, raw = split_raw_inputs(body)
+    assert [bytes(r) for r in raw] == list(request.raw_input_contents)
+    assert all(r.obj is body for r in raw)  # views into the body
+    parsed = pb.ModelInferRequest.FromString(head)
+    assert not parsed.raw_input_contents
+    parsed.raw_input_contents.extend(bytes(r) for r in raw)
+    assert parsed == request
+
+
+def test_a_cut_message_is_refused_with_its_offset_or_parsed_the_same():
+    body = _request_with_raw_contents().SerializeToString()
+    for end in [*range(0, 200), *range(len(body) - 100, len(body))]:
+        cut = body[:end]
+        try:
+            head, raw = split_raw_inputs(cut)
+        except DecodeError as exc:
+            assert 0 <= exc.offset <= end
+            continue
+        try:
+            parsed = pb.ModelInferRequest.FromString(head)
+        except ProtobufDecodeError:
+            continue
+        try:
+            whole = pb.ModelInferRequest.FromString(cut)
+        except ProtobufDecodeError:  # the split found every field whole: so must protobuf
+            raise AssertionError(end) from None
+        parsed.raw_input_contents.extend(bytes(r) for r in raw)
+        assert parsed == whole
+
+
+def test_a_grpc_port_in_use_stops_the_service_saying_so(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        doc = deployment(tmp_path / "r.db", free_port(), free_port())
+        doc["listen"]["grpc_port"] = port
+        config = tmp_path / "d.json"
+        config.write_text(json.dumps(doc))
+        done = subprocess.run(
+            [sys.executable, "-m", "wirekit", "serve", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=CLIENT_TIMEOUT,
+            env=env_with(),
+            cwd=tmp_path,
+        )
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr
+    assert f"wirekit serve: cannot listen: gRPC door on 127.0.0.1:{port}" in done.stderr
+    assert done.stdout == ""  # never said ready
+
+
+@pytest.mark.parametrize("version", ["²", "-1", "1.0", "0", "3"])
+def test_a_version_not_among_the_model_s_is_not_found(served, version):
+    with grpc.insecure_channel(served.address) as channel:
+        call = channel.unary_unary(
+            f"/{pb.SERVICE}/ModelReady",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=pb.ModelReadyResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            call(pb.ModelReadyRequest(name="typed", version=version), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+        assert refused.value.details() == (
+            f"unknown version {version!r} of model 'typed' (its versions: 1, 2)"
+        )
+        assert call(pb.ModelReadyRequest(name="typed", version="2"), timeout=30).ready

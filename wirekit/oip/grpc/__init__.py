@@ -4,11 +4,13 @@ OIP types (:mod:`.convert`).  Needs ``protobuf`` (the ``serve`` extra); the door
 them is :mod:`wirekit.serve.doors.grpcdoor`."""
 
 from .convert import (
+    encode_response,
     metadata_to_grpc,
     parameters_from_grpc,
     parameters_to_grpc,
     request_from_grpc,
     response_to_grpc,
+    split_raw_inputs,
 )
 from .messages import METHODS, PACKAGE, POOL, SERVICE, file_descriptor, message_class
 
@@ -17,6 +19,7 @@ __all__ = [
     "PACKAGE",
     "POOL",
     "SERVICE",
+    "encode_response",
     "file_descriptor",
     "message_class",
     "metadata_to_grpc",
@@ -24,4 +27,5 @@ __all__ = [
     "parameters_to_grpc",
     "request_from_grpc",
     "response_to_grpc",
+    "split_raw_inputs",
 ]

@@ -31,7 +31,7 @@ import numpy as np
 
 from wirekit.errors import DecodeError
 
-from ..messages import DATATYPES, PROTOCOL, InferRequest, RequestedOutput, Tensor
+from ..messages import DATATYPES, PROTOCOL, Buffer, InferRequest, RequestedOutput, Tensor
 
 #: datatype -> (its typed contents field, NumPy's dtype of that field's values)
 TYPED_CONTENTS: dict[str, tuple[str, str]] = {
@@ -115,10 +115,75 @@ def _typed_bytes(where: str, datatype: str, shape: tuple[int, ...], contents: An
     return cast.tobytes()
 
 
-def request_from_grpc(msg: Any) -> InferRequest:
-    """The :class:`InferRequest` of a ``ModelInferRequest`` (``msg``).  Raw contents stay
-    the message's bytes objects, seen through memoryviews (no copy)."""
-    raw = msg.raw_input_contents
+#: ``ModelInferRequest.raw_input_contents``: field 7
+RAW_INPUT_FIELD = 7
+
+
+def _read_varint(body: memoryview, at: int, field: str) -> tuple[int, int]:
+    """The varint at ``at`` of ``body`` and the offset after it."""
+    value = shift = 0
+    end = len(body)
+    while True:
+        if at >= end:
+            raise DecodeError(PROTOCOL, field, at, "the message ends inside a varint")
+        byte = body[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+        if shift > 63:
+            raise DecodeError(PROTOCOL, field, at, "a varint longer than 10 bytes")
+
+
+def split_raw_inputs(body: Buffer) -> tuple[bytes, list[memoryview]]:
+    """A serialized ``ModelInferRequest`` as ``(head, raw)``: ``raw`` its
+    ``raw_input_contents``, in order, as memoryviews into ``body`` (not copied), and
+    ``head`` the message's other fields (its bytes without those; parse it with protobuf).
+
+    Only the top level is walked (each field's tag and extent); what the head holds is left
+    to protobuf to check.  A message cut short or with a wire type protobuf does not write
+    is a :class:`~wirekit.errors.DecodeError` with its byte offset."""
+    view = memoryview(body).cast("B")
+    head: list[memoryview] = []
+    raw: list[memoryview] = []
+    at, end = 0, len(view)
+    while at < end:
+        start = at
+        tag, at = _read_varint(view, at, "ModelInferRequest")
+        number, wire_type = tag >> 3, tag & 7
+        if wire_type == 0:
+            _, at = _read_varint(view, at, f"field {number}")
+        elif wire_type == 1:
+            at += 8
+        elif wire_type == 5:
+            at += 4
+        elif wire_type == 2:
+            size, at = _read_varint(view, at, f"field {number}")
+            if number == RAW_INPUT_FIELD:
+                if at + size > end:
+                    raise DecodeError(
+                        PROTOCOL, "raw_input_contents", at, "the message ends inside a raw content"
+                    )
+                raw.append(view[at : at + size])
+                at += size
+                continue
+            at += size
+        else:
+            raise DecodeError(
+                PROTOCOL, f"field {number}", start, f"wire type {wire_type} is not read here"
+            )
+        if at > end:
+            raise DecodeError(PROTOCOL, f"field {number}", start, "the message ends inside it")
+        head.append(view[start:at])
+    return b"".join(head), raw
+
+
+def request_from_grpc(msg: Any, raw_inputs: list[memoryview] | None = None) -> InferRequest:
+    """The :class:`InferRequest` of a ``ModelInferRequest`` (``msg``).  ``raw_inputs``: its
+    raw contents as :func:`split_raw_inputs` found them (None: the message's own
+    ``raw_input_contents``, seen through memoryviews)."""
+    raw = msg.raw_input_contents if raw_inputs is None else raw_inputs
     if raw and len(raw) != len(msg.inputs):
         raise _error(
             "raw_input_contents",
@@ -228,6 +293,7 @@ def metadata_to_grpc(response_class: Any, doc: Mapping[str, Any]) -> Any:
 
 
 __all__ = [
+    "RAW_INPUT_FIELD",
     "RAW_OUTPUT_TAG",
     "TYPED_CONTENTS",
     "encode_response",
@@ -236,4 +302,5 @@ __all__ = [
     "parameters_to_grpc",
     "request_from_grpc",
     "response_to_grpc",
+    "split_raw_inputs",
 ]

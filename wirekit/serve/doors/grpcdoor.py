@@ -46,17 +46,19 @@ from wirekit.mip import ErrorCode, ErrorReply
 from wirekit.mip.limits import BufferBudget
 from wirekit.oip import metadata
 from wirekit.oip.grpc import messages as pb
-from wirekit.oip.grpc.convert import encode_response, metadata_to_grpc, request_from_grpc
+from wirekit.oip.grpc.convert import (
+    encode_response,
+    metadata_to_grpc,
+    request_from_grpc,
+    split_raw_inputs,
+)
 
 from ..config import GrpcLimits, ModelConfig
 from ..control.metrics import DOOR_OIP_GRPC
 from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload
-from ..logs import serve_logger
 from .http import _outcome_status as outcome_status  # doors/answers.py once h-rest is in
 from .httpbody import Charge
-
-log = serve_logger()
 
 #: the HTTP status of a refusal or an outcome -> the gRPC code it is answered with
 STATUS_CODES: dict[int, grpc.StatusCode] = {
@@ -141,7 +143,9 @@ class OipGrpcHandlers:
         cfg = self.dispatcher.models.get(name)
         if cfg is None:
             raise Refusal(grpc.StatusCode.NOT_FOUND, unknown_model(self.dispatcher, name))
-        if version and not (version.isdigit() and int(version) in cfg.versions):
+        if version and not (
+            version.isascii() and version.isdigit() and int(version) in cfg.versions
+        ):
             raise Refusal(
                 grpc.StatusCode.NOT_FOUND,
                 f"unknown version {version!r} of model {name!r} (its versions: "
@@ -216,9 +220,10 @@ class OipGrpcHandlers:
 
     async def _infer(self, body: bytes, charge: Charge, context: grpc.aio.ServicerContext) -> bytes:
         self._hold(charge, len(body), "the request")
-        try:
-            msg = pb.ModelInferRequest.FromString(body)
-        except ProtobufDecodeError as exc:
+        try:  # the tensors' bytes stay in ``body``: protobuf parses the rest
+            head, raw_inputs = split_raw_inputs(body)
+            msg = pb.ModelInferRequest.FromString(head)
+        except (DecodeError, ProtobufDecodeError) as exc:
             raise Refusal(
                 grpc.StatusCode.INVALID_ARGUMENT, f"not a ModelInferRequest: {exc}"
             ) from None
@@ -227,7 +232,7 @@ class OipGrpcHandlers:
         version = msg.model_version or str(max(cfg.versions))  # "": the latest
         rows = cfg.tensors == "rows"
         try:
-            req = request_from_grpc(msg)
+            req = request_from_grpc(msg, raw_inputs)
             for i, tensor in enumerate(req.inputs):
                 oip.check_tensor(tensor, f"inputs[{i}]")
         except DecodeError as exc:
@@ -246,7 +251,6 @@ class OipGrpcHandlers:
             wire = oip.request_to_mip(req, rows=rows)
         except DecodeError as exc:
             raise _bad(exc) from None
-        del msg  # its tensors' bytes are in the MIP wire now
         self._hold(charge, len(wire), "the request's MIP items")
         try:
             outcome = await self.dispatcher.submit(
