@@ -13,8 +13,9 @@ For each request :meth:`Dispatcher.submit`:
 4. records the time out and status (journaled before the answer, see
    :mod:`wirekit.serve.record.store`) and returns exactly one :class:`Outcome`.
 
-Adaptive batching (a model's ``max_batch`` > 1, MIP backends, requests from the MIP front
-door): requests for the same device that arrive in one loop pass -- typically decoded from
+Adaptive batching (a model's ``max_batch`` > 1, MIP backends, requests from any front door:
+the MIP door's :meth:`Dispatcher.start` and the awaiting doors' :meth:`Dispatcher.submit`
+alike): requests for the same device that arrive in one loop pass -- typically decoded from
 one read of a pipelining client -- are not sent one by one but joined into one MIP batch
 (their samples concatenated, up to ``max_batch`` samples and :data:`BATCH_BYTES` bytes; MIP
 samples are independent; 16 samples or more go as two batches of about half each, so that
