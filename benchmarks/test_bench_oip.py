@@ -8,10 +8,10 @@ Rows (``who``), one group per protocol (``rest-json``, ``rest-binary``, ``grpc``
 * ``dispatcher``: the whole wirekit path (``wirekit serve`` + a ``wirekit mip serve`` echo
   backend, both processes' CPU) -- always measured;
 * ``kserve``, ``mlserver`` (``parallel_workers=0``), ``mlserver-defaults``: only those named
-  in ``WIREKIT_BENCH_PEERS`` (comma-separated, or ``all``), because their virtualenvs are
-  installed from PyPI on first use (a minute or two each, then cached under
-  ``~/.cache/wirekit-peers``) and they need a network namespace (root, ``ip``); otherwise
-  they skip, saying so;
+  in ``WIREKIT_BENCH_PEERS`` (comma-separated, ``all``, or empty for none; unset: ``kserve``
+  under CI, ``CI=true``, none elsewhere), because their virtualenvs are installed from PyPI
+  on first use (a minute or two each, then cached under ``~/.cache/wirekit-peers``) and they
+  need a network namespace (root, ``ip``); otherwise they skip, saying so;
 * ``dispatcher-LABEL``: the same wirekit path from another tree, for each
   ``LABEL=DIRECTORY`` in ``WIREKIT_BENCH_BEFORE`` (a directory alone: label ``before``) --
   e.g. main's, to check that today's door does not regress.
@@ -54,7 +54,13 @@ ALL_PEERS = ("kserve", "mlserver", "mlserver-defaults")
 
 
 def _asked_peers() -> list[str]:
-    value = os.environ.get(PEERS_ENV_VAR, "").strip()
+    """The peers ``WIREKIT_BENCH_PEERS`` names; unset: KServe under CI (``CI=true``: its
+    virtualenv is made once, about 90 s from PyPI, then the rows cost seconds), none
+    elsewhere (the README's test command does not install servers from PyPI unasked)."""
+    value = os.environ.get(PEERS_ENV_VAR)
+    if value is None:
+        value = "kserve" if os.environ.get("CI") == "true" else ""
+    value = value.strip()
     if value == "all":
         return list(ALL_PEERS)
     return [p.strip() for p in value.split(",") if p.strip()]
