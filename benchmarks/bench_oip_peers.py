@@ -94,6 +94,19 @@ def namespace_unavailable() -> str | None:
     return None
 
 
+def open_namespace(stack: contextlib.ExitStack) -> tuple[Namespace | None, str | None]:
+    """A namespace entered on ``stack`` and ``None``, or ``None`` and why none can be made
+    here (not root, no ``ip``, or ``ip netns add`` refused: a container without the right)."""
+    reason = namespace_unavailable()
+    if reason is not None:
+        return None, reason
+    try:
+        return stack.enter_context(Namespace()), None
+    except subprocess.CalledProcessError as exc:
+        stderr = exc.stderr.decode(errors="replace").strip() if exc.stderr else ""
+        return None, f"{' '.join(exc.cmd)} failed: {stderr or exc.returncode}"
+
+
 class Namespace:
     """A network namespace of this benchmark's own with only loopback up; every server and
     the load generator run in it (:meth:`command`).  ``with`` creates and deletes it."""
@@ -738,9 +751,9 @@ def compare(
     report (per protocol, per contender: the CPU per request of every round).  ``before``:
     other wirekit trees by label, each measured as ``dispatcher-LABEL``."""
     before = before or {}
-    reason = namespace_unavailable()
-    if reason and peers:
-        raise SystemExit(f"bench_oip_peers.py: peers need a network namespace: {reason}")
+    unavailable = namespace_unavailable()
+    if peers and unavailable:
+        raise SystemExit(f"bench_oip_peers.py: peers need a network namespace: {unavailable}")
     for peer in {"kserve": peer_venvs.KSERVE, "mlserver": peer_venvs.MLSERVER}.items():
         if any(p.startswith(peer[0]) for p in peers):
             print(f"virtualenv: {peer_venvs.ensure_venv(peer[1])}", file=out, flush=True)
@@ -749,7 +762,9 @@ def compare(
         contextlib.ExitStack() as stack,
     ):
         workdir = Path(tmp)
-        ns = stack.enter_context(Namespace()) if not reason else None
+        ns, reason = open_namespace(stack)
+        if reason and peers:
+            raise SystemExit(f"bench_oip_peers.py: peers need a network namespace: {reason}")
         servers = stack.enter_context(contenders(["dispatcher", *peers], workdir, ns))
         for label, other_tree in before.items():
             who = f"dispatcher-{label}"

@@ -83,10 +83,9 @@ def servers() -> Iterator[dict[str, Any]]:
     """The namespace (``None`` where none can be made), a work directory and the running
     servers: ``dispatcher`` always, the peers asked for, other trees' dispatchers."""
     asked = _asked_peers()
-    reason = peers.namespace_unavailable()
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="wirekit-oip-")))
-        ns = stack.enter_context(peers.Namespace()) if reason is None else None
+        ns, reason = peers.open_namespace(stack)
         started: dict[str, peers.Server] = {}
         skipped: dict[str, str] = {}
         try:
