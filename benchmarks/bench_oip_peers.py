@@ -71,6 +71,8 @@ RAW = struct.pack(f"<{len(VALUES)}f", *VALUES)
 KSERVE_PORTS = {"http": 8080, "grpc": 8081}
 MLSERVER_PORTS = {"http": 8090, "grpc": 8091, "metrics": 8092}
 MLSERVER_DEFAULT_PORTS = {"http": 8095, "grpc": 8096, "metrics": 8097}
+KSERVE_QUIET_PORTS = {"http": 8085, "grpc": 8086}
+MLSERVER_QUIET_PORTS = {"http": 8100, "grpc": 8101, "metrics": 8102}
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 #: the protocols a row is measured over
@@ -375,18 +377,24 @@ def start_wirekit(
     return Server(who, [dispatcher, backend], ports, [dispatcher_log, backend_log])
 
 
-def start_kserve(ns: Namespace, workdir: Path) -> Server:
-    """KServe's ``ModelServer`` with the echo model (REST and gRPC), from its virtualenv."""
+def start_kserve(ns: Namespace, workdir: Path, *, quiet: bool = False) -> Server:
+    """KServe's ``ModelServer`` with the echo model (REST and gRPC), from its virtualenv;
+    ``quiet``: without its per-request logs (the access log and latency lines it writes by
+    default: ``--configure_logging false --enable_latency_logging false``)."""
     python = peer_venvs.ensure_venv(peer_venvs.KSERVE)
-    log = workdir / "kserve.log"
+    who = "kserve-quiet" if quiet else "kserve"
+    ports = KSERVE_QUIET_PORTS if quiet else KSERVE_PORTS
+    log = workdir / f"{who}.log"
     argv = [
         str(python),
         str(PEER_SCRIPTS / "kserve_echo.py"),
         "--http_port",
-        str(KSERVE_PORTS["http"]),
+        str(ports["http"]),
         "--grpc_port",
-        str(KSERVE_PORTS["grpc"]),
+        str(ports["grpc"]),
     ]
+    if quiet:
+        argv += ["--configure_logging", "false", "--enable_latency_logging", "false"]
     proc = _started(
         subprocess.Popen(
             ns.command(argv),
@@ -396,15 +404,20 @@ def start_kserve(ns: Namespace, workdir: Path) -> Server:
             cwd=workdir,
         )
     )
-    return Server("kserve", [proc], dict(KSERVE_PORTS), [log])
+    return Server(who, [proc], dict(ports), [log])
 
 
-def start_mlserver(ns: Namespace, workdir: Path, *, defaults: bool = False) -> Server:
+def start_mlserver(
+    ns: Namespace, workdir: Path, *, defaults: bool = False, quiet: bool = False
+) -> Server:
     """MLServer with the echo runtime, ``parallel_workers=0`` (or its defaults), from its
-    virtualenv; listening on 127.0.0.1."""
+    virtualenv; listening on 127.0.0.1.  ``quiet``: ``debug`` off (MLServer's default is on,
+    which logs every request)."""
     python = peer_venvs.ensure_venv(peer_venvs.MLSERVER)
-    who = "mlserver-defaults" if defaults else "mlserver"
-    ports = MLSERVER_DEFAULT_PORTS if defaults else MLSERVER_PORTS
+    who = "mlserver-defaults" if defaults else "mlserver-quiet" if quiet else "mlserver"
+    ports = (
+        MLSERVER_DEFAULT_PORTS if defaults else MLSERVER_QUIET_PORTS if quiet else MLSERVER_PORTS
+    )
     folder = workdir / who
     folder.mkdir(exist_ok=True)
     shutil.copy(PEER_SCRIPTS / "mlserver_echo.py", folder / "mlserver_echo.py")
@@ -416,6 +429,8 @@ def start_mlserver(ns: Namespace, workdir: Path, *, defaults: bool = False) -> S
     }
     if not defaults:
         settings["parallel_workers"] = 0
+    if quiet:
+        settings["debug"] = False
     (folder / "settings.json").write_text(json.dumps(settings))
     (folder / "model-settings.json").write_text(
         json.dumps({"name": MODEL, "implementation": "mlserver_echo.EchoRuntime"})
@@ -699,6 +714,8 @@ SPOKEN = {
     "kserve": (REST_JSON, REST_BINARY, GRPC),
     "mlserver": (REST_JSON, GRPC),
     "mlserver-defaults": (REST_JSON, GRPC),
+    "kserve-quiet": (REST_JSON, REST_BINARY, GRPC),
+    "mlserver-quiet": (REST_JSON, GRPC),
 }
 
 
@@ -723,6 +740,8 @@ def contenders(
             "kserve": lambda: start_kserve(ns, workdir),
             "mlserver": lambda: start_mlserver(ns, workdir),
             "mlserver-defaults": lambda: start_mlserver(ns, workdir, defaults=True),
+            "kserve-quiet": lambda: start_kserve(ns, workdir, quiet=True),
+            "mlserver-quiet": lambda: start_mlserver(ns, workdir, quiet=True),
         }
     servers: dict[str, Server] = {}
     try:
@@ -820,7 +839,7 @@ def report_table(report: dict[str, Any]) -> str:
             if ours and who != "dispatcher":
                 paired = f"{_median([o / t for o, t in zip(ours, values, strict=True)]):.2f}x"
                 of_mins = f"{min(ours) / min(values):.2f}x"
-                limit = TARGETS.get(who) if protocol == REST_JSON else None
+                limit = TARGETS.get(who.removesuffix("-quiet")) if protocol == REST_JSON else None
                 target = f"<={limit}" if limit else ""
             lines.append(
                 f"{protocol:<12} {who:<18} {min(values):>6.1f} us {_median(values):>6.1f} us "
@@ -850,7 +869,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--peers",
         default="kserve,mlserver,mlserver-defaults",
-        help="comma-separated peers (kserve, mlserver, mlserver-defaults)",
+        help="comma-separated peers (kserve, mlserver, mlserver-defaults, and kserve-quiet,"
+        " mlserver-quiet: without their per-request logs)",
     )
     parser.add_argument("--json", type=Path, help="write the raw report here too")
     parser.add_argument(
