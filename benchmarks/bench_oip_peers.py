@@ -11,7 +11,11 @@ Every server answers an echo model (outputs = inputs: same name, datatype, shape
   ``ModelServer`` (REST v2, binary extension, gRPC);
 * ``mlserver``: MLServer 1.7.1, a custom ``MLModel`` echo (``peers/mlserver_echo.py``),
   ``parallel_workers=0`` (inference in the server process); ``mlserver-defaults``: the same
-  with MLServer's default settings (one inference worker process).
+  with MLServer's default settings (one inference worker process);
+* ``kserve-quiet``, ``mlserver-quiet``: the same peers without the per-request logs they
+  write by default (KServe's access and latency lines, MLServer's ``debug``), on request;
+* ``dispatcher-LABEL`` (``--before LABEL=DIR``): another wirekit tree's path (its extensions
+  built in place), e.g. main's, for "today's door does not regress".
 
 Peers are installed from PyPI in their own virtualenvs (``peer_venvs.py``).  Every server and
 the load generator run inside a network namespace of the benchmark's own with only loopback
@@ -29,7 +33,8 @@ tensor.
 
 measures every contender in turn, round after round (a busy machine's drift hits them alike),
 and prints each one's min and median CPU per request and the ratios wirekit / peer per
-protocol, with the issue's targets.  ``benchmarks/test_bench_oip.py`` is its pytest entry.
+protocol (the median of the round-by-round ratios, and the ratio of the minima), with the
+issue's targets.  The peers' virtualenvs are made on first use (``peer_venvs.py``).  ``benchmarks/test_bench_oip.py`` is its pytest entry.
 """
 
 from __future__ import annotations
