@@ -34,7 +34,8 @@ tensor.
 measures every contender in turn, round after round (a busy machine's drift hits them alike),
 and prints each one's min and median CPU per request and the ratios wirekit / peer per
 protocol (the median of the round-by-round ratios, and the ratio of the minima), with the
-issue's targets.  The peers' virtualenvs are made on first use (``peer_venvs.py``).  ``benchmarks/test_bench_oip.py`` is its pytest entry.
+issue's targets.  The peers' virtualenvs are made on first use (``peer_venvs.py``).
+``benchmarks/test_bench_oip.py`` is its pytest entry.
 """
 
 from __future__ import annotations
