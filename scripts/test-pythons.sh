@@ -24,7 +24,8 @@ repo=$(pwd)
 versions=("$@")
 ((${#versions[@]})) || versions=(3.10 3.12 3.13)
 TESTS=(tests/test_mip_codec.py tests/test_clipper_codec.py tests/test_y2_codec.py
-    tests/test_zmtp_codec.py tests/test_impl.py tests/test_cli.py tests/test_cli_imports.py)
+    tests/test_zmtp_codec.py tests/test_oip_mapping.py tests/test_oip_vectors.py tests/test_impl.py
+    tests/test_cli.py tests/test_cli_imports.py)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/wirekit-pythons.XXXXXX")
 trap 'rm -rf "$work"' EXIT

@@ -14,20 +14,28 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from kserve import InferenceRESTClient, RESTConfig
-from serve_support import deployment, run
+from prometheus_client.parser import text_string_to_metric_families
+from serve_support import admin_headers, deployment, run
 from support.ports import free_port
 from support.process import ROOT, ServerProcess
 from support.service import running_service, start_backend
 
+from wirekit.errors import DecodeError
 from wirekit.mip import Item
+from wirekit.mip.runtime import echo
 from wirekit.oip import OipItem, Tensor, reply_sample
+from wirekit.oip.metadata import TensorSpec
+from wirekit.serve.doors.tfserving import json_tensor, tensor_json
 
 TIMEOUT = 30.0
 
@@ -68,12 +76,16 @@ class Serve(ServerProcess):
         self.ready = json.loads(self.first_line) if self.first_line else {}
 
 
-def _call(base: str, method: str, path: str, body: Any = None) -> tuple[int, Any, Any]:
-    """``method path`` with ``body`` (JSON, or bytes as they are): ``(status, JSON answer,
-    headers)``."""
+def _call(
+    base: str, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any, Any]:
+    """``method path`` with ``body`` (JSON, or bytes as they are) and ``headers``:
+    ``(status, JSON answer, headers)``."""
     data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
     request = urllib.request.Request(base + path, data=data, method=method)
     request.add_header("Content-Type", "application/json")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
             return response.status, json.loads(response.read()), response.headers
@@ -500,10 +512,13 @@ def test_model_errors_answers_and_limits(tmp_path):
                 ("POST", "/v1/models/rows:predict", {"instances": [[1, 2]] * 5}),
                 ("POST", "/v1/models/dead:predict", {"instances": list(range(9))}),
                 ("GET", "/v1/models/dead", None),
+                ("POST", "/v1/models/dead:predict", {"instances": [1]}),
             ]
-            return [await asyncio.to_thread(_call, url, *call) for call in calls]
+            answers = [await asyncio.to_thread(_call, url, *call) for call in calls]
+            return answers, service.metrics
 
-    answers = [(status, doc) for status, doc, _ in run(main())]
+    answered, metrics = run(main())
+    answers = [(status, doc) for status, doc, _ in answered]
     assert answers[0] == (400, {"error": "the model says no"})
     assert answers[1] == (200, {"outputs": 1.0})
     assert answers[2] == (
@@ -531,3 +546,124 @@ def test_model_errors_answers_and_limits(tmp_path):
     assert (version["version"], version["state"]) == ("1", "UNAVAILABLE")
     assert version["status"]["error_code"] == "UNAVAILABLE"
     assert version["status"]["error_message"].startswith("model dead: no reachable device")
+    status, doc = answers[8]
+    assert status == 503 and doc["error"].startswith("no device answered")
+    # the door label: OIP tensors on "tfserving", JSON items (the dead model's) on "http"
+    requests: Counter = Counter()
+    for family in text_string_to_metric_families(metrics.prometheus().decode()):
+        for sample in family.samples:
+            if sample.name == "wirekit_serve_requests_total":
+                requests[sample.labels["model"], sample.labels["door"]] += sample.value
+    assert requests == {("no", "tfserving"): 1, ("scalar", "tfserving"): 2,
+                        ("text", "tfserving"): 1, ("rows", "tfserving"): 1,
+                        ("dead", "http"): 1}  # fmt: skip
+
+
+def test_a_model_added_at_run_time_declares_its_inputs(tmp_path):
+    """``POST /admin/models`` validates the declarations as the config file does (the same
+    message, at ``models.<name>...``); the model added is served by TF Serving's API with
+    them; ``PATCH`` cannot change them."""
+
+    async def main():
+        backends = [await start_backend(echo) for _ in range(2)]
+        ports = [port for _, port in backends]
+        doc = deployment(
+            tmp_path / "requests.db",
+            {"m1": {"port": None}},
+            [{"id": "n", "devices": ["CPU", "CPU"], "models": ["m1"], "quotas": [1, 0],
+              "ports": [ports[0], None]}],
+        )  # fmt: skip
+        async with running_service(doc, backends=backends) as service:
+            url = f"http://127.0.0.1:{service.addresses()['http']}"
+            admin = {**admin_headers(service), "Content-Type": "application/json"}
+
+            def add(model: dict) -> tuple[int, Any]:
+                place = {"node": "n", "device": 1, "quota": 1, "port": ports[1]}
+                body = {"name": "m2", "model": {"port": None, **model}, "placements": [place]}
+                return _call(url, "POST", "/admin/models", body, admin)[:2]
+
+            bad = await asyncio.to_thread(add, {"inputs": [{**X, "datatype": "FP128"}]})
+            good = await asyncio.to_thread(add, {"inputs": [X], "versions": [4]})
+            answers = [
+                await asyncio.to_thread(_call, url, *call)
+                for call in [
+                    ("POST", "/v1/models/m2/versions/4:predict", {"instances": [[1, 2]]}),
+                    ("POST", "/v1/models/m2:predict", {"instances": [[1, 2, 3]]}),
+                    ("GET", "/v1/models/m2/metadata"),
+                    ("PATCH", "/admin/models/m2", {"versions": [5]}, admin),
+                ]
+            ]
+            return bad, good, [(status, doc) for status, doc, _ in answers]
+
+    bad, good, answers = run(main())
+    where = "models.m2.inputs[0].datatype"
+    assert bad == (
+        400,
+        {
+            "error": f"{where}: must be one of BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16,"
+            " INT32, INT64, FP16, FP32, FP64, BF16, BYTES, got 'FP128'",
+            "where": where,
+        },
+    )
+    status, entry = good
+    assert status == 201
+    assert (entry["inputs"], entry["outputs"], entry["versions"]) == ([X], [], [4])
+    assert (entry["platform"], entry["tensors"]) == ("wirekit", "sample")
+    assert answers[0] == (200, {"predictions": [[1.0, 2.0]]})
+    assert answers[1] == (400, {"error": "input 'x': expected shape [-1, 2], got [1, 3]"})
+    status, metadata = answers[2]
+    assert status == 200 and metadata["model_spec"]["version"] == "4"
+    status, refused = answers[3]
+    assert status == 400 and refused["where"] == "versions"
+    assert refused["error"].startswith("versions: cannot change while the model is served")
+
+
+# --- the conversions, for any shape --------------------------------------------------------
+
+ELEMENTS = {
+    "FP64": st.floats(allow_nan=False, allow_infinity=False),
+    "INT64": st.integers(-(2**63), 2**63 - 1),
+    "BOOL": st.booleans(),
+    "BYTES": st.text(max_size=5),
+}
+
+
+def _nested(flat: list[Any], shape: tuple[int, ...]) -> Any:
+    """``flat`` as nested lists of ``shape`` (written plainly, as the test's own truth)."""
+    if not shape:
+        return flat[0]
+    step = len(flat) // shape[0] if shape[0] else 0
+    return [_nested(flat[k * step : (k + 1) * step], shape[1:]) for k in range(shape[0])]
+
+
+@st.composite
+def json_tensors(draw: st.DrawFn) -> tuple[str, tuple[int, ...], Any]:
+    datatype = draw(st.sampled_from(sorted(ELEMENTS)))
+    shape = tuple(draw(st.lists(st.integers(1, 3), max_size=3)))
+    count = 1
+    for dim in shape:
+        count *= dim
+    flat = draw(st.lists(ELEMENTS[datatype], min_size=count, max_size=count))
+    return datatype, shape, _nested(flat, shape)
+
+
+@given(json_tensors())
+def test_json_values_round_trip_through_tensors(case):
+    """TF Serving's nested JSON -> an OIP tensor (shape from the nesting) -> the same JSON."""
+    datatype, shape, value = case
+    tensor = json_tensor(TensorSpec("t", datatype, (-1,) * len(shape)), value)
+    assert (tensor.datatype, tensor.shape) == (datatype, shape)
+    assert tensor_json(tensor) == value
+
+
+@pytest.mark.parametrize(
+    ("shape", "value"),
+    [((0,), []), ((2, 0), [[], []]), ((1, 2, 0), [[[], []]]), ((0, 3), [])],
+)
+def test_empty_tensors_are_written_as_their_shape(shape, value):
+    assert tensor_json(Tensor("t", "FP32", shape, b"")) == value
+
+
+def test_a_bytes_output_badly_framed_is_refused_not_walked():
+    with pytest.raises(DecodeError, match="length 9 exceeds the 2 bytes left"):
+        tensor_json(Tensor("t", "BYTES", (1,), b"\x09\0\0\0ab"))

@@ -217,6 +217,12 @@ class ModelAdmin:
             "apps": list(model.apps),
             "max_batch": model.max_batch,
             "target": model.target,
+            # what it declares of itself (specs/serve.md; not live settings)
+            "inputs": [spec.document() for spec in model.inputs],
+            "outputs": [spec.document() for spec in model.outputs],
+            "versions": list(model.versions),
+            "platform": model.platform,
+            "tensors": model.tensors,
             "removing": name in self.removing,
             "rows": [
                 {

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from wirekit.mip import DEFAULT_MAX_ITEMS, ErrorCode, ErrorReply, Inference
+from wirekit.mip import DEFAULT_MAX_ITEMS, Inference
 from wirekit.mip.decoder import DEFAULT_MAX_MESSAGE_SIZE
 from wirekit.mip.limits import BufferBudget
 
@@ -43,7 +43,6 @@ from ..control.metrics import DOOR_CLIPPER
 from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload, dumps, loads, outputs_json, request_from_json
 from .adminauth import AdminAccess
-from .answers import outcome_status as _outcome_status
 from .httpbody import READER_KEY, BodyReader
 from .lean import LEAN_KEY, LeanHandlers
 from .oiprest import OipRestHandlers
@@ -117,17 +116,6 @@ def _too_many_items(count: int, max_items: int) -> web.Response | None:
 
 def _client(request: web.Request) -> str:
     return f"http:{request.remote or '?'}"
-
-
-def _outcome_error(outcome: Outcome) -> web.Response:
-    msg = outcome.response.message
-    status = _outcome_status(outcome)
-    if isinstance(msg, ErrorReply):
-        name = ErrorCode(msg.code).name if msg.code in ErrorCode._value2member_map_ else msg.code
-        return _error(
-            status, outcome.detail or f"backend error {name}", id=outcome.id, code=msg.code
-        )
-    return _error(502, f"unexpected backend answer: {msg}", id=outcome.id)
 
 
 def _unknown(dispatcher: Dispatcher, name: str, what: str = "model") -> web.Response:

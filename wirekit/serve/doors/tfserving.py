@@ -27,7 +27,9 @@ How a body becomes MIP samples depends on what the model declares
   per sample its one value (``predictions``) or its list of values (``outputs``).
 
 Every error is ``{"error": message}``; the request's id (the store's row) is the
-``X-Request-Id`` header of every answer a request was submitted for.
+``X-Request-Id`` header of every answer a request was submitted for.  In the metrics, the
+requests of the JSON-item mapping count on ``door="http"`` (the HTTP door's JSON predict, as
+before), those of OIP tensors on ``door="tfserving"``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from wirekit.oip import (
     BackendError,
     InferRequest,
     Tensor,
+    check_tensor,
     mip_item_count,
     request_to_mip,
     response_from_mip,
@@ -55,15 +58,16 @@ from wirekit.oip import (
 from wirekit.oip.metadata import TensorSpec, check_inputs
 
 from ..config import ModelConfig
+from ..control.metrics import DOOR_HTTP, DOOR_TFSERVING
 from ..dispatch.dispatcher import MODEL_ERROR, Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload, outputs_json
+from .answers import outcome_status as _outcome_status
 from .http import (
     NAME,
     _body,
     _client,
     _error,
     _json,
-    _outcome_status,
     _payload,
     _too_many_items,
     _unknown,
@@ -261,6 +265,7 @@ def tensor_json(tensor: Tensor) -> Any:
     not UTF-8."""
     if tensor.datatype != "BYTES":
         return _nest(tensor_to_json_data(tensor), tuple(tensor.shape))
+    check_tensor(tensor)  # its framing, before it is walked (DecodeError)
     view = memoryview(tensor.data).cast("B")
     binary = tensor.name.endswith(BINARY_SUFFIX)
     values: list[Any] = []
@@ -467,9 +472,14 @@ class TfServingHandlers:
             return _error(400, str(exc))
         return await self._predict_items(client, model.name, form, value)
 
-    async def _submit(self, client: str, model: str, payload: Payload) -> Outcome | web.Response:
+    async def _submit(
+        self, client: str, model: str, payload: Payload, door: str
+    ) -> Outcome | web.Response:
+        """The outcome of ``payload`` for ``model`` (``client``: as the store records it),
+        counted on ``door`` in the metrics; the 404/410 of a model removed while the body
+        was read."""
         try:
-            return await self.dispatcher.submit(model, payload, client)
+            return await self.dispatcher.submit(model, payload, client, door=door)
         except UnknownModel:  # removed while the body was read
             return _unknown(self.dispatcher, model)
 
@@ -493,7 +503,7 @@ class TfServingHandlers:
         payload = _payload(samples, multi)
         if isinstance(payload, web.Response):
             return payload
-        outcome = await self._submit(client, model, payload)
+        outcome = await self._submit(client, model, payload, DOOR_HTTP)
         if isinstance(outcome, web.Response):
             return outcome
         if not outcome.ok:
@@ -534,7 +544,7 @@ class TfServingHandlers:
             payload = Payload(request_to_mip(req, rows=rows))
         except DecodeError as exc:
             raise BadBody(exc.reason) from None
-        outcome = await self._submit(client, model.name, payload)
+        outcome = await self._submit(client, model.name, payload, DOOR_TFSERVING)
         if isinstance(outcome, web.Response):
             return outcome
         if not outcome.ok:
