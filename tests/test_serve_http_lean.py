@@ -271,3 +271,29 @@ def test_tf_serving_predictions_are_the_lean_paths_too(tmp_path, taken, loop):
             assert len(taken) == len(cases)
 
     run(loop, main())
+
+
+async def slow_echo(batch):
+    """An echo that takes its time: the request is in flight when the service stops."""
+    await asyncio.sleep(0.5)
+    return batch
+
+
+def test_stopping_the_door_lets_a_lean_request_in_flight_end(tmp_path, taken, loop):
+    async def main():
+        backend, port = await start_backend(slow_echo)
+        doc = deployment(
+            tmp_path / "r.db",
+            {"m": {"timeout": 5}},
+            [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [port]}],
+            cache={"max_entries": 0},
+        )
+        async with running_service(doc, backends=[backend]) as service:
+            http = service.addresses()["http"]
+            asking = asyncio.ensure_future(exchange(http, [infer()], 1))
+            while not taken:
+                await asyncio.sleep(0.01)
+        answers = await asking  # the service stopped meanwhile
+        assert answers[0][0].startswith(b"HTTP/1.1 200 OK"), answers
+
+    run(loop, main())
