@@ -34,7 +34,12 @@ What a request costs the door beyond aiohttp's parsing and the application's rou
 request scope wraps aiohttp's request handler (the application) itself rather than running
 as a middleware, so that the application has no middleware at all and aiohttp builds no
 middleware chain per request -- every route of the door, the hot ones and the admin ones,
-goes the same lean way.
+goes the same lean way.  The hot routes (OIP inferences, TF Serving predictions) go leaner
+still: a connection starts on the door's own parser of their simplest well-formed requests
+(:mod:`wirekit.serve.doors.lean`), answered through the same handler logic, body charge and
+request scope, and is handed over to aiohttp, for good, at the first request that parser
+does not take -- another route, anything malformed or unusual -- with the bytes buffered
+from that request's start.  With the access log on, every request goes through aiohttp.
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
-"""The HTTP door's lean path: the Open Inference Protocol's inference requests
-(``POST /v2/models/NAME[/versions/V]/infer``) parsed and answered without aiohttp, on a
-connection the door's :class:`~wirekit.serve.doors.httpdoor.GatedConnection` owns.
+"""The HTTP door's lean path: the hot routes -- the Open Inference Protocol's inferences
+(``POST /v2/models/NAME[/versions/V]/infer``) and TF Serving's predictions
+(``POST /v1/models/NAME[/versions/N]:predict``) -- parsed and answered without aiohttp, on
+a connection the door's :class:`~wirekit.serve.doors.httpdoor.GatedConnection` owns.
 
 aiohttp's request handling (its parser, request and response objects, router, writer) costs
 the door more CPU per request than the dispatcher's own work on a small inference; this path
 reads only the simplest well-formed requests and gives a connection over to aiohttp, for
 good, at the first byte sequence it does not fully understand:
 
-* the request line is exactly ``POST /v2/models/NAME[/versions/V]/infer HTTP/1.1``, the
-  path's segments of plain characters (no percent-escape, no query, no dot segment);
+* the request line is exactly ``POST /v2/models/NAME[/versions/V]/infer HTTP/1.1`` or
+  ``POST /v1/models/NAME[/versions/N]:predict HTTP/1.1``, the path's segments of plain
+  characters (no percent-escape, no query, no dot segment);
 * every header line is ``token: visible characters`` ending ``\\r\\n`` (a bare LF or CR, an
   obs-fold, a control character: aiohttp's), the block within :data:`MAX_HEAD` bytes and
   :data:`MAX_FIELDS` lines;
@@ -21,7 +23,9 @@ Anything else -- another route, a hostile or malformed request, a limit -- is ai
 answer, fed the bytes this path buffered from the start of that request: aiohttp keeps
 every behaviour it has, this path only adds a shortcut for requests it would have answered
 through the very same handler logic
-(:meth:`~wirekit.serve.doors.oiprest.OipRestHandlers.infer_body`, :func:`~.oiprest.encoded`),
+(:meth:`~wirekit.serve.doors.oiprest.OipRestHandlers.infer_body` and
+:func:`~.oiprest.encoded`; :meth:`~wirekit.serve.doors.tfserving.TfServingHandlers.predict_doc`
+and :func:`~wirekit.serve.doors.http.json_object`),
 the same :class:`~wirekit.serve.doors.httpbody.BodyReader` charge and the same request scope
 (the door's header timer stops while a request is answered).
 
