@@ -14,16 +14,8 @@ type       name         data
 0x4F495004 ERROR        UTF-8 text: the message of a model's error
 ========== ============ ==============================================================
 
-TENSOR item data::
-
-    +----------+---------+-------------------+-------------------------------+
-    | datatype |  ndim   | name_length (u16) |  parameters_length (u32)      |  8-byte head
-    +----------+---------+-------------------+-------------------------------+
-    | name (name_length bytes, UTF-8)                                        |
-    | shape: ndim dimensions, each an i64 (big-endian)                       |
-    | parameters (parameters_length bytes: a JSON object; 0 bytes = none)    |
-    | data: the rest of the item, the tensor's raw bytes (little-endian)     |
-    +------------------------------------------------------------------------+
+The TENSOR item's byte layout is declared once, as ``wirekit.oip.spec.TENSOR_ITEM`` (its
+diagram is there and in specs/oip.md).
 
 The transport's parameters (``binary_data_size``, ``binary_data``, ``binary_data_output``)
 are never carried: they say how the tensor travelled to the door, not what it is, and
