@@ -93,6 +93,9 @@ def service_doc(directory: Path, echo: int, failing: int, dead: int) -> dict[str
         },
         "strict": {"inputs": TYPED_INPUTS},
         "rows": {"tensors": "rows"},
+        # adaptive batching: requests waiting in one loop pass go out as one MIP batch
+        "batched": {"max_batch": 64},
+        "batched-rows": {"tensors": "rows", "max_batch": 64},
         "doomed": {},
     }
     models: dict[str, dict[str, Any]] = {name: {**m, "timeout": 10} for name, m in on_echo.items()}
@@ -630,3 +633,51 @@ def test_a_body_that_is_not_an_oip_request_is_a_400(served):
         answer = call(served, "POST", "/v2/models/echo/infer", body)
         assert answer.status == 400, body
         assert answer.error
+
+
+def _batches_sent(served: Served, model: str) -> float:
+    """``wirekit_serve_batches_total`` of ``model`` (every device), from ``/metrics``."""
+    text = call(served, "GET", "/metrics").body.decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "wirekit_serve_batches_total" and sample.labels["model"] == model
+    )
+
+
+@pytest.mark.parametrize("model", ["batched", "batched-rows"])
+def test_joined_batches_give_each_request_its_own_whole_tensors(served, model):
+    """Adaptive batching joins concurrent OIP requests into one MIP batch (``sample``: one
+    MIP sample a request; ``rows``: one a row, so a request of 3 rows is 3 samples of the
+    batch) and splits the reply back: every request gets exactly its own tensors -- its
+    rows, its shape, its bytes -- never a neighbour's.  Rounds of 24 concurrent requests of
+    1-4 rows each until the service has sent at least one joined batch."""
+
+    def one(k: int) -> tuple[int, Answer]:
+        rows = 1 + k % 4
+        data = np.arange(rows * 3, dtype=np.float32) + 1000 * k
+        doc = {
+            "id": f"r{k}",
+            "inputs": [
+                {"name": "x", "datatype": "FP32", "shape": [rows, 3], "data": data.tolist()}
+            ],
+        }
+        return k, infer_json(served, model, doc)
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    for round_ in range(10):
+        with ThreadPoolExecutor(24) as pool:
+            answers = list(pool.map(one, range(24 * round_, 24 * (round_ + 1))))
+        for k, answer in answers:
+            assert answer.status == 200, answer.body
+            doc = answer.json()
+            rows = 1 + k % 4
+            assert doc["id"] == f"r{k}"
+            (out,) = doc["outputs"]
+            assert out["shape"] == [rows, 3]
+            assert out["data"] == (np.arange(rows * 3, dtype=np.float32) + 1000 * k).tolist()
+        if _batches_sent(served, model) >= 1:
+            break
+    assert _batches_sent(served, model) >= 1, "no joined batch in 10 rounds of 24 requests"
