@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -266,3 +267,22 @@ def test_rest_request_round_trip(req, binary):
         sizes = [memoryview(t.data).nbytes for t in req.inputs]
         framed = spec.BINARY_BODY.parse(body, header_length=length, sizes=sizes)
         assert list(framed.tensors) == [bytes(t.data) for t in req.inputs]
+
+
+def test_nan_and_infinities_travel_as_tritonclient_writes_them():
+    """specs/oip.md, "Where the clients ... differ": the literals NaN, Infinity and
+    -Infinity (what tritonclient's python-rapidjson writes and reads) are read as those
+    floats and written back as those literals; a null in ``data`` is not a number: refused,
+    naming the tensor."""
+    body = (
+        b'{"inputs":[{"name":"x","datatype":"FP32","shape":[3],"data":[NaN,Infinity,-Infinity]}]}'
+    )
+    (x,) = oip.decode_rest_request(body).inputs
+    values = np.frombuffer(bytes(x.data), "<f4")
+    assert np.isnan(values[0]) and values[1] == np.inf and values[2] == -np.inf
+    answer, _ = oip.encode_rest_response(oip.InferResponse("m", [x]))
+    assert b'"data":[NaN,Infinity,-Infinity]' in bytes(answer)
+    with pytest.raises(DecodeError, match='tensor "x": FP32 data must be numbers'):
+        oip.decode_rest_request(
+            b'{"inputs":[{"name":"x","datatype":"FP32","shape":[2],"data":[1,null]}]}'
+        )
