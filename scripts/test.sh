@@ -38,5 +38,6 @@ scripts/fetch-clipper-rpc.sh
 # The test extra (pytest, hypothesis, kubemo, pyzmq, psycopg, uvloop, ...) and the torch
 # extra (torch==2.13.0, for the y2 DDP tests); the install compiles the Cython twins.
 python -m pip install -e '.[test,torch]'
-python -m pytest
+# WIREKIT_BENCH_JSON (CI sets it): where the benchmarks' figures go, for benchmarks/ratios.py
+python -m pytest ${WIREKIT_BENCH_JSON:+--benchmark-json="$WIREKIT_BENCH_JSON"}
 WIREKIT_PURE=1 python -m pytest tests
