@@ -14,7 +14,7 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
 from wirekit.mip.messages import Inference
@@ -67,6 +67,22 @@ cdef inline void _put32(uint8_t* p, uint32_t v) noexcept nogil:
 cdef inline void _put64(uint8_t* p, uint64_t v) noexcept nogil:
     _put32(p, <uint32_t>(v >> 32))
     _put32(p + 4, <uint32_t>v)
+
+
+cdef inline void _put_request_head(uint8_t* out, uint32_t remaining, uint8_t n_input,
+                                   uint16_t batch_size) noexcept nogil:
+    """The 12 bytes that open a MIP inference request (specs/mip.md): version 0, kind 2
+    (inference), subtype 0 (request), reserved 0, ``remaining``; ``n_input``, n_output 0,
+    ``batch_size``."""
+    out[0] = 0
+    out[1] = 2
+    out[2] = 0
+    out[3] = 0
+    _put32(out + 4, remaining)
+    out[8] = n_input
+    out[9] = 0
+    out[10] = <uint8_t>(batch_size >> 8)
+    out[11] = <uint8_t>(batch_size & 0xFF)
 
 
 cdef inline uint32_t _be32(const uint8_t* p) noexcept nogil:
@@ -213,15 +229,7 @@ def request_to_mip(req, *, bint rows=False):
             return _pure.request_to_mip(req)
         wire = PyBytes_FromStringAndSize(NULL, 8 + total)
         out = <uint8_t*>PyBytes_AS_STRING(wire)
-        out[0] = 0
-        out[1] = 2
-        out[2] = 0
-        out[3] = 0
-        _put32(out + 4, <uint32_t>total)
-        out[8] = <uint8_t>(1 + n)
-        out[9] = 0
-        out[10] = 0
-        out[11] = 1
+        _put_request_head(out, <uint32_t>total, <uint8_t>(1 + n), 1)
         out += MIP_HEAD
         _put32(out, _REQUEST)
         _put32(out + 4, <uint32_t>len(request))
@@ -272,15 +280,7 @@ cdef bytes _write_plan(int width, list samples):
         return _pure._write(width, samples)
     wire = PyBytes_FromStringAndSize(NULL, 8 + total)
     out = <uint8_t*>PyBytes_AS_STRING(wire)
-    out[0] = 0
-    out[1] = 2
-    out[2] = 0
-    out[3] = 0
-    _put32(out + 4, <uint32_t>total)
-    out[8] = <uint8_t>width
-    out[9] = 0
-    out[10] = <uint8_t>(len(samples) >> 8)
-    out[11] = <uint8_t>(len(samples) & 0xFF)
+    _put_request_head(out, <uint32_t>total, <uint8_t>width, <uint16_t>len(samples))
     out += MIP_HEAD
     for sample in samples:
         for entry in sample:
