@@ -39,6 +39,19 @@ def outcome_status(outcome: Outcome) -> int:
     return 502
 
 
+def outcome_reason(outcome: Outcome) -> str:
+    """What a client reads of why a request did not end ``ok``: the outcome's detail, else
+    the backend's MIP error by name (``backend error SHAPE``), else the answer it gave."""
+    if outcome.detail:
+        return outcome.detail
+    msg = outcome.response.message
+    if isinstance(msg, ErrorReply):
+        code = msg.code
+        name = ErrorCode(code).name if code in ErrorCode._value2member_map_ else str(code)
+        return f"backend error {name}"
+    return f"unexpected backend answer: {msg}"
+
+
 def unknown_name(dispatcher: Dispatcher, name: str, what: str = "model") -> tuple[int, str]:
     """``(status, message)`` for a ``name`` not served: 410 for a model removed while the
     dispatcher runs, else 404 (``what``: what the name names, for the message)."""

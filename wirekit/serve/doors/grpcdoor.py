@@ -42,7 +42,6 @@ from google.protobuf.message import DecodeError as ProtobufDecodeError
 
 from wirekit import oip
 from wirekit.errors import DecodeError
-from wirekit.mip import ErrorCode, ErrorReply
 from wirekit.mip.limits import BufferBudget
 from wirekit.oip import metadata
 from wirekit.oip.grpc import messages as pb
@@ -57,7 +56,7 @@ from ..config import GrpcLimits, ModelConfig
 from ..control.metrics import DOOR_OIP_GRPC
 from ..dispatch.dispatcher import MODEL_ERROR, Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload
-from .answers import outcome_status
+from .answers import outcome_reason, outcome_status
 from .httpbody import Charge
 
 #: the HTTP status of a refusal or an outcome -> the gRPC code it is answered with
@@ -92,13 +91,7 @@ class Refusal(Exception):
 
 def _outcome_message(outcome: Outcome) -> str:
     """What the client reads of an outcome that is not ``ok``: why, and the request's id."""
-    reply = outcome.response.message
-    detail = outcome.detail
-    if not detail and isinstance(reply, ErrorReply):
-        code = reply.code
-        name = ErrorCode(code).name if code in ErrorCode._value2member_map_ else str(code)
-        detail = f"backend error {name}"
-    return f"{detail or f'unexpected backend answer: {reply}'} (request {outcome.id})"
+    return f"{outcome_reason(outcome)} (request {outcome.id})"
 
 
 def _bad(exc: DecodeError) -> Refusal:

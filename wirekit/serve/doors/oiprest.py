@@ -44,7 +44,7 @@ from aiohttp import web
 
 from wirekit import oip
 from wirekit.errors import DecodeError, EncodeError
-from wirekit.mip import DEFAULT_MAX_ITEMS, ErrorCode, ErrorReply, Inference
+from wirekit.mip import DEFAULT_MAX_ITEMS, Inference
 from wirekit.mip.decoder import DEFAULT_MAX_MESSAGE_SIZE
 from wirekit.mip.limits import BufferBudget
 from wirekit.oip.metadata import check_inputs, model_metadata, server_metadata
@@ -54,7 +54,7 @@ from ..control.metrics import DOOR_OIP_REST
 from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload
 from ..record.store import OK
-from .answers import outcome_status, unknown_name
+from .answers import outcome_reason, outcome_status, unknown_name
 from .httpbody import READER_KEY, BodyReader
 
 #: the binary tensor data extension's header: the bytes of JSON at the start of a body
@@ -157,16 +157,8 @@ def unknown_outputs(model: ModelConfig, req: oip.InferRequest) -> str | None:
 
 def failure(outcome: Outcome) -> Refused:
     """The answer to a request that did not end ``ok``: the model's own message (its OIP
-    ERROR item) intact, or the outcome's status and detail."""
-    status = outcome_status(outcome)
-    if outcome.detail:
-        return Refused(status, outcome.detail)
-    msg = outcome.response.message
-    if isinstance(msg, ErrorReply):
-        code = msg.code
-        name = ErrorCode(code).name if code in ErrorCode._value2member_map_ else str(code)
-        return Refused(status, f"backend error {name}")
-    return Refused(status, f"unexpected backend answer: {msg}")
+    ERROR item) intact, or the outcome's status and reason."""
+    return Refused(outcome_status(outcome), outcome_reason(outcome))
 
 
 class OipRestHandlers:

@@ -43,7 +43,7 @@ from typing import Any
 from aiohttp import web
 
 from wirekit.errors import DecodeError, EncodeError
-from wirekit.mip import DEFAULT_MAX_ITEMS, ErrorCode, ErrorReply, Inference
+from wirekit.mip import DEFAULT_MAX_ITEMS, ErrorReply, Inference
 from wirekit.oip import (
     BackendError,
     InferRequest,
@@ -61,6 +61,7 @@ from ..config import ModelConfig
 from ..control.metrics import DOOR_HTTP, DOOR_TFSERVING
 from ..dispatch.dispatcher import MODEL_ERROR, Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload, outputs_json
+from .answers import outcome_reason
 from .answers import outcome_status as _outcome_status
 from .http import (
     NAME,
@@ -381,10 +382,7 @@ def _outcome_error(outcome: Outcome) -> web.Response:
         return _with_id(_error(400, outcome.detail), outcome)
     msg = outcome.response.message
     if isinstance(msg, ErrorReply):
-        code = ErrorCode(msg.code).name if msg.code in ErrorCode._value2member_map_ else msg.code
-        return _with_id(
-            _error(_outcome_status(outcome), outcome.detail or f"backend error {code}"), outcome
-        )
+        return _with_id(_error(_outcome_status(outcome), outcome_reason(outcome)), outcome)
     return _with_id(_error(502, f"unexpected backend answer: {msg}"), outcome)
 
 
