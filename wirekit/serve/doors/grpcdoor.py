@@ -56,7 +56,7 @@ from ..config import GrpcLimits, ModelConfig
 from ..control.metrics import DOOR_OIP_GRPC
 from ..dispatch.dispatcher import MODEL_ERROR, Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload
-from .answers import outcome_reason, outcome_status
+from .answers import outcome_reason, outcome_status, unknown_name
 from .httpbody import Charge
 
 #: the HTTP status of a refusal or an outcome -> the gRPC code it is answered with
@@ -74,10 +74,7 @@ STATUS_CODES: dict[int, grpc.StatusCode] = {
 
 def unknown_model(dispatcher: Dispatcher, name: str) -> str:
     """The message of the NOT_FOUND for a model ``name`` not served (removed or never)."""
-    removed = dispatcher.removed.get(name)
-    if removed is not None:
-        return f"model {removed!r} was removed"
-    return f"unknown model {name!r}"
+    return unknown_name(dispatcher, name)[1]
 
 
 class Refusal(Exception):
