@@ -130,14 +130,16 @@ def spawn(
 
 
 def descendants(roots: Sequence[int]) -> set[int]:
-    """``roots`` and every live process below them (from ``/proc/*/stat``'s parent ids)."""
+    """``roots`` and every live process below them (from ``/proc/*/stat``'s parent ids;
+    zombies are not live)."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
-            stat = (entry / "stat").read_text()
-            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            if state != "Z":  # a zombie has ended (its parent has yet to reap it)
+                parents[int(entry.name)] = int(ppid)
     tree = {pid for pid in roots if pid in parents}
     grew = True
     while grew:
@@ -418,6 +420,7 @@ class Server:
     host: str = "127.0.0.1"
     #: the folder of its model folders
     models_dir: Path | None = None
+    _outside: dict[str, int] = field(default_factory=dict, repr=False)
 
     @property
     def pids(self) -> list[int]:
@@ -428,6 +431,21 @@ class Server:
     def rest_url(self) -> str:
         """``http://host:port`` of its REST port (inside its namespace, if any)."""
         return f"http://{self.host}:{self.ports['http']}"
+
+    def local_port(self, kind: str = "http") -> int:
+        """A port on 127.0.0.1 of the caller's own namespace where its ``kind`` port
+        (``http``, ``grpc``) answers: the port itself, or for a server inside a namespace a
+        relay into it (:meth:`Namespace.forward`, made once) -- what a client that cannot
+        enter the namespace (a gRPC channel, a ``wirekit serve`` backend) connects to."""
+        if self.ns is None:
+            return self.ports[kind]
+        if kind not in self._outside:
+            self._outside[kind] = self.ns.forward(self.ports[kind], self.host)
+        return self._outside[kind]
+
+    def address(self, kind: str = "http") -> str:
+        """``127.0.0.1:PORT`` of :meth:`local_port`."""
+        return f"127.0.0.1:{self.local_port(kind)}"
 
     def cpu_ns(self) -> int:
         """Its CPU time so far (every process tree), in ns."""
