@@ -6,8 +6,10 @@ models of ``tests/oip_models/``:
 * ``echo``: outputs = inputs (name, datatype, shape, data);
 * ``iris``: a scikit-learn ``LogisticRegression`` trained at test time on the iris data
   scikit-learn ships (:func:`train_iris`, inside the peer's virtualenv), saved with joblib;
-  input ``[N, 4]`` (FP32 or FP64), output ``predict`` ``[N]`` INT64 (MLServer through its
-  ``mlserver-sklearn`` runtime, KServe through a small ``kserve.Model``);
+  input ``[N, 4]`` (FP32 or FP64), output ``predict`` INT64, the classes (MLServer through
+  its ``mlserver-sklearn`` runtime: shape ``[N, 1]``; KServe through a small
+  ``kserve.Model``: shape ``[N]``; its TF Serving REST ``:predict`` answers
+  ``{"predictions": [class, ...]}``);
 * ``broken``: its load fails with :data:`BROKEN_MESSAGE`.
 
 :func:`start_mlserver` listens on 127.0.0.1 (free ports); its models live in a model folder,
@@ -109,7 +111,10 @@ def spawn(
 ) -> subprocess.Popen:
     """``argv`` started (inside ``ns`` when given) in a session of its own (so that its whole
     process group can be killed), stderr -- and stdout unless ``stdout_pipe`` -- to ``log``
-    (text pipes; stdin from ``/dev/null`` unless ``stdin_pipe``)."""
+    (text pipes; stdin from ``/dev/null`` unless ``stdin_pipe``).  Started from the main
+    thread, it is SIGKILLed by the kernel if this process dies first (``PR_SET_PDEATHSIG``:
+    a test run killed leaves no server behind)."""
+    main = threading.current_thread() is threading.main_thread()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         return subprocess.Popen(
@@ -121,9 +126,26 @@ def spawn(
             cwd=cwd,
             start_new_session=True,
             text=True,
+            preexec_fn=_die_with_parent if main and _PRCTL is not None else None,
         )
     finally:
         os.close(fd)
+
+
+def _libc_prctl() -> Any:
+    with contextlib.suppress(OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True).prctl
+    return None
+
+
+#: prctl(2), resolved here: the child of a fork only calls it
+_PRCTL = _libc_prctl() if sys.platform.startswith("linux") else None
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """(In a forked child, before exec.)  Be SIGKILLed when the thread that forked ends."""
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 # --- process trees ------------------------------------------------------------------------------
@@ -219,6 +241,7 @@ class Namespace:
         self._relays: list[_Relay] = []
 
     def __enter__(self) -> Namespace:
+        _delete_stale_namespaces()
         subprocess.run(["ip", "netns", "add", self.name], check=True, capture_output=True)
         try:
             self.check(["ip", "link", "set", "lo", "up"])
@@ -303,6 +326,22 @@ class Namespace:
         subprocess.run(
             ["ip", "netns", "delete", self.name], check=False, capture_output=True, timeout=30
         )
+
+
+def _delete_stale_namespaces() -> None:
+    """Delete the namespaces of test processes that died without deleting theirs
+    (``wirekit-test-PID-N`` whose PID no longer runs)."""
+    listed = subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True, timeout=30, check=False
+    ).stdout
+    for line in listed.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        parts = name.split("-")
+        ours = name.startswith("wirekit-test-") and len(parts) == 4 and parts[2].isdigit()
+        if ours and not Path(f"/proc/{parts[2]}").exists():
+            subprocess.run(
+                ["ip", "netns", "delete", name], capture_output=True, timeout=30, check=False
+            )
 
 
 class _Relay:

@@ -141,7 +141,7 @@ def test_kserve_stays_in_its_namespace(kserve):  # noqa: F811
 
 def test_namespace_cleaned_up():
     """A namespace is gone after its ``with``, relays and threads included."""
-    require_peers(kserve=True)
+    require_peers("kserve")
     with Namespace() as ns:
         assert ns.path.exists()
         ns.forward(9)
@@ -154,7 +154,7 @@ def test_namespace_cleaned_up():
 def test_kill_ends_the_whole_tree():
     """``kill`` SIGKILLs the server and its inference worker at once (MLServer's default
     of one worker process), as a test killing a server mid-load needs."""
-    require_peers()
+    require_peers("mlserver")
     with tempfile.TemporaryDirectory(prefix="wirekit-kill-") as tmp:
         server = start_mlserver(Path(tmp), models=("echo",), parallel_workers=None)
         try:
