@@ -8,11 +8,11 @@ Each is started once per test module (a server start costs seconds; CI's time is
 stopped at its end:
 
 * ``mlserver``, ``mlserver_b``: two MLServer 1.7.1 processes on 127.0.0.1 with ``echo`` and
-  ``iris`` loaded and ``broken`` in their model folder (its load fails with
-  ``oip_servers.BROKEN_MESSAGE``);
+  ``iris`` loaded, ``broken`` (its load fails with ``oip_servers.BROKEN_MESSAGE``) and
+  ``slow`` (its load takes ``oip_servers.SLOW_LOAD_SECONDS``) in their model folder;
 * ``kserve``: KServe 0.21.0 in a network namespace of its own (``kserve.ns``; reach it with
   ``kserve.request(...)``, ``kserve.ns.run(fn)``, or ``kserve.local_port("http"|"grpc")``),
-  ``echo`` and ``iris`` loaded, ``broken`` in its repository.
+  ``echo`` and ``iris`` loaded, ``broken`` and ``slow`` in its repository.
 
 The peers' virtualenvs (``peer_venvs.py``) are installed from PyPI on first use under CI
 (``CI=true``) or ``WIREKIT_PEERS_INSTALL=1`` (about three minutes on a cold cache, then
@@ -33,7 +33,7 @@ from oip_servers import Server, peers_unavailable, running_kserve, running_mlser
 #: set to 1: install the peers' virtualenvs when missing (CI does, ``CI=true``)
 INSTALL_ENV_VAR = "WIREKIT_PEERS_INSTALL"
 #: what the fixtures' servers serve (``broken``: in the folder, not loaded)
-FIXTURE_MODELS = ("echo", "iris", "broken")
+FIXTURE_MODELS = ("echo", "iris", "broken", "slow")
 
 
 def require_peers(*names: str) -> None:
@@ -62,7 +62,7 @@ def require_peers(*names: str) -> None:
 
 @pytest.fixture(scope="module")
 def mlserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """MLServer with ``echo`` and ``iris`` loaded and ``broken`` loadable (it fails)."""
+    """MLServer with ``echo`` and ``iris`` loaded, ``broken`` (fails) and ``slow`` loadable."""
     require_peers("mlserver")
     workdir = tmp_path_factory.mktemp("mlserver")
     with running_mlserver(workdir, models=FIXTURE_MODELS, who="mlserver") as server:
@@ -80,8 +80,8 @@ def mlserver_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def kserve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """KServe in a namespace of its own with ``echo`` and ``iris`` loaded, ``broken`` in
-    its repository (its load fails)."""
+    """KServe in a namespace of its own with ``echo`` and ``iris`` loaded, ``broken`` (its
+    load fails) and ``slow`` in its repository."""
     require_peers("kserve")
     workdir = tmp_path_factory.mktemp("kserve")
     with running_kserve(workdir, models=FIXTURE_MODELS) as server:

@@ -24,6 +24,8 @@ from oip_servers import (
     BROKEN_MESSAGE,
     IRIS_CLASSES,
     IRIS_ROWS,
+    SLOW_LOAD_SECONDS,
+    SLOW_PREDICT_SECONDS,
     Namespace,
     Server,
     descendants,
@@ -118,6 +120,20 @@ def test_repository_unload_then_load(server):
     assert answer.status == 200, answer.body
     assert server.model_ready("iris")
     assert _classes(server.infer("iris", [IRIS_INPUT])) == IRIS_CLASSES
+
+
+def test_slow_load_and_answers(server):
+    """The slow echo takes its time to load, then to answer, and unloads."""
+    assert not server.model_ready("slow")
+    started = time.monotonic()
+    assert server.load("slow").status == 200
+    assert time.monotonic() - started >= SLOW_LOAD_SECONDS
+    started = time.monotonic()
+    answer = server.infer("slow", [ECHO_INPUT])
+    assert time.monotonic() - started >= SLOW_PREDICT_SECONDS
+    assert answer.status == 200 and answer.json()["outputs"][0]["data"] == ECHO_INPUT["data"]
+    assert server.unload("slow").status == 200
+    assert not server.model_ready("slow")
 
 
 def test_broken_load_fails_with_its_message(server):
