@@ -149,7 +149,7 @@ def _libc_prctl() -> Any:
 
 
 #: prctl(2), resolved here: the child of a fork only calls it
-_PRCTL = _libc_prctl() if sys.platform.startswith("linux") else None
+_PRCTL: Any = _libc_prctl() if sys.platform.startswith("linux") else None
 _PR_SET_PDEATHSIG = 1
 
 

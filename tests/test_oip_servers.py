@@ -15,6 +15,7 @@ import struct
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from oip_servers import (
     Namespace,
     Server,
     descendants,
+    http_call,
     start_mlserver,
 )
 
@@ -153,6 +155,26 @@ def test_kserve_stays_in_its_namespace(kserve):  # noqa: F811
     assert [line.split(":")[1].strip() for line in links] == ["lo"]
     listening = kserve.ns.listening()
     assert any(a.endswith(f":{kserve.ports['http']}") for a in listening), listening
+
+
+def test_relay_into_the_namespace(kserve):  # noqa: F811
+    """``local_port``: clients of this namespace reach KServe through the relay, several at
+    once, a large body whole both ways."""
+    big = {"name": "x", "shape": [1, 50000], "datatype": "FP32", "data": [0.5] * 50000}
+    port = kserve.local_port("http")
+    assert kserve.address("http") == f"127.0.0.1:{port}"
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(
+            pool.map(
+                lambda _: http_call(
+                    "127.0.0.1", port, "POST", "/v2/models/echo/infer", {"inputs": [big]}
+                ),
+                range(8),
+            )
+        )
+    for answer in answers:
+        assert answer.status == 200, answer.body[:300]
+        assert answer.json()["outputs"][0]["data"] == big["data"]
 
 
 def test_namespace_cleaned_up():
