@@ -1,20 +1,23 @@
-"""The virtualenvs of the peer servers the OIP benchmark measures wirekit against.
+"""The virtualenvs of the real peer servers (MLServer, KServe) the OIP tests and benchmark run.
 
 KServe and MLServer are installed from PyPI, each in a virtualenv of its own (their pins
 conflict with each other and with wirekit's test environment), under a cache directory:
 ``$WIREKIT_PEERS_DIR``, else ``~/.cache/wirekit-peers``.  Creating one is idempotent: a
 virtualenv whose marker file names exactly the requirements asked for is used as it is; any
 other (a half-done install, other pins) is made anew.  Several processes asking at once wait
-for each other (a lock file per virtualenv).
+for each other (a lock file per virtualenv).  Its directory's name carries a digest of its
+requirements, so that checkouts pinning differently (branches, older trees) never remake
+each other's virtualenv under a process that uses it.
 
-    python benchmarks/peer_venvs.py            # create (or check) every peer's virtualenv
-    python benchmarks/peer_venvs.py kserve     # one of them
+    python tests/peer_venvs.py            # create (or check) every peer's virtualenv
+    python tests/peer_venvs.py kserve     # one of them
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -41,14 +44,23 @@ class Peer:
 
     @property
     def label(self) -> str:
-        """The virtualenv's directory name: the peer and its pinned version."""
-        return f"{self.name}-{self.requirements[0].split('==')[1]}"
+        """The virtualenv's directory name: the peer, its pinned version and a digest of all
+        its requirements (two checkouts pinning differently never remake each other's)."""
+        digest = hashlib.sha256(_marker_text(self).encode()).hexdigest()[:8]
+        return f"{self.name}-{self.requirements[0].split('==')[1]}-{digest}"
 
 
+#: what the test models need in both (``tests/oip_models/``: the iris model is trained with
+#: scikit-learn inside the peer's virtualenv and saved with joblib)
+MODEL_REQUIREMENTS = ("scikit-learn==1.9.1", "joblib==1.6.0")
 #: KServe's model server (REST v1/v2 and gRPC on its own ``ModelServer``)
-KSERVE = Peer("kserve", ("kserve==0.21.0",))
-#: MLServer; uvloop pinned: with the latest uvloop MLServer's inference worker dies
-MLSERVER = Peer("mlserver", ("mlserver==1.7.1", "uvloop==0.21.0"))
+KSERVE = Peer("kserve", ("kserve==0.21.0", *MODEL_REQUIREMENTS))
+#: MLServer and its scikit-learn runtime; uvloop pinned: with the latest uvloop MLServer's
+#: inference worker dies
+MLSERVER = Peer(
+    "mlserver",
+    ("mlserver==1.7.1", "mlserver-sklearn==1.7.1", "uvloop==0.21.0", *MODEL_REQUIREMENTS),
+)
 PEERS = {peer.name: peer for peer in (KSERVE, MLSERVER)}
 
 
