@@ -1072,6 +1072,7 @@ def repository_load_unknown(server: OipServer, deadline: Deadline) -> None:
     "again within --load-timeout of the load",
 )
 def repository_unload_load(server: OipServer, deadline: Deadline) -> None:
+    rest_only(server)
     if not server.unload:
         raise Skipped("give --unload to have the model under test unloaded and loaded again")
     name = server.model(deadline)
