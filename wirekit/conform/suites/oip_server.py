@@ -117,7 +117,9 @@ class Answer:
 
     def text(self) -> str:
         """The answer in a line, for a case's detail."""
-        if self.code != "OK" and self.headers is None:
+        if self.headers is None:
+            if self.code == "OK":
+                return f"gRPC OK: {_brief(self.message)}"
             return f"gRPC {self.code}: {self.body.decode(errors='replace')[:_SHOW]}"
         shown = self.body[:_SHOW].decode(errors="replace")
         more = f"... ({len(self.body)} bytes)" if len(self.body) > _SHOW else ""
