@@ -40,19 +40,14 @@ from ..core.options import SuiteOptions
 SUITE = Suite("oip", "server", "OIP server")
 MUST, SHOULD, MAY = Level.MUST, Level.SHOULD, Level.MAY
 
-#: where the cases' rules are written (the sections of the specification's documents)
-REST = "oip:inference_rest.md"
-GRPC = "oip:open_inference_grpc.proto"
-HEALTH = f"{REST}#health"
-SERVER_METADATA = f"{REST}#server-metadata"
-MODEL_METADATA = f"{REST}#model-metadata"
-MODEL_READY = f"{REST}#model-ready"
-INFERENCE = f"{REST}#inference"
-ERRORS = f"{REST}#inference-response-json-error-object"
-DATATYPES_SECTION = f"{REST}#tensor-data-types"
-PARAMETERS = f"{REST}#parameters"
-BINARY = "triton:extension_binary_data.md"
-REPOSITORY = "triton:extension_model_repository.md"
+#: where the cases' rules are written: wirekit's specs (the spec text each case follows is
+#: quoted in specs/conformance.md, "OIP server cases")
+CASES = "specs/conformance.md#oip-server-cases"
+HEALTH = SERVER_METADATA = MODEL_METADATA = MODEL_READY = REPOSITORY = CASES
+INFERENCE = PARAMETERS = "specs/oip.md#rest-json-bodies"
+ERRORS = "specs/oip.md#errors"
+TENSORS = "specs/oip.md#tensors"
+BINARY = "specs/oip.md#rest-the-binary-tensor-data-extension"
 
 HEADER = "Inference-Header-Content-Length"
 UNKNOWN_MODEL = "wirekit-conform-no-such-model"
@@ -657,7 +652,7 @@ def metadata_model(server: OipServer, deadline: Deadline) -> None:
 
 @SUITE.case(
     "metadata.unknown-model",
-    f"{REST}#model-metadata-response-json-error-object",
+    ERRORS,
     MUST,
     send="GET /v2/models/UNKNOWN (gRPC ModelMetadata)",
     expect='an HTTP error status and {"error": $string} (gRPC: an error status)',
@@ -758,7 +753,7 @@ def infer_parameters(server: OipServer, deadline: Deadline) -> None:
 def _datatype_case(datatype: str) -> None:
     @SUITE.case(
         f"infer.datatype.{datatype}",
-        DATATYPES_SECTION,
+        TENSORS,
         MAY,
         send=f"one {datatype} input [2,3] (JSON data; gRPC raw contents)",
         expect="refused with an error (the model does not take it: skip), or echoed "
@@ -782,7 +777,7 @@ for _datatype in SAMPLES:
 def _shape_case(label: str, shape: tuple[int, ...]) -> None:
     @SUITE.case(
         f"infer.shape.{label}",
-        f"{REST}#tensor-data",
+        TENSORS,
         MAY,
         send=f"one FP32 input of shape {list(shape)}",
         expect="refused with an error (skip), or echoed with that shape and its elements",
@@ -876,7 +871,7 @@ def error_datatype(server: OipServer, deadline: Deadline) -> None:
 
 @SUITE.case(
     "error.datatype-refused",
-    f"{REST}#tensor-data-types",
+    TENSORS,
     SHOULD,
     send='an input whose "datatype" is "FLOAT32"',
     expect="refused (the spec lists the datatypes; it does not say in so many words "
@@ -900,7 +895,7 @@ def error_shape(server: OipServer, deadline: Deadline) -> None:
 
 @SUITE.case(
     "error.shape-refused",
-    f"{REST}#request-input",
+    TENSORS,
     SHOULD,
     send="an input of shape [2,4] with 4 elements",
     expect='refused ("the shape and data must represent the full shape and contents": '
