@@ -15,6 +15,7 @@ import struct
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,12 @@ from oip_servers import (
     BROKEN_MESSAGE,
     IRIS_CLASSES,
     IRIS_ROWS,
+    SLOW_LOAD_SECONDS,
+    SLOW_PREDICT_SECONDS,
     Namespace,
     Server,
     descendants,
+    http_call,
     start_mlserver,
 )
 
@@ -120,6 +124,20 @@ def test_repository_unload_then_load(server):
     assert _classes(server.infer("iris", [IRIS_INPUT])) == IRIS_CLASSES
 
 
+def test_slow_load_and_answers(server):
+    """The slow echo takes its time to load, then to answer, and unloads."""
+    assert not server.model_ready("slow")
+    started = time.monotonic()
+    assert server.load("slow").status == 200
+    assert time.monotonic() - started >= SLOW_LOAD_SECONDS
+    started = time.monotonic()
+    answer = server.infer("slow", [ECHO_INPUT])
+    assert time.monotonic() - started >= SLOW_PREDICT_SECONDS
+    assert answer.status == 200 and answer.json()["outputs"][0]["data"] == ECHO_INPUT["data"]
+    assert server.unload("slow").status == 200
+    assert not server.model_ready("slow")
+
+
 def test_broken_load_fails_with_its_message(server):
     """The broken model's load fails, its message in the answer; the server serves on."""
     for _ in range(2):
@@ -139,9 +157,29 @@ def test_kserve_stays_in_its_namespace(kserve):  # noqa: F811
     assert any(a.endswith(f":{kserve.ports['http']}") for a in listening), listening
 
 
+def test_relay_into_the_namespace(kserve):  # noqa: F811
+    """``local_port``: clients of this namespace reach KServe through the relay, several at
+    once, a large body whole both ways."""
+    big = {"name": "x", "shape": [1, 50000], "datatype": "FP32", "data": [0.5] * 50000}
+    port = kserve.local_port("http")
+    assert kserve.address("http") == f"127.0.0.1:{port}"
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(
+            pool.map(
+                lambda _: http_call(
+                    "127.0.0.1", port, "POST", "/v2/models/echo/infer", {"inputs": [big]}
+                ),
+                range(8),
+            )
+        )
+    for answer in answers:
+        assert answer.status == 200, answer.body[:300]
+        assert answer.json()["outputs"][0]["data"] == big["data"]
+
+
 def test_namespace_cleaned_up():
     """A namespace is gone after its ``with``, relays and threads included."""
-    require_peers(kserve=True)
+    require_peers("kserve")
     with Namespace() as ns:
         assert ns.path.exists()
         ns.forward(9)
@@ -154,7 +192,7 @@ def test_namespace_cleaned_up():
 def test_kill_ends_the_whole_tree():
     """``kill`` SIGKILLs the server and its inference worker at once (MLServer's default
     of one worker process), as a test killing a server mid-load needs."""
-    require_peers()
+    require_peers("mlserver")
     with tempfile.TemporaryDirectory(prefix="wirekit-kill-") as tmp:
         server = start_mlserver(Path(tmp), models=("echo",), parallel_workers=None)
         try:
