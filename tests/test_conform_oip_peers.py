@@ -110,3 +110,12 @@ def test_kserve_grpc_deviations_are_the_known_ones(kserve):  # noqa: F811
 
 def test_kserve_rest_deviations_are_the_known_ones(kserve):  # noqa: F811
     check(kserve, "kserve", "rest", "#### KServe 0.21.0, REST")
+
+
+def test_without_model_the_first_ready_model_of_the_repository_index_is_used(mlserver):  # noqa: F811
+    out = io.StringIO()
+    argv = ["conform", "oip", "server", mlserver.address("http"), "--case", "ready.model"]
+    assert cli.main([*argv, "--json"], out=out, err=io.StringIO()) == 0
+    doc = json.loads(out.getvalue())
+    assert doc["target"].rsplit(" ", 1)[-1] in ("echo)", "iris)")  # ready; "broken" is not
+    assert [c["status"] for c in doc["cases"]] == ["pass"]
