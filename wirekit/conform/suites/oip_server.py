@@ -52,7 +52,6 @@ BINARY = "specs/oip.md#rest-the-binary-tensor-data-extension"
 HEADER = "Inference-Header-Content-Length"
 UNKNOWN_MODEL = "wirekit-conform-no-such-model"
 _SHOW = 400  # characters of a body kept in a case's detail
-_LENGTH = struct.Struct("<I")
 
 #: each datatype's sample elements (six, exact in the datatype and in JSON)
 SAMPLES: dict[str, list[Any]] = {
@@ -474,9 +473,19 @@ def declined(answer: Answer) -> bool:
     return answer.code != "OK" if answer.headers is None else answer.status >= 400
 
 
-def rest_only(server: OipServer) -> None:
+#: why the repository cases are REST only
+_REPOSITORY_REST_ONLY = (
+    "REST only (the repository extension's gRPC services differ from server to server: "
+    "Triton's, KServe's and MLServer's protos are not the same)"
+)
+
+
+def rest_only(
+    server: OipServer, why: str = "REST only (gRPC carries this in its own fields)"
+) -> None:
+    """Skip a case that exists over REST only."""
     if server.grpc:
-        raise Skipped("REST only (gRPC carries this in its own fields)")
+        raise Skipped(why)
 
 
 # --------------------------------------------------------------------------- health
@@ -913,7 +922,7 @@ def error_shape_refused(server: OipServer, deadline: Deadline) -> None:
     expect='an HTTP error status and {"error": $string}',
 )
 def error_malformed_json(server: OipServer, deadline: Deadline) -> None:
-    rest_only(server)
+    rest_only(server, "REST only (a gRPC request is a protobuf message, not JSON)")
     _error_body(server.infer({}, deadline, body=b'{"inputs": ['), "an error")
 
 
@@ -1016,7 +1025,7 @@ def binary_output_per_output(server: OipServer, deadline: Deadline) -> None:
 
 
 def _repository(server: OipServer, deadline: Deadline, path: str) -> Answer:
-    rest_only(server)
+    rest_only(server, _REPOSITORY_REST_ONLY)
     answer = server.http("POST", path, deadline, b"{}")
     if answer.status in (404, 405, 501):
         raise Skipped(
@@ -1052,7 +1061,7 @@ def repository_index(server: OipServer, deadline: Deadline) -> None:
     expect='no extension: skip; else an HTTP error status and {"error": $string}',
 )
 def repository_load_unknown(server: OipServer, deadline: Deadline) -> None:
-    rest_only(server)
+    rest_only(server, _REPOSITORY_REST_ONLY)
     answer = server.http("POST", f"/v2/repository/models/{UNKNOWN_MODEL}/load", deadline, b"{}")
     index = server.http("POST", "/v2/repository/index", deadline, b"{}")
     if answer.status in (404, 405, 501) and index.status in (404, 405, 501):
@@ -1069,7 +1078,7 @@ def repository_load_unknown(server: OipServer, deadline: Deadline) -> None:
     "again within --load-timeout of the load",
 )
 def repository_unload_load(server: OipServer, deadline: Deadline) -> None:
-    rest_only(server)
+    rest_only(server, _REPOSITORY_REST_ONLY)
     if not server.unload:
         raise Skipped("give --unload to have the model under test unloaded and loaded again")
     name = server.model(deadline)
