@@ -9,6 +9,7 @@ reports per case what was expected and what came back.
     wirekit conform clipper container --gen v3 --listen tcp://127.0.0.1:7000
     wirekit conform clipper frontend tcp://127.0.0.1:7000 --gen v3 --query tcp://127.0.0.1:7001
     wirekit conform y2 service tcp://127.0.0.1:8888 --listen tcp://127.0.0.1:5560
+    wirekit conform oip server http://127.0.0.1:8080 --model echo
 
 The package reads as its concerns:
 

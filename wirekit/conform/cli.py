@@ -32,6 +32,7 @@ wirekit's specs; report per case what was expected and what came back.
   wirekit conform clipper container --gen v3 --listen tcp://127.0.0.1:7000
   wirekit conform clipper frontend tcp://127.0.0.1:7000 --gen v3 --query tcp://127.0.0.1:7001
   wirekit conform y2 service tcp://127.0.0.1:8888 --listen tcp://127.0.0.1:5560
+  wirekit conform oip server http://127.0.0.1:8080 --model echo     (--grpc: its gRPC port)
 
 The target serves the conformance model (see specs/conformance.md): a MIP server runs
 wirekit.conform.models:mip_model or its equivalent.  Levels: MUST, SHOULD, MAY (optional)

@@ -25,4 +25,5 @@ SUITES: dict[tuple[str, str], Any] = {
     ("clipper", "container"): "wirekit.conform.suites.clipper_container",
     ("clipper", "frontend"): "wirekit.conform.suites.clipper_frontend",
     ("y2", "service"): "wirekit.conform.suites.y2_service",
+    ("oip", "server"): "wirekit.conform.suites.oip_server",
 }
