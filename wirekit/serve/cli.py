@@ -353,7 +353,9 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_OK
     # the dispatcher's own probe; a Clipper container connects to it, and is not probed here
     rows = [r for r in dep.rows if r.quota > 0 and r.port is not None]
-    results = asyncio.run(probe_rows([r for r in rows if probed(r)], timeout=CHECK_TIMEOUT))
+    results = asyncio.run(
+        probe_rows([r for r in rows if probed(r)], timeout=CHECK_TIMEOUT, models=dep.models)
+    )
     for row in rows:
         if row.key not in results:  # KubeMo: a connection without a request stops its server
             out.write(f"probe {row.key}: not probed ({row.backend})\n")

@@ -41,6 +41,8 @@ from urllib.parse import quote
 
 from wirekit.errors import WirekitError
 
+from ..control.catalog import CatalogError
+
 if TYPE_CHECKING:
     from .servers import ServerAddress
 
@@ -56,6 +58,26 @@ READY_POLL = 0.1
 class RepositoryError(WirekitError, RuntimeError):
     """A model server refused or failed a load or an unload (or could not be asked in
     time); ``str()`` says which server (``host:port``) and why, in the server's words."""
+
+
+class ModelLoadError(CatalogError):
+    """A model's servers did not all load it: nothing was added.  ``results``: row key ->
+    ``loaded`` / ``already loaded`` / ``failed: <the server's reason>`` (those loaded by
+    this attempt were unloaded again: ``rollback`` says how that went)."""
+
+    def __init__(self, name: str, results: dict[str, str], rollback: dict[str, str]) -> None:
+        self.results = results
+        self.rollback = rollback
+        failed = sum(1 for r in results.values() if r.startswith("failed"))
+        parts = []
+        for key, result in results.items():
+            if key in rollback:
+                result += f" (then {rollback[key]})"
+            parts.append(f"{key}: {result}")
+        super().__init__(
+            f"model {name!r} not added: its load failed on {failed} of {len(results)}"
+            f" device(s): " + "; ".join(parts)
+        )
 
 
 def where(address: ServerAddress) -> str:
@@ -401,6 +423,7 @@ async def unload(address: ServerAddress, timeout: float) -> None:
 
 
 __all__ = [
+    "ModelLoadError",
     "RepositoryError",
     "load",
     "model_ready",
