@@ -11,11 +11,12 @@ reads: CPU 0 gives half to m1 and half to m2, GPU 1 is m1's, GPU 2 is m2's.  Whe
 (device, model) backend listens is ``endpoint`` (the node's host) and ``ports`` (a list
 parallel to ``quotas``; ``null`` or 0 where the quota is 0).  Clipper containers connect to the
 dispatcher's Clipper RPC port instead: for a Clipper model the ``ports`` entry is the model
-name the device's container registers under (``null``: the model's own name).  An ``oip`` model's
-server may answer gRPC on another port: ``grpc_ports`` (optional, shaped as ``ports``) gives
-it; ``tfserving`` and ``oip`` servers know the model by ``server_model`` (default: its own
-name).  A model's ``handler`` (``module:function``) names the code its backends run: the dispatcher does not
-use it, ``wirekit serve --with-backends`` and ``wirekit serve k8s`` start backends with it.
+name the device's container registers under (``null``: the model's own name).  An ``oip``
+model's server may answer gRPC on another port: ``grpc_ports`` (optional, shaped as
+``ports``) gives it; ``tfserving`` and ``oip`` servers know the model by ``server_model``
+(default: its own name).  A model's ``handler`` (``module:function``) names the code its
+backends run: the dispatcher does not use it, ``wirekit serve --with-backends`` and
+``wirekit serve k8s`` start backends with it.
 
 Validation, in two steps:
 
