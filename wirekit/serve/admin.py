@@ -142,6 +142,8 @@ class ModelAdmin:
         self.removing: set[str] = set()
         #: the models being added (their servers loading them)
         self.adding: set[str] = set()
+        #: model -> the lock :meth:`follow_quotas` holds while its servers follow
+        self._following: dict[str, asyncio.Lock] = {}
         #: model -> row key -> (its server, what this process did there: LOADED,
         #: ALREADY_LOADED, UNLOADED) for the models with ``load = true``
         self.loads: dict[str, dict[str, tuple[ServerAddress, str]]] = {}
@@ -201,6 +203,7 @@ class ModelAdmin:
         ``failed: <why>`` (each server within ``timeout`` seconds); rows it was not loaded
         on are left out."""
         loads = self.loads.pop(name, {})
+        self._following.pop(name, None)
         ours = {k: a for k, (a, did) in loads.items() if did == LOADED}
         results = await _each(ours, _unload_done, timeout)
         for key, (_address, did) in loads.items():
@@ -250,7 +253,17 @@ class ModelAdmin:
         model = catalog.model(name)
         if model.backend != "oip" or not model.load:
             return
-        rows = [r for r in catalog.rows(name) if r.node == node and r.device_type == device_type]
+        rows = [
+            r
+            for r in catalog.rows(name)
+            if r.node == node
+            and r.device_type == device_type
+            and (r.port is not None or r.grpc_port is not None)  # a device with a server
+        ]
+        async with self._following.setdefault(name, asyncio.Lock()):  # one change at a time
+            await self._follow(name, model, rows)
+
+    async def _follow(self, name: str, model: ModelConfig, rows: list[DeviceRow]) -> None:
         loads = self.loads.setdefault(name, {})
         timeout = model.load_timeout
         up = {r.key: server_address(r, model) for r in rows if r.quota > 0}
