@@ -26,8 +26,10 @@ an OIP error body; the last line of a Python traceback a server sent as its body
 The repository RPCs over gRPC are those of ``inference.GRPCInferenceService`` (Triton's
 layout: ``repository_name`` = 1, ``model_name`` = 2, which MLServer follows); KServe's
 ``ModelServer`` declares the same RPCs with ``model_name`` = 1, so a server whose
-``ServerMetadata`` names itself ``kserve`` gets its model's name in field 1.  TF Serving has
-no repository API: a ``tfserving`` backend is probed, never loaded.
+``ServerMetadata`` names itself ``kserve`` gets its model's name in field 1 (and, since
+KServe 0.21 answers ``INTERNAL`` to these calls whether they worked or not, its model's
+readiness says whether they did).  TF Serving has no repository API: a ``tfserving``
+backend is probed, never loaded.
 """
 
 from __future__ import annotations
@@ -275,15 +277,36 @@ async def _grpc_probe(address: ServerAddress, timeout: float) -> str | None:
 async def _grpc_repository(address: ServerAddress, method: str, timeout: float) -> None:
     """``RepositoryModelLoad`` or ``RepositoryModelUnload`` of the address's model: the
     model's name in field 2 (Triton's and MLServer's layout), or field 1 for a server whose
-    ``ServerMetadata`` says ``kserve``.  Raises :class:`grpc.aio.AioRpcError`."""
+    ``ServerMetadata`` says ``kserve``.  Raises :class:`grpc.aio.AioRpcError`.
+
+    KServe 0.21 answers ``INTERNAL`` ("Internal server error") to every such call, done or
+    not (its servicer reads the result of a load that returns nothing): from a ``kserve``
+    server an ``INTERNAL`` is taken for done when ``ModelReady`` then says what was asked."""
+    import grpc
+
     from wirekit.oip.grpc import messages
 
     async def work(channel: Any) -> None:
         meta = await _unary(channel, "ServerMetadata", "ServerMetadataResponse")(
             messages.ServerMetadataRequest(), timeout=timeout
         )
-        field = 1 if meta.name.lower() == "kserve" else 2
-        await _unary(channel, method)(_string_field(field, address.model), timeout=timeout)
+        kserve = meta.name.lower() == "kserve"
+        try:
+            await _unary(channel, method)(
+                _string_field(1 if kserve else 2, address.model), timeout=timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            if not kserve or exc.code() != grpc.StatusCode.INTERNAL:
+                raise
+            try:
+                answer = await _unary(channel, "ModelReady", "ModelReadyResponse")(
+                    messages.ModelReadyRequest(name=address.model), timeout=timeout
+                )
+                ready = bool(answer.ready)
+            except grpc.aio.AioRpcError:
+                ready = False
+            if ready != (method == "RepositoryModelLoad"):
+                raise exc from None
 
     await _grpc(address, timeout, work)
 
