@@ -356,6 +356,7 @@ def test_the_repository_actuator_unloads_at_zero_and_loads_above(server, tmp_pat
         {"echo": {1: ports(server)}},
         controller={"period": 3600, "window": 3600, "actuator": {"kind": "repository"}},
     )
+    doc["nodes"][0]["ports"][2 * 2 + 1] = DEAD_PORT  # echo on GPU 2: a server that is down
 
     async def scenario():
         async with running_service(doc) as service:
@@ -366,11 +367,15 @@ def test_the_repository_actuator_unloads_at_zero_and_loads_above(server, tmp_pat
             on = await service.set_quota_doc("echo", {**quota, "quota": 1})
             back = await oipcontrol.model_ready(rest(server), 5)
             status, _answer = await door_infer(service, "echo")
+            down = await service.set_quota_doc("echo", {"node": "n1", "device": 2, "quota": 1})
+            assert service.catalog.quota("n1", 2, "echo") == 0  # rolled back
             removed = await service.remove_model("echo")
-            return off, gone, on, back, status, removed
+            return off, gone, on, back, status, down, removed
 
-    off, gone, on, back, status, removed = asyncio.run(scenario())
+    off, gone, on, back, status, down, removed = asyncio.run(scenario())
     assert (off["status"], gone) == ("applied", False)
     assert (on["status"], back, status) == ("applied", True, 200)
+    assert down["status"] == "failed"
+    assert down["error"].startswith(f"n1/echo: n1/2/echo: failed: 127.0.0.1:{DEAD_PORT}")
     assert removed["unloaded"] == {"n1/1/echo": "unloaded"}
     assert not ready(server)

@@ -245,8 +245,10 @@ class ModelAdmin:
         """The ``repository`` actuator's work: each ``device_type`` row of model ``name``
         on ``node`` (an ``oip`` model with ``load = true``) loaded on its server when its
         quota is above 0, unloaded when it is 0 (a server that already has it so is left
-        alone).  Raises :class:`~wirekit.serve.backends.oipcontrol.RepositoryError` naming
-        the devices that failed."""
+        alone; one that cannot be reached is taken as not serving it, so a row at quota 0
+        on a server that is down does not fail the other rows' decisions).  Raises
+        :class:`~wirekit.serve.backends.oipcontrol.RepositoryError` naming the devices that
+        failed."""
         catalog = self.service.catalog
         if name not in catalog:
             return
@@ -270,7 +272,11 @@ class ModelAdmin:
         down = {r.key: server_address(r, model) for r in rows if r.quota <= 0}
 
         async def ensure_unloaded(address: ServerAddress, timeout: float) -> str:
-            if not await model_ready(address, timeout):
+            try:
+                if not await model_ready(address, timeout):
+                    return UNLOADED
+            except RepositoryError as exc:  # a server that is down serves nothing
+                log.info("wirekit serve: %s: not unloaded, not reachable: %s", name, exc)
                 return UNLOADED
             await unload(address, timeout)
             return UNLOADED
