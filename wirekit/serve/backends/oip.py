@@ -240,12 +240,12 @@ class OipRestBackend(ServerBackend):
             status, body, headers = await self._post(req, binary=False)
         else:
             status, body, headers = await self._post(req, binary=True)
-            if status != 200 and self.binary is None:
+            if status == 200:
+                self.binary = True
+            elif self.binary is None and _as_json(req):
                 status, body, headers = await self._post(req, binary=False)
                 if status == 200:
                     self.binary = False
-            elif status == 200:
-                self.binary = True
         if status != 200:
             raise status_outcome(status, error_message(body), self.url)
         try:
@@ -263,11 +263,26 @@ class OipRestBackend(ServerBackend):
             body, length = encode_rest_request(sent, binary=True)
             headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(length)}
         else:
-            body, _ = encode_rest_request(req)
+            try:
+                body, _ = encode_rest_request(req)
+            except EncodeError as exc:  # a BYTES element that is not UTF-8
+                raise BadRequest(
+                    f"{self.url} takes tensors in JSON only (not the binary data extension):"
+                    f" {exc.reason}"
+                ) from None
         return await self._http.post(self.url, body, headers, self.url)
 
     async def close(self) -> None:
         await self._http.close()
+
+
+def _as_json(req: InferRequest) -> bool:
+    """Whether ``req`` can be written in JSON (every BYTES element UTF-8)."""
+    try:
+        encode_rest_request(req)
+    except EncodeError:
+        return False
+    return True
 
 
 class OipGrpcBackend(ServerBackend):
