@@ -7,9 +7,10 @@ Every server answers an echo model (outputs = inputs: same name, datatype, shape
   both processes is counted.  Doors: OIP REST (JSON and the binary tensor extension), OIP
   gRPC, and today's ``POST /v1/models/NAME:predict`` (row ``v1-predict``, the baseline of
   "does not regress");
-* ``kserve``: KServe 0.21.0, a ``kserve.Model`` echo (``peers/kserve_echo.py``) on its
-  ``ModelServer`` (REST v2, binary extension, gRPC);
-* ``mlserver``: MLServer 1.7.1, a custom ``MLModel`` echo (``peers/mlserver_echo.py``),
+* ``kserve``: KServe 0.21.0, a ``kserve.Model`` echo (``tests/oip_models/kserve_server.py``)
+  on its ``ModelServer`` (REST v2, binary extension, gRPC);
+* ``mlserver``: MLServer 1.7.1, a custom ``MLModel`` echo
+  (``tests/oip_models/mlserver_runtimes.py``),
   ``parallel_workers=0`` (inference in the server process); ``mlserver-defaults``: the same
   with MLServer's default settings (one inference worker process);
 * ``kserve-quiet``, ``mlserver-quiet``: the same peers without the per-request logs they
@@ -17,7 +18,8 @@ Every server answers an echo model (outputs = inputs: same name, datatype, shape
 * ``dispatcher-LABEL`` (``--before LABEL=DIR``): another wirekit tree's path (its extensions
   built in place), e.g. main's, for "today's door does not regress".
 
-Peers are installed from PyPI in their own virtualenvs (``peer_venvs.py``).  Every server and
+Peers are installed from PyPI in their own virtualenvs (``tests/peer_venvs.py``) and started
+by ``tests/oip_servers.py`` (the tests' harness), on free ports.  Every server and
 the load generator run inside a network namespace of the benchmark's own with only loopback
 up (``ip netns``; needs root), because KServe binds 0.0.0.0 whatever it is told: nothing
 listens beyond loopback, and the namespace is deleted at the end.
@@ -34,7 +36,7 @@ tensor.
 measures every contender in turn, round after round (a busy machine's drift hits them alike),
 and prints each one's min and median CPU per request and the ratios wirekit / peer per
 protocol (the median of the round-by-round ratios, and the ratio of the minima), with the
-issue's targets.  The peers' virtualenvs are made on first use (``peer_venvs.py``).
+issue's targets.  The peers' virtualenvs are made on first use (``tests/peer_venvs.py``).
 ``benchmarks/test_bench_oip.py`` is its pytest entry.
 """
 
@@ -45,23 +47,34 @@ import contextlib
 import functools
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import peer_venvs
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+# the real servers' harness and the peers' virtualenvs are the tests' (tests/oip_servers.py)
+sys.path.insert(0, str(ROOT / "tests"))
+
+import oip_servers  # noqa: E402
+import peer_venvs  # noqa: E402
+from oip_servers import (  # noqa: E402
+    Namespace,
+    Server,
+    namespace_unavailable,
+    open_namespace,
+    read_first_line,
+    spawn,
+    tree_cpu_ns,
+)
+
 LOAD_SCRIPT = HERE / "oip_load.py"
-PEER_SCRIPTS = HERE / "peers"
 #: bound on a server's start (KServe and MLServer import a lot) and on one load round
 START_TIMEOUT = 120.0
 ROUND_TIMEOUT = 600.0
@@ -73,12 +86,6 @@ INPUT_NAME = "input0"
 SHAPE = (1, 16)
 VALUES = [k / 4 for k in range(16)]
 RAW = struct.pack(f"<{len(VALUES)}f", *VALUES)
-#: the ports the peers listen on inside the namespace (it is the benchmark's own: all free)
-KSERVE_PORTS = {"http": 8080, "grpc": 8081}
-MLSERVER_PORTS = {"http": 8090, "grpc": 8091, "metrics": 8092}
-MLSERVER_DEFAULT_PORTS = {"http": 8095, "grpc": 8096, "metrics": 8097}
-KSERVE_QUIET_PORTS = {"http": 8085, "grpc": 8086}
-MLSERVER_QUIET_PORTS = {"http": 8100, "grpc": 8101, "metrics": 8102}
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 #: the protocols a row is measured over
@@ -88,182 +95,7 @@ PROTOCOLS = (REST_JSON, REST_BINARY, GRPC, V1_PREDICT)
 TARGETS = {"kserve": 0.25, "mlserver": 0.33}
 
 
-# --- the network namespace ------------------------------------------------------------------
-
-
-def namespace_unavailable() -> str | None:
-    """Why no network namespace can be made here (``None``: it can)."""
-    if not sys.platform.startswith("linux"):
-        return "network namespaces are Linux's"
-    if os.geteuid() != 0:
-        return "creating a network namespace (ip netns add) needs root"
-    if shutil.which("ip") is None:
-        return "the ip command (iproute2) is not installed"
-    return None
-
-
-def open_namespace(stack: contextlib.ExitStack) -> tuple[Namespace | None, str | None]:
-    """A namespace entered on ``stack`` and ``None``, or ``None`` and why none can be made
-    here (not root, no ``ip``, or ``ip netns add`` refused: a container without the right)."""
-    reason = namespace_unavailable()
-    if reason is not None:
-        return None, reason
-    try:
-        return stack.enter_context(Namespace()), None
-    except subprocess.CalledProcessError as exc:
-        stderr = exc.stderr.decode(errors="replace").strip() if exc.stderr else ""
-        return None, f"{' '.join(exc.cmd)} failed: {stderr or exc.returncode}"
-
-
-class Namespace:
-    """A network namespace of this benchmark's own with only loopback up; every server and
-    the load generator run in it (:meth:`command`).  ``with`` creates and deletes it."""
-
-    def __init__(self, name: str | None = None) -> None:
-        self.name = name or f"wirekit-bench-{os.getpid()}"
-
-    def __enter__(self) -> Namespace:
-        subprocess.run(["ip", "netns", "add", self.name], check=True, capture_output=True)
-        try:
-            self.run(["ip", "link", "set", "lo", "up"])
-        except BaseException:
-            self.delete()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.delete()
-
-    def command(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` run inside the namespace (``ip netns exec`` execs it: same pid)."""
-        return ["ip", "netns", "exec", self.name, *argv]
-
-    def run(self, argv: Sequence[str]) -> None:
-        """Run ``argv`` in the namespace to its end; raise if it fails."""
-        subprocess.run(self.command(argv), check=True, capture_output=True, timeout=30)
-
-    def listening(self) -> list[str]:
-        """The listening TCP sockets in the namespace (``ss -Htln``'s local addresses)."""
-        out = subprocess.run(
-            self.command(["ss", "-Htln"]), check=True, capture_output=True, text=True
-        ).stdout
-        return [line.split()[3] for line in out.splitlines() if line.strip()]
-
-    def delete(self) -> None:
-        """Delete the namespace (its processes must have ended)."""
-        subprocess.run(["ip", "netns", "delete", self.name], check=False, capture_output=True)
-
-
-# --- CPU of a process tree --------------------------------------------------------------------
-
-
-def descendants(roots: Sequence[int]) -> set[int]:
-    """``roots`` and every live process below them (from ``/proc/*/stat``'s parent ids)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            stat = (entry / "stat").read_text()
-            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-    tree = {pid for pid in roots if pid in parents}
-    grew = True
-    while grew:
-        below = {pid for pid, ppid in parents.items() if ppid in tree} - tree
-        grew = bool(below)
-        tree |= below
-    return tree
-
-
-def tree_cpu_ns(roots: Sequence[int]) -> int:
-    """The CPU time (user+sys: time on a CPU, in ns) of every thread of ``roots`` and their
-    descendants so far."""
-    total = 0
-    for pid in descendants(roots):
-        with contextlib.suppress(OSError):
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                with contextlib.suppress(OSError, IndexError, ValueError):
-                    total += int((task / "schedstat").read_text().split()[0])
-    return total
-
-
 # --- servers ----------------------------------------------------------------------------------
-
-
-@dataclass
-class Server:
-    """A running contender: its processes (whose trees' CPU is its cost) and its ports."""
-
-    who: str
-    procs: list[subprocess.Popen]
-    ports: dict[str, int]
-    logs: list[Path] = field(default_factory=list)
-
-    @property
-    def pids(self) -> list[int]:
-        """The roots of its process trees."""
-        return [p.pid for p in self.procs]
-
-    def cpu_ns(self) -> int:
-        """Its CPU time so far (every process tree), in ns."""
-        return tree_cpu_ns(self.pids)
-
-    def check_alive(self) -> None:
-        """Raise ``RuntimeError`` (with its log's tail) if a process of it has ended."""
-        for proc in self.procs:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{self.who}: process {proc.args!r} ended: {self.log_tail()}")
-
-    def log_tail(self, lines: int = 20) -> str:
-        """The last lines of its logs."""
-        tails = []
-        for log in self.logs:
-            with contextlib.suppress(OSError):
-                tails.append("\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
-        return "\n".join(tails)
-
-    def stop(self) -> None:
-        """SIGTERM then SIGKILL every process (trees included: MLServer's workers)."""
-        for proc in self.procs:
-            tree = descendants([proc.pid])
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(15)
-            for pid in tree - {proc.pid}:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, 9)
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
-
-
-def _read_line(stream: IO[str], timeout: float) -> str:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from support.process import read_line
-
-    return read_line(stream, timeout)
-
-
-def _log_file(path: Path) -> int:
-    """A file descriptor of ``path`` opened for writing, for a child's output: closed in
-    this process once the child has it (:func:`_started`)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    _OPEN_LOGS.append(fd)
-    return fd
-
-
-_OPEN_LOGS: list[int] = []
-
-
-def _started(proc: subprocess.Popen) -> subprocess.Popen:
-    """``proc``, once this process closed its copies of the children's log files."""
-    while _OPEN_LOGS:
-        os.close(_OPEN_LOGS.pop())
-    return proc
 
 
 def _wirekit_env(tree: Path | None) -> dict[str, str]:
@@ -277,18 +109,9 @@ def _spawn_with_line(
     ns: Namespace | None, argv: list[str], env: dict[str, str], log: Path, cwd: Path | None
 ) -> tuple[subprocess.Popen, str]:
     """``argv`` started (in ``ns``), its stderr to ``log``; it and its first stdout line."""
-    proc = _started(
-        subprocess.Popen(
-            ns.command(argv) if ns else argv,
-            stdout=subprocess.PIPE,
-            stderr=_log_file(log),
-            text=True,
-            env=env,
-            cwd=cwd,
-        )
-    )
+    proc = spawn(argv, log, ns=ns, env=env, cwd=cwd, stdout_pipe=True)
     assert proc.stdout is not None
-    line = _read_line(proc.stdout, START_TIMEOUT).strip()
+    line = read_first_line(proc.stdout, START_TIMEOUT).strip()
     if not line:
         proc.kill()
         proc.wait(15)
@@ -384,80 +207,29 @@ def start_wirekit(
 
 
 def start_kserve(ns: Namespace, workdir: Path, *, quiet: bool = False) -> Server:
-    """KServe's ``ModelServer`` with the echo model (REST and gRPC), from its virtualenv;
-    ``quiet``: without its per-request logs (the access log and latency lines it writes by
-    default: ``--configure_logging false --enable_latency_logging false``)."""
-    python = peer_venvs.ensure_venv(peer_venvs.KSERVE)
+    """KServe's ``ModelServer`` with the echo model (REST and gRPC), from its virtualenv, in
+    ``ns`` (``oip_servers.start_kserve``); ``quiet``: without its per-request logs (the access
+    log and latency lines it writes by default)."""
     who = "kserve-quiet" if quiet else "kserve"
-    ports = KSERVE_QUIET_PORTS if quiet else KSERVE_PORTS
-    log = workdir / f"{who}.log"
-    argv = [
-        str(python),
-        str(PEER_SCRIPTS / "kserve_echo.py"),
-        "--http_port",
-        str(ports["http"]),
-        "--grpc_port",
-        str(ports["grpc"]),
-    ]
-    if quiet:
-        argv += ["--configure_logging", "false", "--enable_latency_logging", "false"]
-    proc = _started(
-        subprocess.Popen(
-            ns.command(argv),
-            stdout=_log_file(log),
-            stderr=subprocess.STDOUT,
-            env={**_clean_env(), "PYTHONUNBUFFERED": "1"},
-            cwd=workdir,
-        )
-    )
-    return Server(who, [proc], dict(ports), [log])
+    return oip_servers.start_kserve(ns, workdir, models=(MODEL,), who=who, quiet=quiet)
 
 
 def start_mlserver(
     ns: Namespace, workdir: Path, *, defaults: bool = False, quiet: bool = False
 ) -> Server:
-    """MLServer with the echo runtime, ``parallel_workers=0`` (or its defaults), from its
-    virtualenv; listening on 127.0.0.1.  ``quiet``: ``debug`` off (MLServer's default is on,
-    which logs every request)."""
-    python = peer_venvs.ensure_venv(peer_venvs.MLSERVER)
+    """MLServer with the echo runtime, ``parallel_workers=0`` (or its defaults: one
+    inference worker process), from its virtualenv, in ``ns`` (``oip_servers.start_mlserver``:
+    listening on 127.0.0.1).  ``quiet``: ``debug`` off (MLServer's default is on, which logs
+    every request)."""
     who = "mlserver-defaults" if defaults else "mlserver-quiet" if quiet else "mlserver"
-    ports = (
-        MLSERVER_DEFAULT_PORTS if defaults else MLSERVER_QUIET_PORTS if quiet else MLSERVER_PORTS
+    return oip_servers.start_mlserver(
+        workdir,
+        models=(MODEL,),
+        who=who,
+        ns=ns,
+        parallel_workers=None if defaults else 0,
+        debug=not quiet,
     )
-    folder = workdir / who
-    folder.mkdir(exist_ok=True)
-    shutil.copy(PEER_SCRIPTS / "mlserver_echo.py", folder / "mlserver_echo.py")
-    settings: dict[str, Any] = {
-        "host": "127.0.0.1",
-        "http_port": ports["http"],
-        "grpc_port": ports["grpc"],
-        "metrics_port": ports["metrics"],
-    }
-    if not defaults:
-        settings["parallel_workers"] = 0
-    if quiet:
-        settings["debug"] = False
-    (folder / "settings.json").write_text(json.dumps(settings))
-    (folder / "model-settings.json").write_text(
-        json.dumps({"name": MODEL, "implementation": "mlserver_echo.EchoRuntime"})
-    )
-    log = workdir / f"{who}.log"
-    proc = _started(
-        subprocess.Popen(
-            ns.command([str(python.parent / "mlserver"), "start", str(folder)]),
-            stdout=_log_file(log),
-            stderr=subprocess.STDOUT,
-            env={**_clean_env(), "PYTHONUNBUFFERED": "1"},
-            cwd=folder,
-        )
-    )
-    return Server(who, [proc], dict(ports), [log])
-
-
-def _clean_env() -> dict[str, str]:
-    """This environment without what points Python at wirekit's tree or venv."""
-    drop = {"PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "WIREKIT_REQUIRE_FAST"}
-    return {k: v for k, v in os.environ.items() if k not in drop}
 
 
 # --- the requests and their answers -------------------------------------------------------------
@@ -655,22 +427,14 @@ class LoadGenerator:
         argv = [sys.executable, str(LOAD_SCRIPT), str(spec_file)]
         self.server = server
         self.log = workdir / f"{server.who}-{work.protocol}-load.log"
-        self.proc = _started(
-            subprocess.Popen(
-                ns.command(argv) if ns else argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=_log_file(self.log),
-                text=True,
-            )
-        )
+        self.proc = spawn(argv, self.log, ns=ns, stdout_pipe=True, stdin_pipe=True)
         line = self._answer(START_TIMEOUT)
         self.ready: dict[str, Any] = json.loads(line)
         check_echo(work.protocol, self.ready, answer_file.read_bytes(), work.raw)
 
     def _answer(self, timeout: float) -> str:
         assert self.proc.stdout is not None
-        line = _read_line(self.proc.stdout, timeout)
+        line = read_first_line(self.proc.stdout, timeout)
         if not line:
             self.server.check_alive()
             raise RuntimeError(

@@ -1,6 +1,6 @@
 """``wirekit serve``'s OIP doors against real KServe and MLServer processes: server CPU per
-request, ratios in one run (``bench_oip_peers.py`` has the servers, the namespace and the
-load generator; its docstring says what is measured).
+request, ratios in one run (``bench_oip_peers.py`` has the load generator and wirekit's side,
+``tests/oip_servers.py`` the peers and the namespace; its docstring says what is measured).
 
 Rows (``who``), one group per protocol (``rest-json``, ``rest-binary``, ``grpc``, and
 ``v1-predict``: today's ``POST /v1/models/NAME:predict``):
@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_oip_peers as peers
+import oip_servers
 import pytest
 
 from wirekit import mip, oip
@@ -85,8 +86,8 @@ def servers() -> Iterator[dict[str, Any]]:
     asked = _asked_peers()
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="wirekit-oip-")))
-        ns, reason = peers.open_namespace(stack)
-        started: dict[str, peers.Server] = {}
+        ns, reason = oip_servers.open_namespace(stack)
+        started: dict[str, oip_servers.Server] = {}
         skipped: dict[str, str] = {}
         try:
             started["dispatcher"] = peers.start_wirekit(ns, workdir)
@@ -134,14 +135,14 @@ def _measure(benchmark: Any, load: peers.LoadGenerator, requests: int, rounds: i
     )
 
 
-def _server_for(servers: dict[str, Any], who: str, protocol: str) -> peers.Server:
+def _server_for(servers: dict[str, Any], who: str, protocol: str) -> oip_servers.Server:
     """The running server of ``who`` over ``protocol``, or skip saying why not."""
     if who in servers["skipped"]:
         pytest.skip(servers["skipped"][who])
     speaks = peers.speaks(who)
     if protocol not in speaks:
         pytest.skip(f"{who} does not serve {protocol}")
-    server: peers.Server = servers["servers"][who]
+    server: oip_servers.Server = servers["servers"][who]
     if who.startswith("dispatcher"):
         tree = BEFORE.get(who.removeprefix("dispatcher-")) if who != "dispatcher" else None
         missing = peers.door_missing(protocol, server, tree)

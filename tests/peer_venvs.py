@@ -1,4 +1,4 @@
-"""The virtualenvs of the peer servers the OIP benchmark measures wirekit against.
+"""The virtualenvs of the real peer servers (MLServer, KServe) the OIP tests and benchmark run.
 
 KServe and MLServer are installed from PyPI, each in a virtualenv of its own (their pins
 conflict with each other and with wirekit's test environment), under a cache directory:
@@ -7,8 +7,8 @@ virtualenv whose marker file names exactly the requirements asked for is used as
 other (a half-done install, other pins) is made anew.  Several processes asking at once wait
 for each other (a lock file per virtualenv).
 
-    python benchmarks/peer_venvs.py            # create (or check) every peer's virtualenv
-    python benchmarks/peer_venvs.py kserve     # one of them
+    python tests/peer_venvs.py            # create (or check) every peer's virtualenv
+    python tests/peer_venvs.py kserve     # one of them
 """
 
 from __future__ import annotations
@@ -45,10 +45,17 @@ class Peer:
         return f"{self.name}-{self.requirements[0].split('==')[1]}"
 
 
+#: what the test models need in both (``tests/oip_models/``: the iris model is trained with
+#: scikit-learn inside the peer's virtualenv and saved with joblib)
+MODEL_REQUIREMENTS = ("scikit-learn==1.9.1", "joblib==1.6.0")
 #: KServe's model server (REST v1/v2 and gRPC on its own ``ModelServer``)
-KSERVE = Peer("kserve", ("kserve==0.21.0",))
-#: MLServer; uvloop pinned: with the latest uvloop MLServer's inference worker dies
-MLSERVER = Peer("mlserver", ("mlserver==1.7.1", "uvloop==0.21.0"))
+KSERVE = Peer("kserve", ("kserve==0.21.0", *MODEL_REQUIREMENTS))
+#: MLServer and its scikit-learn runtime; uvloop pinned: with the latest uvloop MLServer's
+#: inference worker dies
+MLSERVER = Peer(
+    "mlserver",
+    ("mlserver==1.7.1", "mlserver-sklearn==1.7.1", "uvloop==0.21.0", *MODEL_REQUIREMENTS),
+)
 PEERS = {peer.name: peer for peer in (KSERVE, MLSERVER)}
 
 
