@@ -9,8 +9,9 @@ samples are stacked along dim 0) and the server's answer back onto a MIP reply b
 :func:`~wirekit.oip.mapping.reply_to_mip` (rows split again).  Tensor bytes travel as bytes:
 
 * :class:`OipRestBackend` -- ``POST /v2/models/{model}/infer`` over HTTP/1.1 with keep-alive
-  (at most ``connections`` open), with the binary data extension (the inputs' bytes after
-  the JSON document, ``Inference-Header-Content-Length``; ``binary_data_output`` asked for).
+  (at most ``connections`` open; :mod:`.httpclient`), with the binary data extension (the
+  inputs' bytes after the JSON document, ``Inference-Header-Content-Length``;
+  ``binary_data_output`` asked for).
   KServe 0.21 takes it; MLServer 1.7.1 does not (its REST API reads JSON only): a server
   that refuses the first binary request (any status but 200) is asked again in JSON, and
   from then on in JSON only when that one is answered; one that answered a binary request
@@ -78,6 +79,7 @@ from wirekit.oip.rest import BINARY_DATA_OUTPUT
 
 from ..config import ModelConfig
 from ..dispatch.payload import Payload
+from .httpclient import HttpError, HttpPool
 from .remote import BackendUnavailable, BadRequest
 from .servers import ServerAddress
 
@@ -178,45 +180,32 @@ class ServerBackend:
 
 
 class _Http:
-    """An aiohttp client session made on first use (inside the running loop), keeping at
-    most ``connections`` HTTP/1.1 connections open to one server."""
+    """The HTTP/1.1 connections of one backend (:class:`~.httpclient.HttpPool`), its
+    failures as :class:`BackendUnavailable`."""
 
-    def __init__(self, connections: int) -> None:
-        self.connections = connections
-        self._session: Any = None
-
-    def session(self) -> Any:
-        if self._session is None:
-            import aiohttp
-
-            connector = aiohttp.TCPConnector(
-                limit=self.connections, limit_per_host=self.connections, ttl_dns_cache=None
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=None),
-                skip_auto_headers=("User-Agent",),
-                auto_decompress=False,
-            )
-        return self._session
+    def __init__(self, address: ServerAddress, connections: int) -> None:
+        assert address.rest_port is not None
+        self.pool = HttpPool(
+            address.host, address.rest_port, limit=connections, wanted=frozenset({_HEADER})
+        )
 
     async def post(
-        self, url: str, body: bytes, headers: dict[str, str], where: str
-    ) -> tuple[int, bytes, Any]:
+        self, path: str, body: bytes, headers: dict[str, str], where: str
+    ) -> tuple[int, bytes, dict[bytes, bytes]]:
         """``(status, body, headers)`` of a POST; :class:`BackendUnavailable` when the
-        server cannot be reached or breaks the exchange."""
-        import aiohttp
-
+        server cannot be reached or breaks HTTP."""
         try:
-            async with self.session().post(url, data=body, headers=headers) as resp:
-                return resp.status, await resp.read(), resp.headers
-        except (aiohttp.ClientError, OSError) as exc:
-            raise BackendUnavailable(f"{where}: {type(exc).__name__}: {exc}") from None
+            status, answer_headers, answer = await self.pool.post(path, body, headers)
+        except HttpError as exc:
+            raise BackendUnavailable(f"{where}: {exc}") from None
+        return status, answer, answer_headers
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.pool.close()
+
+
+#: the binary data extension's header, as the client reads it
+_HEADER = HEADER_LENGTH.lower().encode("ascii")
 
 
 class OipRestBackend(ServerBackend):
@@ -226,8 +215,9 @@ class OipRestBackend(ServerBackend):
         self, address: ServerAddress, model: ModelConfig, *, connections: int, timeout: float
     ) -> None:
         super().__init__(address, model, timeout=timeout)
-        self.url = f"{address.rest_url}/v2/models/{quote(address.model, safe='')}/infer"
-        self._http = _Http(connections)
+        self.path = f"/v2/models/{quote(address.model, safe='')}/infer"
+        self.url = f"{address.rest_url}{self.path}"
+        self._http = _Http(address, connections)
         #: whether the server takes the binary data extension: None until it answers
         self.binary: bool | None = None
 
@@ -240,16 +230,17 @@ class OipRestBackend(ServerBackend):
             status, body, headers = await self._post(req, binary=False)
         else:
             status, body, headers = await self._post(req, binary=True)
-            if status != 200 and self.binary is None:
+            if status == 200:
+                self.binary = True
+            elif self.binary is None and _as_json(req):
                 status, body, headers = await self._post(req, binary=False)
                 if status == 200:
                     self.binary = False
-            elif status == 200:
-                self.binary = True
         if status != 200:
             raise status_outcome(status, error_message(body), self.url)
         try:
-            resp = decode_rest_response(body, headers.get(HEADER_LENGTH))
+            length = headers.get(_HEADER)
+            resp = decode_rest_response(body, None if length is None else length.decode("latin-1"))
         except DecodeError as exc:
             raise BackendUnavailable(f"{self.url}: an answer that is not OIP's: {exc}") from None
         return resp.outputs, resp.parameters
@@ -263,11 +254,26 @@ class OipRestBackend(ServerBackend):
             body, length = encode_rest_request(sent, binary=True)
             headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(length)}
         else:
-            body, _ = encode_rest_request(req)
-        return await self._http.post(self.url, body, headers, self.url)
+            try:
+                body, _ = encode_rest_request(req)
+            except EncodeError as exc:  # a BYTES element that is not UTF-8
+                raise BadRequest(
+                    f"{self.url} takes tensors in JSON only (not the binary data extension):"
+                    f" {exc.reason}"
+                ) from None
+        return await self._http.post(self.path, body, headers, self.url)
 
     async def close(self) -> None:
         await self._http.close()
+
+
+def _as_json(req: InferRequest) -> bool:
+    """Whether ``req`` can be written in JSON (every BYTES element UTF-8)."""
+    try:
+        encode_rest_request(req)
+    except EncodeError:
+        return False
+    return True
 
 
 class OipGrpcBackend(ServerBackend):
@@ -340,9 +346,10 @@ class TfServingBackend(ServerBackend):
         self, address: ServerAddress, model: ModelConfig, *, connections: int, timeout: float
     ) -> None:
         super().__init__(address, model, timeout=timeout)
-        self.url = f"{address.rest_url}/v1/models/{quote(address.model, safe='')}:predict"
+        self.path = f"/v1/models/{quote(address.model, safe='')}:predict"
+        self.url = f"{address.rest_url}{self.path}"
         self.outputs = model.outputs
-        self._http = _Http(connections)
+        self._http = _Http(address, connections)
 
     @property
     def where(self) -> str:
@@ -351,7 +358,7 @@ class TfServingBackend(ServerBackend):
     async def call(self, req: InferRequest) -> tuple[list[Tensor], dict[str, Any]]:
         form, body = predict_body(req)
         status, answer, _headers = await self._http.post(
-            self.url, body, {"Content-Type": "application/json"}, self.url
+            self.path, body, {"Content-Type": "application/json"}, self.url
         )
         if status != 200:
             raise status_outcome(status, error_message(answer), self.url)
