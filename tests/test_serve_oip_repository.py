@@ -302,11 +302,14 @@ def test_the_cli_prints_what_each_device_did(server, tmp_path):
             path = tmp_path / "add.json"
             path.write_text(json.dumps(add_doc("echo", [place(server)])))
             added = await asyncio.to_thread(cli, "add", *common, str(path))
+            listed = await asyncio.to_thread(cli, "list", *common)
             removed = await asyncio.to_thread(cli, "remove", *common, "echo")
-            return added, removed
+            return added, listed, removed
 
-    (s1, out1, err1), (s2, out2, err2) = asyncio.run(scenario())
-    assert (s1, s2) == (0, 0), (err1, err2)
+    (s1, out1, err1), (s3, listed, _), (s2, out2, err2) = asyncio.run(scenario())
+    assert (s1, s2, s3) == (0, 0, 0), (err1, err2)
+    http = server.ports["http"]
+    assert f"  n1/1    GPU quota 1      127.0.0.1:{http} (loaded)\n" in listed
     assert json.loads(out1)["added"]["loaded"] == {"n1/1/echo": "loaded"}
     assert json.loads(out2)["unloaded"] == {"n1/1/echo": "unloaded"}
     assert not ready(server)

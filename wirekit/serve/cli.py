@@ -639,11 +639,14 @@ def _render_models(doc: dict) -> str:
         state = " (being removed)" if m.get("removing") else ""
         target = f", target {m['target']:g} s" if m.get("target") is not None else ""
         lines.append(f"{name}: {m['backend']}{door}{target}{state}")
+        loaded = m.get("loaded") or {}  # load = true: what wirekit did on each server
         for r in m["rows"]:
             port = r["port"]  # None: no backend on that device; a string: a Clipper name
             where = f"{r['endpoint']}:{port}" if isinstance(port, int) else (port or "-")
+            did = loaded.get(f"{r['node']}/{r['device']}/{name}")
             lines.append(
                 f"  {r['node']}/{r['device']:<4} {r['device_type']} quota {r['quota']:<6g} {where}"
+                + (f" ({did})" if did else "")
             )
     lines.append("devices:")
     for d in doc["devices"]:
