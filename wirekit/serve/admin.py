@@ -269,7 +269,12 @@ class ModelAdmin:
         loads = self.loads.setdefault(name, {})
         timeout = model.load_timeout
         up = {r.key: server_address(r, model) for r in rows if r.quota > 0}
-        down = {r.key: server_address(r, model) for r in rows if r.quota <= 0}
+        # a server another row of the model still needs (two devices, one server) stays
+        down = {
+            r.key: address
+            for r in rows
+            if r.quota <= 0 and (address := server_address(r, model)) not in up.values()
+        }
 
         async def ensure_unloaded(address: ServerAddress, timeout: float) -> str:
             try:
