@@ -15,6 +15,8 @@ import asyncio
 import io
 import json
 import os
+import subprocess
+import sys
 
 import aiohttp
 import pytest
@@ -382,3 +384,29 @@ def test_the_repository_actuator_unloads_at_zero_and_loads_above(server, tmp_pat
     assert down["error"].startswith(f"n1/echo: n1/2/echo: failed: 127.0.0.1:{DEAD_PORT}")
     assert removed["unloaded"] == {"n1/1/echo": "unloaded"}
     assert not ready(server)
+
+
+def test_wirekit_serve_refuses_to_start_when_a_load_fails(server, tmp_path):
+    """The real ``wirekit serve`` process: exit 1, the message naming the model, the device
+    and the server's reason."""
+    doc = base_doc(
+        tmp_path,
+        {"broken": {"backend": "oip", "load": True, "load_timeout": 30}},
+        {"broken": {1: server.ports["http"]}},
+    )
+    config = tmp_path / "deployment.json"
+    config.write_text(json.dumps(doc))
+    done = subprocess.run(
+        [sys.executable, "-m", "wirekit.cli", "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""  # no ready line
+    assert (
+        f"wirekit serve: {config}: models.broken.load: the service does not start: model"
+        f" 'broken' not added: its load failed on 1 of 1 device(s): n1/1/broken: failed:"
+        f" 127.0.0.1:{server.ports['http']}: load of model 'broken' refused: HTTP "
+    ) in done.stderr
+    assert BROKEN_MESSAGE in done.stderr
