@@ -16,11 +16,13 @@ from wirekit.serve.backends.httpclient import HttpError, HttpPool
 
 class Canned:
     """A server answering each request (head + Content-Length body) with the next of
-    ``answers`` (bytes; ``None``: hold the connection, answer nothing); it counts
+    ``answers`` (bytes; ``None``: hold the connection, answer nothing; ``b""``: close it
+    unanswered); it counts
     connections and keeps what it read."""
 
-    def __init__(self, answers: list[bytes | None]) -> None:
+    def __init__(self, answers: list[bytes | None], silent_close: bool = False) -> None:
         self.answers = list(answers)
+        self.silent_close = silent_close  # close each connection after its first answer
         self.connections = 0
         self.requests: list[bytes] = []
         self.writers: list[asyncio.StreamWriter] = []
@@ -40,8 +42,15 @@ class Canned:
                 if answer is None:
                     await reader.read()
                     return
+                if not answer:  # the request read, the connection closed unanswered
+                    writer.close()
+                    return
                 writer.write(answer)
                 await writer.drain()
+                if self.silent_close:
+                    await asyncio.sleep(0.05)
+                    writer.close()
+                    return
                 lower = answer.lower()
                 closing = b"connection: close" in lower or b"content-length" not in lower
                 if closing and b"chunked" not in lower:
@@ -64,12 +73,15 @@ class Canned:
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Length: 7\r\n\r\nhi"
 
 
-def _exchange(answers: list[bytes | None], calls: int = 1, **pool: object):
+def _exchange(
+    answers: list[bytes | None], calls: int = 1, silent_close: bool = False, **pool: object
+):
     async def go():
-        async with Canned(answers) as (server, port):
+        async with Canned(answers, silent_close) as (server, port):
             client = HttpPool("127.0.0.1", port, limit=4, wanted=frozenset({b"x-length"}), **pool)
             results = []
             for _ in range(calls):
+                await asyncio.sleep(0.1)
                 try:
                     results.append(await client.post("/p", b"body", {"A": "b"}))
                 except HttpError as exc:
@@ -158,3 +170,22 @@ def test_the_limit_and_a_cancelled_call():
             assert client.open == 0
 
     run(go(), timeout=10)
+
+
+def test_a_kept_alive_connection_the_server_closed_is_tried_once_more():
+    """The server closes each connection after one answer without saying so: the second
+    call finds its kept-alive connection closed and goes again on a new one."""
+    results, server = _exchange([OK, OK, OK], calls=3, silent_close=True)
+    assert results == [(200, {b"x-length": b"7"}, b"hi")] * 3
+    assert server.connections == 3
+
+
+def test_a_reused_connection_closed_before_an_answer_is_tried_once_more():
+    """The server reads the second request on the kept-alive connection and closes it
+    without a byte: it is sent again on a new connection.  A new connection closed so is an
+    HttpError (nothing to retry)."""
+    results, server = _exchange([OK, b"", OK], calls=2)
+    assert results == [(200, {b"x-length": b"7"}, b"hi")] * 2
+    assert server.connections == 2
+    (result,), _server = _exchange([b""])
+    assert isinstance(result, HttpError) and "connection lost before the answer" in str(result)

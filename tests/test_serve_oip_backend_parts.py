@@ -217,3 +217,20 @@ async def _timeout_resubmitted(tmp_path) -> None:
 
 def test_a_server_that_does_not_answer_in_time_is_resubmitted(tmp_path):
     run(_timeout_resubmitted(tmp_path))
+
+
+@pytest.mark.parametrize("kind", ["oip", "tfserving"])
+def test_with_backends_does_not_start_model_servers(kind: str):
+    from wirekit.serve.backends.local import plan
+    from wirekit.serve.config import ConfigError, parse_config
+
+    doc = _doc(
+        {"m": {"backend": kind}},
+        [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [9000]}],
+    )
+    with pytest.raises(ConfigError) as info:
+        plan(parse_config(doc))
+    assert str(info.value) == (
+        f"n/0/m: --with-backends starts MIP backends; a {kind} device is a model server of"
+        " your own (MLServer, KServe, TF Serving), started apart"
+    )

@@ -16,7 +16,10 @@ of answer, so this reads only what it needs:
 
 A connection is reused when the answer allows it (HTTP/1.1 without ``Connection: close``,
 the body framed), closed otherwise, and closed when its call is cancelled (the dispatcher's
-timeout) or fails.  Anything the server breaks -- a refused or lost connection, a status
+timeout) or fails.  A reused connection that closes before a byte of the answer came (the
+server closed it while it was idle: uvicorn does after some errors, without saying so) is
+tried once more on a new connection -- as the dispatcher would resubmit the request.
+Anything the server breaks -- a refused or lost connection, a status
 line or header block that is not HTTP's, a body over the limit -- is :class:`HttpError`
 (a ConnectionError: the dispatcher resubmits).  No socket code anywhere else in the
 backends touches HTTP.
@@ -65,6 +68,11 @@ class _Connection(asyncio.Protocol):
         self._left = 0
         self._parts: list[bytes] = []
         self._size = 0
+        #: answers read on it so far (a reused connection may have been closed by the
+        #: server meanwhile: see :meth:`HttpPool.post`)
+        self.answered = 0
+        #: whether a byte of the current answer has come
+        self.heard = False
 
     # -- asyncio.Protocol
     def connection_made(self, transport: Any) -> None:
@@ -83,6 +91,7 @@ class _Connection(asyncio.Protocol):
         if self._waiter is None or self._waiter.done():
             self._fail("bytes from the server while no request was pending")
             return
+        self.heard = True
         self._buffer += data
         try:
             self._parse()
@@ -95,6 +104,7 @@ class _Connection(asyncio.Protocol):
         self._answer = _Answer()
         self._state = "head"
         self._parts, self._size = [], 0
+        self.heard = False
         self.transport.writelines(pieces)
         return self._waiter
 
@@ -114,6 +124,7 @@ class _Connection(asyncio.Protocol):
         assert answer is not None and self._waiter is not None
         answer.body = b"".join(self._parts)
         self._parts = []
+        self.answered += 1
         self._waiter.set_result(answer)
 
     def _take_body(self, count: int) -> None:
@@ -279,17 +290,26 @@ class HttpPool:
             lines.append(f"{name}: {value}\r\n".encode("latin-1"))
         lines.append(b"\r\n")
         pieces = [b"".join(lines), body]
-        conn = await self._acquire()
-        try:
-            answer = await conn.send(pieces)
-        except BaseException:
-            conn.close()
+        for _turn in range(2):
+            conn = await self._acquire()
+            try:
+                answer = await conn.send(pieces)
+            except HttpError:
+                stale = conn.answered > 0 and not conn.heard
+                conn.close()
+                self._release(conn)
+                if stale:  # closed by the server while idle: once more, on a new one
+                    continue
+                raise
+            except BaseException:
+                conn.close()
+                self._release(conn)
+                raise
+            if not answer.keep:
+                conn.close()
             self._release(conn)
-            raise
-        if not answer.keep:
-            conn.close()
-        self._release(conn)
-        return answer.status, answer.headers, answer.body
+            return answer.status, answer.headers, answer.body
+        raise HttpError("a kept-alive connection and a new one both closed before an answer")
 
     async def _acquire(self) -> _Connection:
         while True:

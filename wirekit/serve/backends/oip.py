@@ -12,10 +12,10 @@ samples are stacked along dim 0) and the server's answer back onto a MIP reply b
   (at most ``connections`` open; :mod:`.httpclient`), with the binary data extension (the
   inputs' bytes after the JSON document, ``Inference-Header-Content-Length``;
   ``binary_data_output`` asked for).
-  KServe 0.21 takes it; MLServer 1.7.1 does not (its REST API reads JSON only): a server
-  that refuses the first binary request (any status but 200) is asked again in JSON, and
-  from then on in JSON only when that one is answered; one that answered a binary request
-  once is not asked in JSON again.
+  KServe 0.21 takes it; MLServer 1.7.1 does not (its REST API reads JSON only: it answers
+  500, or drops the connection): a server that fails the first binary request (any status
+  but 200, a lost connection) is asked again in JSON, and from then on in JSON only when
+  that one is answered; one that answered a binary request once is not asked in JSON again.
 * :class:`OipGrpcBackend` -- ``inference.GRPCInferenceService/ModelInfer`` (grpc.aio), the
   inputs in ``raw_input_contents``; outputs read from ``raw_output_contents`` or, where the
   server answers typed ``contents`` (MLServer), from those.
@@ -229,7 +229,12 @@ class OipRestBackend(ServerBackend):
         if self.binary is False:
             status, body, headers = await self._post(req, binary=False)
         else:
-            status, body, headers = await self._post(req, binary=True)
+            try:
+                status, body, headers = await self._post(req, binary=True)
+            except BackendUnavailable:
+                if self.binary is not None or not _as_json(req):
+                    raise
+                status = 0  # MLServer may drop the connection rather than answer 500
             if status == 200:
                 self.binary = True
             elif self.binary is None and _as_json(req):
