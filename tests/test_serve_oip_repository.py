@@ -20,7 +20,8 @@ import sys
 
 import aiohttp
 import pytest
-from oip_servers import BROKEN_MESSAGE, Server, peers_unavailable, running_mlserver
+from oip_fixtures import require_peers
+from oip_servers import BROKEN_MESSAGE, Server, running_mlserver
 from serve_support import deployment
 from support.service import running_service
 
@@ -48,11 +49,7 @@ ECHO_REQUEST = {
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     """MLServer with ``echo`` and ``broken`` in its model folder, none loaded."""
-    reason = peers_unavailable()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the real model servers must run under CI: {reason}")
-        pytest.skip(reason)
+    require_peers("mlserver")
     workdir = tmp_path_factory.mktemp("mlserver-repo")
     with running_mlserver(
         workdir, models=("echo", "broken"), who="mlserver-repo", load_at_startup=False

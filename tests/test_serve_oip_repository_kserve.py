@@ -7,11 +7,11 @@ or not), its TF Serving model status, and a load its model fails, with KServe's 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 
 import pytest
-from oip_servers import BROKEN_MESSAGE, open_namespace, start_kserve
+from oip_fixtures import require_peers
+from oip_servers import BROKEN_MESSAGE, running_kserve
 
 from wirekit.serve.backends import oipcontrol
 from wirekit.serve.backends.servers import ServerAddress
@@ -27,16 +27,10 @@ pytestmark = pytest.mark.skipif(
 def kserve(tmp_path_factory: pytest.TempPathFactory):
     """KServe with ``echo`` and ``broken`` in its repository, none loaded: (REST port, gRPC
     port) on this namespace's loopback, relayed into KServe's."""
-    with contextlib.ExitStack() as stack:
-        ns, reason = open_namespace(stack)
-        if ns is None:
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"the real model servers must run under CI: {reason}")
-            pytest.skip(reason or "no network namespace")
-        workdir = tmp_path_factory.mktemp("kserve-repo")
-        server = start_kserve(ns, workdir, models=("echo", "broken"), loaded=())
-        stack.callback(server.stop)
-        yield ns.forward(server.ports["http"]), ns.forward(server.ports["grpc"])
+    require_peers("kserve")
+    workdir = tmp_path_factory.mktemp("kserve-repo")
+    with running_kserve(workdir, models=("echo", "broken"), loaded=()) as server:
+        yield server.local_port("http"), server.local_port("grpc")
 
 
 @pytest.mark.parametrize("transport", ["rest", "grpc"])
