@@ -29,7 +29,6 @@ from wirekit.cli import main as wirekit_main
 from wirekit.serve.backends import oipcontrol
 from wirekit.serve.backends.servers import ServerAddress
 from wirekit.serve.config import ConfigError, parse_config
-from wirekit.serve.health import probe_rows
 from wirekit.serve.service import Service
 
 pytestmark = pytest.mark.skipif(
@@ -183,27 +182,39 @@ def test_a_failing_load_carries_the_servers_message(server, address):
 
 
 def test_check_probe_and_readyz_follow_the_server(server, tmp_path):
+    """The server up but the model not loaded: not ready (``check --probe`` exits 1,
+    ``/readyz`` says why); loaded: ready."""
     unload_if_loaded(server)
     port = server.ports["http"]
     doc = base_doc(tmp_path, {"echo": {"backend": "oip"}}, {"echo": {1: port}})
-    dep = parse_config(doc)
-    rows = [r for r in dep.rows if r.model == "echo" and r.quota > 0]
-    (why,) = asyncio.run(probe_rows(rows, models=dep.models)).values()
-    assert why is not None and why.startswith(f"127.0.0.1:{port}: model 'echo' not ready")
+    config = tmp_path / "deployment.json"
+    config.write_text(json.dumps(doc))
+    why = f"127.0.0.1:{port}: model 'echo' not ready (HTTP 404: Model echo not found)"
+
+    def check() -> tuple[int, str]:
+        out, err = io.StringIO(), io.StringIO()
+        status = wirekit_main(["serve", "check", "--config", str(config), "--probe"], out, err)
+        return status, out.getvalue()
+
+    async def readyz() -> dict:
+        async with running_service(doc) as service:
+            return service.health.readiness("echo")
+
+    status, out = check()
+    assert status == 1 and f"probe n1/1/echo: UNREACHABLE: {why}\n" in out
+    assert asyncio.run(readyz())["models"]["echo"] == {
+        "ready": False,
+        "devices": {"n1/1": f"unreachable: {why}"},
+    }
     asyncio.run(oipcontrol.load(rest(server), 30))
     try:
-        assert asyncio.run(probe_rows(rows, models=dep.models)) == {"n1/1/echo": None}
-        config = tmp_path / "deployment.json"
-        config.write_text(json.dumps(doc))
-        out, err = io.StringIO(), io.StringIO()
-        wirekit_main(["serve", "check", "--config", str(config), "--probe"], out, err)
-        assert "probe n1/1/echo: reachable" in out.getvalue()
-
-        async def readyz() -> dict:
-            async with running_service(doc) as service:
-                return service.health.readiness("echo")
-
-        assert asyncio.run(readyz())["models"]["echo"]["devices"] == {"n1/1": "reachable"}
+        status, out = check()
+        assert "probe n1/1/echo: reachable\n" in out
+        assert status == 1  # model base's MIP backend is down (never started)
+        assert asyncio.run(readyz())["models"]["echo"] == {
+            "ready": True,
+            "devices": {"n1/1": "reachable"},
+        }
     finally:
         unload_if_loaded(server)
 
