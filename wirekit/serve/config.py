@@ -11,9 +11,12 @@ reads: CPU 0 gives half to m1 and half to m2, GPU 1 is m1's, GPU 2 is m2's.  Whe
 (device, model) backend listens is ``endpoint`` (the node's host) and ``ports`` (a list
 parallel to ``quotas``; ``null`` or 0 where the quota is 0).  Clipper containers connect to the
 dispatcher's Clipper RPC port instead: for a Clipper model the ``ports`` entry is the model
-name the device's container registers under (``null``: the model's own name).  A model's
-``handler`` (``module:function``) names the code its backends run: the dispatcher does not
-use it, ``wirekit serve --with-backends`` and ``wirekit serve k8s`` start backends with it.
+name the device's container registers under (``null``: the model's own name).  An ``oip``
+model's server may answer gRPC on another port: ``grpc_ports`` (optional, shaped as
+``ports``) gives it; ``tfserving`` and ``oip`` servers know the model by ``server_model``
+(default: its own name).  A model's ``handler`` (``module:function``) names the code its
+backends run: the dispatcher does not use it, ``wirekit serve --with-backends`` and
+``wirekit serve k8s`` start backends with it.
 
 Validation, in two steps:
 
@@ -55,7 +58,11 @@ from wirekit.oip.metadata import TensorSpec
 
 from .record.storedb import is_url
 
-BACKEND_KINDS = ("mip", "kubemo", "clipper")
+BACKEND_KINDS = ("mip", "kubemo", "clipper", "oip", "tfserving")
+#: the backend kinds that are model servers speaking a tensor protocol (OIP, TF Serving's
+#: REST API) rather than MIP: they take OIP tensors only, and know a model by a name of their
+#: own (``server_model``)
+SERVER_KINDS = ("oip", "tfserving")
 #: what a model's backends run when its config names no ``handler``
 DEFAULT_HANDLER = "wirekit.mip.runtime:echo"
 DEVICE_TYPES = ("CPU", "GPU")
@@ -421,6 +428,12 @@ def _shown_value(value: Any) -> str:
     return repr(value) if isinstance(value, str) else _kind(value)
 
 
+def _server_model(value: Any, where: str) -> str:
+    """A model's name on its backend's server: a name (:func:`check_name`), or "" for the
+    model's own."""
+    return "" if value == "" else check_name(value, where)
+
+
 def _versions(value: Any, where: str) -> tuple[int, ...]:
     """A model's ``versions``: a non-empty list of integers >= 1, each once."""
     versions: list[int] = []
@@ -441,10 +454,12 @@ class DeviceRow:
     device: int  #: index of the device on its node
     device_type: str  #: "CPU" or "GPU"
     endpoint: str  #: host of the backend (MIP kinds)
-    port: int | None  #: port of the backend (MIP kinds); None for Clipper
+    port: int | None  #: port of the backend (MIP kinds, OIP's REST or gRPC); None for Clipper
     quota: float  #: share of the device given to the model, 0..1
-    backend: str  #: "mip", "kubemo" or "clipper"
+    backend: str  #: one of :data:`BACKEND_KINDS`
     clipper_name: str | None = None  #: the name its Clipper container registers under
+    #: the gRPC port of an ``oip`` backend's server (the node's ``grpc_ports``), if any
+    grpc_port: int | None = None
     #: ``node/device/model``: the name of this row in the store and the metrics (derived)
     key: str = field(init=False, repr=False, compare=False)
 
@@ -492,6 +507,33 @@ class ModelConfig:
     #: how an OIP request becomes MIP samples: ``sample`` (the whole request is one MIP
     #: sample) or ``rows`` (dim 0 of every input is the batch, one MIP sample per row)
     tensors: str = setting("sample", check=_one_of(TENSOR_RULES))
+    #: ``oip`` backends only: infer over OIP's gRPC (the node's ``grpc_ports``, else its
+    #: ``ports``) rather than its REST API
+    grpc: bool = setting(False, check=_bool)
+    #: ``oip``/``tfserving`` backends only: the model's name on the backend's server ("": the
+    #: model's own name)
+    server_model: str = setting("", check=_server_model)
+    #: ``oip`` backends only: ask each device's server to load the model (the repository
+    #: extension) when it is added, and to unload it when removed, where wirekit loaded it
+    load: bool = setting(False, check=_bool)
+    #: seconds a server may take to load the model and say it is ready
+    load_timeout: float = setting(60.0, check=_number(lo=0, lo_open=True))
+
+
+#: the model keys that apply to some backend kinds only, and those kinds
+_KIND_KEYS = {
+    "grpc": ("oip",),
+    "server_model": SERVER_KINDS,
+    "load": ("oip",),
+    "load_timeout": ("oip",),
+}
+
+
+def _kind_key_problem(key: str, kinds: tuple[str, ...], backend: str) -> str:
+    """Why ``key`` is refused for a model whose backend kind is ``backend``."""
+    return (
+        f"applies to {' and '.join(kinds)} backends only, and this model's backend is {backend!r}"
+    )
 
 
 #: the per-model settings that change while the model is served (``PATCH
@@ -581,7 +623,7 @@ class CacheConfig:
     max_bytes: int = setting(64 * 1024 * 1024, check=_integer(lo=0, hi=1 << 40))
 
 
-ACTUATOR_KINDS = ("log", "command", "cgroup")
+ACTUATOR_KINDS = ("log", "command", "cgroup", "repository")
 #: the placeholders of a ``command`` actuator's argv templates
 ACTUATOR_FIELDS = ("node", "model", "share", "cpus", "gpus", "container")
 METRICS = ("avg", "p50", "p95", "p99")
@@ -879,7 +921,7 @@ def read_document(path: str | Path) -> Any:
 # --- the document ----------------------------------------------------------------------------
 
 #: the keys of an entry of ``nodes``
-NODE_KEYS = frozenset({"id", "endpoint", "devices", "models", "quotas", "ports"})
+NODE_KEYS = frozenset({"id", "endpoint", "devices", "models", "quotas", "ports", "grpc_ports"})
 
 
 def parse_config(doc: Any) -> Deployment:
@@ -978,8 +1020,14 @@ def parse_config(doc: Any) -> Deployment:
 def _model_config(name: str, doc: Any, where: str) -> ModelConfig:
     """One model's table (``models.<name>``; ``where``: its path in the document) -- the one
     validator of a model's settings, for the config file, ``POST /admin/models`` and
-    ``PATCH /admin/models/{name}`` alike."""
-    return _parse_table(ModelConfig, doc, where, name=name)
+    ``PATCH /admin/models/{name}`` alike.  A key that applies to some backend kinds only
+    (``grpc``, ``server_model``, ``load``, ``load_timeout``) is refused, named, for a model
+    of another kind."""
+    model = _parse_table(ModelConfig, doc, where, name=name)
+    for key, kinds in _KIND_KEYS.items():
+        if key in doc and model.backend not in kinds:
+            raise ConfigError(_join(where, key), _kind_key_problem(key, kinds, model.backend))
+    return model
 
 
 def parse_settings(doc: Any, model: ModelConfig) -> ModelConfig:
@@ -1049,8 +1097,9 @@ def parse_model(
     already knows (``devices``: ``(node, index) -> type``; ``endpoints``: node -> host) may
     leave out ``devices`` and ``endpoint``.  Or, shorter, ``{"name": ..., "model": {...},
     "placements": [{"node": ..., "device": i, "quota": q, "port": p}, ...]}`` on known
-    devices; it is rewritten into the first form (one quota and port per device of each
-    node named, 0 and null where not placed) before the same validation."""
+    devices (an ``oip`` model's placement may give a ``grpc_port`` too); it is rewritten into
+    the first form (one quota and port per device of each node named, 0 and null where not
+    placed) before the same validation."""
     devices = devices or {}
     endpoints = endpoints or {}
     if isinstance(doc, Mapping) and ("placements" in doc or "name" in doc):
@@ -1086,10 +1135,11 @@ def _placements_doc(
         count[node] = max(count.get(node, 0), index + 1)
     quotas: dict[str, list[Any]] = {}
     ports: dict[str, list[Any]] = {}
+    grpc_ports: dict[str, list[Any]] = {}
     seen: set[tuple[str, int]] = set()
     for k, place in enumerate(_list(top.get("placements"), "placements")):
         where = f"placements[{k}]"
-        place = _table(place, where, {"node", "device", "quota", "port"})
+        place = _table(place, where, {"node", "device", "quota", "port", "grpc_port"})
         node = check_name(place.get("node"), f"{where}.node")
         if node not in count:
             raise ConfigError(
@@ -1104,15 +1154,17 @@ def _placements_doc(
         if node not in quotas:
             quotas[node] = [0] * count[node]
             ports[node] = [None] * count[node]
+            grpc_ports[node] = [None] * count[node]
         quotas[node][index] = place.get("quota")
         ports[node][index] = place.get("port")
-    return {
-        "models": {name: top.get("model", {})},
-        "nodes": [
-            {"id": node, "models": [name], "quotas": quotas[node], "ports": ports[node]}
-            for node in quotas
-        ],
-    }
+        grpc_ports[node][index] = place.get("grpc_port")
+    nodes = []
+    for node in quotas:
+        entry = {"id": node, "models": [name], "quotas": quotas[node], "ports": ports[node]}
+        if any(port is not None for port in grpc_ports[node]):
+            entry["grpc_ports"] = grpc_ports[node]
+        nodes.append(entry)
+    return {"models": {name: top.get("model", {})}, "nodes": nodes}
 
 
 def _mip_limits(doc: Any, memory_budget: Any = None) -> Limits:
@@ -1187,6 +1239,14 @@ def _node_rows(
         raise ConfigError(
             f"{where}.ports", f"expected {expected} values (parallel to quotas), got {len(ports)}"
         )
+    grpc_ports = _list(
+        node.get("grpc_ports", [None] * expected), f"{where}.grpc_ports", nonempty=False
+    )
+    if len(grpc_ports) != expected:
+        raise ConfigError(
+            f"{where}.grpc_ports",
+            f"expected {expected} values (parallel to quotas), got {len(grpc_ports)}",
+        )
     rows = []
     for d, dev in enumerate(devices):
         total = 0.0
@@ -1229,7 +1289,17 @@ def _node_rows(
                     f"{where}.ports[{k}]",
                     f"device {d} serves {model} (quota {q}): a backend port 1..65535 is needed",
                 )
-            rows.append(DeviceRow(model, node_id, d, dev, endpoint, port, q, backend, clipper_name))
+            grpc_port = _port(grpc_ports[k], f"{where}.grpc_ports[{k}]") or None
+            if grpc_port and backend != "oip":
+                raise ConfigError(
+                    f"{where}.grpc_ports[{k}]",
+                    f"only oip backends have a gRPC port, and {model}'s backend is {backend!r}",
+                )
+            rows.append(
+                DeviceRow(
+                    model, node_id, d, dev, endpoint, port, q, backend, clipper_name, grpc_port
+                )
+            )
         if total > 1 + 1e-9:
             raise ConfigError(
                 f"{where}.quotas", f"device {d} ({dev}) is given {total:g} of itself (> 1)"

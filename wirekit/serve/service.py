@@ -28,7 +28,7 @@ from wirekit.mip.limits import BufferBudget
 
 from .admin import ModelAdmin
 from .backends.remote import Backend, ClipperBackend, KubeMoBackend, MipBackend
-from .config import ConfigError, Deployment, DeviceRow, ModelConfig, validate
+from .config import SERVER_KINDS, ConfigError, Deployment, DeviceRow, ModelConfig, validate
 from .control.catalog import Catalog, CatalogChange
 from .control.controller import Controller
 from .control.metrics import Metrics, ModelStats, RecentStats, Window
@@ -175,6 +175,8 @@ class Service:
             assert self.clipper is not None and row.clipper_name
             return ClipperBackend(self.clipper, row.clipper_name, timeout=timeout)
         assert row.port is not None
+        if row.backend in SERVER_KINDS:
+            return self._server_backend(row, timeout)
         if row.backend == "kubemo":
             return KubeMoBackend(row.endpoint, row.port, timeout=timeout)
         if row.backend == "mip":
@@ -185,6 +187,20 @@ class Service:
                 timeout=timeout,
             )
         raise NotImplementedError(f"{row.key}: the {row.backend} backend is not available")
+
+    def _server_backend(self, row: DeviceRow, timeout: float) -> Backend:
+        """The backend of a row whose device is a model server (``oip``, ``tfserving``)."""
+        from .backends.oip import OipGrpcBackend, OipRestBackend, TfServingBackend
+        from .backends.servers import server_address
+
+        model = self.catalog.model(row.model)
+        address = server_address(row, model)
+        connections = self.deployment.connections
+        if row.backend == "tfserving":
+            return TfServingBackend(address, model, connections=connections, timeout=timeout)
+        if model.grpc:
+            return OipGrpcBackend(address, model, timeout=timeout)
+        return OipRestBackend(address, model, connections=connections, timeout=timeout)
 
     async def start(self) -> None:
         """Open the store and every listener."""
@@ -226,6 +242,11 @@ class Service:
                     f"tcp://{host}:{dep.clipper_rpc_port}", dep.clipper_generation
                 ).start()
             catalog = self.catalog
+            # the models with load = true, on their servers before any door opens
+            await self.admin.load_config_models()
+            bind = getattr(self.controller.actuator if self.controller else None, "bind", None)
+            if bind is not None:  # the repository actuator loads through the admin
+                bind(self.admin, asyncio.get_running_loop())
             backends = {r.key: self.backend_for(r) for r in catalog.rows() if r.quota > 0}
             self.dispatcher = Dispatcher(
                 {name: catalog.model(name) for name in catalog.models()},

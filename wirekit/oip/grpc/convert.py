@@ -279,6 +279,49 @@ def encode_response(
     return b"".join(pieces)
 
 
+def request_to_grpc(request_class: Any, model_name: str, req: InferRequest) -> Any:
+    """The ``ModelInferRequest`` (of ``request_class``) a client sends for ``req`` to the
+    model ``model_name``: every input's bytes in ``raw_input_contents`` (the tensors' own
+    form: nothing is turned into numbers)."""
+    msg = request_class(model_name=model_name, id=req.id or "")
+    parameters_to_grpc(req.parameters, msg.parameters)
+    raw = msg.raw_input_contents
+    for tensor in req.inputs:
+        given = msg.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        parameters_to_grpc(tensor.parameters, given.parameters)
+        raw.append(bytes(tensor.data))
+    for out in req.outputs:
+        parameters_to_grpc(out.parameters, msg.outputs.add(name=out.name).parameters)
+    return msg
+
+
+def response_from_grpc(msg: Any) -> tuple[list[Tensor], dict[str, Any]]:
+    """The outputs and parameters of a ``ModelInferResponse`` (the client's side of
+    :func:`response_to_grpc`): each output from ``raw_output_contents`` when the server
+    sent them, else from its typed ``contents`` (MLServer's habit)."""
+    raw = msg.raw_output_contents
+    if raw and len(raw) != len(msg.outputs):
+        raise _error(
+            "raw_output_contents", f"{len(raw)} raw contents for {len(msg.outputs)} outputs"
+        )
+    outputs = []
+    for i, given in enumerate(msg.outputs):
+        where = f"outputs[{i}]"
+        shape = tuple(given.shape)
+        if given.datatype not in DATATYPES:
+            raise _error(f"{where}.datatype", f"unknown datatype {given.datatype!r}")
+        if any(dim < 0 for dim in shape):
+            raise _error(f"{where}.shape", f"a negative dimension in {list(shape)}")
+        if raw:
+            data: bytes = raw[i]
+        else:
+            data = _typed_bytes(f"{where}.contents", given.datatype, shape, given.contents)
+        outputs.append(
+            Tensor(given.name, given.datatype, shape, data, parameters_from_grpc(given.parameters))
+        )
+    return outputs, parameters_from_grpc(msg.parameters)
+
+
 def metadata_to_grpc(response_class: Any, doc: Mapping[str, Any]) -> Any:
     """The ``ModelMetadataResponse`` (of ``response_class``) of OIP's model metadata
     document ``doc`` (:func:`wirekit.oip.metadata.model_metadata`)."""
@@ -301,6 +344,8 @@ __all__ = [
     "parameters_from_grpc",
     "parameters_to_grpc",
     "request_from_grpc",
+    "request_to_grpc",
+    "response_from_grpc",
     "response_to_grpc",
     "split_raw_inputs",
 ]

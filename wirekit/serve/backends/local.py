@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from ..config import ConfigError, Deployment
+from ..config import SERVER_KINDS, ConfigError, Deployment
 
 #: seconds one backend may take to print that it listens
 DEFAULT_START_TIMEOUT = 30.0
@@ -104,6 +104,12 @@ def plan(dep: Deployment) -> list[LocalBackend]:
                 where,
                 "--with-backends starts MIP backends; Clipper containers connect to the "
                 "dispatcher on their own (wirekit clipper container)",
+            )
+        if row.backend in SERVER_KINDS:
+            raise ConfigError(
+                where,
+                f"--with-backends starts MIP backends; a {row.backend} device is a model"
+                " server of your own (MLServer, KServe, TF Serving), started apart",
             )
         if not is_local(row.endpoint):
             raise ConfigError(

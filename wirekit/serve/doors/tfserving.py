@@ -21,7 +21,11 @@ How a body becomes MIP samples depends on what the model declares
   several are named in an object per instance (row) or one object (columnar).  Each tensor
   is checked against the declaration (:func:`wirekit.oip.metadata.check_inputs`): a wrong
   name, datatype or shape is a 400 naming the tensor, answered at once.
-* a model that declares none keeps wirekit's JSON-item mapping
+* a model that declares none but is served by model servers (backend ``oip`` or
+  ``tfserving``, which take OIP tensors only) gets OIP tensors too, each input's datatype
+  read from its JSON values (:func:`infer_datatype`); a single input given bare is named
+  ``input`` (:data:`BARE_INPUT`).
+* any other model that declares none keeps wirekit's JSON-item mapping
   (:mod:`wirekit.serve.dispatch.payload`): each entry of ``instances`` is a sample of one
   item, each entry of an ``inputs`` list a sample of one item per value; the answer gives
   per sample its one value (``predictions``) or its list of values (``outputs``).
@@ -57,7 +61,7 @@ from wirekit.oip import (
 )
 from wirekit.oip.metadata import TensorSpec, check_inputs
 
-from ..config import ModelConfig
+from ..config import SERVER_KINDS, ModelConfig
 from ..control.metrics import DOOR_HTTP, DOOR_TFSERVING
 from ..dispatch.dispatcher import MODEL_ERROR, Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload, outputs_json
@@ -104,6 +108,33 @@ _U32 = struct.Struct("<I")
 
 class BadBody(ValueError):
     """A ``:predict`` body this door cannot take: the message of its 400."""
+
+
+#: the name of the one input given bare (not in an object naming it) to a model that
+#: declares no inputs
+BARE_INPUT = "input"
+
+
+def infer_datatype(values: list[Any], where: str) -> str:
+    """The OIP datatype of a tensor whose declaration is not known, read from its JSON
+    values (row-major, flat): all true/false BOOL, all integers INT64, numbers with a
+    fraction or an exponent among them FP64 (a JSON number's own precision), strings and
+    ``{"b64": ...}`` BYTES; none FP64.  A mix of these is :class:`BadBody`."""
+    kinds = set()
+    for value in values:
+        if isinstance(value, bool):
+            kinds.add("BOOL")
+        elif isinstance(value, int):
+            kinds.add("INT64")
+        elif isinstance(value, float):
+            kinds.add("FP64")
+        else:
+            kinds.add("BYTES")
+    if kinds == {"INT64", "FP64"}:
+        return "FP64"
+    if len(kinds) > 1:
+        raise BadBody(f"{where}: mixes {' and '.join(sorted(kinds))} values (one datatype)")
+    return kinds.pop() if kinds else "FP64"
 
 
 # --- JSON values -> OIP tensors ------------------------------------------------------------
@@ -196,19 +227,34 @@ def json_tensor(spec: TensorSpec, value: Any) -> Tensor:
         raise BadBody(exc.reason) from None
 
 
+def undeclared_tensor(name: str, value: Any) -> Tensor:
+    """The tensor ``name`` that the nested JSON ``value`` writes, its datatype read from its
+    values (:func:`infer_datatype`); :class:`BadBody` when they do not form one."""
+    return json_tensor(_spec_of(name, (), value), value)
+
+
 def _named_values(value: Any, inputs: tuple[TensorSpec, ...], where: str) -> dict[str, Any]:
     """The tensors of ``value`` by input name: an object naming them, or -- for a model of
-    one input -- that input's value."""
+    one input, or of undeclared inputs -- that input's value (named :data:`BARE_INPUT`
+    when undeclared)."""
     if _is_named(value):
         return dict(value)
     if len(inputs) == 1:
         return {inputs[0].name: value}
+    if not inputs:
+        return {BARE_INPUT: value}
     names = ", ".join(spec.name for spec in inputs)
     raise BadBody(f"{where}: the model has {len(inputs)} inputs ({names}): name them in an object")
 
 
-def _spec_of(name: str, inputs: tuple[TensorSpec, ...]) -> TensorSpec:
-    """The declared input ``name``; :class:`BadBody` naming the inputs when there is none."""
+def _spec_of(name: str, inputs: tuple[TensorSpec, ...], value: Any = None) -> TensorSpec:
+    """The declared input ``name``; :class:`BadBody` naming the inputs when there is none.
+    No input declared: ``name`` with the datatype its JSON ``value`` has."""
+    if not inputs:
+        where = f"input {name!r}"
+        flat = _flat(value, len(nested_shape(value, where)))
+        flat = ["" if _is_b64(v) else v for v in flat]
+        return TensorSpec(name, infer_datatype(flat, where), ())
     for spec in inputs:
         if spec.name == name:
             return spec
@@ -229,13 +275,13 @@ def row_request(instances: list[Any], inputs: tuple[TensorSpec, ...]) -> list[Te
             )
         for name, value in named.items():
             columns.setdefault(name, []).append(value)
-    return [json_tensor(_spec_of(name, inputs), values) for name, values in columns.items()]
+    return [json_tensor(_spec_of(name, inputs, values), values) for name, values in columns.items()]
 
 
 def columnar_request(value: Any, inputs: tuple[TensorSpec, ...]) -> list[Tensor]:
     """The tensors of a columnar-format body (``inputs``)."""
     named = _named_values(value, inputs, "inputs")
-    return [json_tensor(_spec_of(name, inputs), v) for name, v in named.items()]
+    return [json_tensor(_spec_of(name, inputs, v), v) for name, v in named.items()]
 
 
 # --- OIP tensors -> JSON values ------------------------------------------------------------
@@ -464,7 +510,7 @@ class TfServingHandlers:
         try:
             signature = _signature(doc)
             form, value = _tensors_body(doc)
-            if model.inputs:
+            if model.inputs or model.backend in SERVER_KINDS:
                 return await self._predict_tensors(client, model, form, value, signature)
         except BadBody as exc:
             return _error(400, str(exc))
@@ -522,7 +568,8 @@ class TfServingHandlers:
         value: Any,
         signature: str | None,
     ) -> web.Response:
-        """A model that declares its inputs: OIP tensors, by the mapping of specs/oip.md."""
+        """A model that declares its inputs (or is served by model servers): OIP tensors, by
+        the mapping of specs/oip.md."""
         if form == "instances":
             if not isinstance(value, list) or not value:
                 raise BadBody("instances must be a non-empty list (one entry per row)")
