@@ -252,3 +252,21 @@ def test_k8s_does_not_make_model_servers():
         "models.m: the oip backend is a model server of your own (MLServer, KServe, TF"
         " Serving): wirekit serve k8s makes MIP and Clipper backends only"
     )
+
+
+def test_rows_answered_must_be_rows_asked():
+    """With the ``rows`` rule, an answer of another number of rows is not an answer."""
+    from wirekit.serve.backends.oip import ServerBackend
+
+    class ThreeRows(ServerBackend):
+        where = "test"
+
+        async def call(self, req):
+            return [oip.Tensor("y", "FP32", (3,), _floats(1, 2, 3))], {}
+
+    model = ModelConfig(name="m", backend="oip", tensors="rows")
+    backend = ThreeRows(ADDRESS, model, timeout=1)
+    req = oip.InferRequest([oip.Tensor("x", "FP32", (2,), _floats(1, 2))])
+    with pytest.raises(BackendUnavailable) as info:
+        run(backend.infer(Payload(oip.request_to_mip(req, rows=True))))
+    assert str(info.value) == "test: 3 rows answered for 2 asked (tensors: rows)"
