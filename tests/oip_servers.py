@@ -6,9 +6,13 @@ models of ``tests/oip_models/``:
 * ``echo``: outputs = inputs (name, datatype, shape, data);
 * ``iris``: a scikit-learn ``LogisticRegression`` trained at test time on the iris data
   scikit-learn ships (:func:`train_iris`, inside the peer's virtualenv), saved with joblib;
-  input ``[N, 4]`` (FP32 or FP64), output ``predict`` ``[N]`` INT64 (MLServer through its
-  ``mlserver-sklearn`` runtime, KServe through a small ``kserve.Model``);
-* ``broken``: its load fails with :data:`BROKEN_MESSAGE`.
+  input ``[N, 4]`` (FP32 or FP64), output ``predict`` INT64, the classes (MLServer through
+  its ``mlserver-sklearn`` runtime: shape ``[N, 1]``; KServe through a small
+  ``kserve.Model``: shape ``[N]``; its TF Serving REST ``:predict`` answers
+  ``{"predictions": [class, ...]}``);
+* ``broken``: its load fails with :data:`BROKEN_MESSAGE`;
+* ``slow``: the echo, whose load takes :data:`SLOW_LOAD_SECONDS` and each answer
+  :data:`SLOW_PREDICT_SECONDS` (a server caught mid-load, requests in flight when killed).
 
 :func:`start_mlserver` listens on 127.0.0.1 (free ports); its models live in a model folder,
 loadable and unloadable through the repository extension (``load_at_startup=False``: none
@@ -22,14 +26,18 @@ it: any client, gRPC's included) or a process started there (:meth:`Namespace.co
 
 Everything is bounded (:data:`START_TIMEOUT`) and cleaned up: :meth:`Server.stop` (SIGTERM,
 then SIGKILL of the whole process tree), :meth:`Server.kill` (SIGKILL at once), the namespace
-deleted on exit.  :func:`mlserver_fixture` / :func:`kserve_fixture` make module-scoped
-pytest fixtures of them.
+deleted on exit; started from the main thread, a server dies with the test process even
+when that is killed (``PR_SET_PDEATHSIG``), and a namespace left by a killed run is deleted by
+the next one.  :func:`running_mlserver` / :func:`running_kserve` are context managers;
+``oip_fixtures.py`` has module-scoped pytest fixtures of them.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
+import functools
 import http.client
 import itertools
 import json
@@ -39,6 +47,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -56,7 +65,10 @@ START_TIMEOUT = 180.0
 #: bound on a stop's SIGTERM before SIGKILL
 STOP_TIMEOUT = 15.0
 #: the models the servers know
-MODEL_KINDS = ("echo", "iris", "broken")
+MODEL_KINDS = ("echo", "iris", "broken", "slow")
+#: the ``slow`` echo: how long its load takes, and each of its answers
+SLOW_LOAD_SECONDS = 2.0
+SLOW_PREDICT_SECONDS = 0.3
 #: what the ``broken`` model's load fails with (both servers put it in their answer)
 BROKEN_MESSAGE = "broken model: its load fails on purpose (tests/oip_models)"
 #: a few iris rows (sepal length, sepal width, petal length, petal width) and their classes
@@ -109,7 +121,10 @@ def spawn(
 ) -> subprocess.Popen:
     """``argv`` started (inside ``ns`` when given) in a session of its own (so that its whole
     process group can be killed), stderr -- and stdout unless ``stdout_pipe`` -- to ``log``
-    (text pipes; stdin from ``/dev/null`` unless ``stdin_pipe``)."""
+    (text pipes; stdin from ``/dev/null`` unless ``stdin_pipe``).  Started from the main
+    thread, it is SIGKILLed by the kernel if this process dies first (``PR_SET_PDEATHSIG``:
+    a test run killed leaves no server behind)."""
+    main = threading.current_thread() is threading.main_thread()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         return subprocess.Popen(
@@ -121,23 +136,42 @@ def spawn(
             cwd=cwd,
             start_new_session=True,
             text=True,
+            preexec_fn=_die_with_parent if main and _PRCTL is not None else None,
         )
     finally:
         os.close(fd)
+
+
+def _libc_prctl() -> Any:
+    with contextlib.suppress(OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True).prctl
+    return None
+
+
+#: prctl(2), resolved here: the child of a fork only calls it
+_PRCTL: Any = _libc_prctl() if sys.platform.startswith("linux") else None
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """(In a forked child, before exec.)  Be SIGKILLed when the thread that forked ends."""
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 # --- process trees ------------------------------------------------------------------------------
 
 
 def descendants(roots: Sequence[int]) -> set[int]:
-    """``roots`` and every live process below them (from ``/proc/*/stat``'s parent ids)."""
+    """``roots`` and every live process below them (from ``/proc/*/stat``'s parent ids;
+    zombies are not live)."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
-            stat = (entry / "stat").read_text()
-            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            if state != "Z":  # a zombie has ended (its parent has yet to reap it)
+                parents[int(entry.name)] = int(ppid)
     tree = {pid for pid in roots if pid in parents}
     grew = True
     while grew:
@@ -217,6 +251,7 @@ class Namespace:
         self._relays: list[_Relay] = []
 
     def __enter__(self) -> Namespace:
+        _delete_stale_namespaces()
         subprocess.run(["ip", "netns", "add", self.name], check=True, capture_output=True)
         try:
             self.check(["ip", "link", "set", "lo", "up"])
@@ -281,7 +316,8 @@ class Namespace:
         """A port on this process's loopback (127.0.0.1, in the namespace the caller is in)
         whose connections are relayed to ``host:port`` inside this namespace; stops with the
         namespace.  Lets any client (a gRPC channel, a ``wirekit serve`` backend) reach a
-        server that must stay inside it."""
+        server that must stay inside it.  Where nothing listens inside, a connection is
+        accepted then closed at once (not refused)."""
         relay = _Relay(self, host, port)
         self._relays.append(relay)
         return relay.port
@@ -301,6 +337,22 @@ class Namespace:
         subprocess.run(
             ["ip", "netns", "delete", self.name], check=False, capture_output=True, timeout=30
         )
+
+
+def _delete_stale_namespaces() -> None:
+    """Delete the namespaces of test processes that died without deleting theirs
+    (``wirekit-test-PID-N`` whose PID no longer runs)."""
+    listed = subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True, timeout=30, check=False
+    ).stdout
+    for line in listed.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        parts = name.split("-")
+        ours = name.startswith("wirekit-test-") and len(parts) == 4 and parts[2].isdigit()
+        if ours and not Path(f"/proc/{parts[2]}").exists():
+            subprocess.run(
+                ["ip", "netns", "delete", name], capture_output=True, timeout=30, check=False
+            )
 
 
 class _Relay:
@@ -418,6 +470,7 @@ class Server:
     host: str = "127.0.0.1"
     #: the folder of its model folders
     models_dir: Path | None = None
+    _outside: dict[str, int] = field(default_factory=dict, repr=False)
 
     @property
     def pids(self) -> list[int]:
@@ -428,6 +481,21 @@ class Server:
     def rest_url(self) -> str:
         """``http://host:port`` of its REST port (inside its namespace, if any)."""
         return f"http://{self.host}:{self.ports['http']}"
+
+    def local_port(self, kind: str = "http") -> int:
+        """A port on 127.0.0.1 of the caller's own namespace where its ``kind`` port
+        (``http``, ``grpc``) answers: the port itself, or for a server inside a namespace a
+        relay into it (:meth:`Namespace.forward`, made once) -- what a client that cannot
+        enter the namespace (a gRPC channel, a ``wirekit serve`` backend) connects to."""
+        if self.ns is None:
+            return self.ports[kind]
+        if kind not in self._outside:
+            self._outside[kind] = self.ns.forward(self.ports[kind], self.host)
+        return self._outside[kind]
+
+    def address(self, kind: str = "http") -> str:
+        """``127.0.0.1:PORT`` of :meth:`local_port`."""
+        return f"127.0.0.1:{self.local_port(kind)}"
 
     def cpu_ns(self) -> int:
         """Its CPU time so far (every process tree), in ns."""
@@ -545,24 +613,38 @@ class Server:
 # --- the models ---------------------------------------------------------------------------------
 
 
-def train_iris(python: Path, out: Path) -> Path:
+def train_iris(python: Path, out: Path | None = None) -> Path:
     """The iris classifier trained by ``python`` (a peer's virtualenv: its scikit-learn) and
-    saved with joblib at ``out`` (kept if already there); ``out``."""
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        partial = out.with_suffix(".partial")
-        done = subprocess.run(
-            [str(python), str(MODELS_CODE / "train_iris.py"), str(partial)],
-            capture_output=True,
-            text=True,
-            timeout=START_TIMEOUT,
-            env=peer_env(),
-            check=False,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"training the iris model failed: {done.stderr[-2000:]}")
-        partial.rename(out)
+    saved with joblib; where: ``out``, else a file of this process's own (trained once per
+    virtualenv and test run, removed at exit), which it returns."""
+    if out is None:
+        if python not in _TRAINED:
+            _TRAINED[python] = train_iris(python, Path(_trained_dir()) / f"iris-{len(_TRAINED)}")
+        return _TRAINED[python]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
+    done = subprocess.run(
+        [str(python), str(MODELS_CODE / "train_iris.py"), str(partial)],
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT,
+        env=peer_env(),
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"training the iris model failed: {done.stderr[-2000:]}")
+    partial.rename(out)
     return out
+
+
+_TRAINED: dict[Path, Path] = {}
+
+
+@functools.cache
+def _trained_dir() -> str:
+    folder = tempfile.mkdtemp(prefix="wirekit-iris-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def _check_kinds(models: Sequence[str]) -> None:
@@ -571,14 +653,21 @@ def _check_kinds(models: Sequence[str]) -> None:
         raise ValueError(f"unknown model {unknown[0]!r} (known: {', '.join(MODEL_KINDS)})")
 
 
+def _slow_spec() -> dict[str, float]:
+    return {"load_seconds": SLOW_LOAD_SECONDS, "predict_seconds": SLOW_PREDICT_SECONDS}
+
+
 def write_mlserver_model(models_dir: Path, name: str, iris: Path | None = None) -> Path:
-    """MLServer's folder of model ``name`` (``echo``, ``iris``, ``broken``) in ``models_dir``
+    """MLServer's folder of model ``name`` (of :data:`MODEL_KINDS`) in ``models_dir``
     (``iris``: the trained file to copy into it)."""
     folder = models_dir / name
     folder.mkdir(parents=True, exist_ok=True)
     settings: dict[str, Any] = {"name": name}
     if name == "echo":
         settings["implementation"] = "mlserver_runtimes.EchoRuntime"
+    elif name == "slow":
+        settings["implementation"] = "mlserver_runtimes.SlowEchoRuntime"
+        settings["parameters"] = {"extra": _slow_spec()}
     elif name == "broken":
         settings["implementation"] = "mlserver_runtimes.BrokenRuntime"
         settings["parameters"] = {"extra": {"message": BROKEN_MESSAGE}}
@@ -599,6 +688,8 @@ def write_kserve_model(models_dir: Path, name: str, iris: Path | None = None) ->
     spec: dict[str, Any] = {"kind": name}
     if name == "broken":
         spec["message"] = BROKEN_MESSAGE
+    if name == "slow":
+        spec.update(_slow_spec())
     if name == "iris":
         assert iris is not None
         shutil.copy(iris, folder / "model.joblib")
@@ -609,12 +700,27 @@ def write_kserve_model(models_dir: Path, name: str, iris: Path | None = None) ->
 # --- starting them ------------------------------------------------------------------------------
 
 
+#: the models not loaded at a server's start unless asked (``loaded``)
+NOT_AT_START = ("broken", "slow")
+
+
+def _at_start(models: Sequence[str], loaded: Sequence[str] | None) -> list[str]:
+    if loaded is None:
+        return [m for m in models if m not in NOT_AT_START]
+    _check_kinds(loaded)
+    strays = [m for m in loaded if m not in models]
+    if strays:
+        raise ValueError(f"model {strays[0]!r} loaded at start but not among the models")
+    return list(loaded)
+
+
 def start_mlserver(
     workdir: Path,
     models: Sequence[str] = ("echo", "iris"),
     *,
     who: str = "mlserver",
     load_at_startup: bool = True,
+    loaded: Sequence[str] | None = None,
     parallel_workers: int | None = 0,
     debug: bool = False,
     ns: Namespace | None = None,
@@ -625,8 +731,10 @@ def start_mlserver(
     ``workdir/who``, on 127.0.0.1, free ports (``http``, ``grpc``, ``metrics``), from its
     virtualenv (made on first use).  ``load_at_startup``: MLServer's
     ``load_models_at_startup`` (False: none loaded until ``POST
-    /v2/repository/models/NAME/load``); ``broken`` is put in the folder only once the server
-    is ready (MLServer stops if a model fails its load at startup).  ``parallel_workers``
+    /v2/repository/models/NAME/load``); when True, ``loaded`` are the models loaded at
+    start (default: all but :data:`NOT_AT_START`), the others put in the folder only once
+    the server is ready (MLServer loads every model of its folder at startup, and stops if
+    one fails), loadable then.  ``parallel_workers``
     0: inference in the server process (``None``: MLServer's default, one worker process);
     ``settings``: more of ``settings.json``.  ``wait``: return once ready (models loaded at
     startup included)."""
@@ -635,8 +743,9 @@ def start_mlserver(
     folder = workdir / who
     models_dir = folder / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
-    iris = train_iris(python, workdir / "iris-mlserver.joblib") if "iris" in models else None
-    later = [m for m in models if m == "broken" and load_at_startup]
+    iris = train_iris(python) if "iris" in models else None
+    at_start = _at_start(models, loaded) if load_at_startup else []
+    later = [m for m in models if m not in at_start] if load_at_startup else []
     for name in models:
         if name not in later:
             write_mlserver_model(models_dir, name, iris)
@@ -674,7 +783,7 @@ def start_mlserver(
     )
     try:
         if wait or later:
-            server.wait_ready([m for m in models if m not in later] if load_at_startup else ())
+            server.wait_ready(at_start)
         for name in later:
             write_mlserver_model(models_dir, name, iris)
     except BaseException:
@@ -698,16 +807,16 @@ def start_kserve(
     (``http``, ``grpc``), from its virtualenv, with ``models`` (of :data:`MODEL_KINDS`) in a
     folder under ``workdir/who`` that its repository loads from
     (``oip_models/kserve_server.py``).  ``loaded``: the ones loaded at start (default: all
-    but ``broken``); ``repository`` False: a folder with only the models loaded at start (the
-    others cannot be loaded).  ``quiet``: without its per-request logs.  ``wait``: return
+    but :data:`NOT_AT_START`); ``repository`` False: a folder with only the models loaded at
+    start (the others cannot be loaded).  ``quiet``: without its per-request logs.  ``wait``: return
     once ready (the models loaded at start included)."""
     _check_kinds(models)
     python = peer_venvs.ensure_venv(peer_venvs.KSERVE)
-    at_start = [m for m in models if m != "broken"] if loaded is None else list(loaded)
+    at_start = _at_start(models, loaded)
     folder = workdir / who
     models_dir = folder / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
-    iris = train_iris(python, workdir / "iris-kserve.joblib") if "iris" in models else None
+    iris = train_iris(python) if "iris" in models else None
     for name in models if repository else at_start:
         write_kserve_model(models_dir, name, iris)
     http, grpc = ns.run(free_ports, 2)
@@ -773,8 +882,6 @@ def running_kserve(tmp: Path | None = None, **kwargs: Any) -> Iterator[Server]:
 
 
 def _tempdir(prefix: str) -> contextlib.AbstractContextManager[str]:
-    import tempfile
-
     return tempfile.TemporaryDirectory(prefix=prefix)
 
 

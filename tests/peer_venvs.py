@@ -5,7 +5,9 @@ conflict with each other and with wirekit's test environment), under a cache dir
 ``$WIREKIT_PEERS_DIR``, else ``~/.cache/wirekit-peers``.  Creating one is idempotent: a
 virtualenv whose marker file names exactly the requirements asked for is used as it is; any
 other (a half-done install, other pins) is made anew.  Several processes asking at once wait
-for each other (a lock file per virtualenv).
+for each other (a lock file per virtualenv).  Its directory's name carries a digest of its
+requirements, so that checkouts pinning differently (branches, older trees) never remake
+each other's virtualenv under a process that uses it.
 
     python tests/peer_venvs.py            # create (or check) every peer's virtualenv
     python tests/peer_venvs.py kserve     # one of them
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -41,8 +44,10 @@ class Peer:
 
     @property
     def label(self) -> str:
-        """The virtualenv's directory name: the peer and its pinned version."""
-        return f"{self.name}-{self.requirements[0].split('==')[1]}"
+        """The virtualenv's directory name: the peer, its pinned version and a digest of all
+        its requirements (two checkouts pinning differently never remake each other's)."""
+        digest = hashlib.sha256(_marker_text(self).encode()).hexdigest()[:8]
+        return f"{self.name}-{self.requirements[0].split('==')[1]}-{digest}"
 
 
 #: what the test models need in both (``tests/oip_models/``: the iris model is trained with

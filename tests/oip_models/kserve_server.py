@@ -9,6 +9,8 @@
 * ``iris``: the scikit-learn classifier in the folder's ``model.joblib``
   (``train_iris.py``): OIP input ``[N, 4]`` FP32/FP64 -> output ``predict`` ``[N]`` INT64;
   TF Serving REST ``{"instances": [[4 numbers], ...]}`` -> ``{"predictions": [class, ...]}``;
+* ``slow``: the echo, whose load takes ``load_seconds`` and each answer ``predict_seconds``
+  (of its ``model.json``);
 * ``broken``: its load raises ``RuntimeError`` with the ``message`` of its ``model.json``.
 
 The models named in ``WIREKIT_KSERVE_START`` are loaded at start; the others when asked
@@ -20,8 +22,10 @@ told: the tests start it inside a network namespace with only loopback up.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +59,27 @@ class EchoModel(Model):
             infer_outputs=outputs,
             use_binary_outputs=payload.use_binary_outputs,
         )
+
+
+class SlowEchoModel(EchoModel):
+    """The echo, slow: its load takes ``load_seconds``, each answer ``predict_seconds``."""
+
+    def __init__(self, name: str, load_seconds: float, predict_seconds: float) -> None:
+        super().__init__(name)
+        self.load_seconds, self.predict_seconds = load_seconds, predict_seconds
+
+    def load(self) -> bool:
+        time.sleep(self.load_seconds)  # KServe calls a repository's load synchronously
+        return super().load()
+
+    async def predict(
+        self,
+        payload: InferRequest | dict[str, Any],
+        headers: dict[str, str] | None = None,
+        response_headers: dict[str, str] | None = None,
+    ) -> InferResponse | dict[str, Any]:
+        await asyncio.sleep(self.predict_seconds)
+        return await super().predict(payload, headers, response_headers)
 
 
 class IrisModel(Model):
@@ -108,7 +133,13 @@ class FolderRepository(ModelRepository):
         kind = spec["kind"]
         if kind == "broken":
             raise RuntimeError(spec.get("message", "broken model: its load fails on purpose"))
-        model: Model = EchoModel(name) if kind == "echo" else IrisModel(name, folder)
+        model: Model
+        if kind == "echo":
+            model = EchoModel(name)
+        elif kind == "slow":
+            model = SlowEchoModel(name, spec["load_seconds"], spec["predict_seconds"])
+        else:
+            model = IrisModel(name, folder)
         model.load()
         return model
 

@@ -8,6 +8,8 @@ scikit-learn runtime (``mlserver_sklearn.SKLearnModel``).
 
 from __future__ import annotations
 
+import asyncio
+
 from mlserver import MLModel
 from mlserver.errors import MLServerError
 from mlserver.types import InferenceRequest, InferenceResponse, ResponseOutput
@@ -25,6 +27,23 @@ class EchoRuntime(MLModel):
             for i in payload.inputs
         ]
         return InferenceResponse(model_name=self.name, id=payload.id, outputs=outputs)
+
+
+class SlowEchoRuntime(EchoRuntime):
+    """The echo, slow: its load takes ``parameters.extra.load_seconds``, each answer
+    ``parameters.extra.predict_seconds`` (a model caught mid-load, requests in flight)."""
+
+    def _extra(self, key: str) -> float:
+        extra = (self.settings.parameters.extra if self.settings.parameters else None) or {}
+        return float(extra.get(key, 0.0))
+
+    async def load(self) -> bool:
+        await asyncio.sleep(self._extra("load_seconds"))
+        return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        await asyncio.sleep(self._extra("predict_seconds"))
+        return await super().predict(payload)
 
 
 class BrokenRuntime(MLModel):
