@@ -234,3 +234,39 @@ def test_with_backends_does_not_start_model_servers(kind: str):
         f"n/0/m: --with-backends starts MIP backends; a {kind} device is a model server of"
         " your own (MLServer, KServe, TF Serving), started apart"
     )
+
+
+def test_k8s_does_not_make_model_servers():
+    from wirekit.serve.config import ConfigError
+    from wirekit.serve.control.k8s import manifests
+
+    doc = _doc(
+        {"m": {"backend": "oip", "port": None}},
+        [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [9000]}],
+    )
+    doc["listen"]["http_port"] = 8080
+    doc["store"] = {"path": "/data/requests.db"}
+    with pytest.raises(ConfigError) as info:
+        manifests(doc)
+    assert str(info.value) == (
+        "models.m: the oip backend is a model server of your own (MLServer, KServe, TF"
+        " Serving): wirekit serve k8s makes MIP and Clipper backends only"
+    )
+
+
+def test_rows_answered_must_be_rows_asked():
+    """With the ``rows`` rule, an answer of another number of rows is not an answer."""
+    from wirekit.serve.backends.oip import ServerBackend
+
+    class ThreeRows(ServerBackend):
+        where = "test"
+
+        async def call(self, req):
+            return [oip.Tensor("y", "FP32", (3,), _floats(1, 2, 3))], {}
+
+    model = ModelConfig(name="m", backend="oip", tensors="rows")
+    backend = ThreeRows(ADDRESS, model, timeout=1)
+    req = oip.InferRequest([oip.Tensor("x", "FP32", (2,), _floats(1, 2))])
+    with pytest.raises(BackendUnavailable) as info:
+        run(backend.infer(Payload(oip.request_to_mip(req, rows=True))))
+    assert str(info.value) == "test: 3 rows answered for 2 asked (tensors: rows)"

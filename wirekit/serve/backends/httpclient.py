@@ -278,6 +278,7 @@ class HttpPool:
         self._idle: list[_Connection] = []
         self._open = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._closed = False
 
     async def post(
         self, path: str, body: bytes, headers: dict[str, str]
@@ -344,6 +345,8 @@ class HttpPool:
                 raise
 
     def _release(self, conn: _Connection) -> None:
+        if self._closed:
+            conn.close()
         if conn.closed:
             self._open -= 1
         else:
@@ -364,6 +367,7 @@ class HttpPool:
 
     async def close(self) -> None:
         """Close every idle connection (those in use close when their call ends)."""
+        self._closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()

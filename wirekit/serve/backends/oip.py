@@ -163,6 +163,11 @@ class ServerBackend:
             reply = reply_to_mip(outputs, parameters, rows=self.rows, n_input=msg.n_input)
         except (DecodeError, EncodeError) as exc:
             raise BackendUnavailable(f"{self.where}: an answer that is not OIP's: {exc}") from None
+        if self.rows and reply.batch_size != msg.batch_size:
+            raise BackendUnavailable(
+                f"{self.where}: {reply.batch_size} rows answered for {msg.batch_size} asked"
+                " (tensors: rows)"
+            )
         return Payload(None, reply)
 
     @property

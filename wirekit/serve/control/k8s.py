@@ -52,7 +52,7 @@ from typing import Any, TextIO
 
 from wirekit import __version__
 
-from ..config import ConfigError, Deployment, DeviceRow, parse_config
+from ..config import SERVER_KINDS, ConfigError, Deployment, DeviceRow, parse_config
 from ..doors.adminauth import ADMIN_TOKEN_ENV
 
 CONFIG_DIR = "/etc/wirekit"  #: where the dispatcher's container finds the ConfigMap
@@ -405,6 +405,12 @@ def _backend_container(
 ) -> dict[str, Any]:
     model = dep.models[row.model]
     handler = model.handler
+    if row.backend in SERVER_KINDS:
+        raise ConfigError(
+            where,
+            f"the {row.backend} backend is a model server of your own (MLServer, KServe, TF"
+            " Serving): wirekit serve k8s makes MIP and Clipper backends only",
+        )
     if row.backend == "clipper":
         args = [
             "clipper", "container", "--handler", handler, "--name", row.clipper_name or row.model,
