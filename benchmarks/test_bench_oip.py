@@ -56,8 +56,8 @@ ALL_PEERS = ("kserve", "mlserver", "mlserver-defaults")
 
 def _asked_peers() -> list[str]:
     """The peers ``WIREKIT_BENCH_PEERS`` names; unset: KServe under CI (``CI=true``: its
-    virtualenv is made once, about 90 s from PyPI, then the rows cost seconds), none
-    elsewhere (the README's test command does not install servers from PyPI unasked)."""
+    virtualenv, which scripts/test.sh installs, makes the rows cost seconds), none
+    elsewhere (a peer's rows are an opt-in outside CI)."""
     value = os.environ.get(PEERS_ENV_VAR)
     if value is None:
         value = "kserve" if os.environ.get("CI") == "true" else ""

@@ -38,6 +38,10 @@ scripts/fetch-clipper-rpc.sh
 # The test extra (pytest, hypothesis, kubemo, pyzmq, psycopg, uvloop, ...) and the torch
 # extra (torch==2.13.0, for the y2 DDP tests); the install compiles the Cython twins.
 python -m pip install -e '.[test,torch]'
+# The real model servers the OIP tests run wirekit against and beside (MLServer 1.7.1, KServe
+# 0.21.0, pinned, with scikit-learn for the iris model), each in a virtualenv of its own
+# under ~/.cache/wirekit-peers (about three minutes from PyPI the first time, then cached).
+python tests/peer_venvs.py
 # WIREKIT_BENCH_JSON (CI sets it): where the benchmarks' figures go, for benchmarks/ratios.py
 python -m pytest ${WIREKIT_BENCH_JSON:+--benchmark-json="$WIREKIT_BENCH_JSON"}
 WIREKIT_PURE=1 python -m pytest tests

@@ -14,8 +14,8 @@ stopped at its end:
   ``kserve.request(...)``, ``kserve.ns.run(fn)``, or ``kserve.local_port("http"|"grpc")``),
   ``echo`` and ``iris`` loaded, ``broken`` and ``slow`` in its repository.
 
-The peers' virtualenvs (``peer_venvs.py``) are installed from PyPI on first use under CI
-(``CI=true``) or ``WIREKIT_PEERS_INSTALL=1`` (about three minutes on a cold cache, then
+The peers' virtualenvs (``peer_venvs.py``) are installed by scripts/test.sh before the suite,
+else from PyPI on first use under CI (``CI=true``) or ``WIREKIT_PEERS_INSTALL=1`` (about three minutes on a cold cache, then
 cached); elsewhere a test needing one that is not installed skips, saying how.  Where they
 cannot run (not Linux; for KServe, no network namespace: not root or no ``ip``) the tests
 skip saying why -- and fail under CI, where they must run (:func:`require_peers`).
@@ -41,7 +41,8 @@ def require_peers(*names: str) -> None:
     ``kserve``; none: both) cannot run: not Linux, no network namespace for KServe, or
     their virtualenvs not installed yet -- installed here (from PyPI, about three minutes on
     a cold cache) under ``CI=true`` or ``WIREKIT_PEERS_INSTALL=1``, else skipped, saying
-    how (the README's test command does not install servers from PyPI unasked)."""
+    how (the README's test command, scripts/test.sh, installs them before the suite; a
+    bare ``pytest`` does not install servers from PyPI unasked)."""
     names = names or tuple(peer_venvs.PEERS)
     ci = os.environ.get("CI") == "true"
     reason = peers_unavailable(kserve="kserve" in names)

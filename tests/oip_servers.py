@@ -60,6 +60,8 @@ import peer_venvs
 
 TESTS = Path(__file__).resolve().parent
 MODELS_CODE = TESTS / "oip_models"
+#: the iris model's trainer: the MLServer sample's own (samples/mlserver/)
+IRIS_TRAINER = TESTS.parent / "samples" / "mlserver" / "train_iris.py"
 #: bound on a server's start (KServe and MLServer import a lot on 2 busy cores)
 START_TIMEOUT = 180.0
 #: bound on a stop's SIGTERM before SIGKILL
@@ -624,7 +626,7 @@ def train_iris(python: Path, out: Path | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial")
     done = subprocess.run(
-        [str(python), str(MODELS_CODE / "train_iris.py"), str(partial)],
+        [str(python), str(IRIS_TRAINER), str(partial)],
         capture_output=True,
         text=True,
         timeout=START_TIMEOUT,

@@ -1,10 +1,12 @@
-"""Train the OIP tests' iris model and save it with joblib (run by a peer's virtualenv).
+"""Train the iris model of the MLServer sample (and of the OIP tests) and save it with joblib.
 
-    python train_iris.py OUT.joblib
+    python samples/mlserver/train_iris.py samples/mlserver/iris/model.joblib
+
+Run it with the Python of MLServer's virtualenv (``python tests/peer_venvs.py mlserver``
+prints it), so that the file matches the scikit-learn that loads it.
 
 A scikit-learn ``LogisticRegression`` fitted on the iris data scikit-learn ships
-(``sklearn.datasets.load_iris``): 150 rows of 4 features, classes 0, 1, 2.  Trained in the
-peer's own virtualenv, so the file matches the scikit-learn that loads it.
+(``sklearn.datasets.load_iris``): 150 rows of 4 features, classes 0, 1, 2.
 """
 
 from __future__ import annotations
