@@ -14,11 +14,12 @@ stopped at its end:
   ``kserve.request(...)``, ``kserve.ns.run(fn)``, or ``kserve.local_port("http"|"grpc")``),
   ``echo`` and ``iris`` loaded, ``broken`` and ``slow`` in its repository.
 
-The peers' virtualenvs (``peer_venvs.py``) are installed by scripts/test.sh before the suite,
-else from PyPI on first use under CI (``CI=true``) or ``WIREKIT_PEERS_INSTALL=1`` (about three minutes on a cold cache, then
-cached); elsewhere a test needing one that is not installed skips, saying how.  Where they
-cannot run (not Linux; for KServe, no network namespace: not root or no ``ip``) the tests
-skip saying why -- and fail under CI, where they must run (:func:`require_peers`).
+The peers' virtualenvs (``peer_venvs.py``) are installed by scripts/test.sh before the
+suite, else from PyPI on first use under CI (``CI=true``) or ``WIREKIT_PEERS_INSTALL=1``
+(about three minutes on a cold cache, then cached); elsewhere a test needing one that is
+not installed skips, saying how.  Where they cannot run (not Linux; for KServe, no network
+namespace: not root or no ``ip``) the tests skip saying why -- and fail under CI, where
+they must run (:func:`require_peers`).
 """
 
 from __future__ import annotations

@@ -124,3 +124,15 @@ def test_check_probe_leaves_a_kubemo_server_alone(tmp_path: Path) -> None:
         assert "probe n/0/m: reachable" in checked.stdout
         with pytest.raises(TimeoutError):
             kubemo.accept()
+
+
+def test_serve_check_shows_a_model_servers_grpc_port() -> None:
+    """The MLServer sample: ``iris-grpc`` is served over MLServer's gRPC port and asked over
+    its REST port; ``serve check`` shows both."""
+    sample = Path(__file__).resolve().parent.parent / "samples" / "mlserver-deployment.json"
+    checked = wirekit("serve", "check", "--config", str(sample))
+    assert checked.returncode == 0, checked.stderr
+    lines = checked.stdout.splitlines()
+    iris = "mlserver/0/iris CPU quota 0.5 P=1.000 oip 127.0.0.1:8090"
+    assert any(" ".join(line.split()) == iris for line in lines), checked.stdout
+    assert any(line.endswith("oip 127.0.0.1:8090 (gRPC 8091)") for line in lines), checked.stdout

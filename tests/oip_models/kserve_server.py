@@ -7,7 +7,8 @@
 
 * ``echo``: outputs = inputs (name, datatype, shape and data);
 * ``iris``: the scikit-learn classifier in the folder's ``model.joblib``
-  (``samples/mlserver/train_iris.py``): OIP input ``[N, 4]`` FP32/FP64 -> output ``predict`` ``[N]`` INT64;
+  (``samples/mlserver/train_iris.py``): OIP input ``[N, 4]`` FP32/FP64 -> output
+  ``predict`` ``[N]`` INT64;
   TF Serving REST ``{"instances": [[4 numbers], ...]}`` -> ``{"predictions": [class, ...]}``;
 * ``slow``: the echo, whose load takes ``load_seconds`` and each answer ``predict_seconds``
   (of its ``model.json``);

@@ -345,6 +345,8 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 where = "clipper (the container connects)"
             else:
                 where = f"{row.backend} {row.endpoint}:{row.port}"
+                if row.grpc_port is not None:
+                    where += f" (gRPC {row.grpc_port})"
             p = probs.get(row.key, 0.0)
             out.write(
                 f"  {row.key:<24} {row.device_type} quota {row.quota:<5g} P={p:.3f}  {where}\n"
