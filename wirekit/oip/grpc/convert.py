@@ -179,33 +179,41 @@ def split_raw_inputs(body: Buffer) -> tuple[bytes, list[memoryview]]:
     return b"".join(head), raw
 
 
-def request_from_grpc(msg: Any, raw_inputs: list[memoryview] | None = None) -> InferRequest:
-    """The :class:`InferRequest` of a ``ModelInferRequest`` (``msg``).  ``raw_inputs``: its
-    raw contents as :func:`split_raw_inputs` found them (None: the message's own
-    ``raw_input_contents``, seen through memoryviews)."""
-    raw = msg.raw_input_contents if raw_inputs is None else raw_inputs
-    if raw and len(raw) != len(msg.inputs):
-        raise _error(
-            "raw_input_contents",
-            f"{len(raw)} raw contents for {len(msg.inputs)} inputs: give one per input, in order",
-        )
-    inputs = []
-    for i, given in enumerate(msg.inputs):
-        where = f"inputs[{i}]"
+def _tensors(entries: Any, raw: Any, role: str, hint: str = "", *, one_kind: bool) -> list[Tensor]:
+    """The tensors of a gRPC message's ``inputs`` or ``outputs`` (``role``): each from its
+    raw contents (``raw``: one per entry, in order, seen through memoryviews) when the message
+    has any, else from its typed ``contents``; checked as they are read (a known datatype, no
+    negative dimension; ``one_kind``: typed contents beside raw ones refused -- a client's
+    request must not give both; MLServer's answers do, and its raw ones are read)."""
+    raw_field = f"raw_{role[:-1]}_contents"
+    if raw and len(raw) != len(entries):
+        raise _error(raw_field, f"{len(raw)} raw contents for {len(entries)} {role}{hint}")
+    tensors = []
+    for i, given in enumerate(entries):
+        where = f"{role}[{i}]"
         shape = tuple(given.shape)
         if given.datatype not in DATATYPES:
             raise _error(f"{where}.datatype", f"unknown datatype {given.datatype!r}")
         if any(dim < 0 for dim in shape):
             raise _error(f"{where}.shape", f"a negative dimension in {list(shape)}")
         if raw:
-            if given.HasField("contents"):
-                raise _error(f"{where}.contents", "contents and raw_input_contents given: give one")
+            if one_kind and given.HasField("contents"):
+                raise _error(f"{where}.contents", f"contents and {raw_field} given: give one")
             data: bytes | memoryview = memoryview(raw[i])
         else:
             data = _typed_bytes(f"{where}.contents", given.datatype, shape, given.contents)
-        inputs.append(
+        tensors.append(
             Tensor(given.name, given.datatype, shape, data, parameters_from_grpc(given.parameters))
         )
+    return tensors
+
+
+def request_from_grpc(msg: Any, raw_inputs: list[memoryview] | None = None) -> InferRequest:
+    """The :class:`InferRequest` of a ``ModelInferRequest`` (``msg``).  ``raw_inputs``: its
+    raw contents as :func:`split_raw_inputs` found them (None: the message's own
+    ``raw_input_contents``, seen through memoryviews)."""
+    raw = msg.raw_input_contents if raw_inputs is None else raw_inputs
+    inputs = _tensors(msg.inputs, raw, "inputs", ": give one per input, in order", one_kind=True)
     outputs = [
         RequestedOutput(out.name, parameters_from_grpc(out.parameters)) for out in msg.outputs
     ]
@@ -299,26 +307,7 @@ def response_from_grpc(msg: Any) -> tuple[list[Tensor], dict[str, Any]]:
     """The outputs and parameters of a ``ModelInferResponse`` (the client's side of
     :func:`response_to_grpc`): each output from ``raw_output_contents`` when the server
     sent them, else from its typed ``contents`` (MLServer's habit)."""
-    raw = msg.raw_output_contents
-    if raw and len(raw) != len(msg.outputs):
-        raise _error(
-            "raw_output_contents", f"{len(raw)} raw contents for {len(msg.outputs)} outputs"
-        )
-    outputs = []
-    for i, given in enumerate(msg.outputs):
-        where = f"outputs[{i}]"
-        shape = tuple(given.shape)
-        if given.datatype not in DATATYPES:
-            raise _error(f"{where}.datatype", f"unknown datatype {given.datatype!r}")
-        if any(dim < 0 for dim in shape):
-            raise _error(f"{where}.shape", f"a negative dimension in {list(shape)}")
-        if raw:
-            data: bytes = raw[i]
-        else:
-            data = _typed_bytes(f"{where}.contents", given.datatype, shape, given.contents)
-        outputs.append(
-            Tensor(given.name, given.datatype, shape, data, parameters_from_grpc(given.parameters))
-        )
+    outputs = _tensors(msg.outputs, msg.raw_output_contents, "outputs", one_kind=False)
     return outputs, parameters_from_grpc(msg.parameters)
 
 
