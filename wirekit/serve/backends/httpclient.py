@@ -5,8 +5,11 @@ Why not aiohttp's client: per request it builds request and response objects, a 
 multidict, a timer context and a payload writer -- about as much CPU as the dispatcher's
 whole work on a small inference (measured, the MIP <-> OIP mapping included: ~410 µs of
 client CPU per OIP REST request through aiohttp, ~150-190 µs through this, same machine
-and load).  A backend sends one kind of request (``POST`` with a body) and reads one kind
-of answer, so this reads only what it needs:
+and load).  Why not h11 (the sans-IO HTTP/1.1 state machine, made for exactly this): in pure
+Python it costs ~78 µs to write one such request and read its answer (measured, one
+``Connection`` per exchange) -- half of this whole client's cost per request.  A backend
+sends one kind of request (``POST`` with a body) and reads one kind of answer, so this
+reads only what it needs:
 
 * the status line (``HTTP/1.1`` or ``HTTP/1.0``) and the header block (at most
   :data:`MAX_HEAD` bytes), of which ``Content-Length``, ``Transfer-Encoding: chunked``,
