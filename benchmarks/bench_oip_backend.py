@@ -30,10 +30,15 @@ quoted are the medians of the round-by-round ratios:
 
 Every process runs inside a network namespace of the benchmark's own with only loopback up
 where one can be made (root, ``ip``; KServe needs it, it binds 0.0.0.0), else on this
-namespace's loopback (MLServer only).
+namespace's loopback (MLServer only).  On a small machine every process competes for the same
+cores, and the throughput ratio is then about the ratio of CPU per request (the load
+generator's and the server's, against those plus the dispatcher's); ``--pin`` gives the model
+server CPU 0 of its own (wirekit and the load generator share the others), as a deployment
+whose servers have their own machines or GPUs.
 
     python benchmarks/bench_oip_backend.py [--requests 2000] [--rounds 5] [--servers mlserver]
-        [--in-flight 1,32] [--protocols rest-json,rest-binary,grpc] [--raw] [--json FILE]
+        [--in-flight 1,32] [--protocols rest-json,rest-binary,grpc] [--raw] [--pin]
+        [--json FILE]
 
 The machine's load (``os.getloadavg``) is printed before and after: on a loaded machine the
 absolute figures drift, the paired ratios much less.  ``benchmarks/test_bench_oip_backend.py``
@@ -171,6 +176,16 @@ def start_raw(ns: Namespace | None, workdir: Path) -> Server:
     return Server("raw", [proc], {"http": int(line)}, [log], ns)
 
 
+def pin_tree(server: Server, cpus: set[int]) -> None:
+    """Every thread of ``server``'s processes and their descendants on ``cpus`` (threads
+    made later inherit it)."""
+    for pid in oip_servers.descendants(server.pids):
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError, ValueError):
+                    os.sched_setaffinity(int(task.name), cpus)
+
+
 # --- the requests -----------------------------------------------------------------------------
 
 
@@ -228,14 +243,24 @@ def loads(
     in_flights: Sequence[int],
     raw: bool,
     out: IO[str],
+    pin: bool = False,
 ) -> Iterator[dict[Row, peers.LoadGenerator]]:
     """The servers and their wirekit fronts started, one load generator per :class:`Row`;
-    all stopped at the end."""
+    all stopped at the end.  ``pin``: each model server on CPU 0, everything else this
+    process starts (wirekit, the load generators) on the other CPUs."""
     with contextlib.ExitStack() as stack:
         generators: dict[Row, peers.LoadGenerator] = {}
+        if pin:
+            mine = os.sched_getaffinity(0)
+            if len(mine) < 2 or 0 not in mine:
+                raise SystemExit("bench_oip_backend.py: --pin needs CPU 0 and another one")
+            stack.callback(os.sched_setaffinity, 0, mine)
+            os.sched_setaffinity(0, mine - {0})
         for name in servers:
             backend = start_server(name, ns, workdir)
             stack.callback(backend.stop)
+            if pin:
+                pin_tree(backend, {0})
             front = start_front(ns, workdir, backend)
             stack.callback(front.stop)
             counted = (front, backend)  # cpu_us_by_process: [dispatcher, server]
@@ -274,6 +299,7 @@ def compare(
     in_flights: Sequence[int] = (1, 32),
     raw: bool = True,
     out: IO[str] = sys.stdout,
+    pin: bool = False,
     ns: Namespace | None = None,
     workdir: Path | None = None,
 ) -> dict[str, Any]:
@@ -291,7 +317,7 @@ def compare(
             if reason:
                 print(f"no network namespace ({reason}): on this loopback", file=out)
         generators = stack.enter_context(
-            loads(ns, workdir, servers, protocols, in_flights, raw, out)
+            loads(ns, workdir, servers, protocols, in_flights, raw, out, pin)
         )
         results: dict[str, list[dict[str, Any]]] = {row.key: [] for row in generators}
         for k in range(rounds):
@@ -318,6 +344,7 @@ def compare(
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
         "cpus": os.cpu_count(),
+        "pinned": pin,
     }
 
 
@@ -364,7 +391,10 @@ def report_table(report: dict[str, Any]) -> str:
         f"through wirekit serve / direct, paired rounds ({report['rounds']} x "
         f"{report['requests']} requests at 32 in flight), medians; load average "
         f"{report['loadavg_before'][0]:.2f} before, {report['loadavg_after'][0]:.2f} after, "
-        f"{report['cpus']} CPUs",
+        f"{report['cpus']} CPUs"
+        + (
+            ", the model server pinned to CPU 0, the rest to the others" if report["pinned"] else ""
+        ),
         f"{'server':<9} {'protocol':<12} {'n':>3} {'direct/s':>9} {'through/s':>9} "
         f"{'rate':>6} {'p50':>6} {'p99':>6} {'wk us':>7} {'srv us d':>9} {'srv us t':>9}",
     ]
@@ -401,6 +431,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--protocols", default=",".join(PROTOCOLS))
     parser.add_argument("--in-flight", default="1,32", help="requests in flight (comma-separated)")
     parser.add_argument("--raw", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the model server on CPU 0, wirekit and the load generator on the others",
+    )
     parser.add_argument("--json", type=Path, help="write the raw report here too")
     args = parser.parse_args(argv)
     servers = [s for s in args.servers.split(",") if s]
@@ -413,7 +448,9 @@ def main(argv: list[str]) -> int:
             parser.error(f"unknown protocol {protocol!r}")
     in_flights = [int(n) for n in args.in_flight.split(",") if n]
     started = time.monotonic()
-    report = compare(args.requests, args.rounds, servers, protocols, in_flights, args.raw)
+    report = compare(
+        args.requests, args.rounds, servers, protocols, in_flights, args.raw, pin=args.pin
+    )
     report["ratios"] = ratios(report)
     print(report_table(report))
     print(f"({time.monotonic() - started:.0f} s)")
