@@ -28,6 +28,12 @@ quoted are the medians of the round-by-round ratios:
 * ``srv us``: the model server's CPU per request, direct and through (a server asked through
   wirekit should cost what it costs asked directly).
 
+At 1 in flight every process sleeps between requests, and a sleep and a wake-up cost CPU of
+their own (on the 2-core VM this was written on, the OIP REST backend's client alone: about
+120 us of CPU a request when the server answers at once, about 350 us when it answers after
+0.7 ms): the CPU per request at 32 in flight is the one that says what the dispatcher's work
+costs.
+
 Every process runs inside a network namespace of the benchmark's own with only loopback up
 where one can be made (root, ``ip``; KServe needs it, it binds 0.0.0.0), else on this
 namespace's loopback (MLServer only).  On a small machine every process competes for the same
