@@ -28,13 +28,16 @@ import os
 import signal
 import sqlite3
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from wirekit import _loop
 from wirekit._logging import add_logging_arguments
 from wirekit._vocabulary import add_address, tcp_address
 
 from .logs import serve_logger
+
+if TYPE_CHECKING:
+    from .backends.local import LocalBackends
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_USAGE = 0, 1, 2
 #: seconds ``serve check --probe`` gives each backend to accept a connection
@@ -439,7 +442,7 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return EXIT_BAD_INPUT
     return_freed_buffers()  # a long-running server: freed big buffers go back to the system
     try:
-        return _loop.run(_run(dep, out, backends.addresses() if backends else None), args.loop)
+        return _loop.run(_run(dep, out, backends), args.loop)
     except OSError as exc:
         err.write(f"wirekit serve: cannot listen: {exc.strerror or exc}\n")
         return EXIT_BAD_INPUT
@@ -473,10 +476,15 @@ def _missing_extra() -> str | None:
     return None
 
 
-async def _run(dep, out: TextIO, backends: dict[str, str] | None = None) -> int:
+async def _run(dep, out: TextIO, backends: LocalBackends | None = None) -> int:
+    """Serve ``dep`` until SIGINT or SIGTERM; ``backends``: the
+    :class:`~wirekit.serve.backends.local.LocalBackends` started for it (``--with-backends``),
+    whose state ``/readyz`` shows."""
     from .service import Service
 
     service = Service(dep)
+    if backends is not None:
+        service.health.process_problem = backends.problem
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     received: list[str] = []
@@ -497,7 +505,7 @@ async def _run(dep, out: TextIO, backends: dict[str, str] | None = None) -> int:
         if service.admin_token_file is not None:
             ready["admin_token_file"] = str(service.admin_token_file)
         if backends is not None:
-            ready["backends"] = backends
+            ready["backends"] = backends.addresses()
         out.write(json.dumps(ready) + "\n")
         out.flush()
         log.info(

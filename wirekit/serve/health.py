@@ -110,6 +110,9 @@ class Health:
         #: row key -> (router clock time, why it could not be reached or None) of its last
         #: probe
         self.probes: dict[str, tuple[float, str | None]] = {}
+        #: row key -> why the backend process this dispatcher runs for it (``--with-backends``)
+        #: is not serving now (it exited and is being restarted), or None
+        self.process_problem: Callable[[str], str | None] | None = None
 
     def liveness(self) -> dict[str, Any]:
         """The ``/healthz`` document: the loop answers (this runs on it)."""
@@ -140,7 +143,10 @@ class Health:
                     probe = self.probes.get(row.key)
                     if not probed(row):  # the router's word alone
                         probe = (-math.inf, None)
-                    if probe is None:
+                    down = self.process_problem and self.process_problem(row.key)
+                    if down:
+                        state = f"unreachable: {down}"
+                    elif probe is None:
                         state = "not probed yet"
                     elif probe[1] is not None:
                         state = f"unreachable: {probe[1]}"
