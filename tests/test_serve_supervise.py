@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +28,8 @@ from typing import Any, TypeVar
 import pytest
 from serve_support import DispatcherProcess, deployment
 from support.ports import free_port
+
+from wirekit.serve.backends.local import exit_text
 
 T = TypeVar("T")
 #: bound on one awaited event (a backend's start on a busy machine included)
@@ -289,3 +292,37 @@ def test_a_stop_during_a_pending_restart_leaves_no_backend(setup):
     for port in setup.ports:
         assert backend_pids(port) == [], log
         assert not listens(port)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_restarted_backend_does_not_outlive_a_killed_dispatcher(tmp_path):
+    # The restarted backend was started by the supervisor's thread (a parent-death signal
+    # follows the thread that started the process): the dispatcher's death still ends it.
+    (tmp_path / "flaky.py").write_text(HANDLER)
+    port = free_port()
+    doc = deployment(
+        tmp_path / "requests.db",
+        {"m": {"handler": "flaky:handler"}},
+        [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1], "ports": [port]}],
+    )
+    dispatcher = DispatcherProcess.of(doc, tmp_path, args=("--with-backends",)).start()
+    try:
+        (old,) = backend_pids(port)
+        os.kill(old, signal.SIGKILL)
+        new = eventually(
+            "the backend listening again", lambda: listens(port) and backend_pids(port)
+        )
+        assert new != [old]
+        assert post(dispatcher.http, "again") == f"n/0/m:{new[0]}"
+        dispatcher.stop(signal.SIGKILL)  # no chance to stop anything itself
+        eventually("no backend left", lambda: backend_pids(port) == [])
+    finally:
+        dispatcher.close()
+
+
+def test_how_a_process_ended_is_said():
+    assert exit_text(0) == "status 0"
+    assert exit_text(3) == "status 3"
+    assert exit_text(-9) == "signal 9, SIGKILL"
+    assert exit_text(-15) == "signal 15, SIGTERM"
+    assert exit_text(-200) == "signal 200"

@@ -11,11 +11,21 @@ one backend).
 :meth:`LocalBackends.start` returns once every backend prints that it listens (or stops
 the ones it started and raises :class:`BackendStartError`); what else the backends print
 (a handler's ``print``) is passed on to ``output`` (the dispatcher's stderr), read for as long
-as they run so that none blocks on a full pipe.  :meth:`LocalBackends.stop` sends
-SIGTERM (the backends finish their requests in flight) and, past ``grace``, SIGKILL.  The
-backends run in their own session, so Ctrl-C in a terminal reaches the dispatcher alone,
-which stops its front doors first and its backends after; on Linux each backend also gets
-SIGTERM when the dispatcher's process dies, however it dies: no backend outlives it.
+as they run so that none blocks on a full pipe.
+
+From then on the backends are supervised: one that exits (killed, crashed, its handler
+failed) is reaped at once, logged once at WARNING with how it ended (``exited (signal 9,
+SIGKILL); restarting in 0.5 s``), and started again on the same address after a back-off --
+:data:`RESTART_DELAY`, doubled at each exit of a backend that ran less than
+:data:`RESTART_STABLE` seconds, up to :data:`RESTART_DELAY_MAX` -- so one that keeps dying
+costs a start every 30 s at most.  :meth:`LocalBackends.problem` says meanwhile why the rows
+of that backend are not served (``/readyz`` shows it).
+
+:meth:`LocalBackends.stop` stops the restarts, then sends SIGTERM (the backends finish their
+requests in flight) and, past ``grace``, SIGKILL.  The backends run in their own session, so
+Ctrl-C in a terminal reaches the dispatcher alone, which stops its front doors first and its
+backends after; on Linux each backend also gets SIGTERM when the dispatcher's process dies,
+however it dies: no backend outlives it.
 """
 
 from __future__ import annotations
@@ -513,6 +523,7 @@ class LocalBackends:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        started = self._thread is not None
         if self._thread is not None:
             # their output ends with them (unless a process they started holds it open)
             self._thread.join(self.grace)
@@ -523,7 +534,9 @@ class LocalBackends:
         if self._wake_w >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._wake_w)
-            self._wake_w = -1
+                if not started:  # no supervisor: no one else closes its end
+                    os.close(self._wake_r)
+            self._wake_r = self._wake_w = -1
         self.processes.clear()
 
     def __enter__(self) -> LocalBackends:
