@@ -4,9 +4,10 @@ processes serving two models, one (``up``) on a real MIP backend, the other (``d
 placed on a port nothing listens on (as the README's ``models add ... --place`` does).
 
 Under ``all`` the whole dispatcher is not ready and the reason names ``down``; under ``any``
-it is ready and still lists that reason.  OIP's ``/v2/health/ready`` and the
-``wirekit_serve_ready`` gauge say what ``/readyz`` says; a model's own readiness
-(``/readyz?model=``, OIP's and TF Serving's per-model status) is the same under both.  The
+it is ready and still lists that reason.  OIP's ``/v2/health/ready`` and gRPC
+``ServerReady``, ``/stats`` and the ``wirekit_serve_ready`` gauge say what ``/readyz`` says;
+a model's own readiness (``/readyz?model=``, OIP's REST and gRPC per-model readiness) is the
+same under both.  The
 live page shows the reasons; ``wirekit serve check`` shows the policy and refuses a bad one,
 as ``wirekit serve`` does."""
 
@@ -27,6 +28,8 @@ import pytest
 from browser_support import Browser, require_chromium
 from serve_support import TIMEOUT, BackendProcess, DispatcherProcess, deployment
 from test_serve_page import http_get
+
+from wirekit.oip.grpc import messages as pb
 
 #: the reason ``/readyz`` gives for ``down`` (its device's label, then the probe's words)
 DOWN_REASON = "model down: no reachable device (n1/1: unreachable: "
@@ -71,8 +74,22 @@ def dispatcher(request, backend, tmp_path_factory) -> Iterator[tuple[str, Dispat
     directory = tmp_path_factory.mktemp(f"ready-{policy}")
     top = {} if policy is None else {"health": {"ready": policy}}
     doc = two_models(directory / "r.db", backend.port, **top)
+    doc["listen"]["grpc_port"] = 0  # the OIP gRPC door: ServerReady, ModelReady
     with DispatcherProcess.of(doc, directory) as process:
         yield policy or "all", process
+
+
+def grpc_ready(process: DispatcherProcess, method: str, request: Any) -> bool:
+    """The ``ready`` of the OIP gRPC door's ``method`` (ServerReady, ModelReady)."""
+    grpc = pytest.importorskip("grpc")
+    answer = getattr(pb, f"{method}Response")
+    with grpc.insecure_channel(f"127.0.0.1:{process.addresses['grpc']}") as channel:
+        call = channel.unary_unary(
+            f"/{pb.SERVICE}/{method}",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=answer.FromString,
+        )
+        return bool(call(request, timeout=TIMEOUT).ready)
 
 
 def get(process: DispatcherProcess, path: str) -> tuple[int, dict[str, Any]]:
@@ -108,6 +125,8 @@ def test_whole_dispatcher_readiness_follows_the_policy(dispatcher):
         assert (status, oip) == (200, {"ready": True})
     else:
         assert (status, oip["ready"], oip["reasons"]) == (503, False, doc["reasons"])
+    # and its gRPC door's
+    assert grpc_ready(process, "ServerReady", pb.ServerReadyRequest()) is ready
     # so does /stats (what the live page shows) and the gauge of /metrics
     _, stats = get(process, "/stats")
     assert (stats["ready"], stats["ready_reasons"], stats["ready_policy"]) == (
@@ -133,6 +152,8 @@ def test_per_model_readiness_does_not_depend_on_the_policy(dispatcher):
     assert get(process, "/v2/models/up/ready") == (200, {"name": "up", "ready": True})
     status, oip = get(process, "/v2/models/down/ready")
     assert (status, oip["ready"], oip["reasons"]) == (503, False, down["reasons"])
+    assert grpc_ready(process, "ModelReady", pb.ModelReadyRequest(name="up")) is True
+    assert grpc_ready(process, "ModelReady", pb.ModelReadyRequest(name="down")) is False
 
 
 # ---- the live page --------------------------------------------------------------------------

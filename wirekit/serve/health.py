@@ -4,7 +4,8 @@
 by the running service every :data:`PROBE_INTERVAL` (:class:`Health`, the first time before
 the dispatcher says it is ready; the backends that cannot be reached then are logged once).
 :class:`Health` keeps the last probes and answers ``/healthz`` (:meth:`Health.liveness`) and
-``/readyz`` (:meth:`Health.readiness`).
+``/readyz`` (:meth:`Health.readiness`): the whole dispatcher's under the ``health.ready``
+policy (``all`` or ``any`` of the models ready), or one model's.
 """
 
 from __future__ import annotations
