@@ -43,6 +43,11 @@ EXIT_OK, EXIT_BAD_INPUT, EXIT_USAGE = 0, 1, 2
 #: seconds ``serve check --probe`` gives each backend to accept a connection
 CHECK_TIMEOUT = 2.0
 ADMIN_URL_ENV = "WIREKIT_ADMIN_URL"
+#: what ``wirekit serve check`` says of each ``health.ready`` policy
+READY_MEANING = {
+    "all": "/readyz is ready when every model has a reachable device",
+    "any": "/readyz is ready when at least one model has a reachable device",
+}
 log = serve_logger()
 
 
@@ -354,6 +359,7 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             out.write(
                 f"  {row.key:<24} {row.device_type} quota {row.quota:<5g} P={p:.3f}  {where}\n"
             )
+    out.write(f"health.ready: {dep.health.ready} ({READY_MEANING[dep.health.ready]})\n")
     if not args.probe:
         return EXIT_OK
     # the dispatcher's own probe; a Clipper container connects to it, and is not probed here

@@ -23,10 +23,11 @@ Validation, in two steps:
 * :func:`load_config` reads JSON or TOML (by file suffix) and :func:`parse_config` checks a
   parsed document; both raise :class:`ConfigError` naming the file and the path of the bad
   value (``nodes[0].quotas[3]``).  Each table (``store``, ``cache``, ``http``, ``admin``,
-  ``controller``, ``controller.actuator``, ``listen``, a model's) is read from its dataclass:
-  a field made by :func:`setting` holds its default, its key and the check of its value (the
-  range of a number), written once; the table's allowed keys are its fields' keys.  What
-  involves several values (the quotas of a device, a port used twice) is checked after.
+  ``controller``, ``controller.actuator``, ``health``, ``listen``, a model's) is read from
+  its dataclass: a field made by :func:`setting` holds its default, its key and the check of
+  its value (the range of a number), written once; the table's allowed keys are its fields'
+  keys.  What involves several values (the quotas of a device, a port used twice) is
+  checked after.
 * :func:`validate` checks what the document alone cannot say: it loads the controller's
   policy and actuator plugins and checks the admin token and the store URL.  ``wirekit
   serve`` (the :class:`~wirekit.serve.service.Service`) and ``wirekit serve check`` both call
@@ -796,6 +797,23 @@ class GrpcLimits:
     max_in_flight: int = setting(512, check=_integer(lo=1, hi=1 << 20))
 
 
+#: the policies of ``/readyz`` (``health.ready``): ``all``, ready when every model has a
+#: reachable device; ``any``, when at least one has (the store takes writes in both)
+READY_POLICIES = ("all", "any")
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    """The ``health`` table: what the whole-dispatcher ``/readyz`` asks of the models (and
+    so OIP's ``/v2/health/ready``, gRPC ``ServerReady`` and the ``wirekit_serve_ready``
+    gauge, which say what it says).  A model's own readiness (``/readyz?model=``) does not
+    depend on it.  Which endpoint a load balancer should probe: ``specs/serve.md``,
+    "Readiness"."""
+
+    #: ``all`` (the default): every model has a reachable device; ``any``: at least one
+    ready: str = setting("all", check=_one_of(READY_POLICIES))
+
+
 CLIPPER_GENERATIONS = ("2016", "2017", "v3")
 
 
@@ -845,6 +863,10 @@ class Deployment:
     )
     #: the ``controller`` table (None: off)
     controller: ControllerConfig | None = setting(None, check=None)
+    #: the ``health`` table: the policy of ``/readyz``
+    health: HealthConfig = setting(
+        default_factory=HealthConfig, check=functools.partial(_parse_table, HealthConfig)
+    )
 
     def rows_of(self, model: str) -> list[DeviceRow]:
         """The metadata rows of ``model`` (quota 0 included)."""

@@ -4,7 +4,8 @@
 by the running service every :data:`PROBE_INTERVAL` (:class:`Health`, the first time before
 the dispatcher says it is ready; the backends that cannot be reached then are logged once).
 :class:`Health` keeps the last probes and answers ``/healthz`` (:meth:`Health.liveness`) and
-``/readyz`` (:meth:`Health.readiness`).
+``/readyz`` (:meth:`Health.readiness`): the whole dispatcher's under the ``health.ready``
+policy (``all`` or ``any`` of the models ready), or one model's.
 """
 
 from __future__ import annotations
@@ -119,13 +120,18 @@ class Health:
         return {"ok": True, "loop_lag_seconds": self.loop_lag}
 
     def readiness(self, model: str | None = None) -> dict[str, Any]:
-        """The ``/readyz`` document: ready when the store takes writes and every model
-        (``model``: that one) has at least one device (a row with a quota) whose backend is
-        reachable -- its last probe connected (an ``oip`` or ``tfserving`` server: said
-        itself and its model ready), and no failure of it since (the router's
-        back-off); otherwise the reasons."""
+        """The ``/readyz`` document: ready when the store takes writes and the models are:
+        a model is ready when at least one of its devices (a row with a quota) has a
+        reachable backend -- its last probe connected (an ``oip`` or ``tfserving`` server:
+        said itself and its model ready), and no failure of it since (the router's
+        back-off).  ``model``: that model alone (no policy); None: the whole dispatcher,
+        under the ``health.ready`` policy the document names (``policy``): ``all``, every
+        model ready; ``any``, at least one.  ``reasons`` lists every problem found, also
+        those the policy lets pass (a model not ready under ``any``)."""
         service = self.service
+        policy = service.deployment.health.ready
         reasons: list[str] = []
+        blocking = 0  # the reasons that make the document not ready
         store = service.store.write_problem()
         if store is not None:
             reasons.append(store)
@@ -133,7 +139,8 @@ class Health:
         models: dict[str, Any] = {}
         if d is None:
             reasons.append("not started")
-        else:
+        blocking = len(reasons)
+        if d is not None:
             router = service.router
             backed_off = set(router.backed_off())
             failed_at = router.failed_at
@@ -163,12 +170,17 @@ class Health:
                     )
                     reasons.append(f"model {name}: no reachable device ({why})")
                 models[name] = {"ready": ok, "devices": devices}
-        return {
-            "ready": not reasons,
-            "reasons": reasons,
-            "store": {"kind": service.store.kind, "ok": store is None},
-            "models": models,
-        }
+        if model is not None or policy == "all":
+            blocking = len(reasons)
+        elif not any(m["ready"] for m in models.values()):
+            blocking = len(reasons) + 1
+            reasons.append("policy any: no model is ready")
+        doc: dict[str, Any] = {"ready": not blocking, "reasons": reasons}
+        if model is None:
+            doc["policy"] = policy
+        doc["store"] = {"kind": service.store.kind, "ok": store is None}
+        doc["models"] = models
+        return doc
 
     def problem(self, key: str) -> str | None:
         """Why the backend of row ``key`` could not be reached at its last probe (None: it

@@ -162,12 +162,16 @@ class Observability:
 
     def _with_live(self, snap: dict[str, Any]) -> dict[str, Any]:
         """``snap`` with the per-model live figures (:meth:`live_figures`), the window they
-        cover and readiness."""
+        cover and readiness (``ready``, and ``/readyz``'s ``ready_reasons`` and
+        ``ready_policy``: what the live page shows)."""
         models = snap.setdefault("models", {})
         for model, figures in self.live_figures().items():
             models.setdefault(model, {}).update(figures)
         snap["stats_window"] = self.history.span
-        snap["ready"] = self.service.readiness()["ready"]
+        readiness = self.service.readiness()
+        snap["ready"] = readiness["ready"]
+        snap["ready_reasons"] = readiness["reasons"]
+        snap["ready_policy"] = readiness.get("policy")
         return snap
 
     def metrics_text(self) -> bytes:

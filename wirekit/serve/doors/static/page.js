@@ -382,8 +382,23 @@
       pills.push(pill(`backed off: ${stats.backed_off.map(String).join(", ")}`, "bad"));
     }
     document.getElementById("status").replaceChildren(...pills);
+    renderReadiness(stats);
     document.getElementById("updated").textContent =
       `updated ${fmtClock(now, true)} · every ${POLL_MS / 1000} s`;
+  }
+
+  // /readyz's reasons (in /stats as ready_reasons, under its policy ready_policy): why the
+  // dispatcher is not ready, or what its policy lets pass ("any": a model not ready)
+  function renderReadiness(stats) {
+    const box = document.getElementById("readiness");
+    const reasons = Array.isArray(stats.ready_reasons) ? stats.ready_reasons.map(String) : [];
+    box.hidden = reasons.length === 0;
+    box.classList.toggle("bad", stats.ready === false);
+    const policy = stats.ready_policy ? ` (policy ${stats.ready_policy})` : "";
+    document.getElementById("readiness-head").textContent =
+      `/readyz${policy}: ${stats.ready === false ? "not ready:" : "ready, though:"}`;
+    document.getElementById("ready-reasons").replaceChildren(
+      ...reasons.map((r) => el("li", {}, r)));
   }
 
   // "node/device" as shown: an answer no device gave (from the cache) has the empty one
