@@ -618,9 +618,8 @@ class HttpDoor:
         )
 
     def bad_request(self, exc: HttpProcessingError, peer: str | None) -> None:
-        """A request aiohttp refused as malformed (its parser answers 400; a body whose
-        framing breaks once the application reads it, 500), its connection closed: counted,
-        logged once per burst."""
+        """A request aiohttp reported as malformed (its parser's refusal: 400, the
+        connection closed): counted, logged once per burst."""
         self.bad_requests += 1
         reason = str(exc.message or type(exc).__name__)
         if len(reason) > REASON_CHARS:
