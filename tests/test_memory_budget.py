@@ -16,7 +16,14 @@ MIP backend), on both event loops and both twins (``WIREKIT_PURE=1``); their RSS
 with k = 3 for ``wirekit mip serve`` and 5 for ``wirekit serve``.
 
 Every wait is bounded; passing depends on what happened (bytes, RSS, closed sockets, log
-lines), never on how long it took.
+lines), never on how long it took.  In particular on a busy machine: the hogs stop sending
+when the server has not read them for ``SEND_TIMEOUT``, which a loaded server may take for
+every hog's first message -- then none has a reply waiting and none is ever dropped for not
+reading (issue 38: a flaky verdict at load ~12 on 2 cores).  So the first hog, alone, sends
+whatever time the server takes to read it (bounded generously) as many messages as it takes
+for their replies to outgrow what the kernel buffers for a client that never reads
+(:func:`sure_messages`, from the kernel's own socket buffer sizes): the server then holds a
+reply it cannot send, whatever the load, and must drop that hog.
 """
 
 from __future__ import annotations
@@ -174,19 +181,36 @@ class WellBehaved:
         self.thread.join(2 * TIMEOUT)
 
 
+def kernel_buffering() -> int:
+    """Bytes the kernel may hold of replies to a loopback client that never reads: the
+    sender's largest send buffer and the receiver's initial receive buffer (a receiver that
+    never reads does not grow it)."""
+    wmem_max = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    rmem_default = int(Path("/proc/sys/net/ipv4/tcp_rmem").read_text().split()[1])
+    return wmem_max + rmem_default
+
+
+def sure_messages(wire: bytes, times: int) -> int:
+    """How many of its ``times`` messages the first hog sends whatever time the server takes
+    to read them: enough for their replies (as big as the requests: an echo) to outgrow
+    :func:`kernel_buffering`, so that the server holds one it cannot send."""
+    return min(times, kernel_buffering() // len(wire) + 1)
+
+
 def served_now(address: tuple[str, int], text: str) -> None:
     """One small request on a new connection is answered (while the hogs sit)."""
     with Client(f"tcp://{address[0]}:{address[1]}", timeout=TIMEOUT) as client:
         assert client.infer([[text]]) == [(Item.text(text),)]
 
 
-def open_hog(address: tuple[str, int], wire: bytes, times: int) -> socket.socket:
+def open_hog(address: tuple[str, int], wire: bytes, times: int, sure: int = 0) -> socket.socket:
     """A client that sends ``wire`` ``times`` times (until the server stops reading it) and
-    never reads."""
+    never reads.  The first ``sure`` messages are sent whatever time the server takes to
+    read them (bounded: ``3 * TIMEOUT``), the others within ``SEND_TIMEOUT`` each."""
     sock = socket.create_connection(address, timeout=TIMEOUT)
-    sock.settimeout(SEND_TIMEOUT)
     with contextlib.suppress(OSError):  # refused (closed) or no longer read: it sits
-        for _ in range(times):
+        for k in range(times):
+            sock.settimeout(3 * TIMEOUT if k < sure else SEND_TIMEOUT)
             sock.sendall(wire)
     return sock
 
@@ -238,9 +262,11 @@ def hog_round(
     socks: list[socket.socket] = []
     with WellBehaved(address) as steady, Sampler(pid) as sampler:
         try:
+            # the first hog alone: replies the server cannot send, whatever the load
+            socks.append(open_hog(address, wire, times, sure_messages(wire, times)))
             openers = [
                 threading.Thread(target=lambda: socks.append(open_hog(address, wire, times)))
-                for _ in range(hogs)
+                for _ in range(hogs - 1)
             ]
             for t in openers:
                 t.start()
@@ -261,6 +287,12 @@ def hog_round(
                     f"RSS stays {(rss(pid) - baseline) / MiB:.0f} MiB above its baseline"
                 )
                 time.sleep(0.05)
+            # the well-behaved client is answered while the hogs sit (waited for: a round
+            # can be over before its next request, which it sends every 20 ms)
+            deadline = time.monotonic() + 3 * TIMEOUT
+            while steady.answered <= answered and not steady.errors:
+                assert time.monotonic() < deadline, "not served while the hogs sat"
+                time.sleep(0.02)
         finally:
             for s in socks:
                 s.close()

@@ -109,6 +109,8 @@ class Observability:
             decisions.update(self.service.controller.outcomes)
         extra["decisions"] = decisions
         extra["ready"] = self.service.readiness()["ready"]
+        door = self.service.http_door
+        extra["http_bad_requests"] = door.bad_requests if door is not None else 0
         return extra
 
     def live_figures(self) -> dict[str, dict[str, Any]]:

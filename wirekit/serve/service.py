@@ -446,6 +446,11 @@ class Service:
         return self.health.readiness(model)
 
     @property
+    def http_door(self) -> HttpDoor | None:
+        """The HTTP front door while it listens (None: not started, or stopped)."""
+        return self._http
+
+    @property
     def loop_lag(self) -> float:
         return self.health.loop_lag
 

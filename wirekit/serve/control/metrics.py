@@ -233,6 +233,11 @@ METRIC_NAMES: dict[str, tuple[str, tuple[str, ...], str]] = {
         "Devices out of rotation after a failure, now",
     ),
     "wirekit_serve_ready": ("gauge", (), "1 when this process can serve (what /readyz says)"),
+    "wirekit_serve_http_bad_requests_total": (
+        "counter",
+        (),
+        "Malformed HTTP requests the HTTP door refused (logged once per burst, not each)",
+    ),
 }
 
 
@@ -779,7 +784,7 @@ class Metrics:
         ``quotas`` (rows), ``targets`` (model -> seconds), ``backed_off`` (row keys),
         ``backoffs`` / ``in_flight`` ({(model, device label): n}), ``batches`` ({(model,
         device label): [sent, retried]}), ``decisions`` ({(model, outcome): n}), ``ready``
-        (bool)."""
+        (bool), ``http_bad_requests`` (int)."""
         from prometheus_client import CollectorRegistry, generate_latest
 
         registry = CollectorRegistry(auto_describe=False)
@@ -892,6 +897,10 @@ class _Collector:
         if "ready" in extra:
             f = family("wirekit_serve_ready")
             f.add_metric([], 1 if extra["ready"] else 0)
+            yield f
+        if "http_bad_requests" in extra:
+            f = family("wirekit_serve_http_bad_requests_total")
+            f.add_metric([], extra["http_bad_requests"])
             yield f
 
 

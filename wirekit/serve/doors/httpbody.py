@@ -13,7 +13,9 @@ thread would not help), never takes longer than the budget allows values.
 
 =====================  ===================================================================
 too big                ``Content-Length`` or the bytes received over ``http.max_body_size``,
-                       or bytes + parsed estimate over the whole budget: 413
+                       or bytes + parsed estimate over the whole budget: 413 (with
+                       ``Expect: 100-continue``: before ``100 Continue``, the body never
+                       invited, connection closed: :func:`unwanted_body_refusal`)
 over budget now        the budget cannot take them while other requests hold it: 503 with
                        ``Retry-After`` (the same request may fit later)
 too slow               the body not complete ``http.body_timeout`` after its headers: 408,
@@ -108,6 +110,29 @@ def _over_max_body_size(limits: HttpLimits) -> web.HTTPException:
     )
 
 
+def _announced_too_large(announced: int, limits: HttpLimits) -> web.HTTPException:
+    return _too_large(
+        f"a body of {announced} bytes is over the limit of {limits.max_body_size}"
+        " (http.max_body_size)"
+    )
+
+
+def unwanted_body_refusal(request: web.BaseRequest, limits: HttpLimits) -> web.HTTPException | None:
+    """The 413 for a request that asks whether to send its body (``Expect: 100-continue``)
+    while its ``Content-Length`` is already over ``http.max_body_size`` (None: no such
+    request).  The door answers it before aiohttp would answer ``100 Continue``, so the body
+    is never invited, and closes the connection (a body sent anyway is not read)."""
+    if request.headers.get("Expect", "").strip().lower() != "100-continue":
+        return None
+    try:
+        announced = request.content_length
+    except ValueError:  # aiohttp answers a malformed Content-Length before the handler
+        return None
+    if announced is None or announced <= limits.max_body_size:
+        return None
+    return _announced_too_large(announced, limits)
+
+
 def _refuse_compressed(request: web.Request) -> None:
     """415 for a body sent compressed: it is never inflated."""
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
@@ -168,10 +193,7 @@ class BodyReader:
             return None
         if announced is not None:
             if announced > self.limits.max_body_size:
-                raise _too_large(
-                    f"a body of {announced} bytes is over the limit of"
-                    f" {self.limits.max_body_size} (http.max_body_size)"
-                )
+                raise _announced_too_large(announced, self.limits)
             self._hold(announced, "the body")
         return announced
 
@@ -248,4 +270,11 @@ READER_KEY: Any = (
 )
 
 
-__all__ = ["READER_KEY", "VALUE_COST", "BodyReader", "Charge", "json_cost"]
+__all__ = [
+    "READER_KEY",
+    "VALUE_COST",
+    "BodyReader",
+    "Charge",
+    "json_cost",
+    "unwanted_body_refusal",
+]

@@ -23,8 +23,13 @@ wrapped in :class:`GatedConnection`, which
 
 Every refusal and drop is logged once per burst
 (:class:`~wirekit.serve.doors.fdwatch.BurstLog`), never once per connection: a flood is one
-line every few seconds, with a count.  Running out of file descriptors, which concerns every
-door, is watched by :class:`~wirekit.serve.doors.fdwatch.FdWatch`.
+line every few seconds, with a count.  So is a malformed request (aiohttp's parser refuses
+it, 400, and closes the connection; aiohttp would log an ERROR with a traceback for each):
+:class:`BadRequestLog` takes aiohttp's report of it, counts it
+(``wirekit_serve_http_bad_requests_total``) and logs one WARNING per burst, no traceback.
+A request that asks to send a body over ``http.max_body_size`` (``Expect: 100-continue``) is
+answered 413 before aiohttp would invite the body.  Running out of file descriptors, which
+concerns every door, is watched by :class:`~wirekit.serve.doors.fdwatch.FdWatch`.
 
 The access log (``http.access_log`` or ``--access-log``; off by default) is one INFO line per
 request answered, from :class:`AccessLogger` to the logger ``wirekit.serve.access``.  Off,
@@ -53,6 +58,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.log import server_logger
 
 from wirekit._logging import FIELDS
 from wirekit.mip.limits import BufferBudget, Deadlines, UnsentReplies
@@ -61,7 +68,7 @@ from wirekit.mip.server import Watchdog
 from ..config import HttpLimits
 from ..logs import serve_logger
 from .fdwatch import BurstLog, warn_if_cap_exceeds_fds
-from .httpbody import READER_KEY, BodyReader
+from .httpbody import READER_KEY, BodyReader, unwanted_body_refusal
 
 if TYPE_CHECKING:
     from .oiprest import OipRestHandlers
@@ -141,6 +148,32 @@ class AccessLogger(AbstractAccessLogger):
         """Whether a record would be logged (aiohttp asks once per connection; when not, it
         does not time the requests)."""
         return self.logger.isEnabledFor(logging.INFO)
+
+
+#: characters of aiohttp's reason for refusing a request that a WARNING quotes at most (the
+#: reason quotes what the client sent)
+REASON_CHARS = 200
+
+
+class BadRequestLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """The logger the door gives aiohttp's request handlers (aiohttp's ``logger``): a
+    request aiohttp's parser refused -- its report carries the parser's
+    :class:`~aiohttp.http_exceptions.HttpProcessingError` -- is the client's fault: counted
+    by the door and logged once per burst at WARNING (:meth:`HttpDoor.bad_request`), never
+    with a traceback.  Everything else goes on to aiohttp's own logger (``aiohttp.server``)
+    unchanged: an exception in the application is still an ERROR with its traceback."""
+
+    def __init__(self, door: HttpDoor) -> None:
+        super().__init__(server_logger, {})
+        self.door = door
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, HttpProcessingError):
+            peer = args[0] if args else None
+            self.door.bad_request(exc, peer if isinstance(peer, str) else None)
+            return
+        super().log(level, msg, *args, **kwargs)
 
 
 class GatedConnection(asyncio.Protocol):
@@ -475,9 +508,14 @@ class HttpDoor:
         access: dict[str, Any] = {"access_log": None}
         if limits.access_log:
             access = {"access_log": access_log, "access_log_class": AccessLogger}
+        #: malformed requests aiohttp refused (``wirekit_serve_http_bad_requests_total``)
+        self.bad_requests = 0
+        self._bad_requests = BurstLog(log)
         self._runner = web.AppRunner(
             app,
             **access,
+            # a malformed request: counted, one WARNING per burst (not aiohttp's traceback)
+            logger=BadRequestLog(self),
             keepalive_timeout=limits.idle_timeout,
             # a compressed body is answered 415 (wirekit.serve.doors.httpbody), never inflated
             auto_decompress=False,
@@ -579,6 +617,21 @@ class HttpDoor:
             unsent,
         )
 
+    def bad_request(self, exc: HttpProcessingError, peer: str | None) -> None:
+        """A request aiohttp reported as malformed (its parser's refusal: 400, the
+        connection closed): counted, logged once per burst."""
+        self.bad_requests += 1
+        reason = str(exc.message or type(exc).__name__)
+        if len(reason) > REASON_CHARS:
+            reason = reason[:REASON_CHARS] + "..."
+        self._bad_requests.event(
+            self.loop.time(),
+            "wirekit serve: malformed HTTP request from %s refused, its connection closed: %s"
+            " (wirekit_serve_http_bad_requests_total counts them)",
+            peer or "?",
+            reason,
+        )
+
     def scoped(self, handler: RequestHandler) -> RequestHandler:
         """``handler`` (the application's) within the door's scope of a request: its
         connection is busy while the application answers it (no header timer runs then),
@@ -597,13 +650,14 @@ class HttpDoor:
             if conn is not None:
                 conn.request_started()
             try:
+                # a body over http.max_body_size asked for (Expect: 100-continue): 413 now,
+                # before the application's route would answer 100 Continue
+                unwanted = unwanted_body_refusal(request, limits)
+                if unwanted is not None:
+                    return await _answer_and_close(request, unwanted)
                 return await handler(request)
             except web.HTTPRequestTimeout as slow:  # the body's: answer, then drop the client
-                await slow.prepare(request)
-                await slow.write_eof()
-                if request.transport is not None:
-                    request.transport.close()
-                return slow
+                return await _answer_and_close(request, slow)
             finally:
                 reader.release()
                 if conn is not None:
@@ -612,8 +666,21 @@ class HttpDoor:
         return scope
 
 
+async def _answer_and_close(
+    request: web.BaseRequest, answer: web.HTTPException
+) -> web.HTTPException:
+    """Write ``answer`` and close the connection at once (aiohttp would go on reading, or
+    wait for, a body the door will not read)."""
+    answer.force_close()  # says Connection: close
+    await answer.prepare(request)
+    await answer.write_eof()
+    if request.transport is not None:
+        request.transport.close()
+    return answer
+
+
 def _not_started() -> asyncio.Protocol:
     raise RuntimeError("the HTTP door is not started")
 
 
-__all__ = ["AccessLogger", "GatedConnection", "HttpDoor"]
+__all__ = ["AccessLogger", "BadRequestLog", "GatedConnection", "HttpDoor"]
