@@ -6,6 +6,20 @@ quotas changed while it serves (the ``/admin/models`` API of the HTTP front door
 :func:`~wirekit.serve.config.parse_settings`, :func:`~wirekit.serve.config.parse_quota`) and
 changes the catalog, which the router and the dispatcher follow.  Who may call it is the
 HTTP front door's concern (:mod:`wirekit.serve.doors.adminauth`).
+
+A model with ``load = true`` (``oip`` backends) is loaded on its devices' servers through
+their repository API (:mod:`wirekit.serve.backends.oipcontrol`) before it joins the catalog,
+and unloaded after its removal's drain where this process loaded it:
+
+* :meth:`ModelAdmin.load_model` asks every server of the model's rows with a quota at once;
+  a server that already serves the model is left as it is (``already loaded``) and is not
+  unloaded later; when any server fails, what this call loaded is unloaded again and
+  :class:`ModelLoadError` names every device and its result: nothing is half-added.
+* :meth:`ModelAdmin.unload_model` unloads where :meth:`load_model` (or the ``repository``
+  actuator) loaded it; per device ``unloaded``, ``left loaded (not loaded by wirekit)`` or
+  ``failed: ...``.
+* :meth:`ModelAdmin.follow_quotas` is the ``repository`` actuator's work: a GPU row of the
+  model at quota 0 is unloaded from its server, one above 0 loaded.
 """
 
 from __future__ import annotations
@@ -17,6 +31,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .backends.oipcontrol import (
+    ModelLoadError,
+    RepositoryError,
+    load,
+    model_ready,
+    unload,
+    where,
+)
+from .backends.servers import ServerAddress, server_address
 from .config import (
     ConfigError,
     Deployment,
@@ -41,6 +64,59 @@ from .logs import serve_logger
 
 log = serve_logger()
 
+#: a device's result of a load: this process loaded the model there
+LOADED = "loaded"
+#: the server served the model before this process asked (never unloaded by wirekit)
+ALREADY_LOADED = "already loaded"
+#: unloaded by this process (the ``repository`` actuator, a quota of 0)
+UNLOADED = "unloaded"
+#: what a removal says of a device where wirekit did not load the model
+LEFT_LOADED = "left loaded (not loaded by wirekit)"
+
+
+def load_addresses(model: ModelConfig, rows: Iterable[DeviceRow]) -> dict[str, ServerAddress]:
+    """Row key -> the server that loads ``model`` there: its ``oip`` rows with a quota."""
+    return {r.key: server_address(r, model) for r in rows if r.quota > 0 and r.backend == "oip"}
+
+
+async def ensure_loaded(address: ServerAddress, timeout: float) -> str:
+    """:data:`ALREADY_LOADED` when the server says the model is ready, else load it there
+    (:data:`LOADED`); within ``timeout`` seconds.  Raises
+    :class:`~wirekit.serve.backends.oipcontrol.RepositoryError`."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout
+    if await model_ready(address, timeout):
+        return ALREADY_LOADED
+    left = until - loop.time()
+    if left <= 0:
+        raise RepositoryError(f"{where(address)}: no time left to load model {address.model!r}")
+    await load(address, left)
+    return LOADED
+
+
+async def _each(addresses: dict[str, ServerAddress], call: Any, timeout: float) -> dict[str, str]:
+    """``call(address, timeout)`` once per distinct server, all at once: row key -> its
+    result, or ``failed: <why>``."""
+    servers: dict[ServerAddress, list[str]] = {}
+    for key, address in addresses.items():
+        servers.setdefault(address, []).append(key)
+
+    async def one(address: ServerAddress) -> str:
+        try:
+            return await asyncio.wait_for(call(address, timeout), timeout + 1.0)
+        except RepositoryError as exc:
+            return f"failed: {exc}"
+        except asyncio.TimeoutError:
+            return f"failed: {where(address)}: no answer within {timeout:g} s"
+
+    results = await asyncio.gather(*(one(a) for a in servers))
+    return {key: result for a, result in zip(servers, results, strict=True) for key in servers[a]}
+
+
+async def _unload_done(address: ServerAddress, timeout: float) -> str:
+    await unload(address, timeout)
+    return UNLOADED
+
 
 class ModelAdmin:
     """The admin operations of a :class:`~wirekit.serve.service.Service` (``service``: its
@@ -64,6 +140,13 @@ class ModelAdmin:
         self.admin_token_file: Path | None = None
         #: the models being removed (refused by the other operations meanwhile)
         self.removing: set[str] = set()
+        #: the models being added (their servers loading them)
+        self.adding: set[str] = set()
+        #: model -> the lock :meth:`follow_quotas` holds while its servers follow
+        self._following: dict[str, asyncio.Lock] = {}
+        #: model -> row key -> (its server, what this process did there: LOADED,
+        #: ALREADY_LOADED, UNLOADED) for the models with ``load = true``
+        self.loads: dict[str, dict[str, tuple[ServerAddress, str]]] = {}
 
     def access(self) -> AdminAccess | None:
         """The admin API's checks (None when it is off)."""
@@ -92,21 +175,167 @@ class ModelAdmin:
         self.admin_token_file = path
         log.info("wirekit serve: admin API token written to %s (mode 0600)", path)
 
+    async def load_model(self, model: ModelConfig, rows: Iterable[DeviceRow]) -> dict[str, str]:
+        """Load ``model`` on the server of each of its ``oip`` rows with a quota (all at
+        once, each within ``model.load_timeout``; see the module docstring) and remember
+        where; returns row key -> ``loaded`` / ``already loaded``.  When any fails, unloads
+        what this call loaded and raises :class:`ModelLoadError`."""
+        addresses = load_addresses(model, rows)
+        timeout = model.load_timeout
+        results = await _each(addresses, ensure_loaded, timeout)
+        if any(r.startswith("failed") for r in results.values()):
+            undo = {k: a for k, a in addresses.items() if results[k] == LOADED}
+            rollback = await _each(undo, _unload_done, timeout)
+            error = ModelLoadError(model.name, results, rollback)
+            log.warning("wirekit serve: %s", error)
+            raise error
+        self.loads[model.name] = {k: (addresses[k], results[k]) for k in addresses}
+        log.info(
+            "wirekit serve: model %s loaded on its servers (%s)",
+            model.name,
+            ", ".join(f"{k} {r}" for k, r in results.items()),
+        )
+        return results
+
+    async def unload_model(self, name: str, timeout: float = 60.0) -> dict[str, str]:
+        """Unload model ``name`` from the servers where this process loaded it (forgetting
+        them): row key -> ``unloaded``, ``left loaded (not loaded by wirekit)`` or
+        ``failed: <why>`` (each server within ``timeout`` seconds); rows it was not loaded
+        on are left out."""
+        loads = self.loads.pop(name, {})
+        self._following.pop(name, None)
+        ours = {k: a for k, (a, did) in loads.items() if did == LOADED}
+        results = await _each(ours, _unload_done, timeout)
+        for key, (_address, did) in loads.items():
+            if did == ALREADY_LOADED:
+                results[key] = LEFT_LOADED
+        if results:
+            log.log(
+                logging.WARNING
+                if any(r.startswith("failed") for r in results.values())
+                else logging.INFO,
+                "wirekit serve: model %s unloaded from its servers (%s)",
+                name,
+                ", ".join(f"{k} {r}" for k, r in results.items()),
+            )
+        return results
+
+    async def load_config_models(self) -> None:
+        """Load the models of the config with ``load = true`` (at the service's start,
+        before any door opens): all of them, or none -- on a failure what was loaded is
+        unloaded again and a :class:`ConfigError` names the model and every device's
+        result."""
+        catalog = self.service.catalog
+        done: list[str] = []
+        for name in catalog.models():
+            model = catalog.model(name)
+            if not model.load:
+                continue
+            try:
+                await self.load_model(model, catalog.rows(name))
+            except ModelLoadError as exc:
+                for loaded in done:
+                    await self.unload_model(loaded, catalog.model(loaded).load_timeout)
+                raise ConfigError(
+                    f"models.{name}.load", f"the service does not start: {exc}"
+                ) from None
+            done.append(name)
+
+    async def follow_quotas(self, name: str, node: str, device_type: str = "GPU") -> None:
+        """The ``repository`` actuator's work: each ``device_type`` row of model ``name``
+        on ``node`` (an ``oip`` model with ``load = true``) loaded on its server when its
+        quota is above 0, unloaded when it is 0 (a server that already has it so is left
+        alone; one that cannot be reached is taken as not serving it, so a row at quota 0
+        on a server that is down does not fail the other rows' decisions).  Raises
+        :class:`~wirekit.serve.backends.oipcontrol.RepositoryError` naming the devices that
+        failed."""
+        catalog = self.service.catalog
+        if name not in catalog:
+            return
+        model = catalog.model(name)
+        if model.backend != "oip" or not model.load:
+            return
+        rows = [
+            r
+            for r in catalog.rows(name)
+            if r.node == node
+            and r.device_type == device_type
+            and (r.port is not None or r.grpc_port is not None)  # a device with a server
+        ]
+        async with self._following.setdefault(name, asyncio.Lock()):  # one change at a time
+            await self._follow(name, model, rows)
+
+    async def _follow(self, name: str, model: ModelConfig, rows: list[DeviceRow]) -> None:
+        loads = self.loads.setdefault(name, {})
+        timeout = model.load_timeout
+        up = {r.key: server_address(r, model) for r in rows if r.quota > 0}
+        # a server another row of the model still needs (two devices, one server) stays
+        down = {
+            r.key: address
+            for r in rows
+            if r.quota <= 0 and (address := server_address(r, model)) not in up.values()
+        }
+
+        async def ensure_unloaded(address: ServerAddress, timeout: float) -> str:
+            try:
+                if not await model_ready(address, timeout):
+                    return UNLOADED
+            except RepositoryError as exc:  # a server that is down serves nothing
+                log.info("wirekit serve: %s: not unloaded, not reachable: %s", name, exc)
+                return UNLOADED
+            await unload(address, timeout)
+            return UNLOADED
+
+        results = await _each(up, ensure_loaded, timeout)
+        results.update(await _each(down, ensure_unloaded, timeout))
+        for key, result in results.items():
+            if result.startswith("failed"):
+                continue
+            address = up.get(key) or down[key]
+            before = loads.get(key, (address, ""))[1]
+            if result == ALREADY_LOADED and before == LOADED:
+                result = LOADED  # loaded by this process earlier: still ours to unload
+            loads[key] = (address, result)
+        failed = {k: r for k, r in results.items() if r.startswith("failed")}
+        if failed:
+            raise RepositoryError("; ".join(f"{k}: {r}" for k, r in failed.items()))
+
     async def add_model(self, model: ModelConfig, rows: Iterable[DeviceRow]) -> None:
         """Serve ``model`` from now on: its rows join the catalog (refused with a
         :class:`CatalogError` that says what is free when a share is not), backends, its
-        HTTP routes and metrics, and its MIP front door when it has a ``mip_port``."""
+        HTTP routes and metrics, and its MIP front door when it has a ``mip_port``.  With
+        ``load = true`` its servers load it first (:meth:`load_model`; a failure raises
+        :class:`ModelLoadError` and nothing is added)."""
         if self.service.dispatcher is None:
             raise RuntimeError("the service is not started")
         rows = list(rows)
         name = model.name
         if name in self.removing:
             raise CatalogError(f"model {name!r} is being removed: add it again once it is gone")
+        if name in self.adding:
+            raise CatalogError(f"model {name!r} is being added already")
+        if name in self.service.catalog:
+            raise CatalogError(f"model {name!r} already exists (remove it first)")
         if model.backend == "clipper" and self.service.clipper is None:
             raise CatalogError(
                 f"model {name!r}: a Clipper model needs the Clipper RPC port"
                 " (listen.clipper_rpc_port), which this dispatcher does not open"
             )
+        self.adding.add(name)
+        try:
+            if model.load:
+                await self.load_model(model, rows)
+            try:
+                await self._add_loaded(model, rows)
+            except BaseException:
+                if model.load:
+                    await self.unload_model(name, model.load_timeout)
+                raise
+        finally:
+            self.adding.discard(name)
+
+    async def _add_loaded(self, model: ModelConfig, rows: list[DeviceRow]) -> None:
+        name = model.name
         server = None
         if model.mip_port is not None:
             try:
@@ -194,6 +423,9 @@ class ModelAdmin:
             await asyncio.sleep(0)  # the answers owed are written (the front doors flush)
             for door in list(self.service.front_conns.pop(name, ())):
                 door.close()
+            unloaded = None
+            if name in self.loads:
+                unloaded = await self.unload_model(name, model.load_timeout)
         finally:
             self.removing.discard(name)
         # requests cut short by the drain's end are something to look at; a drain is not
@@ -203,7 +435,10 @@ class ModelAdmin:
             name,
             "drained" if not left else f"{left} request(s) still in flight after the drain",
         )
-        return {"removed": name, "drained": not left, "in_flight_at_timeout": left}
+        doc: dict[str, Any] = {"removed": name, "drained": not left, "in_flight_at_timeout": left}
+        if unloaded is not None:
+            doc["unloaded"] = unloaded
+        return doc
 
     def model_doc(self, name: str) -> dict[str, Any]:
         catalog = self.service.catalog
@@ -224,6 +459,7 @@ class ModelAdmin:
             "platform": model.platform,
             "tensors": model.tensors,
             "removing": name in self.removing,
+            "load": model.load,
             "rows": [
                 {
                     "node": r.node,
@@ -235,6 +471,11 @@ class ModelAdmin:
                 }
                 for r in catalog.rows(name)
             ],
+            **(
+                {"loaded": {k: did for k, (_a, did) in self.loads.get(name, {}).items()}}
+                if model.load
+                else {}
+            ),
         }
 
     async def set_quota_doc(self, name: str, doc: Any) -> dict[str, Any]:

@@ -353,7 +353,9 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_OK
     # the dispatcher's own probe; a Clipper container connects to it, and is not probed here
     rows = [r for r in dep.rows if r.quota > 0 and r.port is not None]
-    results = asyncio.run(probe_rows([r for r in rows if probed(r)], timeout=CHECK_TIMEOUT))
+    results = asyncio.run(
+        probe_rows([r for r in rows if probed(r)], timeout=CHECK_TIMEOUT, models=dep.models)
+    )
     for row in rows:
         if row.key not in results:  # KubeMo: a connection without a request stops its server
             out.write(f"probe {row.key}: not probed ({row.backend})\n")
@@ -637,11 +639,14 @@ def _render_models(doc: dict) -> str:
         state = " (being removed)" if m.get("removing") else ""
         target = f", target {m['target']:g} s" if m.get("target") is not None else ""
         lines.append(f"{name}: {m['backend']}{door}{target}{state}")
+        loaded = m.get("loaded") or {}  # load = true: what wirekit did on each server
         for r in m["rows"]:
             port = r["port"]  # None: no backend on that device; a string: a Clipper name
             where = f"{r['endpoint']}:{port}" if isinstance(port, int) else (port or "-")
+            did = loaded.get(f"{r['node']}/{r['device']}/{name}")
             lines.append(
                 f"  {r['node']}/{r['device']:<4} {r['device_type']} quota {r['quota']:<6g} {where}"
+                + (f" ({did})" if did else "")
             )
     lines.append("devices:")
     for d in doc["devices"]:

@@ -623,7 +623,7 @@ class CacheConfig:
     max_bytes: int = setting(64 * 1024 * 1024, check=_integer(lo=0, hi=1 << 40))
 
 
-ACTUATOR_KINDS = ("log", "command", "cgroup")
+ACTUATOR_KINDS = ("log", "command", "cgroup", "repository")
 #: the placeholders of a ``command`` actuator's argv templates
 ACTUATOR_FIELDS = ("node", "model", "share", "cpus", "gpus", "container")
 METRICS = ("avg", "p50", "p95", "p99")

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
-from .config import DeviceRow
+from .config import SERVER_KINDS, DeviceRow, ModelConfig
 from .control.metrics import device_label
 
 #: seconds between two probes of the backends (what ``/readyz`` says of them), and how
@@ -32,12 +32,25 @@ def probed(row: DeviceRow) -> bool:
 
 
 async def probe_row(
-    row: DeviceRow, clipper: Any = None, timeout: float = PROBE_TIMEOUT
+    row: DeviceRow,
+    clipper: Any = None,
+    timeout: float = PROBE_TIMEOUT,
+    model: ModelConfig | None = None,
 ) -> str | None:
     """Why the backend of ``row`` cannot be reached now, or None: a TCP connection opened
     and closed within ``timeout`` seconds (MIP), a live container registered with
-    ``clipper``, the embedded Clipper RPC frontend (Clipper).  Not for a row that is not
+    ``clipper``, the embedded Clipper RPC frontend (Clipper), the server ready and so is
+    its model (``oip``, ``tfserving``: :func:`~wirekit.serve.backends.oipcontrol.probe` of
+    the row's server, ``model`` the row's model config, for the server's name of the
+    model and its protocol; default: the model's defaults).  Not for a row that is not
     :func:`probed`."""
+    if row.backend in SERVER_KINDS:
+        from .backends.oipcontrol import probe
+        from .backends.servers import server_address
+
+        if model is None:
+            model = ModelConfig(name=row.model, backend=row.backend)
+        return await probe(server_address(row, model), timeout)
     if row.backend == "clipper":
         if clipper is None or not row.clipper_name:
             return "no Clipper RPC port"
@@ -60,13 +73,18 @@ async def probe_row(
 
 
 async def probe_rows(
-    rows: Iterable[DeviceRow], clipper: Any = None, timeout: float = PROBE_TIMEOUT
+    rows: Iterable[DeviceRow],
+    clipper: Any = None,
+    timeout: float = PROBE_TIMEOUT,
+    models: Mapping[str, ModelConfig] | None = None,
 ) -> dict[str, str | None]:
-    """:func:`probe_row` of every row at once: row key -> None or why it cannot be reached
-    (a probe's own error is its result)."""
+    """:func:`probe_row` of every row at once (``models``: the models' configs by name):
+    row key -> None or why it cannot be reached (a probe's own error is its result)."""
     rows = list(rows)
+    models = models or {}
     results = await asyncio.gather(
-        *(probe_row(row, clipper, timeout) for row in rows), return_exceptions=True
+        *(probe_row(row, clipper, timeout, models.get(row.model)) for row in rows),
+        return_exceptions=True,
     )
     out: dict[str, str | None] = {}
     for row, result in zip(rows, results, strict=True):
@@ -100,7 +118,8 @@ class Health:
     def readiness(self, model: str | None = None) -> dict[str, Any]:
         """The ``/readyz`` document: ready when the store takes writes and every model
         (``model``: that one) has at least one device (a row with a quota) whose backend is
-        reachable -- its last probe connected, and no failure of it since (the router's
+        reachable -- its last probe connected (an ``oip`` or ``tfserving`` server: said
+        itself and its model ready), and no failure of it since (the router's
         back-off); otherwise the reasons."""
         service = self.service
         reasons: list[str] = []
@@ -162,7 +181,11 @@ class Health:
         router = service.router
         rows = [row for name in list(d.models) for row in router.rows(name) if probed(row)]
         clock: Callable[[], float] = router.clock
-        results = await probe_rows([r for r in rows if r.key not in self.given], service.clipper)
+        catalog = service.catalog
+        models = {name: catalog.model(name) for name in {r.model for r in rows} if name in catalog}
+        results = await probe_rows(
+            [r for r in rows if r.key not in self.given], service.clipper, models=models
+        )
         results.update({r.key: None for r in rows if r.key in self.given})
         now = clock()
         self.probes = {key: (now, result) for key, result in results.items()}

@@ -242,6 +242,11 @@ class Service:
                     f"tcp://{host}:{dep.clipper_rpc_port}", dep.clipper_generation
                 ).start()
             catalog = self.catalog
+            # the models with load = true, on their servers before any door opens
+            await self.admin.load_config_models()
+            bind = getattr(self.controller.actuator if self.controller else None, "bind", None)
+            if bind is not None:  # the repository actuator loads through the admin
+                bind(self.admin, asyncio.get_running_loop())
             backends = {r.key: self.backend_for(r) for r in catalog.rows() if r.quota > 0}
             self.dispatcher = Dispatcher(
                 {name: catalog.model(name) for name in catalog.models()},

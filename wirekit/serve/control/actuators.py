@@ -14,17 +14,22 @@ Shipped (``controller.actuator.kind``):
 * ``cgroup`` -- :class:`CgroupActuator`: writes the CPU quota of the cgroup holding the
   model's backend (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` + ``cpu.cfs_period_us``:
   what ``docker update --cpus`` does underneath; :mod:`wirekit.cgroups`).  ``wirekit mip
-  serve --cgroup PATH`` puts a backend in one.
+  serve --cgroup PATH`` puts a backend in one;
+* ``repository`` -- :class:`RepositoryActuator`: a model's GPU on a node is its model
+  server's to load (a share above 0) or unload (0), through the OIP repository extension
+  (``oip`` models with ``load = true``; :meth:`ModelAdmin.follow_quotas
+  <wirekit.serve.admin.ModelAdmin.follow_quotas>`).  CPU shares are routing only.
 
 A Kubernetes actuator is a small class of the same shape (``specs/controller.md`` shows one).
 """
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from wirekit.cgroups import CgroupError, set_cpu_limit
 from wirekit.errors import WirekitError
@@ -181,6 +186,58 @@ class CgroupActuator:
         log.info("actuator cgroup: %s/%s GPUs %d (routing only)", node, model, count)
 
 
+class RepositoryActuator:
+    """Loads a model on, or unloads it from, the model server of each GPU of a node as the
+    catalog's quota says (above 0: loaded, 0: unloaded), through the OIP repository
+    extension; only ``oip`` models with ``load = true`` (others: routing only).  CPU shares
+    are routing only.
+
+    The service binds it (:meth:`bind`) to its :class:`~wirekit.serve.admin.ModelAdmin`
+    and its event loop at start: the loads run on that loop, the actuator's worker thread
+    waits for them.  A server that refuses or fails raises :class:`ActuatorError` with its
+    reason (the controller then rolls the quota back)."""
+
+    def __init__(self, timeout: float = 10.0) -> None:
+        self._timeout = timeout
+        self._admin: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, admin: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """Act through ``admin`` (its ``follow_quotas`` and ``service.catalog``), on
+        ``loop``."""
+        self._admin, self._loop = admin, loop
+
+    @property
+    def timeout(self) -> float:
+        """Seconds one decision may take: the longest ``load_timeout`` of the models that
+        load (at least the configured ``timeout``)."""
+        if self._admin is None:
+            return self._timeout
+        catalog = self._admin.service.catalog
+        loads = [catalog.model(n).load_timeout for n in catalog.models() if catalog.model(n).load]
+        return max([self._timeout, *loads])
+
+    def set_cpu_share(self, node: str, model: str, share: float) -> None:
+        log.info("actuator repository: %s/%s CPU share %g (routing only)", node, model, share)
+
+    def set_gpus(self, node: str, model: str, count: int) -> None:
+        if self._admin is None or self._loop is None:
+            raise ActuatorError("the repository actuator is not bound to a running service")
+        future = asyncio.run_coroutine_threadsafe(
+            self._admin.follow_quotas(model, node, "GPU"), self._loop
+        )
+        try:
+            future.result(self.timeout + 1.0)
+        except TimeoutError:
+            future.cancel()
+            raise ActuatorError(
+                f"{node}/{model}: the servers did not load/unload in {self.timeout:g} s"
+            ) from None
+        except Exception as exc:
+            raise ActuatorError(f"{node}/{model}: {exc}") from None
+        log.info("actuator repository: %s/%s GPUs %d (servers follow)", node, model, count)
+
+
 def build_actuator(cfg: ActuatorConfig) -> Actuator:
     """The actuator a ``controller.actuator`` table describes: a shipped kind, or
     ``module:Class`` built as ``Class(options)`` (``options``: the table's ``options``, a
@@ -204,6 +261,8 @@ def build_actuator(cfg: ActuatorConfig) -> Actuator:
         )
     if cfg.kind == "cgroup":
         return CgroupActuator(dict(cfg.cgroups), cpus=cfg.cpus, period_us=cfg.period_us)
+    if cfg.kind == "repository":
+        return RepositoryActuator(timeout=cfg.timeout)
     return LogActuator()
 
 
@@ -215,5 +274,6 @@ __all__ = [
     "CgroupError",
     "CommandActuator",
     "LogActuator",
+    "RepositoryActuator",
     "build_actuator",
 ]

@@ -37,6 +37,7 @@ from wirekit.mip import DEFAULT_MAX_ITEMS, Inference
 from wirekit.mip.decoder import DEFAULT_MAX_MESSAGE_SIZE
 from wirekit.mip.limits import BufferBudget
 
+from ..backends.oipcontrol import ModelLoadError
 from ..config import ConfigError, HttpLimits
 from ..control.catalog import CatalogError
 from ..control.metrics import DOOR_CLIPPER
@@ -379,6 +380,8 @@ class AdminHandlers:
             added = await self.admin.add_model_doc(doc)
         except ConfigError as exc:
             return _error(400, str(exc), where=exc.where)
+        except ModelLoadError as exc:  # a server refused or failed the load: nothing added
+            return _error(502, str(exc), devices=exc.results, rollback=exc.rollback)
         except CatalogError as exc:  # the share asked for is not free (the message says what is)
             return _error(409, str(exc), free=self._free_devices())
         return _json(added, 201)
