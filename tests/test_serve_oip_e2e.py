@@ -58,6 +58,12 @@ NODE = "n"
 #: the echo model's quotas on device 0 (the first MLServer) and device 1 (the second)
 SPLIT = {f"{NODE}/0/echo": 0.7, f"{NODE}/1/echo": 0.3}
 ENDED = ("ok", "error", "failed", "lost", "abandoned")
+#: the series of ``/metrics`` the tests read
+SERIES = (
+    "wirekit_serve_requests_total",
+    "wirekit_serve_resubmissions_total",
+    "wirekit_serve_in_flight",
+)
 
 
 @dataclass
@@ -93,13 +99,12 @@ class Stage:
         return self.post(f"/v2/models/{model}/infer", doc)
 
     def metrics(self) -> dict[tuple[str, str], float]:
-        """``/metrics``' ``wirekit_serve_requests_total`` and ``..._resubmissions_total``
-        samples: (series, its labels text) -> value."""
+        """``/metrics``' samples of :data:`SERIES`: (series, its labels text) -> value."""
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=TIMEOUT) as answer:
             text = answer.read().decode()
         samples = {}
         for line in text.splitlines():
-            for name in ("wirekit_serve_requests_total", "wirekit_serve_resubmissions_total"):
+            for name in SERIES:
                 if line.startswith(name + "{"):
                     labels, value = line[len(name) :].rsplit(" ", 1)
                     samples[(name, labels)] = float(value)
@@ -327,9 +332,15 @@ def test_a_server_killed_mid_load_loses_no_request(stage, tmp_path):
     before = stage.metrics()
     n, workers = 64, 16
     killed = threading.Event()
+    in_flight: list[float] = []  # on device 2 when its server was killed
 
     def killer() -> None:
-        time.sleep(SLOW_PREDICT_SECONDS * 1.5)  # the first requests are in flight on both
+        """Kill device 2's server once requests are in flight on it (bounded wait)."""
+        series = ("wirekit_serve_in_flight", f'{{device="{NODE}/2",model="slow"}}')
+        deadline = time.monotonic() + TIMEOUT
+        while (held := stage.metrics().get(series, 0)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        in_flight.append(held)
         stage.a.kill()
         killed.set()
 
@@ -337,7 +348,7 @@ def test_a_server_killed_mid_load_loses_no_request(stage, tmp_path):
     thread.start()
     answers = many(stage, "slow", range(n), workers)
     thread.join(TIMEOUT)
-    assert killed.is_set() and not stage.a.alive()
+    assert killed.is_set() and in_flight[0] >= 3 and not stage.a.alive()
     assert [(s, echoed(doc)) for s, doc in answers] == [(200, [k, -k]) for k in range(n)]
 
     # in the store: one row per request, ended ok; those the killed server held resubmitted
