@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 from oip_fixtures import mlserver, mlserver_b  # noqa: F401
-from oip_servers import BROKEN_MESSAGE, IRIS_CLASSES, IRIS_ROWS, SLOW_PREDICT_SECONDS, Server
+from oip_servers import BROKEN_MESSAGE, IRIS_CLASSES, IRIS_ROWS, Server
 from serve_support import TIMEOUT, DispatcherProcess, deployment
 from support.rows import select
 
@@ -50,7 +50,8 @@ from wirekit.mip.client import Client
 pytestmark = pytest.mark.skipif(
     os.environ.get("WIREKIT_PURE") == "1",
     reason="real model servers' processes: the dispatcher's path to them has no compiled"
-    " twin, the pure run has the same code",
+    " twin, the pure run has the same code (the doors' OIP twins are tested on both runs"
+    " by test_serve_oip_rest.py and test_serve_oip_grpc.py)",
 )
 
 TOKEN = "e2e-admin-token"
@@ -208,6 +209,23 @@ def many(stage: Stage, model: str, keys: range, workers: int) -> list[tuple[int,
         return list(pool.map(lambda k: stage.infer(model, echo_doc(k)), keys))
 
 
+def wait_in_flight(stage: Stage, model: str, count: int, device: str | None = None) -> float:
+    """Wait (bounded) until wirekit has ``count`` requests of ``model`` in flight (on
+    ``device``, a ``node/index`` label, or on all its devices); how many it had."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        held = sum(
+            value
+            for (name, labels), value in stage.metrics().items()
+            if name == "wirekit_serve_in_flight"
+            and f'model="{model}"' in labels
+            and (device is None or f'device="{device}"' in labels)
+        )
+        if held >= count or time.monotonic() > deadline:
+            return held
+        time.sleep(0.02)
+
+
 def requests_total(samples: dict[tuple[str, str], float], model: str) -> Counter:
     """``wirekit_serve_requests_total`` of ``model``: (device, state) -> count."""
     out: Counter = Counter()
@@ -223,7 +241,7 @@ def requests_total(samples: dict[tuple[str, str], float], model: str) -> Counter
 
 
 def test_the_quota_split_over_two_servers_follows_the_quotas(stage: Stage):
-    n = 300
+    n = 500
     answers = many(stage, "echo", range(n), 8)
     assert [status for status, _ in answers] == [200] * n, answers[:3]
     assert [echoed(doc) for _, doc in answers] == [[k, -k] for k in range(n)]
@@ -232,8 +250,9 @@ def test_the_quota_split_over_two_servers_follows_the_quotas(stage: Stage):
     assert {r[3] for r in rows} == {1}  # no server failed: no resubmission
     counts = Counter(r[2] for r in rows)
     assert chi_square_p(counts, SPLIT) > 1e-4, counts
-    # the test has teeth: the same counts are far off an even split
-    assert chi_square_p(counts, dict.fromkeys(SPLIT, 0.5)) < 1e-6, counts
+    # the test has teeth: the same counts are far off an even split (by 4.7 sigmas at least
+    # but once in a million runs)
+    assert chi_square_p(counts, dict.fromkeys(SPLIT, 0.5)) < 1e-3, counts
     metrics = requests_total(stage.metrics(), "echo")
     assert {device: v for (device, state), v in metrics.items() if state == "ok"} == counts
     assert sum(metrics.values()) == n
@@ -292,7 +311,7 @@ def test_models_add_loads_on_both_servers_then_remove_drains_and_unloads(stage, 
     # removed while requests are in flight: each is answered, then the model is unloaded
     with ThreadPoolExecutor(8) as pool:
         inflight = [pool.submit(stage.infer, "slow", echo_doc(k)) for k in range(100, 108)]
-        time.sleep(SLOW_PREDICT_SECONDS / 3)
+        wait_in_flight(stage, "slow", len(inflight))
         status, out, err = models_cli(stage, "remove", "slow")
         answered = [f.result(TIMEOUT) for f in inflight]
     assert status == 0, err
@@ -336,11 +355,7 @@ def test_a_server_killed_mid_load_loses_no_request(stage, tmp_path):
 
     def killer() -> None:
         """Kill device 2's server once requests are in flight on it (bounded wait)."""
-        series = ("wirekit_serve_in_flight", f'{{device="{NODE}/2",model="slow"}}')
-        deadline = time.monotonic() + TIMEOUT
-        while (held := stage.metrics().get(series, 0)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        in_flight.append(held)
+        in_flight.append(wait_in_flight(stage, "slow", 3, f"{NODE}/2"))
         stage.a.kill()
         killed.set()
 
