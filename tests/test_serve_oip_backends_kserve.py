@@ -20,21 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from oip_servers import (
-    IRIS_CLASSES,
-    IRIS_ROWS,
-    Namespace,
-    http_call,
-    peers_unavailable,
-    start_kserve,
-)
+from oip_fixtures import kserve  # noqa: F401  (a module-scoped fixture)
+from oip_servers import IRIS_CLASSES, IRIS_ROWS, Namespace, Server, http_call
 from serve_support import _is_ready, deployment
 from support.process import ServerProcess
 
 pytestmark = [
-    pytest.mark.skipif(
-        peers_unavailable(kserve=True) is not None, reason=str(peers_unavailable(kserve=True))
-    ),
     pytest.mark.skipif(
         os.environ.get("WIREKIT_PURE") == "1",
         reason="a real model server's process: the dispatcher's path to it has no compiled"
@@ -68,9 +59,9 @@ def front_doc(directory: Path, http: int, grpc: int) -> dict[str, Any]:
 class Pair:
     """KServe, and the ``wirekit serve`` in front of it, both in ``ns``."""
 
-    def __init__(self, ns: Namespace, kserve: Any, front: ServerProcess) -> None:
+    def __init__(self, ns: Namespace, server: Any, front: ServerProcess) -> None:
         self.ns = ns
-        self.kserve = kserve
+        self.kserve = server
         self.front = front
         self.front_http = json.loads(front.first_line)["http"]
 
@@ -83,18 +74,15 @@ class Pair:
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+def pair(kserve: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:  # noqa: F811
+    """``wirekit serve`` inside KServe's namespace, in front of it."""
     directory = tmp_path_factory.mktemp("kserve-backend")
-    with Namespace() as ns:
-        kserve = start_kserve(ns, directory, models=("echo", "iris"))
-        try:
-            config = directory / "front.json"
-            config.write_text(json.dumps(front_doc(directory, *kserve.ports.values())))
-            argv = [sys.executable, "-m", "wirekit.cli", "serve", "--config", str(config)]
-            with ServerProcess(ns.command(argv), ready=_is_ready) as front:
-                yield Pair(ns, kserve, front)
-        finally:
-            kserve.stop()
+    assert kserve.ns is not None
+    config = directory / "front.json"
+    config.write_text(json.dumps(front_doc(directory, kserve.ports["http"], kserve.ports["grpc"])))
+    argv = [sys.executable, "-m", "wirekit.cli", "serve", "--config", str(config)]
+    with ServerProcess(kserve.ns.command(argv), ready=_is_ready) as front:
+        yield Pair(kserve.ns, kserve, front)
 
 
 def test_tf_serving_rest_to_kserve_s_v1(pair: Pair):

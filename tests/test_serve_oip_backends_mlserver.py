@@ -21,7 +21,8 @@ from typing import Any
 
 import grpc
 import pytest
-from oip_servers import IRIS_CLASSES, IRIS_ROWS, peers_unavailable, running_mlserver
+from oip_fixtures import mlserver  # noqa: F401  (a module-scoped fixture)
+from oip_servers import IRIS_CLASSES, IRIS_ROWS, Server
 from serve_support import TIMEOUT, DispatcherProcess, deployment
 
 from wirekit import oip
@@ -29,7 +30,6 @@ from wirekit.oip.grpc import messages as pb
 from wirekit.oip.grpc.convert import request_to_grpc, response_from_grpc
 
 pytestmark = [
-    pytest.mark.skipif(peers_unavailable() is not None, reason=str(peers_unavailable())),
     pytest.mark.skipif(
         os.environ.get("WIREKIT_PURE") == "1",
         reason="a real model server's process: the dispatcher's path to it has no compiled"
@@ -64,8 +64,8 @@ def front_doc(directory: Path, http: int, grpc_port: int) -> dict[str, Any]:
 class Pair:
     """MLServer, and the ``wirekit serve`` in front of it."""
 
-    def __init__(self, mlserver: Any, front: DispatcherProcess) -> None:
-        self.mlserver = mlserver
+    def __init__(self, server: Any, front: DispatcherProcess) -> None:
+        self.mlserver = server
         self.front = front
 
     def direct(self, path: str, doc: Any) -> tuple[int, Any]:
@@ -88,12 +88,11 @@ class Pair:
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+def pair(mlserver: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:  # noqa: F811
     directory = tmp_path_factory.mktemp("mlserver-backend")
-    with running_mlserver(directory, models=("echo", "iris")) as mlserver:
-        doc = front_doc(directory, mlserver.ports["http"], mlserver.ports["grpc"])
-        with DispatcherProcess.of(doc, directory) as front:
-            yield Pair(mlserver, front)
+    doc = front_doc(directory, mlserver.ports["http"], mlserver.ports["grpc"])
+    with DispatcherProcess.of(doc, directory) as front:
+        yield Pair(mlserver, front)
 
 
 def _outputs(doc: dict[str, Any]) -> list[dict[str, Any]]:
