@@ -6,7 +6,9 @@ What the other issue-37 tests do not already cover, all through the real process
 
 * the quota split over the two servers (0.7/0.3) follows the quotas (chi-square, as for MIP
   backends), counted from the store and from ``/metrics``;
-* a MIP client sending OIP items gets what MLServer answers directly (iris and echo);
+* a MIP client sending OIP items gets what MLServer answers directly (iris and echo), and
+  so does a client of the OIP REST (JSON), OIP gRPC and TF Serving doors (echo: iris
+  through those doors, and the binary extension, are test_serve_oip_backends_mlserver.py's);
 * ``wirekit serve models add`` (the CLI) of a model with ``load: true`` on both servers:
   loaded on each, then served by both; ``models remove`` while requests are in flight:
   drained (each answered), then unloaded from each; a model both servers fail to load
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from oip_fixtures import mlserver, mlserver_b  # noqa: F401
 from oip_servers import BROKEN_MESSAGE, IRIS_CLASSES, IRIS_ROWS, Server
@@ -46,6 +49,8 @@ from support.rows import select
 from wirekit import mip, oip
 from wirekit.cli import main as wirekit_main
 from wirekit.mip.client import Client
+from wirekit.oip.grpc import messages as pb
+from wirekit.oip.grpc.convert import request_to_grpc, response_from_grpc
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("WIREKIT_PURE") == "1",
@@ -142,6 +147,7 @@ def front_doc(directory: Path, a: Server, b: Server) -> dict[str, Any]:
     store = {"path": str(directory / "front.db"), "flush_interval": 0.01}
     doc = deployment(directory / "front.db", models, [node], cache={"max_entries": 0}, store=store)
     doc["admin"] = {"token": TOKEN}
+    doc["listen"]["grpc_port"] = 0
     return doc
 
 
@@ -289,6 +295,50 @@ def test_a_mip_client_with_oip_items_gets_mlserver_s_answer(stage: Stage, model,
 
 def _flat(data: list[Any]) -> list[Any]:
     return [v for x in data for v in (_flat(x) if isinstance(x, list) else [x])]
+
+
+# --- echo through the other doors (iris is test_serve_oip_backends_mlserver.py's) ----------------
+
+ECHO_INPUTS = [{"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [1.5, -2, 3, 0.25]}]
+
+
+def grpc_infer(stage: Stage, model: str, inputs: list[dict[str, Any]]) -> list[oip.Tensor]:
+    """The outputs of ``ModelInfer`` through the front's OIP gRPC door."""
+    tensors = [
+        oip.tensor_from_json(i["name"], i["datatype"], i["shape"], i["data"]) for i in inputs
+    ]
+    request = request_to_grpc(pb.ModelInferRequest, model, oip.InferRequest(tensors))
+    with grpc.insecure_channel(f"127.0.0.1:{stage.front.addresses['grpc']}") as channel:
+        call = channel.unary_unary(
+            f"/{pb.SERVICE}/ModelInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelInferResponse.FromString,
+        )
+        outputs, _parameters = response_from_grpc(call(request, timeout=TIMEOUT))
+    return outputs
+
+
+@pytest.mark.parametrize("door", ["oip-rest-json", "oip-grpc", "tf-serving"])
+def test_echo_through_each_door_equals_mlserver_s_answer(stage: Stage, door: str):
+    direct = stage.b.infer("echo", ECHO_INPUTS)
+    assert direct.status == 200, direct.body
+    (expected,) = direct.json()["outputs"]
+    flat = _flat(expected["data"])
+    if door == "tf-serving":  # the door infers the tensor from the JSON rows
+        status, answer = stage.post(
+            "/v1/models/echo:predict", {"instances": [[1.5, -2], [3, 0.25]]}
+        )
+        assert status == 200, answer
+        assert answer == {"predictions": [flat[:2], flat[2:]]}
+        return
+    if door == "oip-grpc":
+        outputs = grpc_infer(stage, "echo", ECHO_INPUTS)
+        got = [(t.name, t.datatype, list(t.shape), oip.tensor_to_json_data(t)) for t in outputs]
+    else:
+        status, answer = stage.infer("echo", {"inputs": ECHO_INPUTS})
+        assert status == 200, answer
+        got = [(o["name"], o["datatype"], o["shape"], _flat(o["data"])) for o in answer["outputs"]]
+    assert got == [(expected["name"], expected["datatype"], expected["shape"], flat)]
 
 
 # --- models add / remove with load, through the CLI -----------------------------------------------
