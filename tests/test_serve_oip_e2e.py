@@ -385,6 +385,7 @@ def test_a_load_both_servers_fail_is_reported_per_device_and_adds_no_route(stage
         )
         assert said in err
     assert err.count(BROKEN_MESSAGE) >= 2
+    assert not stage.a.model_ready("broken") and not stage.b.model_ready("broken")
     code, answer = stage.infer("broken", echo_doc(1))
     assert code == 404, answer
     listed = models_cli(stage, "list")
