@@ -15,7 +15,8 @@ samples are stacked along dim 0) and the server's answer back onto a MIP reply b
   KServe 0.21 takes it; MLServer 1.7.1 does not (its REST API reads JSON only: it answers
   500, or drops the connection): a server that fails the first binary request (any status
   but 200, a lost connection) is asked again in JSON, and from then on in JSON only when
-  that one is answered; one that answered a binary request once is not asked in JSON again.
+  that one is answered (the binary requests already in flight then are asked again in JSON
+  too); one that answered a binary request once is not asked in JSON again.
 * :class:`OipGrpcBackend` -- ``inference.GRPCInferenceService/ModelInfer`` (grpc.aio), the
   inputs in ``raw_input_contents``; outputs read from ``raw_output_contents`` or, where the
   server answers typed ``contents`` (MLServer), from those.
@@ -237,12 +238,13 @@ class OipRestBackend(ServerBackend):
             try:
                 status, body, headers = await self._post(req, binary=True)
             except BackendUnavailable:
-                if self.binary is not None or not _as_json(req):
+                if self.binary is True or not _as_json(req):
                     raise
                 status = 0  # MLServer may drop the connection rather than answer 500
             if status == 200:
                 self.binary = True
-            elif self.binary is None and _as_json(req):
+            elif self.binary is not True and _as_json(req):
+                # not found out yet, or found JSON-only by a request answered meanwhile
                 status, body, headers = await self._post(req, binary=False)
                 if status == 200:
                     self.binary = False
