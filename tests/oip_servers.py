@@ -194,10 +194,12 @@ def tree_cpu_ns(roots: Sequence[int]) -> int:
     return total
 
 
-def kill_tree(proc: subprocess.Popen) -> None:
+def kill_tree(proc: subprocess.Popen, tree: set[int] | None = None) -> None:
     """SIGKILL ``proc``, its process group and every descendant (MLServer's workers), and
-    reap it."""
-    tree = descendants([proc.pid])
+    reap it; ``tree``: its descendants as found before (a worker its parent's exit has
+    orphaned is no longer one), else found now."""
+    if tree is None:
+        tree = descendants([proc.pid])
     with contextlib.suppress(OSError):
         os.killpg(proc.pid, signal.SIGKILL)
     for pid in tree:
@@ -595,13 +597,7 @@ class Server:
                 proc.terminate()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(STOP_TIMEOUT)
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            for pid in tree:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(STOP_TIMEOUT)
+            kill_tree(proc, tree)
         self._close_pipes()
 
     def _close_pipes(self) -> None:
