@@ -13,7 +13,6 @@ other device; plain MIP items are refused, naming the backend kind.
 
 from __future__ import annotations
 
-import http.client
 import json
 import struct
 import time
@@ -25,6 +24,7 @@ from typing import Any
 import grpc
 import pytest
 from oip_handlers import MODEL_ERROR_MESSAGE
+from oip_servers import Response, http_call
 from serve_support import TIMEOUT, BackendProcess, DispatcherProcess, deployment
 from support.ports import free_port
 from support.rows import select
@@ -123,28 +123,12 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
 # ---------------------------------------------------------------------- clients
 
 
-@dataclass
-class Answer:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
+def post(process: DispatcherProcess, path: str, body: bytes, headers: dict[str, str]) -> Response:
+    return http_call("127.0.0.1", process.addresses["http"], "POST", path, body, headers, TIMEOUT)
 
 
-def post(process: DispatcherProcess, path: str, body: bytes, headers: dict[str, str]) -> Answer:
-    conn = http.client.HTTPConnection("127.0.0.1", process.addresses["http"], timeout=TIMEOUT)
-    try:
-        conn.request("POST", path, body=body, headers=headers)
-        resp = conn.getresponse()
-        return Answer(resp.status, dict(resp.getheaders()), resp.read())
-    finally:
-        conn.close()
-
-
-def post_json(process: DispatcherProcess, path: str, doc: Any) -> Answer:
-    return post(process, path, json.dumps(doc).encode(), {"Content-Type": "application/json"})
+def post_json(process: DispatcherProcess, path: str, doc: Any) -> Response:
+    return http_call("127.0.0.1", process.addresses["http"], "POST", path, doc, None, TIMEOUT)
 
 
 def without_id(doc: dict[str, Any]) -> dict[str, Any]:
@@ -200,10 +184,10 @@ def test_oip_rest_binary_equals_the_server_s_answer(servers: Servers):
     direct = post(servers.server, "/v2/models/echo/infer", body, headers)
     through = post(servers.front, "/v2/models/echo/infer", body, headers)
     assert (direct.status, through.status) == (200, 200), through.body
-    size = int(through.headers[HEADER])
-    assert through.body[size:] == direct.body[int(direct.headers[HEADER]) :] == floats
+    size = int(through.headers[HEADER.lower()])
+    assert through.body[size:] == direct.body[int(direct.headers[HEADER.lower()]) :] == floats
     assert without_id(json.loads(through.body[:size])) == without_id(
-        json.loads(direct.body[: int(direct.headers[HEADER])])
+        json.loads(direct.body[: int(direct.headers[HEADER.lower()])])
     )
 
 
