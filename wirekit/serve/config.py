@@ -584,6 +584,9 @@ class StoreConfig:
     batch_max: int = setting(1024, check=_integer(lo=1, hi=1_000_000))
     #: seconds between hand-overs to the writer thread
     flush_interval: float = setting(0.05, check=_number(lo=0, hi=60))
+    #: requests journaled but not yet in the store (written while the database was away,
+    #: replayed once it is back) past which ``/readyz`` says not ready
+    max_backlog: int = setting(10_000, check=_integer(lo=0, hi=10**9))
     #: with ``url``: seconds between two compactions of the catalog's change log by this
     #: replica (0: never)
     compact_every: float = setting(300.0, check=_number(lo=0))

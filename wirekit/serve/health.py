@@ -127,7 +127,9 @@ class Health:
         back-off).  ``model``: that model alone (no policy); None: the whole dispatcher,
         under the ``health.ready`` policy the document names (``policy``): ``all``, every
         model ready; ``any``, at least one.  ``reasons`` lists every problem found, also
-        those the policy lets pass (a model not ready under ``any``)."""
+        those the policy lets pass (a model not ready under ``any``), and the rows
+        journaled but not yet in the store (a database outage caught up: ``"N rows waiting
+        to reach the store"``, not ready past ``store.max_backlog``; ``store.backlog``)."""
         service = self.service
         policy = service.deployment.health.ready
         reasons: list[str] = []
@@ -175,10 +177,21 @@ class Health:
         elif not any(m["ready"] for m in models.values()):
             blocking = len(reasons) + 1
             reasons.append("policy any: no model is ready")
+        backlog = service.store.backlog
+        if backlog:  # said; not ready past the limit
+            limit = service.deployment.store.max_backlog
+            if backlog > limit:
+                blocking += 1
+                reasons.append(
+                    f"{backlog} rows waiting to reach the store"
+                    f" (more than store.max_backlog, {limit})"
+                )
+            else:
+                reasons.append(f"{backlog} rows waiting to reach the store")
         doc: dict[str, Any] = {"ready": not blocking, "reasons": reasons}
         if model is None:
             doc["policy"] = policy
-        doc["store"] = {"kind": service.store.kind, "ok": store is None}
+        doc["store"] = {"kind": service.store.kind, "ok": store is None, "backlog": backlog}
         doc["models"] = models
         return doc
 

@@ -9,6 +9,7 @@ store's figures of every replica.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from .control.controller import DECISION_OUTCOMES, catalog_targets, quota_rows
@@ -21,7 +22,11 @@ from .control.metrics import (
     model_stats,
     snapshot_of,
 )
+from .doors.fdwatch import BurstLog
+from .logs import serve_logger
 from .record.storedb import StoreDB
+
+log = serve_logger()
 
 #: seconds between two snapshots of the histograms (``/stats``' window)
 SNAPSHOT_INTERVAL = 1.0
@@ -41,6 +46,8 @@ class Observability:
         #: on a shared store: the connection ``/stats`` queries (set by the service at
         #: start, closed at stop)
         self.shared_db: StoreDB | None = None
+        #: says when ``/stats`` cannot read the shared store (once per burst)
+        self._store_read = BurstLog(log)
 
     def quotas(self) -> list[dict[str, Any]]:
         """Every row of the catalog with its current quota."""
@@ -111,6 +118,7 @@ class Observability:
         extra["ready"] = self.service.readiness()["ready"]
         door = self.service.http_door
         extra["http_bad_requests"] = door.bad_requests if door is not None else 0
+        extra["store_backlog"] = self.service.store.backlog
         return extra
 
     def live_figures(self) -> dict[str, dict[str, Any]]:
@@ -194,16 +202,29 @@ class Observability:
 
     async def http_stats(self) -> dict[str, Any]:
         """``/stats``: the store's figures per model (on a shared store every replica's,
-        with this replica's own under ``"local"``), and this process's live figures
-        (:meth:`live_figures`)."""
+        with this replica's own under ``"local"``), this process's live figures
+        (:meth:`live_figures`) and ``"backlog"``, the requests journaled but not yet in the
+        store (:attr:`~wirekit.serve.record.store.RequestStore.backlog`).  A shared store
+        that cannot be read (the database away) is no error: the document then has this
+        process's own figures, as on the embedded store, and ``"store_unavailable"`` says
+        why (one WARNING per burst in the log)."""
         snap = self.stats()
-        shared = await self.shared_stats()
+        try:
+            shared = await self.shared_stats()
+        except Exception as exc:
+            why = " ".join(str(exc).split()) or type(exc).__name__  # one line
+            self._store_read.event(
+                time.monotonic(), "wirekit serve: /stats cannot read the store: %s", why
+            )
+            snap["store_unavailable"] = why
+            shared = None
         if shared is not None:
             local = {"queue": snap["queue"], "models": snap["models"]}
             snap.update(snapshot_of(shared))
             snap["local"] = local
             snap["replica"] = self.service.store.replica
         snap["store"] = self.service.store.kind
+        snap["backlog"] = self.service.store.backlog
         return self._with_live(snap)
 
     async def http_metrics(self) -> bytes:

@@ -238,6 +238,11 @@ METRIC_NAMES: dict[str, tuple[str, tuple[str, ...], str]] = {
         (),
         "Malformed HTTP requests the HTTP door refused (logged once per burst, not each)",
     ),
+    "wirekit_serve_store_backlog": (
+        "gauge",
+        (),
+        "Requests journaled but not yet in the store (a database outage being caught up)",
+    ),
 }
 
 
@@ -784,7 +789,7 @@ class Metrics:
         ``quotas`` (rows), ``targets`` (model -> seconds), ``backed_off`` (row keys),
         ``backoffs`` / ``in_flight`` ({(model, device label): n}), ``batches`` ({(model,
         device label): [sent, retried]}), ``decisions`` ({(model, outcome): n}), ``ready``
-        (bool), ``http_bad_requests`` (int)."""
+        (bool), ``http_bad_requests`` (int), ``store_backlog`` (int)."""
         from prometheus_client import CollectorRegistry, generate_latest
 
         registry = CollectorRegistry(auto_describe=False)
@@ -901,6 +906,10 @@ class _Collector:
         if "http_bad_requests" in extra:
             f = family("wirekit_serve_http_bad_requests_total")
             f.add_metric([], extra["http_bad_requests"])
+            yield f
+        if "store_backlog" in extra:
+            f = family("wirekit_serve_store_backlog")
+            f.add_metric([], extra["store_backlog"])
             yield f
 
 

@@ -20,8 +20,10 @@ backend without an answer journaled is ``lost`` (reason "the dispatcher stopped 
 answering").  On a shared store the leader may have ended such a row ``lost`` already (the
 replica's lease expired first): a journaled answer replaces that (one row, by id: nothing
 counted twice), an arrival record leaves it.  Journals are deleted once the rows they hold
-are committed; after a failed write (the database away), each journal is replayed when it is
-retired, and kept for the next start if that fails too.  The journals are local files even
+are committed; after a failed write (the database away), the journals open meanwhile are
+replayed as soon as writes succeed again (:mod:`.writer`: the loop retires the journal open
+then at the writer's word; :attr:`RequestStore.backlog` counts the rows waiting), and kept
+for the next start if the process stops first.  The journals are local files even
 when the rows go to PostgreSQL: a replica that restarts with the same ``path`` replays its
 own.  (A power loss can still take back the last moments; that needs fsync.)  A record that
 cannot be stored is quarantined (see :mod:`.replay`).
@@ -38,6 +40,7 @@ the leader of a shared store once the replica's lease expired).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import sqlite3
@@ -95,6 +98,12 @@ __all__ = [
 ]
 
 _CHUNK = 32  # rows per INSERT statement (one statement, many rows: a quarter cheaper)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Any) -> None:
+    """``callback`` on ``loop`` from another thread (nothing once the loop is closed)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback)
 
 
 def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
@@ -201,6 +210,13 @@ class RequestStore:
         self.writer.error = exc
 
     @property
+    def backlog(self) -> int:
+        """Requests journaled but not yet in the store: the rows of failed writes (the
+        database away), until the journal that holds them is replayed (0 without a
+        journal: nothing is waiting then, what failed is gone)."""
+        return self.writer.backlog if self.journal else 0
+
+    @property
     def failing(self) -> BaseException | None:
         """The failure of the last write, None once a write succeeds (readiness)."""
         return self.writer.failing
@@ -227,6 +243,9 @@ class RequestStore:
             raise
         if self.journal:
             self._new_journal()
+            with contextlib.suppress(RuntimeError):  # no loop: retired at the next hand-over
+                loop = asyncio.get_running_loop()
+                self.writer.wake = partial(_call_soon, loop, self._handoff)
         self.writer.start(db)
 
     def _open_db(self) -> StoreDB:
@@ -513,7 +532,9 @@ class RequestStore:
         ops, self._pending = self._pending, []
         reasons, self._reasons = self._reasons, []
         retire = None
-        if self._jfd is not None and self._jsize >= self.journal_max:
+        if self._jfd is not None and (
+            self._jsize >= self.journal_max or self.writer.wants_rotation(self._jseq)
+        ):  # full, or holding rows a failed write lost while writes succeed again
             retire = self._retire_journal()
             self._new_journal()
         if ops or retire or fut is not None:

@@ -567,7 +567,9 @@ class PostgresDB:
 
     Writes: arrivals and completed rows by ``COPY`` (one stream per hand-over), the
     completions of earlier arrivals by a pipelined ``executemany``; one transaction.  A
-    broken connection is reopened at the next hand-over.
+    broken connection is reopened at the next hand-over (the writer tries a failed one once
+    more at once); a read whose connection breaks under it is tried once more on a new one
+    (:meth:`_query`: the ``/stats`` reader after a restart of the database).
     """
 
     kind = "postgresql"
@@ -679,9 +681,17 @@ class PostgresDB:
             ).fetchall()
         return {str(model): int(n) for model, n in rows}
 
-    def _query(self, sql: str) -> list[Any]:
+    def _query(self, sql: str, params: Any = None) -> list[Any]:
+        """The rows of a read.  A connection that breaks during it (the server restarted,
+        an administrator ended the session) is reopened and the read tried once more; a
+        store that cannot be reached then raises (:class:`StoreUnavailable`)."""
         with self._lock:
-            return self._live().execute(sql).fetchall()
+            try:
+                return self._live().execute(sql, params).fetchall()
+            except Exception:
+                if self._closed or not (self.conn.closed or self.conn.broken):
+                    raise  # not the connection's fault
+            return self._live().execute(sql, params).fetchall()
 
     def status_counts(self) -> list[tuple[str, str, int]]:
         return [(m, s, int(n)) for m, s, n in self._query(_COUNTS)]
@@ -733,8 +743,7 @@ class PostgresDB:
             f" MAX({rt}) FILTER (WHERE {ok})"
             f" FROM requests WHERE {where} GROUP BY {group}"
         )
-        with self._lock:
-            rows = self._live().execute(sql, {"since": since}).fetchall()
+        rows = self._query(sql, {"since": since})
         names = ("requests", "ok", "errors", "queue", "avg", "p50", "p95", "p99", "max")
         return {
             row[0]: {
@@ -747,16 +756,11 @@ class PostgresDB:
     def last_decisions(self, since: float) -> dict[tuple[str, int, str], float]:
         """The time of the last controller decision (the operator's, reason ``admin``,
         aside) of each ``(node, device, model)`` row since ``since`` (unix time)."""
-        with self._lock:
-            rows = (
-                self._live()
-                .execute(
-                    "SELECT node, device, model, MAX(time) FROM decisions"
-                    " WHERE time >= %s AND reason <> 'admin' GROUP BY node, device, model",
-                    (since,),
-                )
-                .fetchall()
-            )
+        rows = self._query(
+            "SELECT node, device, model, MAX(time) FROM decisions"
+            " WHERE time >= %s AND reason <> 'admin' GROUP BY node, device, model",
+            (since,),
+        )
         return {(n, int(d), m): float(t) for n, d, m, t in rows}
 
     def record_decision(self, values: Sequence[Any]) -> None:
@@ -768,16 +772,10 @@ class PostgresDB:
             )
 
     def decisions(self, limit: int) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = (
-                self._live()
-                .execute(
-                    f"SELECT {', '.join(DECISION_COLUMNS)} FROM decisions"
-                    " ORDER BY id DESC LIMIT %s",
-                    (limit,),
-                )
-                .fetchall()
-            )
+        rows = self._query(
+            f"SELECT {', '.join(DECISION_COLUMNS)} FROM decisions ORDER BY id DESC LIMIT %s",
+            (limit,),
+        )
         return [dict(zip(DECISION_COLUMNS, row, strict=True)) for row in rows][::-1]
 
     def close(self) -> None:

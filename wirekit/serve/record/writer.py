@@ -6,6 +6,15 @@ A hand-over is a list of store rows (:data:`~.journal.ARRIVAL` and
 journal: once the hand-over is committed, the journal is deleted -- replayed first when a
 write failed while it was open (the database was away), so that what was answered meanwhile
 reaches the store once the database is back.
+
+Catching up after an outage (issue 38): a failed write leaves its rows in the journals only
+(:attr:`Writer.backlog` counts them).  As soon as a write succeeds again -- the next
+hand-over's, or, with nothing handed over, a try every :data:`RETRY_INTERVAL` seconds -- the
+writer replays the journals held since (oldest first, before the rows handed over next), and
+asks the event loop (:attr:`Writer.wake`) to retire the journal open now: the loop's next
+hand-over carries it (:meth:`Writer.wants_rotation`), and its replay follows.  Only retired
+journals are replayed: every row they hold was handed over before, so a later hand-over
+never inserts a row a replay inserted.
 """
 
 from __future__ import annotations
@@ -27,11 +36,15 @@ from .storedb import QUEUED, StoreDB
 
 _BATCH, _STOP = 2, 3
 
+#: seconds between two tries of a writer that holds a backlog and is handed nothing: the
+#: database may be back without a request to tell
+RETRY_INTERVAL = 1.0
+
 
 class Writer:
     """The writer thread of one store, and what it has done (``commits``, ``rows_written``,
     ``healed``, the last ``error``; ``failing``: the failure of the last write, None once a
-    write succeeds)."""
+    write succeeds; ``backlog``: rows in the journals only)."""
 
     def __init__(self, store: Path, journal_seq: Callable[[], int]) -> None:
         #: the store file (its journals' base name)
@@ -48,6 +61,27 @@ class Writer:
         self.healed = 0  #: completions replayed from journals after a failed write
         self._dirty_upto = 0  # journals up to this number hold rows a failed write lost
         self._held: list[Path] = []  # retired journals not replayed yet
+        # rows of failed hand-overs by the number of the journal open then (forgotten once
+        # that journal is replayed), and their sum
+        self._unstored: dict[int, int] = {}
+        self._backlog = 0
+        self._woken_for = 0  # the dirty journal the loop was last asked to retire
+        #: called (from this thread) once writes succeed again while the journal open
+        #: holds rows a failed write lost: the store sets it to ask its event loop for a
+        #: hand-over (thread-safe), which then retires that journal (:meth:`wants_rotation`)
+        self.wake: Callable[[], None] | None = None
+
+    @property
+    def backlog(self) -> int:
+        """Requests whose rows are journaled but not in the store: the rows of the failed
+        hand-overs (each request once), until the journal that holds them is replayed."""
+        return self._backlog
+
+    def wants_rotation(self, seq: int) -> bool:
+        """Whether the journal numbered ``seq`` (open now) should be retired at the next
+        hand-over: a write failed while it was open and writes succeed again, so that its
+        replay brings what it holds to the store."""
+        return seq <= self._dirty_upto and self.failing is None and self._backlog > 0
 
     def start(self, db: StoreDB) -> None:
         """Start writing to ``db``."""
@@ -87,10 +121,16 @@ class Writer:
         assert db is not None
         get = self._queue.get
         while True:
-            item = get()
+            try:
+                item = get(timeout=RETRY_INTERVAL) if self._backlog else get()
+            except queue.Empty:  # idle with a backlog: is the database back?
+                self._try_again(db)
+                continue
             if item[0] == _STOP:
                 return
             _kind, ops, reasons, retire, fut = item
+            if self._held:  # the oldest first: what a failed write left, then these rows
+                self._settle_held(db)
             failed: BaseException | None = None
             if ops or reasons:
                 chunks, rest, updates = _merge_ops(ops, db.chunk)
@@ -103,34 +143,77 @@ class Writer:
                     self.rows_written += len(ops)
                     self.failing = None
                 except BaseException as exc:  # keep going: the journal has the completions
-                    self.error = self.failing = failed = exc
-                    # the journals open until now hold completions that are not stored
-                    self._dirty_upto = self._journal_seq()
+                    failed = exc
+                    self._failed(exc, ops)
             if retire is not None:
-                self._settle_journal(db, retire)
+                self._held.append(retire)
+                self._settle_held(db)
+            if failed is None:
+                self._ask_rotation()
             if fut is not None:
                 _resolve([fut], failed)
 
-    def _settle_journal(self, db: StoreDB, path: Path) -> None:
-        """A retired journal whose rows are committed: delete it.  When a write failed
-        while it was open (the database was away), replay it first (by id: idempotent), so
-        that what was answered meanwhile reaches the store once the database is back.  A
-        journal whose replay fails too is held, and tried again at the next retirement
-        (or replayed by the next start).  Its records that cannot be stored are
-        quarantined, as at the start."""
-        self._held.append(path)
+    def _failed(self, exc: BaseException, ops: list[tuple[int, tuple[Any, ...]]]) -> None:
+        """A hand-over could not be written: its rows are in the journals only."""
+        self.error = self.failing = exc
+        # the journals open until now hold completions that are not stored
+        seq = self._dirty_upto = self._journal_seq()
+        ids = {row[0] if kind == ARRIVAL else row[-1] for kind, row in ops}
+        self._unstored[seq] = self._unstored.get(seq, 0) + len(ids)
+        self._backlog += len(ids)
+
+    def _ask_rotation(self) -> None:
+        """Writes succeed: ask the loop once to retire the journal open now if it holds
+        rows a failed write lost."""
+        seq = self._journal_seq()
+        if self.wake is not None and self._woken_for < seq and self.wants_rotation(seq):
+            self._woken_for = seq
+            with contextlib.suppress(Exception):  # a closed loop: nobody to retire it
+                self.wake()
+
+    def _try_again(self, db: StoreDB) -> None:
+        """Idle with a backlog: replay the journals held (or, with none, write an empty
+        transaction); once that succeeds, ask the loop to retire the journal open now."""
+        if self._held:
+            if not self._settle_held(db):
+                return
+        else:
+            try:
+                try:
+                    db.write([], [], [], [])
+                except Exception:  # once more: a connection broken meanwhile is reopened
+                    db.write([], [], [], [])
+            except Exception as exc:
+                self.error = self.failing = exc
+                return
+        self.failing = None
+        self._ask_rotation()
+
+    def _settle_held(self, db: StoreDB) -> bool:
+        """The retired journals whose rows are committed, oldest first: delete each.  When
+        a write failed while it was open (the database was away), replay it first (by id:
+        idempotent), so that what was answered meanwhile reaches the store once the
+        database is back.  A journal whose replay fails is held (with those after it), and
+        tried again at the next hand-over (or replayed by the next start); False then.  Its
+        records that cannot be stored are quarantined, as at the start."""
         while self._held:
             held = self._held[0]
+            number = journal_number(held)
             try:
-                if journal_number(held) <= self._dirty_upto:
+                if number <= self._dirty_upto:
                     self.healed += replay_journal(db, held, self.store)
                 held.unlink()
             except FileNotFoundError:
                 pass
             except Exception as exc:
                 self.error = exc
-                return
+                if not isinstance(exc, OSError):  # the database, not the file: away
+                    self.failing = exc
+                return False
             self._held.pop(0)
+            for seq in [n for n in self._unstored if n <= number]:
+                self._backlog -= self._unstored.pop(seq)
+        return True
 
 
 def merge_ops(
