@@ -16,9 +16,11 @@ log has no traceback.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import sqlite3
 import threading
 import time
 import urllib.error
@@ -36,6 +38,8 @@ from support.rows import rows_by_text
 from support.rows import select as sql
 
 from wirekit.mip.client import Client
+from wirekit.serve.record.store import RequestStore
+from wirekit.serve.record.storedb import open_db
 
 #: how long the store may take to catch up once the database is back (generous: the
 #: verdict waits for the rows, this only bounds a failure)
@@ -270,3 +274,87 @@ def test_what_was_answered_during_a_database_outage_reaches_the_store_once_it_is
     assert not [r for r in final_readyz["reasons"] if "rows waiting" in r], final_readyz
     assert "Traceback" not in log, log[-3000:]
     assert proc.count("/stats cannot read the store") <= 1, log[-3000:]
+
+
+# -- in process: the idle catch-up, a reader's broken connection ------------------------------
+
+
+def test_a_store_catches_up_without_a_new_request_once_the_database_is_back(tmp_path, store_url):
+    """The writes fail (the table renamed away, as a database that is down makes them): the
+    rows wait in the journal (``backlog``); once the database is back the writer finds out
+    by itself (nothing more is handed over), the event loop retires the journal at its word,
+    and its replay brings the rows to the store -- no new request, no restart."""
+    store = RequestStore(tmp_path / "i.db", url=store_url)
+
+    def rename(old: str, new: str) -> None:
+        if store_url:
+            import psycopg
+
+            with psycopg.connect(store_url, autocommit=True) as conn:
+                conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
+        else:
+            conn = sqlite3.connect(tmp_path / "i.db")
+            conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
+            conn.commit()
+            conn.close()
+
+    def answer(rid: str) -> None:
+        store.arrival(rid, "m", "c", 1.0, 3)
+        store.completion(rid, "n/0/m", 1.5, "ok", 1, model="m", client="c", time_in=1.0, size=3)
+
+    target = store_url or tmp_path / "i.db"
+
+    def stored() -> list[tuple]:
+        return sql(target, "SELECT id, status FROM requests ORDER BY id")
+
+    answered = [("before", "ok"), ("during-1", "ok"), ("during-2", "ok")]
+    # "queued" is not answered yet: it waits queued (a stop leaves it so, the next start
+    # ends it lost)
+    expected = [*answered, ("queued", "queued")]
+    seen: dict[str, object] = {}  # the backlog at each step (the rows are checked first)
+
+    async def main() -> None:
+        store.open()
+        answer("before")
+        await store.flush()
+        seen["before"] = getattr(store, "backlog", None)
+        rename("requests", "requests_away")
+        answer("during-1")
+        answer("during-2")
+        store.arrival("queued", "m", "c", 1.0, 3)  # still in flight
+        with pytest.raises(RuntimeError, match="request store write failed"):
+            await store.flush()
+        seen["during"] = getattr(store, "backlog", None)
+        rename("requests_away", "requests")
+        until = time.monotonic() + 20.0  # generous: the rows end the wait
+        while await asyncio.to_thread(stored) != expected and time.monotonic() < until:
+            await asyncio.sleep(0.05)
+        seen["rows"] = await asyncio.to_thread(stored)
+        seen["after"] = getattr(store, "backlog", None)
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+    assert seen["rows"] == expected
+    assert (seen["before"], seen["during"], seen["after"]) == (0, 3, 0)
+    assert store.healed >= 2
+    assert not list(tmp_path.glob("i.db.journal.*"))
+
+
+def test_a_reader_whose_session_was_ended_reads_on_a_new_one(pg_url):
+    """A PostgreSQL reader (``/stats``' connection) whose session the server ended -- as a
+    restart of the server does -- reopens it and answers the read, rather than failing."""
+    import psycopg
+
+    db = open_db(pg_url)
+    try:
+        db.migrate()
+        assert db.status_counts() == []
+        pid = db.conn.info.backend_pid  # type: ignore[attr-defined]
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        assert db.status_counts() == []
+        assert db.conn.info.backend_pid != pid  # type: ignore[attr-defined]
+    finally:
+        db.close()

@@ -152,7 +152,7 @@ class RequestStore:
         self._reasons: list[tuple[str, str]] = []  # (why, id) of failed rows
         self._timer: asyncio.TimerHandle | None = None
         #: the writer thread, and what it has done
-        self.writer = Writer(self.path, lambda: self._jseq)
+        self.writer = Writer(self.path, lambda: self._jseq, journal=journal)
         self._db: StoreDB | None = None
         self._lockfd: int | None = None
         self._jfd: int | None = None
@@ -214,7 +214,7 @@ class RequestStore:
         """Requests journaled but not yet in the store: the rows of failed writes (the
         database away), until the journal that holds them is replayed (0 without a
         journal: nothing is waiting then, what failed is gone)."""
-        return self.writer.backlog if self.journal else 0
+        return self.writer.backlog
 
     @property
     def failing(self) -> BaseException | None:

@@ -46,9 +46,13 @@ class Writer:
     ``healed``, the last ``error``; ``failing``: the failure of the last write, None once a
     write succeeds; ``backlog``: rows in the journals only)."""
 
-    def __init__(self, store: Path, journal_seq: Callable[[], int]) -> None:
+    def __init__(
+        self, store: Path, journal_seq: Callable[[], int], *, journal: bool = True
+    ) -> None:
         #: the store file (its journals' base name)
         self.store = store
+        #: the store journals its rows (without, what a failed write held is gone)
+        self.journal = journal
         self._journal_seq = journal_seq  # the number of the journal open now
         self._queue: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -156,6 +160,8 @@ class Writer:
     def _failed(self, exc: BaseException, ops: list[tuple[int, tuple[Any, ...]]]) -> None:
         """A hand-over could not be written: its rows are in the journals only."""
         self.error = self.failing = exc
+        if not self.journal:
+            return
         # the journals open until now hold completions that are not stored
         seq = self._dirty_upto = self._journal_seq()
         ids = {row[0] if kind == ARRIVAL else row[-1] for kind, row in ops}
