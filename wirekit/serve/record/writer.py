@@ -168,11 +168,15 @@ class Writer:
         self._unstored[seq] = self._unstored.get(seq, 0) + len(ids)
         self._backlog += len(ids)
 
-    def _ask_rotation(self) -> None:
-        """Writes succeed: ask the loop once to retire the journal open now if it holds
-        rows a failed write lost."""
+    def _ask_rotation(self, again: bool = False) -> None:
+        """Writes succeed: ask the loop to retire the journal open now if it holds rows a
+        failed write lost -- once per journal after a hand-over (the loop's next hand-over
+        looks by itself), each time when ``again`` (an idle retry: the loop may have looked
+        while a write was failing)."""
         seq = self._journal_seq()
-        if self.wake is not None and self._woken_for < seq and self.wants_rotation(seq):
+        if self.wake is None or not self.wants_rotation(seq):
+            return
+        if again or self._woken_for < seq:
             self._woken_for = seq
             with contextlib.suppress(Exception):  # a closed loop: nobody to retire it
                 self.wake()
@@ -193,7 +197,7 @@ class Writer:
                 self.error = self.failing = exc
                 return
         self.failing = None
-        self._ask_rotation()
+        self._ask_rotation(again=True)
 
     def _settle_held(self, db: StoreDB) -> bool:
         """The retired journals whose rows are committed, oldest first: delete each.  When
