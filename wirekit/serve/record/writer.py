@@ -133,8 +133,8 @@ class Writer:
             if item[0] == _STOP:
                 return
             _kind, ops, reasons, retire, fut = item
-            if self._held:  # the oldest first: what a failed write left, then these rows
-                self._settle_held(db)
+            if self._held and (self.failing is None or self._reachable(db)):
+                self._settle_held(db)  # the oldest first: what a failed write left, then these
             failed: BaseException | None = None
             if ops or reasons:
                 chunks, rest, updates = _merge_ops(ops, db.chunk)
@@ -151,8 +151,9 @@ class Writer:
                     self._failed(exc, ops)
             if retire is not None:
                 self._held.append(retire)
-                self._settle_held(db)
             if failed is None:
+                if self._held:
+                    self._settle_held(db)
                 self._ask_rotation()
             if fut is not None:
                 _resolve([fut], failed)
@@ -182,22 +183,26 @@ class Writer:
                 self.wake()
 
     def _try_again(self, db: StoreDB) -> None:
-        """Idle with a backlog: replay the journals held (or, with none, write an empty
-        transaction); once that succeeds, ask the loop to retire the journal open now."""
-        if self._held:
-            if not self._settle_held(db):
-                return
-        else:
-            try:
-                try:
-                    db.write([], [], [], [])
-                except Exception:  # once more: a connection broken meanwhile is reopened
-                    db.write([], [], [], [])
-            except Exception as exc:
-                self.error = self.failing = exc
-                return
-        self.failing = None
+        """Idle with a backlog: once the database answers, replay the journals held and ask
+        the loop to retire the journal open now."""
+        if not self._reachable(db) or not self._settle_held(db):
+            return
         self._ask_rotation(again=True)
+
+    def _reachable(self, db: StoreDB) -> bool:
+        """Whether the database takes a write (an empty transaction; a broken connection
+        reopened): tried before a held journal is read again, so that an outage costs no
+        journal parsing per hand-over.  Sets or clears :attr:`failing`."""
+        try:
+            try:
+                db.write([], [], [], [])
+            except Exception:  # once more: a connection broken meanwhile is reopened
+                db.write([], [], [], [])
+        except Exception as exc:
+            self.error = self.failing = exc
+            return False
+        self.failing = None
+        return True
 
     def _settle_held(self, db: StoreDB) -> bool:
         """The retired journals whose rows are committed, oldest first: delete each.  When
