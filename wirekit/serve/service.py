@@ -295,6 +295,7 @@ class Service:
                     compact_every=self.deployment.store.compact_every,
                     compact_keep=self.deployment.store.compact_keep,
                     lease_period=self.deployment.store.lease_period,
+                    lease=self.deployment.store.lease,
                 )
                 await self.replicas.start()
                 if self.controller is not None:

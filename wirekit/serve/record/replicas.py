@@ -114,6 +114,7 @@ class ReplicaSync:
         compact_every: float = 300.0,
         compact_keep: float = 60.0,
         lease_period: float = 2.0,
+        lease: float = 10.0,
     ) -> None:
         self.service = service
         self.catalog = service.catalog
@@ -121,7 +122,16 @@ class ReplicaSync:
         # changes like anyone else's
         self.origin = f"{replica}#{os.getpid():x}-{os.urandom(3).hex()}"
         self.log = ChangeLog(url, self.origin)
-        self.leader = LeaderLock(url, retry=retry, name=f"wirekit leader {self.origin}")
+        # the lead is a lease as long as the replicas' own, renewed as often (by the sweep's
+        # polls): a leader that stops renewing is replaced within lease + lease_period
+        self.leader = LeaderLock(
+            url,
+            lease=lease,
+            period=lease_period if 0 < lease_period < lease else None,
+            retry=retry,
+            name=f"wirekit leader {self.origin}",
+            replica=replica,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         # one thread for the log's writes: the changes are appended in the order made
         self._writer = concurrent.futures.ThreadPoolExecutor(1, "wirekit-catalog")

@@ -138,6 +138,18 @@ MIGRATIONS_SQLITE: tuple[str, ...] = (
     """,
 )
 
+#: the leadership table (schema version 8; :class:`~wirekit.serve.record.pgsync.LeaderLock`
+#: also creates it on a database the store's migrations have not reached)
+LEADERSHIP_SCHEMA = """
+    CREATE TABLE IF NOT EXISTS leadership (
+        role     TEXT PRIMARY KEY,
+        holder   TEXT NOT NULL,
+        term     BIGINT NOT NULL,
+        renewed  TIMESTAMPTZ NOT NULL,
+        expires  TIMESTAMPTZ NOT NULL
+    );
+    """
+
 MIGRATIONS_PG: tuple[str, ...] = (
     """
     CREATE TABLE IF NOT EXISTS requests (
@@ -214,6 +226,10 @@ MIGRATIONS_PG: tuple[str, ...] = (
         expires  TIMESTAMPTZ NOT NULL
     );
     """,
+    # 8: leadership on a lease (wirekit.serve.record.pgsync.LeaderLock): one row per role,
+    # who holds it, under which term (raised at every takeover) and until when; every
+    # leader action checks its term against it in its own transaction (fencing)
+    LEADERSHIP_SCHEMA,
 )
 
 
