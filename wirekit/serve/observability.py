@@ -203,6 +203,7 @@ class Observability:
             snap.update(snapshot_of(shared))
             snap["local"] = local
             snap["replica"] = self.service.store.replica
+            snap["leader"] = self.service.leadership()
         snap["store"] = self.service.store.kind
         return self._with_live(snap)
 

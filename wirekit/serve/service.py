@@ -311,6 +311,18 @@ class Service:
             await self.stop()
             raise
 
+    def leadership(self) -> dict[str, Any] | None:
+        """This replica's own view of the lead on a shared store (``/stats``' ``leader``):
+        ``leading`` -- whether it would act as leader now (its lease renewed in time; its
+        actions are still fenced by the term in the store) --, ``term`` it leads under
+        (None when not leading) and ``terms``, how many times it became leader.  None on
+        the embedded store."""
+        if self.replicas is None:
+            return None
+        lock = self.replicas.leader
+        term = lock.term
+        return {"leading": term is not None, "term": term, "terms": lock.terms}
+
     def _close_lease(self) -> None:
         if self.lease is not None:
             self.lease.close()

@@ -461,7 +461,9 @@ class ReplicaLease(_OwnSession):
             self._close_session()
 
 
-def adopt_expired(leader: LeaderLock, by: str, *, me: str | None = None) -> list[tuple[str, str, int]]:
+def adopt_expired(
+    leader: LeaderLock, by: str, *, me: str | None = None
+) -> list[tuple[str, str, int]]:
     """The leader's sweep: end every ``queued`` row of each replica whose lease has expired
     as ``lost`` (time out: now, on the server's clock; reason :data:`LOST_REASON`, the
     expiry and ``by``), and forget the leases expired for longer than
