@@ -171,6 +171,17 @@ def leader_name(url: str) -> str | None:
     return holder_replica(row[0]) if row is not None and row[4] else None
 
 
+def term_now(url: str) -> int:
+    """The leadership row's term (0: none, or a wirekit before issue 38)."""
+    import psycopg
+
+    try:
+        row = leadership_row(url)
+    except psycopg.errors.UndefinedTable:
+        return 0
+    return 0 if row is None else int(row[1])
+
+
 def queued_of(url: str, replica: str) -> int:
     return int(
         sql(
@@ -242,7 +253,7 @@ def test_a_paused_leader_is_replaced_and_on_resuming_does_nothing_a_leader_does(
 
             wait_until(one_leads, "one replica leads", limit=LEASE * 4)
             old, new = procs[name], procs["b" if name == "a" else "a"]
-            old_term = (leadership_row(pg_url) or ("", 0))[1]
+            old_term = term_now(pg_url)
             answers: list[str] = []
             errors: list[BaseException] = []
 
@@ -374,6 +385,7 @@ class Replica:
     def kill(self) -> None:
         assert self.proc is not None and self.load is not None
         self.proc.kill9()
+        self.proc.close()  # its pipes (its log is kept)
         self.load.join(TIMEOUT)
         self.finished.append(self.proc)
         self.proc = None
@@ -453,21 +465,32 @@ def test_random_pauses_and_kills_keep_one_leader_and_one_final_row_per_request(
         sampler.start()
         try:
             wait_until(lambda: leadership_row(pg_url) is not None, "a leader", limit=20)
-            for cycle in range(CYCLES):
+            # at least one leader paused past lease + period and one leader killed; the rest
+            # as chance has it
+            plan = ["long pause", "kill leader"] + ["any"] * (CYCLES - 2)
+            rng.shuffle(plan)
+            for cycle, kind in enumerate(plan):
                 time.sleep(rng.uniform(0.5, 2.0))
                 row = leadership_row(pg_url)
                 by_pid = {r.proc.proc.pid: r for r in replicas.values() if r.proc is not None}
-                leader = by_pid.get(holder_pid(row[0])) if row is not None and row[4] else None
-                target = (
-                    leader
-                    if (leader is not None and rng.random() < 0.6)
-                    else rng.choice(list(replicas.values()))
-                )
+                leader = None
+                if row is not None and row[4]:  # an unexpired lease: its holder leads
+                    leader = by_pid.get(holder_pid(row[0]))
+                if (kind != "any" and leader is not None) or (
+                    leader is not None and rng.random() < 0.6
+                ):
+                    target = leader
+                else:
+                    target = rng.choice(list(replicas.values()))
                 role = "leader" if target is leader else "follower"
                 assert target.proc is not None
                 pid = target.proc.proc.pid
-                if rng.random() < 0.55:
+                if kind == "long pause" or (kind == "any" and rng.random() < 0.55):
                     pause = rng.uniform(0.3, 2 * CYCLE_LEASE)
+                    if kind == "long pause":
+                        pause = rng.uniform(
+                            CYCLE_LEASE + CYCLE_PERIOD + SLACK + 0.2, 2.5 * CYCLE_LEASE
+                        )
                     print(f"cycle {cycle}: pause {role} {target.name} {pause:.2f} s")
                     with guard:
                         target.paused = True

@@ -1,14 +1,23 @@
 """What several ``wirekit serve`` replicas on one PostgreSQL store coordinate with (issue 17).
 
-* :class:`LeaderLock` -- exactly one replica leads (the controller acts once): a PostgreSQL
-  session-level advisory lock, held by one dedicated connection.  The server releases it
-  when that session ends, so a leader that dies (``kill -9``, a lost network) is replaced
-  at the next :meth:`LeaderLock.poll` of another replica: within ``retry`` seconds plus
-  the time the server takes to notice the dead session (at once for a process that died
-  on the same machine; TCP keepalives bound it otherwise, see ``keepalive``).  Work done
-  as leader is committed *on the lock's session* (:meth:`LeaderLock.execute`): if the
-  session is gone, so is the lock, and the write fails -- a replica that lost the lead
-  without knowing cannot record a decision, so no decision is taken twice.
+* :class:`LeaderLock` -- exactly one replica leads (the controller acts once, the expired
+  leases are swept once): the leader is whoever holds an unexpired **lease** on the row
+  of ``leadership`` (issue 38) -- ``holder``, ``term``, ``renewed``, ``expires``, on the
+  database server's clock.  :meth:`LeaderLock.poll` renews it while held and takes it
+  once it has expired, with ``term`` + 1, in one statement; a replica that cannot renew
+  (paused, cut off, its loop stuck, its session gone) stops acting as leader at its own
+  deadline -- ``lease - margin`` after its last renewal was *sent*, on its monotonic clock
+  --, before the lease can expire on the server and anyone else can take it.  Every
+  leader action (:meth:`LeaderLock.execute`: the sweep, the controller's decisions, the
+  change log's appends ``via`` the lock) runs in one transaction that first locks the
+  row under its term (``holder``, ``term``, ``expires > now()``, ``FOR UPDATE``): a stale
+  term is refused with :class:`NotLeader` and nothing is written, and a takeover waits
+  until an action under way has committed.  A leader paused half-way through such a
+  transaction is cut by the server (``idle_in_transaction_session_timeout``, one period)
+  so that its row lock cannot keep the others out.  A paused or partitioned leader is
+  thus replaced within ``lease`` + one poll period; when it resumes it finds its term over
+  and does nothing a leader does.  Until issue 38 leadership was a session-level advisory
+  lock, which a stopped process keeps: nobody else led, nobody swept.
 * :class:`Listener` -- ``LISTEN`` on a channel in a thread of its own, a callback per
   notification (``NOTIFY`` is delivered to every listening session within milliseconds,
   on commit); :func:`notify` sends one.
@@ -25,9 +34,10 @@
 * :class:`ReplicaLease` -- each replica's lease: a heartbeat row (``replica_leases``) it
   renews every period, expiring ``lease`` seconds after the last renewal (the server's
   clock).  The leader ends the ``queued`` rows of a replica whose lease has expired as
-  ``lost`` (:func:`adopt_expired`, on the lock's session), so a replica that died and does
-  not come back leaves nothing in flight; specs/replicas.md says why a row rather than an
-  advisory lock.
+  ``lost`` (:func:`adopt_expired`, fenced by its term), so a replica that died and does not
+  come back leaves nothing in flight -- never its own rows: a leader whose own lease lapsed
+  while it was paused still has those requests to answer.  specs/replicas.md says why a
+  row rather than an advisory lock.
 
 Each uses one dedicated connection (psycopg 3, autocommit) and never the event loop.
 """

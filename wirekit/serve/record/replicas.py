@@ -13,21 +13,26 @@ controller (issue 17).  Used by :class:`~wirekit.serve.service.Service` when the
   models.  Every ``compact_every`` seconds each replica compacts the log (the changes
   older than ``compact_keep`` seconds folded into a snapshot, under an advisory lock:
   one replica's compaction does the work, the others' find none left).
-* **The controller acts once.**  Only the replica that holds the
-  :class:`~wirekit.serve.record.pgsync.LeaderLock` runs controller periods, on the figures of
+* **The controller acts once.**  Only the replica that holds the lead
+  (:class:`~wirekit.serve.record.pgsync.LeaderLock`: a lease of ``store.lease`` seconds on
+  the ``leadership`` row, renewed every ``lease_period``, each takeover a new term) runs
+  controller periods, on the figures of
   every replica's requests over its window (:meth:`PostgresDB.recent
   <wirekit.serve.record.storedb.PostgresDB.recent>`, read from the store before each period).
-  Its quota changes are logged on the lock's session and its decisions stored there too:
-  a replica that lost the lead without knowing it cannot publish or record a decision (no
-  decision is taken twice); its own catalog is then put back to what the log says.  An
+  Its quota changes are logged and its decisions stored through the lock, fenced by its
+  term: a replica that lost the lead without knowing it (paused past its lease, cut off)
+  cannot publish or record a decision (no decision is taken twice); its own catalog is
+  then put back to what the log says.  An
   operator's quota change (the admin API) is stored from any replica, not fenced.  A new
   leader hands its policy the time of each row's last decision (the cooldowns carry over).
 * **A replica that dies leaves nothing in flight.**  Every replica renews its lease
   (:class:`~wirekit.serve.record.pgsync.ReplicaLease`, :func:`renew_periodically`) every
-  ``lease_period`` seconds; every replica polls the leader lock as often, and the one that
-  leads ends the ``queued`` rows of every replica whose lease has expired as ``lost``
-  (:func:`~wirekit.serve.record.pgsync.adopt_expired`) -- so they leave every replica's
-  ``/stats`` queue within ``lease`` + ``lease_period`` seconds of the death.
+  ``lease_period`` seconds; every replica polls the lead as often (renewing it when it
+  leads), and the one that leads ends the ``queued`` rows of every *other* replica whose
+  lease has expired as ``lost`` (:func:`~wirekit.serve.record.pgsync.adopt_expired`) -- so
+  they leave every replica's ``/stats`` queue within ``lease`` + ``lease_period`` seconds of
+  the death, or of the pause of a replica (the leader included: it is replaced within the
+  same bound, and never sweeps itself when it resumes).
 """
 
 from __future__ import annotations
