@@ -160,8 +160,10 @@ class LeaderLock:
         if not 0 < self.period < self.lease:
             raise ValueError(f"the period ({self.period} s) must be in (0, lease={lease} s)")
         #: this replica stops acting as leader ``lease - margin`` seconds after the last
-        #: renewal was sent (default: one period)
-        self.margin = float(margin) if margin is not None else self.period
+        #: renewal was sent (default: one period, or half what the lease leaves beyond a
+        #: period when that is less -- the next renewal must come before the deadline)
+        default = min(self.period, (self.lease - self.period) / 2)
+        self.margin = float(margin) if margin is not None else default
         if not 0 <= self.margin < self.lease:
             raise ValueError(f"the margin ({self.margin} s) must be in [0, lease={lease} s)")
         self.retry = retry  #: seconds between two polls of a replica that does not lead
