@@ -299,7 +299,7 @@ class Service:
                 )
                 await self.replicas.start()
                 if self.controller is not None:
-                    # decisions stored on the lock's session: only while leading
+                    # decisions stored through the lead, fenced by its term: only while leading
                     self.store.leader = self.replicas.leader
             if self.controller is not None:
                 self._controller_task = asyncio.ensure_future(

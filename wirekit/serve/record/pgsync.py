@@ -367,9 +367,10 @@ class NotLeader(RuntimeError):
     """Work meant for the leader was asked of a replica that does not lead."""
 
 
-#: the leader's sweep (one statement, on the leader lock's session): every ``queued`` row of
-#: a replica whose lease has expired ends ``lost`` at the server's time, with why (the
-#: expiry, and who ended it: parameter ``leader``); returns ``(replica, model, rows)``
+#: the leader's sweep (one statement, fenced by the lead's term): every ``queued`` row of
+#: another replica (``me``: the sweeper's own are never ended) whose lease has expired ends
+#: ``lost`` at the server's time, with why (the expiry, and who ended it: parameter
+#: ``leader``); returns ``(replica, model, rows)``
 ADOPT_EXPIRED = (
     "WITH ended AS ("
     " UPDATE requests AS r SET status = 'lost',"

@@ -183,8 +183,9 @@ class ReplicaSync:
         self.ready.set()
 
     async def _adopt_periodically(self) -> None:
-        """Every ``lease_period`` seconds: poll the leader lock (also without a controller)
-        and, while leading, end the rows of the replicas whose lease expired ``lost``."""
+        """Every ``lease_period`` seconds: poll the lead (also without a controller: the poll
+        renews the leader's lease) and, while leading, end the rows of the other replicas
+        whose lease expired ``lost``."""
         while True:
             try:
                 if await asyncio.to_thread(self.leader.poll):
