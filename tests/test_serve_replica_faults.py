@@ -1,6 +1,8 @@
 """Replicas on one PostgreSQL store under real faults (issue 38 item 1): the lead is a lease.
 
-Through real processes (``wirekit serve`` replicas, a ``wirekit mip serve`` backend, real
+In process, on a real PostgreSQL: a stale term is refused and writes nothing, a leader that
+stops renewing steps down before its lease expires on the server, and the sweep never ends
+the sweeper's own rows.  Through real processes (``wirekit serve`` replicas, a ``wirekit mip serve`` backend, real
 PostgreSQL, SIGSTOP/SIGCONT, ``kill -9``):
 
 * a leader paused past its lease is replaced within lease + period, its queued rows end
@@ -221,6 +223,85 @@ def lost_by_log(proc: DispatcherProcess) -> dict[str, int]:
             n = int(line.split("lease expired: ", 1)[1].split(" ", 1)[0])
             out[who] = out.get(who, 0) + n
     return out
+
+
+# -- the lease, in process --------------------------------------------------------------
+
+
+def test_a_stale_term_is_refused_and_writes_nothing_a_leader_steps_down_before_expiry(pg_url):
+    """The fence: a leader whose lease expired and was taken over (as when paused) cannot
+    write under its old term -- :class:`NotLeader`, nothing written -- and it stopped
+    claiming the lead at its local deadline, before the server's expiry."""
+    import psycopg
+
+    from wirekit.serve.record.pgsync import LeaderLock, NotLeader
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE acts (who TEXT NOT NULL, term BIGINT NOT NULL)")
+    a = LeaderLock(pg_url, lease=1.0, period=0.25, name="a")
+    b = LeaderLock(pg_url, lease=1.0, period=0.25, name="b")
+    try:
+        assert a.poll() and not b.poll()
+        term = a.term
+        assert term is not None
+        a.execute("INSERT INTO acts VALUES ('a', %s)", (term,))
+        # a stops renewing (paused): its own view ends at its deadline, before the server's
+        # expiry (one machine: the wall clock is the server's)
+        step_down = time.time() + (a._deadline - time.monotonic())
+        holder, _, renewed, expires, _ = leadership_row(pg_url) or ("", 0, 0.0, 0.0, False)
+        assert holder == a.holder and step_down < expires
+        print(f"a steps down {step_down - renewed:.2f} s after its renewal (lease 1 s)")
+        wait_until(lambda: not a.leader, "a steps down", limit=5, step=0.01)
+        wait_until(b.poll, "b takes over", limit=5, step=0.05)
+        assert b.term == term + 1
+        # as a leader resumed from a pause: its local state forced back to "leading"
+        a._term, a._deadline = term, time.monotonic() + 60  # the fence's test
+        with pytest.raises(NotLeader, match=f"term {term} is over"):
+            a.execute("INSERT INTO acts VALUES ('a-stale', %s)", (term,))
+        assert not a.leader
+        b.execute("INSERT INTO acts VALUES ('b', %s)", (b.term,))
+        assert a.poll() is False  # b holds an unexpired lease
+    finally:
+        a.close()
+        b.close()
+    assert sql(pg_url, "SELECT who, term FROM acts") == [("a", term), ("b", term + 1)]
+
+
+def test_the_sweep_never_ends_the_sweepers_own_rows(tmp_path, pg_url):
+    """A leader whose own replica lease lapsed (paused) does not end its own queued rows
+    ``lost`` when it sweeps: only the other expired replicas'."""
+    import asyncio
+
+    from wirekit.serve.record.pgsync import LeaderLock, ReplicaLease, adopt_expired
+    from wirekit.serve.record.store import RequestStore
+
+    stores = {}
+    for name in ("me", "other"):
+        store = RequestStore(tmp_path / f"{name}.db", url=pg_url, replica=name)
+        store.lease = ReplicaLease(pg_url, name, lease=0.2)
+        stores[name] = store
+        store.open()
+
+    async def arrive() -> None:
+        for name, store in stores.items():
+            store.arrival(f"{name}-1", "m", "c", 1.0, 3)
+            await store.flush()
+
+    lock = LeaderLock(pg_url, lease=5.0, replica="me")
+    try:
+        asyncio.run(arrive())
+        assert lock.poll()
+        ended: list = []
+        wait_until(lambda: ended.extend(adopt_expired(lock, "me#1")) or ended, "swept", limit=5)
+        assert ended == [("other", "m", 1)]
+        assert adopt_expired(lock, "me#1") == []
+        statuses = dict(sql(pg_url, "SELECT id, status FROM requests"))
+        assert statuses == {"me-1": "queued", "other-1": "lost"}
+    finally:
+        lock.close()
+        for store in stores.values():
+            store.close()
+            store.lease.close()
 
 
 # -- item 1: a paused leader ------------------------------------------------------------
