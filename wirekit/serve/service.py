@@ -113,6 +113,7 @@ class Service:
         #: Clipper application name -> model, kept up to date as models come and go
         self.apps: dict[str, str] = self.catalog.app_models()
         self.catalog.subscribe(self._follow)  # backends first, then the router draws on them
+        self.catalog.subscribe(self.observability.follow)  # a removed model's series dropped
         self.router = Router.following(self.catalog, backoff=deployment.backoff, rng=rng)
         #: the MIP front-door connections of each model (closed when it is removed)
         self.front_conns: dict[str, weakref.WeakSet[MipFrontDoor]] = {}

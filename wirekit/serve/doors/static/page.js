@@ -401,9 +401,15 @@
       ...reasons.map((r) => el("li", {}, r)));
   }
 
-  // "node/device" as shown: an answer no device gave (from the cache) has the empty one
+  // The device a request is counted on, as shown: "node/device", or one of the two keys
+  // /stats (and /metrics' device label) gives requests no device answered: "none" (failed,
+  // refused, abandoned or lost: a failure) and "cache" (answered from the response cache).
+  const NO_DEVICE = "none";
+  const CACHE_DEVICE = "cache";
   function deviceLabel(key) {
-    return key === "" ? "none (cache)" : key;
+    if (key === NO_DEVICE) return "none: not answered (failed, abandoned or lost)";
+    if (key === CACHE_DEVICE) return "cache: answered from the response cache";
+    return key;
   }
 
   function deviceTable(m, rows, span) {
@@ -423,7 +429,8 @@
         height: 8 }, svg("rect", { x: 0, y: 0, width: 40, height: 8, class: "bar-bg" }),
       svg("rect", { x: 0, y: 0, width: isNum(quota) ? 40 * clamp(quota, 0, 1) : 0, height: 8,
         fill: colorOf(key) })));
-      body.push(el("tr", { class: quota === 0 ? "off" : "", data: { device: key } },
+      const rowClass = quota === 0 ? "off" : key === NO_DEVICE ? "failure" : "";
+      body.push(el("tr", { class: rowClass, data: { device: key } },
         el("td", {}, svg("svg", { viewBox: "0 0 10 10", width: 10, height: 10, class: "dot" },
           svg("circle", { cx: 5, cy: 5, r: 5, fill: colorOf(key) })), deviceLabel(key)),
         el("td", {}, r ? r.device_type || "" : ""),
