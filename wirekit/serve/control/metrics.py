@@ -254,7 +254,7 @@ METRIC_NAMES: dict[str, tuple[str, tuple[str, ...], str]] = {
         "gauge",
         ("version", "python", "compiled"),
         "Always 1: the wirekit version, the Python version and whether the compiled twins"
-        " are in use (compiled=\"true\") or the pure-Python ones",
+        ' are in use (compiled="true") or the pure-Python ones',
     ),
 }
 
