@@ -31,6 +31,7 @@ from wirekit import __version__
 from wirekit._impl import pure_requested
 from wirekit.cli import main as wirekit_main
 from wirekit.mip.client import AsyncClient
+from wirekit.serve.control.metrics import HistogramHistory, Metrics
 
 TOKEN = "labels-test-token"
 HTTP_TIMEOUT = aiohttp.ClientTimeout(total=TIMEOUT)
@@ -258,3 +259,35 @@ def test_the_page_labels_a_failure_as_a_failure(served):
     assert m["cache"] == ("cache: answered from the response cache", "")
     assert m["n1/0"] == ("n1/0", "")
     assert not any("(cache)" in text for card in rows.values() for _, text, _ in card)
+
+
+def test_forget_hides_a_late_end_and_served_starts_from_zero():
+    """:meth:`Metrics.forget` drops every series of the model, a request of it ending after
+    the removal is not exported, and the model added again starts from 0 (its recent
+    histogram window too); ``/stats``' per-model figures stay."""
+    metrics = Metrics(["a", "b"])
+    history = HistogramHistory(metrics, interval=0.0)
+    for model in ("a", "b"):
+        metrics.arrived(model)
+        metrics.finished(model, "ok", 0.01, f"n1/0/{model}")
+    metrics.arrived("a")
+    metrics.lane_answered("a", 1.0, [("x", "cache", 0.5)], 0.5, 0.5, 0.5)
+    history.take()
+    metrics.forget("a")
+    history.forget("a")
+    metrics.arrived("a")
+    metrics.finished("a", "failed", 0.5, None)  # cut short by the drain's end
+    text = metrics.prometheus({"backoffs": {("a", "n1/0"): 1}, "decisions": {("a", "x"): 1}})
+    assert 'model="a"' not in text.decode()
+    assert 'model="b"' in text.decode()
+    assert metrics.snapshot()["models"]["a"]["statuses"] == {"ok": 2, "failed": 1}
+    metrics.served("a")
+    assert metrics.removed == set()
+    metrics.arrived("a")
+    metrics.finished("a", "ok", 0.01, "n1/0/a")
+    again = [line for line in metrics.prometheus().decode().splitlines() if 'model="a"' in line]
+    assert [line for line in again if line.startswith("wirekit_serve_requests_total")] == [
+        'wirekit_serve_requests_total{device="n1/0",door="http",model="a",state="ok"} 1.0'
+    ]
+    _seconds, window = history.window()
+    assert sum(window[("a", "n1/0")]) == 1 and min(window[("a", "n1/0")]) >= 0

@@ -47,8 +47,9 @@ class Observability:
         """The catalog's subscriber: a model removed (through the admin API, ``wirekit serve
         models remove`` or a change another replica made) has its series dropped from
         ``/metrics`` -- this process's own (:meth:`Metrics.forget`) and those drawn from the
-        router, the dispatcher, the cache and the controller (:meth:`prometheus_extra`); a
-        model added (again) is exported from 0."""
+        router, the dispatcher, the cache and the controller (:meth:`prometheus_extra`: the
+        exposition leaves out every model in ``Metrics.removed``); a model added (again) is
+        exported from 0."""
         if change.kind == "remove":
             self.metrics.forget(change.model)
             self.history.forget(change.model)
@@ -122,15 +123,6 @@ class Observability:
                     decisions[(model, outcome)] = 0
             decisions.update(self.service.controller.outcomes)
         extra["decisions"] = decisions
-        removed = self.metrics.removed
-        if removed:  # what the router, dispatcher, cache and controller keep of a removed model
-            for key in ("backoffs", "batches", "in_flight", "decisions"):
-                if key in extra:
-                    extra[key] = {k: v for k, v in extra[key].items() if k[0] not in removed}
-            cache = extra.get("cache")
-            if cache and "models" in cache:
-                models = {m: c for m, c in cache["models"].items() if m not in removed}
-                extra["cache"] = {**cache, "models": models}
         extra["ready"] = self.service.readiness()["ready"]
         door = self.service.http_door
         extra["http_bad_requests"] = door.bad_requests if door is not None else 0

@@ -843,7 +843,9 @@ class Metrics:
         ``quotas`` (rows), ``targets`` (model -> seconds), ``backed_off`` (row keys),
         ``backoffs`` / ``in_flight`` ({(model, device label): n}), ``batches`` ({(model,
         device label): [sent, retried]}), ``decisions`` ({(model, outcome): n}), ``ready``
-        (bool), ``http_bad_requests`` (int)."""
+        (bool), ``http_bad_requests`` (int).  Then ``wirekit_build_info`` and the standard
+        ``process_*`` / ``python_*`` families (:func:`build_info`).  Every series of a model
+        in :attr:`removed` is left out."""
         from prometheus_client import CollectorRegistry, generate_latest
 
         registry = CollectorRegistry(auto_describe=False)
@@ -951,22 +953,25 @@ class _Collector:
             if key in extra:
                 f = family(name)
                 for (model, device), n in sorted(extra[key].items()):
-                    f.add_metric([_label(model), _label(device)], n)
+                    if model not in removed:
+                        f.add_metric([_label(model), _label(device)], n)
                 yield f
         if "batches" in extra:
             sent = family("wirekit_serve_batches_total")
             retried = family("wirekit_serve_batch_retries_total")
             for (model, device), (n_sent, n_retried) in sorted(extra["batches"].items()):
-                sent.add_metric([_label(model), _label(device)], n_sent)
-                retried.add_metric([_label(model), _label(device)], n_retried)
+                if model not in removed:
+                    sent.add_metric([_label(model), _label(device)], n_sent)
+                    retried.add_metric([_label(model), _label(device)], n_retried)
             yield from (sent, retried)
         cache = extra.get("cache")
         if cache:
             hits = family("wirekit_serve_cache_hits_total")
             misses = family("wirekit_serve_cache_misses_total")
             for model, c in sorted(cache.get("models", {}).items()):
-                hits.add_metric([_label(model)], c["hits"])
-                misses.add_metric([_label(model)], c["misses"])
+                if model not in removed:
+                    hits.add_metric([_label(model)], c["hits"])
+                    misses.add_metric([_label(model)], c["misses"])
             evictions = family("wirekit_serve_cache_evictions_total")
             evictions.add_metric([], cache["evictions"])
             entries = family("wirekit_serve_cache_entries")
@@ -977,7 +982,8 @@ class _Collector:
         if "decisions" in extra:
             f = family("wirekit_serve_controller_decisions_total")
             for (model, outcome), n in sorted(extra["decisions"].items()):
-                f.add_metric([_label(model), _label(outcome)], n)
+                if model not in removed:
+                    f.add_metric([_label(model), _label(outcome)], n)
             yield f
         if "quotas" in extra:
             f = family("wirekit_serve_quota")
