@@ -42,6 +42,8 @@ from wirekit.serve.record.storedb import MIGRATIONS_SQLITE, open_db
 OPERATOR = "operator@127.0.0.1"
 #: the columns a decision row is compared on (``time`` and ``replica`` checked apart)
 COMPARED = ("by", "kind", "model", "node", "device", "old", "new", "status", "before", "after")
+#: a port nothing listens on (discard): the load of a model there fails at once
+DEAD_PORT = 9
 #: seconds between two polls of the page
 POLL = 0.3
 
@@ -66,8 +68,14 @@ def http_json(url: str) -> Any:
     return asyncio.run(get())
 
 
-def operate(url: str, port_b: int) -> tuple[float, float]:
-    """The operator's changes of these tests (see :data:`EXPECTED`); their time span."""
+def operate(url: str, port_b: int, directory: Path) -> tuple[float, float]:
+    """The operator's changes of these tests (see :func:`expected`); their time span."""
+    failing = directory / "m3.json"  # an OIP model whose server is not there: 502
+    failing.write_text(json.dumps({
+        "name": "m3",
+        "model": {"backend": "oip", "load": True, "load_timeout": 5},
+        "placements": [{"node": "n1", "device": 1, "quota": 0.25, "port": DEAD_PORT}],
+    }))  # fmt: skip
     t0 = time.time()
     status, out, err = models_cli(url, "quota", "m1", "n1:1", "0.25")
     assert status == 0 and json.loads(out)["status"] == "applied", err
@@ -80,6 +88,8 @@ def operate(url: str, port_b: int) -> tuple[float, float]:
     assert status == 1 and "HTTP 409" in err, err
     status, _out, err = models_cli(url, "add", "--name", "m2", "--place", f"n1:1:0.5:{port_b}")
     assert status == 1 and "already exists" in err, err
+    status, _out, err = models_cli(url, "add", str(failing))
+    assert status == 1 and "HTTP 502" in err, err
     # refused before anything was tried: not a decision
     status, _out, err = models_cli(url, "quota", "nope", "n1:0", "0.1")
     assert status == 1 and "HTTP 404" in err, err
@@ -99,6 +109,7 @@ def expected(timeout_before: float) -> list[dict[str, Any]]:
         "target": None,
         "quotas": {"n1/0": 0.5, "n1/1": 0.0},  # every row of the model, quota 0 included
     }
+    m3 = {**m2, "backend": "oip", "timeout": 5.0}
     quota = {"kind": "quota", "model": "m1", "node": "n1"}
     model = {"model": "m2", "node": "", "device": -1, "old": 0.0, "new": 0.0}
     rows = [
@@ -111,6 +122,8 @@ def expected(timeout_before: float) -> list[dict[str, Any]]:
          "after": 0.75},
         {**model, "kind": "add", "status": "refused", "before": None,
          "after": {**m2, "quotas": {"n1/0": 0.0, "n1/1": 0.5}}},
+        {**model, "kind": "add", "model": "m3", "status": "failed", "before": None,
+         "after": {**m3, "quotas": {"n1/0": 0.0, "n1/1": 0.25}}},
         {**model, "kind": "remove", "status": "applied", "before": {**m2, "timeout": 7.0},
          "after": None},
     ]  # fmt: skip
@@ -126,9 +139,10 @@ def check_decisions(rows: list[dict[str, Any]], span: tuple[float, float]) -> No
     timeout_before = rows[1]["after"]["timeout"] if len(rows) > 1 and rows[1]["after"] else 0
     assert compared(rows) == expected(timeout_before)
     assert all(span[0] <= row["time"] <= span[1] for row in rows)
-    assert [row["reason"] for row in rows] == ["admin"] * 6
+    assert [row["reason"] for row in rows] == ["admin"] * 7
     assert "0.5 is free" in rows[3]["error"] and "already exists" in rows[4]["error"]
-    assert [row["error"] is None for row in rows] == [True, True, True, False, False, True]
+    assert rows[5]["error"].startswith("model 'm3' not added: its load failed")
+    assert [row["error"] is None for row in rows] == [True, True, True, False, False, False, True]
 
 
 # ---- a real process, each loop, SQLite ------------------------------------------------------
@@ -161,7 +175,7 @@ def operated(request, backends, tmp_path_factory):
         ],
     )
     with DispatcherProcess.of(doc, directory, args=("--loop", request.param)) as dispatcher:
-        span = operate(dispatcher.http, port_b)
+        span = operate(dispatcher.http, port_b, directory)
         yield dispatcher, store, span
 
 
@@ -234,6 +248,7 @@ def test_the_page_timeline_shows_the_operators_decisions(operated):
         ("settings set", "m2", "", OPERATOR, "", ""),
         ("decision refused", "m1", "n1/0/m1", OPERATOR, "0.5", "0.75"),
         ("add refused", "m2", "", OPERATOR, "", ""),
+        ("add failed", "m3", "", OPERATOR, "", ""),
         ("model removed", "m2", "", OPERATOR, "", ""),
     ]
     by_kind = {e["kind"]: e["cells"] for e in events}
@@ -265,7 +280,7 @@ def test_a_shared_store_holds_the_operators_decisions(backends, tmp_path, pg_url
         store={"path": str(tmp_path / "r.db"), "url": pg_url, "replica": "r1"},
     )
     with DispatcherProcess.of(doc, tmp_path) as dispatcher:
-        span = operate(dispatcher.http, port_b)
+        span = operate(dispatcher.http, port_b, tmp_path)
         state = http_json(f"{dispatcher.http}/controller")
     check_decisions(state["decisions"], span)
     with psycopg.connect(pg_url, autocommit=True) as conn:

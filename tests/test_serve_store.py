@@ -402,9 +402,9 @@ def test_decisions_are_stored_and_read_back_on_both_backends(tmp_path, store_url
         db.migrate()
         for k in range(3):
             db.record_decision(
-                (100.0 + k, "n", 0, "CPU", "m", 0.5, 0.6, "applied", f"slow {k}", None, "{}", "r1")
-                + ("controller", "quota", "0.5", "0.6")  # who and what (issue 38)
-            )
+                (100.0 + k, "n", 0, "CPU", "m", 0.5, 0.6, "applied", f"slow {k}", None, "{}", "r1",
+                 "controller", "quota", "0.5", "0.6")  # who and what (issue 38)
+            )  # fmt: skip
         last = db.decisions(2)
     finally:
         db.close()

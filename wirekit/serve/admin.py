@@ -444,6 +444,9 @@ class ModelAdmin:
         after = described(model, rows)
         try:
             await self.add_model(model, rows)
+        except ModelLoadError as exc:  # a server failed the load (a CatalogError too)
+            await self._model_decided(ADD, model.name, by, None, after, FAILED, exc)
+            raise
         except CatalogError as exc:
             await self._model_decided(ADD, model.name, by, None, after, REFUSED, exc)
             raise
