@@ -68,7 +68,8 @@ class Observability:
                 "enabled": False,
                 "quotas": self.quotas(),
                 "targets": catalog_targets(self.service.catalog),
-                "decisions": [],
+                # the operators' (issue 38): every change to what is served is a decision
+                "decisions": list(self.service.admin.decisions),
             }
         return self.service.controller.state()
 
