@@ -159,7 +159,7 @@ MIGRATIONS_SQLITE: tuple[str, ...] = (
     """,
 )
 
-#: the leadership table (schema version 8; :class:`~wirekit.serve.record.pgsync.LeaderLock`
+#: the leadership table (schema version 9; :class:`~wirekit.serve.record.pgsync.LeaderLock`
 #: also creates it on a database the store's migrations have not reached)
 LEADERSHIP_SCHEMA = """
     CREATE TABLE IF NOT EXISTS leadership (
