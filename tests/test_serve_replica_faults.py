@@ -2,8 +2,8 @@
 
 In process, on a real PostgreSQL: a stale term is refused and writes nothing, a leader that
 stops renewing steps down before its lease expires on the server, and the sweep never ends
-the sweeper's own rows.  Through real processes (``wirekit serve`` replicas, a ``wirekit mip serve`` backend, real
-PostgreSQL, SIGSTOP/SIGCONT, ``kill -9``):
+the sweeper's own rows.  Through real processes (``wirekit serve`` replicas, a ``wirekit
+mip serve`` backend, real PostgreSQL, SIGSTOP/SIGCONT, ``kill -9``):
 
 * a leader paused past its lease is replaced within lease + period, its queued rows end
   ``lost`` (by the new leader) within lease + period, and once it resumes it does nothing a
