@@ -82,8 +82,9 @@ def store_decision(
 ) -> None:
     """Store one decision (``decision``: its :data:`~.storedb.DECISION_COLUMNS` by name,
     ``metrics``, ``before`` and ``after`` as JSON values).  With a ``leader`` lock it goes
-    on the lock's session (raising :class:`~wirekit.serve.record.pgsync.NotLeader`, storing
-    nothing, without the lead); else on a connection of its own (``open_db()``)."""
+    through the lock, fenced by its term (raising
+    :class:`~wirekit.serve.record.pgsync.NotLeader`, storing nothing, without the lead); else on a
+    connection of its own (``open_db()``)."""
     values = tuple(
         json.dumps(decision.get(c), sort_keys=True) if c in _JSON_COLUMNS else decision[c]
         for c in DECISION_COLUMNS

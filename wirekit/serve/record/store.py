@@ -158,8 +158,8 @@ class RequestStore:
         self.lost_at_open = 0
         self.lost_by_model: dict[str, int] = {}  #: the same per model
         self.replayed_at_open = 0  #: completions recovered from journals by ``open()``
-        #: on a shared store, the controller's lead (a LeaderLock): decisions are stored on
-        #: its session (set by the service)
+        #: on a shared store, the controller's lead (a LeaderLock): decisions are stored
+        #: through it, fenced by its term (set by the service)
         self.leader: Any = None
         #: on a shared store, this replica's lease (a ReplicaLease, set by the service):
         #: taken by ``open()`` before the journals are replayed, so that every row this
@@ -568,9 +568,10 @@ class RequestStore:
         """Store one decision, the controller's or an operator's (its own short transaction,
         on its own connection: call it off the event loop, the controller does; the columns
         are :mod:`~wirekit.serve.record.decisions`').  On a shared store with a
-        :attr:`leader` lock, a ``fenced`` decision (the controller's own) goes on the lock's
-        session: raises :class:`~wirekit.serve.record.pgsync.NotLeader`, storing nothing, without
-        the lead.  An operator's decision (``fenced=False``) is stored from any replica."""
+        :attr:`leader` lock, a ``fenced`` decision (the controller's own) goes through the
+        lock, fenced by its term: raises :class:`~wirekit.serve.record.pgsync.NotLeader`,
+        storing nothing, without the lead.  An operator's decision (``fenced=False``) is
+        stored from any replica."""
         if kind == QUOTA and before is None and after is None:  # a quota: old -> new
             before, after = old, new
         decision = {
