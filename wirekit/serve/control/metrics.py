@@ -238,6 +238,12 @@ METRIC_NAMES: dict[str, tuple[str, tuple[str, ...], str]] = {
         (),
         "Malformed HTTP requests the HTTP door refused (logged once per burst, not each)",
     ),
+    "wirekit_serve_refused_total": (
+        "counter",
+        ("reason",),
+        "Requests refused before they were sent anywhere, by reason (journal: their arrival"
+        " could not be journaled, e.g. a full disk; logged once per burst, not each)",
+    ),
 }
 
 
@@ -784,7 +790,7 @@ class Metrics:
         ``quotas`` (rows), ``targets`` (model -> seconds), ``backed_off`` (row keys),
         ``backoffs`` / ``in_flight`` ({(model, device label): n}), ``batches`` ({(model,
         device label): [sent, retried]}), ``decisions`` ({(model, outcome): n}), ``ready``
-        (bool), ``http_bad_requests`` (int)."""
+        (bool), ``http_bad_requests`` (int), ``refused`` ({reason: n})."""
         from prometheus_client import CollectorRegistry, generate_latest
 
         registry = CollectorRegistry(auto_describe=False)
@@ -901,6 +907,11 @@ class _Collector:
         if "http_bad_requests" in extra:
             f = family("wirekit_serve_http_bad_requests_total")
             f.add_metric([], extra["http_bad_requests"])
+            yield f
+        if "refused" in extra:
+            f = family("wirekit_serve_refused_total")
+            for reason, n in sorted(extra["refused"].items()):
+                f.add_metric([reason], n)
             yield f
 
 
