@@ -180,6 +180,8 @@ class RequestStore:
         #: journal writes that failed so far (:class:`JournalUnavailable`): a request whose
         #: arrival was recorded when this had another value may not have it journaled
         self.journal_failures = 0
+        #: the failure of the last journal write, None once one succeeds (readiness)
+        self.journal_failing: JournalUnavailable | None = None
         self._jtorn = False  # a failed write could not be cut back: a new journal next
         self._hex_of: float | None = None  # the last time written, and its text
         self._hex = ""
@@ -264,7 +266,8 @@ class RequestStore:
 
     def write_problem(self) -> str | None:
         """Why rows cannot be written now (not open, the writer stopped, the last write
-        failed), or None: what ``/readyz`` says of the store."""
+        failed, the journal cannot be written), or None: what ``/readyz`` says of the
+        store."""
         if self._db is None or not self.writer.running:
             return "the request store is not open"
         if not self.writer.is_alive():
@@ -272,6 +275,9 @@ class RequestStore:
         failing = self.failing
         if failing is not None:
             return f"the last write to the request store failed: {failing}"
+        journal = self.journal_failing
+        if journal is not None and not self._journal_writable():
+            return f"{journal} (new requests are refused)"
         return None
 
     def reader(self) -> StoreDB:
@@ -527,6 +533,7 @@ class RequestStore:
                 data = data[os.write(self._jfd, data) :]
         except OSError as exc:
             self._journal_failed(start, exc)
+        self.journal_failing = None
 
     def _journal_failed(self, start: int, exc: OSError) -> None:
         """A journal write failed: cut the file back to ``start`` bytes, raise
@@ -537,7 +544,28 @@ class RequestStore:
             os.ftruncate(self._jfd, start)  # type: ignore[arg-type]
         except OSError:
             self._jtorn = True  # a torn tail: the next write goes to a new journal
-        raise JournalUnavailable(self._jpath, exc) from None
+        self.journal_failing = failure = JournalUnavailable(self._jpath, exc)
+        raise failure from None
+
+    def _journal_writable(self) -> bool:
+        """After a failed journal write, whether there is room again: a byte written at
+        the end of the journal and cut back at once (so that readiness comes back with the
+        space, before any request comes)."""
+        fd = self._jfd
+        if fd is None or self._jbuf or self._jtorn:
+            return False
+        try:
+            size = os.fstat(fd).st_size
+            os.write(fd, b"\n")
+        except OSError:
+            return False
+        try:
+            os.ftruncate(fd, size)
+        except OSError:
+            self._jtorn = True  # the next write goes to a new journal
+            return False
+        self.journal_failing = None
+        return True
 
     def _next_journal(self) -> Path | None:
         """Go on in a new journal file; return the old one, closed, for the writer to retire
@@ -550,7 +578,8 @@ class RequestStore:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
         except OSError as exc:
             self.journal_failures += 1
-            raise JournalUnavailable(path, exc) from None
+            self.journal_failing = failure = JournalUnavailable(path, exc)
+            raise failure from None
         old, old_fd = self._jpath, self._jfd
         self._jseq, self._jpath, self._jfd, self._jsize, self._jtorn = seq, path, fd, 0, False
         if old_fd is not None:
