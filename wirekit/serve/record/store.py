@@ -183,6 +183,7 @@ class RequestStore:
         #: the failure of the last journal write, None once one succeeds (readiness)
         self.journal_failing: JournalUnavailable | None = None
         self._jtorn = False  # a failed write could not be cut back: a new journal next
+        self._jneed = 1  # the size of the last write that failed
         self._hex_of: float | None = None  # the last time written, and its text
         self._hex = ""
         self._jmemo: dict[tuple[str, str, str | None], str] = {}
@@ -532,6 +533,7 @@ class RequestStore:
             while data:
                 data = data[os.write(self._jfd, data) :]
         except OSError as exc:
+            self._jneed = self._jsize - start  # what did not fit: for the probe
             self._journal_failed(start, exc)
         self.journal_failing = None
 
@@ -548,23 +550,28 @@ class RequestStore:
         raise failure from None
 
     def _journal_writable(self) -> bool:
-        """After a failed journal write, whether there is room again: a byte written at
-        the end of the journal and cut back at once (so that readiness comes back with the
-        space, before any request comes)."""
+        """After a failed journal write, whether there is room again for it: as many
+        bytes written at the end of the journal and cut back at once (so that readiness
+        comes back with the space, before any request comes)."""
         fd = self._jfd
         if fd is None or self._jbuf or self._jtorn:
             return False
         try:
             size = os.fstat(fd).st_size
-            os.write(fd, b"\n")
         except OSError:
             return False
+        try:
+            room = os.write(fd, b"\n" * self._jneed) == self._jneed
+        except OSError:
+            room = False
         try:
             os.ftruncate(fd, size)
         except OSError:
             self._jtorn = True  # the next write goes to a new journal
             return False
-        self.journal_failing = None
+        if room:
+            self.journal_failing = None
+        return room
         return True
 
     def _next_journal(self) -> Path | None:

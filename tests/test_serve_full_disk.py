@@ -1,0 +1,307 @@
+"""Issue 38, item 3: a full disk under the journal is a refusal, not a crash.
+
+A real ``wirekit serve`` runs in a subprocess on each event loop (plain asyncio, uvloop) and
+the twin the suite runs (``WIREKIT_PURE``), its journal on a real 2 MiB tmpfs mounted for
+the test (root only: skipped elsewhere).  The rows' database is a symbolic link off the
+tmpfs (SQLite follows it: its file and WAL live elsewhere), so what is under test is the
+journal alone -- as with a PostgreSQL store, whose journals are local files too.
+
+A filler file fills the tmpfs while a client sends requests; then requests go to every
+door -- the MIP door (through the MIP lane), the Clipper, TF Serving and Open Inference
+Protocol REST routes (the last two through the lean path).  Before the fix each got a
+plain-text 500 and an ERROR traceback, a short write left half a record with the next one
+appended to it (both quarantined "not JSON" at the next start), and rows stayed ``queued``
+after a clean stop.  Now:
+
+* a request whose arrival cannot be journaled is refused before it is sent anywhere: 503
+  with a JSON ``{"error": ...}`` at the HTTP routes, the MIP error reply of a failed
+  request (INTERNAL) at the MIP door; its row ends ``failed`` with why;
+* the log has no traceback and no ERROR, and a few WARNINGs (one per burst, not one per
+  request); ``wirekit_serve_refused_total{reason="journal"}`` counts the refusals;
+* the process stays up, ``/readyz`` is 503 while the journal cannot be written and 200
+  again once the filler is gone (before any request), and requests are answered again;
+* after a clean stop (SIGTERM) no row is ``queued``; the next start quarantines nothing and
+  ends nothing ``lost``.
+
+Every wait is bounded; what is asserted is what happened, not how long it took.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import http.client
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from serve_support import TIMEOUT, BackendProcess, DispatcherProcess, deployment
+from support.loops import LOOPS
+
+from wirekit import mip
+from wirekit.mip.client import Client, ServerError
+
+DISK_SIZE = "2m"  #: the tmpfs under the journal
+REFUSED = "the request journal cannot be written"  #: in every refusal's message
+#: requests sent once the disk is full, before the refusals must be steady (a journal's
+#: last page may still hold a few records)
+SETTLE = 200
+STEADY = 12  #: refusals in a row that show the disk is full for the journal
+WARNINGS_AT_MOST = 8  #: journal WARNINGs in the log, whatever the number of requests
+
+
+@dataclass
+class Served:
+    """The dispatcher under test and where its files are."""
+
+    process: DispatcherProcess
+    doc: dict[str, Any]
+    directory: Path
+    disk: Path  #: the tmpfs
+    database: Path  #: the SQLite file (off the tmpfs)
+
+
+def _mount_tmpfs(where: Path) -> None:
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_SIZE}", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (root only): {done.stderr.strip()}")
+
+
+def _umount(where: Path) -> None:
+    done = subprocess.run(["umount", str(where)], capture_output=True, timeout=TIMEOUT)
+    if done.returncode != 0:  # something still holds it: detach it at least
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=TIMEOUT)
+
+
+@pytest.fixture(scope="module", params=LOOPS)
+def served(request, tmp_path_factory) -> Iterator[Served]:
+    """``wirekit serve`` on one loop, model ``m`` (Clipper app ``app``) on a MIP echo
+    backend, its journal on a fresh tmpfs."""
+    directory: Path = tmp_path_factory.mktemp(f"full-disk-{request.param}")
+    disk = directory / "disk"
+    disk.mkdir()
+    (directory / "db").mkdir()
+    database = directory / "db" / "requests.db"
+    _mount_tmpfs(disk)
+    try:
+        (disk / "requests.db").symlink_to(database)
+        with BackendProcess("wirekit.mip.runtime:echo") as echo:
+            doc = deployment(
+                disk / "requests.db",
+                {"m": {"timeout": 5, "apps": ["app"]}},
+                [{"id": "n", "devices": ["CPU"], "models": ["m"], "quotas": [1],
+                  "ports": [echo.port]}],
+                store={"path": str(disk / "requests.db"), "flush_interval": 0.01},
+                cache={"max_entries": 0},
+            )  # fmt: skip
+            process = DispatcherProcess.of(
+                doc, directory, env={"WIREKIT_LOOP": request.param}, args=("--log-level", "info")
+            )
+            with process:
+                yield Served(process, doc, directory, disk, database)
+    finally:
+        _umount(disk)
+
+
+# ---------------------------------------------------------------------- the doors
+
+
+@dataclass
+class Answer:
+    door: str
+    status: int  #: HTTP status (MIP: 200 answered, 503 its error reply)
+    body: bytes
+    content_type: str = ""
+
+    @property
+    def refused(self) -> bool:
+        """A 503 with a JSON ``{"error": ...}`` saying the journal cannot be written (MIP:
+        the error reply)."""
+        if self.door == "mip":
+            return self.status == 503
+        if self.status != 503 or not self.content_type.startswith("application/json"):
+            return False
+        doc = json.loads(self.body)
+        return isinstance(doc, dict) and REFUSED in str(doc.get("error"))
+
+
+def _http(served: Served, method: str, path: str, doc: Any = None) -> tuple[int, bytes, str]:
+    conn = http.client.HTTPConnection(
+        "127.0.0.1", served.process.addresses["http"], timeout=TIMEOUT
+    )
+    try:
+        body = None if doc is None else json.dumps(doc).encode()
+        headers = {} if doc is None else {"Content-Type": "application/json"}
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read(), resp.getheader("Content-Type") or ""
+    finally:
+        conn.close()
+
+
+#: each HTTP door's inference: (path, body)
+HTTP_DOORS: dict[str, tuple[str, dict[str, Any]]] = {
+    "clipper": ("/app/predict", {"input": "hi"}),
+    "tfserving": ("/v1/models/m:predict", {"inputs": [["hi"]]}),
+    "oip-rest": (
+        "/v2/models/m/infer",
+        {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]},
+    ),
+}
+DOORS = [*HTTP_DOORS, "mip"]
+
+
+def infer(served: Served, door: str) -> Answer:
+    """One inference through ``door``."""
+    if door == "mip":
+        with Client(served.process.mip_address("m"), timeout=TIMEOUT) as client:
+            try:
+                client.infer_one(mip.Item.text("hi"))
+            except ServerError as exc:
+                return Answer(door, 503, str(exc).encode())
+        return Answer(door, 200, b"")
+    path, doc = HTTP_DOORS[door]
+    status, body, ctype = _http(served, "POST", path, doc)
+    if door == "clipper" and status == 200 and json.loads(body).get("default"):
+        status = 599  # a Clipper default answer: not answered, not refused
+    return Answer(door, status, body, ctype)
+
+
+def readyz(served: Served) -> int:
+    return _http(served, "GET", "/readyz")[0]
+
+
+def refused_counted(served: Served) -> float:
+    status, text, _ = _http(served, "GET", "/metrics")
+    assert status == 200
+    found = re.search(rb'^wirekit_serve_refused_total\{reason="journal"\} (\S+)$', text, re.M)
+    assert found is not None, "wirekit_serve_refused_total{reason=journal} is not exported"
+    return float(found.group(1))
+
+
+def fill(disk: Path) -> Path:
+    """A filler file that takes every byte left on ``disk``."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        chunk = b"\0" * 65536
+        while True:
+            try:
+                os.write(fd, chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                if len(chunk) == 1:
+                    return filler
+                chunk = chunk[: len(chunk) // 16 or 1]
+    finally:
+        os.close(fd)
+
+
+def _journal_log(served: Served) -> list[str]:
+    return [line for line in served.process.log_lines if "request journal" in line]
+
+
+def _rows(database: Path) -> list[tuple[str, str | None]]:
+    with contextlib.closing(sqlite3.connect(database, timeout=TIMEOUT)) as conn:
+        return conn.execute("SELECT status, reason FROM requests").fetchall()
+
+
+# ---------------------------------------------------------------------- the test
+
+
+def test_a_full_disk_refuses_requests_then_they_are_served_again(served: Served) -> None:
+    proc = served.process
+    for door in DOORS:  # all well before the disk fills
+        assert infer(served, door).status == 200, door
+    assert readyz(served) == 200
+
+    # the disk fills while a client sends requests: each is answered or refused, never 500
+    answers: list[Answer] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        try:
+            while not stop.is_set():
+                answers.append(infer(served, "tfserving"))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    sender = threading.Thread(target=client, daemon=True)
+    sender.start()
+    try:
+        filler = fill(served.disk)
+    finally:
+        stop.set()
+        sender.join(TIMEOUT)
+    assert not errors, errors
+    assert all(a.status == 200 or a.refused for a in answers), [
+        (a.status, a.body[:200]) for a in answers if a.status != 200 and not a.refused
+    ]
+
+    # requests until the refusals are steady (the journal's last page may hold a few)
+    streak = sent = 0
+    while streak < STEADY:
+        sent += 1
+        assert sent <= SETTLE, f"no steady refusals after {SETTLE} requests: {proc.log}"
+        answer = infer(served, DOORS[sent % len(DOORS)])
+        assert answer.status == 200 or answer.refused, (answer.status, answer.body[:200])
+        streak = streak + 1 if answer.refused else 0
+    for door in DOORS:  # every door refuses, in its own way
+        for _ in range(5):
+            answer = infer(served, door)
+            assert answer.refused, (door, answer.status, answer.body[:200])
+    assert readyz(served) == 503
+    assert refused_counted(served) >= STEADY + 5 * len(DOORS)
+    assert proc.proc is not None and proc.proc.poll() is None  # still up
+
+    # space comes back: ready again before any request, then every door answers
+    filler.unlink()
+    assert readyz(served) == 200, _http(served, "GET", "/readyz")[1]
+    for door in DOORS:
+        for _ in range(3):
+            assert infer(served, door).status == 200, door
+
+    log = proc.log
+    assert "Traceback" not in log, log
+    assert " ERROR " not in log and "ERROR:" not in log, log
+    warnings = _journal_log(served)
+    assert 1 <= len(warnings) <= WARNINGS_AT_MOST, warnings
+
+    # a clean stop leaves no row queued; the refused ones ended failed, saying why
+    assert proc.stop() == 0, proc.log
+    rows = _rows(served.database)
+    assert not [r for r in rows if r[0] == "queued"], "rows left queued"
+    refused = [r for r in rows if r[1] and REFUSED in r[1]]
+    assert refused and {r[0] for r in refused} == {"failed"}, refused[:3]
+    assert not list(served.disk.glob("requests.db.journal.*")), "journals left behind"
+
+    # the next start replays nothing torn: nothing quarantined, nothing ended lost
+    again = DispatcherProcess(proc.config, env={"WIREKIT_LOOP": _loop_of(proc)}, args=proc.args)
+    with again:
+        assert infer(Served(again, served.doc, *_paths(served)), "tfserving").status == 200
+        assert again.stop() == 0
+    assert "quarantin" not in again.log, again.log
+    assert not served.disk.joinpath("requests.db.journal.quarantine").exists()
+    assert not [r for r in _rows(served.database) if r[0] in ("queued", "lost")]
+
+
+def _loop_of(proc: DispatcherProcess) -> str:
+    return proc.env["WIREKIT_LOOP"]
+
+
+def _paths(served: Served) -> tuple[Path, Path, Path]:
+    return served.directory, served.disk, served.database
