@@ -48,6 +48,8 @@ from support.loops import LOOPS
 
 from wirekit import mip
 from wirekit.mip.client import Client, ServerError
+from wirekit.serve.record.replay import read_journal
+from wirekit.serve.record.store import JournalUnavailable, RequestStore
 
 DISK_SIZE = "2m"  #: the tmpfs under the journal
 REFUSED = "the request journal cannot be written"  #: in every refusal's message
@@ -69,9 +71,9 @@ class Served:
     database: Path  #: the SQLite file (off the tmpfs)
 
 
-def _mount_tmpfs(where: Path) -> None:
+def _mount_tmpfs(where: Path, size: str = DISK_SIZE) -> None:
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_SIZE}", "tmpfs", str(where)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -281,6 +283,13 @@ def test_a_full_disk_refuses_requests_then_they_are_served_again(served: Served)
     warnings = _journal_log(served)
     assert 1 <= len(warnings) <= WARNINGS_AT_MOST, warnings
 
+    # the journal holds whole records only: nothing torn, nothing glued to a torn one
+    journals = sorted(served.disk.glob("requests.db.journal.[0-9]*"))
+    assert journals
+    for path in journals:
+        assert not read_journal(path)[1], path.read_bytes()[-2000:]
+        assert path.read_bytes().endswith(b"\n") or not path.stat().st_size
+
     # a clean stop leaves no row queued; the refused ones ended failed, saying why
     assert proc.stop() == 0, proc.log
     rows = _rows(served.database)
@@ -305,3 +314,49 @@ def _loop_of(proc: DispatcherProcess) -> str:
 
 def _paths(served: Served) -> tuple[Path, Path, Path]:
     return served.directory, served.disk, served.database
+
+
+# ---------------------------------------------------------------------- the store alone
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A fresh 64 KiB tmpfs, with ``r.db`` a link to a database off it."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    _mount_tmpfs(disk, "64k")
+    try:
+        (disk / "r.db").symlink_to(tmp_path / "r.db")
+        yield disk
+    finally:
+        _umount(disk)
+
+
+def test_a_journal_write_that_does_not_fit_is_cut_back(small_disk: Path) -> None:
+    """A write that fits in part is cut back to where it started and refused
+    (JournalUnavailable); readiness says so; with the space back the next write goes on
+    after the last whole record."""
+    store = RequestStore(small_disk / "r.db")
+    store.open()
+    try:
+        store.arrival("first", "m", "c", 1.0, 3)
+        (journal,) = small_disk.glob("r.db.journal.[0-9]*")
+        filler = fill(small_disk)
+        sizes = set()
+        with pytest.raises(JournalUnavailable, match="No space left on device"):
+            for i in range(10_000):  # the journal's last page takes a few, then none
+                sizes.add(journal.stat().st_size)
+                store.arrival(f"r{i}", "m" * 100, "c", 1.0, 3)
+        assert journal.stat().st_size in sizes  # cut back: no part of the record stays
+        assert store.journal_failures == 1
+        entries, bad = read_journal(journal)
+        assert not bad
+        assert "cannot be written" in (store.write_problem() or "")
+        filler.unlink()
+        assert store.write_problem() is None  # ready again before any request
+        store.arrival("after", "m", "c", 1.0, 3)
+        entries, bad = read_journal(journal)
+        assert not bad
+        assert entries[-1][3][0] == "after"
+    finally:
+        store.close()
