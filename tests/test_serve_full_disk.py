@@ -8,14 +8,15 @@ journal alone -- as with a PostgreSQL store, whose journals are local files too.
 
 A filler file fills the tmpfs while a client sends requests; then requests go to every
 door -- the MIP door (through the MIP lane), the Clipper, TF Serving and Open Inference
-Protocol REST routes (the last two through the lean path).  Before the fix each got a
+Protocol REST routes (the last two through the lean path), the gRPC door.  Before the fix each got a
 plain-text 500 and an ERROR traceback, a short write left half a record with the next one
 appended to it (both quarantined "not JSON" at the next start), and rows stayed ``queued``
 after a clean stop.  Now:
 
 * a request whose arrival cannot be journaled is refused before it is sent anywhere: 503
-  with a JSON ``{"error": ...}`` at the HTTP routes, the MIP error reply of a failed
-  request (INTERNAL) at the MIP door; its row ends ``failed`` with why;
+  with a JSON ``{"error": ...}`` at the HTTP routes, UNAVAILABLE at the gRPC door, the
+  MIP error reply of a failed request (INTERNAL) at the MIP door; its row ends ``failed``
+  with why;
 * the log has no traceback and no ERROR, and a few WARNINGs (one per burst, not one per
   request); ``wirekit_serve_refused_total{reason="journal"}`` counts the refusals;
 * the process stays up, ``/readyz`` is 503 while the journal cannot be written and 200
@@ -108,6 +109,7 @@ def served(request, tmp_path_factory) -> Iterator[Served]:
                   "ports": [echo.port]}],
                 store={"path": str(disk / "requests.db"), "flush_interval": 0.01},
                 cache={"max_entries": 0},
+                listen={"host": "127.0.0.1", "http_port": 0, "grpc_port": 0},
             )  # fmt: skip
             process = DispatcherProcess.of(
                 doc, directory, env={"WIREKIT_LOOP": request.param}, args=("--log-level", "info")
@@ -132,7 +134,7 @@ class Answer:
     def refused(self) -> bool:
         """A 503 with a JSON ``{"error": ...}`` saying the journal cannot be written (MIP:
         the error reply)."""
-        if self.door == "mip":
+        if self.door in ("mip", "grpc"):  # MIP: its error reply; gRPC: UNAVAILABLE, why
             return self.status == 503
         if self.status != 503 or not self.content_type.startswith("application/json"):
             return False
@@ -163,11 +165,13 @@ HTTP_DOORS: dict[str, tuple[str, dict[str, Any]]] = {
         {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]},
     ),
 }
-DOORS = [*HTTP_DOORS, "mip"]
+DOORS = [*HTTP_DOORS, "mip", "grpc"]
 
 
 def infer(served: Served, door: str) -> Answer:
     """One inference through ``door``."""
+    if door == "grpc":
+        return _grpc_infer(served)
     if door == "mip":
         with Client(served.process.mip_address("m"), timeout=TIMEOUT) as client:
             try:
@@ -180,6 +184,31 @@ def infer(served: Served, door: str) -> Answer:
     if door == "clipper" and status == 200 and json.loads(body).get("default"):
         status = 599  # a Clipper default answer: not answered, not refused
     return Answer(door, status, body, ctype)
+
+
+def _grpc_infer(served: Served) -> Answer:
+    """ModelInfer over a bare channel (UNAVAILABLE with the reason: 503)."""
+    import grpc
+
+    from wirekit.oip.grpc import messages as pb
+
+    request = pb.ModelInferRequest(model_name="m")
+    tensor = request.inputs.add(name="x", datatype="BYTES", shape=[1])
+    tensor.contents.bytes_contents.append(b"hi")
+    address = f"127.0.0.1:{served.process.addresses['grpc']}"
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary(
+            f"/{pb.SERVICE}/ModelInfer",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=pb.ModelInferResponse.FromString,
+        )
+        try:
+            call(request, timeout=TIMEOUT)
+        except grpc.RpcError as exc:
+            code, details = exc.code(), exc.details() or ""  # type: ignore[attr-defined]
+            refused = code == grpc.StatusCode.UNAVAILABLE and REFUSED in details
+            return Answer("grpc", 503 if refused else 500, details.encode())
+    return Answer("grpc", 200, b"")
 
 
 def readyz(served: Served) -> int:
