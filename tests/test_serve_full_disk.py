@@ -29,6 +29,7 @@ Every wait is bounded; what is asserted is what happened, not how long it took.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import http.client
@@ -389,3 +390,80 @@ def test_a_journal_write_that_does_not_fit_is_cut_back(small_disk: Path) -> None
         assert entries[-1][3][0] == "after"
     finally:
         store.close()
+
+
+def test_every_dispatcher_path_refuses_an_arrival_it_cannot_journal(small_disk: Path) -> None:
+    """In one process: requests in flight together -- the MIP door's adaptive batching
+    (arrivals journaled when the batch leaves), the awaiting doors' group commit (the
+    arrivals of one loop pass in one write) -- are refused, all of them, when their write
+    fails; each has its final row, none is left ``queued``; with the space back they are
+    answered again."""
+    import aiohttp
+    from serve_support import run, start_backend
+    from support.service import running_service
+
+    from wirekit.mip.client import AsyncClient
+    from wirekit.mip.runtime import echo
+
+    n = 8
+
+    async def main() -> None:
+        backend, port = await start_backend(echo)
+        doc = deployment(
+            small_disk / "r.db",
+            {"batched": {"timeout": 5, "max_batch": 64}, "single": {"timeout": 5}},
+            [{"id": f"n-{m}", "devices": ["CPU"], "models": [m], "quotas": [1],
+              "ports": [port]} for m in ("batched", "single")],
+            store={"path": str(small_disk / "r.db"), "flush_interval": 0.01},
+            cache={"max_entries": 0},
+        )  # fmt: skip
+        async with running_service(doc, backends=[backend]) as service:
+            mip_ports = service.addresses()["mip"]
+            url = f"http://127.0.0.1:{service.addresses()['http']}/v1/models/single:predict"
+
+            async def mip_burst() -> list[BaseException | tuple]:
+                client = AsyncClient(f"tcp://127.0.0.1:{mip_ports['batched']}", timeout=TIMEOUT)
+                try:
+                    calls = [client.infer_one(mip.Item.text(f"q{i}")) for i in range(n)]
+                    return await asyncio.gather(*calls, return_exceptions=True)
+                finally:
+                    await client.close()
+
+            async def http_burst(session: aiohttp.ClientSession) -> list[tuple[int, Any]]:
+                async def one(i: int) -> tuple[int, Any]:
+                    async with session.post(url, json={"inputs": [[f"q{i}"]]}) as resp:
+                        return resp.status, await resp.json(content_type=None)
+
+                return await asyncio.gather(*(one(i) for i in range(n)))
+
+            async with aiohttp.ClientSession() as session:
+                assert all(not isinstance(a, BaseException) for a in await mip_burst())
+                assert all(status == 200 for status, _ in await http_burst(session))
+                filler = fill(small_disk)
+                refusals = 0
+                for _ in range(SETTLE):  # the journal's last page may take a few
+                    mip_answers = await mip_burst()
+                    http_answers = await http_burst(session)
+                    if all(isinstance(a, ServerError) for a in mip_answers) and all(
+                        status == 503 and REFUSED in doc["error"] for status, doc in http_answers
+                    ):
+                        refusals += 1
+                        if refusals == 3:
+                            break
+                    else:
+                        assert all(isinstance(a, (tuple, ServerError)) for a in mip_answers), (
+                            mip_answers
+                        )
+                        assert all(s in (200, 503) for s, _ in http_answers), http_answers
+                assert refusals == 3, "the refusals never became steady"
+                filler.unlink()
+                assert all(not isinstance(a, BaseException) for a in await mip_burst())
+                assert all(status == 200 for status, _ in await http_burst(session))
+            refused = service.dispatcher.refused["journal"]
+            assert refused >= 3 * 2 * n
+        # stopped cleanly: every request has its final row
+        rows = _rows(small_disk.parent / "r.db")
+        assert not [r for r in rows if r[0] == "queued"]
+        assert len([r for r in rows if r[1] and REFUSED in r[1]]) >= refused
+
+    run(main())
