@@ -593,8 +593,8 @@ class Dispatcher:
 
     def write_arrivals(self) -> int:
         """Write the journal before requests leave; return the store's
-        ``journal_failures`` after it: a job whose ``jfail`` is neither -1 nor that has no
-        arrival on record (:meth:`on_record`)."""
+        ``journal_failures`` after it: a job whose ``jfail`` is neither -1 nor that number
+        has no arrival on record (a write failed since it arrived: :meth:`on_record`)."""
         try:
             self.store.write_journal()
         except JournalUnavailable as exc:
@@ -829,8 +829,13 @@ class Dispatcher:
         jobs, self._outbox = self._outbox, []
         failures = self.write_arrivals()
         for job, row in jobs:
-            if not job.abandoned and self.on_record(job, failures):  # its client is there
+            if job.abandoned:  # its client went away
+                continue
+            jfail = job.jfail
+            if jfail < 0 or jfail == failures:  # on record (on_record, inline: per request)
                 self._send_first(job, row)
+            else:
+                self.settle(job, self.journal_refused(job.rid))
 
     def _send_first(self, job: Job, row: DeviceRow) -> None:
         """The first attempt of a started job (its arrival journaled), with its journal
