@@ -572,7 +572,6 @@ class RequestStore:
         if room:
             self.journal_failing = None
         return room
-        return True
 
     def _next_journal(self) -> Path | None:
         """Go on in a new journal file; return the old one, closed, for the writer to retire
