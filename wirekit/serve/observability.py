@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from .control.catalog import CatalogChange
 from .control.controller import DECISION_OUTCOMES, catalog_targets, quota_rows
 from .control.metrics import (
     HistogramHistory,
@@ -43,6 +44,20 @@ class Observability:
         #: start, closed at stop)
         self.shared_db: StoreDB | None = None
 
+    def follow(self, change: CatalogChange) -> None:
+        """The catalog's subscriber: a model removed (through the admin API, ``wirekit serve
+        models remove`` or a change another replica made) has its series dropped from
+        ``/metrics`` -- this process's own (:meth:`Metrics.forget`) and those drawn from the
+        router, the dispatcher, the cache and the controller (:meth:`prometheus_extra`: the
+        exposition leaves out every model in ``Metrics.removed``); a model added (again) is
+        exported from 0."""
+        if change.kind == "remove":
+            self.metrics.forget(change.model)
+            self.history.forget(change.model)
+        elif change.kind == "add":
+            self.metrics.served(change.model)
+            self.history.forget(change.model)
+
     def quotas(self) -> list[dict[str, Any]]:
         """Every row of the catalog with its current quota."""
         return quota_rows(self.service.catalog)
@@ -54,7 +69,8 @@ class Observability:
                 "enabled": False,
                 "quotas": self.quotas(),
                 "targets": catalog_targets(self.service.catalog),
-                "decisions": [],
+                # the operators' (issue 38): every change to what is served is a decision
+                "decisions": list(self.service.admin.decisions),
             }
         return self.service.controller.state()
 

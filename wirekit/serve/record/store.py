@@ -58,7 +58,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .decisions import read_decisions, store_decision
+from .decisions import CONTROLLER, QUOTA, read_decisions, store_decision
 from .journal import (
     ARRIVAL,
     COMPLETION,
@@ -656,7 +656,7 @@ class RequestStore:
         (``<store>.journal.quarantine``)."""
         return quarantine_path(self.path)
 
-    # -- the controller's decisions (issue 16): a table of their own, rarely written --------
+    # -- the decisions (issues 16, 38): a table of their own, rarely written ---------------
 
     def record_decision(
         self,
@@ -672,13 +672,20 @@ class RequestStore:
         reason: str,
         error: str | None,
         metrics: dict[str, Any],
+        by: str = CONTROLLER,
+        kind: str = QUOTA,
+        before: Any = None,
+        after: Any = None,
         fenced: bool = True,
     ) -> None:
-        """Store one controller decision (its own short transaction, on its own connection:
-        call it off the event loop, the controller does).  On a shared store with a
+        """Store one decision, the controller's or an operator's (its own short transaction,
+        on its own connection: call it off the event loop, the controller does; the columns
+        are :mod:`~wirekit.serve.record.decisions`').  On a shared store with a
         :attr:`leader` lock, a ``fenced`` decision (the controller's own) goes on the lock's
         session: raises :class:`~wirekit.serve.record.pgsync.NotLeader`, storing nothing, without
         the lead.  An operator's decision (``fenced=False``) is stored from any replica."""
+        if kind == QUOTA and before is None and after is None:  # a quota: old -> new
+            before, after = old, new
         decision = {
             "time": time,
             "node": node,
@@ -692,10 +699,15 @@ class RequestStore:
             "error": error,
             "metrics": metrics,
             "replica": self.replica,
+            "by": by,
+            "kind": kind,
+            "before": before,
+            "after": after,
         }
         leader = self.leader if fenced else None
         store_decision(decision, open_db=self._open_db, leader=leader)
 
     def decisions(self, limit: int = 100) -> list[dict[str, Any]]:
-        """The last ``limit`` decisions, oldest first (``metrics`` parsed back)."""
+        """The last ``limit`` decisions, oldest first (``metrics``, ``before`` and ``after``
+        parsed back)."""
         return read_decisions(self._open_db, limit)

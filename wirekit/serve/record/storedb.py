@@ -75,8 +75,11 @@ REPLAY_COLUMNS = (
     "reason",
 )
 
-#: columns of a controller decision (``metrics``: JSON text of what the policy saw;
-#: ``replica``: the replica that decided)
+#: columns of a decision -- the controller's or an operator's (``metrics``: JSON text of
+#: what the policy saw; ``replica``: the replica that decided; ``by``: who decided,
+#: ``"controller"`` or ``"operator@<peer>"``; ``kind``: ``quota``, ``add``, ``remove`` or
+#: ``set``; ``before``/``after``: JSON text of the values before and after, see
+#: :mod:`~wirekit.serve.record.decisions`)
 DECISION_COLUMNS = (
     "time",
     "node",
@@ -90,6 +93,10 @@ DECISION_COLUMNS = (
     "error",
     "metrics",
     "replica",
+    "by",
+    "kind",
+    "before",
+    "after",
 )
 
 # -- the schema, one list per backend: version n is MIGRATIONS[n - 1] ---------------------
@@ -135,6 +142,20 @@ MIGRATIONS_SQLITE: tuple[str, ...] = (
         metrics      TEXT NOT NULL
     );
     ALTER TABLE decisions ADD COLUMN replica TEXT;
+    """,
+    # 4: who decided and what (issue 38): the operator's changes through the admin API are
+    # decisions too (kind add/remove/set besides quota), with the values before and after
+    # (JSON text); the rows stored before are the quota changes of the controller or, with
+    # reason ``admin``, of an operator
+    """
+    ALTER TABLE decisions ADD COLUMN by TEXT;
+    ALTER TABLE decisions ADD COLUMN kind TEXT;
+    ALTER TABLE decisions ADD COLUMN before TEXT;
+    ALTER TABLE decisions ADD COLUMN after TEXT;
+    UPDATE decisions SET
+        by = CASE WHEN reason = 'admin' THEN 'operator' ELSE 'controller' END,
+        kind = 'quota', before = CAST(old AS TEXT), after = CAST(new AS TEXT)
+    WHERE kind IS NULL;
     """,
 )
 
@@ -214,6 +235,17 @@ MIGRATIONS_PG: tuple[str, ...] = (
         expires  TIMESTAMPTZ NOT NULL
     );
     """,
+    # 8: who decided and what (issue 38; SQLite's 4)
+    """
+    ALTER TABLE decisions ADD COLUMN IF NOT EXISTS by TEXT;
+    ALTER TABLE decisions ADD COLUMN IF NOT EXISTS kind TEXT;
+    ALTER TABLE decisions ADD COLUMN IF NOT EXISTS before TEXT;
+    ALTER TABLE decisions ADD COLUMN IF NOT EXISTS after TEXT;
+    UPDATE decisions SET
+        by = CASE WHEN reason = 'admin' THEN 'operator' ELSE 'controller' END,
+        kind = 'quota', before = CAST(old AS TEXT), after = CAST(new AS TEXT)
+    WHERE kind IS NULL;
+    """,
 )
 
 
@@ -282,13 +314,12 @@ class StoreDB(Protocol):
         ...
 
     def record_decision(self, values: Sequence[Any]) -> None:
-        """Store one controller decision (:data:`DECISION_COLUMNS`), in its own
-        transaction."""
+        """Store one decision (:data:`DECISION_COLUMNS`), in its own transaction."""
         ...
 
     def decisions(self, limit: int) -> list[dict[str, Any]]:
         """The last ``limit`` decisions, oldest first, as dicts of
-        :data:`DECISION_COLUMNS` (``metrics`` still JSON text)."""
+        :data:`DECISION_COLUMNS` (``metrics``, ``before``, ``after`` still JSON text)."""
         ...
 
     def close(self) -> None: ...
