@@ -22,6 +22,7 @@ from .control.metrics import (
     model_stats,
     snapshot_of,
 )
+from .dispatch.dispatcher import REFUSED_JOURNAL
 from .record.storedb import StoreDB
 
 #: seconds between two snapshots of the histograms (``/stats``' window)
@@ -127,6 +128,8 @@ class Observability:
         extra["ready"] = self.service.readiness()["ready"]
         door = self.service.http_door
         extra["http_bad_requests"] = door.bad_requests if door is not None else 0
+        # every reason from 0, as the decisions above
+        extra["refused"] = {REFUSED_JOURNAL: 0, **self.service.dispatcher.refused}
         return extra
 
     def live_figures(self) -> dict[str, dict[str, Any]]:

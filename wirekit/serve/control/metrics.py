@@ -250,6 +250,12 @@ METRIC_NAMES: dict[str, tuple[str, tuple[str, ...], str]] = {
         (),
         "Malformed HTTP requests the HTTP door refused (logged once per burst, not each)",
     ),
+    "wirekit_serve_refused_total": (
+        "counter",
+        ("reason",),
+        "Requests refused before they were sent anywhere, by reason (journal: their arrival"
+        " could not be journaled, e.g. a full disk; logged once per burst, not each)",
+    ),
     "wirekit_build_info": (
         "gauge",
         ("version", "python", "compiled"),
@@ -843,9 +849,9 @@ class Metrics:
         ``quotas`` (rows), ``targets`` (model -> seconds), ``backed_off`` (row keys),
         ``backoffs`` / ``in_flight`` ({(model, device label): n}), ``batches`` ({(model,
         device label): [sent, retried]}), ``decisions`` ({(model, outcome): n}), ``ready``
-        (bool), ``http_bad_requests`` (int).  Then ``wirekit_build_info`` and the standard
-        ``process_*`` / ``python_*`` families (:func:`build_info`).  Every series of a model
-        in :attr:`removed` is left out."""
+        (bool), ``http_bad_requests`` (int), ``refused`` ({reason: n}).  Then
+        ``wirekit_build_info`` and the standard ``process_*`` / ``python_*`` families
+        (:func:`build_info`).  Every series of a model in :attr:`removed` is left out."""
         from prometheus_client import CollectorRegistry, generate_latest
 
         registry = CollectorRegistry(auto_describe=False)
@@ -1007,6 +1013,11 @@ class _Collector:
         if "http_bad_requests" in extra:
             f = family("wirekit_serve_http_bad_requests_total")
             f.add_metric([], extra["http_bad_requests"])
+            yield f
+        if "refused" in extra:
+            f = family("wirekit_serve_refused_total")
+            for reason, n in sorted(extra["refused"].items()):
+                f.add_metric([reason], n)
             yield f
         info = family("wirekit_build_info")
         info.add_metric([_label(v) for v in build_info()], 1)

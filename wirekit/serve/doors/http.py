@@ -41,7 +41,7 @@ from ..backends.oipcontrol import ModelLoadError
 from ..config import ConfigError, HttpLimits
 from ..control.catalog import CatalogError
 from ..control.metrics import DOOR_CLIPPER
-from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
+from ..dispatch.dispatcher import REFUSED, Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload, dumps, loads, outputs_json, request_from_json
 from ..record.decisions import operator
 from .adminauth import AdminAccess
@@ -241,6 +241,8 @@ class Handlers:
                 )
             except UnknownModel:  # removed while the body was read, or during the batch
                 return _unknown(dispatcher, app, "application")
+            if outcome.cause == REFUSED:  # not sent anywhere (the journal cannot be written)
+                return _error(503, outcome.detail)
             answers.append(_clipper_answer(outcome, next(self.query_ids)))
         return _json({"batch_predictions": answers} if batch else answers[0])
 
