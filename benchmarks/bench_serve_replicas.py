@@ -17,7 +17,8 @@ the same load (``--clients`` pipelined MIP connections, 32 requests in flight ea
 4. a change of the models metadata logged by one replica (:class:`ChangeLog`) until the
    other's follower has it: milliseconds, median and max of 50;
 5. the controller's lead: a leader process killed (``kill -9``) until another
-   :class:`LeaderLock` (polling every 0.5 s) leads: milliseconds.
+   :class:`LeaderLock` (lease 1 s, polling every 0.25 s) leads: the lease and a poll (the
+   lead is a lease since issue 38, not a session).
 
 Prints the figures and their ratios (never thresholds).  On a machine with few cores the
 replicas, the clients, the backend and PostgreSQL share them: the ratio of (2) to (1) then
@@ -147,14 +148,15 @@ def takeover_ms(url: str) -> float:
 
     code = (
         "import sys, time\nfrom wirekit.serve.record.pgsync import LeaderLock\n"
-        "lock = LeaderLock(sys.argv[1]); assert lock.poll(); print('leading', flush=True)\n"
+        "lock = LeaderLock(sys.argv[1], lease=1.0); assert lock.poll()\n"
+        "print('leading', flush=True)\n"
         "time.sleep(600)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [sys.executable, "-c", code, url], stdout=subprocess.PIPE, text=True, env=env
     )
-    other = LeaderLock(url, retry=0.5)
+    other = LeaderLock(url, lease=1.0, retry=0.25)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "leading"
         assert not other.poll()

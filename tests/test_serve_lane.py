@@ -462,6 +462,7 @@ class _FakeLaneDispatcher:
 
     def lane_arrived(self, stats, model, client, t_in, requests):
         stats.arrive(len(requests))
+        return True  # journaled: the lane sends them
 
     def abandoned(self, model, client, rid, t_in, wire, attempts):
         self.abandoned_calls.append((rid, t_in, attempts))

@@ -62,7 +62,7 @@ def test_each_door_has_its_own_series_and_the_device_figures_add_them_up():
     assert by_door == {"http": 4, "clipper": 2, "oip-rest": 1, "oip-grpc": 4, "tfserving": 1}
     key = (("device", "n/0"), ("door", "oip-grpc"), ("model", "m"), ("state", "ok"))
     assert requests[key] == 4
-    failed = (("device", ""), ("door", "tfserving"), ("model", "m"), ("state", "failed"))
+    failed = (("device", "none"), ("door", "tfserving"), ("model", "m"), ("state", "failed"))
     assert requests[failed] == 1
     counts = _samples(metrics, "wirekit_serve_request_duration_seconds_count")
     assert counts[(("device", "n/0"), ("door", "clipper"), ("model", "m"))] == 2
@@ -84,8 +84,8 @@ def test_the_mip_lane_counts_on_the_mip_door_and_lost_requests_on_none():
     metrics.ended_lost("m", 2)
     requests = _samples(metrics, "wirekit_serve_requests_total")
     assert requests[(("device", "n/0"), ("door", DOOR_MIP), ("model", "m"), ("state", "ok"))] == 3
-    assert requests[(("device", ""), ("door", DOOR_MIP), ("model", "m"), ("state", "ok"))] == 1
-    assert requests[(("device", ""), ("door", ""), ("model", "m"), ("state", "lost"))] == 2
+    assert requests[(("device", "cache"), ("door", DOOR_MIP), ("model", "m"), ("state", "ok"))] == 1
+    assert requests[(("device", "none"), ("door", ""), ("model", "m"), ("state", "lost"))] == 2
     backend = _samples(metrics, "wirekit_serve_backend_duration_seconds_count")
     assert backend == {(("device", "n/0"), ("model", "m")): 3}  # no door: per attempt
     assert metrics.series[("m", "n/0")].states == {"ok": 3}

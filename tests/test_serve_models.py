@@ -266,12 +266,14 @@ def test_admin_api_sets_a_quota_and_routing_follows_at_once(tmp_path, store_url,
                 if controlled:
                     async with http.get(f"{base}/controller") as r:
                         decisions = (await r.json())["decisions"]
-                    assert [(d["reason"], d["status"]) for d in decisions] == [
-                        ("admin", "applied"),
-                        ("admin", "applied"),
-                        ("admin", "applied"),
-                        ("admin", "refused"),
-                        ("admin", "refused"),
+                    # the model added is an operator's decision too (issue 38)
+                    assert [(d["kind"], d["reason"], d["status"]) for d in decisions] == [
+                        ("add", "admin", "applied"),
+                        ("quota", "admin", "applied"),
+                        ("quota", "admin", "applied"),
+                        ("quota", "admin", "applied"),
+                        ("quota", "admin", "refused"),
+                        ("quota", "admin", "refused"),
                     ]
                     # the node's actuator was told each applied change, nothing refused
                     calls = [c for c in service.controller.actuator.calls if c[2] == "m2"]

@@ -54,22 +54,27 @@ def test_one_leader_and_only_the_leader_records(pg_url):
 
 
 def test_a_leader_whose_session_died_cannot_record(pg_url):
-    """The leader's session is killed under it (as a network partition would): another
-    replica takes over, and the old leader's next decision fails and writes nothing."""
+    """The leader's session is killed under it (as a network partition would): it cannot
+    renew, so it stops leading at its local deadline (before its lease expires); another
+    replica takes over once the lease has expired, under the next term, and the old
+    leader's next decision fails and writes nothing (issue 38: the lead is a lease)."""
     import psycopg
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(DECISIONS)
-    a, b = LeaderLock(pg_url, retry=0.05), LeaderLock(pg_url, retry=0.05)
+    a = LeaderLock(pg_url, lease=1.0, retry=0.05)
+    b = LeaderLock(pg_url, lease=1.0, retry=0.05)
     try:
         assert a.poll() and not b.poll()
+        term = a.term
         with psycopg.connect(pg_url, autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(%s)", (a.backend_pid(),))
         assert polls_until(lambda: b.leader, b) <= 200
-        assert a.leader  # it does not know yet...
+        assert not a.leader  # it stepped down before b could take over...
         with pytest.raises(NotLeader):
             a.execute("INSERT INTO decisions (who) VALUES (%s)", ("a",))
-        assert not a.leader  # ...and now it does
+        assert a.poll() is False  # ...and its next poll finds b leading
+        assert b.term == term + 1
         b.execute("INSERT INTO decisions (who) VALUES (%s)", ("b",))
     finally:
         a.close()
@@ -81,7 +86,7 @@ def test_a_leader_whose_session_died_cannot_record(pg_url):
 _HOLD = """
 import sys, time
 from wirekit.serve.record.pgsync import LeaderLock
-lock = LeaderLock(sys.argv[1])
+lock = LeaderLock(sys.argv[1], lease=1.0)
 assert lock.poll()
 print("leading", flush=True)
 time.sleep(600)
@@ -93,7 +98,7 @@ def test_the_leader_process_killed_another_takes_over(pg_url):
     proc = subprocess.Popen(
         [sys.executable, "-c", _HOLD, pg_url], stdout=subprocess.PIPE, text=True, env=env
     )
-    b = LeaderLock(pg_url, retry=0.05)
+    b = LeaderLock(pg_url, lease=1.0, retry=0.05)  # the lease of a dead leader expires
     try:
         assert proc.stdout.readline().strip() == "leading"
         assert b.poll() is False

@@ -515,3 +515,63 @@ def test_every_rule_and_dashboard_query_has_data_and_the_alerts_fire(tmp_path):
     backed_off = [a for a in alerts if a["labels"]["alertname"] == "WirekitServeDeviceBackedOff"]
     assert {a["labels"]["model"] for a in backed_off} == {"broken"}
     assert answers["fast"].get(200, 0) > 0 and answers["slow"].get(200, 0) > 0
+
+
+# --- the error-ratio alert's traffic floor, with promtool's rule unit tests -------------------
+
+#: ``promtool test rules`` input: two models over 40 minutes, as rates (counters may grow by
+#: fractions): ``quiet`` gets 19 requests per 5 minutes, 1 of them failed (5.3 %: over the
+#: 5 % threshold, under the traffic floor); ``busy`` gets 72 per minute, 12 of them failed
+#: (a real error burst); ``calm`` as much traffic as ``busy``, 1 failure per 100 (under the
+#: threshold).
+_FLOOR_CASES = """
+rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+{series}
+    promql_expr_test:
+      - expr: count(job_model:wirekit_serve_request_errors:ratio_rate5m > 0.05)
+        eval_time: 30m
+        exp_samples:
+          - labels: '{{}}'
+            value: 2
+    alert_rule_test:
+      - eval_time: 30m
+        alertname: WirekitServeErrorRatioHigh
+        exp_alerts:
+          - exp_labels: {{job: wirekit-serve, model: busy, severity: warning}}
+            exp_annotations:
+              summary: "wirekit serve: model busy fails 16.67% of its requests"
+              description: >-
+                16.67% of the requests of busy ended other than ok (failed, error,
+                abandoned) over the last 5 minutes.  The dashboard's errors by state and
+                back-offs say which and where.
+"""
+
+
+def test_the_error_ratio_alert_has_a_traffic_floor(tmp_path):
+    """1 failure in 19 requests (5.3 % of a trickle) does not page; an error burst at 1.2
+    request/s does (promtool evaluates the very rule file over synthetic series, its
+    ``for:`` as written)."""
+    promtool = _tool("promtool")
+    per_minute = {"quiet": (3.6, 0.2), "busy": (60, 12), "calm": (59.4, 0.6)}
+    series = []
+    for model, (ok, failed) in per_minute.items():
+        for device, state, step in (("n1/0", "ok", ok), ("none", "failed", failed)):
+            labels = (
+                f'job="wirekit-serve",instance="r1:8080",model="{model}",device="{device}",'
+                f'door="http",state="{state}"'
+            )
+            series.append(f"      - series: 'wirekit_serve_requests_total{{{labels}}}'")
+            series.append(f"        values: '0+{step}x40'")
+    cases = tmp_path / "floor.yml"
+    cases.write_text(_FLOOR_CASES.format(rules=json.dumps(str(RULES)), series="\n".join(series)))
+    out = subprocess.run(
+        [promtool, "test", "rules", str(cases)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT * 3,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -50,9 +50,15 @@ def replica_config(tmp_path, name: str, url: str, port: int, **store) -> object:
     return config
 
 
-def model_a_config(tmp_path, name: str, url: str, port: int, **top) -> object:
+def model_a_config(
+    tmp_path, name: str, url: str, port: int, *, lease: float | None = None, **top
+) -> object:
     """The config of replica ``name`` serving model ``a`` on one CPU (quota 0.5) of ``port``:
-    its own journal, the shared store; ``top`` keys are added (a controller table)."""
+    its own journal, the shared store (``store.lease`` when given); ``top`` keys are added
+    (a controller table)."""
+    store = {"path": str(tmp_path / f"{name}.db"), "url": url, "replica": name}
+    if lease is not None:
+        store["lease"] = lease
     config = tmp_path / f"{name}.json"
     node = {"id": "n", "devices": ["CPU"], "models": ["a"], "quotas": [0.5], "ports": [port]}
     config.write_text(
@@ -61,7 +67,7 @@ def model_a_config(tmp_path, name: str, url: str, port: int, **top) -> object:
                 tmp_path / f"{name}.db",
                 {"a": {"timeout": 5}},
                 [node],
-                store={"path": str(tmp_path / f"{name}.db"), "url": url, "replica": name},
+                store=store,
                 cache={"max_entries": 0},
                 **top,
             )
@@ -315,14 +321,14 @@ def test_models_added_and_removed_through_one_replica_reach_the_other(tmp_path, 
 
 
 def leader_names(url: str) -> list[str]:
-    """The application names of the sessions holding an advisory lock (the leader's)."""
+    """The holder of the unexpired leader lease (``wirekit leader <origin> ...``), if any
+    (issue 38: the lead is a lease on the ``leadership`` row, not an advisory lock)."""
     import psycopg
 
     with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
-            " WHERE l.locktype = 'advisory' AND l.granted"
-        ).fetchall()
+        if conn.execute("SELECT to_regclass('leadership')").fetchone()[0] is None:
+            return []
+        rows = conn.execute("SELECT holder FROM leadership WHERE expires > now()").fetchall()
     return [r[0] for r in rows]
 
 
@@ -338,7 +344,7 @@ def decisions_of(url: str) -> list[tuple]:
 def test_the_controller_runs_on_one_replica_and_moves_to_another(tmp_path, pg_url):
     """Two replicas with the same controller: exactly one leads (holds the lock), its one
     decision is stored once and reaches the other replica's catalog; the leader killed,
-    the other leads."""
+    the other leads once its lease (2 s here) has expired."""
     import urllib.request
 
     with CliServer(handler="serve_handlers:tag_fast") as backend:
@@ -350,7 +356,7 @@ def test_the_controller_runs_on_one_replica_and_moves_to_another(tmp_path, pg_ur
             "options": {"share": 0.25},
         }
         configs = {
-            name: model_a_config(tmp_path, name, pg_url, port, controller=controller)
+            name: model_a_config(tmp_path, name, pg_url, port, lease=2.0, controller=controller)
             for name in "AB"
         }
 

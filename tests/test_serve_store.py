@@ -402,8 +402,9 @@ def test_decisions_are_stored_and_read_back_on_both_backends(tmp_path, store_url
         db.migrate()
         for k in range(3):
             db.record_decision(
-                (100.0 + k, "n", 0, "CPU", "m", 0.5, 0.6, "applied", f"slow {k}", None, "{}", "r1")
-            )
+                (100.0 + k, "n", 0, "CPU", "m", 0.5, 0.6, "applied", f"slow {k}", None, "{}", "r1",
+                 "controller", "quota", "0.5", "0.6")  # who and what (issue 38)
+            )  # fmt: skip
         last = db.decisions(2)
     finally:
         db.close()
@@ -411,7 +412,8 @@ def test_decisions_are_stored_and_read_back_on_both_backends(tmp_path, store_url
     assert last[-1] == {
         "time": 102.0, "node": "n", "device": 0, "device_type": "CPU", "model": "m",
         "old": 0.5, "new": 0.6, "status": "applied", "reason": "slow 2", "error": None,
-        "metrics": "{}", "replica": "r1",
+        "metrics": "{}", "replica": "r1", "by": "controller", "kind": "quota", "before": "0.5",
+        "after": "0.6",
     }  # fmt: skip
 
 

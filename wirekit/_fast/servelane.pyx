@@ -277,10 +277,16 @@ cdef class Lane:
                 call.rid = <str>rids[i]
                 requests.append((call.rid, PyBytes_GET_SIZE(call.wire), call.wire))
             # recorded (their arrivals journaled) before they leave
-            d.lane_arrived(self.stats, model, client_name, t_obj, requests)
-            for g in groups.values():
-                if g.calls:
-                    g.client.send_calls(g.conn, g.frames, g.calls, g.deadline)
+            if d.lane_arrived(self.stats, model, client_name, t_obj, requests):
+                for g in groups.values():
+                    if g.calls:
+                        g.client.send_calls(g.conn, g.frames, g.calls, g.deadline)
+            else:  # their arrivals could not be journaled: none is sent, each refused
+                for i in range(n):
+                    call = <LaneCall>arrived[i]
+                    call.state = S_HANDED_OVER
+                    call.job = d.lane_refused(model, client_name, call.rid, t_obj,
+                                              call.wire)
         if handed is not None:
             self._start(handed)
         return pos

@@ -20,6 +20,17 @@ and unloaded after its removal's drain where this process loaded it:
   ``failed: ...``.
 * :meth:`ModelAdmin.follow_quotas` is the ``repository`` actuator's work: a GPU row of the
   model at quota 0 is unloaded from its server, one above 0 loaded.
+
+Every change asked through the admin API is a decision (issue 38), whoever asked and
+whether a controller runs or not: a quota set, a model added, removed or its settings
+changed is kept for ``GET /controller`` (the controller's list, else :attr:`ModelAdmin.decisions`)
+and stored in the store's ``decisions`` table from any replica (not fenced), with who asked
+(``by``: :func:`~wirekit.serve.record.decisions.operator`), what (``kind``) and the values
+before and after (:mod:`wirekit.serve.record.decisions`).  A change that was tried and did
+not happen is a decision too: ``refused`` (409: the catalog or the state of the model said
+no) or ``failed`` (502: a server failed the load; an actuator failed); a request refused
+before anything was tried (400: a bad document; 404: an unknown model) is not.  A ``set``
+that changes no value, and the changes a replica follows from another's, are not decisions.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -51,7 +63,15 @@ from .config import (
     parse_settings,
 )
 from .control.catalog import CatalogError
-from .control.controller import Decision, decision_record, set_decided_quota
+from .control.controller import (
+    APPLIED,
+    FAILED,
+    LAST_DECISIONS,
+    REFUSED,
+    Decision,
+    decision_record,
+    set_decided_quota,
+)
 from .doors.adminauth import (
     AdminAccess,
     TokenFileError,
@@ -61,6 +81,7 @@ from .doors.adminauth import (
     write_token_file,
 )
 from .logs import serve_logger
+from .record.decisions import ADD, ADMIN_REASON, OPERATOR, REMOVE, SET, model_decision
 
 log = serve_logger()
 
@@ -72,6 +93,16 @@ ALREADY_LOADED = "already loaded"
 UNLOADED = "unloaded"
 #: what a removal says of a device where wirekit did not load the model
 LEFT_LOADED = "left loaded (not loaded by wirekit)"
+
+
+def described(model: ModelConfig, rows: Iterable[DeviceRow]) -> dict[str, Any]:
+    """What a decision ``add`` or ``remove`` says of a model: its backend, live settings and
+    the quota of each of its rows (``node/device``)."""
+    return {
+        "backend": model.backend,
+        **live_settings(model),
+        "quotas": {f"{r.node}/{r.device}": r.quota for r in rows},
+    }
 
 
 def load_addresses(model: ModelConfig, rows: Iterable[DeviceRow]) -> dict[str, ServerAddress]:
@@ -147,6 +178,50 @@ class ModelAdmin:
         #: model -> row key -> (its server, what this process did there: LOADED,
         #: ALREADY_LOADED, UNLOADED) for the models with ``load = true``
         self.loads: dict[str, dict[str, tuple[ServerAddress, str]]] = {}
+        #: the operators' last decisions, oldest first, when no controller runs (with one,
+        #: they join its list): what ``GET /controller`` shows
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=LAST_DECISIONS)
+
+    async def decided(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Keep an operator's decision (``record``: shaped as
+        :func:`~wirekit.serve.control.controller.decision_record`) where ``GET /controller``
+        shows it, and store it -- from any replica, not fenced (a store that cannot take it
+        is logged, the change stands); returns it."""
+        controller = self.service.controller
+        if controller is not None:
+            controller.remember(record)
+        else:
+            self.decisions.append(record)
+        try:
+            await asyncio.to_thread(self.service.store.record_decision, **record, fenced=False)
+        except Exception as exc:
+            log.warning(
+                "admin: the decision could not be stored: %s", str(exc) or type(exc).__name__
+            )
+        return record
+
+    async def _model_decided(
+        self,
+        kind: str,
+        name: str,
+        by: str,
+        before: Any,
+        after: Any,
+        status: str = APPLIED,
+        error: BaseException | None = None,
+    ) -> None:
+        await self.decided(
+            model_decision(
+                time=time.time(),
+                kind=kind,
+                model=name,
+                by=by,
+                before=before,
+                after=after,
+                status=status,
+                error=None if error is None else str(error) or type(error).__name__,
+            )
+        )
 
     def access(self) -> AdminAccess | None:
         """The admin API's checks (None when it is off)."""
@@ -358,46 +433,84 @@ class ModelAdmin:
             ", ".join(f"{r.key} {r.quota:g}" for r in rows if r.quota > 0),
         )
 
-    async def add_model_doc(self, doc: Any) -> dict[str, Any]:
+    async def add_model_doc(self, doc: Any, *, by: str = OPERATOR) -> dict[str, Any]:
         """:meth:`add_model` from a document (``POST /admin/models``, see
-        :func:`wirekit.serve.config.parse_model`); returns the model's entry of
-        :meth:`models_doc`."""
+        :func:`wirekit.serve.config.parse_model`), a decision ``add`` by ``by`` (refused:
+        a :class:`CatalogError`; failed: a :class:`ModelLoadError` or another error);
+        returns the model's entry of :meth:`models_doc`."""
         catalog = self.service.catalog
         endpoints = {r.node: r.endpoint for r in catalog.rows()}
         model, rows = parse_model(doc, catalog.devices(), endpoints)
-        await self.add_model(model, rows)
+        after = described(model, rows)
+        try:
+            await self.add_model(model, rows)
+        except ModelLoadError as exc:  # a server failed the load (a CatalogError too)
+            await self._model_decided(ADD, model.name, by, None, after, FAILED, exc)
+            raise
+        except CatalogError as exc:
+            await self._model_decided(ADD, model.name, by, None, after, REFUSED, exc)
+            raise
+        except Exception as exc:
+            await self._model_decided(ADD, model.name, by, None, after, FAILED, exc)
+            raise
+        await self._model_decided(ADD, model.name, by, None, after)
         return self.model_doc(model.name)
 
-    def set_model_doc(self, name: str, doc: Any) -> dict[str, Any]:
+    async def set_model_doc(self, name: str, doc: Any, *, by: str = OPERATOR) -> dict[str, Any]:
         """Change the settings of model ``name`` in place (``PATCH /admin/models/{name}``,
         body: some of :data:`~wirekit.serve.config.LIVE_SETTINGS`, validated as the config
         file's ``models.<name>`` table is, see :func:`~wirekit.serve.config.parse_settings`).
         New requests use them at once (MIP connections already open included), requests in
-        flight finish with theirs; on a shared store every replica follows.  Returns the
-        model's entry of :meth:`models_doc`.  KeyError for an unknown model,
-        :class:`ConfigError` for a bad value or a setting that cannot change live,
-        :class:`CatalogError` while the model is being removed."""
+        flight finish with theirs; on a shared store every replica follows.  A decision
+        ``set`` by ``by`` when a value changes (``before``/``after``: the settings that
+        changed).  Returns the model's entry of :meth:`models_doc`.  KeyError for an
+        unknown model, :class:`ConfigError` for a bad value or a setting that cannot change
+        live, :class:`CatalogError` while the model is being removed (refused)."""
         model = self.service.catalog.model(name)  # KeyError
         if name in self.removing:
-            raise CatalogError(f"model {name!r} is being removed")
+            error = CatalogError(f"model {name!r} is being removed")
+            asked = dict(doc) if isinstance(doc, dict) else None
+            await self._model_decided(SET, name, by, None, asked, REFUSED, error)
+            raise error
         new = parse_settings(doc, model)
         self.service.catalog.set_model(new)
         changed = {k: v for k, v in live_settings(new).items() if getattr(model, k) != v}
         if changed:
             log.info("wirekit serve: model %s settings changed: %s", name, changed)
+            before = {k: getattr(model, k) for k in changed}
+            await self._model_decided(SET, name, by, before, changed)
         return self.model_doc(name)
 
-    async def remove_model(self, name: str, drain_timeout: float | None = None) -> dict[str, Any]:
+    async def remove_model(
+        self, name: str, drain_timeout: float | None = None, *, by: str | None = None
+    ) -> dict[str, Any]:
         """Stop serving ``name``: new requests get a clear error at once (MIP: an error
         reply; HTTP: 410), its MIP front door stops listening, requests in flight finish and
         are answered (within ``drain_timeout``, default ``admin.drain_timeout``), then its
         quotas are released, its backends and front-door connections closed.  KeyError if
-        there is no such model; :class:`CatalogError` if it is being removed already."""
+        there is no such model; :class:`CatalogError` if it is being removed already.
+        ``by``: the operator who asked (``DELETE /admin/models/{name}``): a decision
+        ``remove``; None (a replica following another's removal): none."""
         d = self.service.dispatcher
         if d is None:
             raise RuntimeError("the service is not started")
         if name in self.removing:
-            raise CatalogError(f"model {name!r} is being removed already")
+            error = CatalogError(f"model {name!r} is being removed already")
+            if by is not None:
+                await self._model_decided(REMOVE, name, by, None, None, REFUSED, error)
+            raise error
+        if by is None:
+            return await self._remove(d, name, drain_timeout)
+        before = described(self.service.catalog.model(name), self.service.catalog.rows(name))
+        try:
+            done = await self._remove(d, name, drain_timeout)
+        except Exception as exc:
+            await self._model_decided(REMOVE, name, by, before, None, FAILED, exc)
+            raise
+        await self._model_decided(REMOVE, name, by, before, None)
+        return done
+
+    async def _remove(self, d: Any, name: str, drain_timeout: float | None) -> dict[str, Any]:
         model = self.service.catalog.model(name)  # KeyError
         self.removing.add(name)
         try:
@@ -478,23 +591,25 @@ class ModelAdmin:
             ),
         }
 
-    async def set_quota_doc(self, name: str, doc: Any) -> dict[str, Any]:
+    async def set_quota_doc(self, name: str, doc: Any, *, by: str = OPERATOR) -> dict[str, Any]:
         """Set one quota of model ``name`` (``PUT /admin/models/{name}/quota``, body
-        ``{"node": ..., "device": ..., "quota": ...}``): an operator's decision.
+        ``{"node": ..., "device": ..., "quota": ...}``): an operator's decision (``by``).
 
         With a controller it is applied as the controller applies its own (catalog, then the
-        node's actuator, rolled back if the actuator fails; recorded with reason
-        ``admin``); without one the catalog alone changes -- routing follows at once, on
-        every replica sharing the store.  Returns the decision as recorded (``status``
-        ``applied``, ``refused`` or ``failed``).  KeyError for an unknown model;
-        :class:`ConfigError` for a body not shaped as above."""
+        node's actuator, rolled back if the actuator fails); without one the catalog alone
+        changes -- routing follows at once, on every replica sharing the store.  Recorded
+        either way with reason ``admin`` (:meth:`decided`).  Returns the decision as
+        recorded (``status`` ``applied``, ``refused`` or ``failed``).  KeyError for an
+        unknown model; :class:`ConfigError` for a body not shaped as above."""
         catalog = self.service.catalog
         catalog.model(name)  # KeyError
         node, device, quota = parse_quota(doc)  # ConfigError naming the bad field
         row = next((r for r in catalog.rows(name) if (r.node, r.device) == (node, device)), None)
         if row is None:
             raise ConfigError("body", f"model {name!r} has no row on {node}/{device}")
-        decision = Decision(node, device, row.device_type, name, row.quota, quota, "admin", {})
+        decision = Decision(
+            node, device, row.device_type, name, row.quota, quota, ADMIN_REASON, {}, by
+        )
         if self.service.controller is not None:
             # an operator's decision: stored from any replica, not only the leader
             return await self.service.controller.apply(decision, fenced=False)
@@ -502,7 +617,7 @@ class ModelAdmin:
         status = "refused" if error is not None else "applied"
         log.info("admin: %s %s %g -> %g%s", row.key, status, row.quota, quota,
                  f": {error}" if error else "")  # fmt: skip
-        return decision_record(decision, status, error, time.time())
+        return await self.decided(decision_record(decision, status, error, time.time()))
 
     def models_doc(self) -> dict[str, Any]:
         """The ``GET /admin/models`` document: every model and its rows, and the free share

@@ -12,6 +12,7 @@ import asyncio
 import time
 from typing import Any
 
+from .control.catalog import CatalogChange
 from .control.controller import DECISION_OUTCOMES, catalog_targets, quota_rows
 from .control.metrics import (
     HistogramHistory,
@@ -22,6 +23,7 @@ from .control.metrics import (
     model_stats,
     snapshot_of,
 )
+from .dispatch.dispatcher import REFUSED_JOURNAL
 from .doors.fdwatch import BurstLog
 from .logs import serve_logger
 from .record.storedb import StoreDB
@@ -49,6 +51,20 @@ class Observability:
         #: says when ``/stats`` cannot read the shared store (once per burst)
         self._store_read = BurstLog(log)
 
+    def follow(self, change: CatalogChange) -> None:
+        """The catalog's subscriber: a model removed (through the admin API, ``wirekit serve
+        models remove`` or a change another replica made) has its series dropped from
+        ``/metrics`` -- this process's own (:meth:`Metrics.forget`) and those drawn from the
+        router, the dispatcher, the cache and the controller (:meth:`prometheus_extra`: the
+        exposition leaves out every model in ``Metrics.removed``); a model added (again) is
+        exported from 0."""
+        if change.kind == "remove":
+            self.metrics.forget(change.model)
+            self.history.forget(change.model)
+        elif change.kind == "add":
+            self.metrics.served(change.model)
+            self.history.forget(change.model)
+
     def quotas(self) -> list[dict[str, Any]]:
         """Every row of the catalog with its current quota."""
         return quota_rows(self.service.catalog)
@@ -60,7 +76,8 @@ class Observability:
                 "enabled": False,
                 "quotas": self.quotas(),
                 "targets": catalog_targets(self.service.catalog),
-                "decisions": [],
+                # the operators' (issue 38): every change to what is served is a decision
+                "decisions": list(self.service.admin.decisions),
             }
         return self.service.controller.state()
 
@@ -118,6 +135,8 @@ class Observability:
         extra["ready"] = self.service.readiness()["ready"]
         door = self.service.http_door
         extra["http_bad_requests"] = door.bad_requests if door is not None else 0
+        # every reason from 0, as the decisions above
+        extra["refused"] = {REFUSED_JOURNAL: 0, **self.service.dispatcher.refused}
         extra["store_backlog"] = self.service.store.backlog
         return extra
 
@@ -223,6 +242,7 @@ class Observability:
             snap.update(snapshot_of(shared))
             snap["local"] = local
             snap["replica"] = self.service.store.replica
+            snap["leader"] = self.service.leadership()
         snap["store"] = self.service.store.kind
         snap["backlog"] = self.service.store.backlog
         return self._with_live(snap)

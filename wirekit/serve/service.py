@@ -44,6 +44,7 @@ from .doors.mipfront import MipFrontDoor
 from .health import PROBE_INTERVAL, PROBE_TIMEOUT, Health
 from .logs import serve_logger
 from .observability import SNAPSHOT_INTERVAL, Observability
+from .record.decisions import OPERATOR
 from .record.store import RequestStore
 
 if TYPE_CHECKING:
@@ -113,6 +114,7 @@ class Service:
         #: Clipper application name -> model, kept up to date as models come and go
         self.apps: dict[str, str] = self.catalog.app_models()
         self.catalog.subscribe(self._follow)  # backends first, then the router draws on them
+        self.catalog.subscribe(self.observability.follow)  # a removed model's series dropped
         self.router = Router.following(self.catalog, backoff=deployment.backoff, rng=rng)
         #: the MIP front-door connections of each model (closed when it is removed)
         self.front_conns: dict[str, weakref.WeakSet[MipFrontDoor]] = {}
@@ -295,10 +297,11 @@ class Service:
                     compact_every=self.deployment.store.compact_every,
                     compact_keep=self.deployment.store.compact_keep,
                     lease_period=self.deployment.store.lease_period,
+                    lease=self.deployment.store.lease,
                 )
                 await self.replicas.start()
                 if self.controller is not None:
-                    # decisions stored on the lock's session: only while leading
+                    # decisions stored through the lead, fenced by its term: only while leading
                     self.store.leader = self.replicas.leader
             if self.controller is not None:
                 self._controller_task = asyncio.ensure_future(
@@ -309,6 +312,18 @@ class Service:
         except BaseException:
             await self.stop()
             raise
+
+    def leadership(self) -> dict[str, Any] | None:
+        """This replica's own view of the lead on a shared store (``/stats``' ``leader``):
+        ``leading`` -- whether it would act as leader now (its lease renewed in time; its
+        actions are still fenced by the term in the store) --, ``term`` it leads under
+        (None when not leading) and ``terms``, how many times it became leader.  None on
+        the embedded store."""
+        if self.replicas is None:
+            return None
+        lock = self.replicas.leader
+        term = lock.term
+        return {"leading": term is not None, "term": term, "terms": lock.terms}
 
     def _close_lease(self) -> None:
         if self.lease is not None:
@@ -423,18 +438,20 @@ class Service:
         """:meth:`ModelAdmin.add_model <wirekit.serve.admin.ModelAdmin.add_model>`."""
         await self.admin.add_model(model, rows)
 
-    async def add_model_doc(self, doc: Any) -> dict[str, Any]:
-        return await self.admin.add_model_doc(doc)
+    async def add_model_doc(self, doc: Any, *, by: str = OPERATOR) -> dict[str, Any]:
+        return await self.admin.add_model_doc(doc, by=by)
 
-    def set_model_doc(self, name: str, doc: Any) -> dict[str, Any]:
-        return self.admin.set_model_doc(name, doc)
+    async def set_model_doc(self, name: str, doc: Any, *, by: str = OPERATOR) -> dict[str, Any]:
+        return await self.admin.set_model_doc(name, doc, by=by)
 
-    async def remove_model(self, name: str, drain_timeout: float | None = None) -> dict[str, Any]:
+    async def remove_model(
+        self, name: str, drain_timeout: float | None = None, *, by: str | None = None
+    ) -> dict[str, Any]:
         """:meth:`ModelAdmin.remove_model <wirekit.serve.admin.ModelAdmin.remove_model>`."""
-        return await self.admin.remove_model(name, drain_timeout)
+        return await self.admin.remove_model(name, drain_timeout, by=by)
 
-    async def set_quota_doc(self, name: str, doc: Any) -> dict[str, Any]:
-        return await self.admin.set_quota_doc(name, doc)
+    async def set_quota_doc(self, name: str, doc: Any, *, by: str = OPERATOR) -> dict[str, Any]:
+        return await self.admin.set_quota_doc(name, doc, by=by)
 
     def models_doc(self) -> dict[str, Any]:
         return self.admin.models_doc()

@@ -43,6 +43,7 @@ from wirekit._callables import CallableLoadError, load_callable
 
 from ..config import ControllerConfig, DeviceRow
 from ..logs import serve_logger
+from ..record.decisions import CONTROLLER, QUOTA
 from .actuators import Actuator
 from .catalog import Catalog
 from .metrics import RecentStats
@@ -102,7 +103,9 @@ class Snapshot:
 @dataclass(frozen=True, slots=True)
 class Decision:
     """Set the quota of ``model`` on ``device`` of ``node`` from ``old`` to ``new``, because
-    of ``reason``; ``metrics`` is what the policy saw (stored with the decision)."""
+    of ``reason``; ``metrics`` is what the policy saw (stored with the decision); ``by``:
+    who decided (the controller, or an operator through the admin API:
+    :func:`wirekit.serve.record.decisions.operator`)."""
 
     node: str
     device: int
@@ -112,6 +115,7 @@ class Decision:
     new: float
     reason: str
     metrics: Mapping[str, Any] = field(default_factory=dict)
+    by: str = CONTROLLER
 
 
 def set_decided_quota(
@@ -144,7 +148,9 @@ def catalog_targets(catalog: Catalog) -> dict[str, float]:
 
 
 def decision_record(d: Decision, status: str, error: str | None, time: float) -> dict[str, Any]:
-    """A decision as stored, logged and shown by ``GET /controller`` and the admin API."""
+    """A decision as stored, logged and shown by ``GET /controller`` and the admin API
+    (the columns are :mod:`wirekit.serve.record.decisions`'; a quota's ``before`` and
+    ``after`` are its ``old`` and ``new``)."""
     return {
         "time": time,
         "node": d.node,
@@ -157,6 +163,10 @@ def decision_record(d: Decision, status: str, error: str | None, time: float) ->
         "reason": d.reason,
         "error": error,
         "metrics": dict(d.metrics),
+        "by": d.by,
+        "kind": QUOTA,
+        "before": d.old,
+        "after": d.new,
     }
 
 
@@ -646,6 +656,11 @@ class Controller:
             f": {error}" if error else "",
         )
         return record
+
+    def remember(self, record: dict[str, Any]) -> None:
+        """Show a decision recorded elsewhere -- an operator's model added, removed or set
+        (:meth:`wirekit.serve.admin.ModelAdmin.decided`) -- among :meth:`state`'s."""
+        self.last.append(record)
 
     def actuator_timeout(self) -> float:
         """How long one actuator call may take before its decision is failed: the

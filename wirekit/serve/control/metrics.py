@@ -11,7 +11,14 @@ Two kinds of figures:
   the time at the backend per attempt (``..._backend_duration_seconds``), all with the
   buckets :data:`DURATION_BUCKETS`; counters of requests by model, device and end state,
   resubmissions, back-offs, batches, cache hits/misses/evictions, controller decisions;
-  gauges of the queue and of the requests in flight per device.  Every replica on a shared
+  gauges of the queue and of the requests in flight per device.  A device is named the same
+  way on every series that names one: ``device="<node>/<index>"`` (``n1/0``), or
+  ``device="cache"`` (answered from the response cache) or ``device="none"`` (no device
+  answered: failed, refused, abandoned or lost before an answer) -- never empty, so series
+  of different families join on ``(model, device)``.  A model removed from the catalog has
+  its series dropped (:meth:`Metrics.forget`).  Beside them each scrape carries
+  ``wirekit_build_info`` and prometheus_client's standard ``process_*``, ``python_info`` and
+  ``python_gc_*`` families.  Every replica on a shared
   store exports its own (Prometheus' ``instance`` label tells them apart): a dashboard sums
   them, ``sum by (le, model) (rate(..._bucket[5m]))``, and nothing store-wide is exported
   there, so nothing is counted twice.  They are recorded through :meth:`Metrics.finished`,
@@ -47,6 +54,7 @@ window says.
 
 from __future__ import annotations
 
+import functools
 import math
 import sqlite3
 import time
@@ -112,7 +120,6 @@ class ModelStats:
 #: 2 ** (1/8) - 1 = 9 % of the true value
 _BUCKETS_PER_OCTAVE = 8
 _NO_TIME = -(1 << 20)  # the bucket of response times <= 0
-_CACHE = "cache"  # the device of an answer from the cache (no row)
 
 
 #: the upper bounds (seconds) of the buckets of every duration histogram, and +Inf: suited
@@ -125,8 +132,13 @@ DURATION_BUCKETS: tuple[float, ...] = (
 _LE = [*(repr(b) for b in DURATION_BUCKETS), "+Inf"]
 #: seconds of history ``/stats`` reads its ``latency`` and ``rate`` over
 STATS_WINDOW = 60.0
-#: the device label of a request no device answered (failed) or the cache answered
-NO_DEVICE = ""
+#: the ``device`` label of a request no device answered: it failed (no attempt succeeded),
+#: was refused, or was ended ``lost`` or ``abandoned`` before any device answered it
+NO_DEVICE = "none"
+#: the ``device`` label of a request answered from the response cache (no device took it);
+#: also the device key the MIP lane and :meth:`Metrics.finished` pass for it
+CACHE_DEVICE = "cache"
+_CACHE = CACHE_DEVICE
 
 #: the ``door`` label: the front door a request came in by -- the MIP front door (its lane
 #: included), the HTTP door's JSON ``:predict``, Clipper's query frontend, TF Serving's REST
@@ -219,7 +231,7 @@ METRIC_NAMES: dict[str, tuple[str, tuple[str, ...], str]] = {
     ),
     "wirekit_serve_quota": (
         "gauge",
-        ("node", "device", "device_type", "model"),
+        ("model", "device", "device_type"),
         "Share of a device given to a model (the models metadata, the controller's)",
     ),
     "wirekit_serve_response_time_target_seconds": (
@@ -237,6 +249,18 @@ METRIC_NAMES: dict[str, tuple[str, tuple[str, ...], str]] = {
         "counter",
         (),
         "Malformed HTTP requests the HTTP door refused (logged once per burst, not each)",
+    ),
+    "wirekit_serve_refused_total": (
+        "counter",
+        ("reason",),
+        "Requests refused before they were sent anywhere, by reason (journal: their arrival"
+        " could not be journaled, e.g. a full disk; logged once per burst, not each)",
+    ),
+    "wirekit_build_info": (
+        "gauge",
+        ("version", "python", "compiled"),
+        "Always 1: the wirekit version, the Python version and whether the compiled twins"
+        ' are in use (compiled="true") or the pure-Python ones',
     ),
     "wirekit_serve_store_backlog": (
         "gauge",
@@ -572,6 +596,9 @@ class Metrics:
         #: counts on, one lookup per device of a flush (a row key names its model)
         self._door_keys: dict[str, dict[str, tuple[DeviceSeries, DoorSeries]]] = {}
         self._unrouted: dict[str, DeviceSeries] = {}  # model -> its NO_DEVICE series
+        self._cached: dict[str, DeviceSeries] = {}  # model -> its CACHE_DEVICE series
+        #: models removed from the catalog (:meth:`forget`): their series are not exported
+        self.removed: set[str] = set()
         #: model -> its figures since start that are not per device
         self.counters: dict[str, ModelCounters] = {}
 
@@ -583,12 +610,15 @@ class Metrics:
         return counters
 
     def device_series(self, model: str, device: str | None) -> DeviceSeries:
-        """The series of ``model`` on the row key ``device`` (None or ``"cache"``: the
-        model's :data:`NO_DEVICE` series), made on first use."""
+        """The series of ``model`` on the row key ``device`` (None: the model's
+        :data:`NO_DEVICE` series; ``"cache"``: its :data:`CACHE_DEVICE` one), made on first
+        use."""
         if device is None or device == _CACHE:
-            series = self._unrouted.get(model)
+            unrouted = self._unrouted if device is None else self._cached
+            series = unrouted.get(model)
             if series is None:
-                series = self._unrouted[model] = self._new_series(model, NO_DEVICE)
+                label = NO_DEVICE if device is None else CACHE_DEVICE
+                series = unrouted[model] = self._new_series(model, label)
             return series
         series = self._by_key.get(device)
         if series is None:
@@ -601,6 +631,41 @@ class Metrics:
             series = self.series[(model, label)] = DeviceSeries(model, label)
             self.model_counters(model)
         return series
+
+    def forget(self, model: str) -> None:
+        """``model`` was removed from the catalog: drop every series of it (the Prometheus
+        figures since start, and the recent window of its rows) and export none of it
+        from now on, even for a request of it that ends late; its :class:`ModelStats`
+        (``/stats``' figures, the store's) stay.  :meth:`served` undoes it when the model
+        is added again (its series then start from 0)."""
+        self.removed.add(model)
+        self._drop(model)
+
+    def served(self, model: str) -> None:
+        """``model`` is (again) in the catalog: its series are exported, from 0 if it was
+        removed before (what a request of it that ended after :meth:`forget` counted is
+        dropped)."""
+        if model in self.removed:
+            self._drop(model)
+            self.removed.discard(model)
+        self.stats(model)
+        self.model_counters(model)
+
+    def _drop(self, model: str) -> None:
+        """Drop every per-device and per-model series of ``model`` (not its ModelStats)."""
+        self.counters.pop(model, None)
+        self._unrouted.pop(model, None)
+        self._cached.pop(model, None)
+        for pair in [k for k in self.series if k[0] == model]:
+            del self.series[pair]
+        for key in [k for k, s in self._by_key.items() if s.model == model]:
+            del self._by_key[key]
+        for keys in self._door_keys.values():
+            for key in [k for k, (s, _) in keys.items() if s.model == model]:
+                del keys[key]
+        suffix = "/" + model
+        for key in [k for k in self.rows if k.endswith(suffix)]:
+            del self.rows[key]
 
     def waited(self, model: str, seconds: float) -> None:
         """A request of ``model`` was sent to a backend for the first time, ``seconds``
@@ -789,12 +854,50 @@ class Metrics:
         ``quotas`` (rows), ``targets`` (model -> seconds), ``backed_off`` (row keys),
         ``backoffs`` / ``in_flight`` ({(model, device label): n}), ``batches`` ({(model,
         device label): [sent, retried]}), ``decisions`` ({(model, outcome): n}), ``ready``
-        (bool), ``http_bad_requests`` (int), ``store_backlog`` (int)."""
+        (bool), ``http_bad_requests`` (int), ``refused`` ({reason: n}), ``store_backlog``
+        (int).  Then ``wirekit_build_info`` and the standard ``process_*`` / ``python_*``
+        families (:func:`build_info`).  Every series of a model in :attr:`removed` is left
+        out."""
         from prometheus_client import CollectorRegistry, generate_latest
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(self, extra or {}))
-        return generate_latest(registry)
+        return generate_latest(registry) + generate_latest(_standard_registry())
+
+
+@functools.cache
+def _standard_registry() -> Any:
+    """A registry of prometheus_client's process, platform and garbage-collector collectors
+    (``process_*``: CPU seconds, resident and virtual memory, open and maximum file
+    descriptors, start time -- on Linux; ``python_info``; ``python_gc_*``), made once: each
+    scrape appends its exposition to wirekit's own families (wirekit keeps no global
+    registry, so nothing else registered in the process leaks into ``/metrics``)."""
+    from prometheus_client import (
+        CollectorRegistry,
+        GCCollector,
+        PlatformCollector,
+        ProcessCollector,
+    )
+
+    registry = CollectorRegistry(auto_describe=True)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+@functools.cache
+def build_info() -> tuple[str, str, str]:
+    """The ``wirekit_build_info`` labels: ``(version, python, compiled)`` -- wirekit's
+    version, the Python version, and ``"true"`` when the compiled twins loaded
+    (``wirekit.IMPLEMENTATION`` is ``"fast"``), ``"false"`` on the pure-Python path
+    (``WIREKIT_PURE=1``, or the extensions not built)."""
+    import platform
+
+    import wirekit
+
+    compiled = wirekit.IMPLEMENTATION == "fast"
+    return wirekit.__version__, platform.python_version(), "true" if compiled else "false"
 
 
 class _Collector:
@@ -825,7 +928,10 @@ class _Collector:
         requests = family("wirekit_serve_requests_total")
         duration = family("wirekit_serve_request_duration_seconds")
         backend = family("wirekit_serve_backend_duration_seconds")
+        removed = m.removed
         for (model, device), series in sorted(m.series.items()):
+            if model in removed:
+                continue
             labels = [_label(model), _label(device)]
             for door, by_door in sorted(series.doors.items()):
                 door_labels = [*labels, _label(door)]
@@ -840,6 +946,8 @@ class _Collector:
         resubmissions = family("wirekit_serve_resubmissions_total")
         lane = family("wirekit_serve_lane_requests_total")
         for model, counters in sorted(m.counters.items()):
+            if model in removed:
+                continue
             labels = [_label(model)]
             if counters.queue.count:
                 queue_wait.add_metric(labels, counters.queue.cumulative(), counters.queue.sum)
@@ -847,7 +955,8 @@ class _Collector:
             lane.add_metric(labels, counters.lane_requests)
         queue = family("wirekit_serve_queue_length")
         for model in sorted(m.models):
-            queue.add_metric([_label(model)], m.in_flight(model))
+            if model not in removed:
+                queue.add_metric([_label(model)], m.in_flight(model))
         yield from (requests, duration, queue_wait, backend, resubmissions, lane, queue)
         for name, key in (
             ("wirekit_serve_backoffs_total", "backoffs"),
@@ -856,22 +965,25 @@ class _Collector:
             if key in extra:
                 f = family(name)
                 for (model, device), n in sorted(extra[key].items()):
-                    f.add_metric([_label(model), _label(device)], n)
+                    if model not in removed:
+                        f.add_metric([_label(model), _label(device)], n)
                 yield f
         if "batches" in extra:
             sent = family("wirekit_serve_batches_total")
             retried = family("wirekit_serve_batch_retries_total")
             for (model, device), (n_sent, n_retried) in sorted(extra["batches"].items()):
-                sent.add_metric([_label(model), _label(device)], n_sent)
-                retried.add_metric([_label(model), _label(device)], n_retried)
+                if model not in removed:
+                    sent.add_metric([_label(model), _label(device)], n_sent)
+                    retried.add_metric([_label(model), _label(device)], n_retried)
             yield from (sent, retried)
         cache = extra.get("cache")
         if cache:
             hits = family("wirekit_serve_cache_hits_total")
             misses = family("wirekit_serve_cache_misses_total")
             for model, c in sorted(cache.get("models", {}).items()):
-                hits.add_metric([_label(model)], c["hits"])
-                misses.add_metric([_label(model)], c["misses"])
+                if model not in removed:
+                    hits.add_metric([_label(model)], c["hits"])
+                    misses.add_metric([_label(model)], c["misses"])
             evictions = family("wirekit_serve_cache_evictions_total")
             evictions.add_metric([], cache["evictions"])
             entries = family("wirekit_serve_cache_entries")
@@ -882,12 +994,13 @@ class _Collector:
         if "decisions" in extra:
             f = family("wirekit_serve_controller_decisions_total")
             for (model, outcome), n in sorted(extra["decisions"].items()):
-                f.add_metric([_label(model), _label(outcome)], n)
+                if model not in removed:
+                    f.add_metric([_label(model), _label(outcome)], n)
             yield f
         if "quotas" in extra:
             f = family("wirekit_serve_quota")
             for q in extra["quotas"]:
-                labels = [q["node"], str(q["device"]), q["device_type"], q["model"]]
+                labels = [q["model"], f"{q['node']}/{q['device']}", q["device_type"]]
                 f.add_metric([_label(v) for v in labels], q["quota"])
             yield f
         if "targets" in extra:
@@ -907,10 +1020,18 @@ class _Collector:
             f = family("wirekit_serve_http_bad_requests_total")
             f.add_metric([], extra["http_bad_requests"])
             yield f
+        if "refused" in extra:
+            f = family("wirekit_serve_refused_total")
+            for reason, n in sorted(extra["refused"].items()):
+                f.add_metric([reason], n)
+            yield f
         if "store_backlog" in extra:
             f = family("wirekit_serve_store_backlog")
             f.add_metric([], extra["store_backlog"])
             yield f
+        info = family("wirekit_build_info")
+        info.add_metric([_label(v) for v in build_info()], 1)
+        yield info
 
 
 class HistogramHistory:
@@ -944,6 +1065,13 @@ class HistogramHistory:
         snaps.append((now, {k: list(s.duration.counts) for k, s in self.metrics.series.items()}))
         while len(snaps) > 1 and now - snaps[1][0] >= self.span:
             snaps.popleft()
+
+    def forget(self, model: str) -> None:
+        """Drop ``model``'s histograms from the snapshots kept (it was removed, or added
+        again: its series start from 0)."""
+        for _, counts in self._snapshots:
+            for key in [k for k in counts if k[0] == model]:
+                del counts[key]
 
     def window(self) -> tuple[float, dict[tuple[str, str], list[int]]]:
         """``(seconds, {(model, device): request-duration counts per bucket})`` over the

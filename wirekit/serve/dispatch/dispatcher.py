@@ -13,6 +13,13 @@ For each request :meth:`Dispatcher.submit`:
 4. records the time out and status (journaled before the answer, see
    :mod:`wirekit.serve.record.store`) and returns exactly one :class:`Outcome`.
 
+A request whose arrival cannot be journaled (a full disk: the store raises
+:class:`~wirekit.serve.record.store.JournalUnavailable`) is not sent anywhere: it ends
+``failed`` at once (cause :data:`REFUSED`, reason :data:`JOURNAL_REFUSED`; its row goes to
+the store through the writer), which every door answers as 503 / UNAVAILABLE / the MIP error
+reply of a failed request, counted in :attr:`Dispatcher.refused` and logged once per burst.
+A completion that cannot be journaled is answered all the same (logged once per burst).
+
 Adaptive batching (a model's ``max_batch`` > 1, MIP backends, requests from any front door:
 the MIP door's :meth:`Dispatcher.start` and the awaiting doors' :meth:`Dispatcher.submit`
 alike): requests for the same device that arrive in one loop pass -- typically decoded from
@@ -53,8 +60,9 @@ from wirekit.oip.items import OipItem
 from ..backends.remote import Backend, BackendUnavailable, BadRequest
 from ..config import DeviceRow, ModelConfig
 from ..control.metrics import DOOR_HTTP, DOOR_MIP, Metrics, ModelStats
+from ..doors.fdwatch import BurstLog
 from ..logs import serve_logger
-from ..record.store import ABANDONED, ERROR, FAILED, OK, RequestStore
+from ..record.store import ABANDONED, ERROR, FAILED, OK, JournalUnavailable, RequestStore
 from . import lane as pure_lane
 from .cache import ResponseCache, digest
 from .payload import Payload
@@ -69,6 +77,12 @@ TIMED_OUT, UNAVAILABLE, BAD_REQUEST = "timeout", "unavailable", "bad request"
 #: :attr:`Outcome.cause` of an ``error`` that is the model's own (its Open Inference Protocol
 #: ERROR item): :attr:`Outcome.detail` is the model's message, for the client as it is
 MODEL_ERROR = "model error"
+#: :attr:`Outcome.cause` of a request refused before it was sent anywhere (503)
+REFUSED = "refused"
+#: the reason of a request refused because its arrival could not be journaled
+JOURNAL_REFUSED = "refused: the request journal cannot be written"
+#: the :attr:`Dispatcher.refused` key (``wirekit_serve_refused_total{reason="journal"}``)
+REFUSED_JOURNAL = "journal"
 
 BATCH_BYTES = 1 << 20  #: a joined batch stays under this many bytes (larger requests go alone)
 SPLIT_SAMPLES = 16  #: requests joined to this many samples or more go as two batches
@@ -164,6 +178,7 @@ class Job:
         "door",
         "error",
         "head",
+        "jfail",
         "key",
         "model",
         "notify",
@@ -199,6 +214,9 @@ class Job:
         self.abandoned = False
         #: the attempt loop's state when it goes on from an attempt made elsewhere
         self.attempts: Attempts | None = None
+        #: the store's ``journal_failures`` when its arrival was recorded (-1: its arrival
+        #: is on record): a journal write failed since, it may not be (then it is refused)
+        self.jfail = -1
 
 
 class UnknownModel(LookupError):
@@ -233,7 +251,8 @@ class Outcome:
     #: why a ``failed`` request failed, for the HTTP status: "timeout" (its last device took
     #: too long: 504), "unavailable" (no device could be reached or none was left: 503);
     #: "bad request" for an ``error`` the client caused (inputs its model does not take: 400);
-    #: "model error" for an ``error`` the model answered with its message (``detail``: 400)
+    #: "model error" for an ``error`` the model answered with its message (``detail``: 400);
+    #: "refused" for a request refused before it was sent anywhere (503)
     cause: str = ""
 
     @property
@@ -340,6 +359,12 @@ class Dispatcher:
         #: configs of removed models: requests still in flight finish with them (a late
         #: failure of one is resubmitted, and answered "failed", with its model's config)
         self._retired: dict[str, ModelConfig] = {}
+        #: requests refused before they were sent anywhere, by reason
+        #: (:data:`REFUSED_JOURNAL`): ``wirekit_serve_refused_total``
+        self.refused: dict[str, int] = {}
+        self._refusal_log = BurstLog(log)
+        self._unjournaled_log = BurstLog(log)
+        self._journal_error: JournalUnavailable | None = None
 
     # ------------------------------------------------------------------ models at run time
 
@@ -452,7 +477,7 @@ class Dispatcher:
         finally:
             self.submitting -= 1
         if not defer_journal:
-            self.store.write_journal()  # its completion on record before the answer
+            self.write_completions()  # its completion on record before the answer
         outcome = job.outcome
         if outcome is None:  # its attempt loop was cancelled (shutdown): recorded so
             return _cancelled(job.rid)
@@ -517,9 +542,11 @@ class Dispatcher:
                 len(wire),
                 outcome.attempts,
                 wire,
-                defer,
+                True,
                 reason,
             )
+            if not defer:
+                self.write_completions()
         if job.notify is None:  # no one awaits it, and it is not counted in ``active``
             return
         self.active -= 1
@@ -562,6 +589,57 @@ class Dispatcher:
         self.active += 1  # as a started job: settle takes it off
         self.settle(job, Outcome(job.rid, FAILED, response, None, 0, reason))
 
+    # ------------------------------------------------------------------ the journal fails
+
+    def write_arrivals(self) -> int:
+        """Write the journal before requests leave; return the store's
+        ``journal_failures`` after it: a job whose ``jfail`` is neither -1 nor that number
+        has no arrival on record (a write failed since it arrived: :meth:`on_record`)."""
+        try:
+            self.store.write_journal()
+        except JournalUnavailable as exc:
+            self._journal_error = exc
+        return self.store.journal_failures
+
+    def on_record(self, job: Job, failures: int) -> bool:
+        """Whether ``job``'s arrival is journaled (``failures``: from
+        :meth:`write_arrivals`); if not, it ends refused (:meth:`journal_refused`)."""
+        if job.jfail < 0 or job.jfail == failures:
+            job.jfail = -1
+            return True
+        self.settle(job, self.journal_refused(job.rid))
+        return False
+
+    def journal_refused(self, rid: str) -> Outcome:
+        """The end of the request ``rid`` refused because its arrival could not be
+        journaled: ``failed``, cause :data:`REFUSED`, nothing sent; counted and logged once
+        per burst."""
+        self.refused[REFUSED_JOURNAL] = self.refused.get(REFUSED_JOURNAL, 0) + 1
+        exc = self._journal_error
+        self._refusal_log.event(
+            time.monotonic(),
+            "wirekit serve: %s: new requests are refused (503, MIP INTERNAL) until it can be"
+            ' written again (wirekit_serve_refused_total{reason="journal"} counts them)',
+            exc if exc is not None else "the request journal cannot be written",
+        )
+        why = f"{JOURNAL_REFUSED} ({exc.why})" if exc is not None else JOURNAL_REFUSED
+        return Outcome(rid, FAILED, _error_payload(ErrorCode.INTERNAL), None, 0, why, REFUSED)
+
+    def write_completions(self) -> None:
+        """Write the journal before answers go out: a failure does not hold them back (they
+        were computed; their rows go to the store through the writer), it is logged once
+        per burst."""
+        try:
+            self.store.write_journal()
+        except JournalUnavailable as exc:
+            self._journal_error = exc
+            self._unjournaled_log.event(
+                time.monotonic(),
+                "wirekit serve: %s: answers go out without their journal records (their rows"
+                " still go to the store)",
+                exc,
+            )
+
     # ------------------------------------------------------------------ the attempt loop
 
     def _cached(self, job: Job) -> Outcome | None:
@@ -597,7 +675,11 @@ class Dispatcher:
             if not sent:
                 sent = True
                 self.metrics.waited(cfg.name, t_sent - job.t_in)
-            self.store.write_journal()  # its arrival on record before it leaves
+            failures = self.write_arrivals()  # its arrival on record before it leaves
+            if job.jfail >= 0:
+                if job.jfail != failures:  # it is not: refused, not sent
+                    return self.journal_refused(job.rid)
+                job.jfail = -1
             try:
                 reply = await _infer_within(backend, job.request, cfg.timeout)
             except (asyncio.TimeoutError, TimeoutError, BackendUnavailable, OSError) as exc:
@@ -704,8 +786,8 @@ class Dispatcher:
         if row is None:
             self._spawn(job)  # the attempt loop writes the journal before it sends
         elif self.active == 1:  # nothing else in flight to share the write with: at once
-            self.store.write_journal()
-            self._send_first(job, row)
+            if self.on_record(job, self.write_arrivals()):
+                self._send_first(job, row)
         else:
             outbox = self._outbox
             outbox.append((job, row))
@@ -745,14 +827,20 @@ class Dispatcher:
         """Group commit (end of a loop pass): write the journal -- the arrival records of
         every job started in the pass, in one system call -- then send those jobs."""
         jobs, self._outbox = self._outbox, []
-        self.store.write_journal()
+        failures = self.write_arrivals()
         for job, row in jobs:
-            if not job.abandoned:  # its client is still there
+            if job.abandoned:  # its client went away
+                continue
+            jfail = job.jfail
+            if jfail < 0 or jfail == failures:  # on record (on_record, inline: per request)
                 self._send_first(job, row)
+            else:
+                self.settle(job, self.journal_refused(job.rid))
 
     def _send_first(self, job: Job, row: DeviceRow) -> None:
         """The first attempt of a started job (its arrival journaled), with its journal
         line started while it is away when it went out at once."""
+        job.jfail = -1  # its arrival is on record: a retry is sent too
         if self._send_one(job, row):
             job.head = self.store.line_head(
                 job.rid, job.model, job.client, row.key, job.t_in, len(job.request.wire)
@@ -764,6 +852,7 @@ class Dispatcher:
         ``store.write_journal()``, which comes before anything is sent)."""
         wire = job.request.wire
         job.rid = rid = self.new_id()
+        job.jfail = self.store.journal_failures
         self.store.arrival(rid, job.model, job.client, job.t_in, len(wire), wire, True)
         self.metrics.arrived(job.model)
 
@@ -790,9 +879,11 @@ class Dispatcher:
         fresh = [job for job in jobs if not job.rid]
         for job in fresh:  # their arrivals journaled in one write, before they are sent
             self._arrive(job)
-        self.store.write_journal()
+        failures = self.write_arrivals()
+        jobs = [job for job in jobs if self.on_record(job, failures)]
         try:
-            self._send_jobs(jobs, row)
+            if jobs:
+                self._send_jobs(jobs, row)
         finally:
             head = self.store.line_head
             key = row.key
@@ -1039,16 +1130,32 @@ class Dispatcher:
         client: str,
         t_in: float,
         requests: list[tuple[str, int, Any]],
-    ) -> None:
-        """The MIP lane sent ``requests`` of ``model`` (``stats``: its live counters) from
-        ``client``, arrived at ``t_in``, each ``(id, size, request bytes)``: they are
-        active, counted and stored as arrived (:meth:`RequestStore.arrivals`)."""
+    ) -> bool:
+        """The MIP lane is about to send ``requests`` of ``model`` (``stats``: its live
+        counters) from ``client``, arrived at ``t_in``, each ``(id, size, request bytes)``:
+        they are active, counted and stored as arrived (:meth:`RequestStore.arrivals`,
+        journaled).  False when their arrivals could not be journaled: the lane sends none
+        of them and ends each with :meth:`lane_refused`."""
         n = len(requests)
         self.active += n
         self.lane_requests += n
         self.metrics.model_counters(model).lane_requests += n
         stats.arrive(n)
-        self.store.arrivals(model, client, t_in, requests)
+        try:
+            self.store.arrivals(model, client, t_in, requests)
+        except JournalUnavailable as exc:
+            self._journal_error = exc
+            return False
+        return True
+
+    def lane_refused(self, model: str, client: str, rid: str, t_in: float, wire: bytes) -> Job:
+        """A request of the MIP lane (:meth:`lane_arrived` said False) ends refused, not
+        sent: the job that holds its answer (the lane answers ``job.outcome``)."""
+        job = Job(model, Payload(wire), client, _no_one)
+        job.rid = rid
+        job.t_in = t_in
+        self.settle(job, self.journal_refused(rid))
+        return job
 
     def lane_answered(
         self,

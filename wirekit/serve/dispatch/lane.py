@@ -7,7 +7,9 @@ adaptive batching, takes its requests through a :class:`Lane`:
 
 * :meth:`Lane.take` -- the well-formed inference requests at the start of a read, in one
   call: each gets its id, its arrival row (batched, as :meth:`RequestStore.arrival` does;
-  the arrivals of the read journaled in one write before any of them is sent),
+  the arrivals of the read journaled in one write before any of them is sent; when that
+  write fails -- a full disk -- none is sent, each is answered as refused:
+  :meth:`Dispatcher.lane_refused`),
   a device by quota, and a slot on that backend's open connection; the requests for one
   connection go out in one write, byte for byte as they came.  With the cache on, a request
   answered recently is answered from the cache instead (device ``cache``, 0 attempts), and
@@ -296,7 +298,12 @@ class Lane:
         for call, rid in zip(read.arrived, d.new_ids(len(read.arrived)), strict=True):
             call.rid = rid
             requests.append((rid, len(call.wire), call.wire))
-        d.lane_arrived(self.stats, self.model, self.client, read.t_in, requests)
+        if not d.lane_arrived(self.stats, self.model, self.client, read.t_in, requests):
+            # their arrivals could not be journaled: none is sent, each ends refused
+            for call in read.arrived:
+                call.state = HANDED_OVER
+                call.job = d.lane_refused(self.model, self.client, call.rid, call.t_in, call.wire)
+            return
         for group in read.groups.values():
             if group.calls:
                 group.client.send_calls(group.conn, group.frames, group.calls, group.deadline)

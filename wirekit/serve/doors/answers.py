@@ -25,7 +25,8 @@ def outcome_status(outcome: Outcome) -> int:
     message is ``outcome.detail``, as Triton answers a model's error); 413 the backend
     could not hold them;
     502 the backend failed on them; 503 no device could be reached (nothing listening, none
-    left); 504 the last device tried took too long."""
+    left), or the request was refused before it was sent anywhere (its arrival could not be
+    journaled: a full disk); 504 the last device tried took too long."""
     if outcome.status == FAILED:
         return 504 if outcome.cause == TIMED_OUT else 503
     if outcome.cause in CLIENT_CAUSES:

@@ -41,8 +41,9 @@ from ..backends.oipcontrol import ModelLoadError
 from ..config import ConfigError, HttpLimits
 from ..control.catalog import CatalogError
 from ..control.metrics import DOOR_CLIPPER
-from ..dispatch.dispatcher import Dispatcher, Outcome, UnknownModel
+from ..dispatch.dispatcher import REFUSED, Dispatcher, Outcome, UnknownModel
 from ..dispatch.payload import Payload, dumps, loads, outputs_json, request_from_json
+from ..record.decisions import operator
 from .adminauth import AdminAccess
 from .httpbody import READER_KEY, BodyReader
 from .lean import LEAN_KEY, LeanHandlers
@@ -132,13 +133,16 @@ class Admin(Protocol):
 
     def models_doc(self) -> dict[str, Any]: ...
 
-    def add_model_doc(self, doc: Any) -> Awaitable[dict[str, Any]]: ...
+    # ``by``: who asked (:func:`wirekit.serve.record.decisions.operator`): each change is
+    # recorded as an operator's decision
 
-    def remove_model(self, name: str) -> Awaitable[dict[str, Any]]: ...
+    def add_model_doc(self, doc: Any, *, by: str) -> Awaitable[dict[str, Any]]: ...
 
-    def set_quota_doc(self, name: str, doc: Any) -> Awaitable[dict[str, Any]]: ...
+    def remove_model(self, name: str, *, by: str) -> Awaitable[dict[str, Any]]: ...
 
-    def set_model_doc(self, name: str, doc: Any) -> dict[str, Any]: ...
+    def set_quota_doc(self, name: str, doc: Any, *, by: str) -> Awaitable[dict[str, Any]]: ...
+
+    def set_model_doc(self, name: str, doc: Any, *, by: str) -> Awaitable[dict[str, Any]]: ...
 
 
 def _clipper_values(doc: dict[str, Any]) -> tuple[list[Any], bool] | web.Response:
@@ -237,6 +241,8 @@ class Handlers:
                 )
             except UnknownModel:  # removed while the body was read, or during the batch
                 return _unknown(dispatcher, app, "application")
+            if outcome.cause == REFUSED:  # not sent anywhere (the journal cannot be written)
+                return _error(503, outcome.detail)
             answers.append(_clipper_answer(outcome, next(self.query_ids)))
         return _json({"batch_predictions": answers} if batch else answers[0])
 
@@ -377,7 +383,7 @@ class AdminHandlers:
         """``POST /admin/models``."""
         doc = await _body(request)
         try:
-            added = await self.admin.add_model_doc(doc)
+            added = await self.admin.add_model_doc(doc, by=operator(request.remote))
         except ConfigError as exc:
             return _error(400, str(exc), where=exc.where)
         except ModelLoadError as exc:  # a server refused or failed the load: nothing added
@@ -390,7 +396,7 @@ class AdminHandlers:
         """``DELETE /admin/models/{name}``."""
         name = request.match_info["name"]
         try:
-            removed = await self.admin.remove_model(name)
+            removed = await self.admin.remove_model(name, by=operator(request.remote))
         except KeyError:
             return _error(404, f"unknown model {name!r}")
         except CatalogError as exc:
@@ -402,7 +408,7 @@ class AdminHandlers:
         name = request.match_info["name"]
         doc = await _body(request)
         try:
-            decision = await self.admin.set_quota_doc(name, doc)
+            decision = await self.admin.set_quota_doc(name, doc, by=operator(request.remote))
         except KeyError:
             return _error(404, f"unknown model {name!r}")
         except ConfigError as exc:
@@ -418,7 +424,7 @@ class AdminHandlers:
         name = request.match_info["name"]
         doc = await _body(request)
         try:
-            changed = self.admin.set_model_doc(name, doc)
+            changed = await self.admin.set_model_doc(name, doc, by=operator(request.remote))
         except KeyError:
             return _error(404, f"unknown model {name!r}")
         except ConfigError as exc:  # the config's own message, and where

@@ -240,12 +240,10 @@ class MipFrontDoor(asyncio.Protocol):
             self._write()
 
     def _write_journal(self) -> None:
-        """Write the completion records made so far to the store's journal."""
-        try:
-            self.store.write_journal()
-        except OSError as exc:
-            self.store.error = exc
-            log.error("cannot write the request journal: %s", exc)
+        """Write the completion records made so far to the store's journal (a failure --
+        a full disk -- does not hold the answers back: logged once per burst by
+        :meth:`Dispatcher.write_completions`)."""
+        self.dispatcher.write_completions()
 
     def _write(self) -> None:
         conn = self.conn

@@ -1,14 +1,23 @@
 """What several ``wirekit serve`` replicas on one PostgreSQL store coordinate with (issue 17).
 
-* :class:`LeaderLock` -- exactly one replica leads (the controller acts once): a PostgreSQL
-  session-level advisory lock, held by one dedicated connection.  The server releases it
-  when that session ends, so a leader that dies (``kill -9``, a lost network) is replaced
-  at the next :meth:`LeaderLock.poll` of another replica: within ``retry`` seconds plus
-  the time the server takes to notice the dead session (at once for a process that died
-  on the same machine; TCP keepalives bound it otherwise, see ``keepalive``).  Work done
-  as leader is committed *on the lock's session* (:meth:`LeaderLock.execute`): if the
-  session is gone, so is the lock, and the write fails -- a replica that lost the lead
-  without knowing cannot record a decision, so no decision is taken twice.
+* :class:`LeaderLock` -- exactly one replica leads (the controller acts once, the expired
+  leases are swept once): the leader is whoever holds an unexpired **lease** on the row
+  of ``leadership`` (issue 38) -- ``holder``, ``term``, ``renewed``, ``expires``, on the
+  database server's clock.  :meth:`LeaderLock.poll` renews it while held and takes it
+  once it has expired, with ``term`` + 1, in one statement; a replica that cannot renew
+  (paused, cut off, its loop stuck, its session gone) stops acting as leader at its own
+  deadline -- ``lease - margin`` after its last renewal was *sent*, on its monotonic clock
+  --, before the lease can expire on the server and anyone else can take it.  Every
+  leader action (:meth:`LeaderLock.execute`: the sweep, the controller's decisions, the
+  change log's appends ``via`` the lock) runs in one transaction that first locks the
+  row under its term (``holder``, ``term``, ``expires > now()``, ``FOR UPDATE``): a stale
+  term is refused with :class:`NotLeader` and nothing is written, and a takeover waits
+  until an action under way has committed.  A leader paused half-way through such a
+  transaction is cut by the server (``idle_in_transaction_session_timeout``, one period)
+  so that its row lock cannot keep the others out.  A paused or partitioned leader is
+  thus replaced within ``lease`` + one poll period; when it resumes it finds its term over
+  and does nothing a leader does.  Until issue 38 leadership was a session-level advisory
+  lock, which a stopped process keeps: nobody else led, nobody swept.
 * :class:`Listener` -- ``LISTEN`` on a channel in a thread of its own, a callback per
   notification (``NOTIFY`` is delivered to every listening session within milliseconds,
   on commit); :func:`notify` sends one.
@@ -25,9 +34,10 @@
 * :class:`ReplicaLease` -- each replica's lease: a heartbeat row (``replica_leases``) it
   renews every period, expiring ``lease`` seconds after the last renewal (the server's
   clock).  The leader ends the ``queued`` rows of a replica whose lease has expired as
-  ``lost`` (:func:`adopt_expired`, on the lock's session), so a replica that died and does
-  not come back leaves nothing in flight; specs/replicas.md says why a row rather than an
-  advisory lock.
+  ``lost`` (:func:`adopt_expired`, fenced by its term), so a replica that died and does not
+  come back leaves nothing in flight -- never its own rows: a leader whose own lease lapsed
+  while it was paused still has those requests to answer.  specs/replicas.md says why a
+  row rather than an advisory lock.
 
 Each uses one dedicated connection (psycopg 3, autocommit) and never the event loop.
 """
@@ -45,12 +55,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..logs import serve_logger
-from .storedb import LOST_REASON, StoreUnavailable, redact
+from .storedb import LEADERSHIP_SCHEMA, LOST_REASON, MIGRATION_LOCK, StoreUnavailable, redact
 
 log = serve_logger()
 
-#: the advisory lock key of the controller's leadership ("wkleader" in ASCII, as int)
-LEADER_KEY = 0x776B6C6561646572 & 0x7FFFFFFFFFFFFFFF
+#: the ``leadership`` row of the replicas' leader (the controller, the sweep)
+LEADER_ROLE = "leader"
 #: the channel the models metadata's changes are told on
 CATALOG_CHANNEL = "wirekit_catalog"
 #: the advisory lock key that orders the change log's appends ("wkappend")
@@ -115,84 +125,169 @@ class _OwnSession:
 
 
 class LeaderLock:
-    """Leadership among replicas (see the module docstring).
+    """Leadership among replicas: a lease on a row of ``leadership`` (see the module
+    docstring).  Keeps the name of the advisory lock it replaced; the contract is the same.
 
-    ``poll()`` (from a timer or a loop, every ``retry`` seconds) tries to take the lock
-    when not leading and checks the session when leading; it returns whether this replica
-    leads now.  ``release()`` gives the lead up, ``close()`` for good."""
+    ``poll()`` (every ``period`` seconds while leading -- :class:`ReplicaSync
+    <wirekit.serve.record.replicas.ReplicaSync>` polls every ``store.lease_period`` --, every
+    ``retry`` seconds otherwise) renews the lease when held, takes it when it has expired
+    (its ``term`` + 1), and returns whether this replica leads now.  :attr:`leader` is also
+    false once the local deadline of the last renewal has passed (``lease - margin`` after
+    it was sent: before the lease can expire on the server), so a replica that could not
+    renew -- paused, cut off, its loop stuck -- stops acting as leader before anyone else
+    can take over.  :meth:`execute` runs a leader action fenced by the term.  ``release()``
+    gives the lead up (it expires at once), ``close()`` for good."""
 
     def __init__(
         self,
         url: str,
-        key: int = LEADER_KEY,
+        role: str = LEADER_ROLE,
         *,
+        lease: float = 10.0,
+        period: float | None = None,
+        margin: float | None = None,
         retry: float = 0.5,
         keepalive: float = 5.0,
         name: str = "wirekit",
+        replica: str = "",
     ) -> None:
         self.url = url
-        self.name = name  #: the session's application_name (who leads, in pg_stat_activity)
-        self.key = key
+        self.name = name  #: the session's application_name (pg_stat_activity)
+        self.role = role  #: the ``leadership`` row this lock leads by
+        self.lease = float(lease)  #: seconds a renewal lasts (the server's clock)
+        #: seconds between two renewals while leading (the caller's polls)
+        self.period = float(period) if period is not None else self.lease / 4
+        if not 0 < self.period < self.lease:
+            raise ValueError(f"the period ({self.period} s) must be in (0, lease={lease} s)")
+        #: this replica stops acting as leader ``lease - margin`` seconds after the last
+        #: renewal was sent (default: one period, or half what the lease leaves beyond a
+        #: period when that is less -- the next renewal must come before the deadline)
+        default = min(self.period, (self.lease - self.period) / 2)
+        self.margin = float(margin) if margin is not None else default
+        if not 0 <= self.margin < self.lease:
+            raise ValueError(f"the margin ({self.margin} s) must be in [0, lease={lease} s)")
         self.retry = retry  #: seconds between two polls of a replica that does not lead
         self.keepalive = keepalive  #: seconds of TCP silence before the server is probed
+        #: this replica's name: the sweep (:func:`adopt_expired`) never ends its rows
+        self.replica = replica
+        #: who holds the lease, in the row: unique to this object (a process that restarts
+        #: is another holder)
+        self.holder = f"{name} {socket.gethostname()}#{os.getpid()}-{os.urandom(4).hex()}"
         self._conn: Any = None
         self._lock = threading.Lock()
         self._closed = False
-        self.leader = False  #: whether this replica held the lock at the last poll
+        self._term: int | None = None
+        self._deadline = 0.0  # time.monotonic() past which this replica does not lead
         self.terms = 0  #: times this replica became leader
+        self.stepped_down = 0  #: times it stopped leading (lost, expired, refused)
+
+    @property
+    def leader(self) -> bool:
+        """Whether this replica leads now: it took or renewed the lease, and the local
+        deadline of that renewal has not passed."""
+        return self._term is not None and time.monotonic() < self._deadline
+
+    @property
+    def term(self) -> int | None:
+        """The term this replica leads under (None when it does not lead)."""
+        return self._term if self.leader else None
 
     def _session(self) -> Any:
         if self._closed:
             raise StoreUnavailable("the leader lock is closed")
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._drop()
-            self._conn = _connect(self.url, self.keepalive, self.name)
+            conn = _connect(self.url, self.keepalive, self.name)
+            try:
+                # a fenced transaction stuck half-way (its process paused) holds the row
+                # lock: the server ends it after a period idle; a takeover waits for a
+                # lock at most a lease, then polls again
+                idle = max(1000, int(self.period * 1000))
+                conn.execute(f"SET idle_in_transaction_session_timeout = {idle}")
+                conn.execute(f"SET lock_timeout = {max(1000, int(self.lease * 1000))}")
+                _ensure_leadership_table(conn)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    conn.close()
+                raise
+            self._conn = conn
         return self._conn
 
-    def _drop(self, unlock: bool = False) -> None:
+    def _drop(self) -> None:
         if self._conn is not None:
-            if unlock and self.leader:
-                # Free the lock before closing: a closed session's lock goes only when its
-                # server process has ended, a moment later, and the next poll -- here or on
-                # another replica -- would find it still taken.
-                with contextlib.suppress(Exception):
-                    self._conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
             with contextlib.suppress(Exception):
                 self._conn.close()
         self._conn = None
-        self.leader = False
+        self._step_down()
+
+    def _step_down(self) -> None:
+        if self._term is not None:
+            self.stepped_down += 1
+        self._term = None
+        self._deadline = 0.0
 
     def poll(self) -> bool:
-        """Take the lead if it is free; confirm it if held.  Never raises for a lost
-        database: this replica then does not lead."""
+        """Renew the lease when held, take it when expired; return whether this replica
+        leads now.  Never raises for a lost database: this replica then does not lead."""
         with self._lock:
+            if self._closed:
+                return False
+            was = self._term if time.monotonic() < self._deadline else None
+            if self._term is not None and was is None:
+                log.warning(
+                    "wirekit serve: the lead (term %d) was not renewed in time: stepped down",
+                    self._term,
+                )
+                self._step_down()
             try:
                 conn = self._session()
-                if self.leader:
-                    conn.execute("SELECT 1")  # the session (and so the lock) still lives
-                else:
-                    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()
-                    if row[0]:
-                        self.leader = True
-                        self.terms += 1
+                sent = time.monotonic()
+                row = conn.execute(
+                    _TAKE,
+                    {"role": self.role, "holder": self.holder, "lease": self.lease},
+                ).fetchone()
             except Exception as exc:  # psycopg.Error, StoreUnavailable: no lead
-                if self.leader:
-                    log.warning("wirekit serve: lost the controller lead: %s", exc)
+                if was is not None:
+                    log.warning("wirekit serve: lost the lead (term %d): %s", was, exc)
                 self._drop()
+                return False
+            if row is None:  # another replica holds an unexpired lease
+                if was is not None:
+                    log.warning("wirekit serve: lost the lead (term %d): taken over", was)
+                self._step_down()
+                return False
+            term = int(row[0])
+            if term != was:
+                self.terms += 1
+                if was is not None:  # expired and taken again: a new term
+                    log.warning("wirekit serve: the lead (term %d) lapsed, now term %d", was, term)
+            self._term = term
+            self._deadline = sent + self.lease - self.margin
             return self.leader
 
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[tuple]:
-        """Run ``sql`` on the lock's session, in a transaction, only while leading: raises
-        :class:`NotLeader` when this replica does not hold the lock (or the session died
-        meanwhile: then nothing was written)."""
+        """Run ``sql`` as the leader, fenced: in one transaction that first checks (and
+        locks until commit) that this replica still holds the lease under its term,
+        unexpired on the server's clock.  Raises :class:`NotLeader`, writing nothing, when
+        it does not lead, its local deadline passed, its term is stale or its session
+        died."""
         with self._lock:
-            if not self.leader or self._conn is None:
+            term = self._term
+            if term is None or time.monotonic() >= self._deadline or self._conn is None:
                 raise NotLeader("this replica does not lead")
             conn = self._conn
             try:
                 with conn.transaction():
+                    held = conn.execute(
+                        _FENCE, {"role": self.role, "holder": self.holder, "term": term}
+                    ).fetchone()
+                    if held is None:
+                        raise _Stale()
                     cur = conn.execute(sql, params)
                     return cur.fetchall() if cur.description else []
+            except _Stale:
+                self._step_down()
+                raise NotLeader(f"term {term} is over: another replica leads") from None
             except Exception as exc:
                 if conn.closed or conn.broken:
                     self._drop()
@@ -204,27 +299,78 @@ class LeaderLock:
         conn = self._conn
         return None if conn is None else int(conn.info.backend_pid)
 
+    def _give_up(self) -> None:
+        term = self._term
+        if term is not None and self._conn is not None:
+            # expire the lease now, so that another replica takes over at its next poll
+            with contextlib.suppress(Exception):
+                self._conn.execute(
+                    _RELEASE, {"role": self.role, "holder": self.holder, "term": term}
+                )
+        self._step_down()
+
     def release(self) -> None:
-        """Give the lead up (the lock and its session); the next :meth:`poll` may take it
-        again."""
+        """Give the lead up (the lease expires now); the next :meth:`poll` may take it
+        again, under a new term."""
         with self._lock:
-            self._drop(unlock=True)
+            self._give_up()
 
     def close(self) -> None:
         """Give the lead up for good: a :meth:`poll` afterwards (one already on its way from
         another thread included) returns False and opens no session."""
         with self._lock:
             self._closed = True
-            self._drop(unlock=True)
+            self._give_up()
+            self._drop()
+
+
+class _Stale(Exception):
+    """The fence found the term over (inside :meth:`LeaderLock.execute`)."""
+
+
+def _ensure_leadership_table(conn: Any) -> None:
+    """Create ``leadership`` on a database the store's migrations have not reached yet
+    (under the migrations' lock: never beside one)."""
+    if conn.execute("SELECT to_regclass('leadership')").fetchone()[0] is not None:
+        return
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        conn.execute(LEADERSHIP_SCHEMA)
+
+
+#: take or renew the lease (one statement, autocommit): a row held by this holder is
+#: renewed (its term kept while unexpired); one expired is taken with term + 1; one held by
+#: another holder, unexpired, is left alone (no row returned)
+_TAKE = (
+    "INSERT INTO leadership AS l (role, holder, term, renewed, expires)"
+    " VALUES (%(role)s, %(holder)s, 1, now(), now() + make_interval(secs => %(lease)s))"
+    " ON CONFLICT (role) DO UPDATE SET holder = excluded.holder,"
+    " term = CASE WHEN l.holder = excluded.holder AND l.expires > now() THEN l.term"
+    " ELSE l.term + 1 END,"
+    " renewed = excluded.renewed, expires = excluded.expires"
+    " WHERE l.expires <= now() OR l.holder = excluded.holder"
+    " RETURNING l.term"
+)
+#: the fence of every leader action: the lease still held by this holder, under its term,
+#: unexpired (the row locked until the action commits: a takeover waits for it)
+_FENCE = (
+    "SELECT term FROM leadership WHERE role = %(role)s AND holder = %(holder)s"
+    " AND term = %(term)s AND expires > now() FOR UPDATE"
+)
+_RELEASE = (
+    "UPDATE leadership SET expires = now()"
+    " WHERE role = %(role)s AND holder = %(holder)s AND term = %(term)s"
+)
 
 
 class NotLeader(RuntimeError):
     """Work meant for the leader was asked of a replica that does not lead."""
 
 
-#: the leader's sweep (one statement, on the leader lock's session): every ``queued`` row of
-#: a replica whose lease has expired ends ``lost`` at the server's time, with why (the
-#: expiry, and who ended it: parameter ``leader``); returns ``(replica, model, rows)``
+#: the leader's sweep (one statement, fenced by the lead's term): every ``queued`` row of
+#: another replica (``me``: the sweeper's own are never ended) whose lease has expired ends
+#: ``lost`` at the server's time, with why (the expiry, and who ended it: parameter
+#: ``leader``); returns ``(replica, model, rows)``
 ADOPT_EXPIRED = (
     "WITH ended AS ("
     " UPDATE requests AS r SET status = 'lost',"
@@ -234,6 +380,7 @@ ADOPT_EXPIRED = (
     " || ', ended by ' || %(leader)s"
     " FROM replica_leases AS l"
     " WHERE r.status = 'queued' AND r.replica = l.replica AND l.expires < now()"
+    " AND r.replica <> %(me)s"
     " RETURNING r.replica, r.model)"
     " SELECT replica, model, COUNT(*) FROM ended GROUP BY replica, model"
 )
@@ -327,14 +474,20 @@ class ReplicaLease(_OwnSession):
             self._close_session()
 
 
-def adopt_expired(leader: LeaderLock, by: str) -> list[tuple[str, str, int]]:
+def adopt_expired(
+    leader: LeaderLock, by: str, *, me: str | None = None
+) -> list[tuple[str, str, int]]:
     """The leader's sweep: end every ``queued`` row of each replica whose lease has expired
     as ``lost`` (time out: now, on the server's clock; reason :data:`LOST_REASON`, the
     expiry and ``by``), and forget the leases expired for longer than
-    :data:`LEASE_KEPT`.  On the lock's session: raises :class:`NotLeader` (ending nothing)
-    without the lead.  Returns ``(replica, model, rows ended)``; running it again ends
-    nothing twice (only ``queued`` rows are ended)."""
-    rows = leader.execute(ADOPT_EXPIRED, {"reason": LOST_REASON, "leader": by})
+    :data:`LEASE_KEPT`.  Never the rows of replica ``me`` (default: the lock's
+    :attr:`~LeaderLock.replica`): a replica never sweeps itself -- its own lease lapsed
+    while it was paused, its requests are still its own to answer.  Fenced by the lock's
+    term (:meth:`LeaderLock.execute`): raises :class:`NotLeader`, ending nothing, without
+    the lead.  Returns ``(replica, model, rows ended)``; running it again ends nothing
+    twice (only ``queued`` rows are ended)."""
+    mine = leader.replica if me is None else me
+    rows = leader.execute(ADOPT_EXPIRED, {"reason": LOST_REASON, "leader": by, "me": mine})
     leader.execute(FORGET_EXPIRED, {"kept": LEASE_KEPT})
     return [(str(replica), str(model), int(n)) for replica, model, n in rows]
 

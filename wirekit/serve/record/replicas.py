@@ -13,21 +13,26 @@ controller (issue 17).  Used by :class:`~wirekit.serve.service.Service` when the
   models.  Every ``compact_every`` seconds each replica compacts the log (the changes
   older than ``compact_keep`` seconds folded into a snapshot, under an advisory lock:
   one replica's compaction does the work, the others' find none left).
-* **The controller acts once.**  Only the replica that holds the
-  :class:`~wirekit.serve.record.pgsync.LeaderLock` runs controller periods, on the figures of
+* **The controller acts once.**  Only the replica that holds the lead
+  (:class:`~wirekit.serve.record.pgsync.LeaderLock`: a lease of ``store.lease`` seconds on
+  the ``leadership`` row, renewed every ``lease_period``, each takeover a new term) runs
+  controller periods, on the figures of
   every replica's requests over its window (:meth:`PostgresDB.recent
   <wirekit.serve.record.storedb.PostgresDB.recent>`, read from the store before each period).
-  Its quota changes are logged on the lock's session and its decisions stored there too:
-  a replica that lost the lead without knowing it cannot publish or record a decision (no
-  decision is taken twice); its own catalog is then put back to what the log says.  An
+  Its quota changes are logged and its decisions stored through the lock, fenced by its
+  term: a replica that lost the lead without knowing it (paused past its lease, cut off)
+  cannot publish or record a decision (no decision is taken twice); its own catalog is
+  then put back to what the log says.  An
   operator's quota change (the admin API) is stored from any replica, not fenced.  A new
   leader hands its policy the time of each row's last decision (the cooldowns carry over).
 * **A replica that dies leaves nothing in flight.**  Every replica renews its lease
   (:class:`~wirekit.serve.record.pgsync.ReplicaLease`, :func:`renew_periodically`) every
-  ``lease_period`` seconds; every replica polls the leader lock as often, and the one that
-  leads ends the ``queued`` rows of every replica whose lease has expired as ``lost``
-  (:func:`~wirekit.serve.record.pgsync.adopt_expired`) -- so they leave every replica's
-  ``/stats`` queue within ``lease`` + ``lease_period`` seconds of the death.
+  ``lease_period`` seconds; every replica polls the lead as often (renewing it when it
+  leads), and the one that leads ends the ``queued`` rows of every *other* replica whose
+  lease has expired as ``lost`` (:func:`~wirekit.serve.record.pgsync.adopt_expired`) -- so
+  they leave every replica's ``/stats`` queue within ``lease`` + ``lease_period`` seconds of
+  the death, or of the pause of a replica (the leader included: it is replaced within the
+  same bound, and never sweeps itself when it resumes).
 """
 
 from __future__ import annotations
@@ -114,6 +119,7 @@ class ReplicaSync:
         compact_every: float = 300.0,
         compact_keep: float = 60.0,
         lease_period: float = 2.0,
+        lease: float = 10.0,
     ) -> None:
         self.service = service
         self.catalog = service.catalog
@@ -121,7 +127,16 @@ class ReplicaSync:
         # changes like anyone else's
         self.origin = f"{replica}#{os.getpid():x}-{os.urandom(3).hex()}"
         self.log = ChangeLog(url, self.origin)
-        self.leader = LeaderLock(url, retry=retry, name=f"wirekit leader {self.origin}")
+        # the lead is a lease as long as the replicas' own, renewed as often (by the sweep's
+        # polls): a leader that stops renewing is replaced within lease + lease_period
+        self.leader = LeaderLock(
+            url,
+            lease=lease,
+            period=lease_period if 0 < lease_period < lease else None,
+            retry=retry,
+            name=f"wirekit leader {self.origin}",
+            replica=replica,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         # one thread for the log's writes: the changes are appended in the order made
         self._writer = concurrent.futures.ThreadPoolExecutor(1, "wirekit-catalog")
@@ -168,8 +183,9 @@ class ReplicaSync:
         self.ready.set()
 
     async def _adopt_periodically(self) -> None:
-        """Every ``lease_period`` seconds: poll the leader lock (also without a controller)
-        and, while leading, end the rows of the replicas whose lease expired ``lost``."""
+        """Every ``lease_period`` seconds: poll the lead (also without a controller: the poll
+        renews the leader's lease) and, while leading, end the rows of the other replicas
+        whose lease expired ``lost``."""
         while True:
             try:
                 if await asyncio.to_thread(self.leader.poll):

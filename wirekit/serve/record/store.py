@@ -28,6 +28,16 @@ when the rows go to PostgreSQL: a replica that restarts with the same ``path`` r
 own.  (A power loss can still take back the last moments; that needs fsync.)  A record that
 cannot be stored is quarantined (see :mod:`.replay`).
 
+A full disk (or any failure to write the journal: ENOSPC, EDQUOT, EIO) is a refusal, not a
+crash: :meth:`RequestStore.write_journal` writes its records whole or not at all -- a write
+that fails part way is cut back (``ftruncate``) to where it started, so the next record never
+lands on a torn one -- and raises :class:`JournalUnavailable`.  A request whose arrival it
+could not journal is not sent anywhere: the dispatcher ends it ``failed`` at once (its row
+goes to the store through the writer, without the journal) and the door answers 503 (see
+:meth:`~wirekit.serve.dispatch.dispatcher.Dispatcher.journal_refused`).  A completion that
+could not be journaled is answered all the same.  Journaling resumes by itself at the next
+write once there is room (specs/journal.md, "A full disk").
+
 A failed or errored request's row records why (``reason``).
 
 Statuses: ``queued`` (waiting or being processed), ``ok``, ``error`` (the backend answered
@@ -50,7 +60,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .decisions import read_decisions, store_decision
+from .decisions import CONTROLLER, QUOTA, read_decisions, store_decision
 from .journal import (
     ARRIVAL,
     COMPLETION,
@@ -89,6 +99,7 @@ __all__ = [
     "LOST",
     "OK",
     "QUEUED",
+    "JournalUnavailable",
     "RequestRow",
     "RequestStore",
     "StoreDB",
@@ -98,6 +109,20 @@ __all__ = [
 ]
 
 _CHUNK = 32  # rows per INSERT statement (one statement, many rows: a quarter cheaper)
+
+
+class JournalUnavailable(StoreUnavailable):
+    """The journal cannot be written now (a full disk, a quota, an I/O error): the records
+    of that write were not written (none of them: the file was cut back to where the write
+    started).  Raised by :meth:`RequestStore.write_journal` (and by the methods that write
+    the journal at once); a request whose arrival was in that write must not be sent."""
+
+    def __init__(self, path: Path | None, cause: OSError) -> None:
+        self.path = path
+        self.cause = cause
+        #: why, for a client (no path): the system's words, e.g. "No space left on device"
+        self.why = cause.strerror or type(cause).__name__
+        super().__init__(f"the request journal {path} cannot be written: {self.why}")
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Any) -> None:
@@ -160,6 +185,13 @@ class RequestStore:
         self._jsize = 0
         self._jseq = 0
         self._jbuf: list[str] = []  # journal records not written yet (deferred)
+        #: journal writes that failed so far (:class:`JournalUnavailable`): a request whose
+        #: arrival was recorded when this had another value may not have it journaled
+        self.journal_failures = 0
+        #: the failure of the last journal write, None once one succeeds (readiness)
+        self.journal_failing: JournalUnavailable | None = None
+        self._jtorn = False  # a failed write could not be cut back: a new journal next
+        self._jneed = 1  # the size of the last write that failed
         self._hex_of: float | None = None  # the last time written, and its text
         self._hex = ""
         self._jmemo: dict[tuple[str, str, str | None], str] = {}
@@ -167,8 +199,8 @@ class RequestStore:
         self.lost_at_open = 0
         self.lost_by_model: dict[str, int] = {}  #: the same per model
         self.replayed_at_open = 0  #: completions recovered from journals by ``open()``
-        #: on a shared store, the controller's lead (a LeaderLock): decisions are stored on
-        #: its session (set by the service)
+        #: on a shared store, the controller's lead (a LeaderLock): decisions are stored
+        #: through it, fenced by its term (set by the service)
         self.leader: Any = None
         #: on a shared store, this replica's lease (a ReplicaLease, set by the service):
         #: taken by ``open()`` before the journals are replayed, so that every row this
@@ -253,7 +285,8 @@ class RequestStore:
 
     def write_problem(self) -> str | None:
         """Why rows cannot be written now (not open, the writer stopped, the last write
-        failed), or None: what ``/readyz`` says of the store."""
+        failed, the journal cannot be written), or None: what ``/readyz`` says of the
+        store."""
         if self._db is None or not self.writer.running:
             return "the request store is not open"
         if not self.writer.is_alive():
@@ -261,6 +294,9 @@ class RequestStore:
         failing = self.failing
         if failing is not None:
             return f"the last write to the request store failed: {failing}"
+        journal = self.journal_failing
+        if journal is not None and not self._journal_writable():
+            return f"{journal} (new requests are refused)"
         return None
 
     def reader(self) -> StoreDB:
@@ -309,9 +345,9 @@ class RequestStore:
             )
             self._jsize += len(line)
             self._jbuf.append(line)
-            if not defer:
-                self.write_journal()
         self._add(ARRIVAL, (rid, model, client, time_in, size, blob))
+        if not defer:  # the row is queued either way: the caller ends it if this raises
+            self.write_journal()
 
     def completion(
         self,
@@ -375,11 +411,11 @@ class RequestStore:
             )
             self._jsize += len(line)
             self._jbuf.append(line)
-            if not defer:
-                self.write_journal()
         if reason:
             self._reasons.append((reason, rid))
         self._add(COMPLETION, (device, time_out, status, attempts, rid))
+        if not defer:  # the row goes to the store even when this raises
+            self.write_journal()
 
     def line_head(
         self, rid: str, model: str, client: str, device: str | None, time_in: float, size: int
@@ -436,12 +472,12 @@ class RequestStore:
             journal,
             self.payloads,
         )
+        self._pending.extend(ops)  # queued either way: the caller ends them if this raises
+        self._kick()
         if journal:
             self._jsize += nbytes
             self._jbuf.extend(lines)
             self.write_journal()
-        self._pending.extend(ops)
-        self._kick()
 
     def completions_ok(
         self,
@@ -491,14 +527,88 @@ class RequestStore:
         return text
 
     def write_journal(self) -> None:
-        """Write the deferred journal records (one system call); a no-op when none wait."""
+        """Write the deferred journal records (one system call); a no-op when none wait.
+
+        Whole or not at all: when the write fails (ENOSPC, EDQUOT, EIO, a short write that
+        cannot complete) the file is cut back to its size before the write, the records
+        are dropped, and :class:`JournalUnavailable` is raised (:attr:`journal_failures`
+        counts it).  The next write tries again (on a new journal file when the old one
+        could not be cut back)."""
         buf = self._jbuf
         if not buf or self._jfd is None:
             return
         data = memoryview(("".join(buf) if len(buf) > 1 else buf[0]).encode("ascii"))
         buf.clear()
-        while data:
-            data = data[os.write(self._jfd, data) :]
+        start = self._jsize - len(data)  # the file's size before this write
+        if self._jtorn:  # the last failed write could not be cut back: a new journal
+            self._jsize = start
+            retired = self._next_journal()
+            start, self._jsize = 0, len(data)
+            ops, self._pending = self._pending, []
+            reasons, self._reasons = self._reasons, []
+            self.writer.hand_over(ops, reasons, retired, None)
+        try:
+            while data:
+                data = data[os.write(self._jfd, data) :]
+        except OSError as exc:
+            self._jneed = self._jsize - start  # what did not fit: for the probe
+            self._journal_failed(start, exc)
+        self.journal_failing = None
+
+    def _journal_failed(self, start: int, exc: OSError) -> None:
+        """A journal write failed: cut the file back to ``start`` bytes, raise
+        :class:`JournalUnavailable`."""
+        self.journal_failures += 1
+        self._jsize = start
+        try:
+            os.ftruncate(self._jfd, start)  # type: ignore[arg-type]
+        except OSError:
+            self._jtorn = True  # a torn tail: the next write goes to a new journal
+        self.journal_failing = failure = JournalUnavailable(self._jpath, exc)
+        raise failure from None
+
+    def _journal_writable(self) -> bool:
+        """After a failed journal write, whether there is room again for it: as many
+        bytes written at the end of the journal and cut back at once (so that readiness
+        comes back with the space, before any request comes)."""
+        fd = self._jfd
+        if fd is None or self._jbuf or self._jtorn:
+            return False
+        try:
+            size = os.fstat(fd).st_size
+        except OSError:
+            return False
+        try:
+            room = os.write(fd, b"\n" * self._jneed) == self._jneed
+        except OSError:
+            room = False
+        try:
+            os.ftruncate(fd, size)
+        except OSError:
+            self._jtorn = True  # the next write goes to a new journal
+            return False
+        if room:
+            self.journal_failing = None
+        return room
+
+    def _next_journal(self) -> Path | None:
+        """Go on in a new journal file; return the old one, closed, for the writer to retire
+        (its torn last line, if any, is skipped as a crash's).  :class:`JournalUnavailable`
+        when the new one cannot be made: the old one stays open, to be tried again."""
+        seq = self._jseq + 1
+        path = self.path.with_name(f"{self.path.name}.journal.{seq}")
+        try:
+            # rw-r--r-- (less what the umask takes), as SQLite creates the store file
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
+        except OSError as exc:
+            self.journal_failures += 1
+            self.journal_failing = failure = JournalUnavailable(path, exc)
+            raise failure from None
+        old, old_fd = self._jpath, self._jfd
+        self._jseq, self._jpath, self._jfd, self._jsize, self._jtorn = seq, path, fd, 0, False
+        if old_fd is not None:
+            os.close(old_fd)
+        return old
 
     async def flush(self) -> None:
         """Hand everything over now and wait until it is committed."""
@@ -535,25 +645,27 @@ class RequestStore:
         if self._jfd is not None and (
             self._jsize >= self.journal_max or self.writer.wants_rotation(self._jseq)
         ):  # full, or holding rows a failed write lost while writes succeed again
-            retire = self._retire_journal()
-            self._new_journal()
+            with contextlib.suppress(JournalUnavailable):  # dropped: the rows are in ops
+                self.write_journal()
+            with contextlib.suppress(JournalUnavailable):  # tried again at the next one
+                retire = self._next_journal()
         if ops or retire or fut is not None:
             self.writer.hand_over(ops, reasons, retire, fut)
 
     # -- journals ------------------------------------------------------------------------
 
     def _new_journal(self) -> None:
-        self._jseq += 1
-        self._jpath = self.path.with_name(f"{self.path.name}.journal.{self._jseq}")
-        # rw-r--r-- (less what the umask takes), as SQLite creates the store file
-        self._jfd = os.open(self._jpath, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
-        self._jsize = 0
+        try:
+            self._next_journal()
+        except JournalUnavailable as exc:
+            raise exc.cause from None  # at open: the start fails, as before
 
     def _retire_journal(self) -> Path | None:
         """Close the current journal; the writer deletes it once its rows are committed."""
         if self._jfd is None:
             return None
-        self.write_journal()
+        with contextlib.suppress(JournalUnavailable):  # dropped: their rows are handed over
+            self.write_journal()
         os.close(self._jfd)
         self._jfd = None
         return self._jpath
@@ -564,7 +676,7 @@ class RequestStore:
         (``<store>.journal.quarantine``)."""
         return quarantine_path(self.path)
 
-    # -- the controller's decisions (issue 16): a table of their own, rarely written --------
+    # -- the decisions (issues 16, 38): a table of their own, rarely written ---------------
 
     def record_decision(
         self,
@@ -580,13 +692,21 @@ class RequestStore:
         reason: str,
         error: str | None,
         metrics: dict[str, Any],
+        by: str = CONTROLLER,
+        kind: str = QUOTA,
+        before: Any = None,
+        after: Any = None,
         fenced: bool = True,
     ) -> None:
-        """Store one controller decision (its own short transaction, on its own connection:
-        call it off the event loop, the controller does).  On a shared store with a
-        :attr:`leader` lock, a ``fenced`` decision (the controller's own) goes on the lock's
-        session: raises :class:`~wirekit.serve.record.pgsync.NotLeader`, storing nothing, without
-        the lead.  An operator's decision (``fenced=False``) is stored from any replica."""
+        """Store one decision, the controller's or an operator's (its own short transaction,
+        on its own connection: call it off the event loop, the controller does; the columns
+        are :mod:`~wirekit.serve.record.decisions`').  On a shared store with a
+        :attr:`leader` lock, a ``fenced`` decision (the controller's own) goes through the
+        lock, fenced by its term: raises :class:`~wirekit.serve.record.pgsync.NotLeader`,
+        storing nothing, without the lead.  An operator's decision (``fenced=False``) is
+        stored from any replica."""
+        if kind == QUOTA and before is None and after is None:  # a quota: old -> new
+            before, after = old, new
         decision = {
             "time": time,
             "node": node,
@@ -600,10 +720,15 @@ class RequestStore:
             "error": error,
             "metrics": metrics,
             "replica": self.replica,
+            "by": by,
+            "kind": kind,
+            "before": before,
+            "after": after,
         }
         leader = self.leader if fenced else None
         store_decision(decision, open_db=self._open_db, leader=leader)
 
     def decisions(self, limit: int = 100) -> list[dict[str, Any]]:
-        """The last ``limit`` decisions, oldest first (``metrics`` parsed back)."""
+        """The last ``limit`` decisions, oldest first (``metrics``, ``before`` and ``after``
+        parsed back)."""
         return read_decisions(self._open_db, limit)

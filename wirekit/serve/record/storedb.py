@@ -75,8 +75,11 @@ REPLAY_COLUMNS = (
     "reason",
 )
 
-#: columns of a controller decision (``metrics``: JSON text of what the policy saw;
-#: ``replica``: the replica that decided)
+#: columns of a decision -- the controller's or an operator's (``metrics``: JSON text of
+#: what the policy saw; ``replica``: the replica that decided; ``by``: who decided,
+#: ``"controller"`` or ``"operator@<peer>"``; ``kind``: ``quota``, ``add``, ``remove`` or
+#: ``set``; ``before``/``after``: JSON text of the values before and after, see
+#: :mod:`~wirekit.serve.record.decisions`)
 DECISION_COLUMNS = (
     "time",
     "node",
@@ -90,6 +93,10 @@ DECISION_COLUMNS = (
     "error",
     "metrics",
     "replica",
+    "by",
+    "kind",
+    "before",
+    "after",
 )
 
 # -- the schema, one list per backend: version n is MIGRATIONS[n - 1] ---------------------
@@ -136,7 +143,33 @@ MIGRATIONS_SQLITE: tuple[str, ...] = (
     );
     ALTER TABLE decisions ADD COLUMN replica TEXT;
     """,
+    # 4: who decided and what (issue 38): the operator's changes through the admin API are
+    # decisions too (kind add/remove/set besides quota), with the values before and after
+    # (JSON text); the rows stored before are the quota changes of the controller or, with
+    # reason ``admin``, of an operator
+    """
+    ALTER TABLE decisions ADD COLUMN by TEXT;
+    ALTER TABLE decisions ADD COLUMN kind TEXT;
+    ALTER TABLE decisions ADD COLUMN before TEXT;
+    ALTER TABLE decisions ADD COLUMN after TEXT;
+    UPDATE decisions SET
+        by = CASE WHEN reason = 'admin' THEN 'operator' ELSE 'controller' END,
+        kind = 'quota', before = CAST(old AS TEXT), after = CAST(new AS TEXT)
+    WHERE kind IS NULL;
+    """,
 )
+
+#: the leadership table (schema version 9; :class:`~wirekit.serve.record.pgsync.LeaderLock`
+#: also creates it on a database the store's migrations have not reached)
+LEADERSHIP_SCHEMA = """
+    CREATE TABLE IF NOT EXISTS leadership (
+        role     TEXT PRIMARY KEY,
+        holder   TEXT NOT NULL,
+        term     BIGINT NOT NULL,
+        renewed  TIMESTAMPTZ NOT NULL,
+        expires  TIMESTAMPTZ NOT NULL
+    );
+    """
 
 MIGRATIONS_PG: tuple[str, ...] = (
     """
@@ -214,6 +247,21 @@ MIGRATIONS_PG: tuple[str, ...] = (
         expires  TIMESTAMPTZ NOT NULL
     );
     """,
+    # 8: who decided and what (issue 38; SQLite's 4)
+    """
+    ALTER TABLE decisions ADD COLUMN IF NOT EXISTS by TEXT;
+    ALTER TABLE decisions ADD COLUMN IF NOT EXISTS kind TEXT;
+    ALTER TABLE decisions ADD COLUMN IF NOT EXISTS before TEXT;
+    ALTER TABLE decisions ADD COLUMN IF NOT EXISTS after TEXT;
+    UPDATE decisions SET
+        by = CASE WHEN reason = 'admin' THEN 'operator' ELSE 'controller' END,
+        kind = 'quota', before = CAST(old AS TEXT), after = CAST(new AS TEXT)
+    WHERE kind IS NULL;
+    """,
+    # 9: leadership on a lease (wirekit.serve.record.pgsync.LeaderLock): one row per role,
+    # who holds it, under which term (raised at every takeover) and until when; every
+    # leader action checks its term against it in its own transaction (fencing)
+    LEADERSHIP_SCHEMA,
 )
 
 
@@ -282,13 +330,12 @@ class StoreDB(Protocol):
         ...
 
     def record_decision(self, values: Sequence[Any]) -> None:
-        """Store one controller decision (:data:`DECISION_COLUMNS`), in its own
-        transaction."""
+        """Store one decision (:data:`DECISION_COLUMNS`), in its own transaction."""
         ...
 
     def decisions(self, limit: int) -> list[dict[str, Any]]:
         """The last ``limit`` decisions, oldest first, as dicts of
-        :data:`DECISION_COLUMNS` (``metrics`` still JSON text)."""
+        :data:`DECISION_COLUMNS` (``metrics``, ``before``, ``after`` still JSON text)."""
         ...
 
     def close(self) -> None: ...

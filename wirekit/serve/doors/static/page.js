@@ -29,7 +29,7 @@
     models: null, // the model names of the last poll (null before the first)
     quotas: null, // rowKey -> quota at the last poll
     decisionKeys: new Set(), // the decisions already on the timeline
-    events: [], // newest last: {t, kind, model, row, old, new, status, reason, saw}
+    events: [], // newest last: {t, kind, model, row, old, new, status, reason, saw, by}
     prevCounts: null, // {t, requests: {name: n}}: rates when /stats gives none
     skewMs: 0, // the server's clock minus the page's (from the Date header)
     colors: new Map(), // "node/device" -> colour
@@ -198,6 +198,30 @@
     return parts.join(" ");
   }
 
+  // What an operator's decision about a whole model changed: "key old → new, ..." (set),
+  // its quotas (add, remove).
+  function changeText(d) {
+    const show = (v) => (v === null || v === undefined ? "–" : String(v));
+    if (d.kind === "set") {
+      const before = d.before || {}, after = d.after || {};
+      return Object.keys(after).map((k) => `${k} ${show(before[k])} → ${show(after[k])}`)
+        .join(", ");
+    }
+    const doc = (d.kind === "remove" ? d.before : d.after) || {};
+    return Object.entries(doc.quotas || {}).map(([row, q]) => `${row} ${fmtQuota(q)}`)
+      .join(", ");
+  }
+
+  // The timeline's name of a decision: the controller's or an operator's quota change
+  // ("decision applied"), a model added, removed or its settings set by an operator.
+  const MODEL_EVENTS = { add: ["model added", "add"], remove: ["model removed", "remove"],
+    set: ["settings set", "set"] };
+  function decisionKind(d) {
+    const names = MODEL_EVENTS[d.kind];
+    if (!names) return `decision ${d.status}`;
+    return d.status === "applied" ? names[0] : `${names[1]} ${d.status}`;
+  }
+
   function addEvent(ev) {
     state.events.push(ev);
     state.events.sort((a, b) => a.t - b.t);
@@ -211,22 +235,37 @@
     const quotas = {};
     for (const r of quotaRows) quotas[rowKey(r)] = r.quota;
 
-    // the controller's decisions (and the admin's quota changes it recorded), once each
+    // the decisions, once each: the controller's and the operators' (quota changes, models
+    // added, removed, their settings set: ``by`` says who)
     const explained = new Set();
     const listed = new Set(); // /controller lists its last decisions: one gone never returns
     for (const d of (ctl && ctl.decisions) || []) {
-      const key = `${d.time}|${d.node}/${d.device}/${d.model}|${d.new}|${d.status}`;
+      const key = `${d.time}|${d.node}/${d.device}/${d.model}|${d.new}|${d.status}|${d.kind}`;
       listed.add(key);
       if (state.decisionKeys.has(key)) continue;
+      const t = d.time * 1000 - state.skewMs;
+      const by = d.by && d.by !== "controller" ? d.by : "";
+      const why = by ? `${d.reason} (${by})` : d.reason;
+      const reason = d.error ? `${why}: ${d.error}` : why;
+      if (MODEL_EVENTS[d.kind]) {
+        const kind = decisionKind(d);
+        // the same change seen between two polls, before /controller listed it
+        state.events = state.events.filter((e) => !(e.kind === kind && !e.status &&
+          e.model === d.model && Math.abs(e.t - t) < 10 * POLL_MS + 5000));
+        addEvent({ t, kind, status: d.status, model: d.model, reason, saw: changeText(d), by });
+        continue;
+      }
       const row = `${d.node}/${d.device}/${d.model}`;
       if (d.status === "applied") explained.add(row);
       addEvent({
-        t: d.time * 1000 - state.skewMs, kind: `decision ${d.status}`, status: d.status,
-        model: d.model, row, old: d.old, new: d.new,
-        reason: d.error ? `${d.reason}: ${d.error}` : d.reason, saw: sawText(d.metrics),
+        t, kind: decisionKind(d), status: d.status, model: d.model, row, old: d.old, new: d.new,
+        reason, saw: sawText(d.metrics), by,
       });
     }
     state.decisionKeys = listed;
+    // a model added or removed that a decision listed already explains
+    const decided = (kind, name) => state.events.some((e) => e.kind === kind && e.status &&
+      e.model === name && Math.abs(e.t - now) < 10 * POLL_MS + 5000);
     // quota changes no decision explains (an operator's without a controller, another
     // replica's), models added and removed
     if (state.quotas) {
@@ -241,10 +280,14 @@
     const names = new Set([...models.values()].filter((m) => m.present).map((m) => m.name));
     if (state.models) {
       for (const name of names) {
-        if (!state.models.has(name)) addEvent({ t: now, kind: "model added", model: name });
+        if (!state.models.has(name) && !decided("model added", name)) {
+          addEvent({ t: now, kind: "model added", model: name });
+        }
       }
       for (const name of state.models) {
-        if (!names.has(name)) addEvent({ t: now, kind: "model removed", model: name });
+        if (!names.has(name) && !decided("model removed", name)) {
+          addEvent({ t: now, kind: "model removed", model: name });
+        }
       }
     }
     state.models = names;
@@ -401,9 +444,15 @@
       ...reasons.map((r) => el("li", {}, r)));
   }
 
-  // "node/device" as shown: an answer no device gave (from the cache) has the empty one
+  // The device a request is counted on, as shown: "node/device", or one of the two keys
+  // /stats (and /metrics' device label) gives requests no device answered: "none" (failed,
+  // refused, abandoned or lost: a failure) and "cache" (answered from the response cache).
+  const NO_DEVICE = "none";
+  const CACHE_DEVICE = "cache";
   function deviceLabel(key) {
-    return key === "" ? "none (cache)" : key;
+    if (key === NO_DEVICE) return "none: not answered (failed, abandoned or lost)";
+    if (key === CACHE_DEVICE) return "cache: answered from the response cache";
+    return key;
   }
 
   function deviceTable(m, rows, span) {
@@ -423,7 +472,8 @@
         height: 8 }, svg("rect", { x: 0, y: 0, width: 40, height: 8, class: "bar-bg" }),
       svg("rect", { x: 0, y: 0, width: isNum(quota) ? 40 * clamp(quota, 0, 1) : 0, height: 8,
         fill: colorOf(key) })));
-      body.push(el("tr", { class: quota === 0 ? "off" : "", data: { device: key } },
+      const rowClass = quota === 0 ? "off" : key === NO_DEVICE ? "failure" : "";
+      body.push(el("tr", { class: rowClass, data: { device: key } },
         el("td", {}, svg("svg", { viewBox: "0 0 10 10", width: 10, height: 10, class: "dot" },
           svg("circle", { cx: 5, cy: 5, r: 5, fill: colorOf(key) })), deviceLabel(key)),
         el("td", {}, r ? r.device_type || "" : ""),
@@ -522,7 +572,7 @@
     const rows = shown.map((e) => el("tr",
       { class: e.status ? `ev ${e.status}` : "ev", data: { kind: e.kind, model: e.model,
         row: e.row || "", old: isNum(e.old) ? String(e.old) : "",
-        new: isNum(e.new) ? String(e.new) : "" } },
+        new: isNum(e.new) ? String(e.new) : "", by: e.by || "" } },
       el("td", { class: "num" }, fmtClock(e.t, true)),
       el("td", {}, e.kind),
       el("td", {}, e.row || e.model || ""),
