@@ -54,6 +54,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..doors.fdwatch import BurstLog
 from ..logs import serve_logger
 from .storedb import LEADERSHIP_SCHEMA, LOST_REASON, MIGRATION_LOCK, StoreUnavailable, redact
 
@@ -528,6 +529,8 @@ class Listener:
         self._stop = threading.Event()
         self._conn: Any = None
         self._thread: threading.Thread | None = None
+        #: a database outage is one WARNING per burst, not one per retry
+        self._broken = BurstLog(log)
 
     def start(self) -> Listener:
         self._thread = threading.Thread(target=self._run, name="wirekit-listen", daemon=True)
@@ -561,7 +564,10 @@ class Listener:
             except Exception as exc:  # the connection broke: listen again
                 if self._stop.is_set():
                     return
-                log.warning("wirekit serve: listening on %s: %s", self.channel, exc)
+                why = " ".join(str(exc).split())  # one line
+                self._broken.event(
+                    time.monotonic(), "wirekit serve: listening on %s: %s", self.channel, why
+                )
                 time.sleep(self.retry)
             finally:
                 if self._conn is not None:
