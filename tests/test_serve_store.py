@@ -19,7 +19,7 @@ import time
 import pytest
 from serve_support import ROOT
 from support.ports import free_port
-from support.rows import select
+from support.rows import rename_table, select
 from support.service import start_service
 
 from wirekit.cli import main
@@ -360,16 +360,7 @@ def test_answers_given_while_the_database_was_away_reach_it_when_it_is_back(tmp_
     store = new_store(tmp_path, store_url, "h.db", journal_max=1)  # rotate every hand-over
 
     def rename(old: str, new: str) -> None:
-        if store_url:
-            import psycopg
-
-            with psycopg.connect(store_url, autocommit=True) as conn:
-                conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
-        else:
-            conn = sqlite3.connect(tmp_path / "h.db")
-            conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
-            conn.commit()
-            conn.close()
+        rename_table(store_url or tmp_path / "h.db", old, new)
 
     def answer(rid: str) -> None:
         store.arrival(rid, "m", "c", 1.0, 3)

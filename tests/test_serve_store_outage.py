@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import os
-import sqlite3
 import threading
 import time
 import urllib.error
@@ -34,7 +33,7 @@ from pg_server import TIMEOUT as PG_TIMEOUT
 from pg_server import PgServer, pg_bindir
 from serve_support import TIMEOUT, DispatcherProcess, deployment
 from support.loops import LOOPS
-from support.rows import rows_by_text
+from support.rows import rename_table, rows_by_text
 from support.rows import select as sql
 
 from wirekit.mip.client import Client
@@ -295,16 +294,7 @@ def test_a_store_catches_up_without_a_new_request_once_the_database_is_back(tmp_
     store = RequestStore(tmp_path / "i.db", url=store_url)
 
     def rename(old: str, new: str) -> None:
-        if store_url:
-            import psycopg
-
-            with psycopg.connect(store_url, autocommit=True) as conn:
-                conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
-        else:
-            conn = sqlite3.connect(tmp_path / "i.db")
-            conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
-            conn.commit()
-            conn.close()
+        rename_table(store_url or tmp_path / "i.db", old, new)
 
     def answer(rid: str) -> None:
         store.arrival(rid, "m", "c", 1.0, 3)

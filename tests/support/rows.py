@@ -6,6 +6,7 @@ Every connection is closed before the function returns."""
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,22 @@ def select(target: str | Path, query: str, params: tuple[Any, ...] = ()) -> list
     conn = connect_sqlite(target, readonly=True)
     with contextlib.closing(conn):
         return conn.execute(query, params).fetchall()
+
+
+def rename_table(target: str | Path, old: str, new: str) -> None:
+    """Rename table ``old`` of the store at ``target`` (a SQLite file or a PostgreSQL URL)
+    to ``new``: the tests' way to make the store's writes fail, and work again, while the
+    database itself stays up."""
+    if is_url(target):
+        import psycopg
+
+        with psycopg.connect(str(target), autocommit=True) as pg:
+            pg.execute(f"ALTER TABLE {old} RENAME TO {new}")
+        return
+    conn = sqlite3.connect(target)  # a plain connection: nothing migrated or set up
+    with contextlib.closing(conn):
+        conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
+        conn.commit()
 
 
 def rows_by_text(target: str | Path, columns: str) -> dict[str, list[tuple]]:
