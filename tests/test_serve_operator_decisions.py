@@ -154,6 +154,22 @@ def backends():
         yield a.port, b.port
 
 
+def one_model_on_two_devices(port: int) -> tuple[dict, list[dict]]:
+    """The models and nodes of every deployment here: ``m1`` on two CPU devices of ``n1``
+    (share 0.5 on the first, 0 on the second: room for a quota change), both at ``port``."""
+    models = {"m1": {"timeout": 5}}
+    nodes = [
+        {
+            "id": "n1",
+            "devices": ["CPU", "CPU"],
+            "models": ["m1"],
+            "quotas": [0.5, 0],
+            "ports": [port, port],
+        }
+    ]
+    return models, nodes
+
+
 @pytest.fixture(scope="module", params=["asyncio", "uvloop"])
 def operated(request, backends, tmp_path_factory):
     """A dispatcher with no controller on ``request.param``'s loop, after :func:`operate`:
@@ -163,16 +179,7 @@ def operated(request, backends, tmp_path_factory):
     store = directory / "r.db"
     doc = deployment(
         store,
-        {"m1": {"timeout": 5}},
-        [
-            {
-                "id": "n1",
-                "devices": ["CPU", "CPU"],
-                "models": ["m1"],
-                "quotas": [0.5, 0],
-                "ports": [port_a, port_a],
-            }
-        ],
+        *one_model_on_two_devices(port_a),
     )
     with DispatcherProcess.of(doc, directory, args=("--loop", request.param)) as dispatcher:
         span = operate(dispatcher.http, port_b, directory)
@@ -267,16 +274,7 @@ def test_a_shared_store_holds_the_operators_decisions(backends, tmp_path, pg_url
     port_a, port_b = backends
     doc = deployment(
         tmp_path / "r.db",
-        {"m1": {"timeout": 5}},
-        [
-            {
-                "id": "n1",
-                "devices": ["CPU", "CPU"],
-                "models": ["m1"],
-                "quotas": [0.5, 0],
-                "ports": [port_a, port_a],
-            }
-        ],
+        *one_model_on_two_devices(port_a),
         store={"path": str(tmp_path / "r.db"), "url": pg_url, "replica": "r1"},
     )
     with DispatcherProcess.of(doc, tmp_path) as dispatcher:
