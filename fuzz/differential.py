@@ -983,8 +983,18 @@ class _LaneDispatcher:
         self.ids += n
         return [f"r{self.ids - n + k}" for k in range(n)]
 
-    def lane_arrived(self, stats: Any, model: str, client: str, t_in: float, requests: list):
+    def lane_arrived(
+        self, stats: Any, model: str, client: str, t_in: float, requests: list
+    ) -> bool:
         self.log.append(("arrived", model, client, t_in, snapshot([tuple(r) for r in requests])))
+        # a read of 3, 7, 11, ... requests finds the journal's disk full: none is sent
+        return len(requests) % 4 != 3
+
+    def lane_refused(self, model: str, client: str, rid: str, t_in: float, wire: Any) -> _Job:
+        self.log.append(("refused", model, client, rid, t_in, bytes(wire)))
+        job = _Job(bytes(wire))
+        job.outcome = _JobOutcome(b"\x00\x00\x05\x00\x00\x00\x00\x00")  # ended at once
+        return job
 
     def new_job(self, model: str, frame: bytes, client: str, t_in: float, wake: Any) -> _Job:
         job = _Job(bytes(frame))
