@@ -27,6 +27,8 @@ from typing import Any
 
 import zmq
 
+from wirekit._logging import BurstLog
+
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE
 from .service import (
     DEFAULT_MAX_WORKER_BUFFER,
@@ -120,6 +122,10 @@ class NodeService:
         self._pending: dict[zmq.Socket, deque[tuple[bytes, ...]]] = {}
         self._to_client: deque[tuple[bytes, ...]] = deque()
         self._worker: socket.socket | None = None
+        self._worker_peer = ""  # its address, for the log
+        # a port probe or a garbage link is one line per burst, never one per connection
+        self._probe_log = BurstLog(log)
+        self._bad_link_log = BurstLog(log, level=logging.ERROR)
         self.error: str | None = None
         self._closed = False
 
@@ -200,21 +206,32 @@ class NodeService:
         conn.setblocking(False)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._worker = conn
-        log.info("worker link: worker connected from %s:%s", *addr[:2])
+        self._worker_peer = f"{addr[0]}:{addr[1]}"
+        log.info("worker link: worker connected from %s", self._worker_peer)
 
-    def _drop_worker(self, why: str) -> None:
+    def _drop_worker(self, why: str, *, stopping: bool = False) -> None:
         worker = self._worker
         if worker is None:
             return
         self._worker = None
+        s = self.session
+        spoke = s.worker_spoke
+        probe = s.worker_attached and not spoke and not (stopping or s.stopped)
         try:
             fd = worker.fileno()
             worker.close()
         finally:
-            events = self.session.worker_closed()
+            events = s.worker_closed()
         log.info("worker link: closed (%s, fd %d)", why, fd)
-        s, a = self.session, self.session.activity()
-        if s.node is not None and not s.stopped and a.state is NodeState.ENDED:
+        if probe:
+            self._probe_log.event(
+                time.monotonic(),
+                "worker link: the connection from %s closed before any y2 message (a port "
+                "probe?); the node waits for its worker",
+                self._worker_peer,
+            )
+        a = s.activity()
+        if spoke and s.node is not None and not s.stopped and a.state is NodeState.ENDED:
             log.info(
                 "node %d ended without Finished: its worker sent %d Deltas (%d words) and "
                 "%d Runtime",
@@ -321,7 +338,9 @@ class NodeService:
             elif isinstance(event, ConnectPeers):
                 self._connect_peers(event.endpoints)
             elif isinstance(event, CloseWorker):
-                log.error("worker link: %s; closing the link", event.error)
+                self._bad_link_log.event(
+                    time.monotonic(), "worker link: %s; closing the link", event.error
+                )
                 self._drop_worker("protocol error")
             elif isinstance(event, Stop):
                 self.error = event.error
@@ -367,7 +386,7 @@ class NodeService:
             return
         self._closed = True
         if self._worker is not None:
-            self._drop_worker("the service stopped")
+            self._drop_worker("the service stopped", stopping=True)
         self._listener.close()
         for sock in (self._inbox, self._client, *self._peers):
             sock.close()

@@ -10,7 +10,9 @@ bytes between sockets and the two state machines of this module:
 * :class:`ClientRegistry` -- the client service: registration of N nodes (ids 0..N-1, the
   same id again for a node that comes back under its name), Runtime and Finished reports and
   each node's :class:`NodeActivity`; done when every node has finished, or *ended*: its
-  worker's connection closed without Finished (y2's own worker usually ends so).
+  worker's connection closed without Finished (y2's own worker usually ends so).  Only a
+  worker that spoke the protocol ends its node: a connection that closes before any valid
+  message (a port probe) or that sends garbage is not one.
 
 Messages between services are ZeroMQ multipart messages (see ``specs/y2.md``, "The
 communication services"); every y2 message inside them is carried as its worker-link bytes
@@ -150,8 +152,10 @@ class NodeState(str, enum.Enum):
     RUNNING = "running"
     #: Its worker sent Finished.
     FINISHED = "finished"
-    #: Its worker's connection closed before Finished (y2's ``main.py`` stops its link right
-    #: after queueing Finished, which then rarely leaves the worker).
+    #: A worker that spoke the protocol (sent a Delta or a Runtime) is gone without Finished
+    #: (y2's ``main.py`` stops its link right after queueing Finished, which then rarely
+    #: leaves the worker).  A connection that never sent a valid message -- a port probe, a
+    #: load balancer's check, garbage -- does not end its node.
     ENDED = "ended"
 
 
@@ -191,7 +195,8 @@ class NodeActivity:
             return NodeState.FINISHED
         if self.worker_attached:
             return NodeState.RUNNING
-        return NodeState.ENDED if self.worker_connections else NodeState.WAITING
+        spoke = self.deltas_from_worker or self.runtime_from_worker
+        return NodeState.ENDED if spoke else NodeState.WAITING
 
     def as_dict(self) -> dict[str, int | bool]:
         return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
@@ -205,6 +210,8 @@ class NodeCounters:
     node_index_to_worker: int = 0
     worker_replaced: int = 0
     worker_errors: int = 0
+    #: worker connections that closed before any valid message (port probes, ...)
+    worker_probes: int = 0
     deltas_from_worker: int = 0
     words_from_worker: int = 0
     deltas_to_worker: int = 0
@@ -237,7 +244,10 @@ class NodeSession:
     The client learns at once when the worker connects or its connection closes (a
     ``STATUS`` message): a connection that closes before the worker sent Finished ends the
     node, as far as the client is concerned, unless a worker connects again before the
-    client has heard from every node.
+    client has heard from every node -- if that worker spoke the protocol (sent a Delta or a
+    Runtime).  A connection that closes before any valid message, or is closed for garbage
+    before one, leaves the node waiting for its worker (``worker_probes``,
+    ``worker_errors``).
     """
 
     def __init__(
@@ -265,10 +275,16 @@ class NodeSession:
         self._node_id = b""
         self._node_index = b""
         self._decoder: Decoder | None = None
+        self._spoke = False  # the attached link sent a valid message
         self._out: deque[Buffer] = deque()
         self._out_counts: deque[tuple[int, int]] = deque()  # Deltas and words per entry
         self._out_bytes = 0
         self._head = 0  # bytes of _out[0] already written
+        # what was written whole to a link that has not spoken yet: delivered once it speaks,
+        # written again to the next link if it goes without a word (a probe took it)
+        self._held: deque[tuple[Buffer, tuple[int, int]]] = deque()
+        self._held_bytes = 0
+        self._holding = False  # the link has neither spoken nor read a whole buffer
         self._reported: NodeActivity | None = None  # the last STATUS sent
         self.stopped = False
 
@@ -355,6 +371,13 @@ class NodeSession:
     def worker_attached(self) -> bool:
         return self._decoder is not None
 
+    @property
+    def worker_spoke(self) -> bool:
+        """True once the current link (attached, or just closed for malformed input) has
+        sent a valid message (a Delta, Runtime or Finished): it is the node's worker, not a
+        port probe."""
+        return self._spoke
+
     def worker_connected(self) -> list[Event]:
         """A worker connected (a ``STATUS`` for the client).  The newest connection wins: a
         link still open is taken as gone (counted in ``worker_replaced``; the runtime closes
@@ -365,6 +388,8 @@ class NodeSession:
             self._detach()
         self.counters.worker_connections += 1
         self._decoder = Decoder(self.max_message_size, codec=self._codec)
+        self._spoke = False
+        self._holding = True
         if self.node is not None:  # its index first, then the Deltas kept for it
             self._out.appendleft(self._node_index)
             self._out_counts.appendleft((0, 0))
@@ -372,16 +397,29 @@ class NodeSession:
         return self._status()
 
     def worker_closed(self) -> list[Event]:
-        """The worker's connection is gone (a ``STATUS`` for the client: without Finished
-        before it, the node has ended).  The Deltas queued for it stay for a next worker, but
-        for a message it had partly been sent (dropped and counted); a NodeIndex not yet sent
-        is dropped (the next worker gets its own)."""
+        """The worker's connection is gone (a ``STATUS`` for the client: if it spoke the
+        protocol and sent no Finished, the node has ended; if it sent no valid message, it
+        was a probe, counted in ``worker_probes``, and the node waits for its worker).  The
+        Deltas queued for it stay for a next worker, but for a message it had partly been
+        sent (dropped and counted); a NodeIndex not yet sent is dropped (the next worker gets
+        its own)."""
+        if self._decoder is not None and not self._spoke:
+            self.counters.worker_probes += 1
         self._detach()
         return self._status()
 
     def _detach(self) -> None:
         self._decoder = None
         out, counts = self._out, self._out_counts
+        if self._holding:  # a probe: what it was written goes to the next link again
+            self._head = 0
+            while self._held:
+                data, entry_counts = self._held.pop()
+                out.appendleft(data)
+                counts.appendleft(entry_counts)
+            self._out_bytes += self._held_bytes
+            self._held_bytes = 0
+        self._spoke = self._holding = False
         if out and self._head:
             deltas, words = counts.popleft()
             self._out_bytes -= len(out.popleft())
@@ -454,12 +492,15 @@ class NodeSession:
         return count if stop == n and count else -1
 
     def _deltas(self, blob: bytes, count: int) -> ToPeers:
+        self._delivered()
         self.counters.deltas_from_worker += count
         self.counters.words_from_worker += (len(blob) - HANDSHAKE_SIZE * count) // WORD_SIZE
         return ToPeers((self._node_id, blob))
 
     def _from_worker(self, frame: bytes, at: int) -> Event:
         kind = _frame_type(frame)
+        if kind in (MessageType.RUNTIME, MessageType.FINISHED):
+            self._delivered()
         if kind == MessageType.RUNTIME:
             self.counters.runtime_forwarded += 1
             return ToClient((RUNTIME, self._node_id, frame))
@@ -534,17 +575,35 @@ class NodeSession:
         return bufs
 
     def worker_sent(self, n: int) -> None:
-        """``n`` bytes of ``data_to_worker()`` were written."""
+        """``n`` bytes of ``data_to_worker()`` were written.
+
+        Until the link has spoken (sent a valid message), what it was written is held: a
+        probe that closes without a word has taken nothing from the next worker.  A link
+        that takes ``max_worker_buffer`` bytes without speaking is a reader: the worker."""
         while n and self._out:
             left = len(self._out[0]) - self._head
             if n < left:
                 self._head += n
                 return
             n -= left
-            self._out_bytes -= len(self._out.popleft())
-            if self._out_counts.popleft()[0] == 0:
+            data = self._out.popleft()
+            entry_counts = self._out_counts.popleft()
+            self._out_bytes -= len(data)
+            if entry_counts[0] == 0:
                 self.counters.node_index_to_worker += 1
             self._head = 0
+            if self._holding:
+                self._held.append((data, entry_counts))
+                self._held_bytes += len(data)
+        if self._held_bytes >= self.max_worker_buffer:
+            self._delivered(spoke=False)
+
+    def _delivered(self, *, spoke: bool = True) -> None:
+        """What the link was written is its own: it spoke (or read a whole buffer)."""
+        self._spoke = self._spoke or spoke
+        self._holding = False
+        self._held.clear()
+        self._held_bytes = 0
 
 
 # ---------------------------------------------------------------- the client service
