@@ -134,13 +134,26 @@ class CloseWorker:
 
 
 @dataclass(frozen=True, slots=True)
+class CloseNewcomer:
+    """Close the newcomer (a connection waiting beside the worker's): it sent garbage."""
+
+    error: DecodeError
+
+
+@dataclass(frozen=True, slots=True)
+class TakeNewcomer:
+    """The newcomer is the worker link now (it spoke, or the old link went): close the old
+    link if it is still open."""
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """The service is done (``error`` None: every node finished)."""
 
     error: str | None = None
 
 
-Event = ToClient | ToPeers | ConnectPeers | CloseWorker | Stop
+Event = ToClient | ToPeers | ConnectPeers | CloseWorker | CloseNewcomer | TakeNewcomer | Stop
 
 
 class NodeState(str, enum.Enum):
@@ -285,6 +298,10 @@ class NodeSession:
         self._held: deque[tuple[Buffer, tuple[int, int]]] = deque()
         self._held_bytes = 0
         self._holding = False  # the link has neither spoken nor read a whole buffer
+        # a connection made while the worker's link, which spoke, is open: it gets its
+        # NodeIndex and becomes the worker link once it speaks too (or once the old one goes)
+        self._newcomer: Decoder | None = None
+        self._newcomer_head = 0  # bytes of its NodeIndex written
         self._reported: NodeActivity | None = None  # the last STATUS sent
         self.stopped = False
 
@@ -378,11 +395,19 @@ class NodeSession:
         port probe."""
         return self._spoke
 
+    @property
+    def takes_newcomers(self) -> bool:
+        """True while the attached link has spoken: a new connection then waits beside it
+        (``newcomer_connected``) instead of replacing it, so that a port probe cannot take
+        the worker's place."""
+        return self._decoder is not None and self._spoke and not self.stopped
+
     def worker_connected(self) -> list[Event]:
-        """A worker connected (a ``STATUS`` for the client).  The newest connection wins: a
-        link still open is taken as gone (counted in ``worker_replaced``; the runtime closes
-        its socket), since a worker that reconnects may do so before its old connection's end
-        is seen."""
+        """A worker connected (a ``STATUS`` for the client).  The newest connection wins over
+        a link that has not spoken: that one is taken as gone (counted in
+        ``worker_replaced``; the runtime closes its socket), since a worker that reconnects
+        may do so before its old connection's end is seen.  (While the attached link has
+        spoken, a new connection is a newcomer instead: ``takes_newcomers``.)"""
         if self._decoder is not None:
             self.counters.worker_replaced += 1
             self._detach()
@@ -406,7 +431,91 @@ class NodeSession:
         if self._decoder is not None and not self._spoke:
             self.counters.worker_probes += 1
         self._detach()
+        if self._newcomer is not None:  # a worker that came back before its old link went
+            return [self._take_newcomer(), *self._status()]
         return self._status()
+
+    # ------------------------------------------------------------ a newcomer
+
+    def newcomer_connected(self) -> list[Event]:
+        """A connection made while ``takes_newcomers``: it is written its NodeIndex
+        (``newcomer_data_to_write``) and read (``newcomer_data``); the worker's link goes on.
+        A newcomer still waiting is replaced by this one (the runtime closes it; counted in
+        ``worker_probes``)."""
+        if self._newcomer is not None:
+            self.counters.worker_probes += 1
+        self.counters.worker_connections += 1
+        self._newcomer = Decoder(self.max_message_size, codec=self._codec)
+        self._newcomer_head = 0
+        return []
+
+    @property
+    def has_newcomer(self) -> bool:
+        return self._newcomer is not None
+
+    def newcomer_data_to_write(self) -> memoryview | None:
+        """The rest of the newcomer's NodeIndex, or None."""
+        if self._newcomer is None or self._newcomer_head >= len(self._node_index):
+            return None
+        return memoryview(self._node_index)[self._newcomer_head :]
+
+    def newcomer_sent(self, n: int) -> None:
+        """``n`` bytes of ``newcomer_data_to_write()`` were written."""
+        self._newcomer_head += n
+        if n and self._newcomer_head == len(self._node_index):
+            self.counters.node_index_to_worker += 1
+
+    def newcomer_data(self, data: bytes) -> list[Event]:
+        """Bytes from the newcomer.  Its first valid message makes it the worker link
+        (``TakeNewcomer``; the old link is replaced, ``worker_replaced``) and the message
+        goes on as the worker's; garbage before it closes the newcomer only
+        (``CloseNewcomer``, ``worker_errors``)."""
+        decoder = self._newcomer
+        if decoder is None:
+            return []
+        try:
+            decoder.feed(data)
+            frame = decoder.next_frame()
+            if frame is None:
+                return []
+            at = decoder.offset - len(frame)
+            kind = _frame_type(frame)
+            if kind not in (MessageType.DELTA, MessageType.RUNTIME, MessageType.FINISHED):
+                raise DecodeError(PROTOCOL, "type", at, "a worker does not send NodeIndex")
+        except DecodeError as exc:
+            self.counters.worker_errors += 1
+            self._newcomer = None
+            return [CloseNewcomer(exc)]
+        self.counters.worker_replaced += 1
+        self._detach()  # the old link (it spoke: a message cut short is dropped)
+        events: list[Event] = [self._take_newcomer()]
+        if kind == MessageType.DELTA:
+            events.append(self._deltas(frame, 1))
+        else:
+            events.append(self._from_worker(frame, at))
+        events += self.worker_data(b"")  # what came after it
+        return events + self._status()
+
+    def newcomer_closed(self) -> None:
+        """The newcomer's connection closed before it spoke: a probe (``worker_probes``)."""
+        if self._newcomer is not None:
+            self.counters.worker_probes += 1
+            self._newcomer = None
+
+    def _take_newcomer(self) -> TakeNewcomer:
+        """The newcomer is the worker link (the old one is detached already)."""
+        decoder, self._newcomer = self._newcomer, None
+        assert decoder is not None
+        self._decoder = decoder
+        self._spoke = False
+        self._holding = True
+        written, index = self._newcomer_head, self._node_index
+        if written < len(index):  # the rest of its NodeIndex first
+            self._out.appendleft(index)
+            self._out_counts.appendleft((0, 0))
+            self._out_bytes += len(index)
+            self._head = written
+        return TakeNewcomer()
 
     def _detach(self) -> None:
         self._decoder = None
