@@ -503,6 +503,7 @@ def test_session_block_policy_stops_taking_peer_deltas_past_the_cap(y2_codec):
     d = _delta(y2_codec, 0, 0)
     s = _indexed_session(y2_codec, max_worker_buffer=3 * len(d))
     s.worker_connected()
+    s.worker_data(_delta(y2_codec, 1, 0))  # it spoke: what it is written is its own
     s.worker_sent(s.worker_buffered)
     taken = 0
     while s.accepts_peer_input:

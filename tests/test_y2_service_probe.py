@@ -452,15 +452,17 @@ def test_probes_while_the_worker_runs_do_not_replace_it():
         assert lines == (1, 1) if burst else min(lines) >= 1, first.stderr
 
 
+@pytest.mark.parametrize("probe_first", [False, True], ids=["as-before", "after-a-probe"])
 @pytest.mark.parametrize("sent", ["deltas", "runtime", "finished-then-stop"])
-def test_y2s_own_ending_still_ends_the_node_and_the_services_exit(sent):
+def test_y2s_own_ending_still_ends_the_node_and_the_services_exit(sent, probe_first):
     # y2's main.py queues the last Runtime and Finished and stops its link at once: what it
     # had sent before is all the service sees, then the connection closes.  A probe before
     # the worker changes nothing.
     with _cluster(2) as c:
         (first, first_addr), (other, other_addr) = c.services["n0"], c.services["n1"]
-        _connect_and_close(first_addr)
-        first.wait_for_err(CLOSED_LINE, 1)
+        if probe_first:
+            _connect_and_close(first_addr)
+            first.wait_for_err(CLOSED_LINE, 1)
         links = [WorkerLink(addr, connect_timeout=10) for addr in (first_addr, other_addr)]
         try:
             index = [link.node_index(TIMEOUT) for link in links]
@@ -491,6 +493,6 @@ def test_y2s_own_ending_still_ends_the_node_and_the_services_exit(sent):
         for service in (first, other):  # and so does every service, as before
             code, _ = service.finish()
             assert code == 0, service.stderr
-        assert first.count(PROBE_LINE) == 1
+        assert first.count(PROBE_LINE) == probe_first
         if sent != "finished-then-stop":
             assert first.count("ended without Finished") == 1, first.stderr

@@ -291,7 +291,7 @@ class NodeSession:
         self._spoke = False  # the attached link sent a valid message
         self._out: deque[Buffer] = deque()
         self._out_counts: deque[tuple[int, int]] = deque()  # Deltas and words per entry
-        self._out_bytes = 0
+        self._out_bytes = 0  # in _out and _held: under max_worker_buffer
         self._head = 0  # bytes of _out[0] already written
         # what was written whole to a link that has not spoken yet: delivered once it speaks,
         # written again to the next link if it goes without a word (a probe took it)
@@ -425,9 +425,10 @@ class NodeSession:
         """The worker's connection is gone (a ``STATUS`` for the client: if it spoke the
         protocol and sent no Finished, the node has ended; if it sent no valid message, it
         was a probe, counted in ``worker_probes``, and the node waits for its worker).  The
-        Deltas queued for it stay for a next worker, but for a message it had partly been
-        sent (dropped and counted); a NodeIndex not yet sent is dropped (the next worker gets
-        its own)."""
+        Deltas queued for it stay for a next worker, but for a message a link that spoke had
+        partly been sent (dropped and counted; a link that never spoke took nothing: what it
+        was written goes to the next one whole); a NodeIndex not yet sent is dropped (the
+        next worker gets its own).  A newcomer waiting beside the link takes its place."""
         if self._decoder is not None and not self._spoke:
             self.counters.worker_probes += 1
         self._detach()
@@ -526,7 +527,6 @@ class NodeSession:
                 data, entry_counts = self._held.pop()
                 out.appendleft(data)
                 counts.appendleft(entry_counts)
-            self._out_bytes += self._held_bytes
             self._held_bytes = 0
         self._spoke = self._holding = False
         if out and self._head:
@@ -664,7 +664,7 @@ class NodeSession:
     @property
     def worker_buffered(self) -> int:
         """Bytes queued for the worker (connected or not yet) and not written yet."""
-        return self._out_bytes - self._head
+        return self._out_bytes - self._held_bytes - self._head
 
     def data_to_worker(self) -> memoryview | None:
         """The next bytes to write to the worker, or None (also while none is connected)."""
@@ -697,13 +697,14 @@ class NodeSession:
             n -= left
             data = self._out.popleft()
             entry_counts = self._out_counts.popleft()
-            self._out_bytes -= len(data)
             if entry_counts[0] == 0:
                 self.counters.node_index_to_worker += 1
             self._head = 0
-            if self._holding:
+            if self._holding:  # still in memory, under the same cap
                 self._held.append((data, entry_counts))
                 self._held_bytes += len(data)
+            else:
+                self._out_bytes -= len(data)
         if self._held_bytes >= self.max_worker_buffer:
             self._delivered(spoke=False)
 
@@ -712,6 +713,7 @@ class NodeSession:
         self._spoke = self._spoke or spoke
         self._holding = False
         self._held.clear()
+        self._out_bytes -= self._held_bytes
         self._held_bytes = 0
 
 
