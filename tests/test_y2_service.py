@@ -331,7 +331,9 @@ def test_activity_frame_round_trips_and_refuses_other_sizes():
     assert NodeActivity.from_bytes(b"") is None
     assert a.state is NodeState.RUNNING
     assert NodeActivity().state is NodeState.WAITING
-    assert NodeActivity(1, False).state is NodeState.ENDED
+    assert NodeActivity(1, False).state is NodeState.WAITING  # a probe came and went
+    assert NodeActivity(1, False, runtime_from_worker=1).state is NodeState.ENDED
+    assert NodeActivity(1, False, deltas_from_worker=1).state is NodeState.ENDED
     assert NodeActivity(1, False, finished_from_worker=1).state is NodeState.FINISHED
 
 
@@ -501,6 +503,7 @@ def test_session_block_policy_stops_taking_peer_deltas_past_the_cap(y2_codec):
     d = _delta(y2_codec, 0, 0)
     s = _indexed_session(y2_codec, max_worker_buffer=3 * len(d))
     s.worker_connected()
+    s.worker_data(_delta(y2_codec, 1, 0))  # it spoke: what it is written is its own
     s.worker_sent(s.worker_buffered)
     taken = 0
     while s.accepts_peer_input:
@@ -534,6 +537,7 @@ def test_session_keeps_deltas_for_a_worker_not_connected_yet(y2_codec):
     assert s.data_to_worker() is None and s.worker_buffered == len(d[0])
     s.worker_connected()
     assert b"".join(bytes(b) for b in s.buffers_to_worker()) == index + d[0]  # index first
+    s.worker_data(_delta(y2_codec, 1, 0))  # it spoke: what it is written is its own
     s.worker_sent(len(index) + 5)  # the worker goes in the middle of a Delta
     assert s.peer_message([_i32(2), d[1]])
     s.worker_closed()
@@ -1006,6 +1010,7 @@ def test_cli_summary_for_a_person_says_which_nodes_ended(tmp_path):
     with _cli_cluster(tmp_path, 2, "--log-level", "warning") as (client, services, _report):
         links, index = _node_links(services)
         links[0].send(y2.Finished())
+        links[1].send(y2.Runtime(1, 2, 3, 4))  # it spoke: its closing ends its node
         for link in links:
             link.close()
         out, err = client.communicate(timeout=TIMEOUT)
@@ -1014,7 +1019,7 @@ def test_cli_summary_for_a_person_says_which_nodes_ended(tmp_path):
     lines = out.splitlines()
     assert (
         f"node {ended}: ended without Finished (its worker's connection closed); its worker "
-        "sent 0 Deltas (0 words), 0 Runtime, 0 Finished; got 1 NodeIndex, 0 Deltas; "
+        "sent 0 Deltas (0 words), 1 Runtime, 0 Finished; got 1 NodeIndex, 0 Deltas; "
         "1 connection(s)" in lines
     )
     assert any(line.startswith(f"node {index[0].node_id}: finished; ") for line in lines)

@@ -55,6 +55,10 @@ FIELDS = "wirekit_fields"
 #: the keys of every JSON line, which a record's fields cannot replace
 JSON_KEYS = ("time", "level", "logger", "message", "exception")
 
+#: seconds between two log lines about the same kind of event (a burst is one line, then at
+#: most one line per this many seconds while it goes on, with the count)
+BURST_QUIET = 10.0
+
 
 def _escape(char: str) -> str:
     code = ord(char)
@@ -264,3 +268,31 @@ class _VerboseAction(argparse.Action):
     ) -> None:
         setattr(namespace, self.dest, "info")
         namespace.deprecated_verbose = True
+
+
+class BurstLog:
+    """One WARNING (or ``level``) per burst of like events: the first at once, then at most
+    one every ``quiet`` seconds, saying how many were not logged."""
+
+    __slots__ = ("last", "level", "logger", "quiet", "unlogged")
+
+    def __init__(
+        self, logger: logging.Logger, quiet: float = BURST_QUIET, level: int = logging.WARNING
+    ) -> None:
+        self.logger = logger
+        self.quiet = quiet
+        self.level = level
+        self.last: float | None = None
+        self.unlogged = 0
+
+    def event(self, now: float, message: str, *args: Any) -> bool:
+        """One event at ``now`` (seconds, monotonic): logged, or counted.  True if logged."""
+        if self.last is not None and now - self.last < self.quiet:
+            self.unlogged += 1
+            return False
+        if self.unlogged:
+            message += f" ({self.unlogged} more since the last such line)"
+        self.logger.log(self.level, message, *args)
+        self.last = now
+        self.unlogged = 0
+        return True

@@ -27,12 +27,15 @@ from typing import Any
 
 import zmq
 
+from wirekit._logging import BurstLog
+
 from .decoder import DEFAULT_MAX_MESSAGE_SIZE
 from .service import (
     DEFAULT_MAX_WORKER_BUFFER,
     MAX_BATCH,
     STATUS_INTERVAL,
     ClientRegistry,
+    CloseNewcomer,
     CloseWorker,
     ConnectPeers,
     Event,
@@ -40,6 +43,7 @@ from .service import (
     NodeState,
     SlowWorker,
     Stop,
+    TakeNewcomer,
     ToClient,
     ToPeers,
     valid_endpoint,
@@ -120,6 +124,14 @@ class NodeService:
         self._pending: dict[zmq.Socket, deque[tuple[bytes, ...]]] = {}
         self._to_client: deque[tuple[bytes, ...]] = deque()
         self._worker: socket.socket | None = None
+        self._worker_peer = ""  # its address, for the log
+        # a connection made while the worker (which spoke) is connected: it waits beside it
+        # until it speaks (then it is the worker) or goes (a probe)
+        self._newcomer: socket.socket | None = None
+        self._newcomer_peer = ""
+        # a port probe or a garbage link is one line per burst, never one per connection
+        self._probe_log = BurstLog(log)
+        self._bad_link_log = BurstLog(log, level=logging.ERROR)
         self.error: str | None = None
         self._closed = False
 
@@ -156,6 +168,13 @@ class NodeService:
                         self._write_worker()
                     if flags & (zmq.POLLIN | zmq.POLLERR) and self._worker is worker:
                         self._read_worker()
+                newcomer = self._newcomer
+                if newcomer is not None:
+                    flags = ready.get(newcomer.fileno(), 0)
+                    if flags & zmq.POLLOUT:
+                        self._write_newcomer()
+                    if flags & (zmq.POLLIN | zmq.POLLERR) and self._newcomer is newcomer:
+                        self._read_newcomer()
                 if self._to_client:
                     self._flush_client()
         finally:
@@ -181,6 +200,12 @@ class NodeService:
             if s.worker_buffered:
                 flags |= zmq.POLLOUT
             poller.register(worker.fileno(), flags)
+            newcomer = self._newcomer
+            if newcomer is not None:
+                flags = zmq.POLLIN if s.accepts_worker_input and not blocked else 0
+                if s.newcomer_data_to_write() is not None:
+                    flags |= zmq.POLLOUT
+                poller.register(newcomer.fileno(), flags)
 
     # ------------------------------------------------------------ worker link
 
@@ -192,29 +217,43 @@ class NodeService:
         except OSError as exc:  # out of descriptors, ...: the next turn tries again
             log.error("worker link: cannot accept: %s", exc)
             return
+        conn.setblocking(False)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = f"{addr[0]}:{addr[1]}"
         old = self._worker
+        if old is not None and self.session.takes_newcomers:
+            # the worker has spoken: the newcomer takes its place only once it speaks too
+            if self._newcomer is not None:
+                self._newcomer.close()
+            self._handle(self.session.newcomer_connected())
+            self._newcomer, self._newcomer_peer = conn, peer
+            log.info("worker link: a connection from %s waits beside the worker's", peer)
+            return
         if old is not None:
             log.warning("worker link: a new connection from %s replaces the open one", addr)
             old.close()
         self._handle(self.session.worker_connected())
-        conn.setblocking(False)
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._worker = conn
-        log.info("worker link: worker connected from %s:%s", *addr[:2])
+        self._worker, self._worker_peer = conn, peer
+        log.info("worker link: worker connected from %s", self._worker_peer)
 
-    def _drop_worker(self, why: str) -> None:
+    def _drop_worker(self, why: str, *, stopping: bool = False) -> None:
         worker = self._worker
         if worker is None:
             return
         self._worker = None
+        s = self.session
+        spoke = s.worker_spoke
+        probe = s.worker_attached and not spoke and not (stopping or s.stopped)
         try:
             fd = worker.fileno()
             worker.close()
         finally:
-            events = self.session.worker_closed()
+            events = s.worker_closed()
         log.info("worker link: closed (%s, fd %d)", why, fd)
-        s, a = self.session, self.session.activity()
-        if s.node is not None and not s.stopped and a.state is NodeState.ENDED:
+        if probe:
+            self._log_probe(self._worker_peer)
+        a = s.activity()
+        if spoke and s.node is not None and not s.stopped and a.state is NodeState.ENDED:
             log.info(
                 "node %d ended without Finished: its worker sent %d Deltas (%d words) and "
                 "%d Runtime",
@@ -224,6 +263,54 @@ class NodeService:
                 a.runtime_from_worker,
             )
         self._handle(events)
+
+    def _drop_newcomer(self, why: str) -> None:
+        newcomer, self._newcomer = self._newcomer, None
+        if newcomer is None:
+            return
+        newcomer.close()
+        log.info("worker link: the connection from %s closed (%s)", self._newcomer_peer, why)
+        if self.session.has_newcomer:  # not for garbage: that was logged as such
+            self.session.newcomer_closed()
+            self._log_probe(self._newcomer_peer)
+
+    def _log_probe(self, peer: str) -> None:
+        self._probe_log.event(
+            time.monotonic(),
+            "worker link: the connection from %s closed before any y2 message (a port "
+            "probe?); the node waits for its worker",
+            peer,
+        )
+
+    def _read_newcomer(self) -> None:
+        newcomer = self._newcomer
+        assert newcomer is not None
+        try:
+            data = newcomer.recv(_READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._drop_newcomer(f"read failed: {exc}")
+            return
+        if not data:
+            self._drop_newcomer("it disconnected")
+            return
+        self._handle(self.session.newcomer_data(data))
+
+    def _write_newcomer(self) -> None:
+        newcomer = self._newcomer
+        assert newcomer is not None
+        data = self.session.newcomer_data_to_write()
+        if data is None:
+            return
+        try:
+            n = newcomer.send(data)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop_newcomer("it went away")
+            return
+        self.session.newcomer_sent(n)
 
     def _read_worker(self) -> None:
         worker = self._worker
@@ -321,14 +408,38 @@ class NodeService:
             elif isinstance(event, ConnectPeers):
                 self._connect_peers(event.endpoints)
             elif isinstance(event, CloseWorker):
-                log.error("worker link: %s; closing the link", event.error)
+                self._bad_link_log.event(
+                    time.monotonic(), "worker link: %s; closing the link", event.error
+                )
                 self._drop_worker("protocol error")
+            elif isinstance(event, CloseNewcomer):
+                self._bad_link_log.event(
+                    time.monotonic(), "worker link: %s; closing the link", event.error
+                )
+                self._drop_newcomer("protocol error")
+            elif isinstance(event, TakeNewcomer):
+                self._take_newcomer()
             elif isinstance(event, Stop):
                 self.error = event.error
                 if event.error:
                     log.error("client: %s", event.error)
                 else:
                     log.info("client: every node finished")
+
+    def _take_newcomer(self) -> None:
+        """The newcomer is the worker link now; the old one, if still open, is closed."""
+        if self._newcomer is None:  # closed already (the service stops)
+            return
+        old, self._worker = self._worker, self._newcomer
+        self._newcomer = None
+        if old is not None:
+            log.warning(
+                "worker link: the connection from %s spoke: it replaces the open one",
+                self._newcomer_peer,
+            )
+            old.close()
+        self._worker_peer = self._newcomer_peer
+        log.info("worker link: worker connected from %s", self._worker_peer)
 
     def _connect_peers(self, endpoints: tuple[str, ...]) -> None:
         node = self.session.node
@@ -366,8 +477,11 @@ class NodeService:
         if self._closed:
             return
         self._closed = True
+        if self._newcomer is not None:
+            self._newcomer.close()
+            self._newcomer = None
         if self._worker is not None:
-            self._drop_worker("the service stopped")
+            self._drop_worker("the service stopped", stopping=True)
         self._listener.close()
         for sock in (self._inbox, self._client, *self._peers):
             sock.close()

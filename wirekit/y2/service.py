@@ -10,7 +10,9 @@ bytes between sockets and the two state machines of this module:
 * :class:`ClientRegistry` -- the client service: registration of N nodes (ids 0..N-1, the
   same id again for a node that comes back under its name), Runtime and Finished reports and
   each node's :class:`NodeActivity`; done when every node has finished, or *ended*: its
-  worker's connection closed without Finished (y2's own worker usually ends so).
+  worker's connection closed without Finished (y2's own worker usually ends so).  Only a
+  worker that spoke the protocol ends its node: a connection that closes before any valid
+  message (a port probe) or that sends garbage is not one.
 
 Messages between services are ZeroMQ multipart messages (see ``specs/y2.md``, "The
 communication services"); every y2 message inside them is carried as its worker-link bytes
@@ -132,13 +134,26 @@ class CloseWorker:
 
 
 @dataclass(frozen=True, slots=True)
+class CloseNewcomer:
+    """Close the newcomer (a connection waiting beside the worker's): it sent garbage."""
+
+    error: DecodeError
+
+
+@dataclass(frozen=True, slots=True)
+class TakeNewcomer:
+    """The newcomer is the worker link now (it spoke, or the old link went): close the old
+    link if it is still open."""
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """The service is done (``error`` None: every node finished)."""
 
     error: str | None = None
 
 
-Event = ToClient | ToPeers | ConnectPeers | CloseWorker | Stop
+Event = ToClient | ToPeers | ConnectPeers | CloseWorker | CloseNewcomer | TakeNewcomer | Stop
 
 
 class NodeState(str, enum.Enum):
@@ -150,8 +165,10 @@ class NodeState(str, enum.Enum):
     RUNNING = "running"
     #: Its worker sent Finished.
     FINISHED = "finished"
-    #: Its worker's connection closed before Finished (y2's ``main.py`` stops its link right
-    #: after queueing Finished, which then rarely leaves the worker).
+    #: A worker that spoke the protocol (sent a Delta or a Runtime) is gone without Finished
+    #: (y2's ``main.py`` stops its link right after queueing Finished, which then rarely
+    #: leaves the worker).  A connection that never sent a valid message -- a port probe, a
+    #: load balancer's check, garbage -- does not end its node.
     ENDED = "ended"
 
 
@@ -191,7 +208,8 @@ class NodeActivity:
             return NodeState.FINISHED
         if self.worker_attached:
             return NodeState.RUNNING
-        return NodeState.ENDED if self.worker_connections else NodeState.WAITING
+        spoke = self.deltas_from_worker or self.runtime_from_worker
+        return NodeState.ENDED if spoke else NodeState.WAITING
 
     def as_dict(self) -> dict[str, int | bool]:
         return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
@@ -205,6 +223,8 @@ class NodeCounters:
     node_index_to_worker: int = 0
     worker_replaced: int = 0
     worker_errors: int = 0
+    #: worker connections that closed before any valid message (port probes, ...)
+    worker_probes: int = 0
     deltas_from_worker: int = 0
     words_from_worker: int = 0
     deltas_to_worker: int = 0
@@ -237,7 +257,10 @@ class NodeSession:
     The client learns at once when the worker connects or its connection closes (a
     ``STATUS`` message): a connection that closes before the worker sent Finished ends the
     node, as far as the client is concerned, unless a worker connects again before the
-    client has heard from every node.
+    client has heard from every node -- if that worker spoke the protocol (sent a Delta or a
+    Runtime).  A connection that closes before any valid message, or is closed for garbage
+    before one, leaves the node waiting for its worker (``worker_probes``,
+    ``worker_errors``).
     """
 
     def __init__(
@@ -265,10 +288,20 @@ class NodeSession:
         self._node_id = b""
         self._node_index = b""
         self._decoder: Decoder | None = None
+        self._spoke = False  # the attached link sent a valid message
         self._out: deque[Buffer] = deque()
         self._out_counts: deque[tuple[int, int]] = deque()  # Deltas and words per entry
-        self._out_bytes = 0
+        self._out_bytes = 0  # in _out and _held: under max_worker_buffer
         self._head = 0  # bytes of _out[0] already written
+        # what was written whole to a link that has not spoken yet: delivered once it speaks,
+        # written again to the next link if it goes without a word (a probe took it)
+        self._held: deque[tuple[Buffer, tuple[int, int]]] = deque()
+        self._held_bytes = 0
+        self._holding = False  # the link has neither spoken nor read a whole buffer
+        # a connection made while the worker's link, which spoke, is open: it gets its
+        # NodeIndex and becomes the worker link once it speaks too (or once the old one goes)
+        self._newcomer: Decoder | None = None
+        self._newcomer_head = 0  # bytes of its NodeIndex written
         self._reported: NodeActivity | None = None  # the last STATUS sent
         self.stopped = False
 
@@ -355,16 +388,33 @@ class NodeSession:
     def worker_attached(self) -> bool:
         return self._decoder is not None
 
+    @property
+    def worker_spoke(self) -> bool:
+        """True once the current link (attached, or just closed for malformed input) has
+        sent a valid message (a Delta, Runtime or Finished): it is the node's worker, not a
+        port probe."""
+        return self._spoke
+
+    @property
+    def takes_newcomers(self) -> bool:
+        """True while the attached link has spoken: a new connection then waits beside it
+        (``newcomer_connected``) instead of replacing it, so that a port probe cannot take
+        the worker's place."""
+        return self._decoder is not None and self._spoke and not self.stopped
+
     def worker_connected(self) -> list[Event]:
-        """A worker connected (a ``STATUS`` for the client).  The newest connection wins: a
-        link still open is taken as gone (counted in ``worker_replaced``; the runtime closes
-        its socket), since a worker that reconnects may do so before its old connection's end
-        is seen."""
+        """A worker connected (a ``STATUS`` for the client).  The newest connection wins over
+        a link that has not spoken: that one is taken as gone (counted in
+        ``worker_replaced``; the runtime closes its socket), since a worker that reconnects
+        may do so before its old connection's end is seen.  (While the attached link has
+        spoken, a new connection is a newcomer instead: ``takes_newcomers``.)"""
         if self._decoder is not None:
             self.counters.worker_replaced += 1
             self._detach()
         self.counters.worker_connections += 1
         self._decoder = Decoder(self.max_message_size, codec=self._codec)
+        self._spoke = False
+        self._holding = True
         if self.node is not None:  # its index first, then the Deltas kept for it
             self._out.appendleft(self._node_index)
             self._out_counts.appendleft((0, 0))
@@ -372,16 +422,113 @@ class NodeSession:
         return self._status()
 
     def worker_closed(self) -> list[Event]:
-        """The worker's connection is gone (a ``STATUS`` for the client: without Finished
-        before it, the node has ended).  The Deltas queued for it stay for a next worker, but
-        for a message it had partly been sent (dropped and counted); a NodeIndex not yet sent
-        is dropped (the next worker gets its own)."""
+        """The worker's connection is gone (a ``STATUS`` for the client: if it spoke the
+        protocol and sent no Finished, the node has ended; if it sent no valid message, it
+        was a probe, counted in ``worker_probes``, and the node waits for its worker).  The
+        Deltas queued for it stay for a next worker, but for a message a link that spoke had
+        partly been sent (dropped and counted; a link that never spoke took nothing: what it
+        was written goes to the next one whole); a NodeIndex not yet sent is dropped (the
+        next worker gets its own).  A newcomer waiting beside the link takes its place."""
+        if self._decoder is not None and not self._spoke:
+            self.counters.worker_probes += 1
         self._detach()
+        if self._newcomer is not None:  # a worker that came back before its old link went
+            return [self._take_newcomer(), *self._status()]
         return self._status()
+
+    # ------------------------------------------------------------ a newcomer
+
+    def newcomer_connected(self) -> list[Event]:
+        """A connection made while ``takes_newcomers``: it is written its NodeIndex
+        (``newcomer_data_to_write``) and read (``newcomer_data``); the worker's link goes on.
+        A newcomer still waiting is replaced by this one (the runtime closes it; counted in
+        ``worker_probes``)."""
+        if self._newcomer is not None:
+            self.counters.worker_probes += 1
+        self.counters.worker_connections += 1
+        self._newcomer = Decoder(self.max_message_size, codec=self._codec)
+        self._newcomer_head = 0
+        return []
+
+    @property
+    def has_newcomer(self) -> bool:
+        return self._newcomer is not None
+
+    def newcomer_data_to_write(self) -> memoryview | None:
+        """The rest of the newcomer's NodeIndex, or None."""
+        if self._newcomer is None or self._newcomer_head >= len(self._node_index):
+            return None
+        return memoryview(self._node_index)[self._newcomer_head :]
+
+    def newcomer_sent(self, n: int) -> None:
+        """``n`` bytes of ``newcomer_data_to_write()`` were written."""
+        self._newcomer_head += n
+        if n and self._newcomer_head == len(self._node_index):
+            self.counters.node_index_to_worker += 1
+
+    def newcomer_data(self, data: bytes) -> list[Event]:
+        """Bytes from the newcomer.  Its first valid message makes it the worker link
+        (``TakeNewcomer``; the old link is replaced, ``worker_replaced``) and the message
+        goes on as the worker's; garbage before it closes the newcomer only
+        (``CloseNewcomer``, ``worker_errors``)."""
+        decoder = self._newcomer
+        if decoder is None:
+            return []
+        try:
+            decoder.feed(data)
+            frame = decoder.next_frame()
+            if frame is None:
+                return []
+            at = decoder.offset - len(frame)
+            kind = _frame_type(frame)
+            if kind not in (MessageType.DELTA, MessageType.RUNTIME, MessageType.FINISHED):
+                raise DecodeError(PROTOCOL, "type", at, "a worker does not send NodeIndex")
+        except DecodeError as exc:
+            self.counters.worker_errors += 1
+            self._newcomer = None
+            return [CloseNewcomer(exc)]
+        self.counters.worker_replaced += 1
+        self._detach()  # the old link (it spoke: a message cut short is dropped)
+        events: list[Event] = [self._take_newcomer()]
+        if kind == MessageType.DELTA:
+            events.append(self._deltas(frame, 1))
+        else:
+            events.append(self._from_worker(frame, at))
+        events += self.worker_data(b"")  # what came after it
+        return events + self._status()
+
+    def newcomer_closed(self) -> None:
+        """The newcomer's connection closed before it spoke: a probe (``worker_probes``)."""
+        if self._newcomer is not None:
+            self.counters.worker_probes += 1
+            self._newcomer = None
+
+    def _take_newcomer(self) -> TakeNewcomer:
+        """The newcomer is the worker link (the old one is detached already)."""
+        decoder, self._newcomer = self._newcomer, None
+        assert decoder is not None
+        self._decoder = decoder
+        self._spoke = False
+        self._holding = True
+        written, index = self._newcomer_head, self._node_index
+        if written < len(index):  # the rest of its NodeIndex first
+            self._out.appendleft(index)
+            self._out_counts.appendleft((0, 0))
+            self._out_bytes += len(index)
+            self._head = written
+        return TakeNewcomer()
 
     def _detach(self) -> None:
         self._decoder = None
         out, counts = self._out, self._out_counts
+        if self._holding:  # a probe: what it was written goes to the next link again
+            self._head = 0
+            while self._held:
+                data, entry_counts = self._held.pop()
+                out.appendleft(data)
+                counts.appendleft(entry_counts)
+            self._held_bytes = 0
+        self._spoke = self._holding = False
         if out and self._head:
             deltas, words = counts.popleft()
             self._out_bytes -= len(out.popleft())
@@ -454,12 +601,15 @@ class NodeSession:
         return count if stop == n and count else -1
 
     def _deltas(self, blob: bytes, count: int) -> ToPeers:
+        self._delivered()
         self.counters.deltas_from_worker += count
         self.counters.words_from_worker += (len(blob) - HANDSHAKE_SIZE * count) // WORD_SIZE
         return ToPeers((self._node_id, blob))
 
     def _from_worker(self, frame: bytes, at: int) -> Event:
         kind = _frame_type(frame)
+        if kind in (MessageType.RUNTIME, MessageType.FINISHED):
+            self._delivered()
         if kind == MessageType.RUNTIME:
             self.counters.runtime_forwarded += 1
             return ToClient((RUNTIME, self._node_id, frame))
@@ -514,7 +664,7 @@ class NodeSession:
     @property
     def worker_buffered(self) -> int:
         """Bytes queued for the worker (connected or not yet) and not written yet."""
-        return self._out_bytes - self._head
+        return self._out_bytes - self._held_bytes - self._head
 
     def data_to_worker(self) -> memoryview | None:
         """The next bytes to write to the worker, or None (also while none is connected)."""
@@ -534,17 +684,37 @@ class NodeSession:
         return bufs
 
     def worker_sent(self, n: int) -> None:
-        """``n`` bytes of ``data_to_worker()`` were written."""
+        """``n`` bytes of ``data_to_worker()`` were written.
+
+        Until the link has spoken (sent a valid message), what it was written is held: a
+        probe that closes without a word has taken nothing from the next worker.  A link
+        that takes ``max_worker_buffer`` bytes without speaking is a reader: the worker."""
         while n and self._out:
             left = len(self._out[0]) - self._head
             if n < left:
                 self._head += n
                 return
             n -= left
-            self._out_bytes -= len(self._out.popleft())
-            if self._out_counts.popleft()[0] == 0:
+            data = self._out.popleft()
+            entry_counts = self._out_counts.popleft()
+            if entry_counts[0] == 0:
                 self.counters.node_index_to_worker += 1
             self._head = 0
+            if self._holding:  # still in memory, under the same cap
+                self._held.append((data, entry_counts))
+                self._held_bytes += len(data)
+            else:
+                self._out_bytes -= len(data)
+        if self._held_bytes >= self.max_worker_buffer:
+            self._delivered(spoke=False)
+
+    def _delivered(self, *, spoke: bool = True) -> None:
+        """What the link was written is its own: it spoke (or read a whole buffer)."""
+        self._spoke = self._spoke or spoke
+        self._holding = False
+        self._held.clear()
+        self._out_bytes -= self._held_bytes
+        self._held_bytes = 0
 
 
 # ---------------------------------------------------------------- the client service

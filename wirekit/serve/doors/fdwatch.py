@@ -13,48 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import logging
 import os
 from typing import Any
+
+from wirekit._logging import BURST_QUIET, BurstLog
 
 from ..logs import serve_logger
 
 log = serve_logger()
 
-#: seconds between two log lines about the same kind of event (a burst is one line, then at
-#: most one line per this many seconds while it goes on, with the count)
-BURST_QUIET = 10.0
 #: seconds between two looks for a process out of file descriptors
 FD_CHECK_PERIOD = 1.0
 #: file descriptors the HTTP door's connection cap should leave to the rest of the process
 #: (the MIP doors, backends, the store); fewer: a WARNING at start
 FD_RESERVE = 128
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
-
-
-class BurstLog:
-    """One WARNING per burst of like events: the first at once, then at most one every
-    ``quiet`` seconds, saying how many were not logged."""
-
-    __slots__ = ("last", "logger", "quiet", "unlogged")
-
-    def __init__(self, logger: logging.Logger, quiet: float = BURST_QUIET) -> None:
-        self.logger = logger
-        self.quiet = quiet
-        self.last: float | None = None
-        self.unlogged = 0
-
-    def event(self, now: float, message: str, *args: Any) -> bool:
-        """One event at ``now`` (seconds, monotonic): logged, or counted.  True if logged."""
-        if self.last is not None and now - self.last < self.quiet:
-            self.unlogged += 1
-            return False
-        if self.unlogged:
-            message += f" ({self.unlogged} more since the last such line)"
-        self.logger.warning(message, *args)
-        self.last = now
-        self.unlogged = 0
-        return True
 
 
 def warn_if_cap_exceeds_fds(max_connections: int) -> None:
