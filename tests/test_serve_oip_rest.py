@@ -218,7 +218,10 @@ def strict_rows_stay(served: Served, answer: Answer) -> None:
     }
     assert infer_json(served, "strict", good).status == 200
     deadline = time.monotonic() + TIMEOUT
-    while len(served.rows("strict")) == before and time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # the good request's row, ended (not just arrived)
+        after = served.rows("strict")[before:]
+        if after and all(status != "queued" for status, _ in after):
+            break
         time.sleep(0.02)
     time.sleep(0.1)  # a row of the refused request would have been written before
     assert [status for status, _ in served.rows("strict")[before:]] == ["ok"]
@@ -450,7 +453,8 @@ def test_a_models_error_message_reaches_the_client_intact(client, served):
     assert refused.value.message() == MODEL_ERROR_MESSAGE
     assert refused.value.status() == "400"
     deadline = time.monotonic() + TIMEOUT
-    while not served.rows("failing") and time.monotonic() < deadline:
+    # its row: first as arrived (queued), then as ended
+    while served.rows("failing") in ([], [("queued", None)]) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert served.rows("failing") == [("error", MODEL_ERROR_MESSAGE)]
 
