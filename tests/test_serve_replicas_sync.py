@@ -330,6 +330,9 @@ def test_a_new_leader_keeps_the_cooldown_of_the_last_decision(tmp_path, pg_url):
         try:
             async with started(a):
                 await until(lambda: a.controller.last)
+                # A's decision stored (the policy decides before the store has it; a stop
+                # in between ends the lead, and a decision not stored by then never is)
+                await until(lambda: sql(pg_url, "SELECT replica FROM decisions"))
             async with started(b):
                 await until(lambda: b.replicas.leader.leader)
                 periods = b.controller.periods
