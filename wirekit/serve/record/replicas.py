@@ -407,8 +407,15 @@ class ReplicaSync:
                 await asyncio.sleep(controller.config.period)
                 continue  # no period on figures that are not there
             self._deciding = True
+            step = asyncio.ensure_future(controller.step())
             try:
-                await controller.step()
+                await asyncio.shield(step)
+            except asyncio.CancelledError:
+                # a stop during a period: the period ends first -- its changes published,
+                # its decisions stored -- and only then is the lead given up (the stop
+                # waits its grace for this)
+                await asyncio.wait({step})
+                raise
             finally:
                 self._deciding = False
             await asyncio.sleep(controller.config.period)
