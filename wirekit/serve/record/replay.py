@@ -43,13 +43,16 @@ def read_journal(path: Path) -> tuple[list[Entry], list[BadRecord]]:
     """The records of a journal file, each with its position (line number, byte offset)
     and row (:func:`journal_row`), and the records that cannot be stored, with why.  A last
     line cut short by a crash (no line end) that does not parse is skipped: it was never
-    answered."""
+    answered.  Blank lines are not records (a full disk's room probe writes line ends and
+    cuts them back at once; a crash in between leaves them): skipped too."""
     entries: list[Entry] = []
     bad: list[BadRecord] = []
     offset = 0
     with open(path, "rb") as fh:
         for line_no, line in enumerate(fh, 1):
             start, offset = offset, offset + len(line)
+            if not line.strip():  # the room probe of a full disk, cut short by a crash
+                continue
             try:
                 rec = json.loads(line)
             except (ValueError, RecursionError) as exc:
