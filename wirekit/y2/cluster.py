@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -283,19 +284,25 @@ class NodeService:
         )
 
     def _read_newcomer(self) -> None:
-        newcomer = self._newcomer
-        assert newcomer is not None
+        assert self._newcomer is not None
+        data = self._read(self._newcomer, self._drop_newcomer, "it disconnected")
+        if data:
+            self._handle(self.session.newcomer_data(data))
+
+    @staticmethod
+    def _read(sock: socket.socket, drop: Callable[[str], None], closed: str) -> bytes:
+        """What ``sock`` has to read (b"" when nothing now); a failed read or a closed
+        connection is handed to ``drop`` (with ``closed`` for a close) and reads b"" too."""
         try:
-            data = newcomer.recv(_READ_SIZE)
+            data = sock.recv(_READ_SIZE)
         except (BlockingIOError, InterruptedError):
-            return
+            return b""
         except OSError as exc:
-            self._drop_newcomer(f"read failed: {exc}")
-            return
+            drop(f"read failed: {exc}")
+            return b""
         if not data:
-            self._drop_newcomer("it disconnected")
-            return
-        self._handle(self.session.newcomer_data(data))
+            drop(closed)
+        return data
 
     def _write_newcomer(self) -> None:
         newcomer = self._newcomer
@@ -313,19 +320,10 @@ class NodeService:
         self.session.newcomer_sent(n)
 
     def _read_worker(self) -> None:
-        worker = self._worker
-        assert worker is not None
-        try:
-            data = worker.recv(_READ_SIZE)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._drop_worker(f"read failed: {exc}")
-            return
-        if not data:
-            self._drop_worker("the worker disconnected")
-            return
-        self._handle(self.session.worker_data(data))
+        assert self._worker is not None
+        data = self._read(self._worker, self._drop_worker, "the worker disconnected")
+        if data:
+            self._handle(self.session.worker_data(data))
 
     def _write_worker(self) -> None:
         worker = self._worker
