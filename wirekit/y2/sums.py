@@ -126,19 +126,44 @@ def encode(codes: np.ndarray, levels: int) -> np.ndarray:
     """
     codes = np.asarray(codes, dtype=np.int64)
     nonzero = np.flatnonzero(codes)
-    chosen = codes[nonzero]
-    if chosen.size and int(np.abs(chosen).max()) > levels:
-        at = int(nonzero[np.argmax(np.abs(chosen) > levels)])
-        raise EncodeError(
-            PROTOCOL, f"codes[{at}]", f"code {int(codes[at])} is beyond ±{levels} magnitudes"
-        )
+    return encode_sparse(nonzero, codes[nonzero], codes.size, levels)
+
+
+def encode_sparse(positions: np.ndarray, codes: np.ndarray, size: int, levels: int) -> np.ndarray:
+    """The block (``uint8``) of a range of ``size`` elements whose nonzero codes are
+    ``codes`` (``±1 .. ±levels``) at ``positions`` (ascending, distinct, below ``size``):
+    the same bytes as :func:`encode` of the dense codes, in time of the nonzero codes and
+    the bitmap's bytes (no pass over every element).
+
+    :class:`EncodeError` (field ``codes[position]``) for a code 0 or beyond the table.
+    """
+    positions = np.asarray(positions, dtype=np.int64)
+    codes = np.asarray(codes, dtype=np.int64)
+    if codes.size:
+        bad = (np.abs(codes) > levels) | (codes == 0)
+        if bad.any():
+            i = int(np.argmax(bad))
+            at, code = int(positions[i]), int(codes[i])
+            text = f"code {code} is beyond ±{levels} magnitudes" if code else "code 0 is marked"
+            raise EncodeError(PROTOCOL, f"codes[{at}]", text)
     width = value_bits(levels)
-    coded = np.where(chosen < 0, chosen + levels, chosen + levels - 1)
-    bits = np.zeros(codes.size + chosen.size * width, np.uint8)
-    bits[nonzero] = 1
-    bits[codes.size :] = _bits(coded, width)
-    head = np.array([chosen.size], "<u4").view(np.uint8)
-    return np.concatenate([head, np.packbits(bits, bitorder="little")])
+    block = np.zeros(block_size(size, codes.size, levels), np.uint8)
+    block[:HEADER] = np.array([codes.size], "<u4").view(np.uint8)
+    if not codes.size:
+        return block
+    # the bitmap: each marked element's bit, the bits of one byte added up (they differ)
+    byte = positions >> 3
+    bit = np.left_shift(1, positions & 7).astype(np.int64)
+    first = np.flatnonzero(np.concatenate([[True], byte[1:] != byte[:-1]]))
+    block[HEADER + byte[first]] = np.add.reduceat(bit, first).astype(np.uint8)
+    # the codes, from bit ``size`` on: packed behind ``size % 8`` zero bits, then or-ed in
+    coded = np.where(codes < 0, codes + levels, codes + levels - 1)
+    lead = size % 8
+    bits = np.concatenate([np.zeros(lead, np.uint8), _bits(coded, width)])
+    packed = np.packbits(bits, bitorder="little")
+    start = HEADER + size // 8
+    block[start : start + packed.size] |= packed
+    return block
 
 
 def decode(block: np.ndarray, size: int, levels: int, field: str) -> tuple[np.ndarray, np.ndarray]:
@@ -147,7 +172,8 @@ def decode(block: np.ndarray, size: int, levels: int, field: str) -> tuple[np.nd
 
     ``block`` may be longer than the block (padding is ignored).  :class:`DecodeError`
     (``field``, the offset in the block) for a count beyond the range or the block, a
-    bitmap that does not hold that many bits, or a code beyond the table.
+    bitmap that does not hold that many bits, or a code beyond the table.  Only the
+    bitmap's nonzero bytes are unpacked.
     """
     block = np.asarray(block, dtype=np.uint8)
     if block.size < HEADER:
@@ -165,14 +191,23 @@ def decode(block: np.ndarray, size: int, levels: int, field: str) -> tuple[np.nd
             0,
             f"{count} nonzero sums do not fit {size} elements in {block.size} bytes",
         )
-    bits = np.unpackbits(block[HEADER:], count=size + count * width, bitorder="little")
-    positions = np.flatnonzero(bits[:size])
+    bitmap = block[HEADER : HEADER + (size + 7) // 8]
+    if size % 8:  # the last byte's high bits are codes
+        bitmap = bitmap.copy()
+        bitmap[-1] &= (1 << (size % 8)) - 1
+    marked = np.flatnonzero(bitmap)
+    bits = np.unpackbits(bitmap[marked], bitorder="little").reshape(-1, 8).astype(bool)
+    positions = ((marked[:, None] << 3) + np.arange(8, dtype=np.int64))[bits]
     if positions.size != count:
         raise DecodeError(
             PROTOCOL, field, HEADER, f"the bitmap marks {positions.size} sums, not {count}"
         )
+    start = HEADER + size // 8
+    stop = HEADER + (size + count * width + 7) // 8
+    lead = size % 8
+    code_bits = np.unpackbits(block[start:stop], bitorder="little")[lead : lead + count * width]
     weights = np.left_shift(np.int64(1), np.arange(width, dtype=np.int64))
-    coded = bits[size:].reshape(count, width).astype(np.int64) @ weights
+    coded = code_bits.reshape(count, width).astype(np.int64) @ weights
     if coded.size and int(coded.max()) >= 2 * levels:
         at = int(np.argmax(coded >= 2 * levels))
         raise DecodeError(

@@ -475,21 +475,9 @@ def _reduce_scatter(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Ste
     received = np.split(got, np.cumsum(incoming)[:-1])
     # this rank's range summed and coded; a peer's bad words refused to every rank
     lo, hi = int(edges[rank]), int(edges[rank + 1])
-    total = np.zeros(n, np.float64)
-    model = state._update_model(b, total)
     refusal: DecodeError | None = None
     try:
-        for r, rank_words in enumerate(received):
-            _check_range(_positions(b, rank_words, f"rank[{r}].words"), lo, hi, r)
-            y2.apply(model, rank_words, taus[r] / unit)
-        # each sum as the nearest magnitude of the table; what that does not say stays
-        # with this rank, in its residual (sent later: nothing is lost)
-        mine = total[lo:hi]
-        codes = sum_blocks.quantize(mine, table)
-        said = sum_blocks.values(codes, table)
-        if np.any(mine != said):
-            _add_to_residual(b, lo, (mine - said) * unit)
-        block = sum_blocks.encode(codes, table.size)
+        block = _sum_range(b, received, taus, unit, table, lo, hi)
     except DecodeError as exc:
         refusal, block = exc, sum_blocks.refused()
     bounds = [
@@ -511,15 +499,45 @@ def _reduce_scatter(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Ste
     return _Step(out, len(words), sent_bytes, received, taus, t1, t2)
 
 
-def _add_to_residual(b: _Bucket, start: int, values: np.ndarray) -> None:
-    """Add ``values`` to the residual of the buffer's elements ``start:start + len``."""
-    stop = start + values.size
+def _sum_range(
+    b: _Bucket,
+    received: list[np.ndarray],
+    taus: list[float],
+    unit: float,
+    table: np.ndarray,
+    lo: int,
+    hi: int,
+) -> np.ndarray:
+    """The block of this rank's range ``lo:hi``: every rank's words there (checked) summed
+    in units of ``unit`` (ranks in order), each nonzero sum as the nearest magnitude of the
+    table; what that does not say goes into this rank's residual (sent later: nothing is
+    lost).  Only the words' elements and the nonzero sums are touched."""
+    total = np.zeros(hi - lo, np.float64)
+    for r, rank_words in enumerate(received):
+        where = _positions(b, rank_words, f"rank[{r}].words")
+        _check_range(where, lo, hi, r)
+        # one word per element and rank: a plain indexed add, in rank order
+        total[where - lo] += np.where(rank_words & 1, 1.0, -1.0) * (taus[r] / unit)
+    nonzero = np.flatnonzero(total)
+    sums = total[nonzero]
+    codes = sum_blocks.quantize(sums, table)
+    left = sums - sum_blocks.values(codes, table)
+    off = np.flatnonzero(left)
+    if off.size:
+        _add_to_residual(b, lo + nonzero[off], left[off] * unit)
+    sent = codes != 0
+    return sum_blocks.encode_sparse(nonzero[sent], codes[sent], hi - lo, table.size)
+
+
+def _add_to_residual(b: _Bucket, positions: np.ndarray, values: np.ndarray) -> None:
+    """Add ``values`` to the residual of the buffer's elements at ``positions``
+    (ascending)."""
     for offset, _layer, seg in b.places:
         first, last = offset + seg.start, offset + seg.stop
-        lo, hi = max(first, start), min(last, stop)
-        if lo < hi:
+        i, j = np.searchsorted(positions, [first, last])
+        if i < j:
             res = b.residual[seg.layer][0 if seg.is_weight else 1]
-            res[lo - first : hi - first] += values[lo - start : hi - start]
+            res[positions[i:j] - first] += values[i:j]
 
 
 def _positions(b: _Bucket, words: np.ndarray, field_name: str) -> np.ndarray:
