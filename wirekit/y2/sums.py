@@ -36,7 +36,9 @@ sums, plus ``k × value_bits(L) / 8``.
     >>> codes.tolist(), values(codes, table).round(3).tolist()   # the sum 5 beyond the table
     ([0, 1, -16], [0.0, 1.0, -4.522])
 
-NumPy only: the blocks are a few kilobytes to a few megabytes per step.
+NumPy only: the blocks are a few kilobytes to a few megabytes per step.  The hook sums,
+quantizes and codes only a range's nonzero sums (:func:`encode_sparse`); the bitmap is
+the only part that grows with the range (one bit an element).
 """
 
 from __future__ import annotations
@@ -116,7 +118,25 @@ def refused() -> np.ndarray:
 
 def _bits(values: np.ndarray, width: int) -> np.ndarray:
     """Each value's ``width`` low bits, least significant first, as one flat 0/1 array."""
+    if width <= 8:
+        small = values.astype(np.uint8)[:, None]
+        return np.unpackbits(small, axis=1, count=width, bitorder="little").ravel()
     return ((values[:, None] >> np.arange(width, dtype=values.dtype)) & 1).astype(np.uint8).ravel()
+
+
+def _fields(data: np.ndarray, lead: int, count: int, width: int) -> np.ndarray:
+    """``count`` unsigned fields of ``width`` bits from bit ``lead`` of ``data`` on (least
+    significant bit of each byte first), as int64: each read from the 4 bytes it lies in."""
+    offsets = lead + np.arange(count, dtype=np.int64) * width
+    if width > 25:  # wider than a 4-byte window can hold at any shift
+        bits = np.unpackbits(data, bitorder="little")
+        at = offsets[:, None] + np.arange(width, dtype=np.int64)
+        return bits[at].astype(np.int64) @ np.left_shift(np.int64(1), np.arange(width))
+    padded = np.zeros(data.size + 4, np.int64)
+    padded[: data.size] = data
+    byte = offsets >> 3
+    window = padded[byte] | padded[byte + 1] << 8 | padded[byte + 2] << 16 | padded[byte + 3] << 24
+    return (window >> (offsets & 7)) & ((1 << width) - 1)
 
 
 def encode(codes: np.ndarray, levels: int) -> np.ndarray:
@@ -132,8 +152,8 @@ def encode(codes: np.ndarray, levels: int) -> np.ndarray:
 def encode_sparse(positions: np.ndarray, codes: np.ndarray, size: int, levels: int) -> np.ndarray:
     """The block (``uint8``) of a range of ``size`` elements whose nonzero codes are
     ``codes`` (``±1 .. ±levels``) at ``positions`` (ascending, distinct, below ``size``):
-    the same bytes as :func:`encode` of the dense codes, in time of the nonzero codes and
-    the bitmap's bytes (no pass over every element).
+    the same bytes as :func:`encode` of the dense codes, without a pass over every
+    element's code.
 
     :class:`EncodeError` (field ``codes[position]``) for a code 0 or beyond the table.
     """
@@ -151,11 +171,10 @@ def encode_sparse(positions: np.ndarray, codes: np.ndarray, size: int, levels: i
     block[:HEADER] = np.array([codes.size], "<u4").view(np.uint8)
     if not codes.size:
         return block
-    # the bitmap: each marked element's bit, the bits of one byte added up (they differ)
-    byte = positions >> 3
-    bit = np.left_shift(1, positions & 7).astype(np.int64)
-    first = np.flatnonzero(np.concatenate([[True], byte[1:] != byte[:-1]]))
-    block[HEADER + byte[first]] = np.add.reduceat(bit, first).astype(np.uint8)
+    # the bitmap: a byte of 0/1 per element packed (cheaper than any per-word arithmetic)
+    marks = np.zeros(size, np.uint8)
+    marks[positions] = 1
+    block[HEADER : HEADER + (size + 7) // 8] = np.packbits(marks, bitorder="little")
     # the codes, from bit ``size`` on: packed behind ``size % 8`` zero bits, then or-ed in
     coded = np.where(codes < 0, codes + levels, codes + levels - 1)
     lead = size % 8
@@ -172,8 +191,8 @@ def decode(block: np.ndarray, size: int, levels: int, field: str) -> tuple[np.nd
 
     ``block`` may be longer than the block (padding is ignored).  :class:`DecodeError`
     (``field``, the offset in the block) for a count beyond the range or the block, a
-    bitmap that does not hold that many bits, or a code beyond the table.  Only the
-    bitmap's nonzero bytes are unpacked.
+    bitmap that does not hold that many bits, or a code beyond the table.  The codes
+    are read where they lie (their bits are not unpacked one by one).
     """
     block = np.asarray(block, dtype=np.uint8)
     if block.size < HEADER:
@@ -191,23 +210,15 @@ def decode(block: np.ndarray, size: int, levels: int, field: str) -> tuple[np.nd
             0,
             f"{count} nonzero sums do not fit {size} elements in {block.size} bytes",
         )
-    bitmap = block[HEADER : HEADER + (size + 7) // 8]
-    if size % 8:  # the last byte's high bits are codes
-        bitmap = bitmap.copy()
-        bitmap[-1] &= (1 << (size % 8)) - 1
-    marked = np.flatnonzero(bitmap)
-    bits = np.unpackbits(bitmap[marked], bitorder="little").reshape(-1, 8).astype(bool)
-    positions = ((marked[:, None] << 3) + np.arange(8, dtype=np.int64))[bits]
+    marks = np.unpackbits(block[HEADER : HEADER + (size + 7) // 8], count=size, bitorder="little")
+    positions = np.flatnonzero(marks)
     if positions.size != count:
         raise DecodeError(
             PROTOCOL, field, HEADER, f"the bitmap marks {positions.size} sums, not {count}"
         )
     start = HEADER + size // 8
     stop = HEADER + (size + count * width + 7) // 8
-    lead = size % 8
-    code_bits = np.unpackbits(block[start:stop], bitorder="little")[lead : lead + count * width]
-    weights = np.left_shift(np.int64(1), np.arange(width, dtype=np.int64))
-    coded = code_bits.reshape(count, width).astype(np.int64) @ weights
+    coded = _fields(block[start:stop], size % 8, count, width)
     if coded.size and int(coded.max()) >= 2 * levels:
         at = int(np.argmax(coded >= 2 * levels))
         raise DecodeError(
