@@ -65,6 +65,7 @@ The kernels run on the CPU; CUDA gradients are copied to the host and back.
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations as objects.
 import math
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -213,6 +214,7 @@ class Y2HookState:
     _residuals: dict[int, np.ndarray] = field(init=False, repr=False, default_factory=dict)
     _buckets: dict[tuple[int, ...], _Bucket] = field(init=False, repr=False, default_factory=dict)
     _step_done: bool = field(init=False, repr=False, default=False)
+    _running: threading.Thread | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         if self.tau is not None and not (math.isfinite(self.tau) and self.tau > 0):
@@ -347,25 +349,65 @@ class _Step(NamedTuple):
 def y2_hook(state: Y2HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: y2 threshold compression with error feedback (see module doc).
 
-    Synchronous (the exchange is done when the hook returns); the returned future holds the
-    bucket's buffer, overwritten with the averaged update.
+    Returns at once: the bucket's exchange (residual update, compression, collectives,
+    coding) runs on a thread of its own, after the previous bucket's (every rank issues
+    its collectives in the same order), while the backward pass goes on; the returned
+    future completes with the bucket's buffer, overwritten with the averaged update (or
+    with the exchange's error, which DDP raises at the end of the backward pass).
     """
     buffer = bucket.buffer()
     dtype = _NUMPY_DTYPES.get(buffer.dtype)
     if dtype is None:
         raise TypeError(f"{PROTOCOL}: y2 words carry float16/32/64 updates, not {buffer.dtype}")
-    params = list(bucket.parameters())
-    b = state._bucket(params, dtype)
-    t0 = time.perf_counter()
-    grads = buffer.detach().cpu().numpy()
-    n = grads.size
-    for offset, _layer, seg in b.places:  # residual += gradient
-        res = b.residual[seg.layer][0 if seg.is_weight else 1]
-        res += grads[offset + seg.start : offset + seg.stop]
-    exchange = _reduce_scatter if state.exchange == "reduce-scatter" else _all_gather
-    step = exchange(state, b, n, buffer.device)
-    buffer.copy_(torch.from_numpy(step.out).to(buffer.device))
+    b = state._bucket(list(bucket.parameters()), dtype)
+    fut: torch.futures.Future[Any] = torch.futures.Future()
+    result = fut.then(_buffer_or_raise)
+    job = threading.Thread(
+        target=_exchange_bucket,
+        args=(state, b, buffer, bucket.index(), bucket.is_last(), fut, state._running),
+        name=f"y2-bucket-{bucket.index()}",
+        daemon=True,
+    )
+    state._running = job
+    job.start()
+    return result
 
+
+def _buffer_or_raise(fut: torch.futures.Future[Any]) -> torch.Tensor:
+    """The exchange's buffer; its error raised here, in a callback, so that DDP reports it
+    (an exception set on a future DDP waits for is taken for the value)."""
+    value = fut.value()
+    if isinstance(value, BaseException):
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+def _exchange_bucket(
+    state: Y2HookState,
+    b: _Bucket,
+    buffer: torch.Tensor,
+    index: int,
+    is_last: bool,
+    fut: torch.futures.Future[Any],
+    previous: threading.Thread | None,
+) -> None:
+    """One bucket's exchange (the body of :func:`y2_hook`), after ``previous``'s; the
+    buffer or the error as ``fut``'s result."""
+    if previous is not None:
+        previous.join()
+    try:
+        t0 = time.perf_counter()
+        grads = buffer.detach().cpu().numpy()
+        n = grads.size
+        for offset, _layer, seg in b.places:  # residual += gradient
+            res = b.residual[seg.layer][0 if seg.is_weight else 1]
+            res += grads[offset + seg.start : offset + seg.stop]
+        exchange = _reduce_scatter if state.exchange == "reduce-scatter" else _all_gather
+        step = exchange(state, b, n, buffer.device)
+        buffer.copy_(torch.from_numpy(step.out).to(buffer.device))
+    except BaseException as exc:  # raised by the future y2_hook returned
+        fut.set_result(exc)
+        return
     state.compress_seconds += step.compressed - t0
     state.exchange_seconds += step.exchanged - step.compressed
     state.apply_seconds += time.perf_counter() - step.exchanged
@@ -376,11 +418,9 @@ def y2_hook(state: Y2HookState, bucket: dist.GradBucket) -> torch.futures.Future
     if state.record:
         if state._step_done:  # the first bucket of a step: forget the last step's words
             state.last_words.clear()
-        state.last_words[bucket.index()] = list(zip(step.received, step.taus, strict=True))
-    state._step_done = bucket.is_last()
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        state.last_words[index] = list(zip(step.received, step.taus, strict=True))
+    state._step_done = is_last
     fut.set_result(buffer)
-    return fut
 
 
 def _all_gather(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Step:
