@@ -1,6 +1,8 @@
 """wirekit.y2.sums coded from the nonzero sums only (what the DDP hook's owner of a range
 does): ``encode_sparse`` gives the bytes of ``encode`` of the dense codes, ``decode`` reads
-them back, at every width of code and alignment of the bitmap (no torch needed)."""
+them back, at every width of code and alignment of the bitmap; the two y2 twins' kernels
+that read a block (``bitmap_positions``, ``read_fields``) give the same results (no torch
+needed)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from twins import IMPLEMENTATIONS, load_codec
 
 from wirekit.errors import EncodeError
 from wirekit.y2 import sums
@@ -87,3 +90,49 @@ def test_sparse_encoding_refuses_a_code_0_or_beyond_the_table(codes, text):
     positions = np.array([2, 7], np.int64)
     with pytest.raises(EncodeError, match=text):
         sums.encode_sparse(positions, np.array(codes, np.int64), 8, 2)
+
+
+# --- the twins' block readers -----------------------------------------------------------
+
+
+@given(st.binary(max_size=200), st.integers(0, 1700))
+def test_twins_find_the_same_bitmap_positions(data, size):
+    bitmap = np.frombuffer(data, np.uint8)
+    results = []
+    for impl in reversed(IMPLEMENTATIONS):  # pure first: WIREKIT_PURE=1 skips at fast
+        codec = load_codec("y2", impl)
+        if bitmap.size < (size + 7) // 8:
+            with pytest.raises(ValueError, match=f"{bitmap.size} bytes hold fewer than {size}"):
+                codec.bitmap_positions(bitmap, size)
+            continue
+        got = codec.bitmap_positions(bitmap, size)
+        assert got.dtype == np.int64
+        results.append(got.tolist())
+    bits = np.unpackbits(bitmap, bitorder="little")[:size]
+    for got in results:
+        assert got == np.flatnonzero(bits).tolist()
+
+
+@given(st.binary(max_size=120), st.integers(0, 7), st.integers(0, 40), st.integers(1, 56))
+def test_twins_read_the_same_fields(data, lead, count, width):
+    raw = np.frombuffer(data, np.uint8)
+    fits = (lead + count * width + 7) // 8 <= raw.size
+    bits = np.unpackbits(raw, bitorder="little")
+    for impl in reversed(IMPLEMENTATIONS):  # pure first: WIREKIT_PURE=1 skips at fast
+        codec = load_codec("y2", impl)
+        if not fits:
+            with pytest.raises(ValueError, match="beyond the data"):
+                codec.read_fields(raw, lead, count, width)
+            continue
+        got = codec.read_fields(raw, lead, count, width)
+        want = [
+            sum(int(bits[lead + i * width + j]) << j for j in range(width)) for i in range(count)
+        ]
+        assert got.dtype == np.int64 and got.tolist() == want
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("width", [0, 57])
+def test_fields_of_no_bits_or_beyond_56_are_refused(impl, width):
+    with pytest.raises(ValueError, match=f"fields of {width} bits: 1 to 56 only"):
+        load_codec("y2", impl).read_fields(np.zeros(16, np.uint8), 0, 1, width)

@@ -36,20 +36,24 @@ sums, plus ``k × value_bits(L) / 8``.
     >>> codes.tolist(), values(codes, table).round(3).tolist()   # the sum 5 beyond the table
     ([0, 1, -16], [0.0, 1.0, -4.522])
 
-NumPy only: the blocks are a few kilobytes to a few megabytes per step.  The hook sums,
-quantizes and codes only a range's nonzero sums (:func:`encode_sparse`); the bitmap is
-the only part that grows with the range (one bit an element).
+NumPy, and the y2 twin (Cython, or NumPy in :mod:`wirekit.y2._pure`) to read a block's
+bitmap and codes: the blocks are a few kilobytes to a few megabytes per step.  The hook
+sums, quantizes and codes only a range's nonzero sums (:func:`encode_sparse`); the bitmap
+is the only part that grows with the range (one bit an element).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from types import ModuleType
 
 import numpy as np
 
+from wirekit._impl import select
 from wirekit.errors import DecodeError, EncodeError
 
+from . import _pure
 from .messages import PROTOCOL
 
 #: Bytes before the bitmap: the count of nonzero codes.
@@ -124,19 +128,9 @@ def _bits(values: np.ndarray, width: int) -> np.ndarray:
     return ((values[:, None] >> np.arange(width, dtype=values.dtype)) & 1).astype(np.uint8).ravel()
 
 
-def _fields(data: np.ndarray, lead: int, count: int, width: int) -> np.ndarray:
-    """``count`` unsigned fields of ``width`` bits from bit ``lead`` of ``data`` on (least
-    significant bit of each byte first), as int64: each read from the 4 bytes it lies in."""
-    offsets = lead + np.arange(count, dtype=np.int64) * width
-    if width > 25:  # wider than a 4-byte window can hold at any shift
-        bits = np.unpackbits(data, bitorder="little")
-        at = offsets[:, None] + np.arange(width, dtype=np.int64)
-        return bits[at].astype(np.int64) @ np.left_shift(np.int64(1), np.arange(width))
-    padded = np.zeros(data.size + 4, np.int64)
-    padded[: data.size] = data
-    byte = offsets >> 3
-    window = padded[byte] | padded[byte + 1] << 8 | padded[byte + 2] << 16 | padded[byte + 3] << 24
-    return (window >> (offsets & 7)) & ((1 << width) - 1)
+def _kernels() -> ModuleType:
+    """The y2 twin (Cython, or :mod:`wirekit.y2._pure`) that reads bitmaps and codes."""
+    return select("y2", _pure)
 
 
 def encode(codes: np.ndarray, levels: int) -> np.ndarray:
@@ -191,8 +185,9 @@ def decode(block: np.ndarray, size: int, levels: int, field: str) -> tuple[np.nd
 
     ``block`` may be longer than the block (padding is ignored).  :class:`DecodeError`
     (``field``, the offset in the block) for a count beyond the range or the block, a
-    bitmap that does not hold that many bits, or a code beyond the table.  The codes
-    are read where they lie (their bits are not unpacked one by one).
+    bitmap that does not hold that many bits, or a code beyond the table.  The bitmap and
+    the codes are read by the y2 twin's ``bitmap_positions`` and ``read_fields`` (Cython,
+    or NumPy in :mod:`wirekit.y2._pure`).
     """
     block = np.asarray(block, dtype=np.uint8)
     if block.size < HEADER:
@@ -210,15 +205,20 @@ def decode(block: np.ndarray, size: int, levels: int, field: str) -> tuple[np.nd
             0,
             f"{count} nonzero sums do not fit {size} elements in {block.size} bytes",
         )
-    marks = np.unpackbits(block[HEADER : HEADER + (size + 7) // 8], count=size, bitorder="little")
-    positions = np.flatnonzero(marks)
+    kernels = _kernels()
+    positions = kernels.bitmap_positions(block[HEADER : HEADER + (size + 7) // 8], size)
     if positions.size != count:
         raise DecodeError(
             PROTOCOL, field, HEADER, f"the bitmap marks {positions.size} sums, not {count}"
         )
     start = HEADER + size // 8
     stop = HEADER + (size + count * width + 7) // 8
-    coded = _fields(block[start:stop], size % 8, count, width)
+    if width <= 56:
+        coded = kernels.read_fields(block[start:stop], size % 8, count, width)
+    else:  # beyond any table the hook builds: bit by bit
+        bits = np.unpackbits(block[start:stop], bitorder="little")[size % 8 :]
+        weights = np.left_shift(np.int64(1), np.arange(width, dtype=np.int64))
+        coded = bits[: count * width].reshape(count, width).astype(np.int64) @ weights
     if coded.size and int(coded.max()) >= 2 * levels:
         at = int(np.argmax(coded >= 2 * levels))
         raise DecodeError(
