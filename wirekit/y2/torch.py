@@ -24,10 +24,14 @@ feedback, per DDP bucket:
      the table cannot say goes into the owner's residual, so nothing is lost.  A rank
      sends about ``(W - 1) / W`` of its words and of the range blocks: its bytes per step
      stay nearly flat as ranks are added (like an all-reduce's).  Three collectives per
-     bucket;
+     bucket; the owner sums, rounds and codes only its words' elements and nonzero sums;
    * ``"all-gather"``: every rank's words (and its own tau) to every rank, applied and
      averaged by each.  One collective with the adaptive tau, but each rank receives
      ``W - 1`` ranks' words: its bytes grow with the world size.
+
+   The hook returns its future at once: each bucket's exchange runs on a thread of its
+   own, after the previous bucket's (the same collective order on every rank), while the
+   backward pass goes on; an exchange's error is raised by that future.
 
    Every size and tau a peer sends is checked before anything is allocated or read for it,
    and so is every word an owner receives (:class:`DecodeError`); an owner that refuses a
