@@ -407,8 +407,10 @@ def _exchange_bucket(
             res = b.residual[seg.layer][0 if seg.is_weight else 1]
             res += grads[offset + seg.start : offset + seg.stop]
         exchange = _reduce_scatter if state.exchange == "reduce-scatter" else _all_gather
-        step = exchange(state, b, n, buffer.device)
-        buffer.copy_(torch.from_numpy(step.out).to(buffer.device))
+        on_cpu = buffer.device.type == "cpu"  # then grads is the buffer: the update goes there
+        step = exchange(state, b, n, buffer.device, grads if on_cpu else None)
+        if step.out is not grads:
+            buffer.copy_(torch.from_numpy(step.out).to(buffer.device))
     except BaseException as exc:  # raised by the future y2_hook returned
         fut.set_result(exc)
         return
@@ -427,8 +429,11 @@ def _exchange_bucket(
     fut.set_result(buffer)
 
 
-def _all_gather(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Step:
-    """Every rank's words (and tau) to every rank; each applies them all and averages."""
+def _all_gather(
+    state: Y2HookState, b: _Bucket, n: int, device: Any, out: np.ndarray | None
+) -> _Step:
+    """Every rank's words (and tau) to every rank; each applies them all and averages
+    (into ``out``, zeroed first, when given)."""
     group = state.process_group
     world = dist.get_world_size(group)
     words, tau = state._compress(b, n)
@@ -471,7 +476,7 @@ def _all_gather(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Step:
         sent_bytes = (world - 1) * (16 + 4 * longest)
 
     t2 = time.perf_counter()
-    out = np.zeros(n, b.dtype)
+    out = _zeroed(out, n, b.dtype)
     model = state._update_model(b, out)
     for rank_words, rank_tau in zip(received, taus, strict=True):
         y2.apply(model, rank_words, rank_tau)
@@ -479,11 +484,13 @@ def _all_gather(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Step:
     return _Step(out, len(words), sent_bytes, received, taus, t1, t2)
 
 
-def _reduce_scatter(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Step:
+def _reduce_scatter(
+    state: Y2HookState, b: _Bucket, n: int, device: Any, out: np.ndarray | None
+) -> _Step:
     """Rank ``r`` owns the buffer's elements ``r n / W`` to ``(r + 1) n / W``: every rank
     sends it its words there (all-to-all), it sums them and sends every rank the sums, each
     the nearest magnitude of the step's table, coded by :mod:`wirekit.y2.sums` (all-to-all
-    again)."""
+    again); the update into ``out``, zeroed first, when given."""
     group = state.process_group
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     edges = np.array([r * n // world for r in range(world + 1)], np.int64)
@@ -536,11 +543,19 @@ def _reduce_scatter(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Ste
         raise refusal
     t2 = time.perf_counter()
 
-    out = np.zeros(n, b.dtype)
+    out = _zeroed(out, n, b.dtype)
     for j, part in enumerate(np.split(blocks, np.cumsum(bounds)[:-1])):
         where, codes = sum_blocks.decode(part, int(sizes[j]), table.size, f"rank[{j}].sums")
         out[edges[j] + where] = sum_blocks.values(codes, table) * (unit / world)
     return _Step(out, len(words), sent_bytes, received, taus, t1, t2)
+
+
+def _zeroed(out: np.ndarray | None, n: int, dtype: Any) -> np.ndarray:
+    """``out`` set to zeros, or a new zero array of ``n`` elements of ``dtype``."""
+    if out is None:
+        return np.zeros(n, dtype)
+    out.fill(0)
+    return out
 
 
 def _sum_range(
