@@ -1880,3 +1880,73 @@ cdef object _compress_parallel(list items, double t, int want, Py_ssize_t capaci
     with nogil:
         y2_run(_gather_chunk, &gather, segs.count, want)
     return out
+
+
+# --- the DDP hook's sum blocks (wirekit.y2.sums): bitmap and packed codes ----------------
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define Y2S_CTZ(m) __builtin_ctz(m)
+    #define Y2S_POPCOUNT(m) __builtin_popcount(m)
+    #else
+    static int y2s_ctz(unsigned int m) { int n = 0; while (!(m & 1u)) { m >>= 1; n++; } return n; }
+    static int y2s_popcount(unsigned int m) { int n = 0; while (m) { m &= m - 1; n++; } return n; }
+    #define Y2S_CTZ(m) y2s_ctz(m)
+    #define Y2S_POPCOUNT(m) y2s_popcount(m)
+    #endif
+    """
+    int Y2S_CTZ(unsigned int) noexcept nogil
+    int Y2S_POPCOUNT(unsigned int) noexcept nogil
+
+
+def bitmap_positions(bitmap, Py_ssize_t size):
+    """The positions (int64, ascending) of the set bits among the first ``size`` bits of
+    ``bitmap`` (uint8, least significant bit of each byte first; at least
+    ``ceil(size / 8)`` bytes)."""
+    cdef const uint8_t[::1] bits = np.ascontiguousarray(bitmap, dtype=np.uint8)
+    cdef Py_ssize_t nbytes = (size + 7) // 8, i, total = 0, k = 0
+    cdef unsigned int b, last = 0xFF
+    if bits.shape[0] < nbytes:
+        raise ValueError(f"{bits.shape[0]} bytes hold fewer than {size} bits")
+    if size % 8:
+        last = (1u << (size % 8)) - 1
+    with nogil:
+        for i in range(nbytes):
+            b = bits[i] & (last if i == nbytes - 1 else 0xFF)
+            total += Y2S_POPCOUNT(b)
+    out = np.empty(total, np.int64)
+    cdef int64_t[::1] o = out
+    with nogil:
+        for i in range(nbytes):
+            b = bits[i] & (last if i == nbytes - 1 else 0xFF)
+            while b:
+                o[k] = (i << 3) + Y2S_CTZ(b)
+                k += 1
+                b &= b - 1
+    return out
+
+
+def read_fields(data, Py_ssize_t lead, Py_ssize_t count, int width):
+    """``count`` unsigned fields of ``width`` bits (1 to 56) from bit ``lead`` of ``data``
+    on (uint8, least significant bit of each byte first), as int64."""
+    cdef const uint8_t[::1] d = np.ascontiguousarray(data, dtype=np.uint8)
+    cdef Py_ssize_t i, j, off, first, stop
+    cdef uint64_t v, mask
+    if not 1 <= width <= 56:
+        raise ValueError(f"fields of {width} bits: 1 to 56 only")
+    if lead < 0 or count < 0 or (lead + count * width + 7) // 8 > d.shape[0]:
+        raise ValueError(f"{count} fields of {width} bits from bit {lead} beyond the data")
+    out = np.empty(count, np.int64)
+    cdef int64_t[::1] o = out
+    mask = (<uint64_t>1 << width) - 1
+    with nogil:
+        for i in range(count):
+            off = lead + i * width
+            first = off >> 3
+            stop = (off + width + 7) >> 3
+            v = 0
+            for j in range(first, stop):
+                v |= (<uint64_t>d[j]) << (8 * (j - first))
+            o[i] = <int64_t>((v >> (off & 7)) & mask)
+    return out

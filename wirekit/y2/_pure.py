@@ -401,3 +401,39 @@ def compress(residuals: Any, tau: float, *, threads: int | None = None) -> np.nd
         parts.append(compress_array(weights, (2 * k) << PARAM_SHIFT, tau))
         parts.append(compress_array(biases, (2 * k + 1) << PARAM_SHIFT, tau))
     return np.concatenate(parts)
+
+
+# --- the DDP hook's sum blocks (wirekit.y2.sums): bitmap and packed codes ----------------
+
+
+def bitmap_positions(bitmap: Any, size: int) -> np.ndarray:
+    """The positions (int64, ascending) of the set bits among the first ``size`` bits of
+    ``bitmap`` (uint8, least significant bit of each byte first; at least
+    ``ceil(size / 8)`` bytes)."""
+    bits = np.ascontiguousarray(bitmap, dtype=np.uint8)
+    nbytes = (size + 7) // 8
+    if bits.size < nbytes:
+        raise ValueError(f"{bits.size} bytes hold fewer than {size} bits")
+    marks = np.unpackbits(bits[:nbytes], count=size, bitorder="little")
+    return np.flatnonzero(marks).astype(np.int64)
+
+
+def read_fields(data: Any, lead: int, count: int, width: int) -> np.ndarray:
+    """``count`` unsigned fields of ``width`` bits (1 to 56) from bit ``lead`` of ``data``
+    on (uint8, least significant bit of each byte first), as int64."""
+    d = np.ascontiguousarray(data, dtype=np.uint8)
+    if not 1 <= width <= 56:
+        raise ValueError(f"fields of {width} bits: 1 to 56 only")
+    if lead < 0 or count < 0 or (lead + count * width + 7) // 8 > d.size:
+        raise ValueError(f"{count} fields of {width} bits from bit {lead} beyond the data")
+    offsets = lead + np.arange(count, dtype=np.int64) * width
+    if width > 25:  # wider than a 4-byte window holds at every shift: bit by bit
+        bits = np.unpackbits(d, bitorder="little")
+        at = offsets[:, None] + np.arange(width, dtype=np.int64)
+        weights = np.left_shift(np.int64(1), np.arange(width, dtype=np.int64))
+        return np.asarray(bits[at].astype(np.int64) @ weights, np.int64)
+    padded = np.zeros(d.size + 4, np.int64)
+    padded[: d.size] = d
+    byte = offsets >> 3
+    window = padded[byte] | padded[byte + 1] << 8 | padded[byte + 2] << 16 | padded[byte + 3] << 24
+    return np.asarray((window >> (offsets & 7)) & ((1 << width) - 1), np.int64)

@@ -36,18 +36,24 @@ sums, plus ``k × value_bits(L) / 8``.
     >>> codes.tolist(), values(codes, table).round(3).tolist()   # the sum 5 beyond the table
     ([0, 1, -16], [0.0, 1.0, -4.522])
 
-NumPy only: the blocks are a few kilobytes to a few megabytes per step.
+NumPy, and the y2 twin (Cython, or NumPy in :mod:`wirekit.y2._pure`) to read a block's
+bitmap and codes: the blocks are a few kilobytes to a few megabytes per step.  The hook
+sums, quantizes and codes only a range's nonzero sums (:func:`encode_sparse`); the bitmap
+is the only part that grows with the range (one bit an element).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from types import ModuleType
 
 import numpy as np
 
+from wirekit._impl import select
 from wirekit.errors import DecodeError, EncodeError
 
+from . import _pure
 from .messages import PROTOCOL
 
 #: Bytes before the bitmap: the count of nonzero codes.
@@ -116,7 +122,15 @@ def refused() -> np.ndarray:
 
 def _bits(values: np.ndarray, width: int) -> np.ndarray:
     """Each value's ``width`` low bits, least significant first, as one flat 0/1 array."""
+    if width <= 8:
+        small = values.astype(np.uint8)[:, None]
+        return np.unpackbits(small, axis=1, count=width, bitorder="little").ravel()
     return ((values[:, None] >> np.arange(width, dtype=values.dtype)) & 1).astype(np.uint8).ravel()
+
+
+def _kernels() -> ModuleType:
+    """The y2 twin (Cython, or :mod:`wirekit.y2._pure`) that reads bitmaps and codes."""
+    return select("y2", _pure)
 
 
 def encode(codes: np.ndarray, levels: int) -> np.ndarray:
@@ -126,19 +140,43 @@ def encode(codes: np.ndarray, levels: int) -> np.ndarray:
     """
     codes = np.asarray(codes, dtype=np.int64)
     nonzero = np.flatnonzero(codes)
-    chosen = codes[nonzero]
-    if chosen.size and int(np.abs(chosen).max()) > levels:
-        at = int(nonzero[np.argmax(np.abs(chosen) > levels)])
-        raise EncodeError(
-            PROTOCOL, f"codes[{at}]", f"code {int(codes[at])} is beyond ±{levels} magnitudes"
-        )
+    return encode_sparse(nonzero, codes[nonzero], codes.size, levels)
+
+
+def encode_sparse(positions: np.ndarray, codes: np.ndarray, size: int, levels: int) -> np.ndarray:
+    """The block (``uint8``) of a range of ``size`` elements whose nonzero codes are
+    ``codes`` (``±1 .. ±levels``) at ``positions`` (ascending, distinct, below ``size``):
+    the same bytes as :func:`encode` of the dense codes, without a pass over every
+    element's code.
+
+    :class:`EncodeError` (field ``codes[position]``) for a code 0 or beyond the table.
+    """
+    positions = np.asarray(positions, dtype=np.int64)
+    codes = np.asarray(codes, dtype=np.int64)
+    if codes.size:
+        bad = (np.abs(codes) > levels) | (codes == 0)
+        if bad.any():
+            i = int(np.argmax(bad))
+            at, code = int(positions[i]), int(codes[i])
+            text = f"code {code} is beyond ±{levels} magnitudes" if code else "code 0 is marked"
+            raise EncodeError(PROTOCOL, f"codes[{at}]", text)
     width = value_bits(levels)
-    coded = np.where(chosen < 0, chosen + levels, chosen + levels - 1)
-    bits = np.zeros(codes.size + chosen.size * width, np.uint8)
-    bits[nonzero] = 1
-    bits[codes.size :] = _bits(coded, width)
-    head = np.array([chosen.size], "<u4").view(np.uint8)
-    return np.concatenate([head, np.packbits(bits, bitorder="little")])
+    block = np.zeros(block_size(size, codes.size, levels), np.uint8)
+    block[:HEADER] = np.array([codes.size], "<u4").view(np.uint8)
+    if not codes.size:
+        return block
+    # the bitmap: a byte of 0/1 per element packed (cheaper than any per-word arithmetic)
+    marks = np.zeros(size, np.uint8)
+    marks[positions] = 1
+    block[HEADER : HEADER + (size + 7) // 8] = np.packbits(marks, bitorder="little")
+    # the codes, from bit ``size`` on: packed behind ``size % 8`` zero bits, then or-ed in
+    coded = np.where(codes < 0, codes + levels, codes + levels - 1)
+    lead = size % 8
+    bits = np.concatenate([np.zeros(lead, np.uint8), _bits(coded, width)])
+    packed = np.packbits(bits, bitorder="little")
+    start = HEADER + size // 8
+    block[start : start + packed.size] |= packed
+    return block
 
 
 def decode(block: np.ndarray, size: int, levels: int, field: str) -> tuple[np.ndarray, np.ndarray]:
@@ -147,7 +185,9 @@ def decode(block: np.ndarray, size: int, levels: int, field: str) -> tuple[np.nd
 
     ``block`` may be longer than the block (padding is ignored).  :class:`DecodeError`
     (``field``, the offset in the block) for a count beyond the range or the block, a
-    bitmap that does not hold that many bits, or a code beyond the table.
+    bitmap that does not hold that many bits, or a code beyond the table.  The bitmap and
+    the codes are read by the y2 twin's ``bitmap_positions`` and ``read_fields`` (Cython,
+    or NumPy in :mod:`wirekit.y2._pure`).
     """
     block = np.asarray(block, dtype=np.uint8)
     if block.size < HEADER:
@@ -165,14 +205,20 @@ def decode(block: np.ndarray, size: int, levels: int, field: str) -> tuple[np.nd
             0,
             f"{count} nonzero sums do not fit {size} elements in {block.size} bytes",
         )
-    bits = np.unpackbits(block[HEADER:], count=size + count * width, bitorder="little")
-    positions = np.flatnonzero(bits[:size])
+    kernels = _kernels()
+    positions = kernels.bitmap_positions(block[HEADER : HEADER + (size + 7) // 8], size)
     if positions.size != count:
         raise DecodeError(
             PROTOCOL, field, HEADER, f"the bitmap marks {positions.size} sums, not {count}"
         )
-    weights = np.left_shift(np.int64(1), np.arange(width, dtype=np.int64))
-    coded = bits[size:].reshape(count, width).astype(np.int64) @ weights
+    start = HEADER + size // 8
+    stop = HEADER + (size + count * width + 7) // 8
+    if width <= 56:
+        coded = kernels.read_fields(block[start:stop], size % 8, count, width)
+    else:  # beyond any table the hook builds: bit by bit
+        bits = np.unpackbits(block[start:stop], bitorder="little")[size % 8 :]
+        weights = np.left_shift(np.int64(1), np.arange(width, dtype=np.int64))
+        coded = bits[: count * width].reshape(count, width).astype(np.int64) @ weights
     if coded.size and int(coded.max()) >= 2 * levels:
         at = int(np.argmax(coded >= 2 * levels))
         raise DecodeError(

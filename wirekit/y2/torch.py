@@ -24,10 +24,14 @@ feedback, per DDP bucket:
      the table cannot say goes into the owner's residual, so nothing is lost.  A rank
      sends about ``(W - 1) / W`` of its words and of the range blocks: its bytes per step
      stay nearly flat as ranks are added (like an all-reduce's).  Three collectives per
-     bucket;
+     bucket; the owner sums, rounds and codes only its words' elements and nonzero sums;
    * ``"all-gather"``: every rank's words (and its own tau) to every rank, applied and
      averaged by each.  One collective with the adaptive tau, but each rank receives
      ``W - 1`` ranks' words: its bytes grow with the world size.
+
+   The hook returns its future at once: each bucket's exchange runs on a thread of its
+   own, after the previous bucket's (the same collective order on every rank), while the
+   backward pass goes on; an exchange's error is raised by that future.
 
    Every size and tau a peer sends is checked before anything is allocated or read for it,
    and so is every word an owner receives (:class:`DecodeError`); an owner that refuses a
@@ -65,6 +69,7 @@ The kernels run on the CPU; CUDA gradients are copied to the host and back.
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations as objects.
 import math
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -213,6 +218,7 @@ class Y2HookState:
     _residuals: dict[int, np.ndarray] = field(init=False, repr=False, default_factory=dict)
     _buckets: dict[tuple[int, ...], _Bucket] = field(init=False, repr=False, default_factory=dict)
     _step_done: bool = field(init=False, repr=False, default=False)
+    _running: threading.Thread | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         if self.tau is not None and not (math.isfinite(self.tau) and self.tau > 0):
@@ -347,25 +353,67 @@ class _Step(NamedTuple):
 def y2_hook(state: Y2HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: y2 threshold compression with error feedback (see module doc).
 
-    Synchronous (the exchange is done when the hook returns); the returned future holds the
-    bucket's buffer, overwritten with the averaged update.
+    Returns at once: the bucket's exchange (residual update, compression, collectives,
+    coding) runs on a thread of its own, after the previous bucket's (every rank issues
+    its collectives in the same order), while the backward pass goes on; the returned
+    future completes with the bucket's buffer, overwritten with the averaged update (or
+    with the exchange's error, which DDP raises at the end of the backward pass).
     """
     buffer = bucket.buffer()
     dtype = _NUMPY_DTYPES.get(buffer.dtype)
     if dtype is None:
         raise TypeError(f"{PROTOCOL}: y2 words carry float16/32/64 updates, not {buffer.dtype}")
-    params = list(bucket.parameters())
-    b = state._bucket(params, dtype)
-    t0 = time.perf_counter()
-    grads = buffer.detach().cpu().numpy()
-    n = grads.size
-    for offset, _layer, seg in b.places:  # residual += gradient
-        res = b.residual[seg.layer][0 if seg.is_weight else 1]
-        res += grads[offset + seg.start : offset + seg.stop]
-    exchange = _reduce_scatter if state.exchange == "reduce-scatter" else _all_gather
-    step = exchange(state, b, n, buffer.device)
-    buffer.copy_(torch.from_numpy(step.out).to(buffer.device))
+    b = state._bucket(list(bucket.parameters()), dtype)
+    fut: torch.futures.Future[Any] = torch.futures.Future()
+    result = fut.then(_buffer_or_raise)
+    job = threading.Thread(
+        target=_exchange_bucket,
+        args=(state, b, buffer, bucket.index(), bucket.is_last(), fut, state._running),
+        name=f"y2-bucket-{bucket.index()}",
+        daemon=True,
+    )
+    state._running = job
+    job.start()
+    return result
 
+
+def _buffer_or_raise(fut: torch.futures.Future[Any]) -> torch.Tensor:
+    """The exchange's buffer; its error raised here, in a callback, so that DDP reports it
+    (an exception set on a future DDP waits for is taken for the value)."""
+    value = fut.value()
+    if isinstance(value, BaseException):
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+def _exchange_bucket(
+    state: Y2HookState,
+    b: _Bucket,
+    buffer: torch.Tensor,
+    index: int,
+    is_last: bool,
+    fut: torch.futures.Future[Any],
+    previous: threading.Thread | None,
+) -> None:
+    """One bucket's exchange (the body of :func:`y2_hook`), after ``previous``'s; the
+    buffer or the error as ``fut``'s result."""
+    if previous is not None:
+        previous.join()
+    try:
+        t0 = time.perf_counter()
+        grads = buffer.detach().cpu().numpy()
+        n = grads.size
+        for offset, _layer, seg in b.places:  # residual += gradient
+            res = b.residual[seg.layer][0 if seg.is_weight else 1]
+            res += grads[offset + seg.start : offset + seg.stop]
+        exchange = _reduce_scatter if state.exchange == "reduce-scatter" else _all_gather
+        on_cpu = buffer.device.type == "cpu"  # then grads is the buffer: the update goes there
+        step = exchange(state, b, n, buffer.device, grads if on_cpu else None)
+        if step.out is not grads:
+            buffer.copy_(torch.from_numpy(step.out).to(buffer.device))
+    except BaseException as exc:  # raised by the future y2_hook returned
+        fut.set_result(exc)
+        return
     state.compress_seconds += step.compressed - t0
     state.exchange_seconds += step.exchanged - step.compressed
     state.apply_seconds += time.perf_counter() - step.exchanged
@@ -376,15 +424,16 @@ def y2_hook(state: Y2HookState, bucket: dist.GradBucket) -> torch.futures.Future
     if state.record:
         if state._step_done:  # the first bucket of a step: forget the last step's words
             state.last_words.clear()
-        state.last_words[bucket.index()] = list(zip(step.received, step.taus, strict=True))
-    state._step_done = bucket.is_last()
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        state.last_words[index] = list(zip(step.received, step.taus, strict=True))
+    state._step_done = is_last
     fut.set_result(buffer)
-    return fut
 
 
-def _all_gather(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Step:
-    """Every rank's words (and tau) to every rank; each applies them all and averages."""
+def _all_gather(
+    state: Y2HookState, b: _Bucket, n: int, device: Any, out: np.ndarray | None
+) -> _Step:
+    """Every rank's words (and tau) to every rank; each applies them all and averages
+    (into ``out``, zeroed first, when given)."""
     group = state.process_group
     world = dist.get_world_size(group)
     words, tau = state._compress(b, n)
@@ -427,7 +476,7 @@ def _all_gather(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Step:
         sent_bytes = (world - 1) * (16 + 4 * longest)
 
     t2 = time.perf_counter()
-    out = np.zeros(n, b.dtype)
+    out = _zeroed(out, n, b.dtype)
     model = state._update_model(b, out)
     for rank_words, rank_tau in zip(received, taus, strict=True):
         y2.apply(model, rank_words, rank_tau)
@@ -435,11 +484,13 @@ def _all_gather(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Step:
     return _Step(out, len(words), sent_bytes, received, taus, t1, t2)
 
 
-def _reduce_scatter(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Step:
+def _reduce_scatter(
+    state: Y2HookState, b: _Bucket, n: int, device: Any, out: np.ndarray | None
+) -> _Step:
     """Rank ``r`` owns the buffer's elements ``r n / W`` to ``(r + 1) n / W``: every rank
     sends it its words there (all-to-all), it sums them and sends every rank the sums, each
     the nearest magnitude of the step's table, coded by :mod:`wirekit.y2.sums` (all-to-all
-    again)."""
+    again); the update into ``out``, zeroed first, when given."""
     group = state.process_group
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     edges = np.array([r * n // world for r in range(world + 1)], np.int64)
@@ -475,21 +526,9 @@ def _reduce_scatter(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Ste
     received = np.split(got, np.cumsum(incoming)[:-1])
     # this rank's range summed and coded; a peer's bad words refused to every rank
     lo, hi = int(edges[rank]), int(edges[rank + 1])
-    total = np.zeros(n, np.float64)
-    model = state._update_model(b, total)
     refusal: DecodeError | None = None
     try:
-        for r, rank_words in enumerate(received):
-            _check_range(_positions(b, rank_words, f"rank[{r}].words"), lo, hi, r)
-            y2.apply(model, rank_words, taus[r] / unit)
-        # each sum as the nearest magnitude of the table; what that does not say stays
-        # with this rank, in its residual (sent later: nothing is lost)
-        mine = total[lo:hi]
-        codes = sum_blocks.quantize(mine, table)
-        said = sum_blocks.values(codes, table)
-        if np.any(mine != said):
-            _add_to_residual(b, lo, (mine - said) * unit)
-        block = sum_blocks.encode(codes, table.size)
+        block = _sum_range(b, received, taus, unit, table, lo, hi)
     except DecodeError as exc:
         refusal, block = exc, sum_blocks.refused()
     bounds = [
@@ -504,22 +543,60 @@ def _reduce_scatter(state: Y2HookState, b: _Bucket, n: int, device: Any) -> _Ste
         raise refusal
     t2 = time.perf_counter()
 
-    out = np.zeros(n, b.dtype)
+    out = _zeroed(out, n, b.dtype)
     for j, part in enumerate(np.split(blocks, np.cumsum(bounds)[:-1])):
         where, codes = sum_blocks.decode(part, int(sizes[j]), table.size, f"rank[{j}].sums")
         out[edges[j] + where] = sum_blocks.values(codes, table) * (unit / world)
     return _Step(out, len(words), sent_bytes, received, taus, t1, t2)
 
 
-def _add_to_residual(b: _Bucket, start: int, values: np.ndarray) -> None:
-    """Add ``values`` to the residual of the buffer's elements ``start:start + len``."""
-    stop = start + values.size
+def _zeroed(out: np.ndarray | None, n: int, dtype: Any) -> np.ndarray:
+    """``out`` set to zeros, or a new zero array of ``n`` elements of ``dtype``."""
+    if out is None:
+        return np.zeros(n, dtype)
+    out.fill(0)
+    return out
+
+
+def _sum_range(
+    b: _Bucket,
+    received: list[np.ndarray],
+    taus: list[float],
+    unit: float,
+    table: np.ndarray,
+    lo: int,
+    hi: int,
+) -> np.ndarray:
+    """The block of this rank's range ``lo:hi``: every rank's words there (checked) summed
+    in units of ``unit`` (ranks in order), each nonzero sum as the nearest magnitude of the
+    table; what that does not say goes into this rank's residual (sent later: nothing is
+    lost).  Only the words' elements and the nonzero sums are touched."""
+    total = np.zeros(hi - lo, np.float64)
+    for r, rank_words in enumerate(received):
+        where = _positions(b, rank_words, f"rank[{r}].words")
+        _check_range(where, lo, hi, r)
+        # one word per element and rank: a plain indexed add, in rank order
+        total[where - lo] += np.where(rank_words & 1, 1.0, -1.0) * (taus[r] / unit)
+    nonzero = np.flatnonzero(total)
+    sums = total[nonzero]
+    codes = sum_blocks.quantize(sums, table)
+    left = sums - sum_blocks.values(codes, table)
+    off = np.flatnonzero(left)
+    if off.size:
+        _add_to_residual(b, lo + nonzero[off], left[off] * unit)
+    sent = codes != 0
+    return sum_blocks.encode_sparse(nonzero[sent], codes[sent], hi - lo, table.size)
+
+
+def _add_to_residual(b: _Bucket, positions: np.ndarray, values: np.ndarray) -> None:
+    """Add ``values`` to the residual of the buffer's elements at ``positions``
+    (ascending)."""
     for offset, _layer, seg in b.places:
         first, last = offset + seg.start, offset + seg.stop
-        lo, hi = max(first, start), min(last, stop)
-        if lo < hi:
+        i, j = np.searchsorted(positions, [first, last])
+        if i < j:
             res = b.residual[seg.layer][0 if seg.is_weight else 1]
-            res[lo - first : hi - first] += values[lo - start : hi - start]
+            res[positions[i:j] - first] += values[i:j]
 
 
 def _positions(b: _Bucket, words: np.ndarray, field_name: str) -> np.ndarray:
