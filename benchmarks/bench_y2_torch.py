@@ -120,7 +120,8 @@ def summarize(report: dict, hooks: list[str]) -> dict[str, dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, with the defaults of the mode chosen (``--net`` or not)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default=None, help="world sizes, comma-separated")
     parser.add_argument("--splits", default="shuffled,sorted")
@@ -142,8 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in DEFAULTS["net" if args.net else "loopback"].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    args.split = args.splits.split(",")[0]  # --net: one split
     if args.net:
-        args.split = args.splits.split(",")[0]
+        try:
+            y2_shaped.check_conditions(args.net)
+        except ValueError as exc:
+            parser.error(str(exc))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.net:
         return y2_shaped.main_shaped(args)
     args.hidden = int(args.hidden)
     hooks = args.hooks.split(",")

@@ -20,13 +20,15 @@ rank 0's).  Everything created is deleted when the launch ends, also on Ctrl-C, 
 failure.  Needs root (said plainly otherwise).
 
 Reported per condition, world, model and hook (means over the seeds; per seed in the JSON):
-time per step; bytes per rank and step on the wire (the rank's veth transmit counter: TCP/IP
-headers and retransmissions included) and as handed to the collectives; steps and seconds
-of training (evaluation excluded) to the first test accuracy ``>= --target`` (95 %), tested
-every ``--eval-every`` steps; CPU seconds per step (rank average, gloo's threads included);
-the accuracy after ``--epochs`` (30: the README's) unless ``--stop-at-target`` or
-``--max-steps`` cut the training short.  The machine's cores are shared by all ranks: where
-the CPU and not the wire is the bottleneck, times say so (compare the CPU column).
+time per step; bytes per rank and step on the wire (the rank's veth transmit counter:
+TCP/IP headers and retransmissions included) and as handed to the collectives; CPU time
+per step (rank average, gloo's threads included) -- all three per step after the first
+(DDP builds its buckets in the first: a cost of the start, counted in the time to the
+target only); steps and seconds of training (evaluation excluded) to the first test
+accuracy ``>= --target`` (95 %), tested every ``--eval-every`` steps; the accuracy after
+``--epochs`` (30: the README's) unless ``--stop-at-target`` or ``--max-steps`` cut the
+training short.  The machine's cores are shared by all ranks: where the CPU and not the
+wire is the bottleneck, times say so (compare the CPU column).
 """
 
 from __future__ import annotations
@@ -48,6 +50,18 @@ import netns_lab
 RANK_SCRIPT = Path(__file__).resolve().parent / "y2_shaped_rank.py"
 HOOKS = "allreduce,fp16,powersgd1,powersgd2,y2,y2-all-gather"
 MASTER_PORT = 29517
+
+
+def check_conditions(nets: str) -> None:
+    """:class:`ValueError` unless every condition of ``--net`` is one this mode knows."""
+    for net in nets.split(","):
+        if net not in ("loopback", "none"):
+            try:
+                netns_lab.rate_bits(net)
+            except ValueError:
+                raise ValueError(
+                    f"--net: {net!r} is not loopback, none or a rate (100mbit, 1gbit, ...)"
+                ) from None
 
 
 def condition_network(net: str, world: int) -> contextlib.AbstractContextManager:
@@ -130,6 +144,14 @@ def _wait(procs: list[subprocess.Popen], timeout: float, logs: list[Path]) -> No
         time.sleep(0.2)
 
 
+def _per_step(run: dict, measure: str) -> float:
+    """A measure per step after the first (DDP's first step builds its buckets: a cost
+    of the start, in the time to the target but not in the steady step)."""
+    if run["steps"] < 2:
+        return run[measure] / max(1, run["steps"])
+    return (run[measure] - run["first"][measure]) / (run["steps"] - 1)
+
+
 def summarize(report: dict, target: float) -> dict[str, dict[str, Any]]:
     """Per hook: means over the seeds of every measure (None where a seed lacks it), and
     the per-seed steps and seconds to the target."""
@@ -147,10 +169,10 @@ def summarize(report: dict, target: float) -> dict[str, dict[str, Any]]:
             "parameters": runs[0]["parameters"],
             "seeds": [r["seed"] for r in runs],
             "steps": [r["steps"] for r in runs],
-            "ms_per_step": mean([r["wall"] / r["steps"] * 1000 for r in runs]),
-            "wire_per_step": mean([rk["wire"] / rk["steps"] for rk in per_rank]),
-            "counted_per_step": mean([rk["counted"] / rk["steps"] for rk in per_rank]),
-            "cpu_ms_per_step": mean([rk["cpu"] / rk["steps"] * 1000 for rk in per_rank]),
+            "ms_per_step": mean([_per_step(r, "wall") * 1000 for r in runs]),
+            "wire_per_step": mean([_per_step(rk, "wire") for rk in per_rank]),
+            "counted_per_step": mean([_per_step(rk, "counted") for rk in per_rank]),
+            "cpu_ms_per_step": mean([_per_step(rk, "cpu") * 1000 for rk in per_rank]),
             "steps_to_target": [r["reached"][0] if r["reached"] else None for r in runs],
             "seconds_to_target": [r["reached"][1] if r["reached"] else None for r in runs],
             "final_accuracy": mean([r["curve"][-1][2] if r["epochs_done"] else None for r in runs]),
@@ -175,6 +197,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                             "hidden": hidden,
                             "report": report,
                             "summary": summarize(report, args.target),
+                            # what shaped each rank's egress, and what it held back
+                            "qdiscs": lab.qdiscs(),
                         }
                     )
                     if args.progress:

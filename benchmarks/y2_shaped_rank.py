@@ -6,14 +6,17 @@ Started by the benchmark (under ``ip netns exec`` in the rank's namespace), with
 when all ranks share one loopback, then the counter holds every rank's bytes and is divided
 by the world size).  Rank 0 prints one JSON line: a run per seed and hook.
 
-What is measured per step, on every rank, around the training step only (forward, backward
-with the hook's exchange, optimizer step; not the evaluation that follows some steps):
-wall time, CPU time of the whole process (``time.process_time``: gloo's threads included),
-the bytes that left by ``--device`` (``/proc/self/net/dev``: TCP/IP headers, gloo's own
-messages, retransmissions included) and the bytes the hooks handed to the collectives
-(:class:`CollectiveBytes`, counted as ring algorithms send them).  Every ``--eval-every``
-steps the model is tested on digits' held-out quarter, each rank on a slice of it, the
-correct answers summed by an all-reduce (not counted: outside the step).
+What is measured, on every rank, as sums over a training and over its first step alone
+(DDP builds its buckets in the first): around the training steps only (forward, backward
+with the hook's exchange, optimizer step; not the test that follows some steps), wall time,
+CPU time of the whole process (``time.process_time``: gloo's threads included) and the
+bytes the hooks handed to the collectives (:class:`CollectiveBytes`, counted as ring
+algorithms send them); and the bytes that left by ``--device`` (``/proc/self/net/dev``:
+TCP/IP headers, gloo's own messages, retransmissions included) from the first step until
+the queues have drained after the last, less what the tests sent (measured alone before
+the training: :func:`test_bytes`).  Every ``--eval-every`` steps the model is tested on
+digits' held-out quarter, each rank on a slice of it, the correct answers summed by an
+all-reduce.
 """
 
 # No ``from __future__ import annotations``: DDP checks a hook's annotations as objects.
@@ -38,6 +41,9 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "y2_ddp_train.py
 HOOKS = ("allreduce", "fp16", "powersgd1", "powersgd2", "y2", "y2-all-gather")
 #: One bucket for every hook (the example's reason: PowerSGD hangs on gloo with several).
 BUCKET_CAP_MB = 1024
+#: Seconds for what a rank has written to its sockets to leave its queues (tbf's included:
+#: the last test's all-reduce waited for the data queued before it on the same links).
+DRAIN = 0.25
 
 
 def _example() -> Any:
@@ -47,6 +53,18 @@ def _example() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_bytes(device: str, repeat: int = 8) -> float:
+    """Bytes this rank sends for one test's all-reduce of its correct answers (with the
+    ACKs it sends), measured alone: taken off the training's bytes."""
+    time.sleep(DRAIN)
+    before = tx_bytes(device)
+    count = torch.zeros(1, dtype=torch.int64)
+    for _ in range(repeat):
+        dist.all_reduce(count)
+    time.sleep(DRAIN)
+    return (tx_bytes(device) - before) / repeat
 
 
 def tx_bytes(device: str) -> int:
@@ -147,19 +165,23 @@ def train(hook: str, seed: int, data: Any, example: Any, args: argparse.Namespac
     total = args.epochs * steps_per_epoch
     if args.max_steps:
         total = min(total, args.max_steps)
-    wall = cpu = wire = 0.0
+    wall = cpu = 0.0
     counter.bytes = 0.0
     curve: list[tuple[int, float, float]] = []  # (step, seconds so far, test accuracy)
     reached: tuple[int, float] | None = None
     order = torch.randperm(len(x), generator=gen)
     dist.barrier()
+    per_test = test_bytes(args.device)
+    tests = 0
+    wire0 = tx_bytes(args.device)
     step = 0
+    first: dict[str, float] = {}
     while step < total:
         k = step % steps_per_epoch
         if k == 0 and step:
             order = torch.randperm(len(x), generator=gen)
         idx = order[k * node_batch : (k + 1) * node_batch]
-        w0, c0, t0 = tx_bytes(args.device), time.process_time(), time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         counter.counting = True
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(x[idx]), y[idx]).backward()
@@ -167,19 +189,24 @@ def train(hook: str, seed: int, data: Any, example: Any, args: argparse.Namespac
         counter.counting = False
         wall += time.perf_counter() - t0
         cpu += time.process_time() - c0
-        wire += tx_bytes(args.device) - w0
         step += 1
+        if step == 1:  # DDP's first step (it builds its buckets then): kept apart
+            wire = tx_bytes(args.device) - wire0  # about: its tail may still be queued
+            first = {"wall": wall, "cpu": cpu, "wire": wire, "counted": counter.bytes}
         if step % args.eval_every and step < total:
             continue
         with torch.no_grad():
             correct = torch.tensor([int((model(tx).argmax(1) == ty).sum())], dtype=torch.int64)
         dist.all_reduce(correct)
+        tests += 1
         accuracy = int(correct) / n_test
         curve.append((step, wall, accuracy))
         if reached is None and accuracy >= args.target:
             reached = (step, wall)
             if args.stop_at_target:
                 break
+    time.sleep(DRAIN)  # the last step's bytes out of the queues
+    wire = tx_bytes(args.device) - wire0 - tests * per_test
     dist.barrier()
     result = {
         "hook": hook,
@@ -190,6 +217,7 @@ def train(hook: str, seed: int, data: Any, example: Any, args: argparse.Namespac
         "cpu": cpu,
         "wire": wire,
         "counted": counter.bytes,
+        "first": first,
         "curve": curve,
         "reached": reached,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -232,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
             dist.gather_object(mine, ranks if rank == 0 else None, dst=0)
             if rank == 0:
                 runs.append({**mine, "ranks": [{k: r[k] for k in ("wall", "cpu", "wire",
-                             "counted", "steps")} for r in ranks]})  # fmt: skip
+                             "counted", "steps", "first")} for r in ranks]})  # fmt: skip
     if rank == 0:
         print(json.dumps({"world": world, "hidden": args.hidden, "runs": runs}), flush=True)
     gc.collect()
