@@ -98,6 +98,7 @@ def launch(args: argparse.Namespace, lab: netns_lab.Lab, hidden: int) -> dict:
         "WORLD_SIZE": str(world),
         "GLOO_SOCKET_IFNAME": lab.device,
         "OMP_NUM_THREADS": "1",
+        "Y2_SHAPED_PARENT": str(os.getpid()),  # the ranks die with this process
     }
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="y2-shaped-") as tmp:
@@ -273,7 +274,12 @@ def main_shaped(args: argparse.Namespace) -> int:
     except netns_lab.LabError as exc:
         print(f"bench_y2_torch --net: {exc}", file=sys.stderr)
         return 2
-    results = run(args)
+    try:
+        results = run(args)
+    except KeyboardInterrupt:
+        print("bench_y2_torch --net: interrupted; every rank stopped, the lab deleted",
+              file=sys.stderr)  # fmt: skip
+        return 130
     table = markdown(results, args)
     print(table)
     if args.json:

@@ -21,9 +21,12 @@ all-reduce.
 
 # No ``from __future__ import annotations``: DDP checks a hook's annotations as objects.
 import argparse
+import ctypes
 import gc
 import importlib.util
 import json
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -227,7 +230,19 @@ def train(hook: str, seed: int, data: Any, example: Any, args: argparse.Namespac
     return result
 
 
+def die_with_the_benchmark() -> None:
+    """Killed when the benchmark that started this rank dies (even by SIGKILL): a rank
+    must not outlive it (the next run deletes its namespaces; Linux only)."""
+    parent = int(os.environ.get("Y2_SHAPED_PARENT", "0"))
+    if not parent:
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before that
+        raise SystemExit("the benchmark that started this rank is gone")
+
+
 def main(argv: list[str] | None = None) -> None:
+    die_with_the_benchmark()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hooks", default=",".join(HOOKS))
     parser.add_argument("--seeds", default="0")
