@@ -224,8 +224,8 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
         first = next(iter(rows.values()))
         out.append(
             f"\n**{res['net']}, {res['world']} ranks, 64-{res['hidden']}-{res['hidden']}-10 "
-            f"({first['parameters']:,} parameters)**, seeds {args.seeds}, target "
-            f"{args.target:.0%}\n"
+            f"({first['parameters']:,} parameters)**, {args.split} split, seeds {args.seeds}, "
+            f"target {args.target:.0%}\n"
         )
         out.append(
             "| hook | ms/step (× all-reduce) | wire B/step (× fewer) | counted B/step | "

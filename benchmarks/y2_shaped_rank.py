@@ -194,8 +194,8 @@ def train(hook: str, seed: int, data: Any, example: Any, args: argparse.Namespac
         cpu += time.process_time() - c0
         step += 1
         if step == 1:  # DDP's first step (it builds its buckets then): kept apart
-            wire = tx_bytes(args.device) - wire0  # about: its tail may still be queued
-            first = {"wall": wall, "cpu": cpu, "wire": wire, "counted": counter.bytes}
+            sent = float(tx_bytes(args.device) - wire0)  # about: its tail may be queued
+            first = {"wall": wall, "cpu": cpu, "wire": sent, "counted": counter.bytes}
         if step % args.eval_every and step < total:
             continue
         with torch.no_grad():
