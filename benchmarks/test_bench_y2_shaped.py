@@ -1,11 +1,11 @@
 """``bench_y2_torch.py --net`` at a tiny size: the shaped-network mode runs, reports every
 measure, cleans up, and the shaping is real.
 
-2 ranks, a 301 k-parameter MLP (1.2 MB of fp32 gradient a step), a few steps of all-reduce,
-fp16 and y2, unshaped (``none``) and at 100 Mbit/s.  The checks are ratios within this run
+2 ranks, a 301 k-parameter MLP (1.2 MB of fp32 gradient a step), a few steps of all-reduce
+and y2, unshaped (``none``) and at 100 Mbit/s.  The checks are ratios within this run
 and a physical bound, not wall-clock thresholds: tbf's own counters say it held packets
-back, no hook sends faster than the rate, and all-reduce's step at 100 Mbit/s is several
-times its unshaped step.  Needs root (network namespaces, tbf) and iproute2: skipped
+back, no hook sends faster than the rate, and all-reduce's step at 100 Mbit/s is over
+twice its unshaped step.  Needs root (network namespaces, tbf) and iproute2: skipped
 elsewhere, failed under CI (``CI=true``), where the suite runs as root.
 """
 
@@ -29,7 +29,7 @@ if not os.environ.get("WIREKIT_REQUIRE_TORCH"):  # CI: a missing torch is an err
 
 BENCH = Path(__file__).resolve().parent / "bench_y2_torch.py"
 STEPS = 5
-HOOKS = ("allreduce", "fp16", "y2")
+HOOKS = ("allreduce", "y2")
 #: 100 Mbit/s in bytes per second, with room for tbf's burst over a short step
 RATE_CEILING = 100e6 / 8 * 1.1
 
