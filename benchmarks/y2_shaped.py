@@ -20,15 +20,16 @@ rank 0's).  Everything created is deleted when the launch ends, also on Ctrl-C, 
 failure.  Needs root (said plainly otherwise).
 
 Reported per condition, world, model and hook (means over the seeds; per seed in the JSON):
-time per step; bytes per rank and step on the wire (the rank's veth transmit counter:
-TCP/IP headers and retransmissions included) and as handed to the collectives; CPU time
-per step (rank average, gloo's threads included) -- all three per step after the first
-(DDP builds its buckets in the first: a cost of the start, counted in the time to the
-target only); steps and seconds of training (evaluation excluded) to the first test
-accuracy ``>= --target`` (95 %), tested every ``--eval-every`` steps; the accuracy after
-``--epochs`` (30: the README's) unless ``--stop-at-target`` or ``--max-steps`` cut the
-training short.  The machine's cores are shared by all ranks: where the CPU and not the
-wire is the bottleneck, times say so (compare the CPU column).
+time per step and CPU time per step (rank average, gloo's threads included), both after
+the first step (DDP builds its buckets in the first: a cost of the start, counted in the
+time to the target only); bytes per rank and step on the wire (the rank's veth transmit
+counter: TCP/IP headers and retransmissions included) and as handed to the collectives,
+over every step (PowerSGD's first 2 are plain all-reduces); steps and seconds of training
+(evaluation excluded) to the first test accuracy ``>= --target`` (95 %), tested every
+``--eval-every`` steps; the accuracy after ``--epochs`` (30: the README's) unless
+``--stop-at-target`` or ``--max-steps`` cut the training short.  The machine's cores are
+shared by all ranks: where the CPU and not the wire is the bottleneck, times say so
+(compare the CPU column).
 """
 
 from __future__ import annotations
@@ -146,8 +147,8 @@ def _wait(procs: list[subprocess.Popen], timeout: float, logs: list[Path]) -> No
 
 
 def _per_step(run: dict, measure: str) -> float:
-    """A measure per step after the first (DDP's first step builds its buckets: a cost
-    of the start, in the time to the target but not in the steady step)."""
+    """A time per step after the first (DDP's first step builds its buckets: a cost of
+    the start, in the time to the target but not in the steady step)."""
     if run["steps"] < 2:
         return run[measure] / max(1, run["steps"])
     return (run[measure] - run["first"][measure]) / (run["steps"] - 1)
@@ -171,8 +172,8 @@ def summarize(report: dict, target: float) -> dict[str, dict[str, Any]]:
             "seeds": [r["seed"] for r in runs],
             "steps": [r["steps"] for r in runs],
             "ms_per_step": mean([_per_step(r, "wall") * 1000 for r in runs]),
-            "wire_per_step": mean([_per_step(rk, "wire") for rk in per_rank]),
-            "counted_per_step": mean([_per_step(rk, "counted") for rk in per_rank]),
+            "wire_per_step": mean([rk["wire"] / rk["steps"] for rk in per_rank]),
+            "counted_per_step": mean([rk["counted"] / rk["steps"] for rk in per_rank]),
             "cpu_ms_per_step": mean([_per_step(rk, "cpu") * 1000 for rk in per_rank]),
             "steps_to_target": [r["reached"][0] if r["reached"] else None for r in runs],
             "seconds_to_target": [r["reached"][1] if r["reached"] else None for r in runs],
