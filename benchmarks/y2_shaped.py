@@ -282,7 +282,8 @@ def main_shaped(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 130
     table = markdown(results, args)
-    print(table)
+    if not args.progress:  # else every table is printed already
+        print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     if args.markdown:
