@@ -19,6 +19,16 @@ fewer than all-reduce's, and the time per step against all-reduce's.  Then how e
 bytes per rank scale with the ranks.  The machine's cores are shared by all ranks of a run
 (and maybe with other work): times are ratios within one run, bytes do not depend on it.
 (A standalone script, not a pytest-benchmark group: every row is a multi-process training.)
+
+With ``--net`` it measures instead what a user pays: time to a test accuracy, with every
+rank in a network namespace of its own, its egress shaped by ``tbf`` (``--net 100mbit``,
+``1gbit``, ``none``: unshaped veths; ``loopback``: one namespace's loopback), per hook
+(all-reduce, fp16, PowerSGD rank 1 and 2, y2 and y2's all-gather) in one launch per
+condition: ``benchmarks/y2_shaped.py`` (its doc has the details; needs root)::
+
+    python benchmarks/bench_y2_torch.py --net 100mbit --ranks 8 --hidden 1024 --seeds 0,1
+    python benchmarks/bench_y2_torch.py --net loopback,none,1gbit,100mbit --ranks 4,8 \\
+        --hidden 128,256,1024 --seeds 0,1 --json y2-net.json --markdown y2-net.md
 """
 
 from __future__ import annotations
@@ -32,8 +42,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import y2_shaped
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "y2_ddp_train.py"
 HOOKS = "local,allreduce,fp16,powersgd,y2,y2-all-gather"
+#: The defaults of the two modes: the loopback table, and ``--net``'s time to accuracy.
+DEFAULTS = {
+    "loopback": {"ranks": "2,4,8", "seeds": "0,1,2", "hooks": HOOKS, "hidden": "256"},
+    "net": {"ranks": "4,8", "seeds": "0,1", "hooks": y2_shaped.HOOKS, "hidden": "128,256,1024"},
+}
 
 
 def own_network_namespace() -> bool:
@@ -103,18 +120,43 @@ def summarize(report: dict, hooks: list[str]) -> dict[str, dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, with the defaults of the mode chosen (``--net`` or not)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", default="2,4,8", help="world sizes, comma-separated")
+    parser.add_argument("--ranks", default=None, help="world sizes, comma-separated")
     parser.add_argument("--splits", default="shuffled,sorted")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--hooks", default=HOOKS)
-    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--seeds", default=None)
+    parser.add_argument("--hooks", default=None)
+    parser.add_argument("--hidden", default=None, help="hidden width (--net: comma-separated)")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--density", type=float, default=0.05)
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds per world size")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per launch")
     parser.add_argument("--json", default=None, help="also write the raw results here")
+    parser.add_argument(
+        "--net",
+        default=None,
+        help="time to accuracy under these network conditions, comma-separated: loopback, "
+        "none (unshaped veths), or a tbf rate (1gbit, 100mbit); needs root",
+    )
+    y2_shaped.add_arguments(parser)
     args = parser.parse_args(argv)
+    for name, value in DEFAULTS["net" if args.net else "loopback"].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.split = args.splits.split(",")[0]  # --net: one split
+    if args.net:
+        try:
+            y2_shaped.check_conditions(args.net)
+        except ValueError as exc:
+            parser.error(str(exc))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.net:
+        return y2_shaped.main_shaped(args)
+    args.hidden = int(args.hidden)
     hooks = args.hooks.split(",")
     netns = own_network_namespace()
     reports, tables = [], {}

@@ -14,14 +14,17 @@ cd "$(dirname "$0")/.."
 # promtool (tests/test_serve_prometheus.py runs deploy/'s rules and dashboard queries in a
 # real one) and Chromium (tests/test_serve_page.py opens `wirekit serve`'s live page in it,
 # headless, driven over its DevTools protocol; under CI=true that test fails without it
-# rather than skip).  Installed when missing,
-# where this runs as root with apt-get; elsewhere those tests skip, and this says so first.
+# rather than skip) and iproute2 (benchmarks/test_bench_y2_shaped.py puts ranks in network
+# namespaces behind tbf-shaped veths, as root; under CI it fails without).  Installed when
+# missing, where this runs as root with apt-get; elsewhere those tests skip, and this says so
+# first.
 missing=()
 command -v tcpdump > /dev/null 2>&1 || missing+=(tcpdump)
 command -v tshark > /dev/null 2>&1 || missing+=(tshark)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" > /dev/null || missing+=(postgresql)
 { command -v prometheus && command -v promtool; } > /dev/null 2>&1 || missing+=(prometheus)
 command -v chromium > /dev/null 2>&1 || missing+=(chromium)
+{ command -v ip && command -v tc; } > /dev/null 2>&1 || missing+=(iproute2)
 if ((${#missing[@]})); then
     if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null 2>&1; then
         apt-get update -qq
