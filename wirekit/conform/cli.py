@@ -77,6 +77,12 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--junit", metavar="FILE", help="also write the report as JUnit XML to FILE")
     p.add_argument(
+        "--junit-strict",
+        action="store_true",
+        help="in the JUnit XML, every failed case is a <failure> (default: only MUST ones; "
+        "the others are <skipped> findings, which do not fail a CI)",
+    )
+    p.add_argument(
         "--case-timeout",
         type=float,
         default=DEFAULT_TIMEOUT,
@@ -183,7 +189,9 @@ def _conform_command(
         else:
             out.write(render_table(f"{suite.title} at {name}: {len(results)} cases", results))
         if junit is not None:
-            junit.write(report.to_junit(args.protocol, args.role, name, results))
+            junit.write(
+                report.to_junit(args.protocol, args.role, name, results, strict=args.junit_strict)
+            )
     finally:
         if junit is not None:
             junit.close()

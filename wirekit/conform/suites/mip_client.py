@@ -35,7 +35,7 @@ LISTENS = True
 MUST, SHOULD = Level.MUST, Level.SHOULD
 
 SPEC = "specs/mip.md"
-FORMAT = SPEC
+FORMAT = f"{SPEC}#messages"
 ERRORS = f"{SPEC}#error-codes"
 VALIDATES = f"{SPEC}#how-wirekit-validates-both-implementations-in-this-order"
 CONNECTIONS = f"{SPEC}#server-connections"
