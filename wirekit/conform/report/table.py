@@ -45,10 +45,10 @@ def summary(results: Sequence[Result]) -> str:
 
 
 def rests_on(section: str) -> str:
-    """A case's section with the heading it names: ``specs/mip.md#error-codes (Error
-    codes)``; the anchor alone when the spec is not at hand."""
+    """A case's section by the heading it names: ``specs/mip.md, section "Error codes"``; the
+    anchor when the spec is not at hand (wirekit installed without its checkout)."""
     title = heading_of(section)
-    return f"{section} ({title})" if title else section
+    return f'{section.partition("#")[0]}, section "{title}"' if title else section
 
 
 def failure_lines(result: Result) -> list[tuple[str, str]]:
