@@ -111,7 +111,7 @@ def test_a_failure_shows_what_was_sent_expected_why_and_got():
     details = lines[at + 1 : at + 7]
     assert [line.split(":")[0].strip() for line in details] == [
         "sent", "expected", "waited for", "rests on", "got",
-        "bytes the target sent in this case before the verdict (90)",
+        "bytes received from the target before the verdict (90)",
     ]  # fmt: skip
     assert details[2] == "    waited for: error SHAPE"
     assert details[3].endswith('rests on:   specs/mip.md, section "Error codes"')
@@ -189,7 +189,7 @@ def test_junit_fails_a_ci_only_on_must_failures():
         assert skipped.get("message").startswith(f"finding ({level} not met): expected ")
         out = case.find("system-out").text
         assert f"level: {level}" in out and "sent: " in out and "rests on: " in out
-    assert "bytes the target sent in this case before the verdict (2):" in (
+    assert "bytes received from the target before the verdict (2):" in (
         cases[3].find("system-out").text
     )
     assert cases[4].find("skipped").get("message") == "REST only"

@@ -32,7 +32,7 @@ def hex_lines(data: bytes, limit: int = EXCERPT_BYTES) -> list[str]:
 
 def received_label(data: bytes) -> str:
     """What the hex excerpt under a failure is."""
-    return f"bytes the target sent in this case before the verdict ({len(data)}):"
+    return f"bytes received from the target before the verdict ({len(data)}):"
 
 
 def summary(results: Sequence[Result]) -> str:
