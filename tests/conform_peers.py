@@ -44,6 +44,30 @@ def kubemo_conform_main() -> None:
     serve_kubemo(kubemo_conform_model)
 
 
+def kubemo_natural_conform_model(*samples):
+    """The conformance model as one would first write it in KubeMo's API: each sample's
+    inputs returned as its outputs (the ``Dynamic`` objects KubeMo passed in), with
+    ``conform:first`` and ``conform:fail`` as in :func:`kubemo_conform_model`."""
+    import kubemo
+
+    outputs = []
+    for sample in samples:
+        first = sample[0].serial if sample else None
+        marker = first.reader.getvalue() if first is not None and first.kind == kubemo.TEXT else b""
+        if marker == FAIL:
+            raise RuntimeError("the conformance case asked the model to fail")
+        outputs.append(sample[:1] if marker == FIRST_ONLY else sample)
+    return tuple(outputs)
+
+
+def kubemo_natural_echo_main() -> None:
+    """KubeMo's server with :func:`kubemo_natural_conform_model`: its ``Dynamic`` outputs
+    bug (they have no ``kind``) makes every echo an INTERNAL, until killed."""
+    from mip_net import serve_kubemo
+
+    serve_kubemo(kubemo_natural_conform_model)
+
+
 # --------------------------------------------------------------------------- broken servers
 
 
