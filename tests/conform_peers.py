@@ -201,7 +201,13 @@ def kubemo_client_driver_main() -> None:
         found = re.search(r"responded with error code: (\d+)", str(exc))
         return int(found[1]) if found else None
 
-    drive(lambda: client.ping(address), infer, typed, error_code)
+    def build(texts):  # a sample as KubeMo's README builds one: Text(str)
+        return tuple(kubemo.Text(t) for t in texts)
+
+    def send(samples):
+        return [row[0].decode() for row in client.inference(address, tuple(samples))]
+
+    drive(lambda: client.ping(address), infer, typed, error_code, build=build, send=send)
 
 
 def silent_frontend_main() -> None:
