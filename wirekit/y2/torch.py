@@ -14,7 +14,15 @@ feedback, per DDP bucket:
 3. exchange the words and hand DDP the average of every rank's words as the gradient, by one
    of two exchanges (``exchange=``):
 
-   * ``"reduce-scatter"`` (the default; SparCML's and Ok-Topk's shape): rank ``r`` owns the
+   * ``"slots"`` (the default): the reduce-scatter below in two collectives.  Every rank
+     sends each owner a slot (one ``all_to_all_single``): a 16-byte head (its word count,
+     the size of its next step's slot, its tau) then its words of the owner's range; the
+     owner sends every rank its sums block behind the size of its next step's block (a
+     second all-to-all).  Each size a rank receives was announced by its sender the step
+     before (the largest possible on a bucket's first step), so no collective carries
+     counts alone; words beyond a slot and sums beyond a block go back into the residual.
+     While everything fits, the update is the reduce-scatter's bit for bit;
+   * ``"reduce-scatter"`` (SparCML's and Ok-Topk's shape): rank ``r`` owns the
      ``r``-th of ``W`` equal ranges of the bucket, each rank sends each owner its words there
      (counts and taus all-gathered first, then one ``all_to_all_single``), the owner sums
      them and sends every rank its range's sums as a bitmap plus one code per nonzero sum
@@ -199,21 +207,24 @@ class Y2HookState:
 
     ``module``: the model (or its DDP wrapper), for the layer ids.  ``tau``: a fixed
     threshold; ``None`` (the default) adapts it so that about ``density`` of a bucket's
-    elements send a word each step.  ``exchange``: ``"reduce-scatter"`` (the default: each
-    rank sums the words of one range of the bucket and sends every rank the sums, coded
-    compactly; the bytes per rank stay nearly flat as ranks are added) or ``"all-gather"``
+    elements send a word each step.  ``exchange``: ``"slots"`` (the default: the
+    reduce-scatter in two collectives, sizes agreed one step ahead), ``"reduce-scatter"``
+    (each rank sums the words of one range of the bucket and sends every rank the sums,
+    coded compactly; the bytes per rank stay nearly flat as ranks are added; three
+    collectives) or ``"all-gather"``
     (every rank's words to every rank; bytes per rank grow with the world size).
     ``process_group``: the group DDP uses (default group if None).  ``record``: keep the
     words of the last step in ``last_words`` (bucket index → ``(words, tau)`` per rank:
     every rank's words with ``all-gather``, the words this rank received from each rank,
-    those of its range, with ``reduce-scatter``).
+    those of its range, with ``slots`` and ``reduce-scatter``).
 
     Counters (this rank): ``steps`` (buckets hooked), ``words_sent``, ``bytes_sent``
     (what this rank puts on the wire: ``(world - 1) ×`` its block in a ring all-gather,
     sizes included; its parts for the other ranks in an all-to-all), ``elements`` (gradient
     elements seen), and the seconds spent in ``compress_seconds`` (residual update, tau,
-    compress), ``exchange_seconds`` (the collectives, and with ``reduce-scatter`` the
-    summing and coding of its range) and ``apply_seconds`` (apply and average).
+    compress), ``exchange_seconds`` (the collectives, and with ``slots`` or
+    ``reduce-scatter`` the summing and coding of its range) and ``apply_seconds`` (apply
+    and average).
     """
 
     module: torch.nn.Module
