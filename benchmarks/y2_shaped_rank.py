@@ -134,7 +134,7 @@ class CollectiveBytes:
 def register(ddp: DDP, hook: str) -> None:
     """Register the named hook on ``ddp``; y2's with its state's defaults."""
     if hook in ("y2", "y2-all-gather"):
-        exchange = "all-gather" if hook == "y2-all-gather" else "reduce-scatter"
+        exchange = "all-gather" if hook == "y2-all-gather" else "slots"
         ddp.register_comm_hook(Y2HookState(ddp, exchange=exchange), y2_hook)
     elif hook == "allreduce":
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)

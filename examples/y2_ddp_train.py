@@ -18,10 +18,11 @@ record to rank 0 every epoch.
 
 Hooks: ``allreduce`` (PyTorch's default hook: fp32 all-reduce of the averaged gradient),
 ``fp16`` (its ``fp16_compress_hook``), ``powersgd`` (its PowerSGD hook, rank 2), ``y2``
-(``wirekit.y2.torch`` at its defaults: the reduce-scatter exchange), ``y2-all-gather`` (the
-same with the all-gather exchange), ``local`` (no exchange at all: each node trains its own
-model; rank 0's is tested).  ``--seeds`` runs every hook once per
-seed (model initialisation, batch order, the shuffled split); every run restarts from scratch.
+(``wirekit.y2.torch`` at its defaults: the two-collective ``slots`` exchange),
+``y2-reduce-scatter`` and ``y2-all-gather`` (the same with those exchanges), ``local`` (no
+exchange at all: each node trains its own model; rank 0's is tested).  ``--seeds`` runs
+every hook once per seed (model initialisation, batch order, the shuffled split); every run
+restarts from scratch.
 
 Bytes per step, two ways:
 
@@ -154,8 +155,8 @@ def _local_hook(_state, bucket: dist.GradBucket) -> torch.futures.Future[torch.T
 
 def register(ddp: DDP, hook: str, density: float, tau: float | None):
     """Register the named hook; the y2 state (or None)."""
-    if hook in ("y2", "y2-all-gather"):
-        exchange = "all-gather" if hook == "y2-all-gather" else "reduce-scatter"
+    if hook in ("y2", "y2-all-gather", "y2-reduce-scatter"):
+        exchange = {"y2": "slots"}.get(hook, hook[3:])
         state = Y2HookState(ddp, tau=tau, density=density, exchange=exchange)
         ddp.register_comm_hook(state, y2_hook)
         return state

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import importlib
 import multiprocessing
 import os
 import pickle
@@ -33,7 +34,9 @@ def _child(rank: int, world: int, port: int, body: str, out: str, kwargs: dict) 
             world_size=world,
             timeout=timedelta(seconds=60),
         )
-        result = globals()[body](rank, world, **kwargs)
+        module, _, name = body.rpartition(":")  # "module:body" for another module's body
+        function = getattr(importlib.import_module(module), name) if module else globals()[body]
+        result = function(rank, world, **kwargs)
         gc.collect()  # free the DDP wrappers (and their use of the group) before it goes
         dist.destroy_process_group()
         Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))

@@ -14,7 +14,15 @@ feedback, per DDP bucket:
 3. exchange the words and hand DDP the average of every rank's words as the gradient, by one
    of two exchanges (``exchange=``):
 
-   * ``"reduce-scatter"`` (the default; SparCML's and Ok-Topk's shape): rank ``r`` owns the
+   * ``"slots"`` (the default): the reduce-scatter below in two collectives.  Every rank
+     sends each owner a slot (one ``all_to_all_single``): a 16-byte head (its word count,
+     the size of its next step's slot, its tau) then its words of the owner's range; the
+     owner sends every rank its sums block behind the size of its next step's block (a
+     second all-to-all).  Each size a rank receives was announced by its sender the step
+     before (the largest possible on a bucket's first step), so no collective carries
+     counts alone; words beyond a slot and sums beyond a block go back into the residual.
+     While everything fits, the update is the reduce-scatter's bit for bit;
+   * ``"reduce-scatter"`` (SparCML's and Ok-Topk's shape): rank ``r`` owns the
      ``r``-th of ``W`` equal ranges of the bucket, each rank sends each owner its words there
      (counts and taus all-gathered first, then one ``all_to_all_single``), the owner sums
      them and sends every rank its range's sums as a bitmap plus one code per nonzero sum
@@ -103,8 +111,18 @@ TAU_SAMPLE = 65536
 CAPACITY_SLACK = 1.25
 CAPACITY_MIN = 16
 _HEAD = 4  # int32s before the words in a block: count (int64), tau (float64)
+#: The ``slots`` exchange: int32s before the words in a slot (count, next slot, tau),
+#: bytes before an owner's sums block (its next block's size).
+SLOT_HEAD = 4
+SUMS_HEAD = 4
+#: The ``slots`` exchange sizes the next step's slot of ``c`` words (this step's count,
+#: before any overflow) ``SLOT_SLACK × c + SLOT_SIGMAS × sqrt(c) + SLOT_MIN``, and the next
+#: sums block for that many nonzero sums from this step's.
+SLOT_SLACK = 1.05
+SLOT_SIGMAS = 2.0
+SLOT_MIN = 4
 #: How the hook moves the words (:class:`Y2HookState` ``exchange``).
-EXCHANGES = ("reduce-scatter", "all-gather")
+EXCHANGES = ("slots", "reduce-scatter", "all-gather")
 
 _NUMPY_DTYPES = {
     torch.float16: np.float16,
@@ -175,6 +193,12 @@ class _Bucket:
     # buffer and its length, at 2 × layer + (0 weights, 1 biases)
     slot_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     slot_size: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # slots: the sizes agreed one step ahead (None before the bucket's first step): words
+    # this rank may send each owner, words each rank may send this one, bytes of each
+    # owner's sums block
+    slots_out: np.ndarray | None = None
+    slots_in: np.ndarray | None = None
+    sum_bounds: np.ndarray | None = None
 
 
 @dataclass
@@ -183,27 +207,30 @@ class Y2HookState:
 
     ``module``: the model (or its DDP wrapper), for the layer ids.  ``tau``: a fixed
     threshold; ``None`` (the default) adapts it so that about ``density`` of a bucket's
-    elements send a word each step.  ``exchange``: ``"reduce-scatter"`` (the default: each
-    rank sums the words of one range of the bucket and sends every rank the sums, coded
-    compactly; the bytes per rank stay nearly flat as ranks are added) or ``"all-gather"``
+    elements send a word each step.  ``exchange``: ``"slots"`` (the default: the
+    reduce-scatter in two collectives, sizes agreed one step ahead), ``"reduce-scatter"``
+    (each rank sums the words of one range of the bucket and sends every rank the sums,
+    coded compactly; the bytes per rank stay nearly flat as ranks are added; three
+    collectives) or ``"all-gather"``
     (every rank's words to every rank; bytes per rank grow with the world size).
     ``process_group``: the group DDP uses (default group if None).  ``record``: keep the
     words of the last step in ``last_words`` (bucket index → ``(words, tau)`` per rank:
     every rank's words with ``all-gather``, the words this rank received from each rank,
-    those of its range, with ``reduce-scatter``).
+    those of its range, with ``slots`` and ``reduce-scatter``).
 
     Counters (this rank): ``steps`` (buckets hooked), ``words_sent``, ``bytes_sent``
     (what this rank puts on the wire: ``(world - 1) ×`` its block in a ring all-gather,
     sizes included; its parts for the other ranks in an all-to-all), ``elements`` (gradient
     elements seen), and the seconds spent in ``compress_seconds`` (residual update, tau,
-    compress), ``exchange_seconds`` (the collectives, and with ``reduce-scatter`` the
-    summing and coding of its range) and ``apply_seconds`` (apply and average).
+    compress), ``exchange_seconds`` (the collectives, and with ``slots`` or
+    ``reduce-scatter`` the summing and coding of its range) and ``apply_seconds`` (apply
+    and average).
     """
 
     module: torch.nn.Module
     tau: float | None = None
     density: float = 0.05
-    exchange: str = "reduce-scatter"
+    exchange: str = "slots"
     process_group: Any = None
     record: bool = False
     steps: int = 0
@@ -406,7 +433,7 @@ def _exchange_bucket(
         for offset, _layer, seg in b.places:  # residual += gradient
             res = b.residual[seg.layer][0 if seg.is_weight else 1]
             res += grads[offset + seg.start : offset + seg.stop]
-        exchange = _reduce_scatter if state.exchange == "reduce-scatter" else _all_gather
+        exchange = _EXCHANGE_FUNCTIONS[state.exchange]
         on_cpu = buffer.device.type == "cpu"  # then grads is the buffer: the update goes there
         step = exchange(state, b, n, buffer.device, grads if on_cpu else None)
         if step.out is not grads:
@@ -528,7 +555,7 @@ def _reduce_scatter(
     lo, hi = int(edges[rank]), int(edges[rank + 1])
     refusal: DecodeError | None = None
     try:
-        block = _sum_range(b, received, taus, unit, table, lo, hi)
+        block, _wanted = _sum_range(b, received, taus, unit, table, lo, hi)
     except DecodeError as exc:
         refusal, block = exc, sum_blocks.refused()
     bounds = [
@@ -550,6 +577,174 @@ def _reduce_scatter(
     return _Step(out, len(words), sent_bytes, received, taus, t1, t2)
 
 
+def _grown(count: np.ndarray) -> np.ndarray:
+    """The next step's room for ``count`` items (per owner): this step's with slack."""
+    count = np.asarray(count, np.float64)
+    room = SLOT_SLACK * count + SLOT_SIGMAS * np.sqrt(count) + SLOT_MIN
+    return np.ceil(room).astype(np.int64)
+
+
+def _sums_bound(size: int, nonzeros: int, world: int) -> int:
+    """Bytes of a ``slots`` sums block (its head included) with room for ``nonzeros`` sums
+    of a range of ``size`` elements, with the widest codes a table can have."""
+    levels = max(sum_blocks.LEVELS, world)
+    return SUMS_HEAD + sum_blocks.block_size(size, min(size, nonzeros), levels)
+
+
+def _room(bound: int, size: int, levels: int) -> int:
+    """How many nonzero sums of a range of ``size`` fit a ``slots`` block of ``bound``
+    bytes with a table of ``levels``."""
+    bits = sum_blocks.value_bits(levels)
+    free = (bound - SUMS_HEAD - sum_blocks.HEADER) * 8 - size
+    return max(0, min(size, free // bits))
+
+
+def _slots(state: Y2HookState, b: _Bucket, n: int, device: Any, out: np.ndarray | None) -> _Step:
+    """The reduce-scatter exchange in two collectives: rank ``r`` owns the buffer's
+    elements ``r n / W`` to ``(r + 1) n / W``; every rank sends each owner a slot of a size
+    agreed one step ahead, its head (word count, the next step's slot, tau) then its words
+    there (all-to-all); the owner sums them and sends every rank a block of the size it
+    announced the step before, its next block's size then the sums coded by
+    :mod:`wirekit.y2.sums` (all-to-all).  Words beyond a slot and sums beyond a block go
+    back into the residual (nothing is lost).  The first step's sizes are the largest
+    possible ones.  The update goes into ``out``, zeroed first, when given."""
+    group = state.process_group
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    edges = np.array([r * n // world for r in range(world + 1)], np.int64)
+    sizes = np.diff(edges)
+    words, tau = state._compress(b, n)  # the fixed tau, or this rank's own
+    limit = n
+    if state.tau is None:
+        limit = state.capacity(n)
+        if len(words) > limit:  # an even spread of them goes, the rest back into the residual
+            keep = np.zeros(len(words), bool)
+            keep[np.arange(limit) * len(words) // limit] = True
+            y2.apply(b.residual, words[~keep], tau)
+            words = words[keep]
+    most = np.minimum(sizes, limit)  # a slot's largest size, for each owner
+    if b.slots_out is None or b.slots_in is None or b.sum_bounds is None:
+        b.slots_out, b.slots_in = most.copy(), np.full(world, most[rank], np.int64)
+        b.sum_bounds = np.array([_sums_bound(int(s), int(s), world) for s in sizes], np.int64)
+    slots, slots_in, bounds = b.slots_out, b.slots_in, b.sum_bounds
+    positions = _positions(b, words, "words")
+    order = np.argsort(positions, kind="stable")
+    words = words[order]
+    starts = np.searchsorted(positions[order], edges)
+    counts = np.diff(starts)
+    next_slots = np.minimum(most, _grown(counts))
+    t1 = time.perf_counter()
+
+    # each owner's slot: head, then the words of its range that fit, an even spread
+    send = np.zeros(int((SLOT_HEAD + slots).sum()), np.int32)
+    tau_bits = np.array([tau], np.float64).view(np.int32)
+    at, dropped, sent_words = 0, [], 0
+    for j in range(world):
+        part = words[starts[j] : starts[j + 1]]
+        if part.size > slots[j]:
+            keep = np.zeros(part.size, bool)
+            keep[np.arange(slots[j]) * part.size // slots[j]] = True
+            dropped.append(part[~keep])
+            part = part[keep]
+        send[at : at + 2] = (part.size, next_slots[j])
+        send[at + 2 : at + SLOT_HEAD] = tau_bits
+        send[at + SLOT_HEAD : at + SLOT_HEAD + part.size] = part.view(np.int32)
+        at += SLOT_HEAD + int(slots[j])
+        sent_words += part.size
+    if dropped:
+        y2.apply(b.residual, np.concatenate(dropped), tau)
+    got = _all_to_all(send, SLOT_HEAD + slots, SLOT_HEAD + slots_in, group, device)
+    sent_bytes = 4 * int((SLOT_HEAD + slots).sum() - (SLOT_HEAD + slots[rank]))
+
+    # this rank's range summed and coded; a peer's bad slot refused to every rank
+    lo, hi = int(edges[rank]), int(edges[rank + 1])
+    refusal: DecodeError | None = None
+    received: list[np.ndarray] = []
+    taus: list[float] = []
+    next_in = slots_in
+    table = np.ones(1)
+    try:
+        parts = np.split(got, np.cumsum(SLOT_HEAD + slots_in)[:-1])
+        received, taus, next_in = _checked_slots(
+            parts, slots_in, int(most[rank]), state.tau, b.dtype
+        )
+        unit, table = min(taus), sum_blocks.magnitudes(taus)
+        room = _room(int(bounds[rank]), hi - lo, table.size)
+        block, wanted = _sum_range(b, received, taus, unit, table, lo, hi, room)
+        next_bound = _sums_bound(hi - lo, int(_grown(np.array([wanted]))[0]), world)
+    except DecodeError as exc:
+        refusal, block, next_bound = exc, sum_blocks.refused(), int(bounds[rank])
+    padded = np.zeros(int(bounds[rank]), np.uint8)
+    padded[:SUMS_HEAD] = np.array([next_bound], "<u4").view(np.uint8)
+    padded[SUMS_HEAD : SUMS_HEAD + block.size] = block
+    mine = int(bounds[rank])
+    blocks = _all_to_all(np.tile(padded, world), [mine] * world, bounds, group, device)
+    sent_bytes += (world - 1) * mine
+    if refusal is not None:
+        raise refusal
+    t2 = time.perf_counter()
+
+    out = _zeroed(out, n, b.dtype)
+    next_bounds = bounds.copy()
+    for j, part in enumerate(np.split(blocks, np.cumsum(bounds)[:-1])):
+        size = int(sizes[j])
+        field_name = f"rank[{j}].sums"
+        where, codes = sum_blocks.decode(part[SUMS_HEAD:], size, table.size, field_name)
+        announced = int(part[:SUMS_HEAD].view("<u4")[0])
+        largest = _sums_bound(size, size, world)
+        if not SUMS_HEAD + sum_blocks.HEADER <= announced <= largest:
+            raise DecodeError(
+                PROTOCOL,
+                f"{field_name}.next",
+                0,
+                f"{announced} bytes for a block of {SUMS_HEAD + sum_blocks.HEADER} to {largest}",
+            )
+        next_bounds[j] = announced
+        out[edges[j] + where] = sum_blocks.values(codes, table) * (min(taus) / world)
+    b.slots_out, b.slots_in, b.sum_bounds = next_slots, next_in, next_bounds
+    return _Step(out, sent_words, sent_bytes, received, taus, t1, t2)
+
+
+def _checked_slots(
+    parts: list[np.ndarray], slots: np.ndarray, most: int, fixed: float | None, dtype: Any
+) -> tuple[list[np.ndarray], list[float], np.ndarray]:
+    """Every rank's words for this rank's range, their taus and each rank's next slot,
+    read from the slots received (``slots[r]`` words after a head each), checked before
+    anything is read for them: a count within the slot, a next slot of at most ``most``
+    words (the range's elements, or the block's capacity), a tau finite and positive (and
+    ``fixed`` when the tau is fixed), the taus' sum within ``dtype``.  :class:`DecodeError`
+    (``rank[r].slot`` at byte 0 or 4, ``rank[r].tau`` at byte 8 of that rank's slot)
+    otherwise."""
+    received, taus, next_slots = [], [], np.zeros(len(parts), np.int64)
+    for r, part in enumerate(parts):
+        count, announced = (int(v) for v in part[:2].view(np.uint32))
+        if count > slots[r]:
+            raise DecodeError(
+                PROTOCOL, f"rank[{r}].slot", 0, f"{count} words for a slot of {int(slots[r])}"
+            )
+        if announced > most:
+            raise DecodeError(
+                PROTOCOL,
+                f"rank[{r}].slot",
+                4,
+                f"a next slot of {announced} words for at most {most}",
+            )
+        tau = float(part[2:SLOT_HEAD].view(np.float64)[0])
+        if not (math.isfinite(tau) and tau > 0):
+            raise DecodeError(PROTOCOL, f"rank[{r}].tau", 8, f"{tau!r} is not a positive tau")
+        if fixed is not None and tau != fixed:
+            raise DecodeError(
+                PROTOCOL,
+                f"rank[{r}].tau",
+                8,
+                f"{tau!r} is not this rank's fixed tau {fixed!r} (one tau for all ranks)",
+            )
+        received.append(part[SLOT_HEAD : SLOT_HEAD + count].view(np.uint32))
+        taus.append(tau)
+        next_slots[r] = announced
+    _check_tau_sum(taus, dtype, 8)
+    return received, taus, next_slots
+
+
 def _zeroed(out: np.ndarray | None, n: int, dtype: Any) -> np.ndarray:
     """``out`` set to zeros, or a new zero array of ``n`` elements of ``dtype``."""
     if out is None:
@@ -566,11 +761,13 @@ def _sum_range(
     table: np.ndarray,
     lo: int,
     hi: int,
-) -> np.ndarray:
-    """The block of this rank's range ``lo:hi``: every rank's words there (checked) summed
-    in units of ``unit`` (ranks in order), each nonzero sum as the nearest magnitude of the
-    table; what that does not say goes into this rank's residual (sent later: nothing is
-    lost).  Only the words' elements and the nonzero sums are touched."""
+    most: int | None = None,
+) -> tuple[np.ndarray, int]:
+    """The block of this rank's range ``lo:hi`` and how many nonzero sums it wanted: every
+    rank's words there (checked) summed in units of ``unit`` (ranks in order), each nonzero
+    sum as the nearest magnitude of the table, at most ``most`` of them (the largest); what
+    that does not say goes into this rank's residual (sent later: nothing is lost).  Only
+    the words' elements and the nonzero sums are touched."""
     total = np.zeros(hi - lo, np.float64)
     for r, rank_words in enumerate(received):
         where = _positions(b, rank_words, f"rank[{r}].words")
@@ -580,12 +777,17 @@ def _sum_range(
     nonzero = np.flatnonzero(total)
     sums = total[nonzero]
     codes = sum_blocks.quantize(sums, table)
+    marked = np.flatnonzero(codes)
+    if most is not None and marked.size > most:  # beyond the block: the smallest wait
+        smallest = np.argsort(np.abs(sums[marked]), kind="stable")[: marked.size - most]
+        codes[marked[smallest]] = 0
     left = sums - sum_blocks.values(codes, table)
     off = np.flatnonzero(left)
     if off.size:
         _add_to_residual(b, lo + nonzero[off], left[off] * unit)
     sent = codes != 0
-    return sum_blocks.encode_sparse(nonzero[sent], codes[sent], hi - lo, table.size)
+    block = sum_blocks.encode_sparse(nonzero[sent], codes[sent], hi - lo, table.size)
+    return block, int(marked.size)
 
 
 def _add_to_residual(b: _Bucket, positions: np.ndarray, values: np.ndarray) -> None:
@@ -716,6 +918,14 @@ def _checked_heads(
     checked = [float(t) for t in taus]
     _check_tau_sum(checked, dtype, 8 * world)
     return matrix, checked
+
+
+#: The function of each exchange name.
+_EXCHANGE_FUNCTIONS = {
+    "slots": _slots,
+    "reduce-scatter": _reduce_scatter,
+    "all-gather": _all_gather,
+}
 
 
 class Y2Cluster:
