@@ -302,9 +302,9 @@ class Y2HookState:
                     seg.start : seg.stop
                 ]
                 if vel is not None:
-                    speeds.setdefault(seg.layer, [empty, empty])[0 if seg.is_weight else 1] = (
-                        vel[seg.start : seg.stop]
-                    )
+                    speeds.setdefault(seg.layer, [empty, empty])[0 if seg.is_weight else 1] = vel[
+                        seg.start : seg.stop
+                    ]
                 places.append((offset, seg.layer, seg))
                 layers = max(layers, seg.layer + 1)
             offset += p.numel()
@@ -365,7 +365,6 @@ class Y2HookState:
         if tau > threshold and len(words):  # the rest of the tau: the words flipped
             y2.apply(bucket.residual, words ^ np.uint32(1), tau - threshold)
         return words, tau
-
 
     def _add_gradient(self, bucket: _Bucket, grads: np.ndarray) -> None:
         """A step's gradient (laid out as the bucket's buffer) into the residual; with
