@@ -51,10 +51,11 @@ with :class:`ValueError` when the state is built, since words cannot address it.
 tau: fixed (``tau=``) or adaptive (``density=``, the default, 5 %).  Adaptive: each rank, per
 bucket and step, estimates the ``1 - density`` quantile of ``|residual|`` (on at most
 ``TAU_SAMPLE`` evenly spaced elements), so about ``density`` of the elements send a word
-whatever the gradients' scale, and the words' tau is the mean ``|residual|`` of those
-elements (not the threshold itself: an element far above it moves by more than the
-threshold per step, the error feedback corrects one that moved too far; at 8 ranks on
-digits this closes the accuracy gap to all-reduce that the threshold as tau leaves).  Each
+whatever the gradients' scale, and the words' tau is ``tau_scale`` (1.5 by default) times the
+mean ``|residual|`` of those elements (not the threshold itself: an element far above it
+moves by more than the threshold per step, the error feedback corrects one that moved too
+far; at 8 ranks on digits the mean closes the accuracy gap to all-reduce that the threshold
+as tau leaves, and 1.5 times the mean most of the gap in steps to a target accuracy).  Each
 rank uses its own tau (it travels with the word count).  At
 most ``capacity(n)`` words go per rank and step; the rest stay in the residual.  A fixed
 tau costs no estimate and gives every rank the same tau (as in y2, where it is a cluster
@@ -103,7 +104,7 @@ __all__ = [
 WARMUP_STEPS = 0
 #: The adaptive tau's words move by this many times the mean ``|residual|`` of the elements
 #: selected (``tau_scale``'s default).
-TAU_SCALE = 1.0
+TAU_SCALE = 1.5
 #: The adaptive tau is estimated on at most this many elements of a bucket.
 TAU_SAMPLE = 65536
 #: With the adaptive tau a rank's block holds ``CAPACITY_SLACK × density ×`` the bucket's
@@ -200,6 +201,18 @@ class Y2HookState:
     words of the last step in ``last_words`` (bucket index → ``(words, tau)`` per rank:
     every rank's words with ``all-gather``, the words this rank received from each rank,
     those of its range, with ``reduce-scatter``).
+
+    Convergence per step (specs/y2.md "Convergence per step" has the measurements):
+    ``tau_scale``: with the adaptive tau, the words move by ``tau_scale ×`` the mean
+    ``|residual|`` of the elements selected (at least the threshold; no bytes: the same
+    words).  ``momentum``: momentum correction (DGC): the hook keeps a velocity per
+    parameter, ``u = momentum × u + gradient``, and compresses ``residual += u``; the
+    optimizer must then run *without* momentum (``SGD(momentum=0)``: the hook applies
+    it, before compression, so that what the residual holds back is momentum's too);
+    ``momentum_masking``: zero ``u`` where a word was sent (DGC's momentum factor masking).
+    ``warmup_steps``: the first optimizer steps (every bucket of a backward pass) are
+    all-reduced densely (``residual`` sent whole, in the gradient's dtype: a ring
+    all-reduce's bytes, counted in ``bytes_sent``).
 
     Counters (this rank): ``steps`` (buckets hooked), ``words_sent``, ``bytes_sent``
     (what this rank puts on the wire: ``(world - 1) ×`` its block in a ring all-gather,
