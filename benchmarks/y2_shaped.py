@@ -7,7 +7,10 @@
 Per condition (``--net``), world size and model, ONE launch: every rank runs every hook in
 turn (``allreduce``, ``fp16``, ``powersgd1``, ``powersgd2``, ``y2``, ``y2-all-gather``), for
 every seed, on the same data (``examples/y2_ddp_train.py``'s digits and MLP
-64-hidden-hidden-10), in the same process group.  Conditions:
+64-hidden-hidden-10), in the same process group.  A y2 hook's name may carry
+``Y2HookState`` options (``--hooks allreduce,y2/tau_scale=1,y2/momentum=0.9``: the
+measurements of specs/y2.md "Convergence per step"); with ``momentum`` (the hook's momentum
+correction) the optimizer runs without momentum.  Conditions:
 
 * ``loopback``: every rank in one network namespace of this run's own, over its loopback;
 * ``none``: a namespace per rank behind a veth pair and a bridge (``netns_lab.py``), unshaped;

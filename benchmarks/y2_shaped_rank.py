@@ -40,8 +40,11 @@ from wirekit.y2.torch import Y2HookState, y2_hook
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "y2_ddp_train.py"
 #: The hooks a run can name.  ``powersgd1``/``powersgd2``: PyTorch's PowerSGD at matrix rank
-#: 1/2 (after 2 plain all-reduce steps, as ``examples/y2_ddp_train.py`` has it).
+#: 1/2 (after 2 plain all-reduce steps, as ``examples/y2_ddp_train.py`` has it).  A y2
+#: hook's name may carry :class:`Y2HookState` options: ``y2/momentum=0.9/warmup_steps=10``.
 HOOKS = ("allreduce", "fp16", "powersgd1", "powersgd2", "y2", "y2-all-gather")
+#: The optimizer's momentum (SGD), the example's; 0 for a hook that applies it itself.
+MOMENTUM = 0.9
 #: One bucket for every hook (the example's reason: PowerSGD hangs on gloo with several).
 BUCKET_CAP_MB = 1024
 #: Seconds for what a rank has written to its sockets to leave its queues (tbf's included:
@@ -131,12 +134,33 @@ class CollectiveBytes:
         return counted
 
 
-def register(ddp: DDP, hook: str) -> None:
-    """Register the named hook on ``ddp``; y2's with its state's defaults."""
-    if hook in ("y2", "y2-all-gather"):
-        exchange = "all-gather" if hook == "y2-all-gather" else "slots"
-        ddp.register_comm_hook(Y2HookState(ddp, exchange=exchange), y2_hook)
-    elif hook == "allreduce":
+def y2_options(hook: str) -> dict[str, Any]:
+    """The :class:`Y2HookState` options a y2 hook's name carries after its base name:
+    ``y2/momentum=0.9/warmup_steps=10`` → ``{"momentum": 0.9, "warmup_steps": 10}`` (whole
+    numbers as int, others as float); ``{}`` for the defaults."""
+    options: dict[str, Any] = {}
+    for item in hook.split("/")[1:]:
+        key, _, value = item.partition("=")
+        try:
+            options[key] = int(value)
+        except ValueError:
+            options[key] = float(value)
+    return options
+
+
+def register(ddp: DDP, hook: str) -> float:
+    """Register the named hook on ``ddp`` (y2's with its state's defaults, or the options
+    its name carries: :func:`y2_options`); the momentum the optimizer must use (0 when
+    the hook applies it itself: y2's momentum correction)."""
+    base = hook.split("/")[0]
+    if base in ("y2", "y2-all-gather"):
+        exchange = "all-gather" if base == "y2-all-gather" else "slots"
+        state = Y2HookState(ddp, exchange=exchange, **y2_options(hook))
+        ddp.register_comm_hook(state, y2_hook)
+        return 0.0 if state.momentum else MOMENTUM
+    if "/" in hook:
+        raise SystemExit(f"options are for y2's hooks only, not {hook!r}")
+    if hook == "allreduce":
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     elif hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -147,6 +171,7 @@ def register(ddp: DDP, hook: str) -> None:
         ddp.register_comm_hook(ps, powerSGD_hook.powerSGD_hook)
     else:
         raise SystemExit(f"unknown hook {hook!r} (known: {', '.join(HOOKS)})")
+    return MOMENTUM
 
 
 def train(hook: str, seed: int, data: Any, example: Any, args: argparse.Namespace,
@@ -160,9 +185,9 @@ def train(hook: str, seed: int, data: Any, example: Any, args: argparse.Namespac
     n_test = len(data[1][0])
     model = example.make_model(args.hidden, seed)
     ddp = DDP(model, bucket_cap_mb=BUCKET_CAP_MB)
-    register(ddp, hook)
+    momentum = register(ddp, hook)
     node_batch = max(1, args.batch // world)
-    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=momentum)
     gen = torch.Generator().manual_seed(1000 * seed + rank)
     steps_per_epoch = len(x) // node_batch
     total = args.epochs * steps_per_epoch

@@ -25,7 +25,14 @@ from strategies import y2_word
 
 from wirekit import y2
 from wirekit.y2 import sums as sum_blocks
-from wirekit.y2.torch import CAPACITY_MIN, CAPACITY_SLACK, Segment, Y2HookState, y2_layout
+from wirekit.y2.torch import (
+    CAPACITY_MIN,
+    CAPACITY_SLACK,
+    TAU_SCALE,
+    Segment,
+    Y2HookState,
+    y2_layout,
+)
 
 #: The small model's parameters (in ``parameters()`` order) and their y2 (layer, is_weight):
 #: Linear(5, 4) is layer 0, the bias-less Linear(4, 3) layer 1, Gain's ``gain`` layer 2.
@@ -34,13 +41,15 @@ SMALL_LAYOUT = [(0, True, 20), (0, False, 4), (1, True, 12), (2, True, 3)]
 
 def _reference_tau(residuals: list[np.ndarray], density: float | None, fixed: float) -> tuple:
     """(threshold, tau) of a rank's step: the fixed tau for both, or the ``1 - density``
-    quantile of ``|residual|`` and the mean ``|residual|`` of the elements reaching it."""
+    quantile of ``|residual|`` and ``TAU_SCALE ×`` the mean ``|residual|`` of the elements
+    reaching it."""
     if density is None:
         return fixed, fixed
     sample = np.abs(np.concatenate(residuals))
     k = int(len(sample) * (1 - density))
     threshold = float(np.partition(sample, k)[k])
-    return threshold, float(sample[sample >= threshold].mean(dtype=np.float64))
+    mean = float(sample[sample >= threshold].mean(dtype=np.float64))
+    return threshold, max(threshold, TAU_SCALE * mean)  # tau_scale's default
 
 
 def _reference_compress(residuals: list[np.ndarray], threshold: float, tau: float) -> np.ndarray:

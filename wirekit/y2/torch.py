@@ -59,10 +59,11 @@ with :class:`ValueError` when the state is built, since words cannot address it.
 tau: fixed (``tau=``) or adaptive (``density=``, the default, 5 %).  Adaptive: each rank, per
 bucket and step, estimates the ``1 - density`` quantile of ``|residual|`` (on at most
 ``TAU_SAMPLE`` evenly spaced elements), so about ``density`` of the elements send a word
-whatever the gradients' scale, and the words' tau is the mean ``|residual|`` of those
-elements (not the threshold itself: an element far above it moves by more than the
-threshold per step, the error feedback corrects one that moved too far; at 8 ranks on
-digits this closes the accuracy gap to all-reduce that the threshold as tau leaves).  Each
+whatever the gradients' scale, and the words' tau is ``tau_scale`` (1.5 by default) times the
+mean ``|residual|`` of those elements (not the threshold itself: an element far above it
+moves by more than the threshold per step, the error feedback corrects one that moved too
+far; at 8 ranks on digits the mean closes the accuracy gap to all-reduce that the threshold
+as tau leaves, and 1.5 times the mean most of the gap in steps to a target accuracy).  Each
 rank uses its own tau (it travels with the word count).  At
 most ``capacity(n)`` words go per rank and step; the rest stay in the residual.  A fixed
 tau costs no estimate and gives every rank the same tau (as in y2, where it is a cluster
@@ -97,6 +98,8 @@ __all__ = [
     "CAPACITY_SLACK",
     "EXCHANGES",
     "TAU_SAMPLE",
+    "TAU_SCALE",
+    "WARMUP_STEPS",
     "Segment",
     "Y2Cluster",
     "Y2HookState",
@@ -104,6 +107,12 @@ __all__ = [
     "y2_layout",
 ]
 
+#: Steps (optimizer steps: every bucket of one backward pass) that ``Y2HookState`` all-reduces
+#: densely before it compresses (``warmup_steps``'s default).
+WARMUP_STEPS = 0
+#: The adaptive tau's words move by this many times the mean ``|residual|`` of the elements
+#: selected (``tau_scale``'s default).
+TAU_SCALE = 1.5
 #: The adaptive tau is estimated on at most this many elements of a bucket.
 TAU_SAMPLE = 65536
 #: With the adaptive tau a rank's block holds ``CAPACITY_SLACK × density ×`` the bucket's
@@ -186,6 +195,7 @@ class _Bucket:
     """A bucket's y2 model over its residuals, and where each parameter sits in the buffer."""
 
     residual: list[tuple[np.ndarray, np.ndarray]]
+    velocity: list[tuple[np.ndarray, np.ndarray]]  # momentum correction's (else empty)
     places: list[tuple[int, int, Segment]]  # (offset in buffer, layer entry, segment)
     layers: int
     dtype: Any
@@ -218,6 +228,18 @@ class Y2HookState:
     every rank's words with ``all-gather``, the words this rank received from each rank,
     those of its range, with ``slots`` and ``reduce-scatter``).
 
+    Convergence per step (specs/y2.md "Convergence per step" has the measurements):
+    ``tau_scale``: with the adaptive tau, the words move by ``tau_scale ×`` the mean
+    ``|residual|`` of the elements selected (at least the threshold; no bytes: the same
+    words).  ``momentum``: momentum correction (DGC): the hook keeps a velocity per
+    parameter, ``u = momentum × u + gradient``, and compresses ``residual += u``; the
+    optimizer must then run *without* momentum (``SGD(momentum=0)``: the hook applies
+    it, before compression, so that what the residual holds back is momentum's too);
+    ``momentum_masking``: zero ``u`` where a word was sent (DGC's momentum factor masking).
+    ``warmup_steps``: the first optimizer steps (every bucket of a backward pass) are
+    all-reduced densely (``residual`` sent whole, in the gradient's dtype: a ring
+    all-reduce's bytes, counted in ``bytes_sent``).
+
     Counters (this rank): ``steps`` (buckets hooked), ``words_sent``, ``bytes_sent``
     (what this rank puts on the wire: ``(world - 1) ×`` its block in a ring all-gather,
     sizes included; its parts for the other ranks in an all-to-all), ``elements`` (gradient
@@ -233,6 +255,10 @@ class Y2HookState:
     exchange: str = "slots"
     process_group: Any = None
     record: bool = False
+    warmup_steps: int = WARMUP_STEPS
+    momentum: float = 0.0
+    momentum_masking: bool = False
+    tau_scale: float = TAU_SCALE
     steps: int = 0
     words_sent: int = 0
     bytes_sent: int = 0
@@ -244,7 +270,9 @@ class Y2HookState:
     _layout: dict[int, list[Segment]] = field(init=False, repr=False)
     _residuals: dict[int, np.ndarray] = field(init=False, repr=False, default_factory=dict)
     _buckets: dict[tuple[int, ...], _Bucket] = field(init=False, repr=False, default_factory=dict)
+    _velocities: dict[int, np.ndarray] = field(init=False, repr=False, default_factory=dict)
     _step_done: bool = field(init=False, repr=False, default=False)
+    _optimizer_steps: int = field(init=False, repr=False, default=0)
     _running: threading.Thread | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
@@ -252,6 +280,18 @@ class Y2HookState:
             raise ValueError(f"{PROTOCOL}: tau must be a finite positive number, got {self.tau}")
         if not 0 < self.density <= 1:
             raise ValueError(f"{PROTOCOL}: density must be in (0, 1], got {self.density}")
+        if isinstance(self.warmup_steps, bool) or not (
+            isinstance(self.warmup_steps, int) and self.warmup_steps >= 0
+        ):
+            raise ValueError(
+                f"{PROTOCOL}: warmup_steps must be a whole number >= 0, got {self.warmup_steps!r}"
+            )
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"{PROTOCOL}: momentum must be in [0, 1), got {self.momentum}")
+        if not (math.isfinite(self.tau_scale) and self.tau_scale >= 1):
+            raise ValueError(
+                f"{PROTOCOL}: tau_scale must be a finite number >= 1, got {self.tau_scale}"
+            )
         if self.exchange not in EXCHANGES:
             raise ValueError(
                 f"{PROTOCOL}: exchange must be one of {', '.join(EXCHANGES)}, got {self.exchange!r}"
@@ -266,6 +306,10 @@ class Y2HookState:
         """The residual (flat, what was not sent yet) kept for ``param``, or None."""
         return self._residuals.get(id(param))
 
+    def velocity(self, param: torch.Tensor) -> np.ndarray | None:
+        """The momentum correction's velocity (flat) kept for ``param``, or None."""
+        return self._velocities.get(id(param))
+
     def capacity(self, n: int) -> int:
         """Words a rank may send for a bucket of ``n`` elements with the adaptive tau."""
         return min(n, math.ceil(CAPACITY_SLACK * self.density * n) + CAPACITY_MIN)
@@ -278,6 +322,7 @@ class Y2HookState:
         places: list[tuple[int, int, Segment]] = []
         offset, layers = 0, 0
         entries: dict[int, list[np.ndarray]] = {}
+        speeds: dict[int, list[np.ndarray]] = {}
         empty = np.zeros(0, dtype)
         for p in params:
             segments = self._layout.get(id(p))
@@ -287,15 +332,25 @@ class Y2HookState:
                     f"is not a trainable parameter of the module the state was built for"
                 )
             res = self._residuals.setdefault(id(p), np.zeros(p.numel(), dtype))
+            vel = (
+                self._velocities.setdefault(id(p), np.zeros(p.numel(), dtype))
+                if self.momentum
+                else None
+            )
             for seg in segments:
                 entries.setdefault(seg.layer, [empty, empty])[0 if seg.is_weight else 1] = res[
                     seg.start : seg.stop
                 ]
+                if vel is not None:
+                    speeds.setdefault(seg.layer, [empty, empty])[0 if seg.is_weight else 1] = vel[
+                        seg.start : seg.stop
+                    ]
                 places.append((offset, seg.layer, seg))
                 layers = max(layers, seg.layer + 1)
             offset += p.numel()
         residual = [tuple(entries.get(k, (empty, empty))) for k in range(layers)]
-        bucket = _Bucket(residual, places, layers, dtype)  # type: ignore[arg-type]
+        velocity = [tuple(speeds.get(k, (empty, empty))) for k in range(layers)] if speeds else []
+        bucket = _Bucket(residual, velocity, places, layers, dtype)  # type: ignore[arg-type]
         # the model over the buffer positions themselves: each array's first position
         positions = self._update_model(bucket, np.arange(offset, dtype=np.int64))
         arrays = [a for pair in positions for a in pair]
@@ -323,6 +378,13 @@ class Y2HookState:
         selected residual moves by that tau (``y2.compress`` at the threshold, then the
         rest of the tau).
         """
+        words, tau = self._select(bucket, n)
+        if self.momentum_masking and bucket.velocity and len(words):
+            _zero_at(bucket.velocity, words)
+        return words, tau
+
+    def _select(self, bucket: _Bucket, n: int) -> tuple[np.ndarray, float]:
+        """:meth:`_compress`'s words and tau, the residual updated (no masking)."""
         if self.tau is not None:
             return y2.compress(bucket.residual, self.tau), self.tau
         flat = [a for pair in bucket.residual for a in pair if a.size]
@@ -336,10 +398,58 @@ class Y2HookState:
         selected = sample[sample >= threshold]
         tau = float(selected.mean(dtype=np.float64)) if selected.size else threshold
         tau = tau if math.isfinite(tau) and tau > threshold else threshold
+        if self.tau_scale != 1:
+            scaled = tau * self.tau_scale
+            tau = scaled if math.isfinite(scaled) and scaled > threshold else threshold
         words = y2.compress(bucket.residual, threshold)
         if tau > threshold and len(words):  # the rest of the tau: the words flipped
             y2.apply(bucket.residual, words ^ np.uint32(1), tau - threshold)
         return words, tau
+
+    def _add_gradient(self, bucket: _Bucket, grads: np.ndarray) -> None:
+        """A step's gradient (laid out as the bucket's buffer) into the residual; with
+        momentum correction, into the velocity first (``u = momentum × u + g``), and the
+        velocity into the residual."""
+        for offset, layer, seg in bucket.places:
+            slot = 0 if seg.is_weight else 1
+            grad = grads[offset + seg.start : offset + seg.stop]
+            res = bucket.residual[layer][slot]
+            if bucket.velocity:
+                speed = bucket.velocity[layer][slot]
+                speed *= speed.dtype.type(self.momentum)
+                speed += grad
+                grad = speed
+            res += grad
+
+    def _dense(self, bucket: _Bucket, n: int, device: Any, out: np.ndarray | None) -> "_Step":
+        """A warm-up step: the whole residual all-reduced and averaged (into ``out`` when
+        given), the residual zeroed; the velocity is kept (no masking: a dense step with
+        momentum correction is momentum SGD's)."""
+        t1 = time.perf_counter()
+        group = self.process_group
+        world = dist.get_world_size(group)
+        out = _zeroed(out, n, bucket.dtype)
+        model = self._update_model(bucket, out)
+        for mine, theirs in zip(bucket.residual, model, strict=True):
+            for res, dense in zip(mine, theirs, strict=True):
+                dense[:] = res
+                res.fill(0)
+        tensor = torch.from_numpy(out).to(device)
+        dist.all_reduce(tensor, group=group)
+        if tensor.device.type != "cpu" or tensor.data_ptr() != out.ctypes.data:
+            out[:] = tensor.cpu().numpy()
+        out /= bucket.dtype(world)
+        sent = 2 * (world - 1) * out.nbytes // world  # a ring all-reduce's
+        return _Step(out, 0, sent, [], [], t1, time.perf_counter())
+
+
+def _zero_at(model: list[tuple[np.ndarray, np.ndarray]], words: np.ndarray) -> None:
+    """Zero the elements of a y2 model (per layer: weights, biases) that ``words``
+    address."""
+    layer, is_weight, index, _sign = y2.unpack(words)
+    slot = 2 * layer.astype(np.int64) + ~is_weight
+    for s in np.unique(slot):
+        model[s // 2][s % 2][index[slot == s]] = 0
 
 
 def _checked_metas(
@@ -430,10 +540,10 @@ def _exchange_bucket(
         t0 = time.perf_counter()
         grads = buffer.detach().cpu().numpy()
         n = grads.size
-        for offset, _layer, seg in b.places:  # residual += gradient
-            res = b.residual[seg.layer][0 if seg.is_weight else 1]
-            res += grads[offset + seg.start : offset + seg.stop]
+        state._add_gradient(b, grads)
         exchange = _EXCHANGE_FUNCTIONS[state.exchange]
+        if state._optimizer_steps < state.warmup_steps:
+            exchange = Y2HookState._dense
         on_cpu = buffer.device.type == "cpu"  # then grads is the buffer: the update goes there
         step = exchange(state, b, n, buffer.device, grads if on_cpu else None)
         if step.out is not grads:
@@ -453,6 +563,7 @@ def _exchange_bucket(
             state.last_words.clear()
         state.last_words[index] = list(zip(step.received, step.taus, strict=True))
     state._step_done = is_last
+    state._optimizer_steps += is_last
     fut.set_result(buffer)
 
 
