@@ -6,14 +6,13 @@ its ``--target-cmd``) until killed:
 
 * ``kubemo``: KubeMo's server (``kubemo`` from PyPI) with the conformance model; it binds
   without ``SO_REUSEADDR`` (``kubemo/server.py``: ``bind``, then ``listen(1)``);
-* ``dies_on_fail``: a MIP server (wirekit's codec) that serves the conformance model and
-  exits when asked to fail (``conform:fail``), a server a case can end.
+* ``dies_on_fail``: ``wirekit mip serve`` with the conformance model, except that it exits
+  when asked to fail (``conform:fail``): a server a case can end.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 from conform_peers import FAIL, kubemo_conform_model
@@ -33,40 +32,24 @@ def kubemo() -> None:
     server.serve()
 
 
-def dies_on_fail() -> None:
-    """One connection at a time; each message answered as the conformance model does;
-    ``conform:fail`` ends the process (exit 3) instead of an INTERNAL error."""
-    from wirekit import mip
+def dies_on_fail_model(batch):
+    """The conformance model, except that ``conform:fail`` ends the process (exit 3)."""
     from wirekit.conform.models import mip_model
-    from wirekit.errors import DecodeError
 
-    listener = socket.create_server(_address(), reuse_port=False)
-    print("listening", flush=True)
-    while True:
-        conn, _ = listener.accept()
-        with conn:
-            decoder = mip.Decoder()
-            while True:
-                try:
-                    msg = decoder.next_message()
-                except DecodeError:
-                    conn.sendall(mip.encode(mip.ErrorReply(int(mip.ErrorCode.SHAPE))))
-                    break
-                if msg is None:
-                    data = conn.recv(65536)
-                    if not data:
-                        break
-                    decoder.feed(data)
-                    continue
-                if isinstance(msg, mip.Ping):
-                    conn.sendall(mip.encode(mip.Ping(True)))
-                    continue
-                assert isinstance(msg, mip.Inference)
-                samples = msg.samples
-                if any(s and bytes(s[0].data) == FAIL for s in samples):
-                    os._exit(3)
-                outputs = mip_model(samples)
-                conn.sendall(mip.encode(mip.Inference.reply(outputs, n_input=msg.n_input)))
+    if any(sample and bytes(sample[0].data) == FAIL for sample in batch):
+        os._exit(3)
+    return mip_model(batch)
+
+
+def dies_on_fail() -> None:
+    """``wirekit mip serve`` with :func:`dies_on_fail_model` on the address conform gives
+    (exec'd: the process conform or the test starts is the server)."""
+    host, port = _address()
+    os.execv(
+        sys.executable,
+        [sys.executable, "-m", "wirekit", "mip", "serve", "--listen", f"tcp://{host}:{port}",
+         "--handler", "conform_lifecycle_peers:dies_on_fail_model"],
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
