@@ -232,3 +232,37 @@ def test_kubemo_server_verdicts_are_the_same_idle_and_under_cpu_load():
     assert loaded == idle
     assert idle["batch.max"] == "pass" and idle["lifecycle.restart"] == "fail"
     print(f"batch.max under load: {batch_max_seconds:.1f} s")
+
+
+# --------------------------------------------------------------------------- --target-cmd
+
+
+def test_a_target_command_that_ends_before_serving_is_one_line_and_exit_1():
+    port = free_port()
+    run = conform("mip", "server", f"tcp://127.0.0.1:{port}", "--target-cmd", "echo boom; exit 4")
+    assert run.returncode == 1
+    assert run.stdout == ""
+    assert run.stderr.splitlines() == [
+        "wirekit conform: MIP server: the target (--target-cmd) ended before it served "
+        "(it exited 4: boom)"
+    ]
+
+
+def test_target_cmd_runs_a_clipper_container_that_connects_to_the_kit():
+    container = shlex.join([
+        sys.executable, "-m", "wirekit", "clipper", "container",
+        "--model", "wirekit.conform.models:clipper_model", "--name", "conform",
+        "--model-version", "1", "--input-type", "doubles", "--generation", "v3",
+        "--poll-interval", "0.5",
+    ])  # fmt: skip
+    port = free_port()
+    run = conform(
+        "clipper", "container", "--gen", "v3", "--listen", f"tcp://127.0.0.1:{port}",
+        "--json", "--target-cmd", f'exec {container} --address "$WIREKIT_CONFORM_ADDRESS"',
+    )  # fmt: skip
+    doc = report(run)
+    ids = [c["id"] for c in doc["cases"]]
+    # the cases that may end the container ran last
+    assert ids[-4:] == ["restart", "restart.legacy", "feedback", "predict.wrong-type"], ids
+    assert {c["id"] for c in doc["cases"] if c["status"] == "fail"} == set()
+    assert run.returncode == 0

@@ -212,12 +212,16 @@ def run_suite(
     (see the module's docstring).  Raises :class:`NothingConnected` when there was nothing
     to test: no peer came, or a target conform started never served."""
     starting = lifecycle is not None and lifecycle.owns_process
-    if starting and hasattr(target, "is_serving"):
+    # (a target whose peer comes to it, with ``restarted()``, waits in its first case)
+    if starting and hasattr(target, "is_serving") and not hasattr(target, "restarted"):
         assert lifecycle is not None
         if serves(target, lifecycle, lifecycle.start_timeout) is None:
+            ended = lifecycle.describe_exit()  # " (it exited 1: ...)", or "" if it runs
+            seconds = lifecycle.start_timeout
             raise NothingConnected(
-                f"the target did not serve within {lifecycle.start_timeout:g} s of its "
-                f"start{lifecycle.describe_exit()}"
+                f"the target (--target-cmd) ended before it served{ended}"
+                if ended
+                else f"the target (--target-cmd) did not serve within {seconds:g} s of its start"
             )
     results: list[Result] = []
     stopped: str | None = None  # why the cases left cannot run
