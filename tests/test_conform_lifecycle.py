@@ -266,3 +266,45 @@ def test_target_cmd_runs_a_clipper_container_that_connects_to_the_kit():
     assert ids[-4:] == ["restart", "restart.legacy", "feedback", "predict.wrong-type"], ids
     assert {c["id"] for c in doc["cases"] if c["status"] == "fail"} == set()
     assert run.returncode == 0
+
+
+# --------------------------------------------------------------------------- a container that dies
+
+
+def fragile_run(*extra: str, port: int) -> subprocess.CompletedProcess[str]:
+    listen = f"tcp://127.0.0.1:{port}"
+    return conform("clipper", "container", "--gen", "v3", "--listen", listen, "--json",
+                   "--case-timeout", "2", *extra)  # fmt: skip
+
+
+def test_a_container_a_case_kills_fails_the_must_cases_left():
+    # as Clipper's rpc.py 2017/v3: feedback ends it, so predict.wrong-type cannot run
+    port = free_port()
+    env = {**os.environ, "WIREKIT_CONFORM_ADDRESS": f"tcp://127.0.0.1:{port}",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])}  # fmt: skip
+    container = subprocess.Popen([sys.executable, str(PEERS), "fragile_container"], env=env)
+    try:
+        run = fragile_run(port=port)
+    finally:
+        container.kill()
+        container.wait(10)
+    cases = by_id(report(run))
+    assert cases["feedback"]["status"] == "fail"
+    wrong_type = cases["predict.wrong-type"]
+    assert wrong_type["status"] == "fail"
+    assert wrong_type["got"] == "the target stopped serving after case feedback"
+    assert wrong_type["rerun"].endswith(f"--listen tcp://127.0.0.1:{port} --gen v3 --case "
+                                        "predict.wrong-type")  # fmt: skip
+    assert run.returncode == 1
+
+
+def test_target_cmd_restarts_a_container_a_case_killed_and_finds_the_next_failure():
+    port = free_port()
+    run = fragile_run("--target-cmd", peer_command("fragile_container"), port=port)
+    doc = report(run)
+    failed = {c["id"]: c["got"] for c in doc["cases"] if c["status"] == "fail"}
+    assert set(failed) == {"feedback", "predict.wrong-type"}
+    # it ran, on the restarted container, and failed on its own
+    assert "(the container stopped serving)" in failed["predict.wrong-type"]
+    assert "after case" not in failed["predict.wrong-type"]
+    assert run.returncode == 1

@@ -170,7 +170,7 @@ def rerun_line(parser: argparse.ArgumentParser, args: argparse.Namespace, case_i
             for item in value:
                 words += [flag, str(item)]
         else:
-            words += [flag, str(value)]
+            words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     return shlex.join([*words, "--case", case_id])
 
 
