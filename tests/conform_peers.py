@@ -44,6 +44,30 @@ def kubemo_conform_main() -> None:
     serve_kubemo(kubemo_conform_model)
 
 
+def kubemo_natural_conform_model(*samples):
+    """The conformance model as one would first write it in KubeMo's API: each sample's
+    inputs returned as its outputs (the ``Dynamic`` objects KubeMo passed in), with
+    ``conform:first`` and ``conform:fail`` as in :func:`kubemo_conform_model`."""
+    import kubemo
+
+    outputs = []
+    for sample in samples:
+        first = sample[0].serial if sample else None
+        marker = first.reader.getvalue() if first is not None and first.kind == kubemo.TEXT else b""
+        if marker == FAIL:
+            raise RuntimeError("the conformance case asked the model to fail")
+        outputs.append(sample[:1] if marker == FIRST_ONLY else sample)
+    return tuple(outputs)
+
+
+def kubemo_natural_echo_main() -> None:
+    """KubeMo's server with :func:`kubemo_natural_conform_model`: its ``Dynamic`` outputs
+    bug (they have no ``kind``) makes every echo an INTERNAL, until killed."""
+    from mip_net import serve_kubemo
+
+    serve_kubemo(kubemo_natural_conform_model)
+
+
 # --------------------------------------------------------------------------- broken servers
 
 
@@ -177,7 +201,13 @@ def kubemo_client_driver_main() -> None:
         found = re.search(r"responded with error code: (\d+)", str(exc))
         return int(found[1]) if found else None
 
-    drive(lambda: client.ping(address), infer, typed, error_code)
+    def build(texts):  # a sample as KubeMo's README builds one: Text(str)
+        return tuple(kubemo.Text(t) for t in texts)
+
+    def send(samples):
+        return [row[0].decode() for row in client.inference(address, tuple(samples))]
+
+    drive(lambda: client.ping(address), infer, typed, error_code, build=build, send=send)
 
 
 def silent_frontend_main() -> None:

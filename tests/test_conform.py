@@ -104,6 +104,7 @@ KUBEMO_DEVIATIONS = {
     "stream.pipelining": "the connection closed",
     "connection.reuse": "the connection closed",
     "connection.concurrent": "no reply within",  # one connection at a time (backlog 1)
+    "connection.backlog": "connects stalled",  # listen(1): SYNs past it are sent again
 }
 
 
@@ -119,7 +120,7 @@ def test_kubemo_server_fails_its_known_deviations_and_passes_the_rest():
     assert failed == set(KUBEMO_DEVIATIONS)
     for case_id, start in KUBEMO_DEVIATIONS.items():
         assert got[case_id].startswith(start), (case_id, got[case_id])
-    assert status == 1  # three MUST cases fail
+    assert status == 1  # two MUST cases fail: shape.n-output, shape.n-output-batch
     assert statuses(doc).pop("lifecycle.restart") == "skip"  # no --target-cmd
     assert {k: v for k, v in statuses(doc).items() if k != "lifecycle.restart"} == documented(
         "### KubeMo's server"
@@ -131,7 +132,7 @@ def test_a_server_with_a_bad_version_fails_every_exchange_and_shows_the_bytes():
         status, out, _ = conform("mip", "server", server.address, "--case", "ping")
     assert status == 1
     assert "ping" in out and "FAIL" in out
-    assert "got:      a malformed reply: mip: version at byte 0" in out
+    assert "    got:        a malformed reply: mip: version at byte 0" in out
     assert "00000000: 01 01 01 00 00 00 00 00" in out  # the hex excerpt of what came
 
 
@@ -184,7 +185,8 @@ def test_the_command_line_exit_status_and_junit(tmp_path):
         assert "error.method" in proc.stdout and "error.memory" in proc.stdout
         suite = ET.parse(junit).getroot().find("testsuite")
         assert suite is not None
-        assert (suite.get("tests"), suite.get("failures")) == ("3", "3")
+        # error.memory is a SHOULD: a finding (<skipped>), not a <failure> (--junit-strict)
+        assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "2", "1")
         names = [tc.get("name") for tc in suite.iter("testcase")]
         assert names[0] == "error.method [MUST] specs/mip.md#error-codes"
         failure = suite.find("testcase/failure")
@@ -450,6 +452,8 @@ def test_kubemo_client_fails_its_known_deviations_and_passes_the_rest():
     assert {k for k, v in result.items() if v == "fail"} == {
         "request.item-types",
         "connection.reuse",
+        "request.item-reuse",  # a built Text is used up by its first send
+        "request.empty-batch",  # IndexError: batch[0]
     }
     by_id = {c["id"]: c for c in doc["cases"]}
     assert "TypeError" in by_id["request.item-types"]["got"]

@@ -89,6 +89,12 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--junit", metavar="FILE", help="also write the report as JUnit XML to FILE")
     p.add_argument(
+        "--junit-strict",
+        action="store_true",
+        help="in the JUnit XML, every failed case is a <failure> (default: only MUST ones; "
+        "the others are <skipped> findings, which do not fail a CI)",
+    )
+    p.add_argument(
         "--case-timeout",
         type=float,
         default=DEFAULT_TIMEOUT,
@@ -281,7 +287,9 @@ def _conform_command(
                 out.write("\nrun a failed case alone:\n")
                 out.writelines(f"  {line}\n" for line in reruns.values())
         if junit is not None:
-            junit.write(report.to_junit(args.protocol, args.role, name, results))
+            junit.write(
+                report.to_junit(args.protocol, args.role, name, results, strict=args.junit_strict)
+            )
     finally:
         if junit is not None:
             junit.close()

@@ -1,6 +1,15 @@
 """The ``--junit FILE`` report: JUnit XML, so the CI of the implementation under test shows
-one test per case.  A failed case is a ``<failure>`` (its type the level: a failed SHOULD
-is reported too, and only the exit status tells MUST apart), a skipped one ``<skipped>``."""
+one test per case.
+
+A CI marks a build failed on a ``<failure>`` (or ``<error>``) and not on a ``<skipped>``:
+Jenkins' JUnit plugin, GitLab's test reports and GitHub's JUnit actions all read them so.
+The report therefore fails a CI exactly when ``wirekit conform`` exits 1: a failed MUST case
+is a ``<failure>``; a failed SHOULD, MAY or "wirekit's choice" case is a *finding*, a
+``<skipped>`` whose message starts with ``finding (LEVEL not met)``, its details in
+``<system-out>``; a skipped case a ``<skipped>`` with the reason.  ``strict`` (the
+``--junit-strict`` flag) makes every failed case a ``<failure>``.  Only elements and
+attributes of Jenkins' junit-10.xsd are used (``testcase`` holds ``skipped``, ``failure``
+and ``system-out``; the level is in the test's name and the failure's ``type``)."""
 
 from __future__ import annotations
 
@@ -8,25 +17,61 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
 from ..core.runner import FAIL, SKIP, Result
-from .table import hex_lines
+from .table import failure_lines, hex_lines, received_label
+
+#: the start of a ``<skipped>`` message that carries a non-MUST failure
+FINDING = "finding"
 
 
-def to_junit(protocol: str, role: str, target: str, results: Sequence[Result]) -> bytes:
-    """The run as a JUnit XML document (UTF-8 bytes)."""
+def finding_message(result: Result) -> str:
+    """The one-line message of a failed case."""
+    return f"expected {result.expected}; got {result.got}"
+
+
+def details(result: Result) -> str:
+    """A failed case's details, as the table prints them (sent, expected, the section it
+    rests on, got, the bytes received)."""
+    text = [f"level: {result.case.level.value}"]
+    text += [f"{label}: {value}" for label, value in failure_lines(result)]
+    if result.received:
+        text.append(received_label(result.received))
+        text.extend(hex_lines(result.received))
+    return "\n".join(text)
+
+
+def to_junit(
+    protocol: str, role: str, target: str, results: Sequence[Result], *, strict: bool = False
+) -> bytes:
+    """The run as a JUnit XML document (UTF-8 bytes); ``strict``: every failed case is a
+    ``<failure>``, whatever its level."""
     name = f"wirekit conform {protocol} {role}"
+
+    def fails_ci(r: Result) -> bool:
+        return r.status == FAIL and (strict or r.must_failed)
+
+    failures = sum(fails_ci(r) for r in results)
+    skipped = sum(r.status in (FAIL, SKIP) for r in results) - failures
     root = ET.Element("testsuites", name=name)
     suite = ET.SubElement(
         root,
         "testsuite",
         name=name,
         tests=str(len(results)),
-        failures=str(sum(r.status == FAIL for r in results)),
+        failures=str(failures),
         errors="0",
-        skipped=str(sum(r.status == SKIP for r in results)),
+        skipped=str(skipped),
         time=f"{sum(r.elapsed for r in results):.3f}",
     )
     props = ET.SubElement(suite, "properties")
     ET.SubElement(props, "property", name="target", value=target)
+    ET.SubElement(
+        props,
+        "property",
+        name="failing-levels",
+        value="every level (strict)" if strict else "MUST",
+    )
+    findings = sum(r.status == FAIL and not fails_ci(r) for r in results)
+    ET.SubElement(props, "property", name="findings", value=str(findings))
     for r in results:
         case = ET.SubElement(
             suite,
@@ -35,18 +80,15 @@ def to_junit(protocol: str, role: str, target: str, results: Sequence[Result]) -
             name=f"{r.case.id} [{r.case.level.value}] {r.case.section}",
             time=f"{r.elapsed:.3f}",
         )
-        if r.status == FAIL:
+        if fails_ci(r):
             failure = ET.SubElement(
-                case,
-                "failure",
-                message=f"expected {r.expected}; got {r.got}",
-                type=r.case.level.value,
+                case, "failure", message=finding_message(r), type=r.case.level.value
             )
-            text = [f"send: {r.case.send}", f"expected: {r.expected}", f"got: {r.got}"]
-            if r.received:
-                text.append(f"received ({len(r.received)} bytes):")
-                text.extend(hex_lines(r.received))
-            failure.text = "\n".join(text)
+            failure.text = details(r)
+        elif r.status == FAIL:
+            message = f"{FINDING} ({r.case.level.value} not met): {finding_message(r)}"
+            ET.SubElement(case, "skipped", message=message)
+            ET.SubElement(case, "system-out").text = details(r)
         elif r.status == SKIP:
             ET.SubElement(case, "skipped", message=r.got)
     ET.indent(root)

@@ -86,7 +86,7 @@ class FrontendSide:
     def recv(self, sock: zmq.Socket, deadline: Deadline, waiting_for: str) -> Any:
         """The frontend's next message to ``sock``, decoded."""
         if not sock.poll(int(deadline.remaining() * 1000)):
-            raise Failed(waiting_for, f"nothing within {deadline.seconds:g} s", self.received)
+            raise Failed(waiting_for, f"nothing within {deadline.seconds:g} s")
         frames = sock.recv_multipart()
         self.received += b"".join(frames)
         try:

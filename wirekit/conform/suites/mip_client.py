@@ -27,18 +27,29 @@ from wirekit.mip import ErrorCode, ErrorReply, Inference, Item, ItemType, Messag
 from ..core.cases import Case, Failed, Level, NothingConnected, Skipped, Suite
 from ..core.net import Deadline
 from ..core.options import SuiteOptions, add_connect_timeout, add_listen
-from ..drivers import DONE, JSON_VALUE, NEXT, OUTCOME, TYPES, image
+from ..drivers import (
+    DONE,
+    JSON_VALUE,
+    NEXT,
+    OUTCOME,
+    REUSE,
+    STEP_EMPTY,
+    STEP_REUSE,
+    TYPES,
+    image,
+)
 
 SUITE = Suite("mip", "client", "MIP client", always=("ping", "request.item-types"))
 #: the command prints the address it listens on (the peer under test connects to it)
 LISTENS = True
-MUST, SHOULD = Level.MUST, Level.SHOULD
+MUST, SHOULD, WIREKIT = Level.MUST, Level.SHOULD, Level.WIREKIT
 
 SPEC = "specs/mip.md"
-FORMAT = SPEC
+FORMAT = f"{SPEC}#messages"
 ERRORS = f"{SPEC}#error-codes"
 VALIDATES = f"{SPEC}#how-wirekit-validates-both-implementations-in-this-order"
 CONNECTIONS = f"{SPEC}#server-connections"
+CONFORMANCE = "specs/conformance.md"
 _CLOSE_ATTEMPTS = 3  # a client that retries a request the server closed on: closed again
 
 
@@ -428,6 +439,125 @@ def connection_reuse(harness: MipClientHarness, deadline: Deadline) -> None:
         raise Failed(
             f"fewer connections than its {calls} calls", f"{len(harness.connections)} connections"
         )
+
+
+# --------------------------------------------------------------------------- the steps
+
+
+def run_step(
+    harness: MipClientHarness, deadline: Deadline, step: str, reports: int
+) -> tuple[list[Message], list[str]]:
+    """Answer the driver's next ``conform:next`` with ``step`` and take what the driver sends
+    for it until its ``reports`` outcome reports: each request answered (an echo; a batch of
+    no samples with one of no samples).  Returns the requests and the reports."""
+    harness.next_request(deadline).reply(answer_text(step))
+    requests: list[Message] = []
+    outcomes: list[str] = []
+    while len(outcomes) < reports:
+        exchange = harness.next_exchange(deadline, f"what the driver sends for {step}")
+        texts = exchange.texts
+        if len(texts) == 2 and texts[0] == OUTCOME:
+            exchange.reply(echo(exchange.message))
+            if texts[1] == f"ok:{step}":
+                raise Failed(
+                    f"the driver to do the step {step}",
+                    f"the driver reported {texts[1]!r}: it does not know the step "
+                    "(wirekit/conform/drivers.py, step 4)",
+                )
+            outcomes.append(texts[1])
+            continue
+        requests.append(exchange.message)
+        exchange.reply(_step_answer(exchange.message))
+    return requests, outcomes
+
+
+def _step_answer(message: Message) -> Message:
+    if isinstance(message, Ping):
+        return Ping(True)
+    if not isinstance(message, Inference) or message.response:
+        return ErrorReply(int(ErrorCode.SUBTYPE))
+    if message.batch_size == 0:
+        return Inference(True, message.n_input, 0, 0, ())
+    return echo(message)
+
+
+def _inference_requests(messages: list[Message]) -> list[Inference]:
+    return [m for m in messages if isinstance(m, Inference) and not m.response]
+
+
+def _items(message: Inference) -> list[tuple[int, bytes]]:
+    return [(int(i.type), bytes(i.data)) for i in message.items]
+
+
+def _show_items(message: Inference) -> str:
+    shown = []
+    for item in message.items:
+        data = bytes(item.data)
+        text = data[:32].decode("utf-8", "replace") if item.type != ItemType.IMAGE else "..."
+        shown.append(f"{item.type_name} {text!r} ({len(data)} bytes)")
+    return ", ".join(shown) or "no items"
+
+
+def _reported(reports: list[str]) -> str:
+    return "the client reported " + ", ".join(repr(r) for r in reports)
+
+
+@SUITE.case(
+    "request.item-reuse",
+    f"{CONFORMANCE}#mip-client-cases",
+    WIREKIT,
+    send=f"the step {STEP_REUSE}: the driver builds the sample [TEXT {REUSE!r}] once and "
+    "sends that same built sample twice (each answered with its echo)",
+    expect="the second request carries the same input as the first (a built item is read, "
+    f"not used up); both calls ok:{REUSE}",
+)
+def request_item_reuse(harness: MipClientHarness, deadline: Deadline) -> None:
+    requests, reports = run_step(harness, deadline, STEP_REUSE, 2)
+    sent = _inference_requests(requests)
+    want = [(int(ItemType.TEXT), REUSE.encode())]
+    if len(sent) < 2:
+        raise Failed(
+            f"two requests of the sample [TEXT {REUSE!r}]",
+            f"{len(sent)} request(s); {_reported(reports)}",
+        )
+    first, second = sent[:2]
+    if _items(first) != want:
+        raise Failed(
+            f"the first request to carry [TEXT {REUSE!r}]",
+            f"it carries {_show_items(first)}",
+            mip.encode(first),
+        )
+    if _items(second) != want:
+        used_up = all(not data for _, data in _items(second))
+        raise Failed(
+            f"the second request to carry the same input as the first: TEXT {REUSE!r}",
+            f"it carries {_show_items(second)}"
+            + (": the built item was used up by the first send" if used_up else ""),
+            mip.encode(second),
+        )
+    if reports != [f"ok:{REUSE}"] * 2:
+        raise Failed(f"ok:{REUSE} for both calls", _reported(reports))
+
+
+@SUITE.case(
+    "request.empty-batch",
+    FORMAT,
+    SHOULD,
+    send=f"the step {STEP_EMPTY}: the driver sends a batch of no samples (answered with a "
+    "response of batch_size 0)",
+    expect="a well-formed request of batch_size 0 and no items; the client returns no "
+    "samples (ok:0), it does not fail",
+)
+def request_empty_batch(harness: MipClientHarness, deadline: Deadline) -> None:
+    requests, reports = run_step(harness, deadline, STEP_EMPTY, 1)
+    sent = _inference_requests(requests)
+    want = "a request of batch_size 0 and no items"
+    if not sent:
+        raise Failed(want, f"no request; {_reported(reports)}")
+    if sent[0].batch_size != 0 or sent[0].items:
+        raise Failed(want, describe(sent[0]), mip.encode(sent[0]))
+    if reports != ["ok:0"]:
+        raise Failed("ok:0 (the answer of batch_size 0 returned as no samples)", _reported(reports))
 
 
 # --------------------------------------------------------------------------- the command

@@ -95,7 +95,7 @@ class ClusterSide:
         its worker comes or goes) read past: they may come between any two others."""
         while True:
             if not self.client.poll(int(deadline.remaining() * 1000)):
-                raise Failed(waiting_for, f"nothing within {deadline.seconds:g} s", self.received)
+                raise Failed(waiting_for, f"nothing within {deadline.seconds:g} s")
             frames = self.client.recv_multipart()
             self.client_identity = frames[0]
             if frames[1:2] == [STATUS]:
@@ -105,7 +105,7 @@ class ClusterSide:
 
     def from_peer(self, deadline: Deadline, waiting_for: str) -> list[bytes]:
         if not self.inbox.poll(int(deadline.remaining() * 1000)):
-            raise Failed(waiting_for, f"nothing within {deadline.seconds:g} s", self.received)
+            raise Failed(waiting_for, f"nothing within {deadline.seconds:g} s")
         frames = self.inbox.recv_multipart()
         self.received += b"".join(frames)[:256]
         return frames
