@@ -180,6 +180,26 @@ def rerun_line(parser: argparse.ArgumentParser, args: argparse.Namespace, case_i
     return shlex.join([*words, "--case", case_id])
 
 
+def folded(command: str, width: int = 100) -> str:
+    """A shell command line indented by 2, folded with `` \\`` continuations so that no
+    line is wider than ``width`` (a word longer than that keeps its own line)."""
+    words = [shlex.quote(word) for word in shlex.split(command)]
+    units: list[str] = []  # an option and its value stay on one line
+    for word in words:
+        if units and units[-1].startswith("--") and " " not in units[-1] and word[0] != "-":
+            units[-1] += " " + word
+        else:
+            units.append(word)
+    lines: list[str] = []
+    line = " "
+    for unit in units:
+        if len(line) > 2 and len(line) + 1 + len(unit) + 2 > width:
+            lines.append(line + " \\")
+            line = "     "
+        line += " " + unit
+    return "\n".join([*lines, line])
+
+
 def _conform_command(
     suites: dict[tuple[str, str], Any],
     parser: argparse.ArgumentParser,
@@ -285,7 +305,7 @@ def _conform_command(
             out.write(render_table(f"{suite.title} at {name}: {len(results)} cases", results))
             if reruns:
                 out.write("\nrun a failed case alone:\n")
-                out.writelines(f"  {line}\n" for line in reruns.values())
+                out.writelines(f"{folded(line)}\n" for line in reruns.values())
         if junit is not None:
             junit.write(
                 report.to_junit(args.protocol, args.role, name, results, strict=args.junit_strict)
