@@ -14,11 +14,12 @@ import contextlib
 import functools
 import importlib
 import json
+import shlex
 from typing import Any, TextIO
 
 from wirekit._logging import add_logging_arguments
 
-from .core.cases import DEFAULT_TIMEOUT
+from .core.cases import DEFAULT_TIMEOUT, NothingConnected
 from .core.options import DEFAULT_TARGET, CommandOptions
 from .core.runner import EXIT_USAGE
 from .suites import SUITES
@@ -37,8 +38,19 @@ wirekit's specs; report per case what was expected and what came back.
 The target serves the conformance model (see specs/conformance.md): a MIP server runs
 wirekit.conform.models:mip_model or its equivalent.  Levels: MUST, SHOULD, MAY (optional)
 and "wirekit's choice" (where the seed implementation is silent).  Exit status: 0 every
-MUST case passed; 1 a MUST case failed; 2 bad usage.
+MUST case passed; 1 a MUST case failed (or nothing came to be tested); 2 bad usage.
+
+Cases that may end the target (kill or restart it) run last.  A MUST case that cannot run
+because the target stopped serving fails ("the target stopped serving after case X"); with
+--target-cmd conform runs the target itself and restarts it after a case that ended it
+(--restart-cmd: a command that restarts a target conform does not run).  Each failed case
+is followed by the command line that runs it alone.
 """
+
+#: how long a target conform (re)started may take to serve, unless --start-timeout says
+DEFAULT_START_TIMEOUT = 30.0
+#: options left out of a failed case's rerun line (the line adds its own --case)
+_NOT_RERUN = {"case", "list", "json", "junit", "help", "protocol", "role", "target", "handler"}
 
 
 def register(sub: Any) -> None:
@@ -89,6 +101,28 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help=f"the time each case may take unless it says otherwise (default {DEFAULT_TIMEOUT:g})",
     )
+    lifecycle = p.add_argument_group("the target's lifecycle")
+    lifecycle.add_argument(
+        "--target-cmd",
+        metavar="CMD",
+        help="a shell command that runs the implementation under test: conform starts it "
+        "(WIREKIT_CONFORM_ADDRESS, _HOST and _PORT in its environment say where it is "
+        "tested), waits until it serves, restarts it after a case that ended it, and stops "
+        "it at the end",
+    )
+    lifecycle.add_argument(
+        "--restart-cmd",
+        metavar="CMD",
+        help="a shell command that restarts a target conform does not run (after a case "
+        "that ended it; conform then waits until it serves again)",
+    )
+    lifecycle.add_argument(
+        "--start-timeout",
+        type=float,
+        default=DEFAULT_START_TIMEOUT,
+        metavar="SECONDS",
+        help=f"how long a (re)started target may take to serve (default {DEFAULT_START_TIMEOUT:g})",
+    )
     options = CommandOptions(p)
     for module in suites.values():
         add_arguments = getattr(module, "add_arguments", None)
@@ -99,7 +133,7 @@ def register(sub: Any) -> None:
     assert isinstance(role, _SuiteRole)
     role.target, role.target_types = target, options.targets
     add_logging_arguments(p, what="nothing but problems of wirekit's own side")
-    p.set_defaults(handler=functools.partial(_conform_command, suites))
+    p.set_defaults(handler=functools.partial(_conform_command, suites, p))
 
 
 def load_suite(entry: Any) -> Any:
@@ -124,11 +158,58 @@ class _SuiteRole(argparse.Action):
             self.target.type = self.target_types.get(key, DEFAULT_TARGET)
 
 
+def rerun_line(parser: argparse.ArgumentParser, args: argparse.Namespace, case_id: str) -> str:
+    """The command line that runs ``case_id`` alone, with the options of this run."""
+    words = ["wirekit", "conform", args.protocol, args.role]
+    if args.target:
+        words.append(str(args.target))
+    for action in parser._actions:
+        if not action.option_strings or action.dest in _NOT_RERUN:
+            continue
+        value = getattr(args, action.dest, None)
+        if value is None or value == action.default or value is False:
+            continue
+        flag = action.option_strings[-1]
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, list):
+            for item in value:
+                words += [flag, str(item)]
+        else:
+            words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return shlex.join([*words, "--case", case_id])
+
+
+def folded(command: str, width: int = 100) -> str:
+    """A shell command line indented by 2, folded with `` \\`` continuations so that no
+    line is wider than ``width`` (a word longer than that keeps its own line)."""
+    words = [shlex.quote(word) for word in shlex.split(command)]
+    units: list[str] = []  # an option and its value stay on one line
+    for word in words:
+        if units and units[-1].startswith("--") and " " not in units[-1] and word[0] != "-":
+            units[-1] += " " + word
+        else:
+            units.append(word)
+    lines: list[str] = []
+    line = " "
+    for unit in units:
+        if len(line) > 2 and len(line) + 1 + len(unit) + 2 > width:
+            lines.append(line + " \\")
+            line = "     "
+        line += " " + unit
+    return "\n".join([*lines, line])
+
+
 def _conform_command(
-    suites: dict[tuple[str, str], Any], args: argparse.Namespace, out: TextIO, err: TextIO
+    suites: dict[tuple[str, str], Any],
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    out: TextIO,
+    err: TextIO,
 ) -> int:
     from . import report
-    from .core.runner import exit_status, run_suite, select
+    from .core.runner import EXIT_MUST_FAILED, FAIL, exit_status, run_suite, select
+    from .core.target import TargetLifecycle
     from .report import render_table
 
     module = suites.get((args.protocol, args.role))
@@ -151,6 +232,12 @@ def _conform_command(
         return 0
     if args.case_timeout <= 0:
         err.write("wirekit conform: --case-timeout must be positive\n")
+        return EXIT_USAGE
+    if args.start_timeout <= 0:
+        err.write("wirekit conform: --start-timeout must be positive\n")
+        return EXIT_USAGE
+    if args.target_cmd and args.restart_cmd:
+        err.write("wirekit conform: give --target-cmd or --restart-cmd, not both\n")
         return EXIT_USAGE
     problem = module.check_arguments(args)
     if problem is not None:
@@ -181,13 +268,44 @@ def _conform_command(
                     err.write(f"  {result.case.id}: {result.status}\n")
                     err.flush()
 
-            results = run_suite(suite, target, cases, timeout=args.case_timeout, progress=progress)
+            lifecycle = None
+            if args.target_cmd or args.restart_cmd:
+                address = str(getattr(target, "address", args.target))
+                lifecycle = stack.enter_context(
+                    TargetLifecycle(args.target_cmd, args.restart_cmd, address, args.start_timeout)
+                )
+                with contextlib.suppress(AttributeError):  # the lifecycle case uses it
+                    target.lifecycle = lifecycle
+                if args.target_cmd:
+                    lifecycle.start()
+            try:
+                results = run_suite(
+                    suite,
+                    target,
+                    cases,
+                    timeout=args.case_timeout,
+                    progress=progress,
+                    lifecycle=lifecycle,
+                )
+            except NothingConnected as exc:
+                err.write(f"wirekit conform: {suite.title}: {exc}\n")
+                if args.json:
+                    out.write(json.dumps({"error": str(exc), "exit_status": 1}) + "\n")
+                return EXIT_MUST_FAILED
         name = str(target)
+        failed = [r.case.id for r in results if r.status == FAIL]
+        reruns = {case_id: rerun_line(parser, args, case_id) for case_id in failed}
         if args.json:
             doc = report.to_document(args.protocol, args.role, name, results)
+            for entry in doc["cases"]:
+                if entry["id"] in reruns:
+                    entry["rerun"] = reruns[entry["id"]]
             out.write(json.dumps(doc, indent=2) + "\n")
         else:
             out.write(render_table(f"{suite.title} at {name}: {len(results)} cases", results))
+            if reruns:
+                out.write("\nrun a failed case alone:\n")
+                out.writelines(f"{folded(line)}\n" for line in reruns.values())
         if junit is not None:
             junit.write(
                 report.to_junit(args.protocol, args.role, name, results, strict=args.junit_strict)

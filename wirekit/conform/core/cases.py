@@ -44,8 +44,19 @@ class Failed(Exception):
         self.received = bytes(received)
 
 
+class TimedOut(Failed):
+    """The target said nothing (or too little) before the case's deadline: a slow target
+    and a wrong one look alike here, so the runner may run the case again with a longer
+    budget (see :func:`~wirekit.conform.core.runner.run_suite`)."""
+
+
 class Skipped(Exception):
     """The case does not apply to this target (the reason is reported)."""
+
+
+class NothingConnected(Exception):
+    """No implementation under test came to where wirekit listens (within
+    ``--connect-timeout``): there is nothing to judge, and the run ends with one line."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +66,9 @@ class Case:
     ``id`` is unique within its suite (dotted: ``error.shape``); ``section`` the spec
     section it checks (``specs/mip.md#error-codes``); ``send`` what the case sends and
     ``expect`` what must come back, in words; ``timeout`` bounds the whole case in seconds
-    (None: the run's default).
+    (None: the run's default).  ``may_end_target``: the case may kill or restart the
+    target (what some implementations die of, a restart of the peer): such cases run after
+    all the others, and the runner checks afterwards that the target still serves.
     """
 
     id: str
@@ -65,6 +78,7 @@ class Case:
     expect: str
     body: Callable[[Any, Any], None]
     timeout: float | None = None
+    may_end_target: bool = False
 
 
 class Suite:
@@ -89,13 +103,16 @@ class Suite:
         send: str,
         expect: str,
         timeout: float | None = None,
+        may_end_target: bool = False,
     ) -> Callable[[Callable[[Any, Any], None]], Callable[[Any, Any], None]]:
         """Declare the decorated function ``body(target, deadline)`` as a case."""
 
         def declare(body: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
             if any(c.id == case_id for c in self.cases):
                 raise ValueError(f"conform: case {case_id!r} declared twice in {self.title}")
-            self.cases.append(Case(case_id, section, level, send, expect, body, timeout))
+            self.cases.append(
+                Case(case_id, section, level, send, expect, body, timeout, may_end_target)
+            )
             return body
 
         return declare

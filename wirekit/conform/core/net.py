@@ -13,7 +13,7 @@ import time
 from types import TracebackType
 from typing import TypeVar
 
-from .cases import Failed
+from .cases import Failed, TimedOut
 
 _RECV_SIZE = 65536
 _S = TypeVar("_S", bound="Stream")
@@ -59,7 +59,7 @@ class Stream:
                     self.sock.close()
                     raise
         except TimeoutError:
-            raise Failed(f"a connection to {address}", "connect timed out") from None
+            raise TimedOut(f"a connection to {address}", "connect timed out") from None
         except OSError as exc:
             raise Failed(f"a connection to {address}", f"connect failed: {exc}") from None
 
@@ -83,7 +83,7 @@ class Stream:
             self.sock.settimeout(self.deadline.remaining())
             self.sock.sendall(data)
         except TimeoutError:
-            raise Failed(
+            raise TimedOut(
                 "the target to read what was sent", "sending stalled", self.received
             ) from None
         except (BrokenPipeError, ConnectionResetError):
@@ -111,7 +111,7 @@ class Stream:
             got = f"no reply {within}"
             if self.received:
                 got = f"nothing more {within} ({len(self.received)} bytes received)"
-            raise Failed(waiting_for, got, self.received) from None
+            raise TimedOut(waiting_for, got, self.received) from None
         except ConnectionResetError:
             data = b""
         if not data:

@@ -140,5 +140,6 @@ def add_connect_timeout(options: SuiteOptions) -> None:
         type=float,
         default=30.0,
         metavar="SECONDS",
-        help="how long to wait for the implementation's first message (default 30)",
+        help="how long to wait for the implementation under test to come (its connection; "
+        "over ZeroMQ its first message), before the first case's own time (default 30)",
     )

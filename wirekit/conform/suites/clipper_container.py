@@ -8,9 +8,9 @@ seconds for it).  The container serves the conformance model
 The cases share the one container and run in order: the handshake first (``--case``
 always includes it), the Clipper restart after the requests, and the two cases that feed
 it what Clipper's own containers die of (a feedback request, a request of the wrong input
-type) last.  Those two check first that the container still serves, and skip when an
-earlier case stopped it: run such a case again alone (``--case predict.wrong-type``)
-against a fresh container for its verdict.
+type) last (``may_end_target``).  After each of them the runner checks that the container
+still serves: a MUST case left when it does not fails ("the target stopped serving after
+case X"), unless conform runs the container itself (``--target-cmd``) and restarts it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from wirekit.clipper import (
 )
 from wirekit.errors import DecodeError
 
-from ..core.cases import Case, Failed, Level, Skipped, Suite
+from ..core.cases import Case, Failed, Level, NothingConnected, Skipped, Suite
 from ..core.net import Deadline
 from ..core.options import Group, SuiteOptions, add_connect_timeout, add_listen
 
@@ -235,6 +235,28 @@ class ClipperSide:
         if got != expected:
             raise Failed(f"outputs {expected}", f"outputs {got}", self.received)
 
+    def is_serving(self, deadline: Deadline) -> bool:
+        """Whether the registered container still answers a request (the runner's check
+        after a case that may have ended it)."""
+        if self.identity is None or self.registration is None:
+            return False
+        try:
+            self.check(deadline, inputs_of(self.registration.input_type, [2]))
+        except (Failed, Skipped):
+            return False
+        return True
+
+    def restarted(self, deadline: Deadline) -> bool:
+        """After conform restarted the container (--target-cmd): it registers again and
+        serves a request."""
+        self.identity = None
+        try:
+            while type(self.next_message(deadline, "a registration")) is not NewContainer:
+                pass
+        except Failed:
+            return False
+        return self.is_serving(deadline)
+
     def serving(self, deadline: Deadline) -> None:
         """Skip the case unless the container still answers a request."""
         _, own_type = self.require_container()
@@ -276,7 +298,13 @@ def u32(value: int) -> bytes:
 )
 def handshake(side: ClipperSide, deadline: Deadline) -> None:
     first = "a heartbeat" if side.generation is not Generation.G2016 else "a registration"
-    identity, frames = side.recv(deadline, f"{first} from a container")
+    try:
+        identity, frames = side.recv(deadline, f"{first} from a container")
+    except Failed:
+        raise NothingConnected(
+            f"no container came to {side.address} within {deadline.seconds:g} s "
+            f"(--connect-timeout {side.connect_timeout:g} s and the case's time): no case was run"
+        ) from None
     msg = side.decode(frames, first)
     if side.generation is not Generation.G2016:
         if type(msg) is not Heartbeat:
@@ -410,6 +438,7 @@ def predict_interleaved(side: ClipperSide, deadline: Deadline) -> None:
     expect="the container registers again on the new socket (heartbeat, metadata request, "
     "registration) and serves a request",
     timeout=ACTIVITY_TIMEOUT + 10,
+    may_end_target=True,
 )
 def restart(side: ClipperSide, deadline: Deadline) -> None:
     if side.generation is Generation.G2016:
@@ -424,6 +453,7 @@ def restart(side: ClipperSide, deadline: Deadline) -> None:
     send="Clipper restarts: its ROUTER closed, a new one bound on the same address (2016)",
     expect="the container notices the lost connection, registers again and serves a request",
     timeout=5.0,
+    may_end_target=True,
 )
 def restart_legacy(side: ClipperSide, deadline: Deadline) -> None:
     if side.generation is not Generation.G2016:
@@ -445,6 +475,7 @@ def _restart(side: ClipperSide, deadline: Deadline) -> None:
     send="a feedback request (request type 1, no body; 2017/v3)",
     expect="the container still serves the next predict request (an answer to the feedback "
     "is optional)",
+    may_end_target=True,
 )
 def feedback(side: ClipperSide, deadline: Deadline) -> None:
     if side.generation is Generation.G2016:
@@ -485,6 +516,7 @@ def feedback(side: ClipperSide, deadline: Deadline) -> None:
     send="a request of another input type (strings; doubles to a strings container)",
     expect="the container still serves the next request (an answer to the wrong one must "
     "carry its msg_id)",
+    may_end_target=True,
 )
 def predict_wrong_type(side: ClipperSide, deadline: Deadline) -> None:
     side.serving(deadline)

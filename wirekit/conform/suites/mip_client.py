@@ -24,9 +24,9 @@ from wirekit import mip
 from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply, Inference, Item, ItemType, Message, Ping
 
-from ..core.cases import Failed, Level, Suite
+from ..core.cases import Case, Failed, Level, NothingConnected, Skipped, Suite
 from ..core.net import Deadline
-from ..core.options import SuiteOptions, add_listen
+from ..core.options import SuiteOptions, add_connect_timeout, add_listen
 from ..drivers import (
     DONE,
     JSON_VALUE,
@@ -122,7 +122,7 @@ class ClientConnection:
 class MipClientHarness:
     """The listening side: connections accepted on a thread, their messages queued."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, connect_timeout: float = 30.0) -> None:
         from wirekit.mip.runtime import parse_address
 
         family, target = parse_address(address)
@@ -136,6 +136,8 @@ class MipClientHarness:
         self.sent: list[Message] = []  #: every well-formed message the client sent
         self.malformed: list[str] = []  #: the errors of the malformed ones
         self.received = bytearray()  #: every byte the client sent
+        self.connect_timeout = connect_timeout
+        self.connected = threading.Event()  #: set when the first connection came
         self._stop = False
         self._threads = [threading.Thread(target=self._accept, daemon=True, name="conform-accept")]
         self._threads[0].start()
@@ -151,9 +153,23 @@ class MipClientHarness:
                 return
             conn = ClientConnection(sock, self)
             self.connections.append(conn)
+            self.connected.set()
             reader = threading.Thread(target=conn.read_loop, daemon=True, name="conform-read")
             self._threads.append(reader)
             reader.start()
+
+    def timeout_for(self, case: Case, seconds: float) -> float:
+        """The first case waits ``connect_timeout`` for the client, then as any case."""
+        return self.connect_timeout + seconds if case.id == "ping" else seconds
+
+    def wait_client(self) -> None:
+        """Return once a client connected; :class:`NothingConnected` after
+        ``connect_timeout`` without one."""
+        if not self.connected.wait(self.connect_timeout):
+            raise NothingConnected(
+                f"nothing connected to {self.address} within {self.connect_timeout:g} s "
+                "(--connect-timeout): no case was run"
+            )
 
     def next_exchange(self, deadline: Deadline, waiting_for: str) -> Exchange:
         """The client's next message (connections that end are skipped)."""
@@ -192,6 +208,8 @@ class MipClientHarness:
 
     def close(self) -> None:
         self._stop = True
+        with contextlib.suppress(OSError):  # wakes the accepting thread
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         for conn in self.connections:
             conn.close()
@@ -232,6 +250,7 @@ def expect_outcome(harness: MipClientHarness, deadline: Deadline, want: str, exp
     expect="a well-formed ping (kind 1, subtype 0, no payload); the client reports ok",
 )
 def ping(harness: MipClientHarness, deadline: Deadline) -> None:
+    harness.wait_client()
     exchange = harness.next_exchange(deadline, "a ping")
     if exchange.message != Ping(False):
         raise Failed("a ping request", describe(exchange.message))
@@ -390,6 +409,8 @@ def answer_closed(harness: MipClientHarness, deadline: Deadline) -> None:
     expect="well-formed requests: version 0, reserved 0, subtype 0 (request)",
 )
 def request_format(harness: MipClientHarness, deadline: Deadline) -> None:
+    if not harness.sent and not harness.malformed:  # nothing sent is nothing shown right
+        raise Failed("well-formed requests", "the client sent nothing")
     if harness.malformed:
         raise Failed(
             "well-formed requests", f"malformed: {harness.malformed[0]}", harness.received[:64]
@@ -412,6 +433,8 @@ def request_format(harness: MipClientHarness, deadline: Deadline) -> None:
 )
 def connection_reuse(harness: MipClientHarness, deadline: Deadline) -> None:
     calls = len(harness.sent)
+    if calls < 2:  # one call (or none) cannot show a connection kept
+        raise Skipped(f"the client made {calls} call{'s' if calls != 1 else ''}: too few to judge")
     if len(harness.connections) >= calls:
         raise Failed(
             f"fewer connections than its {calls} calls", f"{len(harness.connections)} connections"
@@ -541,8 +564,10 @@ def request_empty_batch(harness: MipClientHarness, deadline: Deadline) -> None:
 
 
 def add_arguments(options: SuiteOptions) -> None:
-    """No TARGET: ``--listen``, where the client under test connects."""
+    """No TARGET: ``--listen``, where the client under test connects;
+    ``--connect-timeout``."""
     add_listen(options)
+    add_connect_timeout(options)
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:
@@ -550,12 +575,14 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return "mip client: give where to listen with --listen, not as TARGET"
     if not args.listen or not args.listen.startswith("tcp://"):
         return "mip client: give where to listen: --listen tcp://HOST:PORT"
+    if args.connect_timeout <= 0:
+        return "--connect-timeout must be positive"
     return None
 
 
 @contextlib.contextmanager
 def open_target(args: argparse.Namespace) -> Iterator[MipClientHarness]:
-    harness = MipClientHarness(args.listen)
+    harness = MipClientHarness(args.listen, args.connect_timeout)
     try:
         yield harness
         harness.finish(args.case_timeout)

@@ -19,6 +19,7 @@ import time
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from wirekit import mip
 from wirekit._vocabulary import mip_address
@@ -68,12 +69,24 @@ class MipServerTarget:
 
     address: str
     max_batch: int = MAX_BATCH
+    #: the target's :class:`~wirekit.conform.core.target.TargetLifecycle` (--target-cmd)
+    lifecycle: Any = None
+    #: every case opens its own connections: one that timed out may run again
+    repeatable_cases = True
 
     def __str__(self) -> str:
         return self.address
 
     def connect(self, deadline: Deadline) -> MipStream:
         return MipStream(self.address, deadline)
+
+    def is_serving(self, deadline: Deadline) -> bool:
+        """Whether the server answers a ping on a new connection (the runner's check)."""
+        try:
+            still_serving(self, deadline, "the last case")
+        except Failed:
+            return False
+        return True
 
 
 class MipStream(Stream):
@@ -711,6 +724,46 @@ def connection_backlog(target: MipServerTarget, deadline: Deadline) -> None:
         raise Failed(
             f"a pong on each of the {CONNECTORS} connections",
             f"{answered} pongs within {deadline.seconds:g} s",
+        )
+
+
+@SUITE.case(
+    "lifecycle.restart",
+    CONNECTIONS,
+    WIREKIT,
+    send="a request answered on a connection left open; the server stopped and started "
+    "again on the same address (--target-cmd or --restart-cmd)",
+    expect="the server serves again on its port (a port with connections in TIME_WAIT can "
+    "be bound again: SO_REUSEADDR)",
+    timeout=60.0,
+    may_end_target=True,
+)
+def lifecycle_restart(target: MipServerTarget, deadline: Deadline) -> None:
+    from ..core.runner import serves
+
+    lifecycle = target.lifecycle
+    if lifecycle is None:
+        raise Skipped("needs --target-cmd (or --restart-cmd): conform stops and starts the server")
+    request = request_of([[Item.text("before the restart")]])
+    with target.connect(deadline) as conn:
+        conn.send(mip.encode(request))
+        conn.expect(echo_of(request))
+        if lifecycle.owns_process:
+            lifecycle.stop()  # its side of the open connection closes first: TIME_WAIT
+            conn.closed_by_peer(1.0)
+    problem = None
+    if lifecycle.owns_process:
+        lifecycle.start()
+    else:
+        problem = lifecycle.restart()
+    want = f"the server serving again on {target.address} after a restart"
+    if problem is not None:
+        raise Failed(want, problem)
+    seconds = min(lifecycle.start_timeout, deadline.remaining())
+    if serves(target, lifecycle, seconds) is None:
+        ended = lifecycle.describe_exit()  # " (it exited 1: ... Address already in use)"
+        raise Failed(
+            want, f"it did not serve again{ended}" if ended else f"no pong in {seconds:g} s"
         )
 
 
