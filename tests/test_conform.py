@@ -121,10 +121,8 @@ def test_kubemo_server_fails_its_known_deviations_and_passes_the_rest():
     for case_id, start in KUBEMO_DEVIATIONS.items():
         assert got[case_id].startswith(start), (case_id, got[case_id])
     assert status == 1  # two MUST cases fail: shape.n-output, shape.n-output-batch
-    assert statuses(doc).pop("lifecycle.restart") == "skip"  # no --target-cmd
-    assert {k: v for k, v in statuses(doc).items() if k != "lifecycle.restart"} == documented(
-        "### KubeMo's server"
-    )
+    assert statuses(doc)["lifecycle.restart"] == "skip"  # no --target-cmd
+    assert statuses(doc) == documented("### KubeMo's server")
 
 
 def test_a_server_with_a_bad_version_fails_every_exchange_and_shows_the_bytes():
@@ -391,8 +389,7 @@ def test_clipper_rpc_py_fails_its_known_deviations_and_passes_the_rest(era):
         )
     assert statuses(alone) == {"handshake": "pass", "predict.wrong-type": "fail"}
     assert status == 1
-    # (the report in conformance.md was written when the case was a SKIP)
-    assert {**result, "predict.wrong-type": "skip"} == documented(f"#### Clipper's rpc.py, {era}")
+    assert result == documented(f"#### Clipper's rpc.py, {era}")
     assert statuses(alone) == documented(f"#### Clipper's rpc.py, {era}", block=1)
 
 

@@ -20,6 +20,7 @@ target took to serve again (measured).
 from __future__ import annotations
 
 import fnmatch
+import math
 import threading
 import time
 import traceback
@@ -255,6 +256,7 @@ def _second_try(
     busy = serves(target, lifecycle, max(timeout, SERVING_PATIENCE) * RETRY_SCALE)
     if busy is None:
         return first
+    busy = math.ceil(busy * 10) / 10  # to the tenth of a second above: a budget that reads well
     again = run_case(case, target, timeout, scale=RETRY_SCALE, extra=busy)
     if again.status == FAIL and again.timed_out:
         got = f"{again.got} (on a second try too; first: {first.got})"
