@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from support.ports import free_port
 
 from wirekit import cli
@@ -227,6 +228,12 @@ def kubemo_verdicts() -> tuple[dict[str, str], float]:
     return {c["id"]: c["status"] for c in doc["cases"]}, by_id(doc)["batch.max"]["elapsed"]
 
 
+# Two whole KubeMo runs (about 160 s): what it shows -- the runner's second try and a stop
+# check patient enough for a busy peer -- is the runner's, the same on both twins, so the
+# compiled run of the suite has it and the pure one (WIREKIT_PURE=1) spares CI the time.
+@pytest.mark.skipif(
+    os.environ.get("WIREKIT_PURE") == "1", reason="the runner's timing: the compiled run has it"
+)
 def test_kubemo_server_verdicts_are_the_same_idle_and_under_cpu_load():
     idle, _ = kubemo_verdicts()
     with cpu_load(2 * (os.cpu_count() or 1)):  # two busy loops per core
