@@ -18,9 +18,12 @@ if os.environ.get("WIREKIT_REQUIRE_TORCH"):
 else:
     torch = pytest.importorskip("torch")
 
-import y2_convergence_workers as workers
+import y2_torch_workers as workers
 
 from wirekit.y2.torch import TAU_SCALE, WARMUP_STEPS, Y2HookState
+
+#: the per-rank body of the multi-process tests (tests/y2_convergence_workers.py)
+OPTION_STEPS = "y2_convergence_workers:option_steps"
 
 #: The small model's elements (tests/y2_torch_workers.py's small_model: 20 + 4 + 12 + 3).
 ELEMENTS = 39
@@ -62,7 +65,12 @@ def test_warm_up_sends_dense_steps_then_words(tmp_path):
     residual empty, a ring all-reduce's bytes), then the words of y2's scheme."""
     world = 2
     results = workers.run(
-        "option_steps", tmp_path, world=world, steps=4, warmup_steps=2, density=0.25
+        OPTION_STEPS,
+        tmp_path,
+        world=world,
+        steps=4,
+        warmup_steps=2,
+        density=0.25,
     )
     for step in range(4):
         per_rank = [results[r]["steps"][step] for r in range(world)]
@@ -94,7 +102,7 @@ def test_momentum_correction_bookkeeping(tmp_path, masking):
     with ``|r| >= tau`` sends a word and moves by tau; with masking its ``u`` is zeroed."""
     world, tau, momentum = 2, 0.5, 0.9
     results = workers.run(
-        "option_steps",
+        OPTION_STEPS,
         tmp_path,
         world=world,
         steps=4,
@@ -128,7 +136,12 @@ def test_a_dense_step_with_momentum_correction_is_momentum_sgds(tmp_path):
     velocity (what momentum SGD applies), and keeps the velocity."""
     world, momentum = 2, 0.9
     results = workers.run(
-        "option_steps", tmp_path, world=world, steps=3, warmup_steps=3, momentum=momentum
+        OPTION_STEPS,
+        tmp_path,
+        world=world,
+        steps=3,
+        warmup_steps=3,
+        momentum=momentum,
     )
     velocities = [[np.zeros_like(g) for g in results[r]["steps"][0]["local"]] for r in range(2)]
     for step in range(3):

@@ -1,69 +1,10 @@
-"""A bounded gloo launcher and the per-rank bodies of tests/test_y2_convergence.py
-(importable by spawned children: tests/ is on their sys.path)."""
+"""The per-rank bodies of tests/test_y2_convergence.py, run by tests/y2_torch_workers.py's
+launcher as ``"y2_convergence_workers:BODY"`` (importable by spawned children: tests/ is on
+their sys.path)."""
 
 from __future__ import annotations
 
-import gc
-import multiprocessing
-import os
-import pickle
-import traceback
-from datetime import timedelta
-from pathlib import Path
 from typing import Any
-
-from support.ports import free_port
-
-#: Seconds a whole multi-process run may take before its processes are killed.
-RUN_TIMEOUT = 240
-
-
-def _child(rank: int, world: int, port: int, body: str, out: str, kwargs: dict) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=60),
-        )
-        result = globals()[body](rank, world, **kwargs)
-        gc.collect()  # free the DDP wrappers (and their use of the group) before it goes
-        dist.destroy_process_group()
-        Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
-    except BaseException:
-        Path(out, f"rank{rank}.err").write_text(traceback.format_exc())
-        raise
-
-
-def run(body: str, out: Path, world: int = 2, **kwargs: Any) -> list[Any]:
-    """Run ``body(rank, world, **kwargs)`` on ``world`` gloo processes; their results by
-    rank.  Bounded by ``RUN_TIMEOUT``: stragglers are killed and the run fails."""
-    ctx = multiprocessing.get_context("spawn")
-    port = free_port()
-    procs = [
-        ctx.Process(target=_child, args=(r, world, port, body, str(out), kwargs))
-        for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(RUN_TIMEOUT)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    errors = [f.read_text() for f in sorted(out.glob("rank*.err"))]
-    assert not errors, "\n".join(errors)
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    return [pickle.loads(Path(out, f"rank{r}.pkl").read_bytes()) for r in range(world)]
 
 
 def option_steps(rank: int, world: int, steps: int, **options: Any) -> dict:

@@ -622,6 +622,22 @@ def _all_gather(
     return _Step(out, len(words), sent_bytes, received, taus, t1, t2)
 
 
+def _capped_words(state: Y2HookState, b: _Bucket, n: int) -> tuple[np.ndarray, float, int]:
+    """This rank's words of the bucket, their tau (the fixed one, or this rank's own) and
+    the most words a rank may send (``n``; with the adaptive tau the capacity): past it an
+    even spread of them goes, the rest back into the residual."""
+    words, tau = state._compress(b, n)
+    limit = n
+    if state.tau is None:
+        limit = state.capacity(n)
+        if len(words) > limit:
+            keep = np.zeros(len(words), bool)
+            keep[np.arange(limit) * len(words) // limit] = True
+            y2.apply(b.residual, words[~keep], tau)
+            words = words[keep]
+    return words, tau, limit
+
+
 def _reduce_scatter(
     state: Y2HookState, b: _Bucket, n: int, device: Any, out: np.ndarray | None
 ) -> _Step:
@@ -633,16 +649,8 @@ def _reduce_scatter(
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     edges = np.array([r * n // world for r in range(world + 1)], np.int64)
     sizes = np.diff(edges)
-    words, tau = state._compress(b, n)  # the fixed tau, or this rank's own
+    words, tau, limit = _capped_words(state, b, n)
     sent_bytes = 0
-    limit = n
-    if state.tau is None:
-        limit = state.capacity(n)
-        if len(words) > limit:  # an even spread of them goes, the rest back into the residual
-            keep = np.zeros(len(words), bool)
-            keep[np.arange(limit) * len(words) // limit] = True
-            y2.apply(b.residual, words[~keep], tau)
-            words = words[keep]
     positions = _positions(b, words, "words")
     order = np.argsort(positions, kind="stable")
     words, positions = words[order], positions[order]
@@ -723,15 +731,7 @@ def _slots(state: Y2HookState, b: _Bucket, n: int, device: Any, out: np.ndarray 
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     edges = np.array([r * n // world for r in range(world + 1)], np.int64)
     sizes = np.diff(edges)
-    words, tau = state._compress(b, n)  # the fixed tau, or this rank's own
-    limit = n
-    if state.tau is None:
-        limit = state.capacity(n)
-        if len(words) > limit:  # an even spread of them goes, the rest back into the residual
-            keep = np.zeros(len(words), bool)
-            keep[np.arange(limit) * len(words) // limit] = True
-            y2.apply(b.residual, words[~keep], tau)
-            words = words[keep]
+    words, tau, limit = _capped_words(state, b, n)
     most = np.minimum(sizes, limit)  # a slot's largest size, for each owner
     if b.slots_out is None or b.slots_in is None or b.sum_bounds is None:
         b.slots_out, b.slots_in = most.copy(), np.full(world, most[rank], np.int64)
