@@ -20,7 +20,6 @@ import os
 import signal
 import subprocess
 import tempfile
-import time
 from types import TracebackType
 from typing import IO
 
@@ -170,16 +169,3 @@ class TargetLifecycle:
         """Stop the target (if conform runs it) and drop its output."""
         self.stop()
         self._log.close()
-
-
-def wait_until(check: object, seconds: float, step: float = 0.05) -> float | None:
-    """Call ``check()`` until it is true, for up to ``seconds``; the time it took, or
-    None when it never was (``check`` is a callable returning a bool)."""
-    assert callable(check)
-    start = time.monotonic()
-    while True:
-        if check():
-            return time.monotonic() - start
-        if time.monotonic() - start >= seconds:
-            return None
-        time.sleep(step)
