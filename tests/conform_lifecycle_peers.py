@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-from conform_peers import FAIL, kubemo_conform_model
+from conform_peers import FAIL, kubemo_conform_model, serve_v3_container
 
 
 def _address() -> tuple[str, int]:
@@ -57,44 +57,21 @@ def fragile_container() -> None:
     """A v3 Clipper container (doubles) that dies as Clipper's rpc.py does: on a feedback
     request (rpc.py's NameError) and on a request of another input type (its bare
     ``raise``), exit 1.  It connects to ``$WIREKIT_CONFORM_ADDRESS``."""
-    import zmq
-
-    from wirekit import clipper
-    from wirekit.clipper import (
-        Heartbeat,
-        HeartbeatReply,
-        HeartbeatType,
-        InputType,
-        NewContainer,
-        PredictRequest,
-        PredictResponse,
-    )
+    from wirekit.clipper import InputType, PredictResponse
     from wirekit.errors import DecodeError
 
-    context = zmq.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(os.environ["WIREKIT_CONFORM_ADDRESS"])
-    sock.send_multipart(clipper.encode(Heartbeat(), "v3"))
-    while True:
-        if not sock.poll(500):
-            sock.send_multipart(clipper.encode(Heartbeat(), "v3"))
-            continue
-        try:
-            msg = clipper.decode(sock.recv_multipart(), "v3", "to_container")
-        except DecodeError:
-            sys.exit(1)  # a feedback request: rpc.py's loop is over
-        if isinstance(msg, HeartbeatReply):
-            if msg.heartbeat_type == HeartbeatType.REQUEST_CONTAINER_METADATA:
-                reg = NewContainer("fragile", "1", InputType.DOUBLES, 3)
-                sock.send_multipart(clipper.encode(reg, "v3"))
-        elif isinstance(msg, PredictRequest):
-            if msg.input_type != InputType.DOUBLES:
-                sys.exit(1)
-            reply = PredictResponse(msg.msg_id, [str(len(x)) for x in msg.inputs])
-            sock.send_multipart(clipper.encode(reply, "v3"))
-        else:
+    def answer(request):
+        if request.input_type != InputType.DOUBLES:
             sys.exit(1)
+        return PredictResponse(request.msg_id, [str(len(x)) for x in request.inputs])
+
+    def other(message):
+        sys.exit(1)
+
+    try:
+        serve_v3_container(os.environ["WIREKIT_CONFORM_ADDRESS"], "fragile", answer, other)
+    except DecodeError:
+        sys.exit(1)  # a feedback request: rpc.py's loop is over
 
 
 if __name__ == "__main__":

@@ -141,9 +141,11 @@ def swapped_samples_main() -> None:
     _serve_raw(answer)
 
 
-def wrong_msg_id_container_main() -> None:
-    """A v3 Clipper container that registers properly but answers every request with the
-    msg_id after the request's.  argv[2]: Clipper's address."""
+def serve_v3_container(address, name, answer, on_other=None) -> None:
+    """A v3 Clipper container (doubles) at ``address``, forever: heartbeats while idle,
+    registration as ``name`` when asked, ``answer(request)`` (a PredictResponse) sent for
+    each request; ``on_other(message)`` for any other message (ignored by default).  A
+    message it cannot decode raises :class:`wirekit.errors.DecodeError`."""
     import zmq
 
     from wirekit import clipper
@@ -154,13 +156,12 @@ def wrong_msg_id_container_main() -> None:
         InputType,
         NewContainer,
         PredictRequest,
-        PredictResponse,
     )
 
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(sys.argv[2])
+    sock.connect(address)
     sock.send_multipart(clipper.encode(Heartbeat(), "v3"))
     while True:
         if not sock.poll(500):
@@ -169,12 +170,23 @@ def wrong_msg_id_container_main() -> None:
         msg = clipper.decode(sock.recv_multipart(), "v3", "to_container")
         if isinstance(msg, HeartbeatReply):
             if msg.heartbeat_type == HeartbeatType.REQUEST_CONTAINER_METADATA:
-                reg = NewContainer("off-by-one", "1", InputType.DOUBLES, 3)
+                reg = NewContainer(name, "1", InputType.DOUBLES, 3)
                 sock.send_multipart(clipper.encode(reg, "v3"))
         elif isinstance(msg, PredictRequest):
-            outputs = [str(len(x)) for x in msg.inputs]
-            reply = PredictResponse(msg.msg_id + 1, outputs)
-            sock.send_multipart(clipper.encode(reply, "v3"))
+            sock.send_multipart(clipper.encode(answer(msg), "v3"))
+        elif on_other is not None:
+            on_other(msg)
+
+
+def wrong_msg_id_container_main() -> None:
+    """A v3 Clipper container that registers properly but answers every request with the
+    msg_id after the request's.  argv[2]: Clipper's address."""
+    from wirekit.clipper import PredictResponse
+
+    def answer(request):
+        return PredictResponse(request.msg_id + 1, [str(len(x)) for x in request.inputs])
+
+    serve_v3_container(sys.argv[2], "off-by-one", answer)
 
 
 def kubemo_client_driver_main() -> None:
