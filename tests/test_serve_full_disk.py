@@ -498,3 +498,66 @@ def test_every_dispatcher_path_refuses_an_arrival_it_cannot_journal(small_disk: 
         assert len([r for r in rows if r[1] and REFUSED in r[1]]) >= refused
 
     run(main())
+
+
+@pytest.fixture
+def small_shared_disk(tmp_path: Path) -> Iterator[Path]:
+    """A fresh 1 MiB tmpfs holding the journal *and* the database, as the default
+    deployment has them."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    _mount_tmpfs(disk, "1m")
+    try:
+        yield disk
+    finally:
+        _umount(disk)
+
+
+def test_rows_in_no_journal_reach_the_database_once_it_can_be_written(
+    small_shared_disk: Path,
+) -> None:
+    """The database on the same full disk as the journal: an answer whose journal record
+    was dropped, and a refused request (its arrival never journaled), are written by the
+    writer once the disk has room again -- before, the first row stayed ``queued`` and the
+    second was missing (the CI failure of ``asyncio-database-on-the-disk``)."""
+    from wirekit.serve.record.store import JournalUnavailable, RequestStore
+
+    disk = small_shared_disk
+
+    async def main() -> None:
+        store = RequestStore(disk / "r.db", payloads=True, flush_interval=0.01)
+        store.open()
+        try:
+            store.arrival("answered", "m", "c", 1.0, 3)
+            await store.flush()  # its arrival is stored, queued
+            filler = fill(disk)
+            big = b"x" * (256 << 10)  # its row needs pages the full disk cannot give
+            with pytest.raises(JournalUnavailable):
+                store.arrival("refused", "m", "c", 2.0, len(big), payload=big)
+            store.completion(
+                "refused", None, 2.5, "failed", 0, model="m", client="c", time_in=2.0,
+                size=len(big), defer=True, reason=REFUSED,
+            )  # fmt: skip
+            store.completion(
+                "answered", "d", 3.0, "ok", 1, model="m", client="c", time_in=1.0, size=3,
+                payload=big, defer=True,
+            )  # fmt: skip
+            with pytest.raises(JournalUnavailable):
+                store.write_journal()
+            with pytest.raises(RuntimeError, match="request store write failed"):
+                await store.flush()
+            assert store.writer.kept >= 3  # in memory: the journals do not have them
+            assert store.backlog == 2
+            filler.unlink()
+            await store.flush()  # the next hand-over writes them first
+            assert store.writer.kept == 0 and store.backlog == 0
+            assert store.writer.kept_dropped == 0
+        finally:
+            store.close()
+
+    asyncio.run(main())
+    with contextlib.closing(sqlite3.connect(disk / "r.db", timeout=TIMEOUT)) as conn:
+        rows = dict(conn.execute("SELECT id, status FROM requests").fetchall())
+        reason = conn.execute("SELECT reason FROM requests WHERE id = 'refused'").fetchone()
+    assert rows == {"answered": "ok", "refused": "failed"}
+    assert reason is not None and REFUSED in reason[0]

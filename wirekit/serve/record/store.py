@@ -35,8 +35,10 @@ lands on a torn one -- and raises :class:`JournalUnavailable`.  A request whose 
 could not journal is not sent anywhere: the dispatcher ends it ``failed`` at once (its row
 goes to the store through the writer, without the journal) and the door answers 503 (see
 :meth:`~wirekit.serve.dispatch.dispatcher.Dispatcher.journal_refused`).  A completion that
-could not be journaled is answered all the same.  Journaling resumes by itself at the next
-write once there is room (specs/journal.md, "A full disk").
+could not be journaled is answered all the same.  When the database cannot be written
+either (it is on the same full disk), the writer keeps such rows -- in no journal -- in
+memory and writes them once it can (:mod:`.writer`, "Rows in no journal").  Journaling
+resumes by itself at the next write once there is room (specs/journal.md, "A full disk").
 
 A failed or errored request's row records why (``reason``).
 
@@ -191,6 +193,7 @@ class RequestStore:
         #: the failure of the last journal write, None once one succeeds (readiness)
         self.journal_failing: JournalUnavailable | None = None
         self._jtorn = False  # a failed write could not be cut back: a new journal next
+        self._jdropped = False  # a journal write failed since the last hand-over
         self._jneed = 1  # the size of the last write that failed
         self._hex_of: float | None = None  # the last time written, and its text
         self._hex = ""
@@ -312,7 +315,8 @@ class RequestStore:
         if self.writer.running:
             ops, self._pending = self._pending, []
             reasons, self._reasons = self._reasons, []
-            self.writer.hand_over(ops, reasons, self._retire_journal(), None)
+            retired = self._retire_journal()
+            self.writer.hand_over(ops, reasons, retired, None, self._unjournaled())
             self.writer.stop(timeout)
         if self._db is not None:
             self._db.close()
@@ -546,7 +550,7 @@ class RequestStore:
             start, self._jsize = 0, len(data)
             ops, self._pending = self._pending, []
             reasons, self._reasons = self._reasons, []
-            self.writer.hand_over(ops, reasons, retired, None)
+            self.writer.hand_over(ops, reasons, retired, None, True)  # before this write
         try:
             while data:
                 data = data[os.write(self._jfd, data) :]
@@ -559,6 +563,7 @@ class RequestStore:
         """A journal write failed: cut the file back to ``start`` bytes, raise
         :class:`JournalUnavailable`."""
         self.journal_failures += 1
+        self._jdropped = True
         self._jsize = start
         try:
             os.ftruncate(self._jfd, start)  # type: ignore[arg-type]
@@ -650,7 +655,15 @@ class RequestStore:
             with contextlib.suppress(JournalUnavailable):  # tried again at the next one
                 retire = self._next_journal()
         if ops or retire or fut is not None:
-            self.writer.hand_over(ops, reasons, retire, fut)
+            self.writer.hand_over(ops, reasons, retire, fut, self._unjournaled())
+
+    def _unjournaled(self) -> bool:
+        """Whether rows about to be handed over may be in no journal: a journal write failed
+        since the last hand-over (its records were dropped), or records wait unwritten (a
+        write that may fail).  The writer keeps such a hand-over in memory if its write
+        fails too (:class:`~.writer.Writer`, "Rows in no journal")."""
+        dropped, self._jdropped = self._jdropped, False
+        return dropped or bool(self._jbuf)
 
     # -- journals ------------------------------------------------------------------------
 

@@ -15,6 +15,15 @@ asks the event loop (:attr:`Writer.wake`) to retire the journal open now: the lo
 hand-over carries it (:meth:`Writer.wants_rotation`), and its replay follows.  Only retired
 journals are replayed: every row they hold was handed over before, so a later hand-over
 never inserts a row a replay inserted.
+
+Rows in no journal: a hand-over made while the journal could not be written (a full disk
+that holds the database too) may hold rows whose journal records were dropped.  Such a
+hand-over is marked ``keep``: when its write fails, the writer keeps its rows in memory
+(up to :data:`KEPT_MAX` rows; the journals cannot bring them back) and writes them -- by id,
+as a replay does: nothing counted twice -- as soon as a write succeeds again, before any
+row handed over later (which, meanwhile, is kept behind them).  Rows still kept when the
+process stops are gone; :attr:`Writer.kept_dropped` counts them, and what was dropped
+beyond the bound.
 """
 
 from __future__ import annotations
@@ -39,6 +48,10 @@ _BATCH, _STOP = 2, 3
 #: seconds between two tries of a writer that holds a backlog and is handed nothing: the
 #: database may be back without a request to tell
 RETRY_INTERVAL = 1.0
+
+#: rows kept in memory, at most, after failed writes of rows that are in no journal (a
+#: full disk under both the journal and the database); about 200 bytes each
+KEPT_MAX = 100_000
 
 
 class Writer:
@@ -70,6 +83,13 @@ class Writer:
         self._unstored: dict[int, int] = {}
         self._backlog = 0
         self._woken_for = 0  # the dirty journal the loop was last asked to retire
+        # rows of failed hand-overs that may be in no journal, oldest first (written by id
+        # once writes succeed), with the reasons of their failed rows; their requests
+        self._kept: list[tuple[int, tuple[Any, ...]]] = []
+        self._kept_reasons: list[tuple[str, str]] = []
+        self._kept_ids: set[str] = set()
+        #: kept rows given up: beyond :data:`KEPT_MAX`, or still kept when the writer stopped
+        self.kept_dropped = 0
         #: called (from this thread) once writes succeed again while the journal open
         #: holds rows a failed write lost: the store sets it to ask its event loop for a
         #: hand-over (thread-safe), which then retires that journal (:meth:`wants_rotation`)
@@ -77,9 +97,10 @@ class Writer:
 
     @property
     def backlog(self) -> int:
-        """Requests whose rows are journaled but not in the store: the rows of the failed
-        hand-overs (each request once), until the journal that holds them is replayed."""
-        return self._backlog
+        """Requests whose rows are not in the store yet: the rows of the failed hand-overs
+        (each request once), until the journal that holds them is replayed -- or, for rows
+        kept in memory (in no journal), until they are written."""
+        return self._backlog + len(self._kept_ids)
 
     def wants_rotation(self, seq: int) -> bool:
         """Whether the journal numbered ``seq`` (open now) should be retired at the next
@@ -108,17 +129,26 @@ class Writer:
         reasons: list[tuple[str, str]],
         retire: Path | None,
         fut: asyncio.Future[None] | None,
+        keep: bool = False,
     ) -> None:
         """Write ``ops`` and ``reasons`` (``(why, id)``) in one transaction, then settle the
-        retired journal ``retire``, then resolve ``fut`` (with the write's failure, if any)."""
-        self._queue.put((_BATCH, ops, reasons, retire, fut))
+        retired journal ``retire``, then resolve ``fut`` (with the write's failure, if any).
+        ``keep``: some of these rows may be in no journal (a journal write failed, or had
+        not been made yet): if the write fails, keep them in memory to write later."""
+        self._queue.put((_BATCH, ops, reasons, retire, fut, keep))
 
     def stop(self, timeout: float) -> None:
-        """Write what was handed over, then stop (waiting up to ``timeout`` seconds)."""
+        """Write what was handed over, then stop (waiting up to ``timeout`` seconds); rows
+        still kept then (the database away) are counted in :attr:`kept_dropped`."""
         if self._thread is not None:
             self._queue.put((_STOP,))
             self._thread.join(timeout)
             self._thread = None
+
+    @property
+    def kept(self) -> int:
+        """Rows kept in memory now: failed writes of rows that may be in no journal."""
+        return len(self._kept)
 
     def _run(self) -> None:
         db = self._db
@@ -126,17 +156,22 @@ class Writer:
         get = self._queue.get
         while True:
             try:
-                item = get(timeout=RETRY_INTERVAL) if self._backlog else get()
+                item = get(timeout=RETRY_INTERVAL) if self.backlog else get()
             except queue.Empty:  # idle with a backlog: is the database back?
                 self._try_again(db)
                 continue
             if item[0] == _STOP:
+                self.kept_dropped += len(self._kept)
                 return
-            _kind, ops, reasons, retire, fut = item
+            _kind, ops, reasons, retire, fut, keep = item
             if self._held and (self.failing is None or self._reachable(db)):
                 self._settle_held(db)  # the oldest first: what a failed write left, then these
             failed: BaseException | None = None
-            if ops or reasons:
+            if self._kept and not self._write_kept(db):
+                if ops or reasons:  # behind the kept rows: they must not be written first
+                    failed = self.failing
+                    self._failed(failed, ops, reasons, keep=True)
+            elif ops or reasons:
                 chunks, rest, updates = _merge_ops(ops, db.chunk)
                 try:
                     try:
@@ -148,7 +183,7 @@ class Writer:
                     self.failing = None
                 except BaseException as exc:  # keep going: the journal has the completions
                     failed = exc
-                    self._failed(exc, ops)
+                    self._failed(exc, ops, reasons, keep)
             if retire is not None:
                 self._held.append(retire)
             if failed is None:
@@ -158,16 +193,51 @@ class Writer:
             if fut is not None:
                 _resolve([fut], failed)
 
-    def _failed(self, exc: BaseException, ops: list[tuple[int, tuple[Any, ...]]]) -> None:
-        """A hand-over could not be written: its rows are in the journals only."""
+    def _failed(
+        self,
+        exc: BaseException | None,
+        ops: list[tuple[int, tuple[Any, ...]]],
+        reasons: list[tuple[str, str]],
+        keep: bool,
+    ) -> None:
+        """A hand-over could not be written: its rows are in the journals only -- or, when
+        ``keep``, maybe in none: then they are kept in memory too (up to :data:`KEPT_MAX`)."""
         self.error = self.failing = exc
         if not self.journal:
             return
         # the journals open until now hold completions that are not stored
         seq = self._dirty_upto = self._journal_seq()
         ids = {row[0] if kind == ARRIVAL else row[-1] for kind, row in ops}
+        if keep and len(self._kept) + len(ops) <= KEPT_MAX:
+            self._kept.extend(ops)
+            self._kept_reasons.extend(reasons)
+            self._kept_ids.update(ids)
+            return
+        if keep:
+            self.kept_dropped += len(ops)
         self._unstored[seq] = self._unstored.get(seq, 0) + len(ids)
         self._backlog += len(ids)
+
+    def _write_kept(self, db: StoreDB) -> bool:
+        """Write the kept rows by id (a row a replay stored meanwhile is not inserted twice;
+        an arrival never takes an answer back), then forget them; False (kept) when the
+        database is still away."""
+        if self.failing is not None and not self._reachable(db):
+            return False
+        chunks, rest, updates = _merge_ops(self._kept, 1 << 30)
+        assert not chunks  # one chunk as large as that: every INSERT row is in ``rest``
+        # an INSERT row (INSERT_COLUMNS) as a replayed journal row (REPLAY_COLUMNS)
+        rows = [(r[0], r[1], r[2], r[6], r[3], r[7], r[8], r[4], r[9], r[5], None) for r in rest]
+        try:
+            db.replay(rows)
+            db.write([], [], updates, self._kept_reasons)
+        except Exception as exc:
+            self.error = self.failing = exc
+            return False
+        self.commits += 1
+        self.rows_written += len(self._kept)
+        self._kept, self._kept_reasons, self._kept_ids = [], [], set()
+        return True
 
     def _ask_rotation(self, again: bool = False) -> None:
         """Writes succeed: ask the loop to retire the journal open now if it holds rows a
@@ -186,6 +256,8 @@ class Writer:
         """Idle with a backlog: once the database answers, replay the journals held and ask
         the loop to retire the journal open now."""
         if not self._reachable(db) or not self._settle_held(db):
+            return
+        if self._kept and not self._write_kept(db):
             return
         self._ask_rotation(again=True)
 
