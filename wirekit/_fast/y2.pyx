@@ -1954,31 +1954,21 @@ def read_fields(data, Py_ssize_t lead, Py_ssize_t count, int width):
 
 # --- the DDP hook's owner of a range: words summed and coded; a sums block into the update --
 
-cdef extern from *:
-    """
-    #if defined(__GNUC__) || defined(__clang__)
-    #define Y2S_CTZ64(m) __builtin_ctzll(m)
-    #else
-    static int y2s_ctz64(unsigned long long m) { int n = 0; while (!(m & 1ull)) { m >>= 1; n++; } return n; }
-    #define Y2S_CTZ64(m) y2s_ctz64(m)
-    #endif
-    """
-    int Y2S_CTZ64(unsigned long long) noexcept nogil
-
 DEF SUMS_HEADER = 4
 
 
 cdef inline int64_t _nearest(const double* table, Py_ssize_t levels, double size) noexcept nogil:
     """``wirekit.y2.sums.quantize`` of one magnitude ``size``: the index (0 to ``levels``)
     of the nearest magnitude, computed as NumPy computes it there."""
-    cdef Py_ssize_t a = 0, b = levels, m
+    # np.searchsorted(table, size), branch-free: ``a`` with table[a - 1] < size <= table[a]
+    cdef const double* base = table
+    cdef Py_ssize_t n = levels, half, a
     cdef double lower, upper
-    while a < b:  # np.searchsorted(table, size): table[a - 1] < size <= table[a]
-        m = (a + b) >> 1
-        if table[m] < size:
-            a = m + 1
-        else:
-            b = m
+    while n > 1:
+        half = n >> 1
+        base = base + half if base[half - 1] < size else base
+        n -= half
+    a = (base - table) + (base[0] < size)
     lower = table[a - 1] if a > 0 else 0.0
     upper = table[a] if a < levels else table[levels - 1]
     if size - lower <= upper - size:
@@ -2021,11 +2011,12 @@ def sum_range(received, weights, slot_start, slot_size, Py_ssize_t lo, Py_ssize_
     """The owner of the buffer's range ``lo:hi`` sums every rank's words there and codes
     the sums: ``(block, left_at, left, wanted)`` (``wirekit.y2._pure.sum_range``).
 
-    One pass over each rank's words (checked as they are read, added into the range's
-    sums), one over the bits of the elements they touched (each nonzero sum rounded to the
-    nearest magnitude of ``table``), one over the nonzero sums (the residual's part, the
-    bitmap and the codes written into the block).  Only the cap of ``most`` codes, when a
-    step wants more, sorts with NumPy.
+    One pass over each rank's words (checked, rank by rank, as the pure twin checks them),
+    one merge of the ranks' ascending positions (each element's words added in rank
+    order, each nonzero sum rounded to the nearest magnitude of ``table``), one pass over
+    the nonzero sums (the residual's part, the bitmap and the codes written into the
+    block): nothing runs over the whole range but the block's zeroed bitmap.  Only the cap
+    of ``most`` codes, when a step wants more, sorts with NumPy.
     """
     cdef list ranks = list(received)
     cdef const double[::1] wt = np.ascontiguousarray(weights, dtype=np.float64)
@@ -2035,7 +2026,7 @@ def sum_range(received, weights, slot_start, slot_size, Py_ssize_t lo, Py_ssize_
     _checks.sum_range_args(len(ranks), wt.shape[0], starts.shape[0], sizes.shape[0], lo, hi)
     _checks.table_args(tab.shape[0])
     cdef Py_ssize_t levels = tab.shape[0], width = _checks.code_bits(levels)
-    cdef Py_ssize_t m = hi - lo, nslots = sizes.shape[0], nwords = 0, r, i, n
+    cdef Py_ssize_t world = len(ranks), nslots = sizes.shape[0], nwords = 0, r, i, n, at
     cdef Py_ssize_t bad_address, bad_order
     cdef int64_t p, prev, bad_position
     cdef uint32_t x, s, index
@@ -2045,75 +2036,89 @@ def sum_range(received, weights, slot_start, slot_size, Py_ssize_t lo, Py_ssize_
         words = np.ascontiguousarray(rank_words, dtype=np.uint32)
         arrays.append(words)
         nwords += words.shape[0]
-    cdef double* acc = <double*>calloc(m if m else 1, sizeof(double))
-    cdef uint64_t* touched = <uint64_t*>calloc((m + 63) // 64 + 1, sizeof(uint64_t))
+    # every rank's words as buffer positions and signed weights, one run per rank
+    all_positions = np.empty(nwords + 1, np.int64)  # and a sentinel for the merge
+    all_values = np.empty(nwords + 1, np.float64)
+    ends = np.empty(world + 1, np.int64)
+    cdef int64_t[::1] ap = all_positions
+    cdef double[::1] av = all_values
+    cdef int64_t[::1] run_end = ends
     cdef const uint32_t[::1] w
-    if acc == NULL or touched == NULL:
-        free(acc)
-        free(touched)
-        raise MemoryError()
-    try:
-        for r in range(len(arrays)):
-            w = arrays[r]
-            n = w.shape[0]
-            weight = wt[r]
-            bad_address = bad_order = -1
-            bad_position = 0
-            prev = 0
-            with nogil:
-                for i in range(n):
-                    x = w[i]
-                    s = x >> 22
-                    index = (x >> 1) & INDEX_MASK
-                    if s >= nslots or index >= sizes[s]:
-                        bad_address = i  # a rank's unaddressed word comes before its order
-                        break
-                    p = starts[s] + index
-                    if bad_order < 0:
-                        if p < lo or p >= hi or (i > 0 and p <= prev):
-                            bad_order, bad_position = i, p
-                        else:
-                            acc[p - lo] += weight if x & 1 else -weight
-                            touched[(p - lo) >> 6] |= (<uint64_t>1) << ((p - lo) & 63)
-                    prev = p
-            if bad_address >= 0:
-                raise _checks.unaddressed_word(f"rank[{r}].words", bad_address, w[bad_address])
-            if bad_order >= 0:
-                raise _checks.word_out_of_order(r, bad_order, bad_position, lo, hi)
-        return _code_sums(acc, touched, m, nwords, lo, tab, levels, width, unit, most)
-    finally:
-        free(acc)
-        free(touched)
+    at = 0
+    run_end[0] = 0
+    for r in range(world):
+        w = arrays[r]
+        n = w.shape[0]
+        weight = wt[r]
+        bad_address = bad_order = -1
+        bad_position = 0
+        prev = 0
+        with nogil:
+            for i in range(n):
+                x = w[i]
+                s = x >> 22
+                index = (x >> 1) & INDEX_MASK
+                if s >= nslots or index >= sizes[s]:
+                    bad_address = i  # a rank's unaddressed word comes before its order
+                    break
+                p = starts[s] + index
+                if bad_order < 0 and (p < lo or p >= hi or (i > 0 and p <= prev)):
+                    bad_order, bad_position = i, p
+                ap[at + i] = p
+                av[at + i] = weight if x & 1 else -weight
+                prev = p
+        if bad_address >= 0:
+            raise _checks.unaddressed_word(f"rank[{r}].words", bad_address, w[bad_address])
+        if bad_order >= 0:
+            raise _checks.word_out_of_order(r, bad_order, bad_position, lo, hi)
+        at += n
+        run_end[r + 1] = at
+    ap[nwords], av[nwords] = -1, 0.0
+    return _code_sums(ap, av, run_end, world, hi - lo, nwords, lo, tab, levels, width, unit,
+                      most)
 
 
-cdef tuple _code_sums(const double* acc, const uint64_t* touched, Py_ssize_t m,
-                      Py_ssize_t nwords, Py_ssize_t lo, const double[::1] tab,
-                      Py_ssize_t levels, Py_ssize_t width, double unit, Py_ssize_t most):
-    """:func:`sum_range` after the words: the range's sums ``acc`` (nonzero only where
-    ``touched``) rounded, capped, coded into a block; the residual's part."""
+cdef tuple _code_sums(const int64_t[::1] ap, const double[::1] av, const int64_t[::1] run_end,
+                      Py_ssize_t world, Py_ssize_t m, Py_ssize_t nwords, Py_ssize_t lo,
+                      const double[::1] tab, Py_ssize_t levels, Py_ssize_t width, double unit,
+                      Py_ssize_t most):
+    """:func:`sum_range` after the words' checks: the ranks' runs of ascending positions
+    ``ap`` (values ``av``) merged into the range's nonzero sums, rounded, capped and coded
+    into a block; the residual's part."""
     positions = np.empty(nwords, np.int64)
     sums = np.empty(nwords, np.float64)
     codes = np.empty(nwords, np.int64)
+    heads_array = np.array(run_end[:world], np.int64)
+    cdef int64_t[::1] heads = heads_array
     cdef int64_t[::1] pos = positions
     cdef double[::1] sm = sums
     cdef int64_t[::1] cd = codes
-    cdef Py_ssize_t k = 0, marked = 0, i, q, nl = 0, kept, off, j, nb
-    cdef uint64_t bits, v
-    cdef int64_t c
+    cdef Py_ssize_t k = 0, marked = 0, i, r, q, nl = 0, kept, off, j, nb
+    cdef uint64_t v
+    cdef int64_t c, p, h, none = 0x7FFFFFFFFFFFFFFF
+    cdef bint hit
     cdef double total, value, rest
     with nogil:
-        for i in range((m + 63) // 64):
-            bits = touched[i]
-            while bits:
-                q = (i << 6) + Y2S_CTZ64(bits)
-                bits &= bits - 1
-                total = acc[q]
-                if total != 0.0:
-                    c = _nearest(&tab[0], levels, total if total > 0 else -total)
-                    pos[k], sm[k] = q, total
-                    cd[k] = c if total > 0 else -c
-                    marked += c != 0
-                    k += 1
+        while True:
+            p = none
+            for r in range(world):
+                h = heads[r]
+                if h < run_end[r + 1] and ap[h] < p:
+                    p = ap[h]
+            if p == none:
+                break
+            total = 0.0
+            for r in range(world):  # in rank order, as the pure twin adds them
+                h = heads[r]  # ap[h] at a run's end: the next run's first, or the sentinel
+                hit = (h < run_end[r + 1]) & (ap[h] == p)
+                total += av[h] if hit else 0.0  # + 0.0: the same sum (it is never -0.0)
+                heads[r] = h + hit
+            if total != 0.0:
+                c = _nearest(&tab[0], levels, total if total > 0 else -total)
+                pos[k], sm[k] = p - lo, total
+                cd[k] = c if total > 0 else -c
+                marked += c != 0
+                k += 1
     if 0 <= most < marked:  # beyond the block: the smallest wait (ties in element order)
         chosen = np.flatnonzero(codes[:k])
         smallest = np.argsort(np.abs(sums[chosen]), kind="stable")[: marked - most]
@@ -2171,6 +2176,7 @@ def sums_into(out, Py_ssize_t start, block, Py_ssize_t size, Py_ssize_t count, t
     if count < 0 or data.shape[0] < SUMS_HEADER + (size + count * width + 7) // 8:
         raise ValueError(f"y2: {data.shape[0]} bytes hold no block of {count} sums")
     cdef const uint8_t* bitmap = &data[0] + SUMS_HEADER
+    cdef Py_ssize_t limit = data.shape[0] - SUMS_HEADER
     cdef Py_ssize_t nbytes = (size + 7) // 8, i, j, marked = 0, bad = -1, off, q
     cdef unsigned int b, last = 0xFF
     cdef uint64_t v, mask = ((<uint64_t>1) << width) - 1, top = 2 * levels
@@ -2183,14 +2189,14 @@ def sums_into(out, Py_ssize_t start, block, Py_ssize_t size, Py_ssize_t count, t
             marked += Y2S_POPCOUNT(bitmap[i] & (last if i == nbytes - 1 else 0xFF))
         if marked == count:
             for i in range(count):
-                v = _field(bitmap, size + i * width, width, mask)
+                v = _field(bitmap, limit, size + i * width, width, mask)
                 if v >= top:
                     bad = i
                     break
     if marked != count:
         raise _checks.bitmap_count_error(field, marked, count)
     if bad >= 0:
-        v = _field(bitmap, size + bad * width, width, mask)
+        v = _field(bitmap, limit, size + bad * width, width, mask)
         raise _checks.code_beyond_error(field, SUMS_HEADER + (size + bad * width) // 8, v, levels)
     cdef float[::1] o32
     cdef double[::1] o64
@@ -2206,7 +2212,7 @@ def sums_into(out, Py_ssize_t start, block, Py_ssize_t size, Py_ssize_t count, t
             while b:
                 q = start + (i << 3) + Y2S_CTZ(b)
                 b &= b - 1
-                c = <int64_t>_field(bitmap, size + j * width, width, mask)
+                c = <int64_t>_field(bitmap, limit, size + j * width, width, mask)
                 j += 1
                 if c < levels:
                     value = -tab[levels - 1 - c] * scale  # code c - levels: -(levels - c)
@@ -2218,11 +2224,18 @@ def sums_into(out, Py_ssize_t start, block, Py_ssize_t size, Py_ssize_t count, t
                     o64[q] = value
 
 
-cdef inline uint64_t _field(const uint8_t* data, Py_ssize_t off, Py_ssize_t width,
-                            uint64_t mask) noexcept nogil:
-    """The ``width``-bit field (at most 56) at bit ``off`` of ``data``, LSB first."""
+cdef inline uint64_t _field(const uint8_t* data, Py_ssize_t limit, Py_ssize_t off,
+                            Py_ssize_t width, uint64_t mask) noexcept nogil:
+    """The ``width``-bit field (at most 56) at bit ``off`` of ``data`` (``limit`` bytes),
+    least significant bit first: one 8-byte load where 8 bytes are there."""
     cdef Py_ssize_t first = off >> 3, stop = (off + width + 7) >> 3, j
     cdef uint64_t v = 0
-    for j in range(first, stop):
-        v |= (<uint64_t>data[j]) << (8 * (j - first))
+    if first + 8 <= limit:
+        v = (<uint64_t>data[first] | (<uint64_t>data[first + 1] << 8)
+             | (<uint64_t>data[first + 2] << 16) | (<uint64_t>data[first + 3] << 24)
+             | (<uint64_t>data[first + 4] << 32) | (<uint64_t>data[first + 5] << 40)
+             | (<uint64_t>data[first + 6] << 48) | (<uint64_t>data[first + 7] << 56))
+    else:
+        for j in range(first, stop):
+            v |= (<uint64_t>data[j]) << (8 * (j - first))
     return (v >> (off & 7)) & mask
