@@ -1954,6 +1954,33 @@ def read_fields(data, Py_ssize_t lead, Py_ssize_t count, int width):
 
 # --- the DDP hook's owner of a range: words summed and coded; a sums block into the update --
 
+cdef extern from *:
+    """
+    /* The width-bit field (at most 56) at bit off of d (limit bytes), least significant bit
+       first: one 8-byte load where 8 bytes are there. */
+    #if defined(__GNUC__) || defined(__clang__)
+    #define Y2S_INLINE static inline __attribute__((always_inline))
+    #else
+    #define Y2S_INLINE static inline
+    #endif
+    Y2S_INLINE uint64_t y2s_field(const uint8_t *d, ptrdiff_t limit, ptrdiff_t off,
+                                  ptrdiff_t width, uint64_t mask) {
+        ptrdiff_t first = off >> 3, stop = (off + width + 7) >> 3, j;
+        uint64_t v = 0;
+        if (first + 8 <= limit) {
+            memcpy(&v, d + first, 8);
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+            v = __builtin_bswap64(v);
+    #endif
+        } else {
+            for (j = first; j < stop; j++) v |= (uint64_t)d[j] << (8 * (j - first));
+        }
+        return (v >> (off & 7)) & mask;
+    }
+    """
+    uint64_t _field "y2s_field" (const uint8_t*, Py_ssize_t, Py_ssize_t, Py_ssize_t,
+                                 uint64_t) noexcept nogil
+
 DEF SUMS_HEADER = 4
 
 
@@ -2222,20 +2249,3 @@ def sums_into(out, Py_ssize_t start, block, Py_ssize_t size, Py_ssize_t count, t
                     o32[q] = <float>value
                 else:
                     o64[q] = value
-
-
-cdef inline uint64_t _field(const uint8_t* data, Py_ssize_t limit, Py_ssize_t off,
-                            Py_ssize_t width, uint64_t mask) noexcept nogil:
-    """The ``width``-bit field (at most 56) at bit ``off`` of ``data`` (``limit`` bytes),
-    least significant bit first: one 8-byte load where 8 bytes are there."""
-    cdef Py_ssize_t first = off >> 3, stop = (off + width + 7) >> 3, j
-    cdef uint64_t v = 0
-    if first + 8 <= limit:
-        v = (<uint64_t>data[first] | (<uint64_t>data[first + 1] << 8)
-             | (<uint64_t>data[first + 2] << 16) | (<uint64_t>data[first + 3] << 24)
-             | (<uint64_t>data[first + 4] << 32) | (<uint64_t>data[first + 5] << 40)
-             | (<uint64_t>data[first + 6] << 48) | (<uint64_t>data[first + 7] << 56))
-    else:
-        for j in range(first, stop):
-            v |= (<uint64_t>data[j]) << (8 * (j - first))
-    return (v >> (off & 7)) & mask
