@@ -1977,9 +1977,26 @@ cdef extern from *:
         }
         return (v >> (off & 7)) & mask;
     }
+    /* 8 bytes of a bitmap as one word, its bit i the bitmap's bit i. */
+    Y2S_INLINE uint64_t y2s_load64(const uint8_t *d) {
+        uint64_t v;
+        memcpy(&v, d, 8);
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        v = __builtin_bswap64(v);
+    #endif
+        return v;
+    }
+    #if defined(__GNUC__) || defined(__clang__)
+    #define Y2S_CTZ64(m) __builtin_ctzll(m)
+    #else
+    static int y2s_ctz64(unsigned long long m) { int n = 0; while (!(m & 1ull)) { m >>= 1; n++; } return n; }
+    #define Y2S_CTZ64(m) y2s_ctz64(m)
+    #endif
     """
     uint64_t _field "y2s_field" (const uint8_t*, Py_ssize_t, Py_ssize_t, Py_ssize_t,
                                  uint64_t) noexcept nogil
+    uint64_t _load64 "y2s_load64" (const uint8_t*) noexcept nogil
+    int Y2S_CTZ64(unsigned long long) noexcept nogil
 
 DEF SUMS_HEADER = 4
 
@@ -2206,7 +2223,7 @@ def sums_into(out, Py_ssize_t start, block, Py_ssize_t size, Py_ssize_t count, t
     cdef Py_ssize_t limit = data.shape[0] - SUMS_HEADER
     cdef Py_ssize_t nbytes = (size + 7) // 8, i, j, marked = 0, bad = -1, off, q
     cdef unsigned int b, last = 0xFF
-    cdef uint64_t v, mask = ((<uint64_t>1) << width) - 1, top = 2 * levels
+    cdef uint64_t v, word, mask = ((<uint64_t>1) << width) - 1, top = 2 * levels
     cdef int64_t c
     cdef double value
     if size % 8:
@@ -2234,7 +2251,22 @@ def sums_into(out, Py_ssize_t start, block, Py_ssize_t size, Py_ssize_t count, t
         o64 = out
     j = 0
     with nogil:
-        for i in range(nbytes):
+        for i in range(size >> 6):  # whole 64-bit words of the bitmap, then its last bytes
+            word = _load64(bitmap + 8 * i)
+            while word:
+                q = start + (i << 6) + Y2S_CTZ64(word)
+                word &= word - 1
+                c = <int64_t>_field(bitmap, limit, size + j * width, width, mask)
+                j += 1
+                if c < levels:
+                    value = -tab[levels - 1 - c] * scale  # code c - levels: -(levels - c)
+                else:
+                    value = tab[c - levels] * scale  # code c - levels + 1
+                if single:
+                    o32[q] = <float>value
+                else:
+                    o64[q] = value
+        for i in range((size >> 6) * 8, nbytes):
             b = bitmap[i] & (last if i == nbytes - 1 else 0xFF)
             while b:
                 q = start + (i << 3) + Y2S_CTZ(b)
