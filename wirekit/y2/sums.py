@@ -36,10 +36,12 @@ sums, plus ``k × value_bits(L) / 8``.
     >>> codes.tolist(), values(codes, table).round(3).tolist()   # the sum 5 beyond the table
     ([0, 1, -16], [0.0, 1.0, -4.522])
 
-NumPy, and the y2 twin (Cython, or NumPy in :mod:`wirekit.y2._pure`) to read a block's
-bitmap and codes: the blocks are a few kilobytes to a few megabytes per step.  The hook
-sums, quantizes and codes only a range's nonzero sums (:func:`encode_sparse`); the bitmap
-is the only part that grows with the range (one bit an element).
+NumPy, and the y2 twin (Cython, or NumPy in :mod:`wirekit.y2._pure`) for what the DDP
+hook runs every step: :func:`sum_range` (the owner of a range checks, sums, rounds and codes
+the ranks' words there in one pass over the words and one over the nonzero sums) and
+:func:`decode_into` (a block's sums written into the update in one pass); the blocks are a
+few kilobytes to a few megabytes per step.  The bitmap is the only part that grows with
+the range (one bit an element).
 """
 
 from __future__ import annotations
