@@ -1950,3 +1950,334 @@ def read_fields(data, Py_ssize_t lead, Py_ssize_t count, int width):
                 v |= (<uint64_t>d[j]) << (8 * (j - first))
             o[i] = <int64_t>((v >> (off & 7)) & mask)
     return out
+
+
+# --- the DDP hook's owner of a range: words summed and coded; a sums block into the update --
+
+cdef extern from *:
+    """
+    /* The width-bit field (at most 56) at bit off of d (limit bytes), least significant bit
+       first: one 8-byte load where 8 bytes are there. */
+    #if defined(__GNUC__) || defined(__clang__)
+    #define Y2S_INLINE static inline __attribute__((always_inline))
+    #else
+    #define Y2S_INLINE static inline
+    #endif
+    Y2S_INLINE uint64_t y2s_field(const uint8_t *d, ptrdiff_t limit, ptrdiff_t off,
+                                  ptrdiff_t width, uint64_t mask) {
+        ptrdiff_t first = off >> 3, stop = (off + width + 7) >> 3, j;
+        uint64_t v = 0;
+        if (first + 8 <= limit) {
+            memcpy(&v, d + first, 8);
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+            v = __builtin_bswap64(v);
+    #endif
+        } else {
+            for (j = first; j < stop; j++) v |= (uint64_t)d[j] << (8 * (j - first));
+        }
+        return (v >> (off & 7)) & mask;
+    }
+    /* 8 bytes of a bitmap as one word, its bit i the bitmap's bit i. */
+    Y2S_INLINE uint64_t y2s_load64(const uint8_t *d) {
+        uint64_t v;
+        memcpy(&v, d, 8);
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        v = __builtin_bswap64(v);
+    #endif
+        return v;
+    }
+    #if defined(__GNUC__) || defined(__clang__)
+    #define Y2S_CTZ64(m) __builtin_ctzll(m)
+    #else
+    static int y2s_ctz64(unsigned long long m) { int n = 0; while (!(m & 1ull)) { m >>= 1; n++; } return n; }
+    #define Y2S_CTZ64(m) y2s_ctz64(m)
+    #endif
+    """
+    uint64_t _field "y2s_field" (const uint8_t*, Py_ssize_t, Py_ssize_t, Py_ssize_t,
+                                 uint64_t) noexcept nogil
+    uint64_t _load64 "y2s_load64" (const uint8_t*) noexcept nogil
+    int Y2S_CTZ64(unsigned long long) noexcept nogil
+
+DEF SUMS_HEADER = 4
+
+
+cdef inline int64_t _nearest(const double* table, Py_ssize_t levels, double size) noexcept nogil:
+    """``wirekit.y2.sums.quantize`` of one magnitude ``size``: the index (0 to ``levels``)
+    of the nearest magnitude, computed as NumPy computes it there."""
+    # np.searchsorted(table, size), branch-free: ``a`` with table[a - 1] < size <= table[a]
+    cdef const double* base = table
+    cdef Py_ssize_t n = levels, half, a
+    cdef double lower, upper
+    while n > 1:
+        half = n >> 1
+        base = base + half if base[half - 1] < size else base
+        n -= half
+    a = (base - table) + (base[0] < size)
+    lower = table[a - 1] if a > 0 else 0.0
+    upper = table[a] if a < levels else table[levels - 1]
+    if size - lower <= upper - size:
+        return a
+    return a + 1 if a + 1 <= levels else levels
+
+
+def word_positions(words, slot_start, slot_size, str field):
+    """Where in a bucket's buffer each word's element is (int64): ``slot_start[p] + index``
+    for a word of parameter ``p`` (its top 10 bits), when ``index < slot_size[p]``.
+
+    :class:`DecodeError` (``field[i]``, byte ``4 i``) for the first word that addresses no
+    element of the bucket.
+    """
+    cdef const uint32_t[::1] w = np.ascontiguousarray(words, dtype=np.uint32)
+    cdef const int64_t[::1] starts = np.ascontiguousarray(slot_start, dtype=np.int64)
+    cdef const int64_t[::1] sizes = np.ascontiguousarray(slot_size, dtype=np.int64)
+    cdef Py_ssize_t n = w.shape[0], nslots = sizes.shape[0], i, bad = -1
+    cdef uint32_t x, s, index
+    if starts.shape[0] != nslots:
+        raise ValueError(f"y2: {starts.shape[0]} slot starts for {nslots} slot sizes")
+    out = np.empty(n, np.int64)
+    cdef int64_t[::1] o = out
+    with nogil:
+        for i in range(n):
+            x = w[i]
+            s = x >> 22
+            index = (x >> 1) & INDEX_MASK
+            if s >= nslots or index >= sizes[s]:
+                bad = i
+                break
+            o[i] = starts[s] + index
+    if bad >= 0:
+        raise _checks.unaddressed_word(field, bad, w[bad])
+    return out
+
+
+def sum_range(received, weights, slot_start, slot_size, Py_ssize_t lo, Py_ssize_t hi, table,
+              double unit, Py_ssize_t most=-1):
+    """The owner of the buffer's range ``lo:hi`` sums every rank's words there and codes
+    the sums: ``(block, left_at, left, wanted)`` (``wirekit.y2._pure.sum_range``).
+
+    One pass over each rank's words (checked, rank by rank, as the pure twin checks them),
+    one merge of the ranks' ascending positions (each element's words added in rank
+    order, each nonzero sum rounded to the nearest magnitude of ``table``), one pass over
+    the nonzero sums (the residual's part, the bitmap and the codes written into the
+    block): nothing runs over the whole range but the block's zeroed bitmap.  Only the cap
+    of ``most`` codes, when a step wants more, sorts with NumPy.
+    """
+    cdef list ranks = list(received)
+    cdef const double[::1] wt = np.ascontiguousarray(weights, dtype=np.float64)
+    cdef const int64_t[::1] starts = np.ascontiguousarray(slot_start, dtype=np.int64)
+    cdef const int64_t[::1] sizes = np.ascontiguousarray(slot_size, dtype=np.int64)
+    cdef const double[::1] tab = np.ascontiguousarray(table, dtype=np.float64)
+    _checks.sum_range_args(len(ranks), wt.shape[0], starts.shape[0], sizes.shape[0], lo, hi)
+    _checks.table_args(tab.shape[0])
+    cdef Py_ssize_t levels = tab.shape[0], width = _checks.code_bits(levels)
+    cdef Py_ssize_t world = len(ranks), nslots = sizes.shape[0], nwords = 0, r, i, n, at
+    cdef Py_ssize_t bad_address, bad_order
+    cdef int64_t p, prev, bad_position
+    cdef uint32_t x, s, index
+    cdef double weight
+    cdef list arrays = []
+    for rank_words in ranks:
+        words = np.ascontiguousarray(rank_words, dtype=np.uint32)
+        arrays.append(words)
+        nwords += words.shape[0]
+    # every rank's words as buffer positions and signed weights, one run per rank
+    all_positions = np.empty(nwords + 1, np.int64)  # and a sentinel for the merge
+    all_values = np.empty(nwords + 1, np.float64)
+    ends = np.empty(world + 1, np.int64)
+    cdef int64_t[::1] ap = all_positions
+    cdef double[::1] av = all_values
+    cdef int64_t[::1] run_end = ends
+    cdef const uint32_t[::1] w
+    at = 0
+    run_end[0] = 0
+    for r in range(world):
+        w = arrays[r]
+        n = w.shape[0]
+        weight = wt[r]
+        bad_address = bad_order = -1
+        bad_position = 0
+        prev = 0
+        with nogil:
+            for i in range(n):
+                x = w[i]
+                s = x >> 22
+                index = (x >> 1) & INDEX_MASK
+                if s >= nslots or index >= sizes[s]:
+                    bad_address = i  # a rank's unaddressed word comes before its order
+                    break
+                p = starts[s] + index
+                if bad_order < 0 and (p < lo or p >= hi or (i > 0 and p <= prev)):
+                    bad_order, bad_position = i, p
+                ap[at + i] = p
+                av[at + i] = weight if x & 1 else -weight
+                prev = p
+        if bad_address >= 0:
+            raise _checks.unaddressed_word(f"rank[{r}].words", bad_address, w[bad_address])
+        if bad_order >= 0:
+            raise _checks.word_out_of_order(r, bad_order, bad_position, lo, hi)
+        at += n
+        run_end[r + 1] = at
+    ap[nwords], av[nwords] = -1, 0.0
+    return _code_sums(ap, av, run_end, world, hi - lo, nwords, lo, tab, levels, width, unit,
+                      most)
+
+
+cdef tuple _code_sums(const int64_t[::1] ap, const double[::1] av, const int64_t[::1] run_end,
+                      Py_ssize_t world, Py_ssize_t m, Py_ssize_t nwords, Py_ssize_t lo,
+                      const double[::1] tab, Py_ssize_t levels, Py_ssize_t width, double unit,
+                      Py_ssize_t most):
+    """:func:`sum_range` after the words' checks: the ranks' runs of ascending positions
+    ``ap`` (values ``av``) merged into the range's nonzero sums, rounded, capped and coded
+    into a block; the residual's part."""
+    positions = np.empty(nwords, np.int64)
+    sums = np.empty(nwords, np.float64)
+    codes = np.empty(nwords, np.int64)
+    heads_array = np.array(run_end[:world], np.int64)
+    cdef int64_t[::1] heads = heads_array
+    cdef int64_t[::1] pos = positions
+    cdef double[::1] sm = sums
+    cdef int64_t[::1] cd = codes
+    cdef Py_ssize_t k = 0, marked = 0, i, r, q, nl = 0, kept, off, j, nb
+    cdef uint64_t v
+    cdef int64_t c, p, h, none = 0x7FFFFFFFFFFFFFFF
+    cdef bint hit
+    cdef double total, value, rest
+    with nogil:
+        while True:
+            p = none
+            for r in range(world):
+                h = heads[r]
+                if h < run_end[r + 1] and ap[h] < p:
+                    p = ap[h]
+            if p == none:
+                break
+            total = 0.0
+            for r in range(world):  # in rank order, as the pure twin adds them
+                h = heads[r]  # ap[h] at a run's end: the next run's first, or the sentinel
+                hit = (h < run_end[r + 1]) & (ap[h] == p)
+                total += av[h] if hit else 0.0  # + 0.0: the same sum (it is never -0.0)
+                heads[r] = h + hit
+            if total != 0.0:
+                c = _nearest(&tab[0], levels, total if total > 0 else -total)
+                pos[k], sm[k] = p - lo, total
+                cd[k] = c if total > 0 else -c
+                marked += c != 0
+                k += 1
+    if 0 <= most < marked:  # beyond the block: the smallest wait (ties in element order)
+        chosen = np.flatnonzero(codes[:k])
+        smallest = np.argsort(np.abs(sums[chosen]), kind="stable")[: marked - most]
+        codes[chosen[smallest]] = 0
+    kept = min(marked, most) if most >= 0 else marked
+    left_at = np.empty(k, np.int64)
+    left = np.empty(k, np.float64)
+    block = np.zeros(SUMS_HEADER + (m + kept * width + 7) // 8, np.uint8)
+    cdef int64_t[::1] la = left_at
+    cdef double[::1] lv = left
+    cdef uint8_t[::1] out = block
+    cdef uint8_t* bitmap = &out[0] + SUMS_HEADER
+    out[0], out[1], out[2], out[3] = kept & 0xFF, (kept >> 8) & 0xFF, (kept >> 16) & 0xFF, kept >> 24
+    j = 0
+    with nogil:
+        for i in range(k):
+            c = cd[i]
+            value = 0.0
+            if c > 0:
+                value = tab[c - 1]
+            elif c < 0:
+                value = -tab[-c - 1]
+            rest = sm[i] - value
+            if rest != 0.0:
+                la[nl], lv[nl] = lo + pos[i], rest * unit
+                nl += 1
+            if c == 0:
+                continue
+            q = pos[i]
+            bitmap[q >> 3] |= <uint8_t>(1 << (q & 7))
+            v = <uint64_t>(c + levels if c < 0 else c + levels - 1)
+            off = m + j * width
+            v <<= off & 7
+            for nb in range((off >> 3), (off + width + 7) >> 3):
+                bitmap[nb] |= <uint8_t>(v & 0xFF)
+                v >>= 8
+            j += 1
+    return block, left_at[:nl], left[:nl], marked
+
+
+def sums_into(out, Py_ssize_t start, block, Py_ssize_t size, Py_ssize_t count, table,
+              double scale, str field):
+    """Write the sums of a block of ``size`` elements into ``out[start:start + size]``
+    (``wirekit.y2._pure.sums_into``): the bitmap's bits counted and every code checked
+    before one pass writes the values (float32 and float64 updates; others by NumPy)."""
+    cdef const double[::1] tab = np.ascontiguousarray(table, dtype=np.float64)
+    cdef Py_ssize_t levels = tab.shape[0]
+    _checks.table_args(levels)
+    _checks.update_span(start, size, out.shape[0])
+    cdef Py_ssize_t width = _checks.code_bits(levels)
+    if not (isinstance(out, np.ndarray) and out.ndim == 1 and out.flags.c_contiguous
+            and out.flags.writeable and out.dtype in (_F32, _F64)):
+        return _pure.sums_into(out, start, block, size, count, table, scale, field)
+    cdef const uint8_t[::1] data = np.ascontiguousarray(block, dtype=np.uint8)
+    if count < 0 or data.shape[0] < SUMS_HEADER + (size + count * width + 7) // 8:
+        raise ValueError(f"y2: {data.shape[0]} bytes hold no block of {count} sums")
+    cdef const uint8_t* bitmap = &data[0] + SUMS_HEADER
+    cdef Py_ssize_t limit = data.shape[0] - SUMS_HEADER
+    cdef Py_ssize_t nbytes = (size + 7) // 8, i, j, marked = 0, bad = -1, off, q
+    cdef unsigned int b, last = 0xFF
+    cdef uint64_t v, word, mask = ((<uint64_t>1) << width) - 1, top = 2 * levels
+    cdef int64_t c
+    cdef double value
+    if size % 8:
+        last = (1u << (size % 8)) - 1
+    with nogil:
+        for i in range(nbytes):
+            marked += Y2S_POPCOUNT(bitmap[i] & (last if i == nbytes - 1 else 0xFF))
+        if marked == count:
+            for i in range(count):
+                v = _field(bitmap, limit, size + i * width, width, mask)
+                if v >= top:
+                    bad = i
+                    break
+    if marked != count:
+        raise _checks.bitmap_count_error(field, marked, count)
+    if bad >= 0:
+        v = _field(bitmap, limit, size + bad * width, width, mask)
+        raise _checks.code_beyond_error(field, SUMS_HEADER + (size + bad * width) // 8, v, levels)
+    cdef float[::1] o32
+    cdef double[::1] o64
+    cdef bint single = out.dtype == _F32
+    if single:
+        o32 = out
+    else:
+        o64 = out
+    j = 0
+    with nogil:
+        for i in range(size >> 6):  # whole 64-bit words of the bitmap, then its last bytes
+            word = _load64(bitmap + 8 * i)
+            while word:
+                q = start + (i << 6) + Y2S_CTZ64(word)
+                word &= word - 1
+                c = <int64_t>_field(bitmap, limit, size + j * width, width, mask)
+                j += 1
+                if c < levels:
+                    value = -tab[levels - 1 - c] * scale  # code c - levels: -(levels - c)
+                else:
+                    value = tab[c - levels] * scale  # code c - levels + 1
+                if single:
+                    o32[q] = <float>value
+                else:
+                    o64[q] = value
+        for i in range((size >> 6) * 8, nbytes):
+            b = bitmap[i] & (last if i == nbytes - 1 else 0xFF)
+            while b:
+                q = start + (i << 3) + Y2S_CTZ(b)
+                b &= b - 1
+                c = <int64_t>_field(bitmap, limit, size + j * width, width, mask)
+                j += 1
+                if c < levels:
+                    value = -tab[levels - 1 - c] * scale  # code c - levels: -(levels - c)
+                else:
+                    value = tab[c - levels] * scale  # code c - levels + 1
+                if single:
+                    o32[q] = <float>value
+                else:
+                    o64[q] = value

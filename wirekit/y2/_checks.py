@@ -363,3 +363,71 @@ def size_table(layers: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
         table[2 * k] = weights.size
         table[2 * k + 1] = biases.size
     return table
+
+
+# --- the DDP hook's owner of a range and its sums blocks (wirekit.y2.sums) -----------------
+
+#: Bytes before a sums block's bitmap: the count of nonzero codes (uint32, little-endian).
+SUMS_HEADER = 4
+
+
+def code_bits(levels: int) -> int:
+    """Bits of one nonzero code for a table of ``levels`` magnitudes (``2 × levels`` codes)."""
+    return max(1, (2 * levels - 1).bit_length())
+
+
+def unaddressed_word(field: str, i: int, word: int) -> DecodeError:
+    """The error for word ``i`` of ``field``, which addresses no element of the bucket."""
+    return DecodeError(
+        PROTOCOL, f"{field}[{i}]", 4 * i, f"word {word:#010x} addresses no element of this bucket"
+    )
+
+
+def word_out_of_order(rank: int, i: int, position: int, lo: int, hi: int) -> DecodeError:
+    """The error for word ``i`` of ``rank``'s words for the range ``lo:hi``: its element
+    ``position`` is outside the range or not after the previous word's."""
+    return DecodeError(
+        PROTOCOL,
+        f"rank[{rank}].words[{i}]",
+        4 * i,
+        f"element {position} is not after the previous word's in range {lo}:{hi}",
+    )
+
+
+def bitmap_count_error(field: str, marked: int, count: int) -> DecodeError:
+    """The error for a sums block whose bitmap marks ``marked`` sums, not its ``count``."""
+    return DecodeError(PROTOCOL, field, SUMS_HEADER, f"the bitmap marks {marked} sums, not {count}")
+
+
+def code_beyond_error(field: str, offset: int, code: int, levels: int) -> DecodeError:
+    """The error for a sums block's code ``code`` (at byte ``offset``) beyond the table."""
+    return DecodeError(
+        PROTOCOL, field, offset, f"code {code} is beyond a table of {levels} magnitudes"
+    )
+
+
+def sum_range_args(count: int, weights: int, starts: int, sizes: int, lo: int, hi: int) -> None:
+    """The shapes ``sum_range`` needs: a weight per rank's words, a start per slot size,
+    ``0 <= lo <= hi``; ValueError otherwise."""
+    if weights != count:
+        raise ValueError(f"{PROTOCOL}: {weights} weights for the words of {count} ranks")
+    if starts != sizes:
+        raise ValueError(f"{PROTOCOL}: {starts} slot starts for {sizes} slot sizes")
+    if not 0 <= lo <= hi:
+        raise ValueError(f"{PROTOCOL}: range {lo}:{hi} is not a range of elements")
+
+
+def table_args(levels: int) -> None:
+    """A table of sum magnitudes the kernels code: 1 to 2^55 magnitudes (codes of at most
+    56 bits); ValueError otherwise."""
+    if not 1 <= levels <= 1 << 55:
+        raise ValueError(f"{PROTOCOL}: a table of {levels} magnitudes, not 1 to 2**55")
+
+
+def update_span(start: int, size: int, length: int) -> None:
+    """The elements ``start:start + size`` a sums block writes must lie in an update of
+    ``length``; ValueError otherwise."""
+    if not (start >= 0 and size >= 0 and start + size <= length):
+        raise ValueError(
+            f"{PROTOCOL}: elements {start}:{start + size} are beyond an update of {length}"
+        )

@@ -437,3 +437,128 @@ def read_fields(data: Any, lead: int, count: int, width: int) -> np.ndarray:
     byte = offsets >> 3
     window = padded[byte] | padded[byte + 1] << 8 | padded[byte + 2] << 16 | padded[byte + 3] << 24
     return np.asarray((window >> (offsets & 7)) & ((1 << width) - 1), np.int64)
+
+
+# --- the DDP hook's owner of a range: words summed and coded; a sums block into the update --
+
+
+def word_positions(words: Any, slot_start: Any, slot_size: Any, field: str) -> np.ndarray:
+    """Where in a bucket's buffer each word's element is (int64): ``slot_start[p] + index``
+    for a word of parameter ``p`` (its top 10 bits), when ``index < slot_size[p]``.
+
+    :class:`DecodeError` (``field[i]``, byte ``4 i``) for the first word that addresses no
+    element of the bucket.
+    """
+    w = np.asarray(words, np.uint32)
+    starts = np.asarray(slot_start, np.int64)
+    sizes = np.asarray(slot_size, np.int64)
+    if starts.size != sizes.size:
+        raise ValueError(f"{PROTOCOL}: {starts.size} slot starts for {sizes.size} slot sizes")
+    slot = (w >> PARAM_SHIFT).astype(np.int64)
+    index = ((w >> 1) & MAX_INDEX).astype(np.int64)
+    inside = slot < sizes.size
+    inside[inside] = index[inside] < sizes[slot[inside]]
+    if not inside.all():
+        i = int(np.argmin(inside))
+        raise _checks.unaddressed_word(field, i, int(w[i]))
+    return starts[slot] + index
+
+
+def sum_range(
+    received: Any,
+    weights: Any,
+    slot_start: Any,
+    slot_size: Any,
+    lo: int,
+    hi: int,
+    table: Any,
+    unit: float,
+    most: int = -1,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The owner of the buffer's range ``lo:hi`` sums every rank's words there and codes
+    the sums: ``(block, left_at, left, wanted)``.
+
+    ``received[r]``: rank ``r``'s words (one per element, in buffer order, inside the
+    range; checked, :class:`DecodeError` ``rank[r].words[i]``), each ``±weights[r]`` (its
+    tau in units of ``unit``); ``slot_start``/``slot_size``: the bucket's layout
+    (:func:`word_positions`).  Each nonzero sum is coded as the nearest magnitude of
+    ``table`` (``wirekit.y2.sums.quantize``), at most ``most`` of them (``-1``: all; past it
+    the smallest wait, ties in element order), and ``block`` is
+    ``wirekit.y2.sums.encode_sparse`` of those codes.  ``left``: what the codes do not say
+    (times ``unit``) at the buffer positions ``left_at`` (ascending), for the residual;
+    ``wanted``: the count of nonzero codes before ``most``.
+    """
+    from .sums import encode_sparse, quantize, values  # sums imports this module
+
+    received = list(received)
+    weight = np.asarray(weights, np.float64)
+    starts = np.asarray(slot_start, np.int64)
+    sizes = np.asarray(slot_size, np.int64)
+    magnitudes = np.asarray(table, np.float64)
+    _checks.sum_range_args(len(received), weight.size, starts.size, sizes.size, lo, hi)
+    _checks.table_args(magnitudes.size)
+    total = np.zeros(hi - lo, np.float64)
+    for r, rank_words in enumerate(received):
+        words = np.asarray(rank_words, np.uint32)
+        where = word_positions(words, starts, sizes, f"rank[{r}].words")
+        bad = (where < lo) | (where >= hi)
+        bad[1:] |= where[1:] <= where[:-1]
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise _checks.word_out_of_order(r, i, int(where[i]), lo, hi)
+        # one word per element and rank: a plain indexed add, in rank order
+        total[where - lo] += np.where(words & 1, 1.0, -1.0) * weight[r]
+    nonzero = np.flatnonzero(total)
+    sums = total[nonzero]
+    codes = quantize(sums, magnitudes)
+    marked = np.flatnonzero(codes)
+    if 0 <= most < marked.size:  # beyond the block: the smallest wait
+        smallest = np.argsort(np.abs(sums[marked]), kind="stable")[: marked.size - most]
+        codes[marked[smallest]] = 0
+    left = sums - values(codes, magnitudes)
+    off = np.flatnonzero(left)
+    sent = codes != 0
+    block = encode_sparse(nonzero[sent], codes[sent], hi - lo, magnitudes.size)
+    return block, lo + nonzero[off], left[off] * unit, int(marked.size)
+
+
+def sums_into(
+    out: np.ndarray,
+    start: int,
+    block: Any,
+    size: int,
+    count: int,
+    table: Any,
+    scale: float,
+    field: str,
+) -> None:
+    """Write the sums of a block of ``size`` elements into ``out[start:start + size]``:
+    each nonzero code's magnitude of ``table`` times ``scale``, where the bitmap marks it
+    (the other elements are left alone).
+
+    ``count``: the block's count of nonzero codes, its header already checked against the
+    block's length (``wirekit.y2.sums.decode_into``).  Everything is checked before
+    anything is written: :class:`DecodeError` (``field``) for a bitmap that does not mark
+    ``count`` sums or a code beyond the table; ValueError for elements beyond ``out``.
+    """
+    magnitudes = np.asarray(table, np.float64)
+    levels = magnitudes.size
+    _checks.table_args(levels)
+    _checks.update_span(start, size, out.shape[0])
+    width = _checks.code_bits(levels)
+    data = np.asarray(block, np.uint8)
+    head = _checks.SUMS_HEADER
+    if data.size < head + (size + count * width + 7) // 8:
+        raise ValueError(f"{PROTOCOL}: {data.size} bytes hold no block of {count} sums")
+    positions = bitmap_positions(data[head : head + (size + 7) // 8], size)
+    if positions.size != count:
+        raise _checks.bitmap_count_error(field, positions.size, count)
+    first = head + size // 8
+    coded = read_fields(data[first:], size % 8, count, width)
+    if coded.size and int(coded.max()) >= 2 * levels:
+        at = int(np.argmax(coded >= 2 * levels))
+        offset = head + (size + at * width) // 8
+        raise _checks.code_beyond_error(field, offset, int(coded[at]), levels)
+    codes = np.where(coded < levels, coded - levels, coded - levels + 1)
+    padded = np.concatenate([[0.0], magnitudes])
+    out[start + positions] = np.sign(codes) * padded[np.abs(codes)] * scale

@@ -36,10 +36,12 @@ sums, plus ``k × value_bits(L) / 8``.
     >>> codes.tolist(), values(codes, table).round(3).tolist()   # the sum 5 beyond the table
     ([0, 1, -16], [0.0, 1.0, -4.522])
 
-NumPy, and the y2 twin (Cython, or NumPy in :mod:`wirekit.y2._pure`) to read a block's
-bitmap and codes: the blocks are a few kilobytes to a few megabytes per step.  The hook
-sums, quantizes and codes only a range's nonzero sums (:func:`encode_sparse`); the bitmap
-is the only part that grows with the range (one bit an element).
+NumPy, and the y2 twin (Cython, or NumPy in :mod:`wirekit.y2._pure`) for what the DDP
+hook runs every step: :func:`sum_range` (the owner of a range checks, sums, rounds and codes
+the ranks' words there in one pass over the words and one over the nonzero sums) and
+:func:`decode_into` (a block's sums written into the update in one pass); the blocks are a
+few kilobytes to a few megabytes per step.  The bitmap is the only part that grows with
+the range (one bit an element).
 """
 
 from __future__ import annotations
@@ -53,11 +55,11 @@ import numpy as np
 from wirekit._impl import select
 from wirekit.errors import DecodeError, EncodeError
 
-from . import _pure
+from . import _checks, _pure
 from .messages import PROTOCOL
 
 #: Bytes before the bitmap: the count of nonzero codes.
-HEADER = 4
+HEADER = _checks.SUMS_HEADER
 #: The count of a block that stands for none: its range's owner refused a peer's words (and
 #: says why in its own error), so that every rank stops, not only the owner.
 REFUSED = 0xFFFFFFFF
@@ -107,7 +109,7 @@ def values(codes: np.ndarray, table: np.ndarray) -> np.ndarray:
 
 def value_bits(levels: int) -> int:
     """Bits of one nonzero code for a table of ``levels`` magnitudes (``2 × levels`` codes)."""
-    return max(1, (2 * levels - 1).bit_length())
+    return _checks.code_bits(levels)
 
 
 def block_size(size: int, nonzeros: int, levels: int) -> int:
@@ -190,27 +192,12 @@ def decode(block: np.ndarray, size: int, levels: int, field: str) -> tuple[np.nd
     or NumPy in :mod:`wirekit.y2._pure`).
     """
     block = np.asarray(block, dtype=np.uint8)
-    if block.size < HEADER:
-        raise DecodeError(PROTOCOL, field, 0, f"{block.size} bytes, shorter than its header")
-    count = int(block[:HEADER].view("<u4")[0])
-    if count == REFUSED:
-        raise DecodeError(
-            PROTOCOL, field, 0, "that rank refused the words it received (its error says why)"
-        )
+    count = _count(block, size, levels, field)
     width = value_bits(levels)
-    if count > size or block_size(size, count, levels) > block.size:
-        raise DecodeError(
-            PROTOCOL,
-            field,
-            0,
-            f"{count} nonzero sums do not fit {size} elements in {block.size} bytes",
-        )
     kernels = _kernels()
     positions = kernels.bitmap_positions(block[HEADER : HEADER + (size + 7) // 8], size)
     if positions.size != count:
-        raise DecodeError(
-            PROTOCOL, field, HEADER, f"the bitmap marks {positions.size} sums, not {count}"
-        )
+        raise _checks.bitmap_count_error(field, positions.size, count)
     start = HEADER + size // 8
     stop = HEADER + (size + count * width + 7) // 8
     if width <= 56:
@@ -221,10 +208,87 @@ def decode(block: np.ndarray, size: int, levels: int, field: str) -> tuple[np.nd
         coded = bits[: count * width].reshape(count, width).astype(np.int64) @ weights
     if coded.size and int(coded.max()) >= 2 * levels:
         at = int(np.argmax(coded >= 2 * levels))
+        offset = HEADER + (size + at * width) // 8
+        raise _checks.code_beyond_error(field, offset, int(coded[at]), levels)
+    return positions, np.where(coded < levels, coded - levels, coded - levels + 1)
+
+
+def _count(block: np.ndarray, size: int, levels: int, field: str) -> int:
+    """The count of nonzero codes of a block (``uint8``) of ``size`` elements, checked
+    against the range and the block's length (:class:`DecodeError` ``field`` at byte 0)."""
+    if block.size < HEADER:
+        raise DecodeError(PROTOCOL, field, 0, f"{block.size} bytes, shorter than its header")
+    count = int(block[:HEADER].view("<u4")[0])
+    if count == REFUSED:
+        raise DecodeError(
+            PROTOCOL, field, 0, "that rank refused the words it received (its error says why)"
+        )
+    if count > size or block_size(size, count, levels) > block.size:
         raise DecodeError(
             PROTOCOL,
             field,
-            HEADER + (size + at * width) // 8,
-            f"code {int(coded[at])} is beyond a table of {levels} magnitudes",
+            0,
+            f"{count} nonzero sums do not fit {size} elements in {block.size} bytes",
         )
-    return positions, np.where(coded < levels, coded - levels, coded - levels + 1)
+    return count
+
+
+def decode_into(
+    out: np.ndarray,
+    start: int,
+    block: np.ndarray,
+    size: int,
+    table: np.ndarray,
+    scale: float,
+    field: str,
+) -> None:
+    """Write the sums of a block of ``size`` elements into ``out[start:start + size]``,
+    each ``values(code, table) × scale`` (cast to ``out``'s dtype) where the bitmap marks
+    a nonzero code; the other elements are left alone.
+
+    The same checks and errors as :func:`decode` (``levels`` is the table's size), all made
+    before anything is written; ValueError for elements beyond ``out``.  One pass of the y2
+    twin's ``sums_into`` (Cython, or NumPy in :mod:`wirekit.y2._pure`) reads the bitmap and
+    the codes and writes the values.
+    """
+    block = np.asarray(block, dtype=np.uint8)
+    table = np.asarray(table, np.float64)
+    count = _count(block, size, table.size, field)
+    _kernels().sums_into(out, start, block, size, count, table, scale, field)
+
+
+def sum_range(
+    received: Sequence[np.ndarray],
+    weights: np.ndarray,
+    slot_start: np.ndarray,
+    slot_size: np.ndarray,
+    lo: int,
+    hi: int,
+    table: np.ndarray,
+    unit: float,
+    most: int = -1,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The owner's side of a range ``lo:hi`` of a bucket's buffer: ``(block, left_at, left,
+    wanted)``, every rank's words there checked and summed (each ``±weights[r]``), the
+    nonzero sums coded as :func:`quantize` and :func:`encode_sparse` code them (at most
+    ``most``, ``-1`` for all: past it the smallest wait), what the codes do not say (times
+    ``unit``) at the buffer positions ``left_at``, and how many nonzero codes it wanted.
+
+    ``slot_start``/``slot_size``: where each y2 parameter (a word's top 10 bits) starts in
+    the buffer and its size.  :class:`DecodeError` (``rank[r].words[i]``) for a word that
+    addresses no element, or one outside the range or not after the previous one.  The y2
+    twin's ``sum_range`` (Cython: one pass over the words and one over the nonzero sums; or
+    NumPy in :mod:`wirekit.y2._pure`).
+    """
+    return _kernels().sum_range(  # type: ignore[no-any-return]
+        received, weights, slot_start, slot_size, lo, hi, table, unit, most
+    )
+
+
+def word_positions(
+    words: np.ndarray, slot_start: np.ndarray, slot_size: np.ndarray, field: str
+) -> np.ndarray:
+    """Where in a bucket's buffer each word's element is (int64), with the layout of
+    :func:`sum_range`; :class:`DecodeError` (``field[i]``) for the first word that
+    addresses no element.  The y2 twin's ``word_positions``."""
+    return _kernels().word_positions(words, slot_start, slot_size, field)  # type: ignore[no-any-return]

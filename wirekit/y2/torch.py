@@ -691,8 +691,9 @@ def _reduce_scatter(
 
     out = _zeroed(out, n, b.dtype)
     for j, part in enumerate(np.split(blocks, np.cumsum(bounds)[:-1])):
-        where, codes = sum_blocks.decode(part, int(sizes[j]), table.size, f"rank[{j}].sums")
-        out[edges[j] + where] = sum_blocks.values(codes, table) * (unit / world)
+        sum_blocks.decode_into(
+            out, int(edges[j]), part, int(sizes[j]), table, unit / world, f"rank[{j}].sums"
+        )
     return _Step(out, len(words), sent_bytes, received, taus, t1, t2)
 
 
@@ -799,7 +800,9 @@ def _slots(state: Y2HookState, b: _Bucket, n: int, device: Any, out: np.ndarray 
     for j, part in enumerate(np.split(blocks, np.cumsum(bounds)[:-1])):
         size = int(sizes[j])
         field_name = f"rank[{j}].sums"
-        where, codes = sum_blocks.decode(part[SUMS_HEAD:], size, table.size, field_name)
+        sum_blocks.decode_into(
+            out, int(edges[j]), part[SUMS_HEAD:], size, table, min(taus) / world, field_name
+        )
         announced = int(part[:SUMS_HEAD].view("<u4")[0])
         largest = _sums_bound(size, size, world)
         if not SUMS_HEAD + sum_blocks.HEADER <= announced <= largest:
@@ -810,7 +813,6 @@ def _slots(state: Y2HookState, b: _Bucket, n: int, device: Any, out: np.ndarray 
                 f"{announced} bytes for a block of {SUMS_HEAD + sum_blocks.HEADER} to {largest}",
             )
         next_bounds[j] = announced
-        out[edges[j] + where] = sum_blocks.values(codes, table) * (min(taus) / world)
     b.slots_out, b.slots_in, b.sum_bounds = next_slots, next_in, next_bounds
     return _Step(out, sent_words, sent_bytes, received, taus, t1, t2)
 
@@ -878,27 +880,23 @@ def _sum_range(
     rank's words there (checked) summed in units of ``unit`` (ranks in order), each nonzero
     sum as the nearest magnitude of the table, at most ``most`` of them (the largest); what
     that does not say goes into this rank's residual (sent later: nothing is lost).  Only
-    the words' elements and the nonzero sums are touched."""
-    total = np.zeros(hi - lo, np.float64)
-    for r, rank_words in enumerate(received):
-        where = _positions(b, rank_words, f"rank[{r}].words")
-        _check_range(where, lo, hi, r)
-        # one word per element and rank: a plain indexed add, in rank order
-        total[where - lo] += np.where(rank_words & 1, 1.0, -1.0) * (taus[r] / unit)
-    nonzero = np.flatnonzero(total)
-    sums = total[nonzero]
-    codes = sum_blocks.quantize(sums, table)
-    marked = np.flatnonzero(codes)
-    if most is not None and marked.size > most:  # beyond the block: the smallest wait
-        smallest = np.argsort(np.abs(sums[marked]), kind="stable")[: marked.size - most]
-        codes[marked[smallest]] = 0
-    left = sums - sum_blocks.values(codes, table)
-    off = np.flatnonzero(left)
-    if off.size:
-        _add_to_residual(b, lo + nonzero[off], left[off] * unit)
-    sent = codes != 0
-    block = sum_blocks.encode_sparse(nonzero[sent], codes[sent], hi - lo, table.size)
-    return block, int(marked.size)
+    the words' elements and the nonzero sums are touched (:func:`sum_blocks.sum_range`, the
+    y2 twin's kernel)."""
+    weights = np.array([t / unit for t in taus], np.float64)
+    block, left_at, left, wanted = sum_blocks.sum_range(
+        received,
+        weights,
+        b.slot_start,
+        b.slot_size,
+        lo,
+        hi,
+        table,
+        unit,
+        -1 if most is None else most,
+    )
+    if left_at.size:
+        _add_to_residual(b, left_at, left)
+    return block, wanted
 
 
 def _add_to_residual(b: _Bucket, positions: np.ndarray, values: np.ndarray) -> None:
@@ -915,35 +913,7 @@ def _add_to_residual(b: _Bucket, positions: np.ndarray, values: np.ndarray) -> N
 def _positions(b: _Bucket, words: np.ndarray, field_name: str) -> np.ndarray:
     """Where in the bucket's buffer each word's element is; :class:`DecodeError`
     (``field_name[i]``) for a word that addresses no element of the bucket."""
-    layer, is_weight, index, _sign = y2.unpack(words)
-    slot = 2 * layer.astype(np.int64) + ~is_weight
-    index = index.astype(np.int64)
-    known = slot < b.slot_size.size
-    inside = known.copy()
-    inside[known] = index[known] < b.slot_size[slot[known]]
-    if not inside.all():
-        i = int(np.argmin(inside))
-        raise DecodeError(
-            PROTOCOL,
-            f"{field_name}[{i}]",
-            4 * i,
-            f"word {int(words[i]):#010x} addresses no element of this bucket",
-        )
-    return b.slot_start[slot] + index
-
-
-def _check_range(positions: np.ndarray, lo: int, hi: int, rank: int) -> None:
-    """A rank's words for this range: inside ``lo:hi``, one per element, in buffer order."""
-    bad = (positions < lo) | (positions >= hi)
-    bad[1:] |= positions[1:] <= positions[:-1]
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise DecodeError(
-            PROTOCOL,
-            f"rank[{rank}].words[{i}]",
-            4 * i,
-            f"element {int(positions[i])} is not after the previous word's in range {lo}:{hi}",
-        )
+    return sum_blocks.word_positions(words, b.slot_start, b.slot_size, field_name)
 
 
 def _all_gather_array(array: np.ndarray, group: Any, device: Any) -> np.ndarray:
