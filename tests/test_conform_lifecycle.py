@@ -22,6 +22,7 @@ import shlex
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,6 +189,41 @@ def test_nothing_connected_to_mip_client_is_one_line_and_exit_1():
     assert "nothing connected to tcp://127.0.0.1:" in lines[1]
     assert "within 1 s (--connect-timeout)" in lines[1]
     assert time.monotonic() - start < 60
+
+
+def test_no_y2_service_registering_is_one_line_exit_1_and_a_junit_error(tmp_path):
+    """A y2 service that never registers with conform's client: one line, exit 1, no case
+    judged (before: every case a SKIP, exit 0); ``--junit`` holds one <error>, so a CI that
+    reads it fails too (before: an empty file)."""
+    junit = tmp_path / "report.xml"
+    run = conform(
+        "y2", "service", "tcp://127.0.0.1:9", "--listen", "tcp://127.0.0.1:0",
+        "--connect-timeout", "1", "--junit", str(junit),
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert run.stdout == ""
+    lines = run.stderr.splitlines()
+    assert len(lines) == 2, lines
+    assert "no y2 service registered at tcp://127.0.0.1:" in lines[1]
+    assert "(--connect-timeout 1 s and the case's time): no case was run" in lines[1]
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("errors"), suite.get("failures")) == ("1", "1", "0")
+    error = suite.find("testcase/error")
+    assert error is not None and "no y2 service registered" in (error.get("message") or "")
+
+
+def test_nothing_connected_with_junit_writes_an_error_not_an_empty_file(tmp_path):
+    junit = tmp_path / "report.xml"
+    run = conform(
+        "mip", "client", "--listen", "tcp://127.0.0.1:0", "--connect-timeout", "1",
+        "--junit", str(junit),
+    )  # fmt: skip
+    assert run.returncode == 1
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None and suite.get("errors") == "1"
+    error = suite.find("testcase/error")
+    assert error is not None and "nothing connected to tcp://" in (error.get("message") or "")
 
 
 def test_connect_timeout_default_is_what_the_help_says():

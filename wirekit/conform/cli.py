@@ -291,6 +291,11 @@ def _conform_command(
                 err.write(f"wirekit conform: {suite.title}: {exc}\n")
                 if args.json:
                     out.write(json.dumps({"error": str(exc), "exit_status": 1}) + "\n")
+                if junit is not None:
+                    why = str(exc)
+                    junit.write(
+                        report.nothing_connected_junit(args.protocol, args.role, str(target), why)
+                    )
                 return EXIT_MUST_FAILED
         name = str(target)
         failed = [r.case.id for r in results if r.status == FAIL]
