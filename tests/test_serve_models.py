@@ -522,7 +522,9 @@ def test_parse_model_refusals(doc, where, message) -> None:
 
 def cli(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    status = wirekit_main(["serve", "models", *argv], out, err)
+    status = wirekit_main(
+        ["serve", "models", *argv, *(["--json"] if argv[0] != "list" else [])], out, err
+    )
     return status, out.getvalue(), err.getvalue()
 
 
