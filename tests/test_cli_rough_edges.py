@@ -264,3 +264,49 @@ def test_an_http_url_or_host_port(text, url):
 def test_not_an_http_url(text):
     with pytest.raises(ValueError):
         vocab.parse_http_url(text)
+
+
+def test_relative_paths_of_the_config_are_the_config_files_directory(tmp_path, private_env):
+    """``store.path`` and ``admin.token_file`` relative: beside the config file, as its
+    handler modules are, whatever the working directory (issue 41: the store went to the
+    working directory)."""
+    here = tmp_path / "config"
+    here.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    port = free_port()
+    doc = one_model(here, port)
+    doc["store"]["path"] = "requests.db"
+    doc["admin"] = {"token_file": "secret/admin.token"}
+    config = here / "deployment.json"
+    config.write_text(json.dumps(doc))
+    proc = DispatcherProcess(config, env=private_env)
+    proc.cwd = elsewhere  # not the config's directory
+    with proc:
+        assert proc.addresses["admin_token_file"] == str(here / "secret" / "admin.token")
+        # the token found from the config's admin.token_file, the address from its listen
+        done = wirekit("serve", "models", "list", "--config", str(config), env=private_env)
+        assert ok(done).startswith("m1: mip")
+        assert proc.stop() == 0
+    assert (here / "requests.db").is_file()
+    assert not (elsewhere / "requests.db").exists()
+    assert ok(wirekit("serve", "stats", "--config", str(config))) == ok(
+        wirekit("serve", "stats", "--store", str(here / "requests.db"))
+    )
+
+    # a store left in the working directory by an earlier version is not left behind
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    (moved / "deployment.json").write_text(json.dumps(doc))
+    done = subprocess.run(
+        [sys.executable, "-m", "wirekit", "serve", "check", "--config", "../moved/deployment.json"],
+        capture_output=True, text=True, timeout=TIMEOUT, cwd=here,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr == (
+        "wirekit serve check: ../moved/deployment.json: store.path: a relative path is taken"
+        " from the config file's directory: ../moved/requests.db; the store is at"
+        f" {here / 'requests.db'}, where earlier versions put it (the working directory): move"
+        " it (and its .journal.* files) there, or give store.path as an absolute path\n"
+    )
