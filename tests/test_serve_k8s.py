@@ -360,7 +360,8 @@ def test_the_generated_dispatcher_starts_as_generated(tmp_path):
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     claim = volumes[mounts[container["workingDir"]]]["persistentVolumeClaim"]["claimName"]
     assert got["PersistentVolumeClaim", claim]["spec"]["accessModes"] == ["ReadWriteOnce"]
-    assert json.loads(config_text)["store"]["path"] == "requests.db"  # in the working dir
+    store_path = json.loads(config_text)["store"]["path"]
+    assert store_path == f"{container['workingDir']}/requests.db"  # on the data volume
     # non-root, as the image's user (the Dockerfile's USER)
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == dockerfile_user()
@@ -368,9 +369,9 @@ def test_the_generated_dispatcher_starts_as_generated(tmp_path):
     config_dir = next(m for m in container["volumeMounts"] if m["name"] == "config")["mountPath"]
     etc = tmp_path / "etc"
     etc.mkdir()
-    (etc / CONFIG_FILE).write_text(config_text)
     data = tmp_path / "data"
     data.mkdir()
+    (etc / CONFIG_FILE).write_text(config_text.replace(container["workingDir"], str(data)))
     args = [a.replace(config_dir, str(etc)) for a in container["args"]]
     run_env = dict(os.environ, PYTHONPATH=str(ROOT), **env)
     run_env.pop("WIREKIT_ADMIN_TOKEN_FILE", None)

@@ -893,12 +893,55 @@ TOP_KEYS = frozenset(
 
 
 def load_config(path: str | Path) -> Deployment:
-    """Read and validate a deployment config (``.toml`` is TOML, anything else JSON)."""
+    """Read and validate a deployment config (``.toml`` is TOML, anything else JSON); its
+    relative file paths are made relative to the file's directory (:func:`beside`)."""
     doc = read_document(path)
     try:
-        return parse_config(doc)
+        return beside(parse_config(doc), Path(path).parent)
     except ConfigError as exc:
         raise ConfigError(exc.where, exc.reason, str(path)) from None
+
+
+#: ``store.path`` values that name no file (SQLite's in-memory database)
+_NOT_FILES = frozenset({"", ":memory:"})
+
+
+def beside(dep: Deployment, directory: Path) -> Deployment:
+    """``dep`` with its relative file paths -- ``store.path``, ``admin.token_file``, the
+    ``cgroup`` actuator's directories -- taken from ``directory`` (the config file's), as
+    its models' handler modules are: a config means the same from any working directory.
+
+    A store that is not there but is in the working directory, where a relative
+    ``store.path`` was before, is refused (:class:`ConfigError`) rather than left behind
+    for a new empty one."""
+    if directory == Path("."):
+        return dep
+
+    def place(value: str) -> str:
+        return value if os.path.isabs(value) else os.path.join(directory, value)
+
+    store = dep.store
+    if store.path not in _NOT_FILES and not store.path.startswith("file:"):
+        moved = place(store.path)
+        old = Path(store.path)
+        if old.exists() and not Path(moved).exists():  # two files: the directory is not "."
+            raise ConfigError(
+                "store.path",
+                f"a relative path is taken from the config file's directory: {moved};"
+                f" the store is at {old.resolve()}, where earlier versions put it (the"
+                " working directory): move it (and its .journal.* files) there, or give"
+                " store.path as an absolute path",
+            )
+        store = dataclasses.replace(store, path=moved)
+    admin = dep.admin
+    if admin.token_file:
+        admin = dataclasses.replace(admin, token_file=place(admin.token_file))
+    controller = dep.controller
+    if controller is not None and controller.actuator.cgroups:
+        cgroups = tuple((key, place(path)) for key, path in controller.actuator.cgroups)
+        actuator = dataclasses.replace(controller.actuator, cgroups=cgroups)
+        controller = dataclasses.replace(controller, actuator=actuator)
+    return dataclasses.replace(dep, store=store, admin=admin, controller=controller)
 
 
 def loads_toml(text: str) -> Any:

@@ -301,9 +301,10 @@ def _cluster_config(doc: Mapping[str, Any], dep: Deployment, nodes: dict[str, st
     cluster["listen"] = {**cluster.get("listen", {}), "host": "0.0.0.0"}
     cluster["nodes"] = [{**node, "endpoint": nodes[node["id"]]} for node in cluster["nodes"]]
     # the store (or, with a PostgreSQL url, this replica's journals) on the data volume,
-    # the dispatcher's working directory
+    # the dispatcher's working directory (absolute: a relative store.path is the config
+    # file's directory's, the ConfigMap's)
     store_name = posixpath.basename(dep.store.path.replace("\\", "/")) or "requests.db"
-    cluster["store"] = {**cluster.get("store", {}), "path": store_name}
+    cluster["store"] = {**cluster.get("store", {}), "path": f"{DATA_DIR}/{store_name}"}
     if "admin" in cluster:  # a token belongs in the Secret, not in a ConfigMap
         cluster["admin"] = {k: v for k, v in cluster["admin"].items() if k != "token"}
     return cluster
