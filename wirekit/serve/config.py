@@ -889,7 +889,8 @@ def _quantities(value: Any, where: str) -> tuple[tuple[str, str | None], ...]:
         _qualified_name(name, at, "resource")
         if amount is not None:
             if isinstance(amount, int | float) and not isinstance(amount, bool):
-                amount = f"{_num(amount, at, lo=0, hi=1e15):g}"
+                number = _num(amount, at, lo=0, hi=1e15)
+                amount = str(int(number)) if number.is_integer() else repr(number)
             if not isinstance(amount, str) or not _K8S_QUANTITY.match(amount):
                 raise ConfigError(
                     at, f"expected a Kubernetes quantity (such as 500m or 1Gi), got {amount!r}"
