@@ -586,3 +586,68 @@ def test_image_pull_policy_and_registry_secrets():
 def test_the_options_are_checked_by_the_function_too():
     with pytest.raises(ConfigError, match="--image-pull-policy"):
         manifests(read_document(SAMPLE), K8sOptions(image_pull_policy="always"))
+
+
+# --- a model added at run time, reached on a port the Service keeps -------------------------
+
+
+def test_a_model_added_at_run_time_listens_on_a_port_the_service_exposes(tmp_path):
+    # The dispatcher's pod is played on the machine, as tests/test_serve_k8s.py does: the
+    # ConfigMap's file, the Secret's token in its environment, its working directory.  A
+    # model is then added through the admin API on a port of k8s.runtime_mip_ports, on a
+    # node of the operator's own, and its MIP front door answers there: the port the
+    # Service forwards.
+    import socket
+    import urllib.request
+
+    from support.ports import free_port
+
+    doc = json.loads(SAMPLE.read_text())
+    doc["listen"]["http_port"] = free_port("")
+    for model in doc["models"].values():
+        model["port"] = free_port("")
+    runtime_port = free_port("")
+    doc["k8s"] = {"runtime_mip_ports": [runtime_port, runtime_port]}
+    config = tmp_path / "deployment.json"
+    config.write_text(json.dumps(doc))
+    objects = k8s_objects("--config", str(config))
+    objects += k8s_objects("--create-admin-secret")
+    got = by_kind(objects)
+    service = {p["port"]: p["targetPort"] for p in got["Service", "wirekit"]["spec"]["ports"]}
+    assert service[runtime_port] == runtime_port
+    token = got["Secret", "wirekit-admin"]["stringData"]["token"]
+    (container,) = dispatcher_pod(objects)["containers"]
+    etc, data = tmp_path / "etc", tmp_path / "data"
+    etc.mkdir()
+    data.mkdir()
+    (etc / "deployment.json").write_text(
+        got["ConfigMap", "wirekit-config"]["data"]["deployment.json"]
+    )
+    args = [a.replace("/etc/wirekit", str(etc)) for a in container["args"]]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WIREKIT_ADMIN")}
+    env.update(PYTHONPATH=str(ROOT), WIREKIT_ADMIN_TOKEN=token)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wirekit", *args], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=env, cwd=data,
+    )  # fmt: skip
+    try:
+        ready = json.loads(proc.stdout.readline() or "{}")
+        assert ready.get("event") == "ready", proc.stderr.read() if proc.poll() else ready
+        added = {
+            "models": {"m3": {"port": runtime_port, "handler": "tiny_model:words"}},
+            "nodes": [{"id": "own", "endpoint": "127.0.0.1", "devices": ["CPU"],
+                       "models": ["m3"], "quotas": [1], "ports": [free_port()]}],
+        }  # fmt: skip
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{ready['http']}/admin/models",
+            data=json.dumps(added).encode(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status in (200, 201)
+        with socket.create_connection(("127.0.0.1", runtime_port), timeout=10):
+            pass  # its MIP front door takes connections on the kept port
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)

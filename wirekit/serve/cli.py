@@ -792,9 +792,10 @@ def _add_k8s_parser(sub) -> None:
         description="Write the Kubernetes objects of a deployment config as JSON (which "
         "kubectl reads as YAML): per node a StatefulSet with a container per model's CPU "
         "share and per GPU, and its Service; the dispatcher's Deployment, Service, "
-        "ConfigMap, admin token Secret and data volume claim; the actuator's Role. The "
-        "image they name is built by the repository's Dockerfile. specs/k8s.md has the "
-        "mapping.",
+        "ConfigMap and data volume claim; the actuator's Role. Pods run on any node unless "
+        "the config's k8s tables place them. The admin token's Secret is named, and made "
+        "once by --create-admin-secret. The image they name is built by the repository's "
+        "Dockerfile. specs/k8s.md has the mapping.",
     )
     k8s.add_argument(
         "--config", dest="k8s_config", metavar="FILE", help="deployment config (.json or .toml)"
