@@ -16,9 +16,9 @@ no YAML library is needed.  The mapping (specs/k8s.md has it with an example):
   actuator can change a share without a restart; a **container per GPU** given to a model,
   ``gpu<device>-<model>``, with ``limits: nvidia.com/gpu: 1``.  Memory (and a GPU
   container's CPU) is requested and limited as ``k8s.cpu_backend`` / ``k8s.gpu_backend``
-  say, with defaults.  Each runs the model's
-  ``handler`` (``wirekit mip serve``, or ``wirekit clipper container`` for Clipper models)
-  and knows its row from ``WIREKIT_ROW`` (``node/device/model``);
+  say, with defaults.  Each runs the model's ``handler`` (``wirekit mip serve``, or
+  ``wirekit clipper container`` for Clipper models) and knows its row from ``WIREKIT_ROW``
+  (``node/device/model``);
 - the **actuator** of a node is the Kubernetes API itself: the dispatcher's
   ``ServiceAccount`` is bound to a ``Role`` that may patch pods (``pods/resize``: CPU in
   place) and StatefulSets (GPUs: the pod is recreated), and nothing else;
