@@ -835,8 +835,8 @@ def _add_k8s_parser(sub) -> None:
         "--admin-secret",
         metavar="NAME",
         help="the Secret holding the admin API's token under the key 'token' (default: "
-        "NAME-admin); the manifests name it and do not write it (but for the config's own "
-        "admin.token): make it once with --create-admin-secret",
+        "the --name and -admin, wirekit-admin); the manifests name it and do not write it "
+        "(but for the config's own admin.token): make it once with --create-admin-secret",
     )
     k8s.add_argument(
         "--create-admin-secret",
