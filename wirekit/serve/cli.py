@@ -1015,9 +1015,10 @@ def _add_k8s_parser(sub) -> None:
         description="Write the Kubernetes objects of a deployment config as JSON (which "
         "kubectl reads as YAML): per node a StatefulSet with a container per model's CPU "
         "share and per GPU, and its Service; the dispatcher's Deployment, Service, "
-        "ConfigMap, admin token Secret and data volume claim; the actuator's Role. The "
-        "image they name is built by the repository's Dockerfile. specs/k8s.md has the "
-        "mapping.",
+        "ConfigMap and data volume claim; the actuator's Role. Pods run on any node unless "
+        "the config's k8s tables place them. The admin token's Secret is named, and made "
+        "once by --create-admin-secret. The image they name is built by the repository's "
+        "Dockerfile. specs/k8s.md has the mapping.",
     )
     k8s.add_argument(
         "--config", dest="k8s_config", metavar="FILE", help="deployment config (.json or .toml)"
@@ -1056,9 +1057,28 @@ def _add_k8s_parser(sub) -> None:
     k8s.add_argument(
         "--admin-secret",
         metavar="NAME",
-        help="an existing Secret holding the admin API's token under the key 'token' "
-        "(default: a Secret NAME-admin with a token generated at each run, or the config's "
-        "admin.token, is written with the manifests)",
+        help="the Secret holding the admin API's token under the key 'token' (default: "
+        "the --name and -admin, wirekit-admin); the manifests name it and do not write it "
+        "(but for the config's own admin.token): make it once with --create-admin-secret",
+    )
+    k8s.add_argument(
+        "--create-admin-secret",
+        action="store_true",
+        help="write only the admin token's Secret, with a new random token, for 'kubectl "
+        "create -f -' (which never replaces an existing one); no --config needed",
+    )
+    k8s.add_argument(
+        "--image-pull-policy",
+        default=default.image_pull_policy,
+        choices=("IfNotPresent", "Always", "Never"),
+        help="when the kubelet pulls the image (default %(default)s)",
+    )
+    k8s.add_argument(
+        "--image-pull-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Secret with the credentials of the image's registry (repeatable)",
     )
     k8s.add_argument(
         "--store-size",
@@ -1072,10 +1092,10 @@ def _add_k8s_parser(sub) -> None:
 
 def _k8s(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .config import ConfigError, read_document
-    from .control.k8s import K8sOptions, manifests, write
+    from .control.k8s import K8sOptions, admin_secret, manifests, write
 
     path = args.k8s_config or args.config
-    if not path:
+    if not path and not args.create_admin_secret:
         err.write("wirekit serve k8s: give --config FILE\n")
         return EXIT_USAGE
     options = K8sOptions(
@@ -1085,9 +1105,14 @@ def _k8s(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         cpu_cores=args.cpu_cores,
         admin_secret=args.admin_secret,
         store_size=args.store_size,
+        image_pull_policy=args.image_pull_policy,
+        image_pull_secrets=tuple(args.image_pull_secret),
     )
     try:
-        objects = manifests(read_document(path), options)
+        if args.create_admin_secret:
+            objects = [admin_secret(options)]
+        else:
+            objects = manifests(read_document(path), options)
     except ConfigError as exc:
         if exc.where.startswith("--"):  # a flag, not the config
             err.write(f"wirekit serve k8s: {exc}\n")
