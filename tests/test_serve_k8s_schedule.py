@@ -617,9 +617,9 @@ def test_a_model_added_at_run_time_listens_on_a_port_the_service_exposes(tmp_pat
     etc, data = tmp_path / "etc", tmp_path / "data"
     etc.mkdir()
     data.mkdir()
-    (etc / "deployment.json").write_text(
-        got["ConfigMap", "wirekit-config"]["data"]["deployment.json"]
-    )
+    config_text = got["ConfigMap", "wirekit-config"]["data"]["deployment.json"]
+    # the store on the data volume, the pod's working directory: here, ``data``
+    (etc / "deployment.json").write_text(config_text.replace(container["workingDir"], str(data)))
     args = [a.replace("/etc/wirekit", str(etc)) for a in container["args"]]
     env = {k: v for k, v in os.environ.items() if not k.startswith("WIREKIT_ADMIN")}
     env.update(PYTHONPATH=str(ROOT), WIREKIT_ADMIN_TOKEN=token)
