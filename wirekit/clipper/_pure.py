@@ -9,7 +9,7 @@ as both have been reached.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from construct import Array, Container, Int32ul, Int64ul
@@ -168,7 +168,7 @@ def _ascii_input_type(views: list, i: int) -> InputType:
     if p < len(data) and data[p] in b"+-":
         p += 1
     digits = p
-    run = _DIGITS.match(data, p)
+    run = cast(re.Match[bytes], _DIGITS.match(data, p))  # matches the empty string too
     p = run.end()
     if p == digits:
         raise _fail("input_type", digits, "expected a decimal integer (read by std::stoi)", i)
@@ -537,7 +537,7 @@ def decode(frames: Any, generation: Any, direction: Any) -> Message:
 # --- encode ----------------------------------------------------------------------------------
 
 
-def _u(value: int) -> dict:
+def _u(value: Any) -> dict:
     return {"value": value}
 
 
@@ -546,12 +546,14 @@ def to_container(msg: Message, generation: Any) -> tuple[dict, Direction]:
     (used by encode and the tests); also return the direction it travels in."""
     gen = as_generation(generation)
     cls = type(msg)
+    # (the branches go by the exact class, which the type checker is told with casts)
     if cls is NewContainer:
-        _, _, itype = registration_fields(msg, gen)
+        reg = cast(NewContainer, msg)
+        _, _, itype = registration_fields(reg, gen)
         c: dict = {
             "kind": "new_container",
-            "model_name": _u(msg.model_name),
-            "model_version": _u(msg.model_version),
+            "model_name": _u(reg.model_name),
+            "model_version": _u(reg.model_version),
             "input_type": _u(itype),
         }
         if gen is not G16:
@@ -564,7 +566,7 @@ def to_container(msg: Message, generation: Any) -> tuple[dict, Direction]:
             raise EncodeError(PROTOCOL, "message", "2016 Clipper has no heartbeats")
         if cls is Heartbeat:
             return {"kind": "heartbeat", "msg_type": _u(2)}, OUT
-        hb = check_u32(msg.heartbeat_type, "heartbeat_type")
+        hb = check_u32(cast(HeartbeatReply, msg).heartbeat_type, "heartbeat_type")
         if hb > 1:
             raise EncodeError(
                 PROTOCOL,
@@ -576,9 +578,9 @@ def to_container(msg: Message, generation: Any) -> tuple[dict, Direction]:
             c["rpc_version"] = _u(RPC_VERSION)
         return c, IN
     if cls is PredictRequest:
-        return _request_container(msg, gen), IN
+        return _request_container(cast(PredictRequest, msg), gen), IN
     if cls is PredictResponse:
-        return _response_container(msg, gen), OUT
+        return _response_container(cast(PredictResponse, msg), gen), OUT
     raise EncodeError(PROTOCOL, "message", f"not a Clipper message: {cls.__name__}")
 
 

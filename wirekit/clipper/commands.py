@@ -7,7 +7,7 @@ import json
 import os
 import signal
 import threading
-from typing import TextIO
+from typing import TextIO, cast
 
 from wirekit._logging import add_logging_arguments
 from wirekit._vocabulary import (
@@ -127,7 +127,12 @@ def _container(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     out.flush()
     stop = threading.Event()
     container.start()
-    watcher = threading.Thread(target=lambda: (container._thread.join(), stop.set()), daemon=True)
+
+    def watch() -> None:
+        cast(threading.Thread, container._thread).join()  # started above
+        stop.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     _until_signal(stop)
     container.stop()
@@ -176,7 +181,12 @@ def _frontend(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     out.flush()
     stop = threading.Event()
     # A socket loop that crashes (a bug; its traceback is logged) ends the command.
-    watcher = threading.Thread(target=lambda: (frontend.wait(), stop.set()), daemon=True)
+
+    def watch() -> None:
+        frontend.wait()
+        stop.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     _until_signal(stop)
     frontend.stop()

@@ -32,7 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.utils.monitor
@@ -289,7 +289,7 @@ class ModelContainer:
                         elif type(action) is Send:
                             send(action.frames)
                         else:
-                            self._lost = action.reason
+                            self._lost = cast(Reconnect, action).reason
                             return
             if self._wake_r in events:
                 with contextlib.suppress(BlockingIOError):
@@ -303,7 +303,7 @@ class ModelContainer:
                 if type(action) is Reconnect:
                     self._lost = action.reason
                     return
-                send(action.frames)
+                send(cast(Send, action).frames)
 
     # -- the socket thread --
 

@@ -37,7 +37,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.utils.monitor
@@ -62,6 +62,7 @@ from .session import (
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_REJECTED,
     Completed,
+    Failed,
     FrontendState,
     PredictionError,
     Replica,
@@ -556,7 +557,7 @@ class Frontend:
                     finally:
                         self._owner = None
                         self._sockets_closed = True
-                        self._close_sockets(self._sock)
+                        self._close_sockets(cast(zmq.Socket, self._sock))  # made before the loop
             finally:
                 self._ended.set()
 
@@ -564,7 +565,7 @@ class Frontend:
         """Move frames until ``future`` is done (a caller) or a caller wants the sockets (the
         background thread, ``future`` None), or the frontend stops.  Hold ``_io``."""
         state, items = self.state, self._poll_items
-        sock = self._sock
+        sock = cast(zmq.Socket, self._sock)  # made before any frame moves
         out: list = []
         self._flush(time.monotonic(), out)
         # While messages keep coming, the driving thread does blocking receives on the ROUTER
@@ -702,7 +703,7 @@ class Frontend:
                 self._kick.set()  # others' work is outstanding: the background thread takes it
 
     def _drain_monitor(self, now: float, out: list) -> None:
-        monitor = self._monitor
+        monitor = cast(zmq.Socket, self._monitor)  # drained only when it exists
         while True:
             try:
                 event = zmq.utils.monitor.recv_monitor_message(monitor, zmq.NOBLOCK)
@@ -775,7 +776,7 @@ class Frontend:
             if type(event) is Completed:
                 self._complete(event.token, event.outputs, None)
             else:
-                self._complete(event.token, None, event.error)
+                self._complete(event.token, None, cast(Failed, event).error)
 
     def _complete(self, token: Any, outputs: Any, error: BaseException | None) -> None:
         if type(token) is tuple:

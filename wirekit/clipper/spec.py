@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from construct import (
@@ -265,7 +265,8 @@ def kind_of(frames: list[bytes], generation: Generation, direction: Direction) -
 
 
 def _frame_spec(spec: Any, input_type: int | None) -> Any:
-    return spec[InputType(input_type)] if isinstance(spec, dict) else spec
+    # a spec per input type (a dict) only comes after the header that gives the type
+    return spec[InputType(cast(int, input_type))] if isinstance(spec, dict) else spec
 
 
 def parse(frames: list[bytes], generation: Generation, direction: Direction) -> Container:
