@@ -953,9 +953,7 @@ _WAKE_ID = b"\x00wirekit-wake"
 _WAKE_SERIAL = itertools.count()  # names each frontend's inproc wake-up endpoint
 
 
-def _failed(token: Any, reason: str):
-    from .session import Failed
-
+def _failed(token: Any, reason: str) -> Failed:
     return Failed(token, PredictionError(reason))
 
 

@@ -97,7 +97,7 @@ class StoiInt(Adapter):
 
     _NUMBER = re.compile(rb"[ \t\n\v\f\r]*([+-]?)0*([0-9]+)")
 
-    def _decode(self, obj, context, path):
+    def _decode(self, obj: Any, context: Any, path: Any) -> int:
         match = self._NUMBER.match(obj)
         if match is None:
             raise AdaptationError(f"no decimal integer in {obj!r:.40}", path=path)
@@ -106,7 +106,7 @@ class StoiInt(Adapter):
             raise AdaptationError(f"a {len(digits)}-digit integer is out of range", path=path)
         return int(match.group(1) + digits)
 
-    def _encode(self, obj, context, path):
+    def _encode(self, obj: Any, context: Any, path: Any) -> bytes:
         return str(int(obj)).encode("ascii")
 
 
