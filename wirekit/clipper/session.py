@@ -532,7 +532,7 @@ class FrontendState:
         self.in_flight: dict[int, Batch] = {}
         self.events: list[Completed | Failed] = []
         self.rejected: dict[bytes, VersionMismatch] = {}
-        self._replica_ids: dict[str, itertools.count] = {}
+        self._replica_ids: dict[str, itertools.count[int]] = {}
         self._next_id = 0
         self._next_check = 0.0
         # Never later than the true next deadline (batches added since the last tick lower
