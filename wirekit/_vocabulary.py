@@ -269,7 +269,7 @@ class _DeprecatedAlias(argparse.Action):
             nargs=of.nargs,
             const=of.const,
             default=argparse.SUPPRESS,
-            type=of.type,
+            type=of.type,  # type: ignore[arg-type]  # typeshed: an Action's type may be a str, __init__'s not
             choices=of.choices,
             metavar=of.metavar,
             help=argparse.SUPPRESS,
