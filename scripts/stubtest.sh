@@ -20,4 +20,5 @@ for pyx in wirekit/_fast/*.pyx; do
 done
 # The twins must be the compiled ones: stubtest imports them (WIREKIT_PURE does not apply:
 # these are the extension modules themselves).
-"$python" -m mypy.stubtest --allowlist scripts/stubtest-allowlist.txt "${modules[@]}"
+"$python" -m mypy.stubtest --mypy-config-file pyproject.toml \
+    --allowlist scripts/stubtest-allowlist.txt "${modules[@]}"
