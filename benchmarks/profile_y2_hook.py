@@ -11,7 +11,8 @@ on random data for ``--steps`` steps per hook, after 3 of warm-up.  Prints, per 
 slowest rank's time per step and the ranks' mean CPU per step (the whole process: forward,
 backward, optimizer, hook and its threads), each also as a ratio to all-reduce's.  With
 ``--before PATH`` the hook of the wirekit checkout at PATH (its ``wirekit/y2/torch.py`` and
-``sums.py``, loaded beside this tree's) runs too, as ``y2-before``.  With ``--profile``
+``sums.py``, and the owner kernels of its compiled ``wirekit/_fast/y2`` when built, loaded
+beside this tree's) runs too, as ``y2-before``.  With ``--profile``
 rank 0's y2 exchange threads run under ``cProfile`` timed by thread CPU.  The machine's
 cores are shared by every rank: compare ratios within one run.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib.machinery
 import importlib.util
 import io
 import os
@@ -50,6 +52,18 @@ def _register(ex: Any, ddp: Any, hook: str, before: str | None) -> None:
     old_sums = _load("wirekit.y2.sums_before", Path(before, "wirekit", "y2", "sums.py"))
     old = _load("wirekit.y2.torch_before", Path(before, "wirekit", "y2", "torch.py"))
     old.sum_blocks = old_sums
+    compiled = sorted(Path(before, "wirekit", "_fast").glob("y2.*.so"))
+    if compiled and not os.environ.get("WIREKIT_PURE"):  # its owner kernels too
+        import wirekit._fast.y2  # noqa: F401  (this tree's, first: the name stays its)
+
+        loader = importlib.machinery.ExtensionFileLoader("wirekit._fast.y2", str(compiled[0]))
+        spec = importlib.util.spec_from_file_location(
+            "wirekit._fast.y2", compiled[0], loader=loader
+        )
+        assert spec is not None
+        kernels = importlib.util.module_from_spec(spec)
+        loader.exec_module(kernels)
+        old_sums._kernels = lambda: kernels
     ddp.register_comm_hook(old.Y2HookState(ddp, density=0.05), old.y2_hook)
 
 

@@ -1988,17 +1988,22 @@ cdef extern from *:
     }
     #if defined(__GNUC__) || defined(__clang__)
     #define Y2S_CTZ64(m) __builtin_ctzll(m)
+    #define Y2S_POPCOUNT64(m) __builtin_popcountll(m)
     #else
     static int y2s_ctz64(unsigned long long m) { int n = 0; while (!(m & 1ull)) { m >>= 1; n++; } return n; }
     #define Y2S_CTZ64(m) y2s_ctz64(m)
+    static int y2s_popcount64(unsigned long long m) { int n = 0; while (m) { m &= m - 1; n++; } return n; }
+    #define Y2S_POPCOUNT64(m) y2s_popcount64(m)
     #endif
     """
     uint64_t _field "y2s_field" (const uint8_t*, Py_ssize_t, Py_ssize_t, Py_ssize_t,
                                  uint64_t) noexcept nogil
     uint64_t _load64 "y2s_load64" (const uint8_t*) noexcept nogil
     int Y2S_CTZ64(unsigned long long) noexcept nogil
+    int Y2S_POPCOUNT64(unsigned long long) noexcept nogil
 
 DEF SUMS_HEADER = 4
+DEF SUM_CHUNK = 8192  # elements summed at a time by sum_range (a 64 KB accumulator)
 
 
 cdef inline int64_t _nearest(const double* table, Py_ssize_t levels, double size) noexcept nogil:
@@ -2051,16 +2056,21 @@ def word_positions(words, slot_start, slot_size, str field):
 
 
 def sum_range(received, weights, slot_start, slot_size, Py_ssize_t lo, Py_ssize_t hi, table,
-              double unit, Py_ssize_t most=-1):
+              double unit, Py_ssize_t most=-1, scratch=None):
     """The owner of the buffer's range ``lo:hi`` sums every rank's words there and codes
     the sums: ``(block, left_at, left, wanted)`` (``wirekit.y2._pure.sum_range``).
 
     One pass over each rank's words (checked, rank by rank, as the pure twin checks them),
-    one merge of the ranks' ascending positions (each element's words added in rank
-    order, each nonzero sum rounded to the nearest magnitude of ``table``), one pass over
-    the nonzero sums (the residual's part, the bitmap and the codes written into the
-    block): nothing runs over the whole range but the block's zeroed bitmap.  Only the cap
-    of ``most`` codes, when a step wants more, sorts with NumPy.
+    one pass adding them into an accumulator, a few thousand elements at a time and rank
+    after rank there (each element's words added in rank order), while marking the
+    elements in a bitmap, one walk of that bitmap (each nonzero sum, in element order,
+    rounded to the nearest magnitude of ``table``, its accumulator element zeroed again),
+    one pass over the nonzero sums
+    (the residual's part, the bitmap and the codes written into the block): nothing runs
+    over the whole range but the bitmaps.  Only the cap of ``most`` codes, when a step
+    wants more, sorts with NumPy.  ``scratch``: float64 zeros, at least ``min(hi - lo,
+    8192)`` of them, used as the accumulator and left zeros (a caller that calls again
+    keeps one; None: a new one).
     """
     cdef list ranks = list(received)
     cdef const double[::1] wt = np.ascontiguousarray(weights, dtype=np.float64)
@@ -2118,51 +2128,84 @@ def sum_range(received, weights, slot_start, slot_size, Py_ssize_t lo, Py_ssize_
         at += n
         run_end[r + 1] = at
     ap[nwords], av[nwords] = -1, 0.0
+    cdef Py_ssize_t room = min(hi - lo, SUM_CHUNK)
+    if scratch is None:
+        scratch = np.zeros(room, np.float64)
+    if not (isinstance(scratch, np.ndarray) and scratch.dtype == _F64 and scratch.ndim == 1
+            and scratch.flags.c_contiguous and scratch.flags.writeable
+            and scratch.shape[0] >= room):
+        raise ValueError(f"y2: scratch must be {room} or more contiguous float64 zeros")
     return _code_sums(ap, av, run_end, world, hi - lo, nwords, lo, tab, levels, width, unit,
-                      most)
+                      most, scratch)
 
 
 cdef tuple _code_sums(const int64_t[::1] ap, const double[::1] av, const int64_t[::1] run_end,
                       Py_ssize_t world, Py_ssize_t m, Py_ssize_t nwords, Py_ssize_t lo,
                       const double[::1] tab, Py_ssize_t levels, Py_ssize_t width, double unit,
-                      Py_ssize_t most):
+                      Py_ssize_t most, object scratch):
     """:func:`sum_range` after the words' checks: the ranks' runs of ascending positions
-    ``ap`` (values ``av``) merged into the range's nonzero sums, rounded, capped and coded
-    into a block; the residual's part."""
+    ``ap`` (values ``av``) added into ``scratch`` (zeros, left zeros) rank after rank, the
+    range's nonzero sums read back in element order, rounded, capped and coded into a
+    block; the residual's part."""
     positions = np.empty(nwords, np.int64)
     sums = np.empty(nwords, np.float64)
     codes = np.empty(nwords, np.int64)
+    touched_array = np.zeros(SUM_CHUNK // 64, np.uint64)
     heads_array = np.array(run_end[:world], np.int64)
     cdef int64_t[::1] heads = heads_array
+    cdef uint64_t[::1] touched = touched_array
+    cdef double[::1] acc = scratch
     cdef int64_t[::1] pos = positions
     cdef double[::1] sm = sums
     cdef int64_t[::1] cd = codes
-    cdef Py_ssize_t k = 0, marked = 0, i, r, q, nl = 0, kept, off, j, nb
-    cdef uint64_t v
-    cdef int64_t c, p, h, none = 0x7FFFFFFFFFFFFFFF
-    cdef bint hit
-    cdef double total, value, rest
+    cdef Py_ssize_t k = 0, marked = 0, i, q, nl = 0, kept, off, j, nb, r, h, end, first, last
+    cdef uint64_t v, word
+    cdef int64_t c, p
+    cdef double total, value, rest, size
+    cdef uint64_t bits
+    cdef uint64_t memo_key[256]
+    cdef int64_t memo_code[256]
+    for i in range(256):
+        memo_key[i] = 0  # the bits of +0.0: a magnitude never looked up
     with nogil:
-        while True:
-            p = none
+        # SUM_CHUNK elements at a time (their accumulator stays in cache): each rank's words
+        # there added in rank order from 0.0 (each rank's positions ascend), the sum the
+        # pure twin makes (never -0.0: its + 0.0 are no-ops); then the chunk's marked
+        # elements read back in element order and their accumulator zeroed again
+        for first in range(0, m, SUM_CHUNK):
+            last = min(first + SUM_CHUNK, m)
             for r in range(world):
                 h = heads[r]
-                if h < run_end[r + 1] and ap[h] < p:
-                    p = ap[h]
-            if p == none:
-                break
-            total = 0.0
-            for r in range(world):  # in rank order, as the pure twin adds them
-                h = heads[r]  # ap[h] at a run's end: the next run's first, or the sentinel
-                hit = (h < run_end[r + 1]) & (ap[h] == p)
-                total += av[h] if hit else 0.0  # + 0.0: the same sum (it is never -0.0)
-                heads[r] = h + hit
-            if total != 0.0:
-                c = _nearest(&tab[0], levels, total if total > 0 else -total)
-                pos[k], sm[k] = p - lo, total
-                cd[k] = c if total > 0 else -c
-                marked += c != 0
-                k += 1
+                end = run_end[r + 1]
+                while h < end and ap[h] - lo < last:
+                    q = ap[h] - lo - first
+                    acc[q] += av[h]
+                    touched[q >> 6] |= (<uint64_t>1) << (q & 63)
+                    h += 1
+                heads[r] = h
+            for i in range((last - first + 63) >> 6):
+                word = touched[i]
+                touched[i] = 0
+                while word:
+                    q = (i << 6) + Y2S_CTZ64(word)
+                    word &= word - 1
+                    total = acc[q]
+                    acc[q] = 0.0
+                    if total != 0.0:
+                        # the sums are few values (sums of the ranks' ± weights): each
+                        # magnitude's code is looked up once, then remembered
+                        size = total if total > 0 else -total
+                        memcpy(&bits, &size, 8)
+                        slot = <Py_ssize_t>((bits * <uint64_t>0x9E3779B97F4A7C15) >> 56)
+                        if memo_key[slot] == bits:
+                            c = memo_code[slot]
+                        else:
+                            c = _nearest(&tab[0], levels, size)
+                            memo_key[slot], memo_code[slot] = bits, c
+                        pos[k], sm[k] = first + q, total
+                        cd[k] = c if total > 0 else -c
+                        marked += c != 0
+                        k += 1
     if 0 <= most < marked:  # beyond the block: the smallest wait (ties in element order)
         chosen = np.flatnonzero(codes[:k])
         smallest = np.argsort(np.abs(sums[chosen]), kind="stable")[: marked - most]
@@ -2204,10 +2247,12 @@ cdef tuple _code_sums(const int64_t[::1] ap, const double[::1] av, const int64_t
 
 
 def sums_into(out, Py_ssize_t start, block, Py_ssize_t size, Py_ssize_t count, table,
-              double scale, str field):
+              double scale, str field, bint zero_rest=False):
     """Write the sums of a block of ``size`` elements into ``out[start:start + size]``
     (``wirekit.y2._pure.sums_into``): the bitmap's bits counted and every code checked
-    before one pass writes the values (float32 and float64 updates; others by NumPy)."""
+    before one pass writes the values (float32 and float64 updates; others by NumPy),
+    each from a table of the ``2 levels`` values a code can stand for; with ``zero_rest``
+    the range's other elements are set to 0 in the same pass, 64 elements at a time."""
     cdef const double[::1] tab = np.ascontiguousarray(table, dtype=np.float64)
     cdef Py_ssize_t levels = tab.shape[0]
     _checks.table_args(levels)
@@ -2215,23 +2260,24 @@ def sums_into(out, Py_ssize_t start, block, Py_ssize_t size, Py_ssize_t count, t
     cdef Py_ssize_t width = _checks.code_bits(levels)
     if not (isinstance(out, np.ndarray) and out.ndim == 1 and out.flags.c_contiguous
             and out.flags.writeable and out.dtype in (_F32, _F64)):
-        return _pure.sums_into(out, start, block, size, count, table, scale, field)
+        return _pure.sums_into(out, start, block, size, count, table, scale, field, zero_rest)
     cdef const uint8_t[::1] data = np.ascontiguousarray(block, dtype=np.uint8)
     if count < 0 or data.shape[0] < SUMS_HEADER + (size + count * width + 7) // 8:
         raise ValueError(f"y2: {data.shape[0]} bytes hold no block of {count} sums")
     cdef const uint8_t* bitmap = &data[0] + SUMS_HEADER
     cdef Py_ssize_t limit = data.shape[0] - SUMS_HEADER
-    cdef Py_ssize_t nbytes = (size + 7) // 8, i, j, marked = 0, bad = -1, off, q
+    cdef Py_ssize_t nbytes = (size + 7) // 8, i, j, marked = 0, bad = -1, q, base, e, stop
     cdef unsigned int b, last = 0xFF
     cdef uint64_t v, word, mask = ((<uint64_t>1) << width) - 1, top = 2 * levels
     cdef int64_t c
-    cdef double value
     if size % 8:
         last = (1u << (size % 8)) - 1
     with nogil:
-        for i in range(nbytes):
+        for i in range(size >> 6):
+            marked += Y2S_POPCOUNT64(_load64(bitmap + 8 * i))
+        for i in range((size >> 6) * 8, nbytes):
             marked += Y2S_POPCOUNT(bitmap[i] & (last if i == nbytes - 1 else 0xFF))
-        if marked == count:
+        if marked == count and <uint64_t>top < ((<uint64_t>1) << width):  # else none is
             for i in range(count):
                 v = _field(bitmap, limit, size + i * width, width, mask)
                 if v >= top:
@@ -2242,6 +2288,12 @@ def sums_into(out, Py_ssize_t start, block, Py_ssize_t size, Py_ssize_t count, t
     if bad >= 0:
         v = _field(bitmap, limit, size + bad * width, width, mask)
         raise _checks.code_beyond_error(field, SUMS_HEADER + (size + bad * width) // 8, v, levels)
+    # what each code stands for: code c - levels for c < levels, c - levels + 1 after
+    values_array = np.empty(2 * levels, np.float64)
+    cdef double[::1] vals = values_array
+    for i in range(levels):
+        vals[i] = -tab[levels - 1 - i] * scale
+        vals[levels + i] = tab[i] * scale
     cdef float[::1] o32
     cdef double[::1] o64
     cdef bint single = out.dtype == _F32
@@ -2251,33 +2303,29 @@ def sums_into(out, Py_ssize_t start, block, Py_ssize_t size, Py_ssize_t count, t
         o64 = out
     j = 0
     with nogil:
-        for i in range(size >> 6):  # whole 64-bit words of the bitmap, then its last bytes
-            word = _load64(bitmap + 8 * i)
+        for i in range((size + 63) >> 6):  # 64 elements of the range (the bitmap's bits) a time
+            base = i << 6
+            if base + 64 <= size:
+                word = _load64(bitmap + 8 * i)
+            else:  # the bitmap's last bytes
+                word = 0
+                for e in range(nbytes - (base >> 3)):
+                    word |= (<uint64_t>bitmap[(base >> 3) + e]) << (8 * e)
+                word &= ((<uint64_t>1) << (size - base)) - 1
+            if zero_rest:
+                stop = min(base + 64, size)
+                if single:
+                    for e in range(start + base, start + stop):
+                        o32[e] = 0.0
+                else:
+                    for e in range(start + base, start + stop):
+                        o64[e] = 0.0
             while word:
-                q = start + (i << 6) + Y2S_CTZ64(word)
+                q = start + base + Y2S_CTZ64(word)
                 word &= word - 1
                 c = <int64_t>_field(bitmap, limit, size + j * width, width, mask)
                 j += 1
-                if c < levels:
-                    value = -tab[levels - 1 - c] * scale  # code c - levels: -(levels - c)
-                else:
-                    value = tab[c - levels] * scale  # code c - levels + 1
                 if single:
-                    o32[q] = <float>value
+                    o32[q] = <float>vals[c]
                 else:
-                    o64[q] = value
-        for i in range((size >> 6) * 8, nbytes):
-            b = bitmap[i] & (last if i == nbytes - 1 else 0xFF)
-            while b:
-                q = start + (i << 3) + Y2S_CTZ(b)
-                b &= b - 1
-                c = <int64_t>_field(bitmap, limit, size + j * width, width, mask)
-                j += 1
-                if c < levels:
-                    value = -tab[levels - 1 - c] * scale  # code c - levels: -(levels - c)
-                else:
-                    value = tab[c - levels] * scale  # code c - levels + 1
-                if single:
-                    o32[q] = <float>value
-                else:
-                    o64[q] = value
+                    o64[q] = vals[c]

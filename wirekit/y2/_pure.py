@@ -474,9 +474,11 @@ def sum_range(
     table: Any,
     unit: float,
     most: int = -1,
+    scratch: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """The owner of the buffer's range ``lo:hi`` sums every rank's words there and codes
-    the sums: ``(block, left_at, left, wanted)``.
+    the sums: ``(block, left_at, left, wanted)``.  ``scratch`` (the Cython twin's
+    accumulator, float64 zeros it leaves zeros) is not needed here.
 
     ``received[r]``: rank ``r``'s words (one per element, in buffer order, inside the
     range; checked, :class:`DecodeError` ``rank[r].words[i]``), each ``±weights[r]`` (its
@@ -531,10 +533,11 @@ def sums_into(
     table: Any,
     scale: float,
     field: str,
+    zero_rest: bool = False,
 ) -> None:
     """Write the sums of a block of ``size`` elements into ``out[start:start + size]``:
     each nonzero code's magnitude of ``table`` times ``scale``, where the bitmap marks it
-    (the other elements are left alone).
+    (the other elements are left alone, or set to 0 with ``zero_rest``).
 
     ``count``: the block's count of nonzero codes, its header already checked against the
     block's length (``wirekit.y2.sums.decode_into``).  Everything is checked before
@@ -561,4 +564,6 @@ def sums_into(
         raise _checks.code_beyond_error(field, offset, int(coded[at]), levels)
     codes = np.where(coded < levels, coded - levels, coded - levels + 1)
     padded = np.concatenate([[0.0], magnitudes])
+    if zero_rest:
+        out[start : start + size] = 0
     out[start + positions] = np.sign(codes) * padded[np.abs(codes)] * scale

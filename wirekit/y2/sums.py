@@ -65,6 +65,9 @@ HEADER = _checks.SUMS_HEADER
 REFUSED = 0xFFFFFFFF
 #: Magnitudes in the table of ranks with different taus: 5-bit codes.
 LEVELS = 16
+#: :func:`sum_range` sums this many elements of a range at a time: its ``scratch`` needs
+#: ``min(hi - lo, SCRATCH)`` float64 zeros.
+SCRATCH = 8192
 
 
 def magnitudes(taus: Sequence[float]) -> np.ndarray:
@@ -241,10 +244,12 @@ def decode_into(
     table: np.ndarray,
     scale: float,
     field: str,
+    zero_rest: bool = False,
 ) -> None:
     """Write the sums of a block of ``size`` elements into ``out[start:start + size]``,
     each ``values(code, table) × scale`` (cast to ``out``'s dtype) where the bitmap marks
-    a nonzero code; the other elements are left alone.
+    a nonzero code; the other elements are left alone, or set to 0 with ``zero_rest``
+    (then ``out`` need not be zeroed first).
 
     The same checks and errors as :func:`decode` (``levels`` is the table's size), all made
     before anything is written; ValueError for elements beyond ``out``.  One pass of the y2
@@ -254,7 +259,7 @@ def decode_into(
     block = np.asarray(block, dtype=np.uint8)
     table = np.asarray(table, np.float64)
     count = _count(block, size, table.size, field)
-    _kernels().sums_into(out, start, block, size, count, table, scale, field)
+    _kernels().sums_into(out, start, block, size, count, table, scale, field, zero_rest)
 
 
 def sum_range(
@@ -267,6 +272,7 @@ def sum_range(
     table: np.ndarray,
     unit: float,
     most: int = -1,
+    scratch: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """The owner's side of a range ``lo:hi`` of a bucket's buffer: ``(block, left_at, left,
     wanted)``, every rank's words there checked and summed (each ``±weights[r]``), the
@@ -278,10 +284,12 @@ def sum_range(
     the buffer and its size.  :class:`DecodeError` (``rank[r].words[i]``) for a word that
     addresses no element, or one outside the range or not after the previous one.  The y2
     twin's ``sum_range`` (Cython: one pass over the words and one over the nonzero sums; or
-    NumPy in :mod:`wirekit.y2._pure`).
+    NumPy in :mod:`wirekit.y2._pure`).  ``scratch``: float64 zeros that the Cython twin
+    sums in and leaves zeros (kept by a caller that sums every step;
+    None: a new one each call); ``min(hi - lo, SCRATCH)`` of them are enough.
     """
     return _kernels().sum_range(  # type: ignore[no-any-return]
-        received, weights, slot_start, slot_size, lo, hi, table, unit, most
+        received, weights, slot_start, slot_size, lo, hi, table, unit, most, scratch
     )
 
 

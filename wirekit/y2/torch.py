@@ -209,6 +209,8 @@ class _Bucket:
     slots_out: np.ndarray | None = None
     slots_in: np.ndarray | None = None
     sum_bounds: np.ndarray | None = None
+    # slots and reduce-scatter: the owner's accumulator (float64 zeros between steps)
+    sum_scratch: np.ndarray | None = None
 
 
 @dataclass
@@ -727,7 +729,8 @@ def _slots(state: Y2HookState, b: _Bucket, n: int, device: Any, out: np.ndarray 
     announced the step before, its next block's size then the sums coded by
     :mod:`wirekit.y2.sums` (all-to-all).  Words beyond a slot and sums beyond a block go
     back into the residual (nothing is lost).  The first step's sizes are the largest
-    possible ones.  The update goes into ``out``, zeroed first, when given."""
+    possible ones.  The update goes into ``out`` when given (each range's block writes
+    every element of its range)."""
     group = state.process_group
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     edges = np.array([r * n // world for r in range(world + 1)], np.int64)
@@ -795,13 +798,20 @@ def _slots(state: Y2HookState, b: _Bucket, n: int, device: Any, out: np.ndarray 
         raise refusal
     t2 = time.perf_counter()
 
-    out = _zeroed(out, n, b.dtype)
+    out = np.empty(n, b.dtype) if out is None else out  # every range's block writes it all
     next_bounds = bounds.copy()
     for j, part in enumerate(np.split(blocks, np.cumsum(bounds)[:-1])):
         size = int(sizes[j])
         field_name = f"rank[{j}].sums"
         sum_blocks.decode_into(
-            out, int(edges[j]), part[SUMS_HEAD:], size, table, min(taus) / world, field_name
+            out,
+            int(edges[j]),
+            part[SUMS_HEAD:],
+            size,
+            table,
+            min(taus) / world,
+            field_name,
+            zero_rest=True,
         )
         announced = int(part[:SUMS_HEAD].view("<u4")[0])
         largest = _sums_bound(size, size, world)
@@ -883,6 +893,8 @@ def _sum_range(
     the words' elements and the nonzero sums are touched (:func:`sum_blocks.sum_range`, the
     y2 twin's kernel)."""
     weights = np.array([t / unit for t in taus], np.float64)
+    if b.sum_scratch is None or b.sum_scratch.size < min(hi - lo, sum_blocks.SCRATCH):
+        b.sum_scratch = np.zeros(min(hi - lo, sum_blocks.SCRATCH), np.float64)
     block, left_at, left, wanted = sum_blocks.sum_range(
         received,
         weights,
@@ -893,6 +905,7 @@ def _sum_range(
         table,
         unit,
         -1 if most is None else most,
+        b.sum_scratch,
     )
     if left_at.size:
         _add_to_residual(b, left_at, left)
