@@ -48,6 +48,7 @@ def sum_range(
     table: Any,
     unit: float,
     most: int = -1,
+    scratch: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]: ...
 def sums_into(
     out: np.ndarray,
@@ -58,4 +59,5 @@ def sums_into(
     table: Any,
     scale: float,
     field: str,
+    zero_rest: bool = False,
 ) -> None: ...
