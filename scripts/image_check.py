@@ -2,10 +2,11 @@
 
 Used by ``scripts/build-image.sh`` once it has built the image.  The manifests are generated
 by the image itself (``wirekit serve k8s --config CONFIG``); every container of every
-Deployment in them is started with ``docker run`` as its pod spec says: its command and
-arguments, working directory, environment (the admin token from the Secret the manifests
-create or name), user, security settings and CPU/memory limits, its ConfigMap volumes
-(written to files, mounted read-only) and its data volumes (anonymous volumes).
+workload in them (the dispatcher's Deployment, the nodes' StatefulSets) is started with
+``docker run`` as its pod spec says: its command and arguments, working directory,
+environment (the admin token from the Secret the manifests create or name), user, security
+settings and CPU/memory limits, its ConfigMap volumes (written to files, mounted read-only)
+and its data volumes (anonymous volumes).
 
 All the containers share one network namespace with no way out (``--network none``: loopback
 only, nothing on the host's network), where the manifests' Service names resolve to loopback,
@@ -34,6 +35,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+#: the kinds of object whose pod template is run (one replica each)
+WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet")
 #: how long the pods may take to pass their probes (their images start in seconds)
 READY_TIMEOUT = 120.0
 #: what the check asks of the first model: a sample the sample's handlers take
@@ -88,6 +91,14 @@ class Pods:
         """The manifests' objects of ``kind``, by name."""
         return {o["metadata"]["name"]: o for o in self.items if o["kind"] == kind}
 
+    def workloads(self) -> dict[str, dict[str, Any]]:
+        """The pod specs of the manifests' workloads (Deployments, StatefulSets, ...), by name."""
+        specs = {}
+        for kind in WORKLOADS:
+            for name, workload in self.objects(kind).items():
+                specs[name] = workload["spec"]["template"]["spec"]
+        return specs
+
     def secret_value(self, name: str, key: str) -> str:
         """A Secret's value, from the manifests (``stringData`` or ``data``).  A Secret the
         manifests name but do not create is made here, as an operator would (a token)."""
@@ -99,13 +110,12 @@ class Pods:
         return base64.b64decode(secret["data"][key]).decode()
 
     def start(self) -> None:
-        """The shared network namespace, then every Deployment's containers."""
+        """The shared network namespace, then every workload's containers."""
         hosts = [f"--add-host={name}:127.0.0.1" for name in self.objects("Service")]
         self.run_container(self.network, ["--network", "none", *hosts, "--entrypoint", "sleep"],
                            ["infinity"])  # fmt: skip
         seen_ports: dict[int, str] = {}
-        for name, deployment in self.objects("Deployment").items():
-            pod = deployment["spec"]["template"]["spec"]
+        for name, pod in self.workloads().items():
             for container in pod["containers"]:
                 where = f"{name}/{container['name']}"
                 for port in container.get("ports", []):
@@ -225,8 +235,8 @@ def check(pods: Pods) -> None:
     """Wait for every probe to pass, then ask for a prediction and use the admin API."""
     probes: list[tuple[str, str, dict[str, Any]]] = []
     dispatcher: dict[str, Any] | None = None
-    for name, deployment in pods.objects("Deployment").items():
-        for container in deployment["spec"]["template"]["spec"]["containers"]:
+    for name, pod in pods.workloads().items():
+        for container in pod["containers"]:
             for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
                 if kind in container:
                     probes.append((f"{name}/{container['name']} {kind}", kind, container))
