@@ -111,8 +111,10 @@ say "wheelhouse: $(ls "$context/wheelhouse" | wc -l) wheels, $(du -sh "$context/
 
 # --- the image ------------------------------------------------------------------------------
 started=$SECONDS
-docker build --quiet --network none --build-arg "BASE=$base" --tag "$image" "$context" > /dev/null ||
-    fail "docker build failed"
+# the classic builder: Debian 12's engine has BuildKit, but the client would need buildx for it
+# (its deprecation notice shown only with the build's output, when the build fails)
+docker build --network none --build-arg "BASE=$base" --tag "$image" "$context" > "$work/build.log" 2>&1 ||
+    { tail -n 40 "$work/build.log" >&2; fail "docker build failed"; }
 say "image $image built in $((SECONDS - started)) s"
 
 # --- run as the manifests run it ------------------------------------------------------------
