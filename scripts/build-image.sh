@@ -45,8 +45,10 @@ command -v dockerd > /dev/null || missing+=(docker.io)
 command -v mmdebstrap > /dev/null || missing+=(mmdebstrap)
 if ((${#missing[@]})); then
     started=$SECONDS
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" > /dev/null
+    # waiting for another apt-get to finish (scripts/test.sh's, beside it in CI), if need be
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+        "${missing[@]}" > /dev/null
     say "installed ${missing[*]} in $((SECONDS - started)) s"
 fi
 
