@@ -52,8 +52,30 @@ class LoudBuildExt(build_ext):
             raise
 
 
+#: setup.py commands that build nothing: an sdist, or the metadata a build frontend asks for
+#: before a build.  Run without a building command they need no extension, so Cython is not run
+#: (it adds a minute to an sdist, whose generated C MANIFEST.in leaves out anyway).
+METADATA_COMMANDS = frozenset({"sdist", "egg_info", "dist_info"})
+BUILDING_COMMANDS = frozenset(
+    {
+        "build",
+        "build_ext",
+        "bdist",
+        "bdist_wheel",
+        "bdist_egg",
+        "install",
+        "develop",
+        "editable_wheel",
+    }
+)
+
+
+def _builds_nothing(argv):
+    return bool(METADATA_COMMANDS.intersection(argv)) and not BUILDING_COMMANDS.intersection(argv)
+
+
 def _extensions():
-    if _impl_module().pure_requested():
+    if _impl_module().pure_requested() or _builds_nothing(sys.argv):
         return []
     import numpy
     from Cython.Build import cythonize

@@ -1,7 +1,7 @@
 """The ``wirekit`` command imports what the command run needs, and no more (issue 29): on
 Python 3.10, ``wirekit decode`` after a plain ``pip install .`` died importing ``tomli`` (the
 ``serve`` extra's) because building the parser imported every command's module.  The run on
-3.10 itself is CI's (``scripts/test-pythons.sh``); here the real command line, in a real
+3.10 itself is CI's (``scripts/build-wheels.sh``); here the real command line, in a real
 process, is asked what it imported."""
 
 from __future__ import annotations

@@ -1214,7 +1214,7 @@ def loads_toml(text: str) -> Any:
     :class:`ConfigError` when no TOML parser is installed."""
     if sys.version_info >= (3, 11):
         import tomllib
-    else:  # pragma: no cover - exercised on 3.10 only (scripts/test-pythons.sh)
+    else:  # pragma: no cover - exercised on 3.10 only (scripts/build-wheels.sh)
         try:
             import tomli as tomllib
         except ImportError:
