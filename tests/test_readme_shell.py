@@ -162,10 +162,16 @@ _NOT_COPIED = {".venv", ".fuzz-venv", ".git", "build", ".benchmarks", ".hypothes
 
 
 def _ignore(directory: str, names: list[str]) -> set[str]:
-    """Virtualenvs, caches, and what earlier runs left at the top (stores, benchmark JSON)."""
+    """Virtualenvs, caches, what earlier runs left at the top (stores, benchmark JSON, the
+    built site), and the fuzz corpus."""
     ignored = {n for n in names if n in _NOT_COPIED or n.endswith("_cache") or n == "__pycache__"}
     if Path(directory) == ROOT:
         ignored |= {n for n in names if n.startswith("requests.db") or n.endswith(".json")}
+        ignored |= {n for n in names if n == "site"}  # a local `mkdocs build`'s output
+    if Path(directory) == ROOT / "fuzz":
+        # the fuzz corpus: four in five of the checkout's files, and no block reads it;
+        # copying it made each block's start slower
+        ignored |= {n for n in names if n == "corpus"}
     return ignored
 
 
