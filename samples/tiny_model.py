@@ -17,7 +17,7 @@ dispatcher spread requests by quota.  Then, in another terminal::
     wirekit mip ping tcp://127.0.0.1:9001 --count 3                     # m1's MIP front door
     wirekit mip infer tcp://127.0.0.1:9002 --text "a bad day" --json
     curl localhost:8080/stats                                           # metrics as JSON
-    wirekit serve stats --store requests.db                             # the requests store
+    wirekit serve stats --config samples/serve-deployment.json          # the requests store
 
 A handler takes a batch (a list of samples, each a list of MIP items) and returns one list
 of outputs per sample; a ``dict`` output travels as a JSON item.

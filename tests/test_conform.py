@@ -215,10 +215,14 @@ def test_usage_errors_exit_2(argv, message):
     assert message in err
 
 
-def test_an_unreachable_server_fails_the_cases():
+def test_an_unreachable_server_is_one_error_and_exit_1():
+    """Nothing to test is not a table of failures: one error, no case judged."""
     status, doc = conform_json("mip", "server", "tcp://127.0.0.1:1", "--case", "ping")
     assert status == 1
-    assert doc["cases"][0]["got"].startswith("connect failed")
+    assert "cases" not in doc
+    assert doc["error"] == (
+        "nothing takes a connection at tcp://127.0.0.1:1 (Connection refused): no case was run"
+    )
 
 
 def test_case_selection_and_list():

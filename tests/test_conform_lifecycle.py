@@ -15,6 +15,7 @@ that exits when a case asks its model to fail (``conform_lifecycle_peers.py``).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -22,6 +23,7 @@ import shlex
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +31,7 @@ import pytest
 from support.ports import free_port
 
 from wirekit import cli
+from wirekit.conform import cli as conform_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -188,6 +191,77 @@ def test_nothing_connected_to_mip_client_is_one_line_and_exit_1():
     assert "nothing connected to tcp://127.0.0.1:" in lines[1]
     assert "within 1 s (--connect-timeout)" in lines[1]
     assert time.monotonic() - start < 60
+
+
+def test_no_y2_service_registering_is_one_line_exit_1_and_a_junit_error(tmp_path):
+    """A y2 service that never registers with conform's client: one line, exit 1, no case
+    judged (before: every case a SKIP, exit 0); ``--junit`` holds one <error>, so a CI that
+    reads it fails too (before: an empty file)."""
+    junit = tmp_path / "report.xml"
+    run = conform(
+        "y2", "service", "tcp://127.0.0.1:9", "--listen", "tcp://127.0.0.1:0",
+        "--connect-timeout", "1", "--junit", str(junit),
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert run.stdout == ""
+    lines = run.stderr.splitlines()
+    assert len(lines) == 2, lines
+    assert "no y2 service registered at tcp://127.0.0.1:" in lines[1]
+    assert "(--connect-timeout 1 s and the case's time): no case was run" in lines[1]
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("errors"), suite.get("failures")) == ("1", "1", "0")
+    error = suite.find("testcase/error")
+    assert error is not None and "no y2 service registered" in (error.get("message") or "")
+
+
+def test_nothing_connected_with_junit_writes_an_error_not_an_empty_file(tmp_path):
+    junit = tmp_path / "report.xml"
+    run = conform(
+        "mip", "client", "--listen", "tcp://127.0.0.1:0", "--connect-timeout", "1",
+        "--junit", str(junit),
+    )  # fmt: skip
+    assert run.returncode == 1
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None and suite.get("errors") == "1"
+    error = suite.find("testcase/error")
+    assert error is not None and "nothing connected to tcp://" in (error.get("message") or "")
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (("mip", "server", "tcp://127.0.0.1:{port}"), "tcp://127.0.0.1:{port}"),
+        (("oip", "server", "127.0.0.1:{port}", "--model", "m"), "http://127.0.0.1:{port}"),
+        (
+            ("oip", "server", "127.0.0.1:{port}", "--grpc", "--model", "m"),
+            "grpc://127.0.0.1:{port}",
+        ),
+    ],
+    ids=["mip", "oip-rest", "oip-grpc"],
+)
+def test_a_server_target_that_is_not_there_is_one_line_and_exit_1(argv, shown):
+    """Nothing listens at the target's port: one line naming it and the OS's reason, exit 1,
+    no case judged (before: every case a FAIL, and the OIP suite's rerun lines)."""
+    port = free_port()  # free: nothing listens there
+    run = conform(*(a.format(port=port) for a in argv))
+    assert run.returncode == 1, run.stdout
+    assert run.stdout == ""
+    where = shown.format(port=port)
+    assert run.stderr.splitlines()[-1].endswith(
+        f"nothing takes a connection at {where} (Connection refused): no case was run"
+    ), run.stderr
+
+
+def test_the_rerun_line_gives_the_oip_target_as_typed():
+    """The OIP suite parses TARGET into (host, port): its rerun line says HOST:PORT again,
+    not the tuple's repr."""
+    argv = ["conform", "oip", "server", "http://[::1]:8000", "--grpc", "--model", "m"]
+    parser = cli.build_parser(cli.command_of(argv))
+    args = parser.parse_args(argv)
+    (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    line = conform_cli.rerun_line(subcommands.choices["conform"], args, "infer.basic")
+    assert line == "wirekit conform oip server '[::1]:8000' --grpc --model m --case infer.basic"
 
 
 def test_connect_timeout_default_is_what_the_help_says():

@@ -124,13 +124,16 @@ def test_without_a_model_and_without_a_repository_index_the_model_cases_say_so(d
     )
 
 
-def test_a_server_that_is_not_there_fails_the_must_cases():
+def test_a_server_that_is_not_there_is_one_error_and_exit_1():
     status, doc = run_cli(
         "127.0.0.1:1", "--model", "echo", "--case", "health", "--case-timeout", "2"
     )
     assert status == 1
-    status_, got = outcomes(doc)["health.live"]
-    assert status_ == "fail" and got.startswith("ConnectionRefusedError")
+    assert doc == {
+        "error": "nothing takes a connection at http://127.0.0.1:1 (Connection refused): "
+        "no case was run",
+        "exit_status": 1,
+    }
 
 
 def test_usage_errors(capsys):

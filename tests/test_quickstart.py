@@ -221,8 +221,9 @@ def test_the_headline_demo_runs_compiled_backends_from_the_checkout(clone):
         proc.stdout.close()
         proc.stderr.close()
     no_fallback("".join(err))
-    # what the demo wrote where it ran, the checkout's root, is nothing git offers to commit
-    assert (clone.dir / "requests.db").is_file()
+    # what the demo wrote beside its config (store.path is the config file's directory's),
+    # is nothing git offers to commit
+    assert (clone.dir / "samples" / "requests.db").is_file()
     status = clone.run(["git", "status", "--porcelain", "--untracked-files=all"])
     assert status.returncode == 0, status.stderr
     assert "requests.db" not in status.stdout, status.stdout

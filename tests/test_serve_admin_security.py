@@ -288,7 +288,15 @@ def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.Complet
         if name not in (env or {}):
             environ.pop(name, None)
     return subprocess.run(
-        [sys.executable, "-m", "wirekit.cli", "serve", "models", *argv],
+        [
+            sys.executable,
+            "-m",
+            "wirekit.cli",
+            "serve",
+            "models",
+            *argv,
+            *(["--json"] if argv[0] != "list" else []),
+        ],
         capture_output=True,
         text=True,
         timeout=TIMEOUT * 6,

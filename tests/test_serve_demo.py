@@ -31,14 +31,13 @@ TIMEOUT = 30.0
 
 
 def sample_config(tmp_path: Path) -> Path:
-    """The sample itself; or, where one of its ports is taken on this machine, the same
-    file with other ports (and the handler module beside it)."""
+    """A copy of the sample in ``tmp_path`` (its store goes beside it, not into the
+    checkout), the handler module beside it; where one of its ports is taken on this
+    machine, with other ports."""
     doc = json.loads(SAMPLE.read_text())
     ports = [doc["listen"]["http_port"], *(m["port"] for m in doc["models"].values())]
     ports += [p for node in doc["nodes"] for p in node["ports"] if p]
-    if all(port_is_free(p) for p in ports):
-        return SAMPLE
-    moved = {p: free_port() for p in ports}
+    moved = {p: p if port_is_free(p) else free_port() for p in ports}
     doc["listen"]["http_port"] = moved[doc["listen"]["http_port"]]
     for m in doc["models"].values():
         m["port"] = moved[m["port"]]
@@ -131,7 +130,7 @@ def test_the_sample_runs_whole_with_one_command_and_one_ctrl_c_stops_it(tmp_path
             host, port = address.removeprefix("tcp://").rsplit(":", 1)
             with pytest.raises(OSError), socket.create_connection((host, int(port)), 5):
                 pass
-        assert (tmp_path / "requests.db").is_file()  # the store is where the command ran
+        assert (config.parent / "requests.db").is_file()  # the store is beside the config
     finally:
         demo.close()
 

@@ -68,7 +68,9 @@ def requests_total(text: str, **labels: str) -> float:
 def models_cli(*argv: str) -> tuple[int, str, str]:
     """``wirekit serve models ARGV`` in this process: exit status, stdout, stderr."""
     out, err = io.StringIO(), io.StringIO()
-    status = wirekit_main(["serve", "models", *argv], out, err)
+    status = wirekit_main(
+        ["serve", "models", *argv, *(["--json"] if argv[0] != "list" else [])], out, err
+    )
     return status, out.getvalue(), err.getvalue()
 
 

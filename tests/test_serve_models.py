@@ -522,7 +522,9 @@ def test_parse_model_refusals(doc, where, message) -> None:
 
 def cli(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    status = wirekit_main(["serve", "models", *argv], out, err)
+    status = wirekit_main(
+        ["serve", "models", *argv, *(["--json"] if argv[0] != "list" else [])], out, err
+    )
     return status, out.getvalue(), err.getvalue()
 
 
@@ -590,8 +592,11 @@ def test_models_command_with_a_toml_file(tmp_path):
         ),
     ],
 )
-def test_models_command_usage(argv, message, monkeypatch) -> None:
+def test_models_command_usage(argv, message, monkeypatch, tmp_path) -> None:
     monkeypatch.delenv("WIREKIT_ADMIN_URL", raising=False)
+    # no dispatcher of this machine's user is found with no --url (issue 41)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     status, out, err = cli(*argv)
     assert status == 2 and out == ""
     assert message in err

@@ -166,7 +166,17 @@ def models_cli(stage: Stage, *argv: str) -> tuple[int, str, str]:
     """``wirekit serve models ARGV --url FRONT --token T`` (the CLI's own entry point):
     (exit status, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
-    command = ["serve", "models", argv[0], "--url", stage.url, "--token", TOKEN, *argv[1:]]
+    command = [
+        "serve",
+        "models",
+        argv[0],
+        "--url",
+        stage.url,
+        "--token",
+        TOKEN,
+        *argv[1:],
+        *(["--json"] if argv[0] != "list" else []),
+    ]
     status = wirekit_main(command, out, err)
     return status, out.getvalue(), err.getvalue()
 

@@ -128,7 +128,9 @@ def add_doc(name: str, placements: list[dict], **model) -> dict:
 
 def cli(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    status = wirekit_main(["serve", "models", *argv], out, err)
+    status = wirekit_main(
+        ["serve", "models", *argv, *(["--json"] if argv[0] != "list" else [])], out, err
+    )
     return status, out.getvalue(), err.getvalue()
 
 

@@ -52,7 +52,11 @@ def models_cli(url: str, *argv: str) -> tuple[int, str, str]:
     """``wirekit serve models ARGV --url URL`` (the real command line; the token is the
     file the dispatcher wrote, found from the URL): exit status, stdout, stderr."""
     out, err = io.StringIO(), io.StringIO()
-    status = wirekit_main(["serve", "models", *argv, "--url", url], out, err)
+    status = wirekit_main(
+        ["serve", "models", *argv, "--url", url, *(["--json"] if argv[0] != "list" else [])],
+        out,
+        err,
+    )
     return status, out.getvalue(), err.getvalue()
 
 

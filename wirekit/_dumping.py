@@ -273,11 +273,11 @@ class FramedStream:
             else:
                 try:
                     self.decode(buf, pos, n)
-                    exc = DecodeError(self.PROTOCOL, "message", n, "truncated")
+                    error = DecodeError(self.PROTOCOL, "message", n, "truncated")
                 except DecodeError as e:
-                    exc = e
+                    error = e
                 kind, info = self.describe(buf, pos) if n - pos >= head else ("unknown", {})
-                out.append(malformed(buf, pos, n, base, exc, kind, info))
+                out.append(malformed(buf, pos, n, base, error, kind, info))
             pos = n
         elif final and not self.synced and self._skipped:
             self._resynced(base + pos, out, at_end=True)

@@ -13,6 +13,7 @@ import os
 import warnings
 from collections.abc import Callable, Mapping
 from types import ModuleType
+from typing import Any
 
 ENV_VAR = "WIREKIT_PURE"
 #: Set (to 1) where a pure fallback would make results wrong rather than slow -- the
@@ -129,7 +130,9 @@ def select(name: str, pure: ModuleType) -> ModuleType:
     return pure if fast is None else fast
 
 
-def lazy_codec(namespace: dict, protocol: str, pure: ModuleType, api: tuple[str, ...]):
+def lazy_codec(
+    namespace: dict[str, Any], protocol: str, pure: ModuleType, api: tuple[str, ...]
+) -> Callable[[str], Any]:
     """Return a module ``__getattr__`` that binds ``api`` from the active codec on first use.
 
     A facade calls this instead of importing its Cython twin at import time: the twin imports
@@ -138,7 +141,7 @@ def lazy_codec(namespace: dict, protocol: str, pure: ModuleType, api: tuple[str,
     ``IMPLEMENTATION`` ("fast" or "pure") is bound the same way.
     """
 
-    def __getattr__(name: str):
+    def __getattr__(name: str) -> Any:
         if name not in api and name != "IMPLEMENTATION":
             raise AttributeError(f"module {namespace['__name__']!r} has no attribute {name!r}")
         codec = select(protocol, pure)

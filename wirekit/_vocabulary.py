@@ -8,6 +8,10 @@ and ``tests/test_cli_vocabulary.py`` walks every command's parser to check each 
   through one of the argparse types below (:data:`ADDRESS_TYPES`), so a bad one is a usage
   error (exit 2, one line) in every command, never a socket library's ``Invalid argument``.
   "Any free port" is ``0``; ZeroMQ's ``*`` still works as a deprecated spelling of it.
+  Where a command listens the flag is ``--listen`` (``--worker-listen``, ``--query``,
+  ``--inbox``: one per socket it binds); where it calls a server the address is an argument
+  without a flag, except the three of :data:`PEER_FLAGS`.  An HTTP server's address
+  (``serve models --url``) is a URL, and ``HOST:PORT`` there too (:func:`parse_http_url`).
 * **Exit codes**: :data:`EXIT_OK` done; :data:`EXIT_FAILED` the operation failed or the
   input data is bad (a peer unreachable, a port taken, a malformed message, a refusal);
   :data:`EXIT_USAGE` the command as typed cannot run (a bad flag or address, a file that
@@ -153,6 +157,48 @@ zmq_address = _address_type(
 )  # fmt: skip
 
 
+def parse_http_url(text: str) -> str:
+    """An HTTP server's base URL from what was typed: ``http://HOST[:PORT][/PATH]`` and
+    ``https://...`` as they are; ``HOST:PORT`` and ``tcp://HOST:PORT`` as
+    ``http://HOST:PORT`` (the address form of the vocabulary); ``ValueError`` otherwise."""
+    from urllib.parse import urlsplit
+
+    scheme, sep, _ = text.partition("://")
+    if sep and scheme in ("http", "https"):
+        try:
+            parts = urlsplit(text)
+            parts.port  # noqa: B018 - raises ValueError for a bad port
+        except ValueError as exc:
+            raise ValueError(f"{text!r}: {exc}") from None
+        if not parts.hostname:
+            raise ValueError(f"{text!r} has no host")
+        return text
+    address = parse_address(text)  # ValueError saying what is expected
+    shown = f"[{address.host}]" if ":" in address.host else address.host
+    return f"http://{shown}:{address.port}"
+
+
+#: The address options that name a peer the command connects to with a flag, where the
+#: vocabulary gives such an address as an argument: each sits beside a ``--listen`` of the
+#: same command (or, for ``clipper container``, has a default from the environment Clipper
+#: sets), where a flag says which address is which.  ``command -> (flag, why)``.
+PEER_FLAGS: dict[str, tuple[str, str]] = {
+    "wirekit clipper container": (
+        "--address",
+        "Clipper's RPC address; optional, defaulting to CLIPPER_IP/CLIPPER_PORT as Clipper's "
+        "own containers do",
+    ),
+    "wirekit y2 service": (
+        "--client",
+        "the client service it connects to, beside --worker-listen and --inbox, which it binds",
+    ),
+    "wirekit record": (
+        "--target",
+        "the real peer a recording proxy forwards to, beside its --listen",
+    ),
+}
+
+
 def zmq_address_or_off(text: str) -> Address | str:
     """A ZeroMQ endpoint, or "" (the socket is off)."""
     return "" if text == "" else zmq_address(text)
@@ -223,7 +269,7 @@ class _DeprecatedAlias(argparse.Action):
             nargs=of.nargs,
             const=of.const,
             default=argparse.SUPPRESS,
-            type=of.type,
+            type=of.type,  # type: ignore[arg-type]  # typeshed: an Action's type may be a str, __init__'s not
             choices=of.choices,
             metavar=of.metavar,
             help=argparse.SUPPRESS,

@@ -622,12 +622,12 @@ class Analyser:
             self._write(summary)
         self.flush()
         if self.troubles or self.ending:
-            what = [f"{self.malformed} malformed message(s)"] if self.malformed else []
+            problems = [f"{self.malformed} malformed message(s)"] if self.malformed else []
             if self.troubles > self.malformed:
-                what.append("bytes missing or skipped")
+                problems.append("bytes missing or skipped")
             if self.ending:
-                what.append(self.ending)
-            self.err.write(f"wirekit decode: {'; '.join(what)} (exit status 1)\n")
+                problems.append(self.ending)
+            self.err.write(f"wirekit decode: {'; '.join(problems)} (exit status 1)\n")
             return EXIT_MALFORMED
         return EXIT_OK
 
@@ -706,7 +706,7 @@ def _peek(fh: BinaryIO) -> tuple[bytes, BinaryIO]:
         head = fh.read(4)
         fh.seek(0)
         return head, fh
-    buffered = fh if isinstance(fh, io.BufferedReader) else io.BufferedReader(fh)  # type: ignore[arg-type]
+    buffered = fh if isinstance(fh, io.BufferedReader) else io.BufferedReader(fh)  # type: ignore[type-var]
     return buffered.peek(4)[:4], buffered
 
 
@@ -834,6 +834,7 @@ def _run_pair(args, out, err, files) -> int:
         totals = [len(h) for h in heads]
     else:
         pending, totals = [[], []], [0, 0]
+    assert conn.proto is not None  # given, or detected above (else the usage error)
     module = conn.proto.module
     queues: list[deque[Record]] = [deque(pending[0]), deque(pending[1])]
     feeders = [_chunks(files[0]), _chunks(files[1])]

@@ -546,6 +546,7 @@ class Reassembler:
         return out
 
     def _take(self, conn, side, d: _Direction, seq, payload, ts, out) -> None:
+        assert d.next_seq is not None  # set before any payload is taken
         ahead = (seq - d.next_seq) % _SEQ
         if ahead >= _HALF:  # starts before what was delivered: drop the part seen before
             behind = _SEQ - ahead
@@ -568,6 +569,7 @@ class Reassembler:
         self._drain(conn, side, d, ts, out)
 
     def _drain(self, conn, side, d: _Direction, ts, out) -> None:
+        assert d.next_seq is not None  # set before any payload is taken
         while d.pending:
             for seq in list(d.pending):
                 ahead = (seq - d.next_seq) % _SEQ
@@ -580,8 +582,10 @@ class Reassembler:
                 return
 
     def _skip_gap(self, conn, side, d: _Direction, ts, out) -> None:
-        nearest = min(d.pending, key=lambda s: (s - d.next_seq) % _SEQ)
-        size = (nearest - d.next_seq) % _SEQ
+        next_seq = d.next_seq
+        assert next_seq is not None  # set before any payload is taken
+        nearest = min(d.pending, key=lambda s: (s - next_seq) % _SEQ)
+        size = (nearest - next_seq) % _SEQ
         self.stats.gaps += 1
         self.stats.gap_bytes += size
         out.append(Gap(conn.number, side, ts, size))

@@ -415,7 +415,7 @@ def _int_struct(struct: Any) -> list[tuple[str, int, str | None, int]]:
     of them (the Clipper request and response headers)."""
     from construct import Array
 
-    out = []
+    out: list[tuple[str, int, str | None, int]] = []
     for sc in struct.subcons:
         inner = sc.subcon if hasattr(sc, "subcon") else None
         if isinstance(inner, FormatField):
@@ -790,7 +790,8 @@ def clipper_lua(ports: list[int], max_message: int) -> str:
     from wirekit.zmtp import messages as zmtp
     from wirekit.zmtp import spec as zmtp_spec
 
-    layouts, field_types = [], {}
+    layouts: list[str] = []
+    field_types: dict[str, set[str]] = {}
     ints: dict[str, list] = {}  # spec name of a header construct -> its integer fields
     spec_names = {id(v): k for k, v in vars(spec).items() if k.isupper()}
     for (gen, direction, kind), frames in spec.MESSAGES.items():
@@ -822,8 +823,8 @@ def clipper_lua(ports: list[int], max_message: int) -> str:
     int_fields["lengths"] = max(int_fields.get("lengths", 0), 4)
     for name, ftypes in sorted(field_types.items()):
         if ftypes & {"u32", "u64", "u32or64", "ascii_int"}:
-            wide = ftypes & {"u64", "u32or64"}
-            int_fields[name] = max(int_fields.get(name, 0), 8 if wide else 4)
+            is_wide = ftypes & {"u64", "u32or64"}
+            int_fields[name] = max(int_fields.get(name, 0), 8 if is_wide else 4)
         elif ftypes & {"text"}:
             field(name, "string")
         elif ftypes & {"content", "input"}:

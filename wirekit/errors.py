@@ -6,6 +6,8 @@ bad input, so the text a user sees does not depend on which one is active.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class WirekitError(Exception):
     """Base class of every error wirekit raises on purpose."""
@@ -39,7 +41,8 @@ class DecodeError(WirekitError, ValueError):
         where = f"byte {offset}" if frame is None else f"frame {frame}, byte {offset}"
         super().__init__(f"{protocol}: {field} at {where}: {message}")
 
-    def __reduce__(self):  # keep pickling (multiprocessing, logging) working
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # keep pickling (multiprocessing, logging) working
         return (
             _rebuild_decode_error,
             (
@@ -61,7 +64,15 @@ class DecodeError(WirekitError, ValueError):
     __hash__ = Exception.__hash__
 
 
-def _rebuild_decode_error(cls, protocol, field, offset, message, code, frame):
+def _rebuild_decode_error(
+    cls: type[DecodeError],
+    protocol: str,
+    field: str,
+    offset: int,
+    message: str,
+    code: int | None,
+    frame: int | None,
+) -> DecodeError:
     return cls(protocol, field, offset, message, code=code, frame=frame)
 
 

@@ -9,7 +9,7 @@ as both have been reached.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from construct import Array, Container, Int32ul, Int64ul
@@ -76,33 +76,33 @@ def _views(frames: Any) -> list[memoryview]:
     return out
 
 
-def _need(views: list, count: int, what: str) -> None:
+def _need(views: list[Any], count: int, what: str) -> None:
     n = len(views)
     if n != count:
         raise _fail("frames", 0, f"{what} has {count} frames, got {n}", min(n, count))
 
 
-def _at_least(views: list, count: int, what: str) -> None:
+def _at_least(views: list[Any], count: int, what: str) -> None:
     n = len(views)
     if n < count:
         raise _fail("frames", 0, f"{what} has at least {count} frames, got {n}", n)
 
 
-def _u32(views: list, i: int, field: str) -> int:
+def _u32(views: list[Any], i: int, field: str) -> int:
     f = views[i]
     if len(f) != 4:
         raise _fail(field, min(len(f), 4), f"expected 4 bytes, got {len(f)}", i)
     return spec.U32.parse(f.tobytes()).value
 
 
-def _u64(views: list, i: int, field: str) -> int:
+def _u64(views: list[Any], i: int, field: str) -> int:
     f = views[i]
     if len(f) != 8:
         raise _fail(field, min(len(f), 8), f"expected 8 bytes, got {len(f)}", i)
     return spec.U64.parse(f.tobytes()).value
 
 
-def _size_2017(views: list, i: int, field: str) -> int:
+def _size_2017(views: list[Any], i: int, field: str) -> int:
     f = views[i]
     if len(f) == 8:
         return spec.SIZE_2017_LONG.parse(f.tobytes()).value
@@ -116,7 +116,7 @@ def _size_2017(views: list, i: int, field: str) -> int:
     )
 
 
-def _msg_id_2017(views: list, i: int) -> int:
+def _msg_id_2017(views: list[Any], i: int) -> int:
     f = views[i]
     if len(f) == 8:
         value = spec.U64.parse(f.tobytes()).value
@@ -140,7 +140,7 @@ def _utf8(data: Any, field: str, base: int, frame: int) -> str:
         raise _fail(field, base + exc.start, f"invalid UTF-8: {exc.reason}", frame) from None
 
 
-def _request_type(views: list, i: int) -> int:
+def _request_type(views: list[Any], i: int) -> int:
     rt = _u32(views, i, "request_type")
     if rt == 1:
         raise _fail(
@@ -155,7 +155,7 @@ def _request_type(views: list, i: int) -> int:
     return rt
 
 
-def _ascii_input_type(views: list, i: int) -> InputType:
+def _ascii_input_type(views: list[Any], i: int) -> InputType:
     """The registration's input type, read the way ``std::stoi`` reads it.
 
     No ``int()`` of the peer's digits (a frame may hold millions): leading zeros are
@@ -168,7 +168,7 @@ def _ascii_input_type(views: list, i: int) -> InputType:
     if p < len(data) and data[p] in b"+-":
         p += 1
     digits = p
-    run = _DIGITS.match(data, p)
+    run = cast(re.Match[bytes], _DIGITS.match(data, p))  # matches the empty string too
     p = run.end()
     if p == digits:
         raise _fail("input_type", digits, "expected a decimal integer (read by std::stoi)", i)
@@ -184,7 +184,7 @@ def _ascii_input_type(views: list, i: int) -> InputType:
 # --- messages --------------------------------------------------------------------------------
 
 
-def _new_container(views: list, gen: Generation) -> NewContainer:
+def _new_container(views: list[Any], gen: Generation) -> NewContainer:
     k = 0 if gen is G16 else 1
     _need(views, 4 + k + (gen is V3), f"a {gen.value} registration")
     name = _utf8(views[k + 1], "model_name", 0, k + 1)
@@ -205,7 +205,7 @@ def _new_container(views: list, gen: Generation) -> NewContainer:
     return NewContainer(name, version, itype, rpc)
 
 
-def _response_2016(views: list) -> PredictResponse:
+def _response_2016(views: list[Any]) -> PredictResponse:
     msg_id = _u32(views, 1, "msg_id")
     f = views[2]
     n = len(f)
@@ -216,7 +216,7 @@ def _response_2016(views: list) -> PredictResponse:
     return PredictResponse(msg_id, np.frombuffer(f, OUTPUT_DTYPE))
 
 
-def _response_2017(views: list) -> PredictResponse:
+def _response_2017(views: list[Any]) -> PredictResponse:
     _need(views, 4, "a 2017 prediction response")
     msg_id = _msg_id_2017(views, 2)
     f = views[3]
@@ -247,7 +247,7 @@ def _response_2017(views: list) -> PredictResponse:
     return PredictResponse(msg_id, outputs)
 
 
-def _response_v3(views: list) -> PredictResponse:
+def _response_v3(views: list[Any]) -> PredictResponse:
     _at_least(views, 5, "a v3 prediction response")
     msg_id = _u32(views, 2, "msg_id")
     announced = _u64(views, 3, "header_size")
@@ -282,7 +282,7 @@ def _response_v3(views: list) -> PredictResponse:
     return PredictResponse(msg_id, outputs)
 
 
-def _header_u32(views: list, i: int) -> tuple[int, int, list[int]]:
+def _header_u32(views: list[Any], i: int) -> tuple[int, int, list[int]]:
     h = views[i]
     hl = len(h)
     if hl % 4:
@@ -319,7 +319,7 @@ def _split_strings(f: memoryview, n: int, frame: int) -> list[str]:
     return out
 
 
-def _content(views: list, hi: int, ci: int, itype: int, n: int, offsets: list[int]) -> Any:
+def _content(views: list[Any], hi: int, ci: int, itype: int, n: int, offsets: list[int]) -> Any:
     """Inputs of a 2016/2017 request: header frame ``hi``, content frame ``ci``."""
     if itype == InputType.STRINGS:
         for i, off in enumerate(offsets):
@@ -363,7 +363,7 @@ def _content(views: list, hi: int, ci: int, itype: int, n: int, offsets: list[in
     return [flat[bounds[k] : bounds[k + 1]] for k in range(n)]
 
 
-def _request_2016(views: list) -> PredictRequest:
+def _request_2016(views: list[Any]) -> PredictRequest:
     _need(views, 5, "a 2016 prediction request")
     msg_id = _u32(views, 1, "msg_id")
     _request_type(views, 2)
@@ -371,7 +371,7 @@ def _request_2016(views: list) -> PredictRequest:
     return PredictRequest(msg_id, InputType(itype), _content(views, 3, 4, itype, n, offsets))
 
 
-def _request_2017(views: list) -> PredictRequest:
+def _request_2017(views: list[Any]) -> PredictRequest:
     _need(views, 8, "a 2017 prediction request")
     msg_id = _u32(views, 2, "msg_id")
     _request_type(views, 3)
@@ -395,7 +395,7 @@ def _request_2017(views: list) -> PredictRequest:
     return PredictRequest(msg_id, InputType(itype), _content(views, 5, 7, itype, n, offsets))
 
 
-def _request_v3(views: list) -> PredictRequest:
+def _request_v3(views: list[Any]) -> PredictRequest:
     _at_least(views, 7, "a v3 prediction request")
     msg_id = _u32(views, 3, "msg_id")
     _request_type(views, 4)
@@ -453,7 +453,7 @@ def _request_v3(views: list) -> PredictRequest:
     return PredictRequest(msg_id, InputType(itype), inputs)
 
 
-def _heartbeat_reply(views: list, base: int, gen: Generation) -> HeartbeatReply:
+def _heartbeat_reply(views: list[Any], base: int, gen: Generation) -> HeartbeatReply:
     _need(views, base + 2, f"a {gen.value} heartbeat reply")
     hb = _u32(views, base + 1, "heartbeat_type")
     if hb > 1:
@@ -537,21 +537,23 @@ def decode(frames: Any, generation: Any, direction: Any) -> Message:
 # --- encode ----------------------------------------------------------------------------------
 
 
-def _u(value: int) -> dict:
+def _u(value: Any) -> dict[str, Any]:
     return {"value": value}
 
 
-def to_container(msg: Message, generation: Any) -> tuple[dict, Direction]:
+def to_container(msg: Message, generation: Any) -> tuple[dict[str, Any], Direction]:
     """Validate ``msg`` for ``generation`` and map it onto the fields of ``spec.MESSAGES``
     (used by encode and the tests); also return the direction it travels in."""
     gen = as_generation(generation)
     cls = type(msg)
+    # (the branches go by the exact class, which the type checker is told with casts)
     if cls is NewContainer:
-        _, _, itype = registration_fields(msg, gen)
-        c: dict = {
+        reg = cast(NewContainer, msg)
+        _, _, itype = registration_fields(reg, gen)
+        c: dict[str, Any] = {
             "kind": "new_container",
-            "model_name": _u(msg.model_name),
-            "model_version": _u(msg.model_version),
+            "model_name": _u(reg.model_name),
+            "model_version": _u(reg.model_version),
             "input_type": _u(itype),
         }
         if gen is not G16:
@@ -564,7 +566,7 @@ def to_container(msg: Message, generation: Any) -> tuple[dict, Direction]:
             raise EncodeError(PROTOCOL, "message", "2016 Clipper has no heartbeats")
         if cls is Heartbeat:
             return {"kind": "heartbeat", "msg_type": _u(2)}, OUT
-        hb = check_u32(msg.heartbeat_type, "heartbeat_type")
+        hb = check_u32(cast(HeartbeatReply, msg).heartbeat_type, "heartbeat_type")
         if hb > 1:
             raise EncodeError(
                 PROTOCOL,
@@ -576,19 +578,19 @@ def to_container(msg: Message, generation: Any) -> tuple[dict, Direction]:
             c["rpc_version"] = _u(RPC_VERSION)
         return c, IN
     if cls is PredictRequest:
-        return _request_container(msg, gen), IN
+        return _request_container(cast(PredictRequest, msg), gen), IN
     if cls is PredictResponse:
-        return _response_container(msg, gen), OUT
+        return _response_container(cast(PredictResponse, msg), gen), OUT
     raise EncodeError(PROTOCOL, "message", f"not a Clipper message: {cls.__name__}")
 
 
-def _elements(values: np.ndarray) -> list:
+def _elements(values: np.ndarray) -> list[Any]:
     """The values to build: float32 as NumPy scalars (``spec.Float32l`` writes their bits, a
     signaling NaN included), anything else as Python numbers."""
     return list(values) if values.dtype == np.float32 else values.tolist()
 
 
-def _request_container(msg: PredictRequest, gen: Generation) -> dict:
+def _request_container(msg: PredictRequest, gen: Generation) -> dict[str, Any]:
     msg_id = check_u32(msg.msg_id, "msg_id")
     rt = check_request_type(msg.request_type)
     itype = int(check_input_type(msg.input_type))
@@ -596,7 +598,7 @@ def _request_container(msg: PredictRequest, gen: Generation) -> dict:
     n = len(items)
     if n == 0:
         raise EncodeError(PROTOCOL, "inputs", "no inputs (Clipper never sends an empty batch)")
-    c: dict = {"kind": "predict_request", "msg_id": _u(msg_id), "request_type": _u(rt)}
+    c: dict[str, Any] = {"kind": "predict_request", "msg_id": _u(msg_id), "request_type": _u(rt)}
     strings = itype == InputType.STRINGS
     if gen is V3:
         sizes = [len(x) if strings else x.nbytes for x in items]
@@ -645,13 +647,13 @@ def _request_container(msg: PredictRequest, gen: Generation) -> dict:
     return c
 
 
-def _response_container(msg: PredictResponse, gen: Generation) -> dict:
+def _response_container(msg: PredictResponse, gen: Generation) -> dict[str, Any]:
     msg_id = check_u32(msg.msg_id, "msg_id")
     outs = normalize_outputs(msg.outputs, gen)
     n = len(outs)
     if n == 0:
         raise EncodeError(PROTOCOL, "outputs", "no outputs (a response has one per input)")
-    c: dict = {"kind": "predict_response", "msg_id": _u(msg_id)}
+    c: dict[str, Any] = {"kind": "predict_response", "msg_id": _u(msg_id)}
     if gen is G16:
         c["outputs"] = {"outputs": _elements(outs)}
         return c

@@ -7,7 +7,8 @@ import json
 import os
 import signal
 import threading
-from typing import TextIO
+from collections.abc import Sequence
+from typing import Any, TextIO, cast
 
 from wirekit._logging import add_logging_arguments
 from wirekit._vocabulary import (
@@ -42,16 +43,18 @@ class _Parser(argparse.ArgumentParser):
     works with any option already).
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.numeric_options: set[str] = set()
 
-    def add_value(self, *flags: str, **kwargs) -> argparse.Action:
+    def add_value(self, *flags: str, **kwargs: Any) -> argparse.Action:
         """``add_argument`` for an option whose value may start with ``-``."""
         self.numeric_options.update(flags)
         return self.add_argument(*flags, **kwargs)
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
         if args is not None and self.numeric_options:
             args = _glue_values(list(args), self.numeric_options)
         return super().parse_known_args(args, namespace)
@@ -127,7 +130,12 @@ def _container(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     out.flush()
     stop = threading.Event()
     container.start()
-    watcher = threading.Thread(target=lambda: (container._thread.join(), stop.set()), daemon=True)
+
+    def watch() -> None:
+        cast(threading.Thread, container._thread).join()  # started above
+        stop.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     _until_signal(stop)
     container.stop()
@@ -176,7 +184,12 @@ def _frontend(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     out.flush()
     stop = threading.Event()
     # A socket loop that crashes (a bug; its traceback is logged) ends the command.
-    watcher = threading.Thread(target=lambda: (frontend.wait(), stop.set()), daemon=True)
+
+    def watch() -> None:
+        frontend.wait()
+        stop.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     _until_signal(stop)
     frontend.stop()

@@ -32,7 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.utils.monitor
@@ -130,7 +130,7 @@ class ModelContainer:
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         activity_timeout: float = DEFAULT_ACTIVITY_TIMEOUT,
         threaded: bool = True,
-        context: zmq.Context | None = None,
+        context: zmq.Context[Any] | None = None,
         max_frame_size: int | None = DEFAULT_MAX_FRAME_SIZE,
     ) -> None:
         self.predict = predict
@@ -166,7 +166,9 @@ class ModelContainer:
         self._model_started: float | None = None  # set while the model runs
         self._standby_active = False
         self._standby: threading.Thread | None = None
-        self._io: tuple | None = None  # (socket, session, poller, monitor) of this session
+        self._io: tuple[Any, ...] | None = (
+            None  # (socket, session, poller, monitor) of this session
+        )
         self._backlog: deque[Any] = deque()  # requests the standby took while the model ran
         self._lost: str | None = None  # the standby saw the session end
         self._lost_error: BaseException | None = None
@@ -263,10 +265,10 @@ class ModelContainer:
 
     def _keep_alive(
         self,
-        sock: zmq.Socket,
+        sock: zmq.Socket[Any],
         session: ContainerSession,
         poller: zmq.Poller,
-        monitor: zmq.Socket | None,
+        monitor: zmq.Socket[Any] | None,
     ) -> None:
         """The socket loop while the model runs elsewhere: heartbeats, requests queued."""
 
@@ -289,7 +291,7 @@ class ModelContainer:
                         elif type(action) is Send:
                             send(action.frames)
                         else:
-                            self._lost = action.reason
+                            self._lost = cast(Reconnect, action).reason
                             return
             if self._wake_r in events:
                 with contextlib.suppress(BlockingIOError):
@@ -303,11 +305,11 @@ class ModelContainer:
                 if type(action) is Reconnect:
                     self._lost = action.reason
                     return
-                send(action.frames)
+                send(cast(Send, action).frames)
 
     # -- the socket thread --
 
-    def _new_socket(self) -> tuple[zmq.Socket, zmq.Socket | None]:
+    def _new_socket(self) -> tuple[zmq.Socket[Any], zmq.Socket[Any] | None]:
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, self._maxmsgsize)
@@ -427,7 +429,9 @@ class ModelContainer:
                 monitor.close(0)
             sock.close(0)
 
-    def _look_at(self, ready: list, sock: zmq.Socket, monitor: zmq.Socket | None) -> bool:
+    def _look_at(
+        self, ready: list[Any], sock: zmq.Socket[Any], monitor: zmq.Socket[Any] | None
+    ) -> bool:
         """Drain the wake-up pipe and read the monitor; False when the connection is lost."""
         for polled, _ in ready:
             if polled is sock:
@@ -442,7 +446,9 @@ class ModelContainer:
                     return False
         return True
 
-    def handle_actions(self, actions: list, session: ContainerSession, send: Callable) -> bool:
+    def handle_actions(
+        self, actions: list[Any], session: ContainerSession, send: Callable[..., Any]
+    ) -> bool:
         """Carry out the session's actions; False when the session is over (logged)."""
         for action in actions:
             kind = type(action)
@@ -485,7 +491,9 @@ class ModelContainer:
         the answer must go through :meth:`after_model`."""
         return self._lost is not None or self._lost_error is not None or bool(self._backlog)
 
-    def serve_request(self, request: Any, session: ContainerSession, send: Callable) -> bool:
+    def serve_request(
+        self, request: Any, session: ContainerSession, send: Callable[..., Any]
+    ) -> bool:
         """Run the model on ``request`` (and on any the standby queued meanwhile) and send
         the answers; False when the session ended while the model ran."""
         outputs, exc = self.run_model(request.inputs)
@@ -497,7 +505,7 @@ class ModelContainer:
         outputs: Any,
         exc: BaseException | None,
         session: ContainerSession,
-        send: Callable,
+        send: Callable[..., Any],
     ) -> bool:
         """Once the model returned: answer ``request`` unless the session ended meanwhile
         (False), then serve the requests the standby queued."""
@@ -523,7 +531,7 @@ class ModelContainer:
         outputs: Any,
         exc: BaseException | None,
         session: ContainerSession,
-        send: Callable,
+        send: Callable[..., Any],
         now: float,
     ) -> None:
         """Send the answer to ``request``, or log why there is none."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import Any, cast
 
 from wirekit import clipper, zmtp
 from wirekit._dumping import MALFORMED_SHOWN, Record, hex_excerpt
@@ -81,7 +81,8 @@ class Stream:
             self.shared["generation"] = clipper.Generation(dialect)
         self.peer: str | None = None  # "container" or "clipper", from READY
         self.direction: clipper.Direction | None = None
-        self._held: list[Any] = []  # Records (READY) and (offset, size, frames) waiting
+        # Records (READY) and (offset, size, frames) waiting
+        self._held: list[Record | tuple[int, int, list[bytes]]] = []
         self._window = bytearray()
         self._window_base = 0
         self._fed = 0
@@ -166,8 +167,11 @@ class Stream:
 
     def _event(self, offset: int, event: Any) -> list[Record]:
         if isinstance(event, zmtp.Greeting):
-            msg = {"kind": "zmtp_greeting", "version": f"{event.major}.{event.minor}",
-                   "mechanism": event.mechanism}  # fmt: skip
+            msg: dict[str, Any] = {
+                "kind": "zmtp_greeting",
+                "version": f"{event.major}.{event.minor}",
+                "mechanism": event.mechanism,
+            }
             return [Record(offset, zmtp.GREETING_SIZE, "zmtp_greeting", msg)]
         if isinstance(event, zmtp.Ready):
             socket_type = event.socket_type
@@ -231,7 +235,8 @@ class Stream:
     def _message(self, offset: int, size: int, frames: list, gen: Any) -> Record:
         info = {"side": self.peer, "generation": gen.value, "frames": len(frames)}
         try:
-            msg = clipper.decode(frames, gen, self.direction)
+            # messages come after the READY, which set the direction
+            msg = clipper.decode(frames, gen, cast(clipper.Direction, self.direction))
         except DecodeError as exc:
             k = exc.frame if exc.frame is not None and exc.frame < len(frames) else None
             at = offset

@@ -37,7 +37,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.utils.monitor
@@ -62,6 +62,7 @@ from .session import (
     DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_REJECTED,
     Completed,
+    Failed,
     FrontendState,
     PredictionError,
     Replica,
@@ -193,7 +194,7 @@ class Frontend:
         check_interval: float | None = None,
         max_in_flight: int = 1,
         query: str | None = None,
-        context: zmq.Context | None = None,
+        context: zmq.Context[Any] | None = None,
         spin: float = DEFAULT_SPIN,
         max_rejected: int = DEFAULT_MAX_REJECTED,
         max_frame_size: int | None = DEFAULT_MAX_FRAME_SIZE,
@@ -213,7 +214,7 @@ class Frontend:
         # Queries taken, for the decoding thread (None: it ends); what it decoded, for the
         # thread driving the sockets: (ticket, Query or the DecodeError to answer).
         self._to_decode: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
-        self._decoded: deque = deque()
+        self._decoded: deque[Any] = deque()
         self._decoder: threading.Thread | None = None
         self._maxmsgsize = zmq_max_frame_size(max_frame_size)
         self.spin = spin
@@ -232,7 +233,7 @@ class Frontend:
         self.context = context or zmq.Context.instance()
         self.endpoint: str | None = None
         self.query_endpoint: str | None = None
-        self._submissions: deque = deque()
+        self._submissions: deque[Any] = deque()
         # Set by the thread driving the sockets when the state has batches to dispatch.
         self._submitted = False
         self._stop = threading.Event()
@@ -243,19 +244,19 @@ class Frontend:
         # Wake-ups travel as a message into the ROUTER itself (from a DEALER on inproc, used
         # under _wake_lock): the thread driving the sockets sees them whether it polls or sits
         # in a blocking receive on the ROUTER.
-        self._waker: zmq.Socket | None = None
+        self._waker: zmq.Socket[Any] | None = None
         self._closed = False
         self._wake_lock = threading.Lock()
         self._wake_pending = False  # a wake-up is on its way to the thread driving the sockets
-        self._sock: zmq.Socket | None = None
+        self._sock: zmq.Socket[Any] | None = None
         # How ROUTER messages are sent and received (the compiled Wire's, or pyzmq's
         # through _zio), made with the sockets; answers completed by the Wire whose callers
         # are not completed at once wait in _later as (token, outputs).
         self._send: Callable[[Any], None] = _unbound
         self._receive: Callable[[bool, float], Any] = _unbound
-        self._later: list = []
-        self._monitor: zmq.Socket | None = None
-        self._query: zmq.Socket | None = None
+        self._later: list[Any] = []
+        self._monitor: zmq.Socket[Any] | None = None
+        self._query: zmq.Socket[Any] | None = None
         self._fd_of: dict[bytes, int] = {}
         #: held by the thread moving frames (the background thread, or a blocking caller)
         self._io = threading.Lock()
@@ -363,7 +364,7 @@ class Frontend:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _close_sockets(self, sock: zmq.Socket) -> None:
+    def _close_sockets(self, sock: zmq.Socket[Any]) -> None:
         with self._wake_lock:
             self._closed = True
             if self._waker is not None:
@@ -403,9 +404,9 @@ class Frontend:
         inputs: Any,
         timeout: float = 5.0,
         input_type: InputType | str | int | None = None,
-    ) -> concurrent.futures.Future:
+    ) -> concurrent.futures.Future[Any]:
         """Queue one batch for ``model``; the future gets one output per input."""
-        future: concurrent.futures.Future = concurrent.futures.Future()
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._submit(model, inputs, timeout, input_type, False, future)
         return future
 
@@ -556,7 +557,9 @@ class Frontend:
                     finally:
                         self._owner = None
                         self._sockets_closed = True
-                        self._close_sockets(self._sock)
+                        self._close_sockets(
+                            cast("zmq.Socket[Any]", self._sock)
+                        )  # made before the loop
             finally:
                 self._ended.set()
 
@@ -564,8 +567,8 @@ class Frontend:
         """Move frames until ``future`` is done (a caller) or a caller wants the sockets (the
         background thread, ``future`` None), or the frontend stops.  Hold ``_io``."""
         state, items = self.state, self._poll_items
-        sock = self._sock
-        out: list = []
+        sock = cast("zmq.Socket[Any]", self._sock)  # made before any frame moves
+        out: list[Any] = []
         self._flush(time.monotonic(), out)
         # While messages keep coming, the driving thread does blocking receives on the ROUTER
         # (a zmq_poll over every socket costs several syscalls per message; wake-ups arrive
@@ -628,7 +631,7 @@ class Frontend:
                 look_at = time.monotonic() + FAST_WAIT
             self._flush(time.monotonic(), out)
 
-    def _look_around(self, ready: list, now: float, out: list) -> bool:
+    def _look_around(self, ready: list[Any], now: float, out: list[Any]) -> bool:
         """Handle what ``zmq_poll`` found ready; True when the ROUTER had messages."""
         sock, monitor, query = self._sock, self._monitor, self._query
         busy = False
@@ -642,7 +645,7 @@ class Frontend:
                 self._drain_queries(query, now)
         return busy
 
-    def _flush(self, now: float, out: list, due: float | None = None) -> None:
+    def _flush(self, now: float, out: list[Any], due: float | None = None) -> None:
         """Take submissions, dispatch, tick when due, send ``out``, resolve futures.
 
         ``due``: ``state.deadline()`` as computed a moment ago, if known (any batch added
@@ -701,8 +704,8 @@ class Frontend:
             if self._submissions or self._decoded or state.in_flight or any(state.pending.values()):
                 self._kick.set()  # others' work is outstanding: the background thread takes it
 
-    def _drain_monitor(self, now: float, out: list) -> None:
-        monitor = self._monitor
+    def _drain_monitor(self, now: float, out: list[Any]) -> None:
+        monitor = cast("zmq.Socket[Any]", self._monitor)  # drained only when it exists
         while True:
             try:
                 event = zmq.utils.monitor.recv_monitor_message(monitor, zmq.NOBLOCK)
@@ -717,7 +720,7 @@ class Frontend:
                     out.extend(self.state.remove(identity, "disconnected", now))
 
     def _drain(
-        self, sock: zmq.Socket, now: float, out: list, limit: int, until_event: bool
+        self, sock: zmq.Socket[Any], now: float, out: list[Any], limit: int, until_event: bool
     ) -> None:
         """Handle the messages waiting on the ROUTER (at most ``limit``, so timers and
         callers get their turn); with ``until_event``, stop once one completes a batch (its
@@ -732,7 +735,7 @@ class Frontend:
             if until_event and state.events:
                 return
 
-    def _handle(self, message: tuple[list[bytes], int], now: float, out: list) -> None:
+    def _handle(self, message: tuple[list[bytes], int], now: float, out: list[Any]) -> None:
         """One message from a container: ``(frames, source fd)``, the identity in front."""
         state = self.state
         replicas = state.replicas
@@ -775,7 +778,7 @@ class Frontend:
             if type(event) is Completed:
                 self._complete(event.token, event.outputs, None)
             else:
-                self._complete(event.token, None, event.error)
+                self._complete(event.token, None, cast(Failed, event).error)
 
     def _complete(self, token: Any, outputs: Any, error: BaseException | None) -> None:
         if type(token) is tuple:
@@ -815,7 +818,7 @@ class Frontend:
 
     # -- JSON queries (wirekit clipper predict) --
 
-    def _drain_queries(self, query: zmq.Socket, now: float) -> None:
+    def _drain_queries(self, query: zmq.Socket[Any], now: float) -> None:
         """Take or refuse the queries waiting on the query socket (at most 64 at a turn):
         what the desk refuses is answered; a small query taken is decoded here, a larger
         one on the decoding thread (the socket loop goes on meanwhile)."""
@@ -924,7 +927,7 @@ def _unbound(*args: Any) -> Any:
 _RELEASE_WAIT = 2.0
 
 
-def _release(sock: zmq.Socket, endpoint: str, monitor: zmq.Socket) -> bool:
+def _release(sock: zmq.Socket[Any], endpoint: str, monitor: zmq.Socket[Any]) -> bool:
     """Unbind ``endpoint`` (bound by ``sock``) and wait, at most ``_RELEASE_WAIT`` s, until
     ``monitor`` (``sock``'s, watching ``EVENT_CLOSED``) reports the listening socket closed;
     False when it did not say so in time (logged)."""
@@ -952,9 +955,7 @@ _WAKE_ID = b"\x00wirekit-wake"
 _WAKE_SERIAL = itertools.count()  # names each frontend's inproc wake-up endpoint
 
 
-def _failed(token: Any, reason: str):
-    from .session import Failed
-
+def _failed(token: Any, reason: str) -> Failed:
     return Failed(token, PredictionError(reason))
 
 
@@ -964,8 +965,8 @@ def query(
     inputs: Sequence[Any],
     input_type: InputType | str | None = None,
     timeout: float = 5.0,
-    context: zmq.Context | None = None,
-) -> list:
+    context: zmq.Context[Any] | None = None,
+) -> list[Any]:
     """Ask a running frontend's query socket for a prediction (``wirekit clipper predict``).
 
     Returns the outputs; raises :class:`PredictionError` with the frontend's message.
@@ -975,7 +976,7 @@ def query(
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(address)
-        body: dict = {"model": model, "inputs": list(inputs), "timeout": timeout}
+        body: dict[str, Any] = {"model": model, "inputs": list(inputs), "timeout": timeout}
         if input_type is not None:
             itype = parse_input_type(input_type)
             body["input_type"] = itype.name.lower()

@@ -416,7 +416,7 @@ def same_message(a: Any, b: Any) -> bool:
 # --- a JSON-ready description (CLI --json, golden vectors) -----------------------------------
 
 
-def _values(arr: np.ndarray, full: bool) -> list:
+def _values(arr: np.ndarray, full: bool) -> list[Any]:
     vals = arr if full else arr[:8]
     return [float(v) if arr.dtype.kind == "f" else int(v) for v in vals]
 
@@ -464,7 +464,7 @@ def to_jsonable(msg: Message, *, full_data: bool = True) -> dict[str, Any]:
     if isinstance(msg, PredictResponse):
         outs = msg.outputs
         if isinstance(outs, np.ndarray) and outs.dtype != object:
-            values: list = _values(outs, full_data)
+            values: list[Any] = _values(outs, full_data)
         else:
             values = [s if full_data else s[:64] for s in outs]
         return {"kind": "predict_response", "msg_id": msg.msg_id, "outputs": values}

@@ -273,9 +273,10 @@ def decode_query(body: bytes, max_timeout: float = DEFAULT_MAX_TIMEOUT) -> Query
     return Query(model, inputs, timeout, itype, held_bytes(inputs))
 
 
-_SCAN = json.JSONDecoder().scan_once  # (value, end) of the JSON value at an index
-_SKIP = json.decoder.WHITESPACE.match
-_scanstring = json.decoder.scanstring
+# The json module's own scanner (undocumented names, which typeshed does not declare).
+_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # (value, end) at an index
+_SKIP = json.decoder.WHITESPACE.match  # type: ignore[attr-defined]
+_scanstring = json.decoder.scanstring  # type: ignore[attr-defined]
 
 
 def _load_object(text: str) -> dict:

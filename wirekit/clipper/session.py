@@ -23,7 +23,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -80,7 +80,7 @@ def _quick_new(cls: type) -> Callable[..., Any]:
         (set_a,) = setters
 
         def make1(a: Any) -> Any:
-            obj = new(cls)
+            obj: Any = new(cls)
             set_a(obj, a)
             return obj
 
@@ -89,7 +89,7 @@ def _quick_new(cls: type) -> Callable[..., Any]:
         set_a, set_b = setters
 
         def make2(a: Any, b: Any) -> Any:
-            obj = new(cls)
+            obj: Any = new(cls)
             set_a(obj, a)
             set_b(obj, b)
             return obj
@@ -99,7 +99,7 @@ def _quick_new(cls: type) -> Callable[..., Any]:
         set_a, set_b, set_c, set_d = setters
 
         def make4(a: Any, b: Any, c: Any, d: Any) -> Any:
-            obj = new(cls)
+            obj: Any = new(cls)
             set_a(obj, a)
             set_b(obj, b)
             set_c(obj, c)
@@ -305,7 +305,7 @@ class ContainerSession:
         self.last_received = self.last_sent = now
         if not self.heartbeats:
             return [self._register(now)]
-        return [self._send(self._heartbeat, now)]
+        return [self._send(cast(list[bytes], self._heartbeat), now)]  # heartbeats: made
 
     def deadline(self) -> float:
         """When :meth:`tick` next has something to do (``inf`` for 2016)."""
@@ -321,7 +321,7 @@ class ContainerSession:
             self.state = "closed"
             return [Reconnect(f"nothing received for {now - self.last_received:.3g} s")]
         if now - self.last_sent >= self.poll_interval:
-            return [self._send(self._heartbeat, now)]
+            return [self._send(cast(list[bytes], self._heartbeat), now)]  # heartbeats: made
         return []
 
     def receive(self, frames: Sequence[Any], now: float) -> list[Send | Predict | Reconnect]:
@@ -453,9 +453,13 @@ _new_completed = _quick_new(Completed)
 _new_request = _quick_new(PredictRequest)
 _new_response = _quick_new(PredictResponse)
 
-_KIND_OF_DTYPE = {np.dtype(v).kind + str(np.dtype(v).itemsize): k for k, v in DTYPES.items()}
+_KIND_OF_DTYPE: dict[str, InputType] = {
+    np.dtype(v).kind + str(np.dtype(v).itemsize): cast(InputType, k) for k, v in DTYPES.items()
+}
 #: The same for the dtypes as usually met (one dict lookup, no string building).
-_TYPE_OF_DTYPE = {np.dtype(v): k for k, v in DTYPES.items() if np.dtype(v).kind not in "USO"}
+_TYPE_OF_DTYPE: dict[np.dtype, InputType] = {
+    np.dtype(v): cast(InputType, k) for k, v in DTYPES.items() if np.dtype(v).kind not in "USO"
+}
 
 
 def infer_input_type(inputs: Any) -> InputType | None:
@@ -528,7 +532,7 @@ class FrontendState:
         self.in_flight: dict[int, Batch] = {}
         self.events: list[Completed | Failed] = []
         self.rejected: dict[bytes, VersionMismatch] = {}
-        self._replica_ids: dict[str, itertools.count] = {}
+        self._replica_ids: dict[str, itertools.count[int]] = {}
         self._next_id = 0
         self._next_check = 0.0
         # Never later than the true next deadline (batches added since the last tick lower
@@ -574,29 +578,31 @@ class FrontendState:
             replica.last_seen = now
         kind = type(msg)
         if kind is PredictResponse:
+            response = cast(PredictResponse, msg)  # (the exact class, told the type checker)
             if replica is None:
                 log.warning(
                     "clipper frontend: response %d from unregistered peer %s dropped",
-                    msg.msg_id,
+                    response.msg_id,
                     identity.hex(),
                 )
                 return []
-            batch = self.complete(identity, msg.msg_id, msg.outputs, now)
+            batch = self.complete(identity, response.msg_id, response.outputs, now)
             if batch is not None:
-                self.events.append(_new_completed(batch.token, msg.outputs))
+                self.events.append(_new_completed(batch.token, response.outputs))
             else:
-                self._response(replica, msg)  # unknown id or a wrong count: say so
+                self._response(replica, response)  # unknown id or a wrong count: say so
             # Only this replica's model gained room: nothing to do unless it has a queue.
             return self.dispatch(now) if self.pending.get(replica.model_name) else []
         if kind is Heartbeat:
+            # (a heartbeat is decoded only where they exist: both replies are made)
             if replica is None:
-                return [[identity, *self._hb_type1]]
-            return [[identity, *self._hb_type0]]
+                return [[identity, *cast(list[bytes], self._hb_type1)]]
+            return [[identity, *cast(list[bytes], self._hb_type0)]]
         if kind is NewContainer:
             if replica is not None:
                 log.info("clipper frontend: %s registered again; ignored", identity.hex())
                 return []
-            self._register(identity, msg, now)
+            self._register(identity, cast(NewContainer, msg), now)
             return self.dispatch(now)
         log.warning("clipper frontend: unexpected %s from %s", kind.__name__, identity.hex())
         return []
@@ -865,7 +871,7 @@ class FrontendState:
                 self.events.append(Failed(batch.token, self._timeout_error(batch)))
         for queue in self.pending.values():
             if any(now >= b.deadline for b in queue):
-                keep = deque()
+                keep: deque[Batch] = deque()
                 for batch in queue:
                     if now >= batch.deadline:
                         self.events.append(Failed(batch.token, self._timeout_error(batch)))

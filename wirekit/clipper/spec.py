@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from construct import (
@@ -97,7 +97,7 @@ class StoiInt(Adapter):
 
     _NUMBER = re.compile(rb"[ \t\n\v\f\r]*([+-]?)0*([0-9]+)")
 
-    def _decode(self, obj, context, path):
+    def _decode(self, obj: Any, context: Any, path: Any) -> int:
         match = self._NUMBER.match(obj)
         if match is None:
             raise AdaptationError(f"no decimal integer in {obj!r:.40}", path=path)
@@ -106,7 +106,7 @@ class StoiInt(Adapter):
             raise AdaptationError(f"a {len(digits)}-digit integer is out of range", path=path)
         return int(match.group(1) + digits)
 
-    def _encode(self, obj, context, path):
+    def _encode(self, obj: Any, context: Any, path: Any) -> bytes:
         return str(int(obj)).encode("ascii")
 
 
@@ -265,7 +265,8 @@ def kind_of(frames: list[bytes], generation: Generation, direction: Direction) -
 
 
 def _frame_spec(spec: Any, input_type: int | None) -> Any:
-    return spec[InputType(input_type)] if isinstance(spec, dict) else spec
+    # a spec per input type (a dict) only comes after the header that gives the type
+    return spec[InputType(cast(int, input_type))] if isinstance(spec, dict) else spec
 
 
 def parse(frames: list[bytes], generation: Generation, direction: Direction) -> Container:

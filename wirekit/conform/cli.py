@@ -162,7 +162,11 @@ def rerun_line(parser: argparse.ArgumentParser, args: argparse.Namespace, case_i
     """The command line that runs ``case_id`` alone, with the options of this run."""
     words = ["wirekit", "conform", args.protocol, args.role]
     if args.target:
-        words.append(str(args.target))
+        target = args.target
+        if isinstance(target, tuple):  # a parsed (host, port): given back as HOST:PORT
+            host, port = target
+            target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        words.append(str(target))
     for action in parser._actions:
         if not action.option_strings or action.dest in _NOT_RERUN:
             continue
@@ -291,6 +295,11 @@ def _conform_command(
                 err.write(f"wirekit conform: {suite.title}: {exc}\n")
                 if args.json:
                     out.write(json.dumps({"error": str(exc), "exit_status": 1}) + "\n")
+                if junit is not None:
+                    why = str(exc)
+                    junit.write(
+                        report.nothing_connected_junit(args.protocol, args.role, str(target), why)
+                    )
                 return EXIT_MUST_FAILED
         name = str(target)
         failed = [r.case.id for r in results if r.status == FAIL]

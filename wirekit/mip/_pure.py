@@ -205,7 +205,7 @@ def _int_in(value: Any, field: str, top: int) -> int:
     return checked_int(PROTOCOL, value, field, top)
 
 
-def to_container(msg: Message) -> dict:
+def to_container(msg: Message) -> dict[str, Any]:
     """Validate ``msg`` and map it onto ``spec.MESSAGE``'s fields (used by encode and tests)."""
     if isinstance(msg, Ping):
         return dict(

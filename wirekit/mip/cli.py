@@ -135,7 +135,13 @@ def _ping_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 class _InputAction(argparse.Action):
     """Collect --text/--json-item/--image/--item in the order given."""
 
-    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         inputs = getattr(namespace, "inputs", None) or []
         inputs.append((self.dest, values))
         namespace.inputs = inputs

@@ -148,7 +148,7 @@ def error_reply(code: ErrorCode) -> bytes:
     return wire
 
 
-def _ready(owed: deque) -> list[bytes]:
+def _ready(owed: deque[Any]) -> list[bytes]:
     """The default collector: pop the answers ready at the head of ``owed`` (bytes, filled
     :class:`Slot` s)."""
     out: list[bytes] = []
@@ -453,7 +453,7 @@ class Connection:
         self._in_flight += cost
         self._charge()
 
-    def send(self, now: float, collect: Callable[[deque], list[bytes]] | None = None) -> bytes:
+    def send(self, now: float, collect: Callable[[deque[Any]], list[bytes]] | None = None) -> bytes:
         """The answers ready at the head of the reply order, as one write (``b""``: none).
 
         ``collect(owed)`` pops the ready ones and returns their bytes (default: ``bytes``

@@ -9,6 +9,7 @@ lost: the stream is resynchronised on the next header that passes every header c
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from wirekit import mip
@@ -206,7 +207,7 @@ def format_run_pure(
     return "\n".join(lines).encode("utf-8"), pos, len(lines)
 
 
-def _pick_format_run():
+def _pick_format_run() -> Callable[[bytes, int, int, int, bool], tuple[bytes, int, int]]:
     from wirekit._impl import load_fast
 
     fast = load_fast("mipdump")

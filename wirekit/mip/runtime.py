@@ -285,7 +285,7 @@ class ServerError(WirekitError):
         meaning = _MEANING[self.code]
         super().__init__(f"mip: server{where} answered {self.code.name} ({meaning})")
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (int(self.code), self.address))
 
 

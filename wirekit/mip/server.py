@@ -23,7 +23,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from concurrent.futures import Executor
 from functools import partial
 from typing import Any
@@ -86,7 +86,7 @@ class _Resume:
         self.coro = coro
         self.first = first
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, Any, Any]:
         coro, value = self.coro, self.first
         while True:
             try:

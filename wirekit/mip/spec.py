@@ -22,6 +22,8 @@ hand.
 
 from __future__ import annotations
 
+from typing import Any
+
 from construct import (
     Array,
     GreedyBytes,
@@ -62,7 +64,7 @@ ITEM = Struct(
 )
 
 
-def _item_count(ctx) -> int:
+def _item_count(ctx: Any) -> int:
     width = ctx.n_output if ctx._.subtype == 1 else ctx.n_input
     return ctx.batch_size * width
 

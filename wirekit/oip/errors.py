@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from wirekit.errors import WirekitError
 
 
@@ -13,7 +15,8 @@ class BackendError(WirekitError):
         self.message = message
         super().__init__(message)
 
-    def __reduce__(self):  # keep pickling working (the message is the only argument)
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # keep pickling working (the message is the only argument)
         return (type(self), (self.message,))
 
 

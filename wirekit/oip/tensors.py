@@ -181,7 +181,9 @@ def _flatten_strings(name: str, data: Any, field: str, out: list[bytes], limit: 
     out.append(data.encode("utf-8", "surrogatepass"))
 
 
-def _count_mismatch(name: str, field: str, got: int, shape: tuple[int, ...], need: int):
+def _count_mismatch(
+    name: str, field: str, got: int, shape: tuple[int, ...], need: int
+) -> DecodeError:
     return _fail(
         f"{field}.data",
         0,

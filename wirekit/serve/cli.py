@@ -5,8 +5,9 @@
     wirekit serve check --config deployment.toml
     wirekit serve stats --store requests.db [--json]
     wirekit serve stats --store-url postgresql://host/db [--json]
-    wirekit serve models list|add|remove|set|quota --url http://127.0.0.1:8080 [--token T]
-                                                    [--token-file FILE]
+    wirekit serve stats --config deployment.json [--json]    # the config's store
+    wirekit serve models list|add|remove|set|quota [--url 127.0.0.1:8080 | --config FILE]
+                                                   [--token T] [--token-file FILE] [--json]
     wirekit serve k8s --config deployment.json [-o DIR]      # Kubernetes manifests
 
 When the dispatcher is listening it prints one JSON line to standard output:
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from wirekit import _loop
 from wirekit._logging import add_logging_arguments
-from wirekit._vocabulary import add_address, tcp_address
+from wirekit._vocabulary import add_address, parse_http_url, tcp_address
 
 from .logs import serve_logger
 
@@ -55,6 +56,9 @@ def register(subparsers) -> None:
     """Add ``wirekit serve`` to the top-level parser."""
     p = subparsers.add_parser(
         "serve",
+        # the dispatcher runs with no subcommand: argparse would show SUBCOMMAND as required
+        usage="%(prog)s --config FILE [--listen ADDRESS] [--with-backends] [OPTION ...]\n"
+        "       %(prog)s {stats,check,models,k8s} ...",
         help="run the request dispatcher over MIP and Clipper backends",
         description="Run the request dispatcher described by a deployment config. To try "
         "it, from the checkout: wirekit serve --config samples/serve-deployment.json "
@@ -102,16 +106,29 @@ def register(subparsers) -> None:
         "their PYTHONPATH); SIGINT/SIGTERM stops them after the dispatcher",
     )
     p.set_defaults(handler=_serve)
-    sub = p.add_subparsers(dest="serve_command", metavar="SUBCOMMAND")
+    sub = p.add_subparsers(
+        prog=p.prog,  # not the usage above: "wirekit serve stats", not "... {stats,...} stats"
+        dest="serve_command",
+        metavar="SUBCOMMAND",
+        title="subcommands (none: run the dispatcher of --config)",
+    )
     st = sub.add_parser(
         "stats",
         help="print the metrics of a requests store",
         description="Print the metrics of a requests store (a SQLite file or a PostgreSQL "
-        "database), running or not: requests per model and status, latency percentiles.",
+        "database), running or not: requests per model and status, latency percentiles. "
+        "The store is --store, --store-url, or the one of the deployment config --config "
+        "names (its store.url, else its store.path, as wirekit serve opens it).",
     )
-    where = st.add_mutually_exclusive_group(required=True)
-    where.add_argument("--store", help="the SQLite store file")
+    where = st.add_mutually_exclusive_group()
+    where.add_argument("--store", metavar="FILE", help="the SQLite store file")
     where.add_argument("--store-url", dest="stats_url", metavar="URL", help="a postgresql:// store")
+    where.add_argument(
+        "--config",
+        dest="stats_config",
+        metavar="FILE",
+        help="a deployment config: its store (or give --config before stats)",
+    )
     st.add_argument("--json", action="store_true", help="print the metrics as JSON")
     st.set_defaults(handler=_stats)
     ck = sub.add_parser(
@@ -142,10 +159,19 @@ def _register_models(sub) -> None:
     """``wirekit serve models list|add|remove|set|quota``: the admin API of a running
     dispatcher."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
+    dispatcher = common.add_mutually_exclusive_group()
+    dispatcher.add_argument(
         "--url",
-        default=os.environ.get(ADMIN_URL_ENV),
-        help=f"the dispatcher's HTTP front door, e.g. http://127.0.0.1:8080 (env {ADMIN_URL_ENV})",
+        help="the dispatcher's HTTP front door: HOST:PORT or http://HOST:PORT (env"
+        f" {ADMIN_URL_ENV}; default: from --config, else the one dispatcher running here"
+        " as this user, found by its token file)",
+    )
+    dispatcher.add_argument(
+        "--config",
+        dest="admin_config",
+        metavar="FILE",
+        help="the dispatcher's deployment config: its listen address, and its admin.token or"
+        " admin.token_file (or give --config before models)",
     )
     credential = common.add_mutually_exclusive_group()
     credential.add_argument(
@@ -166,15 +192,20 @@ def _register_models(sub) -> None:
         metavar="SECONDS",
         help="wait this long for the dispatcher's answer (default 60)",
     )
+    common.add_argument(
+        "--json", action="store_true", help="print the admin API's answer as JSON, for scripts"
+    )
     mo = sub.add_parser(
         "models",
         help="list, add, remove, change models or set a quota in a running dispatcher (its"
         " admin API)",
         description="Models of a running wirekit serve, through its admin API. The token is"
         " --token, --token-file, WIREKIT_ADMIN_TOKEN or WIREKIT_ADMIN_TOKEN_FILE, else the"
-        " file a dispatcher with no admin.token writes at start (found from --url). Exit"
-        " status: 0 done, 1 refused by the dispatcher (or unreachable), 2 usage (no token"
-        " found included).",
+        " file a dispatcher with no admin.token writes at start (found from --url). The"
+        " dispatcher is --url, WIREKIT_ADMIN_URL, the listen address of --config, else the"
+        " only one running here (several: the command names them). Each prints what was"
+        " done, or with --json the admin API's answer. Exit status: 0 done, 1 refused by the"
+        " dispatcher (or unreachable), 2 usage (no token or no dispatcher found included).",
     )
     msub = mo.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     ls = msub.add_parser(
@@ -184,7 +215,6 @@ def _register_models(sub) -> None:
         description="List the models a running dispatcher serves, their devices, quotas and "
         "ports, and what each device has free.",
     )
-    ls.add_argument("--json", action="store_true", help="print the admin API's JSON")
     ls.set_defaults(handler=_models_list)
     # the settings a model can change live (models add and models set; --target apart:
     # set makes it exclusive with --no-target)
@@ -272,7 +302,23 @@ def _stats(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     if args.stats_url:
         return _stats_url(args.stats_url, args.json, out, err)
-    path = Path(args.store)
+    if args.store:
+        path = Path(args.store)
+    else:
+        config = args.stats_config or args.config
+        if not config:
+            err.write("wirekit serve stats: give --store FILE, --store-url URL or --config FILE\n")
+            return EXIT_USAGE
+        from .config import ConfigError, load_config
+
+        try:
+            dep = load_config(config)
+        except ConfigError as exc:
+            err.write(f"wirekit serve stats: {exc}\n")
+            return _config_status(exc)
+        if dep.store.url:
+            return _stats_url(dep.store.url, args.json, out, err)
+        path = Path(dep.store.path)
     if not path.is_file():
         err.write(f"wirekit serve stats: no store at {path}\n")
         return EXIT_USAGE
@@ -552,9 +598,136 @@ class _AdminError(Exception):
         self.status = status
 
 
-def _admin_token(args: argparse.Namespace, environ: Any = os.environ) -> str:
+@dataclasses.dataclass(frozen=True)
+class _Dispatcher:
+    """The dispatcher a ``serve models`` command talks to: its front door's ``url``, and
+    what its config or its discovery told of its token."""
+
+    url: str
+    #: the config's ``admin.token``
+    token: str | None = None
+    #: the config's ``admin.token_file``, or the token file it was found by
+    token_file: Path | None = None
+    #: how it was found when nothing named it (said on standard error), else ""
+    found: str = ""
+
+
+def _connect_host(host: str) -> str:
+    """Where a client reaches a front door bound to ``host`` (a wildcard: this machine)."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host
+
+
+def _url_of(host: str, port: int) -> str:
+    host = _connect_host(host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _running_dispatchers(environ: Any = os.environ) -> tuple[list[tuple[str, Path]], list[Path]]:
+    """The generated token files of :func:`~wirekit.serve.doors.adminauth.runtime_dirs`:
+    ``([(url, file)] of the dispatchers that accept a connection, [files of none])``."""
+    import ipaddress
+    import re
+    import socket
+
+    from .doors.adminauth import runtime_dirs
+
+    live: dict[str, Path] = {}
+    stale: list[Path] = []
+    for directory in runtime_dirs(environ):
+        try:
+            files = sorted(directory.glob("serve-*.token"))
+        except OSError:
+            continue
+        for path in files:
+            match = re.fullmatch(r"serve-(.+)-([0-9]{1,5})\.token", path.name)
+            if match is None:
+                continue
+            host, port = match[1], int(match[2])
+            if "_" in host:  # the file name's spelling of an IPv6 address
+                try:
+                    host = str(ipaddress.ip_address(host.replace("_", ":")))
+                except ValueError:
+                    continue
+            url = _url_of(host, port)
+            if url in live:
+                continue
+            try:
+                with socket.create_connection((_connect_host(host), port), timeout=1.0):
+                    pass
+            except OSError:
+                stale.append(path)
+                continue
+            live[url] = path
+    return list(live.items()), stale
+
+
+def _find_dispatcher(args: argparse.Namespace, environ: Any = os.environ) -> _Dispatcher:
+    """The dispatcher to call: ``--url``, ``WIREKIT_ADMIN_URL``, the listen address of
+    ``--config``, else the only one running here as this user (found by its token file);
+    :class:`_AdminError` saying what to give when none or several are found."""
+    given, where = args.url, "--url"
+    if given is None and environ.get(ADMIN_URL_ENV):
+        given, where = environ[ADMIN_URL_ENV], ADMIN_URL_ENV
+    if given is not None:
+        try:
+            return _Dispatcher(parse_http_url(given))
+        except ValueError:
+            raise _AdminError(
+                f"{where} must start with http:// or https:// (or be HOST:PORT), got {given!r}",
+                EXIT_USAGE,
+            ) from None
+    config = getattr(args, "admin_config", None) or getattr(args, "config", None)
+    if config:
+        from .config import ConfigError, load_config
+
+        try:
+            dep = load_config(config)
+        except ConfigError as exc:
+            raise _AdminError(str(exc), _config_status(exc)) from None
+        if dep.http_port is None or dep.http_port == 0:
+            what = "no HTTP front door" if dep.http_port is None else "HTTP port 0 (any free port)"
+            raise _AdminError(
+                f"{config}: listen.http_port: {what}; give the dispatcher's --url (the http port"
+                " of its ready line)",
+                EXIT_USAGE,
+            )
+        token_file = dep.admin.token_file
+        return _Dispatcher(
+            _url_of(dep.host, dep.http_port),
+            token=dep.admin.token,
+            token_file=Path(token_file) if token_file else None,
+        )
+    from .doors.adminauth import runtime_dirs
+
+    live, stale = _running_dispatchers(environ)
+    if len(live) == 1:
+        url, path = live[0]
+        return _Dispatcher(
+            url, token_file=path, found=f"the dispatcher at {url} (token file {path})"
+        )
+    ask = f"give the dispatcher's --url (or {ADMIN_URL_ENV}) or its --config"
+    if live:
+        choices = ", ".join(f"{url} ({path})" for url, path in live)
+        raise _AdminError(f"{len(live)} dispatchers run here: {choices}; {ask}", EXIT_USAGE)
+    dirs = " and ".join(str(d) for d in runtime_dirs(environ))
+    found = (
+        f"none of the token files in {dirs} is a running dispatcher's"
+        if stale
+        else (f"no dispatcher's token file in {dirs}")
+    )
+    raise _AdminError(f"{ask}: {found}", EXIT_USAGE)
+
+
+def _admin_token(
+    args: argparse.Namespace, dispatcher: _Dispatcher, environ: Any = os.environ
+) -> str:
     """The admin token to send: ``--token``, ``--token-file``, ``WIREKIT_ADMIN_TOKEN``,
-    ``WIREKIT_ADMIN_TOKEN_FILE``, else the file the dispatcher at ``--url`` wrote
+    ``WIREKIT_ADMIN_TOKEN_FILE``, the config's ``admin.token`` or ``admin.token_file`` (with
+    ``--config``), else the file the dispatcher at its URL wrote
     (:func:`~wirekit.serve.doors.adminauth.token_file_candidates`); :class:`_AdminError` naming
     where it looked when there is none."""
     from .doors.adminauth import (
@@ -565,6 +738,7 @@ def _admin_token(args: argparse.Namespace, environ: Any = os.environ) -> str:
         token_file_candidates,
     )
 
+    candidates: list[Path] = []
     try:
         if args.token is not None:
             return args.token
@@ -574,7 +748,11 @@ def _admin_token(args: argparse.Namespace, environ: Any = os.environ) -> str:
             return environ[ADMIN_TOKEN_ENV]
         if environ.get(ADMIN_TOKEN_FILE_ENV):
             return read_token_file(Path(environ[ADMIN_TOKEN_FILE_ENV]))
-        candidates = token_file_candidates(args.url, environ)
+        if dispatcher.token:
+            return dispatcher.token
+        if dispatcher.token_file is not None:
+            return read_token_file(dispatcher.token_file)
+        candidates = token_file_candidates(dispatcher.url, environ)
         for path in candidates:
             if path.is_file():
                 return read_token_file(path)
@@ -587,31 +765,30 @@ def _admin_token(args: argparse.Namespace, environ: Any = os.environ) -> str:
             f" (looked in {' and '.join(dirs)})" if len(candidates) > 1 else ""
         )
     raise _AdminError(
-        f"no admin token for {args.url}: {where}; wirekit serve writes it at start when no"
-        " admin.token is configured (is it running there, as this user?); or give --token,"
+        f"no admin token for {dispatcher.url}: {where}; wirekit serve writes it at start when"
+        " no admin.token is configured (is it running there, as this user?); or give --token,"
         f" --token-file or {ADMIN_TOKEN_ENV}",
         EXIT_USAGE,
     )
 
 
-def _admin_call(args: argparse.Namespace, method: str, path: str, body: object = None):
+def _admin_call(
+    args: argparse.Namespace, method: str, path: str, body: object = None, err: TextIO | None = None
+):
     """One call of the admin API: the decoded JSON answer, or :class:`_AdminError`."""
     import urllib.error
     import urllib.request
 
-    if not args.url:
-        raise _AdminError(f"give the dispatcher's --url (or {ADMIN_URL_ENV})", EXIT_USAGE)
-    if not args.url.startswith(("http://", "https://")):
-        raise _AdminError(
-            f"--url must start with http:// or https://, got {args.url!r}", EXIT_USAGE
-        )
+    dispatcher = _find_dispatcher(args)
+    if dispatcher.found and err is not None:
+        err.write(f"wirekit serve models {args.models_command}: {dispatcher.found}\n")
     headers = {"Accept": "application/json"}
     data = None
     if body is not None:
         data = json.dumps(body).encode()
         headers["Content-Type"] = "application/json"
-    headers["Authorization"] = f"Bearer {_admin_token(args)}"
-    url = args.url.rstrip("/") + path
+    headers["Authorization"] = f"Bearer {_admin_token(args, dispatcher)}"
+    url = dispatcher.url.rstrip("/") + path
     request = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=args.timeout) as resp:
@@ -634,13 +811,13 @@ def _admin_call(args: argparse.Namespace, method: str, path: str, body: object =
         raise _AdminError(f"{method} {path}: HTTP {exc.code}: {message}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise _AdminError(f"cannot reach the dispatcher at {args.url}: {reason}") from None
+        raise _AdminError(f"cannot reach the dispatcher at {dispatcher.url}: {reason}") from None
 
 
 def _admin_command(run):
     def handler(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         try:
-            return run(args, out)
+            return run(args, out, err)
         except _AdminError as exc:
             err.write(f"wirekit serve models {args.models_command}: {exc}\n")
             return exc.status
@@ -648,22 +825,37 @@ def _admin_command(run):
     return handler
 
 
+def _render_model(name: str, m: dict) -> list[str]:
+    """A model's entry of ``GET /admin/models`` as ``models list`` prints it."""
+    door = f", MIP port {m['mip_port']}" if m.get("mip_port") else ""
+    state = " (being removed)" if m.get("removing") else ""
+    target = f", target {m['target']:g} s" if m.get("target") is not None else ""
+    lines = [f"{name}: {m['backend']}{door}{target}{state}"]
+    loaded = m.get("loaded") or {}  # load = true: what wirekit did on each server
+    for r in m["rows"]:
+        port = r["port"]  # None: no backend on that device; a string: a Clipper name
+        where = f"{r['endpoint']}:{port}" if isinstance(port, int) else (port or "-")
+        did = loaded.get(f"{r['node']}/{r['device']}/{name}")
+        lines.append(
+            f"  {r['node']}/{r['device']:<4} {r['device_type']} quota {r['quota']:<6g} {where}"
+            + (f" ({did})" if did else "")
+        )
+    return lines
+
+
+def _render_settings(m: dict) -> str:
+    """A model's live settings, as ``models set`` prints them."""
+    target = "none" if m.get("target") is None else f"{m['target']:g} s"
+    return (
+        f"timeout {m['timeout']:g} s, attempts {m['attempts']}, max_batch {m['max_batch']},"
+        f" target {target}"
+    )
+
+
 def _render_models(doc: dict) -> str:
     lines = []
     for name, m in doc["models"].items():
-        door = f", MIP port {m['mip_port']}" if m.get("mip_port") else ""
-        state = " (being removed)" if m.get("removing") else ""
-        target = f", target {m['target']:g} s" if m.get("target") is not None else ""
-        lines.append(f"{name}: {m['backend']}{door}{target}{state}")
-        loaded = m.get("loaded") or {}  # load = true: what wirekit did on each server
-        for r in m["rows"]:
-            port = r["port"]  # None: no backend on that device; a string: a Clipper name
-            where = f"{r['endpoint']}:{port}" if isinstance(port, int) else (port or "-")
-            did = loaded.get(f"{r['node']}/{r['device']}/{name}")
-            lines.append(
-                f"  {r['node']}/{r['device']:<4} {r['device_type']} quota {r['quota']:<6g} {where}"
-                + (f" ({did})" if did else "")
-            )
+        lines += _render_model(name, m)
     lines.append("devices:")
     for d in doc["devices"]:
         lines.append(f"  {d['node']}/{d['device']:<4} {d['type']} free {d['free']:g}")
@@ -671,8 +863,8 @@ def _render_models(doc: dict) -> str:
 
 
 @_admin_command
-def _models_list(args: argparse.Namespace, out: TextIO) -> int:
-    doc = _admin_call(args, "GET", "/admin/models")
+def _models_list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    doc = _admin_call(args, "GET", "/admin/models", err=err)
     out.write((json.dumps(doc, indent=2) if args.json else _render_models(doc)) + "\n")
     return EXIT_OK
 
@@ -715,7 +907,7 @@ def _live_settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 @_admin_command
-def _models_add(args: argparse.Namespace, out: TextIO) -> int:
+def _models_add(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.file:
         if args.name or args.place:
             raise _AdminError("models add: give FILE or --name/--place, not both", EXIT_USAGE)
@@ -737,22 +929,38 @@ def _models_add(args: argparse.Namespace, out: TextIO) -> int:
             raise _AdminError(f"{path}: not valid JSON/TOML: {exc}") from None
     else:
         doc = _model_from_flags(args)
-    added = _admin_call(args, "POST", "/admin/models", doc)
-    out.write(json.dumps({"added": added}) + "\n")
+    added = _admin_call(args, "POST", "/admin/models", doc, err=err)
+    if args.json:
+        out.write(json.dumps({"added": added}) + "\n")
+    else:
+        name = doc.get("name") or next(iter(doc.get("models") or {}), "?")
+        lines = _render_model(name, added)
+        out.write(f"added {lines[0]}\n" + "".join(f"{line}\n" for line in lines[1:]))
     return EXIT_OK
 
 
 @_admin_command
-def _models_remove(args: argparse.Namespace, out: TextIO) -> int:
+def _models_remove(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from urllib.parse import quote
 
-    removed = _admin_call(args, "DELETE", f"/admin/models/{quote(args.name, safe='')}")
-    out.write(json.dumps(removed) + "\n")
+    removed = _admin_call(args, "DELETE", f"/admin/models/{quote(args.name, safe='')}", err=err)
+    if args.json:
+        out.write(json.dumps(removed) + "\n")
+        return EXIT_OK
+    stuck = removed.get("in_flight_at_timeout") or 0
+    drained = (
+        "its requests in flight answered"
+        if removed.get("drained", True)
+        else f"{stuck} request(s) still in flight at admin.drain_timeout"
+    )
+    out.write(f"removed {removed.get('removed', args.name)}: {drained}\n")
+    for where, did in (removed.get("unloaded") or {}).items():
+        out.write(f"  {where}: {did}\n")
     return EXIT_OK
 
 
 @_admin_command
-def _models_set(args: argparse.Namespace, out: TextIO) -> int:
+def _models_set(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from urllib.parse import quote
 
     body = _live_settings_from_flags(args)
@@ -764,21 +972,36 @@ def _models_set(args: argparse.Namespace, out: TextIO) -> int:
             " --target, --no-target",
             EXIT_USAGE,
         )
-    changed = _admin_call(args, "PATCH", f"/admin/models/{quote(args.name, safe='')}", body)
-    out.write(json.dumps({"model": args.name, **changed}) + "\n")
+    changed = _admin_call(
+        args, "PATCH", f"/admin/models/{quote(args.name, safe='')}", body, err=err
+    )
+    if args.json:
+        out.write(json.dumps({"model": args.name, **changed}) + "\n")
+    else:
+        out.write(f"{args.name}: {_render_settings(changed)}\n")
     return EXIT_OK
 
 
 @_admin_command
-def _models_quota(args: argparse.Namespace, out: TextIO) -> int:
+def _models_quota(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from urllib.parse import quote
 
     node, sep, index = args.device.rpartition(":")
     if not sep or not node or not index.isdigit():
         raise _AdminError(f"NODE:DEVICE expected, like n1:0, got {args.device!r}", EXIT_USAGE)
     body = {"node": node, "device": int(index), "quota": args.share}
-    done = _admin_call(args, "PUT", f"/admin/models/{quote(args.name, safe='')}/quota", body)
-    out.write(json.dumps(done) + "\n")
+    done = _admin_call(
+        args, "PUT", f"/admin/models/{quote(args.name, safe='')}/quota", body, err=err
+    )
+    if args.json:
+        out.write(json.dumps(done) + "\n")
+        return EXIT_OK
+    before, after = done.get("before", done.get("old")), done.get("after", done.get("new"))
+    change = f"{before:g} -> {after:g}" if isinstance(before, (int, float)) else f"{after}"
+    out.write(
+        f"{args.name} on {node}/{index} ({done.get('device_type', '?')}): quota {change}"
+        f" ({done.get('status', 'applied')})\n"
+    )
     return EXIT_OK
 
 
@@ -792,9 +1015,10 @@ def _add_k8s_parser(sub) -> None:
         description="Write the Kubernetes objects of a deployment config as JSON (which "
         "kubectl reads as YAML): per node a StatefulSet with a container per model's CPU "
         "share and per GPU, and its Service; the dispatcher's Deployment, Service, "
-        "ConfigMap, admin token Secret and data volume claim; the actuator's Role. The "
-        "image they name is built by the repository's Dockerfile. specs/k8s.md has the "
-        "mapping.",
+        "ConfigMap and data volume claim; the actuator's Role. Pods run on any node unless "
+        "the config's k8s tables place them. The admin token's Secret is named, and made "
+        "once by --create-admin-secret. The image they name is built by the repository's "
+        "Dockerfile. specs/k8s.md has the mapping.",
     )
     k8s.add_argument(
         "--config", dest="k8s_config", metavar="FILE", help="deployment config (.json or .toml)"
@@ -833,9 +1057,28 @@ def _add_k8s_parser(sub) -> None:
     k8s.add_argument(
         "--admin-secret",
         metavar="NAME",
-        help="an existing Secret holding the admin API's token under the key 'token' "
-        "(default: a Secret NAME-admin with a token generated at each run, or the config's "
-        "admin.token, is written with the manifests)",
+        help="the Secret holding the admin API's token under the key 'token' (default: "
+        "the --name and -admin, wirekit-admin); the manifests name it and do not write it "
+        "(but for the config's own admin.token): make it once with --create-admin-secret",
+    )
+    k8s.add_argument(
+        "--create-admin-secret",
+        action="store_true",
+        help="write only the admin token's Secret, with a new random token, for 'kubectl "
+        "create -f -' (which never replaces an existing one); no --config needed",
+    )
+    k8s.add_argument(
+        "--image-pull-policy",
+        default=default.image_pull_policy,
+        choices=("IfNotPresent", "Always", "Never"),
+        help="when the kubelet pulls the image (default %(default)s)",
+    )
+    k8s.add_argument(
+        "--image-pull-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Secret with the credentials of the image's registry (repeatable)",
     )
     k8s.add_argument(
         "--store-size",
@@ -849,10 +1092,10 @@ def _add_k8s_parser(sub) -> None:
 
 def _k8s(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .config import ConfigError, read_document
-    from .control.k8s import K8sOptions, manifests, write
+    from .control.k8s import K8sOptions, admin_secret, manifests, write
 
     path = args.k8s_config or args.config
-    if not path:
+    if not path and not args.create_admin_secret:
         err.write("wirekit serve k8s: give --config FILE\n")
         return EXIT_USAGE
     options = K8sOptions(
@@ -862,9 +1105,14 @@ def _k8s(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         cpu_cores=args.cpu_cores,
         admin_secret=args.admin_secret,
         store_size=args.store_size,
+        image_pull_policy=args.image_pull_policy,
+        image_pull_secrets=tuple(args.image_pull_secret),
     )
     try:
-        objects = manifests(read_document(path), options)
+        if args.create_admin_secret:
+            objects = [admin_secret(options)]
+        else:
+            objects = manifests(read_document(path), options)
     except ConfigError as exc:
         if exc.where.startswith("--"):  # a flag, not the config
             err.write(f"wirekit serve k8s: {exc}\n")

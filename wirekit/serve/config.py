@@ -49,6 +49,7 @@ import string
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -826,6 +827,267 @@ def _clipper_generation(value: Any, where: str) -> str:
     return value
 
 
+# --- the Kubernetes settings (``wirekit serve k8s``; the dispatcher ignores them) -----------
+
+#: a Kubernetes quantity: a decimal number with a binary (``Ki`` .. ``Ei``) or decimal (``n``
+#: .. ``E``) suffix, or an exponent (``1e3``); negative amounts are no resource
+_K8S_QUANTITY = re.compile(
+    r"^(?P<number>[0-9]+(\.[0-9]*)?|\.[0-9]+)(?P<suffix>[eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$"
+)
+_K8S_SUFFIXES = {
+    **{s: 1024**k for k, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)},
+    **{s: 1000**k for k, s in enumerate(("k", "M", "G", "T", "P", "E"), 1)},
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+}
+#: a label value, or the name part of a label key or resource name
+_K8S_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_K8S_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+#: the keys of a toleration (Kubernetes' own names: a toleration is copied into the pods)
+TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+#: the most ports ``k8s.runtime_mip_ports`` may give the dispatcher's Service
+MAX_RUNTIME_PORTS = 100
+
+
+def k8s_quantity(text: str) -> Decimal:
+    """The amount a Kubernetes quantity (``500m``, ``1Gi``, ``2``) stands for; ValueError if
+    ``text`` is not one."""
+    match = _K8S_QUANTITY.match(text)
+    if match is None:
+        raise ValueError(f"not a Kubernetes quantity: {text!r}")
+    number, suffix = Decimal(match["number"]), match["suffix"] or ""
+    if suffix[:1] in ("e", "E") and suffix not in _K8S_SUFFIXES:
+        return number * Decimal(10) ** int(suffix[1:])
+    return number * _K8S_SUFFIXES.get(suffix, 1)
+
+
+def _qualified_name(value: Any, where: str, what: str) -> str:
+    """A label key or resource name: ``[prefix/]name``, the prefix a DNS subdomain."""
+    text = _str(value, where)
+    prefix, _, name = text.rpartition("/")
+    if (
+        not name
+        or len(name) > 63
+        or not _K8S_NAME.match(name)
+        or (prefix and (len(prefix) > 253 or not _K8S_SUBDOMAIN.match(prefix)))
+    ):
+        raise ConfigError(
+            where, f"{what} {text!r} is not a Kubernetes name ([prefix/]name, 63 at most)"
+        )
+    return text
+
+
+def _quantities(value: Any, where: str) -> tuple[tuple[str, str | None], ...]:
+    """A ``requests`` or ``limits`` table: resource name -> a quantity (a string such as
+    ``"500m"`` or ``"1Gi"``, or a number >= 0), or null (the default's entry removed)."""
+    keys = set(value) if isinstance(value, Mapping) else set()
+    items = []
+    for name, amount in _table(value, where, keys).items():
+        at = f"{where}.{name}"
+        _qualified_name(name, at, "resource")
+        if amount is not None:
+            if isinstance(amount, int | float) and not isinstance(amount, bool):
+                number = _num(amount, at, lo=0, hi=1e15)
+                amount = str(int(number)) if number.is_integer() else repr(number)
+            if not isinstance(amount, str) or not _K8S_QUANTITY.match(amount):
+                raise ConfigError(
+                    at, f"expected a Kubernetes quantity (such as 500m or 1Gi), got {amount!r}"
+                )
+        items.append((name, amount))
+    return tuple(items)
+
+
+def _labels(value: Any, where: str) -> tuple[tuple[str, str], ...]:
+    """A ``node_selector``: label key -> label value, as Kubernetes takes them."""
+    keys = set(value) if isinstance(value, Mapping) else set()
+    items = []
+    for key, label in _table(value, where, keys).items():
+        at = f"{where}.{key}"
+        _qualified_name(key, at, "label")
+        if not isinstance(label, str) or len(label) > 63 or not _K8S_NAME.match(label):
+            raise ConfigError(
+                at,
+                "expected a label value (letters, digits, '-', '_', '.'; 63 at most), got "
+                + _shown_value(label),
+            )
+        items.append((key, label))
+    return tuple(items)
+
+
+def _tolerations(value: Any, where: str) -> tuple[tuple[tuple[str, Any], ...], ...]:
+    """A list of tolerations, each with Kubernetes' own keys (``key``, ``operator``
+    ``Exists`` or ``Equal``, ``value``, ``effect``, ``tolerationSeconds``)."""
+    tolerations = []
+    for k, entry in enumerate(_list(value, where, nonempty=False)):
+        at = f"{where}[{k}]"
+        table = dict(_table(entry, at, set(TOLERATION_KEYS)))
+        if "key" in table:
+            _qualified_name(table["key"], f"{at}.key", "taint key")
+        operator = _one_of(("Exists", "Equal"))(table.get("operator", "Equal"), f"{at}.operator")
+        if operator == "Exists" and table.get("value"):
+            raise ConfigError(f"{at}.value", "an Exists toleration has no value")
+        if "value" in table and not isinstance(table["value"], str):
+            raise ConfigError(f"{at}.value", f"expected a string, got {_kind(table['value'])}")
+        if "key" not in table and operator != "Exists":
+            raise ConfigError(f"{at}.operator", "a toleration without a key must be Exists")
+        if "effect" in table:
+            _one_of(TAINT_EFFECTS)(table["effect"], f"{at}.effect")
+        if "tolerationSeconds" in table:
+            _int(table["tolerationSeconds"], f"{at}.tolerationSeconds", lo=0, hi=(1 << 63) - 1)
+            if table.get("effect") != "NoExecute":
+                raise ConfigError(
+                    f"{at}.tolerationSeconds", "applies to a NoExecute toleration only"
+                )
+        tolerations.append(tuple(table.items()))
+    return tuple(tolerations)
+
+
+def _runtime_ports(value: Any, where: str) -> tuple[int, int] | None:
+    """``[first, last]``: the MIP ports (inclusive) kept for models added at run time;
+    ``[]`` or null: none."""
+    if value is None or value == []:
+        return None
+    pair = _list(value, where)
+    if len(pair) != 2:
+        raise ConfigError(where, f"expected [first, last] (or [] for none), got {len(pair)} values")
+    first = _int(pair[0], f"{where}[0]", lo=1, hi=65535)
+    last = _int(pair[1], f"{where}[1]", lo=first, hi=min(65535, first + MAX_RUNTIME_PORTS - 1))
+    return first, last
+
+
+@dataclass(frozen=True, slots=True)
+class K8sResources:
+    """What a container asks of its Kubernetes node: ``requests`` (what the scheduler finds
+    room for) and ``limits`` (what it may use at most), resource name -> quantity."""
+
+    requests: tuple[tuple[str, str], ...] = ()
+    limits: tuple[tuple[str, str], ...] = ()
+
+
+#: the dispatcher's container's resources unless ``k8s.dispatcher`` says otherwise
+K8S_DISPATCHER_RESOURCES = K8sResources(
+    requests=(("cpu", "250m"), ("memory", "256Mi")), limits=(("cpu", "2"), ("memory", "1Gi"))
+)
+#: a CPU backend's container's, besides its CPU (its quota); ``k8s.cpu_backend``
+K8S_CPU_BACKEND_RESOURCES = K8sResources(
+    requests=(("memory", "256Mi"),), limits=(("memory", "1Gi"),)
+)
+#: a GPU backend's container's, besides its GPU; ``k8s.gpu_backend``
+K8S_GPU_BACKEND_RESOURCES = K8sResources(
+    requests=(("cpu", "1"), ("memory", "2Gi")), limits=(("cpu", "4"), ("memory", "8Gi"))
+)
+
+
+def _resources(where: str, default: K8sResources, table: Mapping[str, Any]) -> K8sResources:
+    """``default`` with the ``requests`` and ``limits`` of ``table`` (at ``where``) merged
+    in, entry by entry (null removes one); a request above its limit is refused, as
+    Kubernetes would."""
+    merged: dict[str, dict[str, str]] = {}
+    for key in ("requests", "limits"):
+        entries: dict[str, Any] = dict(getattr(default, key))
+        if key in table:
+            entries.update(_quantities(table[key], _join(where, key)))
+        merged[key] = {k: v for k, v in entries.items() if v is not None}
+    for name, request in merged["requests"].items():
+        limit = merged["limits"].get(name)
+        if limit is not None and k8s_quantity(request) > k8s_quantity(limit):
+            raise ConfigError(
+                _join(where, f"requests.{name}"),
+                f"{request} is above its limit ({limit}): Kubernetes refuses the pod",
+            )
+    return K8sResources(tuple(merged["requests"].items()), tuple(merged["limits"].items()))
+
+
+@dataclass(frozen=True, slots=True)
+class K8sPlacement:
+    """Where a pod may run: the labels its Kubernetes node must have (``node_selector``;
+    none: any node) and the taints it tolerates (``tolerations``)."""
+
+    node_selector: tuple[tuple[str, str], ...] = setting((), check=_labels)
+    tolerations: tuple[tuple[tuple[str, Any], ...], ...] = setting((), check=_tolerations)
+
+
+@dataclass(frozen=True, slots=True)
+class K8sConfig:
+    """The ``k8s`` table and the nodes' ``k8s`` tables: what ``wirekit serve k8s`` makes of
+    the deployment beyond the config's own meaning (specs/k8s.md).  The dispatcher reads
+    and ignores them."""
+
+    #: the labels (``node_selector``) and taints (``tolerations``) of every backend pod;
+    #: a node's ``k8s`` table adds its own (its labels win on the same key)
+    node_selector: tuple[tuple[str, str], ...] = setting((), check=_labels)
+    tolerations: tuple[tuple[tuple[str, Any], ...], ...] = setting((), check=_tolerations)
+    #: the dispatcher's pod: its resources (``requests``, ``limits``) and placement
+    #: (``node_selector``, ``tolerations``); key ``dispatcher``
+    dispatcher: K8sResources = setting(K8S_DISPATCHER_RESOURCES, check=None)
+    dispatcher_placement: K8sPlacement = setting(default_factory=K8sPlacement, check=None, key="")
+    #: a CPU backend's resources besides its CPU (its quota × ``--cpu-cores``)
+    cpu_backend: K8sResources = setting(K8S_CPU_BACKEND_RESOURCES, check=None)
+    #: a GPU backend's resources besides its GPU
+    gpu_backend: K8sResources = setting(K8S_GPU_BACKEND_RESOURCES, check=None)
+    #: the extended resource a GPU device is (one per GPU container)
+    gpu_resource: str = setting(
+        "nvidia.com/gpu", check=functools.partial(_qualified_name, what="resource")
+    )
+    #: MIP ports the dispatcher's Service exposes for models added at run time (first,
+    #: last; None: none)
+    runtime_mip_ports: tuple[int, int] | None = setting((9900, 9915), check=_runtime_ports)
+    #: node id -> the node's own placement (its ``k8s`` table)
+    nodes: tuple[tuple[str, K8sPlacement], ...] = setting((), check=None, key="")
+
+    def placement(self, node: str) -> K8sPlacement:
+        """Where the pod of ``node`` may run: the ``k8s`` table's placement with the node's
+        own added."""
+        own = dict(self.nodes).get(node, K8sPlacement())
+        return K8sPlacement(
+            tuple({**dict(self.node_selector), **dict(own.node_selector)}.items()),
+            self.tolerations + tuple(t for t in own.tolerations if t not in self.tolerations),
+        )
+
+
+#: the keys of a ``k8s.dispatcher`` table
+K8S_DISPATCHER_KEYS = frozenset({"requests", "limits", *_keys(K8sPlacement)})
+#: the keys of a ``k8s.cpu_backend`` / ``k8s.gpu_backend`` table
+K8S_RESOURCE_KEYS = frozenset({"requests", "limits"})
+
+
+def _k8s(doc: Any, nodes: list[tuple[str, Any, str]]) -> K8sConfig:
+    """The ``k8s`` table, and each node's (``nodes``: node id, its ``k8s`` table, where)."""
+    where = "k8s"
+    table = _table(doc, where, {*_keys(K8sConfig), "dispatcher", "cpu_backend", "gpu_backend"})
+    values = _settings(K8sConfig, table, where)
+    dispatcher = _table(
+        table.get("dispatcher", {}), f"{where}.dispatcher", set(K8S_DISPATCHER_KEYS)
+    )
+    values["dispatcher"] = _resources(f"{where}.dispatcher", K8S_DISPATCHER_RESOURCES, dispatcher)
+    values["dispatcher_placement"] = _parse_table(
+        K8sPlacement,
+        {k: v for k, v in dispatcher.items() if k in _keys(K8sPlacement)},
+        f"{where}.dispatcher",
+    )
+    gpu_resource = values.get("gpu_resource", K8sConfig().gpu_resource)
+    for key, default, fixed in (
+        ("cpu_backend", K8S_CPU_BACKEND_RESOURCES, "cpu"),
+        ("gpu_backend", K8S_GPU_BACKEND_RESOURCES, gpu_resource),
+    ):
+        at = f"{where}.{key}"
+        sub = _table(table.get(key, {}), at, set(K8S_RESOURCE_KEYS))
+        for part in ("requests", "limits"):
+            if isinstance(sub.get(part), Mapping) and fixed in sub[part]:
+                raise ConfigError(
+                    f"{at}.{part}.{fixed}",
+                    "is the device itself: a CPU backend's CPU is its quota × --cpu-cores, a"
+                    " GPU backend's GPU is one of k8s.gpu_resource",
+                )
+        values[key] = _resources(at, default, sub)
+    values["nodes"] = tuple(
+        (node_id, _parse_table(K8sPlacement, node_doc, at)) for node_id, node_doc, at in nodes
+    )
+    return K8sConfig(**values)
+
+
 @dataclass(frozen=True, slots=True)
 class Deployment:
     """A validated deployment: listeners, store, cache, models and the metadata rows."""
@@ -870,6 +1132,8 @@ class Deployment:
     health: HealthConfig = setting(
         default_factory=HealthConfig, check=functools.partial(_parse_table, HealthConfig)
     )
+    #: the ``k8s`` table and the nodes' ``k8s`` tables: ``wirekit serve k8s`` only
+    k8s: K8sConfig = setting(default_factory=K8sConfig, check=None)
 
     def rows_of(self, model: str) -> list[DeviceRow]:
         """The metadata rows of ``model`` (quota 0 included)."""
@@ -893,12 +1157,55 @@ TOP_KEYS = frozenset(
 
 
 def load_config(path: str | Path) -> Deployment:
-    """Read and validate a deployment config (``.toml`` is TOML, anything else JSON)."""
+    """Read and validate a deployment config (``.toml`` is TOML, anything else JSON); its
+    relative file paths are made relative to the file's directory (:func:`beside`)."""
     doc = read_document(path)
     try:
-        return parse_config(doc)
+        return beside(parse_config(doc), Path(path).parent)
     except ConfigError as exc:
         raise ConfigError(exc.where, exc.reason, str(path)) from None
+
+
+#: ``store.path`` values that name no file (SQLite's in-memory database)
+_NOT_FILES = frozenset({"", ":memory:"})
+
+
+def beside(dep: Deployment, directory: Path) -> Deployment:
+    """``dep`` with its relative file paths -- ``store.path``, ``admin.token_file``, the
+    ``cgroup`` actuator's directories -- taken from ``directory`` (the config file's), as
+    its models' handler modules are: a config means the same from any working directory.
+
+    A store that is not there but is in the working directory, where a relative
+    ``store.path`` was before, is refused (:class:`ConfigError`) rather than left behind
+    for a new empty one."""
+    if directory == Path("."):
+        return dep
+
+    def place(value: str) -> str:
+        return value if os.path.isabs(value) else os.path.join(directory, value)
+
+    store = dep.store
+    if store.path not in _NOT_FILES and not store.path.startswith("file:"):
+        moved = place(store.path)
+        old = Path(store.path)
+        if old.exists() and not Path(moved).exists():  # two files: the directory is not "."
+            raise ConfigError(
+                "store.path",
+                f"a relative path is taken from the config file's directory: {moved};"
+                f" the store is at {old.resolve()}, where earlier versions put it (the"
+                " working directory): move it (and its .journal.* files) there, or give"
+                " store.path as an absolute path",
+            )
+        store = dataclasses.replace(store, path=moved)
+    admin = dep.admin
+    if admin.token_file:
+        admin = dataclasses.replace(admin, token_file=place(admin.token_file))
+    controller = dep.controller
+    if controller is not None and controller.actuator.cgroups:
+        cgroups = tuple((key, place(path)) for key, path in controller.actuator.cgroups)
+        actuator = dataclasses.replace(controller.actuator, cgroups=cgroups)
+        controller = dataclasses.replace(controller, actuator=actuator)
+    return dataclasses.replace(dep, store=store, admin=admin, controller=controller)
 
 
 def loads_toml(text: str) -> Any:
@@ -946,7 +1253,9 @@ def read_document(path: str | Path) -> Any:
 # --- the document ----------------------------------------------------------------------------
 
 #: the keys of an entry of ``nodes``
-NODE_KEYS = frozenset({"id", "endpoint", "devices", "models", "quotas", "ports", "grpc_ports"})
+NODE_KEYS = frozenset(
+    {"id", "endpoint", "devices", "models", "quotas", "ports", "grpc_ports", "k8s"}
+)
 
 
 def parse_config(doc: Any) -> Deployment:
@@ -1016,6 +1325,12 @@ def parse_config(doc: Any) -> Deployment:
     clipper_names: dict[str, str] = {}
     for n, node in enumerate(nodes):
         rows.extend(_node_rows(node, f"nodes[{n}]", models, node_ids, clipper_names))
+    node_k8s = [
+        (node["id"], node["k8s"], f"nodes[{n}].k8s")
+        for n, node in enumerate(nodes)
+        if "k8s" in node
+    ]
+    values["k8s"] = _k8s(top.get("k8s", {}), node_k8s)
     if any(m.backend == "clipper" for m in models.values()) and clipper_rpc_port is None:
         clipper_rpc_port = 0
     for name in models:

@@ -170,7 +170,7 @@ def _i32(value: Any, field: str) -> int:
     return value
 
 
-def to_container(msg: Message) -> dict:
+def to_container(msg: Message) -> dict[str, Any]:
     """Validate ``msg`` and map it onto ``spec.MESSAGE``'s fields (encode and the tests)."""
     if isinstance(msg, NodeIndex):
         node_id = _i32(msg.node_id, "node_id")

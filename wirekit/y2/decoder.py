@@ -39,7 +39,9 @@ class Decoder(FramedStream):
         codec: ModuleType | None = None,
     ) -> None:
         if codec is None:
-            from wirekit import y2 as codec  # the active implementation
+            from wirekit import y2 as active
+
+            codec = active  # the active implementation
         self._codec = codec
         super().__init__(max_message_size, codec.check_handshake)
 

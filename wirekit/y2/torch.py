@@ -80,7 +80,7 @@ The kernels run on the CPU; CUDA gradients are copied to the host and back.
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -359,7 +359,7 @@ class Y2HookState:
         self._buckets[key] = bucket
         return bucket
 
-    def _update_model(self, bucket: _Bucket, out: np.ndarray) -> list[tuple[Any, Any]]:
+    def _update_model(self, bucket: _Bucket, out: np.ndarray) -> list[tuple[np.ndarray, ...]]:
         """The bucket's y2 model over ``out`` (flat, laid out as the bucket's buffer)."""
         empty = np.zeros(0, out.dtype)
         entries: dict[int, list[np.ndarray]] = {}
@@ -1002,7 +1002,7 @@ def _checked_heads(
 
 
 #: The function of each exchange name.
-_EXCHANGE_FUNCTIONS = {
+_EXCHANGE_FUNCTIONS: dict[str, Callable[..., _Step]] = {
     "slots": _slots,
     "reduce-scatter": _reduce_scatter,
     "all-gather": _all_gather,

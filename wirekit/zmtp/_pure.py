@@ -228,8 +228,9 @@ def _decode_into(
         phase = PHASE_HANDSHAKE
         state[:] = pos, phase
     frames: list[bytes] = [] if pending is None else pending.frames
-    msg = pending.start if frames else pos  # offset of the message being read
-    total = pending.size if frames else 0  # its body bytes so far
+    # (frames is empty without pending: the second test only tells the type checker so)
+    msg = pending.start if frames and pending is not None else pos  # the message's offset
+    total = pending.size if frames and pending is not None else 0  # its body bytes so far
     p = pos
     while True:
         if p >= n:

@@ -8,6 +8,7 @@ Decoding a capture of one direction of a ZeroMQ TCP connection yields, in order,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 PROTOCOL = "zmtp"
 GREETING_SIZE = 64
@@ -129,7 +130,7 @@ class Pending:
         )
 
 
-def to_jsonable(event: Event) -> dict:
+def to_jsonable(event: Event) -> dict[str, Any]:
     """A JSON-ready description of ``event`` (the golden vectors' form); bytes as hex."""
     if isinstance(event, Greeting):
         return {

@@ -54,7 +54,9 @@ class StreamReader:
         codec: ModuleType | None = None,
     ) -> None:
         if codec is None:
-            from wirekit import zmtp as codec  # the active implementation
+            from wirekit import zmtp as active
+
+            codec = active  # the active implementation
         self._codec = codec
         self.max_frame_size = max_frame_size
         self.max_message_frames = max_message_frames

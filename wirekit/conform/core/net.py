@@ -8,6 +8,7 @@ what the case was waiting for.
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from types import TracebackType
@@ -138,3 +139,17 @@ class Stream:
                 self.eof = True
             self.received += data
         return True
+
+
+def refused_connection(address: str, seconds: float) -> str | None:
+    """Why nothing takes a connection at ``address`` (``tcp://HOST:PORT`` or
+    ``unix:///PATH``) within ``seconds`` -- the OS's words ("Connection refused") --
+    or None when a connection is taken (and closed at once).  What the runner asks before
+    the first case of a server suite, so that a target that is not there is one line, not
+    a table of failures."""
+    try:
+        with Stream(address, Deadline(seconds)):
+            return None
+    except Failed as exc:
+        why = exc.got.removeprefix("connect failed: ")
+        return re.sub(r"^\[Errno \d+\] ", "", why)  # the OS's words alone

@@ -35,6 +35,7 @@ from .target import TargetLifecycle
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 EXIT_OK, EXIT_MUST_FAILED, EXIT_USAGE = 0, 1, 2
 _GRACE = 2.0  # seconds the runner waits past a case's deadline before giving up on it
+_REACH_SECONDS = 5.0  # at most, for a server target to take the first connection
 #: a case that timed out on a repeatable target runs again with this many times its budget
 RETRY_SCALE = 3.0
 #: the least time the runner gives a target to show it still serves (a busy machine)
@@ -223,6 +224,13 @@ def run_suite(
                 f"the target (--target-cmd) ended before it served{ended}"
                 if ended
                 else f"the target (--target-cmd) did not serve within {seconds:g} s of its start"
+            )
+    unreachable = getattr(target, "unreachable", None)
+    if unreachable is not None and not starting:  # (a target conform starts: waited for above)
+        why = unreachable(min(timeout, _REACH_SECONDS))
+        if why is not None:
+            raise NothingConnected(
+                f"nothing takes a connection at {target} ({why}): no case was run"
             )
     results: list[Result] = []
     stopped: str | None = None  # why the cases left cannot run

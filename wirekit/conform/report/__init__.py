@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .document import to_document
-from .junit import to_junit
+from .junit import nothing_connected_junit, to_junit
 from .table import render_table
 
-__all__ = ["render_table", "to_document", "to_junit"]
+__all__ = ["nothing_connected_junit", "render_table", "to_document", "to_junit"]

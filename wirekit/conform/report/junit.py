@@ -93,3 +93,22 @@ def to_junit(
             ET.SubElement(case, "skipped", message=r.got)
     ET.indent(root)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
+
+
+def nothing_connected_junit(protocol: str, role: str, target: str, why: str) -> bytes:
+    """The JUnit report of a run in which no case could run (nothing connected, or a target
+    conform started never served): one ``<error>`` test, so that the CI of the
+    implementation fails as ``wirekit conform`` does (exit 1) rather than reading an empty
+    report as a pass."""
+    name = f"wirekit conform {protocol} {role}"
+    root = ET.Element("testsuites", name=name)
+    suite = ET.SubElement(
+        root, "testsuite", name=name, tests="1", failures="0", errors="1", skipped="0", time="0"
+    )
+    props = ET.SubElement(suite, "properties")
+    ET.SubElement(props, "property", name="target", value=target)
+    case = ET.SubElement(
+        suite, "testcase", classname=f"conform.{protocol}.{role}", name="the peer connects"
+    )
+    ET.SubElement(case, "error", message=why, type="nothing-connected")
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"

@@ -27,7 +27,7 @@ from wirekit.errors import DecodeError
 from wirekit.mip import ErrorCode, ErrorReply, Inference, Item, ItemType, Message, Ping
 
 from ..core.cases import Failed, Level, Skipped, Suite
-from ..core.net import Deadline, Stream
+from ..core.net import Deadline, Stream, refused_connection
 from ..core.options import SuiteOptions
 from ..models import FAIL, FIRST_ONLY
 
@@ -79,6 +79,10 @@ class MipServerTarget:
 
     def connect(self, deadline: Deadline) -> MipStream:
         return MipStream(self.address, deadline)
+
+    def unreachable(self, seconds: float) -> str | None:
+        """Why nothing takes a connection at the address (None: something does)."""
+        return refused_connection(self.address, seconds)
 
     def is_serving(self, deadline: Deadline) -> bool:
         """Whether the server answers a ping on a new connection (the runner's check)."""

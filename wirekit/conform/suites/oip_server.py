@@ -34,7 +34,7 @@ from typing import Any
 from wirekit.errors import DecodeError
 
 from ..core.cases import Failed, Level, Skipped, Suite
-from ..core.net import Deadline
+from ..core.net import Deadline, refused_connection
 from ..core.options import SuiteOptions
 
 SUITE = Suite("oip", "server", "OIP server")
@@ -175,6 +175,11 @@ class OipServer:
     def close(self) -> None:
         if self._channel is not None:
             self._channel.close()
+
+    def unreachable(self, seconds: float) -> str | None:
+        """Why nothing takes a connection at the server's port (None: something does)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return refused_connection(f"tcp://{host}:{self.port}", seconds)
 
     def timeout_for(self, case: Any, seconds: float) -> float:
         """The repository cases wait for a load: ``--load-timeout`` on top."""

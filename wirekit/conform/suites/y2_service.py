@@ -23,7 +23,7 @@ from wirekit.errors import DecodeError
 from wirekit.y2 import Delta, Finished, NodeIndex, Runtime
 from wirekit.y2.service import FINISHED, STATUS
 
-from ..core.cases import Failed, Level, Skipped, Suite
+from ..core.cases import Failed, Level, NothingConnected, Skipped, Suite
 from ..core.net import Deadline, Stream
 from ..core.options import SuiteOptions, add_connect_timeout, add_listen
 
@@ -164,7 +164,14 @@ def expect_node_index(side: ClusterSide, deadline: Deadline) -> None:
     expect="[hello][its inbox endpoint] from the service; then it takes the index",
 )
 def register(side: ClusterSide, deadline: Deadline) -> None:
-    frames = side.from_service(deadline, "[hello] [inbox endpoint]")
+    try:
+        frames = side.from_service(deadline, "[hello] [inbox endpoint]")
+    except Failed:
+        raise NothingConnected(
+            f"no y2 service registered at {side.address} within {deadline.seconds:g} s "
+            f"(--connect-timeout {side.connect_timeout:g} s and the case's time): "
+            "no case was run"
+        ) from None
     if len(frames) != 2 or frames[0] != b"hello":
         raise Failed("[hello] [inbox endpoint]", f"{len(frames)} frames: {frames[:2]!r}",
                      side.received)  # fmt: skip
