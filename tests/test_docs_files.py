@@ -35,7 +35,9 @@ FOLDERS = ("samples/", "docs/", "specs/", "tests/", "benchmarks/", "scripts/", "
 #: files the blocks write themselves (each in the block that names it)
 OUTPUTS = {
     "bench.json",  # the benchmarks' --benchmark-json output, read by ratios.py next
-    "requests.db",  # the store the sample deployment writes (store.path), read by serve stats
+    # the store the sample deployment writes (its store.path, beside the config), read by
+    # serve stats
+    "samples/requests.db",
     "my-session.pcapng",  # docs/decode.md: wirekit record -w, the reader's own recording
     "run.y2",  # docs/y2.md, specs/y2.md: the y2 client's --report
     "conform.xml",  # docs/conform.md: --junit output

@@ -11,7 +11,7 @@ block is a deliberate choice -- an unmarked one fails :func:`test_every_shell_bl
 - ``<!-- run: in a copy of the checkout[, CLAUSE]... -->``: the block runs with
   ``bash -e -o pipefail`` (any failing command fails it, as a reader typing it would see), in
   a fresh copy of this checkout -- so ``samples/...`` paths work and files the block writes
-  (``bench.json``, ``requests.db``) land in the copy -- with the ``wirekit`` of this
+  (``bench.json``, ``samples/requests.db``) land in the copy -- with the ``wirekit`` of this
   environment.  The clauses:
 
   * ``with ... running (COMMAND)``: COMMAND is started first, in the background, and the
@@ -168,6 +168,8 @@ def _ignore(directory: str, names: list[str]) -> set[str]:
     if Path(directory) == ROOT:
         ignored |= {n for n in names if n.startswith("requests.db") or n.endswith(".json")}
         ignored |= {n for n in names if n == "site"}  # a local `mkdocs build`'s output
+    if Path(directory) == ROOT / "samples":  # the sample deployment's store (its store.path)
+        ignored |= {n for n in names if n.startswith("requests.db")}
     if Path(directory) == ROOT / "fuzz":
         # the fuzz corpus: four in five of the checkout's files, and no block reads it;
         # copying it made each block's start slower
