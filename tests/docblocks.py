@@ -1,4 +1,5 @@
-"""The fenced code blocks of README.md and specs/*.md, and the markers that say how each runs.
+"""The fenced code blocks of README.md, docs/*.md and specs/*.md, and the markers that say how
+each runs.
 
 One finder for tests/test_docs.py (the ```` ```python ```` blocks) and
 tests/test_readme_shell.py (the ```` ```sh ````, ```` ```bash ```` and ```` ```console ````
@@ -23,7 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "specs").glob("*.md"))]
+#: the pages of the documentation site that hold code: the README, docs/'s own pages (not its
+#: symlinks: docs/SECURITY.md and docs/specs/ are the files beside them) and the specs
+DOCS = [
+    ROOT / "README.md",
+    *sorted(p for p in (ROOT / "docs").glob("*.md") if not p.is_symlink()),
+    *sorted((ROOT / "specs").glob("*.md")),
+]
 
 PYTHON = frozenset({"python"})
 SHELL = frozenset({"sh", "bash", "console"})
