@@ -15,38 +15,13 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from pathlib import Path
 
-import kubernetes_validate
 import pytest
+from k8s_support import ROOT, SAMPLE, by_kind, changed, validate_all, wirekit
 from support.ports import free_port
 
 from wirekit.serve.config import ConfigError, load_config, parse_config
 from wirekit.serve.control.k8s import CONFIG_FILE, DATA_DIR, RUN_AS, K8sOptions, manifests
-
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLE = ROOT / "samples" / "serve-deployment.json"
-#: the oldest Kubernetes whose schema has ``resizePolicy`` (specs/k8s.md), and the newest known
-K8S_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
-
-
-def wirekit(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "wirekit", *argv],
-        capture_output=True, text=True, timeout=60, env=env, cwd=cwd,
-    )  # fmt: skip
-
-
-def validate_all(objects: list[dict]) -> None:
-    for version in K8S_VERSIONS:
-        for obj in objects:
-            # raises kubernetes_validate.ValidationError naming the bad field
-            kubernetes_validate.validate(obj, version, strict=True)
-
-
-def by_kind(objects: list[dict]) -> dict[tuple[str, str], dict]:
-    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
 
 
 def containers(obj: dict) -> dict[str, dict]:
@@ -194,12 +169,7 @@ def test_a_gpu_node_into_a_directory(tmp_path):
 
 
 def _with(path: list, value) -> dict:
-    doc = json.loads(json.dumps(GPU_CONFIG))
-    target = doc
-    for key in path[:-1]:
-        target = target[key]
-    target[path[-1]] = value
-    return doc
+    return changed(GPU_CONFIG, path, value)
 
 
 @pytest.mark.parametrize(

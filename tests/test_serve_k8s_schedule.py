@@ -18,47 +18,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
+from k8s_support import ROOT, SAMPLE, by_kind, changed, k8s_objects, validate_all, wirekit
 
 from wirekit.serve.config import ConfigError, k8s_quantity, read_document
 from wirekit.serve.control.k8s import K8sOptions, admin_secret, manifests
 
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLE = ROOT / "samples" / "serve-deployment.json"
-#: the oldest Kubernetes whose schema has ``resizePolicy``, and the newest known
-K8S_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
 POD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "Pod")
-
-
-def wirekit(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "wirekit", *argv],
-        capture_output=True, text=True, timeout=60, env=env, cwd=cwd,
-    )  # fmt: skip
-
-
-def k8s_objects(*argv: str) -> list[dict[str, Any]]:
-    """The objects ``wirekit serve k8s ARGV`` writes to standard output."""
-    done = wirekit("serve", "k8s", *argv)
-    assert done.returncode == 0, done.stderr
-    listing = json.loads(done.stdout)
-    assert (listing["apiVersion"], listing["kind"]) == ("v1", "List")
-    return listing["items"]
-
-
-def validate_all(objects: list[dict[str, Any]]) -> None:
-    for version in K8S_VERSIONS:
-        for obj in objects:
-            kubernetes_validate.validate(obj, version, strict=True)
-
-
-def by_kind(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
 
 
 def pod_templates(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -434,12 +402,7 @@ def test_the_documented_placement_example_is_a_valid_config():
 
 
 def _placed(path: list[Any], value: Any) -> dict[str, Any]:
-    doc = json.loads(json.dumps(PLACED))
-    target = doc
-    for key in path[:-1]:
-        target = target[key]
-    target[path[-1]] = value
-    return doc
+    return changed(PLACED, path, value)
 
 
 @pytest.mark.parametrize(
