@@ -148,7 +148,10 @@ class Pods:
         limits = container.get("resources", {}).get("limits", {})
         if "cpu" in limits:
             cpu = str(limits["cpu"])
-            options += ["--cpus", str(int(cpu[:-1]) / 1000 if cpu.endswith("m") else cpu)]
+            cores = int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+            # a limit above this machine's CPUs (a GPU backend's default is 4) limits nothing
+            # here, and Docker refuses it: run with what there is
+            options += ["--cpus", f"{min(cores, os.cpu_count() or 1):g}"]
         if "memory" in limits:
             options += ["--memory", str(limits["memory"]).replace("i", "").lower()]
         if "workingDir" in container:
