@@ -86,6 +86,8 @@ class Pods:
         self.prefix = "wirekit-check-" + uuid.uuid4().hex[:8]
         self.started: list[str] = []
         self.network = self.prefix + "-net"
+        #: the values of Secrets the manifests name but do not create, made here once
+        self.made_secrets: dict[tuple[str, str], str] = {}
 
     def objects(self, kind: str) -> dict[str, dict[str, Any]]:
         """The manifests' objects of ``kind``, by name."""
@@ -103,8 +105,9 @@ class Pods:
         """A Secret's value, from the manifests (``stringData`` or ``data``).  A Secret the
         manifests name but do not create is made here, as an operator would (a token)."""
         secret = self.objects("Secret").get(name)
-        if secret is None:
-            return "image-check-" + uuid.uuid4().hex
+        if secret is None:  # made once (as `wirekit serve k8s --create-admin-secret` does)
+            made = self.made_secrets.setdefault((name, key), "image-check-" + uuid.uuid4().hex)
+            return made
         if key in secret.get("stringData", {}):
             return str(secret["stringData"][key])
         return base64.b64decode(secret["data"][key]).decode()
