@@ -439,7 +439,9 @@ def rest_value(rest: Any, layers: list[tuple[np.ndarray, np.ndarray]]) -> float:
     try:
         value = float(rest)
     except (TypeError, ValueError):
-        raise EncodeError(PROTOCOL, "rest", f"expected a number, got {type(rest).__name__}") from None
+        raise EncodeError(
+            PROTOCOL, "rest", f"expected a number, got {type(rest).__name__}"
+        ) from None
     if not (math.isfinite(value) and value >= 0):
         raise EncodeError(PROTOCOL, "rest", f"must be finite and >= 0, got {value!r}")
     for k, pair in enumerate(layers):
@@ -473,9 +475,7 @@ def accumulation(
         others.append(("velocity", model(velocity, "velocity")))
     for what, other in others:
         if len(other) != len(layers):
-            raise ValueError(
-                f"{PROTOCOL}: {what} has {len(other)} layers, residuals {len(layers)}"
-            )
+            raise ValueError(f"{PROTOCOL}: {what} has {len(other)} layers, residuals {len(layers)}")
         for k, (mine, theirs) in enumerate(zip(layers, other, strict=True)):
             for name, res, arr in zip(("weights", "biases"), mine, theirs, strict=True):
                 if arr.shape != res.shape or arr.dtype != res.dtype:

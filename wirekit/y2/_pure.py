@@ -405,7 +405,10 @@ def compress(residuals: Any, tau: float, *, threads: int | None = None) -> np.nd
     return _compress_layers(layers, tau, 0.0)
 
 
-def _compress_layers(layers: list[tuple[np.ndarray, np.ndarray]], tau: float, rest: float) -> np.ndarray:
+def _compress_layers(
+    layers: list[tuple[np.ndarray, np.ndarray]], tau: float, rest: float
+) -> np.ndarray:
+    """:func:`compress`'s words, each array at ``tau`` then moved by ``rest`` (checked)."""
     parts = [np.zeros(0, dtype=np.uint32)]
     for k, (weights, biases) in enumerate(layers):
         parts.append(compress_array(weights, (2 * k) << PARAM_SHIFT, tau, rest))
