@@ -18,7 +18,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.pycapsule cimport PyCapsule_Destructor, PyCapsule_GetPointer, PyCapsule_New
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdint cimport int8_t, int16_t
-from libc.float cimport FLT_MAX
+from libc.float cimport DBL_MAX, FLT_MAX
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy
 
@@ -70,15 +70,17 @@ cdef extern from *:
     #define Y2_CTZ(m) y2_ctz(m)
     #endif
 
-    /* Quantize the element *q (flat index k): emit its word if |v| >= t. */
+    /* Quantize the element *q (flat index k): emit its word if |v| >= t; the element
+       moves toward zero by t, then by r (the rest of the hook's tau; r = 0: exactly by t,
+       x - (+0) and x + (+0) being x for every x that t can leave). */
     #define Y2_QUANT(T, q, k)                                                          \
         do {                                                                           \
             T v_ = *(q);                                                               \
             if (v_ >= t) {                                                             \
-                *(q) = v_ - t;                                                         \
+                *(q) = (v_ - t) - r;                                                   \
                 if (y2_push(b, base | ((uint32_t)(k) << 1) | 1u)) return -1;           \
             } else if (v_ <= -t) {                                                     \
-                *(q) = v_ + t;                                                         \
+                *(q) = (v_ + t) + r;                                                   \
                 if (y2_push(b, base | ((uint32_t)(k) << 1))) return -1;                \
             }                                                                          \
         } while (0)
@@ -95,7 +97,7 @@ cdef extern from *:
                 m_ &= m_ - 1;                                                          \
                 v_ = (p)[k_];                                                          \
                 neg_ = v_ < 0;                                                         \
-                (p)[k_] = neg_ ? v_ + t : v_ - t;                                      \
+                (p)[k_] = neg_ ? (v_ + t) + r : (v_ - t) - r;                          \
                 b->p[b->n++] = base | ((uint32_t)k_ << 1) | (uint32_t)!neg_;           \
             }                                                                          \
         } while (0)
@@ -157,13 +159,14 @@ cdef extern from *:
 
     /* Whole vectors of p[i:stop]; returns where it stopped (-1: out of memory). */
     Y2_TARGET static ptrdiff_t y2_avx2_f32(float *p, ptrdiff_t i, ptrdiff_t stop, float t,
-                                           uint32_t base, y2_buf *b) {
+                                           float r, uint32_t base, y2_buf *b) {
         const __m256 vt = _mm256_set1_ps(t);
         const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
         const __m256i step = _mm256_set1_epi32(32);
         const __m256i lanes = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
         const float tab[2] = {t, -t};  /* indexed by bit 0: 1 (+tau) moves the residual by -t */
-        ptrdiff_t end, n, j;
+        const float rtab[2] = {r, -r};  /* then by -r */
+        ptrdiff_t end, n, j, j_;
         uint32_t *o, x;
         __m256 v0, v1;
         __m256i w0, w1;
@@ -188,7 +191,8 @@ cdef extern from *:
             }
             for (j = b->n; j < n; j++) {
                 x = o[j];
-                p[(x >> 1) & 0x1FFFFFu] += tab[x & 1u];
+                j_ = (x >> 1) & 0x1FFFFFu;
+                p[j_] = (p[j_] + tab[x & 1u]) + rtab[x & 1u];
             }
             b->n = n;
         }
@@ -197,14 +201,15 @@ cdef extern from *:
 
     /* The same for doubles: 8 elements (two vectors) per mask; signs from movemask. */
     Y2_TARGET static ptrdiff_t y2_avx2_f64(double *p, ptrdiff_t i, ptrdiff_t stop, double t,
-                                           uint32_t base, y2_buf *b) {
+                                           double r, uint32_t base, y2_buf *b) {
         const __m256d vt = _mm256_set1_pd(t);
         const __m256d mag = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffLL));
         const __m256i step = _mm256_set1_epi32(16);
         const __m256i shifts = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         const __m256i one = _mm256_set1_epi32(1);
         const double tab[2] = {t, -t};  /* indexed by bit 0 */
-        ptrdiff_t end, n, j;
+        const double rtab[2] = {r, -r};
+        ptrdiff_t end, n, j, j_;
         uint32_t *o, x;
         __m256d v0, v1;
         __m256i w;
@@ -229,7 +234,8 @@ cdef extern from *:
             }
             for (j = b->n; j < n; j++) {
                 x = o[j];
-                p[(x >> 1) & 0x1FFFFFu] += tab[x & 1u];
+                j_ = (x >> 1) & 0x1FFFFFu;
+                p[j_] = (p[j_] + tab[x & 1u]) + rtab[x & 1u];
             }
             b->n = n;
         }
@@ -240,11 +246,11 @@ cdef extern from *:
     /* Contiguous arrays: 16 elements at a time, a 16-bit mask of |v| >= t (SSE2 on x86-64;
        elsewhere the scalar loop below does all the work). */
     static int y2_compress_f32(char *data, ptrdiff_t stride, ptrdiff_t start, ptrdiff_t stop,
-                               float t, uint32_t base, y2_buf *b) {
+                               float t, float r, uint32_t base, y2_buf *b) {
         ptrdiff_t i = start;
     #ifdef Y2_AVX2
         if (y2_avx2 && stride == (ptrdiff_t)sizeof(float)) {
-            i = y2_avx2_f32((float *)data, i, stop, t, base, b);
+            i = y2_avx2_f32((float *)data, i, stop, t, r, base, b);
             if (i < 0) return -1;
         }
     #endif
@@ -272,11 +278,11 @@ cdef extern from *:
     }
 
     static int y2_compress_f64(char *data, ptrdiff_t stride, ptrdiff_t start, ptrdiff_t stop,
-                               double t, uint32_t base, y2_buf *b) {
+                               double t, double r, uint32_t base, y2_buf *b) {
         ptrdiff_t i = start;
     #ifdef Y2_AVX2
         if (y2_avx2 && stride == (ptrdiff_t)sizeof(double)) {
-            i = y2_avx2_f64((double *)data, i, stop, t, base, b);
+            i = y2_avx2_f64((double *)data, i, stop, t, r, base, b);
             if (i < 0) return -1;
         }
     #endif
@@ -304,7 +310,7 @@ cdef extern from *:
     }
 
     static int y2_compress_f80(char *data, ptrdiff_t stride, ptrdiff_t start, ptrdiff_t stop,
-                               long double t, uint32_t base, y2_buf *b) {
+                               long double t, long double r, uint32_t base, y2_buf *b) {
         ptrdiff_t i;
         for (i = start; i < stop; i++) Y2_QUANT(long double, (long double *)(data + i * stride), i);
         return 0;
@@ -759,12 +765,12 @@ cdef extern from *:
     int y2_init() noexcept nogil
     int y2_set_avx2(int) noexcept nogil
     int y2_avx2
-    int y2_compress_f32(char*, Py_ssize_t, Py_ssize_t, Py_ssize_t, float, uint32_t,
+    int y2_compress_f32(char*, Py_ssize_t, Py_ssize_t, Py_ssize_t, float, float, uint32_t,
                         y2_buf*) noexcept nogil
-    int y2_compress_f64(char*, Py_ssize_t, Py_ssize_t, Py_ssize_t, double, uint32_t,
+    int y2_compress_f64(char*, Py_ssize_t, Py_ssize_t, Py_ssize_t, double, double, uint32_t,
                         y2_buf*) noexcept nogil
-    int y2_compress_f80(char*, Py_ssize_t, Py_ssize_t, Py_ssize_t, long double, uint32_t,
-                        y2_buf*) noexcept nogil
+    int y2_compress_f80(char*, Py_ssize_t, Py_ssize_t, Py_ssize_t, long double, long double,
+                        uint32_t, y2_buf*) noexcept nogil
     void y2_swap_copy(const char*, char*, Py_ssize_t) noexcept nogil
     void y2_unpack(const uint32_t*, Py_ssize_t, uint16_t*, uint8_t*, uint32_t*,
                    uint8_t*) noexcept nogil
@@ -1596,18 +1602,20 @@ cdef struct Seg:
     int kind  # 0 float, 1 double, 2 long double, 5 words already computed (data, stop of them)
 
 
-cdef int _run_seg(const Seg* seg, double tau, y2_buf* buf) noexcept nogil:
-    """Quantize one segment, appending its words to ``buf``; -1: out of memory."""
+cdef int _run_seg(const Seg* seg, double tau, double rest, y2_buf* buf) noexcept nogil:
+    """Quantize one segment, appending its words to ``buf`` (each quantized element moved by
+    tau, then by ``rest``: 0 for ``compress``); -1: out of memory."""
     cdef Py_ssize_t n
     cdef int failed
     if seg.kind == 0:
-        return y2_compress_f32(seg.data, seg.stride, seg.start, seg.stop, <float>tau, seg.base,
-                               buf)
+        return y2_compress_f32(seg.data, seg.stride, seg.start, seg.stop, <float>tau,
+                               <float>rest, seg.base, buf)
     if seg.kind == 1:
-        return y2_compress_f64(seg.data, seg.stride, seg.start, seg.stop, tau, seg.base, buf)
+        return y2_compress_f64(seg.data, seg.stride, seg.start, seg.stop, tau, rest, seg.base,
+                               buf)
     if seg.kind == 2:
         return y2_compress_f80(seg.data, seg.stride, seg.start, seg.stop, <long double>tau,
-                               seg.base, buf)
+                               <long double>rest, seg.base, buf)
     n = seg.stop
     failed = y2_reserve(buf, n)
     if not failed and n:
@@ -1622,11 +1630,12 @@ cdef struct CompressJob:
     int* failed  # one per segment
     Py_ssize_t* offsets  # one per segment (where its words go in the output)
     double tau
+    double rest
 
 
 cdef void _compress_chunk(void* ctx, Py_ssize_t k) noexcept nogil:
     cdef CompressJob* job = <CompressJob*>ctx
-    job.failed[k] = _run_seg(&job.segs[k], job.tau, &job.bufs[k])
+    job.failed[k] = _run_seg(&job.segs[k], job.tau, job.rest, &job.bufs[k])
 
 
 cdef struct GatherJob:
@@ -1647,7 +1656,7 @@ cdef class _Segments:
     cdef Py_ssize_t count, capacity
     cdef list keep  # the arrays the segments point into
 
-    def __cinit__(self, Py_ssize_t capacity, double tau):
+    def __cinit__(self, Py_ssize_t capacity, double tau, double rest=0.0):
         capacity = max(capacity, 1)
         self.job.segs = <Seg*>malloc(capacity * sizeof(Seg))
         self.job.bufs = <y2_buf*>calloc(capacity, sizeof(y2_buf))
@@ -1657,6 +1666,7 @@ cdef class _Segments:
                 or self.job.offsets == NULL):
             raise MemoryError()
         self.job.tau = tau
+        self.job.rest = rest
         self.count = 0
         self.capacity = capacity
         self.keep = []
@@ -1786,20 +1796,45 @@ def compress(residuals, tau, *, threads=None):
     for models of at least ``AUTO_ELEMENTS`` elements.  The output does not depend on
     ``threads``; arrays sharing memory are always done in one thread, in order.
     """
-    cdef double t
+    return _compress(residuals, tau, None, threads)
+
+
+def compress_with_rest(residuals, threshold, rest, *, threads=None):
+    """``compress`` at ``threshold`` with each quantized element then moved toward zero by
+    ``rest`` too (rounded to its dtype), in the same pass: the residuals and words of
+    ``compress(residuals, threshold)`` followed by ``apply(residuals, words ^ 1, rest)``.
+    """
+    return _compress(residuals, threshold, rest, threads)
+
+
+cdef bint _plain_rest(object rest, bint has_f32, double* r):
+    """A float ``rest`` that needs no shared check (>= 0, finite in every plain dtype)."""
+    if type(rest) is not float:
+        return False
+    r[0] = rest
+    return r[0] >= 0 and (r[0] <= FLT_MAX if has_f32 else r[0] <= DBL_MAX)
+
+
+cdef object _compress(object residuals, object tau, object rest, object threads):
+    """``compress`` (``rest`` None) and ``compress_with_rest``."""
+    cdef double t, r = 0.0
     cdef Py_ssize_t total = 0, chunks = 0
     cdef bint has_f32 = False
     items = _plain_items(residuals, &total, &chunks, &has_f32)
-    if items is not None:  # checked here; only tau is left
+    if items is not None:  # checked here; only tau (and the rest) are left
         t = _checks.tau_value(tau)
         nthreads = _checks.threads_value(threads)
         if has_f32 and not (t <= FLT_MAX and <float>t > 0):
             items = None  # the shared checks name the fault
+        elif rest is not None and not _plain_rest(rest, has_f32, &r):
+            items = None
     if items is None:
         layers = _checks.model(residuals, "residuals")
         t = _checks.tau_value(tau)
         nthreads = _checks.threads_value(threads)
         _checks.check_compressible(layers, t)
+        if rest is not None:
+            r = _checks.rest_value(rest, layers)
         items = []  # (kind, array, base) in output order
         total = chunks = 0
         for k, (weights, biases) in enumerate(layers):
@@ -1816,14 +1851,14 @@ def compress(residuals, tau, *, threads=None):
         want = 1
     if want > 1:
         _wake_workers()  # they wake while the segments are set up
-        return _compress_parallel(items, t, want, chunks + len(items))
-    return _compress_serial(items, t)
+        return _compress_parallel(items, t, r, want, chunks + len(items))
+    return _compress_serial(items, t, r)
 
 
-cdef object _compress_serial(list items, double t):
+cdef object _compress_serial(list items, double t, double r):
     """Item by item, in order, each written back before the next is read (arrays may share
     memory, as the reference allows)."""
-    cdef _Segments segs = _Segments(1, t)
+    cdef _Segments segs = _Segments(1, t, r)
     cdef y2_buf* buf = &segs.job.bufs[0]
     cdef Seg* seg
     cdef int failed
@@ -1832,13 +1867,13 @@ cdef object _compress_serial(list items, double t):
         segs.keep.clear()
         copied = False
         if kind == 3:
-            words = _pure.compress_array(a, base, t)
+            words = _pure.compress_array(a, base, t, r)
             seg = segs.add(words, 5, 0, 0)
         else:
             flat, copied = _pure.flat_target(a)
             seg = segs.add(flat, kind, base, 0)
         with nogil:
-            failed = _run_seg(seg, t, buf)
+            failed = _run_seg(seg, t, r, buf)
         if failed:
             raise MemoryError()
         if copied:
@@ -1846,16 +1881,17 @@ cdef object _compress_serial(list items, double t):
     return _take_words(buf)
 
 
-cdef object _compress_parallel(list items, double t, int want, Py_ssize_t capacity):
+cdef object _compress_parallel(list items, double t, double r, int want,
+                               Py_ssize_t capacity):
     """Segments of at most ``ELEMENT_CHUNK`` elements, quantized by up to ``want`` threads
     (no array shares memory with another: the order of the in-place updates does not
     matter) and their words joined in order."""
-    cdef _Segments segs = _Segments(capacity, t)
+    cdef _Segments segs = _Segments(capacity, t, r)
     cdef Py_ssize_t k, count = 0
     writeback = []
     for kind, a, base in items:
         if kind == 3:  # float16 or byte-swapped: the NumPy path, here and now
-            words = _pure.compress_array(a, base, t)
+            words = _pure.compress_array(a, base, t, r)
             segs.add(words, 5, 0, 0)
             continue
         flat, copied = _pure.flat_target(a)
@@ -1879,6 +1915,133 @@ cdef object _compress_parallel(list items, double t, int want, Py_ssize_t capaci
     gather.out = <uint32_t*>cnp.PyArray_DATA(out)
     with nogil:
         y2_run(_gather_chunk, &gather, segs.count, want)
+    return out
+
+
+# --- the DDP hook's first pass: gradient (and momentum) into the residual, tau sample -----
+
+cdef extern from *:
+    """
+    /* r += g (with momentum correction: u = u * m, then u += g and r += u), CHUNK elements
+       at a time, and |r| of every `every`-th element (from the first) taken while its chunk
+       is in cache: one pass over the arrays instead of NumPy's add, then a strided gather
+       over the whole residual.  The product u * m is stored by a loop of its own, so that
+       no compiler contracts it with the add (NumPy rounds it first).  Returns the samples
+       written to out. */
+    #if defined(__clang__)
+    #pragma STDC FP_CONTRACT OFF
+    #endif
+    #if defined(_MSC_VER)
+    #define Y2A_RESTRICT __restrict
+    #else
+    #define Y2A_RESTRICT restrict
+    #endif
+    #if defined(__GNUC__) || defined(__clang__)
+    #define Y2A_NOINLINE __attribute__((noinline))  /* its own function: restrict holds */
+    #else
+    #define Y2A_NOINLINE
+    #endif
+    #include <math.h>
+    #define Y2A_CHUNK 2048
+    #define Y2A_ACCUMULATE(NAME, T, ABS, ATTR)                                             \\
+        ATTR Y2A_NOINLINE static ptrdiff_t NAME(T *Y2A_RESTRICT r, const T *Y2A_RESTRICT g,\\
+                              T *Y2A_RESTRICT u, T m, ptrdiff_t n, ptrdiff_t every,        \\
+                              T *Y2A_RESTRICT out) {                                       \\
+            ptrdiff_t i0, i1, k, next = 0, count = 0;                                      \\
+            for (i0 = 0; i0 < n; i0 = i1) {                                                \\
+                i1 = n - i0 > Y2A_CHUNK ? i0 + Y2A_CHUNK : n;                              \\
+                if (u) {                                                                   \\
+                    for (k = i0; k < i1; k++) u[k] = u[k] * m;                             \\
+                    for (k = i0; k < i1; k++) {                                            \\
+                        u[k] = u[k] + g[k];                                                \\
+                        r[k] = r[k] + u[k];                                                \\
+                    }                                                                      \\
+                } else {                                                                   \\
+                    for (k = i0; k < i1; k++) r[k] = r[k] + g[k];                          \\
+                }                                                                          \\
+                if (every)                                                                 \\
+                    for (; next < i1; next += every) out[count++] = ABS(r[next]);          \\
+            }                                                                              \\
+            return count;                                                                  \\
+        }
+    Y2A_ACCUMULATE(y2_accumulate_f32_any, float, fabsf, )
+    Y2A_ACCUMULATE(y2_accumulate_f64_any, double, fabs, )
+    /* AVX2 (no FMA: nothing to contract) where the compress loops use it */
+    #ifdef Y2_AVX2
+    Y2A_ACCUMULATE(y2_accumulate_f32_avx2, float, fabsf, Y2_TARGET)
+    Y2A_ACCUMULATE(y2_accumulate_f64_avx2, double, fabs, Y2_TARGET)
+    #define Y2A_PICK(NAME) (y2_avx2 ? NAME##_avx2 : NAME##_any)
+    #else
+    #define Y2A_PICK(NAME) NAME##_any
+    #endif
+    static ptrdiff_t y2_accumulate_f32(float *r, const float *g, float *u, float m, ptrdiff_t n,
+                                       ptrdiff_t every, float *out) {
+        return Y2A_PICK(y2_accumulate_f32)(r, g, u, m, n, every, out);
+    }
+    static ptrdiff_t y2_accumulate_f64(double *r, const double *g, double *u, double m,
+                                       ptrdiff_t n, ptrdiff_t every, double *out) {
+        return Y2A_PICK(y2_accumulate_f64)(r, g, u, m, n, every, out);
+    }
+    """
+    Py_ssize_t y2_accumulate_f32(float*, const float*, float*, float, Py_ssize_t, Py_ssize_t,
+                                 float*) noexcept nogil
+    Py_ssize_t y2_accumulate_f64(double*, const double*, double*, double, Py_ssize_t,
+                                 Py_ssize_t, double*) noexcept nogil
+
+
+cdef bint _plain_vector(cnp.ndarray a, int dtype):
+    """A 1-D, contiguous, native array of ``dtype`` (the C loops' arrays)."""
+    return (cnp.PyArray_NDIM(a) == 1 and cnp.PyArray_TYPE(a) == dtype
+            and cnp.PyArray_ISNOTSWAPPED(a)
+            and (cnp.PyArray_DIM(a, 0) < 2 or cnp.PyArray_STRIDE(a, 0) == cnp.PyArray_ITEMSIZE(a)))
+
+
+def accumulate(residuals, gradients, every, velocity=None, momentum=0.0):
+    """A step's gradients (with ``velocity``: through the momentum correction's velocity)
+    into the residuals, in place, and ``|r|`` of every ``every``-th element of each array
+    (the tau sample), in one pass; see ``wirekit.y2._pure.accumulate``.  Models whose
+    arrays are not all 1-D, contiguous, native float32 (or all float64) arrays that share
+    no memory take the NumPy path."""
+    layers, grads, speeds, step, rate = _checks.accumulation(
+        residuals, gradients, every, velocity, momentum
+    )
+    res = [a for pair in layers for a in pair]
+    grd = [a for pair in grads for a in pair]
+    spd = [a for pair in speeds for a in pair] if speeds is not None else []
+    if not res:
+        return _pure.accumulate(residuals, gradients, every, velocity, momentum)
+    cdef int dtype = cnp.PyArray_TYPE(<cnp.ndarray>res[0])
+    cdef cnp.ndarray a
+    for a in res + grd + spd:
+        if not _plain_vector(a, dtype) or (dtype != cnp.NPY_FLOAT32 and dtype != cnp.NPY_FLOAT64):
+            return _pure.accumulate(residuals, gradients, every, velocity, momentum)
+    if _overlapping(res + grd + spd):
+        return _pure.accumulate(residuals, gradients, every, velocity, momentum)
+    cdef Py_ssize_t total = 0, at = 0, n, k, every_ = step
+    cdef double m = rate
+    for a in res:
+        n = cnp.PyArray_DIM(a, 0)
+        if step and n:
+            total += (n + step - 1) // step
+    out = np.empty(total, dtype=res[0].dtype)
+    cdef char* o = <char*>cnp.PyArray_DATA(out)
+    cdef char* r
+    cdef char* g
+    cdef char* u
+    for k in range(len(res)):
+        n = cnp.PyArray_DIM(<cnp.ndarray>res[k], 0)
+        if n == 0:
+            continue
+        r = <char*>cnp.PyArray_DATA(<cnp.ndarray>res[k])
+        g = <char*>cnp.PyArray_DATA(<cnp.ndarray>grd[k])
+        u = <char*>cnp.PyArray_DATA(<cnp.ndarray>spd[k]) if spd else NULL
+        with nogil:
+            if dtype == cnp.NPY_FLOAT32:
+                at += y2_accumulate_f32(<float*>r, <const float*>g, <float*>u, <float>m, n,
+                                        every_, <float*>o + at)
+            else:
+                at += y2_accumulate_f64(<double*>r, <const double*>g, <double*>u, m, n,
+                                        every_, <double*>o + at)
     return out
 
 

@@ -431,3 +431,66 @@ def update_span(start: int, size: int, length: int) -> None:
         raise ValueError(
             f"{PROTOCOL}: elements {start}:{start + size} are beyond an update of {length}"
         )
+
+
+def rest_value(rest: Any, layers: list[tuple[np.ndarray, np.ndarray]]) -> float:
+    """``compress_with_rest``'s ``rest`` as a Python float: finite and >= 0, and finite in
+    every array's dtype (it may round to 0 there: then it moves nothing)."""
+    try:
+        value = float(rest)
+    except (TypeError, ValueError):
+        raise EncodeError(
+            PROTOCOL, "rest", f"expected a number, got {type(rest).__name__}"
+        ) from None
+    if not (math.isfinite(value) and value >= 0):
+        raise EncodeError(PROTOCOL, "rest", f"must be finite and >= 0, got {value!r}")
+    for k, pair in enumerate(layers):
+        for name, arr in zip(("weights", "biases"), pair, strict=True):
+            with np.errstate(over="ignore"):
+                fits = bool(np.isfinite(arr.dtype.type(value)))
+            if not fits:
+                raise EncodeError(
+                    PROTOCOL,
+                    "rest",
+                    f"{value!r} is not a finite {arr.dtype} (residuals[{k}].{name})",
+                )
+    return value
+
+
+def accumulation(
+    residuals: Any, gradients: Any, every: Any, velocity: Any, momentum: Any
+) -> tuple[
+    list[tuple[np.ndarray, np.ndarray]],
+    list[tuple[np.ndarray, np.ndarray]],
+    list[tuple[np.ndarray, np.ndarray]] | None,
+    int,
+    float,
+]:
+    """``accumulate``'s arguments checked: the models (``gradients`` and ``velocity`` laid
+    out as ``residuals``: as many layers, each array as many elements of the same dtype),
+    ``every`` an int >= 0, ``momentum`` a finite number."""
+    layers = model(residuals, "residuals")
+    others = [("gradients", model(gradients, "gradients"))]
+    if velocity is not None:
+        others.append(("velocity", model(velocity, "velocity")))
+    for what, other in others:
+        if len(other) != len(layers):
+            raise ValueError(f"{PROTOCOL}: {what} has {len(other)} layers, residuals {len(layers)}")
+        for k, (mine, theirs) in enumerate(zip(layers, other, strict=True)):
+            for name, res, arr in zip(("weights", "biases"), mine, theirs, strict=True):
+                if arr.shape != res.shape or arr.dtype != res.dtype:
+                    raise ValueError(
+                        f"{PROTOCOL}: {what}[{k}].{name} is {arr.dtype} {arr.shape}, "
+                        f"residuals[{k}].{name} {res.dtype} {res.shape}"
+                    )
+    if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+        raise ValueError(f"{PROTOCOL}: every must be an int >= 0, got {every!r}")
+    try:
+        rate = float(momentum)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{PROTOCOL}: momentum must be a number, got {type(momentum).__name__}"
+        ) from None
+    if not math.isfinite(rate):
+        raise ValueError(f"{PROTOCOL}: momentum must be finite, got {rate!r}")
+    return layers, others[0][1], others[1][1] if velocity is not None else None, every, rate

@@ -371,13 +371,19 @@ def apply(params: Any, words: Any, tau: float) -> None:
         apply_array(layers[k >> 1][k & 1], index[sel], positive[sel], tau)
 
 
-def compress_array(arr: np.ndarray, base: int, tau: float) -> np.ndarray:
-    """Threshold-quantize one residual array in place; its words (``base``: the param bits)."""
+def compress_array(arr: np.ndarray, base: int, tau: float, rest: float = 0.0) -> np.ndarray:
+    """Threshold-quantize one residual array in place; its words (``base``: the param bits).
+
+    With ``rest``, each quantized element then moves toward zero by ``rest`` too (rounded
+    to the dtype: ``apply`` of the flipped words by ``rest``)."""
     t = arr.dtype.type(tau)
     flat, copied = flat_target(arr)
     hit = np.flatnonzero((flat >= t) | (flat <= -t))
     positive = flat[hit] > 0
     flat[hit] -= np.where(positive, t, -t).astype(arr.dtype)
+    if rest:
+        r = arr.dtype.type(rest)
+        flat[hit] += np.where(positive, -r, r).astype(arr.dtype)
     if copied:
         arr[...] = flat.reshape(arr.shape)
     return np.uint32(base) | (hit.astype(np.uint32) << 1) | positive.astype(np.uint32)
@@ -396,11 +402,66 @@ def compress(residuals: Any, tau: float, *, threads: int | None = None) -> np.nd
     tau = _checks.tau_value(tau)
     _checks.threads_value(threads)
     _checks.check_compressible(layers, tau)
+    return _compress_layers(layers, tau, 0.0)
+
+
+def _compress_layers(
+    layers: list[tuple[np.ndarray, np.ndarray]], tau: float, rest: float
+) -> np.ndarray:
+    """:func:`compress`'s words, each array at ``tau`` then moved by ``rest`` (checked)."""
     parts = [np.zeros(0, dtype=np.uint32)]
     for k, (weights, biases) in enumerate(layers):
-        parts.append(compress_array(weights, (2 * k) << PARAM_SHIFT, tau))
-        parts.append(compress_array(biases, (2 * k + 1) << PARAM_SHIFT, tau))
+        parts.append(compress_array(weights, (2 * k) << PARAM_SHIFT, tau, rest))
+        parts.append(compress_array(biases, (2 * k + 1) << PARAM_SHIFT, tau, rest))
     return np.concatenate(parts)
+
+
+def compress_with_rest(
+    residuals: Any, threshold: float, rest: float, *, threads: int | None = None
+) -> np.ndarray:
+    """:func:`compress` at ``threshold`` with each quantized element then moved toward
+    zero by ``rest`` as well (rounded to its dtype; a rest that rounds to 0 moves nothing):
+    the same residuals and words as ``words = compress(residuals, threshold)`` followed by
+    ``apply(residuals, words ^ 1, rest)``, in one pass (the DDP hook's words move by
+    ``tau = threshold + rest``).  :class:`EncodeError` (field ``rest``) for a rest that is
+    negative, not finite, or not finite in some array's dtype, before anything changes."""
+    layers = _checks.model(residuals, "residuals")
+    threshold = _checks.tau_value(threshold)
+    _checks.threads_value(threads)
+    _checks.check_compressible(layers, threshold)
+    rest = _checks.rest_value(rest, layers)
+    return _compress_layers(layers, threshold, rest)
+
+
+def accumulate(
+    residuals: Any,
+    gradients: Any,
+    every: int,
+    velocity: Any = None,
+    momentum: float = 0.0,
+) -> np.ndarray:
+    """A step's gradients into the residuals, in place, and the tau sample: ``|r|`` of
+    every ``every``-th element of each non-empty array, in the model's order (layer,
+    weights then biases), each array from its first element (``every=0``: no sample, an
+    empty array).  With ``velocity`` (momentum correction), each array's velocity first
+    (``u = momentum × u + g``, in its dtype) and ``r += u``.  The models are laid out
+    alike (:func:`wirekit.y2._checks.accumulation`); the DDP hook's first pass over a
+    bucket."""
+    layers, grads, speeds, every, rate = _checks.accumulation(
+        residuals, gradients, every, velocity, momentum
+    )
+    for k, (pair, gpair) in enumerate(zip(layers, grads, strict=True)):
+        for res, grad, j in zip(pair, gpair, (0, 1), strict=True):
+            if speeds is not None:
+                speed = speeds[k][j]
+                speed *= speed.dtype.type(rate)
+                speed += grad
+                grad = speed
+            res += grad
+    flat = [a for pair in layers for a in pair if a.size]
+    if not every or not flat:
+        return np.zeros(0, layers[0][0].dtype if layers else np.float64)
+    return np.abs(np.concatenate([a.reshape(-1)[::every] for a in flat]))
 
 
 # --- the DDP hook's sum blocks (wirekit.y2.sums): bitmap and packed codes ----------------

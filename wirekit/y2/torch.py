@@ -82,6 +82,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -89,7 +90,9 @@ import torch
 import torch.distributed as dist
 
 from wirekit import y2
+from wirekit._impl import select
 from wirekit.errors import DecodeError
+from wirekit.y2 import _pure
 from wirekit.y2 import sums as sum_blocks
 from wirekit.y2.messages import MAX_ARRAY_SIZE, MAX_LAYERS, PROTOCOL
 
@@ -211,6 +214,8 @@ class _Bucket:
     sum_bounds: np.ndarray | None = None
     # slots and reduce-scatter: the owner's accumulator (float64 zeros between steps)
     sum_scratch: np.ndarray | None = None
+    # the adaptive tau's sample of |residual|, taken as the step's gradient went in
+    tau_sample: np.ndarray | None = None
 
 
 @dataclass
@@ -377,8 +382,8 @@ class Y2HookState:
         reaches the ``1 - density`` quantile (the threshold, estimated on at most
         ``TAU_SAMPLE`` evenly spaced elements) send a word, and the words' tau is the mean
         ``|residual|`` of those elements in the sample (at least the threshold): each
-        selected residual moves by that tau (``y2.compress`` at the threshold, then the
-        rest of the tau).
+        selected residual moves by that tau (``compress_with_rest``: at the threshold, then
+        the rest of the tau, in one pass).
         """
         words, tau = self._select(bucket, n)
         if self.momentum_masking and bucket.velocity and len(words):
@@ -389,9 +394,12 @@ class Y2HookState:
         """:meth:`_compress`'s words and tau, the residual updated (no masking)."""
         if self.tau is not None:
             return y2.compress(bucket.residual, self.tau), self.tau
-        flat = [a for pair in bucket.residual for a in pair if a.size]
-        step = max(1, n // TAU_SAMPLE)
-        sample = np.abs(np.concatenate([a[::step] for a in flat]))
+        sample = bucket.tau_sample
+        if sample is None:  # not taken by _add_gradient: take it now
+            every = _every(n)
+            flat = [a for pair in bucket.residual for a in pair if a.size]
+            sample = np.abs(np.concatenate([a[::every] for a in flat]))
+        bucket.tau_sample = None
         k = min(len(sample) - 1, max(0, int(len(sample) * (1 - self.density))))
         threshold = float(np.partition(sample, k)[k])
         tiny = float(np.finfo(bucket.dtype).tiny)
@@ -403,25 +411,25 @@ class Y2HookState:
         if self.tau_scale != 1:
             scaled = tau * self.tau_scale
             tau = scaled if math.isfinite(scaled) and scaled > threshold else threshold
-        words = y2.compress(bucket.residual, threshold)
-        if tau > threshold and len(words):  # the rest of the tau: the words flipped
-            y2.apply(bucket.residual, words ^ np.uint32(1), tau - threshold)
+        # the words, and the selected residuals moved by the threshold then the rest of
+        # the tau (what compress then apply of the flipped words by the rest did)
+        words = _fused().compress_with_rest(bucket.residual, threshold, tau - threshold)
         return words, tau
 
-    def _add_gradient(self, bucket: _Bucket, grads: np.ndarray) -> None:
+    def _add_gradient(self, bucket: _Bucket, grads: np.ndarray, sample: bool) -> None:
         """A step's gradient (laid out as the bucket's buffer) into the residual; with
         momentum correction, into the velocity first (``u = momentum × u + g``), and the
-        velocity into the residual."""
-        for offset, layer, seg in bucket.places:
-            slot = 0 if seg.is_weight else 1
-            grad = grads[offset + seg.start : offset + seg.stop]
-            res = bucket.residual[layer][slot]
-            if bucket.velocity:
-                speed = bucket.velocity[layer][slot]
-                speed *= speed.dtype.type(self.momentum)
-                speed += grad
-                grad = speed
-            res += grad
+        velocity into the residual.  With ``sample`` and the adaptive tau, the tau's sample
+        of ``|residual|`` (every ``n // TAU_SAMPLE``-th element) in the same pass."""
+        every = _every(grads.size) if sample and self.tau is None else 0
+        sampled = _fused().accumulate(
+            bucket.residual,
+            self._update_model(bucket, grads),
+            every,
+            bucket.velocity or None,
+            self.momentum,
+        )
+        bucket.tau_sample = sampled if every else None
 
     def _dense(self, bucket: _Bucket, n: int, device: Any, out: np.ndarray | None) -> "_Step":
         """A warm-up step: the whole residual all-reduced and averaged (into ``out`` when
@@ -443,6 +451,19 @@ class Y2HookState:
         out /= bucket.dtype(world)
         sent = 2 * (world - 1) * out.nbytes // world  # a ring all-reduce's
         return _Step(out, 0, sent, [], [], t1, time.perf_counter())
+
+
+def _fused() -> ModuleType:
+    """The y2 twin (Cython, or :mod:`wirekit.y2._pure`) of the hook's passes over a whole
+    bucket: ``accumulate`` (gradient into the residual, tau sample) and
+    ``compress_with_rest``."""
+    return select("y2", _pure)
+
+
+def _every(n: int) -> int:
+    """The tau sample's stride for a bucket of ``n`` elements (at most ``TAU_SAMPLE``
+    elements, a few more for several arrays)."""
+    return max(1, n // TAU_SAMPLE)
 
 
 def _zero_at(model: list[tuple[np.ndarray, np.ndarray]], words: np.ndarray) -> None:
@@ -542,10 +563,9 @@ def _exchange_bucket(
         t0 = time.perf_counter()
         grads = buffer.detach().cpu().numpy()
         n = grads.size
-        state._add_gradient(b, grads)
-        exchange = _EXCHANGE_FUNCTIONS[state.exchange]
-        if state._optimizer_steps < state.warmup_steps:
-            exchange = Y2HookState._dense
+        dense = state._optimizer_steps < state.warmup_steps
+        state._add_gradient(b, grads, sample=not dense)
+        exchange = Y2HookState._dense if dense else _EXCHANGE_FUNCTIONS[state.exchange]
         on_cpu = buffer.device.type == "cpu"  # then grads is the buffer: the update goes there
         step = exchange(state, b, n, buffer.device, grads if on_cpu else None)
         if step.out is not grads:
