@@ -4,6 +4,7 @@ and where the hook's CPU goes (specs/y2.md, "Where the hook's CPU goes").
     python benchmarks/profile_y2_hook.py --ranks 4                       # ratios
     python benchmarks/profile_y2_hook.py --ranks 4 --profile             # + rank 0's profile
     python benchmarks/profile_y2_hook.py --ranks 4 --before /work/main   # + another tree's hook
+    python benchmarks/profile_y2_hook.py --ranks 8 --hooks allreduce,y2,y2/momentum=0.9/density=0.03
 
 Starts ``--ranks`` gloo processes on loopback (``torch.distributed.run``); each trains the
 MLP of ``examples/y2_ddp_train.py`` (``--hidden 1024``: 1.13 M parameters, one DDP bucket)
@@ -12,7 +13,9 @@ slowest rank's time per step and the ranks' mean CPU per step (the whole process
 backward, optimizer, hook and its threads), each also as a ratio to all-reduce's.  With
 ``--before PATH`` the hook of the wirekit checkout at PATH (its ``wirekit/y2/torch.py`` and
 ``sums.py``, and the owner kernels of its compiled ``wirekit/_fast/y2`` when built, loaded
-beside this tree's) runs too, as ``y2-before``.  With ``--profile``
+beside this tree's) runs too, as ``y2-before``.  A y2 hook's name may carry
+``Y2HookState`` options as in ``bench_y2_torch.py`` (``y2/momentum=0.9/density=0.03``;
+with ``momentum`` the optimizer runs without it).  With ``--profile``
 rank 0's y2 exchange threads run under ``cProfile`` timed by thread CPU.  The machine's
 cores are shared by every rank: compare ratios within one run.
 """
@@ -33,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The optimizer's momentum (the README's example's), unless a y2 hook applies it.
+MOMENTUM = 0.9
 
 
 def _load(name: str, path: Path) -> Any:
@@ -44,10 +49,20 @@ def _load(name: str, path: Path) -> Any:
     return module
 
 
-def _register(ex: Any, ddp: Any, hook: str, before: str | None) -> None:
+def _register(ex: Any, ddp: Any, hook: str, before: str | None) -> float:
+    """Register ``hook`` on ``ddp``; the momentum the optimizer must use (0 when a y2 hook
+    with ``momentum=`` applies it itself)."""
+    if hook.startswith("y2/"):  # options: y2/momentum=0.9/density=0.03
+        from y2_shaped_rank import y2_options
+
+        from wirekit.y2.torch import Y2HookState, y2_hook
+
+        state = Y2HookState(ddp, **y2_options(hook))
+        ddp.register_comm_hook(state, y2_hook)
+        return 0.0 if state.momentum else MOMENTUM
     if hook != "y2-before":
         ex.register(ddp, hook, 0.05, None)
-        return
+        return MOMENTUM
     assert before is not None
     old_sums = _load("wirekit.y2.sums_before", Path(before, "wirekit", "y2", "sums.py"))
     old = _load("wirekit.y2.torch_before", Path(before, "wirekit", "y2", "torch.py"))
@@ -65,6 +80,7 @@ def _register(ex: Any, ddp: Any, hook: str, before: str | None) -> None:
         loader.exec_module(kernels)
         old_sums._kernels = lambda: kernels
     ddp.register_comm_hook(old.Y2HookState(ddp, density=0.05), old.y2_hook)
+    return MOMENTUM
 
 
 def _profile_exchanges(profiler: cProfile.Profile) -> None:
@@ -103,8 +119,8 @@ def rank_main(args: argparse.Namespace) -> None:
     for hook in args.hooks.split(","):
         model = ex.make_model(args.hidden, 0)
         ddp = DDP(model, bucket_cap_mb=ex.BUCKET_CAP_MB)
-        _register(ex, ddp, hook, args.before)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        momentum = _register(ex, ddp, hook, args.before)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=momentum)
         gen = torch.Generator().manual_seed(rank)
         batch = max(1, args.batch // world)
         x = torch.randn(args.steps + 3, batch, ex.DIM, generator=gen)
@@ -143,7 +159,12 @@ def rank_main(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--hooks", default=None, help="default: allreduce,[y2-before,]y2")
+    parser.add_argument(
+        "--hooks",
+        default=None,
+        help="default: allreduce,[y2-before,]y2; a y2 hook may carry options: "
+        "y2/momentum=0.9/density=0.03",
+    )
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=64, help="samples per step, all ranks")
