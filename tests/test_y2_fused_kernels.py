@@ -229,17 +229,7 @@ def _hook_reference(state, bucket, grads, n):
     flat = [a for pair in bucket.residual for a in pair if a.size]
     step = max(1, n // y2_torch.TAU_SAMPLE)
     sample = np.abs(np.concatenate([a[::step] for a in flat]))
-    k = min(len(sample) - 1, max(0, int(len(sample) * (1 - state.density))))
-    threshold = float(np.partition(sample, k)[k])
-    tiny = float(np.finfo(bucket.dtype).tiny)
-    if not (math.isfinite(threshold) and threshold > tiny):
-        threshold = tiny
-    selected = sample[sample >= threshold]
-    tau = float(selected.mean(dtype=np.float64)) if selected.size else threshold
-    tau = tau if math.isfinite(tau) and tau > threshold else threshold
-    if state.tau_scale != 1:
-        scaled = tau * state.tau_scale
-        tau = scaled if math.isfinite(scaled) and scaled > threshold else threshold
+    threshold, tau = y2_torch._adaptive_tau(sample, state.density, state.tau_scale, bucket.dtype)
     words = y2.compress(bucket.residual, threshold)
     if tau > threshold and len(words):
         y2.apply(bucket.residual, words ^ np.uint32(1), tau - threshold)
@@ -286,10 +276,5 @@ def _threshold_and_rest(state, bucket, n):
     flat = [a for pair in bucket.residual for a in pair if a.size]
     step = max(1, n // y2_torch.TAU_SAMPLE)
     sample = np.abs(np.concatenate([a[::step] for a in flat]))
-    k = min(len(sample) - 1, max(0, int(len(sample) * (1 - state.density))))
-    threshold = max(float(np.partition(sample, k)[k]), float(np.finfo(bucket.dtype).tiny))
-    selected = sample[sample >= threshold]
-    tau = max(float(selected.mean(dtype=np.float64)), threshold)
-    scaled = tau * state.tau_scale
-    tau = scaled if scaled > threshold else threshold
+    threshold, tau = y2_torch._adaptive_tau(sample, state.density, state.tau_scale, bucket.dtype)
     return threshold, tau - threshold

@@ -400,17 +400,7 @@ class Y2HookState:
             flat = [a for pair in bucket.residual for a in pair if a.size]
             sample = np.abs(np.concatenate([a[::every] for a in flat]))
         bucket.tau_sample = None
-        k = min(len(sample) - 1, max(0, int(len(sample) * (1 - self.density))))
-        threshold = float(np.partition(sample, k)[k])
-        tiny = float(np.finfo(bucket.dtype).tiny)
-        if not (math.isfinite(threshold) and threshold > tiny):
-            threshold = tiny
-        selected = sample[sample >= threshold]
-        tau = float(selected.mean(dtype=np.float64)) if selected.size else threshold
-        tau = tau if math.isfinite(tau) and tau > threshold else threshold
-        if self.tau_scale != 1:
-            scaled = tau * self.tau_scale
-            tau = scaled if math.isfinite(scaled) and scaled > threshold else threshold
+        threshold, tau = _adaptive_tau(sample, self.density, self.tau_scale, bucket.dtype)
         # the words, and the selected residuals moved by the threshold then the rest of
         # the tau (what compress then apply of the flipped words by the rest did)
         words = _fused().compress_with_rest(bucket.residual, threshold, tau - threshold)
@@ -451,6 +441,27 @@ class Y2HookState:
         out /= bucket.dtype(world)
         sent = 2 * (world - 1) * out.nbytes // world  # a ring all-reduce's
         return _Step(out, 0, sent, [], [], t1, time.perf_counter())
+
+
+def _adaptive_tau(
+    sample: np.ndarray, density: float, tau_scale: float, dtype: Any
+) -> tuple[float, float]:
+    """The adaptive tau's threshold and tau from a sample of ``|residual|``: the threshold
+    is the sample's ``1 - density`` quantile (at least ``dtype``'s smallest normal), the
+    tau ``tau_scale`` times the mean of the sampled values at or above it (at least the
+    threshold; the threshold itself where that is not finite)."""
+    k = min(len(sample) - 1, max(0, int(len(sample) * (1 - density))))
+    threshold = float(np.partition(sample, k)[k])
+    tiny = float(np.finfo(dtype).tiny)
+    if not (math.isfinite(threshold) and threshold > tiny):
+        threshold = tiny
+    selected = sample[sample >= threshold]
+    tau = float(selected.mean(dtype=np.float64)) if selected.size else threshold
+    tau = tau if math.isfinite(tau) and tau > threshold else threshold
+    if tau_scale != 1:
+        scaled = tau * tau_scale
+        tau = scaled if math.isfinite(scaled) and scaled > threshold else threshold
+    return threshold, tau
 
 
 def _fused() -> ModuleType:
