@@ -17,7 +17,17 @@ import urllib.error
 import urllib.request
 
 import pytest
-from k8s_support import ROOT, SAMPLE, by_kind, changed, validate_all, wirekit
+from k8s_support import (
+    ROOT,
+    SAMPLE,
+    by_kind,
+    changed,
+    container_env,
+    running_dispatcher,
+    stage_dispatcher_pod,
+    validate_all,
+    wirekit,
+)
 from support.ports import free_port
 
 from wirekit.serve.config import ConfigError, load_config, parse_config
@@ -267,20 +277,6 @@ def test_a_resize_patch_names_the_container_the_manifests_made():
 # --- the deployment starts as generated (issue 29) ------------------------------------------
 
 
-def container_env(container: dict, objects: list[dict]) -> dict[str, str]:
-    """The environment Kubernetes gives ``container``: its values, and its Secret keys from
-    the Secrets among ``objects``."""
-    secrets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Secret"}
-    env = {}
-    for item in container.get("env", []):
-        if "value" in item:
-            env[item["name"]] = item["value"]
-        else:
-            ref = item["valueFrom"]["secretKeyRef"]
-            env[item["name"]] = secrets[ref["name"]]["stringData"][ref["key"]]
-    return env
-
-
 def http_get(url: str, token: str | None = None) -> tuple[int, bytes]:
     headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     request = urllib.request.Request(url, headers=headers)
@@ -335,28 +331,14 @@ def test_the_generated_dispatcher_starts_as_generated(tmp_path):
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == dockerfile_user()
     # play it: the ConfigMap at its mount path, the data volume as working directory
-    config_dir = next(m for m in container["volumeMounts"] if m["name"] == "config")["mountPath"]
-    etc = tmp_path / "etc"
-    etc.mkdir()
-    data = tmp_path / "data"
-    data.mkdir()
-    (etc / CONFIG_FILE).write_text(config_text.replace(container["workingDir"], str(data)))
-    args = [a.replace(config_dir, str(etc)) for a in container["args"]]
-    run_env = dict(os.environ, PYTHONPATH=str(ROOT), **env)
-    run_env.pop("WIREKIT_ADMIN_TOKEN_FILE", None)
+    pod_here = stage_dispatcher_pod(objects, tmp_path)
+    assert pod_here.config.name == CONFIG_FILE
     check = subprocess.run(
-        [sys.executable, "-m", "wirekit", "serve", "check", "--config", str(etc / CONFIG_FILE)],
-        capture_output=True, text=True, timeout=60, env=run_env, cwd=data,
+        [sys.executable, "-m", "wirekit", "serve", "check", "--config", str(pod_here.config)],
+        capture_output=True, text=True, timeout=60, env=pod_here.env, cwd=pod_here.data,
     )  # fmt: skip
     assert check.returncode == 0, check.stderr
-    assert container["command"] == ["wirekit"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wirekit", *args], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env=run_env, cwd=data,
-    )  # fmt: skip
-    try:
-        ready = json.loads(proc.stdout.readline() or "{}")
-        assert ready.get("event") == "ready", proc.stderr.read() if proc.poll() else ready
+    with running_dispatcher(pod_here) as (proc, ready):
         http = f"http://127.0.0.1:{ready['http']}"
         # the probes the manifests give it answer (the backends' Services do not resolve
         # here: not ready, but alive)
@@ -370,11 +352,7 @@ def test_the_generated_dispatcher_starts_as_generated(tmp_path):
         assert http_get(f"{http}/admin/models", "not-the-token")[0] == 401
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
-        assert (data / "requests.db").is_file()  # on the volume
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=60)
+    assert (pod_here.data / "requests.db").is_file()  # on the volume
 
 
 def test_the_same_config_without_the_secrets_value_is_refused_by_check(tmp_path):

@@ -15,13 +15,20 @@ and the command runs as a user runs it: ``python -m wirekit serve k8s``.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
-from k8s_support import ROOT, SAMPLE, by_kind, changed, k8s_objects, validate_all, wirekit
+from k8s_support import (
+    ROOT,
+    SAMPLE,
+    by_kind,
+    changed,
+    k8s_objects,
+    running_dispatcher,
+    stage_dispatcher_pod,
+    validate_all,
+    wirekit,
+)
 
 from wirekit.serve.config import ConfigError, k8s_quantity, read_document
 from wirekit.serve.control.k8s import K8sOptions, admin_secret, manifests
@@ -576,23 +583,7 @@ def test_a_model_added_at_run_time_listens_on_a_port_the_service_exposes(tmp_pat
     service = {p["port"]: p["targetPort"] for p in got["Service", "wirekit"]["spec"]["ports"]}
     assert service[runtime_port] == runtime_port
     token = got["Secret", "wirekit-admin"]["stringData"]["token"]
-    (container,) = dispatcher_pod(objects)["containers"]
-    etc, data = tmp_path / "etc", tmp_path / "data"
-    etc.mkdir()
-    data.mkdir()
-    config_text = got["ConfigMap", "wirekit-config"]["data"]["deployment.json"]
-    # the store on the data volume, the pod's working directory: here, ``data``
-    (etc / "deployment.json").write_text(config_text.replace(container["workingDir"], str(data)))
-    args = [a.replace("/etc/wirekit", str(etc)) for a in container["args"]]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WIREKIT_ADMIN")}
-    env.update(PYTHONPATH=str(ROOT), WIREKIT_ADMIN_TOKEN=token)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wirekit", *args], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env=env, cwd=data,
-    )  # fmt: skip
-    try:
-        ready = json.loads(proc.stdout.readline() or "{}")
-        assert ready.get("event") == "ready", proc.stderr.read() if proc.poll() else ready
+    with running_dispatcher(stage_dispatcher_pod(objects, tmp_path)) as (_proc, ready):
         added = {
             "models": {"m3": {"port": runtime_port, "handler": "tiny_model:words"}},
             "nodes": [{"id": "own", "endpoint": "127.0.0.1", "devices": ["CPU"],
@@ -608,6 +599,3 @@ def test_a_model_added_at_run_time_listens_on_a_port_the_service_exposes(tmp_pat
             assert response.status in (200, 201)
         with socket.create_connection(("127.0.0.1", runtime_port), timeout=10):
             pass  # its MIP front door takes connections on the kept port
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=60)
