@@ -53,13 +53,9 @@ def _register(ex: Any, ddp: Any, hook: str, before: str | None) -> float:
     """Register ``hook`` on ``ddp``; the momentum the optimizer must use (0 when a y2 hook
     with ``momentum=`` applies it itself)."""
     if hook.startswith("y2/"):  # options: y2/momentum=0.9/density=0.03
-        from y2_shaped_rank import y2_options
+        from y2_shaped_rank import register
 
-        from wirekit.y2.torch import Y2HookState, y2_hook
-
-        state = Y2HookState(ddp, **y2_options(hook))
-        ddp.register_comm_hook(state, y2_hook)
-        return 0.0 if state.momentum else MOMENTUM
+        return register(ddp, hook)
     if hook != "y2-before":
         ex.register(ddp, hook, 0.05, None)
         return MOMENTUM

@@ -106,8 +106,7 @@ class Pods:
         manifests name but do not create is made here, as an operator would (a token)."""
         secret = self.objects("Secret").get(name)
         if secret is None:  # made once (as `wirekit serve k8s --create-admin-secret` does)
-            made = self.made_secrets.setdefault((name, key), "image-check-" + uuid.uuid4().hex)
-            return made
+            return self.made_secrets.setdefault((name, key), "image-check-" + uuid.uuid4().hex)
         if key in secret.get("stringData", {}):
             return str(secret["stringData"][key])
         return base64.b64decode(secret["data"][key]).decode()

@@ -74,6 +74,13 @@ def _reference(residuals: Model, grads: Model, every: int, velocity, momentum: f
     flat = [a for pair in residuals for a in pair if a.size]
     if not every or not flat:
         return None
+    return _strided_sample(residuals, every)
+
+
+def _strided_sample(residuals: Model, every: int) -> np.ndarray:
+    """The tau sample as the hook took it before the fusion: ``|r|`` of every ``every``-th
+    element of each non-empty array, concatenated."""
+    flat = [a for pair in residuals for a in pair if a.size]
     return np.abs(np.concatenate([a[::every] for a in flat]))
 
 
@@ -226,9 +233,7 @@ def _hook_reference(state, bucket, grads, n):
         res += grad
     if state.tau is not None:
         return y2.compress(bucket.residual, state.tau), state.tau
-    flat = [a for pair in bucket.residual for a in pair if a.size]
-    step = max(1, n // y2_torch.TAU_SAMPLE)
-    sample = np.abs(np.concatenate([a[::step] for a in flat]))
+    sample = _strided_sample(bucket.residual, max(1, n // y2_torch.TAU_SAMPLE))
     threshold, tau = y2_torch._adaptive_tau(sample, state.density, state.tau_scale, bucket.dtype)
     words = y2.compress(bucket.residual, threshold)
     if tau > threshold and len(words):
@@ -273,8 +278,6 @@ def test_the_hooks_selection_is_unchanged(dtype, momentum, tau):
 
 def _threshold_and_rest(state, bucket, n):
     """The threshold and the rest of the tau the hook picks from the residual as it is."""
-    flat = [a for pair in bucket.residual for a in pair if a.size]
-    step = max(1, n // y2_torch.TAU_SAMPLE)
-    sample = np.abs(np.concatenate([a[::step] for a in flat]))
+    sample = _strided_sample(bucket.residual, max(1, n // y2_torch.TAU_SAMPLE))
     threshold, tau = y2_torch._adaptive_tau(sample, state.density, state.tau_scale, bucket.dtype)
     return threshold, tau - threshold

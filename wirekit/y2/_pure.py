@@ -458,6 +458,13 @@ def accumulate(
                 speed += grad
                 grad = speed
             res += grad
+    return tau_sample(layers, every)
+
+
+def tau_sample(layers: list[tuple[np.ndarray, np.ndarray]], every: int) -> np.ndarray:
+    """The adaptive tau's sample of a model: ``|r|`` of every ``every``-th element of each
+    non-empty array, in the model's order (layer, weights then biases), each array from
+    its first element; an empty array for ``every=0`` or an empty model."""
     flat = [a for pair in layers for a in pair if a.size]
     if not every or not flat:
         return np.zeros(0, layers[0][0].dtype if layers else np.float64)

@@ -396,9 +396,7 @@ class Y2HookState:
             return y2.compress(bucket.residual, self.tau), self.tau
         sample = bucket.tau_sample
         if sample is None:  # not taken by _add_gradient: take it now
-            every = _every(n)
-            flat = [a for pair in bucket.residual for a in pair if a.size]
-            sample = np.abs(np.concatenate([a[::every] for a in flat]))
+            sample = _pure.tau_sample(bucket.residual, _every(n))
         bucket.tau_sample = None
         threshold, tau = _adaptive_tau(sample, self.density, self.tau_scale, bucket.dtype)
         # the words, and the selected residuals moved by the threshold then the rest of
